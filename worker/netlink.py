@@ -1,0 +1,313 @@
+"""A small rtnetlink client that sends many requests in one go.
+
+pyroute2 encodes about 2,500 tc messages per second and waits for each answer;
+a shaping plan for a node with hundreds of peers needs thousands. Here the
+handful of message kinds the testbed sends (HTB root and classes, u32 filters,
+pfifo leaves, veth pairs, addresses) are packed with ``struct``, sent in large
+buffers, and their acknowledgements collected afterwards. Everything else (netem
+leaves, reading state back) goes through pyroute2.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from worker import nsfs
+
+NETLINK_ROUTE = 0
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
+NLM_F_REPLACE = 0x100
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
+NLM_F_ACK_TLVS = 0x200
+NLMSGERR_ATTR_MSG = 1
+SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10
+NETLINK_EXT_ACK = 11
+SO_SNDBUFFORCE = 32
+SO_RCVBUFFORCE = 33
+
+RTM_NEWLINK, RTM_DELLINK = 16, 17
+RTM_NEWADDR = 20
+RTM_NEWQDISC, RTM_DELQDISC = 36, 37
+RTM_NEWTCLASS, RTM_DELTCLASS = 40, 41
+RTM_NEWTFILTER, RTM_DELTFILTER = 44, 45
+
+IFLA_IFNAME, IFLA_MASTER, IFLA_TXQLEN, IFLA_LINKINFO, IFLA_NET_NS_FD = 3, 10, 13, 18, 28
+IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
+VETH_INFO_PEER = 1
+IFA_LOCAL, IFA_ADDRESS = 2, 1
+IFF_UP = 0x1
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
+TCA_U32_CLASSID, TCA_U32_SEL = 1, 5
+TC_U32_TERMINAL = 1
+TC_H_ROOT = 0xFFFFFFFF
+TC_LINKLAYER_ETHERNET = 1
+ETH_P_IP = 0x0800
+U32_ROOT_HT = 0x800
+
+CREATE = NLM_F_CREATE | NLM_F_EXCL
+REPLACE = NLM_F_CREATE | NLM_F_REPLACE
+CHUNK_BYTES = 64 * 1024
+
+_HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
+_TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
+_IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
+_IFADDR = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
+_RATESPEC = struct.Struct("=BBHhHI")  # cell_log, linklayer, overhead, cell_align, mpu, rate
+
+
+def _psched_tick_per_us() -> float:
+    """Kernel packet-scheduler ticks per microsecond, from /proc/net/psched (as tc reads it)."""
+    try:
+        with open("/proc/net/psched") as f:
+            t2us, us2t, clock_res = (int(x, 16) for x in f.read().split()[:3])
+    except (OSError, ValueError):
+        return 1.0
+    if clock_res == 1_000_000_000:
+        t2us = us2t
+    return t2us / us2t * (clock_res / 1_000_000)
+
+
+TICKS_PER_US = _psched_tick_per_us()
+
+
+def attr(kind: int, payload: bytes) -> bytes:
+    """One rtattr (type-length-value), padded to 4 bytes."""
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
+
+
+def attr_str(kind: int, text: str) -> bytes:
+    return attr(kind, text.encode() + b"\0")
+
+
+def attr_u32(kind: int, value: int) -> bytes:
+    return attr(kind, struct.pack("=I", value))
+
+
+def message(kind: int, flags: int, body: bytes) -> bytes:
+    """A request; its sequence number is filled in when it is sent."""
+    return _HDR.pack(_HDR.size + len(body), kind, flags | NLM_F_REQUEST | NLM_F_ACK, 0, 0) + body
+
+
+def tc_handle(major: int, minor: int) -> int:
+    return (major << 16) | minor
+
+
+def _tcmsg(ifindex: int, handle: int, parent: int, info: int = 0) -> bytes:
+    return _TCMSG.pack(0, ifindex, handle, parent, info)
+
+
+def htb_root(ifindex: int, default_minor: int, flags: int = CREATE) -> bytes:
+    """``tc qdisc add dev X root handle 1: htb default <default_minor>``."""
+    glob = struct.pack("=IIIII", 3, 10, default_minor, 0, 0)  # version, r2q, defcls, debug, direct_pkts
+    body = _tcmsg(ifindex, tc_handle(1, 0), TC_H_ROOT) + attr_str(TCA_KIND, "htb")
+    body += attr(TCA_OPTIONS, attr(TCA_HTB_INIT, glob))
+    return message(RTM_NEWQDISC, flags, body)
+
+
+def delete_root(ifindex: int) -> bytes:
+    return message(RTM_DELQDISC, 0, _tcmsg(ifindex, 0, TC_H_ROOT))
+
+
+def htb_burst_bytes(rate_bps: int, mtu: int = 1600) -> int:
+    """Bucket size of a class: 1 ms at the rate plus one MTU (tc's formula at HZ=1000)."""
+    return rate_bps // 8 // 1000 + mtu
+
+
+def htb_class(ifindex: int, minor: int, rate_bps: int, flags: int = CREATE) -> bytes:
+    """``tc class add dev X parent 1: classid 1:<minor> htb rate R ceil R`` (rate = ceil)."""
+    rate_Bps = max(1, rate_bps // 8)
+    burst = htb_burst_bytes(rate_bps)
+    ticks = int(1_000_000 * burst / rate_Bps * TICKS_PER_US)
+    quantum = min(max(rate_Bps // 10, 1600), 200_000)
+    spec = _RATESPEC.pack(0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(rate_Bps, 0xFFFFFFFF))
+    parms = spec + spec + struct.pack("=IIIII", ticks, ticks, quantum, 0, 0)
+    options = attr(TCA_HTB_PARMS, parms)
+    if rate_Bps > 0xFFFFFFFF:
+        options += attr(TCA_HTB_RATE64, struct.pack("=Q", rate_Bps))
+        options += attr(TCA_HTB_CEIL64, struct.pack("=Q", rate_Bps))
+    body = _tcmsg(ifindex, tc_handle(1, minor), tc_handle(1, 0)) + attr_str(TCA_KIND, "htb")
+    return message(RTM_NEWTCLASS, flags, body + attr(TCA_OPTIONS, options))
+
+
+def delete_class(ifindex: int, minor: int) -> bytes:
+    return message(RTM_DELTCLASS, 0, _tcmsg(ifindex, tc_handle(1, minor), tc_handle(1, 0)))
+
+
+def u32_handle(node: int) -> int:
+    """Handle ``800::<node>`` in the root u32 hash table."""
+    return (U32_ROOT_HT << 20) | node
+
+
+def _u32_info(prio: int) -> int:
+    return (prio << 16) | socket.htons(ETH_P_IP)
+
+
+def u32_dst_filter(ifindex: int, node: int, dest_ip: str, minor: int, prio: int = 1,
+                   flags: int = CREATE) -> bytes:
+    """``tc filter add dev X parent 1: protocol ip prio P handle 800::N u32 match ip dst D/32 flowid 1:M``."""
+    ip = int(ipaddress.IPv4Address(dest_ip))
+    sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0)
+    key = struct.pack("!II", 0xFFFFFFFF, ip) + struct.pack("=ii", 16, 0)
+    options = attr_u32(TCA_U32_CLASSID, tc_handle(1, minor)) + attr(TCA_U32_SEL, sel + key)
+    body = _tcmsg(ifindex, u32_handle(node), tc_handle(1, 0), _u32_info(prio)) + attr_str(TCA_KIND, "u32")
+    return message(RTM_NEWTFILTER, flags, body + attr(TCA_OPTIONS, options))
+
+
+def delete_u32_filter(ifindex: int, node: int, prio: int = 1) -> bytes:
+    body = _tcmsg(ifindex, u32_handle(node), tc_handle(1, 0), _u32_info(prio)) + attr_str(TCA_KIND, "u32")
+    return message(RTM_DELTFILTER, 0, body)
+
+
+def pfifo_leaf(ifindex: int, minor: int, limit_pkts: int, flags: int = REPLACE) -> bytes:
+    """``tc qdisc replace dev X parent 1:<minor> handle <minor>: pfifo limit L``."""
+    body = _tcmsg(ifindex, tc_handle(minor, 0), tc_handle(1, minor)) + attr_str(TCA_KIND, "pfifo")
+    return message(RTM_NEWQDISC, flags, body + attr(TCA_OPTIONS, struct.pack("=I", limit_pkts)))
+
+
+def delete_leaf(ifindex: int, minor: int) -> bytes:
+    return message(RTM_DELQDISC, 0, _tcmsg(ifindex, tc_handle(minor, 0), tc_handle(1, minor)))
+
+
+def netem_leaf(ifindex: int, minor: int, delay_ms: float, jitter_ms: float, loss_pct: float,
+               limit_pkts: int, flags: int = REPLACE) -> bytes:
+    """``tc qdisc replace dev X parent 1:<minor> handle <minor>: netem ...``, encoded by pyroute2."""
+    from pyroute2 import IPBatch
+
+    batch = IPBatch()
+    batch.tc("replace", "netem", ifindex, tc_handle(minor, 0), parent=tc_handle(1, minor),
+             delay=int(delay_ms * 1000), jitter=int(jitter_ms * 1000), loss=loss_pct, limit=limit_pkts)
+    raw = bytes(batch.batch)
+    body = raw[_HDR.size:_HDR.unpack_from(raw)[0]]
+    return message(RTM_NEWQDISC, flags, body)
+
+
+def veth_into_netns(host_ifname: str, bridge_index: int, peer_ifname: str, netns_fd: int,
+                    peer_index: int = 0) -> bytes:
+    """``ip link add H master BR up type veth peer name P netns NS`` (peer index chosen if given)."""
+    peer = _IFINFO.pack(0, 0, peer_index, 0, 0) + attr_str(IFLA_IFNAME, peer_ifname)
+    peer += attr_u32(IFLA_NET_NS_FD, netns_fd)
+    linkinfo = attr_str(IFLA_INFO_KIND, "veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer))
+    body = _IFINFO.pack(0, 0, 0, IFF_UP, IFF_UP) + attr_str(IFLA_IFNAME, host_ifname)
+    body += attr_u32(IFLA_MASTER, bridge_index) + attr(IFLA_LINKINFO, linkinfo)
+    return message(RTM_NEWLINK, CREATE, body)
+
+
+def delete_link(ifname: str) -> bytes:
+    return message(RTM_DELLINK, 0, _IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, ifname))
+
+
+def link_up(index: int, txqlen: Optional[int] = None) -> bytes:
+    body = _IFINFO.pack(0, 0, index, IFF_UP, IFF_UP)
+    if txqlen is not None:
+        body += attr_u32(IFLA_TXQLEN, txqlen)
+    return message(RTM_NEWLINK, 0, body)
+
+
+def add_ipv4(index: int, address: str, prefixlen: int) -> bytes:
+    packed = ipaddress.IPv4Address(address).packed
+    body = _IFADDR.pack(socket.AF_INET, prefixlen, 0, 0, index)
+    body += attr(IFA_LOCAL, packed) + attr(IFA_ADDRESS, packed)
+    return message(RTM_NEWADDR, CREATE, body)
+
+
+@dataclass
+class Failure:
+    """One request the kernel refused."""
+
+    position: int
+    errno: int
+    text: str
+
+    def describe(self) -> str:
+        extra = f" ({self.text})" if self.text else ""
+        return f"{os.strerror(self.errno)}{extra}"
+
+
+class RtnlSocket:
+    """A NETLINK_ROUTE socket, in the host's namespace or in a named one."""
+
+    def __init__(self, netns: Optional[str] = None) -> None:
+        args = (socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        self.sock = nsfs.socket_in(netns, *args) if netns else socket.socket(*args)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, 4 * CHUNK_BYTES)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 4 * 1024 * 1024)
+        self.sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+        self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+        self.sock.bind((0, 0))
+        self._seq = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "RtnlSocket":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, messages: Iterable[bytes]) -> list[Failure]:
+        """Send every message, in order, in large buffers; return the ones the kernel refused.
+
+        The kernel handles a buffer's requests one after another before the send
+        returns, and goes on past a refused one, so the answers of each buffer are
+        read right after it is sent.
+        """
+        failures: list[Failure] = []
+        chunk: list[bytes] = []
+        size = 0
+        first = self._seq + 1
+        position = 0
+        for msg in messages:
+            self._seq += 1
+            chunk.append(msg[:8] + struct.pack("=I", self._seq) + msg[12:])
+            size += len(msg)
+            position += 1
+            if size >= CHUNK_BYTES:
+                self._send_and_collect(chunk, first, failures)
+                chunk, size = [], 0
+        if chunk:
+            self._send_and_collect(chunk, first, failures)
+        return failures
+
+    def _send_and_collect(self, chunk: list[bytes], first: int, failures: list[Failure]) -> None:
+        self.sock.sendall(b"".join(chunk))
+        pending = {_HDR.unpack_from(m)[3] for m in chunk}
+        while pending:
+            data = self.sock.recv(1 << 20)
+            offset = 0
+            while offset + _HDR.size <= len(data):
+                length, kind, flags, seq, _ = _HDR.unpack_from(data, offset)
+                if length < _HDR.size:
+                    break
+                if kind == NLMSG_ERROR and seq in pending:
+                    pending.discard(seq)
+                    (code,) = struct.unpack_from("=i", data, offset + _HDR.size)
+                    if code:
+                        text = _ext_ack_text(data[offset:offset + length], flags) if flags & NLM_F_ACK_TLVS else ""
+                        failures.append(Failure(seq - first, -code, text))
+                offset += (length + 3) & ~3
+
+
+def _ext_ack_text(msg: bytes, flags: int) -> str:
+    """The kernel's extended-ack message text, if it sent one."""
+    # header + error code + the request's header (NETLINK_CAP_ACK keeps only that)
+    offset = _HDR.size + 4 + _HDR.size
+    while offset + 4 <= len(msg):
+        length, kind = struct.unpack_from("=HH", msg, offset)
+        if length < 4:
+            break
+        if kind == NLMSGERR_ATTR_MSG:
+            return msg[offset + 4:offset + length].split(b"\0", 1)[0].decode(errors="replace")
+        offset += (length + 3) & ~3
+    return ""
