@@ -38,7 +38,8 @@ RTM_NEWLINK, RTM_DELLINK = 16, 17
 RTM_NEWADDR = 20
 RTM_NEWQDISC, RTM_DELQDISC = 36, 37
 RTM_NEWTCLASS, RTM_DELTCLASS = 40, 41
-RTM_NEWTFILTER, RTM_DELTFILTER = 44, 45
+RTM_NEWTFILTER, RTM_DELTFILTER, RTM_GETTFILTER = 44, 45, 46
+NLM_F_DUMP = 0x300
 
 IFLA_IFNAME, IFLA_MASTER, IFLA_TXQLEN, IFLA_LINKINFO, IFLA_NET_NS_FD = 3, 10, 13, 18, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
@@ -280,6 +281,30 @@ class RtnlSocket:
             self._send_and_collect(chunk, first, failures)
         return failures
 
+    def dump(self, request: bytes) -> list[bytes]:
+        """Send one dump request and return every reply message (without the final DONE)."""
+        self._seq += 1
+        seq = self._seq
+        self.sock.sendall(request[:8] + struct.pack("=I", seq) + request[12:])
+        replies = []
+        while True:
+            data = self.sock.recv(1 << 20)
+            offset = 0
+            while offset + _HDR.size <= len(data):
+                length, kind, _, got_seq, _ = _HDR.unpack_from(data, offset)
+                if length < _HDR.size:
+                    break
+                if got_seq == seq:
+                    if kind == NLMSG_DONE:
+                        return replies
+                    if kind == NLMSG_ERROR:
+                        (code,) = struct.unpack_from("=i", data, offset + _HDR.size)
+                        if code:
+                            raise OSError(-code, os.strerror(-code))
+                        return replies
+                    replies.append(data[offset:offset + length])
+                offset += (length + 3) & ~3
+
     def _send_and_collect(self, chunk: list[bytes], first: int, failures: list[Failure]) -> None:
         self.sock.sendall(b"".join(chunk))
         pending = {_HDR.unpack_from(m)[3] for m in chunk}
@@ -297,6 +322,43 @@ class RtnlSocket:
                         text = _ext_ack_text(data[offset:offset + length], flags) if flags & NLM_F_ACK_TLVS else ""
                         failures.append(Failure(seq - first, -code, text))
                 offset += (length + 3) & ~3
+
+
+def parse_attrs(buf: bytes, offset: int = 0, end: Optional[int] = None) -> dict[int, bytes]:
+    """The rtattrs of ``buf[offset:end]`` by type (nested ones are left as bytes)."""
+    end = len(buf) if end is None else end
+    found = {}
+    while offset + 4 <= end:
+        length, kind = struct.unpack_from("=HH", buf, offset)
+        if length < 4:
+            break
+        found[kind & 0x7FFF] = buf[offset + 4:offset + length]
+        offset += (length + 3) & ~3
+    return found
+
+
+def u32_filters(netns: Optional[str], ifindex: int, parent: int) -> dict[int, dict[str, object]]:
+    """u32 filters under ``parent`` by handle: {"classid", "keys": [(mask, value, offset)]}.
+
+    Decoded here because pyroute2 0.9 reads the u32 selector four bytes off.
+    """
+    request = message(RTM_GETTFILTER, NLM_F_DUMP, _tcmsg(ifindex, 0, parent))
+    found: dict[int, dict[str, object]] = {}
+    with RtnlSocket(netns) as rtnl:
+        for reply in rtnl.dump(request):
+            _, _, handle, _, _ = _TCMSG.unpack_from(reply, _HDR.size)
+            attrs = parse_attrs(reply, _HDR.size + _TCMSG.size)
+            if attrs.get(TCA_KIND, b"").rstrip(b"\0") != b"u32" or TCA_OPTIONS not in attrs:
+                continue
+            opts = parse_attrs(attrs[TCA_OPTIONS])
+            if TCA_U32_CLASSID not in opts or TCA_U32_SEL not in opts:
+                continue
+            sel = opts[TCA_U32_SEL]
+            nkeys = sel[2]
+            keys = [struct.unpack_from("!II", sel, 16 + 16 * i) + struct.unpack_from("=i", sel, 24 + 16 * i)
+                    for i in range(nkeys)]
+            found[handle] = {"classid": struct.unpack("=I", opts[TCA_U32_CLASSID][:4])[0], "keys": keys}
+    return found
 
 
 def _ext_ack_text(msg: bytes, flags: int) -> str:

@@ -1,0 +1,253 @@
+"""Make a shaping plan real in a network namespace, read it back, and check it.
+
+Apply and update send their requests in batches (worker.netlink); the read-back
+goes through pyroute2's decoders. Any difference between kernel state and plan
+raises ShapingError: a mismatch is an error, never a log line.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from worker import netlink as nl
+from worker import nsfs
+from worker.errors import CapabilityError, ShapingError
+from worker.tc_plan import (DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, NETEM_DEFAULT_LIMIT, Plan, Rule,
+                            diff, render_diff)
+
+_netem_lock = threading.Lock()
+_netem_available: Optional[bool] = None
+
+
+def ifindex_in(netns: Optional[str], ifname: str) -> int:
+    """The index of ``ifname`` inside ``netns`` (host namespace when None)."""
+    try:
+        if netns is None:
+            return socket.if_nametoindex(ifname)
+        with nsfs.entered(netns):
+            return socket.if_nametoindex(ifname)
+    except OSError:
+        raise ShapingError(f"no interface {ifname!r} in namespace {netns or 'host'}") from None
+
+
+def netem_available() -> bool:
+    """Whether this kernel has sch_netem (probed once, in a throwaway namespace)."""
+    global _netem_available
+    with _netem_lock:
+        if _netem_available is None:
+            probe = f"etb-probe-{os.getpid()}-{threading.get_ident() % 10000}"
+            nsfs.create(probe)
+            try:
+                with nl.RtnlSocket(probe) as sock:
+                    sock.run([nl.link_up(1), nl.htb_root(1, DEFAULT_MINOR),
+                              nl.htb_class(1, 0x10, 10**6)])
+                    failures = sock.run([nl.netem_leaf(1, 0x10, 1.0, 0.0, 0.0, 10)])
+                _netem_available = not failures
+            finally:
+                nsfs.remove(probe)
+        return _netem_available
+
+
+def require_netem(plans: dict[str, Plan]) -> None:
+    """Fail before anything is created when a plan needs netem and the kernel lacks it."""
+    needing = [f"{node}->{r.dest} ({r.shape.describe()})"
+               for node, plan in plans.items() for r in plan.rules if r.leaf == "netem"]
+    if needing and not netem_available():
+        shown = ", ".join(needing[:5]) + (f" and {len(needing) - 5} more" if len(needing) > 5 else "")
+        raise CapabilityError(
+            f"this kernel ({os.uname().release}) has no sch_netem, so delay, jitter and loss cannot "
+            f"be emulated; links that need it: {shown}. Remove delay/jitter/loss from these links or "
+            f"run on a kernel with sch_netem.")
+
+
+def _rule_messages(ifindex: int, rule: Rule, class_flags: int = nl.CREATE) -> list[bytes]:
+    msgs = [nl.htb_class(ifindex, rule.minor, rule.shape.rate_bps, class_flags)]
+    s = rule.shape
+    if rule.leaf == "netem":
+        msgs.append(nl.netem_leaf(ifindex, rule.minor, s.delay_ms, s.jitter_ms, s.loss_pct,
+                                  s.queue_pkts or NETEM_DEFAULT_LIMIT))
+    elif rule.leaf == "pfifo":
+        msgs.append(nl.pfifo_leaf(ifindex, rule.minor, s.queue_pkts or 0))
+    return msgs
+
+
+def _raise_failures(netns: str, failures: list[nl.Failure], what: list[str], action: str) -> None:
+    if failures:
+        lines = [f"{what[f.position]}: {f.describe()}" for f in failures[:10]]
+        more = f" (and {len(failures) - 10} more)" if len(failures) > 10 else ""
+        raise ShapingError(f"{action} in {netns} failed: " + "; ".join(lines) + more,
+                           detail={"netns": netns, "failures": lines})
+
+
+def apply(netns: str, plan: Plan) -> None:
+    """Replace the interface's egress shaping with ``plan`` in one batch; undo it on failure."""
+    ifindex = ifindex_in(netns, plan.ifname)
+    msgs = [nl.htb_root(ifindex, DEFAULT_MINOR), nl.htb_class(ifindex, DEFAULT_MINOR, DEFAULT_CLASS_RATE_BPS)]
+    what = ["root qdisc", "default class"]
+    for rule in plan.rules:
+        rule_msgs = _rule_messages(ifindex, rule)
+        rule_msgs.append(nl.u32_dst_filter(ifindex, rule.minor, rule.dest_ip, rule.minor))
+        msgs += rule_msgs
+        what += [f"link to {rule.dest} ({rule.shape.describe()})"] * len(rule_msgs)
+    with nl.RtnlSocket(netns) as sock:
+        sock.run([nl.delete_root(ifindex)])  # absent root is fine
+        failures = sock.run(msgs)
+        if failures:
+            sock.run([nl.delete_root(ifindex)])
+    _raise_failures(netns, failures, what, "applying shaping")
+
+
+def update(netns: str, old: Plan, new: Plan) -> list[str]:
+    """Change the rules that differ, in place (root and other links untouched); returns tc lines."""
+    changes = diff(old, new)
+    if not changes:
+        return []
+    ifindex = ifindex_in(netns, new.ifname)
+    msgs: list[bytes] = []
+    what: list[str] = []
+    for c in changes:
+        if c.op == "remove" and c.old:
+            step = [nl.delete_u32_filter(ifindex, c.old.minor), nl.delete_class(ifindex, c.old.minor)]
+            label = f"removing link to {c.old.dest}"
+        elif c.op == "add" and c.new:
+            step = _rule_messages(ifindex, c.new)
+            step.append(nl.u32_dst_filter(ifindex, c.new.minor, c.new.dest_ip, c.new.minor))
+            label = f"adding link to {c.new.dest}"
+        else:
+            assert c.old and c.new
+            step = _rule_messages(ifindex, c.new, class_flags=0)
+            if c.old.dest_ip != c.new.dest_ip:
+                step.append(nl.u32_dst_filter(ifindex, c.new.minor, c.new.dest_ip, c.new.minor, flags=nl.REPLACE))
+            if c.old.leaf and not c.new.leaf:
+                step.append(nl.delete_leaf(ifindex, c.new.minor))
+            label = f"changing link to {c.new.dest} to {c.new.shape.describe()}"
+        msgs += step
+        what += [label] * len(step)
+    with nl.RtnlSocket(netns) as sock:
+        failures = sock.run(msgs)
+    _raise_failures(netns, failures, what, "updating shaping")
+    return render_diff(new.ifname, changes)
+
+
+def clear(netns: str, ifname: str) -> None:
+    """Remove all egress shaping from the interface (an absent root is fine)."""
+    ifindex = ifindex_in(netns, ifname)
+    with nl.RtnlSocket(netns) as sock:
+        sock.run([nl.delete_root(ifindex)])
+
+
+@dataclass
+class Observed:
+    """The parts of kernel tc state that a plan speaks of."""
+
+    root: Optional[dict[str, Any]] = None
+    classes: dict[int, int] = field(default_factory=dict)  # minor -> rate in bytes/s
+    leaves: dict[int, dict[str, Any]] = field(default_factory=dict)  # minor -> {kind, ...}
+    filters: dict[int, dict[str, Any]] = field(default_factory=dict)  # u32 node -> {dest_ip, minor}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"root": self.root,
+                "classes": {f"1:{m:x}": {"rate_bps": r * 8} for m, r in sorted(self.classes.items())},
+                "leaves": {f"1:{m:x}": v for m, v in sorted(self.leaves.items())},
+                "filters": {f"800::{n:x}": v for n, v in sorted(self.filters.items())}}
+
+
+def _opts(msg: Any) -> Any:
+    return msg.get_attr("TCA_OPTIONS")
+
+
+def read_back(netns: Optional[str], ifname: str) -> Observed:
+    """Read the interface's egress tc state from the kernel (pyroute2 decodes it)."""
+    from pyroute2 import IPRoute
+
+    ifindex = ifindex_in(netns, ifname)
+    seen = Observed()
+    kwargs = {"netns": netns, "flags": 0} if netns else {}
+    with IPRoute(**kwargs) as ipr:
+        for q in ipr.get_qdiscs(index=ifindex):
+            kind = q.get_attr("TCA_KIND")
+            if q["parent"] == nl.TC_H_ROOT:
+                root = {"kind": kind, "handle": q["handle"]}
+                if kind == "htb":
+                    init = _opts(q).get_attr("TCA_HTB_INIT")
+                    root["default_minor"] = init["defcls"] if init else None
+                seen.root = root
+            elif q["parent"] >> 16 == 1:
+                leaf: dict[str, Any] = {"kind": kind}
+                opts = _opts(q)
+                if kind == "pfifo" and opts is not None:
+                    leaf["limit"] = opts["limit"]
+                elif kind == "netem" and opts is not None:
+                    leaf.update(delay_us=round(opts["delay"] / nl.TICKS_PER_US),
+                                jitter_us=round(opts["jitter"] / nl.TICKS_PER_US),
+                                loss_pct=opts["loss"] * 100 / 0xFFFFFFFF, limit=opts["limit"])
+                seen.leaves[q["parent"] & 0xFFFF] = leaf
+        if seen.root and seen.root["kind"] == "htb":
+            for c in ipr.get_classes(index=ifindex):
+                parms = _opts(c).get_attr("TCA_HTB_PARMS")
+                rate64 = _opts(c).get_attr("TCA_HTB_RATE64")
+                seen.classes[c["handle"] & 0xFFFF] = rate64 or parms["rate"]
+    if seen.root and seen.root["kind"] == "htb":
+        for handle, f in nl.u32_filters(netns, ifindex, nl.tc_handle(1, 0)).items():
+            keys = f["keys"]
+            dest = None
+            if len(keys) == 1 and keys[0][0] == 0xFFFFFFFF and keys[0][2] == 16:
+                dest = socket.inet_ntoa(keys[0][1].to_bytes(4, "big"))
+            seen.filters[handle & 0xFFF] = {"dest_ip": dest, "minor": f["classid"] & 0xFFFF}
+    return seen
+
+
+def mismatches(plan: Plan, seen: Observed) -> list[str]:
+    """Every way the kernel state differs from the plan (empty when they agree)."""
+    problems = []
+    if not seen.root or seen.root.get("kind") != "htb" or seen.root.get("handle") != nl.tc_handle(1, 0):
+        return [f"root qdisc is {seen.root}, expected htb 1:"]
+    if seen.root.get("default_minor") != DEFAULT_MINOR:
+        problems.append(f"root default class is {seen.root.get('default_minor')}, expected {DEFAULT_MINOR}")
+    wanted_classes = {DEFAULT_MINOR: DEFAULT_CLASS_RATE_BPS // 8}
+    wanted_classes.update({r.minor: r.shape.rate_bps // 8 for r in plan.rules})
+    for minor, rate in wanted_classes.items():
+        got = seen.classes.get(minor)
+        if got != rate:
+            problems.append(f"class 1:{minor:x}: rate {None if got is None else got * 8} bit/s, expected {rate * 8}")
+    for minor in set(seen.classes) - set(wanted_classes):
+        problems.append(f"class 1:{minor:x} is not in the plan")
+    for rule in plan.rules:
+        got_filter = seen.filters.get(rule.minor)
+        if got_filter != {"dest_ip": rule.dest_ip, "minor": rule.minor}:
+            problems.append(f"filter for {rule.dest} ({rule.dest_ip}): found {got_filter}")
+        problems += _leaf_mismatch(rule, seen.leaves.get(rule.minor))
+    for node in set(seen.filters) - {r.minor for r in plan.rules}:
+        problems.append(f"filter 800::{node:x} is not in the plan")
+    return problems
+
+
+def _leaf_mismatch(rule: Rule, leaf: Optional[dict[str, Any]]) -> list[str]:
+    s = rule.shape
+    name = f"leaf of 1:{rule.minor:x} ({rule.dest})"
+    if rule.leaf is None:
+        return [f"{name}: found {leaf['kind']}, expected the default"] if leaf else []
+    if not leaf or leaf["kind"] != rule.leaf:
+        return [f"{name}: found {leaf and leaf['kind']}, expected {rule.leaf}"]
+    if rule.leaf == "pfifo" and leaf.get("limit") != s.queue_pkts:
+        return [f"{name}: limit {leaf.get('limit')}, expected {s.queue_pkts}"]
+    if rule.leaf == "netem":
+        wanted = {"delay_us": round(s.delay_ms * 1000), "jitter_us": round(s.jitter_ms * 1000),
+                  "limit": s.queue_pkts or NETEM_DEFAULT_LIMIT}
+        bad = [f"{k} {leaf.get(k)} (expected {v})" for k, v in wanted.items() if abs(leaf.get(k, -9) - v) > 1]
+        if abs(leaf.get("loss_pct", -1) - s.loss_pct) > 1e-4:
+            bad.append(f"loss {leaf.get('loss_pct')}% (expected {s.loss_pct}%)")
+        return [f"{name}: " + ", ".join(bad)] if bad else []
+    return []
+
+
+def verify(netns: str, plan: Plan) -> None:
+    """Raise ShapingError unless the kernel holds exactly ``plan``."""
+    problems = mismatches(plan, read_back(netns, plan.ifname))
+    if problems:
+        shown = "; ".join(problems[:10]) + (f" (and {len(problems) - 10} more)" if len(problems) > 10 else "")
+        raise ShapingError(f"tc state in {netns} differs from the plan: {shown}",
+                           detail={"netns": netns, "mismatches": problems})
