@@ -1,0 +1,153 @@
+"""CPU and memory limits of emulated nodes, through cgroup v1 or v2.
+
+Each testbed has one group (``edgetb-<id>``) holding one child per node. What
+is written where is computed by ``limit_writes`` as plain data, so both cgroup
+versions are tested as tables; ``Cgroups`` makes it real.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Optional
+
+from worker.errors import CapabilityError, NodeRuntimeError
+
+CFS_PERIOD_US = 100_000
+V1_CONTROLLERS = ("cpu", "memory")
+
+
+def detect_version(root: str = "/sys/fs/cgroup") -> Optional[int]:
+    """2 for a unified hierarchy at ``root``, 1 for v1 cpu+memory hierarchies, None for neither."""
+    if os.path.exists(os.path.join(root, "cgroup.controllers")):
+        return 2
+    if all(os.path.isdir(os.path.join(root, c)) for c in V1_CONTROLLERS):
+        return 1
+    return None
+
+
+def limit_writes(version: int, cpu: Optional[float], mem_bytes: Optional[int]) -> list[tuple[str, str, str]]:
+    """(controller, file, value) writes that set a node's limits; controller is '' on v2."""
+    quota = str(int(round(cpu * CFS_PERIOD_US))) if cpu else None
+    if version == 1:
+        writes = [("cpu", "cpu.cfs_period_us", str(CFS_PERIOD_US)), ("cpu", "cpu.cfs_quota_us", quota or "-1")]
+        if mem_bytes:
+            writes += [("memory", "memory.limit_in_bytes", str(mem_bytes)),
+                       ("memory", "memory.memsw.limit_in_bytes", str(mem_bytes))]
+        return writes
+    writes = [("", "cpu.max", f"{quota or 'max'} {CFS_PERIOD_US}")]
+    writes += [("", "memory.max", str(mem_bytes) if mem_bytes else "max")]
+    if mem_bytes:
+        writes.append(("", "memory.swap.max", "0"))
+    return writes
+
+
+def _write(path: str, value: str, optional: bool = False) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except FileNotFoundError:
+        if not optional:
+            raise
+    except OSError as e:
+        raise NodeRuntimeError(f"cannot write {value!r} to {path}: {e.strerror}") from None
+
+
+class Cgroups:
+    """The cgroups of one testbed."""
+
+    def __init__(self, group: str, root: str = "/sys/fs/cgroup") -> None:
+        self.group = group
+        self.root = root
+        self.version = detect_version(root)
+
+    def require(self) -> None:
+        if self.version is None:
+            raise CapabilityError(f"no cgroup v1 (cpu, memory) or v2 hierarchy under {self.root}: "
+                                  "CPU and memory limits cannot be set")
+
+    def _bases(self) -> list[str]:
+        if self.version == 1:
+            return [os.path.join(self.root, c, self.group) for c in V1_CONTROLLERS]
+        if self.version == 2:
+            return [os.path.join(self.root, self.group)]
+        return []
+
+    def dirs(self, node: str) -> list[str]:
+        return [os.path.join(base, node) for base in self._bases()]
+
+    def create(self, node: str, cpu: Optional[float], mem_bytes: Optional[int]) -> None:
+        """Make the node's group(s) and set its limits."""
+        self.require()
+        if self.version == 2:
+            _write(os.path.join(self.root, "cgroup.subtree_control"), "+cpu +memory")
+            os.makedirs(self._bases()[0], exist_ok=True)
+            _write(os.path.join(self._bases()[0], "cgroup.subtree_control"), "+cpu +memory")
+        for d in self.dirs(node):
+            os.makedirs(d, exist_ok=True)
+        for controller, name, value in limit_writes(self.version or 0, cpu, mem_bytes):
+            base = os.path.join(self.root, controller, self.group, node) if controller else self.dirs(node)[0]
+            _write(os.path.join(base, name), value, optional=name.startswith("memory.memsw") or name.endswith("swap.max"))
+
+    def procs_files(self, node: str) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs(node)]
+
+    def pids(self, node: str) -> set[int]:
+        found: set[int] = set()
+        for path in self.procs_files(node):
+            try:
+                with open(path) as f:
+                    found.update(int(x) for x in f.read().split())
+            except FileNotFoundError:
+                pass
+        return found
+
+    def nodes(self) -> set[str]:
+        """Every node group of this testbed that exists now."""
+        found: set[str] = set()
+        for base in self._bases():
+            if os.path.isdir(base):
+                found.update(e for e in os.listdir(base) if os.path.isdir(os.path.join(base, e)))
+        return found
+
+    def remove(self, node: str, timeout_s: float = 5.0) -> None:
+        """Kill the node's processes and remove its groups."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pids = self.pids(node)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                for d in self.dirs(node):
+                    if os.path.isdir(d):
+                        os.rmdir(d)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise NodeRuntimeError(f"cgroup of node {node} still busy after {timeout_s}s: pids {sorted(pids)}")
+                time.sleep(0.02)
+
+    def remove_all(self) -> None:
+        for node in self.nodes():
+            self.remove(node)
+        for base in self._bases():
+            if os.path.isdir(base):
+                try:
+                    os.rmdir(base)
+                except OSError:
+                    pass
+
+
+def join_fds(procs_files: list[str]) -> list[int]:
+    """Open a node's cgroup.procs files before a fork, for ``join_in_child``."""
+    return [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in procs_files]
+
+
+def join_in_child(fds: list[int]) -> None:
+    """Move the calling (just forked) process into the groups; raw syscalls only."""
+    pid = str(os.getpid()).encode()
+    for fd in fds:
+        os.write(fd, pid)

@@ -1,0 +1,324 @@
+"""Emulated nodes as network namespaces on one bridge, with cgroup limits.
+
+Each node is a namespace ``etb-<id>-<node>`` holding ``eth0`` (the end of a veth
+whose host end ``etb-<id>-<index>`` sits on the bridge ``etb-<id>-br``) and an
+address from the testbed's subnet; the bridge holds the subnet's first address
+so the host can reach every node. Every name carries the testbed id, and reset
+removes exactly what carries it.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from worker import cgroups, netlink as nl, nsfs
+from worker.errors import ConfigError, NodeRuntimeError, NotFound
+from worker.state import StateStore
+
+TESTBED_ID_RE = re.compile(r"^[a-z0-9]{1,5}$")
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,14}$")
+DEFAULT_SUBNET = "10.77.0.0/16"
+NODE_IFNAME = "eth0"
+NODE_IFINDEX = 2
+MAX_NODES = 60_000
+
+
+class Naming:
+    """Names of every resource of one testbed."""
+
+    def __init__(self, testbed_id: str) -> None:
+        if not TESTBED_ID_RE.match(testbed_id):
+            raise ConfigError(f"testbed id {testbed_id!r} must be 1-5 lowercase letters or digits")
+        self.id = testbed_id
+        self.bridge = f"etb-{testbed_id}-br"
+        self.cgroup = f"edgetb-{testbed_id}"
+        self.iptables_comment = f"edgetb-{testbed_id}"
+        self._link_re = re.compile(rf"^etb-{testbed_id}-(br|\d+)$")
+
+    def netns(self, node: str) -> str:
+        return f"etb-{self.id}-{node}"
+
+    def host_if(self, index: int) -> str:
+        return f"etb-{self.id}-{index}"
+
+    def owns_link(self, ifname: str) -> bool:
+        return bool(self._link_re.match(ifname))
+
+    def owns_netns(self, name: str) -> bool:
+        return name.startswith(f"etb-{self.id}-")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What a caller asks for: a name and optional limits."""
+
+    name: str
+    cpu: Optional[float] = None
+    mem_bytes: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "NodeSpec":
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise ConfigError(f"a node needs a string 'name', got {data!r}")
+        unknown = set(data) - {"name", "cpu", "mem_bytes"}
+        if unknown:
+            raise ConfigError(f"node {data['name']!r}: unknown fields {sorted(unknown)}")
+        spec = cls(data["name"], data.get("cpu"), data.get("mem_bytes"))
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        if not NODE_NAME_RE.match(self.name):
+            raise ConfigError(f"node name {self.name!r} must match {NODE_NAME_RE.pattern}")
+        if self.cpu is not None and (isinstance(self.cpu, bool) or not isinstance(self.cpu, (int, float))
+                                     or not 0 < self.cpu <= 1024):
+            raise ConfigError(f"node {self.name}: cpu must be a number of cores in (0, 1024], got {self.cpu!r}")
+        if self.mem_bytes is not None and (isinstance(self.mem_bytes, bool) or not isinstance(self.mem_bytes, int)
+                                           or self.mem_bytes < 4 * 1024 * 1024):
+            raise ConfigError(f"node {self.name}: mem_bytes must be an integer >= 4 MiB, got {self.mem_bytes!r}")
+
+
+class NetnsRuntime:
+    """Creates, runs commands in, and removes the netns nodes of one testbed."""
+
+    kind = "netns"
+
+    def __init__(self, store: StateStore, subnet: str = DEFAULT_SUBNET) -> None:
+        self.store = store
+        self.names = Naming(store.testbed_id)
+        try:
+            self.subnet = ipaddress.IPv4Network(subnet)
+        except ValueError as e:
+            raise ConfigError(f"subnet {subnet!r}: {e}") from None
+        if self.subnet.num_addresses < 4:
+            raise ConfigError(f"subnet {subnet} is too small")
+        self.cgroups = cgroups.Cgroups(self.names.cgroup)
+
+    # addresses -------------------------------------------------------------
+    @property
+    def bridge_ip(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+    def node_ip(self, index: int) -> str:
+        if index + 2 >= self.subnet.num_addresses - 1:
+            raise ConfigError(f"subnet {self.subnet} has no room for node number {index + 1}")
+        return str(self.subnet.network_address + 2 + index)
+
+    # bring-up ----------------------------------------------------------------
+    def create_nodes(self, specs: Sequence[NodeSpec]) -> list[dict[str, Any]]:
+        """Create every node in ``specs`` (all or nothing); existing identical nodes are kept."""
+        for spec in specs:
+            spec.check()
+        with self.store.locked() as state:
+            state.setdefault("runtime", self.kind)
+            state.setdefault("subnet", str(self.subnet))
+            if state["subnet"] != str(self.subnet):
+                raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {self.subnet}")
+            todo = self._new_specs(state, specs)
+            if todo and any(s.cpu or s.mem_bytes for s in todo):
+                self.cgroups.require()
+            created: list[str] = []
+            try:
+                self._ensure_bridge(state)
+                next_index = max((n["index"] for n in state["nodes"].values()), default=-1) + 1
+                records = []
+                for i, spec in enumerate(todo):
+                    records.append({"name": spec.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
+                                    "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(spec.name),
+                                    "host_if": self.names.host_if(next_index + i), "cpu": spec.cpu,
+                                    "mem_bytes": spec.mem_bytes, "runtime": self.kind})
+                self._create_records(records, created)
+                for rec in records:
+                    state["nodes"][rec["name"]] = rec
+            except BaseException:
+                for name in created:
+                    self._remove_node_resources(name)
+                if not state["nodes"]:
+                    self._remove_shared(state)
+                raise
+            return [state["nodes"][s.name] for s in specs]
+
+    def _new_specs(self, state: dict[str, Any], specs: Sequence[NodeSpec]) -> list[NodeSpec]:
+        todo, seen = [], set()
+        for spec in specs:
+            if spec.name in seen:
+                raise ConfigError(f"node {spec.name!r} is listed twice")
+            seen.add(spec.name)
+            old = state["nodes"].get(spec.name)
+            if old is None:
+                todo.append(spec)
+            elif (old["cpu"], old["mem_bytes"]) != (spec.cpu, spec.mem_bytes):
+                raise ConfigError(f"node {spec.name!r} exists with cpu={old['cpu']} mem_bytes={old['mem_bytes']}; "
+                                  "reset before changing its limits")
+        if len(state["nodes"]) + len(todo) > MAX_NODES:
+            raise ConfigError(f"at most {MAX_NODES} nodes per testbed")
+        return todo
+
+    def _ensure_bridge(self, state: dict[str, Any]) -> None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            if not ipr.link_lookup(ifname=self.names.bridge):
+                self._check_subnet_free(ipr)
+                ipr.link("add", ifname=self.names.bridge, kind="bridge")
+                index = ipr.link_lookup(ifname=self.names.bridge)[0]
+                ipr.addr("add", index=index, address=self.bridge_ip, prefixlen=self.subnet.prefixlen)
+                ipr.link("set", index=index, state="up")
+        state["bridge"] = self.names.bridge
+        if shutil.which("iptables") and not state.get("iptables"):
+            rule = self._iptables_rule()
+            if subprocess.run(["iptables", "-w", "-C", *rule], capture_output=True).returncode != 0:
+                done = subprocess.run(["iptables", "-w", "-I", *rule[:1], "1", *rule[1:]], capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise NodeRuntimeError(f"iptables could not accept traffic on {self.names.bridge}: {done.stderr.strip()}")
+            state["iptables"] = True
+
+    def _check_subnet_free(self, ipr: Any) -> None:
+        for msg in ipr.get_addr(family=2):
+            addr = ipaddress.IPv4Interface(f"{msg.get_attr('IFA_ADDRESS')}/{msg['prefixlen']}")
+            if addr.network.overlaps(self.subnet):
+                label = msg.get_attr("IFA_LABEL")
+                raise ConfigError(f"subnet {self.subnet} overlaps {addr} on {label}; choose another subnet")
+
+    def _iptables_rule(self) -> list[str]:
+        br = self.names.bridge
+        return ["FORWARD", "-i", br, "-o", br, "-m", "comment", "--comment", self.names.iptables_comment, "-j", "ACCEPT"]
+
+    def _create_records(self, records: list[dict[str, Any]], created: list[str]) -> None:
+        if not records:
+            return
+        bridge_index = _ifindex(self.names.bridge)
+        for rec in records:
+            nsfs.create(rec["netns"])
+            created.append(rec["name"])
+        fds = [os.open(nsfs.netns_path(r["netns"]), os.O_RDONLY | os.O_CLOEXEC) for r in records]
+        try:
+            with nl.RtnlSocket() as sock:
+                failures = sock.run(nl.veth_into_netns(r["host_if"], bridge_index, NODE_IFNAME, fd, NODE_IFINDEX)
+                                    for r, fd in zip(records, fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        _raise_first(failures, [f"veth for node {r['name']}" for r in records])
+        for rec in records:
+            with nl.RtnlSocket(rec["netns"]) as sock:
+                failures = sock.run([nl.link_up(1), nl.link_up(NODE_IFINDEX),
+                                     nl.add_ipv4(NODE_IFINDEX, rec["ip"], rec["prefixlen"])])
+            _raise_first(failures, [f"node {rec['name']}: {step}" for step in ("lo up", "eth0 up", "address")])
+            if rec["cpu"] or rec["mem_bytes"]:
+                self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"])
+
+    # processes -------------------------------------------------------------------
+    def node(self, name: str) -> dict[str, Any]:
+        rec = self.store.read()["nodes"].get(name)
+        if rec is None:
+            raise NotFound(f"no node {name!r} in testbed {self.names.id}")
+        return rec
+
+    def popen(self, name: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+        """Start ``argv`` inside the node's namespace and cgroups (no shell involved)."""
+        rec = self.node(name)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ConfigError("a command must be a non-empty list of strings")
+        ns_fd = os.open(nsfs.netns_path(rec["netns"]), os.O_RDONLY | os.O_CLOEXEC)
+        cg_fds = cgroups.join_fds(self.cgroups.procs_files(name)) if (rec["cpu"] or rec["mem_bytes"]) else []
+
+        def enter() -> None:
+            cgroups.join_in_child(cg_fds)
+            if nsfs._libc.setns(ns_fd, nsfs.CLONE_NEWNET) != 0:
+                os._exit(127)
+
+        try:
+            return subprocess.Popen(list(argv), preexec_fn=enter, **kwargs)
+        except FileNotFoundError:
+            raise NotFound(f"command not found: {argv[0]!r}") from None
+        finally:
+            os.close(ns_fd)
+            for fd in cg_fds:
+                os.close(fd)
+
+    # teardown ----------------------------------------------------------------------
+    def _remove_node_resources(self, name: str) -> None:
+        netns = self.names.netns(name)
+        for pid in nsfs.pids_in(netns):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.cgroups.remove(name)
+        nsfs.remove(netns)  # its veth end goes with it, and the host end with that
+
+    def _remove_shared(self, state: dict[str, Any]) -> None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            ours = [(m["index"], m.get_attr("IFLA_IFNAME")) for m in ipr.get_links()
+                    if self.names.owns_link(m.get_attr("IFLA_IFNAME") or "")]
+            for index, _ in ours:
+                try:
+                    ipr.link("del", index=index)
+                except Exception:  # already gone with its peer
+                    pass
+        self._remove_iptables_rules()
+        self.cgroups.remove_all()
+        state.pop("bridge", None)
+        state.pop("iptables", None)
+
+    def _remove_iptables_rules(self) -> None:
+        if not shutil.which("iptables"):
+            return
+        listing = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True).stdout
+        for line in listing.splitlines():
+            words = line.split()
+            if words[:1] == ["-A"] and self.names.iptables_comment in words:
+                subprocess.run(["iptables", "-w", "-D", *words[1:]], capture_output=True)
+
+    def reset(self) -> dict[str, int]:
+        """Remove every resource that carries this testbed's id, with or without a state file."""
+        with self.store.locked() as state:
+            names = set(state["nodes"]) | self.cgroups.nodes()
+            prefix = f"etb-{self.names.id}-"
+            names |= {n[len(prefix):] for n in nsfs.list_netns() if self.names.owns_netns(n)}
+            for name in names:
+                self._remove_node_resources(name)
+            self._remove_shared(state)
+            state.update(nodes={}, plans={}, processes={})
+            state.pop("subnet", None)
+            return {"nodes": len(names)}
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Everything on this host that carries the testbed id (empty after a clean reset)."""
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            links = [m.get_attr("IFLA_IFNAME") for m in ipr.get_links()]
+        rules = []
+        if shutil.which("iptables"):
+            out = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True).stdout
+            rules = [line for line in out.splitlines() if self.names.iptables_comment in line.split()]
+        return {"netns": [n for n in nsfs.list_netns() if self.names.owns_netns(n)],
+                "links": [n for n in links if n and self.names.owns_link(n)],
+                "cgroups": sorted(self.cgroups.nodes()) + [b for b in self.cgroups._bases() if os.path.isdir(b)],
+                "iptables": rules}
+
+
+def _ifindex(name: str) -> int:
+    import socket
+
+    try:
+        return socket.if_nametoindex(name)
+    except OSError:
+        raise NodeRuntimeError(f"interface {name} vanished") from None
+
+
+def _raise_first(failures: list[nl.Failure], what: list[str]) -> None:
+    if failures:
+        f = failures[0]
+        raise NodeRuntimeError(f"{what[f.position]}: {f.describe()}" +
+                               (f" (and {len(failures) - 1} more failures)" if len(failures) > 1 else ""))

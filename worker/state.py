@@ -1,0 +1,72 @@
+"""The worker's state on disk: what it created, so reset works after a crash or restart.
+
+One JSON document per testbed under the state directory, read and written
+under an exclusive file lock, replaced atomically.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+STATE_VERSION = 1
+DEFAULT_STATE_ROOT = "/var/lib/edgetb"
+
+
+def state_root() -> str:
+    return os.environ.get("EDGETB_STATE_DIR", DEFAULT_STATE_ROOT)
+
+
+def empty_state(testbed_id: str) -> dict[str, Any]:
+    return {"version": STATE_VERSION, "testbed_id": testbed_id, "nodes": {}, "plans": {}, "processes": {}}
+
+
+class StateStore:
+    """The state document of one testbed, safe across threads and processes."""
+
+    def __init__(self, testbed_id: str, root: str | None = None) -> None:
+        self.testbed_id = testbed_id
+        self.dir = os.path.join(root or state_root(), testbed_id)
+        self.path = os.path.join(self.dir, "state.json")
+        self._thread_lock = threading.RLock()
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            with open(self.path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return empty_state(self.testbed_id)
+        if data.get("version") != STATE_VERSION:
+            raise ValueError(f"{self.path}: state version {data.get('version')} is not {STATE_VERSION}")
+        return data
+
+    @contextmanager
+    def locked(self) -> Iterator[dict[str, Any]]:
+        """Yield the state for changing; it is saved when the block ends, even on error."""
+        with self._thread_lock:
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            with open(os.path.join(self.dir, "lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                state = self._load()
+                try:
+                    yield state
+                finally:
+                    self._save(state)
+
+    def read(self) -> dict[str, Any]:
+        with self._thread_lock:
+            return self._load()
+
+    def _save(self, state: dict[str, Any]) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+    def logs_dir(self) -> str:
+        path = os.path.join(self.dir, "logs")
+        os.makedirs(path, exist_ok=True)
+        return path
