@@ -1,0 +1,195 @@
+"""The worker agent: a small authenticated REST service over ``WorkerHost``.
+
+Run as root on every worker host::
+
+    python3 -m worker.agent --port 3334 [--id 0] [--subnet 10.77.0.0/16] [--token-file F]
+
+Every call but ``GET /health`` needs ``Authorization: Bearer <token>``; the token
+comes from ``$EDGETB_TOKEN`` or the token file (made, mode 0600, when missing).
+Blocking work runs in gevent's pool of real threads, so the server keeps
+answering while a large network comes up.
+"""
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+import secrets
+import signal
+import sys
+from typing import Any, Callable, Optional
+
+from flask import Flask, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from worker.errors import AuthError, ConfigError, TestbedError
+from worker.host import API_VERSION, WorkerHost
+from worker.runtime_netns import DEFAULT_SUBNET
+from worker.state import state_root
+
+DEFAULT_PORT = 3333
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+log = logging.getLogger("edgetb.agent")
+
+
+def default_token_file() -> str:
+    return os.path.join(state_root(), "token")
+
+
+def load_token(path: Optional[str] = None, create: bool = True) -> str:
+    """The shared secret: $EDGETB_TOKEN, else the token file (created when missing and allowed)."""
+    if os.environ.get("EDGETB_TOKEN"):
+        return os.environ["EDGETB_TOKEN"]
+    path = path or default_token_file()
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+    except FileNotFoundError:
+        if not create:
+            raise ConfigError(f"no token: set EDGETB_TOKEN or create {path}") from None
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    if len(token) < 16:
+        raise ConfigError(f"token in {path} is shorter than 16 characters")
+    return token
+
+
+def _run_blocking(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` in one of gevent's real OS threads; its exception is raised here."""
+    import gevent
+
+    def call() -> tuple[bool, Any]:
+        try:
+            return True, fn(*args)
+        except Exception as e:  # handed back to the request's greenlet
+            return False, e
+
+    ok, value = gevent.get_hub().threadpool.apply(call)
+    if not ok:
+        raise value
+    return value
+
+
+def create_app(host: WorkerHost, token: str) -> Flask:
+    """The agent's Flask app; routes are thin wrappers over ``host``."""
+    app = Flask("edgetb-agent")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+
+    def body() -> Any:
+        data = request.get_json(silent=True)
+        if data is None:
+            raise ConfigError("request body must be JSON (Content-Type: application/json)")
+        return data
+
+    @app.before_request
+    def authenticate() -> None:
+        if request.endpoint == "health":
+            return
+        given = request.headers.get("Authorization", "")
+        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token.encode())):
+            raise AuthError("missing or wrong bearer token")
+
+    @app.errorhandler(TestbedError)
+    def testbed_error(err: TestbedError) -> Any:
+        return jsonify(err.to_json()), err.http_status
+
+    @app.errorhandler(HTTPException)
+    def http_error(err: HTTPException) -> Any:
+        return jsonify({"error": err.name.lower().replace(" ", "_"), "detail": err.description}), err.code
+
+    @app.errorhandler(Exception)
+    def internal_error(err: Exception) -> Any:
+        log.exception("internal error")
+        return jsonify({"error": "internal", "detail": f"{type(err).__name__}: {err}"}), 500
+
+    @app.get("/health")
+    def health() -> Any:
+        return jsonify({"version": API_VERSION, "ok": True, "testbed_id": host.testbed_id})
+
+    @app.get("/capabilities")
+    def capabilities() -> Any:
+        return jsonify(_run_blocking(host.capabilities))
+
+    @app.get("/status")
+    def status() -> Any:
+        return jsonify(_run_blocking(host.status))
+
+    @app.post("/nodes")
+    def create_nodes() -> Any:
+        return jsonify(_run_blocking(host.create_nodes, body())), 201
+
+    @app.put("/links")
+    def put_links() -> Any:
+        return jsonify(_run_blocking(host.set_links, body()))
+
+    @app.patch("/links")
+    def patch_links() -> Any:
+        return jsonify(_run_blocking(host.set_links, body(), True))
+
+    @app.delete("/links")
+    def delete_links() -> Any:
+        return jsonify(_run_blocking(host.clear_links, request.args.get("node")))
+
+    @app.get("/nodes/<name>/shaping")
+    def shaping(name: str) -> Any:
+        return jsonify(_run_blocking(host.shaping, name))
+
+    @app.post("/nodes/<name>/exec")
+    def exec_in(name: str) -> Any:
+        return jsonify(_run_blocking(host.exec, name, body()))
+
+    @app.post("/nodes/<name>/processes")
+    def start_process(name: str) -> Any:
+        return jsonify(_run_blocking(host.start_process, name, body())), 201
+
+    @app.get("/processes")
+    def processes() -> Any:
+        return jsonify(_run_blocking(host.processes))
+
+    @app.delete("/nodes/<name>/processes/<proc_id>")
+    def stop_process(name: str, proc_id: str) -> Any:
+        return jsonify(_run_blocking(host.stop_process, name, proc_id))
+
+    @app.post("/reset")
+    def reset() -> Any:
+        return jsonify(_run_blocking(host.reset))
+
+    return app
+
+
+def serve(app: Flask, port: int, bind: str = "0.0.0.0") -> None:
+    """Serve with gevent's WSGI server until SIGINT/SIGTERM."""
+    from gevent.pywsgi import WSGIServer
+
+    server = WSGIServer((bind, port), app, log=None, error_log=log)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: server.stop(timeout=2))
+    log.info("agent listening on %s:%d", bind, port)
+    server.serve_forever()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgetb-agent", description="edgetb worker agent")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--bind", default="0.0.0.0")
+    parser.add_argument("--id", default=os.environ.get("EDGETB_ID", "0"), help="testbed id (default 0)")
+    parser.add_argument("--subnet", default=DEFAULT_SUBNET, help="this host's node subnet")
+    parser.add_argument("--token-file", default=None, help="shared secret file (default: state dir/token)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    try:
+        token = load_token(args.token_file)
+        host = WorkerHost(args.id, args.subnet)
+    except TestbedError as e:
+        print(f"edgetb-agent: {e.message}", file=sys.stderr)
+        return 2
+    serve(create_app(host, token), args.port, args.bind)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

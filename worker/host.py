@@ -1,0 +1,272 @@
+"""The worker's operations, as plain functions on JSON-shaped data.
+
+``WorkerHost`` is what the agent's routes call and what the CLI calls directly
+on a single host: create nodes, shape links (apply, update in place, verify),
+run processes in nodes, report status, reset. Requests and answers are the
+versioned JSON documents of the agent's REST API.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
+
+from worker import tc_apply
+from worker.cgroups import detect_version
+from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
+from worker.runtime_netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
+from worker.shape import Shape
+from worker.state import StateStore
+from worker.tc_plan import Plan, Target, make_plan
+
+API_VERSION = 1
+MAX_OUTPUT_BYTES = 1 << 20
+SHAPING_THREADS = 4
+
+
+def check_version(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ConfigError("request body must be a JSON object")
+    if body.get("version") != API_VERSION:
+        raise ConfigError(f"request version must be {API_VERSION}, got {body.get('version')!r}")
+    return body
+
+
+def _argv(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
+        raise ConfigError("argv must be a non-empty list of strings")
+    return value
+
+
+class WorkerHost:
+    """Everything one worker host does for one testbed."""
+
+    def __init__(self, testbed_id: str = "0", subnet: str = DEFAULT_SUBNET, state_root: Optional[str] = None) -> None:
+        self.store = StateStore(testbed_id, state_root)
+        self.runtime = NetnsRuntime(self.store, subnet)
+        self._children: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def testbed_id(self) -> str:
+        return self.store.testbed_id
+
+    # capabilities and nodes ------------------------------------------------------
+    def capabilities(self) -> dict[str, Any]:
+        """What this host can emulate (asked before anything is created)."""
+        import shutil
+
+        return {"version": API_VERSION, "netem": tc_apply.netem_available(),
+                "cgroup_version": detect_version(), "iptables": bool(shutil.which("iptables")),
+                "runtimes": ["netns"], "kernel": os.uname().release}
+
+    def create_nodes(self, body: Any) -> dict[str, Any]:
+        body = check_version(body)
+        if not isinstance(body.get("nodes"), list):
+            raise ConfigError("'nodes' must be a list")
+        specs = [NodeSpec.from_dict(n) for n in body["nodes"]]
+        return {"version": API_VERSION, "nodes": self.runtime.create_nodes(specs)}
+
+    # shaping -----------------------------------------------------------------------
+    def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
+        """Shape the listed links. Each source's listed links replace its plan, or with
+        ``merge`` change only the listed destinations (``"shape": null`` removes one)."""
+        body = check_version(body)
+        links = body.get("links")
+        if not isinstance(links, list):
+            raise ConfigError("'links' must be a list")
+        state = self.store.read()
+        wanted: dict[str, dict[str, Optional[Target]]] = {}
+        for i, link in enumerate(links):
+            if not isinstance(link, dict) or not {"src", "dst", "dst_ip"} <= set(link):
+                raise ConfigError(f"link {i}: needs src, dst, dst_ip and shape")
+            if link["src"] not in state["nodes"]:
+                raise NotFound(f"link {i}: no node {link['src']!r} on this host")
+            shape = None if link.get("shape") is None and merge else Shape.from_dict(link.get("shape"))
+            per_src = wanted.setdefault(link["src"], {})
+            if link["dst"] in per_src:
+                raise ConfigError(f"link {i}: {link['src']}->{link['dst']} listed twice")
+            per_src[link["dst"]] = Target(link["dst"], str(link["dst_ip"]), shape) if shape else None
+        plans = {src: self._plan_for(state, src, dests, merge) for src, dests in wanted.items()}
+        tc_apply.require_netem(plans)
+        started = time.monotonic()
+        results = self._in_parallel(lambda src: self._shape_node(state, src, plans[src]), list(plans))
+        with self.store.locked() as fresh:
+            for src, plan in plans.items():
+                fresh["plans"][src] = plan.to_dict()
+        return {"version": API_VERSION, "nodes": results, "seconds": round(time.monotonic() - started, 4)}
+
+    def _plan_for(self, state: dict[str, Any], src: str, dests: dict[str, Optional[Target]], merge: bool) -> Plan:
+        previous = Plan.from_dict(state["plans"][src]) if src in state["plans"] else None
+        targets: list[Target] = []
+        if merge and previous:
+            for rule in previous.rules:
+                if rule.dest not in dests:
+                    targets.append(Target(rule.dest, rule.dest_ip, rule.shape))
+        targets += [t for t in dests.values() if t is not None]
+        return make_plan(NODE_IFNAME, targets, previous)
+
+    def _shape_node(self, state: dict[str, Any], src: str, plan: Plan) -> dict[str, Any]:
+        netns = state["nodes"][src]["netns"]
+        previous = Plan.from_dict(state["plans"][src]) if src in state["plans"] else None
+        if previous is None:
+            tc_apply.apply(netns, plan)
+            lines = None
+        else:
+            lines = tc_apply.update(netns, previous, plan)
+        tc_apply.verify(netns, plan)
+        return {"node": src, "rules": len(plan.rules), "verified": True, "changed": lines}
+
+    def _in_parallel(self, fn: Any, items: list[str]) -> list[Any]:
+        if len(items) <= 1:
+            return [fn(i) for i in items]
+        with ThreadPoolExecutor(max_workers=min(SHAPING_THREADS, len(items))) as pool:
+            futures = [pool.submit(fn, i) for i in items]
+            errors = [f.exception() for f in futures if f.exception() is not None]
+            if errors:
+                raise errors[0]
+            return [f.result() for f in futures]
+
+    def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
+        state = self.store.read()
+        names = [node] if node else list(state["plans"])
+        for name in names:
+            rec = self.runtime.node(name)
+            tc_apply.clear(rec["netns"], NODE_IFNAME)
+        with self.store.locked() as fresh:
+            for name in names:
+                fresh["plans"].pop(name, None)
+        return {"version": API_VERSION, "cleared": names}
+
+    def shaping(self, node: str) -> dict[str, Any]:
+        """The node's plan, the kernel's state, and whether they agree."""
+        rec = self.runtime.node(node)
+        plan_data = self.store.read()["plans"].get(node)
+        seen = tc_apply.read_back(rec["netns"], NODE_IFNAME)
+        plan = Plan.from_dict(plan_data) if plan_data else None
+        problems = tc_apply.mismatches(plan, seen) if plan else []
+        from worker.tc_plan import render
+
+        return {"version": API_VERSION, "node": node, "plan": plan_data, "kernel": seen.to_dict(),
+                "tc": render(plan) if plan else [], "mismatches": problems,
+                "verified": bool(plan) and not problems}
+
+    # processes -------------------------------------------------------------------------
+    def start_process(self, node: str, body: Any) -> dict[str, Any]:
+        body = check_version(body)
+        argv = _argv(body.get("argv"))
+        env = body.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ConfigError("env must map strings to strings")
+        proc_id = uuid.uuid4().hex[:12]
+        log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
+        with open(log_path, "ab") as log:
+            child = self.runtime.popen(node, argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       env=_child_env(env), start_new_session=True)
+        with self._lock:
+            self._children[proc_id] = child
+        record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
+                  "started": time.time(), "start_ticks": _start_ticks(child.pid)}
+        with self.store.locked() as state:
+            state["processes"][proc_id] = record
+        return {"version": API_VERSION, **record, "running": True}
+
+    def processes(self) -> dict[str, Any]:
+        procs = []
+        for rec in self.store.read()["processes"].values():
+            procs.append({**rec, **self._process_state(rec)})
+        return {"version": API_VERSION, "processes": procs}
+
+    def _process_state(self, rec: dict[str, Any]) -> dict[str, Any]:
+        child = self._children.get(rec["id"])
+        if child is not None:
+            code = child.poll()
+            return {"running": code is None, "returncode": code}
+        ticks = rec.get("start_ticks")
+        return {"running": ticks is not None and _start_ticks(rec["pid"]) == ticks, "returncode": None}
+
+    def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
+        rec = self.store.read()["processes"].get(proc_id)
+        if rec is None or rec["node"] != node:
+            raise NotFound(f"no process {proc_id!r} in node {node!r}")
+        if self._process_state(rec)["running"]:
+            import signal
+
+            try:
+                os.killpg(rec["pid"], signal.SIGTERM)
+                deadline = time.monotonic() + timeout_s
+                while self._process_state(rec)["running"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if self._process_state(rec)["running"]:
+                    os.killpg(rec["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        child = self._children.pop(proc_id, None)
+        code = child.wait(timeout=timeout_s) if child else None
+        with self.store.locked() as state:
+            state["processes"].pop(proc_id, None)
+        return {"version": API_VERSION, "id": proc_id, "stopped": True, "returncode": code}
+
+    def exec(self, node: str, body: Any) -> dict[str, Any]:
+        """Run a command in a node to completion; its output is captured (1 MiB each at most)."""
+        body = check_version(body)
+        argv = _argv(body.get("argv"))
+        timeout_s = float(body.get("timeout_s", 60))
+        child = self.runtime.popen(node, argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=_child_env({}))
+        try:
+            out, err = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise TestbedTimeout(f"{argv[0]} in {node} ran past {timeout_s:g}s and was killed") from None
+        return {"version": API_VERSION, "returncode": child.returncode,
+                "stdout": out[:MAX_OUTPUT_BYTES].decode(errors="replace"),
+                "stderr": err[:MAX_OUTPUT_BYTES].decode(errors="replace")}
+
+    # status and reset ---------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        state = self.store.read()
+        nodes = []
+        for name, rec in state["nodes"].items():
+            plan = state["plans"].get(name)
+            nodes.append({"name": name, "ip": rec["ip"], "runtime": rec["runtime"], "cpu": rec["cpu"],
+                          "mem_bytes": rec["mem_bytes"], "links": len(plan["rules"]) if plan else 0,
+                          "shaped": plan is not None})
+        running = sum(1 for p in state["processes"].values() if self._process_state(p)["running"])
+        return {"version": API_VERSION, "testbed_id": self.testbed_id, "subnet": state.get("subnet"),
+                "bridge": state.get("bridge"), "nodes": nodes, "processes_running": running}
+
+    def reset(self) -> dict[str, Any]:
+        with self._lock:
+            children = list(self._children.values())
+            self._children.clear()
+        removed = self.runtime.reset()
+        for child in children:
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        return {"version": API_VERSION, "removed": removed}
+
+
+def _child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGETB_TOKEN")}
+    env.update(extra)
+    return env
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    """A process's start time in clock ticks (tells a pid from a reused one)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+__all__ = ["WorkerHost", "API_VERSION", "TestbedError"]
