@@ -29,6 +29,13 @@ NODE_IFINDEX = 2
 MAX_NODES = 60_000
 
 
+def node_address(subnet: ipaddress.IPv4Network, index: int) -> str:
+    """The address of the node created ``index``-th (0-based): the bridge has the first one."""
+    if index + 2 >= subnet.num_addresses - 1:
+        raise ConfigError(f"subnet {subnet} has no room for node number {index + 1}")
+    return str(subnet.network_address + 2 + index)
+
+
 class Naming:
     """Names of every resource of one testbed."""
 
@@ -106,9 +113,7 @@ class NetnsRuntime:
         return str(self.subnet.network_address + 1)
 
     def node_ip(self, index: int) -> str:
-        if index + 2 >= self.subnet.num_addresses - 1:
-            raise ConfigError(f"subnet {self.subnet} has no room for node number {index + 1}")
-        return str(self.subnet.network_address + 2 + index)
+        return node_address(self.subnet, index)
 
     # bring-up ----------------------------------------------------------------
     def create_nodes(self, specs: Sequence[NodeSpec]) -> list[dict[str, Any]]:

@@ -1,0 +1,233 @@
+"""The ``edgetb`` command: bring a network up, look at it, run commands in it, take it down.
+
+    edgetb up links.json [--nodes nodes.json] [--dry-run]
+    edgetb status [--json]
+    edgetb exec NODE -- CMD [ARG ...]
+    edgetb shape show NODE [--json]
+    edgetb shape set SRC DST RATE [--delay 20ms] [--jitter 5ms] [--loss 1%] [--queue 100]
+    edgetb shape update links.json
+    edgetb down
+
+Without ``--agent`` the CLI drives this host directly (as root); with
+``--agent URL`` it talks to a worker agent using the shared token.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any, Optional
+
+from controller import deploy
+from controller.agent_client import AgentClient, Worker
+from controller.topology import Topology, load_links, load_nodes
+from worker.errors import ConfigError, TestbedError
+from worker.runtime_netns import DEFAULT_SUBNET
+from worker.shape import format_rate
+from worker.tc_plan import render
+
+
+def _progress(message: str) -> None:
+    print(f"edgetb: {message}", file=sys.stderr, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgetb", description="Emulate an edge network: nodes, shaped links, commands.")
+    p.add_argument("--id", default=os.environ.get("EDGETB_ID", "0"), help="testbed id, 1-5 of [a-z0-9] (default 0)")
+    p.add_argument("--subnet", default=os.environ.get("EDGETB_SUBNET", DEFAULT_SUBNET),
+                   help=f"node subnet (default {DEFAULT_SUBNET})")
+    p.add_argument("--agent", default=os.environ.get("EDGETB_AGENT"), help="worker agent URL (default: this host)")
+    p.add_argument("--token-file", default=None, help="agent token file (default: $EDGETB_TOKEN or state dir/token)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="create the nodes and shape the links of LINKS")
+    up.add_argument("links", help="links.json: {src: [{dest, bw, delay, jitter, loss, queue}, ...]}")
+    up.add_argument("--nodes", help="nodes file declaring names, cpu and mem (default: every node in LINKS)")
+    up.add_argument("--dry-run", action="store_true", help="print the plan as tc commands; needs no root")
+
+    st = sub.add_parser("status", help="list nodes, addresses, limits and shaping")
+    st.add_argument("--json", action="store_true")
+
+    ex = sub.add_parser("exec", help="run a command inside a node: edgetb exec NODE -- CMD ...")
+    ex.add_argument("node")
+    ex.add_argument("argv", nargs=argparse.REMAINDER)
+
+    sh = sub.add_parser("shape", help="show or change a node's shaping")
+    shs = sh.add_subparsers(dest="shape_command", required=True)
+    show = shs.add_parser("show", help="the node's plan and what the kernel holds")
+    show.add_argument("node")
+    show.add_argument("--json", action="store_true")
+    put = shs.add_parser("set", help="change one directed link in place, while traffic flows")
+    put.add_argument("src")
+    put.add_argument("dst")
+    put.add_argument("rate", help="e.g. 5mbit (bits/s) or 5mbps (BYTES/s, as in tc)")
+    for opt in ("delay", "jitter", "loss"):
+        put.add_argument(f"--{opt}")
+    put.add_argument("--queue", type=int)
+    upd = shs.add_parser("update", help="re-shape every link from an edited links file, in place")
+    upd.add_argument("links")
+    upd.add_argument("--nodes")
+
+    sub.add_parser("down", help="remove every node, link and rule of this testbed")
+    return p
+
+
+def _worker(args: argparse.Namespace) -> Worker:
+    if args.agent:
+        from worker.agent import load_token
+
+        return AgentClient(args.agent, load_token(args.token_file, create=False))
+    if os.geteuid() != 0:
+        raise ConfigError("driving this host needs root (sudo), or use --dry-run / --agent URL")
+    from worker.host import WorkerHost
+
+    return WorkerHost(args.id, args.subnet)
+
+
+def _topology(links: str, nodes: Optional[str]) -> Topology:
+    declared = load_nodes(nodes) if nodes else None
+    return load_links(links, declared, nodes_declared=declared is not None)
+
+
+def _fmt_mem(mem_bytes: Optional[int]) -> str:
+    if not mem_bytes:
+        return "-"
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if mem_bytes % size == 0:
+            return f"{mem_bytes // size}{unit}"
+    return str(mem_bytes)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    topology = _topology(args.links, args.nodes)
+    if args.dry_run:
+        ips = deploy.planned_ips(topology, args.subnet)
+        for name, node in topology.nodes.items():
+            print(f"# node {name}: {ips[name]}  cpu={node.cpu or '-'} mem={_fmt_mem(node.mem_bytes)}")
+        for src, plan in deploy.plans(topology, ips).items():
+            print("\n".join(render(plan, f"etb-{args.id}-{src}")))
+        return 0
+    worker = _worker(args)
+    result = deploy.deploy(topology, worker, _progress)
+    _print_status(worker.status())
+    _progress(f"up: {len(result['nodes'])} nodes; try 'edgetb exec NODE -- CMD', 'edgetb down' to remove")
+    return 0
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    print(f"testbed {status['testbed_id']}  subnet {status.get('subnet') or '-'}  "
+          f"bridge {status.get('bridge') or '-'}  processes running {status['processes_running']}")
+    rows = [("NODE", "IP", "CPU", "MEM", "LINKS", "SHAPED")]
+    for n in status["nodes"]:
+        rows.append((n["name"], n["ip"], f"{n['cpu']:g}" if n["cpu"] else "-", _fmt_mem(n["mem_bytes"]),
+                     str(n["links"]), "yes" if n["shaped"] else "no"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _worker(args).status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        _print_status(status)
+    return 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise ConfigError("give a command after the node: edgetb exec NODE -- CMD ...")
+    worker = _worker(args)
+    if args.agent:
+        result = worker.exec(args.node, {"version": 1, "argv": argv})
+        sys.stdout.write(result["stdout"])
+        sys.stderr.write(result["stderr"])
+        return int(result["returncode"])
+    child = worker.runtime.popen(args.node, argv)  # type: ignore[attr-defined]
+    while True:
+        try:
+            code = child.wait()
+            break
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGINT)
+    return 128 - code if code < 0 else code
+
+
+def cmd_shape(args: argparse.Namespace) -> int:
+    worker = _worker(args)
+    if args.shape_command == "show":
+        info = worker.shaping(args.node)
+        if args.json:
+            print(json.dumps(info, indent=2))
+            return 0 if info["verified"] or not info["plan"] else 1
+        _print_shaping(info)
+        return 0 if info["verified"] or not info["plan"] else 1
+    if args.shape_command == "set":
+        topo = Topology()
+        for name in (args.src, args.dst):
+            topo.add_node(name)
+        topo.add_link(args.src, args.dst, args.rate, delay=args.delay, jitter=args.jitter, loss=args.loss,
+                      queue=args.queue)
+        result = deploy.update_links(topo, worker, _progress, only={(args.src, args.dst)})
+    else:
+        result = deploy.update_links(_topology(args.links, args.nodes), worker, _progress)
+    for node in result["nodes"]:
+        for line in node.get("changed") or []:
+            print(f"{node['node']}: {line}")
+    _progress(f"updated and verified in {result['seconds']:.3f} s")
+    return 0
+
+
+def _print_shaping(info: dict[str, Any]) -> None:
+    kernel = info["kernel"]
+    print(f"# node {info['node']}: kernel tc state of eth0")
+    root = kernel.get("root")
+    if not root:
+        print("qdisc: none (unshaped)")
+    else:
+        print(f"qdisc {root['kind']} 1: root default {root.get('default_minor')}")
+        for cls, data in kernel["classes"].items():
+            leaf = kernel["leaves"].get(cls)
+            leaf_text = f"  leaf {json.dumps(leaf, sort_keys=True)}" if leaf else ""
+            print(f"class {cls} rate {format_rate(data['rate_bps'])}{leaf_text}")
+        for handle, f in kernel["filters"].items():
+            print(f"filter {handle} match ip dst {f['dest_ip']}/32 -> class 1:{f['minor']:x}")
+    if info["plan"]:
+        print(f"# plan ({len(info['plan']['rules'])} links):")
+        print("\n".join(info["tc"]))
+        print("verified: yes" if info["verified"] else "verified: NO\n  " + "\n  ".join(info["mismatches"]))
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    removed = _worker(args).reset()["removed"]
+    _progress(f"down: removed {removed['nodes']} nodes and every resource of testbed {args.id}")
+    return 0
+
+
+COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "down": cmd_down}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except TestbedError as e:
+        print(f"edgetb: error: {e.message}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+    except KeyboardInterrupt:
+        print("edgetb: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except subprocess.SubprocessError as e:  # pragma: no cover
+        print(f"edgetb: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

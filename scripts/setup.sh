@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up edgetb on a Debian/Ubuntu machine, as root: system packages, then a
+# virtual environment in .venv with the project installed. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: run as root (sudo bash scripts/setup.sh)" >&2
+  exit 1
+fi
+
+need=()
+command -v ip >/dev/null || need+=(iproute2)
+command -v tc >/dev/null || need+=(iproute2)
+command -v iperf3 >/dev/null || need+=(iperf3)
+command -v iptables >/dev/null || need+=(iptables)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+echo "setup: installing edgetb into .venv"
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q -e ".[test]"
+echo "setup: done (.venv/bin/edgetb is the CLI)"
