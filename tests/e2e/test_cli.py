@@ -1,0 +1,150 @@
+"""The edgetb command as a user runs it: up, status, exec, shape, down; bad input creates nothing."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
+
+
+def run(args: list[str], env: dict[str, str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "controller", *args], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=120, **kw)
+    if check and done.returncode != 0:
+        raise AssertionError(f"edgetb {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """An environment with its own testbed id, subnet and state dir; always taken down."""
+    tb = "c" + secrets.token_hex(2)
+    env = dict(os.environ, EDGETB_ID=tb, EDGETB_SUBNET="10.231.0.0/16", EDGETB_STATE_DIR=str(tmp_path / "state"))
+    yield env
+    run(["down"], env, check=False)
+    from worker.runtime_netns import NetnsRuntime
+    from worker.state import StateStore
+
+    left = NetnsRuntime(StateStore(tb, str(tmp_path / "state")), "10.231.0.0/16").leftovers()
+    assert not any(left.values()), left
+
+
+def write(tmp_path: Path, name: str, data: object) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return str(path)
+
+
+def netns_of(env: dict[str, str]) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"etb-{env['EDGETB_ID']}-")]
+
+
+def test_up_status_exec_shape_down(cli, tmp_path):
+    links = write(tmp_path, "links.json", {"a": [{"dest": "b", "bw": "10mbit"}], "b": [{"dest": "a", "bw": "5mbps"}]})
+    nodes = write(tmp_path, "nodes.json", {"nodes": [{"name": "a", "cpu": 0.5, "mem": "128M"}, {"name": "b"}]})
+    up = run(["up", links, "--nodes", nodes], cli)
+    assert "ready in" in up.stderr
+    status = json.loads(run(["status", "--json"], cli).stdout)
+    by_name = {n["name"]: n for n in status["nodes"]}
+    assert by_name["a"]["ip"] == "10.231.0.2" and by_name["b"]["ip"] == "10.231.0.3"
+    assert by_name["a"]["cpu"] == 0.5 and by_name["a"]["mem_bytes"] == 128 * 2**20
+    assert all(n["shaped"] for n in status["nodes"])
+
+    # exec passes output and exit code through
+    addr = run(["exec", "a", "--", "ip", "-br", "addr", "show", "eth0"], cli)
+    assert "10.231.0.2/16" in addr.stdout
+    assert run(["exec", "a", "--", "sh", "-c", "exit 7"], cli, check=False).returncode == 7
+    assert run(["exec", "b", "--", "ping-does-not-exist"], cli, check=False).returncode != 0
+
+    # 5mbps is 40 Mbit/s: bytes per second, as in tc
+    show = json.loads(run(["shape", "show", "b", "--json"], cli).stdout)
+    assert show["verified"] is True
+    assert show["kernel"]["classes"]["1:10"]["rate_bps"] == 40_000_000
+    text = run(["shape", "show", "a"], cli).stdout
+    assert "rate 10mbit" in text and "verified: yes" in text
+
+    # change one link in place
+    run(["shape", "set", "a", "b", "30mbit"], cli)
+    show = json.loads(run(["shape", "show", "a", "--json"], cli).stdout)
+    assert show["kernel"]["classes"]["1:10"]["rate_bps"] == 30_000_000 and show["verified"]
+
+    # re-shape from an edited file: a->b changes, b->a is removed
+    edited = write(tmp_path, "links2.json", {"a": [{"dest": "b", "bw": "2mbit"}]})
+    run(["shape", "update", edited], cli)
+    assert json.loads(run(["shape", "show", "a", "--json"], cli).stdout)["kernel"]["classes"]["1:10"]["rate_bps"] == 2_000_000
+    assert json.loads(run(["status", "--json"], cli).stdout)["nodes"][1]["shaped"] is False
+
+    # up twice is refused and leaves the running testbed alone
+    again = run(["up", links], cli, check=False)
+    assert again.returncode == 2 and "already up" in again.stderr
+    assert len(netns_of(cli)) == 2
+
+    down = run(["down"], cli)
+    assert "removed 2 nodes" in down.stderr
+    assert netns_of(cli) == []
+
+
+BAD_LINKS = [
+    ({"a": [{"dest": "b", "bw": "10mbitt"}]}, ["links.json", "a", "bw", "10mbitt"]),
+    ({"a": [{"dest": "b", "bw": "10"}]}, ["links.json", "a", "bw"]),
+    ({"a; rm -rf /": [{"dest": "b", "bw": "1mbit"}]}, ["links.json", "a; rm -rf /"]),
+    ({"a": [{"dest": "a", "bw": "1mbit"}]}, ["links.json", "a"]),
+    ('{"a": [{"dest": "b", "bw": "1mbit"}', ["links.json"]),
+]
+
+
+@pytest.mark.parametrize("content,expected", BAD_LINKS)
+def test_bad_links_create_nothing(cli, tmp_path, content, expected):
+    links = write(tmp_path, "links.json", content)
+    done = run(["up", links], cli, check=False)
+    assert done.returncode == 2, done.stderr
+    for part in expected:
+        assert part in done.stderr, (part, done.stderr)
+    assert netns_of(cli) == []
+
+
+def test_unknown_node_in_nodes_file_creates_nothing(cli, tmp_path):
+    links = write(tmp_path, "links.json", {"a": [{"dest": "zz", "bw": "1mbit"}]})
+    nodes = write(tmp_path, "nodes.json", {"nodes": [{"name": "a"}]})
+    done = run(["up", links, "--nodes", nodes], cli, check=False)
+    assert done.returncode == 2 and "zz" in done.stderr
+    assert netns_of(cli) == []
+
+
+def test_delay_without_netem_is_refused_before_anything_exists(cli, tmp_path):
+    from worker.tc_apply import netem_available
+
+    if netem_available():
+        pytest.skip("this kernel has sch_netem: delay is supported here")
+    links = write(tmp_path, "links.json", {"a": [{"dest": "b", "bw": "1mbit", "delay": "20ms"}]})
+    done = run(["up", links], cli, check=False)
+    assert done.returncode == 1
+    assert "sch_netem" in done.stderr and "a->b" in done.stderr
+    assert netns_of(cli) == []
+
+
+def test_dry_run_needs_no_root(tmp_path):
+    links = write(tmp_path, "links.json", {"a": [{"dest": "b", "bw": "5mbps", "queue": 50}]})
+    env = dict(os.environ, EDGETB_ID="dry", PYTHONDONTWRITEBYTECODE="1")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(links, 0o644)
+
+    def drop_root() -> None:
+        os.setgid(65534)
+        os.setuid(65534)
+
+    done = subprocess.run([sys.executable, "-m", "controller", "up", links, "--dry-run"], cwd=ROOT, env=env,
+                          text=True, capture_output=True, timeout=60, preexec_fn=drop_root)
+    assert done.returncode == 0, done.stderr
+    assert "ip netns exec etb-dry-a tc class add dev eth0 parent 1: classid 1:10 htb rate 40mbit ceil 40mbit" in done.stdout
+    assert "pfifo limit 50" in done.stdout
+    assert "match ip dst 10.77.0.3/32 flowid 1:10" in done.stdout
