@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -132,19 +133,23 @@ def test_delay_without_netem_is_refused_before_anything_exists(cli, tmp_path):
     assert netns_of(cli) == []
 
 
-def test_dry_run_needs_no_root(tmp_path):
+DROP_ALL_PRIVILEGES = ["setpriv", "--securebits", "+noroot,+noroot_locked,+no_setuid_fixup,+no_setuid_fixup_locked",
+                       "--bounding-set", "-all", "--inh-caps", "-all", "--"]
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="setpriv (util-linux) not installed")
+def test_dry_run_needs_no_privileges(tmp_path):
+    """--dry-run prints the plan as tc commands with every capability dropped (so it touches nothing)."""
     links = write(tmp_path, "links.json", {"a": [{"dest": "b", "bw": "5mbps", "queue": 50}]})
-    env = dict(os.environ, EDGETB_ID="dry", PYTHONDONTWRITEBYTECODE="1")
-    os.chmod(tmp_path, 0o755)
-    os.chmod(links, 0o644)
-
-    def drop_root() -> None:
-        os.setgid(65534)
-        os.setuid(65534)
-
-    done = subprocess.run([sys.executable, "-m", "controller", "up", links, "--dry-run"], cwd=ROOT, env=env,
-                          text=True, capture_output=True, timeout=60, preexec_fn=drop_root)
+    env = dict(os.environ, EDGETB_ID="dry", EDGETB_STATE_DIR=str(tmp_path / "state"))
+    done = subprocess.run([*DROP_ALL_PRIVILEGES, sys.executable, "-m", "controller", "up", links, "--dry-run"],
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "ip netns exec etb-dry-a tc class add dev eth0 parent 1: classid 1:10 htb rate 40mbit ceil 40mbit" in done.stdout
     assert "pfifo limit 50" in done.stdout
     assert "match ip dst 10.77.0.3/32 flowid 1:10" in done.stdout
+    assert not (tmp_path / "state").exists()
+    # the same process without --dry-run cannot do anything: the privileges really are gone
+    real = subprocess.run([*DROP_ALL_PRIVILEGES, sys.executable, "-m", "controller", "up", links], cwd=ROOT, env=env,
+                          text=True, capture_output=True, timeout=60)
+    assert real.returncode != 0
