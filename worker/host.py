@@ -94,10 +94,17 @@ class WorkerHost:
         plans = {src: self._plan_for(state, src, dests, merge) for src, dests in wanted.items()}
         tc_apply.require_netem(plans)
         started = time.monotonic()
-        results = self._in_parallel(lambda src: self._shape_node(state, src, plans[src]), list(plans))
+        results, failed = self._in_parallel(lambda src: self._shape_node(state, src, plans[src]), list(plans))
         with self.store.locked() as fresh:
-            for src, plan in plans.items():
-                fresh["plans"][src] = plan.to_dict()
+            for src in plans:
+                if src in failed:
+                    fresh["plans"].pop(src, None)  # its shaping was cleared: kernel and state agree
+                else:
+                    fresh["plans"][src] = plans[src].to_dict()
+        if failed:
+            first = next(iter(failed.values()))
+            raise type(first)(f"{first.message} (shaping of {', '.join(sorted(failed))} was removed; "
+                              f"{len(results)} other nodes were shaped)", detail=first.detail)
         return {"version": API_VERSION, "nodes": results, "seconds": round(time.monotonic() - started, 4)}
 
     def _plan_for(self, state: dict[str, Any], src: str, dests: dict[str, Optional[Target]], merge: bool) -> Plan:
@@ -113,23 +120,36 @@ class WorkerHost:
     def _shape_node(self, state: dict[str, Any], src: str, plan: Plan) -> dict[str, Any]:
         netns = state["nodes"][src]["netns"]
         previous = Plan.from_dict(state["plans"][src]) if src in state["plans"] else None
-        if previous is None:
-            tc_apply.apply(netns, plan)
-            lines = None
-        else:
-            lines = tc_apply.update(netns, previous, plan)
-        tc_apply.verify(netns, plan)
+        try:
+            if previous is None:
+                tc_apply.apply(netns, plan)
+                lines = None
+            else:
+                lines = tc_apply.update(netns, previous, plan)
+            tc_apply.verify(netns, plan)
+        except TestbedError:
+            tc_apply.clear(netns, NODE_IFNAME)
+            raise
         return {"node": src, "rules": len(plan.rules), "verified": True, "changed": lines}
 
-    def _in_parallel(self, fn: Any, items: list[str]) -> list[Any]:
+    def _in_parallel(self, fn: Any, items: list[str]) -> tuple[list[Any], dict[str, TestbedError]]:
+        """Run ``fn`` on every item (a few threads); results of those that worked, errors by item."""
+        results: list[Any] = []
+        failed: dict[str, TestbedError] = {}
+
+        def one(item: str) -> None:
+            try:
+                results.append(fn(item))
+            except TestbedError as e:
+                failed[item] = e
+
         if len(items) <= 1:
-            return [fn(i) for i in items]
-        with ThreadPoolExecutor(max_workers=min(SHAPING_THREADS, len(items))) as pool:
-            futures = [pool.submit(fn, i) for i in items]
-            errors = [f.exception() for f in futures if f.exception() is not None]
-            if errors:
-                raise errors[0]
-            return [f.result() for f in futures]
+            for item in items:
+                one(item)
+        else:
+            with ThreadPoolExecutor(max_workers=min(SHAPING_THREADS, len(items))) as pool:
+                list(pool.map(one, items))
+        return results, failed
 
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         state = self.store.read()

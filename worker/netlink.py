@@ -4,8 +4,9 @@ pyroute2 encodes about 2,500 tc messages per second and waits for each answer;
 a shaping plan for a node with hundreds of peers needs thousands. Here the
 handful of message kinds the testbed sends (HTB root and classes, u32 filters,
 pfifo leaves, veth pairs, addresses) are packed with ``struct``, sent in large
-buffers, and their acknowledgements collected afterwards. Everything else (netem
-leaves, reading state back) goes through pyroute2.
+buffers, and their acknowledgements collected afterwards; tc state is dumped
+and decoded the same way. pyroute2 encodes the rare netem leaf and handles the
+host's links and addresses.
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ SO_RCVBUFFORCE = 33
 
 RTM_NEWLINK, RTM_DELLINK = 16, 17
 RTM_NEWADDR = 20
-RTM_NEWQDISC, RTM_DELQDISC = 36, 37
-RTM_NEWTCLASS, RTM_DELTCLASS = 40, 41
+RTM_NEWQDISC, RTM_DELQDISC, RTM_GETQDISC = 36, 37, 38
+RTM_NEWTCLASS, RTM_DELTCLASS, RTM_GETTCLASS = 40, 41, 42
 RTM_NEWTFILTER, RTM_DELTFILTER, RTM_GETTFILTER = 44, 45, 46
 NLM_F_DUMP = 0x300
 
@@ -337,28 +338,57 @@ def parse_attrs(buf: bytes, offset: int = 0, end: Optional[int] = None) -> dict[
     return found
 
 
-def u32_filters(netns: Optional[str], ifindex: int, parent: int) -> dict[int, dict[str, object]]:
-    """u32 filters under ``parent`` by handle: {"classid", "keys": [(mask, value, offset)]}.
+@dataclass
+class TcObject:
+    """One qdisc, class or filter as the kernel reports it."""
+
+    handle: int
+    parent: int
+    info: int
+    kind: str
+    options: bytes
+
+
+def tc_dump(rtnl: "RtnlSocket", what: int, ifindex: int, parent: int = 0) -> list[TcObject]:
+    """Dump the qdiscs (RTM_GETQDISC), classes (RTM_GETTCLASS) or filters (RTM_GETTFILTER) of one interface."""
+    found = []
+    for reply in rtnl.dump(message(what, NLM_F_DUMP, _tcmsg(ifindex, 0, parent))):
+        _, index, handle, got_parent, info = _TCMSG.unpack_from(reply, _HDR.size)
+        if index != ifindex:
+            continue
+        attrs = parse_attrs(reply, _HDR.size + _TCMSG.size)
+        kind = attrs.get(TCA_KIND, b"").split(b"\0", 1)[0].decode()
+        found.append(TcObject(handle, got_parent, info, kind, attrs.get(TCA_OPTIONS, b"")))
+    return found
+
+
+def htb_default_minor(options: bytes) -> Optional[int]:
+    init = parse_attrs(options).get(TCA_HTB_INIT)
+    return struct.unpack_from("=III", init)[2] if init else None
+
+
+def htb_rate_bytes(options: bytes) -> Optional[int]:
+    """A class's rate in bytes/s (the 64-bit attribute when the kernel sends one)."""
+    attrs = parse_attrs(options)
+    if TCA_HTB_RATE64 in attrs:
+        return struct.unpack_from("=Q", attrs[TCA_HTB_RATE64])[0]
+    if TCA_HTB_PARMS in attrs:
+        return _RATESPEC.unpack_from(attrs[TCA_HTB_PARMS])[5]
+    return None
+
+
+def u32_key(options: bytes) -> tuple[Optional[int], list[tuple[int, int, int]]]:
+    """(classid, [(mask, value, offset)]) of a u32 filter node; classid None for hash tables.
 
     Decoded here because pyroute2 0.9 reads the u32 selector four bytes off.
     """
-    request = message(RTM_GETTFILTER, NLM_F_DUMP, _tcmsg(ifindex, 0, parent))
-    found: dict[int, dict[str, object]] = {}
-    with RtnlSocket(netns) as rtnl:
-        for reply in rtnl.dump(request):
-            _, _, handle, _, _ = _TCMSG.unpack_from(reply, _HDR.size)
-            attrs = parse_attrs(reply, _HDR.size + _TCMSG.size)
-            if attrs.get(TCA_KIND, b"").rstrip(b"\0") != b"u32" or TCA_OPTIONS not in attrs:
-                continue
-            opts = parse_attrs(attrs[TCA_OPTIONS])
-            if TCA_U32_CLASSID not in opts or TCA_U32_SEL not in opts:
-                continue
-            sel = opts[TCA_U32_SEL]
-            nkeys = sel[2]
-            keys = [struct.unpack_from("!II", sel, 16 + 16 * i) + struct.unpack_from("=i", sel, 24 + 16 * i)
-                    for i in range(nkeys)]
-            found[handle] = {"classid": struct.unpack("=I", opts[TCA_U32_CLASSID][:4])[0], "keys": keys}
-    return found
+    opts = parse_attrs(options)
+    if TCA_U32_CLASSID not in opts or TCA_U32_SEL not in opts:
+        return None, []
+    sel = opts[TCA_U32_SEL]
+    keys = [struct.unpack_from("!II", sel, 16 + 16 * i) + struct.unpack_from("=i", sel, 24 + 16 * i)
+            for i in range(sel[2])]
+    return struct.unpack("=I", opts[TCA_U32_CLASSID][:4])[0], keys
 
 
 def _ext_ack_text(msg: bytes, flags: int) -> str:

@@ -87,6 +87,12 @@ def entered(name: str) -> Iterator[None]:
         os.close(home)
 
 
+def setns_fd(fd: int) -> None:
+    """Move the calling thread (or just-forked child) into the namespace open at ``fd``."""
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        raise _oserror("setns to fd", str(fd))
+
+
 def create(name: str) -> None:
     """Create namespace ``name``; an existing one is an error."""
     _prepare_dir()

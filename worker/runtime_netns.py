@@ -236,8 +236,7 @@ class NetnsRuntime:
 
         def enter() -> None:
             cgroups.join_in_child(cg_fds)
-            if nsfs._libc.setns(ns_fd, nsfs.CLONE_NEWNET) != 0:
-                os._exit(127)
+            nsfs.setns_fd(ns_fd)
 
         try:
             return subprocess.Popen(list(argv), preexec_fn=enter, **kwargs)

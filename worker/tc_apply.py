@@ -1,13 +1,14 @@
 """Make a shaping plan real in a network namespace, read it back, and check it.
 
-Apply and update send their requests in batches (worker.netlink); the read-back
-goes through pyroute2's decoders. Any difference between kernel state and plan
+Apply and update send their requests in batches, and read-back dumps the state,
+on one netlink socket per node (worker.netlink). Any difference between kernel state and plan
 raises ShapingError: a mismatch is an error, never a log line.
 """
 from __future__ import annotations
 
 import os
 import socket
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -155,48 +156,41 @@ class Observed:
                 "filters": {f"800::{n:x}": v for n, v in sorted(self.filters.items())}}
 
 
-def _opts(msg: Any) -> Any:
-    return msg.get_attr("TCA_OPTIONS")
+def _leaf(kind: str, options: bytes) -> dict[str, Any]:
+    leaf: dict[str, Any] = {"kind": kind}
+    if kind == "pfifo" and len(options) >= 4:
+        leaf["limit"] = struct.unpack_from("=I", options)[0]
+    elif kind == "netem" and len(options) >= 24:
+        latency, limit, loss, _, _, jitter = struct.unpack_from("=6I", options)
+        leaf.update(delay_us=round(latency / nl.TICKS_PER_US), jitter_us=round(jitter / nl.TICKS_PER_US),
+                    loss_pct=loss * 100 / 0xFFFFFFFF, limit=limit)
+    return leaf
 
 
 def read_back(netns: Optional[str], ifname: str) -> Observed:
-    """Read the interface's egress tc state from the kernel (pyroute2 decodes it)."""
-    from pyroute2 import IPRoute
-
+    """Read the interface's egress tc state from the kernel: three dumps on one socket."""
     ifindex = ifindex_in(netns, ifname)
     seen = Observed()
-    kwargs = {"netns": netns, "flags": 0} if netns else {}
-    with IPRoute(**kwargs) as ipr:
-        for q in ipr.get_qdiscs(index=ifindex):
-            kind = q.get_attr("TCA_KIND")
-            if q["parent"] == nl.TC_H_ROOT:
-                root = {"kind": kind, "handle": q["handle"]}
-                if kind == "htb":
-                    init = _opts(q).get_attr("TCA_HTB_INIT")
-                    root["default_minor"] = init["defcls"] if init else None
-                seen.root = root
-            elif q["parent"] >> 16 == 1:
-                leaf: dict[str, Any] = {"kind": kind}
-                opts = _opts(q)
-                if kind == "pfifo" and opts is not None:
-                    leaf["limit"] = opts["limit"]
-                elif kind == "netem" and opts is not None:
-                    leaf.update(delay_us=round(opts["delay"] / nl.TICKS_PER_US),
-                                jitter_us=round(opts["jitter"] / nl.TICKS_PER_US),
-                                loss_pct=opts["loss"] * 100 / 0xFFFFFFFF, limit=opts["limit"])
-                seen.leaves[q["parent"] & 0xFFFF] = leaf
-        if seen.root and seen.root["kind"] == "htb":
-            for c in ipr.get_classes(index=ifindex):
-                parms = _opts(c).get_attr("TCA_HTB_PARMS")
-                rate64 = _opts(c).get_attr("TCA_HTB_RATE64")
-                seen.classes[c["handle"] & 0xFFFF] = rate64 or parms["rate"]
-    if seen.root and seen.root["kind"] == "htb":
-        for handle, f in nl.u32_filters(netns, ifindex, nl.tc_handle(1, 0)).items():
-            keys = f["keys"]
+    with nl.RtnlSocket(netns) as sock:
+        for q in nl.tc_dump(sock, nl.RTM_GETQDISC, ifindex):
+            if q.parent == nl.TC_H_ROOT:
+                seen.root = {"kind": q.kind, "handle": q.handle}
+                if q.kind == "htb":
+                    seen.root["default_minor"] = nl.htb_default_minor(q.options)
+            elif q.parent >> 16 == 1:
+                seen.leaves[q.parent & 0xFFFF] = _leaf(q.kind, q.options)
+        if not seen.root or seen.root["kind"] != "htb":
+            return seen
+        for c in nl.tc_dump(sock, nl.RTM_GETTCLASS, ifindex):
+            seen.classes[c.handle & 0xFFFF] = nl.htb_rate_bytes(c.options)
+        for f in nl.tc_dump(sock, nl.RTM_GETTFILTER, ifindex, nl.tc_handle(1, 0)):
+            classid, keys = nl.u32_key(f.options) if f.kind == "u32" else (None, [])
+            if classid is None:
+                continue
             dest = None
             if len(keys) == 1 and keys[0][0] == 0xFFFFFFFF and keys[0][2] == 16:
                 dest = socket.inet_ntoa(keys[0][1].to_bytes(4, "big"))
-            seen.filters[handle & 0xFFF] = {"dest_ip": dest, "minor": f["classid"] & 0xFFFF}
+            seen.filters[f.handle & 0xFFF] = {"dest_ip": dest, "minor": classid & 0xFFFF}
     return seen
 
 
