@@ -27,6 +27,9 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 echo "setup: installing edgetb into .venv"
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e ".[test]"
+if ! .venv/bin/python -m pip install -e ".[test]" > .venv/pip-install.log 2>&1; then
+  cat .venv/pip-install.log >&2
+  echo "setup: pip install failed (log above, also in .venv/pip-install.log)" >&2
+  exit 1
+fi
 echo "setup: done (.venv/bin/edgetb is the CLI)"
