@@ -1,0 +1,61 @@
+"""Structured events a node writes: one JSON object per line, never free text.
+
+Every event has ``v`` (format version), ``run_id``, ``node``, ``type`` and ``t``
+(Unix seconds). Types so far:
+
+- ``round``: round, t_start, t_end, loss, accuracy, train_s, send_s,
+  bytes_sent / bytes_recv (totals of the round) and per-peer maps
+  ``sent_to`` / ``recv_from`` {peer: bytes};
+- ``send_failed``: round, peer, error;
+- ``started``, ``done``, ``failed``: lifecycle, with a ``detail`` where useful.
+
+New kinds (telemetry samples, link changes, faults) add types; readers ignore
+types they do not know.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+EVENT_VERSION = 1
+
+
+class EventLog:
+    """Appends events to ``path`` (JSON lines), flushed per event, safe across threads."""
+
+    def __init__(self, path: str, run_id: str, node: str) -> None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.path = path
+        self.run_id = run_id
+        self.node = node
+        self._lock = threading.Lock()
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"v": EVENT_VERSION, "run_id": self.run_id, "node": self.node, "type": kind, "t": time.time(), **fields}
+        line = json.dumps(event, separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+        return event
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read_events(path: str) -> list[dict[str, Any]]:
+    """Every well-formed event in a JSON-lines file (a torn last line is skipped)."""
+    events = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and "type" in event:
+                events.append(event)
+    return events

@@ -1,0 +1,59 @@
+"""Choosing a node's model from its conf: the numpy MLP (default) or a Keras MLP.
+
+Conf: ``{"kind": "numpy" | "tf", "hidden": [64], "learning_rate": 0.005,
+"optimizer": "adam", "seed": 0}``. Every node of a run uses the same seed, so
+all start from the same weights (averaging models from different random starts
+would mix unrelated features).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from dml_app.model_numpy import NumpyMLP
+
+
+def make_model(conf: dict[str, Any], n_features: int, n_classes: int) -> Any:
+    kind = conf.get("kind", "numpy")
+    sizes = [n_features, *[int(h) for h in conf.get("hidden", [64])], n_classes]
+    lr = float(conf.get("learning_rate", 0.005))
+    seed = int(conf.get("seed", 0))
+    if kind == "numpy":
+        return NumpyMLP(sizes, lr, conf.get("optimizer", "adam"), seed)
+    if kind == "tf":
+        return KerasMLP(sizes, lr, seed)
+    raise ValueError(f"unknown model kind {kind!r}: use numpy or tf")
+
+
+class KerasMLP:
+    """The same MLP in TensorFlow/Keras (``pip install .[tf]``), with the numpy model's interface."""
+
+    def __init__(self, sizes: Sequence[int], learning_rate: float, seed: int) -> None:
+        try:
+            import tensorflow as tf
+        except ImportError:
+            raise ValueError("model kind 'tf' needs TensorFlow: pip install '.[tf]'") from None
+        tf.keras.utils.set_random_seed(seed)
+        layers = [tf.keras.Input(shape=(sizes[0],))]
+        layers += [tf.keras.layers.Dense(h, activation="relu") for h in sizes[1:-1]]
+        layers.append(tf.keras.layers.Dense(sizes[-1]))
+        self.model = tf.keras.Sequential(layers)
+        self.model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate),
+                           loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+
+    def get_weights(self) -> list[np.ndarray]:
+        return [w.astype(np.float32) for w in self.model.get_weights()]
+
+    def set_weights(self, weights: Sequence[np.ndarray]) -> None:
+        self.model.set_weights(list(weights))
+
+    def train(self, x: np.ndarray, y: np.ndarray, epochs: int = 1, batch_size: int = 32) -> dict[str, float]:
+        started = time.perf_counter()
+        hist = self.model.fit(x, y, epochs=int(epochs), batch_size=batch_size, verbose=0)
+        return {"loss": float(hist.history["loss"][-1]), "train_s": time.perf_counter() - started}
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        loss, acc = self.model.evaluate(x, y, verbose=0)
+        return float(loss), float(acc)

@@ -1,0 +1,166 @@
+"""What runs inside a node: an HTTP service (gevent) that takes confs and runs a role.
+
+    python3 -m dml_app.node --name n1 --controller http://10.77.0.1:3333 --run-id RUN --workdir DIR
+
+Endpoints: ``GET /health``, ``POST /conf/dataset``, ``POST /conf/structure``,
+``POST /start``, ``GET /log`` (the node's events), ``POST /stop``, and the
+role's own (``POST /gossip``). When the role's rounds are done the node uploads
+its events to the controller's ``/log`` and keeps serving until stopped.
+"""
+from __future__ import annotations
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from typing import Any, Optional  # noqa: E402
+
+import gevent  # noqa: E402
+import numpy as np  # noqa: E402
+from gevent.pywsgi import WSGIServer  # noqa: E402
+
+from dml_app.events import EventLog  # noqa: E402
+from dml_app.http import HttpError, Request, Response, Router, json_response, post_json, request  # noqa: E402
+from dml_app.models import make_model  # noqa: E402
+from dml_app.roles.base import Context, Role, ok  # noqa: E402
+from dml_app.roles.gossip import GossipRole  # noqa: E402
+
+ROLES: dict[str, type[Role]] = {"gossip": GossipRole}
+DEFAULT_PORT = 4444
+
+
+def confined(workdir: str, relative: str) -> str:
+    """``relative`` resolved inside ``workdir``; anything that escapes it is refused."""
+    root = os.path.realpath(workdir)
+    path = os.path.realpath(os.path.join(root, relative))
+    if os.path.commonpath([root, path]) != root:
+        raise HttpError(400, "bad_path", f"{relative!r} is outside the experiment directory")
+    return path
+
+
+class NodeService:
+    """One node's state: its confs, its role, its events."""
+
+    def __init__(self, name: str, controller: str, run_id: str, workdir: str, port: int) -> None:
+        self.name, self.controller, self.run_id, self.workdir, self.port = name, controller.rstrip("/"), run_id, workdir, port
+        self.events = EventLog(os.path.join(workdir, "dml_file", "log", run_id, "nodes", f"{name}.jsonl"), run_id, name)
+        self.dataset_conf: Optional[dict[str, Any]] = None
+        self.structure_conf: Optional[dict[str, Any]] = None
+        self.role: Optional[Role] = None
+        self.state = "waiting"
+        self.router = Router()
+        for method, path, handler in (("GET", "/health", self.health), ("POST", "/conf/dataset", self.conf_dataset),
+                                      ("POST", "/conf/structure", self.conf_structure), ("POST", "/start", self.start),
+                                      ("GET", "/log", self.log), ("POST", "/stop", self.stop)):
+            self.router.add(method, path, handler)
+
+    # endpoints --------------------------------------------------------------------------
+    def health(self, req: Request) -> Response:
+        return json_response({"node": self.name, "state": self.state, "dataset_conf": self.dataset_conf is not None,
+                              "structure_conf": self.structure_conf is not None})
+
+    def conf_dataset(self, req: Request) -> Response:
+        conf = _conf(req, ("shard",))
+        if not os.path.isfile(confined(self.workdir, conf["shard"])):
+            raise HttpError(400, "bad_conf", f"shard {conf['shard']!r} does not exist")
+        self.dataset_conf = conf
+        return ok()
+
+    def conf_structure(self, req: Request) -> Response:
+        conf = _conf(req, ("role", "sync", "connect"))
+        if conf["role"] not in ROLES:
+            raise HttpError(400, "bad_conf", f"unknown role {conf['role']!r}; known: {', '.join(ROLES)}")
+        if self.state != "waiting":
+            raise HttpError(409, "running", "the node is already running")
+        self.structure_conf = conf
+        return ok()
+
+    def start(self, req: Request) -> Response:
+        if self.state != "waiting":
+            return ok({"state": self.state})
+        if self.dataset_conf is None or self.structure_conf is None:
+            raise HttpError(409, "not_ready", "the node needs its dataset and structure confs first")
+        with np.load(confined(self.workdir, self.dataset_conf["shard"]), allow_pickle=False) as shard:
+            data = (shard["x_train"], shard["y_train"], shard["x_test"], shard["y_test"])
+        model = make_model(self.structure_conf.get("model", {}), n_features=int(np.prod(data[0].shape[1:])),
+                           n_classes=int(self.dataset_conf.get("n_classes", int(data[1].max()) + 1)))
+        ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress, self.port)
+        self.role = ROLES[self.structure_conf["role"]](ctx)
+        for (method, path), handler in self.role.routes().items():
+            self.router.add(method, path, handler)
+        self.state = "running"
+        self.events.write("started", role=self.role.name, train_samples=int(len(data[1])), test_samples=int(len(data[3])))
+        gevent.spawn(self._run)
+        return ok({"state": self.state})
+
+    def log(self, req: Request) -> Response:
+        with open(self.events.path, "rb") as f:
+            return 200, "application/x-ndjson", f.read()
+
+    def stop(self, req: Request) -> Response:
+        if self.role:
+            self.role.ctx.stop.set()
+        return ok()
+
+    # running --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        assert self.role is not None
+        try:
+            result = self.role.run()
+            self.state = "done"
+            self.events.write("done", **result)
+        except Exception as e:  # the run failed: say so, as data
+            self.state = "failed"
+            self.events.write("failed", detail=f"{type(e).__name__}: {e}")
+        self.upload_log()
+
+    def upload_log(self) -> None:
+        with open(self.events.path, "rb") as f:
+            body = f.read()
+        try:
+            request("POST", f"{self.controller}/log?node={self.name}", body, "application/x-ndjson", timeout_s=60, retries=3)
+        except ConnectionError as e:
+            print(f"{self.name}: could not upload the log: {e}", file=sys.stderr)
+
+    def progress(self, message: str) -> None:
+        def send() -> None:
+            try:
+                post_json(f"{self.controller}/print", {"node": self.name, "msg": message}, timeout_s=5, retries=0)
+            except (ConnectionError, ValueError):
+                pass
+        gevent.spawn(send)
+
+
+def _conf(req: Request, required: tuple[str, ...]) -> dict[str, Any]:
+    conf = req.json()
+    if not isinstance(conf, dict):
+        raise HttpError(400, "bad_conf", "a conf must be a JSON object")
+    missing = [k for k in required if k not in conf]
+    if missing:
+        raise HttpError(400, "bad_conf", f"conf misses {', '.join(missing)}")
+    return conf
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="dml_app.node")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--controller", required=True, help="controller URL, e.g. http://10.77.0.1:3333")
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--workdir", required=True, help="the experiment directory (shards and logs live in it)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--bind", default="0.0.0.0")
+    args = parser.parse_args(argv)
+    service = NodeService(args.name, args.controller, args.run_id, args.workdir, args.port)
+    server = WSGIServer((args.bind, args.port), service.router, log=None)
+    gevent.signal_handler(signal.SIGTERM, server.stop)
+    gevent.signal_handler(signal.SIGINT, server.stop)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
