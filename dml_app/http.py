@@ -88,7 +88,8 @@ class Router:
 
 
 def request(method: str, url: str, body: Optional[bytes] = None, content_type: str = JSON,
-            timeout_s: float = 30.0, retries: int = 0, backoff_s: float = 0.5) -> tuple[int, bytes]:
+            timeout_s: float = 30.0, retries: int = 0, backoff_s: float = 0.5,
+            headers: Optional[dict[str, str]] = None) -> tuple[int, bytes]:
     """One HTTP request (retried on connection errors); returns (status, body)."""
     parts = urlsplit(url)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
@@ -96,8 +97,10 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
     for attempt in range(retries + 1):
         conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
         try:
-            headers = {"Content-Type": content_type} if body is not None else {}
-            conn.request(method, target or "/", body=body, headers=headers)
+            sent = dict(headers or {})
+            if body is not None:
+                sent["Content-Type"] = content_type
+            conn.request(method, target or "/", body=body, headers=sent)
             resp = conn.getresponse()
             return resp.status, resp.read()
         except (OSError, http.client.HTTPException) as e:
@@ -109,8 +112,9 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
     raise ConnectionError(f"{method} {url}: {type(last).__name__}: {last}")
 
 
-def post_json(url: str, data: Any, timeout_s: float = 30.0, retries: int = 2) -> Any:
-    status, body = request("POST", url, json.dumps(data).encode(), JSON, timeout_s, retries)
+def post_json(url: str, data: Any, timeout_s: float = 30.0, retries: int = 2,
+              headers: Optional[dict[str, str]] = None) -> Any:
+    status, body = request("POST", url, json.dumps(data).encode(), JSON, timeout_s, retries, headers=headers)
     if status >= 400:
         raise ConnectionError(f"POST {url}: {status} {body[:300]!r}")
     return json.loads(body or b"null")

@@ -47,7 +47,9 @@ class NodeService:
 
     def __init__(self, name: str, controller: str, run_id: str, workdir: str, port: int) -> None:
         self.name, self.controller, self.run_id, self.workdir, self.port = name, controller.rstrip("/"), run_id, workdir, port
-        self.events = EventLog(os.path.join(workdir, "dml_file", "log", run_id, "nodes", f"{name}.jsonl"), run_id, name)
+        token = os.environ.get("EDGETB_NODE_TOKEN", "")
+        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self.events = EventLog(os.path.join(workdir, "dml_file", "node", name, f"{run_id}.jsonl"), run_id, name)
         self.dataset_conf: Optional[dict[str, Any]] = None
         self.structure_conf: Optional[dict[str, Any]] = None
         self.role: Optional[Role] = None
@@ -122,14 +124,18 @@ class NodeService:
         with open(self.events.path, "rb") as f:
             body = f.read()
         try:
-            request("POST", f"{self.controller}/log?node={self.name}", body, "application/x-ndjson", timeout_s=60, retries=3)
+            status, answer = request("POST", f"{self.controller}/log?node={self.name}", body, "application/x-ndjson",
+                                     timeout_s=60, retries=3, headers=self.auth)
+            if status >= 400:
+                raise ConnectionError(f"{status}: {answer[:200]!r}")
         except ConnectionError as e:
             print(f"{self.name}: could not upload the log: {e}", file=sys.stderr)
 
-    def progress(self, message: str) -> None:
+    def progress(self, message: str, **fields: Any) -> None:
         def send() -> None:
             try:
-                post_json(f"{self.controller}/print", {"node": self.name, "msg": message}, timeout_s=5, retries=0)
+                post_json(f"{self.controller}/print", {"node": self.name, "msg": message, **fields}, timeout_s=5,
+                          retries=0, headers=self.auth)
             except (ConnectionError, ValueError):
                 pass
         gevent.spawn(send)

@@ -16,9 +16,8 @@ import hmac
 import logging
 import os
 import secrets
-import signal
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -26,6 +25,7 @@ from werkzeug.exceptions import HTTPException
 from worker.errors import AuthError, ConfigError, TestbedError
 from worker.host import API_VERSION, WorkerHost
 from worker.runtime_netns import DEFAULT_SUBNET
+from worker.serving import run_blocking, serve
 from worker.state import state_root
 
 DEFAULT_PORT = 3333
@@ -56,22 +56,6 @@ def load_token(path: Optional[str] = None, create: bool = True) -> str:
     if len(token) < 16:
         raise ConfigError(f"token in {path} is shorter than 16 characters")
     return token
-
-
-def _run_blocking(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn`` in one of gevent's real OS threads; its exception is raised here."""
-    import gevent
-
-    def call() -> tuple[bool, Any]:
-        try:
-            return True, fn(*args)
-        except Exception as e:  # handed back to the request's greenlet
-            return False, e
-
-    ok, value = gevent.get_hub().threadpool.apply(call)
-    if not ok:
-        raise value
-    return value
 
 
 def create_app(host: WorkerHost, token: str) -> Flask:
@@ -112,64 +96,53 @@ def create_app(host: WorkerHost, token: str) -> Flask:
 
     @app.get("/capabilities")
     def capabilities() -> Any:
-        return jsonify(_run_blocking(host.capabilities))
+        return jsonify(run_blocking(host.capabilities))
 
     @app.get("/status")
     def status() -> Any:
-        return jsonify(_run_blocking(host.status))
+        return jsonify(run_blocking(host.status))
 
     @app.post("/nodes")
     def create_nodes() -> Any:
-        return jsonify(_run_blocking(host.create_nodes, body())), 201
+        return jsonify(run_blocking(host.create_nodes, body())), 201
 
     @app.put("/links")
     def put_links() -> Any:
-        return jsonify(_run_blocking(host.set_links, body()))
+        return jsonify(run_blocking(host.set_links, body()))
 
     @app.patch("/links")
     def patch_links() -> Any:
-        return jsonify(_run_blocking(host.set_links, body(), True))
+        return jsonify(run_blocking(host.set_links, body(), True))
 
     @app.delete("/links")
     def delete_links() -> Any:
-        return jsonify(_run_blocking(host.clear_links, request.args.get("node")))
+        return jsonify(run_blocking(host.clear_links, request.args.get("node")))
 
     @app.get("/nodes/<name>/shaping")
     def shaping(name: str) -> Any:
-        return jsonify(_run_blocking(host.shaping, name))
+        return jsonify(run_blocking(host.shaping, name))
 
     @app.post("/nodes/<name>/exec")
     def exec_in(name: str) -> Any:
-        return jsonify(_run_blocking(host.exec, name, body()))
+        return jsonify(run_blocking(host.exec, name, body()))
 
     @app.post("/nodes/<name>/processes")
     def start_process(name: str) -> Any:
-        return jsonify(_run_blocking(host.start_process, name, body())), 201
+        return jsonify(run_blocking(host.start_process, name, body())), 201
 
     @app.get("/processes")
     def processes() -> Any:
-        return jsonify(_run_blocking(host.processes))
+        return jsonify(run_blocking(host.processes))
 
     @app.delete("/nodes/<name>/processes/<proc_id>")
     def stop_process(name: str, proc_id: str) -> Any:
-        return jsonify(_run_blocking(host.stop_process, name, proc_id))
+        return jsonify(run_blocking(host.stop_process, name, proc_id))
 
     @app.post("/reset")
     def reset() -> Any:
-        return jsonify(_run_blocking(host.reset))
+        return jsonify(run_blocking(host.reset))
 
     return app
-
-
-def serve(app: Flask, port: int, bind: str = "0.0.0.0") -> None:
-    """Serve with gevent's WSGI server until SIGINT/SIGTERM."""
-    from gevent.pywsgi import WSGIServer
-
-    server = WSGIServer((bind, port), app, log=None, error_log=log)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: server.stop(timeout=2))
-    log.info("agent listening on %s:%d", bind, port)
-    server.serve_forever()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -187,7 +160,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except TestbedError as e:
         print(f"edgetb-agent: {e.message}", file=sys.stderr)
         return 2
-    serve(create_app(host, token), args.port, args.bind)
+    log.info("agent listening on %s:%d", args.bind, args.port)
+    serve(create_app(host, token), args.port, args.bind, log)
     return 0
 
 

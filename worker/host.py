@@ -259,7 +259,7 @@ class WorkerHost:
                           "shaped": plan is not None})
         running = sum(1 for p in state["processes"].values() if self._process_state(p)["running"])
         return {"version": API_VERSION, "testbed_id": self.testbed_id, "subnet": state.get("subnet"),
-                "bridge": state.get("bridge"), "nodes": nodes, "processes_running": running}
+                "bridge": state.get("bridge"), "bridge_ip": self.runtime.bridge_ip if state.get("bridge") else None, "nodes": nodes, "processes_running": running}
 
     def reset(self) -> dict[str, Any]:
         with self._lock:

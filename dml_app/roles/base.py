@@ -31,7 +31,7 @@ class Context:
     conf: dict[str, Any]  # the node's structure conf
     dataset_conf: dict[str, Any]
     events: EventLog
-    progress: Callable[[str], None]
+    progress: Callable[..., None]  # progress(message, round=..., accuracy=...)
     port: int = 4444
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -99,7 +99,8 @@ class Role:
                 train_loss=trained["loss"], train_s=trained["train_s"], send_s=send_s,
                 bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
                 sent_to=sent_to, recv_from=recv_from, received_models=len(received))
-            self.ctx.progress(f"round {r}/{self.rounds}: accuracy {accuracy:.3f} loss {loss:.3f}")
+            self.ctx.progress(f"round {r}/{self.rounds}: accuracy {accuracy:.3f} loss {loss:.3f}",
+                              round=r, accuracy=accuracy)
         return {"rounds": last.get("round", 0), "accuracy": last.get("accuracy"), "loss": last.get("loss")}
 
     # helpers for subclasses -------------------------------------------------------------

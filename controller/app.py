@@ -1,0 +1,114 @@
+"""The controller's REST API on port 3333: thin routes over ``Experiment``.
+
+The EdgeTB workflow (``curl localhost:3333/start``) works unchanged from the
+controller's own host: calls from loopback are trusted. From anywhere else a
+state-changing call needs ``Authorization: Bearer <admin token>``. Nodes
+authenticate ``/print`` and ``/log`` with the run's node token, which the
+controller handed them when it started them.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any, Callable, Optional
+
+from flask import Flask, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from controller.experiment import MAX_LOG_BYTES, Experiment
+from worker.errors import AuthError, ConfigError, TestbedError
+from worker.serving import run_blocking
+
+log = logging.getLogger("edgetb.controller")
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def _bearer_is(token: Optional[str]) -> bool:
+    given = request.headers.get("Authorization", "")
+    return bool(token) and given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token.encode())
+
+
+def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Optional[Callable[[], None]] = None) -> Flask:
+    """The controller app for ``exp``; ``on_reset`` runs after /emulated/reset (e.g. to stop serving)."""
+    app = Flask("edgetb-controller")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_LOG_BYTES + 1024
+
+    def user() -> None:
+        if request.remote_addr not in LOOPBACK and not _bearer_is(admin_token):
+            raise AuthError("calls from other hosts need the controller's bearer token")
+
+    def node() -> None:
+        if not _bearer_is(exp.node_token):
+            raise AuthError("node calls need the run's node token")
+
+    @app.errorhandler(TestbedError)
+    def testbed_error(err: TestbedError) -> Any:
+        return jsonify(err.to_json()), err.http_status
+
+    @app.errorhandler(HTTPException)
+    def http_error(err: HTTPException) -> Any:
+        return jsonify({"error": err.name.lower().replace(" ", "_"), "detail": err.description}), err.code
+
+    @app.errorhandler(Exception)
+    def internal(err: Exception) -> Any:
+        log.exception("internal error")
+        return jsonify({"error": "internal", "detail": f"{type(err).__name__}: {err}"}), 500
+
+    @app.get("/status")
+    def status() -> Any:
+        return jsonify(exp.status())
+
+    @app.get("/conf/dataset")
+    def conf_dataset() -> Any:
+        user()
+        return jsonify(run_blocking(exp.push_dataset_confs))
+
+    @app.get("/conf/structure")
+    def conf_structure() -> Any:
+        user()
+        return jsonify(run_blocking(exp.push_structure_confs))
+
+    @app.get("/start")
+    def start() -> Any:
+        user()
+        return jsonify(run_blocking(exp.start))
+
+    @app.get("/finish")
+    def finish() -> Any:
+        user()
+        return jsonify(run_blocking(exp.finish))
+
+    @app.get("/update/tc")
+    def update_tc() -> Any:
+        user()
+        file = request.args.get("file")
+        if not file:
+            raise ConfigError("give the links file: /update/tc?file=links_update.json")
+        return jsonify(run_blocking(exp.update_tc, file))
+
+    @app.get("/emulated/reset")
+    def emulated_reset() -> Any:
+        user()
+        result = run_blocking(exp.reset)
+        if on_reset:
+            on_reset()
+        return jsonify(result)
+
+    @app.get("/physical/reset")
+    def physical_reset() -> Any:
+        user()
+        physical = [n.name for n in exp.topology.nodes.values() if n.kind == "physical"]
+        return jsonify({"version": 1, "physical_nodes": physical, "reset": physical == []})
+
+    @app.post("/print")
+    def print_line() -> Any:
+        node()
+        exp.on_print(request.get_json(silent=True))
+        return jsonify({"ok": True})
+
+    @app.post("/log")
+    def upload_log() -> Any:
+        node()
+        return jsonify(run_blocking(exp.on_log, request.args.get("node", ""), request.get_data()))
+
+    return app
