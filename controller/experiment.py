@@ -37,6 +37,7 @@ class NodeState:
     name: str
     ip: str = ""
     process_id: str = ""
+    pid: int = 0
     up: bool = False
     dataset_conf: bool = False
     structure_conf: bool = False
@@ -96,7 +97,7 @@ class Experiment:
                     "--controller", f"http://{controller_ip}:{self.controller_port}", "--run-id", self.run_id,
                     "--workdir", self.workdir], "env": {"PYTHONPATH": REPO_ROOT, "OPENBLAS_NUM_THREADS": "1",
                                                        "EDGETB_NODE_TOKEN": self.node_token}})
-                node.process_id = started["id"]
+                node.process_id, node.pid = started["id"], started["pid"]
             self._wait_ready(ready_timeout_s)
         except BaseException as e:
             self.phase, self.error = "failed", str(e)

@@ -1,0 +1,189 @@
+"""Gossip learning end to end through the user's interface: gl_run.py and curl-style calls on :PORT."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_workdir(tmp: Path, structure: dict | None = None, dataset: dict | None = None) -> Path:
+    """A copy of the default experiment (quick waits unless ``structure`` says otherwise)."""
+    workdir = tmp / "exp"
+    workdir.mkdir()
+    shutil.copy(ROOT / "links.json", workdir / "links.json")
+    default = json.loads((ROOT / "gl_structure.json").read_text())
+    default.update(wait_s=1)
+    (workdir / "gl_structure.json").write_text(json.dumps(structure or default))
+    (workdir / "gl_dataset.json").write_text(json.dumps(dataset) if dataset else (ROOT / "gl_dataset.json").read_text())
+    return workdir
+
+
+class Run:
+    """gl_run.py in a copy of the default experiment, on its own id, subnet and port."""
+
+    def __init__(self, tmp: Path, structure: dict | None = None, dataset: dict | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.workdir = make_workdir(tmp, structure, dataset)
+        self.id = "g" + secrets.token_hex(2)
+        self.subnet = f"10.{230 + int(self.id[1:], 16) % 20}.0.0/16"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, EDGETB_STATE_DIR=str(tmp / "state"))
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "gl_run.py"), "--workdir", str(self.workdir),
+                                      "--port", str(self.port), "--id", self.id, "--subnet", self.subnet,
+                                      "--quiet-nodes", *extra_args],
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def get(self, path: str, **kw) -> requests.Response:
+        return requests.get(self.url + path, timeout=120, **kw)
+
+    def wait_phase(self, *phases: str, timeout_s: float = 120) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"gl_run.py exited {self.proc.returncode}:\n{self.proc.stdout.read()}")
+            try:
+                status = self.get("/status").json()
+                if status["phase"] in phases:
+                    return status
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"phase never became {phases}")
+
+    def close(self) -> str:
+        if self.proc.poll() is None:
+            try:
+                self.get("/emulated/reset")
+            except requests.RequestException:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGINT)
+                self.proc.wait(timeout=30)
+        out = self.proc.stdout.read()
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert f"etb-{self.id}-" not in left, f"namespaces left behind:\n{left}"
+        return out
+
+
+@pytest.fixture
+def run(tmp_path):
+    runs = []
+
+    def make(**kw) -> Run:
+        r = Run(tmp_path, **kw)
+        runs.append(r)
+        return r
+
+    yield make
+    for r in runs:
+        r.close()
+
+
+def test_gossip_through_the_http_workflow(run):
+    r = run()
+    ready = r.wait_phase("ready")
+    assert all(n["up"] and n["shaping_verified"] for n in ready["nodes"]) and len(ready["nodes"]) == 8
+    assert r.get("/conf/dataset").json()["pushed"] == [f"n{i}" for i in range(1, 9)]
+    assert r.get("/conf/structure").ok
+    status = r.get("/status").json()
+    assert all(n["dataset_conf"] and n["structure_conf"] for n in status["nodes"])
+
+    # a node cannot drive the controller: only loopback or the admin token may
+    bridge_ip = r.subnet.replace("0.0/16", "0.1")
+    probe = (f"import urllib.request, urllib.error\ntry:\n urllib.request.urlopen('http://{bridge_ip}:{r.port}/start')\n"
+             "except urllib.error.HTTPError as e:\n print(e.code)")
+    from_node = subprocess.run(["ip", "netns", "exec", f"etb-{r.id}-n1", sys.executable, "-c", probe],
+                               capture_output=True, text=True, timeout=30)
+    assert from_node.stdout.strip() == "401", from_node
+    forged = requests.post(r.url + "/log?node=n1", data=b"{}", timeout=10)
+    assert forged.status_code == 401
+
+    assert r.get("/start").json()["phase"] == "running"
+    done = r.wait_phase("finished", timeout_s=150)
+    assert done["done"] == 8 and done["failed"] == 0
+    summary = r.get("/finish").json()
+    assert r.get("/finish").json() == summary  # safe to call twice
+
+    run_dir = Path(summary["run_dir"])
+    assert run_dir.parent == r.workdir / "dml_file" / "log"
+    assert sorted(p.name for p in (run_dir / "events").iterdir()) == [f"n{i}.jsonl" for i in range(1, 9)]
+    for name in ("metrics.csv", "topology.json", "accuracy_vs_round.png", "accuracy_vs_time.png",
+                 "loss_vs_round.png", "loss_vs_time.png"):
+        assert (run_dir / name).stat().st_size > 0, name
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert {"run_id", "node", "round", "time_s", "loss", "accuracy", "bytes_sent", "bytes_recv"} <= set(rows[0])
+    assert len(rows) == 8 * 20
+
+    links = json.loads((r.workdir / "links.json").read_text())
+    for node in summary["nodes"]:
+        assert node["rounds"] == 20 and node["ended"] == "done"
+        assert node["accuracy"] >= 0.85, node
+        allowed = {l["dest"] for l in links[node["node"]]}
+        assert set(node["sent_to"]) <= allowed, f"{node['node']} sent to {node['sent_to']}, links only to {allowed}"
+        assert node["bytes_sent"] > 0
+    r.get("/emulated/reset")
+    assert r.proc.wait(timeout=30) == 0, "gl_run.py serves until reset, then exits"
+
+
+def test_a_killed_node_does_not_hang_the_run(run):
+    structure = json.loads((ROOT / "gl_structure.json").read_text())
+    structure.update(sync=25, wait_s=1)
+    r = run(structure=structure)
+    r.wait_phase("ready")
+    r.get("/start")
+    time.sleep(1.0)
+    victim = next(n for n in r.get("/status").json()["nodes"] if n["name"] == "n3")
+    os.kill(victim["pid"], signal.SIGKILL)
+    status = r.wait_phase("finished", timeout_s=150)
+    states = {n["name"]: n["state"] for n in status["nodes"]}
+    assert states["n3"] == "failed" and "exited" in next(n for n in status["nodes"] if n["name"] == "n3")["detail"]
+    assert all(s == "done" for name, s in states.items() if name != "n3"), states
+    summary = r.get("/finish").json()
+    assert {n["node"] for n in summary["nodes"] if n["ended"] == "done"} == {f"n{i}" for i in range(1, 9)} - {"n3"}
+
+
+@pytest.mark.parametrize("structure,expected", [
+    ({"sync": 5, "node_list": [{"name": "n1"}, {"name": "zz"}]}, ["gl_structure.json", "'zz'", "unknown node"]),
+    ({"node_list": [{"name": "n1"}]}, ["gl_structure.json", "'sync'"]),
+    ({"sync": "5", "node_list": [{"name": "n1"}]}, ["gl_structure.json", "'sync'", "int"]),
+    ({"sync": 5, "node_list": [{"name": "n1", "epoch": 1.5}]}, ["gl_structure.json", "'n1'", "'epoch'"]),
+])
+def test_bad_structure_is_refused_before_anything_starts(tmp_path, structure, expected):
+    r = Run(tmp_path, structure=structure)
+    code = r.proc.wait(timeout=60)
+    out = r.proc.stdout.read()
+    assert code == 2, out
+    for part in expected:
+        assert part in out, (part, out)
+    assert f"etb-{r.id}-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_bad_dataset_is_refused(tmp_path):
+    r = Run(tmp_path, dataset={"dataset": "cifar", "batch_size": 32})
+    assert r.proc.wait(timeout=60) == 2
+    out = r.proc.stdout.read()
+    assert "gl_dataset.json" in out and "'dataset'" in out and "cifar" in out
+    assert f"etb-{r.id}-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
