@@ -20,6 +20,7 @@ import sys  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
 import gevent  # noqa: E402
+import gevent.event  # noqa: E402
 import numpy as np  # noqa: E402
 from gevent.pywsgi import WSGIServer  # noqa: E402
 
@@ -53,6 +54,7 @@ class NodeService:
         self.dataset_conf: Optional[dict[str, Any]] = None
         self.structure_conf: Optional[dict[str, Any]] = None
         self.role: Optional[Role] = None
+        self.role_ready = gevent.event.Event()
         self.state = "waiting"
         self.router = Router()
         for method, path, handler in (("GET", "/health", self.health), ("POST", "/conf/dataset", self.conf_dataset),
@@ -79,7 +81,15 @@ class NodeService:
         if self.state != "waiting":
             raise HttpError(409, "running", "the node is already running")
         self.structure_conf = conf
+        for method, path in ROLES[conf["role"]].ROUTES:  # peers may call before this node starts
+            self.router.add(method, path, lambda req, key=(method, path): self._role_call(key, req))
         return ok()
+
+    def _role_call(self, key: tuple[str, str], req: Request) -> Response:
+        """A role endpoint: waits (briefly) for the role to be built by /start."""
+        if not self.role_ready.wait(timeout=120) or self.role is None:
+            raise HttpError(503, "not_started", "the node's role has not started")
+        return self.role.routes()[key](req)
 
     def start(self, req: Request) -> Response:
         if self.state != "waiting":
@@ -92,8 +102,7 @@ class NodeService:
                            n_classes=int(self.dataset_conf.get("n_classes", int(data[1].max()) + 1)))
         ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress, self.port)
         self.role = ROLES[self.structure_conf["role"]](ctx)
-        for (method, path), handler in self.role.routes().items():
-            self.router.add(method, path, handler)
+        self.role_ready.set()
         self.state = "running"
         self.events.write("started", role=self.role.name, train_samples=int(len(data[1])), test_samples=int(len(data[3])))
         gevent.spawn(self._run)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up edgetb on a Debian/Ubuntu machine, as root: system packages, then a
 # virtual environment in .venv with the project installed. Safe to run again.
+# EDGETB_EXTRAS picks the optional parts (default "test"; "test,tf" adds TensorFlow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,8 +27,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-echo "setup: installing edgetb into .venv"
-if ! .venv/bin/python -m pip install -e ".[test]" > .venv/pip-install.log 2>&1; then
+extras=${EDGETB_EXTRAS:-test}
+echo "setup: installing edgetb[$extras] into .venv"
+if ! .venv/bin/python -m pip install -e ".[$extras]" > .venv/pip-install.log 2>&1; then
   cat .venv/pip-install.log >&2
   echo "setup: pip install failed (log above, also in .venv/pip-install.log)" >&2
   exit 1

@@ -54,6 +54,7 @@ class Role:
     """Base of every algorithm's role; subclasses override the hooks."""
 
     name = "role"
+    ROUTES: tuple[tuple[str, str], ...] = ()  # (method, path) of the role's own endpoints
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -66,6 +67,7 @@ class Role:
 
     # hooks -------------------------------------------------------------------------
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
+        """Handlers of ``ROUTES``."""
         return {}
 
     def gather(self, round_no: int) -> list[tuple[str, Weights]]:

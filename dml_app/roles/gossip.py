@@ -20,6 +20,7 @@ from dml_app.roles.base import Context, Role, Weights, ok
 
 class GossipRole(Role):
     name = "gossip"
+    ROUTES = (("POST", "/gossip"),)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)

@@ -26,11 +26,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_workdir(tmp: Path, structure: dict | None = None, dataset: dict | None = None) -> Path:
+def make_workdir(tmp: Path, structure: dict | None = None, dataset: dict | None = None,
+                 links: dict | None = None) -> Path:
     """A copy of the default experiment (quick waits unless ``structure`` says otherwise)."""
     workdir = tmp / "exp"
     workdir.mkdir()
-    shutil.copy(ROOT / "links.json", workdir / "links.json")
+    (workdir / "links.json").write_text(json.dumps(links) if links else (ROOT / "links.json").read_text())
     default = json.loads((ROOT / "gl_structure.json").read_text())
     default.update(wait_s=1)
     (workdir / "gl_structure.json").write_text(json.dumps(structure or default))
@@ -42,8 +43,8 @@ class Run:
     """gl_run.py in a copy of the default experiment, on its own id, subnet and port."""
 
     def __init__(self, tmp: Path, structure: dict | None = None, dataset: dict | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
-        self.workdir = make_workdir(tmp, structure, dataset)
+                 links: dict | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        self.workdir = make_workdir(tmp, structure, dataset, links)
         self.id = "g" + secrets.token_hex(2)
         self.subnet = f"10.{230 + int(self.id[1:], 16) % 20}.0.0/16"
         self.port = free_port()
@@ -187,3 +188,17 @@ def test_bad_dataset_is_refused(tmp_path):
     out = r.proc.stdout.read()
     assert "gl_dataset.json" in out and "'dataset'" in out and "cifar" in out
     assert f"etb-{r.id}-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_tensorflow_model_gossip(run):
+    pytest.importorskip("tensorflow", reason="TensorFlow not installed: pip install '.[tf]'")
+    structure = {"sync": 1, "wait_s": 1, "model": {"kind": "tf", "hidden": [32], "learning_rate": 0.01},
+                 "node_list": [{"name": "a", "epoch": 1}, {"name": "b", "epoch": 1}]}
+    r = run(structure=structure, links={"a": [{"dest": "b", "bw": "20mbit"}], "b": [{"dest": "a", "bw": "20mbit"}]})
+    r.wait_phase("ready", timeout_s=180)
+    r.get("/start")
+    status = r.wait_phase("finished", timeout_s=300)
+    assert status["done"] == 2, status
+    summary = r.get("/finish").json()
+    for node in summary["nodes"]:
+        assert node["rounds"] == 1 and node["bytes_sent"] > 0 and 0 < node["accuracy"] <= 1
