@@ -31,7 +31,9 @@ def encode(arrays: Sequence[np.ndarray], meta: dict[str, Any] | None = None) -> 
     """Pack arrays (and a small JSON-able ``meta``) into one buffer."""
     specs, buffers = [], []
     for a in arrays:
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a)
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
         dtype = a.dtype.str

@@ -1,0 +1,79 @@
+"""Dataset splits and conf validation (before anything starts)."""
+import json
+
+import numpy as np
+import pytest
+
+from controller.topology import load_links
+from dml_tool.confs import load_dataset, load_structure, structure_confs
+from dml_tool.datasets import load_digits, split_dirichlet, split_iid, write_shards
+from worker.errors import ConfigError
+
+
+def test_iid_split_covers_everything_once():
+    parts = split_iid(103, 8, np.random.default_rng(0))
+    joined = np.concatenate(parts)
+    assert sorted(joined.tolist()) == list(range(103)) and max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_dirichlet_is_seeded_skewed_and_complete():
+    labels = np.repeat(np.arange(10), 100)
+    a = split_dirichlet(labels, 5, 0.1, np.random.default_rng(1))
+    b = split_dirichlet(labels, 5, 0.1, np.random.default_rng(1))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert sorted(np.concatenate(a).tolist()) == list(range(1000))
+    dominant = [np.bincount(labels[p], minlength=10).max() / len(p) for p in a]
+    assert max(dominant) > 0.3  # low alpha: some node is dominated by a few labels
+    with pytest.raises(ConfigError):
+        split_dirichlet(labels, 5, 0.0, np.random.default_rng(1))
+
+
+def test_shards_and_manifest(tmp_path):
+    manifest = write_shards(load_digits(), ["a", "b", "c"], str(tmp_path), seed=3)
+    assert manifest["n_features"] == 64 and manifest["n_classes"] == 10
+    total = sum(s["train_samples"] for s in manifest["shards"].values())
+    assert total == len(load_digits().x_train)
+    with np.load(tmp_path / "a.npz", allow_pickle=False) as f:
+        assert f["x_train"].shape[1] == 64 and f["x_train"].max() <= 1.0
+    assert json.loads((tmp_path / "manifest.json").read_text())["shards"]["b"]["sha256"]
+
+
+def _files(tmp_path, structure, links=None):
+    (tmp_path / "links.json").write_text(json.dumps(links or {"n1": [{"dest": "n2", "bw": "1mbit"}],
+                                                              "n2": [{"dest": "n1", "bw": "1mbit"}]}))
+    (tmp_path / "s.json").write_text(json.dumps(structure))
+    return load_links(str(tmp_path / "links.json")), str(tmp_path / "s.json")
+
+
+def test_structure_confs_connect_out_neighbours(tmp_path):
+    topo, path = _files(tmp_path, {"sync": 3, "node_list": [{"name": "n1", "epoch": 2}, {"name": "n2"}]})
+    confs = structure_confs(load_structure(path, topo), topo, {"n1": "10.0.0.2", "n2": "10.0.0.3"})
+    assert confs["n1"]["connect"] == {"n2": "10.0.0.3:4444"} and confs["n1"]["epoch"] == 2
+    assert confs["n2"]["epoch"] == 1 and confs["n2"]["sync"] == 3 and confs["n2"]["role"] == "gossip"
+
+
+@pytest.mark.parametrize("structure,problem", [
+    ({"node_list": [{"name": "n1"}]}, "'sync'"),
+    ({"sync": 0, "node_list": [{"name": "n1"}]}, "'sync'"),
+    ({"sync": True, "node_list": [{"name": "n1"}]}, "'sync'"),
+    ({"sync": 2, "node_list": [{"name": "n9"}]}, "'n9'"),
+    ({"sync": 2, "node_list": [{"name": "n1"}, {"name": "n1"}]}, "twice"),
+    ({"sync": 2, "node_list": [{"epoch": 1}]}, "'name'"),
+    ({"sync": 2, "node_list": ["n1"]}, "node_list[0]"),
+    ({"sync": 2, "node_list": []}, "no node"),
+    ({"sync": 2, "model": {"kind": "torch"}, "node_list": [{"name": "n1"}]}, "torch"),
+])
+def test_bad_structures(tmp_path, structure, problem):
+    topo, path = _files(tmp_path, structure)
+    with pytest.raises(ConfigError) as err:
+        load_structure(path, topo)
+    assert "s.json" in str(err.value) and problem in str(err.value)
+
+
+@pytest.mark.parametrize("dataset,problem", [({"dataset": "cifar"}, "'dataset'"), ({"split": "random"}, "'split'"),
+                                             ({"batch_size": 0}, "'batch_size'"), ({"seed": "1"}, "'seed'")])
+def test_bad_datasets(tmp_path, dataset, problem):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(dataset))
+    with pytest.raises(ConfigError, match=problem):
+        load_dataset(str(path))
