@@ -81,8 +81,9 @@ class Experiment:
         self._session = requests.Session()
 
     # deploy -----------------------------------------------------------------------------------
-    def deploy(self, ready_timeout_s: float = 60.0) -> None:
-        """Bring up the network, start a node process per participant, wait until all answer."""
+    def deploy(self, ready_timeout_s: Optional[float] = None) -> None:
+        """Bring up the network, start a node process per participant, wait until all answer
+        (by default 30 s plus 0.5 s per node: hundreds of processes start on a few cores)."""
         self.phase = "deploying"
         try:
             result = deploy.deploy(self.topology, self.worker, self.progress)
@@ -98,7 +99,7 @@ class Experiment:
                     "--workdir", self.workdir], "env": {"PYTHONPATH": REPO_ROOT, "OPENBLAS_NUM_THREADS": "1",
                                                        "EDGETB_NODE_TOKEN": self.node_token}})
                 node.process_id, node.pid = started["id"], started["pid"]
-            self._wait_ready(ready_timeout_s)
+            self._wait_ready(ready_timeout_s or 30 + 0.5 * len(self.nodes))
         except BaseException as e:
             self.phase, self.error = "failed", str(e)
             raise

@@ -237,12 +237,17 @@ class WorkerHost:
         argv = _argv(body.get("argv"))
         timeout_s = float(body.get("timeout_s", 60))
         child = self.runtime.popen(node, argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=_child_env({}))
+                                   stderr=subprocess.PIPE, env=_child_env({}), start_new_session=True)
         try:
             out, err = child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            child.kill()
-            child.communicate()
+            import signal
+
+            try:  # its children too: they hold the output pipes open
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.communicate(timeout=5)
             raise TestbedTimeout(f"{argv[0]} in {node} ran past {timeout_s:g}s and was killed") from None
         return {"version": API_VERSION, "returncode": child.returncode,
                 "stdout": out[:MAX_OUTPUT_BYTES].decode(errors="replace"),

@@ -39,7 +39,7 @@ def netem_available() -> bool:
     global _netem_available
     with _netem_lock:
         if _netem_available is None:
-            probe = f"etb-probe-{os.getpid()}-{threading.get_ident() % 10000}"
+            probe = f"etbprobe-{os.getpid()}-{threading.get_ident() % 10000}"  # no testbed prefix matches
             nsfs.create(probe)
             try:
                 with nl.RtnlSocket(probe) as sock:

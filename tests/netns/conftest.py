@@ -1,52 +1,49 @@
-"""Fixtures of the netns tier: a WorkerHost with its own testbed id, subnet and state dir,
-always reset afterwards and checked for leftovers."""
+"""Fixtures and helpers of the netns tier.
+
+Every test gets WorkerHosts on their own short testbed ids (``t`` + 4 random
+characters), their own free /16 subnets (10.200-254.0.0/16, never the user's
+10.77.0.0/16) and state dirs under ``tmp_path``. Teardown always resets every
+host, even when the test failed, and then asserts that nothing carrying the
+testbed id is left (namespaces, links, cgroups, iptables rules).
+"""
 from __future__ import annotations
 
-import itertools
+import ipaddress
 import json
 import os
+import random
 import secrets
 import shutil
+import string
+import subprocess
 import time
+from typing import Any, Optional
 
 import pytest
 
 from worker.host import WorkerHost
 
-_subnets = itertools.count(10)
+IPERF_PORT = 5201
+_used_subnets: set[str] = set()
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "tests/netns/" in str(item.fspath):
-            item.add_marker(pytest.mark.netns)
-            if os.geteuid() != 0:
-                item.add_marker(pytest.mark.skip(reason="needs root: network namespaces, tc and cgroups"))
+# skips ---------------------------------------------------------------------------------------
+def _missing_tools(*tools: str) -> list[str]:
+    return [t for t in tools if not shutil.which(t)]
 
 
-@pytest.fixture
-def make_host(tmp_path):
-    """Factory of WorkerHosts on their own testbed ids; every one is reset and checked at teardown."""
-    hosts: list[WorkerHost] = []
-
-    def make(testbed_id: str | None = None, subnet: str | None = None, state_dir: str | None = None) -> WorkerHost:
-        tb = testbed_id or "t" + secrets.token_hex(2)
-        net = subnet or f"10.{200 + next(_subnets) % 50}.0.0/16"
-        host = WorkerHost(tb, net, state_root=state_dir or str(tmp_path / f"state-{tb}"))
-        hosts.append(host)
-        return host
-
-    yield make
-    for host in reversed(hosts):
-        host.reset()
-    for host in hosts:
-        left = host.runtime.leftovers()
-        assert not any(left.values()), f"testbed {host.testbed_id} left {left}"
+def root_skip_reason() -> Optional[str]:
+    """Why this tier cannot run here (None when it can)."""
+    if os.geteuid() != 0:
+        return "netns tier needs root (network namespaces, veth, tc, cgroups)"
+    missing = _missing_tools("ip", "tc")
+    if missing:
+        return f"iproute2 not installed (missing {', '.join(missing)})"
+    return None
 
 
-@pytest.fixture
-def host(make_host):
-    return make_host()
+# ``pytestmark = NETNS`` in every module of this tier
+NETNS = [pytest.mark.netns, pytest.mark.skipif(root_skip_reason() is not None, reason=root_skip_reason() or "")]
 
 
 def need_iperf3() -> None:
@@ -54,23 +51,135 @@ def need_iperf3() -> None:
         pytest.skip("iperf3 not installed")
 
 
-def links(*triples: tuple[str, str, str, int]) -> dict:
+def need_tools(*tools: str) -> None:
+    missing = _missing_tools(*tools)
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed")
+
+
+# testbed ids and subnets -----------------------------------------------------------------------
+def new_testbed_id() -> str:
+    return "t" + "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(4))
+
+
+def _host_networks() -> list[ipaddress.IPv4Network]:
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    nets = []
+    for line in out.splitlines():
+        words = line.split()
+        if "inet" in words:
+            nets.append(ipaddress.IPv4Interface(words[words.index("inet") + 1]).network)
+    return nets
+
+
+def free_subnet() -> str:
+    """A random 10.2xx.0.0/16 that no interface of this host uses and this session has not handed out."""
+    taken = _host_networks()
+    candidates = [f"10.{octet}.0.0/16" for octet in range(200, 255)]
+    random.shuffle(candidates)
+    for subnet in candidates:
+        net = ipaddress.IPv4Network(subnet)
+        if subnet not in _used_subnets and not any(net.overlaps(t) for t in taken):
+            _used_subnets.add(subnet)
+            return subnet
+    raise RuntimeError("no free 10.2xx.0.0/16 subnet on this host")
+
+
+def assert_no_leftovers(host: WorkerHost) -> None:
+    left = host.runtime.leftovers()
+    assert set(left) >= {"netns", "links", "cgroups", "iptables"}, left
+    for key, items in left.items():
+        assert not items, f"testbed {host.testbed_id} left {key}: {items}"
+
+
+@pytest.fixture
+def make_host(tmp_path):
+    """Factory of WorkerHosts; every one is reset at teardown (even on failure) and checked for leftovers."""
+    hosts: list[WorkerHost] = []
+
+    def make(testbed_id: Optional[str] = None, subnet: Optional[str] = None,
+             state_dir: Optional[str] = None) -> WorkerHost:
+        tb = testbed_id or new_testbed_id()
+        host = WorkerHost(tb, subnet or free_subnet(),
+                          state_root=state_dir or str(tmp_path / f"state-{tb}-{secrets.token_hex(2)}"))
+        hosts.append(host)
+        return host
+
+    yield make
+    errors = []
+    for host in reversed(hosts):
+        try:
+            host.reset()
+        except Exception as e:  # reset the others anyway, then fail
+            errors.append(f"reset of {host.testbed_id} failed: {e!r}")
+    assert not errors, errors
+    for host in hosts:
+        assert_no_leftovers(host)
+
+
+@pytest.fixture
+def host(make_host) -> WorkerHost:
+    return make_host()
+
+
+# request bodies -------------------------------------------------------------------------------
+def nodes_body(*nodes: Any) -> dict:
+    """A create-nodes body from names or node dicts."""
+    return {"version": 1, "nodes": [{"name": n} if isinstance(n, str) else n for n in nodes]}
+
+
+def links(*quads: tuple[str, str, str, int]) -> dict:
     """A set-links body from (src, dst, dst_ip, rate_bps) tuples."""
     return {"version": 1, "links": [{"src": s, "dst": d, "dst_ip": ip, "shape": {"rate_bps": r}}
-                                    for s, d, ip, r in triples]}
+                                    for s, d, ip, r in quads]}
+
+
+# traffic --------------------------------------------------------------------------------------
+def wait_listening(host: WorkerHost, node: str, port: int = IPERF_PORT, timeout_s: float = 10.0) -> None:
+    """Poll ``ss`` in the node until something listens on TCP ``port``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = host.exec(node, {"version": 1, "argv": ["ss", "-Hltn", f"sport = :{port}"], "timeout_s": 5})
+        if out["returncode"] == 0 and f":{port}" in out["stdout"]:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nothing listens on port {port} in node {node} after {timeout_s}s: {out}")
+        time.sleep(0.05)
 
 
 def iperf_server(host: WorkerHost, node: str) -> str:
-    """Start a persistent iperf3 server in ``node``; returns its process id."""
-    return host.start_process(node, {"version": 1, "argv": ["iperf3", "-s"]})["id"]
+    """Start a persistent iperf3 server in ``node``, wait until it listens; returns its process id."""
+    need_tools("ss")
+    proc = host.start_process(node, {"version": 1, "argv": ["iperf3", "-s", "-p", str(IPERF_PORT)]})
+    wait_listening(host, node)
+    return proc["id"]
+
+
+def iperf_json(text: str) -> dict:
+    """The JSON document in iperf3 -J output (ignoring anything printed around it)."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        raise AssertionError(f"no iperf3 JSON in: {text[-500:]!r}")
+    return json.loads(text[start:end + 1])
 
 
 def goodput_bps(host: WorkerHost, client: str, server_ip: str, seconds: int = 4, reverse: bool = False) -> float:
-    """TCP goodput measured by iperf3 from ``client`` to ``server_ip`` (retries while the server starts)."""
-    argv = ["iperf3", "-c", server_ip, "-t", str(seconds), "-O", "1", "-J"] + (["-R"] if reverse else [])
-    for _ in range(50):
+    """TCP goodput (bits/s received) measured by iperf3 from ``client`` to the server at ``server_ip``;
+    with ``reverse`` the server sends. The first second (slow start) is omitted. A refused or busy
+    server is retried a few times; a measured value is never retried."""
+    argv = ["iperf3", "-c", server_ip, "-p", str(IPERF_PORT), "-t", str(seconds), "-O", "1", "-J"]
+    argv += ["-R"] if reverse else []
+    out: dict = {}
+    for _ in range(10):
         out = host.exec(client, {"version": 1, "argv": argv, "timeout_s": seconds + 30})
         if out["returncode"] == 0:
-            return json.loads(out["stdout"])["end"]["sum_received"]["bits_per_second"]
-        time.sleep(0.1)
-    raise AssertionError(f"iperf3 from {client} to {server_ip} failed: {out['stdout'][-500:]} {out['stderr'][-500:]}")
+            return float(iperf_json(out["stdout"])["end"]["sum_received"]["bits_per_second"])
+        time.sleep(0.2)
+    raise AssertionError(f"iperf3 from {client} to {server_ip} failed: {out.get('stdout', '')[-500:]} "
+                         f"{out.get('stderr', '')[-500:]}")
+
+
+def report(request: Any, name: str, value: float) -> None:
+    """Keep a measured value in the test report (shown with ``-rA`` and in junit xml)."""
+    request.node.user_properties.append((name, round(value, 4)))
+    print(f"{request.node.name}: {name} = {value:.4f}")

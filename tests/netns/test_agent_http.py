@@ -1,5 +1,4 @@
 """The real agent process over HTTP: token required for every state change, JSON errors, size limit."""
-import json
 import os
 import secrets
 import socket
@@ -11,6 +10,10 @@ import pytest
 import requests
 
 from controller.agent_client import AgentClient
+from tests.netns.conftest import NETNS, free_subnet, new_testbed_id, nodes_body
+from worker.host import WorkerHost
+
+pytestmark = NETNS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,75 +24,153 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class Agent:
+    def __init__(self, url: str, token: str, testbed_id: str, subnet: str, client: AgentClient) -> None:
+        self.url, self.token, self.testbed_id, self.subnet, self.client = url, token, testbed_id, subnet, client
+
+    @property
+    def auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def node_names(self) -> list:
+        return sorted(n["name"] for n in self.client.status()["nodes"])
+
+
 @pytest.fixture
 def agent(tmp_path):
-    token = secrets.token_urlsafe(24)
-    port = _free_port()
-    tb = "a" + secrets.token_hex(2)
-    env = dict(os.environ, EDGETB_TOKEN=token, EDGETB_STATE_DIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port), "--bind", "127.0.0.1",
-                             "--id", tb, "--subnet", "10.249.0.0/16"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    """The agent as a subprocess on a free port; /reset and terminated at teardown, then checked for leftovers."""
+    token = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+                    for _ in range(32))
+    port, tb, subnet = _free_port(), new_testbed_id(), free_subnet()
+    state_dir = tmp_path / "state"
+    env = dict(os.environ, EDGETB_TOKEN=token, EDGETB_STATE_DIR=str(state_dir))
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port), "--bind", "127.0.0.1",
+                                 "--id", tb, "--subnet", subnet], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            requests.get(url + "/health", timeout=1)
-            break
-        except requests.ConnectionError:
-            time.sleep(0.05)
-    client = AgentClient(url, token)
-    yield url, token, client
+    local = WorkerHost(tb, subnet, state_root=str(state_dir))  # same id and state: for the leftover check
     try:
-        client.reset()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                health = requests.get(url + "/health", timeout=1)
+                if health.status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"agent did not come up (exit {proc.poll()}): {log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+        assert health.json()["testbed_id"] == tb
+        yield Agent(url, token, tb, subnet, AgentClient(url, token, timeout_s=60))
     finally:
+        reset_error = None
+        try:
+            resp = requests.post(url + "/reset", json={"version": 1},
+                                 headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            if resp.status_code != 200:
+                reset_error = f"POST /reset answered {resp.status_code}: {resp.text}"
+        except requests.RequestException as e:
+            reset_error = f"POST /reset failed: {e}"
+        left = local.runtime.leftovers()
         proc.terminate()
-        proc.wait(timeout=10)
-    from worker.runtime_netns import Naming
-    from worker import nsfs
-
-    assert not [n for n in nsfs.list_netns() if Naming(tb).owns_netns(n)]
-
-
-STATE_CHANGING = [("post", "/nodes", {"version": 1, "nodes": [{"name": "x"}]}),
-                  ("put", "/links", {"version": 1, "links": []}),
-                  ("patch", "/links", {"version": 1, "links": []}),
-                  ("delete", "/links", None),
-                  ("post", "/nodes/x/exec", {"version": 1, "argv": ["true"]}),
-                  ("post", "/nodes/x/processes", {"version": 1, "argv": ["true"]}),
-                  ("post", "/reset", {"version": 1})]
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if any(left.values()) or reset_error:
+            local.reset()  # never leave the host dirty, then fail
+        assert reset_error is None, reset_error
+        assert not any(left.values()), f"agent's /reset left {left}"
+        assert not any(local.runtime.leftovers().values())
 
 
-@pytest.mark.parametrize("method,path,body", STATE_CHANGING)
-def test_state_changes_need_the_token(agent, method, path, body):
-    url, _, client = agent
-    for headers in ({}, {"Authorization": "Bearer wrong-token-wrong-token"}, {"Authorization": "Basic abc"}):
-        resp = requests.request(method, url + path, json=body, headers=headers, timeout=10)
-        assert resp.status_code == 401, (path, headers, resp.text)
-        assert resp.json()["error"] == "unauthorized" and "detail" in resp.json()
-    assert client.status()["nodes"] == []  # nothing was created
+def _assert_error_json(resp: requests.Response, status: int, code: str = None) -> dict:
+    assert resp.status_code == status, (resp.status_code, resp.text)
+    assert resp.headers["Content-Type"].startswith("application/json"), resp.headers
+    data = resp.json()
+    assert isinstance(data.get("error"), str) and "detail" in data, data
+    if code:
+        assert data["error"] == code, data
+    return data
 
 
-def test_nodes_links_exec_over_http(agent):
-    url, token, client = agent
-    assert requests.get(url + "/health", timeout=5).json()["ok"] is True
-    nodes = client.create_nodes({"version": 1, "nodes": [{"name": "a"}, {"name": "b"}]})["nodes"]
-    again = client.create_nodes({"version": 1, "nodes": [{"name": "a"}, {"name": "b"}]})["nodes"]
-    assert nodes == again  # idempotent
-    b_ip = nodes[1]["ip"]
-    shaped = client.set_links({"version": 1, "links": [{"src": "a", "dst": "b", "dst_ip": b_ip,
-                                                        "shape": {"rate_bps": 10**7}}]})
-    assert shaped["nodes"][0]["verified"] is True
-    out = client.exec("a", {"version": 1, "argv": ["ip", "-br", "addr", "show", "eth0"]})
-    assert nodes[0]["ip"] in out["stdout"] and out["returncode"] == 0
+BAD_AUTH = [{}, {"Authorization": "Bearer wrong-token-wrong-token-wrong!"}, {"Authorization": "Basic YTpi"},
+            {"Authorization": "Bearer "}]
 
-    auth = {"Authorization": f"Bearer {token}"}
-    bad_json = requests.post(url + "/nodes", data="{not json", headers={**auth, "Content-Type": "application/json"}, timeout=5)
-    assert bad_json.status_code == 400 and bad_json.json()["error"] == "config_error"
-    huge = requests.post(url + "/nodes", data=b"x" * (17 * 1024 * 1024),
-                         headers={**auth, "Content-Type": "application/json"}, timeout=30)
-    assert huge.status_code == 413 and "error" in huge.json()
-    missing = requests.post(url + "/nodes/nobody/exec", json={"version": 1, "argv": ["true"]}, headers=auth, timeout=5)
-    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
-    bad_name = requests.post(url + "/nodes", json={"version": 1, "nodes": [{"name": "x; reboot"}]}, headers=auth, timeout=5)
-    assert bad_name.status_code == 400 and "x; reboot" in json.dumps(bad_name.json())
-    assert len(client.status()["nodes"]) == 2
+
+def test_state_changes_need_the_token(agent: Agent, tmp_path):
+    nodes = agent.client.create_nodes(nodes_body("a", "b"))["nodes"]
+    marker = tmp_path / "ran"
+    calls = [("post", "/nodes", nodes_body("x")),
+             ("put", "/links", {"version": 1, "links": [{"src": "a", "dst": "b", "dst_ip": nodes[1]["ip"],
+                                                         "shape": {"rate_bps": 10**6}}]}),
+             ("patch", "/links", {"version": 1, "links": []}),
+             ("delete", "/links", None),
+             ("post", "/nodes/a/exec", {"version": 1, "argv": ["touch", str(marker)]}),
+             ("post", "/nodes/a/processes", {"version": 1, "argv": ["touch", str(marker)]}),
+             ("post", "/reset", {"version": 1})]
+    for method, path, body in calls:
+        for headers in BAD_AUTH + [{"Authorization": f"Bearer {agent.token}x"},
+                                   {"Authorization": f"Bearer {agent.token[:-1]}"}]:
+            resp = requests.request(method, agent.url + path, json=body, headers=headers, timeout=10)
+            _assert_error_json(resp, 401, "unauthorized")
+    time.sleep(0.2)
+    # nothing happened: no node x, no shaping, no command ran, no reset
+    assert agent.node_names() == ["a", "b"]
+    assert agent.client.shaping("a")["plan"] is None
+    assert not marker.exists()
+    assert agent.client.processes()["processes"] == []
+
+
+def test_nodes_links_exec_over_http(agent: Agent):
+    health = requests.get(agent.url + "/health", timeout=5).json()
+    assert health["ok"] is True and health["testbed_id"] == agent.testbed_id
+    nodes = agent.client.create_nodes(nodes_body("a", "b"))["nodes"]
+    assert [n["name"] for n in nodes] == ["a", "b"]
+    again = agent.client.create_nodes(nodes_body("a", "b"))["nodes"]
+    assert again == nodes  # idempotent
+    a_ip, b_ip = nodes[0]["ip"], nodes[1]["ip"]
+    shaped = agent.client.set_links({"version": 1, "links": [
+        {"src": "a", "dst": "b", "dst_ip": b_ip, "shape": {"rate_bps": 10**7}},
+        {"src": "b", "dst": "a", "dst_ip": a_ip, "shape": {"rate_bps": 2 * 10**7}}]})
+    assert sorted(n["node"] for n in shaped["nodes"]) == ["a", "b"] and all(n["verified"] for n in shaped["nodes"])
+    shaping = agent.client.shaping("a")
+    assert shaping["verified"] is True and any("10mbit" in line for line in shaping["tc"]), shaping["tc"]
+    for node, ip in (("a", a_ip), ("b", b_ip)):
+        out = agent.client.exec(node, {"version": 1, "argv": ["ip", "-br", "addr"]})
+        assert out["returncode"] == 0 and f"{ip}/" in out["stdout"], out
+    status = agent.client.status()
+    assert status["testbed_id"] == agent.testbed_id and status["subnet"] == agent.subnet
+    assert [n["shaped"] for n in status["nodes"]] == [True, True]
+
+
+def test_bad_requests_get_json_errors(agent: Agent):
+    agent.client.create_nodes(nodes_body("a"))
+    json_headers = {**agent.auth, "Content-Type": "application/json"}
+
+    bad_json = requests.post(agent.url + "/nodes", data="{not json", headers=json_headers, timeout=10)
+    _assert_error_json(bad_json, 400, "config_error")
+    bad_links = requests.put(agent.url + "/links", data='{"version": 1, "links": [', headers=json_headers, timeout=10)
+    _assert_error_json(bad_links, 400)
+    bad_version = requests.post(agent.url + "/nodes", json={"version": 99, "nodes": []}, headers=agent.auth, timeout=10)
+    _assert_error_json(bad_version, 400, "config_error")
+
+    huge = requests.post(agent.url + "/nodes", data=b" " * (17 * 1024 * 1024), headers=json_headers, timeout=60)
+    _assert_error_json(huge, 413)
+
+    for method, path, body in (("post", "/nodes/nobody/exec", {"version": 1, "argv": ["true"]}),
+                               ("post", "/nodes/nobody/processes", {"version": 1, "argv": ["true"]}),
+                               ("get", "/nodes/nobody/shaping", None)):
+        _assert_error_json(requests.request(method, agent.url + path, json=body, headers=agent.auth, timeout=10),
+                           404, "not_found")
+    links_to_nobody = requests.put(agent.url + "/links", headers=agent.auth, timeout=10, json={
+        "version": 1, "links": [{"src": "nobody", "dst": "a", "dst_ip": "10.0.0.1", "shape": {"rate_bps": 10**6}}]})
+    _assert_error_json(links_to_nobody, 404, "not_found")
+
+    # the agent is still healthy, and nothing was created by the bad requests
+    assert requests.get(agent.url + "/health", timeout=5).status_code == 200
+    assert agent.node_names() == ["a"]

@@ -3,89 +3,147 @@ import time
 
 import pytest
 
-from tests.netns.conftest import goodput_bps, iperf_server, links, need_iperf3
+from tests.netns.conftest import (NETNS, goodput_bps, iperf_json, iperf_server, links, need_iperf3, need_tools,
+                                  nodes_body, report)
 from worker.errors import CapabilityError
 from worker.tc_apply import netem_available
 
+pytestmark = NETNS
+
 LOW, HIGH = 0.93, 1.03
+MBIT = 10**6
+
+
+def _ratio_ok(ratio: float) -> bool:
+    return LOW <= ratio <= HIGH
 
 
 @pytest.mark.parametrize("rate_mbit", [10, 50])
-def test_goodput_follows_rate(host, rate_mbit):
+def test_goodput_follows_rate(host, request, rate_mbit):
     need_iperf3()
-    a, b = host.create_nodes({"version": 1, "nodes": [{"name": "a"}, {"name": "b"}]})["nodes"]
-    host.set_links(links(("a", "b", b["ip"], rate_mbit * 10**6)))
+    a, b = host.create_nodes(nodes_body("a", "b"))["nodes"]
+    shaped = host.set_links(links(("a", "b", b["ip"], rate_mbit * MBIT)))
+    assert shaped["nodes"][0]["verified"] is True
     iperf_server(host, "b")
-    ratio = goodput_bps(host, "a", b["ip"]) / (rate_mbit * 10**6)
-    assert LOW <= ratio <= HIGH, f"{rate_mbit} Mbit/s link measured at {ratio:.3f} of its rate"
+    ratio = goodput_bps(host, "a", b["ip"]) / (rate_mbit * MBIT)
+    report(request, f"a->b {rate_mbit} Mbit/s ratio", ratio)
+    assert _ratio_ok(ratio), f"{rate_mbit} Mbit/s link measured at {ratio:.3f} of its rate"
 
 
-def test_asymmetric_pair_is_shaped_per_direction(host):
+def test_asymmetric_pair_is_shaped_per_direction(host, request):
     need_iperf3()
-    a, b = host.create_nodes({"version": 1, "nodes": [{"name": "a"}, {"name": "b"}]})["nodes"]
-    host.set_links(links(("a", "b", b["ip"], 10 * 10**6), ("b", "a", a["ip"], 40 * 10**6)))
+    a, b = host.create_nodes(nodes_body("a", "b"))["nodes"]
+    host.set_links(links(("a", "b", b["ip"], 10 * MBIT), ("b", "a", a["ip"], 40 * MBIT)))
     iperf_server(host, "b")
-    forward = goodput_bps(host, "a", b["ip"]) / 10e6
-    backward = goodput_bps(host, "a", b["ip"], reverse=True) / 40e6  # b sends to a
-    assert LOW <= forward <= HIGH, forward
-    assert LOW <= backward <= HIGH, backward
+    forward = goodput_bps(host, "a", b["ip"]) / (10 * MBIT)  # a sends to b
+    backward = goodput_bps(host, "a", b["ip"], reverse=True) / (40 * MBIT)  # b sends to a
+    report(request, "a->b 10 Mbit/s ratio", forward)
+    report(request, "b->a 40 Mbit/s ratio", backward)
+    assert _ratio_ok(forward), f"a->b (10 Mbit/s) measured at {forward:.3f} of its rate"
+    assert _ratio_ok(backward), f"b->a (40 Mbit/s) measured at {backward:.3f} of its rate"
 
 
-def test_runtime_update_changes_one_link_in_place(host):
-    need_iperf3()
-    a, b, c = host.create_nodes({"version": 1, "nodes": [{"name": n} for n in "abc"]})["nodes"]
-    host.set_links(links(("a", "b", b["ip"], 10 * 10**6), ("a", "c", c["ip"], 10 * 10**6)))
-    before = host.shaping("a")["kernel"]
-    iperf_server(host, "b")
-    iperf_server(host, "c")
-    assert LOW <= goodput_bps(host, "a", b["ip"]) / 10e6 <= HIGH
-
-    # a long flow a->c runs while a->b changes
-    flow = host.start_process("a", {"version": 1, "argv": ["iperf3", "-c", c["ip"], "-t", "8", "-J"]})
-    time.sleep(2)
-    bytes_c_before = _class_bytes(host, "a", 0x11)
-    result = host.set_links({"version": 1, "links": [{"src": "a", "dst": "b", "dst_ip": b["ip"],
-                                                      "shape": {"rate_bps": 30 * 10**6}}]}, merge=True)
-    assert result["nodes"][0]["changed"] == ["tc class change dev eth0 parent 1: classid 1:10 htb rate 30mbit ceil 30mbit"]
-    after = host.shaping("a")
-    assert after["verified"] and after["kernel"]["root"] == before["root"]
-    assert after["kernel"]["classes"]["1:11"] == before["classes"]["1:11"]
-    time.sleep(1)
-    assert _class_bytes(host, "a", 0x11) > bytes_c_before, "the a->c class stopped counting: was it rebuilt?"
-    _wait_process(host, flow["id"])
-    with open(flow["log"]) as f:
-        import json
-
-        flow_bps = json.load(f)["end"]["sum_received"]["bits_per_second"]
-    assert LOW <= flow_bps / 10e6 <= HIGH, f"a->c during the update: {flow_bps / 1e6:.2f} Mbit/s"
-    assert LOW <= goodput_bps(host, "a", b["ip"]) / 30e6 <= HIGH
-    assert LOW <= goodput_bps(host, "a", c["ip"]) / 10e6 <= HIGH
+def _minor(shaping: dict, dest: str) -> int:
+    return next(r["minor"] for r in shaping["plan"]["rules"] if r["dest"] == dest)
 
 
-def _class_bytes(host, node, minor):
-    out = host.exec(node, {"version": 1, "argv": ["tc", "-s", "class", "show", "dev", "eth0", "classid", f"1:{minor:x}"]})
+def _class_bytes(host, node: str, minor: int) -> int:
+    out = host.exec(node, {"version": 1, "argv": ["tc", "-s", "class", "show", "dev", "eth0",
+                                                  "classid", f"1:{minor:x}"], "timeout_s": 10})
     words = out["stdout"].split()
+    assert out["returncode"] == 0 and "Sent" in words, out
     return int(words[words.index("Sent") + 1])
 
 
-def _wait_process(host, proc_id, timeout_s=30):
+def _wait_bytes(host, node: str, minor: int, at_least: int, timeout_s: float = 10.0) -> int:
+    """Wait until class 1:<minor> has carried ``at_least`` bytes; returns its byte counter."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = _class_bytes(host, node, minor)
+        if now >= at_least:
+            return now
+        time.sleep(0.1)
+    raise AssertionError(f"class 1:{minor:x} in {node} carried only {now} bytes, not {at_least}")
+
+
+def _wait_process(host, proc_id: str, timeout_s: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         procs = {p["id"]: p for p in host.processes()["processes"]}
         if not procs[proc_id]["running"]:
-            return
+            return procs[proc_id]
         time.sleep(0.2)
     raise AssertionError(f"process {proc_id} still running after {timeout_s}s")
 
 
+def test_runtime_update_changes_one_link_in_place(host, request):
+    need_iperf3()
+    need_tools("tc")
+    a, b, c = host.create_nodes(nodes_body("a", "b", "c"))["nodes"]
+    host.set_links(links(("a", "b", b["ip"], 10 * MBIT), ("a", "c", c["ip"], 10 * MBIT)))
+    before = host.shaping("a")
+    assert before["verified"] is True, before["mismatches"]
+    minor_b, minor_c = _minor(before, "b"), _minor(before, "c")
+    iperf_server(host, "b")
+    iperf_server(host, "c")
+    ratio_b10 = goodput_bps(host, "a", b["ip"]) / (10 * MBIT)
+    report(request, "a->b 10 Mbit/s ratio", ratio_b10)
+    assert _ratio_ok(ratio_b10), ratio_b10
+
+    # a long flow a->c runs while a->b changes to 30 Mbit/s
+    flow = host.start_process("a", {"version": 1, "argv": ["iperf3", "-c", c["ip"], "-t", "8", "-O", "1", "-J"]})
+    _wait_bytes(host, "a", minor_c, 1_500_000)  # about 1.2 s of the flow
+    bytes_c_before = _class_bytes(host, "a", minor_c)
+    result = host.set_links({"version": 1, "links": [{"src": "a", "dst": "b", "dst_ip": b["ip"],
+                                                      "shape": {"rate_bps": 30 * MBIT}}]}, merge=True)
+    changed = result["nodes"][0]["changed"]
+    assert result["nodes"][0]["verified"] is True
+    assert len(changed) == 1 and f"1:{minor_b:x}" in changed[0] and "30mbit" in changed[0], changed
+    assert "qdisc" not in changed[0], changed  # a class change, not a rebuilt root
+    # counters survive an in-place change; a rebuilt root would have restarted them from zero
+    bytes_c_after = _class_bytes(host, "a", minor_c)
+    assert bytes_c_after >= bytes_c_before, f"a->c class counter went {bytes_c_before} -> {bytes_c_after}: rebuilt?"
+
+    after = host.shaping("a")
+    assert after["verified"] is True, after["mismatches"]
+    assert after["kernel"]["root"] == before["kernel"]["root"] and after["kernel"]["root"]["kind"] == "htb"
+    assert after["kernel"]["classes"][f"1:{minor_c:x}"] == before["kernel"]["classes"][f"1:{minor_c:x}"]
+    assert after["kernel"]["classes"][f"1:{minor_b:x}"] == {"rate_bps": 30 * MBIT}
+    assert after["kernel"]["filters"] == before["kernel"]["filters"]
+    assert {r["dest"]: r["shape"]["rate_bps"] for r in after["plan"]["rules"]} == {"b": 30 * MBIT, "c": 10 * MBIT}
+
+    done = _wait_process(host, flow["id"])
+    with open(flow["log"]) as f:
+        flow_doc = iperf_json(f.read())
+    assert done["returncode"] == 0, flow_doc.get("error")
+    ratio_c_during = flow_doc["end"]["sum_received"]["bits_per_second"] / (10 * MBIT)
+    report(request, "a->c 10 Mbit/s ratio during the update", ratio_c_during)
+    assert _ratio_ok(ratio_c_during), f"a->c during the update: {ratio_c_during:.3f} of 10 Mbit/s"
+
+    ratio_b30 = goodput_bps(host, "a", b["ip"]) / (30 * MBIT)
+    ratio_c10 = goodput_bps(host, "a", c["ip"]) / (10 * MBIT)
+    report(request, "a->b 30 Mbit/s ratio after the update", ratio_b30)
+    report(request, "a->c 10 Mbit/s ratio after the update", ratio_c10)
+    assert _ratio_ok(ratio_b30), f"a->b after the update: {ratio_b30:.3f} of 30 Mbit/s"
+    assert _ratio_ok(ratio_c10), f"a->c after the update: {ratio_c10:.3f} of 10 Mbit/s"
+    assert _class_bytes(host, "a", minor_c) > bytes_c_after
+
+
 def test_delay_is_refused_without_netem(host):
     if netem_available():
-        pytest.skip("this kernel has sch_netem, so delay is supported")
-    a, b = host.create_nodes({"version": 1, "nodes": [{"name": "a"}, {"name": "b"}]})["nodes"]
-    body = {"version": 1, "links": [{"src": "a", "dst": "b", "dst_ip": b["ip"], "shape": {"rate_bps": 10**6, "delay_ms": 20.0}}]}
+        pytest.skip("this kernel has sch_netem: delay is emulated, so there is no refusal to test")
+    a, b = host.create_nodes(nodes_body("a", "b"))["nodes"]
+    body = {"version": 1, "links": [
+        {"src": "b", "dst": "a", "dst_ip": a["ip"], "shape": {"rate_bps": 10 * MBIT}},  # fine on its own
+        {"src": "a", "dst": "b", "dst_ip": b["ip"], "shape": {"rate_bps": 10 * MBIT, "delay_ms": 20.0}}]}
     with pytest.raises(CapabilityError, match="sch_netem") as err:
         host.set_links(body)
-    assert "a->b" in str(err.value) and "delay 20ms" in str(err.value)
-    shaping = host.shaping("a")
-    assert shaping["plan"] is None
-    assert shaping["kernel"]["root"] in (None, {"kind": "noqueue", "handle": 0}) and not shaping["kernel"]["classes"]
+    assert "a->b" in str(err.value) and "delay 20ms" in str(err.value), str(err.value)
+    # all or nothing: neither link was shaped, in the state or in the kernel
+    for node in ("a", "b"):
+        shaping = host.shaping(node)
+        assert shaping["plan"] is None and shaping["verified"] is False, shaping
+        root = shaping["kernel"]["root"]
+        assert root is None or root["kind"] != "htb", root
+        assert not shaping["kernel"]["classes"] and not shaping["kernel"]["filters"], shaping["kernel"]
+    assert not any(n["shaped"] for n in host.status()["nodes"])
