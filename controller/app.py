@@ -8,24 +8,21 @@ controller handed them when it started them.
 """
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any, Callable, Optional
 
 from flask import Flask, jsonify, request
-from werkzeug.exceptions import HTTPException
 
 from controller.experiment import MAX_LOG_BYTES, Experiment
-from worker.errors import AuthError, ConfigError, TestbedError
-from worker.serving import run_blocking
+from worker.errors import AuthError, ConfigError
+from worker.serving import bearer_matches, json_errors, run_blocking
 
 log = logging.getLogger("edgetb.controller")
 LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
 
 def _bearer_is(token: Optional[str]) -> bool:
-    given = request.headers.get("Authorization", "")
-    return bool(token) and given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token.encode())
+    return bearer_matches(request.headers.get("Authorization", ""), token or "")
 
 
 def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Optional[Callable[[], None]] = None) -> Flask:
@@ -41,18 +38,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
         if not _bearer_is(exp.node_token):
             raise AuthError("node calls need the run's node token")
 
-    @app.errorhandler(TestbedError)
-    def testbed_error(err: TestbedError) -> Any:
-        return jsonify(err.to_json()), err.http_status
-
-    @app.errorhandler(HTTPException)
-    def http_error(err: HTTPException) -> Any:
-        return jsonify({"error": err.name.lower().replace(" ", "_"), "detail": err.description}), err.code
-
-    @app.errorhandler(Exception)
-    def internal(err: Exception) -> Any:
-        log.exception("internal error")
-        return jsonify({"error": "internal", "detail": f"{type(err).__name__}: {err}"}), 500
+    json_errors(app, log)
 
     @app.get("/status")
     def status() -> Any:

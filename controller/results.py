@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import csv
 import glob
-import json
 import os
 from typing import Any
+
+from dml_app.events import read_events
 
 METRIC_COLUMNS = ["run_id", "node", "round", "time_s", "loss", "accuracy", "bytes_sent", "bytes_recv",
                   "train_s", "send_s", "received_models"]
@@ -17,20 +18,8 @@ METRIC_COLUMNS = ["run_id", "node", "round", "time_s", "loss", "accuracy", "byte
 
 def read_run_events(run_dir: str) -> dict[str, list[dict[str, Any]]]:
     """Each node's events, by node name."""
-    events: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "events", "*.jsonl"))):
-        node = os.path.basename(path)[: -len(".jsonl")]
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict) and "type" in event:
-                    rows.append(event)
-        events[node] = rows
-    return events
+    return {os.path.basename(path)[: -len(".jsonl")]: read_events(path)
+            for path in sorted(glob.glob(os.path.join(run_dir, "events", "*.jsonl")))}
 
 
 def metric_rows(events: dict[str, list[dict[str, Any]]], t0: float) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ answering while a large network comes up.
 from __future__ import annotations
 
 import argparse
-import hmac
 import logging
 import os
 import secrets
@@ -20,12 +19,11 @@ import sys
 from typing import Any, Optional
 
 from flask import Flask, jsonify, request
-from werkzeug.exceptions import HTTPException
 
 from worker.errors import AuthError, ConfigError, TestbedError
 from worker.host import API_VERSION, WorkerHost
 from worker.runtime_netns import DEFAULT_SUBNET
-from worker.serving import run_blocking, serve
+from worker.serving import bearer_matches, json_errors, run_blocking, serve
 from worker.state import state_root
 
 DEFAULT_PORT = 3333
@@ -73,22 +71,10 @@ def create_app(host: WorkerHost, token: str) -> Flask:
     def authenticate() -> None:
         if request.endpoint == "health":
             return
-        given = request.headers.get("Authorization", "")
-        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token.encode())):
+        if not bearer_matches(request.headers.get("Authorization", ""), token):
             raise AuthError("missing or wrong bearer token")
 
-    @app.errorhandler(TestbedError)
-    def testbed_error(err: TestbedError) -> Any:
-        return jsonify(err.to_json()), err.http_status
-
-    @app.errorhandler(HTTPException)
-    def http_error(err: HTTPException) -> Any:
-        return jsonify({"error": err.name.lower().replace(" ", "_"), "detail": err.description}), err.code
-
-    @app.errorhandler(Exception)
-    def internal_error(err: Exception) -> Any:
-        log.exception("internal error")
-        return jsonify({"error": "internal", "detail": f"{type(err).__name__}: {err}"}), 500
+    json_errors(app, log)
 
     @app.get("/health")
     def health() -> Any:

@@ -37,3 +37,31 @@ def serve(app: Any, port: int, bind: str = "0.0.0.0", log: logging.Logger | None
     server.serve_forever()
     if on_stop:
         on_stop()
+
+
+def bearer_matches(header: str, token: str) -> bool:
+    """Whether an Authorization header carries exactly ``token`` (constant-time compare)."""
+    import hmac
+
+    return bool(token) and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode())
+
+
+def json_errors(app: Any, log: logging.Logger) -> None:
+    """Answer every error of ``app`` as JSON ``{"error": ..., "detail": ...}`` with its status."""
+    from flask import jsonify
+    from werkzeug.exceptions import HTTPException
+
+    from worker.errors import TestbedError
+
+    @app.errorhandler(TestbedError)
+    def testbed_error(err: TestbedError) -> Any:
+        return jsonify(err.to_json()), err.http_status
+
+    @app.errorhandler(HTTPException)
+    def http_error(err: HTTPException) -> Any:
+        return jsonify({"error": err.name.lower().replace(" ", "_"), "detail": err.description}), err.code
+
+    @app.errorhandler(Exception)
+    def internal_error(err: Exception) -> Any:
+        log.exception("internal error")
+        return jsonify({"error": "internal", "detail": f"{type(err).__name__}: {err}"}), 500

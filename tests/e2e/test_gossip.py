@@ -5,7 +5,6 @@ import csv
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess

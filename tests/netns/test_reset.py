@@ -1,5 +1,4 @@
 """Reset removes exactly what carries the testbed id: with a state file, after a crash, and not other testbeds."""
-import os
 import subprocess
 import sys
 import time
