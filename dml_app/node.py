@@ -9,9 +9,10 @@ its events to the controller's ``/log`` and keeps serving until stopped.
 """
 from __future__ import annotations
 
-from gevent import monkey
+if __name__ == "__main__":  # as a node process only: importing this module patches nothing
+    from gevent import monkey
 
-monkey.patch_all()
+    monkey.patch_all()
 
 import argparse  # noqa: E402
 import os  # noqa: E402
