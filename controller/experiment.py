@@ -283,7 +283,7 @@ class Experiment:
             json.dump(data, f, indent=1)
 
     def update_tc(self, file: str) -> dict[str, Any]:
-        """Re-shape, in place, the links of the source nodes listed in ``file`` (inside the experiment dir)."""
+        """Re-shape, in place, the links listed in ``file`` (inside the experiment dir); other links keep theirs."""
         root = self.workdir
         path = os.path.realpath(os.path.join(root, file))
         if os.path.commonpath([root, path]) != root:
@@ -295,7 +295,7 @@ class Experiment:
         deploy.check_capabilities(changed, self.worker.capabilities())
         ips = {n.name: n.ip for n in self.nodes.values()}
         ips.update({n["name"]: n["ip"] for n in self.worker.status()["nodes"]})
-        result = self.worker.set_links(deploy.link_requests(changed, ips))
+        result = self.worker.set_links(deploy.link_requests(changed, ips), merge=True)
         for (src, dst), link in changed.links.items():
             self.topology.links[(src, dst)] = link
         return result

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 from controller import results
 from controller.app import create_app
 from controller.experiment import Experiment
-from controller.topology import load_links, load_nodes
+from controller.topology import Topology, load_links, load_nodes
 from worker.errors import ConfigError, TestbedError
 from worker.runtime_netns import DEFAULT_SUBNET
 
@@ -38,14 +38,15 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     return p
 
 
-def prepare(args: argparse.Namespace, algorithm: str) -> tuple[Any, dict[str, Any]]:
+def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topology] = None) -> tuple[Any, dict[str, Any]]:
     """Load and validate everything, write shards and confs; nothing is created on the network."""
     from controller.deploy import planned_ips
     from dml_tool.confs import dataset_confs, load_dataset, load_structure, structure_confs, write_confs
 
     path = lambda name: os.path.join(args.workdir, name)  # noqa: E731
-    declared = load_nodes(path(args.nodes)) if args.nodes else None
-    topology = load_links(path(args.links), declared, nodes_declared=declared is not None)
+    if topology is None:
+        declared = load_nodes(path(args.nodes)) if args.nodes else None
+        topology = load_links(path(args.links), declared, nodes_declared=declared is not None)
     structure = load_structure(path(args.structure), topology, algorithm)
     settings = load_dataset(path(args.dataset))
     write_confs(args.workdir, "structure", structure_confs(structure, topology, planned_ips(topology, args.subnet)))
@@ -54,7 +55,8 @@ def prepare(args: argparse.Namespace, algorithm: str) -> tuple[Any, dict[str, An
 
 
 def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_default: str = "gl_structure.json",
-         dataset_default: str = "gl_dataset.json") -> int:
+         dataset_default: str = "gl_dataset.json", topology: Optional[Topology] = None) -> int:
+    """gl_run.py's flow; ``topology`` comes from the Testbed API instead of links.json when given."""
     args = _parser(algorithm, structure_default, dataset_default).parse_args(argv)
     args.workdir = os.path.realpath(args.workdir)
     logging.basicConfig(level=logging.WARNING)
@@ -62,7 +64,7 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
         print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
         return 2
     try:
-        topology, structure = prepare(args, algorithm)
+        topology, structure = prepare(args, algorithm, topology)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2

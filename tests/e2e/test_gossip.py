@@ -48,7 +48,8 @@ class Run:
         self.subnet = f"10.{230 + int(self.id[1:], 16) % 20}.0.0/16"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, EDGETB_STATE_DIR=str(tmp / "state"))
+        self.state = tmp / "state"
+        env = dict(os.environ, EDGETB_STATE_DIR=str(self.state))
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "gl_run.py"), "--workdir", str(self.workdir),
                                       "--port", str(self.port), "--id", self.id, "--subnet", self.subnet,
                                       "--quiet-nodes", *extra_args],
@@ -120,6 +121,17 @@ def test_gossip_through_the_http_workflow(run):
     assert from_node.stdout.strip() == "401", from_node
     forged = requests.post(r.url + "/log?node=n1", data=b"{}", timeout=10)
     assert forged.status_code == 401
+
+    # re-shape one link at run time; the file must lie inside the experiment directory
+    (r.workdir / "links_update.json").write_text(json.dumps({"n1": [{"dest": "n2", "bw": "1mbit"}]}))
+    assert r.get("/update/tc?file=links_update.json").ok
+    from worker.host import WorkerHost
+
+    kernel = WorkerHost(r.id, r.subnet, state_root=str(r.state)).shaping("n1")
+    rates = {rule["dest"]: rule["shape"]["rate_bps"] for rule in kernel["plan"]["rules"]}
+    assert kernel["verified"] and rates == {"n2": 1_000_000, "n8": 10_000_000, "n5": 5_000_000}, rates
+    escape = r.get("/update/tc?file=../../../etc/passwd")
+    assert escape.status_code == 400 and "outside the experiment directory" in escape.json()["message"]
 
     assert r.get("/start").json()["phase"] == "running"
     done = r.wait_phase("finished", timeout_s=150)
@@ -201,3 +213,26 @@ def test_tensorflow_model_gossip(run):
     summary = r.get("/finish").json()
     for node in summary["nodes"]:
         assert node["rounds"] == 1 and node["bytes_sent"] > 0 and 0 < node["accuracy"] <= 1
+
+
+def test_testbed_api_runs_an_experiment(tmp_path):
+    """The EdgeTB-style Python API: declare, load links, start --auto."""
+    workdir = make_workdir(tmp_path, structure={"sync": 3, "wait_s": 1, "node_list": [{"name": "a"}, {"name": "b"}]},
+                           links={"a": [{"dest": "b", "bw": "10mbit"}], "b": [{"dest": "a", "bw": "10mbit"}]})
+    tb_id = "t" + secrets.token_hex(2)
+    script = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from controller.testbed import Testbed
+tb = Testbed(workdir={str(workdir)!r}, port={free_port()}, testbed_id={tb_id!r}, subnet="10.229.0.0/16")
+tb.add_emulator("local")
+tb.add_emulated_node("a", cpu=1, mem="256M")
+tb.add_emulated_node("b")
+tb.load_link("links.json")
+sys.exit(tb.start(auto=True))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, EDGETB_STATE_DIR=str(tmp_path / "state")))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "done" in done.stdout and len(list((workdir / "dml_file" / "log").iterdir())) == 1
+    assert f"etb-{tb_id}-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
