@@ -77,3 +77,35 @@ def test_bad_datasets(tmp_path, dataset, problem):
     path.write_text(json.dumps(dataset))
     with pytest.raises(ConfigError, match=problem):
         load_dataset(str(path))
+
+
+def _idx(path, array):
+    import gzip
+    import struct as st
+
+    data = bytes([0, 0, 8, array.ndim]) + st.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    with gzip.open(path, "wb") as f:
+        f.write(data)
+
+
+def test_mnist_like_from_idx_and_npz(tmp_path):
+    from dml_tool.datasets import load_mnist_like
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (6, 28, 28)), rng.integers(0, 10, 6)
+    for stem, arr in (("train-images-idx3-ubyte", images), ("train-labels-idx1-ubyte", labels),
+                      ("t10k-images-idx3-ubyte", images[:2]), ("t10k-labels-idx1-ubyte", labels[:2])):
+        _idx(tmp_path / f"{stem}.gz", arr)
+    d = load_mnist_like("mnist", str(tmp_path))
+    assert d.x_train.shape == (6, 784) and d.x_train.max() <= 1.0 and list(d.y_train) == list(labels)
+    assert d.x_test.shape == (2, 784)
+
+    other = tmp_path / "npz"
+    other.mkdir()
+    np.savez(other / "fashion_mnist.npz", x_train=images, y_train=labels, x_test=images[:1], y_test=labels[:1])
+    assert load_mnist_like("fashion_mnist", str(other)).x_test.shape == (1, 784)
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x09\x01" + b"\x00" * 8)
+    with pytest.raises(ConfigError):
+        load_mnist_like("mnist", str(tmp_path / "bad"))
