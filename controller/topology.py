@@ -1,36 +1,57 @@
 """The experiment's network: nodes and directed, shaped links (pure model, no root).
 
-Built from links.json (EdgeTB's shape: source node -> list of outgoing links),
-an optional nodes file, or the Python API. Every validation error is a
-``TopologyError`` naming the file, the node and the field. Everything else reads
-a ``Topology``; nothing else parses links.json.
+Built from links.json (EdgeTB's shape), an optional nodes file, or the Python
+API. Everything else reads a ``Topology``; nothing else parses links.json.
+Loading creates nothing: the loaders only read their file.
 
-nodes file::
+links.json maps each source node to its outgoing links (one direction each)::
+
+    {"n1": [{"dest": "n2", "bw": "5mbit", "delay": "20ms", "jitter": "5ms", "loss": "0.5%", "queue": 100}],
+     "n2": [{"dest": "n1", "bw": "5mbps"}]}
+
+``bw`` is required and uses tc's units (``5mbps`` is 5 MBYTES/s, see
+``controller.units``); ``delay``/``jitter`` are times in [0, 60s], ``jitter``
+needs a ``delay``; ``loss`` is a percentage (``"0.5%"`` or a JSON number);
+``queue`` a positive number of packets.
+
+nodes file (optional; ``kind`` defaults to emulated, ``host`` to local; a
+physical node needs an IPv4 ``ip`` and takes no cpu/mem limits)::
 
     {"nodes": [{"name": "n1", "kind": "emulated", "host": "local", "cpu": 0.5, "mem": "256M"},
                {"name": "pi1", "kind": "physical", "ip": "192.168.1.20"}]}
+
+Node names match ``[A-Za-z0-9][A-Za-z0-9_-]{0,14}``: they end up in interface,
+namespace and cgroup names, never in a shell. Every validation error is a
+``TopologyError`` naming the file, the node and the field, e.g.
+``links.json: node 'n1', link 2 (to 'n9'), field 'dest': unknown node 'n9'``
+(link numbers count from 0 within the node's list).
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 from controller.units import parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
 from worker.errors import ConfigError, TopologyError
-from worker.shape import MAX_DELAY_MS, Shape
+from worker.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, shape_problems
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,14}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
 NODE_KINDS = ("emulated", "physical")
 LINK_FIELDS = ("dest", "bw", "delay", "jitter", "loss", "queue")
 NODE_FIELDS = ("name", "kind", "host", "cpu", "mem", "ip")
+MAX_CPU = 1024
+MIN_MEM_BYTES = 4 * 1024 * 1024
 TOPOLOGY_VERSION = 1
 
 
 @dataclass
 class Node:
+    """One node; ``cpu`` in cores and ``mem_bytes`` None mean unlimited; ``ip`` only for physical nodes."""
+
     name: str
     kind: str = "emulated"
     host: str = "local"
@@ -46,6 +67,8 @@ class Node:
 
 @dataclass(frozen=True)
 class Link:
+    """The directed link src -> dst and how it is shaped."""
+
     src: str
     dst: str
     shape: Shape
@@ -55,19 +78,21 @@ class Link:
 
 
 def _where(source: str, node: Optional[str] = None, detail: str = "") -> str:
-    parts = [source]
-    if node is not None:
-        parts.append(f"node {node!r}")
-    if detail:
-        parts.append(detail)
-    return ", ".join(parts)
+    """'links.json: node 'a', link 0' -- the place an error message starts with."""
+    parts = ([f"node {node!r}"] if node is not None else []) + ([detail] if detail else [])
+    return f"{source}: {', '.join(parts)}" if parts else source
+
+
+def valid_name(name: object) -> bool:
+    return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 
 
 def check_name(name: object, where: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    """``name`` when it is a valid node name, else a TopologyError starting with ``where``."""
+    if not valid_name(name):
         raise TopologyError(f"{where}: node name {name!r} is not allowed: use 1-15 letters, digits, '_' "
                             "or '-', starting with a letter or digit")
-    return name
+    return name  # type: ignore[return-value]
 
 
 def make_shape(where: str, bw: object, delay: object = None, jitter: object = None, loss: object = None,
@@ -80,20 +105,63 @@ def make_shape(where: str, bw: object, delay: object = None, jitter: object = No
             raise TopologyError(f"{where}, field {name!r}: {e.message}") from None
 
     rate = field("bw", parse_rate_bps, bw)
+    if rate > MAX_RATE_BPS:
+        raise TopologyError(f"{where}, field 'bw': {bw!r} is more than the maximum {MAX_RATE_BPS // 10**9}gbit")
     delay_ms = field("delay", parse_time_ms, delay) if delay is not None else 0.0
     jitter_ms = field("jitter", parse_time_ms, jitter) if jitter is not None else 0.0
     loss_pct = field("loss", parse_percent, loss) if loss is not None else 0.0
-    for name, value in (("delay", delay_ms), ("jitter", jitter_ms)):
+    for name, text, value in (("delay", delay, delay_ms), ("jitter", jitter, jitter_ms)):
         if value > MAX_DELAY_MS:
-            raise TopologyError(f"{where}, field {name!r}: {value:g} ms is more than {MAX_DELAY_MS:g} ms")
+            raise TopologyError(f"{where}, field {name!r}: {text!r} is more than {MAX_DELAY_MS / 1000:g}s")
     if jitter_ms and not delay_ms:
-        raise TopologyError(f"{where}, field 'jitter': jitter needs a delay")
-    if queue is not None and (isinstance(queue, bool) or not isinstance(queue, int) or queue <= 0):
-        raise TopologyError(f"{where}, field 'queue': must be a positive number of packets, got {queue!r}")
+        raise TopologyError(f"{where}, field 'jitter': jitter {jitter!r} needs a non-zero 'delay'")
+    if queue is not None and (isinstance(queue, bool) or not isinstance(queue, int)
+                              or not 0 < queue <= MAX_QUEUE_PKTS):
+        raise TopologyError(f"{where}, field 'queue': must be a whole number of packets in [1, {MAX_QUEUE_PKTS}], "
+                            f"got {queue!r}")
     try:
         return Shape(rate_bps=rate, delay_ms=delay_ms, jitter_ms=jitter_ms, loss_pct=loss_pct, queue_pkts=queue)
-    except ConfigError as e:
+    except ConfigError as e:  # not reached while the checks above mirror shape_problems
         raise TopologyError(f"{where}: {e.message}") from None
+
+
+def _check_node(node: Node, where: str) -> None:
+    """Raise a TopologyError (``where``, field) for the first invalid field of a resolved node."""
+    def bad(field: str, text: str) -> TopologyError:
+        return TopologyError(f"{where}, field {field!r}: {text}")
+
+    if node.kind not in NODE_KINDS:
+        raise bad("kind", f"{node.kind!r} is not one of {', '.join(NODE_KINDS)}")
+    if not valid_name(node.host):
+        raise bad("host", f"{node.host!r} is not a valid host name (1-15 letters, digits, '_' or '-')")
+    cpu = node.cpu
+    if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0 < cpu <= MAX_CPU):
+        raise bad("cpu", f"must be a number of cores in (0, {MAX_CPU}], got {cpu!r}")
+    mem = node.mem_bytes
+    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem < MIN_MEM_BYTES):
+        raise bad("mem", f"must be at least 4M, got {mem!r} bytes")
+    if node.kind == "physical":
+        if node.ip is None:
+            raise bad("ip", "a physical node needs its IPv4 address")
+        for field, value in (("cpu", cpu), ("mem", mem)):
+            if value is not None:
+                raise bad(field, "limits apply to emulated nodes only, not to a physical device")
+    elif node.ip is not None:
+        raise bad("ip", "only physical nodes take an ip; emulated nodes get theirs from the testbed's subnet")
+    if node.ip is not None:
+        try:
+            if not isinstance(node.ip, str):
+                raise ValueError
+            address = ipaddress.IPv4Address(node.ip)
+        except ValueError:
+            raise bad("ip", f"{node.ip!r} is not an IPv4 address such as '192.168.1.20'") from None
+        if address.is_unspecified or address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+            raise bad("ip", f"{node.ip!r} cannot be a device's address")
+
+
+def _names(names: Iterable[str], limit: int = 10) -> str:
+    names = list(names)
+    return ", ".join(names[:limit]) + (f" ... ({len(names)} in all)" if len(names) > limit else "") or "none"
 
 
 class Topology:
@@ -103,134 +171,232 @@ class Topology:
         self.nodes: dict[str, Node] = {}
         self.links: dict[tuple[str, str], Link] = {}
 
+    def copy(self) -> "Topology":
+        """An independent copy (nodes are copied, links and shapes are immutable)."""
+        other = Topology()
+        other.nodes = {name: dataclasses.replace(node) for name, node in self.nodes.items()}
+        other.links = dict(self.links)
+        return other
+
     # nodes -----------------------------------------------------------------
     def add_node(self, name: str, kind: str = "emulated", host: str = "local", cpu: Optional[float] = None,
                  mem: Union[str, int, None] = None, ip: Optional[str] = None, source: str = "topology") -> Node:
+        """Declare a node; ``mem`` is a size like '256M' or bytes; ``source`` starts error messages."""
         check_name(name, source)
         where = _where(source, name)
         if name in self.nodes:
             raise TopologyError(f"{where}: declared twice")
-        if kind not in NODE_KINDS:
-            raise TopologyError(f"{where}, field 'kind': {kind!r} is not one of {', '.join(NODE_KINDS)}")
-        if not isinstance(host, str) or not NAME_RE.match(host):
-            raise TopologyError(f"{where}, field 'host': {host!r} is not a valid host name")
-        if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0 < cpu <= 1024):
-            raise TopologyError(f"{where}, field 'cpu': must be a number of cores in (0, 1024], got {cpu!r}")
         mem_bytes = None
         if mem is not None:
             try:
                 mem_bytes = parse_size_bytes(mem)
             except ConfigError as e:
                 raise TopologyError(f"{where}, field 'mem': {e.message}") from None
-            if mem_bytes < 4 * 1024 * 1024:
-                raise TopologyError(f"{where}, field 'mem': {mem!r} is less than 4M")
-        if kind == "physical":
-            if ip is None:
-                raise TopologyError(f"{where}, field 'ip': a physical node needs its IP address")
-        if ip is not None:
-            try:
-                ip = str(ipaddress.IPv4Address(ip))
-            except (ipaddress.AddressValueError, ValueError):
-                raise TopologyError(f"{where}, field 'ip': {ip!r} is not an IPv4 address") from None
-        node = Node(name, kind, host, float(cpu) if cpu is not None else None, mem_bytes, ip, len(self.nodes))
+        node = Node(name, kind, host, cpu, mem_bytes, ip, len(self.nodes))
+        _check_node(node, where)
+        node.cpu = float(cpu) if cpu is not None else None
+        node.ip = str(ipaddress.IPv4Address(ip)) if ip is not None else None
+        twin = next((n.name for n in self.nodes.values() if node.ip and n.ip == node.ip), None)
+        if twin:
+            raise TopologyError(f"{where}, field 'ip': {node.ip} is already the address of node {twin!r}")
         self.nodes[name] = node
         return node
 
     def node(self, name: str) -> Node:
+        """The node called ``name``; a TopologyError listing the known nodes if there is none."""
         try:
             return self.nodes[name]
-        except KeyError:
-            raise TopologyError(f"unknown node {name!r}") from None
+        except (KeyError, TypeError):
+            raise TopologyError(f"unknown node {name!r}; nodes: {_names(self.nodes)}") from None
 
     # links -----------------------------------------------------------------
+    def _check_new_link(self, src: str, dst: str, place: str) -> None:
+        if src not in self.nodes:
+            raise TopologyError(f"{place}: unknown source node {src!r}; declared nodes: {_names(self.nodes)}")
+        if dst not in self.nodes:
+            raise TopologyError(f"{place}, field 'dest': unknown node {dst!r}; declared nodes: {_names(self.nodes)}")
+        if src == dst:
+            raise TopologyError(f"{place}, field 'dest': a node cannot link to itself")
+        if (src, dst) in self.links:
+            raise TopologyError(f"{place}: duplicate link {src} -> {dst} (each direction is declared once)")
+
     def add_link(self, src: str, dst: str, bw: object, delay: object = None, jitter: object = None,
                  loss: object = None, queue: object = None, source: str = "topology", where: str = "") -> Link:
         """Add the directed link src -> dst with links.json values (``bw="10mbit"``, ``delay="20ms"``...)."""
         place = where or _where(source, src, f"link to {dst!r}")
-        for name, role in ((src, "source"), (dst, "field 'dest'")):
-            if name not in self.nodes:
-                raise TopologyError(f"{place}, {role}: unknown node {name!r}")
-        if src == dst:
-            raise TopologyError(f"{place}, field 'dest': a node cannot link to itself")
-        if (src, dst) in self.links:
-            raise TopologyError(f"{place}: duplicate link {src} -> {dst}")
+        self._check_new_link(src, dst, place)
         link = Link(src, dst, make_shape(place, bw, delay, jitter, loss, queue))
         self.links[(src, dst)] = link
         return link
 
-    def add_symmetric_link(self, a: str, b: str, bw: object, **impairments: object) -> tuple[Link, Link]:
-        """Declare a -> b and b -> a with the same shape, once."""
-        return self.add_link(a, b, bw, **impairments), self.add_link(b, a, bw, **impairments)  # type: ignore[arg-type]
+    def add_symmetric_link(self, a: str, b: str, bw: object, delay: object = None, jitter: object = None,
+                           loss: object = None, queue: object = None, source: str = "topology") -> tuple[Link, Link]:
+        """Declare a -> b and b -> a with the same shape; neither is added if either is invalid."""
+        place = _where(source, a, f"link to {b!r}")
+        self._check_new_link(a, b, place)
+        self._check_new_link(b, a, _where(source, b, f"link to {a!r}"))
+        shape = make_shape(place, bw, delay, jitter, loss, queue)
+        forward, backward = Link(a, b, shape), Link(b, a, shape)
+        self.links[(a, b)], self.links[(b, a)] = forward, backward
+        return forward, backward
 
     def links_from(self, src: str) -> list[Link]:
-        return [l for (s, _), l in self.links.items() if s == src]
+        """The links leaving ``src``, in declaration order."""
+        return [link for (s, _), link in self.links.items() if s == src]
 
     def out_neighbours(self, name: str) -> list[str]:
+        """The nodes ``name`` has a link to, in declaration order."""
         self.node(name)
         return [d for (s, d) in self.links if s == name]
 
+    # checks ------------------------------------------------------------------
+    def validate(self, source: str = "topology") -> None:
+        """Re-check the whole model (after direct edits or from_dict); raise the first problem found."""
+        if not self.nodes:
+            raise TopologyError(f"{source}: no nodes")
+        ips: dict[str, str] = {}
+        for i, (name, node) in enumerate(self.nodes.items()):
+            check_name(name, source)
+            where = _where(source, name)
+            if node.name != name or node.index != i:
+                raise TopologyError(f"{where}: stored as {node.name!r} at index {node.index}, expected index {i}")
+            _check_node(node, where)
+            if node.ip is not None:
+                if node.ip in ips:
+                    raise TopologyError(f"{where}, field 'ip': {node.ip} is already the address of node "
+                                        f"{ips[node.ip]!r}")
+                ips[node.ip] = name
+        for (src, dst), link in self.links.items():
+            place = _where(source, src, f"link to {dst!r}")
+            if not isinstance(link, Link) or (link.src, link.dst) != (src, dst):
+                raise TopologyError(f"{place}: stored under the wrong key or not a Link: {link!r}")
+            if src not in self.nodes:
+                raise TopologyError(f"{place}: unknown source node {src!r}")
+            if dst not in self.nodes:
+                raise TopologyError(f"{place}, field 'dest': unknown node {dst!r}")
+            if src == dst:
+                raise TopologyError(f"{place}, field 'dest': a node cannot link to itself")
+            problems = shape_problems(link.shape)
+            if problems:
+                raise TopologyError(f"{place}: {'; '.join(problems)}")
+
     # serialisation -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The resolved form (units in field names), JSON-serialisable; node order is their index."""
         return {"version": TOPOLOGY_VERSION, "nodes": [n.to_dict() for n in self.nodes.values()],
-                "links": [l.to_dict() for l in self.links.values()]}
+                "links": [link.to_dict() for link in self.links.values()]}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Topology":
+    def from_dict(cls, data: Any, source: str = "topology document") -> "Topology":
+        """Inverse of ``to_dict``; anything malformed is a TopologyError."""
         if not isinstance(data, dict) or data.get("version") != TOPOLOGY_VERSION:
-            raise TopologyError(f"topology document must have version {TOPOLOGY_VERSION}")
+            raise TopologyError(f"{source}: expected an object with \"version\": {TOPOLOGY_VERSION}")
+        _only_fields(data, ("version", "nodes", "links"), (), source)
         topo = cls()
-        for n in data["nodes"]:
-            node = topo.add_node(n["name"], n["kind"], n["host"], n["cpu"], n["mem_bytes"], n["ip"])
-            node.mem_bytes = n["mem_bytes"]
-        for l in data["links"]:
-            for end in (l["src"], l["dst"]):
-                topo.node(end)
-            topo.links[(l["src"], l["dst"])] = Link(l["src"], l["dst"], Shape.from_dict(l["shape"]))
+        for i, entry in enumerate(_list(data.get("nodes", []), f"{source}: field 'nodes'")):
+            where = f"{source}: nodes[{i}]"
+            _only_fields(entry, ("name", "kind", "host", "cpu", "mem_bytes", "ip"), ("name",), where)
+            topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
+                          entry.get("mem_bytes"), entry.get("ip"), source=source)
+        for i, entry in enumerate(_list(data.get("links", []), f"{source}: field 'links'")):
+            where = f"{source}: links[{i}]"
+            _only_fields(entry, ("src", "dst", "shape"), ("src", "dst", "shape"), where)
+            src, dst = entry["src"], entry["dst"]
+            if not isinstance(src, str) or not isinstance(dst, str):
+                raise TopologyError(f"{where}: fields 'src' and 'dst' must be node names, got {src!r} -> {dst!r}")
+            place = _where(source, src, f"link to {dst!r}")
+            topo._check_new_link(src, dst, place)
+            try:
+                shape = Shape.from_dict(entry["shape"])
+            except ConfigError as e:
+                raise TopologyError(f"{place}, field 'shape': {e.message}") from None
+            topo.links[(src, dst)] = Link(src, dst, shape)
         return topo
+
+
+def _list(value: object, where: str) -> list:
+    if not isinstance(value, list):
+        raise TopologyError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _only_fields(entry: object, allowed: tuple[str, ...], required: tuple[str, ...], where: str) -> None:
+    """Check that ``entry`` is an object with only ``allowed`` and all ``required`` fields."""
+    if not isinstance(entry, dict):
+        raise TopologyError(f"{where}: expected an object, got {type(entry).__name__} {entry!r}")
+    unknown = [key for key in entry if key not in allowed]
+    if unknown:
+        raise TopologyError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; "
+                            f"allowed: {', '.join(allowed)}")
+    for key in required:
+        if key not in entry:
+            raise TopologyError(f"{where}: missing field {key!r}")
+
+
+class _JsonProblem(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _JsonProblem(f"key {key!r} appears twice in one object (JSON would keep only the last)")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise _JsonProblem(f"{name} is not a valid number here")
 
 
 def _read_json(path: str) -> Any:
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
-    except OSError as e:
-        raise TopologyError(f"{path}: cannot read: {e.strerror}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TopologyError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise TopologyError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except _JsonProblem as e:
+        raise TopologyError(f"{path}: {e}") from None
 
 
 def load_nodes(path: str) -> Topology:
-    """A Topology holding the nodes declared in a nodes file (see the module docstring)."""
+    """A Topology holding the nodes declared in a nodes file (format in the module docstring)."""
     data = _read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
-        raise TopologyError(f"{path}: expected an object with a list 'nodes'")
+    if not isinstance(data, dict) or "nodes" not in data:
+        raise TopologyError(f"{path}: expected an object like {{\"nodes\": [{{\"name\": \"n1\", \"cpu\": 0.5}}]}}")
+    _only_fields(data, ("version", "nodes"), ("nodes",), path)
+    if data.get("version", TOPOLOGY_VERSION) != TOPOLOGY_VERSION:
+        raise TopologyError(f"{path}, field 'version': expected {TOPOLOGY_VERSION}, got {data['version']!r}")
+    entries = _list(data["nodes"], f"{path}: field 'nodes'")
+    if not entries:
+        raise TopologyError(f"{path}: field 'nodes': declares no nodes")
     topo = Topology()
-    for i, entry in enumerate(data["nodes"]):
-        where = f"{path}, nodes[{i}]"
-        if not isinstance(entry, dict):
-            raise TopologyError(f"{where}: expected an object, got {type(entry).__name__}")
-        unknown = sorted(set(entry) - set(NODE_FIELDS))
-        if unknown:
-            raise TopologyError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(NODE_FIELDS)}")
-        if "name" not in entry:
-            raise TopologyError(f"{where}: missing field 'name'")
+    for i, entry in enumerate(entries):
+        where = f"{path}: nodes[{i}]"
+        _only_fields(entry, NODE_FIELDS, ("name",), where)
+        check_name(entry["name"], f"{where}, field 'name'")
         topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
                       entry.get("mem"), entry.get("ip"), source=path)
     return topo
 
 
 def load_links(path: str, topology: Optional[Topology] = None, nodes_declared: bool = False) -> Topology:
-    """Add links.json's links to ``topology`` (a new one by default).
+    """Add links.json's links to ``topology`` (a new one by default) and return it.
 
-    Unless ``nodes_declared``, every node links.json names becomes an emulated node
-    with default limits (sources in file order, then destinations as first seen).
+    Unless ``nodes_declared``, every node links.json names and ``topology`` lacks
+    becomes an emulated node with default limits (sources in file order, then
+    destinations as first seen); with it, naming an undeclared node is an error.
+    All or nothing: on error ``topology`` is left unchanged.
     """
     data = _read_json(path)
     if not isinstance(data, dict):
-        raise TopologyError(f"{path}: expected an object mapping each node to its list of links")
-    topo = topology or Topology()
+        raise TopologyError(f"{path}: expected an object mapping each source node to its list of links, "
+                            f"like {{\"n1\": [{{\"dest\": \"n2\", \"bw\": \"10mbit\"}}]}}")
     for src, links in data.items():
         check_name(src, path)
         if not isinstance(links, list):
@@ -238,28 +404,31 @@ def load_links(path: str, topology: Optional[Topology] = None, nodes_declared: b
         for i, link in enumerate(links):
             where = _where(path, src, f"link {i}")
             if not isinstance(link, dict):
-                raise TopologyError(f"{where}: expected an object like {{\"dest\": \"n2\", \"bw\": \"10mbit\"}}")
-            unknown = sorted(set(link) - set(LINK_FIELDS))
-            if unknown:
-                raise TopologyError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; "
-                                    f"allowed: {', '.join(LINK_FIELDS)}")
-            for required in ("dest", "bw"):
-                if required not in link:
-                    raise TopologyError(f"{where}: missing field {required!r}")
+                raise TopologyError(f"{where}: expected an object like {{\"dest\": \"n2\", \"bw\": \"10mbit\"}}, "
+                                    f"got {link!r}")
+            _only_fields(link, LINK_FIELDS, ("dest", "bw"), where)
             check_name(link["dest"], f"{where}, field 'dest'")
-    if not nodes_declared:
-        for src, links in data.items():
-            if src not in topo.nodes:
-                topo.add_node(src, source=path)
-        for links in data.values():
-            for link in links:
-                if link["dest"] not in topo.nodes:
-                    topo.add_node(link["dest"], source=path)
+    work = topology.copy() if topology is not None else Topology()
+    if nodes_declared:
+        for src in data:
+            if src not in work.nodes:
+                raise TopologyError(f"{_where(path, src)}: unknown node {src!r}: it is not declared; "
+                                    f"declared nodes: {_names(work.nodes)}")
+    else:
+        names = list(data) + [link["dest"] for links in data.values() for link in links]
+        for name in names:
+            if name not in work.nodes:
+                work.add_node(name, source=path)
+    if not work.nodes:
+        raise TopologyError(f"{path}: no nodes: the file lists no links")
     for src, links in data.items():
         for i, link in enumerate(links):
             where = _where(path, src, f"link {i} (to {link['dest']!r})")
-            if src not in topo.nodes:
-                raise TopologyError(f"{_where(path, src)}: unknown node {src!r} (not in the nodes file)")
-            topo.add_link(src, link["dest"], link["bw"], link.get("delay"), link.get("jitter"), link.get("loss"),
+            work.add_link(src, link["dest"], link["bw"], link.get("delay"), link.get("jitter"), link.get("loss"),
                           link.get("queue"), where=where)
-    return topo
+    if topology is None:
+        return work
+    for name, node in work.nodes.items():
+        topology.nodes.setdefault(name, node)
+    topology.links.update(work.links)
+    return topology

@@ -6,6 +6,7 @@ versions are tested as tables; ``Cgroups`` makes it real.
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -43,13 +44,16 @@ def limit_writes(version: int, cpu: Optional[float], mem_bytes: Optional[int]) -
 
 
 def _write(path: str, value: str, optional: bool = False) -> None:
+    """Write one cgroup file; an ``optional`` one the kernel does not offer is skipped
+    (cgroupfs answers EACCES, not ENOENT, for a file it does not have)."""
     try:
         with open(path, "w") as f:
             f.write(value)
-    except FileNotFoundError:
-        if not optional:
-            raise
     except OSError as e:
+        if optional and e.errno in (errno.ENOENT, errno.EACCES):
+            return
+        if isinstance(e, FileNotFoundError):
+            raise
         raise NodeRuntimeError(f"cannot write {value!r} to {path}: {e.strerror}") from None
 
 

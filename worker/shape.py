@@ -50,7 +50,7 @@ class Shape:
             raise ConfigError("shape needs rate_bps")
         for key in ("rate_bps", "queue_pkts"):
             value = data.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            if (value is not None or key == "rate_bps") and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"shape field {key} must be an integer, got {value!r}")
         for key in ("delay_ms", "jitter_ms", "loss_pct"):
             value = data.get(key, 0.0)

@@ -3,72 +3,256 @@ import pytest
 
 from worker.errors import ConfigError
 from worker.shape import Shape
-from worker.tc_plan import FIRST_MINOR, MAX_MINOR, Plan, Target, diff, make_plan, render, render_diff
+from worker.tc_plan import (DEFAULT_MINOR, FIRST_MINOR, MAX_MINOR, Change, Plan, Rule, Target, diff,
+                            make_plan, render, render_diff, rule_commands)
+
+MBIT = 10**6
 
 
-def t(dest, ip, mbit, **kw):
-    return Target(dest, ip, Shape(mbit * 10**6, **kw))
+def t(dest, ip, mbit=1, **kw):
+    return Target(dest, ip, Shape(mbit * MBIT, **kw))
 
 
-def test_minors_in_order_and_kept_across_updates():
-    first = make_plan("eth0", [t("b", "10.0.0.3", 10), t("c", "10.0.0.4", 20)])
-    assert [(r.dest, r.minor) for r in first.rules] == [("b", FIRST_MINOR), ("c", FIRST_MINOR + 1)]
-    second = make_plan("eth0", [t("d", "10.0.0.5", 5), t("c", "10.0.0.4", 30)], previous=first)
-    assert {r.dest: r.minor for r in second.rules} == {"c": FIRST_MINOR + 1, "d": FIRST_MINOR}  # b's minor reused
+def minors(plan):
+    return [(r.dest, r.minor) for r in plan.rules]
 
 
-def test_duplicate_and_too_many_destinations():
-    with pytest.raises(ConfigError, match="two links"):
-        make_plan("eth0", [t("b", "10.0.0.3", 1), t("b", "10.0.0.3", 2)])
-    many = [Target(f"n{i}", f"10.1.{i // 200}.{i % 200 + 1}", Shape(10**6)) for i in range(MAX_MINOR - FIRST_MINOR + 2)]
-    with pytest.raises(ConfigError, match="destinations"):
-        make_plan("eth0", many)
+# --- minors -------------------------------------------------------------------------------------
 
+def test_constants():
+    assert (DEFAULT_MINOR, FIRST_MINOR, MAX_MINOR) == (1, 0x10, 0xFFF)
+
+
+def test_minors_assigned_in_order_from_first_minor():
+    plan = make_plan("eth0", [t("c", "10.0.0.4"), t("a", "10.0.0.2"), t("b", "10.0.0.3")])
+    assert plan.ifname == "eth0"
+    assert minors(plan) == [("c", 0x10), ("a", 0x11), ("b", 0x12)]
+    assert [r.dest_ip for r in plan.rules] == ["10.0.0.4", "10.0.0.2", "10.0.0.3"]
+
+
+def test_empty_plan():
+    assert make_plan("eth0", []) == Plan("eth0", ())
+
+
+@pytest.mark.parametrize("before,after,expected", [
+    # unchanged targets keep their minors
+    (["a", "b"], ["a", "b"], [("a", 0x10), ("b", 0x11)]),
+    # order of the new targets does not move the kept minors
+    (["a", "b"], ["b", "a"], [("b", 0x11), ("a", 0x10)]),
+    # a new dest takes the first free minor after the kept ones
+    (["a", "b"], ["a", "b", "c"], [("a", 0x10), ("b", 0x11), ("c", 0x12)]),
+    # a removed dest's minor is reused by a new one
+    (["a", "b", "c"], ["a", "d", "c"], [("a", 0x10), ("d", 0x11), ("c", 0x12)]),
+    (["a", "b"], ["c", "b"], [("c", 0x10), ("b", 0x11)]),
+    # two new dests fill the holes lowest first, skipping kept minors
+    (["a", "b", "c", "d"], ["x", "b", "y", "d", "z"],
+     [("x", 0x10), ("b", 0x11), ("y", 0x12), ("d", 0x13), ("z", 0x14)]),
+    # everything removed: numbering starts over
+    (["a", "b"], ["c"], [("c", 0x10)]),
+])
+def test_previous_plan_keeps_minors(before, after, expected):
+    old = make_plan("eth0", [t(d, f"10.0.1.{i + 1}") for i, d in enumerate(before)])
+    new = make_plan("eth0", [t(d, f"10.0.2.{i + 1}") for i, d in enumerate(after)], previous=old)
+    assert minors(new) == expected
+
+
+def test_previous_minors_are_kept_even_when_not_dense():
+    old = Plan("eth0", (Rule("a", "10.0.0.2", 0x40, Shape(MBIT)),))
+    new = make_plan("eth0", [t("b", "10.0.0.3"), t("a", "10.0.0.2", 5)], previous=old)
+    assert minors(new) == [("b", 0x10), ("a", 0x40)]
+    assert new.rules[1].shape.rate_bps == 5 * MBIT
+
+
+def test_duplicate_dest_is_a_config_error():
+    with pytest.raises(ConfigError, match="two links to 'b'"):
+        make_plan("eth0", [t("b", "10.0.0.3", 1), t("c", "10.0.0.4"), t("b", "10.0.0.3", 2)])
+
+
+def many(n):
+    return [Target(f"n{i}", f"10.1.{i // 200}.{i % 200 + 1}", Shape(MBIT)) for i in range(n)]
+
+
+def test_as_many_destinations_as_minors_fit():
+    plan = make_plan("eth0", many(MAX_MINOR - FIRST_MINOR + 1))
+    assert plan.rules[0].minor == FIRST_MINOR and plan.rules[-1].minor == MAX_MINOR
+
+
+def test_too_many_destinations_is_a_config_error():
+    with pytest.raises(ConfigError, match="eth0: more than 4080 destinations"):
+        make_plan("eth0", many(MAX_MINOR - FIRST_MINOR + 2))
+
+
+# --- leaves -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape,leaf", [
-    (Shape(10**6), None), (Shape(10**6, queue_pkts=10), "pfifo"), (Shape(10**6, delay_ms=5), "netem"),
-    (Shape(10**6, delay_ms=5, jitter_ms=1), "netem"), (Shape(10**6, loss_pct=1), "netem"),
-    (Shape(10**6, loss_pct=1, queue_pkts=10), "netem"),
+    (Shape(MBIT), None),
+    (Shape(MBIT, queue_pkts=10), "pfifo"),
+    (Shape(MBIT, delay_ms=5), "netem"),
+    (Shape(MBIT, delay_ms=5, jitter_ms=1), "netem"),
+    (Shape(MBIT, loss_pct=1), "netem"),
+    (Shape(MBIT, loss_pct=1, queue_pkts=10), "netem"),
+    (Shape(MBIT, delay_ms=5, queue_pkts=10), "netem"),
 ])
 def test_leaf_kind(shape, leaf):
-    assert make_plan("eth0", [Target("b", "10.0.0.3", shape)]).rules[0].leaf == leaf
+    rule = make_plan("eth0", [Target("b", "10.0.0.3", shape)]).rules[0]
+    assert rule.leaf == leaf
+    assert make_plan("eth0", [Target("b", "10.0.0.3", shape)]).needs_netem is (leaf == "netem")
 
 
-def test_diff_table():
-    old = make_plan("eth0", [t("a", "10.0.0.2", 1), t("b", "10.0.0.3", 2), t("c", "10.0.0.4", 3)])
-    new = make_plan("eth0", [t("a", "10.0.0.2", 1), t("b", "10.0.0.3", 5), t("d", "10.0.0.5", 4)], previous=old)
-    assert sorted((c.op, (c.old or c.new).dest) for c in diff(old, new)) == [("add", "d"), ("change", "b"), ("remove", "c")]
-    assert diff(new, new) == []
+def test_plan_needs_netem_when_any_rule_does():
+    plain = [t("a", "10.0.0.2"), t("b", "10.0.0.3", queue_pkts=5)]
+    assert not make_plan("eth0", plain).needs_netem
+    assert make_plan("eth0", plain + [t("c", "10.0.0.4", loss_pct=1)]).needs_netem
+
+
+# --- diff ---------------------------------------------------------------------------------------
+
+BASE = [t("a", "10.0.0.2", 1), t("b", "10.0.0.3", 2), t("c", "10.0.0.4", 3)]
+
+
+@pytest.mark.parametrize("after,expected", [
+    (BASE, []),
+    (BASE + [t("d", "10.0.0.5", 4)], [("add", "d")]),
+    (BASE[:2], [("remove", "c")]),
+    ([BASE[0], t("b", "10.0.0.3", 5), BASE[2]], [("change", "b")]),
+    ([BASE[0], t("b", "10.0.0.3", 2, delay_ms=1), BASE[2]], [("change", "b")]),
+    ([BASE[0], t("b", "10.0.0.3", 2, queue_pkts=4), BASE[2]], [("change", "b")]),
+    ([BASE[0], t("b", "10.0.0.9", 2), BASE[2]], [("change", "b")]),
+    ([BASE[2], BASE[1], BASE[0]], []),  # order alone is no change
+    ([t("a", "10.0.0.2", 1), t("b", "10.0.0.3", 5), t("d", "10.0.0.5", 4)],
+     [("remove", "c"), ("change", "b"), ("add", "d")]),
+    ([], [("remove", "a"), ("remove", "b"), ("remove", "c")]),
+])
+def test_diff_table(after, expected):
+    old = make_plan("eth0", BASE)
+    new = make_plan("eth0", after, previous=old)
+    changes = diff(old, new)
+    assert [(c.op, (c.old or c.new).dest) for c in changes] == expected
+    for c in changes:
+        assert isinstance(c, Change)
+        if c.op == "add":
+            assert c.old is None and c.new == new.by_dest()[c.new.dest]
+        elif c.op == "remove":
+            assert c.new is None and c.old == old.by_dest()[c.old.dest]
+        else:
+            assert c.old == old.by_dest()[c.old.dest] and c.new == new.by_dest()[c.new.dest]
+            assert c.old.minor == c.new.minor
+
+
+def test_diff_from_empty_adds_everything():
+    new = make_plan("eth0", BASE)
+    assert [(c.op, c.new.dest) for c in diff(Plan("eth0"), new)] == [("add", "a"), ("add", "b"), ("add", "c")]
+
+
+# --- render -------------------------------------------------------------------------------------
+
+def small_plan():
+    return make_plan("eth0", [
+        t("b", "10.0.0.3", 10),
+        t("c", "10.0.0.4", 5, delay_ms=20, jitter_ms=5, loss_pct=0.5),
+        t("d", "10.0.0.5", 1, queue_pkts=50),
+    ])
+
+
+SMALL_LINES = [
+    "tc qdisc replace dev eth0 root handle 1: htb default 1",
+    "tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit ceil 10gbit",
+    "tc class add dev eth0 parent 1: classid 1:10 htb rate 10mbit ceil 10mbit",
+    "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::10 u32 match ip dst 10.0.0.3/32 flowid 1:10",
+    "tc class add dev eth0 parent 1: classid 1:11 htb rate 5mbit ceil 5mbit",
+    "tc qdisc replace dev eth0 parent 1:11 handle 11: netem delay 20ms 5ms loss 0.5% limit 1000",
+    "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32 match ip dst 10.0.0.4/32 flowid 1:11",
+    "tc class add dev eth0 parent 1: classid 1:12 htb rate 1mbit ceil 1mbit",
+    "tc qdisc replace dev eth0 parent 1:12 handle 12: pfifo limit 50",
+    "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::12 u32 match ip dst 10.0.0.5/32 flowid 1:12",
+]
 
 
 def test_render_exact_lines():
-    plan = make_plan("eth0", [t("b", "10.0.0.3", 10), t("c", "10.0.0.4", 5, delay_ms=20, jitter_ms=5, loss_pct=0.5),
-                              t("d", "10.0.0.5", 1, queue_pkts=50)])
-    assert render(plan, "etb-0-a") == [
-        "ip netns exec etb-0-a tc qdisc replace dev eth0 root handle 1: htb default 1",
-        "ip netns exec etb-0-a tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit ceil 10gbit",
-        "ip netns exec etb-0-a tc class add dev eth0 parent 1: classid 1:10 htb rate 10mbit ceil 10mbit",
-        "ip netns exec etb-0-a tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::10 u32 match ip dst 10.0.0.3/32 flowid 1:10",
-        "ip netns exec etb-0-a tc class add dev eth0 parent 1: classid 1:11 htb rate 5mbit ceil 5mbit",
-        "ip netns exec etb-0-a tc qdisc replace dev eth0 parent 1:11 handle 11: netem delay 20ms 5ms loss 0.5% limit 1000",
-        "ip netns exec etb-0-a tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32 match ip dst 10.0.0.4/32 flowid 1:11",
-        "ip netns exec etb-0-a tc class add dev eth0 parent 1: classid 1:12 htb rate 1mbit ceil 1mbit",
-        "ip netns exec etb-0-a tc qdisc replace dev eth0 parent 1:12 handle 12: pfifo limit 50",
-        "ip netns exec etb-0-a tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::12 u32 match ip dst 10.0.0.5/32 flowid 1:12",
+    assert render(small_plan()) == SMALL_LINES
+
+
+def test_render_with_netns_prefix():
+    assert render(small_plan(), "NS") == ["ip netns exec NS " + line for line in SMALL_LINES]
+
+
+def test_render_empty_plan_is_root_and_default_class():
+    assert render(Plan("veth1")) == [
+        "tc qdisc replace dev veth1 root handle 1: htb default 1",
+        "tc class add dev veth1 parent 1: classid 1:1 htb rate 10gbit ceil 10gbit",
+    ]
+
+
+@pytest.mark.parametrize("shape,leaf_line", [
+    (Shape(MBIT, delay_ms=20), "netem delay 20ms limit 1000"),
+    (Shape(MBIT, delay_ms=0.5, jitter_ms=0.25), "netem delay 0.5ms 0.25ms limit 1000"),
+    (Shape(MBIT, loss_pct=2), "netem delay 0ms loss 2% limit 1000"),
+    (Shape(MBIT, delay_ms=3, queue_pkts=30), "netem delay 3ms limit 30"),
+    (Shape(MBIT, queue_pkts=7), "pfifo limit 7"),
+])
+def test_leaf_arguments(shape, leaf_line):
+    rule = Rule("b", "10.0.0.3", 0x2A, shape)
+    assert rule_commands("eth0", rule)[1] == f"tc qdisc replace dev eth0 parent 1:2a handle 2a: {leaf_line}"
+
+
+def test_minors_render_in_hex():
+    rule = Rule("b", "192.168.1.7", 0xABC, Shape(1_500_000))
+    assert rule_commands("eth0", rule) == [
+        "tc class add dev eth0 parent 1: classid 1:abc htb rate 1500kbit ceil 1500kbit",
+        "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::abc u32 "
+        "match ip dst 192.168.1.7/32 flowid 1:abc",
     ]
 
 
 def test_render_diff_lines():
-    old = make_plan("eth0", [t("a", "10.0.0.2", 1, queue_pkts=5), t("b", "10.0.0.3", 2)])
-    new = make_plan("eth0", [t("a", "10.0.0.2", 3)], previous=old)
+    old = make_plan("eth0", [t("a", "10.0.0.2", 1, queue_pkts=5), t("b", "10.0.0.3", 2),
+                             t("c", "10.0.0.4", 3)])
+    new = make_plan("eth0", [t("a", "10.0.0.2", 3), t("c", "10.0.0.4", 3, delay_ms=10),
+                             t("e", "10.0.0.6", 4, queue_pkts=8)], previous=old)
     assert render_diff("eth0", diff(old, new)) == [
+        # b removed: filter first, then its class
         "tc filter del dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32",
         "tc class del dev eth0 classid 1:11",
+        # a changed and lost its pfifo leaf
         "tc class change dev eth0 parent 1: classid 1:10 htb rate 3mbit ceil 3mbit",
         "tc qdisc del dev eth0 parent 1:10 handle 10:",
+        # c changed and gained a netem leaf
+        "tc class change dev eth0 parent 1: classid 1:12 htb rate 3mbit ceil 3mbit",
+        "tc qdisc replace dev eth0 parent 1:12 handle 12: netem delay 10ms limit 1000",
+        # e added in b's old minor
+        "tc class add dev eth0 parent 1: classid 1:11 htb rate 4mbit ceil 4mbit",
+        "tc qdisc replace dev eth0 parent 1:11 handle 11: pfifo limit 8",
+        "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32 match ip dst 10.0.0.6/32 flowid 1:11",
     ]
 
 
+def test_render_diff_shows_a_new_destination_ip():
+    old = make_plan("eth0", [t("a", "10.0.0.2", 1)])
+    new = make_plan("eth0", [t("a", "10.0.0.9", 1)], previous=old)
+    lines = render_diff("eth0", diff(old, new))
+    assert any(" filter " in line and "10.0.0.9/32" in line and "800::10" in line for line in lines), lines
+
+
+def test_render_diff_of_nothing_is_nothing():
+    plan = small_plan()
+    assert render_diff("eth0", diff(plan, plan)) == []
+
+
+# --- wire form ----------------------------------------------------------------------------------
+
 def test_plan_round_trip():
-    plan = make_plan("eth0", [t("b", "10.0.0.3", 10, delay_ms=1, queue_pkts=3)])
-    assert Plan.from_dict(plan.to_dict()) == plan
+    plan = small_plan()
+    data = plan.to_dict()
+    assert data["ifname"] == "eth0"
+    assert data["rules"][1] == {"dest": "c", "dest_ip": "10.0.0.4", "minor": 0x11,
+                                "shape": {"rate_bps": 5 * MBIT, "delay_ms": 20, "jitter_ms": 5,
+                                          "loss_pct": 0.5, "queue_pkts": None}}
+    assert Plan.from_dict(data) == plan
+    assert Plan.from_dict(Plan("eth0").to_dict()) == Plan("eth0")
+
+
+def test_plan_from_dict_validates_shapes():
+    data = small_plan().to_dict()
+    data["rules"][0]["shape"]["loss_pct"] = 500
+    with pytest.raises(ConfigError, match="loss_pct"):
+        Plan.from_dict(data)
