@@ -120,6 +120,8 @@ def update(netns: str, old: Plan, new: Plan) -> list[str]:
         else:
             assert c.old and c.new
             step = _rule_messages(ifindex, c.new, class_flags=0)
+            if c.old.leaf and c.new.leaf and c.old.leaf != c.new.leaf:
+                step.insert(1, nl.delete_leaf(ifindex, c.new.minor))  # the kernel will not swap a leaf's kind in place
             if c.old.dest_ip != c.new.dest_ip:
                 step.append(nl.u32_dst_filter(ifindex, c.new.minor, c.new.dest_ip, c.new.minor, flags=nl.REPLACE))
             if c.old.leaf and not c.new.leaf:
@@ -214,6 +216,8 @@ def mismatches(plan: Plan, seen: Observed) -> list[str]:
         if got_filter != {"dest_ip": rule.dest_ip, "minor": rule.minor}:
             problems.append(f"filter for {rule.dest} ({rule.dest_ip}): found {got_filter}")
         problems += _leaf_mismatch(rule, seen.leaves.get(rule.minor))
+    for minor in set(seen.leaves) - {r.minor for r in plan.rules}:
+        problems.append(f"leaf under 1:{minor:x} is not in the plan")
     for node in set(seen.filters) - {r.minor for r in plan.rules}:
         problems.append(f"filter 800::{node:x} is not in the plan")
     return problems

@@ -179,6 +179,8 @@ def render_diff(dev: str, changes: list[Change]) -> list[str]:
             lines += rule_commands(dev, c.new)
         elif c.new and c.old:
             lines.append(rule_commands(dev, c.new, "change")[0])
+            if c.old.leaf and c.new.leaf and c.old.leaf != c.new.leaf:
+                lines.append(f"tc qdisc del dev {dev} parent 1:{c.new.minor:x} handle {c.new.minor:x}:")
             if c.new.dest_ip != c.old.dest_ip:
                 lines.append(rule_commands(dev, c.new)[-1].replace("filter add", "filter replace"))
             if c.new.leaf:

@@ -256,3 +256,10 @@ def test_plan_from_dict_validates_shapes():
     data["rules"][0]["shape"]["loss_pct"] = 500
     with pytest.raises(ConfigError, match="loss_pct"):
         Plan.from_dict(data)
+
+
+def test_render_diff_deletes_a_leaf_that_changes_kind():
+    old = make_plan("eth0", [Target("a", "10.0.0.2", Shape(10**6, queue_pkts=5))])
+    new = make_plan("eth0", [Target("a", "10.0.0.2", Shape(10**6, delay_ms=5))], previous=old)
+    lines = render_diff("eth0", diff(old, new))
+    assert lines.index("tc qdisc del dev eth0 parent 1:10 handle 10:") == 1, lines

@@ -147,3 +147,9 @@ def test_observed_to_dict():
     assert data["leaves"]["1:11"] == {"kind": "pfifo", "limit": 9}
     assert list(data["filters"]) == ["800::10", "800::11", "800::12"]
     assert data["filters"]["800::12"] == {"dest_ip": "10.0.0.5", "minor": D}
+
+
+def test_stray_leaf_outside_the_plan_is_named():
+    seen = observed()
+    seen.leaves[1] = {"kind": "pfifo", "limit": 5}
+    assert "leaf under 1:1 is not in the plan" in mismatches(PLAN, seen)
