@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 from worker import nsfs
 
@@ -282,47 +282,49 @@ class RtnlSocket:
             self._send_and_collect(chunk, first, failures)
         return failures
 
-    def dump(self, request: bytes) -> list[bytes]:
-        """Send one dump request and return every reply message (without the final DONE)."""
-        self._seq += 1
-        seq = self._seq
-        self.sock.sendall(request[:8] + struct.pack("=I", seq) + request[12:])
-        replies = []
+    def _replies(self) -> Iterator[tuple[bytes, int, int, int]]:
+        """Every message the kernel sends from now on: (message, type, flags, seq)."""
         while True:
-            data = self.sock.recv(1 << 20)
-            offset = 0
-            while offset + _HDR.size <= len(data):
-                length, kind, _, got_seq, _ = _HDR.unpack_from(data, offset)
-                if length < _HDR.size:
-                    break
-                if got_seq == seq:
-                    if kind == NLMSG_DONE:
-                        return replies
-                    if kind == NLMSG_ERROR:
-                        (code,) = struct.unpack_from("=i", data, offset + _HDR.size)
-                        if code:
-                            raise OSError(-code, os.strerror(-code))
-                        return replies
-                    replies.append(data[offset:offset + length])
-                offset += (length + 3) & ~3
-
-    def _send_and_collect(self, chunk: list[bytes], first: int, failures: list[Failure]) -> None:
-        self.sock.sendall(b"".join(chunk))
-        pending = {_HDR.unpack_from(m)[3] for m in chunk}
-        while pending:
             data = self.sock.recv(1 << 20)
             offset = 0
             while offset + _HDR.size <= len(data):
                 length, kind, flags, seq, _ = _HDR.unpack_from(data, offset)
                 if length < _HDR.size:
                     break
-                if kind == NLMSG_ERROR and seq in pending:
-                    pending.discard(seq)
-                    (code,) = struct.unpack_from("=i", data, offset + _HDR.size)
-                    if code:
-                        text = _ext_ack_text(data[offset:offset + length], flags) if flags & NLM_F_ACK_TLVS else ""
-                        failures.append(Failure(seq - first, -code, text))
+                yield data[offset:offset + length], kind, flags, seq
                 offset += (length + 3) & ~3
+
+    def dump(self, request: bytes) -> list[bytes]:
+        """Send one dump request and return every reply message (without the final DONE)."""
+        self._seq += 1
+        seq = self._seq
+        self.sock.sendall(request[:8] + struct.pack("=I", seq) + request[12:])
+        replies = []
+        for msg, kind, _, got_seq in self._replies():
+            if got_seq != seq:
+                continue
+            if kind == NLMSG_DONE:
+                return replies
+            if kind == NLMSG_ERROR:
+                (code,) = struct.unpack_from("=i", msg, _HDR.size)
+                if code:
+                    raise OSError(-code, os.strerror(-code))
+                return replies
+            replies.append(msg)
+        return replies  # pragma: no cover - the generator never ends
+
+    def _send_and_collect(self, chunk: list[bytes], first: int, failures: list[Failure]) -> None:
+        self.sock.sendall(b"".join(chunk))
+        pending = {_HDR.unpack_from(m)[3] for m in chunk}
+        for msg, kind, flags, seq in self._replies():
+            if kind == NLMSG_ERROR and seq in pending:
+                pending.discard(seq)
+                (code,) = struct.unpack_from("=i", msg, _HDR.size)
+                if code:
+                    text = _ext_ack_text(msg, flags) if flags & NLM_F_ACK_TLVS else ""
+                    failures.append(Failure(seq - first, -code, text))
+                if not pending:
+                    return
 
 
 def parse_attrs(buf: bytes, offset: int = 0, end: Optional[int] = None) -> dict[int, bytes]:
