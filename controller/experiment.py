@@ -29,6 +29,8 @@ from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODE_PORT = 4444
+# one BLAS thread and two malloc arenas per node: hundreds of nodes share two cores
+NODE_ENV = {"PYTHONPATH": REPO_ROOT, "OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 MAX_LOG_BYTES = 64 * 1024 * 1024
 
 
@@ -96,8 +98,7 @@ class Experiment:
                 started = self.worker.start_process(name, {"version": 1, "argv": [
                     sys.executable, "-m", "dml_app.node", "--name", name, "--port", str(self.node_port),
                     "--controller", f"http://{controller_ip}:{self.controller_port}", "--run-id", self.run_id,
-                    "--workdir", self.workdir], "env": {"PYTHONPATH": REPO_ROOT, "OPENBLAS_NUM_THREADS": "1",
-                                                       "EDGETB_NODE_TOKEN": self.node_token}})
+                    "--workdir", self.workdir], "env": NODE_ENV | {"EDGETB_NODE_TOKEN": self.node_token}})
                 node.process_id, node.pid = started["id"], started["pid"]
             self._wait_ready(ready_timeout_s or 30 + 0.5 * len(self.nodes))
         except BaseException as e:

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from dml_app.rand import Rng
+
 
 class NumpyMLP:
     """Dense layers ``sizes[0] -> ... -> sizes[-1]`` for classification."""
@@ -21,7 +23,7 @@ class NumpyMLP:
             raise ValueError(f"layer sizes must be >= 2 positive integers, got {list(sizes)}")
         if optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
-        rng = np.random.default_rng(seed)
+        rng = Rng(seed)
         self.sizes = [int(s) for s in sizes]
         self.learning_rate = float(learning_rate)
         self.optimizer = optimizer

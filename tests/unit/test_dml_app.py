@@ -1,4 +1,5 @@
 """Node-side pure logic: the weights format (never pickle), the numpy model, path confinement, events."""
+import os
 import json
 import struct
 
@@ -86,3 +87,30 @@ def test_event_log_lines(tmp_path):
     events = read_events(str(tmp_path / "e.jsonl"))
     assert [e["type"] for e in events] == ["round", "done"]
     assert events[0]["run_id"] == "run1" and events[0]["node"] == "n1" and events[0]["v"] == 1
+
+
+def test_rng_is_seeded_and_well_shaped():
+    from dml_app.rand import Rng
+
+    a, b = Rng(7), Rng(7)
+    assert np.array_equal(a.standard_normal((3, 4)), b.standard_normal((3, 4)))
+    normal = Rng(1).standard_normal(200_000)
+    assert abs(normal.mean()) < 0.01 and abs(normal.std() - 1) < 0.01
+    uniform = Rng(2).uniform(100_000)
+    assert uniform.min() >= 0 and uniform.max() < 1 and abs(uniform.mean() - 0.5) < 0.01
+    order = Rng(3).permutation(1000)
+    assert sorted(order.tolist()) == list(range(1000)) and order.tolist() != list(range(1000))
+
+
+def test_node_process_keeps_numpy_random_and_ssl_out():
+    """The node's startup imports stay slim (each MiB counts at 500 nodes per host)."""
+    import subprocess
+    import sys as _sys
+
+    code = ("import runpy, sys; sys.argv = ['dml_app.node', '--help']\n"
+            "try:\n    runpy.run_module('dml_app.node', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('numpy.random', 'ssl', '_hashlib', 'importlib.metadata') if m in sys.modules))")
+    out = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.stdout.strip().splitlines()[-1] == "[]"
