@@ -19,23 +19,11 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _use_venv() -> None:
-    """Re-run under the project's .venv when started with a bare system python."""
-    venv_python = os.path.join(HERE, ".venv", "bin", "python")
-    try:
-        import flask  # noqa: F401
-        import pyroute2  # noqa: F401
-    except ImportError:
-        in_venv = os.path.realpath(sys.prefix) == os.path.realpath(os.path.join(HERE, ".venv"))
-        if os.path.exists(venv_python) and not in_venv:
-            os.execv(venv_python, [venv_python, *sys.argv])
-        sys.exit("gl_run.py: dependencies missing: run 'bash scripts/setup.sh' first (as root)")
-
-
-_use_venv()
 sys.path.insert(0, HERE)
+
+from controller.bootstrap import use_venv  # noqa: E402
+
+use_venv(HERE, "gl_run.py")
 
 from controller.runner import main  # noqa: E402
 

@@ -81,6 +81,7 @@ class Experiment:
         self._finish_lock = threading.Lock()
         self._monitor: Optional[threading.Thread] = None
         self._session = requests.Session()
+        self._session.headers["Authorization"] = f"Bearer {self.node_token}"
 
     # deploy -----------------------------------------------------------------------------------
     def deploy(self, ready_timeout_s: Optional[float] = None) -> None:
@@ -100,7 +101,7 @@ class Experiment:
                     "--controller", f"http://{controller_ip}:{self.controller_port}", "--run-id", self.run_id,
                     "--workdir", self.workdir], "env": NODE_ENV | {"EDGETB_NODE_TOKEN": self.node_token}})
                 node.process_id, node.pid = started["id"], started["pid"]
-            self._wait_ready(ready_timeout_s or 30 + 0.5 * len(self.nodes))
+            self._wait_ready(ready_timeout_s or 30 + 1.0 * len(self.nodes))
         except BaseException as e:
             self.phase, self.error = "failed", str(e)
             raise

@@ -80,9 +80,11 @@ def summary(events: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         rounds = [e for e in node_events if e["type"] == "round"]
         ended = next((e["type"] for e in reversed(node_events) if e["type"] in ("done", "failed")), "incomplete")
         last = rounds[-1] if rounds else {}
+        counted = rounds + [e for e in node_events if e["type"] == "done"]  # done: traffic after the last round
         out.append({"node": node, "rounds": len(rounds), "accuracy": last.get("accuracy"), "loss": last.get("loss"),
-                    "bytes_sent": sum(e["bytes_sent"] for e in rounds), "bytes_recv": sum(e["bytes_recv"] for e in rounds),
-                    "sent_to": sorted({p for e in rounds for p in e.get("sent_to", {})}), "ended": ended})
+                    "bytes_sent": sum(e.get("bytes_sent", 0) for e in counted),
+                    "bytes_recv": sum(e.get("bytes_recv", 0) for e in counted),
+                    "sent_to": sorted({p for e in counted for p in e.get("sent_to", {})}), "ended": ended})
     return out
 
 

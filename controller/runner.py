@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -87,6 +88,7 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
         print(f"error: cannot listen on port {args.port}: {e.strerror}", file=sys.stderr)
         return 2
     code = 0
+    signal.signal(signal.SIGTERM, _interrupt)  # a kill cleans up like Ctrl-C
     try:
         exp.deploy()
         if args.auto:
@@ -114,6 +116,10 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
             _say("removing the nodes and links")
             worker.reset()
     return code
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _auto(exp: Experiment, timeout_s: float) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from dataclasses import dataclass
+from _operator import _compare_digest as compare_digest  # what hmac uses, without loading OpenSSL
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, urlsplit
 
@@ -32,6 +33,7 @@ class Request:
     query: dict[str, str]
     body: bytes
     content_type: str
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
 
     def json(self) -> Any:
         try:
@@ -48,16 +50,18 @@ def json_response(data: Any, status: int = 200) -> Response:
     return status, JSON, json.dumps(data).encode()
 
 
-_REASONS = {200: "OK", 201: "Created", 202: "Accepted", 400: "Bad Request", 404: "Not Found",
+_REASONS = {200: "OK", 201: "Created", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
             405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error",
             503: "Service Unavailable"}
 
 
 class Router:
-    """Maps (method, path) to handlers; a WSGI application."""
+    """Maps (method, path) to handlers; a WSGI application. With a ``token``, every
+    POST must carry ``Authorization: Bearer <token>`` (POSTs change state)."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str = "") -> None:
         self.routes: dict[tuple[str, str], Handler] = {}
+        self.token = token
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         self.routes[(method, path)] = handler
@@ -79,12 +83,17 @@ class Router:
             if any(p == path for _, p in self.routes):
                 raise HttpError(405, "method_not_allowed", f"{method} {path}")
             raise HttpError(404, "not_found", f"no route {path}")
+        if self.token and method == "POST":
+            given = environ.get("HTTP_AUTHORIZATION", "")
+            if not compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                raise HttpError(401, "unauthorized", "this call needs the run's node token")
         length = int(environ.get("CONTENT_LENGTH") or 0)
         if length > MAX_BODY_BYTES:
             raise HttpError(413, "too_large", f"body of {length} bytes is over {MAX_BODY_BYTES}")
         body = environ["wsgi.input"].read(length) if length else b""
         query = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
-        return handler(Request(method, path, query, body, environ.get("CONTENT_TYPE", "")))
+        headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
+        return handler(Request(method, path, query, body, environ.get("CONTENT_TYPE", ""), headers))
 
 
 def request(method: str, url: str, body: Optional[bytes] = None, content_type: str = JSON,

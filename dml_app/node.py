@@ -4,8 +4,10 @@
 
 Endpoints: ``GET /health``, ``POST /conf/dataset``, ``POST /conf/structure``,
 ``POST /start``, ``GET /log`` (the node's events), ``POST /stop``, and the
-role's own (``POST /gossip``). When the role's rounds are done the node uploads
-its events to the controller's ``/log`` and keeps serving until stopped.
+role's own (``POST /gossip`` ...), and ``POST /relay`` (pass a message on to a
+node this one's peers have no link to). POSTs need the run's node token. When
+the role's rounds are done the node saves its final weights, uploads its events
+to the controller's ``/log`` and keeps serving until stopped.
 """
 from __future__ import annotations
 
@@ -39,12 +41,16 @@ from dml_app.events import EventLog  # noqa: E402
 from dml_app.http import HttpError, Request, Response, Router, json_response, post_json, request  # noqa: E402
 from dml_app.models import make_model  # noqa: E402
 from dml_app.roles.base import Context, Role, ok  # noqa: E402
+from dml_app.roles.etree import ETreeRole  # noqa: E402
+from dml_app.roles.fl import AggregatorRole, TrainerRole  # noqa: E402
 from dml_app.roles.gossip import GossipRole  # noqa: E402
+from dml_app.roles.ring import RingRole  # noqa: E402
+from dml_app.weights import encode as encode_weights  # noqa: E402
 
 if __name__ == "__main__" and sys.modules.get("ssl", 0) is None:
     del sys.modules["ssl"]
 
-ROLES: dict[str, type[Role]] = {"gossip": GossipRole}
+ROLES: dict[str, type[Role]] = {r.name: r for r in (GossipRole, AggregatorRole, TrainerRole, ETreeRole, RingRole)}
 DEFAULT_PORT = 4444
 
 
@@ -65,15 +71,17 @@ class NodeService:
         token = os.environ.get("EDGETB_NODE_TOKEN", "")
         self.auth = {"Authorization": f"Bearer {token}"} if token else {}
         self.events = EventLog(os.path.join(workdir, "dml_file", "node", name, f"{run_id}.jsonl"), run_id, name)
+        self.weights_path = os.path.join(workdir, "dml_file", "node", name, f"{run_id}.weights")
         self.dataset_conf: Optional[dict[str, Any]] = None
         self.structure_conf: Optional[dict[str, Any]] = None
         self.role: Optional[Role] = None
         self.role_ready = gevent.event.Event()
         self.state = "waiting"
-        self.router = Router()
+        self.router = Router(token)
         for method, path, handler in (("GET", "/health", self.health), ("POST", "/conf/dataset", self.conf_dataset),
                                       ("POST", "/conf/structure", self.conf_structure), ("POST", "/start", self.start),
-                                      ("GET", "/log", self.log), ("POST", "/stop", self.stop)):
+                                      ("GET", "/log", self.log), ("POST", "/stop", self.stop),
+                                      ("POST", "/relay", lambda req: self._started_role().relay(req))):
             self.router.add(method, path, handler)
 
     # endpoints --------------------------------------------------------------------------
@@ -99,11 +107,14 @@ class NodeService:
             self.router.add(method, path, lambda req, key=(method, path): self._role_call(key, req))
         return ok()
 
-    def _role_call(self, key: tuple[str, str], req: Request) -> Response:
-        """A role endpoint: waits (briefly) for the role to be built by /start."""
+    def _started_role(self) -> Role:
+        """The role, once /start has built it (peers may call a little earlier: wait briefly)."""
         if not self.role_ready.wait(timeout=120) or self.role is None:
             raise HttpError(503, "not_started", "the node's role has not started")
-        return self.role.routes()[key](req)
+        return self.role
+
+    def _role_call(self, key: tuple[str, str], req: Request) -> Response:
+        return self._started_role().routes()[key](req)
 
     def start(self, req: Request) -> Response:
         if self.state != "waiting":
@@ -114,7 +125,8 @@ class NodeService:
             data = (shard["x_train"], shard["y_train"], shard["x_test"], shard["y_test"])
         model = make_model(self.structure_conf.get("model", {}), n_features=int(np.prod(data[0].shape[1:])),
                            n_classes=int(self.dataset_conf.get("n_classes", int(data[1].max()) + 1)))
-        ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress, self.port)
+        ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress, self.port,
+                      auth=self.auth)
         self.role = ROLES[self.structure_conf["role"]](ctx)
         self.role_ready.set()
         self.state = "running"
@@ -136,12 +148,21 @@ class NodeService:
         assert self.role is not None
         try:
             result = self.role.run()
+            self.save_weights()
             self.state = "done"
             self.events.write("done", **result)
         except Exception as e:  # the run failed: say so, as data
             self.state = "failed"
             self.events.write("failed", detail=f"{type(e).__name__}: {e}")
         self.upload_log()
+
+    def save_weights(self) -> None:
+        """The final model, next to the events (weights wire format)."""
+        assert self.role is not None
+        body = encode_weights(self.role.ctx.model.get_weights(), {"from": self.name, "run_id": self.run_id})
+        with open(self.weights_path + ".tmp", "wb") as f:
+            f.write(body)
+        os.replace(self.weights_path + ".tmp", self.weights_path)
 
     def upload_log(self) -> None:
         with open(self.events.path, "rb") as f:

@@ -22,6 +22,7 @@ import os
 from typing import Any, Optional
 
 from controller.topology import Topology
+from dml_tool.structures import LOADERS, field
 from worker.errors import ConfigError
 
 NODE_PORT = 4444
@@ -41,58 +42,21 @@ def _read(path: str) -> dict[str, Any]:
     return data
 
 
-def _field(data: dict[str, Any], key: str, kind: Any, where: str, default: Any = None, required: bool = False) -> Any:
-    if key not in data:
-        if required:
-            raise ConfigError(f"{where}: missing field {key!r}")
-        return default
-    value = data[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        names = " or ".join(k.__name__ for k in kinds)
-        raise ConfigError(f"{where}, field {key!r}: expected {names}, got {value!r}")
-    return value
-
-
-def load_structure(path: str, topology: Topology, role: str = "gossip") -> dict[str, dict[str, Any]]:
-    """Each listed node's structure settings (role, sync, epoch, wait_s, model), validated."""
-    data = _read(path)
-    sync = _field(data, "sync", int, path, required=True)
-    if sync <= 0:
-        raise ConfigError(f"{path}, field 'sync': must be a positive number of rounds, got {sync}")
-    wait_s = _field(data, "wait_s", (int, float), path, 10.0)
-    model = _field(data, "model", dict, path, {"kind": "numpy"})
-    if model.get("kind", "numpy") not in ("numpy", "tf"):
-        raise ConfigError(f"{path}, field 'model.kind': {model.get('kind')!r} is not numpy or tf")
-    nodes = _field(data, "node_list", list, path, required=True)
-    confs: dict[str, dict[str, Any]] = {}
-    for i, entry in enumerate(nodes):
-        where = f"{path}, node_list[{i}]"
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{where}: expected an object like {{\"name\": \"n1\", \"epoch\": 1}}")
-        name = _field(entry, "name", str, where, required=True)
-        where = f"{path}, node {name!r}"
-        if name not in topology.nodes:
-            raise ConfigError(f"{where}: unknown node (not in links.json)")
-        if name in confs:
-            raise ConfigError(f"{where}: listed twice")
-        epoch = _field(entry, "epoch", int, where, 1)
-        if epoch <= 0:
-            raise ConfigError(f"{where}, field 'epoch': must be positive, got {epoch}")
-        confs[name] = {"role": role, "sync": sync, "epoch": epoch, "wait_s": float(wait_s), "model": model}
-    if not confs:
-        raise ConfigError(f"{path}, field 'node_list': lists no node")
-    return confs
+def load_structure(path: str, topology: Topology, algorithm: str = "gossip") -> dict[str, dict[str, Any]]:
+    """Each listed node's structure conf for ``algorithm`` (see ``dml_tool.structures``), validated."""
+    if algorithm not in LOADERS:
+        raise ConfigError(f"unknown algorithm {algorithm!r}; known: {', '.join(LOADERS)}")
+    return LOADERS[algorithm](_read(path), path, topology)
 
 
 def load_dataset(path: str) -> dict[str, Any]:
     """The dataset settings, validated."""
     data = _read(path)
-    settings = {"dataset": _field(data, "dataset", str, path, "digits"),
-                "split": _field(data, "split", str, path, "iid"),
-                "alpha": float(_field(data, "alpha", (int, float), path, 0.5)),
-                "seed": _field(data, "seed", int, path, 0),
-                "batch_size": _field(data, "batch_size", int, path, 32)}
+    settings = {"dataset": field(data, "dataset", str, path, "digits"),
+                "split": field(data, "split", str, path, "iid"),
+                "alpha": float(field(data, "alpha", (int, float), path, 0.5)),
+                "seed": field(data, "seed", int, path, 0),
+                "batch_size": field(data, "batch_size", int, path, 32)}
     if settings["split"] not in ("iid", "dirichlet"):
         raise ConfigError(f"{path}, field 'split': {settings['split']!r} is not iid or dirichlet")
     if settings["batch_size"] <= 0:
@@ -102,13 +66,43 @@ def load_dataset(path: str) -> dict[str, Any]:
     return settings
 
 
+def next_hops(topology: Topology, members: set[str], dest: str) -> dict[str, str]:
+    """For every member that can reach ``dest`` over links between members: its next hop
+    on a shortest path (one tree per destination, so relays agree with each other)."""
+    hops: dict[str, str] = {}
+    frontier = [dest]
+    while frontier:
+        following = []
+        for node in frontier:
+            for src in sorted(s for (s, d) in topology.links if d == node and s in members):
+                if src != dest and src not in hops:
+                    hops[src] = node
+                    following.append(src)
+        frontier = following
+    return hops
+
+
 def structure_confs(structure: dict[str, dict[str, Any]], topology: Topology, ips: dict[str, str],
                     port: int = NODE_PORT) -> dict[str, dict[str, Any]]:
-    """Structure confs with ``connect``: out-neighbours that take part, with their addresses."""
-    out = {}
-    for name, conf in structure.items():
-        peers = [p for p in topology.out_neighbours(name) if p in structure]
-        out[name] = {**conf, "connect": {p: f"{ips[p]}:{port}" for p in peers}}
+    """Structure confs with addresses: ``connect`` (linked peers the node sends to, directly
+    or as a relay) and ``routes`` (destination -> next hop, where there is no direct link)."""
+    members = set(structure)
+    out = {name: {k: v for k, v in conf.items() if k != "talks_to"} | {"connect": {}, "routes": {}}
+           for name, conf in structure.items()}
+    trees: dict[str, dict[str, str]] = {}
+    for src, conf in structure.items():
+        for dest in conf.get("talks_to", []):
+            tree = trees.get(dest) or trees.setdefault(dest, next_hops(topology, members, dest))
+            if src not in tree:
+                raise ConfigError(f"{src} must send to {dest}, but no path of links.json leads there "
+                                  f"(through nodes of this experiment)")
+            node = src
+            while node != dest:
+                hop = tree[node]
+                out[node]["connect"][hop] = f"{ips[hop]}:{port}"
+                if hop != dest:
+                    out[node]["routes"][dest] = hop
+                node = hop
     return out
 
 

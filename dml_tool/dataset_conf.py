@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from controller.topology import load_links  # noqa: E402
 from dml_tool.confs import dataset_confs, load_dataset, load_structure, write_confs  # noqa: E402
+from dml_tool.structures import ALGORITHMS, guess_algorithm  # noqa: E402
 from worker.errors import TestbedError  # noqa: E402
 
 
@@ -18,11 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-d", "--dataset", required=True, help="dataset JSON, e.g. gl_dataset.json")
     parser.add_argument("-s", "--structure", default="gl_structure.json", help="which nodes take part")
+    parser.add_argument("-a", "--algorithm", choices=ALGORITHMS,
+                        help="what the structure file is for (default: by its name, e.g. fl_structure.json: fl)")
     parser.add_argument("-l", "--links", default="links.json")
     parser.add_argument("-w", "--workdir", default=".")
     args = parser.parse_args(argv)
     try:
-        nodes = list(load_structure(args.structure, load_links(args.links)))
+        algorithm = args.algorithm or guess_algorithm(args.structure)
+        nodes = list(load_structure(args.structure, load_links(args.links), algorithm))
         for path in write_confs(args.workdir, "dataset", dataset_confs(load_dataset(args.dataset), nodes, args.workdir)):
             print(path)
     except TestbedError as e:

@@ -1,8 +1,13 @@
 """Write each node's gossip structure conf: ``python3 dml_tool/gl_structure_conf.py -s gl_structure.json``.
 
-``connect`` lists the node's out-neighbours in links.json with the addresses a
-fresh testbed gives them (the controller re-checks them against the running
-testbed when it pushes the confs).
+(fl_structure_conf.py, el_structure_conf.py and ra_structure_conf.py do the same
+for federated, E-tree and ring all-reduce structures.)
+
+``connect`` lists the linked peers a node sends to (for gossip: its
+out-neighbours in links.json; otherwise next hops, with ``routes`` naming the
+relay for a destination it has no link to), with the addresses a fresh testbed
+gives them (the controller re-checks them against the running testbed when it
+pushes the confs).
 """
 from __future__ import annotations
 
@@ -19,16 +24,16 @@ from worker.errors import TestbedError  # noqa: E402
 from worker.runtime_netns import DEFAULT_SUBNET  # noqa: E402
 
 
-def main(argv: list[str] | None = None, role: str = "gossip") -> int:
+def main(argv: list[str] | None = None, algorithm: str = "gossip") -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-s", "--structure", required=True, help="structure JSON, e.g. gl_structure.json")
+    parser.add_argument("-s", "--structure", required=True, help="structure JSON, e.g. gl_structure.json or fl_structure.json")
     parser.add_argument("-l", "--links", default="links.json")
     parser.add_argument("-w", "--workdir", default=".", help="experiment directory (confs go to dml_file/conf)")
     parser.add_argument("--subnet", default=DEFAULT_SUBNET)
     args = parser.parse_args(argv)
     try:
         topology = load_links(args.links)
-        confs = structure_confs(load_structure(args.structure, topology, role), topology,
+        confs = structure_confs(load_structure(args.structure, topology, algorithm), topology,
                                 planned_ips(topology, args.subnet))
         for path in write_confs(args.workdir, "structure", confs):
             print(path)

@@ -1,8 +1,15 @@
-"""The round loop, owned once; each algorithm fills in its hooks.
+"""What every role shares: the round loop, sending through next hops, traffic, events.
 
-A round: ``gather`` what peers sent, ``combine`` it with the local model, train
-locally, evaluate, ``send`` to peers, and write a ``round`` event. Failures are
-data: a send that fails is an event, and the role decides what to do next.
+A round of the default loop: ``gather`` what peers sent, ``combine`` it with the
+local model, train locally, evaluate, ``send`` to peers, and write a ``round``
+event. Roles driven by others (an FL trainer, an E-tree child) override ``run``
+and use the same helpers. Failures are data: a send that fails is an event, and
+the role decides what to do next.
+
+Messages go to a destination's next hop: the peer itself when the two are
+linked (``connect``), else the hop that ``routes`` names, whose ``/relay``
+passes the body on. Bytes are counted against the next hop, so traffic per peer
+follows the links.
 """
 from __future__ import annotations
 
@@ -10,7 +17,8 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
+from urllib.parse import quote
 
 import numpy as np
 
@@ -19,6 +27,9 @@ from dml_app.events import EventLog
 from dml_app.http import HttpError, Request, Response, json_response, request
 
 Weights = list[np.ndarray]
+HOP_HEADER = "X-Edgetb-Hop"  # the sending node's name, on every message between nodes
+TTL_HEADER = "X-Edgetb-Ttl"  # relays left before a message is dropped (loops cannot live)
+MAX_RELAYS = 16
 
 
 @dataclass
@@ -34,11 +45,12 @@ class Context:
     progress: Callable[..., None]  # progress(message, round=..., accuracy=...)
     port: int = 4444
     stop: threading.Event = field(default_factory=threading.Event)
+    auth: dict[str, str] = field(default_factory=dict)  # headers that authenticate calls to peers
 
 
 @dataclass
 class Traffic:
-    """Bytes sent and received per peer, reset each round."""
+    """Bytes sent and received per peer (next hop), taken once per round event."""
 
     sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     recv: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -50,8 +62,41 @@ class Traffic:
         return sent, recv
 
 
+def parallel(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+    """``fn`` over ``items`` concurrently (greenlets in a node process), results in order."""
+    items = list(items)
+    results: list[Any] = [None] * len(items)
+
+    def one(i: int) -> None:
+        results[i] = fn(items[i])
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def weighted_average(models: list[Weights], weights: list[float]) -> Weights:
+    """Layer-wise average of ``models`` weighted by ``weights`` (FedAvg: sample counts),
+    summed in float64 and returned in each layer's dtype."""
+    if not models or len(models) != len(weights):
+        raise ValueError("need one weight per model, and at least one model")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weights must sum to a positive number, got {weights}")
+    out = []
+    for layers in zip(*models):
+        acc = np.zeros(layers[0].shape, dtype=np.float64)
+        for layer, w in zip(layers, weights):
+            acc += np.asarray(layer, dtype=np.float64) * (float(w) / total)
+        out.append(acc.astype(layers[0].dtype))
+    return out
+
+
 class Role:
-    """Base of every algorithm's role; subclasses override the hooks."""
+    """Base of every algorithm's role; subclasses override the hooks or ``run``."""
 
     name = "role"
     ROUTES: tuple[tuple[str, str], ...] = ()  # (method, path) of the role's own endpoints
@@ -62,7 +107,10 @@ class Role:
         self.rounds = int(ctx.conf.get("sync", 1))
         self.epochs = int(ctx.conf.get("epoch", 1))
         self.batch_size = int(ctx.dataset_conf.get("batch_size", 32))
-        self.connect: dict[str, str] = dict(ctx.conf.get("connect", {}))  # peer -> "ip:port"
+        self.connect: dict[str, str] = dict(ctx.conf.get("connect", {}))  # linked peer -> "ip:port"
+        self.next_hop: dict[str, str] = dict(ctx.conf.get("routes", {}))  # destination -> linked peer
+        self.samples = int(len(ctx.data[1]))
+        self.round_events = 0
         self._traffic_lock = threading.Lock()
 
     # hooks -------------------------------------------------------------------------
@@ -81,7 +129,6 @@ class Role:
 
     # the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        x_train, y_train, x_test, y_test = self.ctx.data
         last: dict[str, Any] = {}
         for r in range(1, self.rounds + 1):
             if self.ctx.stop.is_set():
@@ -89,49 +136,119 @@ class Role:
             t_start = time.time()
             received = self.gather(r)
             self.combine(r, received)
-            trained = self.ctx.model.train(x_train, y_train, self.epochs, self.batch_size)
-            loss, accuracy = self.ctx.model.evaluate(x_test, y_test)
+            trained = self.train_local()
+            loss, accuracy = self.evaluate()
             sent_at = time.perf_counter()
             self.send(r)
-            send_s = time.perf_counter() - sent_at
-            with self._traffic_lock:
-                sent_to, recv_from = self.traffic.take()
-            last = self.ctx.events.write(
-                "round", round=r, t_start=t_start, t_end=time.time(), loss=loss, accuracy=accuracy,
-                train_loss=trained["loss"], train_s=trained["train_s"], send_s=send_s,
-                bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
-                sent_to=sent_to, recv_from=recv_from, received_models=len(received))
-            self.ctx.progress(f"round {r}/{self.rounds}: accuracy {accuracy:.3f} loss {loss:.3f}",
-                              round=r, accuracy=accuracy)
-        return {"rounds": last.get("round", 0), "accuracy": last.get("accuracy"), "loss": last.get("loss")}
+            last = self.record_round(r, t_start, trained, loss, accuracy, time.perf_counter() - sent_at, len(received))
+        return self.result(last)
 
     # helpers for subclasses -------------------------------------------------------------
-    def post_weights(self, peer: str, path: str, round_no: int, timeout_s: float = 60.0) -> bool:
-        """Send the model's weights to ``peer``; a failure becomes a ``send_failed`` event."""
-        body = wire.encode(self.ctx.model.get_weights(), {"from": self.ctx.name, "round": round_no,
-                                                          "samples": int(len(self.ctx.data[1]))})
+    def train_local(self) -> dict[str, float]:
+        """``epoch`` epochs on the local shard (none when ``epoch`` is 0)."""
+        if self.epochs <= 0:
+            return {"loss": float("nan"), "train_s": 0.0}
+        x_train, y_train = self.ctx.data[0], self.ctx.data[1]
+        return self.ctx.model.train(x_train, y_train, self.epochs, self.batch_size)
+
+    def evaluate(self) -> tuple[float, float]:
+        return self.ctx.model.evaluate(self.ctx.data[2], self.ctx.data[3])
+
+    def record_round(self, round_no: int, t_start: float, trained: dict[str, float], loss: float, accuracy: float,
+                     send_s: float, received: int, **extra: Any) -> dict[str, Any]:
+        """Write a ``round`` event (with this round's traffic) and a progress line."""
+        with self._traffic_lock:
+            sent_to, recv_from = self.traffic.take()
+        self.round_events += 1
+        event = self.ctx.events.write(
+            "round", round=round_no, t_start=t_start, t_end=time.time(), loss=loss, accuracy=accuracy,
+            train_loss=None if trained["loss"] != trained["loss"] else trained["loss"], train_s=trained["train_s"],
+            send_s=send_s, bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
+            sent_to=sent_to, recv_from=recv_from, received_models=received, **extra)
+        self.ctx.progress(f"round {round_no}/{self.rounds}: accuracy {accuracy:.3f} loss {loss:.3f}",
+                          round=round_no, accuracy=accuracy)
+        return event
+
+    def result(self, last: dict[str, Any]) -> dict[str, Any]:
+        """The ``done`` event's fields: the last round's figures, and the traffic that
+        came after it (an answer sent once the last round was recorded)."""
+        with self._traffic_lock:
+            sent_to, recv_from = self.traffic.take()
+        return {"rounds": last.get("round", 0), "accuracy": last.get("accuracy"), "loss": last.get("loss"),
+                "bytes_sent": sum(sent_to.values()), "bytes_recv": sum(recv_from.values()),
+                "sent_to": sent_to, "recv_from": recv_from}
+
+    def url_for(self, dest: str, path: str) -> tuple[str, str]:
+        """(next hop, URL) for ``path`` on ``dest``: direct, or the next hop's ``/relay``."""
+        hop = self.next_hop.get(dest, dest)
+        if hop not in self.connect:
+            raise ConnectionError(f"no route from {self.ctx.name} to {dest}")
+        if hop == dest:
+            return hop, f"http://{self.connect[hop]}{path}"
+        return hop, f"http://{self.connect[hop]}/relay?to={quote(dest)}&path={quote(path)}"
+
+    def post(self, dest: str, path: str, body: bytes, content_type: str, round_no: int,
+             timeout_s: float = 60.0, retries: int = 1, ttl: int = MAX_RELAYS) -> Optional[bytes]:
+        """POST ``body`` to ``dest``; returns the answer, or None after a ``send_failed`` event."""
         try:
-            status, answer = request("POST", f"http://{self.connect[peer]}{path}", body, wire.CONTENT_TYPE,
-                                     timeout_s=timeout_s, retries=1)
+            hop, url = self.url_for(dest, path)
+            headers = {**self.ctx.auth, HOP_HEADER: self.ctx.name, TTL_HEADER: str(ttl)}
+            status, answer = request("POST", url, body, content_type, timeout_s, retries, headers=headers)
             if status >= 400:
                 raise ConnectionError(f"{status}: {answer[:200]!r}")
         except (ConnectionError, OSError) as e:
-            self.ctx.events.write("send_failed", round=round_no, peer=peer, error=str(e))
-            return False
+            self.ctx.events.write("send_failed", round=round_no, peer=dest, error=str(e))
+            return None
         with self._traffic_lock:
-            self.traffic.sent[peer] += len(body)
-        return True
+            self.traffic.sent[hop] += len(body)
+        return answer
+
+    def post_weights(self, peer: str, path: str, round_no: int, weights: Optional[Weights] = None,
+                     meta: Optional[dict[str, Any]] = None, timeout_s: float = 60.0) -> bool:
+        """Send weights (the model's by default) to ``peer``; False after a ``send_failed`` event."""
+        arrays = self.ctx.model.get_weights() if weights is None else weights
+        body = wire.encode(arrays, {"from": self.ctx.name, "round": round_no, "samples": self.samples, **(meta or {})})
+        return self.post(peer, path, body, wire.CONTENT_TYPE, round_no, timeout_s) is not None
+
+    def count_received(self, req: Request, fallback: str) -> None:
+        hop = req.headers.get(HOP_HEADER.lower(), fallback)
+        with self._traffic_lock:
+            self.traffic.recv[hop] += len(req.body)
+
+    def count_sent_answer(self, req: Request, answer: bytes) -> None:
+        """An answer body goes back to the hop the request came from."""
+        with self._traffic_lock:
+            self.traffic.sent[req.headers.get(HOP_HEADER.lower(), "?")] += len(answer)
 
     def receive_weights(self, req: Request) -> tuple[str, Weights, dict[str, Any]]:
-        """Decode a weights upload and count its bytes against the sender."""
+        """Decode a weights message and count its bytes against the hop it came from."""
         try:
             arrays, meta = wire.decode(req.body)
         except wire.WeightsFormatError as e:
             raise HttpError(400, "bad_weights", str(e)) from None
         peer = str(meta.get("from", "?"))
-        with self._traffic_lock:
-            self.traffic.recv[peer] += len(req.body)
+        self.count_received(req, peer)
         return peer, arrays, meta
+
+    def relay(self, req: Request) -> Response:
+        """``POST /relay?to=DEST&path=PATH``: pass a message on towards ``DEST``."""
+        dest, path = req.query.get("to", ""), req.query.get("path", "")
+        if not path.startswith("/") or path.startswith("/relay") or not path.replace("/", "").replace("_", "").isalnum():
+            raise HttpError(400, "bad_relay", f"cannot relay to path {path!r}")
+        try:
+            ttl = int(req.headers.get(TTL_HEADER.lower(), MAX_RELAYS)) - 1
+        except ValueError:
+            raise HttpError(400, "bad_relay", "bad TTL header") from None
+        if ttl <= 0:
+            raise HttpError(508, "relay_loop", f"message for {dest} relayed too often")
+        self.count_received(req, "?")
+        answer = self.post(dest, path, req.body, req.content_type or "application/octet-stream", -1, ttl=ttl)
+        if answer is None:
+            raise HttpError(502, "relay_failed", f"{self.ctx.name} could not pass the message on to {dest}")
+        with self._traffic_lock:
+            self.traffic.recv[self.next_hop.get(dest, dest)] += len(answer)
+        self.count_sent_answer(req, answer)
+        return 200, "application/octet-stream", answer
 
 
 def ok(data: Optional[dict[str, Any]] = None) -> Response:

@@ -1,0 +1,155 @@
+"""E-tree learning: models aggregated up a multi-layer tree (EdgeTB's el_structure.json).
+
+A node holds one position per layer it appears on (``positions``: layer,
+parent, children, ``sync``, ``epoch``). An aggregator position runs ``sync``
+rounds: it sends its model to its children in parallel, each child answers with
+its own result and sample count, and it takes their average weighted by
+samples. A trainer position (layer 1) answers with the model trained ``epoch``
+epochs on its shard; an inner position answers with what its own ``sync``
+rounds made of the model. Answers are messages of their own (child to parent,
+over the child's links), and a child that is the node itself is called directly.
+The root runs ``sync`` global rounds, then tells the tree it is done. A child
+that does not answer is left out of that round's average (an event says so).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from dml_app.http import JSON, HttpError, Request, Response
+from dml_app.roles.base import Context, Role, Weights, ok, parallel, weighted_average
+
+
+class ETreeRole(Role):
+    name = "etree"
+    ROUTES = (("POST", "/etree/model"), ("POST", "/etree/update"), ("POST", "/etree/done"))
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.positions: dict[int, dict[str, Any]] = {int(p["layer"]): p for p in ctx.conf["positions"]}
+        self.top = max(self.positions)
+        self.is_root = self.positions[self.top]["parent"] is None
+        self.timeout_s = float(ctx.conf.get("timeout_s", 600.0))  # a child's whole answer
+        self.run_timeout_s = float(ctx.conf.get("run_timeout_s", 3600.0))  # a non-root waits for done
+        self.done = threading.Event()
+        self.last: dict[str, Any] = {}
+        self._cond = threading.Condition()
+        self._waiting: set[tuple[str, int]] = set()  # (child, layer) this node waits for
+        self._answers: dict[tuple[str, int], tuple[Weights, int]] = {}
+
+    def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
+        return {("POST", "/etree/model"): self.on_model, ("POST", "/etree/update"): self.on_update,
+                ("POST", "/etree/done"): self.on_done}
+
+    # messages ---------------------------------------------------------------------------
+    def on_model(self, req: Request) -> Response:
+        """A parent's model for this node's position on ``layer``: work on it, answer later."""
+        _, arrays, meta = self.receive_weights(req)
+        layer = meta.get("layer")
+        if layer not in self.positions or self.positions[layer]["parent"] is None:
+            raise HttpError(400, "bad_layer", f"{self.ctx.name} has no child position on layer {layer!r}")
+        threading.Thread(target=self._answer, args=(layer, arrays), daemon=True).start()
+        return ok()
+
+    def _answer(self, layer: int, arrays: Weights) -> None:
+        weights, samples = self.work(layer, arrays)
+        self.post_weights(self.positions[layer]["parent"], "/etree/update", self.round_events, weights=weights,
+                          meta={"layer": layer, "samples": samples})
+
+    def on_update(self, req: Request) -> Response:
+        """A child's answer to the model this node sent it."""
+        peer, arrays, meta = self.receive_weights(req)
+        key = (peer, meta.get("layer"))
+        with self._cond:
+            expected = key in self._waiting
+            if expected:
+                self._answers[key] = (arrays, max(1, int(meta.get("samples", 1))))
+                self._cond.notify_all()
+        if not expected:
+            self.ctx.events.write("late_update", peer=peer, layer=meta.get("layer"))
+        return ok({"accepted": expected})
+
+    def on_done(self, req: Request) -> Response:
+        self.done.set()
+        return ok()
+
+    # the tree ------------------------------------------------------------------------------
+    def work(self, layer: int, weights: Weights) -> tuple[Weights, int]:
+        """This node's answer at ``layer`` to ``weights``: (model, samples behind it)."""
+        pos = self.positions[layer]
+        if layer == 1:
+            t_start = time.time()
+            self.ctx.model.set_weights(weights)
+            trained = self.train_local()
+            loss, accuracy = self.evaluate()
+            self._record(t_start, trained, loss, accuracy, 0.0, 0, layer)
+            return self.ctx.model.get_weights(), self.samples
+        samples = 0
+        for _ in range(int(pos["sync"])):
+            weights, samples = self.aggregate(layer, weights)
+        return weights, samples
+
+    def aggregate(self, layer: int, weights: Weights) -> tuple[Weights, int]:
+        """One round at an aggregator position: children answer, weighted average."""
+        pos, t_start, sent_at = self.positions[layer], time.time(), time.perf_counter()
+        answers = parallel(lambda child: self.ask(child, layer - 1, weights), pos["children"])
+        send_s = time.perf_counter() - sent_at
+        got = [a for a in answers if a is not None]
+        if got:
+            weights = weighted_average([w for w, _ in got], [n for _, n in got])
+        else:
+            self.ctx.events.write("round_failed", layer=layer, detail="no child answered")
+        self.ctx.model.set_weights(weights)
+        loss, accuracy = self.evaluate()
+        self._record(t_start, {"loss": float("nan"), "train_s": 0.0}, loss, accuracy, send_s, len(got), layer,
+                     missing=[c for c, a in zip(pos["children"], answers) if a is None])
+        return weights, sum(n for _, n in got)
+
+    def ask(self, child: str, layer: int, weights: Weights) -> Optional[tuple[Weights, int]]:
+        """``child``'s answer at ``layer`` (itself: a direct call), or None after ``timeout_s``."""
+        if child == self.ctx.name:
+            return self.work(layer, weights)
+        key = (child, layer)
+        with self._cond:
+            self._waiting.add(key)
+        try:
+            if not self.post_weights(child, "/etree/model", self.round_events, weights=weights, meta={"layer": layer},
+                                     timeout_s=self.timeout_s):
+                return None
+            with self._cond:
+                if not self._cond.wait_for(lambda: key in self._answers, timeout=self.timeout_s):
+                    self.ctx.events.write("child_timeout", peer=child, layer=layer, timeout_s=self.timeout_s)
+                    return None
+                return self._answers.pop(key)
+        finally:
+            with self._cond:
+                self._waiting.discard(key)
+                self._answers.pop(key, None)
+
+    def _record(self, t_start: float, trained: dict[str, float], loss: float, accuracy: float, send_s: float,
+                received: int, layer: int, **extra: Any) -> None:
+        self.last = self.record_round(self.round_events + 1, t_start, trained, loss, accuracy, send_s, received,
+                                      layer=layer, **extra)
+
+    def tell_done(self) -> None:
+        children = {c for p in self.positions.values() for c in p["children"] if c != self.ctx.name}
+        parallel(lambda c: self.post(c, "/etree/done", b"{}", JSON, self.round_events, timeout_s=10, retries=1),
+                 sorted(children))
+
+    def run(self) -> dict[str, Any]:
+        if self.is_root:
+            weights = self.ctx.model.get_weights()
+            for _ in range(int(self.positions[self.top]["sync"])):
+                if self.ctx.stop.is_set():
+                    break
+                weights, _ = self.aggregate(self.top, weights)
+        else:
+            deadline = time.monotonic() + self.run_timeout_s
+            while not self.done.wait(timeout=1.0):
+                if self.ctx.stop.is_set():
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the tree did not finish within {self.run_timeout_s:g}s")
+        self.tell_done()
+        return self.result(self.last)

@@ -1,0 +1,173 @@
+"""Federated learning: one aggregator, many trainers (EdgeTB's fl_structure.json).
+
+Each round the aggregator picks ``trainer_fraction`` of the trainers (uniformly,
+or by speed: EdgeTB's probability, inversely proportional to a trainer's last
+measured train plus send time), sends them the global model in parallel, and
+closes the round when every picked trainer has answered, or at ``deadline_s``
+if at least a ``quorum`` (a fraction of the picked) did. The new global model
+is FedAvg: the updates averaged, weighted by each trainer's sample count.
+Updates for a closed round are discarded and logged (``late_update``); a round
+without a quorum keeps the old model (``round_failed``). A trainer trains
+``epoch`` epochs on each model it gets and sends the result back.
+"""
+from __future__ import annotations
+
+import math
+import queue
+import random
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from dml_app import weights as wire
+from dml_app.http import JSON, HttpError, Request, Response
+from dml_app.roles.base import Context, Role, Weights, ok, parallel, weighted_average
+
+
+def quorum_count(quorum: float, picked: int) -> int:
+    """How many of ``picked`` trainers a quorum fraction asks for (at least one)."""
+    return max(1, math.ceil(quorum * picked - 1e-9))
+
+
+def pick(rng: random.Random, trainers: list[str], k: int, seconds: Optional[dict[str, float]] = None) -> list[str]:
+    """``k`` distinct trainers: uniformly, or with ``seconds`` (measured round-trip work per
+    trainer) each draw favours the fast, with probability proportional to 1 / seconds."""
+    if not seconds:
+        return rng.sample(trainers, k)
+    known = [s for s in seconds.values() if s > 0]
+    default = min(known) if known else 1.0  # the unmeasured are tried early
+    pool, picked = list(trainers), []
+    for _ in range(k):
+        weights = [1.0 / max(seconds.get(t, default), 1e-3) for t in pool]
+        chosen = rng.choices(range(len(pool)), weights=weights)[0]
+        picked.append(pool.pop(chosen))
+    return picked
+
+
+class AggregatorRole(Role):
+    name = "fl_aggregator"
+    ROUTES = (("POST", "/fl/update"),)
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        conf = ctx.conf
+        self.trainers: list[str] = list(conf["trainers"])
+        self.fraction = float(conf.get("trainer_fraction", 1.0))
+        self.selection = str(conf.get("selection", "uniform"))
+        self.deadline_s = float(conf.get("deadline_s", 60.0))
+        self.quorum = float(conf.get("quorum", 0.5))
+        self.rng = random.Random(f"{ctx.name}-{ctx.conf.get('model', {}).get('seed', 0)}")
+        self.seconds: dict[str, float] = {}  # trainer -> last train_s + send_s
+        self._lock = threading.Lock()
+        self._round = 0
+        self._open = False
+        self._expected: set[str] = set()
+        self._updates: dict[str, tuple[Weights, int]] = {}
+        self._complete = threading.Event()
+
+    def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
+        return {("POST", "/fl/update"): self.on_update}
+
+    def on_update(self, req: Request) -> Response:
+        peer, arrays, meta = self.receive_weights(req)
+        with self._lock:
+            on_time = (self._open and meta.get("round") == self._round and peer in self._expected
+                       and peer not in self._updates)
+            if on_time:
+                self._updates[peer] = (arrays, max(1, int(meta.get("samples", 1))))
+                self.seconds[peer] = float(meta.get("train_s", 0.0)) + float(meta.get("send_s", 0.0))
+                if self._expected <= set(self._updates):
+                    self._complete.set()
+        if not on_time:
+            self.ctx.events.write("late_update", round=meta.get("round"), peer=peer, current_round=self._round)
+        return ok({"accepted": on_time})
+
+    def run(self) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+        k = max(1, round(self.fraction * len(self.trainers)))
+        for r in range(1, self.rounds + 1):
+            if self.ctx.stop.is_set():
+                break
+            t_start, closes_at = time.time(), time.monotonic() + self.deadline_s
+            picked = pick(self.rng, self.trainers, k, self.seconds if self.selection == "speed" else None)
+            with self._lock:
+                self._round, self._open, self._expected, self._updates = r, True, set(picked), {}
+                self._complete.clear()
+            body = wire.encode(self.ctx.model.get_weights(), {"from": self.ctx.name, "round": r})
+            sent_at = time.perf_counter()
+            answers = parallel(lambda t: self.post(t, "/fl/train", body, wire.CONTENT_TYPE, r,
+                                                   timeout_s=self.deadline_s, retries=0), picked)
+            send_s = time.perf_counter() - sent_at
+            unreachable = {t for t, a in zip(picked, answers) if a is None}
+            with self._lock:  # no need to wait for trainers that never got the model
+                self._expected -= unreachable
+                if self._expected <= set(self._updates):
+                    self._complete.set()
+            self._complete.wait(timeout=max(0.0, closes_at - time.monotonic()))
+            with self._lock:
+                self._open = False
+                updates = dict(self._updates)
+            missing = sorted(set(picked) - set(updates))
+            if len(updates) >= quorum_count(self.quorum, len(picked)):
+                self.ctx.model.set_weights(weighted_average([w for w, _ in updates.values()],
+                                                            [n for _, n in updates.values()]))
+                closed = "all" if not missing else "quorum"
+            else:
+                closed = "no_quorum"
+                self.ctx.events.write("round_failed", round=r, picked=picked, arrived=sorted(updates),
+                                      detail=f"{len(updates)} of {len(picked)} updates by the deadline")
+            loss, accuracy = self.evaluate()
+            last = self.record_round(r, t_start, {"loss": float("nan"), "train_s": 0.0}, loss, accuracy, send_s,
+                                     len(updates), picked=picked, missing=missing, closed=closed,
+                                     samples={t: n for t, (_, n) in updates.items()})
+        parallel(lambda t: self.post(t, "/fl/done", b"{}", JSON, self.rounds, timeout_s=10, retries=0),
+                 self.trainers)
+        return self.result(last)
+
+
+class TrainerRole(Role):
+    name = "fl_trainer"
+    ROUTES = (("POST", "/fl/train"), ("POST", "/fl/done"))
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.aggregator = str(ctx.conf["aggregator"])
+        self.idle_timeout_s = float(ctx.conf.get("idle_timeout_s", 600.0))
+        self.inbox: "queue.Queue[Optional[tuple[Weights, dict[str, Any]]]]" = queue.Queue()
+        self.last_send_s = 0.0
+
+    def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
+        return {("POST", "/fl/train"): self.on_train, ("POST", "/fl/done"): self.on_done}
+
+    def on_train(self, req: Request) -> Response:
+        _, arrays, meta = self.receive_weights(req)
+        if not isinstance(meta.get("round"), int):
+            raise HttpError(400, "bad_weights", "a model to train needs its round number")
+        self.inbox.put((arrays, meta))
+        return ok()
+
+    def on_done(self, req: Request) -> Response:
+        self.inbox.put(None)
+        return ok()
+
+    def run(self) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+        while not self.ctx.stop.is_set():
+            try:
+                job = self.inbox.get(timeout=self.idle_timeout_s)
+            except queue.Empty:
+                raise TimeoutError(f"no word from the aggregator {self.aggregator} "
+                                   f"for {self.idle_timeout_s:g}s") from None
+            if job is None:
+                break
+            arrays, meta = job
+            r, t_start = int(meta["round"]), time.time()
+            self.ctx.model.set_weights(arrays)
+            trained = self.train_local()
+            loss, accuracy = self.evaluate()
+            sent_at = time.perf_counter()
+            self.post_weights(self.aggregator, "/fl/update", r,
+                              meta={"train_s": trained["train_s"], "send_s": self.last_send_s})
+            self.last_send_s = time.perf_counter() - sent_at
+            last = self.record_round(r, t_start, trained, loss, accuracy, self.last_send_s, 1)
+        return self.result(last)
