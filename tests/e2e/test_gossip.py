@@ -6,7 +6,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,92 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.harness import ROOT, Run, free_port, make_workdir
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_workdir(tmp: Path, structure: dict | None = None, dataset: dict | None = None,
-                 links: dict | None = None) -> Path:
-    """A copy of the default experiment (quick waits unless ``structure`` says otherwise)."""
-    workdir = tmp / "exp"
-    workdir.mkdir()
-    (workdir / "links.json").write_text(json.dumps(links) if links else (ROOT / "links.json").read_text())
-    default = json.loads((ROOT / "gl_structure.json").read_text())
-    default.update(wait_s=1)
-    (workdir / "gl_structure.json").write_text(json.dumps(structure or default))
-    (workdir / "gl_dataset.json").write_text(json.dumps(dataset) if dataset else (ROOT / "gl_dataset.json").read_text())
-    return workdir
-
-
-class Run:
-    """gl_run.py in a copy of the default experiment, on its own id, subnet and port."""
-
-    def __init__(self, tmp: Path, structure: dict | None = None, dataset: dict | None = None,
-                 links: dict | None = None, extra_args: tuple[str, ...] = ()) -> None:
-        self.workdir = make_workdir(tmp, structure, dataset, links)
-        self.id = "g" + secrets.token_hex(2)
-        self.subnet = f"10.{230 + int(self.id[1:], 16) % 20}.0.0/16"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.state = tmp / "state"
-        env = dict(os.environ, EDGETB_STATE_DIR=str(self.state))
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "gl_run.py"), "--workdir", str(self.workdir),
-                                      "--port", str(self.port), "--id", self.id, "--subnet", self.subnet,
-                                      "--quiet-nodes", *extra_args],
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def get(self, path: str, **kw) -> requests.Response:
-        return requests.get(self.url + path, timeout=120, **kw)
-
-    def wait_phase(self, *phases: str, timeout_s: float = 120) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gl_run.py exited {self.proc.returncode}:\n{self.proc.stdout.read()}")
-            try:
-                status = self.get("/status").json()
-                if status["phase"] in phases:
-                    return status
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"phase never became {phases}")
-
-    def close(self) -> str:
-        if self.proc.poll() is None:
-            try:
-                self.get("/emulated/reset")
-            except requests.RequestException:
-                pass
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.send_signal(signal.SIGINT)
-                self.proc.wait(timeout=30)
-        out = self.proc.stdout.read()
-        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert f"etb-{self.id}-" not in left, f"namespaces left behind:\n{left}"
-        return out
-
-
-@pytest.fixture
-def run(tmp_path):
-    runs = []
-
-    def make(**kw) -> Run:
-        r = Run(tmp_path, **kw)
-        runs.append(r)
-        return r
-
-    yield make
-    for r in runs:
-        r.close()
 
 
 def test_gossip_through_the_http_workflow(run):
