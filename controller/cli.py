@@ -1,6 +1,6 @@
 """The ``edgetb`` command: bring a network up, look at it, run commands in it, take it down.
 
-    edgetb up links.json [--nodes nodes.json] [--dry-run]
+    edgetb up links.json [--nodes nodes.json] [--runtime netns|docker] [--dry-run]
     edgetb status [--json]
     edgetb exec NODE -- CMD [ARG ...]
     edgetb shape show NODE [--json]
@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="create the nodes and shape the links of LINKS")
     up.add_argument("links", help="links.json: {src: [{dest, bw, delay, jitter, loss, queue}, ...]}")
     up.add_argument("--nodes", help="nodes file declaring names, cpu and mem (default: every node in LINKS)")
+    up.add_argument("--runtime", choices=("netns", "docker"), default=None,
+                    help="what a node is: a network namespace (default) or a Docker container")
     up.add_argument("--dry-run", action="store_true", help="print the plan as tc commands; needs no root")
 
     st = sub.add_parser("status", help="list nodes, addresses, limits and shaping")
@@ -79,12 +81,16 @@ def _worker(args: argparse.Namespace) -> Worker:
     if args.agent:
         from worker.agent import load_token
 
-        return AgentClient(args.agent, load_token(args.token_file, create=False))
+        client = AgentClient(args.agent, load_token(args.token_file, create=False))
+        wanted = getattr(args, "runtime", None)
+        if wanted and (kind := client.capabilities().get("runtime", "netns")) != wanted:
+            raise ConfigError(f"the agent at {args.agent} makes {kind} nodes; start it with --runtime {wanted}")
+        return client
     if os.geteuid() != 0:
         raise ConfigError("driving this host needs root (sudo), or use --dry-run / --agent URL")
     from worker.host import WorkerHost
 
-    return WorkerHost(args.id, args.subnet)
+    return WorkerHost(args.id, args.subnet, runtime=getattr(args, "runtime", None))
 
 
 def _topology(links: str, nodes: Optional[str]) -> Topology:

@@ -138,11 +138,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--id", default=os.environ.get("EDGETB_ID", "0"), help="testbed id (default 0)")
     parser.add_argument("--subnet", default=DEFAULT_SUBNET, help="this host's node subnet")
     parser.add_argument("--token-file", default=None, help="shared secret file (default: state dir/token)")
+    parser.add_argument("--runtime", choices=("netns", "docker"), default=None,
+                        help="what a node is: a network namespace or a Docker container "
+                             "(default: the kind the testbed's existing nodes are, else netns)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     try:
         token = load_token(args.token_file)
-        host = WorkerHost(args.id, args.subnet)
+        host = WorkerHost(args.id, args.subnet, runtime=args.runtime)
     except TestbedError as e:
         print(f"edgetb-agent: {e.message}", file=sys.stderr)
         return 2

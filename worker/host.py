@@ -42,12 +42,32 @@ def _argv(value: Any) -> list[str]:
     return value
 
 
+RUNTIMES = ("netns", "docker")
+
+
 class WorkerHost:
     """Everything one worker host does for one testbed."""
 
-    def __init__(self, testbed_id: str = "0", subnet: str = DEFAULT_SUBNET, state_root: Optional[str] = None) -> None:
+    def __init__(self, testbed_id: str = "0", subnet: str = DEFAULT_SUBNET, state_root: Optional[str] = None,
+                 runtime: Optional[str] = None, runtime_options: Optional[dict[str, Any]] = None) -> None:
+        """``runtime`` is the kind of node this testbed makes: ``netns`` or ``docker`` (default: the
+        kind its existing nodes are, else netns). ``runtime_options`` go to the Docker runtime
+        (``image``, ``code_root``, ``binds``)."""
         self.store = StateStore(testbed_id, state_root)
-        self.runtime = NetnsRuntime(self.store, subnet)
+        if runtime is None:
+            state = self.store.read()
+            runtime = state.get("runtime", "netns") if state["nodes"] else "netns"
+        if runtime not in RUNTIMES:
+            raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+        self.runtime: Any
+        if runtime == "docker":
+            from worker.runtime_docker import DockerRuntime  # the Docker SDK only when asked for
+
+            self.runtime = DockerRuntime(self.store, subnet, **(runtime_options or {}))
+        else:
+            if runtime_options:
+                raise ConfigError("runtime options are for the docker runtime only")
+            self.runtime = NetnsRuntime(self.store, subnet)
         self._children: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
@@ -60,9 +80,16 @@ class WorkerHost:
         """What this host can emulate (asked before anything is created)."""
         import shutil
 
+        from worker import runtime_docker  # imports the SDK only inside, when probing
+
+        image = getattr(self.runtime, "image", None)
+        docker_problem = runtime_docker.probe(image)
         return {"version": API_VERSION, "netem": tc_apply.netem_available(),
                 "cgroup_version": detect_version(), "iptables": bool(shutil.which("iptables")),
-                "runtimes": ["netns"], "kernel": os.uname().release}
+                "runtimes": ["netns"] + ([] if docker_problem else ["docker"]), "runtime": self.runtime.kind,
+                "docker": {"image": image or runtime_docker.node_image(), "available": docker_problem is None,
+                           "problem": docker_problem},
+                "kernel": os.uname().release}
 
     def create_nodes(self, body: Any) -> dict[str, Any]:
         body = check_version(body)
@@ -115,7 +142,7 @@ class WorkerHost:
                 if rule.dest not in dests:
                     targets.append(Target(rule.dest, rule.dest_ip, rule.shape))
         targets += [t for t in dests.values() if t is not None]
-        return make_plan(NODE_IFNAME, targets, previous)
+        return make_plan(_ifname(state["nodes"][src]), targets, previous)
 
     def _shape_node(self, state: dict[str, Any], src: str, plan: Plan) -> dict[str, Any]:
         netns = state["nodes"][src]["netns"]
@@ -128,7 +155,7 @@ class WorkerHost:
                 lines = tc_apply.update(netns, previous, plan)
             tc_apply.verify(netns, plan)
         except TestbedError:
-            tc_apply.clear(netns, NODE_IFNAME)
+            tc_apply.clear(netns, plan.ifname)
             raise
         return {"node": src, "rules": len(plan.rules), "verified": True, "changed": lines}
 
@@ -156,7 +183,7 @@ class WorkerHost:
         names = [node] if node else list(state["plans"])
         for name in names:
             rec = self.runtime.node(name)
-            tc_apply.clear(rec["netns"], NODE_IFNAME)
+            tc_apply.clear(rec["netns"], _ifname(rec))
         with self.store.locked() as fresh:
             for name in names:
                 fresh["plans"].pop(name, None)
@@ -166,7 +193,7 @@ class WorkerHost:
         """The node's plan, the kernel's state, and whether they agree."""
         rec = self.runtime.node(node)
         plan_data = self.store.read()["plans"].get(node)
-        seen = tc_apply.read_back(rec["netns"], NODE_IFNAME)
+        seen = tc_apply.read_back(rec["netns"], _ifname(rec))
         plan = Plan.from_dict(plan_data) if plan_data else None
         problems = tc_apply.mismatches(plan, seen) if plan else []
         from worker.tc_plan import render
@@ -186,7 +213,7 @@ class WorkerHost:
         log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
         with open(log_path, "ab") as log:
             child = self.runtime.popen(node, argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       env=_child_env(env), start_new_session=True)
+                                       env=self._child_env(env), start_new_session=True)
         with self._lock:
             self._children[proc_id] = child
         record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
@@ -237,7 +264,7 @@ class WorkerHost:
         argv = _argv(body.get("argv"))
         timeout_s = float(body.get("timeout_s", 60))
         child = self.runtime.popen(node, argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=_child_env({}), start_new_session=True)
+                                   stderr=subprocess.PIPE, env=self._child_env({}), start_new_session=True)
         try:
             out, err = child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -253,6 +280,10 @@ class WorkerHost:
                 "stdout": out[:MAX_OUTPUT_BYTES].decode(errors="replace"),
                 "stderr": err[:MAX_OUTPUT_BYTES].decode(errors="replace")}
 
+    def _child_env(self, extra: dict[str, str]) -> dict[str, str]:
+        """A netns node's process inherits the agent's environment; a container's has its image's."""
+        return _child_env(extra) if self.runtime.kind == "netns" else dict(extra)
+
     # status and reset ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         state = self.store.read()
@@ -263,7 +294,8 @@ class WorkerHost:
                           "mem_bytes": rec["mem_bytes"], "links": len(plan["rules"]) if plan else 0,
                           "shaped": plan is not None})
         running = sum(1 for p in state["processes"].values() if self._process_state(p)["running"])
-        return {"version": API_VERSION, "testbed_id": self.testbed_id, "subnet": state.get("subnet"),
+        return {"version": API_VERSION, "testbed_id": self.testbed_id, "runtime": self.runtime.kind,
+                "subnet": state.get("subnet"),
                 "bridge": state.get("bridge"), "bridge_ip": self.runtime.bridge_ip if state.get("bridge") else None, "nodes": nodes, "processes_running": running}
 
     def reset(self) -> dict[str, Any]:
@@ -277,6 +309,11 @@ class WorkerHost:
             except subprocess.TimeoutExpired:
                 pass
         return {"version": API_VERSION, "removed": removed}
+
+
+def _ifname(node: dict[str, Any]) -> str:
+    """The interface a node's links leave by (recorded by its runtime)."""
+    return node.get("ifname") or NODE_IFNAME
 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:

@@ -119,6 +119,22 @@ def create(name: str) -> None:
         os.close(home)
 
 
+def attach(name: str, pid: int) -> None:
+    """Name the network namespace of process ``pid`` (a container's) ``name``: bind-mount it
+    under /run/netns, as ``ip netns attach`` does, so every netns tool and function here finds it."""
+    _prepare_dir()
+    path = netns_path(name)
+    source = f"/proc/{pid}/ns/net"
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o444))
+    except FileExistsError:
+        raise NodeRuntimeError(f"network namespace {name!r} already exists") from None
+    if _libc.mount(source.encode(), path.encode(), b"none", MS_BIND, None) != 0:
+        err = _oserror("bind-mount the namespace of pid", str(pid))
+        os.unlink(path)
+        raise NodeRuntimeError(f"cannot name the namespace of pid {pid} {name!r}: {err.strerror}") from None
+
+
 def remove(name: str) -> bool:
     """Remove namespace ``name``; returns False when it did not exist."""
     path = netns_path(name)

@@ -91,6 +91,32 @@ class NodeSpec:
             raise ConfigError(f"node {self.name}: mem_bytes must be an integer >= 4 MiB, got {self.mem_bytes!r}")
 
 
+def new_specs(state: dict[str, Any], specs: Sequence[NodeSpec]) -> list[NodeSpec]:
+    """The specs not yet in ``state``; a listed-twice name or changed limits are errors."""
+    todo, seen = [], set()
+    for spec in specs:
+        if spec.name in seen:
+            raise ConfigError(f"node {spec.name!r} is listed twice")
+        seen.add(spec.name)
+        old = state["nodes"].get(spec.name)
+        if old is None:
+            todo.append(spec)
+        elif (old["cpu"], old["mem_bytes"]) != (spec.cpu, spec.mem_bytes):
+            raise ConfigError(f"node {spec.name!r} exists with cpu={old['cpu']} mem_bytes={old['mem_bytes']}; "
+                              "reset before changing its limits")
+    if len(state["nodes"]) + len(todo) > MAX_NODES:
+        raise ConfigError(f"at most {MAX_NODES} nodes per testbed")
+    return todo
+
+
+def claim_runtime(state: dict[str, Any], kind: str, testbed_id: str) -> None:
+    """Record that the testbed's nodes are of ``kind``; one testbed holds one kind of node."""
+    if state["nodes"] and state.get("runtime", "netns") != kind:
+        raise ConfigError(f"testbed {testbed_id} already has {state.get('runtime', 'netns')} nodes; "
+                          f"take it down first, or use another testbed id for {kind} nodes")
+    state["runtime"] = kind
+
+
 class NetnsRuntime:
     """Creates, runs commands in, and removes the netns nodes of one testbed."""
 
@@ -121,7 +147,7 @@ class NetnsRuntime:
         for spec in specs:
             spec.check()
         with self.store.locked() as state:
-            state.setdefault("runtime", self.kind)
+            claim_runtime(state, self.kind, self.names.id)
             state.setdefault("subnet", str(self.subnet))
             if state["subnet"] != str(self.subnet):
                 raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {self.subnet}")
@@ -136,7 +162,7 @@ class NetnsRuntime:
                 for i, spec in enumerate(todo):
                     records.append({"name": spec.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
                                     "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(spec.name),
-                                    "host_if": self.names.host_if(next_index + i), "cpu": spec.cpu,
+                                    "ifname": NODE_IFNAME, "host_if": self.names.host_if(next_index + i), "cpu": spec.cpu,
                                     "mem_bytes": spec.mem_bytes, "runtime": self.kind})
                 self._create_records(records, created)
                 for rec in records:
@@ -150,20 +176,7 @@ class NetnsRuntime:
             return [state["nodes"][s.name] for s in specs]
 
     def _new_specs(self, state: dict[str, Any], specs: Sequence[NodeSpec]) -> list[NodeSpec]:
-        todo, seen = [], set()
-        for spec in specs:
-            if spec.name in seen:
-                raise ConfigError(f"node {spec.name!r} is listed twice")
-            seen.add(spec.name)
-            old = state["nodes"].get(spec.name)
-            if old is None:
-                todo.append(spec)
-            elif (old["cpu"], old["mem_bytes"]) != (spec.cpu, spec.mem_bytes):
-                raise ConfigError(f"node {spec.name!r} exists with cpu={old['cpu']} mem_bytes={old['mem_bytes']}; "
-                                  "reset before changing its limits")
-        if len(state["nodes"]) + len(todo) > MAX_NODES:
-            raise ConfigError(f"at most {MAX_NODES} nodes per testbed")
-        return todo
+        return new_specs(state, specs)
 
     def _ensure_bridge(self, state: dict[str, Any]) -> None:
         from pyroute2 import IPRoute
@@ -294,6 +307,7 @@ class NetnsRuntime:
             self._remove_shared(state)
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)
+            state.pop("runtime", None)
             return {"nodes": len(names)}
 
     def leftovers(self) -> dict[str, list[str]]:

@@ -1,0 +1,115 @@
+"""Fixtures of the docker tier: WorkerHosts whose nodes are containers on the local engine.
+
+The tier skips, with the reason, where there is no root, no Docker SDK, no engine or no node
+image, unless ``EDGETB_REQUIRE_DOCKER=1`` (scripts/test.sh sets it after starting the engine
+and building the image): then a missing piece fails the tier instead, so CI never skips it.
+Every host is reset at teardown, even when the test failed, and checked for leftovers
+(containers, networks, namespace names, bridge); foreign containers are removed by their test.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+
+from tests.netns.conftest import free_subnet, new_testbed_id
+from worker.host import WorkerHost
+
+
+def docker_skip_reason() -> Optional[str]:
+    """Why this tier cannot run here (None when it can)."""
+    if os.geteuid() != 0:
+        return "docker tier needs root (container namespaces, tc, /run/netns)"
+    from worker import runtime_docker
+
+    problem = runtime_docker.probe()
+    return f"no usable Docker engine: {problem}" if problem else None
+
+
+_REASON = docker_skip_reason()
+_REQUIRED = os.environ.get("EDGETB_REQUIRE_DOCKER") == "1"
+
+# ``pytestmark = DOCKER`` in every module of this tier
+DOCKER = [pytest.mark.docker,
+          pytest.mark.skipif(_REASON is not None and not _REQUIRED, reason=_REASON or "")]
+
+
+@pytest.fixture(autouse=True)
+def _docker_required() -> None:
+    if _REASON is not None and _REQUIRED:
+        pytest.fail(f"EDGETB_REQUIRE_DOCKER=1 but {_REASON}")
+
+
+def assert_no_leftovers(host: WorkerHost) -> None:
+    left = host.runtime.leftovers()
+    assert set(left) >= {"containers", "networks", "netns", "links"}, left
+    for key, items in left.items():
+        assert not items, f"testbed {host.testbed_id} left {key}: {items}"
+
+
+@pytest.fixture
+def make_host(tmp_path) -> Iterator[Callable[..., WorkerHost]]:
+    """Factory of Docker WorkerHosts; every one is reset at teardown and checked for leftovers."""
+    hosts: list[WorkerHost] = []
+
+    def make(testbed_id: Optional[str] = None, subnet: Optional[str] = None, **options: Any) -> WorkerHost:
+        tb = testbed_id or new_testbed_id()
+        host = WorkerHost(tb, subnet or free_subnet(), state_root=str(tmp_path / f"state-{tb}-{secrets.token_hex(2)}"),
+                          runtime="docker", runtime_options=options or None)
+        hosts.append(host)
+        return host
+
+    yield make
+    errors = []
+    for host in reversed(hosts):
+        try:
+            host.reset()
+        except Exception as e:  # reset the others anyway, then fail
+            errors.append(f"reset of {host.testbed_id} failed: {e!r}")
+    assert not errors, errors
+    for host in hosts:
+        assert_no_leftovers(host)
+
+
+@pytest.fixture
+def host(make_host) -> WorkerHost:
+    return make_host()
+
+
+@pytest.fixture
+def engine() -> Iterator[Any]:
+    """The engine's low-level client, for looking at containers from outside the runtime."""
+    from worker import runtime_docker
+
+    api = runtime_docker.connect()
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def foreign_container(engine) -> Iterator[Callable[..., str]]:
+    """Factory of containers that are not ours (from the node image); removed at teardown."""
+    from worker import runtime_docker
+
+    made: list[str] = []
+
+    def make(name: str, labels: Optional[dict[str, str]] = None) -> str:
+        cid = engine.create_container(runtime_docker.node_image(), ["sleep", "infinity"], name=name,
+                                      labels=labels or {}, host_config=engine.create_host_config(network_mode="none"))["Id"]
+        made.append(cid)
+        engine.start(cid)
+        return cid
+
+    yield make
+    for cid in made:
+        try:
+            engine.remove_container(cid, force=True)
+        except Exception:  # already gone: the test's assertion says so
+            pass
+
+
+def run(host: WorkerHost, node: str, *argv: str, timeout_s: float = 30) -> dict[str, Any]:
+    """Run a command in a node to completion; its result document."""
+    return host.exec(node, {"version": 1, "argv": list(argv), "timeout_s": timeout_s})

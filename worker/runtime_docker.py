@@ -1,0 +1,521 @@
+"""Emulated nodes as Docker containers on one user-defined bridge network per testbed.
+
+The only module that imports ``docker`` (the Docker SDK for Python), and only when a
+Docker runtime is used or probed, so netns-only users need neither the SDK nor an engine.
+
+- The network ``etb-<id>-net`` (bridge ``etb-<id>-dbr``) holds the testbed's subnet; its
+  gateway is the subnet's first address, as the netns runtime's bridge. Containers
+  ``etb-<id>-<node>`` get the same addresses a netns testbed would give (``node_address``),
+  are reached by those addresses (no published ports) and are started in parallel.
+- Limits: ``nano_cpus`` from ``cpu`` (a CFS quota), ``mem_limit`` (= memory+swap) from ``mem_bytes``.
+- ``dml_app/`` and ``dataset/`` of ``code_root`` are bind-mounted read-only at the same paths as
+  on the host (the working directory and ``PYTHONPATH`` of every process is ``code_root``).
+- Shaping: each container's network namespace is bind-mounted on /run/netns/etb-<id>-<node>,
+  where a netns node's would be, so shaping reaches it from the host with netlink, with no
+  ``docker exec tc`` and no NET_ADMIN in the container.
+- Processes run inside the container through the engine's exec API (its namespaces and
+  cgroups, so its CPU and memory limits hold); ``ExecProcess`` gives them Popen's interface,
+  with the process's host pid (a session leader, so the worker can signal its group).
+- Everything is labelled ``edgetb.testbed=<id>``; reset removes by that label only.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator, Optional, Sequence
+
+from worker import nsfs
+from worker.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
+from worker.runtime_netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, new_specs,
+                                  node_address)
+from worker.state import StateStore
+
+DEFAULT_IMAGE = "edgetb-node:bookworm-1"  # scripts/build_node_image.sh and worker/Dockerfile build this tag
+LABEL = "edgetb.testbed"
+NODE_LABEL = "edgetb.node"
+START_THREADS = 8
+API_TIMEOUT_S = 120
+PROBE_TIMEOUT_S = 3
+BUILD_HINT = ("build it with 'bash scripts/build_node_image.sh' (offline, from Debian packages), or "
+              "'docker build -t {image} -f worker/Dockerfile worker' where Docker Hub is reachable")
+ENGINE_HINT = "start one with 'bash scripts/docker_setup.sh' (installs docker.io and starts dockerd)"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def node_image() -> str:
+    return os.environ.get("EDGETB_NODE_IMAGE", DEFAULT_IMAGE)
+
+
+def _sdk() -> Any:
+    try:
+        import docker
+    except ImportError:
+        raise CapabilityError("the Docker SDK for Python is not installed: pip install 'edgetb[docker]' "
+                              "(bash scripts/setup.sh with EDGETB_EXTRAS=test,docker)") from None
+    return docker
+
+
+def connect(timeout_s: float = API_TIMEOUT_S) -> Any:
+    """A low-level client of the local engine (``DOCKER_HOST`` or the default socket) that answers."""
+    docker = _sdk()
+    try:
+        api = docker.APIClient(base_url=os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
+                               version="auto", timeout=timeout_s, max_pool_size=64)
+        api.ping()
+    except Exception as e:  # connection refused, no socket, version negotiation failed
+        raise CapabilityError(f"no Docker engine answers ({_short(e)}); {ENGINE_HINT}") from None
+    return api
+
+
+def require_image(api: Any, image: str) -> None:
+    docker = _sdk()
+    try:
+        api.inspect_image(image)
+    except docker.errors.ImageNotFound:
+        raise CapabilityError(f"the node image {image} does not exist; {BUILD_HINT.format(image=image)}") from None
+    except docker.errors.APIError as e:
+        raise NodeRuntimeError(f"cannot inspect image {image}: {_short(e)}") from None
+
+
+def probe(image: Optional[str] = None) -> Optional[str]:
+    """Why Docker nodes cannot be created here (None when they can: SDK, engine and image are there)."""
+    try:
+        api = connect(PROBE_TIMEOUT_S)
+        try:
+            require_image(api, image or node_image())
+        finally:
+            api.close()
+    except (CapabilityError, NodeRuntimeError) as e:
+        return e.message
+    return None
+
+
+def _short(e: BaseException) -> str:
+    explanation = getattr(e, "explanation", None)
+    return str(explanation or e).strip().splitlines()[0] if str(explanation or e).strip() else type(e).__name__
+
+
+class DockerRuntime:
+    """Creates, runs commands in, and removes the Docker nodes of one testbed."""
+
+    kind = "docker"
+
+    def __init__(self, store: StateStore, subnet: str = DEFAULT_SUBNET, image: Optional[str] = None,
+                 code_root: str = REPO_ROOT, binds: Optional[dict[str, str]] = None) -> None:
+        """``binds`` maps more host paths to their mode (``"ro"`` or ``"rw"``); they appear at the same path."""
+        self.store = store
+        self.names = Naming(store.testbed_id)
+        try:
+            self.subnet = ipaddress.IPv4Network(subnet)
+        except ValueError as e:
+            raise ConfigError(f"subnet {subnet!r}: {e}") from None
+        if self.subnet.num_addresses < 4:
+            raise ConfigError(f"subnet {subnet} is too small")
+        self.image = image or node_image()
+        self.code_root = os.path.abspath(code_root)
+        self.binds = {os.path.join(self.code_root, d): "ro" for d in ("dml_app", "dataset")}
+        for path, mode in (binds or {}).items():
+            if mode not in ("ro", "rw"):
+                raise ConfigError(f"bind {path}: mode must be 'ro' or 'rw', not {mode!r}")
+            self.binds[os.path.abspath(path)] = mode
+        self.network = f"etb-{self.names.id}-net"
+        self.bridge = f"etb-{self.names.id}-dbr"
+        self._api: Optional[Any] = None
+        self._api_lock = threading.Lock()
+
+    @property
+    def api(self) -> Any:
+        """The engine's client, connected on first use (CapabilityError when there is no engine)."""
+        with self._api_lock:
+            if self._api is None:
+                self._api = connect()
+            return self._api
+
+    # addresses and names -----------------------------------------------------------
+    @property
+    def bridge_ip(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+    def node_ip(self, index: int) -> str:
+        return node_address(self.subnet, index)
+
+    def container(self, node: str) -> str:
+        return f"etb-{self.names.id}-{node}"
+
+    def _labels(self, node: Optional[str] = None) -> dict[str, str]:
+        return {LABEL: self.names.id, **({NODE_LABEL: node} if node else {})}
+
+    # bring-up ------------------------------------------------------------------------
+    def create_nodes(self, specs: Sequence[NodeSpec]) -> list[dict[str, Any]]:
+        """Create and start a container per spec, in parallel (all or nothing); existing ones are kept."""
+        for spec in specs:
+            spec.check()
+        missing = [p for p in self.binds if not os.path.exists(p)]
+        if missing:
+            raise ConfigError(f"cannot mount into the nodes: {', '.join(missing)} does not exist")
+        with self.store.locked() as state:
+            claim_runtime(state, self.kind, self.names.id)
+            state.setdefault("subnet", str(self.subnet))
+            if state["subnet"] != str(self.subnet):
+                raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {self.subnet}")
+            todo = new_specs(state, specs)
+            if todo:
+                require_image(self.api, self.image)
+            next_index = max((n["index"] for n in state["nodes"].values()), default=-1) + 1
+            records = [{"name": s.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
+                        "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(s.name),
+                        "ifname": NODE_IFNAME, "container": self.container(s.name), "cpu": s.cpu,
+                        "mem_bytes": s.mem_bytes, "runtime": self.kind} for i, s in enumerate(todo)]
+            created: list[str] = []
+            try:
+                if records:
+                    self._ensure_network(state)
+                    self._start_all(records, created)
+                for rec in records:
+                    state["nodes"][rec["name"]] = rec
+            except BaseException:
+                self._remove_containers(created)
+                if not state["nodes"]:
+                    self._remove_network(state)
+                raise
+            return [state["nodes"][s.name] for s in specs]
+
+    def _ensure_network(self, state: dict[str, Any]) -> None:
+        docker = _sdk()
+        try:
+            self.api.inspect_network(self.network)
+        except docker.errors.NotFound:
+            self._check_subnet_free()
+            ipam = docker.types.IPAMConfig(pool_configs=[
+                docker.types.IPAMPool(subnet=str(self.subnet), gateway=self.bridge_ip)])
+            try:
+                self.api.create_network(self.network, driver="bridge", ipam=ipam, labels=self._labels(),
+                                        options={"com.docker.network.bridge.name": self.bridge},
+                                        check_duplicate=True)
+            except docker.errors.APIError as e:
+                raise NodeRuntimeError(f"cannot create network {self.network} ({self.subnet}): {_short(e)}") from None
+        state["network"] = self.network
+        state["bridge"] = self.bridge
+
+    def _check_subnet_free(self) -> None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            for msg in ipr.get_addr(family=2):
+                addr = ipaddress.IPv4Interface(f"{msg.get_attr('IFA_ADDRESS')}/{msg['prefixlen']}")
+                if addr.network.overlaps(self.subnet):
+                    raise ConfigError(f"subnet {self.subnet} overlaps {addr} on {msg.get_attr('IFA_LABEL')}; "
+                                      "choose another subnet")
+
+    def _start_all(self, records: list[dict[str, Any]], created: list[str]) -> None:
+        lock = threading.Lock()
+        errors: list[str] = []
+
+        def one(rec: dict[str, Any]) -> None:
+            if errors:
+                return  # something failed already: start no more
+            try:
+                self._start_one(rec, lambda: _locked_append(lock, created, rec["name"]))
+            except Exception as e:
+                with lock:
+                    errors.append(f"node {rec['name']}: {e.message if hasattr(e, 'message') else _short(e)}")
+
+        with ThreadPoolExecutor(max_workers=min(START_THREADS, len(records))) as pool:
+            list(pool.map(one, records))
+        if errors:
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise NodeRuntimeError(f"starting containers failed: {errors[0]}{more}", detail=errors)
+
+    def _start_one(self, rec: dict[str, Any], on_created: Any) -> None:
+        docker = _sdk()
+        api = self.api
+        binds = {path: {"bind": path, "mode": mode} for path, mode in self.binds.items()}
+        host_config = api.create_host_config(
+            network_mode=self.network, binds=binds, init=True,
+            nano_cpus=int(round(rec["cpu"] * 1e9)) if rec["cpu"] else None,
+            mem_limit=rec["mem_bytes"], memswap_limit=rec["mem_bytes"])
+        networking = api.create_networking_config({self.network: api.create_endpoint_config(ipv4_address=rec["ip"])})
+        try:
+            made = api.create_container(
+                self.image, ["sleep", "infinity"], name=rec["container"], hostname=rec["name"],
+                labels=self._labels(rec["name"]), working_dir=self.code_root,
+                environment={"PYTHONPATH": self.code_root, "EDGETB_NODE": rec["name"]},
+                host_config=host_config, networking_config=networking)
+            on_created()
+            api.start(made["Id"])
+            pid = api.inspect_container(made["Id"])["State"]["Pid"]
+        except docker.errors.APIError as e:
+            raise NodeRuntimeError(_short(e)) from None
+        if not pid:
+            raise NodeRuntimeError(f"container {rec['container']} is not running after start")
+        rec["container_id"] = made["Id"]
+        nsfs.attach(rec["netns"], pid)
+
+    # processes -------------------------------------------------------------------------
+    def node(self, name: str) -> dict[str, Any]:
+        rec = self.store.read()["nodes"].get(name)
+        if rec is None:
+            raise NotFound(f"no node {name!r} in testbed {self.names.id}")
+        return rec
+
+    def popen(self, name: str, argv: Sequence[str], stdin: Any = None, stdout: Any = None, stderr: Any = None,
+              env: Optional[dict[str, str]] = None, **_ignored: Any) -> "ExecProcess":
+        """Start ``argv`` inside the node's container (no shell involved). ``env`` is added to the
+        image's environment; each process gets its own session (as ``start_new_session``)."""
+        rec = self.node(name)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ConfigError("a command must be a non-empty list of strings")
+        return ExecProcess(self.api, rec["container"], list(argv), env or {}, self.code_root,
+                           stdin=stdin, stdout=stdout, stderr=stderr)
+
+    # teardown ---------------------------------------------------------------------------
+    def _remove_containers(self, names: Sequence[str]) -> None:
+        """Remove these nodes' containers and namespace names (in parallel; missing ones are fine)."""
+        for name in names:
+            nsfs.remove(self.names.netns(name))
+        if not names:
+            return
+        docker = _sdk()
+
+        def one(name: str) -> None:
+            try:
+                self.api.remove_container(self.container(name), force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+
+        with ThreadPoolExecutor(max_workers=min(START_THREADS, len(names))) as pool:
+            list(pool.map(one, names))
+
+    def _remove_network(self, state: dict[str, Any]) -> None:
+        docker = _sdk()
+        for net in self.api.networks(filters={"label": f"{LABEL}={self.names.id}"}):
+            try:
+                self.api.remove_network(net["Id"])
+            except docker.errors.NotFound:
+                pass
+        state.pop("network", None)
+        state.pop("bridge", None)
+
+    def _our_containers(self) -> list[dict[str, Any]]:
+        return self.api.containers(all=True, filters={"label": f"{LABEL}={self.names.id}"})
+
+    def reset(self) -> dict[str, int]:
+        """Remove every container and network labelled with this testbed's id, and their namespace names."""
+        docker = _sdk()
+        with self.store.locked() as state:
+            found = self._our_containers()
+            names = {c["Labels"].get(NODE_LABEL) or c["Names"][0].lstrip("/") for c in found}
+            for netns in nsfs.list_netns():
+                if self.names.owns_netns(netns):
+                    nsfs.remove(netns)
+
+            def one(container: dict[str, Any]) -> None:
+                try:
+                    self.api.remove_container(container["Id"], force=True, v=True)
+                except docker.errors.NotFound:
+                    pass
+
+            if found:
+                with ThreadPoolExecutor(max_workers=min(START_THREADS, len(found))) as pool:
+                    list(pool.map(one, found))
+            self._remove_network(state)
+            removed = len(names | set(state["nodes"]))
+            state.update(nodes={}, plans={}, processes={})
+            state.pop("subnet", None)
+            state.pop("runtime", None)
+            return {"nodes": removed}
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Everything that carries the testbed id (empty after a clean reset)."""
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            links = [m.get_attr("IFLA_IFNAME") for m in ipr.get_links()]
+        return {"containers": sorted(c["Names"][0].lstrip("/") for c in self._our_containers()),
+                "networks": sorted(n["Name"] for n in self.api.networks(filters={"label": f"{LABEL}={self.names.id}"})),
+                "netns": [n for n in nsfs.list_netns() if self.names.owns_netns(n)],
+                "links": [n for n in links if n == self.bridge]}
+
+
+def _locked_append(lock: threading.Lock, items: list[str], item: str) -> None:
+    with lock:
+        items.append(item)
+
+
+class _Sink:
+    """Where one output stream of an exec goes: like Popen's stdout/stderr arguments."""
+
+    def __init__(self, target: Any, inherit_fd: int) -> None:
+        self.fd: Optional[int] = None
+        self.chunks: Optional[list[bytes]] = None
+        if target is None:
+            self.fd = os.dup(inherit_fd)
+        elif target == subprocess.PIPE:
+            self.chunks = []
+        elif target == subprocess.DEVNULL:
+            pass
+        elif isinstance(target, int) and target >= 0:
+            self.fd = os.dup(target)
+        elif hasattr(target, "fileno"):
+            target.flush()
+            self.fd = os.dup(target.fileno())
+        else:
+            raise ConfigError(f"unsupported output target {target!r}")
+
+    def write(self, data: bytes) -> None:
+        if self.chunks is not None:
+            self.chunks.append(data)
+        elif self.fd is not None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def value(self) -> Optional[bytes]:
+        return b"".join(self.chunks) if self.chunks is not None else None
+
+
+class ExecProcess:
+    """A command running in a container through the exec API, with the interface of
+    ``subprocess.Popen`` that the worker uses: ``pid`` (the host pid, a session leader),
+    ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate``, ``kill``, ``returncode``.
+    Output is copied to the given targets by a thread; stdin is not attached."""
+
+    PID_TIMEOUT_S = 30.0
+
+    def __init__(self, api: Any, container: str, argv: list[str], env: dict[str, str], workdir: str,
+                 stdin: Any = None, stdout: Any = None, stderr: Any = None) -> None:
+        docker = _sdk()
+        if stdin not in (None, subprocess.DEVNULL):
+            raise ConfigError("processes in Docker nodes take no input (stdin must be None or DEVNULL)")
+        self.args = argv
+        self.returncode: Optional[int] = None
+        self._api = api
+        self._out = _Sink(stdout, 1)
+        self._err = self._out if stderr == subprocess.STDOUT else _Sink(stderr, 2)
+        try:
+            self._exec_id = api.exec_create(container, argv, stdout=True, stderr=True, stdin=False, tty=False,
+                                            environment=env, workdir=workdir)["Id"]
+            stream = api.exec_start(self._exec_id, stream=True, demux=True)
+        except docker.errors.NotFound:
+            self._close_sinks()
+            raise NotFound(f"container {container} does not exist") from None
+        except docker.errors.APIError as e:
+            self._close_sinks()
+            raise NodeRuntimeError(f"cannot run {argv[0]!r} in {container}: {_short(e)}") from None
+        self._pump = threading.Thread(target=self._drain, args=(stream,), daemon=True,
+                                      name=f"exec-{container}")
+        self._pump.start()
+        self.pid, self._ticks = self._wait_pid(container)
+
+    def _drain(self, stream: Iterator[tuple[Optional[bytes], Optional[bytes]]]) -> None:
+        try:
+            for out, err in stream:
+                if out:
+                    self._out.write(out)
+                if err:
+                    self._err.write(err)
+        except Exception:  # the engine closed the stream (container removed): the output ends here
+            pass
+        finally:
+            self._close_sinks()
+
+    def _close_sinks(self) -> None:
+        self._out.close()
+        self._err.close()
+
+    def _wait_pid(self, container: str) -> tuple[int, Optional[int]]:
+        """The host pid, once the engine reports it; a command that could not start is an error."""
+        deadline = time.monotonic() + self.PID_TIMEOUT_S
+        while True:
+            info = self._api.exec_inspect(self._exec_id)
+            if info.get("Pid"):
+                return info["Pid"], _start_ticks(info["Pid"])
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                self._pump.join(5)
+                self.returncode = info["ExitCode"]
+                message = (self._err.value() or self._out.value() or b"").decode(errors="replace").strip()
+                if info["ExitCode"] in (126, 127):
+                    raise NotFound(f"command not found or not executable in {container}: {self.args[0]!r}"
+                                   + (f" ({message.splitlines()[-1]})" if message else ""))
+                raise NodeRuntimeError(f"{self.args[0]!r} could not start in {container} "
+                                       f"(exit code {info['ExitCode']})")
+            if time.monotonic() > deadline:
+                raise TestbedTimeout(f"{self.args[0]!r} in {container} did not start within {self.PID_TIMEOUT_S:g}s")
+            time.sleep(0.005)
+
+    def _alive(self) -> bool:
+        return self._ticks is not None and _start_ticks(self.pid) == self._ticks
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is not None:
+            return self.returncode
+        if self._alive():
+            return None
+        docker = _sdk()
+        try:
+            info = self._api.exec_inspect(self._exec_id)
+        except docker.errors.NotFound:  # its container was removed, and the process with it
+            self.returncode = -9
+            return self.returncode
+        if info.get("Running") or info.get("ExitCode") is None:
+            return None
+        self.returncode = int(info["ExitCode"])
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.005
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        self._pump.join(2.0)  # let the last output reach its target (bounded: a daemon may hold the stream)
+        return code
+
+    def communicate(self, input: Optional[bytes] = None, timeout: Optional[float] = None
+                    ) -> tuple[Optional[bytes], Optional[bytes]]:
+        if input:
+            raise ConfigError("processes in Docker nodes take no input")
+        started = time.monotonic()
+        self._pump.join(timeout)
+        if self._pump.is_alive():
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if timeout is None else max(0.0, timeout - (time.monotonic() - started)))
+        return self._out.value(), (None if self._err is self._out else self._err.value())
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    """A live process's start time in clock ticks (None when gone or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
