@@ -181,6 +181,8 @@ class Experiment:
                 self.push_dataset_confs()
             if not all(n.structure_conf for n in self.nodes.values()):
                 self.push_structure_confs()
+            for name in self.nodes:  # every role built before any starts: round 1 is not set-up
+                self._post(name, "/prepare", {})
             self.t_start = time.time()
             for name, node in self.nodes.items():
                 self._post(name, "/start", {})

@@ -3,7 +3,7 @@
     python3 -m dml_app.node --name n1 --controller http://10.77.0.1:3333 --run-id RUN --workdir DIR
 
 Endpoints: ``GET /health``, ``POST /conf/dataset``, ``POST /conf/structure``,
-``POST /start``, ``GET /log`` (the node's events), ``POST /stop``, and the
+``POST /prepare`` (build the role), ``POST /start``, ``GET /log`` (the node's events), ``POST /stop``, and the
 role's own (``POST /gossip`` ...), and ``POST /relay`` (pass a message on to a
 node this one's peers have no link to). POSTs need the run's node token. When
 the role's rounds are done the node saves its final weights, uploads its events
@@ -79,7 +79,8 @@ class NodeService:
         self.state = "waiting"
         self.router = Router(token)
         for method, path, handler in (("GET", "/health", self.health), ("POST", "/conf/dataset", self.conf_dataset),
-                                      ("POST", "/conf/structure", self.conf_structure), ("POST", "/start", self.start),
+                                      ("POST", "/conf/structure", self.conf_structure), ("POST", "/prepare", self.prepare),
+                                      ("POST", "/start", self.start),
                                       ("GET", "/log", self.log), ("POST", "/stop", self.stop),
                                       ("POST", "/relay", lambda req: self._started_role().relay(req))):
             self.router.add(method, path, handler)
@@ -101,7 +102,7 @@ class NodeService:
         if conf["role"] not in ROLES:
             raise HttpError(400, "bad_conf", f"unknown role {conf['role']!r}; known: {', '.join(ROLES)}")
         if self.state != "waiting":
-            raise HttpError(409, "running", "the node is already running")
+            raise HttpError(409, "running", f"the node is already {self.state}")
         self.structure_conf = conf
         for method, path in ROLES[conf["role"]].ROUTES:  # peers may call before this node starts
             self.router.add(method, path, lambda req, key=(method, path): self._role_call(key, req))
@@ -116,20 +117,30 @@ class NodeService:
     def _role_call(self, key: tuple[str, str], req: Request) -> Response:
         return self._started_role().routes()[key](req)
 
+    def prepare(self, req: Request) -> Response:
+        """Load the shard and build the model and role, without running it yet (so that a
+        run's first round does not include its peers' set-up)."""
+        if self.role is None:
+            if self.dataset_conf is None or self.structure_conf is None:
+                raise HttpError(409, "not_ready", "the node needs its dataset and structure confs first")
+            with np.load(confined(self.workdir, self.dataset_conf["shard"]), allow_pickle=False) as shard:
+                data = (shard["x_train"], shard["y_train"], shard["x_test"], shard["y_test"])
+            model = make_model(self.structure_conf.get("model", {}), n_features=int(np.prod(data[0].shape[1:])),
+                               n_classes=int(self.dataset_conf.get("n_classes", int(data[1].max()) + 1)))
+            ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress,
+                          self.port, auth=self.auth)
+            self.role = ROLES[self.structure_conf["role"]](ctx)
+            self.role_ready.set()
+            self.state = "prepared"
+        return ok({"state": self.state})
+
     def start(self, req: Request) -> Response:
-        if self.state != "waiting":
+        if self.state not in ("waiting", "prepared"):
             return ok({"state": self.state})
-        if self.dataset_conf is None or self.structure_conf is None:
-            raise HttpError(409, "not_ready", "the node needs its dataset and structure confs first")
-        with np.load(confined(self.workdir, self.dataset_conf["shard"]), allow_pickle=False) as shard:
-            data = (shard["x_train"], shard["y_train"], shard["x_test"], shard["y_test"])
-        model = make_model(self.structure_conf.get("model", {}), n_features=int(np.prod(data[0].shape[1:])),
-                           n_classes=int(self.dataset_conf.get("n_classes", int(data[1].max()) + 1)))
-        ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress, self.port,
-                      auth=self.auth)
-        self.role = ROLES[self.structure_conf["role"]](ctx)
-        self.role_ready.set()
+        self.prepare(req)
+        assert self.role is not None
         self.state = "running"
+        data = self.role.ctx.data
         self.events.write("started", role=self.role.name, train_samples=int(len(data[1])), test_samples=int(len(data[3])))
         gevent.spawn(self._run)
         return ok({"state": self.state})

@@ -108,6 +108,7 @@ class AggregatorRole(Role):
                 self._open = False
                 updates = dict(self._updates)
             missing = sorted(set(picked) - set(updates))
+            closed_at = time.perf_counter()
             if len(updates) >= quorum_count(self.quorum, len(picked)):
                 self.ctx.model.set_weights(weighted_average([w for w, _ in updates.values()],
                                                             [n for _, n in updates.values()]))
@@ -119,7 +120,8 @@ class AggregatorRole(Role):
             loss, accuracy = self.evaluate()
             last = self.record_round(r, t_start, {"loss": float("nan"), "train_s": 0.0}, loss, accuracy, send_s,
                                      len(updates), picked=picked, missing=missing, closed=closed,
-                                     samples={t: n for t, (_, n) in updates.items()})
+                                     samples={t: n for t, (_, n) in updates.items()},
+                                     aggregate_s=time.perf_counter() - closed_at)
         parallel(lambda t: self.post(t, "/fl/done", b"{}", JSON, self.rounds, timeout_s=10, retries=0),
                  self.trainers)
         return self.result(last)
