@@ -1,19 +1,16 @@
 """Per-node confs from the experiment's structure and dataset JSON (EdgeTB shapes).
 
-gl_structure.json::
+The structure files of each algorithm are described in ``dml_tool.structures``.
 
-    {"sync": 20, "wait_s": 10, "model": {"kind": "numpy", "hidden": [64], "learning_rate": 0.005},
-     "node_list": [{"name": "n1", "epoch": 2}, ...]}
-
-gl_dataset.json::
+gl_dataset.json (and fl_, el_, ra_dataset.json)::
 
     {"dataset": "digits", "split": "iid", "alpha": 0.5, "seed": 0, "batch_size": 32}
 
 Validation happens before anything starts: an unknown node, a missing field or
 a wrong type is a ConfigError naming the file, the node and the field.
 Confs are written to ``dml_file/conf/<node>_structure.json`` and
-``<node>_dataset.json``; ``connect`` holds the node's out-neighbours in
-links.json with their addresses.
+``<node>_dataset.json``; ``connect`` holds the linked peers a node sends to
+with their addresses, ``forward`` the next hop towards a node it has no link to.
 """
 from __future__ import annotations
 
@@ -85,9 +82,9 @@ def next_hops(topology: Topology, members: set[str], dest: str) -> dict[str, str
 def structure_confs(structure: dict[str, dict[str, Any]], topology: Topology, ips: dict[str, str],
                     port: int = NODE_PORT) -> dict[str, dict[str, Any]]:
     """Structure confs with addresses: ``connect`` (linked peers the node sends to, directly
-    or as a relay) and ``routes`` (destination -> next hop, where there is no direct link)."""
+    or as a relay) and ``forward`` (destination -> next hop, where there is no direct link)."""
     members = set(structure)
-    out = {name: {k: v for k, v in conf.items() if k != "talks_to"} | {"connect": {}, "routes": {}}
+    out = {name: {k: v for k, v in conf.items() if k != "talks_to"} | {"connect": {}, "forward": {}}
            for name, conf in structure.items()}
     trees: dict[str, dict[str, str]] = {}
     for src, conf in structure.items():
@@ -101,7 +98,7 @@ def structure_confs(structure: dict[str, dict[str, Any]], topology: Topology, ip
                 hop = tree[node]
                 out[node]["connect"][hop] = f"{ips[hop]}:{port}"
                 if hop != dest:
-                    out[node]["routes"][dest] = hop
+                    out[node]["forward"][dest] = hop
                 node = hop
     return out
 

@@ -4,7 +4,7 @@
 for federated, E-tree and ring all-reduce structures.)
 
 ``connect`` lists the linked peers a node sends to (for gossip: its
-out-neighbours in links.json; otherwise next hops, with ``routes`` naming the
+out-neighbours in links.json; otherwise next hops, with ``forward`` naming the
 relay for a destination it has no link to), with the addresses a fresh testbed
 gives them (the controller re-checks them against the running testbed when it
 pushes the confs).

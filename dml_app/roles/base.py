@@ -7,7 +7,7 @@ and use the same helpers. Failures are data: a send that fails is an event, and
 the role decides what to do next.
 
 Messages go to a destination's next hop: the peer itself when the two are
-linked (``connect``), else the hop that ``routes`` names, whose ``/relay``
+linked (``connect``), else the hop that ``forward`` names, whose ``/relay``
 passes the body on. Bytes are counted against the next hop, so traffic per peer
 follows the links.
 """
@@ -108,7 +108,7 @@ class Role:
         self.epochs = int(ctx.conf.get("epoch", 1))
         self.batch_size = int(ctx.dataset_conf.get("batch_size", 32))
         self.connect: dict[str, str] = dict(ctx.conf.get("connect", {}))  # linked peer -> "ip:port"
-        self.next_hop: dict[str, str] = dict(ctx.conf.get("routes", {}))  # destination -> linked peer
+        self.next_hop: dict[str, str] = dict(ctx.conf.get("forward", {}))  # destination -> linked peer
         self.samples = int(len(ctx.data[1]))
         self.round_events = 0
         self._traffic_lock = threading.Lock()

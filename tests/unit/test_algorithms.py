@@ -143,9 +143,9 @@ def test_fl_structure(tmp_path):
     assert confs["b"]["role"] == "fl_trainer" and confs["b"]["epoch"] == 2 and confs["c"]["epoch"] == 1
     out = structure_confs(confs, topo, {"a": "10.0.0.2", "b": "10.0.0.3", "c": "10.0.0.4"})
     # a and c have no link: b relays, both ways
-    assert out["a"]["connect"] == {"b": "10.0.0.3:4444"} and out["a"]["routes"] == {"c": "b"}
-    assert out["c"]["connect"] == {"b": "10.0.0.3:4444"} and out["c"]["routes"] == {"a": "b"}
-    assert out["b"]["connect"] == {"a": "10.0.0.2:4444", "c": "10.0.0.4:4444"} and out["b"]["routes"] == {}
+    assert out["a"]["connect"] == {"b": "10.0.0.3:4444"} and out["a"]["forward"] == {"c": "b"}
+    assert out["c"]["connect"] == {"b": "10.0.0.3:4444"} and out["c"]["forward"] == {"a": "b"}
+    assert out["b"]["connect"] == {"a": "10.0.0.2:4444", "c": "10.0.0.4:4444"} and out["b"]["forward"] == {}
     assert "talks_to" not in out["a"]
 
 
@@ -208,7 +208,7 @@ def test_ring_structure_and_missing_path(tmp_path):
                                                                                   {"name": "c"}]}), topo, "ring")
     assert confs["a"]["ring"] == ["a", "b", "c"] and confs["c"]["talks_to"] == ["a"]
     out = structure_confs(confs, topo, {"a": "1.1.1.1", "b": "1.1.1.2", "c": "1.1.1.3"})
-    assert out["c"]["routes"] == {"a": "b"}
+    assert out["c"]["forward"] == {"a": "b"}
     with pytest.raises(ConfigError, match="needs at least 2"):
         load_structure(write(tmp_path, "rb.json", {"sync": 2, "node_list": [{"name": "a"}]}), topo, "ring")
     one_way = _load({"a": [{"dest": "b", "bw": "1mbit"}], "b": []})
