@@ -1,30 +1,16 @@
-"""Ring all-reduce on this host, the EdgeTB way.
+"""Ring all-reduce on this host, the EdgeTB way: ``sudo python3 ra_run.py [--auto]``.
 
-    sudo python3 ra_run.py            # deploy nodes + links, controller on :3333
-    curl localhost:3333/conf/dataset  # (also done by /start)
-    curl localhost:3333/conf/structure
-    curl localhost:3333/start
-    curl localhost:3333/status        # phase, readiness, rounds
-    curl localhost:3333/finish        # collect logs and results (also automatic when all nodes are done)
-    curl localhost:3333/emulated/reset
-
-    sudo python3 ra_run.py --auto     # all of it in one go, with a summary table
-
-The experiment is links.json, ra_structure.json and ra_dataset.json in this
-directory; results go to dml_file/log/<run id>/.
+The same workflow as gl_run.py (curl /start, /status, /finish, /emulated/reset)
+with links.json, ra_structure.json and ra_dataset.json.
 """
-from __future__ import annotations
-
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-
 from controller.bootstrap import use_venv  # noqa: E402
 
 use_venv(HERE, "ra_run.py")
-
 from controller.runner import main  # noqa: E402
 
 if __name__ == "__main__":
