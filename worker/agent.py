@@ -149,7 +149,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     except TestbedError as e:
         print(f"edgetb-agent: {e.message}", file=sys.stderr)
         return 2
-    log.info("agent listening on %s:%d", args.bind, args.port)
+    if host.runtime.kind == "docker":
+        from worker import runtime_docker
+
+        problem = runtime_docker.probe(host.runtime.image)
+        if problem:
+            log.warning("Docker nodes cannot be created yet: %s", problem)
+    log.info("agent listening on %s:%d (%s nodes)", args.bind, args.port, host.runtime.kind)
     serve(create_app(host, token), args.port, args.bind, log)
     return 0
 

@@ -307,11 +307,11 @@ class DockerRuntime:
         """Remove every container and network labelled with this testbed's id, and their namespace names."""
         docker = _sdk()
         with self.store.locked() as state:
-            found = self._our_containers()
-            names = {c["Labels"].get(NODE_LABEL) or c["Names"][0].lstrip("/") for c in found}
-            for netns in nsfs.list_netns():
+            for netns in nsfs.list_netns():  # first: these need no engine
                 if self.names.owns_netns(netns):
                     nsfs.remove(netns)
+            found = self._our_containers()
+            names = {c["Labels"].get(NODE_LABEL) or c["Names"][0].lstrip("/") for c in found}
 
             def one(container: dict[str, Any]) -> None:
                 try:
