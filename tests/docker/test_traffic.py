@@ -47,5 +47,6 @@ def test_cpu_quota_holds_a_busy_loop(host, request):
     report(request, "cpu_share_limited", share["slow"])
     report(request, "cpu_share_unlimited", share["free"])
     assert 0.16 <= share["slow"] <= 0.24, f"a busy loop in a cpu=0.2 container used {share['slow']:.3f} of a core"
-    # the same loop in a container without a limit gets far more (the measurement can fail both ways)
-    assert share["free"] >= 0.5, f"a busy loop in an unlimited container used only {share['free']:.3f} of a core"
+    # the same loop in a container without a limit gets clearly more (the measurement can fail both ways;
+    # on an idle 2-core machine it gets a whole core, with other work running about its fair share)
+    assert share["free"] >= 0.3, f"a busy loop in an unlimited container used only {share['free']:.3f} of a core"
