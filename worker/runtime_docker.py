@@ -158,13 +158,13 @@ class DockerRuntime:
         if missing:
             raise ConfigError(f"cannot mount into the nodes: {', '.join(missing)} does not exist")
         with self.store.locked() as state:
-            claim_runtime(state, self.kind, self.names.id)
-            state.setdefault("subnet", str(self.subnet))
-            if state["subnet"] != str(self.subnet):
+            if state["nodes"] and state.get("subnet", str(self.subnet)) != str(self.subnet):
                 raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {self.subnet}")
             todo = new_specs(state, specs)
             if todo:
                 require_image(self.api, self.image)
+            claim_runtime(state, self.kind, self.names.id)
+            state["subnet"] = str(self.subnet)
             next_index = max((n["index"] for n in state["nodes"].values()), default=-1) + 1
             records = [{"name": s.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
                         "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(s.name),
@@ -181,6 +181,8 @@ class DockerRuntime:
                 self._remove_containers(created)
                 if not state["nodes"]:
                     self._remove_network(state)
+                    state.pop("subnet", None)
+                    state.pop("runtime", None)
                 raise
             return [state["nodes"][s.name] for s in specs]
 

@@ -86,7 +86,7 @@ def test_bring_up_is_all_or_nothing(host, engine):
     with pytest.raises(NodeRuntimeError, match="greedy"):
         host.create_nodes({"version": 1, "nodes": [{"name": "ok1"}, {"name": "greedy", "cpu": cpus + 1},
                                                    {"name": "ok2"}]})
-    assert host.status()["nodes"] == []
+    assert host.status()["nodes"] == [] and host.status()["subnet"] is None  # the state is as before
     assert engine.containers(all=True, filters={"label": f"edgetb.testbed={host.testbed_id}"}) == []
     assert engine.networks(filters={"label": f"edgetb.testbed={host.testbed_id}"}) == []
     assert [n for n in nsfs.list_netns() if n.startswith(f"etb-{host.testbed_id}-")] == []
@@ -96,6 +96,7 @@ def test_missing_image_says_how_to_build_it(make_host, tmp_path):
     host = make_host(image="edgetb-node:no-such-tag")
     with pytest.raises(CapabilityError, match="build_node_image.sh"):
         host.create_nodes({"version": 1, "nodes": [{"name": "x"}]})
+    assert host.status()["subnet"] is None and "runtime" not in host.store.read()  # nothing was claimed
     caps = host.capabilities()
     assert "docker" not in caps["runtimes"] and "build_node_image.sh" in caps["docker"]["problem"]
     assert "docker" in WorkerHost("t0ok", state_root=str(tmp_path / "caps"), runtime="docker").capabilities()["runtimes"]
