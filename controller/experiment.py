@@ -32,6 +32,7 @@ NODE_PORT = 4444
 # one BLAS thread and two malloc arenas per node: hundreds of nodes share two cores
 NODE_ENV = {"PYTHONPATH": REPO_ROOT, "OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 MAX_LOG_BYTES = 64 * 1024 * 1024
+HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 
 
 @dataclass
@@ -234,7 +235,10 @@ class Experiment:
         self.nodes[name].log_received = True
 
     def _watch(self) -> None:
-        """Mark nodes whose process died as failed, so a lost node never hangs the run."""
+        """Mark nodes whose process died as failed, and every ``HEALTH_POLL_S`` ask the
+        running ones how they are (pulling the log of one that ended but could not
+        upload it), so that neither a lost node nor a lost upload hangs the run."""
+        polled = time.monotonic()
         while self.phase == "running":
             try:
                 procs = {p["id"]: p for p in self.worker.processes()["processes"]}
@@ -245,8 +249,22 @@ class Experiment:
                 if node.state == "running" and proc is not None and not proc["running"]:
                     node.state, node.detail = "failed", f"process exited (code {proc.get('returncode')})"
                     self.progress(f"{node.name}: failed: {node.detail}")
+            if time.monotonic() - polled >= HEALTH_POLL_S:
+                polled = time.monotonic()
+                for node in [n for n in self.nodes.values() if n.state == "running"]:
+                    health = self._health(node.name)
+                    if health and health.get("state") in ("done", "failed") and self.phase == "running":
+                        self._pull_log(node.name)
             self._check_all_settled()
             time.sleep(1.0)
+
+    def _pull_log(self, name: str) -> None:
+        try:
+            resp = self._session.get(self._node_url(name, "/log"), timeout=10)
+            resp.raise_for_status()
+        except requests.RequestException:
+            return
+        self.on_log(name, resp.content)
 
     def _check_all_settled(self) -> None:
         if self.phase == "running" and all(n.state in ("done", "failed") for n in self.nodes.values()):

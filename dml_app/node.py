@@ -179,8 +179,10 @@ class NodeService:
         with open(self.events.path, "rb") as f:
             body = f.read()
         try:
+            # retried for about 3 minutes: when hundreds of nodes end at once, ARP and
+            # accept queues overflow (the controller also pulls logs it misses)
             status, answer = request("POST", f"{self.controller}/log?node={self.name}", body, "application/x-ndjson",
-                                     timeout_s=60, retries=3, headers=self.auth)
+                                     timeout_s=60, retries=20, backoff_s=1.0, headers=self.auth)
             if status >= 400:
                 raise ConnectionError(f"{status}: {answer[:200]!r}")
         except ConnectionError as e:
