@@ -258,13 +258,19 @@ class Experiment:
             self._check_all_settled()
             time.sleep(1.0)
 
-    def _pull_log(self, name: str) -> None:
+    def _fetch_log(self, name: str) -> Optional[bytes]:
+        """A node's events, asked for (None when it does not answer)."""
         try:
             resp = self._session.get(self._node_url(name, "/log"), timeout=10)
             resp.raise_for_status()
         except requests.RequestException:
-            return
-        self.on_log(name, resp.content)
+            return None
+        return resp.content
+
+    def _pull_log(self, name: str) -> None:
+        body = self._fetch_log(name)
+        if body is not None:
+            self.on_log(name, body)
 
     def _check_all_settled(self) -> None:
         if self.phase == "running" and all(n.state in ("done", "failed") for n in self.nodes.values()):
@@ -284,11 +290,10 @@ class Experiment:
                     except requests.RequestException:
                         pass
                 if not node.log_received and node.up:
-                    try:
-                        resp = self._session.get(self._node_url(name, "/log"), timeout=10)
-                        if resp.ok:
-                            self._store_log(name, resp.content)
-                    except requests.RequestException:
+                    body = self._fetch_log(name)
+                    if body is not None:
+                        self._store_log(name, body)
+                    else:
                         node.detail = node.detail or "its log could not be collected"
             os.makedirs(self.run_dir, exist_ok=True)
             self._write_json("topology.json", self.topology.to_dict())

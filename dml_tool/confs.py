@@ -89,7 +89,9 @@ def structure_confs(structure: dict[str, dict[str, Any]], topology: Topology, ip
     trees: dict[str, dict[str, str]] = {}
     for src, conf in structure.items():
         for dest in conf.get("talks_to", []):
-            tree = trees.get(dest) or trees.setdefault(dest, next_hops(topology, members, dest))
+            if dest not in trees:
+                trees[dest] = next_hops(topology, members, dest)
+            tree = trees[dest]
             if src not in tree:
                 raise ConfigError(f"{src} must send to {dest}, but no path of links.json leads there "
                                   f"(through nodes of this experiment)")

@@ -31,7 +31,7 @@ from typing import Any, Iterator, Optional, Sequence
 from worker import nsfs
 from worker.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
 from worker.runtime_netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, new_specs,
-                                  node_address)
+                                  node_address, parse_subnet)
 from worker.state import StateStore
 
 DEFAULT_IMAGE = "edgetb-node:bookworm-1"  # scripts/build_node_image.sh and worker/Dockerfile build this tag
@@ -109,12 +109,7 @@ class DockerRuntime:
         """``binds`` maps more host paths to their mode (``"ro"`` or ``"rw"``); they appear at the same path."""
         self.store = store
         self.names = Naming(store.testbed_id)
-        try:
-            self.subnet = ipaddress.IPv4Network(subnet)
-        except ValueError as e:
-            raise ConfigError(f"subnet {subnet!r}: {e}") from None
-        if self.subnet.num_addresses < 4:
-            raise ConfigError(f"subnet {subnet} is too small")
+        self.subnet = parse_subnet(subnet)
         self.image = image or node_image()
         self.code_root = os.path.abspath(code_root)
         self.binds = {os.path.join(self.code_root, d): "ro" for d in ("dml_app", "dataset")}

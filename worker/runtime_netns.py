@@ -36,6 +36,17 @@ def node_address(subnet: ipaddress.IPv4Network, index: int) -> str:
     return str(subnet.network_address + 2 + index)
 
 
+def parse_subnet(subnet: str) -> ipaddress.IPv4Network:
+    """A node subnet: an IPv4 network with room for the bridge and nodes."""
+    try:
+        network = ipaddress.IPv4Network(subnet)
+    except ValueError as e:
+        raise ConfigError(f"subnet {subnet!r}: {e}") from None
+    if network.num_addresses < 4:
+        raise ConfigError(f"subnet {subnet} is too small")
+    return network
+
+
 class Naming:
     """Names of every resource of one testbed."""
 
@@ -125,12 +136,7 @@ class NetnsRuntime:
     def __init__(self, store: StateStore, subnet: str = DEFAULT_SUBNET) -> None:
         self.store = store
         self.names = Naming(store.testbed_id)
-        try:
-            self.subnet = ipaddress.IPv4Network(subnet)
-        except ValueError as e:
-            raise ConfigError(f"subnet {subnet!r}: {e}") from None
-        if self.subnet.num_addresses < 4:
-            raise ConfigError(f"subnet {subnet} is too small")
+        self.subnet = parse_subnet(subnet)
         self.cgroups = cgroups.Cgroups(self.names.cgroup)
 
     # addresses -------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
-from tests.netns.conftest import free_subnet, new_testbed_id
+from tests.netns.conftest import free_subnet, new_testbed_id, reset_hosts
 from worker.host import WorkerHost
 
 
@@ -62,15 +62,7 @@ def make_host(tmp_path) -> Iterator[Callable[..., WorkerHost]]:
         return host
 
     yield make
-    errors = []
-    for host in reversed(hosts):
-        try:
-            host.reset()
-        except Exception as e:  # reset the others anyway, then fail
-            errors.append(f"reset of {host.testbed_id} failed: {e!r}")
-    assert not errors, errors
-    for host in hosts:
-        assert_no_leftovers(host)
+    reset_hosts(hosts, assert_no_leftovers)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import shutil
 import string
 import subprocess
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -92,6 +92,19 @@ def assert_no_leftovers(host: WorkerHost) -> None:
         assert not items, f"testbed {host.testbed_id} left {key}: {items}"
 
 
+def reset_hosts(hosts: list[WorkerHost], check: Callable[[WorkerHost], None]) -> None:
+    """Reset every host (the others too when one fails), then ``check`` each left nothing."""
+    errors = []
+    for host in reversed(hosts):
+        try:
+            host.reset()
+        except Exception as e:  # reset the others anyway, then fail
+            errors.append(f"reset of {host.testbed_id} failed: {e!r}")
+    assert not errors, errors
+    for host in hosts:
+        check(host)
+
+
 @pytest.fixture
 def make_host(tmp_path):
     """Factory of WorkerHosts; every one is reset at teardown (even on failure) and checked for leftovers."""
@@ -106,15 +119,7 @@ def make_host(tmp_path):
         return host
 
     yield make
-    errors = []
-    for host in reversed(hosts):
-        try:
-            host.reset()
-        except Exception as e:  # reset the others anyway, then fail
-            errors.append(f"reset of {host.testbed_id} failed: {e!r}")
-    assert not errors, errors
-    for host in hosts:
-        assert_no_leftovers(host)
+    reset_hosts(hosts, assert_no_leftovers)
 
 
 @pytest.fixture
