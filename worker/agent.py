@@ -3,6 +3,7 @@
 Run as root on every worker host::
 
     python3 -m worker.agent --port 3334 [--id 0] [--subnet 10.77.0.0/16] [--token-file F]
+                            [--runtime netns|docker|physical] [--workdir DIR]
 
 Every call but ``GET /health`` needs ``Authorization: Bearer <token>``; the token
 comes from ``$EDGETB_TOKEN`` or the token file (made, mode 0600, when missing).
@@ -116,6 +117,18 @@ def create_app(host: WorkerHost, token: str) -> Flask:
     def start_process(name: str) -> Any:
         return jsonify(run_blocking(host.start_process, name, body())), 201
 
+    @app.post("/nodes/<name>/app")
+    def start_node(name: str) -> Any:
+        return jsonify(run_blocking(host.start_node, name, body())), 201
+
+    @app.put("/routes")
+    def set_routes() -> Any:
+        return jsonify(run_blocking(host.set_routes, body()))
+
+    @app.post("/sync")
+    def sync() -> Any:
+        return jsonify(run_blocking(host.sync, body()))
+
     @app.get("/processes")
     def processes() -> Any:
         return jsonify(run_blocking(host.processes))
@@ -138,14 +151,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--id", default=os.environ.get("EDGETB_ID", "0"), help="testbed id (default 0)")
     parser.add_argument("--subnet", default=DEFAULT_SUBNET, help="this host's node subnet")
     parser.add_argument("--token-file", default=None, help="shared secret file (default: state dir/token)")
-    parser.add_argument("--runtime", choices=("netns", "docker"), default=None,
-                        help="what a node is: a network namespace or a Docker container "
+    parser.add_argument("--runtime", choices=("netns", "docker", "physical"), default=None,
+                        help="what a node is: a network namespace, a Docker container, or this device itself "
                              "(default: the kind the testbed's existing nodes are, else netns)")
+    parser.add_argument("--workdir", default=None,
+                        help="where nodes find dml_app/ and dataset/ (synced from the controller) and write "
+                             "their files (default: the testbed's state directory/work)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     try:
         token = load_token(args.token_file)
-        host = WorkerHost(args.id, args.subnet, runtime=args.runtime)
+        host = WorkerHost(args.id, args.subnet, runtime=args.runtime, workdir=args.workdir)
     except TestbedError as e:
         print(f"edgetb-agent: {e.message}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -17,7 +18,9 @@ from typing import Any, Optional
 
 from worker import tc_apply
 from worker.cgroups import detect_version
+from worker.procs import start_ticks
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
+from worker.routes import Routes, parse_routes
 from worker.runtime_netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
 from worker.shape import Shape
 from worker.state import StateStore
@@ -42,32 +45,46 @@ def _argv(value: Any) -> list[str]:
     return value
 
 
-RUNTIMES = ("netns", "docker")
+RUNTIMES = ("netns", "docker", "physical")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NODE_MODULE = "dml_app.node"
 
 
 class WorkerHost:
     """Everything one worker host does for one testbed."""
 
     def __init__(self, testbed_id: str = "0", subnet: str = DEFAULT_SUBNET, state_root: Optional[str] = None,
-                 runtime: Optional[str] = None, runtime_options: Optional[dict[str, Any]] = None) -> None:
-        """``runtime`` is the kind of node this testbed makes: ``netns`` or ``docker`` (default: the
-        kind its existing nodes are, else netns). ``runtime_options`` go to the Docker runtime
-        (``image``, ``code_root``, ``binds``)."""
+                 runtime: Optional[str] = None, runtime_options: Optional[dict[str, Any]] = None,
+                 workdir: Optional[str] = None, code_root: Optional[str] = None) -> None:
+        """``runtime`` is the kind of node this testbed makes: ``netns``, ``docker`` or ``physical``
+        (default: the kind its existing nodes are, else netns). ``runtime_options`` go to the Docker
+        runtime (``image``, ``binds``). Nodes run ``dml_app`` from ``code_root`` with ``workdir`` as
+        their experiment directory (default: a directory of this testbed's state, filled by ``sync``)."""
         self.store = StateStore(testbed_id, state_root)
+        state = self.store.read()
         if runtime is None:
-            state = self.store.read()
             runtime = state.get("runtime", "netns") if state["nodes"] else "netns"
         if runtime not in RUNTIMES:
             raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+        self.workdir = os.path.abspath(workdir or os.path.join(self.store.dir, "work"))
+        self.code_root = os.path.abspath(code_root or state.get("code_root") or self.workdir)
         self.runtime: Any
         if runtime == "docker":
             from worker.runtime_docker import DockerRuntime  # the Docker SDK only when asked for
 
-            self.runtime = DockerRuntime(self.store, subnet, **(runtime_options or {}))
+            options = dict(runtime_options or {})
+            binds = {os.path.join(self.workdir, "dataset"): "ro", os.path.join(self.workdir, "dml_file"): "rw"}
+            options["binds"] = binds | options.get("binds", {})
+            self.runtime = DockerRuntime(self.store, subnet, code_root=self.code_root, **options)
+        elif runtime_options:
+            raise ConfigError("runtime options are for the docker runtime only")
+        elif runtime == "physical":
+            from worker.runtime_physical import PhysicalRuntime
+
+            self.runtime = PhysicalRuntime(self.store)
         else:
-            if runtime_options:
-                raise ConfigError("runtime options are for the docker runtime only")
             self.runtime = NetnsRuntime(self.store, subnet)
+        self.routes = Routes(self.store)
         self._children: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
@@ -82,13 +99,18 @@ class WorkerHost:
 
         from worker import runtime_docker  # imports the SDK only inside, when probing
 
+        from worker.sync import nfs_problem as probe_nfs
+
         image = getattr(self.runtime, "image", None)
         docker_problem = runtime_docker.probe(image)
+        nfs_problem = probe_nfs()
         return {"version": API_VERSION, "netem": tc_apply.netem_available(),
                 "cgroup_version": detect_version(), "iptables": bool(shutil.which("iptables")),
                 "runtimes": ["netns"] + ([] if docker_problem else ["docker"]), "runtime": self.runtime.kind,
                 "docker": {"image": image or runtime_docker.node_image(), "available": docker_problem is None,
                            "problem": docker_problem},
+                "subnet": str(self.runtime.subnet) if self.runtime.subnet else None,
+                "nfs": {"available": nfs_problem is None, "problem": nfs_problem},
                 "kernel": os.uname().release}
 
     def create_nodes(self, body: Any) -> dict[str, Any]:
@@ -217,7 +239,7 @@ class WorkerHost:
         with self._lock:
             self._children[proc_id] = child
         record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
-                  "started": time.time(), "start_ticks": _start_ticks(child.pid)}
+                  "started": time.time(), "start_ticks": start_ticks(child.pid)}
         with self.store.locked() as state:
             state["processes"][proc_id] = record
         return {"version": API_VERSION, **record, "running": True}
@@ -234,7 +256,7 @@ class WorkerHost:
             code = child.poll()
             return {"running": code is None, "returncode": code}
         ticks = rec.get("start_ticks")
-        return {"running": ticks is not None and _start_ticks(rec["pid"]) == ticks, "returncode": None}
+        return {"running": ticks is not None and start_ticks(rec["pid"]) == ticks, "returncode": None}
 
     def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
         rec = self.store.read()["processes"].get(proc_id)
@@ -280,9 +302,61 @@ class WorkerHost:
                 "stdout": out[:MAX_OUTPUT_BYTES].decode(errors="replace"),
                 "stderr": err[:MAX_OUTPUT_BYTES].decode(errors="replace")}
 
+    def start_node(self, node: str, body: Any) -> dict[str, Any]:
+        """Start a node's DML process (``python -m dml_app.node ARGS``) from this host's code
+        root with this host's experiment directory, in the node's runtime."""
+        body = check_version(body)
+        args = body.get("args")
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ConfigError("args must be a list of strings")
+        if any(a.startswith("--workdir") for a in args):
+            raise ConfigError("--workdir is the host's to choose")
+        env = body.get("env") or {}
+        if not isinstance(env, dict):
+            raise ConfigError("env must map strings to strings")
+        if not os.path.isdir(os.path.join(self.code_root, "dml_app")):
+            raise ConfigError(f"no dml_app in {self.code_root}: sync the code to this host first")
+        os.makedirs(os.path.join(self.workdir, "dml_file"), exist_ok=True)
+        python = "python3" if self.runtime.kind == "docker" else sys.executable
+        argv = [python, "-m", NODE_MODULE, *args, "--workdir", self.workdir]
+        return self.start_process(node, {"version": API_VERSION, "argv": argv,
+                                         "env": {**env, "PYTHONPATH": self.code_root}})
+
+    # routes and code ---------------------------------------------------------------------
+    def set_routes(self, body: Any) -> dict[str, Any]:
+        """Route other hosts' node subnets via their LAN addresses; accept traffic from ``peers``."""
+        routes, peers = parse_routes(check_version(body))
+        return self.routes.set(routes, peers)
+
+    def sync(self, body: Any) -> dict[str, Any]:
+        """Fill this host's experiment directory with the controller's ``dml_app/`` and ``dataset/``:
+        mounted over NFS when ``nfs`` names an export, else fetched over HTTP (changed files only)."""
+        from worker import sync
+
+        body = check_version(body)
+        if body.get("nfs"):
+            share = os.path.join(self.workdir, "nfs")
+            if not os.path.ismount(share):
+                result = sync.mount_nfs(str(body["nfs"]), share)
+            else:
+                result = {"version": API_VERSION, "method": "nfs", "dest": share, "export": body["nfs"]}
+            for tree in ("dml_app", "dataset"):
+                link = os.path.join(self.workdir, tree)
+                if not os.path.islink(link):
+                    os.symlink(os.path.join("nfs", tree), link)
+        else:
+            url, token = body.get("url"), body.get("token")
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not isinstance(token, str):
+                raise ConfigError("sync needs the controller's 'url' (http://...) and a 'token', or an 'nfs' export")
+            result = sync.sync_http(url, token, self.workdir)
+        with self.store.locked() as state:
+            state["code_root"] = self.code_root = self.workdir
+            state["synced"] = result["method"]
+        return result
+
     def _child_env(self, extra: dict[str, str]) -> dict[str, str]:
-        """A netns node's process inherits the agent's environment; a container's has its image's."""
-        return _child_env(extra) if self.runtime.kind == "netns" else dict(extra)
+        """A netns or physical node's process inherits the agent's environment; a container's has its image's."""
+        return dict(extra) if self.runtime.kind == "docker" else _child_env(extra)
 
     # status and reset ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -296,13 +370,20 @@ class WorkerHost:
         running = sum(1 for p in state["processes"].values() if self._process_state(p)["running"])
         return {"version": API_VERSION, "testbed_id": self.testbed_id, "runtime": self.runtime.kind,
                 "subnet": state.get("subnet"),
-                "bridge": state.get("bridge"), "bridge_ip": self.runtime.bridge_ip if state.get("bridge") else None, "nodes": nodes, "processes_running": running}
+                "bridge": state.get("bridge"), "bridge_ip": self.runtime.bridge_ip if state.get("bridge") else None,
+                "routes": state.get("routes", []), "nodes": nodes, "processes_running": running}
 
     def reset(self) -> dict[str, Any]:
         with self._lock:
             children = list(self._children.values())
             self._children.clear()
         removed = self.runtime.reset()
+        removed["routes"] = self.routes.reset()
+        share = os.path.join(self.workdir, "nfs")
+        if os.path.ismount(share):
+            from worker.sync import unmount
+
+            unmount(share)
         for child in children:
             try:
                 child.wait(timeout=5)
@@ -320,15 +401,6 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGETB_TOKEN")}
     env.update(extra)
     return env
-
-
-def _start_ticks(pid: int) -> Optional[int]:
-    """A process's start time in clock ticks (tells a pid from a reused one)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 __all__ = ["WorkerHost", "API_VERSION", "TestbedError"]

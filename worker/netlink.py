@@ -37,6 +37,9 @@ SO_RCVBUFFORCE = 33
 
 RTM_NEWLINK, RTM_DELLINK = 16, 17
 RTM_NEWADDR = 20
+RTM_NEWROUTE = 24
+RTA_OIF, RTA_GATEWAY = 4, 5
+RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
 RTM_NEWQDISC, RTM_DELQDISC, RTM_GETQDISC = 36, 37, 38
 RTM_NEWTCLASS, RTM_DELTCLASS, RTM_GETTCLASS = 40, 41, 42
 RTM_NEWTFILTER, RTM_DELTFILTER, RTM_GETTFILTER = 44, 45, 46
@@ -64,6 +67,7 @@ _HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
 _IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
+_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _RATESPEC = struct.Struct("=BBHhHI")  # cell_log, linklayer, overhead, cell_align, mpu, rate
 
 
@@ -221,6 +225,13 @@ def add_ipv4(index: int, address: str, prefixlen: int) -> bytes:
     body = _IFADDR.pack(socket.AF_INET, prefixlen, 0, 0, index)
     body += attr(IFA_LOCAL, packed) + attr(IFA_ADDRESS, packed)
     return message(RTM_NEWADDR, CREATE, body)
+
+
+def default_route(index: int, gateway: str) -> bytes:
+    """The default route via ``gateway`` on interface ``index``."""
+    body = _RTMSG.pack(socket.AF_INET, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
+    body += attr(RTA_GATEWAY, ipaddress.IPv4Address(gateway).packed) + attr_u32(RTA_OIF, index)
+    return message(RTM_NEWROUTE, CREATE, body)
 
 
 @dataclass

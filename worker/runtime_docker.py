@@ -29,9 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Optional, Sequence
 
 from worker import nsfs
+from worker.procs import start_ticks
 from worker.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
-from worker.runtime_netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, new_specs,
-                                  node_address, parse_subnet)
+from worker.runtime_netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, emulated_only,
+                                  new_specs, node_address, parse_subnet)
 from worker.state import StateStore
 
 DEFAULT_IMAGE = "edgetb-node:bookworm-1"  # scripts/build_node_image.sh and worker/Dockerfile build this tag
@@ -147,8 +148,7 @@ class DockerRuntime:
     # bring-up ------------------------------------------------------------------------
     def create_nodes(self, specs: Sequence[NodeSpec]) -> list[dict[str, Any]]:
         """Create and start a container per spec, in parallel (all or nothing); existing ones are kept."""
-        for spec in specs:
-            spec.check()
+        emulated_only(specs, self.kind)
         missing = [p for p in self.binds if not os.path.exists(p)]
         if missing:
             raise ConfigError(f"cannot mount into the nodes: {', '.join(missing)} does not exist")
@@ -191,7 +191,9 @@ class DockerRuntime:
                 docker.types.IPAMPool(subnet=str(self.subnet), gateway=self.bridge_ip)])
             try:
                 self.api.create_network(self.network, driver="bridge", ipam=ipam, labels=self._labels(),
-                                        options={"com.docker.network.bridge.name": self.bridge},
+                                        options={"com.docker.network.bridge.name": self.bridge,
+                                                 # nodes keep their own source address on the way to other hosts
+                                                 "com.docker.network.bridge.enable_ip_masquerade": "false"},
                                         check_duplicate=True)
             except docker.errors.APIError as e:
                 raise NodeRuntimeError(f"cannot create network {self.network} ({self.subnet}): {_short(e)}") from None
@@ -435,7 +437,7 @@ class ExecProcess:
         while True:
             info = self._api.exec_inspect(self._exec_id)
             if info.get("Pid"):
-                return info["Pid"], _start_ticks(info["Pid"])
+                return info["Pid"], start_ticks(info["Pid"])
             if not info.get("Running") and info.get("ExitCode") is not None:
                 self._pump.join(5)
                 self.returncode = info["ExitCode"]
@@ -450,7 +452,7 @@ class ExecProcess:
             time.sleep(0.005)
 
     def _alive(self) -> bool:
-        return self._ticks is not None and _start_ticks(self.pid) == self._ticks
+        return self._ticks is not None and start_ticks(self.pid) == self._ticks
 
     def poll(self) -> Optional[int]:
         if self.returncode is not None:
@@ -506,13 +508,3 @@ class ExecProcess:
         import signal
 
         self.send_signal(signal.SIGKILL)
-
-
-def _start_ticks(pid: int) -> Optional[int]:
-    """A live process's start time in clock ticks (None when gone or a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])

@@ -2,8 +2,9 @@
 
 Each node is a namespace ``etb-<id>-<node>`` holding ``eth0`` (the end of a veth
 whose host end ``etb-<id>-<index>`` sits on the bridge ``etb-<id>-br``) and an
-address from the testbed's subnet; the bridge holds the subnet's first address
-so the host can reach every node. Every name carries the testbed id, and reset
+address from the testbed's subnet, with a default route via the bridge, which
+holds the subnet's first address: the host reaches every node, and nodes reach
+other hosts' subnets through the host's routes. Every name carries the testbed id, and reset
 removes exactly what carries it.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import shutil
 import signal
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from worker import cgroups, netlink as nl, nsfs
 from worker.errors import ConfigError, NodeRuntimeError, NotFound
@@ -74,20 +75,21 @@ class Naming:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """What a caller asks for: a name and optional limits."""
+    """What a caller asks for: a name and optional limits (``ip`` only for a physical device)."""
 
     name: str
     cpu: Optional[float] = None
     mem_bytes: Optional[int] = None
+    ip: Optional[str] = None
 
     @classmethod
     def from_dict(cls, data: Any) -> "NodeSpec":
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise ConfigError(f"a node needs a string 'name', got {data!r}")
-        unknown = set(data) - {"name", "cpu", "mem_bytes"}
+        unknown = set(data) - {"name", "cpu", "mem_bytes", "ip"}
         if unknown:
             raise ConfigError(f"node {data['name']!r}: unknown fields {sorted(unknown)}")
-        spec = cls(data["name"], data.get("cpu"), data.get("mem_bytes"))
+        spec = cls(data["name"], data.get("cpu"), data.get("mem_bytes"), data.get("ip"))
         spec.check()
         return spec
 
@@ -100,6 +102,20 @@ class NodeSpec:
         if self.mem_bytes is not None and (isinstance(self.mem_bytes, bool) or not isinstance(self.mem_bytes, int)
                                            or self.mem_bytes < 4 * 1024 * 1024):
             raise ConfigError(f"node {self.name}: mem_bytes must be an integer >= 4 MiB, got {self.mem_bytes!r}")
+        if self.ip is not None:
+            try:
+                ipaddress.IPv4Address(self.ip)
+            except ValueError:
+                raise ConfigError(f"node {self.name}: ip {self.ip!r} is not an IPv4 address") from None
+
+
+def emulated_only(specs: Sequence[NodeSpec], kind: str) -> None:
+    """Emulated nodes get their address from the host's subnet: an ``ip`` is for physical devices."""
+    for spec in specs:
+        spec.check()
+        if spec.ip is not None:
+            raise ConfigError(f"node {spec.name}: a {kind} node gets its address from the subnet; "
+                              "an 'ip' is for physical nodes")
 
 
 def new_specs(state: dict[str, Any], specs: Sequence[NodeSpec]) -> list[NodeSpec]:
@@ -150,8 +166,7 @@ class NetnsRuntime:
     # bring-up ----------------------------------------------------------------
     def create_nodes(self, specs: Sequence[NodeSpec]) -> list[dict[str, Any]]:
         """Create every node in ``specs`` (all or nothing); existing identical nodes are kept."""
-        for spec in specs:
-            spec.check()
+        emulated_only(specs, self.kind)
         with self.store.locked() as state:
             claim_runtime(state, self.kind, self.names.id)
             state.setdefault("subnet", str(self.subnet))
@@ -233,8 +248,10 @@ class NetnsRuntime:
         for rec in records:
             with nl.RtnlSocket(rec["netns"]) as sock:
                 failures = sock.run([nl.link_up(1), nl.link_up(NODE_IFINDEX),
-                                     nl.add_ipv4(NODE_IFINDEX, rec["ip"], rec["prefixlen"])])
-            _raise_first(failures, [f"node {rec['name']}: {step}" for step in ("lo up", "eth0 up", "address")])
+                                     nl.add_ipv4(NODE_IFINDEX, rec["ip"], rec["prefixlen"]),
+                                     nl.default_route(NODE_IFINDEX, self.bridge_ip)])
+            _raise_first(failures, [f"node {rec['name']}: {step}"
+                                    for step in ("lo up", "eth0 up", "address", "default route")])
             if rec["cpu"] or rec["mem_bytes"]:
                 self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"])
 
@@ -294,13 +311,8 @@ class NetnsRuntime:
         state.pop("iptables", None)
 
     def _remove_iptables_rules(self) -> None:
-        if not shutil.which("iptables"):
-            return
-        listing = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True).stdout
-        for line in listing.splitlines():
-            words = line.split()
-            if words[:1] == ["-A"] and self.names.iptables_comment in words:
-                subprocess.run(["iptables", "-w", "-D", *words[1:]], capture_output=True)
+        if shutil.which("iptables"):
+            remove_forward_rules(self.names.iptables_comment)
 
     def reset(self) -> dict[str, int]:
         """Remove every resource that carries this testbed's id, with or without a state file."""
@@ -330,6 +342,15 @@ class NetnsRuntime:
                 "links": [n for n in links if n and self.names.owns_link(n)],
                 "cgroups": sorted(self.cgroups.nodes()) + [b for b in self.cgroups._bases() if os.path.isdir(b)],
                 "iptables": rules}
+
+
+def remove_forward_rules(comment: str, keep: Callable[[list[str]], bool] = lambda words: False) -> None:
+    """Delete the iptables FORWARD rules that carry ``comment`` (but those ``keep`` keeps)."""
+    listing = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        words = line.split()
+        if words[:1] == ["-A"] and comment in words and not keep(words):
+            subprocess.run(["iptables", "-w", "-D", *words[1:]], capture_output=True)
 
 
 def _ifindex(name: str) -> int:
