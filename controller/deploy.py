@@ -22,19 +22,11 @@ def _quiet(_: str) -> None:
     pass
 
 
-def emulated_nodes(topology: Topology) -> list[Any]:
-    """The nodes this single-host deployment creates; physical nodes are refused for now."""
-    physical = [n.name for n in topology.nodes.values() if n.kind != "emulated"]
-    if physical:
-        raise ConfigError(f"physical nodes ({', '.join(physical)}) need a multi-host deployment, "
-                          "which this version does not support yet")
-    return list(topology.nodes.values())
-
-
 def node_requests(topology: Topology) -> dict[str, Any]:
-    """The body of the create-nodes request."""
+    """The body of the create-nodes request (a physical node comes with its device's address)."""
     return {"version": 1, "nodes": [{"name": n.name, "cpu": n.cpu, "mem_bytes": n.mem_bytes}
-                                    for n in emulated_nodes(topology)]}
+                                    | ({"ip": n.ip} if n.kind == "physical" else {})
+                                    for n in topology.nodes.values()]}
 
 
 def link_requests(topology: Topology, ips: dict[str, str]) -> dict[str, Any]:
@@ -43,10 +35,20 @@ def link_requests(topology: Topology, ips: dict[str, str]) -> dict[str, Any]:
                                      "shape": link.shape.to_dict()} for link in topology.links.values()]}
 
 
-def planned_ips(topology: Topology, subnet: str) -> dict[str, str]:
-    """The addresses a fresh netns testbed gives the topology's nodes (for dry runs)."""
-    net = ipaddress.IPv4Network(subnet)
-    return {n.name: node_address(net, i) for i, n in enumerate(emulated_nodes(topology))}
+def planned_ips(topology: Topology, subnet: str, subnets: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The addresses fresh hosts give the topology's nodes (for dry runs and first confs): each
+    host numbers its emulated nodes in its subnet (``subnets`` by host, else ``subnet``);
+    a physical node has its device's address."""
+    ips: dict[str, str] = {}
+    count: dict[str, int] = {}
+    for n in topology.nodes.values():
+        if n.kind == "physical" and n.ip:
+            ips[n.name] = n.ip
+            continue
+        net = ipaddress.IPv4Network((subnets or {}).get(n.host, subnet))
+        ips[n.name] = node_address(net, count.get(n.host, 0))
+        count[n.host] = count.get(n.host, 0) + 1
+    return ips
 
 
 def plans(topology: Topology, ips: dict[str, str]) -> dict[str, Plan]:

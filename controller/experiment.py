@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -27,10 +26,9 @@ from controller.agent_client import Worker
 from controller.topology import Topology, load_links
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODE_PORT = 4444
 # one BLAS thread and two malloc arenas per node: hundreds of nodes share two cores
-NODE_ENV = {"PYTHONPATH": REPO_ROOT, "OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+NODE_ENV = {"OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 MAX_LOG_BYTES = 64 * 1024 * 1024
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 
@@ -90,17 +88,20 @@ class Experiment:
         (by default 30 s plus 0.5 s per node: hundreds of processes start on a few cores)."""
         self.phase = "deploying"
         try:
+            sync_code = getattr(self.worker, "sync_code", None)
+            if sync_code is not None:  # hosts that are not this one get the code and shards first
+                sync_code(f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}", self.node_token,
+                          self.progress)
             result = deploy.deploy(self.topology, self.worker, self.progress)
-            controller_ip = self.worker.status()["bridge_ip"]
+            controller = f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}"
             for name, node in self.nodes.items():
                 node.ip = result["ips"][name]
                 node.shaping_verified = True
             self.progress(f"starting {len(self.nodes)} node processes")
             for name, node in self.nodes.items():
-                started = self.worker.start_process(name, {"version": 1, "argv": [
-                    sys.executable, "-m", "dml_app.node", "--name", name, "--port", str(self.node_port),
-                    "--controller", f"http://{controller_ip}:{self.controller_port}", "--run-id", self.run_id,
-                    "--workdir", self.workdir], "env": NODE_ENV | {"EDGETB_NODE_TOKEN": self.node_token}})
+                started = self.worker.start_node(name, {"version": 1, "args": [
+                    "--name", name, "--port", str(self.node_port), "--controller", controller,
+                    "--run-id", self.run_id], "env": NODE_ENV | {"EDGETB_NODE_TOKEN": self.node_token}})
                 node.process_id, node.pid = started["id"], started["pid"]
             self._wait_ready(ready_timeout_s or 30 + 1.0 * len(self.nodes))
         except BaseException as e:

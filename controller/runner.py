@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from controller import results
 from controller.app import create_app
 from controller.experiment import Experiment
+from controller.hosts import Hosts, check_placement, load_hosts
 from controller.topology import Topology, load_links, load_nodes
 from worker.errors import ConfigError, TestbedError
 from worker.runtime_netns import DEFAULT_SUBNET
@@ -33,6 +34,9 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("--port", type=int, default=3333, help="controller port (default 3333)")
     p.add_argument("--id", default=os.environ.get("EDGETB_ID", "0"), help="testbed id (default 0)")
     p.add_argument("--subnet", default=os.environ.get("EDGETB_SUBNET", DEFAULT_SUBNET))
+    p.add_argument("--runtime", choices=("netns", "docker"), default="netns",
+                   help="single host: what a node is, a network namespace or a Docker container (default netns)")
+    p.add_argument("--hosts", help="hosts file: run on several worker hosts (see controller/hosts.py)")
     p.add_argument("--auto", action="store_true", help="run the whole flow, print a summary, reset")
     p.add_argument("--timeout", type=float, default=900.0, help="--auto: seconds to wait for the run (default 900)")
     p.add_argument("--quiet-nodes", action="store_true", help="do not print the nodes' progress lines")
@@ -48,6 +52,10 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
     if topology is None:
         declared = load_nodes(path(args.nodes)) if args.nodes else None
         topology = load_links(path(args.links), declared, nodes_declared=declared is not None)
+    hosts = load_hosts(path(args.hosts)) if args.hosts else Hosts.single(args.runtime)
+    args.placement = check_placement(topology, hosts, args.hosts or "the single-host default (use --hosts for "
+                                                                    "physical nodes and other hosts)")
+    args.host_list = hosts
     structure = load_structure(path(args.structure), topology, algorithm)
     settings = load_dataset(path(args.dataset))
     write_confs(args.workdir, "structure", structure_confs(structure, topology, planned_ips(topology, args.subnet)))
@@ -71,9 +79,11 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
         return 2
     from gevent.pywsgi import WSGIServer
 
-    from worker.host import WorkerHost
-
-    worker = WorkerHost(args.id, args.subnet)
+    try:
+        worker = _workers(args)
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
     progress: Callable[[str], None] = _say
     if args.quiet_nodes:
         progress = lambda m: None if m.split(":", 1)[0] in structure else _say(m)  # noqa: E731
@@ -116,6 +126,17 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
             _say("removing the nodes and links")
             worker.reset()
     return code
+
+
+def _workers(args: argparse.Namespace) -> Any:
+    """This host's worker, or with a hosts file the cluster of every host's."""
+    from worker.host import REPO_ROOT, WorkerHost
+
+    if not args.hosts:
+        return WorkerHost(args.id, args.subnet, runtime=args.runtime, workdir=args.workdir, code_root=REPO_ROOT)
+    from controller.cluster import Cluster
+
+    return Cluster.connect(args.host_list, args.placement, args.id, args.subnet, args.workdir, REPO_ROOT)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -44,15 +44,23 @@ class Run:
     """``<kind>_run.py`` in a copy of the default experiment, on its own id, subnet and port."""
 
     def __init__(self, tmp: Path, structure: dict | None = None, dataset: dict | None = None,
-                 links: dict | None = None, extra_args: tuple[str, ...] = (), kind: str = "gl") -> None:
+                 links: dict | None = None, extra_args: tuple[str, ...] = (), kind: str = "gl",
+                 defer: bool = False) -> None:
+        """``defer``: only make the experiment directory; ``start`` runs the script."""
         self.workdir = make_workdir(tmp, structure, dataset, links, kind)
+        self.kind = kind
         self.id = "g" + secrets.token_hex(2)
         self.subnet = f"10.{230 + int(self.id[1:], 16) % 20}.0.0/16"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = self.workdir / "state"
+        self.proc: subprocess.Popen | None = None
+        if not defer:
+            self.start(*extra_args)
+
+    def start(self, *extra_args: str) -> None:
         env = dict(os.environ, EDGETB_STATE_DIR=str(self.state))
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / SCRIPTS[kind]), "--workdir", str(self.workdir),
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / SCRIPTS[self.kind]), "--workdir", str(self.workdir),
                                       "--port", str(self.port), "--id", self.id, "--subnet", self.subnet,
                                       "--quiet-nodes", *extra_args],
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -75,6 +83,8 @@ class Run:
         raise AssertionError(f"phase never became {phases}")
 
     def close(self) -> str:
+        if self.proc is None:
+            return ""
         if self.proc.poll() is None:
             try:
                 self.get("/emulated/reset")

@@ -1,0 +1,163 @@
+"""Where nodes run: the worker hosts of a multi-host experiment (pure model, no I/O but reading).
+
+hosts.json lists the worker hosts; a node's ``host`` (nodes file) names one::
+
+    {"version": 1,
+     "controller_ip": "10.254.0.1",
+     "hosts": [
+       {"name": "local", "runtime": "docker"},
+       {"name": "e1", "agent": "http://10.254.0.2:3334", "runtime": "netns"},
+       {"name": "pi1", "agent": "http://10.254.0.3:3334", "runtime": "physical",
+        "nfs": "10.254.0.1:/srv/edgetb"}]}
+
+- A host without ``agent`` is driven in-process on the controller's machine (one at most).
+- ``runtime``: ``netns`` or ``docker`` for an emulator host, ``physical`` for a device that
+  runs its one node itself (the node's ``ip`` is the device's).
+- ``ip``: the host's LAN address, which other hosts route its nodes' subnet via (default:
+  the agent URL's address; the controller's for the in-process host).
+- ``controller_ip``: how nodes and agents reach the controller (default: the address the
+  controller's machine uses towards the first agent).
+- ``nfs``: an export holding the experiment directory, mounted by the agent instead of
+  fetching dml_app/ and dataset/ over HTTP.
+- ``token_file``: the agent's token (default ``$EDGETB_TOKEN``, else the local agent token file).
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+from controller.topology import Topology, _only_fields, _read_json, valid_name
+from worker.errors import TopologyError
+
+HOST_FIELDS = ("name", "agent", "runtime", "ip", "nfs", "token_file")
+RUNTIMES = ("netns", "docker", "physical")
+LOCAL = "local"
+NFS_RE = re.compile(r"^[A-Za-z0-9.-]+:/[A-Za-z0-9._/-]*$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One worker host; ``agent`` None means in-process on the controller's machine."""
+
+    name: str
+    runtime: str = "netns"
+    agent: Optional[str] = None
+    ip: Optional[str] = None
+    nfs: Optional[str] = None
+    token_file: Optional[str] = None
+
+    @property
+    def emulator(self) -> bool:
+        return self.runtime != "physical"
+
+
+@dataclass
+class Hosts:
+    hosts: dict[str, Host]
+    controller_ip: Optional[str] = None
+
+    @classmethod
+    def single(cls, runtime: str = "netns") -> "Hosts":
+        """The single-host default: one in-process host called ``local``."""
+        return cls({LOCAL: Host(LOCAL, runtime)})
+
+
+def _ipv4(value: Any, where: str) -> str:
+    try:
+        if not isinstance(value, str):
+            raise ValueError
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        raise TopologyError(f"{where}: {value!r} is not an IPv4 address such as '10.254.0.2'") from None
+
+
+def load_hosts(path: str) -> Hosts:
+    """The hosts declared in ``path`` (format in the module docstring)."""
+    data = _read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("hosts"), list) or not data["hosts"]:
+        raise TopologyError(f"{path}: expected an object like {{\"hosts\": [{{\"name\": \"local\"}}]}}")
+    _only_fields(data, ("version", "hosts", "controller_ip"), ("hosts",), path)
+    if data.get("version", 1) != 1:
+        raise TopologyError(f"{path}, field 'version': expected 1, got {data['version']!r}")
+    controller_ip = _ipv4(data["controller_ip"], f"{path}, field 'controller_ip'") if "controller_ip" in data else None
+    hosts: dict[str, Host] = {}
+    for i, entry in enumerate(data["hosts"]):
+        where = f"{path}: hosts[{i}]"
+        _only_fields(entry, HOST_FIELDS, ("name",), where)
+        name = entry["name"]
+        if not valid_name(name):
+            raise TopologyError(f"{where}, field 'name': {name!r} is not a valid host name (1-15 letters, digits, "
+                                "'_' or '-')")
+        if name in hosts:
+            raise TopologyError(f"{where}: host {name!r} is declared twice")
+        where = f"{path}: host {name!r}"
+        runtime = entry.get("runtime", "netns")
+        if runtime not in RUNTIMES:
+            raise TopologyError(f"{where}, field 'runtime': {runtime!r} is not one of {', '.join(RUNTIMES)}")
+        agent, ip = entry.get("agent"), entry.get("ip")
+        if agent is not None:
+            parts = urlsplit(agent) if isinstance(agent, str) else None
+            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise TopologyError(f"{where}, field 'agent': {agent!r} is not an agent URL such as "
+                                    "'http://10.254.0.2:3334'")
+            if ip is None:
+                try:
+                    ip = str(ipaddress.IPv4Address(parts.hostname))
+                except ValueError:
+                    raise TopologyError(f"{where}, field 'ip': the agent is named {parts.hostname!r}, so give the "
+                                        "host's LAN address in 'ip'") from None
+        elif runtime == "physical":
+            raise TopologyError(f"{where}, field 'agent': a physical device runs its own agent; give its URL")
+        elif any(h.agent is None for h in hosts.values()):
+            raise TopologyError(f"{where}, field 'agent': only one host can be the controller's own (without 'agent')")
+        if ip is not None:
+            ip = _ipv4(ip, f"{where}, field 'ip'")
+        nfs = entry.get("nfs")
+        if nfs is not None and (agent is None or not isinstance(nfs, str) or not NFS_RE.match(nfs)):
+            raise TopologyError(f"{where}, field 'nfs': {nfs!r} must be an export such as '10.254.0.1:/srv/edgetb', "
+                                "on a host with an agent")
+        token_file = entry.get("token_file")
+        if token_file is not None and not isinstance(token_file, str):
+            raise TopologyError(f"{where}, field 'token_file': must be a path")
+        hosts[name] = Host(name, runtime, agent, ip, nfs, token_file)
+    return Hosts(hosts, controller_ip)
+
+
+def check_placement(topology: Topology, hosts: Hosts, source: str = "hosts") -> dict[str, str]:
+    """Node -> host name; every node's host exists and has the runtime its kind needs."""
+    placement: dict[str, str] = {}
+    per_host: dict[str, list[str]] = {}
+    for node in topology.nodes.values():
+        host = hosts.hosts.get(node.host)
+        if host is None:
+            raise TopologyError(f"node {node.name!r}, field 'host': unknown host {node.host!r}; "
+                                f"{source} declares {', '.join(hosts.hosts)}")
+        if (node.kind == "physical") != (host.runtime == "physical"):
+            want = "a physical host (runtime 'physical')" if node.kind == "physical" else "an emulator host"
+            raise TopologyError(f"node {node.name!r}: {node.kind} nodes need {want}; host {host.name!r} "
+                                f"runs {host.runtime} nodes")
+        placement[node.name] = host.name
+        per_host.setdefault(host.name, []).append(node.name)
+    for name, nodes in per_host.items():
+        if hosts.hosts[name].runtime == "physical" and len(nodes) > 1:
+            raise TopologyError(f"host {name!r} is one physical device: it runs one node, not {', '.join(nodes)}")
+    return placement
+
+
+def plan_routes(subnets: dict[str, str], lan_ips: dict[str, str], controller_ip: str,
+                controller_host: Optional[str]) -> dict[Optional[str], dict[str, Any]]:
+    """The set-routes request of every network stack: each host's (and the controller's, key
+    None unless a host shares it) routes to the other hosts' node subnets, and its peers."""
+    stacks: dict[Optional[str], str] = {name: ip for name, ip in lan_ips.items()}
+    if controller_host is None:
+        stacks[None] = controller_ip
+    everyone = sorted({f"{ip}/32" for ip in stacks.values()} | {f"{controller_ip}/32"} | set(subnets.values()))
+    requests: dict[Optional[str], dict[str, Any]] = {}
+    for stack, ip in stacks.items():
+        routes = [{"subnet": subnets[h], "via": lan_ips[h]} for h in sorted(subnets) if h != stack]
+        own = {f"{ip}/32", subnets.get(stack or "")}
+        requests[stack] = {"version": 1, "routes": routes, "peers": [p for p in everyone if p not in own]}
+    return requests
