@@ -59,7 +59,8 @@ class WorkerHost:
         """``runtime`` is the kind of node this testbed makes: ``netns``, ``docker`` or ``physical``
         (default: the kind its existing nodes are, else netns). ``runtime_options`` go to the Docker
         runtime (``image``, ``binds``). Nodes run ``dml_app`` from ``code_root`` with ``workdir`` as
-        their experiment directory (default: a directory of this testbed's state, filled by ``sync``)."""
+        their experiment directory (defaults: this checkout's code, and a directory of the testbed's
+        state; ``sync`` fills that directory with the controller's code and data and runs from it)."""
         self.store = StateStore(testbed_id, state_root)
         state = self.store.read()
         if runtime is None:
@@ -67,13 +68,15 @@ class WorkerHost:
         if runtime not in RUNTIMES:
             raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
         self.workdir = os.path.abspath(workdir or os.path.join(self.store.dir, "work"))
-        self.code_root = os.path.abspath(code_root or state.get("code_root") or self.workdir)
+        self.code_root = os.path.abspath(code_root or state.get("code_root") or REPO_ROOT)
         self.runtime: Any
         if runtime == "docker":
             from worker.runtime_docker import DockerRuntime  # the Docker SDK only when asked for
 
             options = dict(runtime_options or {})
             binds = {os.path.join(self.workdir, "dataset"): "ro", os.path.join(self.workdir, "dml_file"): "rw"}
+            for path in binds:
+                os.makedirs(path, exist_ok=True)
             options["binds"] = binds | options.get("binds", {})
             self.runtime = DockerRuntime(self.store, subnet, code_root=self.code_root, **options)
         elif runtime_options:
@@ -352,6 +355,8 @@ class WorkerHost:
         with self.store.locked() as state:
             state["code_root"] = self.code_root = self.workdir
             state["synced"] = result["method"]
+        if self.runtime.kind == "docker":
+            self.runtime.set_code_root(self.code_root)
         return result
 
     def _child_env(self, extra: dict[str, str]) -> dict[str, str]:

@@ -112,16 +112,25 @@ class DockerRuntime:
         self.names = Naming(store.testbed_id)
         self.subnet = parse_subnet(subnet)
         self.image = image or node_image()
-        self.code_root = os.path.abspath(code_root)
-        self.binds = {os.path.join(self.code_root, d): "ro" for d in ("dml_app", "dataset")}
+        self.binds: dict[str, str] = {}
         for path, mode in (binds or {}).items():
             if mode not in ("ro", "rw"):
                 raise ConfigError(f"bind {path}: mode must be 'ro' or 'rw', not {mode!r}")
             self.binds[os.path.abspath(path)] = mode
+        self.set_code_root(code_root)
         self.network = f"etb-{self.names.id}-net"
         self.bridge = f"etb-{self.names.id}-dbr"
         self._api: Optional[Any] = None
         self._api_lock = threading.Lock()
+
+    def set_code_root(self, code_root: str) -> None:
+        """Containers made from now on mount ``dml_app/`` and ``dataset/`` of ``code_root``."""
+        old = getattr(self, "code_root", None)
+        if old:
+            for d in ("dml_app", "dataset"):
+                self.binds.pop(os.path.join(old, d), None)
+        self.code_root = os.path.abspath(code_root)
+        self.binds = {os.path.join(self.code_root, d): "ro" for d in ("dml_app", "dataset")} | self.binds
 
     @property
     def api(self) -> Any:
