@@ -73,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     upd.add_argument("links")
     upd.add_argument("--nodes")
 
-    sub.add_parser("down", help="remove every node, link and rule of this testbed")
+    down = sub.add_parser("down", help="remove every node, link and rule of this testbed")
+    down.add_argument("--runtime", choices=("netns", "docker"), default=None,
+                      help="the kind of nodes to look for when the state file is lost (default: as recorded)")
     return p
 
 

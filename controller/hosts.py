@@ -60,9 +60,12 @@ class Hosts:
     controller_ip: Optional[str] = None
 
     @classmethod
-    def single(cls, runtime: str = "netns") -> "Hosts":
-        """The single-host default: one in-process host called ``local``."""
-        return cls({LOCAL: Host(LOCAL, runtime)})
+    def single(cls, runtime: str = "netns", topology: Optional[Topology] = None) -> "Hosts":
+        """The single-host default: one in-process host, named as the topology's emulated nodes
+        name their host when they all name the same one (else ``local``)."""
+        names = {n.host for n in topology.nodes.values() if n.kind == "emulated"} if topology else set()
+        name = names.pop() if len(names) == 1 else LOCAL
+        return cls({name: Host(name, runtime)})
 
 
 def _ipv4(value: Any, where: str) -> str:

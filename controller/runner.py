@@ -52,7 +52,7 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
     if topology is None:
         declared = load_nodes(path(args.nodes)) if args.nodes else None
         topology = load_links(path(args.links), declared, nodes_declared=declared is not None)
-    hosts = load_hosts(path(args.hosts)) if args.hosts else Hosts.single(args.runtime)
+    hosts = load_hosts(path(args.hosts)) if args.hosts else Hosts.single(args.runtime, topology)
     args.placement = check_placement(topology, hosts, args.hosts or "the single-host default (use --hosts for "
                                                                     "physical nodes and other hosts)")
     args.host_list = hosts

@@ -7,11 +7,14 @@
     tb.load_link("links.json")
     tb.start()          # validate, write confs, deploy, controller on :3333 until reset
 
-Single-host emulators only for now; physical nodes are declared and refused at
-deploy with a clear message (multi-host comes with the hybrid milestone).
+Emulators on other hosts and physical devices run an agent each
+(``python3 -m worker.agent``); ``add_emulator("e1", agent="http://10.0.0.2:3334")``
+and ``add_physical_node("pi1", ip="10.0.0.9", agent="http://10.0.0.9:3334")``
+declare them, and ``start()`` writes the hosts file (controller/hosts.py) for them.
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Optional, Union
 
@@ -34,12 +37,16 @@ class Testbed:
         self.emulators: dict[str, dict[str, Any]] = {}
         self._links_loaded = False
 
-    def add_emulator(self, name: str, ip: Optional[str] = None) -> None:
+    def add_emulator(self, name: str, agent: Optional[str] = None, runtime: str = "netns", ip: Optional[str] = None,
+                     nfs: Optional[str] = None, token_file: Optional[str] = None) -> None:
+        """An emulator host: this machine (no ``agent``) or the agent at ``agent`` (``http://IP:PORT``);
+        ``runtime`` is netns or docker; the other fields are those of hosts.json (controller/hosts.py)."""
         if name in self.emulators:
             raise ConfigError(f"emulator {name!r} declared twice")
-        if ip is not None or self.emulators:
-            raise ConfigError("only one local emulator is supported so far (multi-host comes later)")
-        self.emulators[name] = {"ip": ip}
+        if runtime not in ("netns", "docker"):
+            raise ConfigError(f"emulator {name!r}: runtime must be netns or docker, not {runtime!r}")
+        entry = {"name": name, "runtime": runtime, "agent": agent, "ip": ip, "nfs": nfs, "token_file": token_file}
+        self.emulators[name] = {k: v for k, v in entry.items() if v is not None}
 
     def add_emulated_node(self, name: str, cpu: Optional[float] = None, mem: Union[str, int, None] = None,
                           emulator: Optional[str] = None) -> None:
@@ -48,8 +55,13 @@ class Testbed:
             raise ConfigError(f"node {name!r}: unknown emulator {host!r}")
         self.topology.add_node(name, "emulated", host, cpu, mem, source="Testbed")
 
-    def add_physical_node(self, name: str, ip: str) -> None:
-        self.topology.add_node(name, "physical", "local", ip=ip, source="Testbed")
+    def add_physical_node(self, name: str, ip: str, agent: str, token_file: Optional[str] = None) -> None:
+        """A device at ``ip`` running its own agent (``http://IP:PORT``); it is a host of its own."""
+        if name in self.emulators:
+            raise ConfigError(f"physical node {name!r}: a host of that name is declared already")
+        self.topology.add_node(name, "physical", name, ip=ip, source="Testbed")
+        entry = {"name": name, "runtime": "physical", "agent": agent, "token_file": token_file}
+        self.emulators[name] = {k: v for k, v in entry.items() if v is not None}
 
     def load_link(self, path: str = "links.json") -> None:
         """Add the links of ``path`` between the declared nodes (every node must be declared)."""
@@ -66,4 +78,12 @@ class Testbed:
             raise ConfigError("call load_link() before start()")
         argv = ["--workdir", self.workdir, "-s", self.structure, "-d", self.dataset, "--port", str(self.port),
                 "--id", self.testbed_id, "--subnet", self.subnet] + (["--auto"] if auto else [])
+        if any("agent" in host for host in self.emulators.values()):
+            path = os.path.join(self.workdir, "dml_file", "hosts.json")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                json.dump({"version": 1, "hosts": list(self.emulators.values())}, f, indent=1)
+            argv += ["--hosts", path]
+        elif any(host["runtime"] == "docker" for host in self.emulators.values()):
+            argv += ["--runtime", "docker"]
         return main(argv, algorithm=self.algorithm, topology=self.topology)
