@@ -9,16 +9,19 @@ controller handed them when it started them.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, Optional
 
 from flask import Flask, jsonify, request
 
+from controller import files
 from controller.experiment import MAX_LOG_BYTES, Experiment
 from worker.errors import AuthError, ConfigError
 from worker.serving import bearer_matches, json_errors, run_blocking
 
 log = logging.getLogger("edgetb.controller")
 LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bearer_is(token: Optional[str]) -> bool:
@@ -39,6 +42,8 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
             raise AuthError("node calls need the run's node token")
 
     json_errors(app, log)
+    # agents of other hosts fetch this checkout's code and the experiment's shards, with the node token
+    files.register(app, {"dml_app": CODE_ROOT, "dataset": exp.workdir}, node)
 
     @app.get("/status")
     def status() -> Any:

@@ -88,10 +88,6 @@ class Experiment:
         (by default 30 s plus 0.5 s per node: hundreds of processes start on a few cores)."""
         self.phase = "deploying"
         try:
-            sync_code = getattr(self.worker, "sync_code", None)
-            if sync_code is not None:  # hosts that are not this one get the code and shards first
-                sync_code(f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}", self.node_token,
-                          self.progress)
             result = deploy.deploy(self.topology, self.worker, self.progress)
             controller = f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}"
             for name, node in self.nodes.items():
@@ -109,6 +105,18 @@ class Experiment:
             raise
         self.phase = "ready"
         self.progress(f"ready: {len(self.nodes)} nodes answer; run id {self.run_id}")
+
+    def sync_code(self) -> None:
+        """Hosts other than this one fetch the code and shards from the controller (so it must
+        be serving): a step before ``deploy`` when the worker is a cluster."""
+        sync = getattr(self.worker, "sync_code", None)
+        if sync is not None:
+            try:
+                sync(f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}", self.node_token,
+                     self.progress)
+            except BaseException as e:
+                self.phase, self.error = "failed", str(e)
+                raise
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from worker.errors import ConfigError, NotFound
 
@@ -25,6 +25,14 @@ def _check_trees(trees: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(trees))
 
 
+Roots = Union[str, Mapping[str, str]]
+
+
+def _top(root: Roots, tree: str) -> str:
+    """``<dir>/<tree>``, where ``root`` is the directory holding every tree or one per tree."""
+    return os.path.join(root if isinstance(root, str) else root[tree], tree)
+
+
 def _skipped(name: str) -> bool:
     return name == "__pycache__" or name.endswith(".pyc")
 
@@ -38,13 +46,13 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def manifest(root: str, trees: Sequence[str]) -> dict:
+def manifest(root: Roots, trees: Sequence[str]) -> dict:
     """``{"version": 1, "files": {"dml_app/x.py": {"sha256", "size"}}}`` for every regular file
     under ``root/<tree>``; a missing tree is empty. The tree directory itself may be a symlink
     (the operator's choice); symlinks below it are skipped."""
     files: dict[str, dict[str, Any]] = {}
     for tree in _check_trees(trees):
-        top = os.path.join(root, tree)
+        top = _top(root, tree)
         if not os.path.isdir(top):
             continue
         for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
@@ -63,13 +71,13 @@ def manifest(root: str, trees: Sequence[str]) -> dict:
     return {"version": MANIFEST_VERSION, "files": files}
 
 
-def resolve(root: str, relpath: str) -> str:
+def resolve(root: Roots, relpath: str) -> str:
     """The real path of ``relpath`` (``<tree>/...``) if it names a servable file, else NotFound."""
     parts = relpath.split("/")
     if (relpath.startswith("/") or "\x00" in relpath or len(parts) < 2 or parts[0] not in TREES
             or any(p in ("", ".", "..") or _skipped(p) for p in parts)):
         raise NotFound(f"no such file: {relpath}")
-    top = os.path.realpath(os.path.join(root, parts[0]))
+    top = os.path.realpath(_top(root, parts[0]))
     path = os.path.join(top, *parts[1:])
     # realpath == the plain join means no component below the tree is a symlink
     if os.path.realpath(path) != path or not path.startswith(top + os.sep):
@@ -82,9 +90,10 @@ def resolve(root: str, relpath: str) -> str:
     return path
 
 
-def register(app: Any, root: str, check_token: Callable[[], None]) -> None:
+def register(app: Any, root: Roots, check_token: Callable[[], None]) -> None:
     """Add ``GET /files/manifest?trees=dml_app,dataset`` and ``GET /files/<tree>/<path>`` to
-    the Flask ``app``, serving from ``root``; both call ``check_token()`` first."""
+    the Flask ``app``, serving from ``root`` (one directory, or one per tree); both call
+    ``check_token()`` first."""
     from flask import jsonify, request, send_file
 
     @app.get("/files/manifest")

@@ -119,7 +119,7 @@ def load_hosts(path: str) -> Hosts:
         if ip is not None:
             ip = _ipv4(ip, f"{where}, field 'ip'")
         nfs = entry.get("nfs")
-        if nfs is not None and (agent is None or not isinstance(nfs, str) or not NFS_RE.match(nfs)):
+        if nfs is not None and (agent is None or not isinstance(nfs, str) or not NFS_RE.fullmatch(nfs)):
             raise TopologyError(f"{where}, field 'nfs': {nfs!r} must be an export such as '10.254.0.1:/srv/edgetb', "
                                 "on a host with an agent")
         token_file = entry.get("token_file")

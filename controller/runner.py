@@ -17,6 +17,7 @@ from controller.experiment import Experiment
 from controller.hosts import Hosts, check_placement, load_hosts
 from controller.topology import Topology, load_links, load_nodes
 from worker.errors import ConfigError, TestbedError
+from worker.serving import run_blocking
 from worker.runtime_netns import DEFAULT_SUBNET
 
 
@@ -100,6 +101,7 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     code = 0
     signal.signal(signal.SIGTERM, _interrupt)  # a kill cleans up like Ctrl-C
     try:
+        run_blocking(exp.sync_code)  # in a thread: other hosts fetch the code from this server meanwhile
         exp.deploy()
         if args.auto:
             import gevent
@@ -146,8 +148,6 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _auto(exp: Experiment, timeout_s: float) -> int:
     """--auto: start, wait for every node to settle, collect, summarise."""
     import gevent
-
-    from worker.serving import run_blocking
 
     run_blocking(exp.start)
     deadline = time.monotonic() + timeout_s

@@ -8,6 +8,7 @@ versioned JSON documents of the agent's REST API.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -98,7 +99,6 @@ class WorkerHost:
     # capabilities and nodes ------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
         """What this host can emulate (asked before anything is created)."""
-        import shutil
 
         from worker import runtime_docker  # imports the SDK only inside, when probing
 
@@ -346,6 +346,8 @@ class WorkerHost:
             for tree in ("dml_app", "dataset"):
                 link = os.path.join(self.workdir, tree)
                 if not os.path.islink(link):
+                    if os.path.isdir(link):  # an earlier HTTP copy
+                        shutil.rmtree(link)
                     os.symlink(os.path.join("nfs", tree), link)
         else:
             url, token = body.get("url"), body.get("token")
