@@ -6,16 +6,14 @@ below the two trees are listed or served: no symlinks below a tree, no ``__pycac
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from worker.errors import ConfigError, NotFound
+from worker.sync import TREES, file_sha256, skipped
 
-TREES = ("dml_app", "dataset")
 MANIFEST_VERSION = 1
-CHUNK = 1 << 20
 
 
 def _check_trees(trees: Sequence[str]) -> list[str]:
@@ -33,19 +31,6 @@ def _top(root: Roots, tree: str) -> str:
     return os.path.join(root if isinstance(root, str) else root[tree], tree)
 
 
-def _skipped(name: str) -> bool:
-    return name == "__pycache__" or name.endswith(".pyc")
-
-
-def file_sha256(path: str) -> str:
-    """The sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def manifest(root: Roots, trees: Sequence[str]) -> dict:
     """``{"version": 1, "files": {"dml_app/x.py": {"sha256", "size"}}}`` for every regular file
     under ``root/<tree>``; a missing tree is empty. The tree directory itself may be a symlink
@@ -57,10 +42,10 @@ def manifest(root: Roots, trees: Sequence[str]) -> dict:
             continue
         for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
             dirnames[:] = sorted(d for d in dirnames
-                                 if not _skipped(d) and not os.path.islink(os.path.join(dirpath, d)))
+                                 if not skipped(d) and not os.path.islink(os.path.join(dirpath, d)))
             rel_dir = os.path.relpath(dirpath, top)
             for name in sorted(filenames):
-                if _skipped(name):
+                if skipped(name):
                     continue
                 path = os.path.join(dirpath, name)
                 st = os.lstat(path)
@@ -75,7 +60,7 @@ def resolve(root: Roots, relpath: str) -> str:
     """The real path of ``relpath`` (``<tree>/...``) if it names a servable file, else NotFound."""
     parts = relpath.split("/")
     if (relpath.startswith("/") or "\x00" in relpath or len(parts) < 2 or parts[0] not in TREES
-            or any(p in ("", ".", "..") or _skipped(p) for p in parts)):
+            or any(p in ("", ".", "..") or skipped(p) for p in parts)):
         raise NotFound(f"no such file: {relpath}")
     top = os.path.realpath(_top(root, parts[0]))
     path = os.path.join(top, *parts[1:])

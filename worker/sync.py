@@ -34,7 +34,8 @@ NFS_MODULES = tuple(f"nfs.ko{ext}" for ext in ("", ".xz", ".zst", ".gz"))
 
 # --- HTTP ------------------------------------------------------------------------------------
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
+    """The sha256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
@@ -42,7 +43,7 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _skipped(name: str) -> bool:
+def skipped(name: str) -> bool:
     """Python's caches are no one's to sync (the controller never lists them)."""
     return name == "__pycache__" or name.endswith(".pyc")
 
@@ -100,15 +101,15 @@ def _prune(dest: str, trees: Sequence[str], keep: dict[str, Any]) -> int:
             for name in filenames + dirnames:
                 path = os.path.join(dirpath, name)
                 is_link = os.path.islink(path)
-                if _skipped(name) and not is_link:
+                if skipped(name) and not is_link:
                     continue
                 if is_link or (name in filenames and f"{rel_dir}/{name}" not in keep):
                     os.unlink(path)
                     removed += 1
-            if dirpath == top or _skipped(os.path.basename(dirpath)):
+            if dirpath == top or skipped(os.path.basename(dirpath)):
                 continue
             left = os.listdir(dirpath)
-            if all(_skipped(n) and not os.path.islink(os.path.join(dirpath, n)) for n in left):
+            if all(skipped(n) and not os.path.islink(os.path.join(dirpath, n)) for n in left):
                 for name in left:  # only Python's caches are left: the directory is gone
                     path = os.path.join(dirpath, name)
                     if os.path.isdir(path):
@@ -186,7 +187,7 @@ def sync_http(url: str, token: str, dest: str, trees: Sequence[str] = TREES, tim
                 want = files[path]
                 target = _inside(os.path.join(dest_real, *path.split("/")), dest_real)
                 if (os.path.isfile(target) and not os.path.islink(target)
-                        and os.path.getsize(target) == want["size"] and _sha256(target) == want["sha256"]):
+                        and os.path.getsize(target) == want["size"] and file_sha256(target) == want["sha256"]):
                     unchanged += 1
                     continue
                 downloaded += _fetch(session, f"{base}/files/{quote(path)}", path, target, want, timeout_s)
