@@ -117,7 +117,7 @@ def test_manifest_missing_tree_is_empty_and_unknown_tree_refused(tmp_path):
 
 
 def test_manifest_hashes_files_larger_than_a_chunk(tmp_path):
-    data = os.urandom(files.CHUNK * 2 + 17)
+    data = os.urandom(sync.CHUNK * 2 + 17)
     put(tmp_path, "dataset/big.bin", data)
     assert files.manifest(str(tmp_path), ["dataset"])["files"]["dataset/big.bin"] == \
         {"sha256": sha(data), "size": len(data)}
