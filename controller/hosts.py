@@ -141,7 +141,7 @@ def check_placement(topology: Topology, hosts: Hosts, source: str = "hosts") -> 
         if (node.kind == "physical") != (host.runtime == "physical"):
             want = "a physical host (runtime 'physical')" if node.kind == "physical" else "an emulator host"
             raise TopologyError(f"node {node.name!r}: {node.kind} nodes need {want}; host {host.name!r} "
-                                f"runs {host.runtime} nodes")
+                                f"of {source} runs {host.runtime} nodes")
         placement[node.name] = host.name
         per_host.setdefault(host.name, []).append(node.name)
     for name, nodes in per_host.items():

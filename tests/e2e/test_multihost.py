@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import time
 
 import pytest
 
@@ -67,7 +69,6 @@ def test_gossip_across_two_hosts(tmp_path, lan, run):
         assert any(route["via"] != lan.ip(None) for route in agents[host].status()["routes"])
     # a cross-host link holds its rate: n3 (h1) -> n1 (h0) is 8 Mbit/s
     server = agents["h0"].start_process("n1", {"version": 1, "argv": ["iperf3", "-s", "-1"]})
-    import time
     time.sleep(0.5)
     rate = goodput_mbps(agents["h1"], "n3", ips["n1"])
     agents["h0"].stop_process("n1", server["id"])
@@ -120,7 +121,6 @@ def test_hybrid_gossip_on_docker_netns_and_a_physical_device(tmp_path, lan, run)
             assert kernel["verified"] and kernel["plan"]["ifname"] == ("lan0" if node == "p1" else "eth0"), kernel
 
     # shaped across kinds and hosts: the device's NIC towards a container, a container towards a netns node
-    import time
     server = local.start_process("d1", {"version": 1, "argv": ["iperf3", "-s", "-1"]})
     time.sleep(1)
     rate = goodput_mbps(agents["h1"], "p1", ips["d1"])
@@ -137,4 +137,29 @@ def test_hybrid_gossip_on_docker_netns_and_a_physical_device(tmp_path, lan, run)
     assert done["done"] == 5 and done["failed"] == 0, done
     r.close()
     assert not local.runtime.leftovers()["containers"]
-    assert agents["h1"].status()["nodes"] == []  # the device is left as it was
+    assert agents["h1"].status()["nodes"] == []  # the device is left as it was: no qdisc of ours on its NIC
+    qdiscs = subprocess.run(["ip", "netns", "exec", device["netns"], "tc", "qdisc", "show", "dev", "lan0"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "htb" not in qdiscs, qdiscs
+
+
+def test_bad_hosts_are_refused_and_an_absent_agent_leaves_nothing(tmp_path, lan, run):
+    r = run(links=LINKS, structure=STRUCTURE, defer=True)
+    (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [{"name": f"n{i}", "host": "e9"} for i in range(1, 5)]}))
+    (r.workdir / "hosts.json").write_text(json.dumps({"hosts": [{"name": "e1", "agent": "http://10.0.0.2:1"}]}))
+    r.start("--hosts", "hosts.json", "--nodes", "nodes.json")
+    assert r.proc.wait(timeout=60) == 2
+    out = r.close()
+    assert "unknown host 'e9'" in out and "hosts.json" in out, out
+
+    r = run(links=LINKS, structure=STRUCTURE, defer=True)
+    (r.workdir / "token").write_text(lan.token)
+    (r.workdir / "hosts.json").write_text(json.dumps({"controller_ip": lan.ip(None), "hosts": [
+        {"name": "local"}, {"name": "gone", "agent": f"http://{lan.ip(7)}:3334", "token_file": str(r.workdir / "token")}]}))
+    (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [
+        {"name": "n1", "host": "local"}, {"name": "n2", "host": "local"}, {"name": "n3", "host": "gone"},
+        {"name": "n4", "host": "gone"}]}))
+    r.start("--hosts", "hosts.json", "--nodes", "nodes.json")
+    assert r.proc.wait(timeout=120) == 1
+    out = r.close()  # also checks that no namespace of the run is left
+    assert f"agent http://{lan.ip(7)}:3334 is unreachable" in out, out
