@@ -17,8 +17,8 @@ from controller.experiment import Experiment
 from controller.hosts import Hosts, check_placement, load_hosts
 from controller.topology import Topology, load_links, load_nodes
 from worker.errors import ConfigError, TestbedError
-from worker.serving import run_blocking
 from worker.runtime_netns import DEFAULT_SUBNET
+from worker.serving import run_blocking
 
 
 def _say(message: str) -> None:

@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 from worker import tc_apply
 from worker.cgroups import detect_version
-from worker.procs import start_ticks
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
+from worker.procs import start_ticks
 from worker.routes import Routes, parse_routes
 from worker.runtime_netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
 from worker.shape import Shape
@@ -99,9 +99,7 @@ class WorkerHost:
     # capabilities and nodes ------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
         """What this host can emulate (asked before anything is created)."""
-
         from worker import runtime_docker  # imports the SDK only inside, when probing
-
         from worker.sync import nfs_problem as probe_nfs
 
         image = getattr(self.runtime, "image", None)

@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Optional, Sequence
 
 from worker import nsfs
-from worker.procs import start_ticks
 from worker.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
+from worker.procs import start_ticks
 from worker.runtime_netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, emulated_only,
                                   new_specs, node_address, parse_subnet)
 from worker.state import StateStore

@@ -4,8 +4,8 @@ Each node is a namespace ``etb-<id>-<node>`` holding ``eth0`` (the end of a veth
 whose host end ``etb-<id>-<index>`` sits on the bridge ``etb-<id>-br``) and an
 address from the testbed's subnet, with a default route via the bridge, which
 holds the subnet's first address: the host reaches every node, and nodes reach
-other hosts' subnets through the host's routes. Every name carries the testbed id, and reset
-removes exactly what carries it.
+other hosts' subnets through the host's routes. Every name carries the testbed
+id, and reset removes exactly what carries it.
 """
 from __future__ import annotations
 
