@@ -11,6 +11,7 @@ import ipaddress
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
+from urllib.parse import urlsplit, urlunsplit
 
 from controller.agent_client import AgentClient, Worker
 from controller.hosts import Host, Hosts, plan_routes
@@ -31,6 +32,11 @@ def controller_address(towards: str) -> str:
     return source
 
 
+def gateway(subnet: Optional[str]) -> Optional[str]:
+    """The first address of a node subnet: its bridge's, where its nodes reach this machine."""
+    return str(next(ipaddress.IPv4Network(subnet).hosts())) if subnet else None
+
+
 def agent_token(host: Host) -> str:
     from worker.agent import load_token
 
@@ -43,7 +49,7 @@ class Cluster:
     def __init__(self, hosts: Hosts, placement: dict[str, str], workers: dict[str, Worker],
                  controller_stack: Worker, controller_ip: str) -> None:
         """``workers`` by host name; ``controller_stack`` installs the controller's own routes
-        (the in-process host's worker when there is one)."""
+        (the worker of the host sharing its machine, when there is one)."""
         self.hosts = hosts
         self.placement = placement
         self.workers = workers
@@ -58,19 +64,23 @@ class Cluster:
         from worker.host import WorkerHost
 
         workers: dict[str, Worker] = {}
-        local: Optional[WorkerHost] = None
+        in_process: Optional[WorkerHost] = None
         for host in hosts.hosts.values():
             if host.agent is None:
-                local = WorkerHost(testbed_id, subnet, runtime=host.runtime, workdir=workdir, code_root=code_root,
-                                   runtime_options=runtime_options if host.runtime == "docker" else None)
-                workers[host.name] = local
+                in_process = WorkerHost(testbed_id, subnet, runtime=host.runtime, workdir=workdir,
+                                        code_root=code_root,
+                                        runtime_options=runtime_options if host.runtime == "docker" else None)
+                workers[host.name] = in_process
             else:
                 workers[host.name] = AgentClient(host.agent, agent_token(host))
-        remote = [h.ip for h in hosts.hosts.values() if h.agent is not None and h.ip]
+        local = next((h.name for h in hosts.hosts.values() if h.local), None)
+        remote = [h.ip for h in hosts.hosts.values() if not h.local and h.ip]
         controller_ip = hosts.controller_ip or (controller_address(remote[0]) if remote else None)
+        if controller_ip is None and local is not None and in_process is None:
+            controller_ip = gateway(workers[local].capabilities().get("subnet"))  # only a loopback agent
         if controller_ip is None:
             raise ConfigError("no host has an agent: run single-host (without a hosts file) instead")
-        stack = local or WorkerHost(testbed_id, subnet)
+        stack = workers[local] if local else WorkerHost(testbed_id, subnet)
         return cls(hosts, placement, workers, stack, controller_ip)
 
     # fan-out ---------------------------------------------------------------------------------
@@ -136,12 +146,16 @@ class Cluster:
         return caps
 
     def sync_code(self, url: str, token: str, progress: Progress) -> None:
-        """Give every agent the controller's dml_app/ and dataset/ (NFS mount or HTTP fetch)."""
+        """Give every agent the controller's dml_app/ and dataset/ (NFS mount or HTTP fetch); a
+        loopback agent fetches from the loopback address (its nodes' bridge is not up yet)."""
         agents = [h.name for h in self.hosts.hosts.values() if h.agent is not None]
+        loopback = urlunsplit(urlsplit(url)._replace(netloc=f"127.0.0.1:{urlsplit(url).port}"))
 
         def one(name: str, worker: Worker) -> Any:
-            nfs = self.hosts.hosts[name].nfs
-            return worker.sync({"version": 1, "nfs": nfs} if nfs else {"version": 1, "url": url, "token": token})
+            host = self.hosts.hosts[name]
+            if host.nfs:
+                return worker.sync({"version": 1, "nfs": host.nfs})
+            return worker.sync({"version": 1, "url": loopback if host.local else url, "token": token})
 
         for name, result in self._each(one, agents).items():
             how = f"mounted {result.get('export')}" if result["method"] == "nfs" else \
@@ -149,8 +163,8 @@ class Cluster:
             progress(f"host {name}: code and data synced: {how}")
 
     def install_routes(self) -> None:
-        lan = {h.name: h.ip or self.controller_ip for h in self.hosts.hosts.values()}
-        local = next((h.name for h in self.hosts.hosts.values() if h.agent is None), None)
+        lan = {h.name: self.controller_ip if h.local else h.ip or self.controller_ip for h in self.hosts.hosts.values()}
+        local = next((h.name for h in self.hosts.hosts.values() if h.local), None)
         requests = plan_routes(self._subnets, lan, self.controller_ip, local)
         self._each(lambda name, w: w.set_routes(requests[name]), [h for h in requests if h is not None])
         if None in requests:

@@ -10,13 +10,16 @@ hosts.json lists the worker hosts; a node's ``host`` (nodes file) names one::
        {"name": "pi1", "agent": "http://10.254.0.3:3334", "runtime": "physical",
         "nfs": "10.254.0.1:/srv/edgetb"}]}
 
-- A host without ``agent`` is driven in-process on the controller's machine (one at most).
+- A host without ``agent`` is driven in-process on the controller's machine; an agent at a
+  loopback address (``http://127.0.0.1:3334``, as docker-compose.yml runs one) shares the
+  controller's network stack too. One such local host at most.
 - ``runtime``: ``netns`` or ``docker`` for an emulator host, ``physical`` for a device that
   runs its one node itself (the node's ``ip`` is the device's).
 - ``ip``: the host's LAN address, which other hosts route its nodes' subnet via (default:
-  the agent URL's address; the controller's for the in-process host).
+  the agent URL's address; the controller's for a local host).
 - ``controller_ip``: how nodes and agents reach the controller (default: the address the
-  controller's machine uses towards the first agent).
+  controller's machine uses towards the first remote agent; with only a local agent, its
+  node subnet's gateway).
 - ``nfs``: an export holding the experiment directory, mounted by the agent instead of
   fetching dml_app/ and dataset/ over HTTP.
 - ``token_file``: the agent's token (default ``$EDGETB_TOKEN``, else the local agent token file).
@@ -52,6 +55,20 @@ class Host:
     @property
     def emulator(self) -> bool:
         return self.runtime != "physical"
+
+    @property
+    def local(self) -> bool:
+        """Whether the host shares the controller's network stack (in-process or a loopback agent)."""
+        return self.agent is None or is_loopback(urlsplit(self.agent).hostname or "")
+
+
+def is_loopback(hostname: str) -> bool:
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -106,7 +123,7 @@ def load_hosts(path: str) -> Hosts:
             if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
                 raise TopologyError(f"{where}, field 'agent': {agent!r} is not an agent URL such as "
                                     "'http://10.254.0.2:3334'")
-            if ip is None:
+            if ip is None and not is_loopback(parts.hostname):
                 try:
                     ip = str(ipaddress.IPv4Address(parts.hostname))
                 except ValueError:
@@ -114,8 +131,6 @@ def load_hosts(path: str) -> Hosts:
                                         "host's LAN address in 'ip'") from None
         elif runtime == "physical":
             raise TopologyError(f"{where}, field 'agent': a physical device runs its own agent; give its URL")
-        elif any(h.agent is None for h in hosts.values()):
-            raise TopologyError(f"{where}, field 'agent': only one host can be the controller's own (without 'agent')")
         if ip is not None:
             ip = _ipv4(ip, f"{where}, field 'ip'")
         nfs = entry.get("nfs")
@@ -125,7 +140,11 @@ def load_hosts(path: str) -> Hosts:
         token_file = entry.get("token_file")
         if token_file is not None and not isinstance(token_file, str):
             raise TopologyError(f"{where}, field 'token_file': must be a path")
-        hosts[name] = Host(name, runtime, agent, ip, nfs, token_file)
+        host = Host(name, runtime, agent, ip, nfs, token_file)
+        if host.local and any(h.local for h in hosts.values()):
+            raise TopologyError(f"{where}, field 'agent': only one host can share the controller's machine (no "
+                                "'agent', or an agent at a loopback address)")
+        hosts[name] = host
     return Hosts(hosts, controller_ip)
 
 

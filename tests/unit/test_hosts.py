@@ -49,6 +49,8 @@ def test_bad_hosts_say_what_and_where(tmp_path, entry, words):
 def test_one_in_process_host_and_unique_names(tmp_path):
     with pytest.raises(TopologyError, match="only one host"):
         load_hosts(write(tmp_path, {"hosts": [{"name": "a"}, {"name": "b"}]}))
+    with pytest.raises(TopologyError, match="only one host"):  # a loopback agent shares the machine too
+        load_hosts(write(tmp_path, {"hosts": [{"name": "a"}, {"name": "b", "agent": "http://127.0.0.1:3334"}]}))
     with pytest.raises(TopologyError, match="declared twice"):
         load_hosts(write(tmp_path, {"hosts": [{"name": "a"}, {"name": "a", "agent": "http://1.2.3.4:1"}]}))
 
@@ -168,3 +170,25 @@ def test_cluster_failure_names_the_host_and_reset_reaches_every_host():
         c.create_nodes(node_requests(topology()))
     removed = c.reset()["removed"]
     assert removed["e1"] == {"error": "gone"} and removed["pi"] == {"nodes": 1} and removed["local"] == {"nodes": 1}
+
+
+def test_a_loopback_agent_shares_the_controllers_stack(tmp_path):
+    hosts = load_hosts(write(tmp_path, {"hosts": [
+        {"name": "local", "agent": "http://127.0.0.1:3334", "runtime": "docker"},
+        {"name": "e1", "agent": "http://10.254.0.2:3334"}]}))
+    assert hosts.hosts["local"].local and hosts.hosts["local"].ip is None and not hosts.hosts["e1"].local
+    assert Host("x", agent="http://localhost:1").local and Host("x").local
+
+
+def test_a_cluster_of_one_loopback_agent_reaches_the_controller_by_its_bridge():
+    hosts = Hosts({"local": Host("local", "docker", "http://127.0.0.1:3334")})
+    fake = FakeWorker("docker", "10.77.0.0/16")
+    fake.sync = lambda body: fake.calls.append(("sync", body["url"])) or {"method": "http", "fetched": 1, "bytes": 1,
+                                                                          "unchanged": 0}
+    c = Cluster(hosts, {"n1": "local"}, {"local": fake}, fake, "10.77.0.1")
+    c.sync_code("http://10.77.0.1:3333", "t", lambda m: None)
+    assert fake.calls == [("sync", "http://127.0.0.1:3333")]  # the bridge is not up before its nodes
+    c.check_hosts()
+    c.install_routes()
+    assert fake.calls[-1] == ("routes", [])  # nothing to route: one stack
+    assert c.reset()["removed"] == {"local": {"nodes": 1}}  # no second reset of the same stack
