@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make a Docker engine available on this Debian/Ubuntu host, as root. Safe to run again:
-#   - installs docker.io and debootstrap from Debian when missing;
+#   - installs docker.io, debootstrap and docker-compose from Debian when missing;
 #   - starts dockerd in the background when no engine answers (log: /var/log/edgetb-dockerd.log),
 #     with the overlay2 storage driver when an overlay mount really works here, vfs otherwise;
 #   - waits until `docker info` answers (EDGETB_DOCKERD_TIMEOUT seconds, default 60).
@@ -20,6 +20,8 @@ DATA_ROOT=/var/lib/docker
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
+# docker-compose.yml: Docker's compose plugin where it is installed, else Debian's docker-compose.
+docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -79,9 +79,9 @@ class Routes:
 
         with self.store.locked() as state:
             old = [Route(**r) for r in state.get("routes", [])]
-            if "ip_forward_was" not in state:
-                state["ip_forward_was"] = _read_forwarding()
-            _write_forwarding("1")
+            if (routes or peers) and _read_forwarding() != "1":  # forward only what crosses hosts
+                state.setdefault("ip_forward_was", _read_forwarding())
+                _write_forwarding("1")
             with IPRoute() as ipr:
                 for route in old:
                     if route not in routes:
@@ -124,7 +124,7 @@ class Routes:
             if state.pop("peers", None) and shutil.which("iptables"):
                 remove_forward_rules(self.comment, keep=_not_a_peer_rule)
             was = state.pop("ip_forward_was", None)
-            if was is not None:
+            if was is not None and _read_forwarding() != was:
                 _write_forwarding(was)
             return len(routes)
 

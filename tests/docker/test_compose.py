@@ -1,0 +1,128 @@
+"""docker-compose.yml: ``compose up`` gives a working single-host testbed with Docker nodes.
+
+The agent and the controller run from the testbed image (scripts/build_testbed_image.sh, made
+anew here so it holds this checkout's code), each test on its own id, subnet, ports and state
+directory, driven with curl-like calls as a user does; ``compose down`` must remove the nodes.
+Needs a compose CLI (``docker compose`` or Debian's ``docker-compose``): skipped without one,
+failed instead when ``EDGETB_REQUIRE_DOCKER=1``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import requests
+
+from tests.docker.conftest import DOCKER
+from tests.e2e.harness import ROOT, free_port, make_workdir
+from tests.netns.conftest import free_subnet
+
+pytestmark = DOCKER
+
+LINKS = {"n1": [{"dest": "n2", "bw": "20mbit"}, {"dest": "n3", "bw": "10mbit"}],
+         "n2": [{"dest": "n3", "bw": "20mbit"}, {"dest": "n1", "bw": "20mbit"}],
+         "n3": [{"dest": "n1", "bw": "10mbit"}, {"dest": "n2", "bw": "20mbit"}]}
+STRUCTURE = {"sync": 3, "epoch": 1, "wait_s": 1, "node_list": [{"name": n} for n in LINKS]}
+
+
+def compose_cli() -> list[str] | None:
+    """``docker compose`` (v2) where the plugin is there, else ``docker-compose`` (v1)."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    return ["docker-compose"] if shutil.which("docker-compose") else None
+
+
+class Compose:
+    """docker-compose.yml brought up on its own id, subnet, ports and state directory."""
+
+    def __init__(self, tmp: Path, cli: list[str]) -> None:
+        self.workdir = make_workdir(tmp, structure=STRUCTURE, links=LINKS)
+        self.id = "c" + secrets.token_hex(2)
+        self.port, agent_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        state = tmp / f"state-{self.id}"
+        (self.workdir / "hosts.json").write_text(json.dumps({"version": 1, "hosts": [
+            {"name": "local", "agent": f"http://127.0.0.1:{agent_port}", "runtime": "docker"}]}))
+        self.env = dict(os.environ, EDGETB_EXPERIMENT=str(self.workdir), EDGETB_HOSTS="hosts.json",
+                        EDGETB_ID=self.id, EDGETB_SUBNET=free_subnet(), EDGETB_PORT=str(self.port),
+                        EDGETB_AGENT_PORT=str(agent_port), EDGETB_STATE_DIR=str(state))
+        self.argv = [*cli, "-p", f"edgetb{self.id}", "-f", str(ROOT / "docker-compose.yml")]
+
+    def run(self, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
+        done = subprocess.run([*self.argv, *args], env=self.env, capture_output=True, text=True, timeout=timeout_s)
+        assert done.returncode == 0, f"compose {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
+        return done
+
+    def logs(self) -> str:
+        return subprocess.run([*self.argv, "logs", "--no-color"], env=self.env, capture_output=True, text=True,
+                              timeout=60).stdout
+
+    def wait_phase(self, *phases: str, timeout_s: float = 120) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                status = requests.get(self.url + "/status", timeout=10).json()
+                if status["phase"] in phases:
+                    return status
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"phase never became {phases}; compose logs:\n{self.logs()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def cli() -> list[str]:
+    found = compose_cli()
+    if found is None:
+        reason = "no compose CLI: install Docker's compose plugin or Debian's docker-compose"
+        if os.environ.get("EDGETB_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"EDGETB_REQUIRE_DOCKER=1 but {reason}")
+        pytest.skip(reason)
+    built = subprocess.run(["bash", str(ROOT / "scripts/build_testbed_image.sh")], capture_output=True, text=True,
+                           timeout=900)
+    assert built.returncode == 0, f"the testbed image did not build:\n{built.stderr}"
+    return found
+
+
+@pytest.fixture
+def compose(tmp_path, cli, engine) -> Iterator[Compose]:
+    c = Compose(tmp_path, cli)
+    yield c
+    subprocess.run([*c.argv, "down", "--timeout", "60"], env=c.env, capture_output=True, timeout=120)
+    left = engine.containers(all=True, filters={"label": f"edgetb.testbed={c.id}"})
+    for container in left:
+        engine.remove_container(container["Id"], force=True)
+    assert not left, f"compose down left nodes behind: {[c['Names'] for c in left]}"
+
+
+def test_compose_up_runs_gossip_on_docker_nodes(compose, engine):
+    compose.run("up", "-d")
+    ready = compose.wait_phase("ready")
+    nodes = engine.containers(filters={"label": f"edgetb.testbed={compose.id}"})
+    assert sorted(n["Labels"]["edgetb.node"] for n in nodes) == ["n1", "n2", "n3"]
+    assert all(n["up"] and n["shaping_verified"] for n in ready["nodes"]), ready["nodes"]
+    assert requests.get(compose.url + "/start", timeout=30).status_code == 200
+    compose.wait_phase("finished", timeout_s=180)
+    summary = requests.get(compose.url + "/finish", timeout=120).json()
+    assert [n["ended"] for n in summary["nodes"]] == ["done"] * 3, summary["nodes"]
+    assert all(n["accuracy"] > 0.5 and n["bytes_sent"] > 0 for n in summary["nodes"]), summary["nodes"]
+    run_dir = compose.workdir / "dml_file" / "log" / ready["run_id"]  # the controller wrote to the experiment
+    assert (run_dir / "metrics.csv").stat().st_size > 0, sorted(p.name for p in run_dir.iterdir())
+
+
+def test_compose_down_while_deployed_removes_the_nodes(compose, engine):
+    compose.run("up", "-d")
+    compose.wait_phase("ready")
+    assert len(engine.containers(filters={"label": f"edgetb.testbed={compose.id}"})) == 3
+    started = time.monotonic()
+    compose.run("down", "--timeout", "60")
+    assert time.monotonic() - started < 50, "the controller did not stop on SIGTERM"
+    assert not engine.containers(all=True, filters={"label": f"edgetb.testbed={compose.id}"})
+    assert not engine.networks(filters={"label": f"edgetb.testbed={compose.id}"})
