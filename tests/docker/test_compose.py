@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from tests.docker.conftest import DOCKER
-from tests.e2e.harness import ROOT, free_port, make_workdir
+from tests.e2e.harness import ROOT, free_port, make_workdir, wait_phase
 from tests.netns.conftest import free_subnet
 
 pytestmark = DOCKER
@@ -65,16 +65,10 @@ class Compose:
                               timeout=60).stdout
 
     def wait_phase(self, *phases: str, timeout_s: float = 120) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                status = requests.get(self.url + "/status", timeout=10).json()
-                if status["phase"] in phases:
-                    return status
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"phase never became {phases}; compose logs:\n{self.logs()[-4000:]}")
+        try:
+            return wait_phase(self.url, phases, timeout_s)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; compose logs:\n{self.logs()[-4000:]}") from None
 
 
 @pytest.fixture(scope="module")

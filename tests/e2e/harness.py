@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import requests
 
@@ -20,6 +21,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_phase(url: str, phases: tuple[str, ...], timeout_s: float,
+               failed: Callable[[], str | None] = lambda: None) -> dict:
+    """The controller's status once its phase is one of ``phases``; ``failed`` says why to stop early."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (why := failed()) is not None:
+            raise AssertionError(why)
+        try:
+            status = requests.get(url + "/status", timeout=120).json()
+            if status["phase"] in phases:
+                return status
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"phase never became {phases}")
 
 
 SCRIPTS = {"gl": "gl_run.py", "fl": "fl_run.py", "el": "el_run.py", "ra": "ra_run.py"}
@@ -69,18 +87,12 @@ class Run:
         return requests.get(self.url + path, timeout=120, **kw)
 
     def wait_phase(self, *phases: str, timeout_s: float = 120) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the run script exited {self.proc.returncode}:\n{self.proc.stdout.read()}")
-            try:
-                status = self.get("/status").json()
-                if status["phase"] in phases:
-                    return status
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"phase never became {phases}")
+        def exited() -> str | None:
+            if self.proc.poll() is None:
+                return None
+            return f"the run script exited {self.proc.returncode}:\n{self.proc.stdout.read()}"
+
+        return wait_phase(self.url, phases, timeout_s, exited)
 
     def close(self) -> str:
         if self.proc is None:
