@@ -78,8 +78,11 @@ class Cluster:
         controller_ip = hosts.controller_ip or (controller_address(remote[0]) if remote else None)
         if controller_ip is None and local is not None and in_process is None:
             controller_ip = gateway(workers[local].capabilities().get("subnet"))  # only a loopback agent
-        if controller_ip is None:
+        if controller_ip is None and in_process is not None and len(workers) == 1:
             raise ConfigError("no host has an agent: run single-host (without a hosts file) instead")
+        if controller_ip is None:
+            raise ConfigError("cannot tell the address nodes reach the controller by: set 'controller_ip' in the "
+                              "hosts file")
         stack = workers[local] if local else WorkerHost(testbed_id, subnet)
         return cls(hosts, placement, workers, stack, controller_ip)
 
