@@ -298,13 +298,27 @@ class DockerRuntime:
         with ThreadPoolExecutor(max_workers=min(START_THREADS, len(names))) as pool:
             list(pool.map(one, names))
 
-    def _remove_network(self, state: dict[str, Any]) -> None:
+    def _remove_network(self, state: dict[str, Any], timeout_s: float = 10.0) -> None:
+        """Remove the testbed's networks; the engine may still count endpoints of containers it has
+        just removed for a moment, so "active endpoints" is retried until ``timeout_s``."""
         docker = _sdk()
+        deadline = time.monotonic() + timeout_s
         for net in self.api.networks(filters={"label": f"{LABEL}={self.names.id}"}):
-            try:
-                self.api.remove_network(net["Id"])
-            except docker.errors.NotFound:
-                pass
+            while True:
+                try:
+                    self.api.remove_network(net["Id"])
+                    break
+                except docker.errors.NotFound:
+                    break
+                except docker.errors.APIError as e:
+                    if "active endpoints" not in str(e):
+                        raise NodeRuntimeError(f"cannot remove network {net['Name']}: {_short(e)}") from None
+                    if time.monotonic() > deadline:
+                        raise NodeRuntimeError(
+                            f"cannot remove network {net['Name']}: the engine still counts endpoints on it with "
+                            "its containers gone (a Docker engine bug, moby/moby#42119); restart dockerd and "
+                            "reset again") from None
+                    time.sleep(0.2)
         state.pop("network", None)
         state.pop("bridge", None)
 

@@ -50,7 +50,11 @@ def compose(tmp_path, cli, engine) -> Iterator[Compose]:
     left = engine.containers(all=True, filters={"label": f"edgetb.testbed={c.id}"})
     for container in left:
         engine.remove_container(container["Id"], force=True)
-    assert not left, f"compose down left nodes behind: {[c['Names'] for c in left]}"
+    networks = engine.networks(filters={"label": f"edgetb.testbed={c.id}"})
+    for network in networks:
+        engine.remove_network(network["Id"])
+    assert not left and not networks, f"compose down left behind: {[c['Names'] for c in left]}, " \
+                                      f"{[n['Name'] for n in networks]}"
 
 
 def test_compose_up_runs_gossip_on_docker_nodes(compose, engine):
