@@ -50,14 +50,14 @@ def one_run(tmp: Path, cli: list[str], n: int) -> tuple[float, float]:
         c.wait_phase("ready", timeout_s=300)
         up_s = time.monotonic() - started
         started = time.monotonic()
-        c.run("down", "--timeout", "120", timeout_s=300)
+        c.down()
         down_s = time.monotonic() - started
         left = api.containers(all=True, filters={"label": f"edgetb.testbed={c.id}"})
         if left:
             raise SystemExit(f"compose down left {len(left)} nodes of testbed {c.id}")
         return up_s, down_s
     finally:
-        subprocess.run([*c.argv, "down", "--timeout", "60"], env=c.env, capture_output=True, timeout=300)
+        c.down(check=False)
         api.close()
 
 

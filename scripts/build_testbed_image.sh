@@ -21,8 +21,10 @@ die() { log "error: $*"; exit 1; }
 IMAGE=${EDGETB_TESTBED_IMAGE:-edgetb-testbed:local}
 NODE_IMAGE=${EDGETB_NODE_IMAGE:-edgetb-node:bookworm-1}
 CACHE=/var/cache/edgetb
-PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] && PYTHON=.venv/bin/python
+if [ -z "${PYTHON:-}" ]; then  # runs scripts/deps.py and pip download: the venv's when there is one
+  PYTHON=python3
+  [ -x .venv/bin/python ] && PYTHON=.venv/bin/python
+fi
 
 [ "$(id -u)" -eq 0 ] || die "run as root (sudo bash scripts/build_testbed_image.sh)"
 timeout 10 docker info >/dev/null 2>&1 || die "no Docker engine answers: run bash scripts/docker_setup.sh first"

@@ -79,8 +79,9 @@ class Routes:
 
         with self.store.locked() as state:
             old = [Route(**r) for r in state.get("routes", [])]
-            if (routes or peers) and _read_forwarding() != "1":  # forward only what crosses hosts
-                state.setdefault("ip_forward_was", _read_forwarding())
+            was = _read_forwarding()
+            if (routes or peers) and was != "1":  # forward only what crosses hosts
+                state.setdefault("ip_forward_was", was)
                 _write_forwarding("1")
             with IPRoute() as ipr:
                 for route in old:

@@ -41,6 +41,13 @@ class Compose:
         assert done.returncode == 0, f"compose {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
         return done
 
+    def down(self, check: bool = True) -> None:
+        """``compose down``: the controller resets the nodes on SIGTERM before the agent stops."""
+        if check:
+            self.run("down", "--timeout", "60", timeout_s=300)
+        else:
+            subprocess.run([*self.argv, "down", "--timeout", "60"], env=self.env, capture_output=True, timeout=300)
+
     def logs(self) -> str:
         return subprocess.run([*self.argv, "logs", "--no-color"], env=self.env, capture_output=True, text=True,
                               timeout=60).stdout

@@ -46,7 +46,7 @@ def cli() -> list[str]:
 def compose(tmp_path, cli, engine) -> Iterator[Compose]:
     c = Compose(tmp_path, cli, LINKS, STRUCTURE)
     yield c
-    subprocess.run([*c.argv, "down", "--timeout", "60"], env=c.env, capture_output=True, timeout=120)
+    c.down(check=False)
     left = engine.containers(all=True, filters={"label": f"edgetb.testbed={c.id}"})
     for container in left:
         engine.remove_container(container["Id"], force=True)
@@ -77,7 +77,7 @@ def test_compose_down_while_deployed_removes_the_nodes(compose, engine):
     compose.wait_phase("ready")
     assert len(engine.containers(filters={"label": f"edgetb.testbed={compose.id}"})) == 3
     started = time.monotonic()
-    compose.run("down", "--timeout", "60")
+    compose.down()
     assert time.monotonic() - started < 50, "the controller did not stop on SIGTERM"
     assert not engine.containers(all=True, filters={"label": f"edgetb.testbed={compose.id}"})
     assert not engine.networks(filters={"label": f"edgetb.testbed={compose.id}"})
