@@ -1,28 +1,38 @@
 """One DML experiment on a deployed testbed, as an explicit state machine.
 
     deploying -> ready -> running -> finished
-            \\-> failed (deploy failed, or every node failed)
+            \\-> failed (deploy failed)
 
 ``status()`` reports the phase, each node's readiness (process up, confs
 received, shaping verified) and its round progress: readiness is a state to
 poll, not a console line to wait for. Results land in
-``dml_file/log/<run id>/``: the nodes' events, the resolved topology and confs,
-metrics.csv and plots.
+``dml_file/log/<run id>/``: the nodes' events, ``run.json`` (what ran and how it
+ended), ``inputs/``, the resolved topology and confs, metrics.csv and plots.
+
+However a run ends (every node done, ``/finish`` mid-run, a timeout, Ctrl-C,
+``/emulated/reset``, a node that dies), ``finish`` stops the nodes still
+running, waits a little for their last events, collects every log once and
+builds every result file from those same events; each node gets its ending:
+``done``, ``stopped``, ``failed: <why>``, ``timeout`` or ``lost`` (no log).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
 import requests
 
-from controller import deploy, results
+from controller import deploy, results, run_record
 from controller.agent_client import Worker
+from controller.progress import Progress
+from controller.safe_fs import RunDir
 from controller.topology import Topology, load_links
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
@@ -31,6 +41,15 @@ NODE_PORT = 4444
 NODE_ENV = {"OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 MAX_LOG_BYTES = 64 * 1024 * 1024
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
+STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events
+CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
+SETTLED = ("done", "stopped", "failed", "timeout", "lost")
+log = logging.getLogger("edgetb.controller")
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` without control characters (a node's words must not drive the operator's terminal)."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
 
 
 @dataclass
@@ -43,12 +62,17 @@ class NodeState:
     dataset_conf: bool = False
     structure_conf: bool = False
     shaping_verified: bool = False
-    state: str = "pending"  # pending, running, done, failed
+    state: str = "pending"  # pending, running, then one of SETTLED
     round: int = 0
     rounds: int = 0
     accuracy: Optional[float] = None
     log_received: bool = False
+    stop_asked: bool = False
     detail: str = ""
+
+    @property
+    def ending(self) -> str:
+        return f"failed: {self.detail}" if self.state == "failed" and self.detail else self.state
 
 
 def new_run_id() -> str:
@@ -60,32 +84,55 @@ class Experiment:
 
     def __init__(self, workdir: str, topology: Topology, worker: Worker, structure: dict[str, dict[str, Any]],
                  run_id: Optional[str] = None, controller_port: int = 3333, node_port: int = NODE_PORT,
-                 progress: Callable[[str], None] = print) -> None:
+                 progress: Callable[[str], None] = print, algorithm: str = "gossip",
+                 node_confs: Optional[dict[str, dict[str, Any]]] = None, inputs: Optional[dict[str, str]] = None,
+                 dataset: Optional[dict[str, Any]] = None, testbed_id: str = "0", verbose: bool = False) -> None:
+        """``node_confs`` maps each node to its generated ``structure`` and ``dataset`` confs (pushed
+        from memory; read from ``dml_file/conf`` when absent); ``inputs`` the user's files by role
+        (links, nodes, structure, dataset, hosts), copied into the run folder; ``verbose`` prints
+        every node's round lines besides the aggregate."""
         self.workdir = os.path.realpath(workdir)
         self.topology = topology
         self.worker = worker
         self.structure = structure
+        self.algorithm = algorithm
+        self.node_confs = node_confs or {}
+        self.inputs = inputs or {}
+        self.dataset = dataset
         self.run_id = run_id or new_run_id()
         self.run_dir = os.path.join(self.workdir, "dml_file", "log", self.run_id)
         self.controller_port = controller_port
         self.node_port = node_port
         self.progress = progress
+        self.verbose = verbose
         self.node_token = secrets.token_urlsafe(24)
         self.nodes = {n: NodeState(n, rounds=int(c.get("sync", 0))) for n, c in structure.items()}
+        self.rounds = Progress({n: s.rounds for n, s in self.nodes.items()}, progress)
         self.phase = "created"
+        self.ended = ""  # how the run ended (run_record.ENDINGS)
         self.error = ""
         self.t_start: Optional[float] = None
         self.summary: Optional[dict[str, Any]] = None
+        self.record = run_record.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
+        self._out: Optional[RunDir] = None
+        self._collecting = False  # set once finish collects: later uploads change nothing
         self._lock = threading.RLock()
         self._finish_lock = threading.Lock()
         self._monitor: Optional[threading.Thread] = None
         self._session = requests.Session()
         self._session.headers["Authorization"] = f"Bearer {self.node_token}"
 
+    @property
+    def out(self) -> RunDir:
+        """The run folder, opened once (results are written beneath it without following links)."""
+        if self._out is None:
+            self._out = RunDir(self.run_dir)
+        return self._out
+
     # deploy -----------------------------------------------------------------------------------
     def deploy(self, ready_timeout_s: Optional[float] = None) -> None:
         """Bring up the network, start a node process per participant, wait until all answer
-        (by default 30 s plus 0.5 s per node: hundreds of processes start on a few cores)."""
+        (by default 30 s plus 1 s per node: hundreds of processes start on a few cores)."""
         self.phase = "deploying"
         try:
             result = deploy.deploy(self.topology, self.worker, self.progress)
@@ -93,6 +140,9 @@ class Experiment:
             for name, node in self.nodes.items():
                 node.ip = result["ips"][name]
                 node.shaping_verified = True
+            self.out.write_json("topology.json", run_record.topology_doc(self.topology, result["ips"]))
+            run_record.copy_inputs(self.out, self.inputs)
+            self._write_record()
             self.progress(f"starting {len(self.nodes)} node processes")
             for name, node in self.nodes.items():
                 started = self.worker.start_node(name, {"version": 1, "args": [
@@ -136,9 +186,10 @@ class Experiment:
 
     def _health(self, name: str) -> Optional[dict[str, Any]]:
         try:
-            return self._session.get(self._node_url(name, "/health"), timeout=2).json()
+            health = self._session.get(self._node_url(name, "/health"), timeout=2).json()
         except (requests.RequestException, ValueError):
             return None
+        return health if isinstance(health, dict) else None
 
     def _post(self, name: str, path: str, body: Any) -> dict[str, Any]:
         try:
@@ -149,12 +200,22 @@ class Experiment:
             raise ConfigError(f"node {name} refused {path}: {resp.text[:300]}")
         return resp.json()
 
+    def _each_node(self, fn: Callable[[str], Any], names: list[str]) -> list[Any]:
+        """``fn`` over ``names``, a few at a time (hundreds of nodes: not one after another)."""
+        if len(names) <= 1:
+            return [fn(n) for n in names]
+        with ThreadPoolExecutor(max_workers=min(CALL_THREADS, len(names))) as pool:
+            return list(pool.map(fn, names))
+
     # confs and start ----------------------------------------------------------------------------
     def _require(self, *phases: str) -> None:
         if self.phase not in phases:
             raise ConfigError(f"the experiment is {self.phase}; this needs it {' or '.join(phases)}")
 
-    def _read_conf(self, name: str, kind: str) -> dict[str, Any]:
+    def _conf(self, name: str, kind: str) -> dict[str, Any]:
+        """A node's generated conf: from memory, else from ``dml_file/conf`` (confs made by dml_tool)."""
+        if kind in self.node_confs.get(name, {}):
+            return json.loads(json.dumps(self.node_confs[name][kind]))  # a copy: pushing adapts it
         path = os.path.join(self.workdir, "dml_file", "conf", f"{name}_{kind}.json")
         try:
             with open(path) as f:
@@ -165,14 +226,14 @@ class Experiment:
     def push_dataset_confs(self) -> dict[str, Any]:
         self._require("ready")
         for name, node in self.nodes.items():
-            self._post(name, "/conf/dataset", self._read_conf(name, "dataset"))
+            self._post(name, "/conf/dataset", self._conf(name, "dataset"))
             node.dataset_conf = True
         return {"pushed": sorted(self.nodes)}
 
     def push_structure_confs(self) -> dict[str, Any]:
         self._require("ready")
         for name, node in self.nodes.items():
-            conf = self._read_conf(name, "structure")
+            conf = self._conf(name, "structure")
             unknown = [p for p in conf.get("connect", {}) if p not in self.nodes]
             if unknown:
                 raise ConfigError(f"structure conf of {name} connects to nodes not in this run: {unknown}")
@@ -194,10 +255,12 @@ class Experiment:
             for name in self.nodes:  # every role built before any starts: round 1 is not set-up
                 self._post(name, "/prepare", {})
             self.t_start = time.time()
+            self.record["started_at"] = self.t_start
             for name, node in self.nodes.items():
                 self._post(name, "/start", {})
                 node.state = "running"
             self.phase = "running"
+            self._write_record()
             self._monitor = threading.Thread(target=self._watch, name="edgetb-monitor", daemon=True)
             self._monitor.start()
         self.progress(f"running: {len(self.nodes)} nodes started")
@@ -206,75 +269,117 @@ class Experiment:
     # what nodes tell us --------------------------------------------------------------------------
     def on_print(self, data: Any) -> None:
         if not isinstance(data, dict) or data.get("node") not in self.nodes:
-            raise NotFound(f"/print from an unknown node: {str(data)[:100]}")
+            raise NotFound(f"/print from an unknown node: {printable(str(data), 100)}")
         node = self.nodes[data["node"]]
-        if isinstance(data.get("round"), int):
+        number = lambda key: data[key] if isinstance(data.get(key), (int, float)) and not isinstance(  # noqa: E731
+            data.get(key), bool) else None
+        if isinstance(data.get("round"), int) and not isinstance(data["round"], bool):
             node.round = data["round"]
-        if isinstance(data.get("accuracy"), (int, float)):
-            node.accuracy = float(data["accuracy"])
-        self.progress(f"{node.name}: {str(data.get('msg', ''))[:200]}")
+            accuracy = number("global_accuracy")
+            accuracy = number("accuracy") if accuracy is None else accuracy
+            layer = data.get("layer") if isinstance(data.get("layer"), int) else None
+            self.rounds.report(node.name, node.round, accuracy, layer, int(number("bytes_sent") or 0))
+        if number("accuracy") is not None:
+            node.accuracy = float(number("accuracy"))  # type: ignore[arg-type]
+        if self.verbose:
+            self.progress(f"{node.name}: {printable(str(data.get('msg', '')))}")
 
     def on_log(self, name: str, body: bytes) -> dict[str, Any]:
-        """A node's events upload (JSON lines); a done or failed event settles the node."""
+        """A node's events upload (JSON lines); a done or failed event settles the node.
+        Once the run's results are being written, an upload changes nothing."""
         if name not in self.nodes:
             raise NotFound(f"log upload from an unknown node {name!r}")
         if len(body) > MAX_LOG_BYTES:
             raise ConfigError(f"log of {name} is larger than {MAX_LOG_BYTES} bytes")
-        self._store_log(name, body)
-        ended = None
+        with self._lock:
+            if self._collecting:
+                return {"stored": False, "detail": "the run's results are written already"}
+            self._store_log(name, body)
+            self._settle_from_events(name, body)
+        self._check_all_settled()
+        return {"stored": True}
+
+    def _settle_from_events(self, name: str, body: bytes) -> None:
+        """Mark ``name`` settled when its events say it ended (done, or failed and why)."""
+        ended, detail = None, ""
         for line in body.decode(errors="replace").splitlines():
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
             if isinstance(event, dict) and event.get("type") in ("done", "failed"):
-                ended = event["type"]
+                ended, detail = event["type"], printable(str(event.get("detail", "")))
         node = self.nodes[name]
-        if ended and node.state == "running":
-            node.state = ended
-            node.detail = "" if ended == "done" else "the node reported a failure"
-        self._check_all_settled()
-        return {"stored": True}
+        if ended and node.state in ("running", "pending"):
+            node.state = "stopped" if ended == "done" and node.stop_asked else ended
+            node.detail = "" if ended == "done" else (detail or "the node reported a failure")
 
     def _store_log(self, name: str, body: bytes) -> None:
-        events_dir = os.path.join(self.run_dir, "events")
-        os.makedirs(events_dir, exist_ok=True)
-        with open(os.path.join(events_dir, f"{name}.jsonl"), "wb") as f:
-            f.write(body)
+        self.out.write_bytes(f"events/{name}.jsonl", body)
         self.nodes[name].log_received = True
 
     def _watch(self) -> None:
         """Mark nodes whose process died as failed, and every ``HEALTH_POLL_S`` ask the
         running ones how they are (pulling the log of one that ended but could not
-        upload it), so that neither a lost node nor a lost upload hangs the run."""
+        upload it), so that neither a lost node nor a lost upload hangs the run. A
+        problem with one node marks that node; nothing stops the monitor but the run's end."""
         polled = time.monotonic()
         while self.phase == "running":
             try:
-                procs = {p["id"]: p for p in self.worker.processes()["processes"]}
-            except TestbedError:
-                procs = {}
-            for node in self.nodes.values():
-                proc = procs.get(node.process_id)
-                if node.state == "running" and proc is not None and not proc["running"]:
-                    node.state, node.detail = "failed", f"process exited (code {proc.get('returncode')})"
-                    self.progress(f"{node.name}: failed: {node.detail}")
-            if time.monotonic() - polled >= HEALTH_POLL_S:
-                polled = time.monotonic()
-                for node in [n for n in self.nodes.values() if n.state == "running"]:
+                self._watch_once(time.monotonic() - polled >= HEALTH_POLL_S)
+                if time.monotonic() - polled >= HEALTH_POLL_S:
+                    polled = time.monotonic()
+                self.rounds.tick(self._states())
+                self._check_all_settled()
+            except Exception:  # noqa: BLE001 - the monitor must outlive any one bad answer
+                log.exception("run monitor: an error, carrying on")
+            time.sleep(1.0)
+
+    def _watch_once(self, poll_health: bool) -> None:
+        try:
+            procs = {p["id"]: p for p in self.worker.processes()["processes"]}
+        except TestbedError:
+            procs = {}
+        for node in self.nodes.values():
+            proc = procs.get(node.process_id)
+            if node.state == "running" and proc is not None and not proc["running"]:
+                node.state, node.detail = "failed", f"process exited (code {proc.get('returncode')})"
+                self.progress(f"{node.name}: failed: {node.detail}")
+        if poll_health:
+            for node in [n for n in self.nodes.values() if n.state == "running"]:
+                try:
                     health = self._health(node.name)
                     if health and health.get("state") in ("done", "failed") and self.phase == "running":
                         self._pull_log(node.name)
-            self._check_all_settled()
-            time.sleep(1.0)
+                except TestbedError as e:
+                    node.state, node.detail = "failed", printable(e.message)
+                    self.progress(f"{node.name}: failed: {node.detail}")
+
+    def _states(self) -> dict[str, str]:
+        return {n.name: n.state for n in self.nodes.values()}
 
     def _fetch_log(self, name: str) -> Optional[bytes]:
         """A node's events, asked for (None when it does not answer)."""
         try:
-            resp = self._session.get(self._node_url(name, "/log"), timeout=10)
-            resp.raise_for_status()
-        except requests.RequestException:
+            with self._session.get(self._node_url(name, "/log"), timeout=10, stream=True) as resp:
+                resp.raise_for_status()
+                body = resp.raw.read(MAX_LOG_BYTES + 1, decode_content=True)
+        except (requests.RequestException, OSError):
             return None
-        return resp.content
+        if len(body) > MAX_LOG_BYTES:
+            raise ConfigError(f"log of {name} is larger than {MAX_LOG_BYTES} bytes")
+        return body
+
+    def _local_log(self, name: str) -> Optional[bytes]:
+        """The events a node wrote on this machine's disk (a node that died cannot be asked)."""
+        path = os.path.join(self.workdir, "dml_file", "node", name, f"{self.run_id}.jsonl")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            body = f.read(MAX_LOG_BYTES + 1)
+        return body if len(body) <= MAX_LOG_BYTES else None
 
     def _pull_log(self, name: str) -> None:
         body = self._fetch_log(name)
@@ -282,41 +387,112 @@ class Experiment:
             self.on_log(name, body)
 
     def _check_all_settled(self) -> None:
-        if self.phase == "running" and all(n.state in ("done", "failed") for n in self.nodes.values()):
-            threading.Thread(target=self.finish, name="edgetb-finish", daemon=True).start()
+        if self.phase == "running" and all(n.state in SETTLED for n in self.nodes.values()):
+            threading.Thread(target=self.finish, args=("completed",), name="edgetb-finish", daemon=True).start()
 
     # finish and reset -----------------------------------------------------------------------------
-    def finish(self) -> dict[str, Any]:
-        """Collect every log (pulling what did not arrive), write results. Safe to call twice."""
+    def finish(self, how: str = "finished") -> dict[str, Any]:
+        """Stop what still runs, collect every log once, write every result from those same
+        events. ``how`` the run ended (run_record.ENDINGS). Safe to call twice."""
         with self._finish_lock:
             if self.summary is not None:
                 return self.summary
             self._require("running", "ready")
-            for name, node in self.nodes.items():
-                if node.state == "running":
-                    try:
-                        self._session.post(self._node_url(name, "/stop"), timeout=5)
-                    except requests.RequestException:
-                        pass
-                if not node.log_received and node.up:
-                    body = self._fetch_log(name)
-                    if body is not None:
-                        self._store_log(name, body)
-                    else:
-                        node.detail = node.detail or "its log could not be collected"
-            os.makedirs(self.run_dir, exist_ok=True)
-            self._write_json("topology.json", self.topology.to_dict())
+            if how == "completed" and any(n.state not in SETTLED for n in self.nodes.values()):
+                how = "finished"
+            if self.phase == "running":
+                self._stop_nodes(how)
+            with self._lock:
+                self._collecting = True
+            self._collect_logs()
+            self._settle_rest(how)
+            self.ended = how
             self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
+            endings = {n.name: n.ending for n in self.nodes.values()}
             built = results.build(self.run_dir, self.t_start or time.time())
-            self.summary = {"run_id": self.run_id, "run_dir": self.run_dir, **built}
+            for row in built.get("nodes", []):
+                node = self.nodes.get(row.get("node"))
+                if node is not None:
+                    node.round = int(row.get("rounds", node.round))
+                    row["ended"] = node.ending
+            self.summary = {"run_id": self.run_id, "run_dir": self.run_dir, "algorithm": self.algorithm,
+                            "ended": how, "endings": endings, **built}
             self._write_json("summary.json", self.summary)
+            self.record.update(ended=how, ended_at=time.time(), detail=self.error, nodes=endings)
+            self._write_record()
             self.phase = "finished"
-        self.progress(f"finished: results in {self.run_dir}")
+        self.rounds.tick(self._states(), force=True)
+        self.progress(f"finished ({how}): results in {self.run_dir}")
         return self.summary
 
+    def _stop_nodes(self, how: str) -> None:
+        """Ask the running nodes to stop after their round, and wait up to ``STOP_GRACE_S`` for
+        their last events."""
+        running = [n for n in self.nodes.values() if n.state == "running"]
+        if not running:
+            return
+        self.progress(f"stopping {len(running)} running nodes ({how})")
+
+        def stop(name: str) -> None:
+            self.nodes[name].stop_asked = True
+            try:
+                self._session.post(self._node_url(name, "/stop"), timeout=5)
+            except requests.RequestException:
+                pass
+
+        self._each_node(stop, [n.name for n in running])
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            waiting = [n.name for n in self.nodes.values() if n.state == "running"]
+            if not waiting:
+                break
+            for name, health in zip(waiting, self._each_node(self._health, waiting)):
+                if health and health.get("state") in ("done", "failed"):
+                    try:
+                        self._pull_log(name)
+                    except TestbedError as e:
+                        self.nodes[name].state, self.nodes[name].detail = "failed", printable(e.message)
+            time.sleep(0.5)
+
+    def _collect_logs(self) -> None:
+        """Every log not uploaded yet: asked of its node, else read from this machine's disk."""
+        def collect(name: str) -> None:
+            node = self.nodes[name]
+            if node.log_received:
+                return
+            try:
+                body = self._fetch_log(name) if node.up else None
+            except TestbedError as e:
+                node.state, node.detail = "failed", printable(e.message)
+                body = None
+            if body is None and self._is_local():
+                body = self._local_log(name)
+            if body is not None:
+                self._store_log(name, body)
+                self._settle_from_events(name, body)
+
+        self._each_node(collect, list(self.nodes))
+
+    def _is_local(self) -> bool:
+        return getattr(self.worker, "store", None) is not None  # a WorkerHost of this machine
+
+    def _settle_rest(self, how: str) -> None:
+        """The ending of every node not settled yet."""
+        for node in self.nodes.values():
+            if node.state in SETTLED:
+                continue
+            if not node.log_received:
+                node.state, node.detail = "lost", node.detail or "its log could not be collected"
+            elif how == "timeout":
+                node.state = "timeout"
+            else:
+                node.state = "stopped"
+
     def _write_json(self, name: str, data: Any) -> None:
-        with open(os.path.join(self.run_dir, name), "w") as f:
-            json.dump(data, f, indent=1)
+        self.out.write_json(name, data)
+
+    def _write_record(self) -> None:
+        self.out.write_json("run.json", self.record)
 
     def update_tc(self, file: str) -> dict[str, Any]:
         """Re-shape, in place, the links listed in ``file`` (inside the experiment dir); other links keep theirs."""
@@ -336,13 +512,31 @@ class Experiment:
             self.topology.links[(src, dst)] = link
         return result
 
+    def close(self, how: str) -> None:
+        """Write the run folder if the run was started and is not written yet (Ctrl-C, a signal)."""
+        if self.phase == "running" or (self.phase == "ready" and self.t_start is not None):
+            try:
+                self.finish(how)
+            except TestbedError as e:
+                self.progress(f"could not write the results: {e.message}")
+
     def reset(self) -> dict[str, Any]:
+        """Write the run folder (a run under way is stopped first), then remove the testbed.
+        A reset that fails raises, and the testbed's phase stays as it was."""
+        self.close("reset")
+        result = self.worker.reset()
         self.phase = "reset" if self.phase != "failed" else self.phase
-        return self.worker.reset()
+        return result
 
     def status(self) -> dict[str, Any]:
-        return {"version": 1, "run_id": self.run_id, "phase": self.phase, "error": self.error,
-                "run_dir": self.run_dir, "started_at": self.t_start,
-                "nodes": [asdict(n) for n in self.nodes.values()],
+        nodes = [{**asdict(n), "ending": n.ending if n.state in SETTLED else None} for n in self.nodes.values()]
+        return {"version": 1, "run_id": self.run_id, "phase": self.phase, "ended": self.ended or None,
+                "error": self.error, "algorithm": self.algorithm, "run_dir": self.run_dir,
+                "started_at": self.t_start, "nodes": nodes,
                 "done": sum(n.state == "done" for n in self.nodes.values()),
-                "failed": sum(n.state == "failed" for n in self.nodes.values())}
+                "failed": sum(n.state == "failed" for n in self.nodes.values()),
+                "settled": sum(n.state in SETTLED for n in self.nodes.values())}
+
+
+def _code_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

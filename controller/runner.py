@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from controller import results
 from controller.app import create_app
@@ -40,7 +40,9 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("--hosts", help="hosts file: run on several worker hosts (see controller/hosts.py)")
     p.add_argument("--auto", action="store_true", help="run the whole flow, print a summary, reset")
     p.add_argument("--timeout", type=float, default=900.0, help="--auto: seconds to wait for the run (default 900)")
-    p.add_argument("--quiet-nodes", action="store_true", help="do not print the nodes' progress lines")
+    p.add_argument("--verbose", action="store_true", help="print every node's round lines besides the aggregate")
+    p.add_argument("--quiet-nodes", action="store_true", help="(the default) print one aggregate line per round "
+                                                              "or 5 s, not each node's lines")
     return p
 
 
@@ -59,8 +61,14 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
     args.host_list = hosts
     structure = load_structure(path(args.structure), topology, algorithm)
     settings = load_dataset(path(args.dataset))
-    write_confs(args.workdir, "structure", structure_confs(structure, topology, planned_ips(topology, args.subnet)))
-    write_confs(args.workdir, "dataset", dataset_confs(settings, list(structure), args.workdir))
+    s_confs = structure_confs(structure, topology, planned_ips(topology, args.subnet))
+    d_confs = dataset_confs(settings, list(structure), args.workdir)
+    write_confs(args.workdir, "structure", s_confs)
+    write_confs(args.workdir, "dataset", d_confs)
+    args.node_confs = {n: {"structure": s_confs[n], "dataset": d_confs[n]} for n in structure}
+    args.dataset_settings = settings
+    args.inputs = {role: path(getattr(args, role)) for role in ("links", "nodes", "structure", "dataset", "hosts")
+                   if getattr(args, role, None)}
     return topology, structure
 
 
@@ -85,10 +93,9 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    progress: Callable[[str], None] = _say
-    if args.quiet_nodes:
-        progress = lambda m: None if m.split(":", 1)[0] in structure else _say(m)  # noqa: E731
-    exp = Experiment(args.workdir, topology, worker, structure, controller_port=args.port, progress=progress)
+    exp = Experiment(args.workdir, topology, worker, structure, controller_port=args.port, progress=_say,
+                     algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
+                     dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose)
     server: Optional[WSGIServer] = None
     stop = lambda: server and server.stop(timeout=1)  # noqa: E731
     app = create_app(exp, admin_token=os.environ.get("EDGETB_TOKEN"), on_reset=lambda: __import__("gevent").spawn(stop))
@@ -117,6 +124,7 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
             server.serve_forever()
     except KeyboardInterrupt:
         _say("interrupted")
+        exp.close("interrupted")
         code = 130
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
@@ -153,9 +161,11 @@ def _auto(exp: Experiment, timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
     while exp.phase == "running" and time.monotonic() < deadline:
         gevent.sleep(0.5)
+    how = "completed"
     if exp.phase == "running":
         _say(f"the run did not finish within {timeout_s:g}s: collecting what there is")
-    summary = run_blocking(exp.finish)
+        how = "timeout"
+    summary = run_blocking(exp.finish, how)
     print(results.format_summary(summary["nodes"]), flush=True)
     _say(f"metrics: {summary['metrics']}")
     _say(f"plots: {', '.join(os.path.basename(p) for p in summary['plots'])}")

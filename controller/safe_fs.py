@@ -1,0 +1,146 @@
+"""Writing beneath a run directory without following links, atomically.
+
+The controller runs as root, and parts of the experiment directory may be
+reachable by nodes. ``RunDir`` holds an open descriptor of the run directory
+and makes every file and subdirectory relative to it (``openat`` semantics):
+no path component is resolved through a symbolic link (``O_NOFOLLOW`` on each
+step), and every file is written to a temporary name and renamed into place,
+so a reader never sees half a file.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+from typing import Any, Iterator
+
+from worker.errors import ConfigError
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _components(relative: str) -> list[str]:
+    parts = relative.split("/")
+    if relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"{relative!r} is not a plain path inside the run directory")
+    return parts
+
+
+class RunDir:
+    """A directory the controller writes results into; made (mode 0755) if absent."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.realpath(path)
+        parent, name = os.path.split(self.path)
+        os.makedirs(parent, exist_ok=True)
+        parent_fd = os.open(parent, _DIR_FLAGS)
+        try:
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent_fd)
+            except FileExistsError:
+                pass
+            self.fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except OSError as e:
+            raise ConfigError(f"cannot use {self.path} as a run directory: {e.strerror} "
+                              "(it must be a real directory, not a link)") from None
+        finally:
+            os.close(parent_fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _dir_of(self, relative: str) -> tuple[int, str]:
+        """(an open descriptor of the file's directory, the file's name): subdirectories are
+        made as needed, never through a link. The caller closes the descriptor."""
+        parts = _components(relative)
+        fd = os.dup(self.fd)
+        try:
+            for part in parts[:-1]:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+        except OSError as e:
+            os.close(fd)
+            raise ConfigError(f"cannot write {relative} in {self.path}: {e.strerror}") from None
+        return fd, parts[-1]
+
+    def write_bytes(self, relative: str, data: bytes) -> str:
+        """Write ``data`` to ``relative`` atomically; returns the file's path."""
+        fd, name = self._dir_of(relative)
+        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out, view):]
+                os.fsync(out)
+            finally:
+                os.close(out)
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError as e:
+            try:
+                os.unlink(tmp, dir_fd=fd)
+            except OSError:
+                pass
+            raise ConfigError(f"cannot write {relative} in {self.path}: {e.strerror}") from None
+        finally:
+            os.close(fd)
+        return os.path.join(self.path, relative)
+
+    def write_text(self, relative: str, text: str) -> str:
+        return self.write_bytes(relative, text.encode())
+
+    def write_json(self, relative: str, data: Any) -> str:
+        return self.write_text(relative, json.dumps(data, indent=1, default=str) + "\n")
+
+    def writer(self, relative: str) -> "_AtomicWriter":
+        """A binary file object whose content lands at ``relative`` when it is closed
+        (for writers that want a file: csv, matplotlib's ``savefig``)."""
+        return _AtomicWriter(self, relative)
+
+    def read_bytes(self, relative: str, limit: int) -> bytes:
+        """A file beneath the run directory, refused when it is a link or over ``limit`` bytes."""
+        fd, name = self._dir_of(relative)
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        with os.fdopen(f, "rb") as src:
+            data = src.read(limit + 1)
+        if len(data) > limit:
+            raise ConfigError(f"{relative} in {self.path} is larger than {limit} bytes")
+        return data
+
+    def listdir(self, relative: str = "") -> Iterator[str]:
+        if not relative:
+            return iter(sorted(os.listdir(self.fd)))
+        fd, name = self._dir_of(relative + "/x")
+        try:
+            return iter(sorted(os.listdir(fd)))
+        finally:
+            os.close(fd)
+
+
+class _AtomicWriter(io.BytesIO):
+    def __init__(self, run_dir: RunDir, relative: str) -> None:
+        super().__init__()
+        self._run_dir, self._relative = run_dir, relative
+
+    def close(self) -> None:
+        if not self.closed:
+            data = self.getvalue()
+            super().close()
+            self._run_dir.write_bytes(self._relative, data)
+
+    def __exit__(self, kind: Any, *rest: Any) -> None:
+        if kind is not None:  # a failed writer leaves nothing behind
+            super().close()
+        self.close()
