@@ -67,7 +67,7 @@ class NodeState:
     rounds: int = 0
     accuracy: Optional[float] = None
     log_received: bool = False
-    stop_asked: bool = False
+    stopped_by: str = ""  # why the controller asked it to stop: its ending once it does
     detail: str = ""
 
     @property
@@ -311,7 +311,7 @@ class Experiment:
                 ended, detail = event["type"], printable(str(event.get("detail", "")))
         node = self.nodes[name]
         if ended and node.state in ("running", "pending"):
-            node.state = "stopped" if ended == "done" and node.stop_asked else ended
+            node.state = node.stopped_by if ended == "done" and node.stopped_by else ended
             node.detail = "" if ended == "done" else (detail or "the node reported a failure")
 
     def _store_log(self, name: str, body: bytes) -> None:
@@ -434,7 +434,7 @@ class Experiment:
         self.progress(f"stopping {len(running)} running nodes ({how})")
 
         def stop(name: str) -> None:
-            self.nodes[name].stop_asked = True
+            self.nodes[name].stopped_by = "timeout" if how == "timeout" else "stopped"
             try:
                 self._session.post(self._node_url(name, "/stop"), timeout=5)
             except requests.RequestException:

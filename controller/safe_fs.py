@@ -31,8 +31,9 @@ class RunDir:
     """A directory the controller writes results into; made (mode 0755) if absent."""
 
     def __init__(self, path: str) -> None:
-        self.path = os.path.realpath(path)
-        parent, name = os.path.split(self.path)
+        parent, name = os.path.split(os.path.abspath(path))
+        parent = os.path.realpath(parent)  # the run directory itself must not be a link
+        self.path = os.path.join(parent, name)
         os.makedirs(parent, exist_ok=True)
         parent_fd = os.open(parent, _DIR_FLAGS)
         try:

@@ -1,0 +1,105 @@
+"""The run folder's writer (no links followed, atomic) and the aggregate progress line."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from controller.progress import Progress
+from controller.run_record import seeds, topology_doc
+from controller.safe_fs import RunDir
+from controller.topology import Topology
+from worker.errors import ConfigError
+
+
+def test_files_land_atomically_beneath_the_run_dir(tmp_path):
+    out = RunDir(str(tmp_path / "log" / "run1"))
+    out.write_json("summary.json", {"a": 1})
+    out.write_bytes("events/n1.jsonl", b"{}\n")
+    with out.writer("plots/p.png") as f:
+        f.write(b"png")
+    assert json.loads((tmp_path / "log/run1/summary.json").read_text()) == {"a": 1}
+    assert (tmp_path / "log/run1/events/n1.jsonl").read_bytes() == b"{}\n"
+    assert (tmp_path / "log/run1/plots/p.png").read_bytes() == b"png"
+    assert not [p for p in (tmp_path / "log/run1").rglob(".*.tmp")]
+
+
+def test_a_planted_link_is_never_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events").symlink_to(outside)  # a node planted it
+    (run / "summary.json").symlink_to(outside / "passwd")
+    out = RunDir(str(run))
+    with pytest.raises(ConfigError, match="events/n1.jsonl"):
+        out.write_bytes("events/n1.jsonl", b"x")
+    out.write_json("summary.json", {"ok": True})  # replaces the link itself, not its target
+    assert not (outside / "passwd").exists() and not list(outside.iterdir())
+    assert not (run / "summary.json").is_symlink()
+    with pytest.raises(ConfigError):
+        out.read_bytes("events/n1.jsonl", 100)
+
+
+def test_a_run_dir_that_is_a_link_is_refused(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="not a link"):
+        RunDir(str(tmp_path / "log"))  # fine: a fresh directory
+        RunDir(str(tmp_path / "run"))
+    RunDir(str(tmp_path / "log")).close()
+
+
+@pytest.mark.parametrize("bad", ["../x", "/etc/passwd", "a//b", "a/./b", ""])
+def test_paths_must_stay_inside(tmp_path, bad):
+    with pytest.raises(ConfigError):
+        RunDir(str(tmp_path / "r")).write_bytes(bad, b"x")
+
+
+def test_failed_writer_leaves_nothing(tmp_path):
+    out = RunDir(str(tmp_path / "r"))
+    with pytest.raises(RuntimeError):
+        with out.writer("half.csv") as f:
+            f.write(b"a,b\n")
+            raise RuntimeError("boom")
+    assert not os.listdir(tmp_path / "r")
+
+
+def test_progress_says_one_aggregate_line_per_round_or_period():
+    said: list[str] = []
+    now = [0.0]
+    p = Progress({"n1": 20, "n2": 20}, said.append, clock=lambda: now[0])
+    states = {"n1": "running", "n2": "running"}
+    assert p.tick(states) is None  # nothing new
+    p.report("n1", 1, 0.5, bytes_sent=1_000_000)
+    p.report("n2", 1, 0.7, bytes_sent=500_000)
+    line = p.tick(states)
+    assert line == "round 1/20 · 2 running · accuracy mean 0.600 min 0.500 · 1.5 MB moved"
+    p.report("n1", 1, 0.6)
+    assert p.tick(states) is None  # same round, within the period
+    now[0] = 6.0
+    assert "accuracy mean 0.650" in p.tick(states)
+    p.report("n1", 2, 0.9)
+    assert p.tick({"n1": "done", "n2": "failed"}).startswith("round 1-2/20 · 1 done, 1 failed")
+    assert len(said) == 3
+
+
+def test_progress_counts_etree_rounds_per_layer():
+    p = Progress({"a": 5, "b": 25, "c": 25}, lambda s: None)
+    p.report("a", 3, 0.8, layer=2)
+    p.report("b", 14, 0.7, layer=1)
+    p.report("c", 15, 0.75, layer=1)
+    assert p.line({"a": "running"}).startswith("layer 1 round 14-15, layer 2 round 3 · 1 running")
+
+
+def test_run_record_names_seeds_and_rates():
+    assert seeds({"n1": {"model": {"seed": 3}}, "n2": {"model": {}}}, {"seed": 0}) == {"dataset": 0,
+                                                                                     "nodes": {"n1": 3}}
+    topo = Topology()
+    topo.add_node("n1")
+    topo.add_node("n2")
+    topo.add_link("n1", "n2", "10mbps")
+    doc = topology_doc(topo, {"n1": "10.1.0.2", "n2": "10.1.0.3"})
+    assert [n["ip"] for n in doc["nodes"]] == ["10.1.0.2", "10.1.0.3"]
+    assert doc["links"][0]["rate_bps"] == 80_000_000
