@@ -73,8 +73,10 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
 
 
 def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_default: str = "gl_structure.json",
-         dataset_default: str = "gl_dataset.json", topology: Optional[Topology] = None) -> int:
-    """gl_run.py's flow; ``topology`` comes from the Testbed API instead of links.json when given."""
+         dataset_default: str = "gl_dataset.json", topology: Optional[Topology] = None,
+         experiments: Optional[list[Experiment]] = None) -> int:
+    """gl_run.py's flow; ``topology`` comes from the Testbed API instead of links.json when given;
+    the experiment is appended to ``experiments`` when given (the Testbed API reports on it)."""
     args = _parser(algorithm, structure_default, dataset_default).parse_args(argv)
     args.workdir = os.path.realpath(args.workdir)
     logging.basicConfig(level=logging.WARNING)
@@ -96,6 +98,8 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     exp = Experiment(args.workdir, topology, worker, structure, controller_port=args.port, progress=_say,
                      algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
                      dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose)
+    if experiments is not None:
+        experiments.append(exp)
     server: Optional[WSGIServer] = None
     stop = lambda: server and server.stop(timeout=1)  # noqa: E731
     app = create_app(exp, admin_token=os.environ.get("EDGETB_TOKEN"), on_reset=lambda: __import__("gevent").spawn(stop))

@@ -5,7 +5,8 @@
     tb.add_emulated_node("n1", cpu=0.5, mem="256M")
     tb.add_emulated_node("n2")
     tb.load_link("links.json")
-    tb.start()          # validate, write confs, deploy, controller on :3333 until reset
+    run = tb.start()    # validate, write confs, deploy, controller on :3333 until reset
+    run = tb.start(auto=True)  # or: run to completion; run.nodes, run.metrics(), run.dataframe()
 
 Emulators on other hosts and physical devices run an agent each
 (``python3 -m worker.agent``); ``add_emulator("e1", agent="http://10.0.0.2:3334")``
@@ -14,13 +15,48 @@ declare them, and ``start()`` writes the hosts file (controller/hosts.py) for th
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
+import sys
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from controller.topology import Topology, load_links
-from worker.errors import ConfigError
-from worker.runtime_netns import DEFAULT_SUBNET
+from controller.bootstrap import use_venv
+
+use_venv(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.argv[0] or "the Testbed API")
+
+from controller.topology import Topology, load_links  # noqa: E402
+from worker.errors import ConfigError  # noqa: E402
+from worker.runtime_netns import DEFAULT_SUBNET  # noqa: E402
+
+
+@dataclass
+class Run:
+    """What ``Testbed.start`` hands back: the run's identity, how it ended, its per-node summary."""
+
+    run_id: str
+    run_dir: str
+    phase: str
+    exit_code: int
+    ended: Optional[str] = None
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+
+    def metrics(self) -> list[dict[str, str]]:
+        """metrics.csv as rows (empty when the run wrote none)."""
+        path = os.path.join(self.run_dir, "metrics.csv")
+        if not os.path.exists(path):
+            return []
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def dataframe(self) -> Any:
+        """metrics.csv as a pandas DataFrame (needs pandas)."""
+        try:
+            import pandas
+        except ImportError:
+            raise ConfigError("Run.dataframe() needs pandas: pip install pandas (or use Run.metrics())") from None
+        return pandas.read_csv(os.path.join(self.run_dir, "metrics.csv"))
 
 
 class Testbed:
@@ -70,8 +106,9 @@ class Testbed:
         load_links(os.path.join(self.workdir, path), self.topology, nodes_declared=True)
         self._links_loaded = True
 
-    def start(self, auto: bool = False) -> int:
-        """Validate, make confs, deploy and serve on the port until reset (``auto``: run to completion)."""
+    def start(self, auto: bool = False) -> Run:
+        """Validate, make confs, deploy and serve on the port until reset (``auto``: run to
+        completion); returns the ``Run``."""
         from controller.runner import main
 
         if not self._links_loaded:
@@ -86,4 +123,9 @@ class Testbed:
             argv += ["--hosts", path]
         elif any(host["runtime"] == "docker" for host in self.emulators.values()):
             argv += ["--runtime", "docker"]
-        return main(argv, algorithm=self.algorithm, topology=self.topology)
+        made: list[Any] = []
+        code = main(argv, algorithm=self.algorithm, topology=self.topology, experiments=made)
+        if not made:
+            raise ConfigError(f"the experiment did not start (exit code {code}): see the messages above")
+        exp = made[0]
+        return Run(exp.run_id, exp.run_dir, exp.phase, code, exp.ended or None, list((exp.summary or {}).get("nodes", [])))

@@ -135,7 +135,8 @@ def test_testbed_api_runs_an_experiment(tmp_path):
     workdir = make_workdir(tmp_path, structure={"sync": 3, "wait_s": 1, "node_list": [{"name": "a"}, {"name": "b"}]},
                            links={"a": [{"dest": "b", "bw": "10mbit"}], "b": [{"dest": "a", "bw": "10mbit"}]})
     tb_id = "t" + secrets.token_hex(2)
-    script = f"""
+    script = workdir / "experiment.py"
+    script.write_text(f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 from controller.testbed import Testbed
@@ -144,10 +145,16 @@ tb.add_emulator("local")
 tb.add_emulated_node("a", cpu=1, mem="256M")
 tb.add_emulated_node("b")
 tb.load_link("links.json")
-sys.exit(tb.start(auto=True))
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+run = tb.start(auto=True)
+print("RUN", run.run_id, run.ended, run.exit_code, len(run.metrics()), [n["ended"] for n in run.nodes])
+sys.exit(run.exit_code)
+""")
+    # a python without the project's dependencies re-runs the script under .venv
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    done = subprocess.run([python, str(script)], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, EDGETB_STATE_DIR=str(tmp_path / "state")))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "done" in done.stdout and len(list((workdir / "dml_file" / "log").iterdir())) == 1
+    runs = list((workdir / "dml_file" / "log").iterdir())
+    assert len(runs) == 1
+    assert f"RUN {runs[0].name} completed 0 6 ['done', 'done']" in done.stdout, done.stdout
     assert f"etb-{tb_id}-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
