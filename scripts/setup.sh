@@ -15,6 +15,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v tc >/dev/null || need+=(iproute2)
 command -v iperf3 >/dev/null || need+=(iperf3)
 command -v iptables >/dev/null || need+=(iptables)
+command -v sudo >/dev/null || need+=(sudo)  # README's commands say sudo, as EdgeTB's do
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need[*]}"

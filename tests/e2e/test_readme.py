@@ -1,0 +1,146 @@
+"""README's command blocks, run verbatim from the checkout, so README and code cannot drift apart.
+
+Every ```sh and ```python block runs, line by line, as a user would type it, unless
+the line before its fence says why not (``<!-- not run: REASON -->``: another
+machine, or the command that runs these tests). ```json blocks must load with the
+loader of the file they show. In a sh block, a ``*_run.py`` line without ``--auto``
+serves until reset: it runs in the background and the next line waits until the
+controller is ready; a ``curl`` line must answer JSON without an error. These use
+the defaults (testbed 0, port 3333), as README's readers do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.e2e.harness import ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
+
+FENCE = re.compile(r"^```(\w*)\s*$")
+NOT_RUN = re.compile(r"^<!-- not run: (.+) -->$")
+SERVER = re.compile(r"^\S*_run\.py$")
+CONTROLLER = "http://127.0.0.1:3333"
+
+
+def blocks() -> list[tuple[int, str, list[str], str]]:
+    """(line number, language, lines, reason not run or '') of every fenced block."""
+    out, lines = [], (ROOT / "README.md").read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        start, lang = i + 1, m.group(1)
+        end = next(j for j in range(start, len(lines)) if lines[j].startswith("```"))
+        skip = NOT_RUN.match(lines[i - 1].strip()) if i else None
+        out.append((start, lang, lines[start:end], skip.group(1) if skip else ""))
+        i = end + 1
+    return out
+
+
+def runnable(lang: str) -> list[tuple[int, list[str]]]:
+    return [(n, body) for n, kind, body, reason in blocks() if kind == lang and not reason]
+
+
+def test_every_block_not_run_says_why():
+    found = blocks()
+    assert len(found) >= 10
+    for line, lang, _, reason in found:
+        assert lang in ("sh", "python", "json", "text"), f"README line {line}: block language {lang!r}: " \
+                                                          "sh, python, json or text"
+        assert not reason or lang in ("sh", "python"), f"README line {line}: only commands may be left unrun"
+
+
+def _wait_ready(server: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"the run script exited {server.returncode}:\n{server.stdout.read()}"
+        try:
+            if requests.get(CONTROLLER + "/status", timeout=30).json()["phase"] in ("ready", "running", "finished"):
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the controller never became ready")
+
+
+def _commands(body: list[str]) -> list[str]:
+    return [line for line in body if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("line,body", runnable("sh"), ids=lambda v: f"line{v}" if isinstance(v, int) else "")
+def test_sh_block_runs_verbatim(line, body):
+    server = None
+    try:
+        for command in _commands(body):
+            words = shlex.split(command, comments=True)
+            if any(SERVER.match(w) for w in words) and "--auto" not in words:
+                assert server is None, f"README line {line}: two servers in one block"
+                server = subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True)
+                _wait_ready(server)
+                continue
+            done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, f"README line {line}: {command!r} exited {done.returncode}:\n" \
+                                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            if command.startswith("curl "):
+                answer = json.loads(done.stdout)
+                assert not (isinstance(answer, dict) and answer.get("error")), f"{command!r}: {answer}"
+        if server is not None:
+            assert server.wait(timeout=120) == 0, server.stdout.read()
+    finally:
+        if any(c.startswith(".venv/bin/edgetb up") for c in _commands(body)):
+            subprocess.run([".venv/bin/edgetb", "down"], cwd=ROOT, capture_output=True, timeout=300)
+        if server is not None and server.poll() is None:
+            try:
+                requests.get(CONTROLLER + "/emulated/reset", timeout=120)
+            except requests.RequestException:
+                pass
+            server.terminate()
+            server.wait(timeout=60)
+
+
+@pytest.mark.parametrize("line,body", runnable("python"), ids=lambda v: f"line{v}" if isinstance(v, int) else "")
+def test_python_block_runs_verbatim(line, body):
+    script = ROOT / f".readme_line{line}.py"  # beside the code, as a user's script would be
+    script.write_text("\n".join(body) + "\n")
+    try:
+        done = subprocess.run(["python3", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    finally:
+        script.unlink()
+    assert done.returncode == 0, f"README line {line}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("line,body", [(n, b) for n, kind, b, _ in blocks() if kind == "json"],
+                         ids=lambda v: f"line{v}" if isinstance(v, int) else "")
+def test_json_block_loads(line, body, tmp_path):
+    from controller.hosts import load_hosts
+    from controller.topology import load_links, load_nodes
+
+    data = json.loads("\n".join(body))
+    path = tmp_path / "example.json"
+    path.write_text(json.dumps(data))
+    if "hosts" in data:
+        load_hosts(str(path))
+    elif "nodes" in data:
+        load_nodes(str(path))
+    elif all(isinstance(v, list) for v in data.values()):
+        load_links(str(path))
+    else:
+        pytest.fail(f"README line {line}: which file does this block show?")
+
+
+def test_readme_blocks_leave_no_testbed():
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "etb-0-" not in left, left
+    assert Path("/sys/class/net/etb-0-br").exists() is False
