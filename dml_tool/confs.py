@@ -230,10 +230,15 @@ def dataset_confs(settings: dict[str, Any], nodes: list[str], workdir: str) -> d
 
 
 def _held_out(train: Any, test: Any, settings: dict[str, Any], cap: int) -> tuple[Any, Any]:
-    """The global test set of EdgeTB's format: the test shards in order, without those some node
-    trains on (when train and test share their files), at most ``cap`` samples."""
+    """The global test set of EdgeTB's format: a bundled dataset's test split, or the test shards
+    in order without those some node trains on (when train and test share their files); at most
+    ``cap`` samples."""
     import numpy as np
 
+    from dml_tool.datasets import ArrayShards
+
+    if isinstance(test, ArrayShards) and test is not train:  # a bundled dataset: its whole test split
+        return test.x[:cap], test.y[:cap]
     used = set()
     if test is train:
         for w in settings["nodes"].values():
