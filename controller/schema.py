@@ -159,6 +159,14 @@ class Field:
         return value
 
 
+def refuse_unknown(data: dict, allowed: Iterable[str], place: Union[Place, str], error: type = ConfigError) -> None:
+    """Refuse the first key of ``data`` not in ``allowed``, naming the nearest allowed one."""
+    allowed = list(allowed)
+    for key in data:
+        if key not in allowed:
+            raise error(f"{Place.of(place).field(key)}: unknown field{suggestion(key, allowed)}")
+
+
 class Schema:
     """The declared fields of one JSON object."""
 
@@ -167,10 +175,7 @@ class Schema:
 
     def unknown(self, data: dict, place: Union[Place, str], error: type = ConfigError) -> None:
         """Refuse the first key that is not declared, naming the nearest declared one."""
-        place = Place.of(place)
-        for key in data:
-            if key not in self.fields:
-                raise error(f"{place.field(key)}: unknown field{suggestion(key, self.fields)}")
+        refuse_unknown(data, self.fields, place, error)
 
     def validate(self, data: Any, place: Union[Place, str], error: type = ConfigError) -> dict[str, Any]:
         """``data`` checked field by field; a copy with every declared field (None when absent
