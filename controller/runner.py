@@ -59,8 +59,10 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
     args.host_list = hosts
     structure = load_structure(path(args.structure), topology, algorithm)
     settings = load_dataset(path(args.dataset))
-    write_confs(args.workdir, "structure", structure_confs(structure, topology, planned_ips(topology, args.subnet)))
-    write_confs(args.workdir, "dataset", dataset_confs(settings, list(structure), args.workdir))
+    confs = structure_confs(structure, topology, planned_ips(topology, args.subnet))
+    datasets = dataset_confs(settings, list(structure), args.workdir)  # checks everything before writing shards
+    write_confs(args.workdir, "structure", confs)
+    write_confs(args.workdir, "dataset", datasets)
     return topology, structure
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
 from controller.schema import Field, Schema, describe, read_json, refuse_unknown
-from controller.units import parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
+from controller.units import format_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
 from worker.errors import ConfigError, TopologyError
 from worker.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, shape_problems
 
@@ -268,6 +268,18 @@ class Topology:
         """The nodes ``name`` has a link to, in declaration order."""
         self.node(name)
         return [d for (s, d) in self.links if s == name]
+
+    def rates_text(self, limit: int = 16) -> str:
+        """Each link's rate in bit/s (``n1->n2 80 Mbit/s, ...``), or, past ``limit`` links, how
+        many links have each rate; so that '10mbps' (BYTES/s, as in tc) shows as 80 Mbit/s."""
+        if not self.links:
+            return "no links"
+        if len(self.links) <= limit:
+            return ", ".join(f"{s}->{d} {format_rate(link.shape.rate_bps)}" for (s, d), link in self.links.items())
+        counts: dict[int, int] = {}
+        for link in self.links.values():
+            counts[link.shape.rate_bps] = counts.get(link.shape.rate_bps, 0) + 1
+        return ", ".join(f"{n} at {format_rate(bps)}" for bps, n in sorted(counts.items()))
 
     # checks ------------------------------------------------------------------
     def validate(self, source: str = "topology") -> None:
