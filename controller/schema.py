@@ -123,13 +123,13 @@ class Field:
 
     def check(self, value: Any, place: Place, name: str, error: type) -> Any:
         """``value`` checked (and normalised: int -> float for float fields); ``name`` is its label."""
-        where = place.field(name) if not name.endswith("]") else str(place.at(name))
+        where = place.field(name)
         kinds = self.kinds()
         ok = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool)
                  or (k is float and isinstance(value, int) and not isinstance(value, bool)) for k in kinds)
         if not ok:
-            raise error(f"{where}: expected {self.rule() if self.choices is None else ' or '.join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)}, "
-                        f"got {describe(value)}")
+            names = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+            raise error(f"{where}: expected {self.rule() if self.choices is None else names}, got {describe(value)}")
         if isinstance(value, float) and not math.isfinite(value):
             raise error(f"{where}: must be a finite number, got {value!r}")
         if float in kinds and int not in kinds and isinstance(value, int) and not isinstance(value, bool):

@@ -178,6 +178,10 @@ def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str,
     for i in range(len(entries.items)):
         raw = entries.items[i]
         layer = raw.get("layer") if isinstance(raw, dict) else None
+        if isinstance(raw, dict) and "layer" in raw and (isinstance(layer, bool) or not isinstance(layer, int)):
+            name = raw.get("name")
+            LAYER.check(layer, Place(path, (f"node_list[{i}]" + (f" ({name})" if isinstance(name, str) else ""),)),
+                        "layer", ConfigError)
         schema = ETREE_TRAINER if layer == 1 else ETREE_AGGREGATOR
         entry, name, where = entries.entry(i, schema)
         layer = entry["layer"]
