@@ -1,8 +1,8 @@
 """The structure JSON of each algorithm (EdgeTB shapes), validated into per-node confs.
 
-Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) at the
-top; a ``node_list`` entry may set its own ``"seed"`` for the model's initial
-weights. Per algorithm:
+Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
+``epoch`` (the default of the entries that set none, else 1) at the top; a
+``node_list`` entry may set its own ``"seed"`` for the model's initial weights. Per algorithm:
 
 - gossip (gl_structure.json): ``sync``, ``wait_s``; entries ``{"name", "epoch"}``.
 - federated (fl_structure.json): the first entry is the aggregator,
@@ -51,15 +51,16 @@ MODEL = Schema({
 MODEL_FIELD = Field(dict, "the model every node trains", schema=MODEL)
 NODE_LIST = Field(list, "the nodes taking part", required=True)
 SYNC = Field(int, "rounds", low=1, high=MAX_ROUNDS)
-EPOCH = Field(int, "local epochs per round", default=1, low=0, high=MAX_EPOCHS)
+EPOCH = Field(int, "local epochs per round (default: the top-level epoch, else 1)", low=0, high=MAX_EPOCHS)
+TOP_EPOCH = Field(int, "local epochs per round of entries that set none", default=1, low=0, high=MAX_EPOCHS)
 NAME = Field(str, "a node of links.json", required=True, max_len=64)
 TRAINER = Schema({"name": NAME, "epoch": EPOCH, "seed": SEED})
 
 GOSSIP = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                  "wait_s": Field(float, "longest wait for peers' models per round", default=10.0, low=0,
                                  high=MAX_SECONDS, low_open=True),
-                 "model": MODEL_FIELD, "node_list": NODE_LIST})
-FL = Schema({"sync": SYNC, "model": MODEL_FIELD, "node_list": NODE_LIST})
+                 "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
+FL = Schema({"sync": SYNC, "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 FL_AGGREGATOR = Schema({
     "name": NAME, "seed": SEED, "sync": SYNC,
     "trainer_fraction": Field(float, "share of trainers picked per round", default=1.0, low=0, high=1,
@@ -69,7 +70,7 @@ FL_AGGREGATOR = Schema({
                         low_open=True),
     "quorum": Field(float, "share of the picked trainers a round needs", default=0.5, low=0, high=1,
                     low_open=True)})
-ETREE = Schema({"model": MODEL_FIELD, "node_list": NODE_LIST})
+ETREE = Schema({"epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 LAYER = Field(int, "1 for trainers, higher for aggregators", required=True, low=1, high=64)
 ETREE_AGGREGATOR = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                            "child_num": Field(int, "how many of the following entries are its children",
@@ -78,7 +79,7 @@ ETREE_TRAINER = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "epoch": EPO
 RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                "step_timeout_s": Field(float, "longest wait for one step of the ring", default=120.0, low=0,
                                        high=MAX_SECONDS, low_open=True),
-               "model": MODEL_FIELD, "node_list": NODE_LIST})
+               "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
 
 
@@ -120,9 +121,13 @@ class _Entries:
         return entry, name, where
 
 
-def _base(entry: dict[str, Any], role: str, model: dict[str, Any], sync: int) -> dict[str, Any]:
+def _epoch(entry: dict[str, Any], top: dict[str, Any]) -> int:
+    return entry["epoch"] if entry.get("epoch") is not None else top["epoch"]
+
+
+def _base(entry: dict[str, Any], role: str, model: dict[str, Any], sync: int, epoch: int = 1) -> dict[str, Any]:
     seed = entry.get("seed")
-    return {"role": role, "sync": sync, "epoch": entry.get("epoch", 1),
+    return {"role": role, "sync": sync, "epoch": epoch,
             "model": model if seed is None else {**model, "seed": seed}}
 
 
@@ -138,7 +143,7 @@ def load_gossip(data: dict[str, Any], path: str, topology: Topology) -> dict[str
     for i in range(len(entries.items)):
         entry, name, where = entries.entry(i, TRAINER)
         _unique(confs, name, where)
-        confs[name] = {**_base(entry, "gossip", model, top["sync"]), "wait_s": top["wait_s"]}
+        confs[name] = {**_base(entry, "gossip", model, top["sync"], _epoch(entry, top)), "wait_s": top["wait_s"]}
     for name, conf in confs.items():
         conf["talks_to"] = [p for p in topology.out_neighbours(name) if p in confs]
     return confs
@@ -160,7 +165,7 @@ def load_fl(data: dict[str, Any], path: str, topology: Topology) -> dict[str, di
         _unique(confs, name, where_t)
         if name == aggregator:
             raise ConfigError(f"{where_t}: the aggregator cannot also be a trainer")
-        confs[name] = {**_base(entry, "fl_trainer", model, sync), "aggregator": aggregator,
+        confs[name] = {**_base(entry, "fl_trainer", model, sync, _epoch(entry, top)), "aggregator": aggregator,
                        "talks_to": [aggregator], "idle_timeout_s": deadline_s * (sync + 1) + 60}
     trainers = list(confs)
     confs[aggregator] = {**_base(agg, "fl_aggregator", model, sync), "trainers": trainers,
@@ -198,7 +203,7 @@ def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str,
         pos: dict[str, Any] = {"name": name, "layer": layer, "parent": parent and parent["name"], "where": where,
                                "child_index": [], "epoch": 1}
         if layer == 1:
-            pos["epoch"] = entry["epoch"]
+            pos["epoch"] = _epoch(entry, top)
         else:
             pos["sync"] = entry["sync"]
             pos["child_index"] = list(range(next_child, next_child + entry["child_num"]))
@@ -239,7 +244,7 @@ def load_ring(data: dict[str, Any], path: str, topology: Topology) -> dict[str, 
     for i in range(len(entries.items)):
         entry, name, where = entries.entry(i, TRAINER)
         _unique(confs, name, where)
-        confs[name] = {**_base(entry, "ring", model, top["sync"]), "step_timeout_s": top["step_timeout_s"]}
+        confs[name] = {**_base(entry, "ring", model, top["sync"], _epoch(entry, top)), "step_timeout_s": top["step_timeout_s"]}
     if len(confs) < 2:
         raise ConfigError(f"{path}: field 'node_list': a ring needs at least 2 nodes")
     ring = list(confs)

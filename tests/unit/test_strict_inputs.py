@@ -261,6 +261,16 @@ def test_defaults_fill_the_model():
     assert confs["n1"]["epoch"] == 3 and confs["n1"]["wait_s"] == 2.0
 
 
+def test_top_level_epoch_is_the_default_of_entries(tmp_path):
+    topo = load_links(os.path.join(REPO, "links.json"))
+    (tmp_path / "s.json").write_text(json.dumps({"sync": 3, "epoch": 4, "node_list": [{"name": "n1"},
+                                                                                     {"name": "n2", "epoch": 0}]}))
+    confs = load_structure(str(tmp_path / "s.json"), topo)
+    assert (confs["n1"]["epoch"], confs["n2"]["epoch"]) == (4, 0)
+    (tmp_path / "r.json").write_text(json.dumps({"sync": 3, "node_list": [{"name": "n1"}, {"name": "n2"}]}))
+    assert load_structure(str(tmp_path / "r.json"), topo, "ring")["n1"]["epoch"] == 1
+
+
 def test_tls_fingerprint(tmp_path):
     fp = ":".join(["AB"] * 32)
     (tmp_path / "hosts.json").write_text(json.dumps({"hosts": [
