@@ -194,14 +194,6 @@ class Schema:
             out[name] = f.check(data[name], place, name, error)
         return out
 
-    def describe(self) -> str:
-        """One line per field: name, rule, default, doc (for docstrings and --help)."""
-        lines = []
-        for name, f in self.fields.items():
-            default = " (required)" if f.required else f" (default {f.default!r})" if f.default is not None else ""
-            lines.append(f"{name}: {f.rule()}{default}" + (f" -- {f.doc}" if f.doc else ""))
-        return "\n".join(lines)
-
 
 class _JsonProblem(ValueError):
     pass
