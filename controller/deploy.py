@@ -83,7 +83,7 @@ def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet) -> d
         created = worker.create_nodes(node_requests(topology))["nodes"]
         ips = {n["name"]: n["ip"] for n in created}
         t_nodes = time.monotonic() - started
-        progress(f"created {len(created)} nodes in {t_nodes:.2f} s; shaping {len(topology.links)} links")
+        progress(f"created {len(created)} nodes in {t_nodes:.2f} s; shaping {len(topology.links)} links ({topology.rates_text()})")
         shaped = worker.set_links(link_requests(topology, ips)) if topology.links else {"nodes": []}
     except BaseException:
         progress("bring-up failed: removing what was created")

@@ -23,6 +23,12 @@ hosts.json lists the worker hosts; a node's ``host`` (nodes file) names one::
 - ``nfs``: an export holding the experiment directory, mounted by the agent instead of
   fetching dml_app/ and dataset/ over HTTP.
 - ``token_file``: the agent's token (default ``$EDGETB_TOKEN``, else the local agent token file).
+- ``tls_fingerprint``: the SHA-256 fingerprint of the agent's TLS certificate (64 hex digits,
+  colons allowed, e.g. ``"AB:CD:..."``), pinned; ``Host.tls_fingerprint`` holds it as 64
+  lower-case hex digits without colons.
+
+The file is strict (``HOSTS_SCHEMA``, ``HOST_SCHEMA``): an unknown field is refused with the
+nearest valid name, as are wrong types.
 """
 from __future__ import annotations
 
@@ -32,13 +38,27 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from controller.topology import Topology, _only_fields, _read_json, valid_name
+from controller.schema import Field, Place, Schema, describe
+from controller.topology import Topology, _read_json, valid_name
 from worker.errors import TopologyError
 
-HOST_FIELDS = ("name", "agent", "runtime", "ip", "nfs", "token_file")
 RUNTIMES = ("netns", "docker", "physical")
 LOCAL = "local"
 NFS_RE = re.compile(r"^[A-Za-z0-9.-]+:/[A-Za-z0-9._/-]*$")
+FINGERPRINT_RE = re.compile(r"[0-9A-Fa-f]{64}|[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){31}")
+HOST_SCHEMA = Schema({
+    "name": Field(str, "1-15 letters, digits, '_' or '-'", required=True),
+    "agent": Field(str, "agent URL, e.g. 'http://10.254.0.2:3334'", max_len=256),
+    "runtime": Field(str, default="netns", choices=RUNTIMES),
+    "ip": Field(str, "the host's LAN IPv4 address", max_len=15),
+    "nfs": Field(str, "export holding the experiment, e.g. '10.254.0.1:/srv/edgetb'", max_len=512),
+    "token_file": Field(str, "path of the agent's token", max_len=4096),
+    "tls_fingerprint": Field(str, "SHA-256 of the agent's certificate", pattern=FINGERPRINT_RE,
+                             hint="a SHA-256 fingerprint: 64 hex digits, colons allowed")})
+HOST_FIELDS = tuple(HOST_SCHEMA.fields)
+HOSTS_SCHEMA = Schema({"version": Field(int, default=1, choices=(1,)),
+                       "hosts": Field(list, "the worker hosts", required=True, min_items=1, max_items=4096),
+                       "controller_ip": Field(str, "how nodes and agents reach the controller", max_len=15)})
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,7 @@ class Host:
     ip: Optional[str] = None
     nfs: Optional[str] = None
     token_file: Optional[str] = None
+    tls_fingerprint: Optional[str] = None  # 64 lower-case hex digits, no colons
 
     @property
     def emulator(self) -> bool:
@@ -97,16 +118,17 @@ def _ipv4(value: Any, where: str) -> str:
 def load_hosts(path: str) -> Hosts:
     """The hosts declared in ``path`` (format in the module docstring)."""
     data = _read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("hosts"), list) or not data["hosts"]:
-        raise TopologyError(f"{path}: expected an object like {{\"hosts\": [{{\"name\": \"local\"}}]}}")
-    _only_fields(data, ("version", "hosts", "controller_ip"), ("hosts",), path)
-    if data.get("version", 1) != 1:
-        raise TopologyError(f"{path}, field 'version': expected 1, got {data['version']!r}")
+    if not isinstance(data, dict):
+        raise TopologyError(f"{path}: expected an object like {{\"hosts\": [{{\"name\": \"local\"}}]}}, "
+                            f"got {describe(data)}")
+    HOSTS_SCHEMA.validate(data, path, TopologyError)
     controller_ip = _ipv4(data["controller_ip"], f"{path}, field 'controller_ip'") if "controller_ip" in data else None
     hosts: dict[str, Host] = {}
     for i, entry in enumerate(data["hosts"]):
-        where = f"{path}: hosts[{i}]"
-        _only_fields(entry, HOST_FIELDS, ("name",), where)
+        label = f"hosts[{i}]" + (f" ({entry['name']})" if isinstance(entry, dict) and
+                                 isinstance(entry.get("name"), str) else "")
+        where = f"{path}: {label}"
+        HOST_SCHEMA.validate(entry, Place(path, (label,)), TopologyError)
         name = entry["name"]
         if not valid_name(name):
             raise TopologyError(f"{where}, field 'name': {name!r} is not a valid host name (1-15 letters, digits, "
@@ -138,9 +160,10 @@ def load_hosts(path: str) -> Hosts:
             raise TopologyError(f"{where}, field 'nfs': {nfs!r} must be an export such as '10.254.0.1:/srv/edgetb', "
                                 "on a host with an agent")
         token_file = entry.get("token_file")
-        if token_file is not None and not isinstance(token_file, str):
-            raise TopologyError(f"{where}, field 'token_file': must be a path")
-        host = Host(name, runtime, agent, ip, nfs, token_file)
+        fingerprint = entry.get("tls_fingerprint")
+        if fingerprint is not None:
+            fingerprint = fingerprint.replace(":", "").lower()
+        host = Host(name, runtime, agent, ip, nfs, token_file, fingerprint)
         if host.local and any(h.local for h in hosts.values()):
             raise TopologyError(f"{where}, field 'agent': only one host can share the controller's machine (no "
                                 "'agent', or an agent at a loopback address)")

@@ -62,7 +62,7 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
     structure = load_structure(path(args.structure), topology, algorithm)
     settings = load_dataset(path(args.dataset))
     s_confs = structure_confs(structure, topology, planned_ips(topology, args.subnet))
-    d_confs = dataset_confs(settings, list(structure), args.workdir)
+    d_confs = dataset_confs(settings, list(structure), args.workdir)  # checks everything before writing shards
     write_confs(args.workdir, "structure", s_confs)
     write_confs(args.workdir, "dataset", d_confs)
     args.node_confs = {n: {"structure": s_confs[n], "dataset": d_confs[n]} for n in structure}

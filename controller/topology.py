@@ -20,6 +20,10 @@ physical node needs an IPv4 ``ip`` and takes no cpu/mem limits)::
     {"nodes": [{"name": "n1", "kind": "emulated", "host": "local", "cpu": 0.5, "mem": "256M"},
                {"name": "pi1", "kind": "physical", "ip": "192.168.1.20"}]}
 
+Both files are strict (``LINK_SCHEMA``, ``NODE_SCHEMA``, checked by
+``controller.schema``): an unknown field is refused with the nearest valid name
+(``field 'dleay': unknown field; did you mean 'delay'?``), as are wrong types.
+
 Node names match ``[A-Za-z0-9][A-Za-z0-9_-]{0,14}``: they end up in interface,
 namespace and cgroup names, never in a shell. Every validation error is a
 ``TopologyError`` naming the file, the node and the field, e.g.
@@ -30,22 +34,38 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
-from controller.units import parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
+from controller.schema import Field, Schema, describe, read_json, refuse_unknown
+from controller.units import format_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
 from worker.errors import ConfigError, TopologyError
 from worker.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, shape_problems
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
 NODE_KINDS = ("emulated", "physical")
-LINK_FIELDS = ("dest", "bw", "delay", "jitter", "loss", "queue")
-NODE_FIELDS = ("name", "kind", "host", "cpu", "mem", "ip")
 MAX_CPU = 1024
 MIN_MEM_BYTES = 4 * 1024 * 1024
 TOPOLOGY_VERSION = 1
+
+# What links.json and the nodes file may hold (values are checked further by make_shape and _check_node).
+LINK_SCHEMA = Schema({
+    "dest": Field(str, "the node the link leads to", required=True),
+    "bw": Field(str, "rate with tc's unit, e.g. '10mbit' ('10mbps' is BYTES/s)", required=True, max_len=32),
+    "delay": Field(str, "e.g. '20ms', at most 60s", max_len=32),
+    "jitter": Field(str, "e.g. '5ms', needs a delay", max_len=32),
+    "loss": Field((str, float), "percentage, e.g. '0.5%'"),
+    "queue": Field(int, "packets", low=1, high=MAX_QUEUE_PKTS)})
+NODE_SCHEMA = Schema({
+    "name": Field(str, required=True),
+    "kind": Field(str, default="emulated", choices=NODE_KINDS),
+    "host": Field(str, "a host of hosts.json", default="local", max_len=15),
+    "cpu": Field(float, "cores", low=0, high=MAX_CPU, low_open=True),
+    "mem": Field((str, int), "e.g. '256M', at least 4M"),
+    "ip": Field(str, "a physical node's IPv4 address", max_len=15)})
+NODES_FILE_SCHEMA = Schema({"version": Field(int, default=TOPOLOGY_VERSION, choices=(TOPOLOGY_VERSION,)),
+                            "nodes": Field(list, required=True)})
 
 
 @dataclass
@@ -249,6 +269,18 @@ class Topology:
         self.node(name)
         return [d for (s, d) in self.links if s == name]
 
+    def rates_text(self, limit: int = 16) -> str:
+        """Each link's rate in bit/s (``n1->n2 80 Mbit/s, ...``), or, past ``limit`` links, how
+        many links have each rate; so that '10mbps' (BYTES/s, as in tc) shows as 80 Mbit/s."""
+        if not self.links:
+            return "no links"
+        if len(self.links) <= limit:
+            return ", ".join(f"{s}->{d} {format_rate(link.shape.rate_bps)}" for (s, d), link in self.links.items())
+        counts: dict[int, int] = {}
+        for link in self.links.values():
+            counts[link.shape.rate_bps] = counts.get(link.shape.rate_bps, 0) + 1
+        return ", ".join(f"{n} at {format_rate(bps)}" for bps, n in sorted(counts.items()))
+
     # checks ------------------------------------------------------------------
     def validate(self, source: str = "topology") -> None:
         """Re-check the whole model (after direct edits or from_dict); raise the first problem found."""
@@ -321,47 +353,18 @@ def _list(value: object, where: str) -> list:
 
 
 def _only_fields(entry: object, allowed: tuple[str, ...], required: tuple[str, ...], where: str) -> None:
-    """Check that ``entry`` is an object with only ``allowed`` and all ``required`` fields."""
+    """Check that ``entry`` is an object with only ``allowed`` (else: the nearest allowed name)
+    and all ``required`` fields."""
     if not isinstance(entry, dict):
-        raise TopologyError(f"{where}: expected an object, got {type(entry).__name__} {entry!r}")
-    unknown = [key for key in entry if key not in allowed]
-    if unknown:
-        raise TopologyError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; "
-                            f"allowed: {', '.join(allowed)}")
+        raise TopologyError(f"{where}: expected an object, got {describe(entry)}")
+    refuse_unknown(entry, allowed, where, TopologyError)
     for key in required:
         if key not in entry:
             raise TopologyError(f"{where}: missing field {key!r}")
 
 
-class _JsonProblem(ValueError):
-    pass
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _JsonProblem(f"key {key!r} appears twice in one object (JSON would keep only the last)")
-        result[key] = value
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise _JsonProblem(f"{name} is not a valid number here")
-
-
 def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TopologyError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
-    except json.JSONDecodeError as e:
-        raise TopologyError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-    except _JsonProblem as e:
-        raise TopologyError(f"{path}: {e}") from None
+    return read_json(path, TopologyError)
 
 
 def load_nodes(path: str) -> Topology:
@@ -369,17 +372,16 @@ def load_nodes(path: str) -> Topology:
     data = _read_json(path)
     if not isinstance(data, dict) or "nodes" not in data:
         raise TopologyError(f"{path}: expected an object like {{\"nodes\": [{{\"name\": \"n1\", \"cpu\": 0.5}}]}}")
-    _only_fields(data, ("version", "nodes"), ("nodes",), path)
-    if data.get("version", TOPOLOGY_VERSION) != TOPOLOGY_VERSION:
-        raise TopologyError(f"{path}, field 'version': expected {TOPOLOGY_VERSION}, got {data['version']!r}")
+    NODES_FILE_SCHEMA.validate(data, path, TopologyError)
     entries = _list(data["nodes"], f"{path}: field 'nodes'")
     if not entries:
         raise TopologyError(f"{path}: field 'nodes': declares no nodes")
     topo = Topology()
     for i, entry in enumerate(entries):
         where = f"{path}: nodes[{i}]"
-        _only_fields(entry, NODE_FIELDS, ("name",), where)
+        _only_fields(entry, tuple(NODE_SCHEMA.fields), ("name",), where)
         check_name(entry["name"], f"{where}, field 'name'")
+        NODE_SCHEMA.validate(entry, _where(path, entry["name"]), TopologyError)
         topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
                       entry.get("mem"), entry.get("ip"), source=path)
     return topo
@@ -406,8 +408,9 @@ def load_links(path: str, topology: Optional[Topology] = None, nodes_declared: b
             if not isinstance(link, dict):
                 raise TopologyError(f"{where}: expected an object like {{\"dest\": \"n2\", \"bw\": \"10mbit\"}}, "
                                     f"got {link!r}")
-            _only_fields(link, LINK_FIELDS, ("dest", "bw"), where)
+            _only_fields(link, tuple(LINK_SCHEMA.fields), ("dest", "bw"), where)
             check_name(link["dest"], f"{where}, field 'dest'")
+            LINK_SCHEMA.validate(link, f"{where} (to {link['dest']!r})", TopologyError)
     work = topology.copy() if topology is not None else Topology()
     if nodes_declared:
         for src in data:

@@ -103,3 +103,11 @@ def parse_size_bytes(value: object) -> int:
     if size <= 0:
         raise ConfigError(f"size {value!r} must be positive")
     return size
+
+
+def format_rate(bps: float) -> str:
+    """A rate in bit/s for people: 80000000 -> '80 Mbit/s' (decimal prefixes)."""
+    for scale, unit in ((10**12, "Tbit/s"), (10**9, "Gbit/s"), (10**6, "Mbit/s"), (10**3, "kbit/s")):
+        if bps >= scale:
+            return f"{bps / scale:.4g} {unit}"
+    return f"{bps:.4g} bit/s"

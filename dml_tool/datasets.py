@@ -2,9 +2,13 @@
 
 Loaders: scikit-learn's bundled ``digits`` (the embedded default: no download),
 and MNIST / Fashion-MNIST from local IDX files or an ``.npz`` under dataset/.
-Splits: IID or Dirichlet(alpha) over labels, seeded. Shards are written as
-``dataset/<name>/<node>.npz`` (``x_train, y_train, x_test, y_test``, no pickle)
-with a ``manifest.json`` describing them.
+Splits: IID or Dirichlet(alpha) over labels, seeded. EdgeTB's per-node format
+instead cuts the data into equal 1-based shards and gives each node windows of
+consecutive shards (``Shards``, ``edgetb_sources``, ``write_windows``; EdgeTB's own
+``images_<i>.npy`` / ``labels_<i>.npy`` files are used as they are). Shards are
+written as ``dataset/<name>/<node>.npz`` (``x_train, y_train, x_test, y_test``, no
+pickle) with a ``manifest.json`` describing them, and the global test set as
+``dataset/<name>/global_test.npz`` (``x``, ``y``).
 """
 from __future__ import annotations
 
@@ -155,3 +159,139 @@ def write_shards(dataset: Dataset, nodes: Sequence[str], out_dir: str, split: st
 def load_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     with np.load(path, allow_pickle=False) as f:
         return f["x_train"], f["y_train"], f["x_test"], f["y_test"]
+
+
+# EdgeTB's per-node format: consecutive 1-based shards ------------------------------------------
+def _as_features(images: np.ndarray) -> np.ndarray:
+    """Images as float32 rows: integers (EdgeTB's uint8 pixels) scaled to [0, 1]."""
+    rows = images.reshape(len(images), -1)
+    if np.issubdtype(rows.dtype, np.integer):
+        return (rows / 255.0).astype(np.float32)
+    return rows.astype(np.float32)
+
+
+def _as_labels(labels: np.ndarray) -> np.ndarray:
+    """Integer class labels (one-hot rows become their index)."""
+    if labels.ndim == 2:
+        labels = labels.argmax(axis=1)
+    return labels.reshape(-1).astype(np.int64)
+
+
+class Shards:
+    """A sequence of shards numbered from 1 (EdgeTB's ``*_start_index``)."""
+
+    description = ""
+
+    def count(self) -> int:
+        raise NotImplementedError
+
+    def shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def take(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shards ``start .. start + length - 1`` concatenated."""
+        parts = [self.shard(i) for i in range(start, start + length)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+class ArrayShards(Shards):
+    """Arrays cut into equal shards of ``shard_size`` samples, in order; the remainder is unused."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, shard_size: int, what: str) -> None:
+        self.x, self.y, self.size = x, y, shard_size
+        self.description = f"{what}: {len(x)} samples, {self.count()} shards of {shard_size}"
+
+    def count(self) -> int:
+        return len(self.x) // self.size
+
+    def shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        lo = (index - 1) * self.size
+        return self.x[lo:lo + self.size], self.y[lo:lo + self.size]
+
+
+class FileShards(Shards):
+    """EdgeTB's shard files ``images_<i>.npy`` / ``labels_<i>.npy`` (i = 1, 2, ...) of a directory."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        n = 0
+        while os.path.exists(self._path("images", n + 1)) and os.path.exists(self._path("labels", n + 1)):
+            n += 1
+        self.n = n
+        self.description = f"{directory}: {n} shard files"
+
+    def _path(self, kind: str, index: int) -> str:
+        return os.path.join(self.directory, f"{kind}_{index}.npy")
+
+    @staticmethod
+    def present(directory: str) -> bool:
+        return os.path.exists(os.path.join(directory, "images_1.npy"))
+
+    def count(self) -> int:
+        return self.n
+
+    def shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            images = np.load(self._path("images", index), allow_pickle=False)
+            labels = np.load(self._path("labels", index), allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{self.directory}: shard {index}: cannot read: {e}") from None
+        if len(images) != len(labels):
+            raise ConfigError(f"{self.directory}: shard {index}: {len(images)} images but {len(labels)} labels")
+        return _as_features(images), _as_labels(labels)
+
+    def n_classes(self) -> int:
+        return max(int(self.shard(i)[1].max(initial=0)) for i in range(1, self.n + 1)) + 1 if self.n else 0
+
+
+def edgetb_sources(name: str, directory: str, shard_size: int) -> tuple[Shards, Shards, int]:
+    """(train shards, test shards, number of classes) for ``name``.
+
+    EdgeTB's own shard files are used as they are when present: ``<directory>/<name>/train_data/``
+    and ``test_data/`` (EdgeTB's layout), else ``<directory>/<name>/`` for both. Otherwise the
+    dataset is loaded and its train and test splits cut into shards of ``shard_size``.
+    """
+    base = os.path.join(directory, name)
+    train_dir, test_dir = os.path.join(base, "train_data"), os.path.join(base, "test_data")
+    if FileShards.present(train_dir):
+        train = FileShards(train_dir)
+        test = FileShards(test_dir) if FileShards.present(test_dir) else train
+    elif FileShards.present(base):
+        train = test = FileShards(base)
+    else:
+        dataset = load(name, directory)
+        return (ArrayShards(dataset.x_train, dataset.y_train, shard_size, f"{name} train split"),
+                ArrayShards(dataset.x_test, dataset.y_test, shard_size, f"{name} test split"),
+                dataset.n_classes)
+    n_classes = max(train.n_classes(), test.n_classes() if test is not train else 0)
+    return train, test, n_classes
+
+
+def write_windows(train: Shards, test: Shards, windows: dict[str, dict[str, int]], out_dir: str,
+                  n_classes: int, name: str, shard_size: int) -> dict:
+    """Write ``<node>.npz`` from each node's train and test windows (checked beforehand); manifest too."""
+    os.makedirs(out_dir, exist_ok=True)
+    shards = {}
+    for node, w in windows.items():
+        x_tr, y_tr = train.take(w["train_start_index"], w["train_len"])
+        x_te, y_te = test.take(w["test_start_index"], w["test_len"])
+        path = os.path.join(out_dir, f"{node}.npz")
+        np.savez(path, x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te)
+        shards[node] = {"file": f"{node}.npz", "train_samples": int(len(y_tr)), "test_samples": int(len(y_te)),
+                        "labels": np.bincount(y_tr, minlength=n_classes).tolist(), "windows": w}
+    manifest = {"version": SHARD_VERSION, "dataset": name, "format": "edgetb", "shard_size": shard_size,
+                "train": train.description, "test": test.description, "n_classes": n_classes, "shards": shards}
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    return manifest
+
+
+GLOBAL_TEST_FILE = "global_test.npz"
+
+
+def write_global_test(x: np.ndarray, y: np.ndarray, out_dir: str) -> str:
+    """Write the global test set ``global_test.npz`` (``x``, ``y``; no pickle); returns its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, GLOBAL_TEST_FILE)
+    np.savez(path, x=np.asarray(x, dtype=np.float32), y=np.asarray(y, dtype=np.int64))
+    return path

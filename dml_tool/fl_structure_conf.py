@@ -4,7 +4,13 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from controller.bootstrap import use_venv  # noqa: E402
+
+if __name__ == "__main__":
+    use_venv(REPO, "fl_structure_conf.py", ("numpy", "requests"))
 
 from dml_tool.gl_structure_conf import main  # noqa: E402
 

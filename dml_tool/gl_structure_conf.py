@@ -15,7 +15,13 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from controller.bootstrap import use_venv  # noqa: E402
+
+if __name__ == "__main__":
+    use_venv(REPO, "gl_structure_conf.py", ("numpy", "requests"))
 
 from controller.deploy import planned_ips  # noqa: E402
 from controller.topology import load_links  # noqa: E402

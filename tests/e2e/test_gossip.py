@@ -96,7 +96,7 @@ def test_a_killed_node_does_not_hang_the_run(run):
     ({"sync": 5, "node_list": [{"name": "n1"}, {"name": "zz"}]}, ["gl_structure.json", "'zz'", "unknown node"]),
     ({"node_list": [{"name": "n1"}]}, ["gl_structure.json", "'sync'"]),
     ({"sync": "5", "node_list": [{"name": "n1"}]}, ["gl_structure.json", "'sync'", "int"]),
-    ({"sync": 5, "node_list": [{"name": "n1", "epoch": 1.5}]}, ["gl_structure.json", "'n1'", "'epoch'"]),
+    ({"sync": 5, "node_list": [{"name": "n1", "epoch": 1.5}]}, ["gl_structure.json", "(n1)", "'epoch'"]),
 ])
 def test_bad_structure_is_refused_before_anything_starts(tmp_path, structure, expected):
     r = Run(tmp_path, structure=structure)

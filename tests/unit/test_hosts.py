@@ -32,7 +32,7 @@ def test_hosts_file(tmp_path):
 
 @pytest.mark.parametrize("entry,words", [
     ({"name": "a;b"}, ["hosts[0]", "'name'"]),
-    ({"name": "e", "runtime": "vm"}, ["host 'e'", "'runtime'", "vm"]),
+    ({"name": "e", "runtime": "vm"}, ["hosts[0] (e)", "'runtime'", "vm"]),
     ({"name": "e", "agent": "ftp://x"}, ["'agent'", "ftp://x"]),
     ({"name": "e", "agent": "http://e1.lan:3334"}, ["'ip'", "e1.lan"]),
     ({"name": "e", "agent": "http://10.0.0.2:1", "ip": "10.0.0.300"}, ["'ip'", "10.0.0.300"]),
