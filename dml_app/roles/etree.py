@@ -17,13 +17,17 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from dml_app.http import JSON, HttpError, Request, Response
+from dml_app.http import JSON, Request, Response
 from dml_app.roles.base import Context, Role, Weights, ok, parallel, weighted_average
+
+
+MAX_SAMPLES = 10**9  # samples a child may claim for its subtree
 
 
 class ETreeRole(Role):
     name = "etree"
     ROUTES = (("POST", "/etree/model"), ("POST", "/etree/update"), ("POST", "/etree/done"))
+    SMALL_ROUTES = frozenset({"/etree/done"})
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -45,10 +49,13 @@ class ETreeRole(Role):
     # messages ---------------------------------------------------------------------------
     def on_model(self, req: Request) -> Response:
         """A parent's model for this node's position on ``layer``: work on it, answer later."""
-        _, arrays, meta = self.receive_weights(req)
+        parents = {p["parent"] for p in self.positions.values() if p["parent"] is not None}
+        self.require_sender(req, parents, "a model")
+        peer, arrays, meta = self.receive_weights(req)
         layer = meta.get("layer")
-        if layer not in self.positions or self.positions[layer]["parent"] is None:
-            raise HttpError(400, "bad_layer", f"{self.ctx.name} has no child position on layer {layer!r}")
+        if layer not in self.positions or self.positions[layer]["parent"] != peer:
+            raise self.reject(req, peer, f"{self.ctx.name} has no position on layer {layer!r} under {peer}",
+                              error="bad_layer")
         threading.Thread(target=self._answer, args=(layer, arrays), daemon=True).start()
         return ok()
 
@@ -60,17 +67,22 @@ class ETreeRole(Role):
     def on_update(self, req: Request) -> Response:
         """A child's answer to the model this node sent it."""
         peer, arrays, meta = self.receive_weights(req)
+        samples = meta.get("samples", 1)
+        if not isinstance(samples, int) or isinstance(samples, bool) or not 0 < samples <= MAX_SAMPLES:
+            raise self.reject(req, peer, f"samples must be a whole number in 1..{MAX_SAMPLES}, not {samples!r}")
         key = (peer, meta.get("layer"))
         with self._cond:
             expected = key in self._waiting
             if expected:
-                self._answers[key] = (arrays, max(1, int(meta.get("samples", 1))))
+                self._answers[key] = (arrays, samples)
                 self._cond.notify_all()
         if not expected:
             self.ctx.events.write("late_update", peer=peer, layer=meta.get("layer"))
         return ok({"accepted": expected})
 
     def on_done(self, req: Request) -> Response:
+        self.require_sender(req, {p["parent"] for p in self.positions.values() if p["parent"] is not None},
+                            "the end of the run")
         self.done.set()
         return ok()
 
