@@ -141,11 +141,6 @@ class Router:
             raise self._refuse_body(environ, 400, "body_not_allowed", f"{method} {path} takes no body")
         if chunked:
             raise self._refuse_body(environ, 411, "length_required", "send a Content-Length, not a chunked body")
-        limit = route.max_body() if callable(route.max_body) else route.max_body
-        limit = min(limit, MAX_BODY_BYTES)
-        if length > limit:
-            raise self._refuse_body(environ, 413, "too_large", f"{method} {path} takes at most {limit} bytes, "
-                                                                f"not {length}")
         query_string = environ.get("QUERY_STRING", "")
         target = path + (f"?{query_string}" if query_string else "")
         headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
@@ -158,6 +153,10 @@ class Router:
                 keys.precheck(route.auth, headers)
             except AuthFailed as e:
                 raise self._refuse_body(environ, 401, "unauthorized", str(e)) from None
+        limit = min(route.max_body() if callable(route.max_body) else route.max_body, MAX_BODY_BYTES)
+        if length > limit:
+            raise self._refuse_body(environ, 413, "too_large", f"{method} {path} takes at most {limit} bytes, "
+                                                                f"not {length}")
         body = environ["wsgi.input"].read(length) if length else b""
         if len(body) != length:
             raise HttpError(400, "short_body", f"body ended after {len(body)} of {length} bytes")
