@@ -40,7 +40,9 @@ from dml_app import auth
 secret = bytes.fromhex(os.environ.pop('EDGETB_TEST_RUN_SECRET'))
 auth.new_run_secret = lambda: secret
 from controller.runner import main
-sys.exit(main(sys.argv[1:], algorithm='fl', structure_default='fl_structure.json', dataset_default='fl_dataset.json'))
+kind = os.environ.pop('EDGETB_TEST_KIND')
+sys.exit(main(sys.argv[1:], algorithm={'fl': 'fl', 'gl': 'gossip'}[kind], structure_default=f'{kind}_structure.json',
+              dataset_default=f'{kind}_dataset.json'))
 """
 
 
@@ -51,7 +53,7 @@ class KnownSecretRun(Run):
 
     def start(self, *extra_args: str) -> None:
         env = dict(os.environ, EDGETB_STATE_DIR=str(self.state), EDGETB_TEST_RUN_SECRET=self.secret.hex(),
-                   EDGETB_TEST_ROOT=str(ROOT))
+                   EDGETB_TEST_ROOT=str(ROOT), EDGETB_TEST_KIND=self.kind)
         self.proc = subprocess.Popen([sys.executable, "-c", DRIVER, "--workdir", str(self.workdir),
                                       "--port", str(self.port), "--id", self.id, "--subnet", self.subnet,
                                       "--quiet-nodes", *extra_args],
@@ -219,3 +221,47 @@ def test_node_b_cannot_stop_forge_or_impersonate_and_bad_payloads_are_refused(fl
     for e in rounds:  # every real trainer's update taken, each with its dataset conf's count
         assert e["samples"] == {t: train_samples[t] for t in NAMES[1:]}, e["samples"]
         assert e["accuracy"] >= 0.5, e  # no round wiped out by a forged count
+
+
+def test_nan_and_wrong_shape_gossip_is_refused_and_learning_goes_on(tmp_path):
+    """B (n3) gossips NaN and wrong-shape models to its out-neighbours all through the run."""
+    secret = os.urandom(32)
+    r = KnownSecretRun(tmp_path, secret, kind="gl")
+    keys = RunKeys(secret)
+    try:
+        ready = r.wait_phase("ready")
+        ips = {n["name"]: n["ip"] for n in ready["nodes"]}
+        links = json.loads((r.workdir / "links.json").read_text())
+        victims = [link["dest"] for link in links[B]]
+        structure = json.loads((r.workdir / "gl_structure.json").read_text())
+        shard = np.load(r.workdir / json.loads((r.workdir / "dml_file" / "conf" / "n1_dataset.json").read_text())
+                        ["shard"])
+        model = make_model(structure["model"], n_features=int(np.prod(shard["x_train"].shape[1:])),
+                           n_classes=10).get_weights()
+        b = auth.NodeKeys(B, keys.node_secret(B), {v: keys.pair_key(B, v) for v in victims})
+        nan = [np.full_like(w, np.nan) for w in model]
+        wrong = [w.T.copy() if w.ndim == 2 else w for w in model]
+        assert r.get("/start").json()["phase"] == "running"
+        answers: dict[str, list[int]] = {v: [] for v in victims}
+        for i in range(12):
+            for victim in victims:
+                body = wire.encode(nan if i % 2 == 0 else wrong, {"from": B, "round": i, "samples": 10})
+                digest = auth.body_hash(body)
+                headers = {**b.peer_headers(victim, "POST", "/gossip", digest),
+                           **b.hop_headers(victim, "POST", "/gossip", digest), "Content-Type": wire.CONTENT_TYPE}
+                answers[victim].append(requests.post(f"http://{ips[victim]}:4444/gossip", data=body, headers=headers,
+                                                     timeout=30).status_code)
+            time.sleep(0.3)
+        assert all(codes == [400] * 12 for codes in answers.values()), answers
+        r.wait_phase("finished", timeout_s=240)
+        summary = r.get("/finish").json()
+        for node in summary["nodes"]:
+            assert node["ended"] == "done" and node["accuracy"] >= 0.85, node
+        for victim in victims:
+            events = read_events(str(Path(summary["run_dir"]) / "events" / f"{victim}.jsonl"))
+            rejected = [e for e in events if e["type"] == "rejected_update"]
+            # (the uploaded log ends with the node's run: later attacks are refused all the same)
+            assert len(rejected) >= 4 and {e["peer"] for e in rejected} == {B}
+            assert any("NaN" in e["reason"] for e in rejected) and any("shape" in e["reason"] for e in rejected)
+    finally:
+        r.close()
