@@ -46,7 +46,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
     def node() -> str:
         """The node that signed this call (its own key), or AuthError."""
         target = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
-        return exp.keys.verify(request.headers, request.method, target, request.get_data(), exp.nodes)
+        return exp.keys.verify(request.headers, request.method, target, request.get_data, exp.nodes)
 
     json_errors(app, log)
     # agents of other hosts fetch this checkout's code and the experiment's shards, with the run's token

@@ -84,15 +84,18 @@ class RunKeys:
         """What node ``name`` sends to the controller (for tests and tools acting as a node)."""
         return auth.NodeKeys(name, self.node_secret(name)).controller_headers(method, target, body)
 
-    def verify(self, headers: Mapping[str, str], method: str, target: str, body: bytes, known: Iterable[str]) -> str:
-        """The node that signed this call to the controller; AuthError otherwise."""
+    def verify(self, headers: Mapping[str, str], method: str, target: str, body: bytes | Callable[[], bytes],
+               known: Iterable[str]) -> str:
+        """The node that signed this call to the controller; AuthError otherwise. ``body`` may
+        be a function: it is read only once the headers name a node of the run."""
         lowered = {k.lower(): v for k, v in headers.items()}
         try:
             claim = auth.claimed(lowered, auth.E2E)
             if claim[0] not in set(known):
                 raise auth.AuthFailed(f"no node {claim[0][:40]!r} in this run")
             key = auth.to_controller_key(self.node_secret(claim[0]))
-            return auth.check(key, claim, method, target, auth.CONTROLLER, auth.body_hash(body), self._guard)
+            data = body() if callable(body) else body
+            return auth.check(key, claim, method, target, auth.CONTROLLER, auth.body_hash(data), self._guard)
         except auth.AuthFailed as e:
             raise AuthError(f"node calls must be signed with the node's own key: {e}") from None
 

@@ -117,8 +117,9 @@ class NodeService:
         if self.state != "waiting":
             raise HttpError(409, "running", f"the node is already {self.state}")
         peer_keys = conf.pop("peer_keys", {})
-        if not isinstance(peer_keys, dict) or self.keys is None:
+        if not isinstance(peer_keys, dict):
             raise HttpError(400, "bad_conf", "peer_keys must map peers to hex keys")
+        assert self.keys is not None  # (the router lets no controller call through without keys)
         try:
             self.keys.set_peer_keys(peer_keys)
         except ValueError as e:

@@ -232,7 +232,14 @@ def test_router_refuses_bodies_without_reading_them():
     assert status == 400 and answer["error"] == "body_not_allowed" and stream.position == 0
     assert ("Connection", "close") in headers and stream.content_length == 0  # gevent will not drain it
     status, answer, stream, _ = call(router, "POST", "/gossip", b"x" * 1001)
-    assert status == 413 and stream.position == 0
+    assert status == 401 and stream.position == 0  # unsigned: refused on its headers
+    n2 = auth.NodeKeys("n2", keys.node_secret("n2"), {"n1": keys.pair_key("n1", "n2")})
+    digest = auth.body_hash(b"x" * 1001)
+    signed = {**n2.peer_headers("n1", "POST", "/gossip", digest), **n2.hop_headers("n1", "POST", "/gossip", digest)}
+    status, answer, stream, _ = call(router, "POST", "/gossip", b"x" * 1001, signed)
+    assert status == 413 and answer["error"] == "too_large" and stream.position == 0
+    status, answer, stream, _ = call(router, "POST", "/gossip", b"x" * 10, signed, length=20)
+    assert status == 400 and answer["error"] == "short_body"
     # an unsigned body under the limit is not read either
     status, _, stream, _ = call(router, "POST", "/gossip", b"x" * 500)
     assert status == 401 and stream.position == 0
