@@ -224,7 +224,8 @@ class NodeService:
         def send() -> None:
             body = json.dumps({"msg": message, **fields}).encode()
             try:
-                request("POST", f"{self.controller}/print", body, JSON, timeout_s=5, headers=self._signed("/print", body))
+                request("POST", f"{self.controller}/print", body, JSON, timeout_s=5,
+                        headers=self._signed("/print", body))
             except ConnectionError:
                 pass
         gevent.spawn(send)

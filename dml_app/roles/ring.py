@@ -54,8 +54,9 @@ class RingRole(Role):
         self.successor = self.ring[(self.pos + 1) % self.n]
         self.predecessor = self.ring[self.pos - 1]
         # chunk sizes of the flattened model (as np.array_split cuts it); none without a model
+        elements = 0 if self.spec is None else sum(int(np.prod(s)) for s, _ in self.spec)
         self.chunk_sizes = None if self.spec is None else [
-            len(c) for c in np.array_split(np.empty(sum(int(np.prod(s)) for s, _ in self.spec), dtype=np.uint8), self.n)]
+            len(c) for c in np.array_split(np.empty(elements, dtype=np.uint8), self.n)]
         self.step_timeout_s = float(ctx.conf.get("step_timeout_s", 120.0))
         self._arrived: dict[tuple[int, str, int], np.ndarray] = {}
         self._cond = threading.Condition()
