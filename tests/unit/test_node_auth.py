@@ -277,3 +277,72 @@ def test_weights_that_fit_pass_and_the_body_limit_covers_them():
     assert wire.problem([m + 1 for m in MODEL], spec) is None
     body = wire.encode(MODEL, {"from": "n1", "round": 3, "samples": 100})
     assert len(body) < wire.body_limit(spec) < 10 * len(body) + 128 * 1024
+
+
+# roles: who may send what, and what they take ---------------------------------------------------
+def role_ctx(tmp_path, name: str, conf: dict):
+    from dml_app.events import EventLog
+    from dml_app.models import make_model
+    from dml_app.roles.base import Context
+
+    data = (np.zeros((4, 6), dtype=np.float32), np.zeros(4, dtype=np.int64), np.zeros((2, 6), dtype=np.float32),
+            np.zeros(2, dtype=np.int64))
+    model = make_model({"hidden": [5], "seed": 0}, n_features=6, n_classes=3)
+    return Context(name, model, data, conf, {}, EventLog(str(tmp_path / f"{name}.jsonl"), "run", name),
+                   lambda *a, **k: None)
+
+
+def weights_request(path: str, sender: str, arrays: list, meta: dict):
+    from dml_app.http import Request
+
+    return Request("POST", path, {}, wire.encode(arrays, meta), wire.CONTENT_TYPE, sender=sender, hop=sender)
+
+
+def test_aggregator_takes_asked_trainers_with_their_conf_sample_counts(tmp_path):
+    from dml_app.events import read_events
+    from dml_app.http import HttpError
+    from dml_app.roles.fl import AggregatorRole
+
+    ctx = role_ctx(tmp_path, "agg", {"role": "fl_aggregator", "trainers": ["t1", "t2", "t3"], "sync": 1,
+                                     "trainer_samples": {"t1": 100, "t2": 50, "t3": 7}})
+    agg = AggregatorRole(ctx)
+    model = ctx.model.get_weights()
+    agg._round, agg._open, agg._expected = 1, True, {"t1", "t2"}
+    answer = agg.on_update(weights_request("/fl/update", "t1", model, {"from": "t1", "round": 1, "samples": 10**12}))
+    assert json.loads(answer[2])["accepted"] and agg._updates["t1"][1] == 100
+    with pytest.raises(HttpError) as refused:  # not a trainer of this aggregator
+        agg.on_update(weights_request("/fl/update", "x", model, {"from": "t2", "round": 1}))
+    assert refused.value.status == 403
+    nan = [w.copy() for w in model]
+    nan[-1][0] = np.nan
+    with pytest.raises(HttpError) as refused:
+        agg.on_update(weights_request("/fl/update", "t2", nan, {"from": "t2", "round": 1}))
+    assert refused.value.status == 400 and "NaN" in refused.value.detail and "t2" not in agg._updates
+    # a trainer that was not asked this round: taken as late, not counted
+    answer = agg.on_update(weights_request("/fl/update", "t3", model, {"from": "t3", "round": 1}))
+    assert not json.loads(answer[2])["accepted"] and "t3" not in agg._updates
+    events = read_events(ctx.events.path)
+    assert [(e["type"], e.get("peer")) for e in events if e["type"] == "rejected_update"] == \
+        [("rejected_update", "x"), ("rejected_update", "t2")]
+
+
+def test_ring_takes_chunks_of_the_right_size_from_its_predecessor_only(tmp_path):
+    from dml_app.http import HttpError
+    from dml_app.roles.ring import RingRole
+
+    ctx = role_ctx(tmp_path, "r1", {"role": "ring", "ring": ["r0", "r1", "r2"], "sync": 1})
+    ring = RingRole(ctx)
+    total = sum(w.size for w in ctx.model.get_weights())
+    sizes = [len(c) for c in np.array_split(np.zeros(total), 3)]
+    good = np.ones(sizes[0], dtype=np.float64)  # r0 sends its chunk 0 in reduce step 0
+    ring.on_chunk(weights_request("/ring/chunk", "r0", [good], {"round": 1, "phase": "reduce", "step": 0}))
+    assert (1, "reduce", 0) in ring._arrived
+    for sender, arrays, meta, status in (
+            ("r2", [good], {"round": 1, "phase": "reduce", "step": 1}, 403),
+            ("r0", [np.ones(sizes[0] + 1)], {"round": 1, "phase": "reduce", "step": 1}, 400),
+            ("r0", [good.astype(np.float32)], {"round": 1, "phase": "reduce", "step": 1}, 400),
+            ("r0", [good], {"round": 1, "phase": "sideways", "step": 1}, 400),
+            ("r0", [good], {"round": 1, "phase": "reduce", "step": 7}, 400)):
+        with pytest.raises(HttpError) as refused:
+            ring.on_chunk(weights_request("/ring/chunk", sender, arrays, meta))
+        assert refused.value.status == status, (sender, meta, refused.value.detail)
