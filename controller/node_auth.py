@@ -50,26 +50,41 @@ class RunKeys:
 
     def complete_structure_confs(self, confs: dict[str, dict[str, Any]],
                                  dataset_conf: Callable[[str], Mapping[str, Any]]) -> None:
-        """Add ``peer_keys`` to every conf (the pairs of ``talking_pairs``), and
-        ``trainer_samples`` to an FL aggregator's (``train_samples`` of each trainer's
-        dataset conf, read through ``dataset_conf(name)``)."""
+        """Add ``peer_keys`` to every conf (the pairs of ``talking_pairs``); to an FL
+        aggregator's, ``trainer_samples`` (``train_samples`` of each trainer's dataset conf,
+        read through ``dataset_conf(name)``); to each E-tree position, ``child_samples``
+        (the most samples a child's subtree holds: what the child may claim at most)."""
         keys: dict[str, dict[str, str]] = {name: {} for name in confs}
         for a, b in talking_pairs(confs):
             key = self.pair_key(a, b).hex()
             for me, peer in ((a, b), (b, a)):
                 if me in keys:
                     keys[me][peer] = key
+        def train_samples(node: str) -> int:
+            n = dataset_conf(node).get("train_samples")
+            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                raise ConfigError(f"dataset conf of {node}, field 'train_samples': a positive whole number is "
+                                  f"needed, got {n!r}")
+            return n
+
+        positions = {(name, int(p["layer"])): p for name, conf in confs.items() if conf.get("role") == "etree"
+                     for p in conf.get("positions", [])}
+
+        def subtree(node: str, layer: int, depth: int = 0) -> int:
+            if layer <= 1 or depth > len(positions):
+                return train_samples(node)
+            pos = positions.get((node, layer))
+            if pos is None:
+                raise ConfigError(f"E-tree: {node} has no position on layer {layer}")
+            return sum(subtree(child, layer - 1, depth + 1) for child in pos.get("children", []))
+
         for name, conf in confs.items():
             conf["peer_keys"] = keys[name]
             if conf.get("role") == "fl_aggregator":
-                samples = {}
-                for trainer in conf.get("trainers", []):
-                    n = dataset_conf(trainer).get("train_samples")
-                    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-                        raise ConfigError(f"dataset conf of trainer {trainer}, field 'train_samples': "
-                                          f"a positive whole number is needed, got {n!r}")
-                    samples[trainer] = n
-                conf["trainer_samples"] = samples
+                conf["trainer_samples"] = {t: train_samples(t) for t in conf.get("trainers", [])}
+            for pos in conf.get("positions", []) if conf.get("role") == "etree" else []:
+                pos["child_samples"] = {c: subtree(c, int(pos["layer"]) - 1) for c in pos.get("children", [])
+                                        if c != name}
 
     def signer(self, names_by_address: Callable[[], Mapping[str, str]]) -> "NodeSigner":
         """A ``requests`` auth that signs each call for the node at the URL's ``host:port``."""

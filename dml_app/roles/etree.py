@@ -8,6 +8,8 @@ samples. A trainer position (layer 1) answers with the model trained ``epoch``
 epochs on its shard; an inner position answers with what its own ``sync``
 rounds made of the model. Answers are messages of their own (child to parent,
 over the child's links), and a child that is the node itself is called directly.
+A child is weighted by the samples it reports, at most what its subtree's
+dataset confs hold (``child_samples``, which the controller adds).
 The root runs ``sync`` global rounds, then tells the tree it is done. A child
 that does not answer is left out of that round's average (an event says so).
 """
@@ -70,7 +72,12 @@ class ETreeRole(Role):
         samples = meta.get("samples", 1)
         if not isinstance(samples, int) or isinstance(samples, bool) or not 0 < samples <= MAX_SAMPLES:
             raise self.reject(req, peer, f"samples must be a whole number in 1..{MAX_SAMPLES}, not {samples!r}")
-        key = (peer, meta.get("layer"))
+        layer = meta.get("layer")
+        above = self.positions.get(layer + 1) if isinstance(layer, int) else None
+        most = (above or {}).get("child_samples", {}).get(peer)
+        if isinstance(most, int) and most > 0:  # no more than the child's subtree holds (its dataset confs)
+            samples = min(samples, most)
+        key = (peer, layer)
         with self._cond:
             expected = key in self._waiting
             if expected:

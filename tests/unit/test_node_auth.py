@@ -346,3 +346,19 @@ def test_ring_takes_chunks_of_the_right_size_from_its_predecessor_only(tmp_path)
         with pytest.raises(HttpError) as refused:
             ring.on_chunk(weights_request("/ring/chunk", sender, arrays, meta))
         assert refused.value.status == status, (sender, meta, refused.value.detail)
+
+
+def test_etree_positions_get_the_samples_of_each_child_subtree():
+    # root a (layer 3) -> a, b (layer 2); a (layer 2) -> a, c; b (layer 2) -> b, d (layer 1)
+    def pos(layer, parent, children):
+        return {"layer": layer, "parent": parent, "children": children}
+
+    confs = {"a": {"role": "etree", "positions": [pos(3, None, ["a", "b"]), pos(2, "a", ["a", "c"]), pos(1, "a", [])]},
+             "b": {"role": "etree", "positions": [pos(2, "a", ["b", "d"]), pos(1, "b", [])]},
+             "c": {"role": "etree", "positions": [pos(1, "a", [])]},
+             "d": {"role": "etree", "positions": [pos(1, "b", [])]}}
+    samples = {"a": 10, "b": 20, "c": 30, "d": 40}
+    RunKeys(RUN).complete_structure_confs(confs, lambda n: {"train_samples": samples[n]})
+    assert confs["a"]["positions"][0]["child_samples"] == {"b": 60}  # b's subtree: b and d
+    assert confs["a"]["positions"][1]["child_samples"] == {"c": 30}
+    assert confs["b"]["positions"][0]["child_samples"] == {"d": 40}
