@@ -2,9 +2,11 @@
 
 The EdgeTB workflow (``curl localhost:3333/start``) works unchanged from the
 controller's own host: calls from loopback are trusted. From anywhere else a
-state-changing call needs ``Authorization: Bearer <admin token>``. Nodes
-authenticate ``/print`` and ``/log`` with the run's node token, which the
-controller handed them when it started them.
+state-changing call needs ``Authorization: Bearer <admin token>``. A node
+signs ``/print`` and ``/log`` with a key derived from its own secret, which the
+controller handed it when it started it: the node is the one whose key verifies
+(``controller.node_auth``), never the one a message names. Agents of other
+hosts fetch code with the run's token.
 """
 from __future__ import annotations
 
@@ -37,13 +39,18 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
         if request.remote_addr not in LOOPBACK and not _bearer_is(admin_token):
             raise AuthError("calls from other hosts need the controller's bearer token")
 
-    def node() -> None:
+    def agent() -> None:
         if not _bearer_is(exp.node_token):
-            raise AuthError("node calls need the run's node token")
+            raise AuthError("code sync needs the run's token")
+
+    def node() -> str:
+        """The node that signed this call (its own key), or AuthError."""
+        target = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
+        return exp.keys.verify(request.headers, request.method, target, request.get_data, exp.nodes)
 
     json_errors(app, log)
-    # agents of other hosts fetch this checkout's code and the experiment's shards, with the node token
-    files.register(app, {"dml_app": CODE_ROOT, "dataset": exp.workdir}, node)
+    # agents of other hosts fetch this checkout's code and the experiment's shards, with the run's token
+    files.register(app, {"dml_app": CODE_ROOT, "dataset": exp.workdir}, agent)
 
     @app.get("/status")
     def status() -> Any:
@@ -93,13 +100,11 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
 
     @app.post("/print")
     def print_line() -> Any:
-        node()
-        exp.on_print(request.get_json(silent=True))
+        exp.on_print(node(), request.get_json(silent=True))
         return jsonify({"ok": True})
 
     @app.post("/log")
     def upload_log() -> Any:
-        node()
-        return jsonify(run_blocking(exp.on_log, request.args.get("node", ""), request.get_data()))
+        return jsonify(run_blocking(exp.on_log, node(), request.get_data()))
 
     return app

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import requests
 
-from controller import deploy, results, run_record
+from controller import deploy, node_auth, results, run_record
 from controller.agent_client import Worker
 from controller.progress import Progress
 from controller.safe_fs import RunDir
@@ -119,8 +119,9 @@ class Experiment:
         self._lock = threading.RLock()
         self._finish_lock = threading.Lock()
         self._monitor: Optional[threading.Thread] = None
+        self.keys = node_auth.RunKeys()  # each node's own secret, pair keys; signs calls to nodes
         self._session = requests.Session()
-        self._session.headers["Authorization"] = f"Bearer {self.node_token}"
+        self._session.auth = self.keys.signer(lambda: {f"{n.ip}:{self.node_port}": n.name for n in self.nodes.values()})
 
     @property
     def out(self) -> RunDir:
@@ -147,7 +148,7 @@ class Experiment:
             for name, node in self.nodes.items():
                 started = self.worker.start_node(name, {"version": 1, "args": [
                     "--name", name, "--port", str(self.node_port), "--controller", controller,
-                    "--run-id", self.run_id], "env": NODE_ENV | {"EDGETB_NODE_TOKEN": self.node_token}})
+                    "--run-id", self.run_id], "env": NODE_ENV | self.keys.env_for(name)})
                 node.process_id, node.pid = started["id"], started["pid"]
             self._wait_ready(ready_timeout_s or 30 + 1.0 * len(self.nodes))
         except BaseException as e:
@@ -232,8 +233,10 @@ class Experiment:
 
     def push_structure_confs(self) -> dict[str, Any]:
         self._require("ready")
+        confs = {name: self._conf(name, "structure") for name in self.nodes}
+        self.keys.complete_structure_confs(confs, lambda n: self._conf(n, "dataset"))
         for name, node in self.nodes.items():
-            conf = self._conf(name, "structure")
+            conf = confs[name]
             unknown = [p for p in conf.get("connect", {}) if p not in self.nodes]
             if unknown:
                 raise ConfigError(f"structure conf of {name} connects to nodes not in this run: {unknown}")
@@ -267,10 +270,11 @@ class Experiment:
         return {"phase": self.phase, "run_id": self.run_id}
 
     # what nodes tell us --------------------------------------------------------------------------
-    def on_print(self, data: Any) -> None:
-        if not isinstance(data, dict) or data.get("node") not in self.nodes:
-            raise NotFound(f"/print from an unknown node: {printable(str(data), 100)}")
-        node = self.nodes[data["node"]]
+    def on_print(self, name: str, data: Any) -> None:
+        """A progress line from node ``name`` (as its signature proved)."""
+        if name not in self.nodes or not isinstance(data, dict):
+            raise NotFound(f"/print from an unknown node, or not a JSON object: {printable(str(data), 100)}")
+        node = self.nodes[name]
         number = lambda key: data[key] if isinstance(data.get(key), (int, float)) and not isinstance(  # noqa: E731
             data.get(key), bool) else None
         if isinstance(data.get("round"), int) and not isinstance(data["round"], bool):
@@ -285,8 +289,9 @@ class Experiment:
             self.progress(f"{node.name}: {printable(str(data.get('msg', '')))}")
 
     def on_log(self, name: str, body: bytes) -> dict[str, Any]:
-        """A node's events upload (JSON lines); a done or failed event settles the node.
-        Once the run's results are being written, an upload changes nothing."""
+        """A node's events upload (JSON lines; ``name`` as its signature proved); a done or
+        failed event settles the node. Once the run's results are being written, an upload
+        changes nothing."""
         if name not in self.nodes:
             raise NotFound(f"log upload from an unknown node {name!r}")
         if len(body) > MAX_LOG_BYTES:

@@ -1,21 +1,31 @@
 """The node's HTTP layer: a tiny WSGI router served by gevent, and a client.
 
 Kept free of Flask and requests so that a node process stays small (hundreds
-run on one host). Bodies are size-limited; errors are JSON
-``{"error": ..., "detail": ...}``.
+run on one host). Every route says who may call it (``public``, the
+``controller``, a ``peer`` node end to end, or a linked ``hop`` only: see
+``dml_app.auth``) and how large a body it takes; a GET with a body, a body over
+the route's limit or without a length is refused before it is read. Errors are
+JSON ``{"error": ..., "detail": ...}``; an internal error is logged on stderr
+with a short reference, and the caller is told only that reference.
 """
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import sys
 import time
-from _operator import _compare_digest as compare_digest  # what hmac uses, without loading OpenSSL
+import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
-MAX_BODY_BYTES = 256 * 1024 * 1024
+from dml_app.auth import AuthFailed, NodeKeys, body_hash
+
+MAX_BODY_BYTES = 256 * 1024 * 1024  # no route takes more, whatever its own limit says
+CONTROL_BODY_BYTES = 4 * 1024  # /prepare, /start, /stop, small role messages
 JSON = "application/json"
+AUTH_KINDS = ("public", "controller", "peer", "hop")
 
 
 class HttpError(Exception):
@@ -34,6 +44,8 @@ class Request:
     body: bytes
     content_type: str
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
+    sender: str = ""  # who signed it end to end (a peer, or "controller"); "" on public routes
+    hop: str = ""  # the linked node that passed it on (peer and hop routes)
 
     def json(self) -> Any:
         try:
@@ -44,6 +56,7 @@ class Request:
 
 Response = tuple[int, str, bytes]
 Handler = Callable[[Request], Response]
+Limit = Union[int, Callable[[], int]]
 
 
 def json_response(data: Any, status: int = 200) -> Response:
@@ -51,62 +64,131 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 
 _REASONS = {200: "OK", 201: "Created", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-            405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error",
-            503: "Service Unavailable"}
+            405: "Method Not Allowed", 409: "Conflict", 411: "Length Required", 413: "Payload Too Large",
+            500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 508: "Loop Detected"}
+
+
+@dataclass
+class Route:
+    handler: Handler
+    auth: str
+    max_body: Limit
+
+
+def _skip_body(environ: dict[str, Any]) -> None:
+    """Leave a refused body unread: gevent would otherwise read it to the end after the
+    answer (to keep the connection), so mark it consumed; the answer closes the connection."""
+    stream = environ.get("wsgi.input")
+    if hasattr(stream, "content_length") and hasattr(stream, "position"):
+        stream.content_length = stream.position
+        stream.chunked_input = False
 
 
 class Router:
-    """Maps (method, path) to handlers; a WSGI application. With a ``token``, every
-    POST must carry ``Authorization: Bearer <token>`` (POSTs change state)."""
+    """Maps (method, path) to routes; a WSGI application. ``keys`` (a callable, since
+    a node learns its pair keys after it starts) checks signed calls; without keys,
+    only public routes answer."""
 
-    def __init__(self, token: str = "") -> None:
-        self.routes: dict[tuple[str, str], Handler] = {}
-        self.token = token
+    def __init__(self, keys: Callable[[], Optional[NodeKeys]] = lambda: None, name: str = "node") -> None:
+        self.routes: dict[tuple[str, str], Route] = {}
+        self.keys = keys
+        self.name = name
 
-    def add(self, method: str, path: str, handler: Handler) -> None:
-        self.routes[(method, path)] = handler
+    def add(self, method: str, path: str, handler: Handler, auth: str, max_body: Limit = CONTROL_BODY_BYTES) -> None:
+        if auth not in AUTH_KINDS:
+            raise ValueError(f"unknown auth kind {auth!r}: one of {', '.join(AUTH_KINDS)}")
+        self.routes[(method, path)] = Route(handler, auth, max_body)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        extra: list[tuple[str, str]] = []
         try:
             status, ctype, body = self._dispatch(environ)
         except HttpError as e:
             status, ctype, body = json_response({"error": e.error, "detail": e.detail}, e.status)
-        except Exception as e:  # a bug: answer, do not die
-            status, ctype, body = json_response({"error": "internal", "detail": f"{type(e).__name__}: {e}"}, 500)
-        start_response(f"{status} {_REASONS.get(status, '')}", [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+            if environ.get("edgetb.body_unread"):
+                extra.append(("Connection", "close"))
+        except Exception:  # a bug: log it with a reference, answer with the reference only
+            ref = os.urandom(4).hex()
+            print(f"{self.name}: internal error ref {ref} on {environ.get('REQUEST_METHOD')} "
+                  f"{environ.get('PATH_INFO')}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            status, ctype, body = json_response({"error": "internal", "detail": f"internal error, reference {ref}",
+                                                 "reference": ref}, 500)
+        start_response(f"{status} {_REASONS.get(status, '')}",
+                       [("Content-Type", ctype), ("Content-Length", str(len(body))), *extra])
         return [body]
+
+    def _refuse_body(self, environ: dict[str, Any], status: int, error: str, detail: str) -> HttpError:
+        _skip_body(environ)
+        environ["edgetb.body_unread"] = True
+        return HttpError(status, error, detail)
 
     def _dispatch(self, environ: dict[str, Any]) -> Response:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
-        handler = self.routes.get((method, path))
-        if handler is None:
+        route = self.routes.get((method, path))
+        chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            raise self._refuse_body(environ, 400, "bad_length", "Content-Length is not a number") from None
+        if route is None:
+            if length or chunked:
+                _skip_body(environ)
+                environ["edgetb.body_unread"] = True
             if any(p == path for _, p in self.routes):
                 raise HttpError(405, "method_not_allowed", f"{method} {path}")
             raise HttpError(404, "not_found", f"no route {path}")
-        if self.token and method == "POST":
-            given = environ.get("HTTP_AUTHORIZATION", "")
-            if not compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                raise HttpError(401, "unauthorized", "this call needs the run's node token")
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-        if length > MAX_BODY_BYTES:
-            raise HttpError(413, "too_large", f"body of {length} bytes is over {MAX_BODY_BYTES}")
-        body = environ["wsgi.input"].read(length) if length else b""
-        query = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
+        if method in ("GET", "HEAD", "DELETE", "OPTIONS") and (length or chunked):
+            raise self._refuse_body(environ, 400, "body_not_allowed", f"{method} {path} takes no body")
+        if chunked:
+            raise self._refuse_body(environ, 411, "length_required", "send a Content-Length, not a chunked body")
+        query_string = environ.get("QUERY_STRING", "")
+        target = path + (f"?{query_string}" if query_string else "")
         headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
-        return handler(Request(method, path, query, body, environ.get("CONTENT_TYPE", ""), headers))
+        keys = None
+        if route.auth != "public":
+            keys = self.keys()
+            if keys is None:
+                raise self._refuse_body(environ, 401, "unauthorized", "this node has no keys yet")
+            try:
+                keys.precheck(route.auth, headers)
+            except AuthFailed as e:
+                raise self._refuse_body(environ, 401, "unauthorized", str(e)) from None
+        limit = min(route.max_body() if callable(route.max_body) else route.max_body, MAX_BODY_BYTES)
+        if length > limit:
+            raise self._refuse_body(environ, 413, "too_large", f"{method} {path} takes at most {limit} bytes, "
+                                                                f"not {length}")
+        body = environ["wsgi.input"].read(length) if length else b""
+        if len(body) != length:
+            raise HttpError(400, "short_body", f"body ended after {len(body)} of {length} bytes")
+        req = Request(method, path, {k: v[0] for k, v in parse_qs(query_string).items()}, body,
+                      environ.get("CONTENT_TYPE", ""), headers)
+        if keys is not None:
+            try:
+                digest = body_hash(body)
+                if route.auth == "controller":
+                    keys.check_controller(headers, method, target, digest)
+                    req.sender = "controller"
+                else:
+                    req.hop = keys.check_hop(headers, method, target, digest)
+                    if route.auth == "peer":
+                        req.sender = keys.check_peer(headers, method, path, digest)
+            except AuthFailed as e:
+                raise HttpError(401, "unauthorized", str(e)) from None
+        return route.handler(req)
 
 
 def request(method: str, url: str, body: Optional[bytes] = None, content_type: str = JSON,
             timeout_s: float = 30.0, retries: int = 0, backoff_s: float = 0.5,
-            headers: Optional[dict[str, str]] = None) -> tuple[int, bytes]:
-    """One HTTP request (retried on connection errors); returns (status, body)."""
+            headers: Optional[dict[str, str] | Callable[[], dict[str, str]]] = None) -> tuple[int, bytes]:
+    """One HTTP request (retried on connection errors); returns (status, body). ``headers``
+    may be a function, called for each attempt (signatures with fresh nonces)."""
     parts = urlsplit(url)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     last: Exception = OSError("no attempt")
     for attempt in range(retries + 1):
         conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
         try:
-            sent = dict(headers or {})
+            sent = dict((headers() if callable(headers) else headers) or {})
             if body is not None:
                 sent["Content-Type"] = content_type
             conn.request(method, target or "/", body=body, headers=sent)
@@ -122,7 +204,7 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
 
 
 def post_json(url: str, data: Any, timeout_s: float = 30.0, retries: int = 2,
-              headers: Optional[dict[str, str]] = None) -> Any:
+              headers: Optional[dict[str, str] | Callable[[], dict[str, str]]] = None) -> Any:
     status, body = request("POST", url, json.dumps(data).encode(), JSON, timeout_s, retries, headers=headers)
     if status >= 400:
         raise ConnectionError(f"POST {url}: {status} {body[:300]!r}")

@@ -5,9 +5,16 @@
 Endpoints: ``GET /health``, ``POST /conf/dataset``, ``POST /conf/structure``,
 ``POST /prepare`` (build the role), ``POST /start``, ``GET /log`` (the node's events), ``POST /stop``, and the
 role's own (``POST /gossip`` ...), and ``POST /relay`` (pass a message on to a
-node this one's peers have no link to). POSTs need the run's node token. When
-the role's rounds are done the node saves its final weights, uploads its events
-to the controller's ``/log`` and keeps serving until stopped.
+node this one's peers have no link to). When the role's rounds are done the
+node saves its final weights, uploads its events to the controller's ``/log``
+and keeps serving until stopped.
+
+Identity (``dml_app.auth``): the node's own secret comes in its environment
+(``EDGETB_NODE_SECRET``); only the controller's calls signed with a key derived
+from it reach the conf, prepare, start, stop and log routes, and the node signs
+its ``/print`` and ``/log`` calls with another. The structure conf brings pair keys
+for the peers it exchanges messages with; a role route takes a message only when
+signed by one of them. Only ``/health`` is public.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ if __name__ == "__main__":  # as a node process only: importing this module patc
     monkey.patch_all(ssl=False)
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -37,8 +45,9 @@ import gevent.event  # noqa: E402
 import numpy as np  # noqa: E402
 from gevent.pywsgi import WSGIServer  # noqa: E402
 
+from dml_app.auth import SECRET_ENV, NodeKeys  # noqa: E402
 from dml_app.events import EventLog  # noqa: E402
-from dml_app.http import HttpError, Request, Response, Router, json_response, post_json, request  # noqa: E402
+from dml_app.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
 from dml_app.models import make_model  # noqa: E402
 from dml_app.roles.base import Context, Role, ok  # noqa: E402
 from dml_app.roles.etree import ETreeRole  # noqa: E402
@@ -52,6 +61,7 @@ if __name__ == "__main__" and sys.modules.get("ssl", 0) is None:
 
 ROLES: dict[str, type[Role]] = {r.name: r for r in (GossipRole, AggregatorRole, TrainerRole, ETreeRole, RingRole)}
 DEFAULT_PORT = 4444
+CONF_BODY_BYTES = 4 * 1024 * 1024  # a structure conf lists peers, their addresses and keys
 
 
 def confined(workdir: str, relative: str) -> str:
@@ -68,8 +78,9 @@ class NodeService:
 
     def __init__(self, name: str, controller: str, run_id: str, workdir: str, port: int) -> None:
         self.name, self.controller, self.run_id, self.workdir, self.port = name, controller.rstrip("/"), run_id, workdir, port
-        token = os.environ.get("EDGETB_NODE_TOKEN", "")
-        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self.keys: Optional[NodeKeys] = NodeKeys.from_env(name)
+        os.environ.pop(SECRET_ENV, None)  # not inherited by anything this process starts
+        self.auth = self.keys  # what roles sign their messages with (Context.auth)
         self.events = EventLog(os.path.join(workdir, "dml_file", "node", name, f"{run_id}.jsonl"), run_id, name)
         self.weights_path = os.path.join(workdir, "dml_file", "node", name, f"{run_id}.weights")
         self.dataset_conf: Optional[dict[str, Any]] = None
@@ -77,13 +88,15 @@ class NodeService:
         self.role: Optional[Role] = None
         self.role_ready = gevent.event.Event()
         self.state = "waiting"
-        self.router = Router(token)
-        for method, path, handler in (("GET", "/health", self.health), ("POST", "/conf/dataset", self.conf_dataset),
-                                      ("POST", "/conf/structure", self.conf_structure), ("POST", "/prepare", self.prepare),
-                                      ("POST", "/start", self.start),
-                                      ("GET", "/log", self.log), ("POST", "/stop", self.stop),
-                                      ("POST", "/relay", lambda req: self._started_role().relay(req))):
-            self.router.add(method, path, handler)
+        self.router = Router(lambda: self.keys, name)
+        self.router.add("GET", "/health", self.health, "public")
+        self.router.add("POST", "/conf/dataset", self.conf_dataset, "controller", 64 * 1024)
+        self.router.add("POST", "/conf/structure", self.conf_structure, "controller", CONF_BODY_BYTES)
+        self.router.add("POST", "/prepare", self.prepare, "controller")
+        self.router.add("POST", "/start", self.start, "controller")
+        self.router.add("GET", "/log", self.log, "controller")
+        self.router.add("POST", "/stop", self.stop, "controller")
+        self.router.add("POST", "/relay", lambda req: self._started_role().relay(req), "hop", self._weights_limit)
 
     # endpoints --------------------------------------------------------------------------
     def health(self, req: Request) -> Response:
@@ -103,10 +116,24 @@ class NodeService:
             raise HttpError(400, "bad_conf", f"unknown role {conf['role']!r}; known: {', '.join(ROLES)}")
         if self.state != "waiting":
             raise HttpError(409, "running", f"the node is already {self.state}")
+        peer_keys = conf.pop("peer_keys", {})
+        if not isinstance(peer_keys, dict):
+            raise HttpError(400, "bad_conf", "peer_keys must map peers to hex keys")
+        assert self.keys is not None  # (the router lets no controller call through without keys)
+        try:
+            self.keys.set_peer_keys(peer_keys)
+        except ValueError as e:
+            raise HttpError(400, "bad_conf", f"peer_keys: {e}") from None
         self.structure_conf = conf
-        for method, path in ROLES[conf["role"]].ROUTES:  # peers may call before this node starts
-            self.router.add(method, path, lambda req, key=(method, path): self._role_call(key, req))
+        role = ROLES[conf["role"]]
+        for method, path in role.ROUTES:  # peers may call before this node starts
+            limit = 64 * 1024 if path in role.SMALL_ROUTES else self._weights_limit
+            self.router.add(method, path, lambda req, key=(method, path): self._role_call(key, req), "peer", limit)
         return ok()
+
+    def _weights_limit(self) -> int:
+        """The largest body a weights route takes: sized from the model, once the role is built."""
+        return self._started_role().body_limit()
 
     def _started_role(self) -> Role:
         """The role, once /start has built it (peers may call a little earlier: wait briefly)."""
@@ -181,19 +208,25 @@ class NodeService:
         try:
             # retried for about 3 minutes: when hundreds of nodes end at once, ARP and
             # accept queues overflow (the controller also pulls logs it misses)
-            status, answer = request("POST", f"{self.controller}/log?node={self.name}", body, "application/x-ndjson",
-                                     timeout_s=60, retries=20, backoff_s=1.0, headers=self.auth)
+            status, answer = request("POST", f"{self.controller}/log", body, "application/x-ndjson",
+                                     timeout_s=60, retries=20, backoff_s=1.0, headers=self._signed("/log", body))
             if status >= 400:
                 raise ConnectionError(f"{status}: {answer[:200]!r}")
         except ConnectionError as e:
             print(f"{self.name}: could not upload the log: {e}", file=sys.stderr)
 
+    def _signed(self, path: str, body: bytes) -> Any:
+        """Headers (a function: fresh for each attempt) that sign a POST to the controller."""
+        keys = self.keys
+        return lambda: keys.controller_headers("POST", path, body) if keys is not None else {}
+
     def progress(self, message: str, **fields: Any) -> None:
         def send() -> None:
+            body = json.dumps({"msg": message, **fields}).encode()
             try:
-                post_json(f"{self.controller}/print", {"node": self.name, "msg": message, **fields}, timeout_s=5,
-                          retries=0, headers=self.auth)
-            except (ConnectionError, ValueError):
+                request("POST", f"{self.controller}/print", body, JSON, timeout_s=5,
+                        headers=self._signed("/print", body))
+            except ConnectionError:
                 pass
         gevent.spawn(send)
 

@@ -80,3 +80,33 @@ def decode(data: bytes) -> tuple[list[np.ndarray], dict[str, Any]]:
         raise WeightsFormatError(f"{len(view) - offset} unexpected bytes after the arrays")
     meta = header.get("meta")
     return arrays, meta if isinstance(meta, dict) else {}
+
+
+Spec = list[tuple[tuple[int, ...], str]]  # per array: (shape, dtype string such as "<f4")
+
+
+def spec_of(arrays: Sequence[np.ndarray]) -> Spec:
+    """What a message for a model with these arrays must look like."""
+    return [(tuple(int(d) for d in np.shape(a)), np.asarray(a).dtype.str) for a in arrays]
+
+
+def problem(arrays: Sequence[np.ndarray], spec: Spec) -> str | None:
+    """Why ``arrays`` cannot stand for a model of ``spec`` (layer count, shapes, dtypes,
+    finite values), or None when they can."""
+    if len(arrays) != len(spec):
+        return f"{len(arrays)} arrays where the model has {len(spec)}"
+    for i, (a, (shape, dtype)) in enumerate(zip(arrays, spec)):
+        if tuple(a.shape) != tuple(shape):
+            return f"array {i} has shape {list(a.shape)}, the model's is {list(shape)}"
+        if a.dtype.str != dtype:
+            return f"array {i} has dtype {a.dtype.str}, the model's is {dtype}"
+        if a.dtype.kind == "f" and not bool(np.isfinite(a).all()):
+            return f"array {i} holds NaN or infinite values"
+    return None
+
+
+def body_limit(spec: Spec) -> int:
+    """The largest weights message a model of ``spec`` needs: its arrays as float64
+    (ring partial sums), twice over, plus a header."""
+    elements = sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in spec)
+    return 2 * 8 * elements + 64 * 1024 + 64 * len(spec)

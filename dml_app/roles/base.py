@@ -10,6 +10,14 @@ Messages go to a destination's next hop: the peer itself when the two are
 linked (``connect``), else the hop that ``forward`` names, whose ``/relay``
 passes the body on. Bytes are counted against the next hop, so traffic per peer
 follows the links.
+
+Every message is signed end to end with the pair key of its sender and its
+destination (a relay passes that signature on untouched, so it can neither
+forge nor alter a message), and per hop with the pair key of the two linked
+nodes; a role takes the sender from ``Request.sender``, never from the message.
+Weights are checked against the model (layer count, shapes, dtypes, finite
+values) before anything is queued: a bad one is answered 400 and logged as a
+``rejected_update`` event.
 """
 from __future__ import annotations
 
@@ -18,16 +26,17 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import numpy as np
 
 from dml_app import weights as wire
+from dml_app.auth import E2E, AuthFailed, NodeKeys, body_hash
 from dml_app.events import EventLog
 from dml_app.http import HttpError, Request, Response, json_response, request
 
 Weights = list[np.ndarray]
-HOP_HEADER = "X-Edgetb-Hop"  # the sending node's name, on every message between nodes
+HOP_HEADER = "X-Edgetb-Hop"  # the sending node's name, on every message between nodes (signed)
 TTL_HEADER = "X-Edgetb-Ttl"  # relays left before a message is dropped (loops cannot live)
 MAX_RELAYS = 16
 
@@ -45,7 +54,7 @@ class Context:
     progress: Callable[..., None]  # progress(message, round=..., accuracy=...)
     port: int = 4444
     stop: threading.Event = field(default_factory=threading.Event)
-    auth: dict[str, str] = field(default_factory=dict)  # headers that authenticate calls to peers
+    auth: Optional[NodeKeys] = None  # signs this node's messages to peers
 
 
 @dataclass
@@ -100,6 +109,7 @@ class Role:
 
     name = "role"
     ROUTES: tuple[tuple[str, str], ...] = ()  # (method, path) of the role's own endpoints
+    SMALL_ROUTES: frozenset[str] = frozenset()  # those of ROUTES that carry no weights (a small body)
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -112,6 +122,8 @@ class Role:
         self.samples = int(len(ctx.data[1]))
         self.round_events = 0
         self._traffic_lock = threading.Lock()
+        # what a model message must look like (none without a model: in-memory tests)
+        self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
 
     # hooks -------------------------------------------------------------------------
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
@@ -187,16 +199,32 @@ class Role:
             return hop, f"http://{self.connect[hop]}{path}"
         return hop, f"http://{self.connect[hop]}/relay?to={quote(dest)}&path={quote(path)}"
 
+    def body_limit(self) -> int:
+        """The largest body a weights route of this role takes."""
+        return wire.body_limit(self.spec) if self.spec is not None else wire.MAX_HEADER_BYTES
+
     def post(self, dest: str, path: str, body: bytes, content_type: str, round_no: int,
-             timeout_s: float = 60.0, retries: int = 1, ttl: int = MAX_RELAYS) -> Optional[bytes]:
-        """POST ``body`` to ``dest``; returns the answer, or None after a ``send_failed`` event."""
+             timeout_s: float = 60.0, retries: int = 1, ttl: int = MAX_RELAYS,
+             signed: Optional[dict[str, str]] = None) -> Optional[bytes]:
+        """POST ``body`` to ``dest``; returns the answer, or None after a ``send_failed`` event.
+        ``signed``: the end-to-end signature of a message this node relays (else it signs)."""
         try:
+            keys = self.ctx.auth
+            if keys is None:
+                raise ConnectionError("this node has no keys to sign with")
             hop, url = self.url_for(dest, path)
-            headers = {**self.ctx.auth, HOP_HEADER: self.ctx.name, TTL_HEADER: str(ttl)}
+            parts = urlsplit(url)
+            target = parts.path + (f"?{parts.query}" if parts.query else "")
+            digest = body_hash(body)
+
+            def headers() -> dict[str, str]:  # fresh nonces for each attempt
+                e2e = signed if signed is not None else keys.peer_headers(dest, "POST", path, digest)
+                return {**e2e, **keys.hop_headers(hop, "POST", target, digest), TTL_HEADER: str(ttl)}
+
             status, answer = request("POST", url, body, content_type, timeout_s, retries, headers=headers)
             if status >= 400:
                 raise ConnectionError(f"{status}: {answer[:200]!r}")
-        except (ConnectionError, OSError) as e:
+        except (ConnectionError, OSError, AuthFailed) as e:
             self.ctx.events.write("send_failed", round=round_no, peer=dest, error=str(e))
             return None
         with self._traffic_lock:
@@ -211,27 +239,51 @@ class Role:
         return self.post(peer, path, body, wire.CONTENT_TYPE, round_no, timeout_s) is not None
 
     def count_received(self, req: Request, fallback: str) -> None:
-        hop = req.headers.get(HOP_HEADER.lower(), fallback)
+        hop = req.hop or fallback
         with self._traffic_lock:
             self.traffic.recv[hop] += len(req.body)
 
     def count_sent_answer(self, req: Request, answer: bytes) -> None:
         """An answer body goes back to the hop the request came from."""
         with self._traffic_lock:
-            self.traffic.sent[req.headers.get(HOP_HEADER.lower(), "?")] += len(answer)
+            self.traffic.sent[req.hop or "?"] += len(answer)
 
-    def receive_weights(self, req: Request) -> tuple[str, Weights, dict[str, Any]]:
-        """Decode a weights message and count its bytes against the hop it came from."""
+    def reject(self, req: Request, peer: str, reason: str, status: int = 400, error: str = "bad_weights") -> HttpError:
+        """A ``rejected_update`` event, and the error to answer with."""
+        self.ctx.events.write("rejected_update", peer=peer, path=req.path, reason=reason)
+        return HttpError(status, error, reason)
+
+    def require_sender(self, req: Request, allowed: Iterable[str], what: str) -> str:
+        """The message's (verified) sender, when it is one of ``allowed``."""
+        allowed = set(allowed)
+        if req.sender not in allowed:
+            raise self.reject(req, req.sender, f"{req.sender or 'an unsigned sender'} may not send {what} to "
+                                               f"{self.ctx.name}", 403, "forbidden")
+        return req.sender
+
+    def receive_weights(self, req: Request, spec: Optional[Callable[[dict[str, Any]], Optional[wire.Spec]]] = None
+                        ) -> tuple[str, Weights, dict[str, Any]]:
+        """Decode a weights message from its verified sender, check it against the model
+        (or against ``spec(meta)``), and count its bytes against the hop it came from."""
+        peer = req.sender or "?"
         try:
             arrays, meta = wire.decode(req.body)
         except wire.WeightsFormatError as e:
-            raise HttpError(400, "bad_weights", str(e)) from None
-        peer = str(meta.get("from", "?"))
+            raise self.reject(req, peer, str(e)) from None
+        try:
+            expected = spec(meta) if spec is not None else self.spec
+        except HttpError as e:
+            raise self.reject(req, peer, e.detail, e.status, e.error) from None
+        if expected is not None:
+            problem = wire.problem(arrays, expected)
+            if problem:
+                raise self.reject(req, peer, problem)
         self.count_received(req, peer)
         return peer, arrays, meta
 
     def relay(self, req: Request) -> Response:
-        """``POST /relay?to=DEST&path=PATH``: pass a message on towards ``DEST``."""
+        """``POST /relay?to=DEST&path=PATH``: pass a message on towards ``DEST``, with its
+        end-to-end signature untouched (``DEST`` checks it)."""
         dest, path = req.query.get("to", ""), req.query.get("path", "")
         if not path.startswith("/") or path.startswith("/relay") or not path.replace("/", "").replace("_", "").isalnum():
             raise HttpError(400, "bad_relay", f"cannot relay to path {path!r}")
@@ -241,8 +293,12 @@ class Role:
             raise HttpError(400, "bad_relay", "bad TTL header") from None
         if ttl <= 0:
             raise HttpError(508, "relay_loop", f"message for {dest} relayed too often")
+        signed = {name: req.headers.get(name.lower(), "") for name in E2E}
+        if not all(signed.values()):
+            raise HttpError(401, "unauthorized", "a relayed message needs its sender's signature")
         self.count_received(req, "?")
-        answer = self.post(dest, path, req.body, req.content_type or "application/octet-stream", -1, ttl=ttl)
+        answer = self.post(dest, path, req.body, req.content_type or "application/octet-stream", -1, ttl=ttl,
+                           signed=signed)
         if answer is None:
             raise HttpError(502, "relay_failed", f"{self.ctx.name} could not pass the message on to {dest}")
         with self._traffic_lock:

@@ -8,6 +8,8 @@ samples. A trainer position (layer 1) answers with the model trained ``epoch``
 epochs on its shard; an inner position answers with what its own ``sync``
 rounds made of the model. Answers are messages of their own (child to parent,
 over the child's links), and a child that is the node itself is called directly.
+A child is weighted by the samples it reports, at most what its subtree's
+dataset confs hold (``child_samples``, which the controller adds).
 The root runs ``sync`` global rounds, then tells the tree it is done. A child
 that does not answer is left out of that round's average (an event says so).
 """
@@ -17,13 +19,17 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from dml_app.http import JSON, HttpError, Request, Response
+from dml_app.http import JSON, Request, Response
 from dml_app.roles.base import Context, Role, Weights, ok, parallel, weighted_average
+
+
+MAX_SAMPLES = 10**9  # samples a child may claim for its subtree
 
 
 class ETreeRole(Role):
     name = "etree"
     ROUTES = (("POST", "/etree/model"), ("POST", "/etree/update"), ("POST", "/etree/done"))
+    SMALL_ROUTES = frozenset({"/etree/done"})
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -45,10 +51,13 @@ class ETreeRole(Role):
     # messages ---------------------------------------------------------------------------
     def on_model(self, req: Request) -> Response:
         """A parent's model for this node's position on ``layer``: work on it, answer later."""
-        _, arrays, meta = self.receive_weights(req)
+        parents = {p["parent"] for p in self.positions.values() if p["parent"] is not None}
+        self.require_sender(req, parents, "a model")
+        peer, arrays, meta = self.receive_weights(req)
         layer = meta.get("layer")
-        if layer not in self.positions or self.positions[layer]["parent"] is None:
-            raise HttpError(400, "bad_layer", f"{self.ctx.name} has no child position on layer {layer!r}")
+        if layer not in self.positions or self.positions[layer]["parent"] != peer:
+            raise self.reject(req, peer, f"{self.ctx.name} has no position on layer {layer!r} under {peer}",
+                              error="bad_layer")
         threading.Thread(target=self._answer, args=(layer, arrays), daemon=True).start()
         return ok()
 
@@ -60,17 +69,27 @@ class ETreeRole(Role):
     def on_update(self, req: Request) -> Response:
         """A child's answer to the model this node sent it."""
         peer, arrays, meta = self.receive_weights(req)
-        key = (peer, meta.get("layer"))
+        samples = meta.get("samples", 1)
+        if not isinstance(samples, int) or isinstance(samples, bool) or not 0 < samples <= MAX_SAMPLES:
+            raise self.reject(req, peer, f"samples must be a whole number in 1..{MAX_SAMPLES}, not {samples!r}")
+        layer = meta.get("layer")
+        above = self.positions.get(layer + 1) if isinstance(layer, int) else None
+        most = (above or {}).get("child_samples", {}).get(peer)
+        if isinstance(most, int) and most > 0:  # no more than the child's subtree holds (its dataset confs)
+            samples = min(samples, most)
+        key = (peer, layer)
         with self._cond:
             expected = key in self._waiting
             if expected:
-                self._answers[key] = (arrays, max(1, int(meta.get("samples", 1))))
+                self._answers[key] = (arrays, samples)
                 self._cond.notify_all()
         if not expected:
             self.ctx.events.write("late_update", peer=peer, layer=meta.get("layer"))
         return ok({"accepted": expected})
 
     def on_done(self, req: Request) -> Response:
+        self.require_sender(req, {p["parent"] for p in self.positions.values() if p["parent"] is not None},
+                            "the end of the run")
         self.done.set()
         return ok()
 

@@ -9,6 +9,11 @@ is FedAvg: the updates averaged, weighted by each trainer's sample count.
 Updates for a closed round are discarded and logged (``late_update``); a round
 without a quorum keeps the old model (``round_failed``). A trainer trains
 ``epoch`` epochs on each model it gets and sends the result back.
+
+The aggregator takes an update only from a trainer it asked in the open round
+(the sender proven by the message's signature), weighted by the sample count the
+trainer's dataset conf gives (``trainer_samples`` in the structure conf; the
+count a message claims is ignored). A trainer takes models only from its aggregator.
 """
 from __future__ import annotations
 
@@ -44,6 +49,15 @@ def pick(rng: random.Random, trainers: list[str], k: int, seconds: Optional[dict
     return picked
 
 
+def _seconds(value: Any) -> float:
+    """A duration a trainer reports (for speed selection), bounded; junk counts as 0."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return min(max(seconds, 0.0), 86400.0) if math.isfinite(seconds) else 0.0
+
+
 class AggregatorRole(Role):
     name = "fl_aggregator"
     ROUTES = (("POST", "/fl/update"),)
@@ -64,18 +78,24 @@ class AggregatorRole(Role):
         self._expected: set[str] = set()
         self._updates: dict[str, tuple[Weights, int]] = {}
         self._complete = threading.Event()
+        given = conf.get("trainer_samples") or {}
+        self.trainer_samples: dict[str, int] = {t: int(given.get(t, 1)) for t in self.trainers}
+        bad = [t for t, n in self.trainer_samples.items() if n <= 0]
+        if bad:
+            raise ValueError(f"trainer_samples must be positive, not for {', '.join(bad)}")
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
         return {("POST", "/fl/update"): self.on_update}
 
     def on_update(self, req: Request) -> Response:
+        self.require_sender(req, self.trainers, "an update")
         peer, arrays, meta = self.receive_weights(req)
         with self._lock:
             on_time = (self._open and meta.get("round") == self._round and peer in self._expected
                        and peer not in self._updates)
             if on_time:
-                self._updates[peer] = (arrays, max(1, int(meta.get("samples", 1))))
-                self.seconds[peer] = float(meta.get("train_s", 0.0)) + float(meta.get("send_s", 0.0))
+                self._updates[peer] = (arrays, self.trainer_samples[peer])
+                self.seconds[peer] = _seconds(meta.get("train_s")) + _seconds(meta.get("send_s"))
                 if self._expected <= set(self._updates):
                     self._complete.set()
         if not on_time:
@@ -130,6 +150,7 @@ class AggregatorRole(Role):
 class TrainerRole(Role):
     name = "fl_trainer"
     ROUTES = (("POST", "/fl/train"), ("POST", "/fl/done"))
+    SMALL_ROUTES = frozenset({"/fl/done"})
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -142,6 +163,7 @@ class TrainerRole(Role):
         return {("POST", "/fl/train"): self.on_train, ("POST", "/fl/done"): self.on_done}
 
     def on_train(self, req: Request) -> Response:
+        self.require_sender(req, [self.aggregator], "a model to train")
         _, arrays, meta = self.receive_weights(req)
         if not isinstance(meta.get("round"), int):
             raise HttpError(400, "bad_weights", "a model to train needs its round number")
@@ -149,6 +171,7 @@ class TrainerRole(Role):
         return ok()
 
     def on_done(self, req: Request) -> Response:
+        self.require_sender(req, [self.aggregator], "the end of the run")
         self.inbox.put(None)
         return ok()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -52,6 +52,11 @@ class RingRole(Role):
         self.pos = self.ring.index(ctx.name)
         self.n = len(self.ring)
         self.successor = self.ring[(self.pos + 1) % self.n]
+        self.predecessor = self.ring[self.pos - 1]
+        # chunk sizes of the flattened model (as np.array_split cuts it); none without a model
+        elements = 0 if self.spec is None else sum(int(np.prod(s)) for s, _ in self.spec)
+        self.chunk_sizes = None if self.spec is None else [
+            len(c) for c in np.array_split(np.empty(elements, dtype=np.uint8), self.n)]
         self.step_timeout_s = float(ctx.conf.get("step_timeout_s", 120.0))
         self._arrived: dict[tuple[int, str, int], np.ndarray] = {}
         self._cond = threading.Condition()
@@ -60,17 +65,30 @@ class RingRole(Role):
         return {("POST", "/ring/chunk"): self.on_chunk}
 
     def on_chunk(self, req: Request) -> Response:
-        _, arrays, meta = self.receive_weights(req)
-        try:
-            key = (int(meta["round"]), str(meta["phase"]), int(meta["step"]))
-        except (KeyError, TypeError, ValueError):
-            raise HttpError(400, "bad_chunk", "a chunk needs round, phase and step") from None
+        if req.sender:  # (in-memory tests call without a signed sender)
+            self.require_sender(req, [self.predecessor], "a chunk")
+        peer, arrays, meta = self.receive_weights(req, self.chunk_spec)
         if len(arrays) != 1:
-            raise HttpError(400, "bad_chunk", "a chunk is one array")
+            raise self.reject(req, peer, "a chunk is one array", error="bad_chunk")
+        key = (int(meta["round"]), str(meta["phase"]), int(meta["step"]))
         with self._cond:
             self._arrived[key] = arrays[0]
             self._cond.notify_all()
         return ok()
+
+    def chunk_spec(self, meta: dict[str, Any]) -> Optional[list[tuple[tuple[int, ...], str]]]:
+        """What the predecessor's chunk for (phase, step) must be: one 1-D array, float64
+        partial sums in reduce-scatter, the model's dtype in all-gather."""
+        phase, step, round_no = meta.get("phase"), meta.get("step"), meta.get("round")
+        if phase not in ("reduce", "gather") or not isinstance(step, int) or not 0 <= step < self.n - 1 \
+                or not isinstance(round_no, int):
+            raise HttpError(400, "bad_chunk", "a chunk needs round, phase (reduce or gather) and step")
+        if self.spec is None or self.chunk_sizes is None:
+            return None  # no model to check against (in-memory tests)
+        p = (self.pos - 1) % self.n
+        index = (p - step) % self.n if phase == "reduce" else (p + 1 - step) % self.n
+        dtype = "<f8" if phase == "reduce" else np.result_type(*[np.dtype(d) for _, d in self.spec]).str
+        return [((self.chunk_sizes[index],), dtype)]
 
     def _take(self, key: tuple[int, str, int]) -> np.ndarray:
         with self._cond:
