@@ -73,8 +73,9 @@ class Holder:
     def command(self) -> str:
         """The command line, with the script's name instead of its full path."""
         argv = list(self.argv) or ["?"]
-        argv[0] = os.path.basename(argv[0])
-        text = shlex.join(argv)
+        name = os.path.basename(argv[0])
+        argv[0] = f"python -m {os.path.basename(os.path.dirname(argv[0]))}" if name == "__main__.py" else name
+        text = " ".join([argv[0], *map(shlex.quote, argv[1:])])
         return text if len(text) <= 120 else text[:117] + "..."
 
     def alive(self) -> bool:
