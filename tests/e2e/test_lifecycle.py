@@ -201,3 +201,52 @@ def test_status_reports_the_bridge_address_the_kernel_holds(tmp_path, runs):
     assert bridge_ip in edgetb(r, "status").stdout
     edgetb(r, "down")
     assert_nothing_left(r, [])
+
+
+def test_a_failed_reset_is_an_error_and_the_controller_stays_for_a_retry(tmp_path, runs):
+    from tests.e2e.lan import Lan
+    from worker import nsfs
+
+    lan = Lan(tmp_path)
+    try:
+        host = lan.add_host("netns", f"10.{lan.octet}.16.0/20")
+        r = Run(tmp_path, structure=structure(3), links=LINKS, defer=True)
+        runs.append(r)
+        (r.workdir / "agent.token").write_text(lan.token)
+        (r.workdir / "hosts.json").write_text(json.dumps({"version": 1, "controller_ip": lan.ip(None), "hosts": [
+            {"name": "h0", "agent": host["url"], "runtime": "netns", "token_file": str(r.workdir / "agent.token")}]}))
+        (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [{"name": n, "host": "h0"} for n in LINKS]}))
+        r.start("--hosts", "hosts.json", "--nodes", "nodes.json")
+        r.wait_phase("ready", timeout_s=120)
+
+        agent_argv = host["proc"].args
+        host["proc"].terminate()  # the agent goes away: its host cannot be reset
+        host["proc"].wait(timeout=10)
+        failed = r.get("/emulated/reset")
+        assert failed.status_code >= 400 and "h0" in failed.json()["message"], failed.text
+        time.sleep(1)
+        assert r.proc.poll() is None and r.get("/status").ok  # still serving: the user can retry
+
+        fd = os.open(nsfs.netns_path(host["netns"]), os.O_RDONLY)
+        try:  # the agent is back (its state is on disk): the retry removes the nodes
+            host["proc"] = subprocess.Popen(agent_argv, env=dict(os.environ, EDGETB_TOKEN=lan.token,
+                                                                 EDGETB_STATE_DIR=str(host["state"]),
+                                                                 PYTHONPATH=str(ROOT)),
+                                            cwd=str(ROOT), stdout=host["log"], stderr=subprocess.STDOUT,
+                                            preexec_fn=lambda: nsfs.setns_fd(fd), start_new_session=True)
+        finally:
+            os.close(fd)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if __import__("requests").get(host["url"] + "/health", timeout=1).ok:
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.2)
+        retry = r.get("/emulated/reset")
+        assert retry.status_code == 200, retry.text
+        r.proc.wait(timeout=30)
+        assert [n for n in nsfs.list_netns() if n.startswith(f"etb-{host['id']}-")] == []
+    finally:
+        left = lan.close()
+        assert not left, left
