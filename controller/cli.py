@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any, Optional
 
 from controller import deploy
@@ -300,8 +301,15 @@ def cmd_down(args: argparse.Namespace) -> int:
 COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "down": cmd_down}
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("up", "down") and threading.current_thread() is threading.main_thread():  # a kill or a closed terminal mid-way: up removes what it made
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
     try:
         return COMMANDS[args.command](args)
     except TestbedError as e:

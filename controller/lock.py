@@ -244,8 +244,10 @@ class TestbedLock:
         """Take the id to remove its testbed (``edgetb down``): refused only while a live process
         holds it. The finding says whose testbed is being removed."""
         if not self._try_lock():
-            raise TestbedInUse(self._busy_message(self.holder()) + "; stop that process (Ctrl-C, or "
-                               "curl localhost:PORT/emulated/reset) and it removes its testbed itself")
+            holder = self.holder()
+            port = (holder.details.get("port") if holder else None) or "PORT"
+            raise TestbedInUse(self._busy_message(holder) + f"; stop that process (Ctrl-C, or curl "
+                               f"localhost:{port}/emulated/reset) and it removes its testbed itself")
         return self._classify()
 
     def mark_kept(self) -> None:

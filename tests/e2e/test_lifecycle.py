@@ -109,6 +109,9 @@ def test_a_second_run_is_refused_and_the_first_finishes(tmp_path, runs):
     assert f"testbed {first.id} is in use by pid {first.proc.pid} (gl_run.py" in out, out
     assert f"run {ready['run_id']}, since 20" in out and "nothing was changed" in out, out
     assert "removing" not in out, out
+    down = edgetb(first, "down", check=False)
+    assert down.returncode == 2 and f"in use by pid {first.proc.pid} (gl_run.py" in down.stderr, down.stderr
+    assert f"curl localhost:{first.port}/emulated/reset" in down.stderr
 
     assert_all_there(first, pids)  # unharmed
     assert first.get("/status").json()["phase"] == "ready"
