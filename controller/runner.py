@@ -96,7 +96,7 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
         return 2
     except KeyboardInterrupt:
         return 130
-    owned = Ownership()
+    owned = Ownership(clean=found.state != "stale")
     try:
         return _run(args, algorithm, topology, run_id, found, owned)
     except KeyboardInterrupt as e:
@@ -104,6 +104,8 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
         return 130
     finally:
         _teardown(args, owned)
+        if not owned.clean and not owned.touched and found.holder is not None:
+            lock.record(found.holder)  # a dead holder's testbed left as it was: still its own
         lock.release(forget=owned.clean)
 
 
@@ -112,15 +114,17 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 class Ownership:
     """What this process made and still has to remove: ``worker`` is set once it creates
-    (or takes over) anything; ``clean`` once nothing of the testbed is left."""
+    (or takes over) anything; ``clean`` once nothing of the testbed is left (False from the
+    start when a dead holder left it); ``touched`` once this process changed the testbed."""
 
-    def __init__(self) -> None:
+    def __init__(self, clean: bool = True) -> None:
         self.worker: Any = None
         self.server: Any = None
-        self.clean = True
+        self.clean = clean
+        self.touched = False
 
     def created(self, worker: Any) -> None:
-        self.worker, self.clean = worker, False
+        self.worker, self.clean, self.touched = worker, False, True
 
     def removed(self) -> None:
         self.worker, self.clean = None, True

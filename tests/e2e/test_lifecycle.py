@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.harness import ROOT, Run
+from tests.netns.conftest import free_subnet
 from worker.procs import start_ticks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
@@ -33,6 +34,7 @@ def make_run(tmp_path: Path, sync: int = 4, like: Run | None = None, start: bool
     """A 3-node gossip run with cgroup limits; ``like``: on the same testbed id, subnet and state dir."""
     r = Run(tmp_path, structure=structure(sync), links=LINKS, defer=True)
     (r.workdir / "nodes.json").write_text(json.dumps(NODES))
+    r.subnet = free_subnet()  # one no interface of this host holds (other runs may be up)
     if like is not None:
         r.id, r.subnet, r.state = like.id, like.subnet, like.state
     if start:
