@@ -85,7 +85,7 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     from controller.lock import Holder, TestbedLock
 
     run_id = new_run_id()
-    for sig in STOP_SIGNALS:  # a kill or a closed terminal cleans up like Ctrl-C
+    for sig in (signal.SIGINT, *STOP_SIGNALS):  # a kill or a closed terminal cleans up like Ctrl-C
         signal.signal(sig, _interrupt)
     try:
         lock = TestbedLock(args.id)
@@ -139,8 +139,11 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         if found.state == "stale":
             _say(f"{found.stale_message()}; remove what it left with: edgetb --id {args.id} down")
         return 2
+    import gevent
     from gevent.pywsgi import WSGIServer
 
+    hub = gevent.get_hub()
+    hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)  # an interrupt is the main flow's to report
     try:
         worker = _workers(args)
         if found.state == "stale":
@@ -241,7 +244,18 @@ def _workers(args: argparse.Namespace) -> Any:
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    """SIGTERM, SIGHUP (and Ctrl-C's SIGINT, by Python's default) stop the run; the main flow
+    takes the interrupt, whichever greenlet it landed in, and removes the testbed."""
+    interrupt = KeyboardInterrupt(signal.Signals(signum).name)
+    if "gevent" in sys.modules:
+        import gevent
+        import greenlet
+
+        hub = gevent.get_hub()
+        current = greenlet.getcurrent()
+        if current is not hub and current is not hub.parent:  # a request or the --auto runner
+            hub.parent.throw(interrupt)
+    raise interrupt
 
 
 def _auto(exp: Experiment, timeout_s: float) -> int:
