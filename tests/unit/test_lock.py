@@ -138,3 +138,10 @@ def test_across_processes_busy_then_stale_after_kill_9(tmp_path):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_status_bridge_address_falls_back_to_the_recorded_subnet_never_a_default():
+    from worker.host import bridge_address
+
+    assert bridge_address("etb-nosuch-br", "10.95.0.0/16") == "10.95.0.1"
+    assert bridge_address("etb-nosuch-br", None) is None
