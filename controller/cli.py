@@ -287,6 +287,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         try:
             if found.state == "stale":
                 _progress(f"{found.stale_message()}: removing its namespaces, links and node processes")
+                if found.holder and found.holder.details.get("hosts"):
+                    _progress(f"it also ran nodes on the hosts of {found.holder.details['hosts']}: remove those "
+                              f"with 'edgetb --agent URL --id {args.id} down' for each host")
             elif found.holder is not None:
                 _progress(f"removing testbed {args.id}, brought up by {found.holder.describe()}")
             worker = _worker(args) if found.state != "stale" else _stale_worker(args, found)

@@ -177,8 +177,6 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         run_blocking(exp.sync_code)  # in a thread: other hosts fetch the code from this server meanwhile
         exp.deploy()
         if args.auto:
-            import gevent
-
             runner = gevent.spawn(_auto, exp, args.timeout)
             runner.link(lambda g: stop())
             server.serve_forever()
@@ -205,6 +203,9 @@ def remove_stale(args: argparse.Namespace, found: Any, worker: Any, owned: Owner
     removed = local.reset()["removed"]
     if args.hosts:
         worker.reset()
+    elif found.holder and found.holder.details.get("hosts"):
+        _say(f"it also ran nodes on the hosts of {found.holder.details['hosts']}: remove those with "
+             f"'edgetb --agent URL --id {args.id} down' for each host, or run with that --hosts file")
     owned.removed()
     _say(f"removed {removed['nodes']} nodes left by the dead run; going on")
 
