@@ -89,8 +89,9 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
         signal.signal(sig, _interrupt)
     try:
         lock = TestbedLock(args.id)
+        hosts_file = os.path.join(args.workdir, args.hosts) if args.hosts else None
         found = lock.take(Holder.this_process(run_id, runtime=args.runtime, subnet=args.subnet, port=args.port,
-                                              hosts=os.path.join(args.workdir, args.hosts) if args.hosts else None, workdir=args.workdir))
+                                              hosts=hosts_file, workdir=args.workdir))
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
