@@ -10,6 +10,11 @@
 
 Without ``--agent`` the CLI drives this host directly (as root); with
 ``--agent URL`` it talks to a worker agent using the shared token.
+
+On this host a testbed id has one owner (controller/lock.py): ``up`` takes the id (refused
+while a run script or another ``edgetb`` holds it, or while it is already up) and records the
+testbed as kept, so that no run script removes it; ``down`` removes it (and what a crashed
+holder left), refused only while a live process holds the id; ``status`` says who owns it.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any, Optional
 
 from controller import deploy
@@ -118,16 +124,60 @@ def cmd_up(args: argparse.Namespace) -> int:
         for src, plan in deploy.plans(topology, ips).items():
             print("\n".join(render(plan, f"etb-{args.id}-{src}")))
         return 0
-    worker = _worker(args)
-    result = deploy.deploy(topology, worker, _progress)
+    lock = _local_lock(args)
+    if lock is None:
+        worker = _worker(args)
+        result = deploy.deploy(topology, worker, _progress)
+    else:
+        from controller.lock import Holder
+
+        found = lock.take(Holder.this_process(runtime=args.runtime, subnet=args.subnet))
+        clean = False
+        try:
+            if found.state == "stale":
+                _progress(f"{found.stale_message()}: removing its namespaces, links and node processes")
+                _stale_worker(args, found).reset()
+            worker = _worker(args)
+            result = deploy.deploy(topology, worker, _progress)  # all or nothing
+            lock.mark_kept()
+        except BaseException:
+            clean = not lock.resources_left()
+            raise
+        finally:
+            lock.release(forget=clean)
     _print_status(worker.status())
-    _progress(f"up: {len(result['nodes'])} nodes; try 'edgetb exec NODE -- CMD', 'edgetb down' to remove")
+    _progress(f"up: {len(result['nodes'])} nodes; they stay up until 'edgetb --id {args.id} down'; "
+              "try 'edgetb exec NODE -- CMD'")
     return 0
+
+
+def _local_lock(args: argparse.Namespace) -> Any:
+    """The lock of the testbed id on this host (None when an agent drives another host)."""
+    if args.agent:
+        return None
+    if os.geteuid() != 0:
+        raise ConfigError("driving this host needs root (sudo), or use --dry-run / --agent URL")
+    from controller.lock import TestbedLock
+
+    return TestbedLock(args.id)
+
+
+def _stale_worker(args: argparse.Namespace, found: Any) -> Any:
+    """This host's worker for what a dead holder left: its recorded subnet, the state's runtime."""
+    from worker.host import WorkerHost
+
+    recorded = (found.holder.details if found.holder else {}).get("subnet") or args.subnet
+    runtime = getattr(args, "runtime", None) if args.command == "down" else None
+    return WorkerHost(args.id, str(recorded), runtime=runtime)
 
 
 def _print_status(status: dict[str, Any]) -> None:
     print(f"testbed {status['testbed_id']}  subnet {status.get('subnet') or '-'}  "
-          f"bridge {status.get('bridge') or '-'}  processes running {status['processes_running']}")
+          f"bridge {status.get('bridge') or '-'} {status.get('bridge_ip') or ''}  "
+          f"processes running {status['processes_running']}")
+    owner = status.get("owner")
+    if owner and owner["state"] != "free":
+        print(f"owner: {_owner_text(status['testbed_id'], owner)}")
     rows = [("NODE", "IP", "CPU", "MEM", "LINKS", "SHAPED")]
     for n in status["nodes"]:
         rows.append((n["name"], n["ip"], f"{n['cpu']:g}" if n["cpu"] else "-", _fmt_mem(n["mem_bytes"]),
@@ -139,6 +189,9 @@ def _print_status(status: dict[str, Any]) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     status = _worker(args).status()
+    lock = _local_lock(args)
+    if lock is not None:
+        status["owner"] = lock.look().to_dict()
     if args.json:
         print(json.dumps(status, indent=2))
     else:
@@ -211,8 +264,39 @@ def _print_shaping(info: dict[str, Any]) -> None:
         print("verified: yes" if info["verified"] else "verified: NO\n  " + "\n  ".join(info["mismatches"]))
 
 
+def _owner_text(testbed_id: str, owner: dict[str, Any]) -> str:
+    from controller.lock import Holder
+
+    holder = Holder.from_dict(owner.get("holder"))
+    who = holder.describe() if holder else "no recorded process"
+    return {"busy": f"in use by {who}",
+            "kept": f"brought up by {who}; stays up until 'edgetb --id {testbed_id} down'",
+            "stale": f"left by {who}, which is gone; remove it with 'edgetb --id {testbed_id} down'",
+            "unowned": f"nodes that no recorded process owns; remove them with 'edgetb --id {testbed_id} down'",
+            }.get(owner["state"], owner["state"])
+
+
 def cmd_down(args: argparse.Namespace) -> int:
-    removed = _worker(args).reset()["removed"]
+    """Remove the testbed, unless a live process (a run script, another edgetb) holds its id."""
+    lock = _local_lock(args)
+    if lock is None:
+        removed = _worker(args).reset()["removed"]
+    else:
+        found = lock.take_to_remove()
+        clean = False
+        try:
+            if found.state == "stale":
+                _progress(f"{found.stale_message()}: removing its namespaces, links and node processes")
+                if found.holder and found.holder.details.get("hosts"):
+                    _progress(f"it also ran nodes on the hosts of {found.holder.details['hosts']}: remove those "
+                              f"with 'edgetb --agent URL --id {args.id} down' for each host")
+            elif found.holder is not None:
+                _progress(f"removing testbed {args.id}, brought up by {found.holder.describe()}")
+            worker = _worker(args) if found.state != "stale" else _stale_worker(args, found)
+            removed = worker.reset()["removed"]
+            clean = True
+        finally:
+            lock.release(forget=clean)
     _progress(f"down: removed {removed['nodes']} nodes and every resource of testbed {args.id}")
     return 0
 
@@ -220,8 +304,15 @@ def cmd_down(args: argparse.Namespace) -> int:
 COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "down": cmd_down}
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("up", "down") and threading.current_thread() is threading.main_thread():  # a kill or a closed terminal mid-way: up removes what it made
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
     try:
         return COMMANDS[args.command](args)
     except TestbedError as e:

@@ -230,11 +230,16 @@ class Cluster:
     def reset(self) -> dict[str, Any]:
         """Reset every host (all are tried, even when one fails) and the controller's routes."""
         removed: dict[str, Any] = {}
+        failed: dict[str, TestbedError] = {}
         for name, worker in self.workers.items():
             try:
                 removed[name] = worker.reset().get("removed")
             except TestbedError as e:
-                removed[name] = {"error": e.message}
+                removed[name], failed[name] = {"error": e.message}, e
         if self.controller_stack not in self.workers.values():
             removed["controller"] = self.controller_stack.reset().get("removed")
+        if failed:  # the others were reset; the caller can retry for these
+            first = next(iter(failed.values()))
+            raise type(first)("reset failed on " + "; ".join(f"{n}: {e.message}" for n, e in failed.items()),
+                              detail={"removed": removed})
         return {"version": 1, "removed": removed}

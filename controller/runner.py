@@ -22,7 +22,10 @@ from worker.serving import run_blocking
 
 
 def _say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+    try:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+    except OSError:  # the terminal went away (SIGHUP): the teardown still has to run
+        pass
 
 
 def _parser(algorithm: str, structure_default: str, dataset_default: str) -> argparse.ArgumentParser:
@@ -76,70 +79,172 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
          dataset_default: str = "gl_dataset.json", topology: Optional[Topology] = None,
          experiments: Optional[list[Experiment]] = None) -> int:
     """gl_run.py's flow; ``topology`` comes from the Testbed API instead of links.json when given;
-    the experiment is appended to ``experiments`` when given (the Testbed API reports on it)."""
+    the experiment is appended to ``experiments`` when given (the Testbed API reports on it).
+
+    The testbed id is taken first (controller/lock.py): in use by a live process, kept by
+    ``edgetb up`` or holding nodes nobody recorded, the run stops with the holder named and
+    touches nothing. What a dead holder left is removed, loudly. At the end this process removes
+    only what it created itself."""
     args = _parser(algorithm, structure_default, dataset_default).parse_args(argv)
     args.workdir = os.path.realpath(args.workdir)
     logging.basicConfig(level=logging.WARNING)
     if os.geteuid() != 0:
         print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
         return 2
+    from controller.experiment import new_run_id
+    from controller.lock import Holder, TestbedLock
+
+    run_id = new_run_id()
+    for sig in (signal.SIGINT, *STOP_SIGNALS):  # a kill or a closed terminal cleans up like Ctrl-C
+        signal.signal(sig, _interrupt)
+    try:
+        lock = TestbedLock(args.id)
+        hosts_file = os.path.join(args.workdir, args.hosts) if args.hosts else None
+        found = lock.take(Holder.this_process(run_id, runtime=args.runtime, subnet=args.subnet, port=args.port,
+                                              hosts=hosts_file, workdir=args.workdir))
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    owned = Ownership(clean=found.state != "stale")
+    try:
+        return _run(args, algorithm, topology, run_id, found, owned, experiments)
+    except KeyboardInterrupt as e:
+        _say(f"interrupted{f' ({e})' if str(e) else ''}")
+        return 130
+    finally:
+        _teardown(args, owned)
+        if not owned.clean and not owned.touched and found.holder is not None:
+            lock.record(found.holder)  # a dead holder's testbed left as it was: still its own
+        lock.release(forget=owned.clean)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Ownership:
+    """What this process made and still has to remove: ``worker`` is set once it creates
+    (or takes over) anything; ``clean`` once nothing of the testbed is left (False from the
+    start when a dead holder left it); ``touched`` once this process changed the testbed."""
+
+    def __init__(self, clean: bool = True) -> None:
+        self.worker: Any = None
+        self.server: Any = None
+        self.clean = clean
+        self.touched = False
+
+    def created(self, worker: Any) -> None:
+        self.worker, self.clean, self.touched = worker, False, True
+
+    def removed(self) -> None:
+        self.worker, self.clean = None, True
+
+
+def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology], run_id: str, found: Any,
+         owned: Ownership, experiments: Optional[list[Experiment]]) -> int:
     try:
         topology, structure = prepare(args, algorithm, topology)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
+        if found.state == "stale":
+            _say(f"{found.stale_message()}; remove what it left with: edgetb --id {args.id} down")
         return 2
+    import gevent
     from gevent.pywsgi import WSGIServer
 
+    hub = gevent.get_hub()
+    hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)  # an interrupt is the main flow's to report
     try:
         worker = _workers(args)
+        if found.state == "stale":
+            remove_stale(args, found, worker, owned)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    exp = Experiment(args.workdir, topology, worker, structure, controller_port=args.port, progress=_say,
-                     algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
+    exp = Experiment(args.workdir, topology, worker, structure, run_id=run_id, controller_port=args.port,
+                     progress=_say, algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
                      dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose)
     if experiments is not None:
         experiments.append(exp)
     server: Optional[WSGIServer] = None
     stop = lambda: server and server.stop(timeout=1)  # noqa: E731
-    app = create_app(exp, admin_token=os.environ.get("EDGETB_TOKEN"), on_reset=lambda: __import__("gevent").spawn(stop))
-    server = WSGIServer(("0.0.0.0", args.port), app, log=None)
+
+    def on_reset() -> None:
+        """/emulated/reset removed the testbed: nothing is left to remove; stop serving."""
+        owned.removed()
+        __import__("gevent").spawn(stop)
+
+    app = create_app(exp, admin_token=os.environ.get("EDGETB_TOKEN"), on_reset=on_reset)
+    server = owned.server = WSGIServer(("0.0.0.0", args.port), app, log=None)
     try:
         server.start()
     except OSError as e:
         print(f"error: cannot listen on port {args.port}: {e.strerror}", file=sys.stderr)
         return 2
     code = 0
-    signal.signal(signal.SIGTERM, _interrupt)  # a kill cleans up like Ctrl-C
     try:
+        owned.created(worker)
         run_blocking(exp.sync_code)  # in a thread: other hosts fetch the code from this server meanwhile
         exp.deploy()
         if args.auto:
-            import gevent
-
             runner = gevent.spawn(_auto, exp, args.timeout)
             runner.link(lambda g: stop())
             server.serve_forever()
             code = runner.value if runner.dead and runner.value is not None else 1
         else:
-            _say(f"controller on :{args.port}. Next: curl localhost:{args.port}/start ; "
-                 f"curl localhost:{args.port}/status ; curl localhost:{args.port}/finish ; "
-                 f"curl localhost:{args.port}/emulated/reset")
+            _say(f"controller on :{args.port}, testbed {args.id}, run {run_id}. Next: "
+                 f"curl localhost:{args.port}/start ; curl localhost:{args.port}/status ; "
+                 f"curl localhost:{args.port}/finish ; curl localhost:{args.port}/emulated/reset")
             server.serve_forever()
     except KeyboardInterrupt:
-        _say("interrupted")
-        exp.close("interrupted")
-        code = 130
+        exp.close("interrupted")  # the run folder first; the teardown follows
+        raise
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         code = 1
-    finally:
-        if server is not None:
-            server.stop(timeout=1)
-        if exp.phase != "reset":
-            _say("removing the nodes and links")
-            worker.reset()
     return code
+
+
+def remove_stale(args: argparse.Namespace, found: Any, worker: Any, owned: Ownership) -> None:
+    """Remove what a dead holder of the id left on this host (and on this run's other hosts)."""
+    from worker.host import WorkerHost
+
+    _say(f"{found.stale_message()}: removing its namespaces, links and node processes")
+    owned.created(worker)
+    recorded = (found.holder.details if found.holder else {}).get("subnet") or args.subnet
+    local = WorkerHost(args.id, str(recorded))  # the runtime the state file records
+    removed = local.reset()["removed"]
+    if args.hosts:
+        worker.reset()
+    elif found.holder and found.holder.details.get("hosts"):
+        _say(f"it also ran nodes on the hosts of {found.holder.details['hosts']}: remove those with "
+             f"'edgetb --agent URL --id {args.id} down' for each host, or run with that --hosts file")
+    owned.removed()
+    _say(f"removed {removed['nodes']} nodes left by the dead run; going on")
+
+
+def _teardown(args: argparse.Namespace, owned: Ownership) -> None:
+    """Remove what this process created, whatever stopped it; signals wait until it is done."""
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
+        signal.signal(sig, _during_teardown)
+    if owned.server is not None:
+        try:
+            owned.server.stop(timeout=1)
+        except Exception:  # noqa: BLE001 - the teardown goes on
+            pass
+    if owned.worker is None:
+        return
+    _say("removing the nodes and links")
+    try:
+        owned.worker.reset()
+        owned.removed()
+    except TestbedError as e:
+        _say(f"error: could not remove testbed {args.id}: {e.message}. Remove it with: edgetb --id {args.id} down")
+
+
+def _during_teardown(signum: int, frame: Any) -> None:
+    _say("removing the testbed; wait until it is done")
 
 
 def _workers(args: argparse.Namespace) -> Any:
@@ -154,7 +259,18 @@ def _workers(args: argparse.Namespace) -> Any:
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    """SIGTERM, SIGHUP (and Ctrl-C's SIGINT, by Python's default) stop the run; the main flow
+    takes the interrupt, whichever greenlet it landed in, and removes the testbed."""
+    interrupt = KeyboardInterrupt(signal.Signals(signum).name)
+    if "gevent" in sys.modules:
+        import gevent
+        import greenlet
+
+        hub = gevent.get_hub()
+        current = greenlet.getcurrent()
+        if current is not hub and current is not hub.parent:  # a request or the --auto runner
+            hub.parent.throw(interrupt)
+    raise interrupt
 
 
 def _auto(exp: Experiment, timeout_s: float) -> int:

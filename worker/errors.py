@@ -31,6 +31,13 @@ class ConfigError(TestbedError):
     code = "config_error"
 
 
+class TestbedInUse(ConfigError):
+    """The testbed id is held by another process, or holds a testbed this one did not create."""
+
+    http_status = 409
+    code = "testbed_in_use"
+
+
 class TopologyError(ConfigError):
     """links.json or a nodes file describes an impossible network."""
 

@@ -373,9 +373,10 @@ class WorkerHost:
                           "mem_bytes": rec["mem_bytes"], "links": len(plan["rules"]) if plan else 0,
                           "shaped": plan is not None})
         running = sum(1 for p in state["processes"].values() if self._process_state(p)["running"])
-        return {"version": API_VERSION, "testbed_id": self.testbed_id, "runtime": self.runtime.kind,
-                "subnet": state.get("subnet"),
-                "bridge": state.get("bridge"), "bridge_ip": self.runtime.bridge_ip if state.get("bridge") else None,
+        bridge = state.get("bridge")
+        return {"version": API_VERSION, "testbed_id": self.testbed_id,
+                "runtime": state.get("runtime") or self.runtime.kind, "subnet": state.get("subnet"),
+                "bridge": bridge, "bridge_ip": bridge_address(bridge, state.get("subnet")) if bridge else None,
                 "routes": state.get("routes", []), "nodes": nodes, "processes_running": running}
 
     def reset(self) -> dict[str, Any]:
@@ -395,6 +396,26 @@ class WorkerHost:
             except subprocess.TimeoutExpired:
                 pass
         return {"version": API_VERSION, "removed": removed}
+
+
+def bridge_address(bridge: str, subnet: Optional[str]) -> Optional[str]:
+    """The IPv4 address the bridge holds in the kernel; if it cannot be read, the recorded
+    subnet's first address (never a default subnet's)."""
+    import ipaddress
+
+    net = ipaddress.IPv4Network(subnet) if subnet else None
+    try:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            index = ipr.link_lookup(ifname=bridge)
+            held = [m.get_attr("IFA_ADDRESS") for m in ipr.get_addr(family=2, index=index[0])] if index else []
+    except Exception:  # noqa: BLE001 - netlink unavailable (no root): the record is what is known
+        held = []
+    for addr in held:
+        if net is None or ipaddress.IPv4Address(addr) in net:
+            return str(addr)
+    return str(net.network_address + 1) if net else None
 
 
 def _ifname(node: dict[str, Any]) -> str:

@@ -168,7 +168,9 @@ def test_cluster_failure_names_the_host_and_reset_reaches_every_host():
     c.check_hosts()
     with pytest.raises(NotFound, match="host e1: boom"):
         c.create_nodes(node_requests(topology()))
-    removed = c.reset()["removed"]
+    with pytest.raises(NotFound, match="reset failed on e1: gone") as failed:  # an error, after trying every host
+        c.reset()
+    removed = failed.value.detail["removed"]
     assert removed["e1"] == {"error": "gone"} and removed["pi"] == {"nodes": 1} and removed["local"] == {"nodes": 1}
 
 
