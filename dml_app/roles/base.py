@@ -46,6 +46,7 @@ class Context:
     port: int = 4444
     stop: threading.Event = field(default_factory=threading.Event)
     auth: dict[str, str] = field(default_factory=dict)  # headers that authenticate calls to peers
+    global_test: Optional[tuple[np.ndarray, np.ndarray]] = None  # the run's common test set (x, y), if any
 
 
 @dataclass
@@ -152,21 +153,33 @@ class Role:
         return self.ctx.model.train(x_train, y_train, self.epochs, self.batch_size)
 
     def evaluate(self) -> tuple[float, float]:
-        return self.ctx.model.evaluate(self.ctx.data[2], self.ctx.data[3])
+        """(loss, accuracy) on the local test shard. With a global test set, the model is
+        evaluated on it too, and this thread's next ``record_round`` reports that."""
+        loss, accuracy = self.ctx.model.evaluate(self.ctx.data[2], self.ctx.data[3])
+        pending = self.__dict__.setdefault("_global_eval", {})  # by thread: E-tree evaluates in several
+        if self.ctx.global_test is not None:
+            pending[threading.get_ident()] = self.ctx.model.evaluate(*self.ctx.global_test)
+        return loss, accuracy
 
     def record_round(self, round_no: int, t_start: float, trained: dict[str, float], loss: float, accuracy: float,
                      send_s: float, received: int, **extra: Any) -> dict[str, Any]:
         """Write a ``round`` event (with this round's traffic) and a progress line."""
         with self._traffic_lock:
             sent_to, recv_from = self.traffic.take()
+        global_loss, global_accuracy = self.__dict__.get("_global_eval", {}).pop(threading.get_ident(), (None, None))
         self.round_events += 1
         event = self.ctx.events.write(
             "round", round=round_no, t_start=t_start, t_end=time.time(), loss=loss, accuracy=accuracy,
+            global_loss=global_loss, global_accuracy=global_accuracy,
             train_loss=None if trained["loss"] != trained["loss"] else trained["loss"], train_s=trained["train_s"],
             send_s=send_s, bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
             sent_to=sent_to, recv_from=recv_from, received_models=received, **extra)
-        self.ctx.progress(f"round {round_no}/{self.rounds}: accuracy {accuracy:.3f} loss {loss:.3f}",
-                          round=round_no, accuracy=accuracy)
+        if global_accuracy is None:
+            message = f"round {round_no}/{self.rounds}: accuracy {accuracy:.3f} loss {loss:.3f}"
+        else:
+            message = (f"round {round_no}/{self.rounds}: global accuracy {global_accuracy:.3f} loss {global_loss:.3f}"
+                       f" (local {accuracy:.3f})")
+        self.ctx.progress(message, round=round_no, accuracy=accuracy, global_accuracy=global_accuracy)
         return event
 
     def result(self, last: dict[str, Any]) -> dict[str, Any]:
