@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 import requests
 
-from controller import deploy, results
+from controller import deploy, evaluate, results
 from controller.agent_client import Worker
 from controller.topology import Topology, load_links
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
@@ -307,7 +307,18 @@ class Experiment:
             os.makedirs(self.run_dir, exist_ok=True)
             self._write_json("topology.json", self.topology.to_dict())
             self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
-            built = results.build(self.run_dir, self.t_start or time.time())
+            dataset_confs: dict[str, Any] = {}
+            for n in self.nodes:
+                try:
+                    dataset_confs[n] = self._read_conf(n, "dataset")
+                except ConfigError:
+                    dataset_confs[n] = {}
+            final = evaluate.final_models(self.workdir, self.run_dir, self.run_id, self.structure, dataset_confs)
+            endings = {n: ("done" if s.state == "done" else f"failed: {s.detail or 'the node reported a failure'}"
+                           if s.state == "failed" else "stopped" if s.state == "running" else "lost")
+                       for n, s in self.nodes.items()}
+            algorithm = results.algorithm_of(str(c.get("role", "")) for c in self.structure.values())
+            built = results.build(self.run_dir, self.t_start or time.time(), algorithm, endings, final)
             self.summary = {"run_id": self.run_id, "run_dir": self.run_dir, **built}
             self._write_json("summary.json", self.summary)
             self.phase = "finished"

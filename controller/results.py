@@ -35,6 +35,15 @@ AGGREGATE_ABOVE_NODES = 20  # more curves than this: median, interquartile band,
 ENDINGS = ("done", "stopped", "timeout", "lost")  # and "failed: <why>"
 
 
+ALGORITHM_OF_ROLE = {"gossip": "gossip", "fl_aggregator": "fl", "fl_trainer": "fl", "etree": "etree", "ring": "ring"}
+
+
+def algorithm_of(roles: Iterable[str]) -> str:
+    """The algorithm a run's roles make up (``gossip``, ``fl``, ``etree``, ``ring``), or the roles joined."""
+    found = sorted({ALGORITHM_OF_ROLE.get(r, r) for r in roles})
+    return "+".join(found)
+
+
 # reading ---------------------------------------------------------------------------------------
 def read_run_events(run_dir: str) -> dict[str, list[dict[str, Any]]]:
     """Each node's events, by node name."""
