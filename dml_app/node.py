@@ -39,7 +39,7 @@ from gevent.pywsgi import WSGIServer  # noqa: E402
 
 from dml_app.events import EventLog  # noqa: E402
 from dml_app.http import HttpError, Request, Response, Router, json_response, post_json, request  # noqa: E402
-from dml_app.models import load_global_test, make_model  # noqa: E402
+from dml_app.models import make_model  # noqa: E402
 from dml_app.roles.base import Context, Role, ok  # noqa: E402
 from dml_app.roles.etree import ETreeRole  # noqa: E402
 from dml_app.roles.fl import AggregatorRole, TrainerRole  # noqa: E402
@@ -130,6 +130,8 @@ class NodeService:
             model = make_model(self.structure_conf.get("model", {}), n_features=n_features, n_classes=n_classes)
             global_test = None
             if self.dataset_conf.get("global_test"):  # the run's common test set, the same for every node
+                from dml_app.models import load_global_test
+
                 try:
                     global_test = load_global_test(confined(self.workdir, str(self.dataset_conf["global_test"])),
                                                    n_features, n_classes)

@@ -44,9 +44,9 @@ class Context:
     events: EventLog
     progress: Callable[..., None]  # progress(message, round=..., accuracy=...)
     port: int = 4444
+    global_test: Optional[tuple[np.ndarray, np.ndarray]] = None  # the run's common test set (x, y), if any
     stop: threading.Event = field(default_factory=threading.Event)
     auth: dict[str, str] = field(default_factory=dict)  # headers that authenticate calls to peers
-    global_test: Optional[tuple[np.ndarray, np.ndarray]] = None  # the run's common test set (x, y), if any
 
 
 @dataclass

@@ -74,7 +74,7 @@ def test_bad_weight_files_are_refused_one_node_at_a_time(tmp_path, digits):
     nan = _trained(digits, 1).get_weights()
     nan[1][0] = np.nan
     bodies = {"good": good, "truncated": good[:-10], "garbage": b"\x00\x00\x00\x05hello world",
-              "header_lies": b"\xff\xff\xff\xff{}", "shape": other_shape, "nan": wire.encode(nan)}
+              "header_lies": b"\xff" * 8 + b"{}", "shape": other_shape, "nan": wire.encode(nan)}
     run_dir, structure, dconfs = _workdir(tmp_path, digits, bodies)
     structure["missing"] = structure["good"]
     # a link a node planted towards a file it should not make the controller read
@@ -145,3 +145,31 @@ def test_round_events_carry_global_accuracy(tmp_path, digits):
     assert first["global_accuracy"] == g_acc and first["global_loss"] == g_loss and first["accuracy"] == accuracy
     assert second["global_accuracy"] is None and second["global_loss"] is None
     assert "global accuracy" in lines[0][0] and lines[0][1]["global_accuracy"] == g_acc
+
+
+def test_the_wire_format_is_safetensors_both_ways(digits):
+    from safetensors.numpy import load, save
+
+    model = _trained(digits, 1)
+    arrays = model.get_weights()
+    body = wire.encode(arrays, {"from": "n1", "round": 4, "samples": 180})
+    tensors = load(body)  # the package reads what nodes send
+    assert sorted(tensors) == ["0000", "0001", "0002", "0003"]
+    assert all(np.array_equal(tensors[f"{i:04d}"], a) for i, a in enumerate(arrays))
+    # and nodes read what the package writes (with the format's metadata)
+    written = save({f"{i:04d}": a for i, a in enumerate(arrays)},
+                   metadata={"format": "edgetb-weights", "version": "2", "meta": json.dumps({"from": "n2"})})
+    back, meta = wire.decode(written)
+    assert meta == {"from": "n2"} and all(np.array_equal(a, b) for a, b in zip(arrays, back))
+    # a safetensors file of another program is refused (no edgetb metadata), never half-read
+    with pytest.raises(wire.WeightsFormatError, match="version"):
+        wire.decode(save({"weight": arrays[0]}))
+
+
+def test_encode_makes_one_copy_and_keeps_arrays_intact():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    body = wire.encode([a, a.T, np.array(1.5)])  # a transposed view is sent in C order
+    back, _ = wire.decode(body)
+    assert np.array_equal(back[1], a.T) and back[2].shape == () and back[2] == 1.5
+    back[0][0, 0] = 99  # decoded arrays are the receiver's own
+    assert a[0, 0] == 0 and wire.decode(body)[0][0][0, 0] == 0
