@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from controller.results import write_atomic
 from dml_app import weights as wire
 from dml_app.models import load_global_test, make_model
 from worker.errors import ConfigError
@@ -37,16 +38,37 @@ def weights_path(workdir: str, node: str, run_id: str) -> str:
     return os.path.join(workdir, "dml_file", "node", node, f"{run_id}.weights")
 
 
-def read_weights_file(path: str, max_bytes: int = MAX_WEIGHTS_BYTES) -> list[np.ndarray]:
-    """The arrays of a weights file written by a node: not through a symlink, at most
-    ``max_bytes``, in the wire format (no pickle). Raises ModelFileError naming the file."""
+def _open_beneath(root: str, parts: list[str]) -> int:
+    """A read-only fd of ``root/parts...``, following no link on the way (each step opened
+    relative to the previous directory with ``O_NOFOLLOW``)."""
+    if any(not p or p in (".", "..") or "/" in p for p in parts):
+        raise ModelFileError(f"bad path component in {parts!r}")
+    flags = getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | flags)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | flags, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def read_weights_file(path: str, max_bytes: int = MAX_WEIGHTS_BYTES, root: Optional[str] = None) -> list[np.ndarray]:
+    """The arrays of a weights file written by a node: reached without following links
+    (beneath ``root`` when given), at most ``max_bytes``, in the wire format (no pickle).
+    Raises ModelFileError naming the file."""
+    try:
+        if root is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        else:
+            fd = _open_beneath(root, os.path.relpath(path, root).split(os.sep))
     except FileNotFoundError:
         raise ModelFileError(f"{path}: no final weights (the node did not save a model)") from None
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise ModelFileError(f"{path}: is a symbolic link; refused") from None
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ModelFileError(f"{path}: a symbolic link on the way; refused") from None
         raise ModelFileError(f"{path}: cannot be opened: {e.strerror}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
@@ -79,10 +101,7 @@ def save_safetensors(path: str, arrays: list[np.ndarray], metadata: dict[str, st
     names = tensor_names(arrays)
     data = save({n: np.ascontiguousarray(a) for n, a in zip(names, arrays)},
                 metadata={**metadata, "tensor_order": json.dumps(names)})
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_atomic(path, data)
 
 
 def load_safetensors(path: str) -> tuple[list[np.ndarray], dict[str, str]]:
@@ -108,13 +127,15 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
     file is missing or refused). Never raises for one node's bad file."""
     models_dir = os.path.join(run_dir, "models")
     os.makedirs(models_dir, exist_ok=True)
+    if os.path.islink(models_dir) or not os.path.isdir(models_dir):
+        raise ModelFileError(f"{models_dir} is not a directory of the run (a link?); refused")
     test_sets: dict[tuple[str, int, int], Any] = {}
     out: dict[str, dict[str, Any]] = {}
     for node in sorted(structure):
         entry: dict[str, Any] = {"global_accuracy": None, "global_loss": None, "model": None, "error": None}
         out[node] = entry
         try:
-            arrays = read_weights_file(weights_path(workdir, node, run_id), max_bytes)
+            arrays = read_weights_file(weights_path(workdir, node, run_id), max_bytes, root=workdir)
             if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
                 raise ModelFileError(f"{node}: the final weights hold NaN or infinite values")
             model_conf = dict(structure[node].get("model") or {})

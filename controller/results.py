@@ -113,9 +113,13 @@ def traffic_rows(events: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]
 
 # writing ---------------------------------------------------------------------------------------
 def write_atomic(path: str, data: bytes) -> None:
-    """``data`` to ``path`` through a temporary file renamed over it."""
+    """``data`` to ``path`` through a temporary file renamed over it. The temporary file is
+    created new (``O_EXCL | O_NOFOLLOW``): a link planted in its place is not followed."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
+    if os.path.lexists(tmp):
+        os.unlink(tmp)  # a leftover (or a planted link: unlink removes the link itself)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -266,9 +270,10 @@ def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", r
                 _finish_axes(ax, x_label, metric, x_key == "round", legend=True)
             path = os.path.join(run_dir, f"{metric}_vs_{suffix}.png")
             fig.tight_layout()
-            fig.savefig(path + ".tmp.png", dpi=100)
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=100)
             plt.close(fig)
-            os.replace(path + ".tmp.png", path)
+            write_atomic(path, png.getvalue())
             written.append(path)
     return {"plots": written, "mode": mode}
 

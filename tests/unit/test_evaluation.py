@@ -82,11 +82,13 @@ def test_bad_weight_files_are_refused_one_node_at_a_time(tmp_path, digits):
     link_dir.mkdir(parents=True)
     os.symlink(tmp_path / "dml_file" / "node" / "good" / f"{RUN}.weights", link_dir / f"{RUN}.weights")
     structure["linked"] = structure["good"]
+    os.symlink(tmp_path / "dml_file" / "node" / "good", tmp_path / "dml_file" / "node" / "dirlink")
+    structure["dirlink"] = structure["good"]  # a linked directory on the way is not followed either
     out = evaluate.final_models(str(tmp_path), run_dir, RUN, structure, dconfs, max_bytes=len(good))
     assert out["good"]["error"] is None and out["good"]["global_accuracy"] > 0.5
     for node, words in {"truncated": "runs past the end", "garbage": "not a valid weights file",
                         "header_lies": "does not fit", "shape": "do not fit the model", "nan": "NaN",
-                        "missing": "no final weights", "linked": "symbolic link"}.items():
+                        "missing": "no final weights", "linked": "symbolic link", "dirlink": "symbolic link"}.items():
         assert words in (out[node]["error"] or ""), (node, out[node])
         assert out[node]["model"] is None and out[node]["global_accuracy"] is None
     assert sorted(os.listdir(os.path.join(run_dir, "models"))) == ["good.safetensors"]

@@ -124,3 +124,16 @@ def test_files_are_written_atomically(tmp_path):
     _events(tmp_path, "a", 2)
     results.build(str(tmp_path), 100.0, "gossip", {})
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_a_planted_link_is_not_followed(tmp_path):
+    _events(tmp_path, "a", 2)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    import os
+
+    os.symlink(outside, tmp_path / f"metrics.csv.tmp{os.getpid()}")
+    os.symlink(outside, tmp_path / f"accuracy_vs_round.png.tmp{os.getpid()}")
+    results.build(str(tmp_path), 100.0, "gossip", {})
+    assert outside.read_text() == "keep" and not (tmp_path / "metrics.csv").is_symlink()
+    assert (tmp_path / "metrics.csv").read_text().startswith("run_id,algorithm,node")
