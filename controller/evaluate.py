@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from controller.results import write_atomic
+from controller.results import Writer, local_writer, write_atomic
 from dml_app import weights as wire
 from dml_app.models import load_global_test, make_model
 from worker.errors import ConfigError
@@ -94,14 +94,18 @@ def tensor_names(arrays: list[np.ndarray]) -> list[str]:
     return [f"arrays.{i}" for i in range(len(arrays))]
 
 
-def save_safetensors(path: str, arrays: list[np.ndarray], metadata: dict[str, str]) -> None:
-    """``arrays`` as a safetensors file (names from ``tensor_names``; order kept in metadata), atomically."""
+def safetensors_bytes(arrays: list[np.ndarray], metadata: dict[str, str]) -> bytes:
+    """``arrays`` as a safetensors file (names from ``tensor_names``; their order in metadata)."""
     from safetensors.numpy import save
 
     names = tensor_names(arrays)
-    data = save({n: np.ascontiguousarray(a) for n, a in zip(names, arrays)},
+    return save({n: np.ascontiguousarray(a) for n, a in zip(names, arrays)},
                 metadata={**metadata, "tensor_order": json.dumps(names)})
-    write_atomic(path, data)
+
+
+def save_safetensors(path: str, arrays: list[np.ndarray], metadata: dict[str, str]) -> None:
+    """``safetensors_bytes`` written to ``path`` atomically."""
+    write_atomic(path, safetensors_bytes(arrays, metadata))
 
 
 def load_safetensors(path: str) -> tuple[list[np.ndarray], dict[str, str]]:
@@ -115,8 +119,8 @@ def load_safetensors(path: str) -> tuple[list[np.ndarray], dict[str, str]]:
 
 
 def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, dict[str, Any]],
-                 dataset_confs: dict[str, dict[str, Any]], max_bytes: int = MAX_WEIGHTS_BYTES
-                 ) -> dict[str, dict[str, Any]]:
+                 dataset_confs: dict[str, dict[str, Any]], max_bytes: int = MAX_WEIGHTS_BYTES,
+                 write: Optional[Writer] = None) -> dict[str, dict[str, Any]]:
     """Evaluate and save every node's final model.
 
     ``structure``: each node's structure conf (its ``model`` entry builds the model);
@@ -124,11 +128,9 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
     global set's path relative to ``workdir``). Returns, per node of ``structure``:
     ``{"global_accuracy", "global_loss", "model": <safetensors path>, "error"}`` (accuracy
     and loss None without a global set; ``model`` None and ``error`` set when the node's
-    file is missing or refused). Never raises for one node's bad file."""
-    models_dir = os.path.join(run_dir, "models")
-    os.makedirs(models_dir, exist_ok=True)
-    if os.path.islink(models_dir) or not os.path.isdir(models_dir):
-        raise ModelFileError(f"{models_dir} is not a directory of the run (a link?); refused")
+    file is missing or refused). Never raises for one node's bad file. ``write`` (relative
+    path, bytes) writes ``models/<node>.safetensors``; by default into ``run_dir``."""
+    write = write or local_writer(run_dir)
     test_sets: dict[tuple[str, int, int], Any] = {}
     out: dict[str, dict[str, Any]] = {}
     for node in sorted(structure):
@@ -149,12 +151,11 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
                 model.set_weights(arrays)
             except ValueError as e:
                 raise ModelFileError(f"{node}: the final weights do not fit the model of its conf: {e}") from None
-            path = os.path.join(models_dir, f"{node}.safetensors")
-            save_safetensors(path, arrays, {"format": "edgetb-mlp", "node": node, "run_id": run_id,
-                                            "sizes": json.dumps([n_features, *(int(a.shape[1]) for a in arrays[::2]
-                                                                               if a.ndim == 2)]),
-                                            "model": json.dumps(model_conf)})
-            entry["model"] = path
+            relative = f"models/{node}.safetensors"
+            sizes = [n_features, *(int(a.shape[1]) for a in arrays[::2] if a.ndim == 2)]
+            write(relative, safetensors_bytes(arrays, {"format": "edgetb-mlp", "node": node, "run_id": run_id,
+                                                       "sizes": json.dumps(sizes), "model": json.dumps(model_conf)}))
+            entry["model"] = os.path.join(run_dir, relative)
             if dconf.get("global_test"):
                 key = (str(dconf["global_test"]), n_features, n_classes)
                 if key not in test_sets:

@@ -23,9 +23,10 @@ import io
 import math
 import os
 import statistics
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from dml_app.events import read_events
+from worker.errors import ConfigError
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
@@ -126,16 +127,39 @@ def write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def write_csv(path: str, columns: list[str], rows: Iterable[dict[str, Any]]) -> None:
+Writer = Callable[[str, bytes], Any]  # writes bytes to a path relative to the run directory
+
+
+def local_writer(run_dir: str) -> Writer:
+    """A Writer into ``run_dir``: subdirectories made as needed (a link in their place is
+    refused), files written with ``write_atomic``. A caller holding the run directory open
+    (writing beneath it with ``openat``) passes its own Writer instead."""
+    def write(relative: str, data: bytes) -> str:
+        parts = relative.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise ConfigError(f"{relative!r} is not a plain path inside the run directory")
+        directory = run_dir
+        for part in parts[:-1]:
+            directory = os.path.join(directory, part)
+            if os.path.islink(directory):
+                raise ConfigError(f"{directory} is a link; refused")
+            os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, parts[-1])
+        write_atomic(path, data)
+        return path
+    return write
+
+
+def csv_bytes(columns: list[str], rows: Iterable[dict[str, Any]]) -> bytes:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    write_atomic(path, out.getvalue().encode())
+    return out.getvalue().encode()
 
 
 def write_metrics(path: str, rows: list[dict[str, Any]]) -> None:
-    write_csv(path, METRIC_COLUMNS, rows)
+    write_atomic(path, csv_bytes(METRIC_COLUMNS, rows))
 
 
 # plots ------------------------------------------------------------------------------------------
@@ -222,7 +246,8 @@ def _layer_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", run_id: str = "") -> dict[str, Any]:
+def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", run_id: str = "",
+                write: Optional[Writer] = None) -> dict[str, Any]:
     """Accuracy and loss against round and time (PNG). Global accuracy and loss when the
     run has a global test set, else the local ones. Ring all-reduce: one curve of the shared
     model plus per-node training loss; E-tree: one panel per layer. Returns
@@ -232,6 +257,7 @@ def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", r
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    write = write or local_writer(run_dir)
     has_global = any(r["global_accuracy"] is not None for r in rows)
     acc_key, loss_key = ("global_accuracy", "global_loss") if has_global else ("accuracy", "loss")
     scope = "global test set" if has_global else "local test shard"
@@ -268,13 +294,13 @@ def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", r
                     _draw(ax, rows, x_key, key)
                 ax.set_title(title, fontsize="medium")
                 _finish_axes(ax, x_label, metric, x_key == "round", legend=True)
-            path = os.path.join(run_dir, f"{metric}_vs_{suffix}.png")
+            name = f"{metric}_vs_{suffix}.png"
             fig.tight_layout()
             png = io.BytesIO()
             fig.savefig(png, format="png", dpi=100)
             plt.close(fig)
-            write_atomic(path, png.getvalue())
-            written.append(path)
+            write(name, png.getvalue())
+            written.append(os.path.join(run_dir, name))
     return {"plots": written, "mode": mode}
 
 
@@ -341,20 +367,22 @@ def accuracy_overview(nodes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
-          final: Optional[dict[str, dict[str, Any]]] = None) -> dict[str, Any]:
+          final: Optional[dict[str, dict[str, Any]]] = None, write: Optional[Writer] = None) -> dict[str, Any]:
     """Write metrics.csv, traffic.csv and the plots of a run directory; return the summary.
 
     ``endings`` maps each node to how it ended (``done``, ``stopped``, ``failed: <why>``,
     ``timeout``, ``lost``); a node missing there is judged by its own events. ``final`` is
-    what ``controller.evaluate.final_models`` returned (the final models on the global set)."""
+    what ``controller.evaluate.final_models`` returned (the final models on the global set).
+    ``write`` (relative path, bytes) writes each file; by default ``local_writer(run_dir)``."""
     events = read_run_events(run_dir)
     rows = metric_rows(events, t_start, algorithm)
     run_id = next((r["run_id"] for r in rows if r["run_id"]), os.path.basename(os.path.normpath(run_dir)))
     metrics_path = os.path.join(run_dir, "metrics.csv")
     traffic_path = os.path.join(run_dir, "traffic.csv")
-    write_metrics(metrics_path, rows)
-    write_csv(traffic_path, TRAFFIC_COLUMNS, traffic_rows(events))
-    plotted = write_plots(run_dir, rows, algorithm, run_id) if rows else {"plots": [], "mode": None}
+    write = write or local_writer(run_dir)
+    write("metrics.csv", csv_bytes(METRIC_COLUMNS, rows))
+    write("traffic.csv", csv_bytes(TRAFFIC_COLUMNS, traffic_rows(events)))
+    plotted = write_plots(run_dir, rows, algorithm, run_id, write) if rows else {"plots": [], "mode": None}
     nodes = summary(events, endings, final)
     return {"algorithm": algorithm, "nodes": nodes, "accuracy": accuracy_overview(nodes), "metrics": metrics_path,
             "traffic": traffic_path, "plots": plotted["plots"], "plot_mode": plotted["mode"],

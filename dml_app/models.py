@@ -14,7 +14,7 @@ import numpy as np
 
 from dml_app.model_numpy import NumpyMLP
 
-MAX_GLOBAL_TEST_SAMPLES = 100_000  # a global test set is a capped sample: more is a mistake
+MAX_GLOBAL_TEST_SAMPLES = 1_000_000  # the upper bound of a dataset file's global_test_size
 
 
 def make_model(conf: dict[str, Any], n_features: int, n_classes: int) -> Any:

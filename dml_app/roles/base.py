@@ -163,7 +163,9 @@ class Role:
 
     def record_round(self, round_no: int, t_start: float, trained: dict[str, float], loss: float, accuracy: float,
                      send_s: float, received: int, **extra: Any) -> dict[str, Any]:
-        """Write a ``round`` event (with this round's traffic) and a progress line."""
+        """Write a ``round`` event (with this round's traffic and, when the node has a global
+        test set, this thread's last ``evaluate`` on it) and report progress (E-tree: the
+        round on the event's ``layer``)."""
         with self._traffic_lock:
             sent_to, recv_from = self.traffic.take()
         global_loss, global_accuracy = self.__dict__.get("_global_eval", {}).pop(threading.get_ident(), (None, None))
@@ -174,12 +176,19 @@ class Role:
             train_loss=None if trained["loss"] != trained["loss"] else trained["loss"], train_s=trained["train_s"],
             send_s=send_s, bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
             sent_to=sent_to, recv_from=recv_from, received_models=received, **extra)
-        if global_accuracy is None:
-            message = f"round {round_no}/{self.rounds}: accuracy {accuracy:.3f} loss {loss:.3f}"
+        layer = extra.get("layer")
+        if isinstance(layer, int):  # E-tree: rounds are counted per layer
+            per_layer = self.__dict__.setdefault("_layer_rounds", {})
+            per_layer[layer] = shown = per_layer.get(layer, 0) + 1
+            where = f"layer {layer} round {shown}"
         else:
-            message = (f"round {round_no}/{self.rounds}: global accuracy {global_accuracy:.3f} loss {global_loss:.3f}"
-                       f" (local {accuracy:.3f})")
-        self.ctx.progress(message, round=round_no, accuracy=accuracy, global_accuracy=global_accuracy)
+            layer, shown, where = None, round_no, f"round {round_no}/{self.rounds}"
+        if global_accuracy is None:
+            message = f"{where}: accuracy {accuracy:.3f} loss {loss:.3f}"
+        else:
+            message = f"{where}: global accuracy {global_accuracy:.3f} loss {global_loss:.3f} (local {accuracy:.3f})"
+        self.ctx.progress(message, round=shown, layer=layer, accuracy=accuracy, global_accuracy=global_accuracy,
+                          bytes_sent=event["bytes_sent"])
         return event
 
     def result(self, last: dict[str, Any]) -> dict[str, Any]:

@@ -147,6 +147,12 @@ def test_round_events_carry_global_accuracy(tmp_path, digits):
     assert first["global_accuracy"] == g_acc and first["global_loss"] == g_loss and first["accuracy"] == accuracy
     assert second["global_accuracy"] is None and second["global_loss"] is None
     assert "global accuracy" in lines[0][0] and lines[0][1]["global_accuracy"] == g_acc
+    assert lines[0][1]["layer"] is None and lines[0][1]["round"] == 1 and lines[0][1]["bytes_sent"] == 0
+    for _ in range(2):  # E-tree: progress counts rounds per layer (the event keeps the node's counter)
+        role.record_round(role.round_events + 1, 0.0, {"loss": 0.5, "train_s": 0.1}, *role.evaluate(), 0.0, 0,
+                          layer=2)
+    assert lines[-1][0].startswith("layer 2 round 2:") and lines[-1][1]["round"] == 2 and lines[-1][1]["layer"] == 2
+    assert [e["round"] for e in read_events(events.path) if e.get("layer") == 2] == [3, 4]
 
 
 def test_the_wire_format_is_safetensors_both_ways(digits):

@@ -137,3 +137,31 @@ def test_a_planted_link_is_not_followed(tmp_path):
     results.build(str(tmp_path), 100.0, "gossip", {})
     assert outside.read_text() == "keep" and not (tmp_path / "metrics.csv").is_symlink()
     assert (tmp_path / "metrics.csv").read_text().startswith("run_id,algorithm,node")
+
+
+def test_a_callers_writer_gets_every_file(tmp_path):
+    _events(tmp_path, "a", 2)
+    got = {}
+    built = results.build(str(tmp_path), 100.0, "gossip", {}, write=lambda rel, data: got.__setitem__(rel, data))
+    assert sorted(got) == ["accuracy_vs_round.png", "accuracy_vs_time.png", "loss_vs_round.png", "loss_vs_time.png",
+                           "metrics.csv", "traffic.csv"]
+    assert got["metrics.csv"].startswith(b"run_id,algorithm,node,role,layer,round")
+    assert not (tmp_path / "metrics.csv").exists() and built["metrics"] == str(tmp_path / "metrics.csv")
+
+
+def test_local_writer_stays_in_the_run_dir(tmp_path):
+    import os
+
+    write = results.local_writer(str(tmp_path))
+    assert write("models/x.bin", b"1") == str(tmp_path / "models" / "x.bin")
+    for bad in ("../x", "/etc/x", "models/../../x", "a//b"):
+        with pytest.raises(results.ConfigError, match="plain path"):
+            write(bad, b"")
+    os.symlink(tmp_path / "models", tmp_path / "linked")
+    with pytest.raises(results.ConfigError, match="link"):
+        write("linked/y.bin", b"")
+
+
+def test_algorithm_of_roles():
+    assert results.algorithm_of(["fl_aggregator", "fl_trainer"]) == "fl"
+    assert results.algorithm_of(["gossip"] * 3) == "gossip" and results.algorithm_of(["ring", "etree"]) == "etree+ring"
