@@ -196,8 +196,8 @@ def main() -> int:
     print(f"numpy {np.__version__}, safetensors {safetensors.__version__}, Python {sys.version.split()[0]}\n")
     print(table(["model", "parameters", "codec", "message bytes", "encode ms", "decode ms"], speed(args.repeat)))
     print()
-    print(table(["codec", "import adds RSS MiB", "8 M message MiB", "decode: peak RSS growth MiB", "decode: RSS kept MiB",
-                 "encode: peak RSS growth MiB"], memory()))
+    print(table(["codec", "import adds RSS MiB", "8 M message MiB", "decode: peak RSS growth MiB",
+                 "decode: RSS kept MiB", "encode: peak RSS growth MiB"], memory()))
     return 0
 
 

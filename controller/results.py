@@ -178,7 +178,11 @@ def aggregate(series: dict[str, list[tuple[float, float]]]) -> list[dict[str, fl
     out = []
     for x in sorted(by_x):
         ys = sorted(by_x[x])
-        q1, q3 = (statistics.quantiles(ys, n=4, method="inclusive")[i] for i in (0, 2)) if len(ys) > 1 else (ys[0], ys[0])
+        if len(ys) > 1:
+            quartiles = statistics.quantiles(ys, n=4, method="inclusive")
+            q1, q3 = quartiles[0], quartiles[2]
+        else:
+            q1 = q3 = ys[0]
         out.append({"x": x, "median": statistics.median(ys), "q1": q1, "q3": q3, "min": ys[0], "max": ys[-1],
                     "n": len(ys)})
     return out
@@ -338,7 +342,8 @@ def summary(events: dict[str, list[dict[str, Any]]], endings: Optional[dict[str,
         last = rounds[-1] if rounds else {}
         counted = rounds + [e for e in node_events if e.get("type") == "done"]  # done: traffic after the last round
         mine = final.get(node, {})
-        entry = {"node": node, "role": role_of(node_events), "ended": endings.get(node) or ending_from_events(node_events),
+        ended = endings.get(node) or ending_from_events(node_events)
+        entry = {"node": node, "role": role_of(node_events), "ended": ended,
                  "rounds": len(rounds), "accuracy": _number(last.get("accuracy")), "loss": _number(last.get("loss")),
                  "global_accuracy": _number(last.get("global_accuracy")),
                  "global_loss": _number(last.get("global_loss")),

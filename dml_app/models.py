@@ -51,7 +51,8 @@ def load_global_test(path: str, n_features: int, n_classes: int) -> tuple[np.nda
         raise ValueError(f"global test set {path}: {x.shape[1]} features, the model takes {n_features}")
     y = y.astype(np.int64)
     if y.min() < 0 or y.max() >= n_classes:
-        raise ValueError(f"global test set {path}: labels {int(y.min())}..{int(y.max())}, the model has {n_classes} classes")
+        raise ValueError(f"global test set {path}: labels {int(y.min())}..{int(y.max())}, "
+                         f"the model has {n_classes} classes")
     return x, y
 
 

@@ -86,7 +86,8 @@ def decode(data: bytes) -> tuple[list[np.ndarray], dict[str, Any]]:
         version = info.get("version") if isinstance(info, dict) else None
         raise WeightsFormatError(f"not an {FORMAT} message of version {WIRE_VERSION} (version {version!r})")
     if len(header) > MAX_ARRAYS or set(header) != {_name(i) for i in range(len(header))}:
-        raise WeightsFormatError(f"arrays must be named 0000.. in order, at most {MAX_ARRAYS}; got {sorted(header)[:5]}")
+        raise WeightsFormatError(f"arrays must be named 0000.. in order, at most {MAX_ARRAYS}; "
+                                 f"got {sorted(header)[:5]}")
     base, size = 8 + hlen, len(view) - 8 - hlen
     specs = []
     for i in range(len(header)):

@@ -33,8 +33,8 @@ def test_build_writes_metrics_traffic_plots_and_summary(tmp_path):
                           final={"a": {"global_accuracy": 0.91, "global_loss": 0.3, "model": "m/a.safetensors"}})
     rows = list(csv.DictReader(open(built["metrics"])))
     assert list(rows[0]) == results.METRIC_COLUMNS
-    assert [(r["node"], r["round"], r["time_s"]) for r in rows] == [("a", "1", "1.0"), ("a", "2", "2.0"),
-                                                                    ("a", "3", "3.0"), ("b", "1", "1.0"), ("b", "2", "2.0")]
+    assert [(r["node"], r["round"], r["time_s"]) for r in rows] == [
+        ("a", "1", "1.0"), ("a", "2", "2.0"), ("a", "3", "3.0"), ("b", "1", "1.0"), ("b", "2", "2.0")]
     assert {r["algorithm"] for r in rows} == {"gossip"} and {r["role"] for r in rows} == {"gossip"}
     assert rows[2]["global_accuracy"] == "0.65" and rows[2]["accuracy"] == "0.8" and rows[0]["layer"] == ""
     assert len(built["plots"]) == 4 and all((tmp_path / p).exists() for p in built["plots"])
