@@ -13,7 +13,9 @@ its ``round`` events. Files are written atomically (a temporary file renamed).
   node, round, next-hop peer and direction (``sent``/``recv``); an empty round
   is traffic after the node's last round (answers sent once it was recorded).
 - plots: ``accuracy_vs_round.png``, ``accuracy_vs_time.png``,
-  ``loss_vs_round.png``, ``loss_vs_time.png``.
+  ``loss_vs_round.png``, ``loss_vs_time.png`` (global metrics when the run has
+  a global test set); ``models/<node>.safetensors`` comes from
+  ``controller.evaluate.final_models``.
 """
 from __future__ import annotations
 
