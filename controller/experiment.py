@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import requests
 
-from controller import deploy, node_auth, results, run_record
+from controller import deploy, evaluate, node_auth, results, run_record
 from controller.agent_client import Worker
 from controller.progress import Progress
 from controller.safe_fs import RunDir
@@ -414,14 +414,22 @@ class Experiment:
             self.ended = how
             self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
             endings = {n.name: n.ending for n in self.nodes.values()}
-            built = results.build(self.run_dir, self.t_start or time.time())
+            dataset_confs: dict[str, Any] = {}
+            for n in self.nodes:
+                try:
+                    dataset_confs[n] = self._conf(n, "dataset")
+                except ConfigError:
+                    dataset_confs[n] = {}
+            final = evaluate.final_models(self.workdir, self.run_dir, self.run_id, self.structure, dataset_confs,
+                                          write=self.out.write_bytes)
+            built = results.build(self.run_dir, self.t_start or time.time(), self.algorithm, endings, final,
+                                  write=self.out.write_bytes)
             for row in built.get("nodes", []):
                 node = self.nodes.get(row.get("node"))
                 if node is not None:
                     node.round = int(row.get("rounds", node.round))
-                    row["ended"] = node.ending
-            self.summary = {"run_id": self.run_id, "run_dir": self.run_dir, "algorithm": self.algorithm,
-                            "ended": how, "endings": endings, **built}
+            self.summary = {"run_id": self.run_id, "run_dir": self.run_dir, "ended": how, "endings": endings,
+                            **built}
             self._write_json("summary.json", self.summary)
             self.record.update(ended=how, ended_at=time.time(), detail=self.error, nodes=endings)
             self._write_record()

@@ -3,11 +3,14 @@
 Every event has ``v`` (format version), ``run_id``, ``node``, ``type`` and ``t``
 (Unix seconds). Types so far:
 
-- ``round``: round, t_start, t_end, loss, accuracy, train_s, send_s,
-  bytes_sent / bytes_recv (totals of the round) and per-peer maps
-  ``sent_to`` / ``recv_from`` {peer: bytes};
+- ``round``: round, t_start, t_end, loss, accuracy (on the node's own test
+  shard), global_loss, global_accuracy (on the run's common global test set;
+  null without one), train_loss, train_s, send_s, bytes_sent / bytes_recv
+  (totals of the round), per-peer maps ``sent_to`` / ``recv_from``
+  {peer: bytes}, and ``layer`` for E-tree;
 - ``send_failed``: round, peer, error;
-- ``started``, ``done``, ``failed``: lifecycle, with a ``detail`` where useful.
+- ``started`` (with the node's ``role``), ``done``, ``failed``: lifecycle, with a
+  ``detail`` where useful.
 
 New kinds (telemetry samples, link changes, faults) add types; readers ignore
 types they do not know.

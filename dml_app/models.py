@@ -14,6 +14,8 @@ import numpy as np
 
 from dml_app.model_numpy import NumpyMLP
 
+MAX_GLOBAL_TEST_SAMPLES = 1_000_000  # the upper bound of a dataset file's global_test_size
+
 
 def make_model(conf: dict[str, Any], n_features: int, n_classes: int) -> Any:
     kind = conf.get("kind", "numpy")
@@ -25,6 +27,33 @@ def make_model(conf: dict[str, Any], n_features: int, n_classes: int) -> Any:
     if kind == "tf":
         return KerasMLP(sizes, lr, seed)
     raise ValueError(f"unknown model kind {kind!r}: use numpy or tf")
+
+
+def load_global_test(path: str, n_features: int, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The run's global test set: an npz (no pickle) with ``x`` (samples x features, float)
+    and ``y`` (class labels). Anything that does not fit the model raises ValueError."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            files = sorted(f.files)
+            x = f["x"] if "x" in files else None
+            y = f["y"] if "y" in files else None
+    except Exception as e:  # missing, not an npz, a pickled array (refused), a corrupt member
+        raise ValueError(f"global test set {path}: cannot be read: {type(e).__name__}: {e}") from None
+    if x is None or y is None:
+        raise ValueError(f"global test set {path}: needs arrays x and y, has {files}")
+    if len(x) != len(y) or not 0 < len(y) <= MAX_GLOBAL_TEST_SAMPLES:
+        raise ValueError(f"global test set {path}: {len(x)} samples of x and {len(y)} of y "
+                         f"(1 to {MAX_GLOBAL_TEST_SAMPLES} expected, the same count)")
+    if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu":
+        raise ValueError(f"global test set {path}: x must be numbers and y integer labels, got {x.dtype} and {y.dtype}")
+    x = x.reshape(len(x), -1).astype(np.float32)
+    if x.shape[1] != n_features:
+        raise ValueError(f"global test set {path}: {x.shape[1]} features, the model takes {n_features}")
+    y = y.astype(np.int64)
+    if y.min() < 0 or y.max() >= n_classes:
+        raise ValueError(f"global test set {path}: labels {int(y.min())}..{int(y.max())}, "
+                         f"the model has {n_classes} classes")
+    return x, y
 
 
 class KerasMLP:

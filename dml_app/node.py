@@ -152,10 +152,20 @@ class NodeService:
                 raise HttpError(409, "not_ready", "the node needs its dataset and structure confs first")
             with np.load(confined(self.workdir, self.dataset_conf["shard"]), allow_pickle=False) as shard:
                 data = (shard["x_train"], shard["y_train"], shard["x_test"], shard["y_test"])
-            model = make_model(self.structure_conf.get("model", {}), n_features=int(np.prod(data[0].shape[1:])),
-                               n_classes=int(self.dataset_conf.get("n_classes", int(data[1].max()) + 1)))
+            n_features = int(np.prod(data[0].shape[1:]))
+            n_classes = int(self.dataset_conf.get("n_classes", int(data[1].max()) + 1))
+            model = make_model(self.structure_conf.get("model", {}), n_features=n_features, n_classes=n_classes)
+            global_test = None
+            if self.dataset_conf.get("global_test"):  # the run's common test set, the same for every node
+                from dml_app.models import load_global_test
+
+                try:
+                    global_test = load_global_test(confined(self.workdir, str(self.dataset_conf["global_test"])),
+                                                   n_features, n_classes)
+                except ValueError as e:
+                    raise HttpError(400, "bad_conf", str(e)) from None
             ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress,
-                          self.port, auth=self.auth)
+                          self.port, auth=self.auth, global_test=global_test)
             self.role = ROLES[self.structure_conf["role"]](ctx)
             self.role_ready.set()
             self.state = "prepared"

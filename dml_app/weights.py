@@ -1,23 +1,34 @@
-"""Model weights on the wire: a JSON header and the raw array buffers, never pickle.
+"""Model weights on the wire, in the safetensors layout: never pickle.
 
-Layout: 4-byte big-endian header length, the UTF-8 JSON header, then each
-array's bytes (C order, little-endian) one after another::
+A message is a safetensors buffer (the format of the ``safetensors`` package,
+loadable by the ecosystem's tools): an 8-byte little-endian header length,
+a UTF-8 JSON header padded with spaces to 8 bytes, then the arrays' bytes (C
+order, little-endian)::
 
-    {"version": 1, "meta": {...}, "arrays": [{"dtype": "<f4", "shape": [64, 32]}, ...]}
+    {"__metadata__": {"format": "edgetb-weights", "version": "2", "meta": "{\\"from\\": \\"n1\\", ...}"},
+     "0000": {"dtype": "F32", "shape": [64, 32], "data_offsets": [0, 8192]}, "0001": ...}
 
-Only plain numeric dtypes are accepted, and sizes are checked against the
-buffer before any array is made.
+Arrays are named by their position (``0000``, ``0001``, ...); ``meta`` (a small
+JSON object: sender, round, samples...) travels as one JSON string, since
+safetensors metadata holds strings only. This module reads and writes the
+layout with numpy alone: a node does not import the ``safetensors`` package
+(its extension would add about 0.9 MiB to every node's memory; see
+BENCHMARKS.md). Only plain numeric dtypes are accepted, and every size and
+offset is checked against the buffer before any array is made.
 """
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any, Sequence
 
 import numpy as np
 
-WIRE_VERSION = 1
-ALLOWED_DTYPES = {"<f4", "<f8", "<f2", "<i4", "<i8", "|u1", "|i1"}
+WIRE_VERSION = 2
+FORMAT = "edgetb-weights"
+ALLOWED_DTYPES = {"<f4": "F32", "<f8": "F64", "<f2": "F16", "<i4": "I32", "<i8": "I64", "|u1": "U8", "|i1": "I8"}
+NUMPY_DTYPES = {name: np.dtype(code) for code, name in ALLOWED_DTYPES.items()}
 MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAYS = 4096
 CONTENT_TYPE = "application/x-edgetb-weights"
@@ -27,58 +38,87 @@ class WeightsFormatError(ValueError):
     """The bytes are not a valid weights message."""
 
 
+def _name(i: int) -> str:
+    return f"{i:04d}"
+
+
 def encode(arrays: Sequence[np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
-    """Pack arrays (and a small JSON-able ``meta``) into one buffer."""
-    specs, buffers = [], []
-    for a in arrays:
+    """Pack arrays (and a small JSON-able ``meta``) into one safetensors buffer."""
+    if len(arrays) > MAX_ARRAYS:
+        raise WeightsFormatError(f"{len(arrays)} arrays, at most {MAX_ARRAYS} can be sent")
+    header: dict[str, Any] = {"__metadata__": {"format": FORMAT, "version": str(WIRE_VERSION),
+                                               "meta": json.dumps(meta or {}, separators=(",", ":"))}}
+    buffers: list[np.ndarray] = []
+    offset = 0
+    for i, a in enumerate(arrays):
         a = np.asarray(a)
         if not a.flags.c_contiguous:
             a = a.copy(order="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
-        dtype = a.dtype.str
-        if dtype not in ALLOWED_DTYPES:
-            raise WeightsFormatError(f"dtype {dtype} cannot be sent")
-        specs.append({"dtype": dtype, "shape": list(a.shape)})
-        buffers.append(a.tobytes())
-    header = json.dumps({"version": WIRE_VERSION, "meta": meta or {}, "arrays": specs}).encode()
-    return struct.pack(">I", len(header)) + header + b"".join(buffers)
+        if a.dtype.str not in ALLOWED_DTYPES:
+            raise WeightsFormatError(f"dtype {a.dtype.str} cannot be sent")
+        header[_name(i)] = {"dtype": ALLOWED_DTYPES[a.dtype.str], "shape": list(a.shape),
+                            "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+        buffers.append(a.reshape(-1).view(np.uint8))  # a view: the one copy is the join below
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return b"".join([struct.pack("<Q", len(raw)), raw, *buffers])
 
 
 def decode(data: bytes) -> tuple[list[np.ndarray], dict[str, Any]]:
     """Unpack a buffer made by ``encode``; anything malformed raises WeightsFormatError."""
     view = memoryview(data)
-    if len(view) < 4:
+    if len(view) < 8:
         raise WeightsFormatError("message shorter than its length prefix")
-    (hlen,) = struct.unpack(">I", view[:4])
-    if hlen > MAX_HEADER_BYTES or 4 + hlen > len(view):
+    (hlen,) = struct.unpack("<Q", view[:8])
+    if hlen > MAX_HEADER_BYTES or 8 + hlen > len(view):
         raise WeightsFormatError(f"header length {hlen} does not fit the message")
     try:
-        header = json.loads(bytes(view[4:4 + hlen]))
+        header = json.loads(bytes(view[8:8 + hlen]))
     except ValueError as e:
         raise WeightsFormatError(f"header is not JSON: {e}") from None
-    if not isinstance(header, dict) or header.get("version") != WIRE_VERSION:
-        raise WeightsFormatError(f"unsupported weights version {header.get('version') if isinstance(header, dict) else header!r}")
-    specs = header.get("arrays")
-    if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
-        raise WeightsFormatError("header has no valid array list")
-    arrays, offset = [], 4 + hlen
-    for i, spec in enumerate(specs):
+    if not isinstance(header, dict):
+        raise WeightsFormatError("header is not a JSON object")
+    info = header.pop("__metadata__", None)
+    if not isinstance(info, dict) or info.get("format") != FORMAT or info.get("version") != str(WIRE_VERSION):
+        version = info.get("version") if isinstance(info, dict) else None
+        raise WeightsFormatError(f"not an {FORMAT} message of version {WIRE_VERSION} (version {version!r})")
+    if len(header) > MAX_ARRAYS or set(header) != {_name(i) for i in range(len(header))}:
+        raise WeightsFormatError(f"arrays must be named 0000.. in order, at most {MAX_ARRAYS}; "
+                                 f"got {sorted(header)[:5]}")
+    base, size = 8 + hlen, len(view) - 8 - hlen
+    specs = []
+    for i in range(len(header)):
+        spec = header[_name(i)]
         try:
-            dtype = np.dtype(spec["dtype"])
-            shape = tuple(int(d) for d in spec["shape"])
+            dtype = NUMPY_DTYPES[spec["dtype"]]
+            shape = tuple(spec["shape"])
+            start, end = spec["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise WeightsFormatError(f"array {i} has a bad spec: {spec!r}") from None
-        if spec["dtype"] not in ALLOWED_DTYPES or any(d < 0 for d in shape):
-            raise WeightsFormatError(f"array {i}: dtype {spec['dtype']!r} or shape {shape} not allowed")
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if offset + size > len(view):
+        if not all(type(d) is int and d >= 0 for d in (*shape, start, end)):
+            raise WeightsFormatError(f"array {i}: shape {list(shape)} or offsets [{start}, {end}] not allowed")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if end - start != nbytes:
+            raise WeightsFormatError(f"array {i}: offsets [{start}, {end}] do not hold shape {list(shape)}")
+        if end > size:
             raise WeightsFormatError(f"array {i} runs past the end of the message")
-        arrays.append(np.frombuffer(view[offset:offset + size], dtype=dtype).reshape(shape).copy())
-        offset += size
-    if offset != len(view):
-        raise WeightsFormatError(f"{len(view) - offset} unexpected bytes after the arrays")
-    meta = header.get("meta")
+        specs.append((start, end, dtype, shape))
+    covered = 0  # the data must be covered exactly, without holes or overlaps (as the format demands)
+    for start, end, _, _ in sorted(specs, key=lambda s: (s[0], s[1])):
+        if start != covered:
+            raise WeightsFormatError(f"array data overlaps or leaves a hole at byte {covered}")
+        covered = end
+    if covered != size:
+        raise WeightsFormatError(f"{size - covered} unexpected bytes after the arrays")
+    arrays = [np.frombuffer(view[base + start:base + end], dtype=dtype).reshape(shape).copy()
+              for start, end, dtype, shape in specs]
+    try:
+        meta = json.loads(info.get("meta", "{}"))
+    except (TypeError, ValueError):
+        raise WeightsFormatError("meta is not a JSON string") from None
     return arrays, meta if isinstance(meta, dict) else {}
 
 

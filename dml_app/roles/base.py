@@ -53,6 +53,7 @@ class Context:
     events: EventLog
     progress: Callable[..., None]  # progress(message, round=..., accuracy=...)
     port: int = 4444
+    global_test: Optional[tuple[np.ndarray, np.ndarray]] = None  # the run's common test set (x, y), if any
     stop: threading.Event = field(default_factory=threading.Event)
     auth: Optional[NodeKeys] = None  # signs this node's messages to peers
 
@@ -164,21 +165,42 @@ class Role:
         return self.ctx.model.train(x_train, y_train, self.epochs, self.batch_size)
 
     def evaluate(self) -> tuple[float, float]:
-        return self.ctx.model.evaluate(self.ctx.data[2], self.ctx.data[3])
+        """(loss, accuracy) on the local test shard. With a global test set, the model is
+        evaluated on it too, and this thread's next ``record_round`` reports that."""
+        loss, accuracy = self.ctx.model.evaluate(self.ctx.data[2], self.ctx.data[3])
+        pending = self.__dict__.setdefault("_global_eval", {})  # by thread: E-tree evaluates in several
+        if self.ctx.global_test is not None:
+            pending[threading.get_ident()] = self.ctx.model.evaluate(*self.ctx.global_test)
+        return loss, accuracy
 
     def record_round(self, round_no: int, t_start: float, trained: dict[str, float], loss: float, accuracy: float,
                      send_s: float, received: int, **extra: Any) -> dict[str, Any]:
-        """Write a ``round`` event (with this round's traffic) and a progress line."""
+        """Write a ``round`` event (with this round's traffic and, when the node has a global
+        test set, this thread's last ``evaluate`` on it) and report progress (E-tree: the
+        round on the event's ``layer``)."""
         with self._traffic_lock:
             sent_to, recv_from = self.traffic.take()
+        global_loss, global_accuracy = self.__dict__.get("_global_eval", {}).pop(threading.get_ident(), (None, None))
         self.round_events += 1
         event = self.ctx.events.write(
             "round", round=round_no, t_start=t_start, t_end=time.time(), loss=loss, accuracy=accuracy,
+            global_loss=global_loss, global_accuracy=global_accuracy,
             train_loss=None if trained["loss"] != trained["loss"] else trained["loss"], train_s=trained["train_s"],
             send_s=send_s, bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
             sent_to=sent_to, recv_from=recv_from, received_models=received, **extra)
-        self.ctx.progress(f"round {round_no}/{self.rounds}: accuracy {accuracy:.3f} loss {loss:.3f}",
-                          round=round_no, accuracy=accuracy)
+        layer = extra.get("layer")
+        if isinstance(layer, int):  # E-tree: rounds are counted per layer
+            per_layer = self.__dict__.setdefault("_layer_rounds", {})
+            per_layer[layer] = shown = per_layer.get(layer, 0) + 1
+            where = f"layer {layer} round {shown}"
+        else:
+            layer, shown, where = None, round_no, f"round {round_no}/{self.rounds}"
+        if global_accuracy is None:
+            message = f"{where}: accuracy {accuracy:.3f} loss {loss:.3f}"
+        else:
+            message = f"{where}: global accuracy {global_accuracy:.3f} loss {global_loss:.3f} (local {accuracy:.3f})"
+        self.ctx.progress(message, round=shown, layer=layer, accuracy=accuracy, global_accuracy=global_accuracy,
+                          bytes_sent=event["bytes_sent"])
         return event
 
     def result(self, last: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Federated, E-tree and ring all-reduce learning end to end on netns nodes with shaped links."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from dml_app import weights as wire
 from dml_app.events import read_events
@@ -110,6 +112,12 @@ def test_etree_three_layers_with_relays(run):
     relayed = [e for e in rounds_of(events["n2"]) + [e for e in events["n2"] if e["type"] == "done"]
                if "n3" in e.get("sent_to", {})]
     assert relayed, "n2 relays between n1 and n3, which have no link"
+    assert summary["algorithm"] == "etree" and nodes["n1"]["rounds_by_layer"] == {"1": 10, "2": 10, "3": 5}
+    rows = list(csv.DictReader((Path(summary["run_dir"]) / "metrics.csv").open()))
+    for name, ev in events.items():  # a node's rows are exactly its round events, with their layer
+        assert [(int(r["round"]), int(r["layer"])) for r in rows if r["node"] == name] == \
+            [(e["round"], e["layer"]) for e in rounds_of(ev)], name
+    assert {r["role"] for r in rows} == {"etree"}
 
 
 def test_ring_all_reduce_with_6_nodes(run):
@@ -120,6 +128,10 @@ def test_ring_all_reduce_with_6_nodes(run):
     for node in summary["nodes"]:
         assert node["ended"] == "done" and node["rounds"] == 6 and node["accuracy"] >= 0.85, node
     check_traffic_follows_links(summary, links)
+    assert summary["algorithm"] == "ring" and len(summary["models"]) == 6
+    models = [load_file(path) for path in summary["models"]]  # the members hold one shared model
+    assert all(sorted(m) == sorted(models[0]) and all(np.array_equal(m[k], models[0][k]) for k in m) for m in models)
+    assert len({n["final_global_accuracy"] for n in summary["nodes"]}) == 1
 
 
 def test_ring_all_reduce_leaves_exactly_the_mean(run):
@@ -142,3 +154,6 @@ def test_ring_all_reduce_leaves_exactly_the_mean(run):
         assert [w.shape for w in held] == [w.shape for w in expected]
         error = max(float(np.max(np.abs(h.astype(np.float64) - e))) for h, e in zip(held, expected))
         assert error <= 1e-6, f"{name}: max abs error {error}"
+        saved = load_file(str(Path(summary["run_dir"]) / "models" / f"{name}.safetensors"))
+        assert all(np.array_equal(saved[f"layers.{i // 2}.{'kernel' if i % 2 == 0 else 'bias'}"], h)
+                   for i, h in enumerate(held)), f"{name}: the saved model is the node's final model"

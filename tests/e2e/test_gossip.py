@@ -61,13 +61,28 @@ def test_gossip_through_the_http_workflow(run):
                  "loss_vs_round.png", "loss_vs_time.png"):
         assert (run_dir / name).stat().st_size > 0, name
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
-    assert {"run_id", "node", "round", "time_s", "loss", "accuracy", "bytes_sent", "bytes_recv"} <= set(rows[0])
-    assert len(rows) == 8 * 20
+    assert {"run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy", "global_loss",
+            "global_accuracy", "bytes_sent", "bytes_recv"} <= set(rows[0])
+    assert len(rows) == 8 * 20 and {(r["algorithm"], r["role"]) for r in rows} == {("gossip", "gossip")}
+    traffic = list(csv.DictReader((run_dir / "traffic.csv").open()))
+    assert list(traffic[0]) == ["run_id", "node", "round", "peer", "direction", "bytes"]
+    for node in summary["nodes"]:  # traffic.csv adds up to the summary's totals
+        mine = [t for t in traffic if t["node"] == node["node"]]
+        assert sum(int(t["bytes"]) for t in mine if t["direction"] == "sent") == node["bytes_sent"], node["node"]
+    from safetensors.numpy import load_file
+
+    for node in summary["nodes"]:  # every final model saved in the ecosystem's format
+        assert node["model"] == str(run_dir / "models" / f"{node['node']}.safetensors"), node
+        assert load_file(node["model"])["layers.0.kernel"].shape[0] == 64
+    has_global_set = bool(json.loads((r.workdir / "dml_file" / "conf" / "n1_dataset.json").read_text())
+                          .get("global_test"))
 
     links = json.loads((r.workdir / "links.json").read_text())
     for node in summary["nodes"]:
         assert node["rounds"] == 20 and node["ended"] == "done"
         assert node["accuracy"] >= 0.85, node
+        if has_global_set:  # one common test set: the same samples judge every node
+            assert node["global_accuracy"] >= 0.85 and node["final_global_accuracy"] >= 0.85, node
         allowed = {l["dest"] for l in links[node["node"]]}
         assert set(node["sent_to"]) <= allowed, f"{node['node']} sent to {node['sent_to']}, links only to {allowed}"
         assert node["bytes_sent"] > 0

@@ -21,20 +21,33 @@ def test_weights_round_trip_keeps_dtype_shape_and_meta():
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
 
 
-def _message(header: dict, payload: bytes = b"") -> bytes:
+META = {"format": "edgetb-weights", "version": "2", "meta": "{}"}
+
+
+def _message(tensors: dict, payload: bytes = b"", meta: dict | None = META) -> bytes:
+    header = {**({"__metadata__": meta} if meta is not None else {}), **tensors}
     raw = json.dumps(header).encode()
-    return struct.pack(">I", len(raw)) + raw + payload
+    return struct.pack("<Q", len(raw)) + raw + payload
+
+
+def _f32(n: int, start: int = 0) -> dict:
+    return {"dtype": "F32", "shape": [n], "data_offsets": [start, start + 4 * n]}
 
 
 @pytest.mark.parametrize("data,problem", [
     (b"", "shorter"),
-    (struct.pack(">I", 10**9) + b"{}", "does not fit"),
-    (_message({"version": 2, "arrays": []}), "version"),
-    (_message({"version": 1, "arrays": [{"dtype": "|O", "shape": [1]}]}, b"x" * 8), "not allowed"),
-    (_message({"version": 1, "arrays": [{"dtype": "<f4", "shape": [1000]}]}, b"x" * 8), "past the end"),
-    (_message({"version": 1, "arrays": [{"dtype": "<f4", "shape": [-1]}]}), "not allowed"),
-    (_message({"version": 1, "arrays": []}, b"extra"), "unexpected bytes"),
-    (struct.pack(">I", 3) + b"abc", "not JSON"),
+    (struct.pack("<Q", 10**9) + b"{}", "does not fit"),
+    (_message({}, meta={**META, "version": "1"}), "version"),
+    (_message({}, meta=None), "version"),
+    (_message({"0000": {"dtype": "O", "shape": [1], "data_offsets": [0, 8]}}, b"x" * 8), "bad spec"),
+    (_message({"0000": _f32(1000)}, b"x" * 8), "past the end"),
+    (_message({"0000": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}), "not allowed"),
+    (_message({"0000": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"x" * 4), "do not hold"),
+    (_message({"0000": _f32(2), "0001": _f32(2, 4)}, b"x" * 12), "overlaps"),
+    (_message({"0000": _f32(1), "0002": _f32(1, 4)}, b"x" * 8), "named 0000"),
+    (_message({}, b"extra"), "unexpected bytes"),
+    (_message({}, meta={**META, "meta": "{nope"}), "meta is not"),
+    (struct.pack("<Q", 3) + b"abc", "not JSON"),
     (__import__("pickle").dumps([np.zeros(3)]), "header"),
 ])
 def test_weights_reject_malformed_and_pickled_input(data, problem):
