@@ -18,12 +18,12 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from worker import cgroups, netlink as nl, nsfs
+from worker import cgroups, netlink as nl, nsfs, privilege
 from worker.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.state import StateStore
 
-TESTBED_ID_RE = re.compile(r"^[a-z0-9]{1,5}$")
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,14}$")
+TESTBED_ID_RE = re.compile(r"[a-z0-9]{1,5}")
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
 DEFAULT_SUBNET = "10.77.0.0/16"
 NODE_IFNAME = "eth0"
 NODE_IFINDEX = 2
@@ -52,13 +52,13 @@ class Naming:
     """Names of every resource of one testbed."""
 
     def __init__(self, testbed_id: str) -> None:
-        if not TESTBED_ID_RE.match(testbed_id):
+        if not isinstance(testbed_id, str) or not TESTBED_ID_RE.fullmatch(testbed_id):
             raise ConfigError(f"testbed id {testbed_id!r} must be 1-5 lowercase letters or digits")
         self.id = testbed_id
         self.bridge = f"etb-{testbed_id}-br"
         self.cgroup = f"edgetb-{testbed_id}"
         self.iptables_comment = f"edgetb-{testbed_id}"
-        self._link_re = re.compile(rf"^etb-{testbed_id}-(br|\d+)$")
+        self._link_re = re.compile(rf"etb-{testbed_id}-(br|\d+)")
 
     def netns(self, node: str) -> str:
         return f"etb-{self.id}-{node}"
@@ -67,7 +67,7 @@ class Naming:
         return f"etb-{self.id}-{index}"
 
     def owns_link(self, ifname: str) -> bool:
-        return bool(self._link_re.match(ifname))
+        return bool(self._link_re.fullmatch(ifname))
 
     def owns_netns(self, name: str) -> bool:
         return name.startswith(f"etb-{self.id}-")
@@ -94,7 +94,7 @@ class NodeSpec:
         return spec
 
     def check(self) -> None:
-        if not NODE_NAME_RE.match(self.name):
+        if not NODE_NAME_RE.fullmatch(self.name):
             raise ConfigError(f"node name {self.name!r} must match {NODE_NAME_RE.pattern}")
         if self.cpu is not None and (isinstance(self.cpu, bool) or not isinstance(self.cpu, (int, float))
                                      or not 0 < self.cpu <= 1024):
@@ -262,26 +262,17 @@ class NetnsRuntime:
             raise NotFound(f"no node {name!r} in testbed {self.names.id}")
         return rec
 
-    def popen(self, name: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
-        """Start ``argv`` inside the node's namespace and cgroups (no shell involved)."""
+    def identity(self, name: str) -> privilege.Identity:
+        """The node's own uid and gid (this testbed's block + the node's index)."""
+        return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
+
+    def popen(self, name: str, argv: Sequence[str], view: privilege.View, **kwargs: Any) -> subprocess.Popen:
+        """Start ``argv`` inside the node's namespace and cgroups as the node's unprivileged uid,
+        with ``view`` as its file system (no shell involved)."""
         rec = self.node(name)
-        if not argv or not all(isinstance(a, str) for a in argv):
-            raise ConfigError("a command must be a non-empty list of strings")
-        ns_fd = os.open(nsfs.netns_path(rec["netns"]), os.O_RDONLY | os.O_CLOEXEC)
-        cg_fds = cgroups.join_fds(self.cgroups.procs_files(name)) if (rec["cpu"] or rec["mem_bytes"]) else []
-
-        def enter() -> None:
-            cgroups.join_in_child(cg_fds)
-            nsfs.setns_fd(ns_fd)
-
-        try:
-            return subprocess.Popen(list(argv), preexec_fn=enter, **kwargs)
-        except FileNotFoundError:
-            raise NotFound(f"command not found: {argv[0]!r}") from None
-        finally:
-            os.close(ns_fd)
-            for fd in cg_fds:
-                os.close(fd)
+        procs = self.cgroups.procs_files(name) if (rec["cpu"] or rec["mem_bytes"]) else []
+        return privilege.launch(privilege.Launch(argv, self.identity(name), view, nsfs.netns_path(rec["netns"]),
+                                                 procs, kwargs))
 
     # teardown ----------------------------------------------------------------------
     def _remove_node_resources(self, name: str) -> None:
@@ -326,6 +317,7 @@ class NetnsRuntime:
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)
             state.pop("runtime", None)
+            privilege.release_uid_base(self.names.id)
             return {"nodes": len(names)}
 
     def leftovers(self) -> dict[str, list[str]]:
