@@ -75,11 +75,11 @@ class WorkerHost:
             from worker.runtime_docker import DockerRuntime  # the Docker SDK only when asked for
 
             options = dict(runtime_options or {})
-            binds = {os.path.join(self.workdir, "dataset"): "ro", os.path.join(self.workdir, "dml_file"): "rw"}
+            binds = {os.path.join(self.workdir, "dataset"): "ro"}  # of dml_file, each its own dir only
             for path in binds:
                 os.makedirs(path, exist_ok=True)
             options["binds"] = binds | options.get("binds", {})
-            self.runtime = DockerRuntime(self.store, subnet, code_root=self.code_root, **options)
+            self.runtime = DockerRuntime(self.store, subnet, code_root=self.code_root, workdir=self.workdir, **options)
         elif runtime_options:
             raise ConfigError("runtime options are for the docker runtime only")
         elif runtime == "physical":

@@ -1,11 +1,11 @@
 """Node processes with least privilege.
 
 Every process started in a node runs as that node's own unprivileged uid and
-gid (``uid_base(testbed) + node index``, no passwd entry), with no
-capabilities (bounding, ambient and inheritable sets cleared), with
-``no_new_privs``, in its own PID namespace (it sees only its own processes:
-not the agent's nor the controller's environment) and its own mount namespace,
-where it sees:
+gid (``uid_base(testbed) + node index``, no passwd entry, no supplementary
+groups), with no capabilities (effective, permitted, inheritable, ambient and
+bounding sets all empty), with ``no_new_privs``, in its own mount namespace
+with its own ``/proc`` (``hidepid=invisible``: it sees only its own uid's
+processes, never the agent's or the controller's environment), where it sees:
 
 * the files a node needs, read-only: Python, the code root's ``dml_app/``, the
   experiment directory (its shards);
@@ -20,15 +20,16 @@ Python under it, pytest's ``/tmp/pytest-of-root``) are covered in the node's
 view by an empty read-only tmpfs holding only what the node needs, so nodes
 work from any checkout without loosening the host's permissions.
 
-A node never outlives the process that started it: processes are forked by
-one long-lived thread (``PR_SET_PDEATHSIG`` follows the forking *thread*), so
-the kernel kills the launcher when that process dies, and the launcher's
-death kills the node (the node is PID 1 of its PID namespace: all its
-descendants go with it).
+A node never outlives the process that started it: node processes are forked
+by one long-lived thread, because ``PR_SET_PDEATHSIG`` (set after the uid
+change, which clears it) fires when the forking *thread* ends; so the kernel
+kills the node when that process dies, ``kill -9`` included. (A node's own
+children are not covered; they stay in its network namespace and cgroup, which
+reset empties.)
 
-The chain is ``preexec`` (cgroups, network namespace, mount view, death
-signal) -> ``unshare --pid --fork`` (stays as the namespace's parent) ->
-``setpriv`` (drops to the node's uid, clears capabilities) -> the command.
+Everything happens in the forked child before ``exec``, by system calls:
+cgroups, network namespace, mount namespace and view, ``/proc``, bounding set,
+groups, gid, uid, inheritable and ambient sets, ``no_new_privs``, death signal.
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ import fcntl
 import json
 import os
 import queue
-import shutil
 import signal
 import stat
 import subprocess
@@ -50,7 +50,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from worker.errors import CapabilityError, ConfigError, NodeRuntimeError
+from worker.errors import ConfigError, NodeRuntimeError, NotFound
 
 NODE_UID_BASE = 1_000_000_000
 UID_SLOT = 65_536  # uids per testbed: more than MAX_NODES
@@ -304,23 +304,54 @@ def _apply_view(ops: list[Op]) -> None:
 
 
 # launching ----------------------------------------------------------------------------------------
-def tools() -> tuple[str, str]:
-    """util-linux's ``unshare`` and ``setpriv`` (an error naming the package when missing)."""
-    found = shutil.which("unshare"), shutil.which("setpriv")
-    if not all(found):
-        raise CapabilityError("node processes need util-linux's unshare and setpriv "
-                               "(apt-get install util-linux)")
-    return found[0] or "", found[1] or ""
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+CAPABILITY_VERSION_3 = 0x20080522
+MS_NOEXEC = 8
 
 
-def wrap(argv: Sequence[str], ident: Identity) -> list[str]:
-    """``argv`` run as ``ident`` without capabilities, as PID 1 of a new PID namespace whose
-    parent (``unshare``) takes it along when it dies."""
-    unshare, setpriv = tools()
-    return [unshare, "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--",
-            setpriv, f"--reuid={ident.uid}", f"--regid={ident.gid}", "--clear-groups",
-            "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
-            "--pdeathsig=SIGKILL", "--", *argv]
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except OSError:
+        return 63
+
+
+def per_mount_proc() -> bool:
+    """Whether each /proc mount has its own options (Linux 5.8): only then may a node's /proc be
+    mounted ``hidepid=invisible`` without changing the host's /proc."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 8)
+
+
+def _drop_privileges(ident: Identity, last_cap: int) -> None:
+    """In the child: become ``ident`` with no capability left and none to gain."""
+    for cap in range(last_cap + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+            raise _oserror("drop from the bounding set capability", str(cap))
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL before 4.3: none to clear
+    os.setgroups([])
+    os.setresgid(ident.gid, ident.gid, ident.gid)
+    os.setresuid(ident.uid, ident.uid, ident.uid)  # clears effective, permitted and ambient
+    header, data = _CapHeader(CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    if _libc.capset(ctypes.byref(header), data) != 0:  # and inheritable
+        raise _oserror("clear the capabilities of uid", str(ident.uid))
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise _oserror("set no_new_privs for uid", str(ident.uid))
 
 
 class _Spawner:
@@ -368,13 +399,14 @@ class Launch:
 
 
 def launch(spec: Launch) -> subprocess.Popen:
-    """Start ``spec.argv`` in the node (no shell): in its cgroups and network namespace, in its
-    own mount and PID namespaces, as its uid without capabilities. Errors name what failed."""
+    """Start ``spec.argv`` in the node (no shell): in its cgroups and network namespace, in a
+    mount namespace of its own with ``spec.view``, as its uid without capabilities. Errors name
+    what failed."""
     if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
         raise ConfigError("a command must be a non-empty list of strings")
     _check_readable(spec.view, spec.ident)
     ops = plan_view(spec.view)
-    argv = wrap(spec.argv, spec.ident)
+    ident, last_cap, hide_pids = spec.ident, _last_cap(), per_mount_proc()
     starter = os.getpid()
     fds: list[int] = []
     try:
@@ -392,8 +424,11 @@ def launch(spec: Launch) -> subprocess.Popen:
                 if ns_fd is not None and _libc.setns(ns_fd, 0x40000000) != 0:
                     raise _oserror("setns into", spec.netns_path or "")
                 _apply_view(ops)
-                if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-                    raise _oserror("set the parent-death signal of", "a node")
+                if hide_pids:
+                    _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
+                _drop_privileges(ident, last_cap)
+                if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:  # after the uid change
+                    raise _oserror("set the parent-death signal of uid", str(ident.uid))
                 if os.getppid() != starter:  # the starter died before the line above
                     os._exit(125)
             except OSError as e:
@@ -406,15 +441,18 @@ def launch(spec: Launch) -> subprocess.Popen:
         spec.popen.pop("cwd", None)  # "/": a directory entered before the view would lead out of it
 
         def start() -> subprocess.Popen:
-            return subprocess.Popen(argv, preexec_fn=enter, env=env, cwd="/", **spec.popen)
+            return subprocess.Popen(list(spec.argv), preexec_fn=enter, env=env, cwd="/", **spec.popen)
 
         try:
             return _spawner.run(start)
         except subprocess.SubprocessError:
             raise NodeRuntimeError(f"could not set up a node process for {spec.argv[0]!r} "
-                                   "(namespaces, mounts or cgroups; its log says which)") from None
+                                   "(namespaces, mounts, cgroups or privileges; its log says which)") from None
         except FileNotFoundError:
-            raise NodeRuntimeError(f"util-linux's unshare or setpriv vanished ({argv[0]})") from None
+            raise NotFound(f"command not found: {spec.argv[0]!r}") from None
+        except PermissionError:
+            raise ConfigError(f"node processes run as uid {ident.uid}, which may not run {spec.argv[0]!r} "
+                              "(or a directory on its way is closed to others)") from None
     finally:
         for fd in fds:
             os.close(fd)
