@@ -266,13 +266,33 @@ class NetnsRuntime:
         """The node's own uid and gid (this testbed's block + the node's index)."""
         return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
 
-    def popen(self, name: str, argv: Sequence[str], view: privilege.View, **kwargs: Any) -> subprocess.Popen:
-        """Start ``argv`` inside the node's namespace and cgroups as the node's unprivileged uid,
-        with ``view`` as its file system (no shell involved)."""
+    def popen(self, name: str, argv: Sequence[str], view: Optional[privilege.View] = None,
+              **kwargs: Any) -> subprocess.Popen:
+        """Start ``argv`` inside the node's namespace and cgroups (no shell involved): as the node's
+        unprivileged uid with ``view`` as its file system (every process the worker starts), or,
+        without a view, as root for the operator's own ``edgetb exec`` on this host."""
         rec = self.node(name)
         procs = self.cgroups.procs_files(name) if (rec["cpu"] or rec["mem_bytes"]) else []
-        return privilege.launch(privilege.Launch(argv, self.identity(name), view, nsfs.netns_path(rec["netns"]),
-                                                 procs, kwargs))
+        if view is not None:
+            return privilege.launch(privilege.Launch(argv, self.identity(name), view, nsfs.netns_path(rec["netns"]),
+                                                     procs, kwargs))
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ConfigError("a command must be a non-empty list of strings")
+        ns_fd = os.open(nsfs.netns_path(rec["netns"]), os.O_RDONLY | os.O_CLOEXEC)
+        cg_fds = cgroups.join_fds(procs)
+
+        def enter() -> None:
+            cgroups.join_in_child(cg_fds)
+            nsfs.setns_fd(ns_fd)
+
+        try:
+            return subprocess.Popen(list(argv), preexec_fn=enter, **kwargs)
+        except FileNotFoundError:
+            raise NotFound(f"command not found: {argv[0]!r}") from None
+        finally:
+            os.close(ns_fd)
+            for fd in cg_fds:
+                os.close(fd)
 
     # teardown ----------------------------------------------------------------------
     def _remove_node_resources(self, name: str) -> None:

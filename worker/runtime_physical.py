@@ -76,11 +76,18 @@ class PhysicalRuntime:
         """The unprivileged uid and gid the node's processes run as on the device."""
         return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
 
-    def popen(self, name: str, argv: Sequence[str], view: privilege.View, **kwargs: Any) -> subprocess.Popen:
-        """Start ``argv`` on the device itself (its network), as the node's unprivileged uid in
-        its own mount and PID namespaces with ``view`` as its file system (no shell involved)."""
+    def popen(self, name: str, argv: Sequence[str], view: Optional[privilege.View] = None,
+              **kwargs: Any) -> subprocess.Popen:
+        """Start ``argv`` on the device itself (its network; no shell involved): as the node's
+        unprivileged uid in its own mount namespace with ``view`` as its file system, or, without
+        a view, as root for the operator's own ``edgetb exec``."""
         self.node(name)
-        return privilege.launch(privilege.Launch(argv, self.identity(name), view, None, (), kwargs))
+        if view is not None:
+            return privilege.launch(privilege.Launch(argv, self.identity(name), view, None, (), kwargs))
+        try:
+            return subprocess.Popen(list(argv), **kwargs)
+        except FileNotFoundError:
+            raise NotFound(f"command not found: {argv[0]!r}") from None
 
     def reset(self) -> dict[str, int]:
         """Stop the node's processes and remove its shaping; the device is left as it was."""
