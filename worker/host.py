@@ -260,10 +260,12 @@ class WorkerHost:
         worker's state, the rest of ``dml_file/`` and the code root's ``dml_file/`` hidden."""
         ident = self.runtime.identity(node)
         home = privilege.prepare_node_dir(self.workdir, node, ident)
-        hide = [state_root(), os.path.dirname(self.store.dir), privilege.host_run_dir(),
-                os.path.join(self.workdir, "dml_file"), os.path.join(self.code_root, "dml_file")]
-        read = [*privilege.python_dirs(), os.path.join(self.code_root, "dml_app"), self.workdir]
-        return privilege.View(read=tuple(read), write=(home,), hide=tuple(dict.fromkeys(hide)), home=home)
+        real = os.path.realpath
+        hide = [real(state_root()), real(os.path.dirname(self.store.dir)), real(privilege.host_run_dir()),
+                real(os.path.join(self.workdir, "dml_file")), real(os.path.join(self.code_root, "dml_file"))]
+        read = [*privilege.python_dirs(), real(os.path.join(self.code_root, "dml_app")), real(self.workdir)]
+        return privilege.View(read=tuple(dict.fromkeys(read)), write=(real(home),), hide=tuple(dict.fromkeys(hide)),
+                              home=home)
 
     def processes(self) -> dict[str, Any]:
         procs = []

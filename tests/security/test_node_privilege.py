@@ -259,3 +259,30 @@ def test_start_process_in_unknown_node_creates_no_log(host: WorkerHost) -> None:
     with pytest.raises(NotFound):
         host.start_process("../../x", {"version": 1, "argv": ["true"]})
     assert os.listdir(host.store.logs_dir()) == []
+
+
+def test_physical_node_runs_unprivileged_too(tmp_path) -> None:
+    from tests.netns.conftest import new_testbed_id
+
+    host = WorkerHost(new_testbed_id(), state_root=str(tmp_path / "state"), runtime="physical",
+                      workdir=str(tmp_path / "work"))
+    try:
+        host.create_nodes({"version": 1, "nodes": [{"name": "dev", "ip": "127.0.0.1"}]})
+        seen = run_py(host, "dev", f"""
+            import json, os
+            status = dict(l.rstrip("\\n").split(":\\t", 1) for l in open("/proc/self/status") if ":\\t" in l)
+            def attempt(fn):
+                try:
+                    return repr(fn())
+                except OSError as e:
+                    return type(e).__name__
+            print(json.dumps({{"uid": os.getuid(), "cap": status["CapEff"], "bnd": status["CapBnd"],
+                              "state": attempt(lambda: os.listdir({host.store.dir!r})),
+                              "pids": len([p for p in os.listdir("/proc") if p.isdigit()])}}))""")
+        assert seen["uid"] == host.runtime.identity("dev").uid >= privilege.NODE_UID_BASE
+        assert int(seen["cap"], 16) == 0 and int(seen["bnd"], 16) == 0
+        assert seen["state"] in ("['work']", "FileNotFoundError", "PermissionError")
+        if privilege.per_mount_proc():
+            assert seen["pids"] == 1
+    finally:
+        host.reset()
