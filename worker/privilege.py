@@ -12,8 +12,9 @@ processes, never the agent's or the controller's environment), where it sees:
 * its own directory ``<workdir>/dml_file/node/<name>/`` read-write (owned by
   its uid, mode 0700);
 * nothing of the worker's state (``/var/lib/edgetb``: tokens, logs, state), of
-  the rest of ``dml_file/`` (hosts.json, confs, results, other nodes), and a
-  private ``/tmp`` and ``/dev/shm``.
+  the rest of ``dml_file/`` (hosts.json, confs, results, other nodes);
+* a private ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/dev/mqueue`` and ``/run/lock`` (no
+  world-writable place shared with the host or other nodes), and IPC of its own.
 
 Directories that others cannot traverse (``/root`` of a venv built from a
 Python under it, pytest's ``/tmp/pytest-of-root``) are covered in the node's
@@ -56,10 +57,11 @@ NODE_UID_BASE = 1_000_000_000
 UID_SLOT = 65_536  # uids per testbed: more than MAX_NODES
 UID_SLOTS = 16_384  # NODE_UID_BASE + UID_SLOTS * UID_SLOT stays below 2**31
 DEFAULT_RUN_DIR = "/run/edgetb"  # host-wide, cleared at boot like the kernel state it describes
-PRIVATE_TMPFS = ("/tmp", "/dev/shm")
+PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")  # the world-writable places
 PRIVATE_TMPFS_OPTIONS = b"mode=1777,size=256m"
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -280,9 +282,9 @@ def _mount(source: Optional[bytes], target: str, fstype: Optional[bytes], flags:
 
 
 def _apply_view(ops: list[Op]) -> None:
-    """In the new child: enter a mount namespace of its own and make the mounts of ``ops``."""
-    if _libc.unshare(CLONE_NEWNS) != 0:
-        raise _oserror("unshare the mount namespace of", "a node")
+    """In the new child: enter mount and IPC namespaces of its own and make the mounts of ``ops``."""
+    if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
+        raise _oserror("unshare the mount and IPC namespaces of", "a node")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing of ours propagates to the host
     # what is shown, held before anything covers it (and in this namespace: bind sources must be)
     sources = {op.path: os.open(op.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for op in ops if op.kind == "bind"}

@@ -314,3 +314,22 @@ def test_dml_node_serves_reads_its_shard_and_writes_its_events(host: WorkerHost)
     assert missing.status_code == 400
     events = os.path.join(privilege.node_dir(host.workdir, "a"), "r1.jsonl")
     assert os.stat(events).st_uid == host.runtime.identity("a").uid
+
+
+def test_node_has_private_tmp_and_ipc(host: WorkerHost) -> None:
+    host.create_nodes(nodes_body("a", "b"))
+    tag = os.urandom(4).hex()
+    seen = run_py(host, "a", f"""
+        import json, os
+        for d in ("/tmp", "/var/tmp", "/dev/shm"):
+            with open(os.path.join(d, "from-a-{tag}"), "w") as f:
+                f.write("x")
+        print(json.dumps({{"ipc": os.stat("/proc/self/ns/ipc").st_ino, "mnt": os.stat("/proc/self/ns/mnt").st_ino}}))""")
+    assert seen["ipc"] != os.stat("/proc/self/ns/ipc").st_ino
+    assert seen["mnt"] != os.stat("/proc/self/ns/mnt").st_ino
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        assert not os.path.exists(os.path.join(d, f"from-a-{tag}")), d
+    other = run_py(host, "b", f"""
+        import json, os
+        print(json.dumps([os.path.exists(os.path.join(d, "from-a-{tag}")) for d in ("/tmp", "/var/tmp", "/dev/shm")]))""")
+    assert other == [False, False, False]
