@@ -252,6 +252,7 @@ class NetnsRuntime:
                                      nl.default_route(NODE_IFINDEX, self.bridge_ip)])
             _raise_first(failures, [f"node {rec['name']}: {step}"
                                     for step in ("lo up", "eth0 up", "address", "default route")])
+            allow_unprivileged_ping(rec["netns"])
             if rec["cpu"] or rec["mem_bytes"]:
                 self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"])
 
@@ -354,6 +355,20 @@ class NetnsRuntime:
                 "links": [n for n in links if n and self.names.owns_link(n)],
                 "cgroups": sorted(self.cgroups.nodes()) + [b for b in self.cgroups._bases() if os.path.isdir(b)],
                 "iptables": rules}
+
+
+PING_GROUP_RANGE = "/proc/sys/net/ipv4/ping_group_range"
+
+
+def allow_unprivileged_ping(netns: str) -> None:
+    """Let the node's unprivileged processes ping (ICMP echo sockets, as Docker allows in its
+    containers): the namespace's ``ping_group_range`` opened to every group."""
+    with nsfs.entered(netns):
+        fd = os.open(PING_GROUP_RANGE, os.O_WRONLY | os.O_CLOEXEC)  # opened here: this namespace's
+    try:
+        os.write(fd, b"0 2147483647")
+    finally:
+        os.close(fd)
 
 
 def remove_forward_rules(comment: str, keep: Callable[[list[str]], bool] = lambda words: False) -> None:

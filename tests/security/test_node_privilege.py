@@ -333,3 +333,20 @@ def test_node_has_private_tmp_and_ipc(host: WorkerHost) -> None:
         import json, os
         print(json.dumps([os.path.exists(os.path.join(d, "from-a-{tag}")) for d in ("/tmp", "/var/tmp", "/dev/shm")]))""")
     assert other == [False, False, False]
+
+
+def test_unprivileged_node_can_still_ping(host: WorkerHost) -> None:
+    with open("/proc/sys/net/ipv4/ping_group_range") as f:
+        host_range = f.read()
+    host.create_nodes(nodes_body("a", "b"))
+    b_ip = host.runtime.node("b")["ip"]
+    seen = run_py(host, "a", f"""
+        import json, socket, struct
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)  # no CAP_NET_RAW needed
+        s.settimeout(5)
+        s.sendto(struct.pack("!BBHHH", 8, 0, 0, 0, 1) + b"edgetb", ({b_ip!r}, 0))
+        data, addr = s.recvfrom(1024)
+        print(json.dumps({{"type": data[0], "from": addr[0]}}))""")
+    assert seen == {"type": 0, "from": b_ip}  # an echo reply from b
+    with open("/proc/sys/net/ipv4/ping_group_range") as f:
+        assert f.read() == host_range  # the host's own setting is left alone
