@@ -324,14 +324,16 @@ def test_node_has_private_tmp_and_ipc(host: WorkerHost) -> None:
         for d in ("/tmp", "/var/tmp", "/dev/shm"):
             with open(os.path.join(d, "from-a-{tag}"), "w") as f:
                 f.write("x")
-        print(json.dumps({{"ipc": os.stat("/proc/self/ns/ipc").st_ino, "mnt": os.stat("/proc/self/ns/mnt").st_ino}}))""")
+        ns = {{kind: os.stat(f"/proc/self/ns/{{kind}}").st_ino for kind in ("ipc", "mnt")}}
+        print(json.dumps(ns))""")
     assert seen["ipc"] != os.stat("/proc/self/ns/ipc").st_ino
     assert seen["mnt"] != os.stat("/proc/self/ns/mnt").st_ino
     for d in ("/tmp", "/var/tmp", "/dev/shm"):
         assert not os.path.exists(os.path.join(d, f"from-a-{tag}")), d
     other = run_py(host, "b", f"""
         import json, os
-        print(json.dumps([os.path.exists(os.path.join(d, "from-a-{tag}")) for d in ("/tmp", "/var/tmp", "/dev/shm")]))""")
+        places = ("/tmp", "/var/tmp", "/dev/shm")
+        print(json.dumps([os.path.exists(os.path.join(d, "from-a-{tag}")) for d in places]))""")
     assert other == [False, False, False]
 
 
