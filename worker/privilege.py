@@ -238,8 +238,8 @@ def plan_view(view: View, traversable: Callable[[str], bool] = traversable_by_ot
               exists: Callable[[str], bool] = os.path.isdir) -> list[Op]:
     """The mounts that make ``view``, in order (pure: ``traversable`` tells which directories
     others may enter). Covers go on hidden directories and on closed ones that lead to something
-    shown; shown directories beneath a cover (or private tmpfs) are bound back, the writable ones
-    always (their parents may be covered by a later-listed ``hide``)."""
+    shown; shown directories beneath a cover (or a private tmpfs) are bound back, and writable
+    ones always (a bind mount of their own, nosuid and nodev)."""
     covers = {os.path.normpath(h) for h in view.hide if exists(h)}  # a missing one hides nothing
     privates = {os.path.normpath(p) for p in view.private if exists(p)}
     shown = [(os.path.normpath(p), False) for p in view.read] + [(os.path.normpath(p), True) for p in view.write]
@@ -251,7 +251,7 @@ def plan_view(view: View, traversable: Callable[[str], bool] = traversable_by_ot
     ops = [Op("cover", p) for p in covers] + [Op("private", p) for p in privates]
     for path, writable in shown:
         beneath = any(_under(path, m) for m in mounted)
-        if beneath or not traversable(path):
+        if writable or beneath or not traversable(path):
             ops.append(Op("bind", path, writable))
     order = {"cover": 0, "private": 0, "bind": 1}
     return sorted(set(ops), key=lambda op: (_depth(op.path), order[op.kind], op.path))
