@@ -12,6 +12,7 @@ import signal
 import time
 from typing import Optional
 
+from worker import privilege
 from worker.errors import CapabilityError, NodeRuntimeError
 
 CFS_PERIOD_US = 100_000
@@ -84,7 +85,7 @@ class Cgroups:
         """Make the node's group(s) and set its limits."""
         self.require()
         if self.version == 2:
-            _write(os.path.join(self.root, "cgroup.subtree_control"), "+cpu +memory")
+            enable_v2_controllers(self.root)
             os.makedirs(self._bases()[0], exist_ok=True)
             _write(os.path.join(self._bases()[0], "cgroup.subtree_control"), "+cpu +memory")
         for d in self.dirs(node):
@@ -143,6 +144,47 @@ class Cgroups:
                     os.rmdir(base)
                 except OSError:
                     pass
+        if self.version == 2:
+            restore_v2_controllers(self.root)
+
+
+V2_CONTROLLERS = ("cpu", "memory")
+GROUP_PREFIX = "edgetb-"
+
+
+def enable_v2_controllers(root: str) -> None:
+    """Delegate cpu and memory to the root's children, remembering (host-wide, per hierarchy)
+    which ones this host did not delegate before, for ``restore_v2_controllers``."""
+    control = os.path.join(root, "cgroup.subtree_control")
+    with privilege.host_locked("cgroup2") as path:
+        record = privilege.read_json(path, {})
+        with open(control) as f:
+            enabled = set(f.read().split())
+        added = [c for c in V2_CONTROLLERS if c not in enabled]
+        if added:
+            record[root] = sorted(set(record.get(root, [])) | set(added))
+            privilege.write_json(path, record)
+            _write(control, " ".join(f"+{c}" for c in added))
+
+
+def restore_v2_controllers(root: str) -> None:
+    """When no testbed's group is left under ``root``, take back the controllers that
+    ``enable_v2_controllers`` delegated (one another user started using in the meantime stays)."""
+    control = os.path.join(root, "cgroup.subtree_control")
+    with privilege.host_locked("cgroup2") as path:
+        record = privilege.read_json(path, {})
+        added = record.get(root)
+        if not added or any(e.startswith(GROUP_PREFIX) and os.path.isdir(os.path.join(root, e))
+                            for e in os.listdir(root)):
+            return
+        for controller in added:
+            try:
+                with open(control, "w") as f:
+                    f.write(f"-{controller}")
+            except OSError:
+                pass  # busy: a group of someone else's now uses it
+        del record[root]
+        privilege.write_json(path, record)
 
 
 def join_fds(procs_files: list[str]) -> list[int]:

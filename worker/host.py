@@ -17,14 +17,14 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-from worker import tc_apply
+from worker import privilege, tc_apply
 from worker.cgroups import detect_version
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.procs import start_ticks
 from worker.routes import Routes, parse_routes
 from worker.runtime_netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
 from worker.shape import Shape
-from worker.state import StateStore
+from worker.state import StateStore, state_root
 from worker.tc_plan import Plan, Target, make_plan
 
 API_VERSION = 1
@@ -75,11 +75,11 @@ class WorkerHost:
             from worker.runtime_docker import DockerRuntime  # the Docker SDK only when asked for
 
             options = dict(runtime_options or {})
-            binds = {os.path.join(self.workdir, "dataset"): "ro", os.path.join(self.workdir, "dml_file"): "rw"}
+            binds = {os.path.join(self.workdir, "dataset"): "ro"}  # of dml_file, each its own dir only
             for path in binds:
                 os.makedirs(path, exist_ok=True)
             options["binds"] = binds | options.get("binds", {})
-            self.runtime = DockerRuntime(self.store, subnet, code_root=self.code_root, **options)
+            self.runtime = DockerRuntime(self.store, subnet, code_root=self.code_root, workdir=self.workdir, **options)
         elif runtime_options:
             raise ConfigError("runtime options are for the docker runtime only")
         elif runtime == "physical":
@@ -227,16 +227,17 @@ class WorkerHost:
 
     # processes -------------------------------------------------------------------------
     def start_process(self, node: str, body: Any) -> dict[str, Any]:
+        """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.privilege``)."""
         body = check_version(body)
         argv = _argv(body.get("argv"))
         env = body.get("env") or {}
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ConfigError("env must map strings to strings")
+        self.runtime.node(node)  # an unknown node gets no log file
         proc_id = uuid.uuid4().hex[:12]
         log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
         with open(log_path, "ab") as log:
-            child = self.runtime.popen(node, argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       env=self._child_env(env), start_new_session=True)
+            child = self._popen(node, argv, env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         with self._lock:
             self._children[proc_id] = child
         record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
@@ -244,6 +245,27 @@ class WorkerHost:
         with self.store.locked() as state:
             state["processes"][proc_id] = record
         return {"version": API_VERSION, **record, "running": True}
+
+    def _popen(self, node: str, argv: list[str], env: dict[str, str], **kwargs: Any) -> Any:
+        """Start a process in ``node``: netns and physical nodes get their least-privilege view and
+        uid; a container's process runs as the container's (non-root) user."""
+        if self.runtime.kind == "docker":
+            return self.runtime.popen(node, argv, env=dict(env), start_new_session=True, **kwargs)
+        view = self.node_view(node)
+        return self.runtime.popen(node, argv, view=view, env=_child_env(env), start_new_session=True, **kwargs)
+
+    def node_view(self, node: str) -> "privilege.View":
+        """What a node's processes see: Python and the code read-only, the experiment directory
+        read-only but for its own ``dml_file/node/<name>/`` (made its uid's, mode 0700); the
+        worker's state, the rest of ``dml_file/`` and the code root's ``dml_file/`` hidden."""
+        ident = self.runtime.identity(node)
+        home = privilege.prepare_node_dir(self.workdir, node, ident)
+        real = os.path.realpath
+        hide = [real(state_root()), real(os.path.dirname(self.store.dir)), real(privilege.host_run_dir()),
+                real(os.path.join(self.workdir, "dml_file")), real(os.path.join(self.code_root, "dml_file"))]
+        read = [*privilege.python_dirs(), real(os.path.join(self.code_root, "dml_app")), real(self.workdir)]
+        return privilege.View(read=tuple(dict.fromkeys(read)), write=(real(home),), hide=tuple(dict.fromkeys(hide)),
+                              home=home)
 
     def processes(self) -> dict[str, Any]:
         procs = []
@@ -286,8 +308,7 @@ class WorkerHost:
         body = check_version(body)
         argv = _argv(body.get("argv"))
         timeout_s = float(body.get("timeout_s", 60))
-        child = self.runtime.popen(node, argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=self._child_env({}), start_new_session=True)
+        child = self._popen(node, argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             out, err = child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -359,10 +380,6 @@ class WorkerHost:
             self.runtime.set_code_root(self.code_root)
         return result
 
-    def _child_env(self, extra: dict[str, str]) -> dict[str, str]:
-        """A netns or physical node's process inherits the agent's environment; a container's has its image's."""
-        return dict(extra) if self.runtime.kind == "docker" else _child_env(extra)
-
     # status and reset ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         state = self.store.read()
@@ -423,8 +440,15 @@ def _ifname(node: dict[str, Any]) -> str:
     return node.get("ifname") or NODE_IFNAME
 
 
+CHILD_ENV_KEYS = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGETB_TOKEN")}
+    """A node process's environment: a few harmless variables of the worker's (an allow-list:
+    none of its secrets) and what the request gives."""
+    env = {k: v for k, v in os.environ.items() if k in CHILD_ENV_KEYS or k.startswith("LC_")}
+    env.setdefault("PATH", DEFAULT_PATH)
     env.update(extra)
     return env
 

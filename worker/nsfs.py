@@ -87,6 +87,24 @@ def entered(name: str) -> Iterator[None]:
         os.close(home)
 
 
+@contextmanager
+def throwaway() -> Iterator[None]:
+    """Run the body with the calling thread in a new, unnamed network namespace (for probing the
+    kernel): it has no name to remove, and vanishes with its last socket on every exit path,
+    ``kill -9`` included."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            raise _oserror("unshare", "a throwaway namespace")
+        try:
+            yield
+        finally:
+            if _libc.setns(home, CLONE_NEWNET) != 0:  # pragma: no cover - cannot happen
+                raise _oserror("setns back from", "a throwaway namespace")
+    finally:
+        os.close(home)
+
+
 def setns_fd(fd: int) -> None:
     """Move the calling thread (or just-forked child) into the namespace open at ``fd``."""
     if _libc.setns(fd, CLONE_NEWNET) != 0:

@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Optional, Sequence
 
-from worker import nsfs
+from worker import nsfs, privilege
 from worker.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
 from worker.procs import start_ticks
 from worker.runtime_netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, emulated_only,
@@ -106,8 +106,11 @@ class DockerRuntime:
     kind = "docker"
 
     def __init__(self, store: StateStore, subnet: str = DEFAULT_SUBNET, image: Optional[str] = None,
-                 code_root: str = REPO_ROOT, binds: Optional[dict[str, str]] = None) -> None:
-        """``binds`` maps more host paths to their mode (``"ro"`` or ``"rw"``); they appear at the same path."""
+                 code_root: str = REPO_ROOT, binds: Optional[dict[str, str]] = None,
+                 workdir: Optional[str] = None) -> None:
+        """``binds`` maps more host paths to their mode (``"ro"`` or ``"rw"``); they appear at the same path.
+        With ``workdir``, each container also gets its own ``<workdir>/dml_file/node/<name>/``, read-write."""
+        self.workdir = os.path.abspath(workdir) if workdir else None
         self.store = store
         self.names = Naming(store.testbed_id)
         self.subnet = parse_subnet(subnet)
@@ -238,21 +241,41 @@ class DockerRuntime:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             raise NodeRuntimeError(f"starting containers failed: {errors[0]}{more}", detail=errors)
 
+    def identity(self, name: str) -> privilege.Identity:
+        """The uid and gid the node's container runs as (this testbed's block + the node's index)."""
+        return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
+
+    def container_config(self, rec: dict[str, Any], ident: privilege.Identity) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The container's create arguments and host config (pure): a non-root user without
+        capabilities nor new privileges; the code and data read-only, and of ``dml_file`` only
+        the node's own directory, read-write."""
+        binds = {path: {"bind": path, "mode": mode} for path, mode in self.binds.items()}
+        env = {"PYTHONPATH": self.code_root, "EDGETB_NODE": rec["name"]}
+        if self.workdir:
+            own = privilege.node_dir(self.workdir, rec["name"])
+            binds[own] = {"bind": own, "mode": "rw"}
+            env["HOME"] = own
+        host = {"network_mode": self.network, "binds": binds, "init": True,
+                "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
+                "nano_cpus": int(round(rec["cpu"] * 1e9)) if rec["cpu"] else None,
+                "mem_limit": rec["mem_bytes"], "memswap_limit": rec["mem_bytes"]}
+        create = {"command": ["sleep", "infinity"], "name": rec["container"], "hostname": rec["name"],
+                  "labels": self._labels(rec["name"]), "working_dir": self.code_root,
+                  "user": f"{ident.uid}:{ident.gid}", "environment": env}
+        return create, host
+
     def _start_one(self, rec: dict[str, Any], on_created: Any) -> None:
         docker = _sdk()
         api = self.api
-        binds = {path: {"bind": path, "mode": mode} for path, mode in self.binds.items()}
-        host_config = api.create_host_config(
-            network_mode=self.network, binds=binds, init=True,
-            nano_cpus=int(round(rec["cpu"] * 1e9)) if rec["cpu"] else None,
-            mem_limit=rec["mem_bytes"], memswap_limit=rec["mem_bytes"])
+        ident = privilege.Identity.of_node(self.names.id, rec["index"])
+        if self.workdir:
+            privilege.prepare_node_dir(self.workdir, rec["name"], ident)
+        create, host = self.container_config(rec, ident)
+        host_config = api.create_host_config(**host)
         networking = api.create_networking_config({self.network: api.create_endpoint_config(ipv4_address=rec["ip"])})
         try:
-            made = api.create_container(
-                self.image, ["sleep", "infinity"], name=rec["container"], hostname=rec["name"],
-                labels=self._labels(rec["name"]), working_dir=self.code_root,
-                environment={"PYTHONPATH": self.code_root, "EDGETB_NODE": rec["name"]},
-                host_config=host_config, networking_config=networking)
+            made = api.create_container(self.image, host_config=host_config, networking_config=networking,
+                                        **create)
             on_created()
             api.start(made["Id"])
             pid = api.inspect_container(made["Id"])["State"]["Pid"]
@@ -349,6 +372,7 @@ class DockerRuntime:
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)
             state.pop("runtime", None)
+            privilege.release_uid_base(self.names.id)
             return {"nodes": removed}
 
     def leftovers(self) -> dict[str, list[str]]:

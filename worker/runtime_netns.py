@@ -18,12 +18,12 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from worker import cgroups, netlink as nl, nsfs
+from worker import cgroups, netlink as nl, nsfs, privilege
 from worker.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.state import StateStore
 
-TESTBED_ID_RE = re.compile(r"^[a-z0-9]{1,5}$")
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,14}$")
+TESTBED_ID_RE = re.compile(r"[a-z0-9]{1,5}")
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
 DEFAULT_SUBNET = "10.77.0.0/16"
 NODE_IFNAME = "eth0"
 NODE_IFINDEX = 2
@@ -52,13 +52,13 @@ class Naming:
     """Names of every resource of one testbed."""
 
     def __init__(self, testbed_id: str) -> None:
-        if not TESTBED_ID_RE.match(testbed_id):
+        if not isinstance(testbed_id, str) or not TESTBED_ID_RE.fullmatch(testbed_id):
             raise ConfigError(f"testbed id {testbed_id!r} must be 1-5 lowercase letters or digits")
         self.id = testbed_id
         self.bridge = f"etb-{testbed_id}-br"
         self.cgroup = f"edgetb-{testbed_id}"
         self.iptables_comment = f"edgetb-{testbed_id}"
-        self._link_re = re.compile(rf"^etb-{testbed_id}-(br|\d+)$")
+        self._link_re = re.compile(rf"etb-{testbed_id}-(br|\d+)")
 
     def netns(self, node: str) -> str:
         return f"etb-{self.id}-{node}"
@@ -67,7 +67,7 @@ class Naming:
         return f"etb-{self.id}-{index}"
 
     def owns_link(self, ifname: str) -> bool:
-        return bool(self._link_re.match(ifname))
+        return bool(self._link_re.fullmatch(ifname))
 
     def owns_netns(self, name: str) -> bool:
         return name.startswith(f"etb-{self.id}-")
@@ -94,7 +94,7 @@ class NodeSpec:
         return spec
 
     def check(self) -> None:
-        if not NODE_NAME_RE.match(self.name):
+        if not NODE_NAME_RE.fullmatch(self.name):
             raise ConfigError(f"node name {self.name!r} must match {NODE_NAME_RE.pattern}")
         if self.cpu is not None and (isinstance(self.cpu, bool) or not isinstance(self.cpu, (int, float))
                                      or not 0 < self.cpu <= 1024):
@@ -252,6 +252,7 @@ class NetnsRuntime:
                                      nl.default_route(NODE_IFINDEX, self.bridge_ip)])
             _raise_first(failures, [f"node {rec['name']}: {step}"
                                     for step in ("lo up", "eth0 up", "address", "default route")])
+            allow_unprivileged_ping(rec["netns"])
             if rec["cpu"] or rec["mem_bytes"]:
                 self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"])
 
@@ -262,13 +263,24 @@ class NetnsRuntime:
             raise NotFound(f"no node {name!r} in testbed {self.names.id}")
         return rec
 
-    def popen(self, name: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
-        """Start ``argv`` inside the node's namespace and cgroups (no shell involved)."""
+    def identity(self, name: str) -> privilege.Identity:
+        """The node's own uid and gid (this testbed's block + the node's index)."""
+        return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
+
+    def popen(self, name: str, argv: Sequence[str], view: Optional[privilege.View] = None,
+              **kwargs: Any) -> subprocess.Popen:
+        """Start ``argv`` inside the node's namespace and cgroups (no shell involved): as the node's
+        unprivileged uid with ``view`` as its file system (every process the worker starts), or,
+        without a view, as root for the operator's own ``edgetb exec`` on this host."""
         rec = self.node(name)
+        procs = self.cgroups.procs_files(name) if (rec["cpu"] or rec["mem_bytes"]) else []
+        if view is not None:
+            return privilege.launch(privilege.Launch(argv, self.identity(name), view, nsfs.netns_path(rec["netns"]),
+                                                     procs, kwargs))
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError("a command must be a non-empty list of strings")
         ns_fd = os.open(nsfs.netns_path(rec["netns"]), os.O_RDONLY | os.O_CLOEXEC)
-        cg_fds = cgroups.join_fds(self.cgroups.procs_files(name)) if (rec["cpu"] or rec["mem_bytes"]) else []
+        cg_fds = cgroups.join_fds(procs)
 
         def enter() -> None:
             cgroups.join_in_child(cg_fds)
@@ -326,6 +338,7 @@ class NetnsRuntime:
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)
             state.pop("runtime", None)
+            privilege.release_uid_base(self.names.id)
             return {"nodes": len(names)}
 
     def leftovers(self) -> dict[str, list[str]]:
@@ -342,6 +355,20 @@ class NetnsRuntime:
                 "links": [n for n in links if n and self.names.owns_link(n)],
                 "cgroups": sorted(self.cgroups.nodes()) + [b for b in self.cgroups._bases() if os.path.isdir(b)],
                 "iptables": rules}
+
+
+PING_GROUP_RANGE = "/proc/sys/net/ipv4/ping_group_range"
+
+
+def allow_unprivileged_ping(netns: str) -> None:
+    """Let the node's unprivileged processes ping (ICMP echo sockets, as Docker allows in its
+    containers): the namespace's ``ping_group_range`` opened to every group."""
+    with nsfs.entered(netns):
+        fd = os.open(PING_GROUP_RANGE, os.O_WRONLY | os.O_CLOEXEC)  # opened here: this namespace's
+    try:
+        os.write(fd, b"0 2147483647")
+    finally:
+        os.close(fd)
 
 
 def remove_forward_rules(comment: str, keep: Callable[[list[str]], bool] = lambda words: False) -> None:

@@ -12,7 +12,7 @@ import ipaddress
 import subprocess
 from typing import Any, Optional, Sequence
 
-from worker import tc_apply
+from worker import privilege, tc_apply
 from worker.errors import ConfigError, NotFound, TestbedError
 from worker.procs import kill_group
 from worker.runtime_netns import Naming, NodeSpec, claim_runtime, new_specs
@@ -72,9 +72,18 @@ class PhysicalRuntime:
             raise NotFound(f"no node {name!r} on this device (testbed {self.names.id})")
         return rec
 
-    def popen(self, name: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
-        """Start ``argv`` on the device itself (no shell involved)."""
+    def identity(self, name: str) -> privilege.Identity:
+        """The unprivileged uid and gid the node's processes run as on the device."""
+        return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
+
+    def popen(self, name: str, argv: Sequence[str], view: Optional[privilege.View] = None,
+              **kwargs: Any) -> subprocess.Popen:
+        """Start ``argv`` on the device itself (its network; no shell involved): as the node's
+        unprivileged uid in its own mount namespace with ``view`` as its file system, or, without
+        a view, as root for the operator's own ``edgetb exec``."""
         self.node(name)
+        if view is not None:
+            return privilege.launch(privilege.Launch(argv, self.identity(name), view, None, (), kwargs))
         try:
             return subprocess.Popen(list(argv), **kwargs)
         except FileNotFoundError:
@@ -95,4 +104,5 @@ class PhysicalRuntime:
             count = len(state["nodes"])
             state.update(nodes={}, plans={}, processes={})
             state.pop("runtime", None)
+            privilege.release_uid_base(self.names.id)
             return {"nodes": count}
