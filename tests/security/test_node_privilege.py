@@ -295,10 +295,14 @@ def test_dml_node_serves_reads_its_shard_and_writes_its_events(host: WorkerHost)
     os.makedirs(os.path.join(host.workdir, "dataset", "d"), exist_ok=True)
     with open(os.path.join(host.workdir, "dataset", "d", "a.npz"), "wb") as f:
         f.write(b"not read until prepare")
-    token = "node-token-0123456789abcdef"
+    from controller.node_auth import RunKeys
+
+    keys = RunKeys()
     host.start_node("a", {"version": 1, "args": ["--name", "a", "--controller", "http://127.0.0.1:9", "--run-id",
-                                                 "r1", "--port", "4444"], "env": {"EDGETB_NODE_TOKEN": token}})
+                                                 "r1", "--port", "4444"], "env": keys.env_for("a")})
     url = f"http://{host.runtime.node('a')['ip']}:4444"
+    session = requests.Session()
+    session.auth = keys.signer(lambda: {f"{host.runtime.node('a')['ip']}:4444": "a"})
 
     def healthy() -> bool:
         try:
@@ -307,10 +311,9 @@ def test_dml_node_serves_reads_its_shard_and_writes_its_events(host: WorkerHost)
             return False
 
     wait_for(healthy, timeout_s=30, what="the node's /health")
-    auth = {"Authorization": f"Bearer {token}"}
-    ok = requests.post(f"{url}/conf/dataset", json={"shard": "dataset/d/a.npz"}, headers=auth, timeout=5)
+    ok = session.post(f"{url}/conf/dataset", json={"shard": "dataset/d/a.npz"}, timeout=5)
     assert ok.status_code == 200, ok.text
-    missing = requests.post(f"{url}/conf/dataset", json={"shard": "dataset/d/b.npz"}, headers=auth, timeout=5)
+    missing = session.post(f"{url}/conf/dataset", json={"shard": "dataset/d/b.npz"}, timeout=5)
     assert missing.status_code == 400
     events = os.path.join(privilege.node_dir(host.workdir, "a"), "r1.jsonl")
     assert os.stat(events).st_uid == host.runtime.identity("a").uid
