@@ -170,6 +170,36 @@ def u32_dst_filter(ifindex: int, node: int, dest_ip: str, minor: int, prio: int 
     return message(RTM_NEWTFILTER, flags, body + attr(TCA_OPTIONS, options))
 
 
+def u32_prefix_filter(ifindex: int, prefix: str, minor: int, prio: int, flags: int = CREATE) -> bytes:
+    """``tc filter add dev X parent 1: protocol ip prio P u32 match ip dst PREFIX flowid 1:M``
+    (the kernel numbers the filter in the hash table of its priority)."""
+    net = ipaddress.IPv4Network(prefix)
+    sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0)
+    key = struct.pack("!II", int(net.netmask), int(net.network_address)) + struct.pack("=ii", 16, 0)
+    options = attr_u32(TCA_U32_CLASSID, tc_handle(1, minor)) + attr(TCA_U32_SEL, sel + key)
+    body = _tcmsg(ifindex, 0, tc_handle(1, 0), _u32_info(prio)) + attr_str(TCA_KIND, "u32")
+    return message(RTM_NEWTFILTER, flags, body + attr(TCA_OPTIONS, options))
+
+
+def delete_filters(ifindex: int, prio: int) -> bytes:
+    """``tc filter del dev X parent 1: protocol ip prio P u32``: every filter of that priority."""
+    body = _tcmsg(ifindex, 0, tc_handle(1, 0), _u32_info(prio)) + attr_str(TCA_KIND, "u32")
+    return message(RTM_DELTFILTER, 0, body)
+
+
+def dst_prefix(keys: list[tuple[int, int, int]]) -> Optional[str]:
+    """The destination a u32 filter's keys match: ``a.b.c.d`` for one address, ``a.b.c.d/len``
+    for a prefix, None for anything else (several keys, another offset, a mask with holes)."""
+    if len(keys) != 1 or keys[0][2] != 16:
+        return None
+    mask, value = keys[0][0], keys[0][1]
+    length = bin(mask).count("1")
+    if mask != (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF or value & ~mask & 0xFFFFFFFF:
+        return None
+    ip = socket.inet_ntoa(value.to_bytes(4, "big"))
+    return ip if length == 32 else f"{ip}/{length}"
+
+
 def delete_u32_filter(ifindex: int, node: int, prio: int = 1) -> bytes:
     body = _tcmsg(ifindex, u32_handle(node), tc_handle(1, 0), _u32_info(prio)) + attr_str(TCA_KIND, "u32")
     return message(RTM_DELTFILTER, 0, body)
