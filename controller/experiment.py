@@ -60,7 +60,8 @@ class Experiment:
 
     def __init__(self, workdir: str, topology: Topology, worker: Worker, structure: dict[str, dict[str, Any]],
                  run_id: Optional[str] = None, controller_port: int = 3333, node_port: int = NODE_PORT,
-                 progress: Callable[[str], None] = print) -> None:
+                 progress: Callable[[str], None] = print, open_network: bool = False) -> None:
+        self.open_network = open_network  # True: unlinked nodes reach each other (EdgeTB's network)
         self.workdir = os.path.realpath(workdir)
         self.topology = topology
         self.worker = worker
@@ -88,7 +89,7 @@ class Experiment:
         (by default 30 s plus 0.5 s per node: hundreds of processes start on a few cores)."""
         self.phase = "deploying"
         try:
-            result = deploy.deploy(self.topology, self.worker, self.progress)
+            result = deploy.deploy(self.topology, self.worker, self.progress, open_network=self.open_network)
             controller = f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}"
             for name, node in self.nodes.items():
                 node.ip = result["ips"][name]
@@ -331,7 +332,7 @@ class Experiment:
         deploy.check_capabilities(changed, self.worker.capabilities())
         ips = {n.name: n.ip for n in self.nodes.values()}
         ips.update({n["name"]: n["ip"] for n in self.worker.status()["nodes"]})
-        result = self.worker.set_links(deploy.link_requests(changed, ips), merge=True)
+        result = deploy.merge_links(changed, self.worker, ips)
         for (src, dst), link in changed.links.items():
             self.topology.links[(src, dst)] = link
         return result

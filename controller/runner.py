@@ -41,6 +41,9 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("--auto", action="store_true", help="run the whole flow, print a summary, reset")
     p.add_argument("--timeout", type=float, default=900.0, help="--auto: seconds to wait for the run (default 900)")
     p.add_argument("--quiet-nodes", action="store_true", help="do not print the nodes' progress lines")
+    p.add_argument("--open-network", action="store_true",
+                   help="let nodes that no link joins reach each other unshaped, as EdgeTB does "
+                        "(default: no link, no path)")
     return p
 
 
@@ -88,7 +91,8 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     progress: Callable[[str], None] = _say
     if args.quiet_nodes:
         progress = lambda m: None if m.split(":", 1)[0] in structure else _say(m)  # noqa: E731
-    exp = Experiment(args.workdir, topology, worker, structure, controller_port=args.port, progress=progress)
+    exp = Experiment(args.workdir, topology, worker, structure, controller_port=args.port, progress=progress,
+                     open_network=args.open_network)
     server: Optional[WSGIServer] = None
     stop = lambda: server and server.stop(timeout=1)  # noqa: E731
     app = create_app(exp, admin_token=os.environ.get("EDGETB_TOKEN"), on_reset=lambda: __import__("gevent").spawn(stop))
