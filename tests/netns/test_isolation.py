@@ -195,3 +195,24 @@ def test_a_missing_isolation_filter_is_a_mismatch(host):
     rec = host.runtime.node("a")
     with pytest.raises(ShapingError, match="isolation filters"):
         tc_apply.verify(rec["netns"], Plan.from_dict(shaping["plan"]))
+
+
+from tests.netns.test_agent_http import agent  # noqa: E402,F401  (the real agent process, as a fixture)
+
+
+def test_isolation_through_the_agent(agent):  # noqa: F811
+    """deploy() against the agent over HTTP: the body's isolation reaches the agent's host."""
+    need_tools("ss")
+    ips = deploy.deploy(topology(), agent.client)["ips"]
+    for name in "abc":
+        agent.client.start_process(name, {"version": 1, "argv": [sys.executable, "-c", SERVER]})
+        wait_listening(agent.client, name, PORT)
+    assert agent.client.shaping("d")["plan"]["drops"] == [agent.subnet]
+    got = reachability(agent.client, ips, [("a", "b"), ("b", "c"), ("a", "c"), ("d", "b")])
+    assert got == {("a", "b"): True, ("b", "c"): True, ("a", "c"): False, ("d", "b"): False}, got
+    one_way = Topology()
+    for name in "ca":
+        one_way.add_node(name)
+    one_way.add_link("c", "a", "10mbit")
+    deploy.update_links(one_way, agent.client, only={("c", "a")})
+    assert connects(agent.client, "c", ips["a"]) and connects(agent.client, "a", ips["c"])
