@@ -69,7 +69,8 @@ def plans(topology: Topology, ips: dict[str, str], isolation: Optional[Isolation
         targets.setdefault(link.src, []).append(Target(link.dst, ips[link.dst], link.shape))
     unshaped = unshaped_peers(topology, ips)
     return {src: make_plan(NODE_IFNAME, t, isolation=isolation,
-                           unshaped=[(p["dst"], p["dst_ip"]) for p in unshaped.get(src, [])])
+                           unshaped=[(p["dst"], p["dst_ip"]) for p in unshaped.get(src, [])],
+                           drop_ipv6=topology.nodes[src].kind != "physical")
             for src, t in targets.items()}
 
 

@@ -181,7 +181,8 @@ class WorkerHost:
             isolation = previous.isolation() if previous else None
         if unshaped is None:
             unshaped = previous.unshaped() if previous else []
-        return make_plan(_ifname(state["nodes"][src]), targets, previous, isolation, unshaped)
+        emulated = state["nodes"][src].get("netns") is not None  # a physical device's IPv6 is its own
+        return make_plan(_ifname(state["nodes"][src]), targets, previous, isolation, unshaped, drop_ipv6=emulated)
 
     def _shape_node(self, state: dict[str, Any], src: str, plan: Plan) -> dict[str, Any]:
         netns = state["nodes"][src]["netns"]

@@ -57,6 +57,7 @@ TC_U32_TERMINAL = 1
 TC_H_ROOT = 0xFFFFFFFF
 TC_LINKLAYER_ETHERNET = 1
 ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
 U32_ROOT_HT = 0x800
 
 CREATE = NLM_F_CREATE | NLM_F_EXCL
@@ -155,8 +156,8 @@ def u32_handle(node: int) -> int:
     return (U32_ROOT_HT << 20) | node
 
 
-def _u32_info(prio: int) -> int:
-    return (prio << 16) | socket.htons(ETH_P_IP)
+def _u32_info(prio: int, protocol: int = ETH_P_IP) -> int:
+    return (prio << 16) | socket.htons(protocol)
 
 
 def u32_dst_filter(ifindex: int, node: int, dest_ip: str, minor: int, prio: int = 1,
@@ -181,9 +182,19 @@ def u32_prefix_filter(ifindex: int, prefix: str, minor: int, prio: int, flags: i
     return message(RTM_NEWTFILTER, flags, body + attr(TCA_OPTIONS, options))
 
 
-def delete_filters(ifindex: int, prio: int) -> bytes:
+def u32_all_filter(ifindex: int, protocol: int, minor: int, prio: int, flags: int = CREATE) -> bytes:
+    """``tc filter add dev X parent 1: protocol <protocol> prio P u32 match u32 0 0 flowid 1:M``
+    (every packet of that link-layer protocol)."""
+    sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0)
+    key = struct.pack("!II", 0, 0) + struct.pack("=ii", 0, 0)
+    options = attr_u32(TCA_U32_CLASSID, tc_handle(1, minor)) + attr(TCA_U32_SEL, sel + key)
+    body = _tcmsg(ifindex, 0, tc_handle(1, 0), _u32_info(prio, protocol)) + attr_str(TCA_KIND, "u32")
+    return message(RTM_NEWTFILTER, flags, body + attr(TCA_OPTIONS, options))
+
+
+def delete_filters(ifindex: int, prio: int, protocol: int = ETH_P_IP) -> bytes:
     """``tc filter del dev X parent 1: protocol ip prio P u32``: every filter of that priority."""
-    body = _tcmsg(ifindex, 0, tc_handle(1, 0), _u32_info(prio)) + attr_str(TCA_KIND, "u32")
+    body = _tcmsg(ifindex, 0, tc_handle(1, 0), _u32_info(prio, protocol)) + attr_str(TCA_KIND, "u32")
     return message(RTM_DELTFILTER, 0, body)
 
 

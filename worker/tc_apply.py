@@ -18,8 +18,8 @@ from typing import Any, Optional
 from worker import netlink as nl
 from worker import nsfs
 from worker.errors import CapabilityError, ShapingError
-from worker.tc_plan import (DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, DROP_MINOR, DROP_PRIO, NETEM_DEFAULT_LIMIT,
-                            RULE_PRIO, Plan, Rule, diff, pass_diff, render_update)
+from worker.tc_plan import (DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, DROP_MINOR, DROP_PRIO, IPV6_DROP_PRIO,
+                            NETEM_DEFAULT_LIMIT, RULE_PRIO, Plan, Rule, diff, pass_diff, render_update)
 
 _netem_lock = threading.Lock()
 _netem_available: Optional[bool] = None
@@ -112,6 +112,9 @@ def apply(netns: Optional[str], plan: Plan) -> None:
     for prefix in plan.drops:
         msgs.append(nl.u32_prefix_filter(ifindex, prefix, DROP_MINOR, DROP_PRIO))
         what.append(f"isolation filter dropping {prefix}")
+    if plan.drop_ipv6:
+        msgs.append(nl.u32_all_filter(ifindex, nl.ETH_P_IPV6, DROP_MINOR, IPV6_DROP_PRIO))
+        what.append("isolation filter dropping IPv6")
     with nl.RtnlSocket(netns) as sock:
         sock.run([nl.delete_root(ifindex)])  # absent root is fine
         failures = sock.run(msgs)
@@ -126,7 +129,7 @@ def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
     removed link carried is dropped from the moment its filter goes."""
     changes = diff(old, new)
     removed, added = pass_diff(old, new)
-    if not changes and not removed and not added and old.drops == new.drops:
+    if not changes and not removed and not added and old.drops == new.drops and old.drop_ipv6 == new.drop_ipv6:
         return []
     ifindex = ifindex_in(netns, new.ifname)
     msgs: list[bytes] = []
@@ -167,9 +170,15 @@ def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
         for prefix in new.drops:
             msgs.append(nl.u32_prefix_filter(ifindex, prefix, DROP_MINOR, DROP_PRIO))
             what.append(f"isolation filter dropping {prefix}")
-        if old.drops and not new.drops:
-            msgs.append(nl.delete_class(ifindex, DROP_MINOR))
-            what.append("removing the isolation drop class")
+    if old.drop_ipv6 != new.drop_ipv6:
+        if new.drop_ipv6:
+            msgs.append(nl.u32_all_filter(ifindex, nl.ETH_P_IPV6, DROP_MINOR, IPV6_DROP_PRIO))
+        else:
+            msgs.append(nl.delete_filters(ifindex, IPV6_DROP_PRIO, nl.ETH_P_IPV6))
+        what.append("isolation filter dropping IPv6")
+    if old.drops and not new.drops:
+        msgs.append(nl.delete_class(ifindex, DROP_MINOR))
+        what.append("removing the isolation drop class")
     with nl.RtnlSocket(netns) as sock:
         failures = sock.run(msgs)
     _raise_failures(netns or "the host", failures, what, "updating shaping")
@@ -192,13 +201,15 @@ class Observed:
     leaves: dict[int, dict[str, Any]] = field(default_factory=dict)  # minor -> {kind, ...}
     filters: dict[int, dict[str, Any]] = field(default_factory=dict)  # u32 node -> {dest_ip, minor} (prio 1)
     drops: dict[str, int] = field(default_factory=dict)  # prefix -> class minor (prio-2 filters)
+    ipv6_drop: Optional[int] = None  # class minor of the prio-3 filter taking all IPv6
 
     def to_dict(self) -> dict[str, Any]:
         return {"root": self.root,
                 "classes": {f"1:{m:x}": {"rate_bps": r * 8} for m, r in sorted(self.classes.items())},
                 "leaves": {f"1:{m:x}": v for m, v in sorted(self.leaves.items())},
                 "filters": {f"800::{n:x}": v for n, v in sorted(self.filters.items())},
-                "drops": {p: {"minor": m} for p, m in sorted(self.drops.items())}}
+                "drops": {p: {"minor": m} for p, m in sorted(self.drops.items())},
+                "ipv6_drop": None if self.ipv6_drop is None else {"minor": self.ipv6_drop}}
 
 
 def _leaf(kind: str, options: bytes) -> dict[str, Any]:
@@ -233,7 +244,12 @@ def read_back(netns: Optional[str], ifname: str) -> Observed:
             if classid is None:
                 continue
             dest = nl.dst_prefix(keys)
-            if f.info >> 16 == DROP_PRIO:
+            if f.info >> 16 == IPV6_DROP_PRIO:
+                if f.info & 0xFFFF == socket.htons(nl.ETH_P_IPV6) and keys == [(0, 0, 0)]:
+                    seen.ipv6_drop = classid & 0xFFFF
+                else:
+                    seen.drops[f"prio {IPV6_DROP_PRIO} filter {f.handle:x}"] = classid & 0xFFFF
+            elif f.info >> 16 == DROP_PRIO:
                 seen.drops[dest or f"filter {f.handle:x}"] = classid & 0xFFFF
             else:
                 seen.filters[f.handle & 0xFFF] = {"dest_ip": dest, "minor": classid & 0xFFFF}
@@ -283,6 +299,10 @@ def mismatches(plan: Plan, seen: Observed) -> list[str]:
         wrong = sorted(p for p in set(wanted_drops) & set(seen.drops) if seen.drops[p] != DROP_MINOR)
         problems.append(f"isolation filters: missing {missing}, not in the plan {extra}, "
                         f"not into 1:{DROP_MINOR:x} {wrong}")
+    wanted_ipv6 = DROP_MINOR if plan.drop_ipv6 else None
+    if seen.ipv6_drop != wanted_ipv6:
+        problems.append(f"IPv6 isolation filter: found {seen.ipv6_drop and f'1:{seen.ipv6_drop:x}'}, "
+                        f"expected {wanted_ipv6 and f'1:{wanted_ipv6:x}'}")
     return problems
 
 

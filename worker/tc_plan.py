@@ -22,7 +22,10 @@ node's address) leaves only by a link. The plan then also holds
   its own (the way back of a one-way link: a pair linked in one direction is open
   both ways, its reverse unshaped);
 - one u32 filter per node-space prefix at prio 2 (evaluated after every prio-1
-  filter) into the drop class: a few prefixes, never one filter per unlinked peer.
+  filter) into the drop class: a few prefixes, never one filter per unlinked peer;
+- on an emulated node (never on a physical device's NIC), one prio-3 filter that
+  drops all IPv6: nodes are addressed by IPv4 only, and their IPv6 link-local
+  addresses would otherwise be a path between nodes that no link joins.
 
 ARP is not IP and is not filtered; anything outside the node space (the LAN, the
 controller's own address, the Internet) takes the default class as before. An
@@ -45,6 +48,7 @@ DEFAULT_MINOR = 1
 DROP_MINOR = 2  # isolation: the class whose pfifo of limit 0 drops what it is given
 RULE_PRIO = 1  # per-destination filters (links and passes)
 DROP_PRIO = 2  # node-space prefixes, after every per-destination filter
+IPV6_DROP_PRIO = 3  # an emulated node's IPv6 (link-local only: no path of the testbed)
 FIRST_MINOR = 0x10
 MAX_MINOR = 0xFFF  # u32 node ids are 12 bits; the filter handle reuses the minor
 DEFAULT_CLASS_RATE_BPS = 10 * 10**9
@@ -154,6 +158,7 @@ class Plan:
     rules: tuple[Rule, ...] = field(default_factory=tuple)
     passes: tuple[Pass, ...] = field(default_factory=tuple)
     drops: tuple[str, ...] = field(default_factory=tuple)
+    drop_ipv6: bool = False
 
     @property
     def needs_netem(self) -> bool:
@@ -186,12 +191,14 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ifname": self.ifname, "rules": [r.to_dict() for r in self.rules],
-                "passes": [p.to_dict() for p in self.passes], "drops": list(self.drops)}
+                "passes": [p.to_dict() for p in self.passes], "drops": list(self.drops),
+                "drop_ipv6": self.drop_ipv6}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
         return cls(data["ifname"], tuple(Rule.from_dict(r) for r in data["rules"]),
-                   tuple(Pass.from_dict(p) for p in data.get("passes", [])), tuple(data.get("drops", [])))
+                   tuple(Pass.from_dict(p) for p in data.get("passes", [])), tuple(data.get("drops", [])),
+                   bool(data.get("drop_ipv6", False)))
 
 
 @dataclass(frozen=True)
@@ -204,10 +211,12 @@ class Target:
 
 
 def make_plan(ifname: str, targets: list[Target], previous: Optional[Plan] = None,
-              isolation: Optional[Isolation] = None, unshaped: Iterable[tuple[str, str]] = ()) -> Plan:
+              isolation: Optional[Isolation] = None, unshaped: Iterable[tuple[str, str]] = (),
+              drop_ipv6: bool = False) -> Plan:
     """The plan for ``targets``; destinations already in ``previous`` keep their minor (and
     passes their node). With ``isolation``, the node space is dropped but for its kept
-    addresses and the ``unshaped`` peers, (node, ip) pairs reached without a shaped link."""
+    addresses and the ``unshaped`` peers, (node, ip) pairs reached without a shaped link,
+    and with ``drop_ipv6`` (emulated nodes) all IPv6 too."""
     seen: set[str] = set()
     for t in targets:
         if t.dest in seen:
@@ -239,7 +248,8 @@ def make_plan(ifname: str, targets: list[Target], previous: Optional[Plan] = Non
     for ip, dest in wanted_passes.items():
         old_pass = kept_passes.get(ip)
         passes.append(Pass(dest, ip, check(old_pass.node if old_pass is not None else take())))
-    return Plan(ifname, tuple(rules), tuple(passes), isolation.drop if isolation else ())
+    return Plan(ifname, tuple(rules), tuple(passes), isolation.drop if isolation else (),
+                bool(isolation) and drop_ipv6)
 
 
 def _wanted_passes(targets: list[Target], isolation: Optional[Isolation],
@@ -334,6 +344,11 @@ def drop_filter_commands(dev: str, drops: Iterable[str]) -> list[str]:
             f"flowid 1:{DROP_MINOR:x}" for prefix in drops]
 
 
+def ipv6_drop_command(dev: str, verb: str = "add") -> str:
+    line = f"tc filter {verb} dev {dev} parent 1: protocol ipv6 prio {IPV6_DROP_PRIO} u32"
+    return line + (f" match u32 0 0 flowid 1:{DROP_MINOR:x}" if verb == "add" else "")
+
+
 def render(plan: Plan, netns: Optional[str] = None) -> list[str]:
     """The plan as the equivalent ``tc`` command lines (for --dry-run and logs)."""
     prefix = f"ip netns exec {netns} " if netns else ""
@@ -347,6 +362,7 @@ def render(plan: Plan, netns: Optional[str] = None) -> list[str]:
         lines += rule_commands(dev, rule)
     lines += [pass_command(dev, p) for p in plan.passes]
     lines += drop_filter_commands(dev, plan.drops)
+    lines += [ipv6_drop_command(dev)] if plan.drop_ipv6 else []
     return [prefix + line for line in lines]
 
 
@@ -362,8 +378,10 @@ def render_update(old: Plan, new: Plan) -> list[str]:
         if old.drops:
             lines.append(f"tc filter del dev {dev} parent 1: protocol ip prio {DROP_PRIO} u32")
         lines += drop_filter_commands(dev, new.drops)
-        if old.drops and not new.drops:
-            lines.append(f"tc class del dev {dev} classid 1:{DROP_MINOR:x}")
+    if old.drop_ipv6 != new.drop_ipv6:
+        lines.append(ipv6_drop_command(dev, "add" if new.drop_ipv6 else "del"))
+    if old.drops and not new.drops:
+        lines.append(f"tc class del dev {dev} classid 1:{DROP_MINOR:x}")
     return lines
 
 

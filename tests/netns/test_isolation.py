@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+import time
 from typing import Iterator
 
 import pytest
@@ -25,9 +26,10 @@ pytestmark = NETNS
 
 PORT = 7311
 CONNECT_TIMEOUT_S = 1.5
-SERVER = ("import socket\n"
-          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-          f"s.bind(('0.0.0.0', {PORT})); s.listen(64)\n"
+SERVER = ("import socket\n"  # IPv4 and IPv6 (the nodes' link-local addresses)
+          "s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n"
+          f"s.bind(('::', {PORT})); s.listen(64)\n"
           "while True:\n"
           "    c, _ = s.accept(); c.sendall(b'ok'); c.close()\n")
 CLIENT = ("import socket, sys\n"
@@ -182,6 +184,30 @@ def test_switching_isolation_off_and_on_in_place(host):
                    merge=True)
     all_verified(host)
     assert not connects(host, "a", ips["c"]) and connects(host, "a", ips["b"])
+
+
+def link_local(host, node: str, timeout_s: float = 15.0) -> str:
+    """The node's IPv6 link-local address, once duplicate address detection has let it be used."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = host.exec(node, {"version": 1, "argv": ["ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope",
+                                                      "link"], "timeout_s": 10})
+        words = out["stdout"].split()
+        if "inet6" in words and "tentative" not in words:
+            return words[words.index("inet6") + 1].split("/")[0] + "%eth0"
+        assert time.monotonic() < deadline, f"no usable link-local address in {node}: {out}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("open_network", [False, True])
+def test_ipv6_link_local_is_no_path_between_unlinked_nodes(host, open_network):
+    """Nodes are addressed by IPv4, but the kernel gives them IPv6 link-local addresses on the
+    bridge: isolation drops an emulated node's IPv6, the open network does not."""
+    up(host, open_network=open_network)
+    ips6 = {name: link_local(host, name) for name in "abc"}
+    got = reachability(host, ips6, [("a", "c"), ("a", "b")])
+    assert got == {("a", "c"): open_network, ("a", "b"): open_network}, got
+    assert (host.shaping("a")["kernel"]["ipv6_drop"] is None) is open_network
 
 
 def test_a_missing_isolation_filter_is_a_mismatch(host):

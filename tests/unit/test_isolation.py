@@ -21,7 +21,7 @@ from worker.tc_plan import DROP_MINOR, DROP_PRIO, Isolation, Target, make_plan
 
 def topo(*links: tuple[str, str], physical: Optional[dict[str, str]] = None) -> Topology:
     t = Topology()
-    for name in sorted({n for pair in links for n in pair} | {"d"}):
+    for name in sorted(({n for pair in links for n in pair} | {"d"}) - set(physical or {})):
         t.add_node(name)
     for name, ip in (physical or {}).items():
         t.add_node(name, "physical", name, ip=ip)
@@ -251,3 +251,24 @@ def test_delete_filters_of_a_priority():
     _, index, handle, parent, info = struct.unpack_from("=BxxxiIII", data, 16)
     assert kind == nl.RTM_DELTFILTER
     assert (index, handle, parent, info) == (3, 0, 0x10000, (DROP_PRIO << 16) | socket.htons(0x0800))
+
+
+def test_ipv6_drop_is_verified():
+    plan = make_plan("eth0", [Target("b", "10.9.0.3", Shape(10**7))], isolation=SPACE, unshaped=[("c", "10.9.0.4")],
+                     drop_ipv6=True)
+    assert mismatches(plan, observed(ipv6_drop=DROP_MINOR)) == []
+    assert mismatches(plan, observed()) == ["IPv6 isolation filter: found None, expected 1:2"]
+    assert mismatches(PLAN, observed(ipv6_drop=DROP_MINOR)) == ["IPv6 isolation filter: found 1:2, expected None"]
+
+
+def test_u32_all_filter_for_ipv6():
+    data = nl.u32_all_filter(4, nl.ETH_P_IPV6, DROP_MINOR, 3)
+    _, index, handle, parent, info = struct.unpack_from("=BxxxiIII", data, 16)
+    assert (index, handle, parent, info) == (4, 0, 0x10000, (3 << 16) | socket.htons(0x86DD))
+    assert nl.u32_key(nl.parse_attrs(data, 16 + 20)[nl.TCA_OPTIONS]) == (0x10000 | DROP_MINOR, [(0, 0, 0)])
+
+
+def test_dry_run_drops_ipv6_on_emulated_nodes_only():
+    t = topo(("a", "pi"), ("pi", "a"), physical={"pi": "192.168.1.50"})
+    plans = deploy.plans(t, IPS, deploy.node_space(t, IPS, ["10.9.0.0/16"]))
+    assert plans["a"].drop_ipv6 and not plans["pi"].drop_ipv6

@@ -390,3 +390,19 @@ def test_isolation_wire_form(data, error):
     else:
         with pytest.raises(ConfigError, match=error):
             Isolation.from_dict(data)
+
+
+def test_ipv6_drop_only_with_isolation():
+    from worker.tc_plan import IPV6_DROP_PRIO
+
+    assert make_plan("eth0", [], isolation=SPACE, drop_ipv6=True).drop_ipv6 is True
+    assert make_plan("eth0", [], drop_ipv6=True).drop_ipv6 is False  # open: nothing dropped
+    plan = make_plan("eth0", [], isolation=SPACE, drop_ipv6=True)
+    assert render(plan)[-1] == (f"tc filter add dev eth0 parent 1: protocol ipv6 prio {IPV6_DROP_PRIO} u32 "
+                                "match u32 0 0 flowid 1:2")
+    assert Plan.from_dict(plan.to_dict()) == plan
+    assert render_update(plan, make_plan("eth0", [], previous=plan)) == [
+        "tc filter del dev eth0 parent 1: protocol ip prio 1 handle 800::10 u32",
+        "tc filter del dev eth0 parent 1: protocol ip prio 2 u32",
+        "tc filter del dev eth0 parent 1: protocol ipv6 prio 3 u32",
+        "tc class del dev eth0 classid 1:2"]
