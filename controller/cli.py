@@ -211,6 +211,8 @@ def _print_shaping(info: dict[str, Any]) -> None:
             print(f"filter {handle} match ip dst {f['dest_ip']}/32 -> class 1:{f['minor']:x}")
         for prefix, f in kernel.get("drops", {}).items():
             print(f"filter prio 2 match ip dst {prefix} -> class 1:{f['minor']:x} (isolation: dropped)")
+        if kernel.get("ipv6_drop"):
+            print(f"filter prio 3 protocol ipv6 -> class 1:{kernel['ipv6_drop']['minor']:x} (isolation: dropped)")
     if info["plan"]:
         print(f"# plan ({len(info['plan']['rules'])} links):")
         print("\n".join(info["tc"]))
