@@ -125,8 +125,8 @@ def apply(netns: Optional[str], plan: Plan) -> None:
 
 def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
     """Change the rules, passes and isolation that differ, in place (root and other links
-    untouched); returns tc lines. A new pass or drop set never opens a gap: traffic that a
-    removed link carried is dropped from the moment its filter goes."""
+    untouched); returns tc lines. New passes are added first and old ones removed last, so a
+    peer that moves between link and pass is never dropped on the way."""
     changes = diff(old, new)
     removed, added = pass_diff(old, new)
     if not changes and not removed and not added and old.drops == new.drops and old.drop_ipv6 == new.drop_ipv6:
@@ -137,9 +137,9 @@ def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
     if new.drops and not old.drops:
         msgs += _drop_class_messages(ifindex)
         what += ["isolation drop class", "isolation drop leaf"]
-    for p in removed:
-        msgs.append(nl.delete_u32_filter(ifindex, p.node, RULE_PRIO))
-        what.append(f"removing {_pass_label(p.dest, p.dest_ip)}")
+    for p in added:  # before the links change: a peer moving from link to pass is never dropped
+        msgs.append(nl.u32_dst_filter(ifindex, p.node, p.dest_ip, DEFAULT_MINOR))
+        what.append(_pass_label(p.dest, p.dest_ip))
     for c in changes:
         if c.op == "remove" and c.old:
             step = [nl.delete_u32_filter(ifindex, c.old.minor), nl.delete_class(ifindex, c.old.minor)]
@@ -160,9 +160,9 @@ def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
             label = f"changing link to {c.new.dest} to {c.new.shape.describe()}"
         msgs += step
         what += [label] * len(step)
-    for p in added:
-        msgs.append(nl.u32_dst_filter(ifindex, p.node, p.dest_ip, DEFAULT_MINOR))
-        what.append(_pass_label(p.dest, p.dest_ip))
+    for p in removed:  # after: a peer moving from pass to link is never dropped either
+        msgs.append(nl.delete_u32_filter(ifindex, p.node, RULE_PRIO))
+        what.append(f"removing {_pass_label(p.dest, p.dest_ip)}")
     if old.drops != new.drops:
         if old.drops:
             msgs.append(nl.delete_filters(ifindex, DROP_PRIO))

@@ -225,8 +225,11 @@ def make_plan(ifname: str, targets: list[Target], previous: Optional[Plan] = Non
     wanted_passes = _wanted_passes(targets, isolation, unshaped)
     kept = previous.by_dest() if previous else {}
     kept_passes = previous.passes_by_ip() if previous else {}
-    used = {r.minor for r in kept.values() if r.dest in seen}
-    used |= {p.node for ip, p in kept_passes.items() if ip in wanted_passes}
+    # a new link may take the minor of a link removed in the same update (deleted first), never
+    # a pass's node; a new pass takes an id no old filter has: an update adds passes before it
+    # changes links and removes passes after, so a peer moving between pass and link never
+    # meets the drop filters
+    used = {r.minor for r in kept.values() if r.dest in seen} | {p.node for p in kept_passes.values()}
     counter = [FIRST_MINOR]
 
     def take() -> int:
@@ -244,6 +247,7 @@ def make_plan(ifname: str, targets: list[Target], previous: Optional[Plan] = Non
     for t in targets:
         old = kept.get(t.dest)
         rules.append(Rule(t.dest, t.dest_ip, check(old.minor if old is not None else take()), t.shape))
+    used |= {r.minor for r in kept.values()}
     passes = []
     for ip, dest in wanted_passes.items():
         old_pass = kept_passes.get(ip)
@@ -371,9 +375,9 @@ def render_update(old: Plan, new: Plan) -> list[str]:
     dev = new.ifname
     removed, added = pass_diff(old, new)
     lines = drop_class_commands(dev) if new.drops and not old.drops else []
-    lines += [pass_command(dev, p, "del") for p in removed]
-    lines += render_diff(dev, diff(old, new))
     lines += [pass_command(dev, p) for p in added]
+    lines += render_diff(dev, diff(old, new))
+    lines += [pass_command(dev, p, "del") for p in removed]
     if old.drops != new.drops:
         if old.drops:
             lines.append(f"tc filter del dev {dev} parent 1: protocol ip prio {DROP_PRIO} u32")

@@ -305,15 +305,29 @@ def test_keep_outside_the_space_needs_no_pass():
     assert [p.dest_ip for p in plan.passes] == ["10.0.0.1"]
 
 
-def test_passes_keep_their_node_across_updates_and_free_ones_are_reused():
+def test_passes_keep_their_node_across_updates_and_new_ids_are_fresh():
     old = make_plan("eth0", [t("b", "10.0.0.3")], isolation=SPACE, unshaped=[("c", "10.0.0.4"), ("d", "10.0.0.5")])
     assert [(p.dest, p.node) for p in old.passes] == [("", 0x11), ("c", 0x12), ("d", 0x13)]
     new = make_plan("eth0", [t("b", "10.0.0.3"), t("e", "10.0.0.6")], previous=old, isolation=SPACE,
                     unshaped=[("d", "10.0.0.5")])
-    assert [(r.dest, r.minor) for r in new.rules] == [("b", 0x10), ("e", 0x12)]  # c's freed node
+    assert [(r.dest, r.minor) for r in new.rules] == [("b", 0x10), ("e", 0x14)]  # not c's node: removed after
     assert [(p.dest, p.node) for p in new.passes] == [("", 0x11), ("d", 0x13)]
     removed, added = pass_diff(old, new)
     assert [p.dest for p in removed] == ["c"] and added == []
+    # a new pass never takes an old link's minor either (it is added before links change)
+    newer = make_plan("eth0", [t("e", "10.0.0.6")], previous=new, isolation=SPACE, unshaped=[("b", "10.0.0.3")])
+    assert [(p.dest, p.node) for p in newer.passes] == [("", 0x11), ("b", 0x12)]  # not 0x10, b's old link
+    assert [(r.dest, r.minor) for r in newer.rules] == [("e", 0x14)]
+
+
+def test_update_order_never_drops_a_peer_moving_between_pass_and_link():
+    as_pass = make_plan("eth0", [], isolation=SPACE, unshaped=[("c", "10.0.0.4")])
+    as_link = make_plan("eth0", [t("c", "10.0.0.4")], previous=as_pass, isolation=SPACE, unshaped=[])
+    lines = render_update(as_pass, as_link)
+    assert [line.split(" dev ")[0] for line in lines] == ["tc class add", "tc filter add", "tc filter del"], lines
+    back = make_plan("eth0", [], previous=as_link, isolation=SPACE, unshaped=[("c", "10.0.0.4")])
+    lines = render_update(as_link, back)
+    assert [line.split(" dev ")[0] for line in lines] == ["tc filter add", "tc filter del", "tc class del"], lines
 
 
 def test_a_link_to_an_unshaped_peer_replaces_its_pass():
