@@ -3,7 +3,8 @@
 Run as root: ``.venv/bin/python bench/bench_netns.py [--quick]``. Prints Markdown
 tables on stdout (progress on stderr); the figures go into BENCHMARKS.md.
 
-1. Bring-up: N netns nodes plus shaped links through ``WorkerHost`` in-process
+1. Bring-up: N netns nodes plus shaped links through ``WorkerHost`` in-process, isolated
+   as a deployed testbed is (``--open-network``: without isolation)
    (full mesh up to 100 nodes, a seeded random graph of out-degree 10 at 500).
 2. 1,000 per-destination rules (HTB class + u32 filter) on one node: edgetb's
    batched netlink against pyroute2 one request at a time, ``tc -batch``, and
@@ -205,7 +206,7 @@ def graph(n: int, degree: Optional[int], rng: random.Random) -> list[tuple[int, 
     return [(i, j) for i in range(n) for j in rng.sample([k for k in range(n) if k != i], degree)]
 
 
-def bring_up(n: int, degree: Optional[int], subnet: str) -> list[Any]:
+def bring_up(n: int, degree: Optional[int], subnet: str, isolated: bool = True) -> list[Any]:
     rng = random.Random(SEED + n)
     edges = graph(n, degree, rng)
     rates = [rng.randint(1, 100) * 10**6 for _ in edges]
@@ -217,6 +218,13 @@ def bring_up(n: int, degree: Optional[int], subnet: str) -> list[Any]:
         checkpoint()
         body = {"version": 1, "links": [{"src": f"n{i}", "dst": f"n{j}", "dst_ip": nodes[j]["ip"],
                                          "shape": {"rate_bps": r}} for (i, j), r in zip(edges, rates)]}
+        if isolated:  # as deploy sends it: the node subnet dropped but by links, its gateway kept
+            pairs = set(edges)
+            body["isolation"] = {"drop": [str(host.runtime.subnet)], "keep": [host.runtime.bridge_ip]}
+            body["unshaped"] = {f"n{k}": [] for k in range(n)}
+            for i, j in edges:
+                if (j, i) not in pairs:
+                    body["unshaped"][f"n{j}"].append({"dst": f"n{i}", "dst_ip": nodes[i]["ip"]})
         log(f"  shaping {len(edges)} links")
         with timed_calls(tc_apply, ["apply", "verify"]) as calls:
             t2 = time.perf_counter()
@@ -477,6 +485,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=None, help="repetitions of the 1,000-rule runs (default 5)")
     parser.add_argument("--only", nargs="+", choices=["bringup", "rules", "agent"],
                         help="run only these benchmarks")
+    parser.add_argument("--open-network", action="store_true",
+                        help="bring-up without isolation (default: isolated, as a deployed testbed)")
     parser.add_argument("--subnet", default="10.250.0.0/16",
                         help="node subnet (another free 10.x.0.0/16 is taken if it is in use)")
     args = parser.parse_args()
@@ -513,10 +523,12 @@ def main() -> int:
             rows = []
             for n, degree in sizes:
                 log(f"bring-up: {n} nodes")
-                row = attempt(f"bring-up of {n} nodes", lambda: bring_up(n, degree, args.subnet))
+                row = attempt(f"bring-up of {n} nodes",
+                              lambda: bring_up(n, degree, args.subnet, not args.open_network))
                 if row:
                     rows.append(row)
-            print("## 1. Bring-up: nodes created, every link shaped and verified (WorkerHost, in-process)\n")
+            print(f"## 1. Bring-up: nodes created, every link shaped and verified (WorkerHost, in-process, "
+                  f"{'open network' if args.open_network else 'isolated: no link, no path'})\n")
             print(table(["nodes", "graph", "directed links", "nodes s", "shaping s", "total s",
                          "program Σ s", "verify Σ s", "re-verify s", "target", "result"], rows))
             print(f"\nshaping s: `set_links` wall time (plan, program, read back + compare, save state) "

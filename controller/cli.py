@@ -1,6 +1,6 @@
 """The ``edgetb`` command: bring a network up, look at it, run commands in it, take it down.
 
-    edgetb up links.json [--nodes nodes.json] [--runtime netns|docker] [--dry-run]
+    edgetb up links.json [--nodes nodes.json] [--runtime netns|docker] [--dry-run] [--open-network]
     edgetb status [--json]
     edgetb exec NODE -- CMD [ARG ...]
     edgetb shape show NODE [--json]
@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--runtime", choices=("netns", "docker"), default=None,
                     help="what a node is: a network namespace (default) or a Docker container")
     up.add_argument("--dry-run", action="store_true", help="print the plan as tc commands; needs no root")
+    up.add_argument("--open-network", action="store_true",
+                    help="let nodes that no link joins reach each other unshaped, as EdgeTB does "
+                         "(default: no link, no path)")
 
     st = sub.add_parser("status", help="list nodes, addresses, limits and shaping")
     st.add_argument("--json", action="store_true")
@@ -121,13 +124,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         ips = deploy.planned_ips(topology, args.subnet)
         for name, node in topology.nodes.items():
             print(f"# node {name}: {ips[name]}  cpu={node.cpu or '-'} mem={_fmt_mem(node.mem_bytes)}")
-        for src, plan in deploy.plans(topology, ips).items():
+        space = None if args.open_network else deploy.node_space(topology, ips, [args.subnet])
+        for src, plan in deploy.plans(topology, ips, space).items():
             print("\n".join(render(plan, f"etb-{args.id}-{src}")))
         return 0
     lock = _local_lock(args)
     if lock is None:
         worker = _worker(args)
-        result = deploy.deploy(topology, worker, _progress)
+        result = deploy.deploy(topology, worker, _progress, open_network=args.open_network)
     else:
         from controller.lock import Holder
 
@@ -258,6 +262,10 @@ def _print_shaping(info: dict[str, Any]) -> None:
             print(f"class {cls} rate {format_rate(data['rate_bps'])}{leaf_text}")
         for handle, f in kernel["filters"].items():
             print(f"filter {handle} match ip dst {f['dest_ip']}/32 -> class 1:{f['minor']:x}")
+        for prefix, f in kernel.get("drops", {}).items():
+            print(f"filter prio 2 match ip dst {prefix} -> class 1:{f['minor']:x} (isolation: dropped)")
+        if kernel.get("ipv6_drop"):
+            print(f"filter prio 3 protocol ipv6 -> class 1:{kernel['ipv6_drop']['minor']:x} (isolation: dropped)")
     if info["plan"]:
         print(f"# plan ({len(info['plan']['rules'])} links):")
         print("\n".join(info["tc"]))

@@ -1,7 +1,17 @@
 """Bringing a topology up on a worker, all or nothing, and changing its links later.
 
 The requests sent to workers are computed by pure functions (``node_requests``,
-``link_requests``) so a dry run prints exactly what a real run would apply.
+``link_requests``, ``isolation_request``) so a dry run prints exactly what a real run
+would apply.
+
+No link, no path (the default): every node's tree drops traffic to the testbed's node
+address space (each emulator host's node subnet, each physical node's address) unless
+links.json links the pair; the subnets' gateways (bridges: the controller and agents,
+routes to other hosts) and the controller's address stay reachable, and so does
+everything outside the node space. A pair linked in one direction only is open both
+ways (TCP needs its replies), the way back unshaped. ``open_network=True`` restores
+EdgeTB's open network, where unlinked pairs talk through the default class. Runtime
+updates keep each node's setting; a link added opens its pair, a link removed closes it.
 """
 from __future__ import annotations
 
@@ -13,7 +23,7 @@ from controller.agent_client import Worker
 from controller.topology import Topology
 from worker.errors import CapabilityError, ConfigError, TestbedError
 from worker.runtime_netns import NODE_IFNAME, node_address
-from worker.tc_plan import Plan, Target, make_plan
+from worker.tc_plan import Isolation, Plan, Target, make_plan
 
 Progress = Callable[[str], None]
 
@@ -51,12 +61,65 @@ def planned_ips(topology: Topology, subnet: str, subnets: Optional[dict[str, str
     return ips
 
 
-def plans(topology: Topology, ips: dict[str, str]) -> dict[str, Plan]:
-    """Per-node shaping plans, as the worker would make them on a fresh testbed."""
-    targets: dict[str, list[Target]] = {}
+def plans(topology: Topology, ips: dict[str, str], isolation: Optional[Isolation] = None) -> dict[str, Plan]:
+    """Per-node shaping plans, as the worker would make them on a fresh testbed (with
+    ``isolation``, every node has one, linked or not)."""
+    targets: dict[str, list[Target]] = {n: [] for n in topology.nodes} if isolation else {}
     for link in topology.links.values():
         targets.setdefault(link.src, []).append(Target(link.dst, ips[link.dst], link.shape))
-    return {src: make_plan(NODE_IFNAME, t) for src, t in targets.items()}
+    unshaped = unshaped_peers(topology, ips)
+    return {src: make_plan(NODE_IFNAME, t, isolation=isolation,
+                           unshaped=[(p["dst"], p["dst_ip"]) for p in unshaped.get(src, [])],
+                           drop_ipv6=topology.nodes[src].kind != "physical")
+            for src, t in targets.items()}
+
+
+def node_space(topology: Topology, ips: dict[str, str], subnets: list[str],
+               controller_ip: Optional[str] = None) -> Isolation:
+    """What isolation drops: every emulator host's node subnet and every node address outside
+    them (physical devices); what it keeps: each subnet's gateway (its first address) and the
+    controller's address when it lies inside that space."""
+    nets = [ipaddress.IPv4Network(s) for s in subnets]
+    drop = [str(n) for n in nets]
+    for name in sorted(topology.nodes):
+        ip = ips.get(name)
+        if ip and not any(ipaddress.IPv4Address(ip) in n for n in nets) and f"{ip}/32" not in drop:
+            drop.append(f"{ip}/32")
+    keep = [str(n.network_address + 1) for n in nets]
+    if controller_ip and controller_ip not in keep and any(
+            ipaddress.IPv4Address(controller_ip) in ipaddress.IPv4Network(d) for d in drop):
+        keep.append(controller_ip)
+    if not drop:
+        raise ConfigError("isolation: the testbed has no node subnet and no node address to isolate")
+    return Isolation(tuple(drop), tuple(keep))
+
+
+def worker_subnets(caps: dict[str, Any]) -> list[str]:
+    """The node subnets of a worker's hosts, from its capabilities (one host, or a cluster's)."""
+    hosts = caps.get("hosts")
+    found = [c.get("subnet") for c in hosts.values()] if isinstance(hosts, dict) else [caps.get("subnet")]
+    return [s for s in found if s]
+
+
+def unshaped_peers(topology: Topology, ips: dict[str, str],
+                   nodes: Optional[list[str]] = None) -> dict[str, list[dict[str, str]]]:
+    """For each node (of ``nodes``, default all): the peers that link to it while it has no link
+    back, which it reaches unshaped (replies of a one-way link)."""
+    names = list(topology.nodes) if nodes is None else nodes
+    back: dict[str, list[str]] = {n: [] for n in names}
+    for src, dst in topology.links:
+        if dst in back and (dst, src) not in topology.links:
+            back[dst].append(src)
+    return {n: [{"dst": s, "dst_ip": ips[s]} for s in sorted(peers)] for n, peers in back.items()}
+
+
+def isolation_request(topology: Topology, ips: dict[str, str], isolation: Optional[Isolation],
+                      nodes: Optional[list[str]] = None) -> dict[str, Any]:
+    """The isolation part of a set-links body: the setting, and every listed node's unshaped
+    peers (so that each of them gets its tree, linked or not)."""
+    if isolation is None:
+        return {"isolation": {"open": True}}
+    return {"isolation": isolation.to_dict(), "unshaped": unshaped_peers(topology, ips, nodes)}
 
 
 def check_capabilities(topology: Topology, caps: dict[str, Any]) -> None:
@@ -72,9 +135,12 @@ def check_capabilities(topology: Topology, caps: dict[str, Any]) -> None:
         raise CapabilityError(f"the worker has no usable cgroups, so the limits of {', '.join(limited[:5])} cannot be set")
 
 
-def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet) -> dict[str, Any]:
-    """Create every node and shape every link; on any failure remove what was created."""
-    check_capabilities(topology, worker.capabilities())
+def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet,
+           open_network: bool = False) -> dict[str, Any]:
+    """Create every node and shape every link; on any failure remove what was created. Unless
+    ``open_network``, traffic between nodes that no link joins is dropped (see the module)."""
+    caps = worker.capabilities()
+    check_capabilities(topology, caps)
     if worker.status()["nodes"]:
         raise ConfigError("this testbed is already up; take it down first (edgetb down)")
     started = time.monotonic()
@@ -84,7 +150,13 @@ def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet) -> d
         ips = {n["name"]: n["ip"] for n in created}
         t_nodes = time.monotonic() - started
         progress(f"created {len(created)} nodes in {t_nodes:.2f} s; shaping {len(topology.links)} links ({topology.rates_text()})")
-        shaped = worker.set_links(link_requests(topology, ips)) if topology.links else {"nodes": []}
+        if open_network:
+            shaped = worker.set_links(link_requests(topology, ips)) if topology.links else {"nodes": []}
+        else:
+            space = node_space(topology, ips, worker_subnets(caps), worker.status().get("bridge_ip"))
+            shaped = worker.set_links(link_requests(topology, ips) | isolation_request(topology, ips, space))
+            progress(f"isolated: traffic to {', '.join(space.drop)} leaves only by a link "
+                     f"(gateways {', '.join(space.keep) or '-'} open; --open-network to allow all)")
     except BaseException:
         progress("bring-up failed: removing what was created")
         try:
@@ -100,20 +172,45 @@ def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet) -> d
 def update_links(topology: Topology, worker: Worker, progress: Progress = _quiet,
                  only: Optional[set[tuple[str, str]]] = None) -> dict[str, Any]:
     """Re-shape links in place: every source's links become those of ``topology`` (links
-    left out are removed), or only the (src, dst) pairs in ``only`` change."""
+    left out are removed), or only the (src, dst) pairs in ``only`` change. Each node keeps
+    its isolation setting: a link added opens its pair, a link removed closes it."""
     status = worker.status()
     ips = {n["name"]: n["ip"] for n in status["nodes"]}
     unknown = sorted({n for pair in topology.links for n in pair if n not in ips})
     if unknown:
         raise ConfigError(f"nodes not in the running testbed: {', '.join(unknown)}")
     check_capabilities(topology, worker.capabilities())
-    body = link_requests(topology, ips)
     if only is not None:
-        body["links"] = [l for l in body["links"] if (l["src"], l["dst"]) in only]
-        progress(f"updating {len(body['links'])} links in place")
-        return worker.set_links(body, merge=True)
-    sources = {l["src"] for l in body["links"]}
-    for gone in [n["name"] for n in status["nodes"] if n["shaped"] and n["name"] not in sources]:
-        worker.clear_links(gone)
+        changed = topology.copy()
+        changed.links = {pair: link for pair, link in topology.links.items() if pair in only}
+        progress(f"updating {len(changed.links)} links in place")
+        return merge_links(changed, worker, ips)
+    body = link_requests(topology, ips)
+    # every node is listed: one left without links keeps only its isolation (an open one is cleared)
+    body["unshaped"] = unshaped_peers(topology, ips, [n["name"] for n in status["nodes"]])
     progress(f"re-shaping {len(body['links'])} links in place")
     return worker.set_links(body)
+
+
+def merge_links(changed: Topology, worker: Worker, ips: dict[str, str]) -> dict[str, Any]:
+    """Add or change the links of ``changed`` in place, other links untouched. On an isolated
+    node a link's destination must answer: when it has no link back, its plan (read from the
+    worker) gains the source as an unshaped peer."""
+    body = link_requests(changed, ips)
+    unshaped: dict[str, list[dict[str, str]]] = {}
+    plans: dict[str, Optional[dict[str, Any]]] = {}
+    for src, dst in changed.links:
+        if (dst, src) in changed.links:
+            continue
+        if dst not in plans:
+            plans[dst] = worker.shaping(dst)["plan"]
+        plan = plans[dst]
+        if not plan or not plan.get("drops") or any(r["dest"] == src for r in plan["rules"]):
+            continue  # open, or linked back already
+        peers = unshaped.setdefault(dst, [{"dst": p["dest"], "dst_ip": p["dest_ip"]}
+                                          for p in plan.get("passes", []) if p["dest"]])
+        if all(p["dst"] != src for p in peers):
+            peers.append({"dst": src, "dst_ip": ips[src]})
+    if unshaped:
+        body["unshaped"] = unshaped
+    return worker.set_links(body, merge=True)

@@ -86,11 +86,14 @@ class Experiment:
                  run_id: Optional[str] = None, controller_port: int = 3333, node_port: int = NODE_PORT,
                  progress: Callable[[str], None] = print, algorithm: str = "gossip",
                  node_confs: Optional[dict[str, dict[str, Any]]] = None, inputs: Optional[dict[str, str]] = None,
-                 dataset: Optional[dict[str, Any]] = None, testbed_id: str = "0", verbose: bool = False) -> None:
+                 dataset: Optional[dict[str, Any]] = None, testbed_id: str = "0", verbose: bool = False,
+                 open_network: bool = False) -> None:
         """``node_confs`` maps each node to its generated ``structure`` and ``dataset`` confs (pushed
         from memory; read from ``dml_file/conf`` when absent); ``inputs`` the user's files by role
         (links, nodes, structure, dataset, hosts), copied into the run folder; ``verbose`` prints
-        every node's round lines besides the aggregate."""
+        every node's round lines besides the aggregate; ``open_network``: unlinked nodes reach each
+        other (EdgeTB's network) instead of no link, no path."""
+        self.open_network = open_network
         self.workdir = os.path.realpath(workdir)
         self.topology = topology
         self.worker = worker
@@ -114,6 +117,7 @@ class Experiment:
         self.t_start: Optional[float] = None
         self.summary: Optional[dict[str, Any]] = None
         self.record = run_record.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
+        self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
         self._out: Optional[RunDir] = None
         self._collecting = False  # set once finish collects: later uploads change nothing
         self._lock = threading.RLock()
@@ -136,7 +140,7 @@ class Experiment:
         (by default 30 s plus 1 s per node: hundreds of processes start on a few cores)."""
         self.phase = "deploying"
         try:
-            result = deploy.deploy(self.topology, self.worker, self.progress)
+            result = deploy.deploy(self.topology, self.worker, self.progress, open_network=self.open_network)
             controller = f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}"
             for name, node in self.nodes.items():
                 node.ip = result["ips"][name]
@@ -520,7 +524,7 @@ class Experiment:
         deploy.check_capabilities(changed, self.worker.capabilities())
         ips = {n.name: n.ip for n in self.nodes.values()}
         ips.update({n["name"]: n["ip"] for n in self.worker.status()["nodes"]})
-        result = self.worker.set_links(deploy.link_requests(changed, ips), merge=True)
+        result = deploy.merge_links(changed, self.worker, ips)
         for (src, dst), link in changed.links.items():
             self.topology.links[(src, dst)] = link
         return result

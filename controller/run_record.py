@@ -5,12 +5,12 @@
     {"version": 1, "run_id": "...", "algorithm": "gossip", "command": [...], "cwd": "...",
      "code_revision": "v0.1-12-gabc1234", "python": "3.11.7", "numpy": "1.26.4", "host": "...",
      "testbed_id": "0", "started_at": ..., "ended_at": ..., "ended": "completed", "detail": "",
-     "seeds": {"dataset": 0, "nodes": {"n1": 3}}, "nodes": {"n1": "done", ...}}
+     "seeds": {"dataset": 0, "nodes": {"n1": 3}}, "network": "isolated", "nodes": {"n1": "done", ...}}
 
 ``ended`` is ``running`` while the run goes on, then one of ``completed`` (every
 node settled by itself), ``finished`` (``/finish`` before that), ``timeout``,
 ``interrupted`` (Ctrl-C, SIGTERM, SIGHUP), ``reset`` (``/emulated/reset``) or
-``failed``. ``inputs/`` holds the files the user wrote, verbatim.
+``failed``. ``network`` is ``isolated`` (no link, no path) or ``open`` (``--open-network``). ``inputs/`` holds the files the user wrote, verbatim.
 """
 from __future__ import annotations
 

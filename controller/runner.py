@@ -46,6 +46,9 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("--verbose", action="store_true", help="print every node's round lines besides the aggregate")
     p.add_argument("--quiet-nodes", action="store_true", help="(the default) print one aggregate line per round "
                                                               "or 5 s, not each node's lines")
+    p.add_argument("--open-network", action="store_true",
+                   help="let nodes that no link joins reach each other unshaped, as EdgeTB does "
+                        "(default: no link, no path)")
     return p
 
 
@@ -164,7 +167,8 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         return 2
     exp = Experiment(args.workdir, topology, worker, structure, run_id=run_id, controller_port=args.port,
                      progress=_say, algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
-                     dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose)
+                     dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose,
+                     open_network=args.open_network)
     if experiments is not None:
         experiments.append(exp)
     server: Optional[WSGIServer] = None

@@ -65,8 +65,12 @@ class Testbed:
     __test__ = False
 
     def __init__(self, workdir: str = ".", structure: str = "gl_structure.json", dataset: str = "gl_dataset.json",
-                 port: int = 3333, testbed_id: str = "0", subnet: str = DEFAULT_SUBNET, algorithm: str = "gossip") -> None:
+                 port: int = 3333, testbed_id: str = "0", subnet: str = DEFAULT_SUBNET, algorithm: str = "gossip",
+                 open_network: bool = False) -> None:
+        """``open_network=True``: nodes that no link joins reach each other (EdgeTB's network);
+        by default they cannot (no link, no path)."""
         self.workdir = os.path.realpath(workdir)
+        self.open_network = open_network
         self.structure, self.dataset, self.port = structure, dataset, port
         self.testbed_id, self.subnet, self.algorithm = testbed_id, subnet, algorithm
         self.topology = Topology()
@@ -115,6 +119,7 @@ class Testbed:
             raise ConfigError("call load_link() before start()")
         argv = ["--workdir", self.workdir, "-s", self.structure, "-d", self.dataset, "--port", str(self.port),
                 "--id", self.testbed_id, "--subnet", self.subnet] + (["--auto"] if auto else [])
+        argv += ["--open-network"] if self.open_network else []
         if any("agent" in host for host in self.emulators.values()):
             path = os.path.join(self.workdir, "dml_file", "hosts.json")
             os.makedirs(os.path.dirname(path), exist_ok=True)

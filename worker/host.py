@@ -7,6 +7,7 @@ versioned JSON documents of the agent's REST API.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ from worker.routes import Routes, parse_routes
 from worker.runtime_netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
 from worker.shape import Shape
 from worker.state import StateStore, state_root
-from worker.tc_plan import Plan, Target, make_plan
+from worker.tc_plan import Isolation, Plan, Target, make_plan
 
 API_VERSION = 1
 MAX_OUTPUT_BYTES = 1 << 20
@@ -124,13 +125,22 @@ class WorkerHost:
     # shaping -----------------------------------------------------------------------
     def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
         """Shape the listed links. Each source's listed links replace its plan, or with
-        ``merge`` change only the listed destinations (``"shape": null`` removes one)."""
+        ``merge`` change only the listed destinations (``"shape": null`` removes one).
+
+        Isolation (worker.tc_plan): ``"isolation": {"drop": [prefix, ...], "keep": [address, ...]}``
+        drops traffic to the node address space but by links, ``{"open": true}`` is the open
+        network; without it each node keeps its setting (open for a node never shaped).
+        ``"unshaped": {node: [{"dst", "dst_ip"}, ...]}`` replaces the listed nodes' peers reached
+        without a shaped link (the way back of one-way links); a node listed there is
+        (re)planned even with no link of its own."""
         body = check_version(body)
         links = body.get("links")
         if not isinstance(links, list):
             raise ConfigError("'links' must be a list")
+        isolation: Any = Isolation.from_dict(body["isolation"]) if "isolation" in body else KEEP
         state = self.store.read()
-        wanted: dict[str, dict[str, Optional[Target]]] = {}
+        unshaped = _unshaped(body.get("unshaped", {}), state)
+        wanted: dict[str, dict[str, Optional[Target]]] = {node: {} for node in unshaped}
         for i, link in enumerate(links):
             if not isinstance(link, dict) or not {"src", "dst", "dst_ip"} <= set(link):
                 raise ConfigError(f"link {i}: needs src, dst, dst_ip and shape")
@@ -141,13 +151,14 @@ class WorkerHost:
             if link["dst"] in per_src:
                 raise ConfigError(f"link {i}: {link['src']}->{link['dst']} listed twice")
             per_src[link["dst"]] = Target(link["dst"], str(link["dst_ip"]), shape) if shape else None
-        plans = {src: self._plan_for(state, src, dests, merge) for src, dests in wanted.items()}
+        plans = {src: self._plan_for(state, src, dests, merge, isolation, unshaped.get(src))
+                 for src, dests in wanted.items()}
         tc_apply.require_netem(plans)
         started = time.monotonic()
         results, failed = self._in_parallel(lambda src: self._shape_node(state, src, plans[src]), list(plans))
         with self.store.locked() as fresh:
             for src in plans:
-                if src in failed:
+                if src in failed or plans[src].empty:
                     fresh["plans"].pop(src, None)  # its shaping was cleared: kernel and state agree
                 else:
                     fresh["plans"][src] = plans[src].to_dict()
@@ -157,7 +168,8 @@ class WorkerHost:
                               f"{len(results)} other nodes were shaped)", detail=first.detail)
         return {"version": API_VERSION, "nodes": results, "seconds": round(time.monotonic() - started, 4)}
 
-    def _plan_for(self, state: dict[str, Any], src: str, dests: dict[str, Optional[Target]], merge: bool) -> Plan:
+    def _plan_for(self, state: dict[str, Any], src: str, dests: dict[str, Optional[Target]], merge: bool,
+                  isolation: Any, unshaped: Optional[list[tuple[str, str]]]) -> Plan:
         previous = Plan.from_dict(state["plans"][src]) if src in state["plans"] else None
         targets: list[Target] = []
         if merge and previous:
@@ -165,12 +177,20 @@ class WorkerHost:
                 if rule.dest not in dests:
                     targets.append(Target(rule.dest, rule.dest_ip, rule.shape))
         targets += [t for t in dests.values() if t is not None]
-        return make_plan(_ifname(state["nodes"][src]), targets, previous)
+        if isolation is KEEP:
+            isolation = previous.isolation() if previous else None
+        if unshaped is None:
+            unshaped = previous.unshaped() if previous else []
+        emulated = state["nodes"][src].get("netns") is not None  # a physical device's IPv6 is its own
+        return make_plan(_ifname(state["nodes"][src]), targets, previous, isolation, unshaped, drop_ipv6=emulated)
 
     def _shape_node(self, state: dict[str, Any], src: str, plan: Plan) -> dict[str, Any]:
         netns = state["nodes"][src]["netns"]
         previous = Plan.from_dict(state["plans"][src]) if src in state["plans"] else None
         try:
+            if plan.empty:  # open and without links: unshaped, as a node never shaped
+                tc_apply.clear(netns, plan.ifname)
+                return {"node": src, "rules": 0, "verified": True, "changed": None, "isolated": False}
             if previous is None:
                 tc_apply.apply(netns, plan)
                 lines = None
@@ -180,7 +200,8 @@ class WorkerHost:
         except TestbedError:
             tc_apply.clear(netns, plan.ifname)
             raise
-        return {"node": src, "rules": len(plan.rules), "verified": True, "changed": lines}
+        return {"node": src, "rules": len(plan.rules), "verified": True, "changed": lines,
+                "isolated": plan.isolated}
 
     def _in_parallel(self, fn: Any, items: list[str]) -> tuple[list[Any], dict[str, TestbedError]]:
         """Run ``fn`` on every item (a few threads); results of those that worked, errors by item."""
@@ -433,6 +454,29 @@ def bridge_address(bridge: str, subnet: Optional[str]) -> Optional[str]:
         if net is None or ipaddress.IPv4Address(addr) in net:
             return str(addr)
     return str(net.network_address + 1) if net else None
+
+
+KEEP = object()  # set_links without "isolation": each node keeps its own
+
+
+def _unshaped(value: Any, state: dict[str, Any]) -> dict[str, list[tuple[str, str]]]:
+    """The body's ``unshaped`` map, checked: node -> [(peer, peer ip)]."""
+    if not isinstance(value, dict):
+        raise ConfigError("'unshaped' must map node names to lists of {dst, dst_ip}")
+    out: dict[str, list[tuple[str, str]]] = {}
+    for node, peers in value.items():
+        if node not in state["nodes"]:
+            raise NotFound(f"unshaped: no node {node!r} on this host")
+        if not isinstance(peers, list) or not all(isinstance(p, dict) and set(p) == {"dst", "dst_ip"}
+                                                  and all(isinstance(v, str) for v in p.values()) for p in peers):
+            raise ConfigError(f"unshaped.{node} must be a list of {{dst, dst_ip}} (strings)")
+        for p in peers:
+            try:
+                ipaddress.IPv4Address(p["dst_ip"])
+            except ValueError:
+                raise ConfigError(f"unshaped.{node}: {p['dst_ip']!r} ({p['dst']}) is not an IPv4 address") from None
+        out[node] = [(p["dst"], p["dst_ip"]) for p in peers]
+    return out
 
 
 def _ifname(node: dict[str, Any]) -> str:

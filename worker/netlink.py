@@ -57,6 +57,7 @@ TC_U32_TERMINAL = 1
 TC_H_ROOT = 0xFFFFFFFF
 TC_LINKLAYER_ETHERNET = 1
 ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
 U32_ROOT_HT = 0x800
 
 CREATE = NLM_F_CREATE | NLM_F_EXCL
@@ -155,8 +156,8 @@ def u32_handle(node: int) -> int:
     return (U32_ROOT_HT << 20) | node
 
 
-def _u32_info(prio: int) -> int:
-    return (prio << 16) | socket.htons(ETH_P_IP)
+def _u32_info(prio: int, protocol: int = ETH_P_IP) -> int:
+    return (prio << 16) | socket.htons(protocol)
 
 
 def u32_dst_filter(ifindex: int, node: int, dest_ip: str, minor: int, prio: int = 1,
@@ -168,6 +169,46 @@ def u32_dst_filter(ifindex: int, node: int, dest_ip: str, minor: int, prio: int 
     options = attr_u32(TCA_U32_CLASSID, tc_handle(1, minor)) + attr(TCA_U32_SEL, sel + key)
     body = _tcmsg(ifindex, u32_handle(node), tc_handle(1, 0), _u32_info(prio)) + attr_str(TCA_KIND, "u32")
     return message(RTM_NEWTFILTER, flags, body + attr(TCA_OPTIONS, options))
+
+
+def u32_prefix_filter(ifindex: int, prefix: str, minor: int, prio: int, flags: int = CREATE) -> bytes:
+    """``tc filter add dev X parent 1: protocol ip prio P u32 match ip dst PREFIX flowid 1:M``
+    (the kernel numbers the filter in the hash table of its priority)."""
+    net = ipaddress.IPv4Network(prefix)
+    sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0)
+    key = struct.pack("!II", int(net.netmask), int(net.network_address)) + struct.pack("=ii", 16, 0)
+    options = attr_u32(TCA_U32_CLASSID, tc_handle(1, minor)) + attr(TCA_U32_SEL, sel + key)
+    body = _tcmsg(ifindex, 0, tc_handle(1, 0), _u32_info(prio)) + attr_str(TCA_KIND, "u32")
+    return message(RTM_NEWTFILTER, flags, body + attr(TCA_OPTIONS, options))
+
+
+def u32_all_filter(ifindex: int, protocol: int, minor: int, prio: int, flags: int = CREATE) -> bytes:
+    """``tc filter add dev X parent 1: protocol <protocol> prio P u32 match u32 0 0 flowid 1:M``
+    (every packet of that link-layer protocol)."""
+    sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0)
+    key = struct.pack("!II", 0, 0) + struct.pack("=ii", 0, 0)
+    options = attr_u32(TCA_U32_CLASSID, tc_handle(1, minor)) + attr(TCA_U32_SEL, sel + key)
+    body = _tcmsg(ifindex, 0, tc_handle(1, 0), _u32_info(prio, protocol)) + attr_str(TCA_KIND, "u32")
+    return message(RTM_NEWTFILTER, flags, body + attr(TCA_OPTIONS, options))
+
+
+def delete_filters(ifindex: int, prio: int, protocol: int = ETH_P_IP) -> bytes:
+    """``tc filter del dev X parent 1: protocol ip prio P u32``: every filter of that priority."""
+    body = _tcmsg(ifindex, 0, tc_handle(1, 0), _u32_info(prio, protocol)) + attr_str(TCA_KIND, "u32")
+    return message(RTM_DELTFILTER, 0, body)
+
+
+def dst_prefix(keys: list[tuple[int, int, int]]) -> Optional[str]:
+    """The destination a u32 filter's keys match: ``a.b.c.d`` for one address, ``a.b.c.d/len``
+    for a prefix, None for anything else (several keys, another offset, a mask with holes)."""
+    if len(keys) != 1 or keys[0][2] != 16:
+        return None
+    mask, value = keys[0][0], keys[0][1]
+    length = bin(mask).count("1")
+    if mask != (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF or value & ~mask & 0xFFFFFFFF:
+        return None
+    ip = socket.inet_ntoa(value.to_bytes(4, "big"))
+    return ip if length == 32 else f"{ip}/{length}"
 
 
 def delete_u32_filter(ifindex: int, node: int, prio: int = 1) -> bytes:

@@ -2,7 +2,9 @@
 
 Apply and update send their requests in batches, and read-back dumps the state,
 on one netlink socket per node (worker.netlink). Any difference between kernel state and plan
-raises ShapingError: a mismatch is an error, never a log line.
+raises ShapingError: a mismatch is an error, never a log line. Isolation (the drop class,
+its pfifo of limit 0, the pass filters and the prio-2 drop prefixes: see worker.tc_plan) is
+programmed in the same batch as the links and read back and compared with them.
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from typing import Any, Optional
 from worker import netlink as nl
 from worker import nsfs
 from worker.errors import CapabilityError, ShapingError
-from worker.tc_plan import (DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, NETEM_DEFAULT_LIMIT, Plan, Rule,
-                            diff, render_diff)
+from worker.tc_plan import (DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, DROP_MINOR, DROP_PRIO, IPV6_DROP_PRIO,
+                            NETEM_DEFAULT_LIMIT, RULE_PRIO, Plan, Rule, diff, pass_diff, render_update)
 
 _netem_lock = threading.Lock()
 _netem_available: Optional[bool] = None
@@ -83,16 +85,36 @@ def _raise_failures(netns: str, failures: list[nl.Failure], what: list[str], act
                            detail={"netns": netns, "failures": lines})
 
 
-def apply(netns: str, plan: Plan) -> None:
+def _drop_class_messages(ifindex: int) -> list[bytes]:
+    return [nl.htb_class(ifindex, DROP_MINOR, DEFAULT_CLASS_RATE_BPS), nl.pfifo_leaf(ifindex, DROP_MINOR, 0)]
+
+
+def _pass_label(dest: str, dest_ip: str) -> str:
+    return f"unshaped way to {dest} ({dest_ip})" if dest else f"kept address {dest_ip}"
+
+
+def apply(netns: Optional[str], plan: Plan) -> None:
     """Replace the interface's egress shaping with ``plan`` in one batch; undo it on failure."""
     ifindex = ifindex_in(netns, plan.ifname)
     msgs = [nl.htb_root(ifindex, DEFAULT_MINOR), nl.htb_class(ifindex, DEFAULT_MINOR, DEFAULT_CLASS_RATE_BPS)]
     what = ["root qdisc", "default class"]
+    if plan.drops:
+        msgs += _drop_class_messages(ifindex)
+        what += ["isolation drop class", "isolation drop leaf"]
     for rule in plan.rules:
         rule_msgs = _rule_messages(ifindex, rule)
         rule_msgs.append(nl.u32_dst_filter(ifindex, rule.minor, rule.dest_ip, rule.minor))
         msgs += rule_msgs
         what += [f"link to {rule.dest} ({rule.shape.describe()})"] * len(rule_msgs)
+    for p in plan.passes:
+        msgs.append(nl.u32_dst_filter(ifindex, p.node, p.dest_ip, DEFAULT_MINOR))
+        what.append(_pass_label(p.dest, p.dest_ip))
+    for prefix in plan.drops:
+        msgs.append(nl.u32_prefix_filter(ifindex, prefix, DROP_MINOR, DROP_PRIO))
+        what.append(f"isolation filter dropping {prefix}")
+    if plan.drop_ipv6:
+        msgs.append(nl.u32_all_filter(ifindex, nl.ETH_P_IPV6, DROP_MINOR, IPV6_DROP_PRIO))
+        what.append("isolation filter dropping IPv6")
     with nl.RtnlSocket(netns) as sock:
         sock.run([nl.delete_root(ifindex)])  # absent root is fine
         failures = sock.run(msgs)
@@ -101,14 +123,23 @@ def apply(netns: str, plan: Plan) -> None:
     _raise_failures(netns, failures, what, "applying shaping")
 
 
-def update(netns: str, old: Plan, new: Plan) -> list[str]:
-    """Change the rules that differ, in place (root and other links untouched); returns tc lines."""
+def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
+    """Change the rules, passes and isolation that differ, in place (root and other links
+    untouched); returns tc lines. New passes are added first and old ones removed last, so a
+    peer that moves between link and pass is never dropped on the way."""
     changes = diff(old, new)
-    if not changes:
+    removed, added = pass_diff(old, new)
+    if not changes and not removed and not added and old.drops == new.drops and old.drop_ipv6 == new.drop_ipv6:
         return []
     ifindex = ifindex_in(netns, new.ifname)
     msgs: list[bytes] = []
     what: list[str] = []
+    if new.drops and not old.drops:
+        msgs += _drop_class_messages(ifindex)
+        what += ["isolation drop class", "isolation drop leaf"]
+    for p in added:  # before the links change: a peer moving from link to pass is never dropped
+        msgs.append(nl.u32_dst_filter(ifindex, p.node, p.dest_ip, DEFAULT_MINOR))
+        what.append(_pass_label(p.dest, p.dest_ip))
     for c in changes:
         if c.op == "remove" and c.old:
             step = [nl.delete_u32_filter(ifindex, c.old.minor), nl.delete_class(ifindex, c.old.minor)]
@@ -129,13 +160,32 @@ def update(netns: str, old: Plan, new: Plan) -> list[str]:
             label = f"changing link to {c.new.dest} to {c.new.shape.describe()}"
         msgs += step
         what += [label] * len(step)
+    for p in removed:  # after: a peer moving from pass to link is never dropped either
+        msgs.append(nl.delete_u32_filter(ifindex, p.node, RULE_PRIO))
+        what.append(f"removing {_pass_label(p.dest, p.dest_ip)}")
+    if old.drops != new.drops:
+        if old.drops:
+            msgs.append(nl.delete_filters(ifindex, DROP_PRIO))
+            what.append("removing the isolation filters")
+        for prefix in new.drops:
+            msgs.append(nl.u32_prefix_filter(ifindex, prefix, DROP_MINOR, DROP_PRIO))
+            what.append(f"isolation filter dropping {prefix}")
+    if old.drop_ipv6 != new.drop_ipv6:
+        if new.drop_ipv6:
+            msgs.append(nl.u32_all_filter(ifindex, nl.ETH_P_IPV6, DROP_MINOR, IPV6_DROP_PRIO))
+        else:
+            msgs.append(nl.delete_filters(ifindex, IPV6_DROP_PRIO, nl.ETH_P_IPV6))
+        what.append("isolation filter dropping IPv6")
+    if old.drops and not new.drops:
+        msgs.append(nl.delete_class(ifindex, DROP_MINOR))
+        what.append("removing the isolation drop class")
     with nl.RtnlSocket(netns) as sock:
         failures = sock.run(msgs)
-    _raise_failures(netns, failures, what, "updating shaping")
-    return render_diff(new.ifname, changes)
+    _raise_failures(netns or "the host", failures, what, "updating shaping")
+    return render_update(old, new)
 
 
-def clear(netns: str, ifname: str) -> None:
+def clear(netns: Optional[str], ifname: str) -> None:
     """Remove all egress shaping from the interface (an absent root is fine)."""
     ifindex = ifindex_in(netns, ifname)
     with nl.RtnlSocket(netns) as sock:
@@ -149,13 +199,17 @@ class Observed:
     root: Optional[dict[str, Any]] = None
     classes: dict[int, int] = field(default_factory=dict)  # minor -> rate in bytes/s
     leaves: dict[int, dict[str, Any]] = field(default_factory=dict)  # minor -> {kind, ...}
-    filters: dict[int, dict[str, Any]] = field(default_factory=dict)  # u32 node -> {dest_ip, minor}
+    filters: dict[int, dict[str, Any]] = field(default_factory=dict)  # u32 node -> {dest_ip, minor} (prio 1)
+    drops: dict[str, int] = field(default_factory=dict)  # prefix -> class minor (prio-2 filters)
+    ipv6_drop: Optional[int] = None  # class minor of the prio-3 filter taking all IPv6
 
     def to_dict(self) -> dict[str, Any]:
         return {"root": self.root,
                 "classes": {f"1:{m:x}": {"rate_bps": r * 8} for m, r in sorted(self.classes.items())},
                 "leaves": {f"1:{m:x}": v for m, v in sorted(self.leaves.items())},
-                "filters": {f"800::{n:x}": v for n, v in sorted(self.filters.items())}}
+                "filters": {f"800::{n:x}": v for n, v in sorted(self.filters.items())},
+                "drops": {p: {"minor": m} for p, m in sorted(self.drops.items())},
+                "ipv6_drop": None if self.ipv6_drop is None else {"minor": self.ipv6_drop}}
 
 
 def _leaf(kind: str, options: bytes) -> dict[str, Any]:
@@ -189,10 +243,16 @@ def read_back(netns: Optional[str], ifname: str) -> Observed:
             classid, keys = nl.u32_key(f.options) if f.kind == "u32" else (None, [])
             if classid is None:
                 continue
-            dest = None
-            if len(keys) == 1 and keys[0][0] == 0xFFFFFFFF and keys[0][2] == 16:
-                dest = socket.inet_ntoa(keys[0][1].to_bytes(4, "big"))
-            seen.filters[f.handle & 0xFFF] = {"dest_ip": dest, "minor": classid & 0xFFFF}
+            dest = nl.dst_prefix(keys)
+            if f.info >> 16 == IPV6_DROP_PRIO:
+                if f.info & 0xFFFF == socket.htons(nl.ETH_P_IPV6) and keys == [(0, 0, 0)]:
+                    seen.ipv6_drop = classid & 0xFFFF
+                else:
+                    seen.drops[f"prio {IPV6_DROP_PRIO} filter {f.handle:x}"] = classid & 0xFFFF
+            elif f.info >> 16 == DROP_PRIO:
+                seen.drops[dest or f"filter {f.handle:x}"] = classid & 0xFFFF
+            else:
+                seen.filters[f.handle & 0xFFF] = {"dest_ip": dest, "minor": classid & 0xFFFF}
     return seen
 
 
@@ -204,6 +264,8 @@ def mismatches(plan: Plan, seen: Observed) -> list[str]:
     if seen.root.get("default_minor") != DEFAULT_MINOR:
         problems.append(f"root default class is {seen.root.get('default_minor')}, expected {DEFAULT_MINOR}")
     wanted_classes = {DEFAULT_MINOR: DEFAULT_CLASS_RATE_BPS // 8}
+    if plan.drops:
+        wanted_classes[DROP_MINOR] = DEFAULT_CLASS_RATE_BPS // 8
     wanted_classes.update({r.minor: r.shape.rate_bps // 8 for r in plan.rules})
     for minor, rate in wanted_classes.items():
         got = seen.classes.get(minor)
@@ -216,10 +278,31 @@ def mismatches(plan: Plan, seen: Observed) -> list[str]:
         if got_filter != {"dest_ip": rule.dest_ip, "minor": rule.minor}:
             problems.append(f"filter for {rule.dest} ({rule.dest_ip}): found {got_filter}")
         problems += _leaf_mismatch(rule, seen.leaves.get(rule.minor))
-    for minor in set(seen.leaves) - {r.minor for r in plan.rules}:
+    for p in plan.passes:
+        got_filter = seen.filters.get(p.node)
+        if got_filter != {"dest_ip": p.dest_ip, "minor": DEFAULT_MINOR}:
+            problems.append(f"filter for the {_pass_label(p.dest, p.dest_ip)}: found {got_filter}")
+    leaf_minors = {r.minor for r in plan.rules}
+    if plan.drops:
+        leaf_minors.add(DROP_MINOR)
+        leaf = seen.leaves.get(DROP_MINOR)
+        if leaf != {"kind": "pfifo", "limit": 0}:
+            problems.append(f"isolation drop leaf under 1:{DROP_MINOR:x}: found {leaf}, expected pfifo limit 0")
+    for minor in set(seen.leaves) - leaf_minors:
         problems.append(f"leaf under 1:{minor:x} is not in the plan")
-    for node in set(seen.filters) - {r.minor for r in plan.rules}:
+    for node in set(seen.filters) - {r.minor for r in plan.rules} - {p.node for p in plan.passes}:
         problems.append(f"filter 800::{node:x} is not in the plan")
+    wanted_drops = {prefix: DROP_MINOR for prefix in plan.drops}
+    if seen.drops != wanted_drops:
+        missing = sorted(set(wanted_drops) - set(seen.drops))
+        extra = sorted(set(seen.drops) - set(wanted_drops))
+        wrong = sorted(p for p in set(wanted_drops) & set(seen.drops) if seen.drops[p] != DROP_MINOR)
+        problems.append(f"isolation filters: missing {missing}, not in the plan {extra}, "
+                        f"not into 1:{DROP_MINOR:x} {wrong}")
+    wanted_ipv6 = DROP_MINOR if plan.drop_ipv6 else None
+    if seen.ipv6_drop != wanted_ipv6:
+        problems.append(f"IPv6 isolation filter: found {seen.ipv6_drop and f'1:{seen.ipv6_drop:x}'}, "
+                        f"expected {wanted_ipv6 and f'1:{wanted_ipv6:x}'}")
     return problems
 
 
@@ -242,7 +325,7 @@ def _leaf_mismatch(rule: Rule, leaf: Optional[dict[str, Any]]) -> list[str]:
     return []
 
 
-def verify(netns: str, plan: Plan) -> None:
+def verify(netns: Optional[str], plan: Plan) -> None:
     """Raise ShapingError unless the kernel holds exactly ``plan``."""
     problems = mismatches(plan, read_back(netns, plan.ifname))
     if problems:

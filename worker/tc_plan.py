@@ -9,18 +9,46 @@ One plan per sender's egress interface:
   when a queue length is set, else the kernel's default;
 - a u32 filter ``800::<minor>`` matching the destination IP.
 
+Isolation ("no link, no path", the default of a deployed testbed): traffic to the
+testbed's node address space (every emulator host's node subnet, every physical
+node's address) leaves only by a link. The plan then also holds
+
+- a drop class ``1:2`` whose leaf is a pfifo of limit 0 (every packet enqueued
+  there is dropped, and counted, in the kernel: this kernel has no gact action);
+- u32 filters ``800::<node>`` (prio 1, like the links) that send the addresses
+  which must stay reachable to the default class: each node subnet's gateway
+  (the bridge: controller and agents are reached there, other hosts' nodes are
+  routed through it) and the peers this node links to without a shaped link of
+  its own (the way back of a one-way link: a pair linked in one direction is open
+  both ways, its reverse unshaped);
+- one u32 filter per node-space prefix at prio 2 (evaluated after every prio-1
+  filter) into the drop class: a few prefixes, never one filter per unlinked peer;
+- on an emulated node (never on a physical device's NIC), one prio-3 filter that
+  drops all IPv6: nodes are addressed by IPv4 only, and their IPv6 link-local
+  addresses would otherwise be a path between nodes that no link joins.
+
+ARP is not IP and is not filtered; anything outside the node space (the LAN, the
+controller's own address, the Internet) takes the default class as before. An
+open plan (EdgeTB's behaviour) has neither the drop class nor these filters.
+
 Minors are assigned in rule order from ``FIRST_MINOR`` and kept across updates,
-so a runtime change touches one class and its leaf, never the root.
+so a runtime change touches one class and its leaf, never the root. Pass filters
+take their node ids from the same range (they have no class of their own).
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from worker.errors import ConfigError
 from worker.shape import Shape, format_rate
 
 DEFAULT_MINOR = 1
+DROP_MINOR = 2  # isolation: the class whose pfifo of limit 0 drops what it is given
+RULE_PRIO = 1  # per-destination filters (links and passes)
+DROP_PRIO = 2  # node-space prefixes, after every per-destination filter
+IPV6_DROP_PRIO = 3  # an emulated node's IPv6 (link-local only: no path of the testbed)
 FIRST_MINOR = 0x10
 MAX_MINOR = 0xFFF  # u32 node ids are 12 bits; the filter handle reuses the minor
 DEFAULT_CLASS_RATE_BPS = 10 * 10**9
@@ -52,25 +80,125 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Pass:
+    """Traffic to ``dest_ip`` leaves unshaped by the default class (filter 800::<node>):
+    a kept address of the node space (``dest`` is "") or a linked peer without a shaped link."""
+
+    dest: str
+    dest_ip: str
+    node: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dest": self.dest, "dest_ip": self.dest_ip, "node": self.node}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Pass":
+        return cls(str(data["dest"]), str(data["dest_ip"]), int(data["node"]))
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The testbed's node address space: traffic to ``drop`` leaves only by a link, except
+    to the ``keep`` addresses (gateways, the controller) inside it."""
+
+    drop: tuple[str, ...]
+    keep: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.drop:
+            raise ConfigError("isolation: 'drop' needs at least one prefix (or ask for the open network)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"drop": list(self.drop), "keep": list(self.keep)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Optional["Isolation"]:
+        """``{"drop": [prefix, ...], "keep": [address, ...]}``, or ``{"open": true}`` (None: open)."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"isolation must be an object, got {type(data).__name__}")
+        if data.get("open") is True and set(data) == {"open"}:
+            return None
+        unknown = set(data) - {"drop", "keep"}
+        if unknown:
+            raise ConfigError(f"isolation has unknown fields: {sorted(unknown)} (expected drop and keep, "
+                              f"or open: true)")
+        return cls(tuple(_prefixes(data.get("drop"), "isolation.drop")),
+                   tuple(_addresses(data.get("keep", []), "isolation.keep")))
+
+
+def _prefixes(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{where} must be a list of IPv4 prefixes")
+    out = []
+    for item in value:
+        try:
+            out.append(str(ipaddress.IPv4Network(item)))
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{where}: {item!r} is not an IPv4 prefix ({e})") from None
+    return out
+
+
+def _addresses(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{where} must be a list of IPv4 addresses")
+    out = []
+    for item in value:
+        try:
+            out.append(str(ipaddress.IPv4Address(item)))
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{where}: {item!r} is not an IPv4 address ({e})") from None
+    return out
+
+
+@dataclass(frozen=True)
 class Plan:
-    """Everything one interface should hold."""
+    """Everything one interface should hold; ``drops`` is empty on an open network."""
 
     ifname: str
     rules: tuple[Rule, ...] = field(default_factory=tuple)
+    passes: tuple[Pass, ...] = field(default_factory=tuple)
+    drops: tuple[str, ...] = field(default_factory=tuple)
+    drop_ipv6: bool = False
 
     @property
     def needs_netem(self) -> bool:
         return any(r.leaf == "netem" for r in self.rules)
 
+    @property
+    def isolated(self) -> bool:
+        return bool(self.drops)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to hold: no link, no isolation (the interface is left unshaped)."""
+        return not (self.rules or self.passes or self.drops)
+
+    def isolation(self) -> Optional[Isolation]:
+        """The isolation this plan was made with (None: open)."""
+        if not self.drops:
+            return None
+        return Isolation(self.drops, tuple(p.dest_ip for p in self.passes if not p.dest))
+
+    def unshaped(self) -> list[tuple[str, str]]:
+        """The peers reached without a shaped link: (node, ip)."""
+        return [(p.dest, p.dest_ip) for p in self.passes if p.dest]
+
     def by_dest(self) -> dict[str, Rule]:
         return {r.dest: r for r in self.rules}
 
+    def passes_by_ip(self) -> dict[str, Pass]:
+        return {p.dest_ip: p for p in self.passes}
+
     def to_dict(self) -> dict[str, Any]:
-        return {"ifname": self.ifname, "rules": [r.to_dict() for r in self.rules]}
+        return {"ifname": self.ifname, "rules": [r.to_dict() for r in self.rules],
+                "passes": [p.to_dict() for p in self.passes], "drops": list(self.drops),
+                "drop_ipv6": self.drop_ipv6}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        return cls(data["ifname"], tuple(Rule.from_dict(r) for r in data["rules"]))
+        return cls(data["ifname"], tuple(Rule.from_dict(r) for r in data["rules"]),
+                   tuple(Pass.from_dict(p) for p in data.get("passes", [])), tuple(data.get("drops", [])),
+                   bool(data.get("drop_ipv6", False)))
 
 
 @dataclass(frozen=True)
@@ -82,30 +210,71 @@ class Target:
     shape: Shape
 
 
-def make_plan(ifname: str, targets: list[Target], previous: Optional[Plan] = None) -> Plan:
-    """The plan for ``targets``; destinations already in ``previous`` keep their minor."""
+def make_plan(ifname: str, targets: list[Target], previous: Optional[Plan] = None,
+              isolation: Optional[Isolation] = None, unshaped: Iterable[tuple[str, str]] = (),
+              drop_ipv6: bool = False) -> Plan:
+    """The plan for ``targets``; destinations already in ``previous`` keep their minor (and
+    passes their node). With ``isolation``, the node space is dropped but for its kept
+    addresses and the ``unshaped`` peers, (node, ip) pairs reached without a shaped link,
+    and with ``drop_ipv6`` (emulated nodes) all IPv6 too."""
     seen: set[str] = set()
     for t in targets:
         if t.dest in seen:
             raise ConfigError(f"two links to {t.dest!r} from the same interface")
         seen.add(t.dest)
+    wanted_passes = _wanted_passes(targets, isolation, unshaped)
     kept = previous.by_dest() if previous else {}
-    used = {r.minor for r in kept.values() if r.dest in seen}
-    rules = []
-    next_minor = FIRST_MINOR
-    for t in targets:
-        old = kept.get(t.dest)
-        if old is not None:
-            minor = old.minor
-        else:
-            while next_minor in used:
-                next_minor += 1
-            minor = next_minor
-            used.add(minor)
+    kept_passes = previous.passes_by_ip() if previous else {}
+    # a new link may take the minor of a link removed in the same update (deleted first), never
+    # a pass's node; a new pass takes an id no old filter has: an update adds passes before it
+    # changes links and removes passes after, so a peer moving between pass and link never
+    # meets the drop filters
+    used = {r.minor for r in kept.values() if r.dest in seen} | {p.node for p in kept_passes.values()}
+    counter = [FIRST_MINOR]
+
+    def take() -> int:
+        while counter[0] in used:
+            counter[0] += 1
+        used.add(counter[0])
+        return counter[0]
+
+    def check(minor: int) -> int:
         if minor > MAX_MINOR:
             raise ConfigError(f"{ifname}: more than {MAX_MINOR - FIRST_MINOR + 1} destinations on one interface")
-        rules.append(Rule(t.dest, t.dest_ip, minor, t.shape))
-    return Plan(ifname, tuple(rules))
+        return minor
+
+    rules = []
+    for t in targets:
+        old = kept.get(t.dest)
+        rules.append(Rule(t.dest, t.dest_ip, check(old.minor if old is not None else take()), t.shape))
+    used |= {r.minor for r in kept.values()}
+    passes = []
+    for ip, dest in wanted_passes.items():
+        old_pass = kept_passes.get(ip)
+        passes.append(Pass(dest, ip, check(old_pass.node if old_pass is not None else take())))
+    return Plan(ifname, tuple(rules), tuple(passes), isolation.drop if isolation else (),
+                bool(isolation) and drop_ipv6)
+
+
+def _wanted_passes(targets: list[Target], isolation: Optional[Isolation],
+                   unshaped: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """ip -> dest ("" for a kept address) of the pass filters an isolated plan needs: the
+    addresses inside the dropped space that no shaped link already reaches."""
+    if isolation is None:
+        return {}
+    space = [ipaddress.IPv4Network(p) for p in isolation.drop]
+    shaped = {t.dest_ip for t in targets}
+    shaped_dests = {t.dest for t in targets}
+    wanted: dict[str, str] = {}
+    for ip in isolation.keep:
+        if ip not in shaped and any(ipaddress.IPv4Address(ip) in net for net in space):
+            wanted.setdefault(ip, "")
+    for dest, ip in unshaped:
+        if dest in shaped_dests or ip in shaped or ip in wanted:
+            continue
+        if any(ipaddress.IPv4Address(ip) in net for net in space):
+            wanted[ip] = dest
+    return wanted
 
 
 @dataclass(frozen=True)
@@ -128,6 +297,14 @@ def diff(old: Plan, new: Plan) -> list[Change]:
         elif prior != rule:
             changes.append(Change("change", prior, rule))
     return changes
+
+
+def pass_diff(old: Plan, new: Plan) -> tuple[list[Pass], list[Pass]]:
+    """The pass filters to delete and to add to turn ``old`` into ``new`` (a new label alone is no change)."""
+    before, after = old.passes_by_ip(), new.passes_by_ip()
+    removed = [p for ip, p in before.items() if ip not in after or after[ip].node != p.node]
+    added = [p for ip, p in after.items() if ip not in before or before[ip].node != p.node]
+    return removed, added
 
 
 def _leaf_args(rule: Rule) -> str:
@@ -155,6 +332,27 @@ def rule_commands(dev: str, rule: Rule, verb: str = "add") -> list[str]:
     return lines
 
 
+def pass_command(dev: str, p: Pass, verb: str = "add") -> str:
+    line = f"tc filter {verb} dev {dev} parent 1: protocol ip prio {RULE_PRIO} handle 800::{p.node:x} u32"
+    return line + (f" match ip dst {p.dest_ip}/32 flowid 1:{DEFAULT_MINOR:x}" if verb == "add" else "")
+
+
+def drop_class_commands(dev: str) -> list[str]:
+    rate = format_rate(DEFAULT_CLASS_RATE_BPS)
+    return [f"tc class add dev {dev} parent 1: classid 1:{DROP_MINOR:x} htb rate {rate} ceil {rate}",
+            f"tc qdisc replace dev {dev} parent 1:{DROP_MINOR:x} handle {DROP_MINOR:x}: pfifo limit 0"]
+
+
+def drop_filter_commands(dev: str, drops: Iterable[str]) -> list[str]:
+    return [f"tc filter add dev {dev} parent 1: protocol ip prio {DROP_PRIO} u32 match ip dst {prefix} "
+            f"flowid 1:{DROP_MINOR:x}" for prefix in drops]
+
+
+def ipv6_drop_command(dev: str, verb: str = "add") -> str:
+    line = f"tc filter {verb} dev {dev} parent 1: protocol ipv6 prio {IPV6_DROP_PRIO} u32"
+    return line + (f" match u32 0 0 flowid 1:{DROP_MINOR:x}" if verb == "add" else "")
+
+
 def render(plan: Plan, netns: Optional[str] = None) -> list[str]:
     """The plan as the equivalent ``tc`` command lines (for --dry-run and logs)."""
     prefix = f"ip netns exec {netns} " if netns else ""
@@ -162,9 +360,33 @@ def render(plan: Plan, netns: Optional[str] = None) -> list[str]:
     lines = [f"tc qdisc replace dev {dev} root handle 1: htb default {DEFAULT_MINOR:x}",
              f"tc class add dev {dev} parent 1: classid 1:{DEFAULT_MINOR:x} htb "
              f"rate {format_rate(DEFAULT_CLASS_RATE_BPS)} ceil {format_rate(DEFAULT_CLASS_RATE_BPS)}"]
+    if plan.drops:
+        lines += drop_class_commands(dev)
     for rule in plan.rules:
         lines += rule_commands(dev, rule)
+    lines += [pass_command(dev, p) for p in plan.passes]
+    lines += drop_filter_commands(dev, plan.drops)
+    lines += [ipv6_drop_command(dev)] if plan.drop_ipv6 else []
     return [prefix + line for line in lines]
+
+
+def render_update(old: Plan, new: Plan) -> list[str]:
+    """A whole update (links, passes, isolation) as tc lines, in the order it is applied."""
+    dev = new.ifname
+    removed, added = pass_diff(old, new)
+    lines = drop_class_commands(dev) if new.drops and not old.drops else []
+    lines += [pass_command(dev, p) for p in added]
+    lines += render_diff(dev, diff(old, new))
+    lines += [pass_command(dev, p, "del") for p in removed]
+    if old.drops != new.drops:
+        if old.drops:
+            lines.append(f"tc filter del dev {dev} parent 1: protocol ip prio {DROP_PRIO} u32")
+        lines += drop_filter_commands(dev, new.drops)
+    if old.drop_ipv6 != new.drop_ipv6:
+        lines.append(ipv6_drop_command(dev, "add" if new.drop_ipv6 else "del"))
+    if old.drops and not new.drops:
+        lines.append(f"tc class del dev {dev} classid 1:{DROP_MINOR:x}")
+    return lines
 
 
 def render_diff(dev: str, changes: list[Change]) -> list[str]:

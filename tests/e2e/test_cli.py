@@ -82,7 +82,10 @@ def test_up_status_exec_shape_down(cli, tmp_path):
     edited = write(tmp_path, "links2.json", {"a": [{"dest": "b", "bw": "2mbit"}]})
     run(["shape", "update", edited], cli)
     assert json.loads(run(["shape", "show", "a", "--json"], cli).stdout)["kernel"]["classes"]["1:10"]["rate_bps"] == 2_000_000
-    assert json.loads(run(["status", "--json"], cli).stdout)["nodes"][1]["shaped"] is False
+    assert json.loads(run(["status", "--json"], cli).stdout)["nodes"][1]["links"] == 0
+    # b keeps its isolation (no link, no path) and answers a, which still links to it, unshaped
+    show_b = json.loads(run(["shape", "show", "b", "--json"], cli).stdout)
+    assert show_b["verified"] and [p["dest"] for p in show_b["plan"]["passes"]] == ["", "a"]
 
     # up twice is refused and leaves the running testbed alone
     again = run(["up", links], cli, check=False)

@@ -263,3 +263,160 @@ def test_render_diff_deletes_a_leaf_that_changes_kind():
     new = make_plan("eth0", [Target("a", "10.0.0.2", Shape(10**6, delay_ms=5))], previous=old)
     lines = render_diff("eth0", diff(old, new))
     assert lines.index("tc qdisc del dev eth0 parent 1:10 handle 10:") == 1, lines
+
+
+# --- isolation (no link, no path) ----------------------------------------------------------------
+
+from worker.tc_plan import (DROP_MINOR, DROP_PRIO, Isolation, Pass, pass_diff,  # noqa: E402
+                            render_update)
+
+SPACE = Isolation(("10.0.0.0/16", "192.168.1.9/32"), ("10.0.0.1",))
+
+
+def test_isolated_plan_keeps_the_gateway_and_drops_the_space():
+    plan = make_plan("eth0", [t("b", "10.0.0.3")], isolation=SPACE)
+    assert plan.isolated and plan.drops == ("10.0.0.0/16", "192.168.1.9/32")
+    assert plan.rules == (Rule("b", "10.0.0.3", 0x10, Shape(MBIT)),)
+    assert plan.passes == (Pass("", "10.0.0.1", 0x11),)  # the gateway: after the links, from the same range
+    assert plan.isolation() == SPACE
+
+
+def test_open_plan_has_no_isolation_whatever_else_is_asked():
+    plan = make_plan("eth0", [t("b", "10.0.0.3")], unshaped=[("c", "10.0.0.4")])
+    assert plan == Plan("eth0", plan.rules) and not plan.isolated and plan.isolation() is None
+    assert make_plan("eth0", []).empty and not make_plan("eth0", [], isolation=SPACE).empty
+
+
+@pytest.mark.parametrize("unshaped,expected", [
+    ([("c", "10.0.0.4")], [("", "10.0.0.1"), ("c", "10.0.0.4")]),
+    ([("b", "10.0.0.3")], [("", "10.0.0.1")]),  # a shaped link already reaches b
+    ([("c", "10.0.0.4"), ("c2", "10.0.0.4")], [("", "10.0.0.1"), ("c", "10.0.0.4")]),  # one filter per address
+    ([("x", "172.16.0.5")], [("", "10.0.0.1")]),  # outside the node space: not dropped, no pass needed
+    ([("p", "192.168.1.9")], [("", "10.0.0.1"), ("p", "192.168.1.9")]),  # a physical node's address
+])
+def test_passes(unshaped, expected):
+    plan = make_plan("eth0", [t("b", "10.0.0.3")], isolation=SPACE, unshaped=unshaped)
+    assert [(p.dest, p.dest_ip) for p in plan.passes] == expected
+    assert len({p.node for p in plan.passes} | {r.minor for r in plan.rules}) == len(plan.passes) + len(plan.rules)
+
+
+def test_keep_outside_the_space_needs_no_pass():
+    plan = make_plan("eth0", [], isolation=Isolation(("10.0.0.0/16",), ("10.9.0.1", "10.0.0.1")))
+    assert [p.dest_ip for p in plan.passes] == ["10.0.0.1"]
+
+
+def test_passes_keep_their_node_across_updates_and_new_ids_are_fresh():
+    old = make_plan("eth0", [t("b", "10.0.0.3")], isolation=SPACE, unshaped=[("c", "10.0.0.4"), ("d", "10.0.0.5")])
+    assert [(p.dest, p.node) for p in old.passes] == [("", 0x11), ("c", 0x12), ("d", 0x13)]
+    new = make_plan("eth0", [t("b", "10.0.0.3"), t("e", "10.0.0.6")], previous=old, isolation=SPACE,
+                    unshaped=[("d", "10.0.0.5")])
+    assert [(r.dest, r.minor) for r in new.rules] == [("b", 0x10), ("e", 0x14)]  # not c's node: removed after
+    assert [(p.dest, p.node) for p in new.passes] == [("", 0x11), ("d", 0x13)]
+    removed, added = pass_diff(old, new)
+    assert [p.dest for p in removed] == ["c"] and added == []
+    # a new pass never takes an old link's minor either (it is added before links change)
+    newer = make_plan("eth0", [t("e", "10.0.0.6")], previous=new, isolation=SPACE, unshaped=[("b", "10.0.0.3")])
+    assert [(p.dest, p.node) for p in newer.passes] == [("", 0x11), ("b", 0x12)]  # not 0x10, b's old link
+    assert [(r.dest, r.minor) for r in newer.rules] == [("e", 0x14)]
+
+
+def test_update_order_never_drops_a_peer_moving_between_pass_and_link():
+    as_pass = make_plan("eth0", [], isolation=SPACE, unshaped=[("c", "10.0.0.4")])
+    as_link = make_plan("eth0", [t("c", "10.0.0.4")], previous=as_pass, isolation=SPACE, unshaped=[])
+    lines = render_update(as_pass, as_link)
+    assert [line.split(" dev ")[0] for line in lines] == ["tc class add", "tc filter add", "tc filter del"], lines
+    back = make_plan("eth0", [], previous=as_link, isolation=SPACE, unshaped=[("c", "10.0.0.4")])
+    lines = render_update(as_link, back)
+    assert [line.split(" dev ")[0] for line in lines] == ["tc filter add", "tc filter del", "tc class del"], lines
+
+
+def test_a_link_to_an_unshaped_peer_replaces_its_pass():
+    old = make_plan("eth0", [], isolation=SPACE, unshaped=[("c", "10.0.0.4")])
+    new = make_plan("eth0", [t("c", "10.0.0.4")], previous=old, isolation=SPACE, unshaped=old.unshaped())
+    assert [p.dest for p in new.passes] == [""] and [r.dest for r in new.rules] == ["c"]
+    removed, added = pass_diff(old, new)
+    assert [p.dest for p in removed] == ["c"] and not added
+
+
+def test_passes_count_against_the_destination_limit():
+    with pytest.raises(ConfigError, match="more than 4080 destinations"):
+        make_plan("eth0", many(MAX_MINOR - FIRST_MINOR + 1), isolation=Isolation(("10.1.0.0/16",), ("10.1.250.1",)))
+
+
+def test_render_isolated_plan():
+    plan = make_plan("eth0", [t("b", "10.0.0.3", 10)], isolation=SPACE, unshaped=[("c", "10.0.0.4")])
+    assert render(plan) == [
+        "tc qdisc replace dev eth0 root handle 1: htb default 1",
+        "tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit ceil 10gbit",
+        "tc class add dev eth0 parent 1: classid 1:2 htb rate 10gbit ceil 10gbit",
+        "tc qdisc replace dev eth0 parent 1:2 handle 2: pfifo limit 0",
+        "tc class add dev eth0 parent 1: classid 1:10 htb rate 10mbit ceil 10mbit",
+        "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::10 u32 match ip dst 10.0.0.3/32 flowid 1:10",
+        "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32 match ip dst 10.0.0.1/32 flowid 1:1",
+        "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::12 u32 match ip dst 10.0.0.4/32 flowid 1:1",
+        "tc filter add dev eth0 parent 1: protocol ip prio 2 u32 match ip dst 10.0.0.0/16 flowid 1:2",
+        "tc filter add dev eth0 parent 1: protocol ip prio 2 u32 match ip dst 192.168.1.9/32 flowid 1:2",
+    ]
+    assert (DROP_MINOR, DROP_PRIO) == (2, 2) and DROP_MINOR < FIRST_MINOR
+
+
+def test_render_update_switches_isolation_on_and_off():
+    open_plan = make_plan("eth0", [t("b", "10.0.0.3", 10)])
+    closed = make_plan("eth0", [t("b", "10.0.0.3", 10)], previous=open_plan, isolation=SPACE)
+    on = render_update(open_plan, closed)
+    assert on[:2] == ["tc class add dev eth0 parent 1: classid 1:2 htb rate 10gbit ceil 10gbit",
+                      "tc qdisc replace dev eth0 parent 1:2 handle 2: pfifo limit 0"]  # the class before its filters
+    assert on[2].endswith("match ip dst 10.0.0.1/32 flowid 1:1") and "prio 2" in on[3]
+    off = render_update(closed, make_plan("eth0", [t("b", "10.0.0.3", 10)], previous=closed))
+    assert off == ["tc filter del dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32",
+                   "tc filter del dev eth0 parent 1: protocol ip prio 2 u32",
+                   "tc class del dev eth0 classid 1:2"]
+    assert render_update(closed, closed) == []
+
+
+def test_isolated_plan_round_trip_and_old_state_files():
+    plan = make_plan("eth0", [t("b", "10.0.0.3")], isolation=SPACE, unshaped=[("c", "10.0.0.4")])
+    assert Plan.from_dict(plan.to_dict()) == plan
+    assert plan.to_dict()["drops"] == ["10.0.0.0/16", "192.168.1.9/32"]
+    old_style = {"ifname": "eth0", "rules": [plan.rules[0].to_dict()]}  # written before isolation existed
+    assert Plan.from_dict(old_style) == Plan("eth0", plan.rules)
+
+
+@pytest.mark.parametrize("data,error", [
+    ({"open": True}, None),
+    ({"drop": ["10.0.0.0/16"]}, None),
+    ({"drop": ["10.0.0.0/16"], "keep": ["10.0.0.1"]}, None),
+    ({"open": False}, "unknown fields: \\['open'\\]"),
+    ({"open": True, "drop": ["10.0.0.0/16"]}, "unknown fields"),
+    ({"drop": []}, "at least one prefix"),
+    ({"drop": "10.0.0.0/16"}, "isolation.drop must be a list"),
+    ({"drop": ["10.0.0.1/16"]}, "isolation.drop: '10.0.0.1/16' is not an IPv4 prefix"),
+    ({"drop": ["10.0.0.0/16"], "keep": ["10.0.0"]}, "isolation.keep: '10.0.0' is not an IPv4 address"),
+    ({"drop": ["10.0.0.0/16"], "kept": []}, "unknown fields: \\['kept'\\]"),
+    ([], "isolation must be an object"),
+])
+def test_isolation_wire_form(data, error):
+    if error is None:
+        got = Isolation.from_dict(data)
+        assert (got is None) == ("open" in data)
+        if got is not None:
+            assert Isolation.from_dict(got.to_dict()) == got
+    else:
+        with pytest.raises(ConfigError, match=error):
+            Isolation.from_dict(data)
+
+
+def test_ipv6_drop_only_with_isolation():
+    from worker.tc_plan import IPV6_DROP_PRIO
+
+    assert make_plan("eth0", [], isolation=SPACE, drop_ipv6=True).drop_ipv6 is True
+    assert make_plan("eth0", [], drop_ipv6=True).drop_ipv6 is False  # open: nothing dropped
+    plan = make_plan("eth0", [], isolation=SPACE, drop_ipv6=True)
+    assert render(plan)[-1] == (f"tc filter add dev eth0 parent 1: protocol ipv6 prio {IPV6_DROP_PRIO} u32 "
+                                "match u32 0 0 flowid 1:2")
+    assert Plan.from_dict(plan.to_dict()) == plan
+    assert render_update(plan, make_plan("eth0", [], previous=plan)) == [
+        "tc filter del dev eth0 parent 1: protocol ip prio 1 handle 800::10 u32",
+        "tc filter del dev eth0 parent 1: protocol ip prio 2 u32",
+        "tc filter del dev eth0 parent 1: protocol ipv6 prio 3 u32",
+        "tc class del dev eth0 classid 1:2"]
