@@ -23,6 +23,9 @@ hosts.json lists the worker hosts; a node's ``host`` (nodes file) names one::
 - ``nfs``: an export holding the experiment directory, mounted by the agent instead of
   fetching dml_app/ and dataset/ over HTTP.
 - ``token_file``: the agent's token (default ``$EDGETB_TOKEN``, else the local agent token file).
+- ``tls_fingerprint``: the SHA-256 fingerprint of the agent's certificate (``python3 -m
+  worker.agent --print-fingerprint`` on that host); required for an ``https://`` agent on
+  another machine (a plain ``http://`` agent is accepted on loopback only).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from urllib.parse import urlsplit
 from controller.topology import Topology, _only_fields, _read_json, valid_name
 from worker.errors import TopologyError
 
-HOST_FIELDS = ("name", "agent", "runtime", "ip", "nfs", "token_file")
+HOST_FIELDS = ("name", "agent", "runtime", "ip", "nfs", "token_file", "tls_fingerprint")
 RUNTIMES = ("netns", "docker", "physical")
 LOCAL = "local"
 NFS_RE = re.compile(r"^[A-Za-z0-9.-]+:/[A-Za-z0-9._/-]*$")
@@ -51,6 +54,7 @@ class Host:
     ip: Optional[str] = None
     nfs: Optional[str] = None
     token_file: Optional[str] = None
+    tls_fingerprint: Optional[str] = None
 
     @property
     def emulator(self) -> bool:
@@ -140,7 +144,12 @@ def load_hosts(path: str) -> Hosts:
         token_file = entry.get("token_file")
         if token_file is not None and not isinstance(token_file, str):
             raise TopologyError(f"{where}, field 'token_file': must be a path")
-        host = Host(name, runtime, agent, ip, nfs, token_file)
+        fingerprint = entry.get("tls_fingerprint")
+        if fingerprint is not None:
+            from worker.tls import normalize_fingerprint
+
+            fingerprint = normalize_fingerprint(fingerprint, f"{where}, field 'tls_fingerprint'")
+        host = Host(name, runtime, agent, ip, nfs, token_file, fingerprint)
         if host.local and any(h.local for h in hosts.values()):
             raise TopologyError(f"{where}, field 'agent': only one host can share the controller's machine (no "
                                 "'agent', or an agent at a loopback address)")
