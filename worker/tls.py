@@ -96,8 +96,11 @@ def normalize_fingerprint(value: object, where: str) -> str:
 
 
 def server_context(cert: str, key: str) -> ssl.SSLContext:
-    """The agent's server context: TLS 1.2 or later, its own certificate."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    """The agent's server context (gevent's: its sockets yield to other connections while
+    they wait): TLS 1.2 or later, its own certificate."""
+    from gevent import ssl as gevent_ssl
+
+    context = gevent_ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert, key)
     return context
