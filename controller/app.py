@@ -34,7 +34,8 @@ USER_BODY_BYTES = 64 * 1024
 PRINT_BODY_BYTES = 16 * 1024
 # terminal escape sequences (CSI, OSC, two-character escapes), then every other C0 and C1
 # control but tab, and DEL
-ESCAPE_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|\x9b[0-?]*[ -/]*[@-~]")
+ESCAPE_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]"
+                              r"|\x9b[0-?]*[ -/]*[@-~]")
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 

@@ -66,7 +66,8 @@ class Lan:
             ns.addr("add", index=lan0, address=self.ip(i), prefixlen=24)
             ns.link("set", index=lan0, state="up")
         host = {"name": f"h{i}", "netns": netns, "ip": self.ip(i), "runtime": runtime,
-                "id": f"m{self.tag[:2]}{i}", "state": self.tmp / f"state-h{i}", "url": f"https://{self.ip(i)}:{AGENT_PORT}"}
+                "id": f"m{self.tag[:2]}{i}", "state": self.tmp / f"state-h{i}",
+                "url": f"https://{self.ip(i)}:{AGENT_PORT}"}
         argv = [sys.executable, "-m", "worker.agent", "--port", str(AGENT_PORT), "--id", host["id"],
                 "--runtime", runtime, "--listen", self.ip(i)] + (["--subnet", subnet] if subnet else [])
         env = dict(os.environ, EDGETB_TOKEN=self.token, EDGETB_STATE_DIR=str(host["state"]), PYTHONPATH=str(ROOT))

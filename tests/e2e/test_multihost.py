@@ -156,8 +156,8 @@ def test_bad_hosts_are_refused_and_an_absent_agent_leaves_nothing(tmp_path, lan,
     r = run(links=LINKS, structure=STRUCTURE, defer=True)
     (r.workdir / "token").write_text(lan.token)
     (r.workdir / "hosts.json").write_text(json.dumps({"controller_ip": lan.ip(None), "hosts": [
-        {"name": "local"}, {"name": "gone", "agent": f"https://{lan.ip(7)}:3334", "token_file": str(r.workdir / "token"),
-                            "tls_fingerprint": "ab" * 32}]}))
+        {"name": "local"}, {"name": "gone", "agent": f"https://{lan.ip(7)}:3334",
+                            "token_file": str(r.workdir / "token"), "tls_fingerprint": "ab" * 32}]}))
     (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [
         {"name": "n1", "host": "local"}, {"name": "n2", "host": "local"}, {"name": "n3", "host": "gone"},
         {"name": "n4", "host": "gone"}]}))

@@ -66,7 +66,8 @@ class Served:
         self._thread.join(10)
 
 
-def curl_as(uid: int, method: str, url: str, headers: Optional[dict] = None, data: Optional[str] = None) -> tuple[int, Any]:
+def curl_as(uid: int, method: str, url: str, headers: Optional[dict] = None,
+            data: Optional[str] = None) -> tuple[int, Any]:
     """``curl`` run as ``uid`` (setpriv, no groups): (status, JSON body or text)."""
     argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "curl", "-s", "-o", "-",
             "-w", "\n%{http_code}", "-X", method, url]

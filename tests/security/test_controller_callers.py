@@ -80,6 +80,16 @@ def test_the_socket_table_names_the_owner_of_a_connection():
                 assert callers.peer_uid("127.0.0.1", client.getsockname()[1], port) == 0
                 assert callers.peer_uid("::ffff:127.0.0.1", client.getsockname()[1], port) == 0
                 assert callers.peer_uid("127.0.0.1", client.getsockname()[1], port + 1) is None
+    if socket.has_ipv6 and "::1" in callers.local_addresses():  # the IPv6 table too
+        with socket.socket(socket.AF_INET6) as server:
+            server.bind(("::1", 0))
+            server.listen()
+            port = server.getsockname()[1]
+            assert callers.listener_uid("::1", port) == 0 and callers.listener_uid("127.0.0.1", port) is None
+            with socket.create_connection(("::1", port)) as client:
+                peer, _ = server.accept()
+                with peer:
+                    assert callers.peer_uid("::1", client.getsockname()[1], port) == 0
     assert callers.trusted_uids({"SUDO_UID": "1234"}) == {0, 1234}
     assert callers.trusted_uids({"SUDO_UID": "x"}) == {0}
 
