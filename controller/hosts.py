@@ -6,9 +6,10 @@ hosts.json lists the worker hosts; a node's ``host`` (nodes file) names one::
      "controller_ip": "10.254.0.1",
      "hosts": [
        {"name": "local", "runtime": "docker"},
-       {"name": "e1", "agent": "http://10.254.0.2:3334", "runtime": "netns"},
-       {"name": "pi1", "agent": "http://10.254.0.3:3334", "runtime": "physical",
-        "nfs": "10.254.0.1:/srv/edgetb"}]}
+       {"name": "e1", "agent": "https://10.254.0.2:3334", "runtime": "netns",
+        "tls_fingerprint": "9E:DF:...:32:C6"},
+       {"name": "pi1", "agent": "https://10.254.0.3:3334", "runtime": "physical",
+        "tls_fingerprint": "41:0B:...:7A:11", "nfs": "10.254.0.1:/srv/edgetb"}]}
 
 - A host without ``agent`` is driven in-process on the controller's machine; an agent at a
   loopback address (``http://127.0.0.1:3334``, as docker-compose.yml runs one) shares the
