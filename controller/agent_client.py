@@ -214,7 +214,9 @@ class AgentClient:
                     problem = "connection timed out"
                 if attempt == tries:
                     after = f" after {tries} tries" if tries > 1 else ""
-                    raise errors.AgentUnreachable(f"{where}: {problem}{after}") from None
+                    hint = " (is the agent serving https? then give an https:// URL)" \
+                        if self.url.startswith("http:") and ("closed" in problem or "reset" in problem) else ""
+                    raise errors.AgentUnreachable(f"{where}: {problem}{after}{hint}") from None
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             except requests.Timeout:
                 raise errors.TestbedTimeout(f"{where}: no answer within {self.timeout_s:g}s") from None

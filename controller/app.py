@@ -59,8 +59,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
                allowed_hosts: Iterable[str] = ()) -> Flask:
     """The controller app for ``exp``; ``on_reset`` runs after /emulated/reset (e.g. to stop
     serving); ``allowed_hosts``: names it answers to besides loopback and its own addresses."""
-    if admin_token is not None:
-        admin_token = check_token(admin_token, "EDGETB_TOKEN (the controller's admin token)")
+    admin_token = check_token(admin_token, "EDGETB_TOKEN (the controller's admin token)") if admin_token else None
     app = Flask("edgetb-controller")
     hosts = callers.HostPolicy(allowed_hosts)
     trusted = callers.trusted_uids()

@@ -117,7 +117,7 @@ def test_the_agent_makes_its_certificate_once_and_serves_tls_pinned_by_fingerpri
     # the fingerprint as hosts files may write it
     assert AgentClient(url, TOKEN, fingerprint="sha256:" + fp.replace(":", "").lower()).health()["ok"]
     # plain HTTP to the TLS port gets nothing
-    with pytest.raises(errors.AgentUnreachable, match=r"agent e1 \(http://127.0.0.1:\d+\): GET /status: "):
+    with pytest.raises(errors.AgentUnreachable, match=r"agent e1 \(http://127.0.0.1:\d+\): GET /status: .*https"):
         AgentClient(f"http://127.0.0.1:{agent.port}", TOKEN, name="e1", tries=1).status()
 
 
