@@ -44,6 +44,7 @@ _ERRNO_REASONS = {errno.ECONNREFUSED: "connection refused", errno.ECONNRESET: "c
                   errno.EPIPE: "connection closed"}
 DEFAULT_TRIES = 3
 DEFAULT_BACKOFF_S = 0.5
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 
 class Worker(Protocol):
@@ -129,7 +130,10 @@ class AgentClient:
 
     def __init__(self, url: str, token: str, timeout_s: float = 300.0, name: Optional[str] = None,
                  fingerprint: Optional[str] = None, tries: int = DEFAULT_TRIES,
-                 backoff_s: float = DEFAULT_BACKOFF_S) -> None:
+                 backoff_s: float = DEFAULT_BACKOFF_S, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+        """``timeout_s`` bounds the wait for an answer, ``connect_timeout_s`` each connection
+        attempt; an idempotent call is tried ``tries`` times, waiting ``backoff_s``, then twice
+        that, ... between tries."""
         from controller.callers import is_loopback
         from worker.agent import IDEMPOTENT
         from worker.serving import check_token
@@ -142,6 +146,7 @@ class AgentClient:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise errors.ConfigError(f"{self.label}: not an agent URL such as https://10.254.0.2:3334")
         self.timeout_s = timeout_s
+        self.connect_timeout_s = min(connect_timeout_s, timeout_s)
         self.tries = max(1, tries)
         self.backoff_s = backoff_s
         self.loopback = parts.hostname == "localhost" or is_loopback(parts.hostname)
@@ -185,7 +190,7 @@ class AgentClient:
                 from worker.tls import fingerprint_der, pretty
 
                 actual = f"has fingerprint {pretty(fingerprint_der(ssl.PEM_cert_to_DER_cert(seen)))}"
-            except (OSError, ValueError):
+            except (OSError, ValueError, TypeError):
                 actual = "has another fingerprint"
             from worker.tls import pretty
 
@@ -204,7 +209,8 @@ class AgentClient:
         for attempt in range(1, tries + 1):
             self._check_listener()
             try:
-                resp = self.session.request(method, self.url + path, json=body, params=params, timeout=self.timeout_s)
+                resp = self.session.request(method, self.url + path, json=body, params=params,
+                                            timeout=(self.connect_timeout_s, self.timeout_s))
                 break
             except requests.exceptions.SSLError as e:
                 raise self._tls_problem(method, path, e) from None

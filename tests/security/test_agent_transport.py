@@ -286,3 +286,33 @@ def test_sync_trusts_only_the_manifest_sent_over_the_pinned_channel(agents, tmp_
         assert not (work / "dml_app" / "role.py").exists()
     finally:
         server.shutdown()
+
+
+def test_an_agent_that_does_not_accept_times_out_per_try_not_per_call():
+    """A host that drops connection attempts costs tries x connect timeout, not the call's timeout."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)  # never accepted: once the queue is full, SYNs are dropped
+        port = server.getsockname()[1]
+        fill = []
+        for _ in range(3):
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", port))
+            except BlockingIOError:
+                pass
+            fill.append(s)
+        time.sleep(0.2)
+        client = AgentClient(f"https://127.0.0.1:{port}", TOKEN, name="slow", fingerprint="ab" * 32, timeout_s=300,
+                             connect_timeout_s=0.5, backoff_s=0.1)
+        t0 = time.monotonic()
+        with pytest.raises(errors.AgentUnreachable) as caught:
+            client.status()
+        assert time.monotonic() - t0 < 10
+        assert caught.value.message == (f"agent slow (https://127.0.0.1:{port}): GET /status: connection timed out "
+                                         "after 3 tries"), caught.value.message
+        for s in fill:
+            s.close()
