@@ -159,11 +159,13 @@ class AgentClient:
             raise errors.ConfigError(f"{self.label}: no tls_fingerprint: run 'python3 -m worker.agent "
                                      f"--print-fingerprint' on host {self.name} and give it in the hosts file")
         self.session = requests.Session()
+        self.session.trust_env = False  # no proxy, CA bundle or netrc from the environment: the agent directly
         self.session.headers["Authorization"] = f"Bearer {check_token(token, f'the token of {self.label}')}"
+        if parts.scheme == "https":
+            # no CA: the certificate is pinned, or on loopback the socket's owner is checked instead
+            self.session.verify = False
         if self.fingerprint:
             self.session.mount("https://", _PinnedAdapter(self.fingerprint))
-        elif parts.scheme == "https":
-            self.session.verify = False  # loopback: the socket's owner is checked instead
         self._idempotent = [(method, _route(path)) for method, path in IDEMPOTENT]
 
     def idempotent(self, method: str, path: str) -> bool:

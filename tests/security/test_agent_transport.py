@@ -316,3 +316,14 @@ def test_an_agent_that_does_not_accept_times_out_per_try_not_per_call():
                                          "after 3 tries"), caught.value.message
         for s in fill:
             s.close()
+
+
+def test_the_cli_reaches_a_loopback_agent_over_tls_without_a_pin_and_a_remote_one_with_it(agents):
+    agent = agents("--listen", "127.0.0.1").start()
+    env = dict(os.environ, EDGETB_TOKEN=TOKEN, REQUESTS_CA_BUNDLE="/nonexistent/ca.pem")  # no CA is involved
+    base = [sys.executable, "-W", "error::Warning", "-m", "controller.cli", "--agent", f"https://127.0.0.1:{agent.port}"]
+    done = subprocess.run([*base, "status"], cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and f"testbed {agent.tb}" in done.stdout, (done.stdout, done.stderr)
+    done = subprocess.run([*base, "--agent-fingerprint", fingerprint_of(agent), "status"], cwd=str(ROOT), env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and f"testbed {agent.tb}" in done.stdout, (done.stdout, done.stderr)
