@@ -101,7 +101,8 @@ def main() -> int:
         token_file = tmp / "token"
         token_file.write_text(lan.token)
         hosts = Hosts({"local": Host("local", "netns")} | {
-            h["name"]: Host(h["name"], "netns", h["url"], h["ip"], token_file=str(token_file)) for h in agents},
+            h["name"]: Host(h["name"], "netns", h["url"], h["ip"], token_file=str(token_file),
+                            tls_fingerprint=h["fingerprint"]) for h in agents},
             lan.ip(None))
         server, port = serve_files(lan.ip(None), str(workdir), lan.token)
         results: dict[str, list[float]] = {k: [] for k in ("sync", "deploy", "ping")}

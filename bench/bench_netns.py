@@ -405,7 +405,8 @@ def agent_memory(subnet: str, n: int = 100) -> list[list[Any]]:
     log(f"  starting agent: testbed {tid}, port {port}, subnet {subnet}")
     with open(log_path, "wb") as agent_log:
         # own session: a Ctrl-C at the terminal reaches us, not the agent, so we can reset it first
-        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port), "--bind", "127.0.0.1",
+        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port),
+                                 "--listen", "127.0.0.1", "--plain-http",
                                  "--id", tid, "--subnet", subnet], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
                                 stdout=agent_log, stderr=subprocess.STDOUT, start_new_session=True)
     client = AgentClient(f"http://127.0.0.1:{port}", token, timeout_s=600)

@@ -1,43 +1,91 @@
 """The controller's REST API on port 3333: thin routes over ``Experiment``.
 
-The EdgeTB workflow (``curl localhost:3333/start``) works unchanged from the
-controller's own host: calls from loopback are trusted. From anywhere else a
-state-changing call needs ``Authorization: Bearer <admin token>``. A node
-signs ``/print`` and ``/log`` with a key derived from its own secret, which the
-controller handed it when it started it: the node is the one whose key verifies
-(``controller.node_auth``), never the one a message names. Agents of other
-hosts fetch code with the run's token.
+Who may do what (``controller.callers`` reads the identities):
+
+- Changing state (``/conf/*``, ``/start``, ``/finish``, ``/update/tc``, ``/*/reset``) needs
+  ``Authorization: Bearer <admin token>`` ($EDGETB_TOKEN), or a loopback caller whose socket
+  belongs to root or to the user who started the controller through sudo: ``curl
+  localhost:3333/start`` works for them, and is refused (403) for every other local user.
+  EdgeTB's GET routes stay for curl; each also answers POST, for programs and browsers.
+- ``/status`` is read by any loopback caller, or with the admin token.
+- A node signs ``/print`` and ``/log`` with a key derived from its own secret, which the
+  controller handed it when it started it: the node is the one whose key verifies
+  (``controller.node_auth``), never the one a message names. Agents fetch ``/files`` with the
+  run's token.
+- Every request must name the controller in ``Host`` (a loopback name, an address of this
+  machine, or a name in $EDGETB_ALLOWED_HOSTS), and is refused when a page of another site
+  sent it (``Origin``, ``Referer``, ``Sec-Fetch-Site``). Bodies on GET are refused; each
+  route has a size limit; an unexpected error answers only a reference to the log.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Optional
+import re
+from typing import Any, Callable, Iterable, Optional
 
 from flask import Flask, jsonify, request
 
-from controller import files
+from controller import callers, files
 from controller.experiment import MAX_LOG_BYTES, Experiment
 from worker.errors import AuthError, ConfigError
-from worker.serving import bearer_matches, json_errors, run_blocking
+from worker.serving import bearer_matches, check_token, json_errors, request_limits, run_blocking
 
 log = logging.getLogger("edgetb.controller")
-LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_BODY_BYTES = 64 * 1024
+PRINT_BODY_BYTES = 16 * 1024
+# terminal escape sequences (CSI, OSC, two-character escapes), then every other C0 and C1
+# control but tab, and DEL
+ESCAPE_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]"
+                              r"|\x9b[0-?]*[ -/]*[@-~]")
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(value: Any) -> Any:
+    """``value`` with escape sequences and control characters removed from every string in it
+    (a node's text goes to the operator's terminal)."""
+    if isinstance(value, str):
+        return CONTROL_CHARS.sub("", ESCAPE_SEQUENCES.sub("", value))
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable(v) for v in value]
+    return value
 
 
 def _bearer_is(token: Optional[str]) -> bool:
     return bearer_matches(request.headers.get("Authorization", ""), token or "")
 
 
-def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Optional[Callable[[], None]] = None) -> Flask:
-    """The controller app for ``exp``; ``on_reset`` runs after /emulated/reset (e.g. to stop serving)."""
+def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Optional[Callable[[], None]] = None,
+               allowed_hosts: Iterable[str] = ()) -> Flask:
+    """The controller app for ``exp``; ``on_reset`` runs after /emulated/reset (e.g. to stop
+    serving); ``allowed_hosts``: names it answers to besides loopback and its own addresses."""
+    admin_token = check_token(admin_token, "EDGETB_TOKEN (the controller's admin token)") if admin_token else None
     app = Flask("edgetb-controller")
-    app.config["MAX_CONTENT_LENGTH"] = MAX_LOG_BYTES + 1024
+    hosts = callers.HostPolicy(allowed_hosts)
+    trusted = callers.trusted_uids()
+    request_limits(app, {"print_line": PRINT_BODY_BYTES, "upload_log": MAX_LOG_BYTES + 1024}, USER_BODY_BYTES)
+
+    @app.before_request
+    def same_site() -> None:
+        hosts.check(request.headers)
 
     def user() -> None:
-        if request.remote_addr not in LOOPBACK and not _bearer_is(admin_token):
+        if _bearer_is(admin_token):
+            return
+        caller = callers.caller_of(request.environ)
+        if not caller.loopback:
             raise AuthError("calls from other hosts need the controller's bearer token")
+        if caller.uid not in trusted:
+            who = "an unknown local user" if caller.uid is None else f"local user uid {caller.uid}"
+            raise callers.Forbidden(f"{who} may not change the testbed: only root, the user who started the "
+                                    "controller with sudo, or a caller with the admin token")
+
+    def reader() -> None:
+        if not callers.is_loopback(request.remote_addr) and not _bearer_is(admin_token):
+            raise AuthError("reading the status from other hosts needs the controller's bearer token")
 
     def agent() -> None:
         if not _bearer_is(exp.node_token):
@@ -54,37 +102,39 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
 
     @app.get("/status")
     def status() -> Any:
+        reader()
         return jsonify(exp.status())
 
-    @app.get("/conf/dataset")
+    @app.route("/conf/dataset", methods=("GET", "POST"))
     def conf_dataset() -> Any:
         user()
         return jsonify(run_blocking(exp.push_dataset_confs))
 
-    @app.get("/conf/structure")
+    @app.route("/conf/structure", methods=("GET", "POST"))
     def conf_structure() -> Any:
         user()
         return jsonify(run_blocking(exp.push_structure_confs))
 
-    @app.get("/start")
+    @app.route("/start", methods=("GET", "POST"))
     def start() -> Any:
         user()
         return jsonify(run_blocking(exp.start))
 
-    @app.get("/finish")
+    @app.route("/finish", methods=("GET", "POST"))
     def finish() -> Any:
         user()
         return jsonify(run_blocking(exp.finish))
 
-    @app.get("/update/tc")
+    @app.route("/update/tc", methods=("GET", "POST"))
     def update_tc() -> Any:
         user()
-        file = request.args.get("file")
+        body = request.get_json(silent=True) if request.method == "POST" else None
+        file = request.args.get("file") or (body.get("file") if isinstance(body, dict) else None)
         if not file:
-            raise ConfigError("give the links file: /update/tc?file=links_update.json")
+            raise ConfigError("give the links file: /update/tc?file=links_update.json (or POST {\"file\": ...})")
         return jsonify(run_blocking(exp.update_tc, file))
 
-    @app.get("/emulated/reset")
+    @app.route("/emulated/reset", methods=("GET", "POST"))
     def emulated_reset() -> Any:
         user()
         result = run_blocking(exp.reset)
@@ -92,7 +142,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
             on_reset()
         return jsonify(result)
 
-    @app.get("/physical/reset")
+    @app.route("/physical/reset", methods=("GET", "POST"))
     def physical_reset() -> Any:
         user()
         physical = [n.name for n in exp.topology.nodes.values() if n.kind == "physical"]
@@ -100,7 +150,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
 
     @app.post("/print")
     def print_line() -> Any:
-        exp.on_print(node(), request.get_json(silent=True))
+        exp.on_print(node(), printable(request.get_json(silent=True)))
         return jsonify({"ok": True})
 
     @app.post("/log")

@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"node subnet (default {DEFAULT_SUBNET})")
     p.add_argument("--agent", default=os.environ.get("EDGETB_AGENT"), help="worker agent URL (default: this host)")
     p.add_argument("--token-file", default=None, help="agent token file (default: $EDGETB_TOKEN or state dir/token)")
+    p.add_argument("--agent-fingerprint", default=os.environ.get("EDGETB_AGENT_FINGERPRINT"),
+                   help="SHA-256 fingerprint of an https:// agent's certificate (its --print-fingerprint)")
     sub = p.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="create the nodes and shape the links of LINKS")
@@ -92,7 +94,7 @@ def _worker(args: argparse.Namespace) -> Worker:
     if args.agent:
         from worker.agent import load_token
 
-        client = AgentClient(args.agent, load_token(args.token_file, create=False))
+        client = AgentClient(args.agent, load_token(args.token_file, create=False), fingerprint=args.agent_fingerprint)
         wanted = getattr(args, "runtime", None)
         if wanted and (kind := client.capabilities().get("runtime", "netns")) != wanted:
             raise ConfigError(f"the agent at {args.agent} makes {kind} nodes; start it with --runtime {wanted}")

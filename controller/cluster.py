@@ -56,6 +56,9 @@ class Cluster:
         self.controller_stack = controller_stack
         self.controller_ip = controller_ip
         self._subnets: dict[str, str] = {}
+        # where the controller serves dml_app/ and dataset/ from (controller.files): the manifest
+        # of what agents fetch is computed here and sent to them over their own (pinned) channel
+        self.trees: Optional[dict[str, str]] = None
 
     @classmethod
     def connect(cls, hosts: Hosts, placement: dict[str, str], testbed_id: str, subnet: str, workdir: str,
@@ -72,7 +75,8 @@ class Cluster:
                                         runtime_options=runtime_options if host.runtime == "docker" else None)
                 workers[host.name] = in_process
             else:
-                workers[host.name] = AgentClient(host.agent, agent_token(host))
+                workers[host.name] = AgentClient(host.agent, agent_token(host), name=host.name,
+                                                 fingerprint=getattr(host, "tls_fingerprint", None))
         local = next((h.name for h in hosts.hosts.values() if h.local), None)
         remote = [h.ip for h in hosts.hosts.values() if not h.local and h.ip]
         controller_ip = hosts.controller_ip or (controller_address(remote[0]) if remote else None)
@@ -84,7 +88,9 @@ class Cluster:
             raise ConfigError("cannot tell the address nodes reach the controller by: set 'controller_ip' in the "
                               "hosts file")
         stack = workers[local] if local else WorkerHost(testbed_id, subnet)
-        return cls(hosts, placement, workers, stack, controller_ip)
+        cluster = cls(hosts, placement, workers, stack, controller_ip)
+        cluster.trees = {"dml_app": code_root, "dataset": workdir}
+        return cluster
 
     # fan-out ---------------------------------------------------------------------------------
     def _each(self, fn: Callable[[str, Worker], Any], names: Optional[list[str]] = None) -> dict[str, Any]:
@@ -110,6 +116,8 @@ class Cluster:
         if errors:
             name, error = next(iter(errors.items()))
             if isinstance(error, TestbedError):
+                if error.message.startswith(f"agent {name} ("):  # the agent client named the host
+                    raise error
                 raise type(error)(f"host {name}: {error.message}", detail=error.detail)
             raise error
         return results
@@ -150,15 +158,23 @@ class Cluster:
 
     def sync_code(self, url: str, token: str, progress: Progress) -> None:
         """Give every agent the controller's dml_app/ and dataset/ (NFS mount or HTTP fetch); a
-        loopback agent fetches from the loopback address (its nodes' bridge is not up yet)."""
+        loopback agent fetches from the loopback address (its nodes' bridge is not up yet).
+        The manifest (each file's sha256) goes to the agent in the sync call itself, over its
+        pinned TLS channel: a file fetched from ``url`` is kept only if it matches."""
+        from controller.files import manifest
+        from worker.sync import TREES
+
         agents = [h.name for h in self.hosts.hosts.values() if h.agent is not None]
         loopback = urlunsplit(urlsplit(url)._replace(netloc=f"127.0.0.1:{urlsplit(url).port}"))
+        http = self.trees is not None and any(self.hosts.hosts[a].nfs is None for a in agents)
+        files = manifest(self.trees, TREES) if http else None  # type: ignore[arg-type]
 
         def one(name: str, worker: Worker) -> Any:
             host = self.hosts.hosts[name]
             if host.nfs:
                 return worker.sync({"version": 1, "nfs": host.nfs})
-            return worker.sync({"version": 1, "url": loopback if host.local else url, "token": token})
+            return worker.sync({"version": 1, "url": loopback if host.local else url, "token": token,
+                                "manifest": files})
 
         for name, result in self._each(one, agents).items():
             how = f"mounted {result.get('export')}" if result["method"] == "nfs" else \

@@ -6,9 +6,10 @@ hosts.json lists the worker hosts; a node's ``host`` (nodes file) names one::
      "controller_ip": "10.254.0.1",
      "hosts": [
        {"name": "local", "runtime": "docker"},
-       {"name": "e1", "agent": "http://10.254.0.2:3334", "runtime": "netns"},
-       {"name": "pi1", "agent": "http://10.254.0.3:3334", "runtime": "physical",
-        "nfs": "10.254.0.1:/srv/edgetb"}]}
+       {"name": "e1", "agent": "https://10.254.0.2:3334", "runtime": "netns",
+        "tls_fingerprint": "9E:DF:...:32:C6"},
+       {"name": "pi1", "agent": "https://10.254.0.3:3334", "runtime": "physical",
+        "tls_fingerprint": "41:0B:...:7A:11", "nfs": "10.254.0.1:/srv/edgetb"}]}
 
 - A host without ``agent`` is driven in-process on the controller's machine; an agent at a
   loopback address (``http://127.0.0.1:3334``, as docker-compose.yml runs one) shares the
@@ -23,9 +24,10 @@ hosts.json lists the worker hosts; a node's ``host`` (nodes file) names one::
 - ``nfs``: an export holding the experiment directory, mounted by the agent instead of
   fetching dml_app/ and dataset/ over HTTP.
 - ``token_file``: the agent's token (default ``$EDGETB_TOKEN``, else the local agent token file).
-- ``tls_fingerprint``: the SHA-256 fingerprint of the agent's TLS certificate (64 hex digits,
-  colons allowed, e.g. ``"AB:CD:..."``), pinned; ``Host.tls_fingerprint`` holds it as 64
-  lower-case hex digits without colons.
+- ``tls_fingerprint``: the SHA-256 fingerprint of the agent's TLS certificate (``python3 -m
+  worker.agent --print-fingerprint`` on that host; 64 hex digits, colons allowed), pinned;
+  required for an ``https://`` agent on another machine (a plain ``http://`` agent is accepted
+  on loopback only). ``Host.tls_fingerprint`` holds it as 64 lower-case hex digits.
 
 The file is strict (``HOSTS_SCHEMA``, ``HOST_SCHEMA``): an unknown field is refused with the
 nearest valid name, as are wrong types.
@@ -162,7 +164,9 @@ def load_hosts(path: str) -> Hosts:
         token_file = entry.get("token_file")
         fingerprint = entry.get("tls_fingerprint")
         if fingerprint is not None:
-            fingerprint = fingerprint.replace(":", "").lower()
+            from worker.tls import normalize_fingerprint
+
+            fingerprint = normalize_fingerprint(fingerprint, f"{where}, field 'tls_fingerprint'")
         host = Host(name, runtime, agent, ip, nfs, token_file, fingerprint)
         if host.local and any(h.local for h in hosts.values()):
             raise TopologyError(f"{where}, field 'agent': only one host can share the controller's machine (no "

@@ -78,14 +78,17 @@ class Testbed:
         self._links_loaded = False
 
     def add_emulator(self, name: str, agent: Optional[str] = None, runtime: str = "netns", ip: Optional[str] = None,
-                     nfs: Optional[str] = None, token_file: Optional[str] = None) -> None:
-        """An emulator host: this machine (no ``agent``) or the agent at ``agent`` (``http://IP:PORT``);
-        ``runtime`` is netns or docker; the other fields are those of hosts.json (controller/hosts.py)."""
+                     nfs: Optional[str] = None, token_file: Optional[str] = None,
+                     tls_fingerprint: Optional[str] = None) -> None:
+        """An emulator host: this machine (no ``agent``) or the agent at ``agent`` (``https://IP:PORT``,
+        its certificate's ``tls_fingerprint`` pinned); ``runtime`` is netns or docker; the other
+        fields are those of hosts.json (controller/hosts.py)."""
         if name in self.emulators:
             raise ConfigError(f"emulator {name!r} declared twice")
         if runtime not in ("netns", "docker"):
             raise ConfigError(f"emulator {name!r}: runtime must be netns or docker, not {runtime!r}")
-        entry = {"name": name, "runtime": runtime, "agent": agent, "ip": ip, "nfs": nfs, "token_file": token_file}
+        entry = {"name": name, "runtime": runtime, "agent": agent, "ip": ip, "nfs": nfs, "token_file": token_file,
+                 "tls_fingerprint": tls_fingerprint}
         self.emulators[name] = {k: v for k, v in entry.items() if v is not None}
 
     def add_emulated_node(self, name: str, cpu: Optional[float] = None, mem: Union[str, int, None] = None,
@@ -95,12 +98,15 @@ class Testbed:
             raise ConfigError(f"node {name!r}: unknown emulator {host!r}")
         self.topology.add_node(name, "emulated", host, cpu, mem, source="Testbed")
 
-    def add_physical_node(self, name: str, ip: str, agent: str, token_file: Optional[str] = None) -> None:
-        """A device at ``ip`` running its own agent (``http://IP:PORT``); it is a host of its own."""
+    def add_physical_node(self, name: str, ip: str, agent: str, token_file: Optional[str] = None,
+                          tls_fingerprint: Optional[str] = None) -> None:
+        """A device at ``ip`` running its own agent (``https://IP:PORT``, its certificate's
+        ``tls_fingerprint`` pinned); it is a host of its own."""
         if name in self.emulators:
             raise ConfigError(f"physical node {name!r}: a host of that name is declared already")
         self.topology.add_node(name, "physical", name, ip=ip, source="Testbed")
-        entry = {"name": name, "runtime": "physical", "agent": agent, "token_file": token_file}
+        entry = {"name": name, "runtime": "physical", "agent": agent, "token_file": token_file,
+                 "tls_fingerprint": tls_fingerprint}
         self.emulators[name] = {k: v for k, v in entry.items() if v is not None}
 
     def load_link(self, path: str = "links.json") -> None:

@@ -2,13 +2,16 @@
 
 Run as root on every worker host::
 
-    python3 -m worker.agent --port 3334 [--id 0] [--subnet 10.77.0.0/16] [--token-file F]
-                            [--runtime netns|docker|physical] [--workdir DIR]
+    python3 -m worker.agent --port 3334 --listen 10.254.0.2 [--id 0] [--subnet 10.77.0.0/16]
+                            [--token-file F] [--runtime netns|docker|physical] [--workdir DIR]
+    python3 -m worker.agent --print-fingerprint     # for hosts.json's tls_fingerprint
 
-Every call but ``GET /health`` needs ``Authorization: Bearer <token>``; the token
-comes from ``$EDGETB_TOKEN`` or the token file (made, mode 0600, when missing).
-Blocking work runs in gevent's pool of real threads, so the server keeps
-answering while a large network comes up.
+It serves HTTPS with a self-signed certificate made on its first start (``worker.tls``); the
+controller pins its SHA-256 fingerprint. It listens on loopback unless told otherwise
+(``--listen``); ``--plain-http`` is allowed on a loopback address only. Every call but ``GET
+/health`` needs ``Authorization: Bearer <token>``; the token (16 characters at least) comes
+from ``$EDGETB_TOKEN`` or the token file (made, mode 0600, when missing). Blocking work runs
+in gevent's pool of real threads, so the server keeps answering while a large network comes up.
 """
 from __future__ import annotations
 
@@ -21,14 +24,25 @@ from typing import Any, Optional
 
 from flask import Flask, jsonify, request
 
+from worker import tls
 from worker.errors import AuthError, ConfigError, TestbedError
 from worker.host import API_VERSION, WorkerHost
 from worker.runtime_netns import DEFAULT_SUBNET
-from worker.serving import bearer_matches, json_errors, run_blocking, serve
+from worker.serving import bearer_matches, check_token, json_errors, request_limits, run_blocking, serve
 from worker.state import state_root
 
 DEFAULT_PORT = 3333
+DEFAULT_LISTEN = "127.0.0.1"
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+SMALL_REQUEST_BYTES = 64 * 1024
+# body limits by route (endpoint name); every other route takes SMALL_REQUEST_BYTES
+REQUEST_LIMITS = {"create_nodes": MAX_REQUEST_BYTES, "put_links": MAX_REQUEST_BYTES, "patch_links": MAX_REQUEST_BYTES,
+                  "sync": MAX_REQUEST_BYTES, "set_routes": 1024 * 1024, "exec_in": 1024 * 1024,
+                  "start_process": 1024 * 1024, "start_node": 1024 * 1024}
+# the calls a client may repeat after a connection error: they leave the same state however often they run
+IDEMPOTENT = frozenset({("PUT", "/links"), ("PATCH", "/links"), ("DELETE", "/links"), ("PUT", "/routes"),
+                        ("POST", "/nodes"), ("POST", "/sync"), ("POST", "/reset"),
+                        ("DELETE", "/nodes/<name>/processes/<proc_id>")})
 log = logging.getLogger("edgetb.agent")
 
 
@@ -39,7 +53,7 @@ def default_token_file() -> str:
 def load_token(path: Optional[str] = None, create: bool = True) -> str:
     """The shared secret: $EDGETB_TOKEN, else the token file (created when missing and allowed)."""
     if os.environ.get("EDGETB_TOKEN"):
-        return os.environ["EDGETB_TOKEN"]
+        return check_token(os.environ["EDGETB_TOKEN"], "EDGETB_TOKEN")
     path = path or default_token_file()
     try:
         with open(path) as f:
@@ -52,15 +66,14 @@ def load_token(path: Optional[str] = None, create: bool = True) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
-    if len(token) < 16:
-        raise ConfigError(f"token in {path} is shorter than 16 characters")
-    return token
+    return check_token(token, path)
 
 
 def create_app(host: WorkerHost, token: str) -> Flask:
     """The agent's Flask app; routes are thin wrappers over ``host``."""
+    token = check_token(token, "the agent's token")
     app = Flask("edgetb-agent")
-    app.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+    request_limits(app, REQUEST_LIMITS, SMALL_REQUEST_BYTES)
 
     def body() -> Any:
         data = request.get_json(silent=True)
@@ -147,7 +160,14 @@ def create_app(host: WorkerHost, token: str) -> Flask:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="edgetb-agent", description="edgetb worker agent")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--bind", default="0.0.0.0")
+    parser.add_argument("--listen", "--bind", dest="listen", default=DEFAULT_LISTEN,
+                        help="address to listen on (default 127.0.0.1; 0.0.0.0 or this host's LAN address to be "
+                             "reached from the controller's machine)")
+    parser.add_argument("--plain-http", action="store_true",
+                        help="serve plain HTTP instead of HTTPS: only on a loopback --listen address")
+    parser.add_argument("--print-fingerprint", action="store_true",
+                        help="print the SHA-256 fingerprint of the agent's certificate (made if missing) and exit")
+    parser.add_argument("--tls-dir", default=None, help="certificate and key directory (default: state dir/tls)")
     parser.add_argument("--id", default=os.environ.get("EDGETB_ID", "0"), help="testbed id (default 0)")
     parser.add_argument("--subnet", default=DEFAULT_SUBNET, help="this host's node subnet")
     parser.add_argument("--token-file", default=None, help="shared secret file (default: state dir/token)")
@@ -160,6 +180,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     try:
+        if args.print_fingerprint:
+            print(tls.pretty(tls.fingerprint_file(tls.ensure_certificate(args.tls_dir)[0])))
+            return 0
+        if args.plain_http and not _loopback(args.listen):
+            raise ConfigError(f"--plain-http is for a loopback address only, not {args.listen}: the token and every "
+                              "command would cross the network in clear")
+        context, fingerprint = None, None
+        if not args.plain_http:
+            cert, key = tls.ensure_certificate(args.tls_dir)
+            context, fingerprint = tls.server_context(cert, key), tls.pretty(tls.fingerprint_file(cert))
         token = load_token(args.token_file)
         host = WorkerHost(args.id, args.subnet, runtime=args.runtime, workdir=args.workdir)
     except TestbedError as e:
@@ -171,9 +201,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         problem = runtime_docker.probe(host.runtime.image)
         if problem:
             log.warning("Docker nodes cannot be created yet: %s", problem)
-    log.info("agent listening on %s:%d (%s nodes)", args.bind, args.port, host.runtime.kind)
-    serve(create_app(host, token), args.port, args.bind, log)
+    scheme = "http" if args.plain_http else "https"
+    where = f"[{args.listen}]" if ":" in args.listen else args.listen
+    log.info("agent listening on %s://%s:%d (%s nodes)", scheme, where, args.port, host.runtime.kind)
+    if fingerprint:
+        log.info("TLS certificate SHA-256 fingerprint (hosts.json 'tls_fingerprint'): %s", fingerprint)
+    serve(create_app(host, token), args.port, args.listen, log, ssl_context=context)
     return 0
+
+
+def _loopback(addr: str) -> bool:
+    import ipaddress
+
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

@@ -393,7 +393,9 @@ class WorkerHost:
             url, token = body.get("url"), body.get("token")
             if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not isinstance(token, str):
                 raise ConfigError("sync needs the controller's 'url' (http://...) and a 'token', or an 'nfs' export")
-            result = sync.sync_http(url, token, self.workdir)
+            if body.get("manifest") is None:  # the hashes come with this call, never from the file server
+                raise ConfigError("sync needs the controller's 'manifest' of the files to fetch")
+            result = sync.sync_http(url, token, self.workdir, manifest=body["manifest"])
         with self.store.locked() as state:
             state["code_root"] = self.code_root = self.workdir
             state["synced"] = result["method"]

@@ -6,8 +6,13 @@ threads, so handlers hand blocking calls to gevent's thread pool.
 from __future__ import annotations
 
 import logging
+import secrets
 import signal
-from typing import Any, Callable
+import ssl
+from typing import Any, Callable, Mapping, Optional
+
+MIN_TOKEN_CHARS = 16
+BODYLESS_METHODS = ("GET", "HEAD", "DELETE")
 
 
 def run_blocking(fn: Callable[..., Any], *args: Any) -> Any:
@@ -26,12 +31,14 @@ def run_blocking(fn: Callable[..., Any], *args: Any) -> Any:
     return value
 
 
-def serve(app: Any, port: int, bind: str = "0.0.0.0", log: logging.Logger | None = None,
-          on_stop: Callable[[], None] | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (or ``server.stop``); ``on_stop`` runs once it has stopped."""
+def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | None = None,
+          on_stop: Callable[[], None] | None = None, ssl_context: Optional[ssl.SSLContext] = None) -> None:
+    """Serve until SIGINT/SIGTERM (or ``server.stop``), over TLS with ``ssl_context``;
+    ``on_stop`` runs once it has stopped."""
     from gevent.pywsgi import WSGIServer
 
-    server = WSGIServer((bind, port), app, log=None, error_log=log)
+    tls = {"ssl_context": ssl_context} if ssl_context is not None else {}
+    server = WSGIServer((bind, port), app, log=None, error_log=log, **tls)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop(timeout=2))
     server.serve_forever()
@@ -46,8 +53,41 @@ def bearer_matches(header: str, token: str) -> bool:
     return bool(token) and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode())
 
 
+def check_token(token: Optional[str], source: str) -> str:
+    """``token`` if it is long enough to be a secret, else ConfigError naming ``source``."""
+    from worker.errors import ConfigError
+
+    if not isinstance(token, str) or len(token.strip()) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"the token from {source} is shorter than {MIN_TOKEN_CHARS} characters: use a random "
+                          "secret, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+    return token.strip()
+
+
+def request_limits(app: Any, limits: Mapping[str, int], default_bytes: int) -> None:
+    """Refuse bodies on GET, HEAD and DELETE (400), and bodies larger than the route's limit
+    (413; ``limits`` by endpoint name, else ``default_bytes``), before any of it is read."""
+    from flask import request
+    from werkzeug.exceptions import BadRequest, RequestEntityTooLarge
+
+    app.config["MAX_CONTENT_LENGTH"] = max([default_bytes, *limits.values()])
+
+    @app.before_request
+    def limit_body() -> None:
+        has_body = bool(request.content_length) or "Transfer-Encoding" in request.headers
+        if request.method in BODYLESS_METHODS and has_body:
+            raise BadRequest(f"{request.method} requests carry no body")
+        limit = limits.get(request.endpoint or "", default_bytes)
+        if request.content_length is not None and request.content_length > limit:
+            raise RequestEntityTooLarge(f"{request.method} {request.path} takes at most {limit} bytes")
+        try:
+            request.max_content_length = limit  # a chunked body (Flask >= 3.1)
+        except AttributeError:
+            pass
+
+
 def json_errors(app: Any, log: logging.Logger) -> None:
-    """Answer every error of ``app`` as JSON ``{"error": ..., "detail": ...}`` with its status."""
+    """Answer every error of ``app`` as JSON ``{"error": ..., "detail": ...}`` with its status.
+    An unexpected exception is logged with a reference; the client gets only that reference."""
     from flask import jsonify
     from werkzeug.exceptions import HTTPException
 
@@ -63,5 +103,7 @@ def json_errors(app: Any, log: logging.Logger) -> None:
 
     @app.errorhandler(Exception)
     def internal_error(err: Exception) -> Any:
-        log.exception("internal error")
-        return jsonify({"error": "internal", "detail": f"{type(err).__name__}: {err}"}), 500
+        reference = secrets.token_hex(4)
+        log.exception("internal error, reference %s", reference)
+        return jsonify({"error": "internal", "reference": reference,
+                        "detail": f"internal error (reference {reference}: see the server's log)"}), 500

@@ -166,10 +166,12 @@ def _get_manifest(session: Any, url: str, trees: Sequence[str], timeout_s: float
     return check_manifest(doc, trees)
 
 
-def sync_http(url: str, token: str, dest: str, trees: Sequence[str] = TREES, timeout_s: float = 60) -> dict:
+def sync_http(url: str, token: str, dest: str, trees: Sequence[str] = TREES, timeout_s: float = 60,
+              manifest: Optional[dict] = None) -> dict:
     """Make ``dest/<tree>`` mirror the controller's trees at ``url`` (``http://host:3333``):
-    fetch the files whose sha256 differs, delete those the manifest lacks. ``timeout_s``
-    bounds each request (connect and each read)."""
+    fetch the files whose sha256 differs, delete those the manifest lacks. ``manifest``: the
+    controller's, when it came over a trusted channel (the agent's pinned TLS), else it is
+    fetched from ``url``. ``timeout_s`` bounds each request (connect and each read)."""
     trees = list(dict.fromkeys(trees))
     if not trees or any(t not in TREES for t in trees):
         raise ConfigError(f"trees must be among {', '.join(TREES)}, got {trees!r}")
@@ -177,7 +179,10 @@ def sync_http(url: str, token: str, dest: str, trees: Sequence[str] = TREES, tim
     base = url.rstrip("/")
     with requests.Session() as session:
         session.headers["Authorization"] = f"Bearer {token}"
-        files = _get_manifest(session, f"{base}/files/manifest?trees={','.join(trees)}", trees, timeout_s)
+        if manifest is not None:
+            files = check_manifest(manifest, trees)
+        else:
+            files = _get_manifest(session, f"{base}/files/manifest?trees={','.join(trees)}", trees, timeout_s)
         fetched = unchanged = downloaded = 0
         try:
             os.makedirs(dest, exist_ok=True)

@@ -32,7 +32,8 @@ def test_docker_agent_nodes_links_processes_reset(tmp_path):
     env = dict(os.environ, EDGETB_TOKEN=token, EDGETB_STATE_DIR=state)
     log_path = tmp_path / "agent.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port), "--bind", "127.0.0.1",
+        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port),
+                                 "--listen", "127.0.0.1", "--plain-http",
                                  "--id", tb, "--subnet", subnet, "--runtime", "docker"], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

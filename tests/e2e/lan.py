@@ -2,7 +2,8 @@
 joined to the others and to the controller's (this) namespace by a bridged veth LAN.
 
 The LAN stands in for the network between real machines: the product sees only
-agent URLs and LAN addresses, as it would across machines.
+agent URLs (HTTPS, each agent's certificate pinned by its fingerprint) and LAN addresses,
+as it would across machines.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import requests
-
+from controller.agent_client import AgentClient
 from worker import nsfs
+from worker.errors import TestbedError
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT_PORT = 3334
@@ -65,10 +66,17 @@ class Lan:
             ns.addr("add", index=lan0, address=self.ip(i), prefixlen=24)
             ns.link("set", index=lan0, state="up")
         host = {"name": f"h{i}", "netns": netns, "ip": self.ip(i), "runtime": runtime,
-                "id": f"m{self.tag[:2]}{i}", "state": self.tmp / f"state-h{i}", "url": f"http://{self.ip(i)}:{AGENT_PORT}"}
+                "id": f"m{self.tag[:2]}{i}", "state": self.tmp / f"state-h{i}",
+                "url": f"https://{self.ip(i)}:{AGENT_PORT}"}
         argv = [sys.executable, "-m", "worker.agent", "--port", str(AGENT_PORT), "--id", host["id"],
-                "--runtime", runtime] + (["--subnet", subnet] if subnet else [])
+                "--runtime", runtime, "--listen", self.ip(i)] + (["--subnet", subnet] if subnet else [])
         env = dict(os.environ, EDGETB_TOKEN=self.token, EDGETB_STATE_DIR=str(host["state"]), PYTHONPATH=str(ROOT))
+        # the agent's certificate is made before it starts, as an operator does to fill hosts.json
+        shown = subprocess.run([*argv, "--print-fingerprint"], env=env, cwd=str(ROOT), capture_output=True, text=True,
+                               timeout=60)
+        if shown.returncode != 0:
+            raise AssertionError(f"the agent of h{i} printed no fingerprint: {shown.stderr}")
+        host["fingerprint"] = shown.stdout.strip()
         fd = os.open(nsfs.netns_path(netns), os.O_RDONLY)
         host["log"] = open(self.tmp / f"agent-h{i}.log", "w")
         try:
@@ -78,13 +86,18 @@ class Lan:
             os.close(fd)
         self.hosts.append(host)
         deadline = time.monotonic() + 30
+        probe = self.client(host, timeout_s=1, tries=1)
         while time.monotonic() < deadline:
             try:
-                if requests.get(host["url"] + "/health", timeout=1).ok:
+                if probe.health()["ok"]:
                     return host
-            except requests.RequestException:
+            except TestbedError:
                 time.sleep(0.2)
         raise AssertionError(f"the agent of {host['name']} did not come up: {self.agent_log(host)}")
+
+    def client(self, host: dict, **kw) -> AgentClient:
+        """The agent of ``host``, its certificate pinned."""
+        return AgentClient(host["url"], self.token, name=host["name"], fingerprint=host["fingerprint"], **kw)
 
     def agent_log(self, host: dict) -> str:
         return (self.tmp / f"agent-{host['name']}.log").read_text()[-3000:]
@@ -95,9 +108,8 @@ class Lan:
         left = []
         for host in self.hosts:
             try:
-                requests.post(host["url"] + "/reset", json={"version": 1}, timeout=60,
-                              headers={"Authorization": f"Bearer {self.token}"})
-            except requests.RequestException:
+                self.client(host, timeout_s=60, tries=1).reset()
+            except TestbedError:
                 pass
             host["proc"].terminate()
             try:

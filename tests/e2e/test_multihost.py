@@ -36,7 +36,8 @@ def lan(tmp_path):
 def write_hosts(r: Run, lan: Lan, hosts: list[dict], local: dict | None = None) -> None:
     (r_token := r.workdir / "agent.token").write_text(lan.token)
     entries = ([local] if local else []) + [
-        {"name": h["name"], "agent": h["url"], "runtime": h["runtime"], "token_file": str(r_token)} for h in hosts]
+        {"name": h["name"], "agent": h["url"], "runtime": h["runtime"], "token_file": str(r_token),
+         "tls_fingerprint": h["fingerprint"]} for h in hosts]
     (r.workdir / "hosts.json").write_text(json.dumps({"version": 1, "controller_ip": lan.ip(None), "hosts": entries}))
 
 
@@ -61,7 +62,7 @@ def test_gossip_across_two_hosts(tmp_path, lan, run):
     assert all(n["up"] and n["shaping_verified"] for n in ready["nodes"]), ready
     assert ips["n1"].startswith(subnets[0][:-6]) and ips["n3"].startswith(subnets[1][:-6]), ips
 
-    agents = {h["name"]: AgentClient(h["url"], lan.token) for h in hosts}
+    agents = {h["name"]: lan.client(h) for h in hosts}
     for host, nodes in (("h0", ("n1", "n2")), ("h1", ("n3", "n4"))):
         for node in nodes:
             kernel = agents[host].shaping(node)
@@ -114,7 +115,7 @@ def test_hybrid_gossip_on_docker_netns_and_a_physical_device(tmp_path, lan, run)
 
     local = WorkerHost(r.id, r.subnet, state_root=str(r.state))
     assert local.runtime.kind == "docker"
-    agents = {"h0": AgentClient(emulator["url"], lan.token), "h1": AgentClient(device["url"], lan.token)}
+    agents = {"h0": lan.client(emulator), "h1": lan.client(device)}
     for who, nodes in ((local, ("d1", "d2")), (agents["h0"], ("n1", "n2")), (agents["h1"], ("p1",))):
         for node in nodes:
             kernel = who.shaping(node)
@@ -155,11 +156,15 @@ def test_bad_hosts_are_refused_and_an_absent_agent_leaves_nothing(tmp_path, lan,
     r = run(links=LINKS, structure=STRUCTURE, defer=True)
     (r.workdir / "token").write_text(lan.token)
     (r.workdir / "hosts.json").write_text(json.dumps({"controller_ip": lan.ip(None), "hosts": [
-        {"name": "local"}, {"name": "gone", "agent": f"http://{lan.ip(7)}:3334", "token_file": str(r.workdir / "token")}]}))
+        {"name": "local"}, {"name": "gone", "agent": f"https://{lan.ip(7)}:3334",
+                            "token_file": str(r.workdir / "token"), "tls_fingerprint": "ab" * 32}]}))
     (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [
         {"name": "n1", "host": "local"}, {"name": "n2", "host": "local"}, {"name": "n3", "host": "gone"},
         {"name": "n4", "host": "gone"}]}))
     r.start("--hosts", "hosts.json", "--nodes", "nodes.json")
     assert r.proc.wait(timeout=120) == 1
     out = r.close()  # also checks that no namespace of the run is left
-    assert f"agent http://{lan.ip(7)}:3334 is unreachable" in out, out
+    # the host, the call and what failed, after retries; no HTTP library's text
+    assert re.search(rf"agent gone \(https://{re.escape(lan.ip(7))}:3334\): GET /\w+: "
+                     r"(no route to host|connection timed out|connection refused) after 3 tries", out), out
+    assert "urllib3" not in out and "HTTPSConnectionPool" not in out, out

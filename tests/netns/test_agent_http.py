@@ -46,7 +46,8 @@ def agent(tmp_path):
     env = dict(os.environ, EDGETB_TOKEN=token, EDGETB_STATE_DIR=str(state_dir))
     log_path = tmp_path / "agent.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port), "--bind", "127.0.0.1",
+        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port),
+                                 "--listen", "127.0.0.1", "--plain-http",
                                  "--id", tb, "--subnet", subnet], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

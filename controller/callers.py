@@ -1,0 +1,232 @@
+"""Who is calling the controller, and from which page.
+
+- **Loopback caller identity.** The owner of a loopback TCP connection is in the kernel's
+  socket table (``/proc/net/tcp``, ``/proc/net/tcp6``: the ``uid`` column of the socket
+  whose local end is the caller's address and port). Root, the user who started the
+  controller through sudo (``SUDO_UID``) and the controller's own user are trusted.
+- **Host and Origin.** A request's ``Host`` must be a loopback name, an address of this
+  machine, or a configured name (``EDGETB_ALLOWED_HOSTS``, comma-separated): a page served
+  from ``attacker.example`` that rebinds its name to 127.0.0.1 sends ``Host:
+  attacker.example``. A foreign ``Origin`` or ``Referer``, or ``Sec-Fetch-Site`` other than
+  ``same-origin`` / ``none``, marks a request made by a page of another site: refused.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping, Optional
+from urllib.parse import urlsplit
+
+from worker.errors import AuthError
+
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+TCP_LISTEN = 0x0A
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+ALLOWED_HOSTS_ENV = "EDGETB_ALLOWED_HOSTS"
+SAME_ORIGIN_FETCH = ("same-origin", "none")
+
+
+class Forbidden(AuthError):
+    """The caller is known and not allowed (another local user, a page of another site)."""
+
+    http_status = 403
+    code = "forbidden"
+
+
+# --- the kernel's socket table ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TcpSocket:
+    """One row of /proc/net/tcp{,6}."""
+
+    local: tuple[str, int]
+    remote: tuple[str, int]
+    state: int
+    uid: int
+    inode: int
+
+
+def _address(hex_addr: str) -> str:
+    """An address as the kernel prints it: 32-bit words in host byte order, in hex."""
+    words = [int(hex_addr[i:i + 8], 16) for i in range(0, len(hex_addr), 8)]
+    packed = b"".join(struct.pack("=I", w) for w in words)
+    return str(ipaddress.ip_address(packed))
+
+
+def _endpoint(field: str) -> tuple[str, int]:
+    addr, port = field.split(":")
+    return _address(addr), int(port, 16)
+
+
+def tcp_sockets(tables: Iterable[str] = TCP_TABLES) -> Iterator[TcpSocket]:
+    """Every TCP socket of this network namespace (a missing table, e.g. no IPv6, is empty)."""
+    for table in tables:
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) < 10:
+                continue
+            try:
+                yield TcpSocket(_endpoint(cols[1]), _endpoint(cols[2]), int(cols[3], 16), int(cols[7]), int(cols[9]))
+            except ValueError:
+                continue
+
+
+def _plain(addr: str) -> str:
+    """``::ffff:127.0.0.1`` -> ``127.0.0.1``; anything else as given (normalised)."""
+    try:
+        ip = ipaddress.ip_address(addr.split("%")[0])
+    except ValueError:
+        return addr
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
+def is_loopback(addr: Optional[str]) -> bool:
+    try:
+        return bool(addr) and ipaddress.ip_address(_plain(addr)).is_loopback  # type: ignore[arg-type]
+    except ValueError:
+        return False
+
+
+def peer_uid(remote_addr: str, remote_port: int, server_port: Optional[int] = None,
+             tables: Iterable[str] = TCP_TABLES) -> Optional[int]:
+    """The uid owning the caller's end of a loopback connection (local end = the caller's
+    address and port, remote port = ``server_port`` when known); None when not found."""
+    want = (_plain(remote_addr), remote_port)
+    for sock in tcp_sockets(tables):
+        if sock.state == TCP_LISTEN or (_plain(sock.local[0]), sock.local[1]) != want:
+            continue
+        if server_port is not None and sock.remote[1] != server_port:
+            continue
+        return sock.uid
+    return None
+
+
+def listener_uid(addr: str, port: int, tables: Iterable[str] = TCP_TABLES) -> Optional[int]:
+    """The uid owning the listening socket that serves ``addr:port`` (bound to it or to a
+    wildcard address); None when nothing listens there."""
+    addr = _plain(addr)
+    wildcard = ("0.0.0.0", "::")
+    found: Optional[int] = None
+    for sock in tcp_sockets(tables):
+        if sock.state != TCP_LISTEN or sock.local[1] != port:
+            continue
+        bound = _plain(sock.local[0])
+        if bound == addr:
+            return sock.uid
+        if bound in wildcard and found is None:
+            found = sock.uid
+    return found
+
+
+def trusted_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]:
+    """Root, this process's user, and the user who ran it through sudo (``SUDO_UID``)."""
+    uids = {0, os.geteuid()}
+    sudo = environ.get("SUDO_UID", "")
+    if sudo.isdigit():
+        uids.add(int(sudo))
+    return frozenset(uids)
+
+
+# --- Host, Origin and friends ---------------------------------------------------------------
+
+def split_host(value: str) -> tuple[str, Optional[int]]:
+    """``Host`` header -> (lower-case name or address without brackets, port or None)."""
+    parts = urlsplit("//" + value.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    return (parts.hostname or "").lower(), port
+
+
+def local_addresses() -> set[str]:
+    """Every address configured on this network namespace's interfaces."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return {_plain(a.get_attr("IFA_ADDRESS")) for a in ipr.get_addr() if a.get_attr("IFA_ADDRESS")}
+
+
+class HostPolicy:
+    """Which ``Host`` names the controller answers to, and which requests come from another site."""
+
+    REFRESH_S = 1.0
+
+    def __init__(self, allowed: Iterable[str] = (), environ: Mapping[str, str] = os.environ) -> None:
+        names = [*allowed, *environ.get(ALLOWED_HOSTS_ENV, "").split(",")]
+        self.allowed = {split_host(n)[0] for n in names if n.strip()}
+        self._addresses: set[str] = set()
+        self._read_at = 0.0
+        self._lock = threading.Lock()
+
+    def _is_local_address(self, name: str) -> bool:
+        try:
+            addr = _plain(str(ipaddress.ip_address(name)))
+        except ValueError:
+            return False
+        if addr in self._addresses:
+            return True
+        with self._lock:  # a bridge made after start: read the interfaces again, at most once a second
+            if time.monotonic() - self._read_at >= self.REFRESH_S:
+                self._addresses = local_addresses()
+                self._read_at = time.monotonic()
+            return addr in self._addresses
+
+    def host_ok(self, host: str) -> bool:
+        name, port = split_host(host)
+        if not name or port == -1:
+            return False
+        return name in LOOPBACK_NAMES or is_loopback(name) or name in self.allowed or self._is_local_address(name)
+
+    def check(self, headers: Mapping[str, str]) -> None:
+        """Forbidden unless ``Host`` is one of ours and nothing says a page of another site sent it."""
+        host = headers.get("Host", "")
+        if not self.host_ok(host):
+            raise Forbidden(f"Host {host!r} is not a name of this controller: use localhost or one of its "
+                            f"addresses, or add the name to {ALLOWED_HOSTS_ENV}")
+        site = headers.get("Sec-Fetch-Site")
+        if site is not None and site.lower() not in SAME_ORIGIN_FETCH:
+            raise Forbidden(f"refused a request sent by a page of another site (Sec-Fetch-Site: {site})")
+        for field in ("Origin", "Referer"):
+            value = headers.get(field)
+            if value is None:
+                continue
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or parts.netloc.lower() != host.strip().lower():
+                raise Forbidden(f"refused a request sent by a page of another origin ({field}: {value[:200]})")
+
+
+# --- the caller ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Caller:
+    """Where a request came from: a loopback caller has a uid (None when the kernel table
+    did not show the connection)."""
+
+    addr: str
+    loopback: bool
+    uid: Optional[int]
+
+
+def caller_of(environ: Mapping[str, str], tables: Iterable[str] = TCP_TABLES) -> Caller:
+    """The caller of a WSGI request (``REMOTE_ADDR``, ``REMOTE_PORT``, ``SERVER_PORT``)."""
+    addr = environ.get("REMOTE_ADDR", "")
+    if not is_loopback(addr):
+        return Caller(addr, False, None)
+    try:
+        port = int(environ.get("REMOTE_PORT", ""))
+    except ValueError:
+        return Caller(addr, True, None)
+    server = environ.get("SERVER_PORT", "")
+    server_port = int(server) if server.isdigit() and int(server) > 0 else None
+    return Caller(addr, True, peer_uid(addr, port, server_port, tables))

@@ -1,0 +1,293 @@
+"""Who may drive the controller: the real app on a real socket, called by real local users.
+
+Attacks from the security review, each refused while the legitimate path still works:
+another local user resets the testbed with curl; a page of another site (foreign Host,
+Origin, Sec-Fetch-Site) drives it; a GET carries a large body; a node prints escape
+sequences to the operator's terminal; an internal error leaks its text.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+
+import pytest
+import requests
+
+from controller import callers
+from controller.app import create_app
+from controller.experiment import Experiment
+from controller.topology import load_links
+from tests.netns.conftest import free_subnet, new_testbed_id
+from tests.security.callers_fixtures import NOBODY_UID, Served, curl_as, need_root
+from worker.errors import ConfigError
+from worker.host import WorkerHost
+
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+LINKS = {"n1": [{"dest": "n2", "bw": "10mbit"}], "n2": [{"dest": "n1", "bw": "10mbit"}]}
+
+
+@pytest.fixture
+def make_controller(tmp_path, monkeypatch):
+    """Factory: (experiment, served app, progress lines), with the environment given (SUDO_UID,
+    EDGETB_ALLOWED_HOSTS) at the controller's start. The worker is a real, empty WorkerHost."""
+    need_root()
+    made = []
+
+    def make(env: dict | None = None, progress=None, **kw):
+        for key in ("SUDO_UID", callers.ALLOWED_HOSTS_ENV):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        (tmp_path / "links.json").write_text(json.dumps(LINKS))
+        worker = WorkerHost(new_testbed_id(), free_subnet(), state_root=str(tmp_path / "state"))
+        lines: list[str] = []
+        exp = Experiment(str(tmp_path), load_links(str(tmp_path / "links.json")), worker,
+                         {"n1": {"sync": 2}, "n2": {"sync": 2}}, progress=progress or lines.append)
+        served = Served(create_app(exp, admin_token=kw.pop("admin_token", ADMIN_TOKEN), **kw))
+        made.append((served, worker))
+        return exp, served, lines
+
+    yield make
+    for served, worker in made:
+        served.close()
+        worker.reset()
+        assert not any(worker.runtime.leftovers().values())
+
+
+def lan_address() -> str | None:
+    """A non-loopback IPv4 address of this machine (a caller from it is not on loopback)."""
+    for addr in sorted(callers.local_addresses()):
+        if ":" not in addr and not addr.startswith("127."):
+            return addr
+    return None
+
+
+# --- the kernel's socket table ----------------------------------------------------------------
+
+def test_the_socket_table_names_the_owner_of_a_connection():
+    need_root()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert callers.listener_uid("127.0.0.1", port) == 0
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            peer, _ = server.accept()
+            with peer:
+                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], port) == 0
+                assert callers.peer_uid("::ffff:127.0.0.1", client.getsockname()[1], port) == 0
+                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], port + 1) is None
+    if socket.has_ipv6 and "::1" in callers.local_addresses():  # the IPv6 table too
+        with socket.socket(socket.AF_INET6) as server:
+            server.bind(("::1", 0))
+            server.listen()
+            port = server.getsockname()[1]
+            assert callers.listener_uid("::1", port) == 0 and callers.listener_uid("127.0.0.1", port) is None
+            with socket.create_connection(("::1", port)) as client:
+                peer, _ = server.accept()
+                with peer:
+                    assert callers.peer_uid("::1", client.getsockname()[1], port) == 0
+    assert callers.trusted_uids({"SUDO_UID": "1234"}) == {0, 1234}
+    assert callers.trusted_uids({"SUDO_UID": "x"}) == {0}
+
+
+# --- caller identity --------------------------------------------------------------------------
+
+def test_another_local_user_cannot_reset_and_root_can(make_controller):
+    exp, served, _ = make_controller()
+    for method in ("GET", "POST"):
+        code, body = curl_as(NOBODY_UID, method, served.url + "/emulated/reset")
+        assert code == 403 and body["error"] == "forbidden", (code, body)
+        assert f"uid {NOBODY_UID}" in body["message"], body
+        assert exp.phase == "created"
+    for path in ("/conf/dataset", "/conf/structure", "/start", "/finish", "/update/tc?file=links.json",
+                 "/physical/reset"):
+        code, body = curl_as(NOBODY_UID, "GET", served.url + path)
+        assert code == 403, (path, code, body)
+    # anyone on loopback reads the status
+    code, body = curl_as(NOBODY_UID, "GET", served.url + "/status")
+    assert code == 200 and body["phase"] == "created", body
+    # root (this test) resets, as `sudo curl` or a root shell would
+    resp = requests.get(served.url + "/emulated/reset", timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert exp.phase == "reset"
+
+
+def test_the_sudo_user_is_accepted_and_others_are_not(make_controller):
+    exp, served, _ = make_controller({"SUDO_UID": "4321"})
+    code, body = curl_as(4322, "POST", served.url + "/physical/reset")
+    assert code == 403, body
+    code, body = curl_as(4321, "POST", served.url + "/physical/reset")
+    assert code == 200 and body["reset"] is True, body
+    code, body = curl_as(4321, "GET", served.url + "/emulated/reset")
+    assert code == 200, body
+    assert exp.phase == "reset"
+
+
+def test_the_admin_token_is_accepted_from_any_user_and_any_address(make_controller):
+    exp, served, _ = make_controller()
+    code, body = curl_as(NOBODY_UID, "POST", served.url + "/physical/reset",
+                         {"Authorization": "Bearer wrong-token-wrong-token"})
+    assert code == 403, body
+    code, body = curl_as(NOBODY_UID, "POST", served.url + "/physical/reset", {"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert code == 200, body
+    lan = lan_address()
+    if lan is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to call from")
+    url = f"http://{lan}:{served.port}"
+    # not on loopback: even root needs the token, for the status too
+    assert requests.post(url + "/emulated/reset", timeout=10).status_code == 401
+    assert requests.get(url + "/status", timeout=10).status_code == 401
+    assert exp.phase == "created"
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    assert requests.get(url + "/status", headers=auth, timeout=10).status_code == 200
+    assert requests.post(url + "/emulated/reset", headers=auth, timeout=30).status_code == 200
+    assert exp.phase == "reset"
+
+
+def test_short_admin_tokens_are_refused(make_controller, tmp_path):
+    with pytest.raises(ConfigError, match="shorter than 16"):
+        make_controller(admin_token="short")
+
+
+# --- pages of other sites ---------------------------------------------------------------------
+
+def test_foreign_host_origin_and_cross_site_requests_are_refused(make_controller):
+    exp, served, _ = make_controller({callers.ALLOWED_HOSTS_ENV: "testbed.lab.example"})
+    attacks = [{"Host": f"attacker.example:{served.port}"},
+               {"Host": "attacker.example"},
+               {"Origin": "http://attacker.example"},
+               {"Origin": f"http://localhost:{served.port + 1}"},  # another local site (another port)
+               {"Origin": "null"},
+               {"Referer": "http://attacker.example/page.html"},
+               {"Sec-Fetch-Site": "cross-site"},
+               {"Sec-Fetch-Site": "same-site"}]
+    for headers in attacks:
+        for method, path in (("GET", "/emulated/reset"), ("POST", "/emulated/reset"), ("GET", "/status")):
+            resp = requests.request(method, served.url + path, headers=headers, timeout=10)
+            assert resp.status_code == 403, (headers, method, path, resp.text)
+            assert resp.json()["error"] == "forbidden"
+    assert exp.phase == "created"
+    # the same page served by the controller itself, curl, and configured or own names pass
+    lan = lan_address()
+    fine = [{"Host": f"localhost:{served.port}"}, {"Host": f"[::1]:{served.port}"},
+            {"Host": f"127.0.0.1:{served.port}", "Origin": f"http://127.0.0.1:{served.port}",
+             "Sec-Fetch-Site": "same-origin"},
+            {"Host": f"testbed.lab.example:{served.port}"}, {"Sec-Fetch-Site": "none"}]
+    if lan:
+        fine.append({"Host": f"{lan}:{served.port}"})  # how nodes and agents name it
+    for headers in fine:
+        resp = requests.get(served.url + "/status", headers=headers, timeout=10)
+        assert resp.status_code == 200, (headers, resp.text)
+    resp = requests.post(served.url + "/emulated/reset", headers=fine[2], timeout=30)
+    assert resp.status_code == 200, resp.text
+
+
+def test_a_new_bridge_address_is_accepted_as_host(make_controller):
+    """A node reaches the controller at its bridge's address, made after the controller started."""
+    _, served, _ = make_controller()
+    from pyroute2 import IPRoute
+
+    name = f"cb{new_testbed_id()}"
+    addr = f"10.{__import__('random').randint(200, 250)}.{__import__('random').randint(1, 250)}.1"
+    requests.get(served.url + "/status", timeout=10)  # the addresses are read once before
+    with IPRoute() as ipr:
+        ipr.link("add", ifname=name, kind="bridge")
+        try:
+            index = ipr.link_lookup(ifname=name)[0]
+            ipr.addr("add", index=index, address=addr, prefixlen=32)
+            time.sleep(callers.HostPolicy.REFRESH_S)
+            resp = requests.get(served.url + "/status", headers={"Host": f"{addr}:{served.port}"}, timeout=10)
+            assert resp.status_code == 200, resp.text
+        finally:
+            ipr.link("del", index=ipr.link_lookup(ifname=name)[0])
+    resp = requests.get(served.url + "/status", headers={"Host": f"10.{1}.2.3:{served.port}"}, timeout=10)
+    assert resp.status_code == 403
+
+
+# --- bodies, limits, POST equivalents ----------------------------------------------------------
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_get_with_a_body_is_refused_without_reading_it_into_memory(make_controller):
+    _, served, _ = make_controller()
+    resp = requests.get(served.url + "/status", data=b"x" * 1000, timeout=10)
+    assert resp.status_code == 400 and "carry no body" in resp.json()["detail"], resp.text
+    resp = requests.get(served.url + "/start", data=b"x" * 1000, timeout=10)
+    assert resp.status_code == 400
+    # 128 MiB announced and streamed: the answer comes, and the server's memory does not grow with it
+    before = _rss_kib()
+    total, chunk = 128 << 20, b"\0" * (1 << 20)
+    with socket.create_connection(("127.0.0.1", served.port), timeout=30) as s:
+        s.sendall(f"GET /status HTTP/1.1\r\nHost: localhost\r\nContent-Length: {total}\r\n\r\n".encode())
+        sent = 0
+        try:
+            while sent < total:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass  # the server may close early
+        answer = s.recv(4096).decode(errors="replace")
+    assert answer.startswith("HTTP/1.1 400"), answer[:200]
+    assert _rss_kib() - before < 32 * 1024, (before, _rss_kib())
+
+
+def test_routes_have_size_limits(make_controller):
+    exp, served, _ = make_controller()
+    auth = {"Authorization": f"Bearer {exp.node_token}"}
+    resp = requests.post(served.url + "/print", json={"node": "n1", "msg": "x" * (20 * 1024)}, headers=auth, timeout=10)
+    assert resp.status_code == 413, resp.text
+    resp = requests.post(served.url + "/start", json={"pad": "x" * (100 * 1024)}, timeout=10)
+    assert resp.status_code == 413, resp.text
+    resp = requests.post(served.url + "/print", json={"node": "n1", "msg": "fits"}, headers=auth, timeout=10)
+    assert resp.status_code == 200, resp.text
+
+
+def test_post_equivalents_of_the_get_routes(make_controller, tmp_path):
+    exp, served, _ = make_controller()
+    resp = requests.post(served.url + "/physical/reset", timeout=10)
+    assert resp.status_code == 200 and resp.json()["reset"] is True
+    for path in ("/conf/dataset", "/conf/structure", "/start", "/finish", "/update/tc"):
+        # nothing is deployed: each fails as its GET does, in the handler, not as an unknown route
+        post = requests.post(served.url + path, json={"file": "links.json"}, timeout=30)
+        get = requests.get(served.url + path, params={"file": "links.json"}, timeout=30)
+        assert post.status_code not in (401, 403, 405) and post.status_code == get.status_code, (path, post.text)
+        assert post.json() == get.json() and "requested URL" not in post.text, (path, post.text)
+    resp = requests.post(served.url + "/update/tc", json={}, timeout=10)
+    assert resp.status_code == 400 and "links file" in resp.json()["message"]
+    assert requests.post(served.url + "/emulated/reset", timeout=30).status_code == 200
+    assert exp.phase == "reset"
+
+
+# --- what nodes send and what the client sees ----------------------------------------------------
+
+def test_print_reaches_the_terminal_without_escape_sequences(make_controller):
+    exp, served, lines = make_controller()
+    msg = "\x1b[2J\x1b[H\x1b]0;owned\x07round 1\r\x1b[31mfake: n2 done\x1b[0m\nnext\x07\x00\ttab\x9b1m"
+    resp = requests.post(served.url + "/print", json={"node": "n1", "msg": msg, "round": 1},
+                         headers={"Authorization": f"Bearer {exp.node_token}"}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    assert lines[-1] == "n1: round 1fake: n2 donenext\ttab", lines
+    assert not any(ch in lines[-1] for ch in "\x1b\r\n\x07\x00\x9b")
+
+
+def test_an_internal_error_answers_only_a_reference(make_controller, caplog):
+    def broken(line: str) -> None:
+        raise RuntimeError("secret /etc/edgetb path and state")
+
+    exp, served, _ = make_controller(progress=broken)
+    with caplog.at_level(logging.ERROR, logger="edgetb.controller"):
+        resp = requests.post(served.url + "/print", json={"node": "n1", "msg": "hi"},
+                             headers={"Authorization": f"Bearer {exp.node_token}"}, timeout=10)
+    assert resp.status_code == 500, resp.text
+    body = resp.json()
+    assert body["error"] == "internal" and len(body["reference"]) == 8, body
+    assert "secret" not in resp.text and "RuntimeError" not in resp.text, resp.text
+    logged = [r for r in caplog.records if body["reference"] in r.getMessage()]
+    assert logged and "secret /etc/edgetb" in (logged[0].exc_text or str(logged[0].exc_info)), caplog.records
