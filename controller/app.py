@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from typing import Any, Callable, Iterable, Optional
 
 from flask import Flask, jsonify, request
 
 from controller import callers, files
 from controller.experiment import MAX_LOG_BYTES, Experiment
+from controller.terminal import printable
 from worker.errors import AuthError, ConfigError
 from worker.serving import bearer_matches, check_token, json_errors, request_limits, run_blocking
 
@@ -35,23 +35,6 @@ log = logging.getLogger("edgetb.controller")
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_BODY_BYTES = 64 * 1024
 PRINT_BODY_BYTES = 16 * 1024
-# terminal escape sequences (CSI, OSC, two-character escapes), then every other C0 and C1
-# control but tab, and DEL
-ESCAPE_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]"
-                              r"|\x9b[0-?]*[ -/]*[@-~]")
-CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-
-
-def printable(value: Any) -> Any:
-    """``value`` with escape sequences and control characters removed from every string in it
-    (a node's text goes to the operator's terminal)."""
-    if isinstance(value, str):
-        return CONTROL_CHARS.sub("", ESCAPE_SEQUENCES.sub("", value))
-    if isinstance(value, dict):
-        return {printable(k): printable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [printable(v) for v in value]
-    return value
 
 
 def _bearer_is(token: Optional[str]) -> bool:

@@ -33,6 +33,7 @@ from controller import deploy, evaluate, node_auth, results, run_record
 from controller.agent_client import Worker
 from controller.progress import Progress
 from controller.safe_fs import RunDir
+from controller.terminal import clip
 from controller.topology import Topology, load_links
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
@@ -45,11 +46,6 @@ STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events
 CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
 SETTLED = ("done", "stopped", "failed", "timeout", "lost")
 log = logging.getLogger("edgetb.controller")
-
-
-def printable(text: str, limit: int = 200) -> str:
-    """``text`` without control characters (a node's words must not drive the operator's terminal)."""
-    return "".join(c if c.isprintable() else "?" for c in text[:limit])
 
 
 @dataclass
@@ -277,7 +273,7 @@ class Experiment:
     def on_print(self, name: str, data: Any) -> None:
         """A progress line from node ``name`` (as its signature proved)."""
         if name not in self.nodes or not isinstance(data, dict):
-            raise NotFound(f"/print from an unknown node, or not a JSON object: {printable(str(data), 100)}")
+            raise NotFound(f"/print from an unknown node, or not a JSON object: {clip(str(data), 100)}")
         node = self.nodes[name]
         number = lambda key: data[key] if isinstance(data.get(key), (int, float)) and not isinstance(  # noqa: E731
             data.get(key), bool) else None
@@ -290,7 +286,7 @@ class Experiment:
         if number("accuracy") is not None:
             node.accuracy = float(number("accuracy"))  # type: ignore[arg-type]
         if self.verbose:
-            self.progress(f"{node.name}: {printable(str(data.get('msg', '')))}")
+            self.progress(f"{node.name}: {clip(str(data.get('msg', '')))}")
 
     def on_log(self, name: str, body: bytes) -> dict[str, Any]:
         """A node's events upload (JSON lines; ``name`` as its signature proved); a done or
@@ -317,7 +313,7 @@ class Experiment:
             except ValueError:
                 continue
             if isinstance(event, dict) and event.get("type") in ("done", "failed"):
-                ended, detail = event["type"], printable(str(event.get("detail", "")))
+                ended, detail = event["type"], clip(str(event.get("detail", "")))
         node = self.nodes[name]
         if ended and node.state in ("running", "pending"):
             node.state = node.stopped_by if ended == "done" and node.stopped_by else ended
@@ -361,7 +357,7 @@ class Experiment:
                     if health and health.get("state") in ("done", "failed") and self.phase == "running":
                         self._pull_log(node.name)
                 except TestbedError as e:
-                    node.state, node.detail = "failed", printable(e.message)
+                    node.state, node.detail = "failed", clip(e.message)
                     self.progress(f"{node.name}: failed: {node.detail}")
 
     def _states(self) -> dict[str, str]:
@@ -468,7 +464,7 @@ class Experiment:
                     try:
                         self._pull_log(name)
                     except TestbedError as e:
-                        self.nodes[name].state, self.nodes[name].detail = "failed", printable(e.message)
+                        self.nodes[name].state, self.nodes[name].detail = "failed", clip(e.message)
             time.sleep(0.5)
 
     def _collect_logs(self) -> None:
@@ -480,7 +476,7 @@ class Experiment:
             try:
                 body = self._fetch_log(name) if node.up else None
             except TestbedError as e:
-                node.state, node.detail = "failed", printable(e.message)
+                node.state, node.detail = "failed", clip(e.message)
                 body = None
             if body is None and self._is_local():
                 body = self._local_log(name)

@@ -26,7 +26,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 from worker.errors import ConfigError
 

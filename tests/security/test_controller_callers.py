@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import time
 
@@ -238,14 +237,20 @@ def test_a_get_with_a_body_is_refused_without_reading_it_into_memory(make_contro
     assert _rss_kib() - before < 32 * 1024, (before, _rss_kib())
 
 
+def node_post(exp, served, path: str, data: dict, node: str = "n1") -> requests.Response:
+    """A POST signed as node ``node`` would sign it (its own key)."""
+    body = json.dumps(data).encode()
+    headers = {"Content-Type": "application/json", **exp.keys.node_headers(node, "POST", path, body)}
+    return requests.post(served.url + path, data=body, headers=headers, timeout=10)
+
+
 def test_routes_have_size_limits(make_controller):
     exp, served, _ = make_controller()
-    auth = {"Authorization": f"Bearer {exp.node_token}"}
-    resp = requests.post(served.url + "/print", json={"node": "n1", "msg": "x" * (20 * 1024)}, headers=auth, timeout=10)
+    resp = node_post(exp, served, "/print", {"msg": "x" * (20 * 1024)})
     assert resp.status_code == 413, resp.text
     resp = requests.post(served.url + "/start", json={"pad": "x" * (100 * 1024)}, timeout=10)
     assert resp.status_code == 413, resp.text
-    resp = requests.post(served.url + "/print", json={"node": "n1", "msg": "fits"}, headers=auth, timeout=10)
+    resp = node_post(exp, served, "/print", {"msg": "fits"})
     assert resp.status_code == 200, resp.text
 
 
@@ -269,9 +274,9 @@ def test_post_equivalents_of_the_get_routes(make_controller, tmp_path):
 
 def test_print_reaches_the_terminal_without_escape_sequences(make_controller):
     exp, served, lines = make_controller()
+    exp.verbose = True  # each node's lines reach the terminal
     msg = "\x1b[2J\x1b[H\x1b]0;owned\x07round 1\r\x1b[31mfake: n2 done\x1b[0m\nnext\x07\x00\ttab\x9b1m"
-    resp = requests.post(served.url + "/print", json={"node": "n1", "msg": msg, "round": 1},
-                         headers={"Authorization": f"Bearer {exp.node_token}"}, timeout=10)
+    resp = node_post(exp, served, "/print", {"msg": msg, "round": 1})
     assert resp.status_code == 200, resp.text
     assert lines[-1] == "n1: round 1fake: n2 donenext\ttab", lines
     assert not any(ch in lines[-1] for ch in "\x1b\r\n\x07\x00\x9b")
@@ -282,9 +287,9 @@ def test_an_internal_error_answers_only_a_reference(make_controller, caplog):
         raise RuntimeError("secret /etc/edgetb path and state")
 
     exp, served, _ = make_controller(progress=broken)
+    exp.verbose = True
     with caplog.at_level(logging.ERROR, logger="edgetb.controller"):
-        resp = requests.post(served.url + "/print", json={"node": "n1", "msg": "hi"},
-                             headers={"Authorization": f"Bearer {exp.node_token}"}, timeout=10)
+        resp = node_post(exp, served, "/print", {"msg": "hi"})
     assert resp.status_code == 500, resp.text
     body = resp.json()
     assert body["error"] == "internal" and len(body["reference"]) == 8, body
