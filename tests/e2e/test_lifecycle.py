@@ -221,7 +221,8 @@ def test_a_failed_reset_is_an_error_and_the_controller_stays_for_a_retry(tmp_pat
         runs.append(r)
         (r.workdir / "agent.token").write_text(lan.token)
         (r.workdir / "hosts.json").write_text(json.dumps({"version": 1, "controller_ip": lan.ip(None), "hosts": [
-            {"name": "h0", "agent": host["url"], "runtime": "netns", "token_file": str(r.workdir / "agent.token")}]}))
+            {"name": "h0", "agent": host["url"], "runtime": "netns", "token_file": str(r.workdir / "agent.token"),
+             "tls_fingerprint": host["fingerprint"]}]}))
         (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [{"name": n, "host": "h0"} for n in LINKS]}))
         r.start("--hosts", "hosts.json", "--nodes", "nodes.json")
         r.wait_phase("ready", timeout_s=120)
