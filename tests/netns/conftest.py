@@ -73,15 +73,15 @@ def _host_networks() -> list[ipaddress.IPv4Network]:
 
 
 def free_subnet() -> str:
-    """A random 10.2xx.0.0/16 that no interface of this host uses and this session has not handed out."""
+    """A random 10.2xx.0.0/16 that no interface of this host uses, preferring one this session has not
+    handed out yet (a released one is taken once every other is used)."""
     taken = _host_networks()
     candidates = [f"10.{octet}.0.0/16" for octet in range(200, 255)]
     random.shuffle(candidates)
-    for subnet in candidates:
-        net = ipaddress.IPv4Network(subnet)
-        if subnet not in _used_subnets and not any(net.overlaps(t) for t in taken):
-            _used_subnets.add(subnet)
-            return subnet
+    free = [s for s in candidates if not any(ipaddress.IPv4Network(s).overlaps(t) for t in taken)]
+    for subnet in sorted(free, key=lambda s: s in _used_subnets):  # unused ones first, then released ones
+        _used_subnets.add(subnet)
+        return subnet
     raise RuntimeError("no free 10.2xx.0.0/16 subnet on this host")
 
 
