@@ -41,16 +41,10 @@ def netem_available() -> bool:
     global _netem_available
     with _netem_lock:
         if _netem_available is None:
-            probe = f"etbprobe-{os.getpid()}-{threading.get_ident() % 10000}"  # no testbed prefix matches
-            nsfs.create(probe)
-            try:
-                with nl.RtnlSocket(probe) as sock:
-                    sock.run([nl.link_up(1), nl.htb_root(1, DEFAULT_MINOR),
-                              nl.htb_class(1, 0x10, 10**6)])
-                    failures = sock.run([nl.netem_leaf(1, 0x10, 1.0, 0.0, 0.0, 10)])
-                _netem_available = not failures
-            finally:
-                nsfs.remove(probe)
+            with nsfs.throwaway(), nl.RtnlSocket() as sock:  # gone on every exit path
+                sock.run([nl.link_up(1), nl.htb_root(1, DEFAULT_MINOR), nl.htb_class(1, 0x10, 10**6)])
+                failures = sock.run([nl.netem_leaf(1, 0x10, 1.0, 0.0, 0.0, 10)])
+            _netem_available = not failures
         return _netem_available
 
 
