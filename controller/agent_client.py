@@ -20,7 +20,7 @@ import socket
 import ssl
 import time
 import warnings
-from typing import Any, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol
 from urllib.parse import urlsplit
 
 import requests
@@ -82,8 +82,8 @@ class _PinnedAdapter(HTTPAdapter):
         conn.assert_fingerprint = self.fingerprint
 
 
-def connection_problem(exc: BaseException) -> str:
-    """What went wrong with a connection, in a few words (never the HTTP library's own text)."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception behind it (arguments, reasons, causes, contexts), once each."""
     seen: set[int] = set()
     todo: list[Any] = [exc]
     while todo:
@@ -91,6 +91,13 @@ def connection_problem(exc: BaseException) -> str:
         if not isinstance(e, BaseException) or id(e) in seen:
             continue
         seen.add(id(e))
+        yield e
+        todo += [*getattr(e, "args", ()), getattr(e, "reason", None), e.__cause__, e.__context__]
+
+
+def connection_problem(exc: BaseException) -> str:
+    """What went wrong with a connection, in a few words (never the HTTP library's own text)."""
+    for e in _chain(exc):
         if isinstance(e, socket.gaierror):
             return "name not resolved"
         if isinstance(e, OSError) and e.errno in _ERRNO_REASONS:
@@ -103,21 +110,13 @@ def connection_problem(exc: BaseException) -> str:
             return "connection timed out"
         if isinstance(e, http.client.RemoteDisconnected):
             return "the agent closed the connection without answering"
-        todo += [*getattr(e, "args", ()), getattr(e, "reason", None), e.__cause__, e.__context__]
     return "connection failed"
 
 
 def _ssl_reason(exc: BaseException) -> Optional[str]:
-    seen: set[int] = set()
-    todo: list[Any] = [exc]
-    while todo:
-        e = todo.pop(0)
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in _chain(exc):
         if isinstance(e, ssl.SSLError):
             return str(getattr(e, "reason", None) or e.__class__.__name__)
-        todo += [*getattr(e, "args", ()), getattr(e, "reason", None), e.__cause__, e.__context__]
     return None
 
 

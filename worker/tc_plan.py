@@ -126,28 +126,25 @@ class Isolation:
                    tuple(_addresses(data.get("keep", []), "isolation.keep")))
 
 
-def _prefixes(value: Any, where: str) -> list[str]:
+def _ipv4_list(value: Any, where: str, parse: Any, what: str) -> list[str]:
+    """``value`` as a list of IPv4 items in their normal form (``parse``: IPv4Network or IPv4Address)."""
     if not isinstance(value, list):
-        raise ConfigError(f"{where} must be a list of IPv4 prefixes")
+        raise ConfigError(f"{where} must be a list of IPv4 {what}es")
     out = []
     for item in value:
         try:
-            out.append(str(ipaddress.IPv4Network(item)))
+            out.append(str(parse(item)))
         except (ValueError, TypeError) as e:
-            raise ConfigError(f"{where}: {item!r} is not an IPv4 prefix ({e})") from None
+            raise ConfigError(f"{where}: {item!r} is not an IPv4 {what} ({e})") from None
     return out
+
+
+def _prefixes(value: Any, where: str) -> list[str]:
+    return _ipv4_list(value, where, ipaddress.IPv4Network, "prefix")
 
 
 def _addresses(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list):
-        raise ConfigError(f"{where} must be a list of IPv4 addresses")
-    out = []
-    for item in value:
-        try:
-            out.append(str(ipaddress.IPv4Address(item)))
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"{where}: {item!r} is not an IPv4 address ({e})") from None
-    return out
+    return _ipv4_list(value, where, ipaddress.IPv4Address, "address")
 
 
 @dataclass(frozen=True)
