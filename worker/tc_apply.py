@@ -8,6 +8,7 @@ programmed in the same batch as the links and read back and compared with them.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import struct
@@ -244,7 +245,8 @@ def read_back(netns: Optional[str], ifname: str) -> Observed:
                 else:
                     seen.drops[f"prio {IPV6_DROP_PRIO} filter {f.handle:x}"] = classid & 0xFFFF
             elif f.info >> 16 == DROP_PRIO:
-                seen.drops[dest or f"filter {f.handle:x}"] = classid & 0xFFFF
+                # a prefix in the plan's form: a /32 (a physical node's address) keeps its length
+                seen.drops[str(ipaddress.IPv4Network(dest)) if dest else f"filter {f.handle:x}"] = classid & 0xFFFF
             else:
                 seen.filters[f.handle & 0xFFF] = {"dest_ip": dest, "minor": classid & 0xFFFF}
     return seen

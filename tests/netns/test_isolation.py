@@ -245,3 +245,15 @@ def test_isolation_through_the_agent(agent):  # noqa: F811
     one_way.add_link("c", "a", "10mbit")
     deploy.update_links(one_way, agent.client, only={("c", "a")})
     assert connects(agent.client, "c", ips["a"]) and connects(agent.client, "a", ips["c"])
+
+
+def test_a_physical_nodes_address_is_dropped_and_verified(host):
+    """A physical node's /32 in the node space reads back from the kernel as the plan has it."""
+    topo = topology()
+    ips = deploy.deploy(topo, host)["ips"]
+    body = deploy.link_requests(topo, ips)
+    body["isolation"] = {"drop": [host.status()["subnet"], "192.0.2.7/32"], "keep": [host.runtime.bridge_ip]}
+    host.set_links(body)
+    shaping = host.shaping("a")
+    assert shaping["verified"], shaping["mismatches"]
+    assert "192.0.2.7/32" in shaping["plan"]["drops"]
