@@ -9,6 +9,7 @@ Every event has ``v`` (format version), ``run_id``, ``node``, ``type`` and ``t``
   (totals of the round), per-peer maps ``sent_to`` / ``recv_from``
   {peer: bytes}, and ``layer`` for E-tree;
 - ``send_failed``: round, peer, error;
+- ``rejected_update``: peer, path, reason (a message refused: bad weights, a sender not asked);
 - ``started`` (with the node's ``role``), ``done``, ``failed``: lifecycle, with a
   ``detail`` where useful.
 

@@ -103,3 +103,57 @@ def test_run_record_names_seeds_and_rates():
     doc = topology_doc(topo, {"n1": "10.1.0.2", "n2": "10.1.0.3"})
     assert [n["ip"] for n in doc["nodes"]] == ["10.1.0.2", "10.1.0.3"]
     assert doc["links"][0]["rate_bps"] == 80_000_000
+
+
+class _Worker:
+    """A worker whose processes all run (the monitor's view of the host)."""
+
+    def processes(self) -> dict:
+        return {"processes": []}
+
+
+def _experiment(tmp_path):
+    from controller.experiment import Experiment
+
+    topo = Topology()
+    for name in ("n1", "n2"):
+        topo.add_node(name)
+    exp = Experiment(str(tmp_path), topo, _Worker(), {"n1": {"sync": 3}, "n2": {"sync": 3}}, progress=lambda m: None)
+    exp.phase = "running"
+    for node in exp.nodes.values():
+        node.state, node.up = "running", True
+    return exp
+
+
+def test_an_oversized_log_fails_its_node_and_the_monitor_goes_on(tmp_path, monkeypatch):
+    from controller import experiment
+
+    exp = _experiment(tmp_path)
+    monkeypatch.setattr(exp, "_health", lambda name: {"state": "done"})
+
+    def fetch(name: str):
+        if name == "n1":
+            raise ConfigError(f"log of n1 is larger than {experiment.MAX_LOG_BYTES} bytes")
+        return b'{"v":1,"type":"done","node":"n2","run_id":"r","t":0}\n'
+
+    monkeypatch.setattr(exp, "_fetch_log", fetch)
+    monkeypatch.setattr(exp, "_check_all_settled", lambda: None)
+    exp._watch_once(poll_health=True)
+    assert exp.nodes["n1"].state == "failed" and "larger than" in exp.nodes["n1"].detail
+    assert exp.nodes["n2"].state == "done"
+
+
+def test_the_monitor_loop_outlives_an_unexpected_error(tmp_path, monkeypatch):
+    exp = _experiment(tmp_path)
+    calls = []
+
+    def boom(poll_health: bool) -> None:
+        calls.append(poll_health)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in one pass")
+        exp.phase = "finished"  # the second pass ends the run
+
+    monkeypatch.setattr(exp, "_watch_once", boom)
+    monkeypatch.setattr("controller.experiment.time.sleep", lambda s: None)
+    exp._watch()
+    assert len(calls) == 2
