@@ -53,6 +53,7 @@ def experiment(workdir: str, trainers: int, params: int, rounds: int) -> int:
 
 def run(trainers: int, params: int, rounds: int) -> list[list[str]]:
     workdir = tempfile.mkdtemp(prefix=f"edgetb-fl-{trainers}-")
+    os.chmod(workdir, 0o755)  # node processes run as their own uids and read it
     try:
         hidden = experiment(workdir, trainers, params, rounds)
         with socket.socket() as s:

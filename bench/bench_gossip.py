@@ -63,6 +63,8 @@ def run(n: int, rounds: int) -> list:
     import requests
 
     workdir = tempfile.mkdtemp(prefix=f"edgetb-gossip-{n}-")
+
+    os.chmod(workdir, 0o755)  # node processes run as their own uids and read it
     experiment(workdir, n, rounds)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

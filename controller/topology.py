@@ -271,7 +271,8 @@ class Topology:
 
     def rates_text(self, limit: int = 16) -> str:
         """Each link's rate in bit/s (``n1->n2 80 Mbit/s, ...``), or, past ``limit`` links, how
-        many links have each rate; so that '10mbps' (BYTES/s, as in tc) shows as 80 Mbit/s."""
+        many links have each rate (their range, past 6 rates); so that '10mbps' (BYTES/s, as in
+        tc) shows as 80 Mbit/s."""
         if not self.links:
             return "no links"
         if len(self.links) <= limit:
@@ -279,6 +280,9 @@ class Topology:
         counts: dict[int, int] = {}
         for link in self.links.values():
             counts[link.shape.rate_bps] = counts.get(link.shape.rate_bps, 0) + 1
+        if len(counts) > 6:  # many rates: their range, so the line stays a line
+            rates = sorted(counts)
+            return f"{len(counts)} rates from {format_rate(rates[0])} to {format_rate(rates[-1])}"
         return ", ".join(f"{n} at {format_rate(bps)}" for bps, n in sorted(counts.items()))
 
     # checks ------------------------------------------------------------------
