@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from controller.results import Writer, local_writer, write_atomic
+from controller.results import Writer, local_writer
 from dml_app import weights as wire
 from dml_app.models import load_global_test, make_model
 from worker.errors import ConfigError
@@ -103,13 +103,8 @@ def safetensors_bytes(arrays: list[np.ndarray], metadata: dict[str, str]) -> byt
                 metadata={**metadata, "tensor_order": json.dumps(names)})
 
 
-def save_safetensors(path: str, arrays: list[np.ndarray], metadata: dict[str, str]) -> None:
-    """``safetensors_bytes`` written to ``path`` atomically."""
-    write_atomic(path, safetensors_bytes(arrays, metadata))
-
-
 def load_safetensors(path: str) -> tuple[list[np.ndarray], dict[str, str]]:
-    """The arrays of a file ``save_safetensors`` wrote, in their order, and its metadata."""
+    """The arrays of a file ``final_models`` wrote, in their order, and its metadata."""
     from safetensors import safe_open
 
     with safe_open(path, framework="numpy") as f:

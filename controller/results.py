@@ -27,8 +27,9 @@ import os
 import statistics
 from typing import Any, Callable, Iterable, Optional
 
+from controller.safe_fs import RunDir
 from dml_app.events import read_events
-from worker.errors import ConfigError
+from worker.errors import ConfigError  # noqa: F401 - what a refused write raises (RunDir)
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
@@ -115,41 +116,13 @@ def traffic_rows(events: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]
 
 
 # writing ---------------------------------------------------------------------------------------
-def write_atomic(path: str, data: bytes) -> None:
-    """``data`` to ``path`` through a temporary file renamed over it. The temporary file is
-    created new (``O_EXCL | O_NOFOLLOW``): a link planted in its place is not followed."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    if os.path.lexists(tmp):
-        os.unlink(tmp)  # a leftover (or a planted link: unlink removes the link itself)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 Writer = Callable[[str, bytes], Any]  # writes bytes to a path relative to the run directory
 
 
 def local_writer(run_dir: str) -> Writer:
-    """A Writer into ``run_dir``: subdirectories made as needed (a link in their place is
-    refused), files written with ``write_atomic``. A caller holding the run directory open
-    (writing beneath it with ``openat``) passes its own Writer instead."""
-    def write(relative: str, data: bytes) -> str:
-        parts = relative.split("/")
-        if any(p in ("", ".", "..") for p in parts):
-            raise ConfigError(f"{relative!r} is not a plain path inside the run directory")
-        directory = run_dir
-        for part in parts[:-1]:
-            directory = os.path.join(directory, part)
-            if os.path.islink(directory):
-                raise ConfigError(f"{directory} is a link; refused")
-            os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, parts[-1])
-        write_atomic(path, data)
-        return path
-    return write
+    """A Writer into ``run_dir`` (``RunDir``: atomic, no link followed). A caller holding the
+    run directory open passes its own Writer instead."""
+    return RunDir(run_dir).write_bytes
 
 
 def csv_bytes(columns: list[str], rows: Iterable[dict[str, Any]]) -> bytes:
@@ -158,10 +131,6 @@ def csv_bytes(columns: list[str], rows: Iterable[dict[str, Any]]) -> bytes:
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue().encode()
-
-
-def write_metrics(path: str, rows: list[dict[str, Any]]) -> None:
-    write_atomic(path, csv_bytes(METRIC_COLUMNS, rows))
 
 
 # plots ------------------------------------------------------------------------------------------

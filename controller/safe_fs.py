@@ -13,7 +13,7 @@ import io
 import json
 import os
 import secrets
-from typing import Any, Iterator
+from typing import Any
 
 from worker.errors import ConfigError
 
@@ -119,15 +119,6 @@ class RunDir:
         if len(data) > limit:
             raise ConfigError(f"{relative} in {self.path} is larger than {limit} bytes")
         return data
-
-    def listdir(self, relative: str = "") -> Iterator[str]:
-        if not relative:
-            return iter(sorted(os.listdir(self.fd)))
-        fd, name = self._dir_of(relative + "/x")
-        try:
-            return iter(sorted(os.listdir(fd)))
-        finally:
-            os.close(fd)
 
 
 class _AtomicWriter(io.BytesIO):
