@@ -36,7 +36,6 @@ METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time
                   "received_models"]
 TRAFFIC_COLUMNS = ["run_id", "node", "round", "peer", "direction", "bytes"]
 AGGREGATE_ABOVE_NODES = 20  # more curves than this: median, interquartile band, min and max instead
-ENDINGS = ("done", "stopped", "timeout", "lost")  # and "failed: <why>"
 
 
 ALGORITHM_OF_ROLE = {"gossip": "gossip", "fl_aggregator": "fl", "fl_trainer": "fl", "etree": "etree", "ring": "ring"}
@@ -62,6 +61,11 @@ def _number(value: Any) -> Optional[float]:
     return value
 
 
+def _int(value: Any) -> Optional[int]:
+    """An integer (a layer, a byte count) from a node's event, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _rounded(value: Any, digits: int) -> Optional[float]:
     v = _number(value)
     return None if v is None else round(v, digits)
@@ -82,7 +86,7 @@ def metric_rows(events: dict[str, list[dict[str, Any]]], t0: float, algorithm: s
                 continue
             t_end = _number(e.get("t_end"))
             rows.append({"run_id": e.get("run_id"), "algorithm": algorithm, "node": node, "role": role,
-                         "layer": e.get("layer"), "round": e.get("round"),
+                         "layer": _int(e.get("layer")), "round": e.get("round"),
                          "time_s": None if t_end is None else round(t_end - t0, 3),
                          "loss": _number(e.get("loss")), "accuracy": _number(e.get("accuracy")),
                          "global_loss": _number(e.get("global_loss")),
@@ -171,6 +175,7 @@ def _draw(ax: Any, rows: list[dict[str, Any]], x_key: str, y_key: str, round_key
           label: str = "") -> str:
     """One line per node, or (above the limit) per round the median, an interquartile band and
     min/max lines; against time, each round's aggregate sits at the round's median time."""
+    rows = [r for r in rows if r.get(x_key) is not None and r.get(y_key) is not None]  # a point needs both
     series = _series(rows, x_key, y_key)
     if not series:
         return "lines"
@@ -184,8 +189,7 @@ def _draw(ax: Any, rows: list[dict[str, Any]], x_key: str, y_key: str, round_key
     if x_key != round_key:
         at: dict[Any, list[float]] = {}
         for r in rows:
-            if r.get(x_key) is not None and r.get(y_key) is not None:
-                at.setdefault(r[round_key], []).append(r[x_key])
+            at.setdefault(r[round_key], []).append(r[x_key])
         for a in agg:
             a["x"] = statistics.median(at[a["x"]])
     xs = [a["x"] for a in agg]
@@ -320,14 +324,14 @@ def summary(events: dict[str, list[dict[str, Any]]], endings: Optional[dict[str,
                  "global_loss": _number(last.get("global_loss")),
                  "final_global_accuracy": mine.get("global_accuracy"), "final_global_loss": mine.get("global_loss"),
                  "model": mine.get("model"),
-                 "bytes_sent": sum(e.get("bytes_sent", 0) or 0 for e in counted),
-                 "bytes_recv": sum(e.get("bytes_recv", 0) or 0 for e in counted),
+                 "bytes_sent": sum(_int(e.get("bytes_sent")) or 0 for e in counted),
+                 "bytes_recv": sum(_int(e.get("bytes_recv")) or 0 for e in counted),
                  "sent_to": sorted({p for e in counted for p in (e.get("sent_to") or {})})}
         if mine.get("error"):
             entry["model_error"] = mine["error"]
-        layers = sorted({e["layer"] for e in rounds if e.get("layer") is not None})
+        layers = sorted({_int(e.get("layer")) for e in rounds} - {None})
         if layers:
-            entry["rounds_by_layer"] = {str(k): sum(1 for e in rounds if e.get("layer") == k) for k in layers}
+            entry["rounds_by_layer"] = {str(k): sum(1 for e in rounds if _int(e.get("layer")) == k) for k in layers}
         out.append(entry)
     return out
 

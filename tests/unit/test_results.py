@@ -165,3 +165,19 @@ def test_local_writer_stays_in_the_run_dir(tmp_path):
 def test_algorithm_of_roles():
     assert results.algorithm_of(["fl_aggregator", "fl_trainer"]) == "fl"
     assert results.algorithm_of(["gossip"] * 3) == "gossip" and results.algorithm_of(["ring", "etree"]) == "etree+ring"
+
+
+def test_malformed_node_events_do_not_stop_the_results(tmp_path):
+    """Events are a node's words: a round without a time, a byte count or layer of the wrong
+    type must not keep the run's files from being written (25 nodes: the aggregate plots)."""
+    for i in range(25):
+        _events(tmp_path, f"n{i}", 3)
+    path = tmp_path / "events" / "n0.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()[:-1]]
+    del lines[2]["t_end"]
+    lines[3].update(bytes_sent="many", layer=[1])
+    path.write_text("\n".join(json.dumps(e) for e in lines) + "\n")
+    built = results.build(str(tmp_path), 100.0, "gossip", {})
+    n0 = next(n for n in built["nodes"] if n["node"] == "n0")
+    assert n0["rounds"] == 3 and n0["bytes_sent"] == 10 + 10 + 7 and "rounds_by_layer" not in n0
+    assert len(built["plots"]) == 4
