@@ -10,7 +10,7 @@ every trainer from the trainers' dataset confs.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Container, Mapping
 from urllib.parse import urlsplit
 
 import requests
@@ -60,11 +60,16 @@ class RunKeys:
             for me, peer in ((a, b), (b, a)):
                 if me in keys:
                     keys[me][peer] = key
+        counted: dict[str, int] = {}  # a leaf counts under every ancestor: read its conf once
+
         def train_samples(node: str) -> int:
+            if node in counted:
+                return counted[node]
             n = dataset_conf(node).get("train_samples")
             if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
                 raise ConfigError(f"dataset conf of {node}, field 'train_samples': a positive whole number is "
                                   f"needed, got {n!r}")
+            counted[node] = n
             return n
 
         positions = {(name, int(p["layer"])): p for name, conf in confs.items() if conf.get("role") == "etree"
@@ -100,13 +105,13 @@ class RunKeys:
         return auth.NodeKeys(name, self.node_secret(name)).controller_headers(method, target, body)
 
     def verify(self, headers: Mapping[str, str], method: str, target: str, body: bytes | Callable[[], bytes],
-               known: Iterable[str]) -> str:
+               known: Container[str]) -> str:
         """The node that signed this call to the controller; AuthError otherwise. ``body`` may
         be a function: it is read only once the headers name a node of the run."""
         lowered = {k.lower(): v for k, v in headers.items()}
         try:
             claim = auth.claimed(lowered, auth.E2E)
-            if claim[0] not in set(known):
+            if claim[0] not in known:
                 raise auth.AuthFailed(f"no node {claim[0][:40]!r} in this run")
             key = auth.to_controller_key(self.node_secret(claim[0]))
             data = body() if callable(body) else body

@@ -201,11 +201,3 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
         finally:
             conn.close()
     raise ConnectionError(f"{method} {url}: {type(last).__name__}: {last}")
-
-
-def post_json(url: str, data: Any, timeout_s: float = 30.0, retries: int = 2,
-              headers: Optional[dict[str, str] | Callable[[], dict[str, str]]] = None) -> Any:
-    status, body = request("POST", url, json.dumps(data).encode(), JSON, timeout_s, retries, headers=headers)
-    if status >= 400:
-        raise ConnectionError(f"POST {url}: {status} {body[:300]!r}")
-    return json.loads(body or b"null")

@@ -48,7 +48,7 @@ from gevent.pywsgi import WSGIServer  # noqa: E402
 from dml_app.auth import SECRET_ENV, NodeKeys  # noqa: E402
 from dml_app.events import EventLog  # noqa: E402
 from dml_app.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
-from dml_app.models import make_model  # noqa: E402
+from dml_app.models import load_global_test, make_model  # noqa: E402
 from dml_app.roles.base import Context, Role, ok  # noqa: E402
 from dml_app.roles.etree import ETreeRole  # noqa: E402
 from dml_app.roles.fl import AggregatorRole, TrainerRole  # noqa: E402
@@ -80,7 +80,6 @@ class NodeService:
         self.name, self.controller, self.run_id, self.workdir, self.port = name, controller.rstrip("/"), run_id, workdir, port
         self.keys: Optional[NodeKeys] = NodeKeys.from_env(name)
         os.environ.pop(SECRET_ENV, None)  # not inherited by anything this process starts
-        self.auth = self.keys  # what roles sign their messages with (Context.auth)
         self.events = EventLog(os.path.join(workdir, "dml_file", "node", name, f"{run_id}.jsonl"), run_id, name)
         self.weights_path = os.path.join(workdir, "dml_file", "node", name, f"{run_id}.weights")
         self.dataset_conf: Optional[dict[str, Any]] = None
@@ -157,15 +156,13 @@ class NodeService:
             model = make_model(self.structure_conf.get("model", {}), n_features=n_features, n_classes=n_classes)
             global_test = None
             if self.dataset_conf.get("global_test"):  # the run's common test set, the same for every node
-                from dml_app.models import load_global_test
-
                 try:
                     global_test = load_global_test(confined(self.workdir, str(self.dataset_conf["global_test"])),
                                                    n_features, n_classes)
                 except ValueError as e:
                     raise HttpError(400, "bad_conf", str(e)) from None
             ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress,
-                          self.port, auth=self.auth, global_test=global_test)
+                          self.port, auth=self.keys, global_test=global_test)
             self.role = ROLES[self.structure_conf["role"]](ctx)
             self.role_ready.set()
             self.state = "prepared"

@@ -36,7 +36,6 @@ from dml_app.events import EventLog
 from dml_app.http import HttpError, Request, Response, json_response, request
 
 Weights = list[np.ndarray]
-HOP_HEADER = "X-Edgetb-Hop"  # the sending node's name, on every message between nodes (signed)
 TTL_HEADER = "X-Edgetb-Ttl"  # relays left before a message is dropped (loops cannot live)
 MAX_RELAYS = 16
 
@@ -123,6 +122,8 @@ class Role:
         self.samples = int(len(ctx.data[1]))
         self.round_events = 0
         self._traffic_lock = threading.Lock()
+        self._global_eval: dict[int, tuple[Any, Any]] = {}  # by thread: E-tree evaluates in several
+        self._layer_rounds: dict[int, int] = {}  # E-tree: rounds recorded per layer
         # what a model message must look like (none without a model: in-memory tests)
         self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
 
@@ -168,7 +169,7 @@ class Role:
         """(loss, accuracy) on the local test shard. With a global test set, the model is
         evaluated on it too, and this thread's next ``record_round`` reports that."""
         loss, accuracy = self.ctx.model.evaluate(self.ctx.data[2], self.ctx.data[3])
-        pending = self.__dict__.setdefault("_global_eval", {})  # by thread: E-tree evaluates in several
+        pending = self._global_eval
         if self.ctx.global_test is not None:
             pending[threading.get_ident()] = self.ctx.model.evaluate(*self.ctx.global_test)
         return loss, accuracy
@@ -180,7 +181,7 @@ class Role:
         round on the event's ``layer``)."""
         with self._traffic_lock:
             sent_to, recv_from = self.traffic.take()
-        global_loss, global_accuracy = self.__dict__.get("_global_eval", {}).pop(threading.get_ident(), (None, None))
+        global_loss, global_accuracy = self._global_eval.pop(threading.get_ident(), (None, None))
         self.round_events += 1
         event = self.ctx.events.write(
             "round", round=round_no, t_start=t_start, t_end=time.time(), loss=loss, accuracy=accuracy,
@@ -190,7 +191,7 @@ class Role:
             sent_to=sent_to, recv_from=recv_from, received_models=received, **extra)
         layer = extra.get("layer")
         if isinstance(layer, int):  # E-tree: rounds are counted per layer
-            per_layer = self.__dict__.setdefault("_layer_rounds", {})
+            per_layer = self._layer_rounds
             per_layer[layer] = shown = per_layer.get(layer, 0) + 1
             where = f"layer {layer} round {shown}"
         else:

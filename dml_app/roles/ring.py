@@ -65,8 +65,7 @@ class RingRole(Role):
         return {("POST", "/ring/chunk"): self.on_chunk}
 
     def on_chunk(self, req: Request) -> Response:
-        if req.sender:  # (in-memory tests call without a signed sender)
-            self.require_sender(req, [self.predecessor], "a chunk")
+        self.require_sender(req, [self.predecessor], "a chunk")
         peer, arrays, meta = self.receive_weights(req, self.chunk_spec)
         if len(arrays) != 1:
             raise self.reject(req, peer, "a chunk is one array", error="bad_chunk")

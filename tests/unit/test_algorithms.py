@@ -107,7 +107,8 @@ def test_ring_all_reduce_in_process_gives_the_mean():
     def deliver(role: RingRole):
         def post_weights(peer, path, round_no, weights=None, meta=None, timeout_s=60.0):
             body = wire.encode(weights, {"from": role.ctx.name, "round": round_no, **(meta or {})})
-            roles[peer].on_chunk(Request("POST", path, {}, body, wire.CONTENT_TYPE))
+            roles[peer].on_chunk(Request("POST", path, {}, body, wire.CONTENT_TYPE, sender=role.ctx.name,
+                                         hop=role.ctx.name))
             return True
         return post_weights
 
