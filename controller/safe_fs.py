@@ -9,7 +9,6 @@ so a reader never sees half a file.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import secrets
@@ -102,11 +101,6 @@ class RunDir:
     def write_json(self, relative: str, data: Any) -> str:
         return self.write_text(relative, json.dumps(data, indent=1, default=str) + "\n")
 
-    def writer(self, relative: str) -> "_AtomicWriter":
-        """A binary file object whose content lands at ``relative`` when it is closed
-        (for writers that want a file: csv, matplotlib's ``savefig``)."""
-        return _AtomicWriter(self, relative)
-
     def read_bytes(self, relative: str, limit: int) -> bytes:
         """A file beneath the run directory, refused when it is a link or over ``limit`` bytes."""
         fd, name = self._dir_of(relative)
@@ -119,20 +113,3 @@ class RunDir:
         if len(data) > limit:
             raise ConfigError(f"{relative} in {self.path} is larger than {limit} bytes")
         return data
-
-
-class _AtomicWriter(io.BytesIO):
-    def __init__(self, run_dir: RunDir, relative: str) -> None:
-        super().__init__()
-        self._run_dir, self._relative = run_dir, relative
-
-    def close(self) -> None:
-        if not self.closed:
-            data = self.getvalue()
-            super().close()
-            self._run_dir.write_bytes(self._relative, data)
-
-    def __exit__(self, kind: Any, *rest: Any) -> None:
-        if kind is not None:  # a failed writer leaves nothing behind
-            super().close()
-        self.close()
