@@ -144,7 +144,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 _progress(f"{found.stale_message()}: removing its namespaces, links and node processes")
                 _stale_worker(args, found).reset()
             worker = _worker(args)
-            result = deploy.deploy(topology, worker, _progress)  # all or nothing
+            result = deploy.deploy(topology, worker, _progress, open_network=args.open_network)  # all or nothing
             lock.mark_kept()
         except BaseException:
             clean = not lock.resources_left()

@@ -97,6 +97,18 @@ def test_up_status_exec_shape_down(cli, tmp_path):
     assert netns_of(cli) == []
 
 
+def test_up_open_network_leaves_nodes_without_drop_filters(cli, tmp_path):
+    links = write(tmp_path, "links.json", {"a": [{"dest": "b", "bw": "10mbit"}], "b": [{"dest": "a", "bw": "5mbit"}],
+                                           "c": []})
+    run(["up", links, "--open-network"], cli)
+    for node in "ab":
+        plan = json.loads(run(["shape", "show", node, "--json"], cli).stdout)["plan"]
+        assert plan["rules"] and not plan["drops"], plan
+    run(["down"], cli)
+    run(["up", links], cli)  # the default: no link, no path
+    assert json.loads(run(["shape", "show", "a", "--json"], cli).stdout)["plan"]["drops"] == ["10.231.0.0/16"]
+
+
 BAD_LINKS = [
     ({"a": [{"dest": "b", "bw": "10mbitt"}]}, ["links.json", "a", "bw", "10mbitt"]),
     ({"a": [{"dest": "b", "bw": "10"}]}, ["links.json", "a", "bw"]),
