@@ -76,7 +76,7 @@ class Cluster:
                 workers[host.name] = in_process
             else:
                 workers[host.name] = AgentClient(host.agent, agent_token(host), name=host.name,
-                                                 fingerprint=getattr(host, "tls_fingerprint", None))
+                                                 fingerprint=host.tls_fingerprint)
         local = next((h.name for h in hosts.hosts.values() if h.local), None)
         remote = [h.ip for h in hosts.hosts.values() if not h.local and h.ip]
         controller_ip = hosts.controller_ip or (controller_address(remote[0]) if remote else None)

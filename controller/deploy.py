@@ -150,10 +150,11 @@ def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet,
         ips = {n["name"]: n["ip"] for n in created}
         t_nodes = time.monotonic() - started
         progress(f"created {len(created)} nodes in {t_nodes:.2f} s; shaping {len(topology.links)} links ({topology.rates_text()})")
+        bridge_ip = worker.status().get("bridge_ip")  # where nodes reach the controller (and agents)
         if open_network:
             shaped = worker.set_links(link_requests(topology, ips)) if topology.links else {"nodes": []}
         else:
-            space = node_space(topology, ips, worker_subnets(caps), worker.status().get("bridge_ip"))
+            space = node_space(topology, ips, worker_subnets(caps), bridge_ip)
             shaped = worker.set_links(link_requests(topology, ips) | isolation_request(topology, ips, space))
             progress(f"isolated: traffic to {', '.join(space.drop)} leaves only by a link "
                      f"(gateways {', '.join(space.keep) or '-'} open; --open-network to allow all)")
@@ -166,7 +167,8 @@ def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet,
         raise
     total = time.monotonic() - started
     progress(f"shaped and verified {len(topology.links)} links on {len(shaped['nodes'])} nodes; ready in {total:.2f} s")
-    return {"nodes": created, "ips": ips, "seconds_nodes": round(t_nodes, 3), "seconds_total": round(total, 3)}
+    return {"nodes": created, "ips": ips, "bridge_ip": bridge_ip, "seconds_nodes": round(t_nodes, 3),
+            "seconds_total": round(total, 3)}
 
 
 def update_links(topology: Topology, worker: Worker, progress: Progress = _quiet,

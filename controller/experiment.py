@@ -116,6 +116,7 @@ class Experiment:
         self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
         self._out: Optional[RunDir] = None
         self._collecting = False  # set once finish collects: later uploads change nothing
+        self._finishing = False  # a finish of the settled run was started (once)
         self._lock = threading.RLock()
         self._finish_lock = threading.Lock()
         self._monitor: Optional[threading.Thread] = None
@@ -137,7 +138,7 @@ class Experiment:
         self.phase = "deploying"
         try:
             result = deploy.deploy(self.topology, self.worker, self.progress, open_network=self.open_network)
-            controller = f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}"
+            controller = f"http://{result['bridge_ip']}:{self.controller_port}"
             for name, node in self.nodes.items():
                 node.ip = result["ips"][name]
                 node.shaping_verified = True
@@ -331,8 +332,9 @@ class Experiment:
         polled = time.monotonic()
         while self.phase == "running":
             try:
-                self._watch_once(time.monotonic() - polled >= HEALTH_POLL_S)
-                if time.monotonic() - polled >= HEALTH_POLL_S:
+                due = time.monotonic() - polled >= HEALTH_POLL_S
+                self._watch_once(due)
+                if due:
                     polled = time.monotonic()
                 self.rounds.tick(self._states())
                 self._check_all_settled()
@@ -392,8 +394,11 @@ class Experiment:
             self.on_log(name, body)
 
     def _check_all_settled(self) -> None:
-        if self.phase == "running" and all(n.state in SETTLED for n in self.nodes.values()):
-            threading.Thread(target=self.finish, args=("completed",), name="edgetb-finish", daemon=True).start()
+        with self._lock:
+            if self._finishing or self.phase != "running" or any(n.state not in SETTLED for n in self.nodes.values()):
+                return
+            self._finishing = True
+        threading.Thread(target=self.finish, args=("completed",), name="edgetb-finish", daemon=True).start()
 
     # finish and reset -----------------------------------------------------------------------------
     def finish(self, how: str = "finished") -> dict[str, Any]:
