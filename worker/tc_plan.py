@@ -156,6 +156,7 @@ class Plan:
     passes: tuple[Pass, ...] = field(default_factory=tuple)
     drops: tuple[str, ...] = field(default_factory=tuple)
     drop_ipv6: bool = False
+    keep: tuple[str, ...] = field(default_factory=tuple)  # the isolation's kept addresses, even those a link reaches
 
     @property
     def needs_netem(self) -> bool:
@@ -174,7 +175,7 @@ class Plan:
         """The isolation this plan was made with (None: open)."""
         if not self.drops:
             return None
-        return Isolation(self.drops, tuple(p.dest_ip for p in self.passes if not p.dest))
+        return Isolation(self.drops, self.keep or tuple(p.dest_ip for p in self.passes if not p.dest))
 
     def unshaped(self) -> list[tuple[str, str]]:
         """The peers reached without a shaped link: (node, ip)."""
@@ -189,13 +190,13 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"ifname": self.ifname, "rules": [r.to_dict() for r in self.rules],
                 "passes": [p.to_dict() for p in self.passes], "drops": list(self.drops),
-                "drop_ipv6": self.drop_ipv6}
+                "drop_ipv6": self.drop_ipv6, "keep": list(self.keep)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
         return cls(data["ifname"], tuple(Rule.from_dict(r) for r in data["rules"]),
                    tuple(Pass.from_dict(p) for p in data.get("passes", [])), tuple(data.get("drops", [])),
-                   bool(data.get("drop_ipv6", False)))
+                   bool(data.get("drop_ipv6", False)), tuple(data.get("keep", [])))
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ def make_plan(ifname: str, targets: list[Target], previous: Optional[Plan] = Non
         old_pass = kept_passes.get(ip)
         passes.append(Pass(dest, ip, check(old_pass.node if old_pass is not None else take())))
     return Plan(ifname, tuple(rules), tuple(passes), isolation.drop if isolation else (),
-                bool(isolation) and drop_ipv6)
+                bool(isolation) and drop_ipv6, isolation.keep if isolation else ())
 
 
 def _wanted_passes(targets: list[Target], isolation: Optional[Isolation],

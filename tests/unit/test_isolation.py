@@ -272,3 +272,17 @@ def test_dry_run_drops_ipv6_on_emulated_nodes_only():
     t = topo(("a", "pi"), ("pi", "a"), physical={"pi": "192.168.1.50"})
     plans = deploy.plans(t, IPS, deploy.node_space(t, IPS, ["10.9.0.0/16"]))
     assert plans["a"].drop_ipv6 and not plans["pi"].drop_ipv6
+
+
+def test_a_kept_address_a_link_reaches_is_kept_when_that_link_goes():
+    """An update without new isolation keeps the plan's own: a gateway reached by a link while
+    the link lasts must get its pass filter back once the link is removed."""
+    from worker.shape import Shape
+    from worker.tc_plan import Plan
+
+    isolation = Isolation(("10.77.0.0/16",), ("10.77.0.1",))
+    linked = make_plan("eth0", [Target("gw", "10.77.0.1", Shape(rate_bps=10**6))], isolation=isolation)
+    stored = Plan.from_dict(linked.to_dict())
+    assert stored.isolation() == isolation
+    unlinked = make_plan("eth0", [], stored, isolation=stored.isolation())
+    assert [p.dest_ip for p in unlinked.passes] == ["10.77.0.1"]
