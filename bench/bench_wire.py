@@ -41,8 +41,6 @@ from dml_app.model_numpy import NumpyMLP  # noqa: E402
 
 SIZES = {"default 64-64-10": [64, 64, 10], "~1 M params": [64, 13_300, 10], "~8 M params": [64, 2_000, 4_000, 10]}
 META = {"from": "n12", "round": 7, "samples": 180}
-ST_DTYPES = {"<f4": "F32", "<f8": "F64", "<f2": "F16", "<i4": "I32", "<i8": "I64", "|u1": "U8", "|i1": "I8"}
-NP_DTYPES = {v: k for k, v in ST_DTYPES.items()}
 
 
 # the previous wire format (version 1), kept here for the comparison: 4-byte big-endian

@@ -133,9 +133,8 @@ class AgentClient:
         """``timeout_s`` bounds the wait for an answer, ``connect_timeout_s`` each connection
         attempt; an idempotent call is tried ``tries`` times, waiting ``backoff_s``, then twice
         that, ... between tries."""
-        from controller.callers import is_loopback
         from worker.agent import IDEMPOTENT
-        from worker.serving import check_token
+        from worker.serving import check_token, is_loopback
         from worker.tls import normalize_fingerprint
 
         self.url = url.rstrip("/")
@@ -148,7 +147,7 @@ class AgentClient:
         self.connect_timeout_s = min(connect_timeout_s, timeout_s)
         self.tries = max(1, tries)
         self.backoff_s = backoff_s
-        self.loopback = parts.hostname == "localhost" or is_loopback(parts.hostname)
+        self.loopback = is_loopback(parts.hostname or "")
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.fingerprint = normalize_fingerprint(fingerprint, f"{self.label}: tls_fingerprint") if fingerprint else None
         if parts.scheme == "http" and not self.loopback:

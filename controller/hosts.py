@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 from controller.schema import Field, Place, Schema, describe
 from controller.topology import Topology, _read_json, valid_name
 from worker.errors import TopologyError
+from worker.serving import is_loopback
 
 RUNTIMES = ("netns", "docker", "physical")
 LOCAL = "local"
@@ -83,15 +84,6 @@ class Host:
     def local(self) -> bool:
         """Whether the host shares the controller's network stack (in-process or a loopback agent)."""
         return self.agent is None or is_loopback(urlsplit(self.agent).hostname or "")
-
-
-def is_loopback(hostname: str) -> bool:
-    if hostname == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(hostname).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass

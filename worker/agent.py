@@ -28,7 +28,8 @@ from worker import tls
 from worker.errors import AuthError, ConfigError, TestbedError
 from worker.host import API_VERSION, WorkerHost
 from worker.runtime_netns import DEFAULT_SUBNET
-from worker.serving import bearer_matches, check_token, json_errors, request_limits, run_blocking, serve
+from worker.serving import (bearer_matches, check_token, is_loopback, json_errors, request_limits, run_blocking,
+                            serve)
 from worker.state import state_root
 
 DEFAULT_PORT = 3333
@@ -183,7 +184,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.print_fingerprint:
             print(tls.pretty(tls.fingerprint_file(tls.ensure_certificate(args.tls_dir)[0])))
             return 0
-        if args.plain_http and not _loopback(args.listen):
+        if args.plain_http and not is_loopback(args.listen):
             raise ConfigError(f"--plain-http is for a loopback address only, not {args.listen}: the token and every "
                               "command would cross the network in clear")
         context, fingerprint = None, None
@@ -208,17 +209,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         log.info("TLS certificate SHA-256 fingerprint (hosts.json 'tls_fingerprint'): %s", fingerprint)
     serve(create_app(host, token), args.port, args.listen, log, ssl_context=context)
     return 0
-
-
-def _loopback(addr: str) -> bool:
-    import ipaddress
-
-    if addr == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return False
 
 
 if __name__ == "__main__":

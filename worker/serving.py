@@ -5,6 +5,7 @@ threads, so handlers hand blocking calls to gevent's thread pool.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import secrets
 import signal
@@ -107,3 +108,13 @@ def json_errors(app: Any, log: logging.Logger) -> None:
         log.exception("internal error, reference %s", reference)
         return jsonify({"error": "internal", "reference": reference,
                         "detail": f"internal error (reference {reference}: see the server's log)"}), 500
+
+
+def is_loopback(hostname: str) -> bool:
+    """Whether ``hostname`` (a name or an address) is this machine's loopback."""
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
