@@ -57,8 +57,9 @@ def check_consistent(run_dir: Path, ended: str, status: dict | None = None) -> d
         round_events = sum(e["type"] == "round" for e in events)
         assert rounds_in_metrics[name] == round_events == by_node[name]["rounds"], name
         assert by_node[name]["ended"] == ending
+    assert sum(rounds_in_metrics.values()) > 0  # the folder holds a run, not an empty agreement
     if status is not None:
-        assert status["ended"] == ended
+        assert status["ended"] == ended and len(status["nodes"]) == 8
         for node in status["nodes"]:
             assert node["ending"] == record["nodes"][node["name"]]
             assert node["round"] == by_node[node["name"]]["rounds"]

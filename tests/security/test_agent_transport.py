@@ -279,7 +279,7 @@ def test_sync_trusts_only_the_manifest_sent_over_the_pinned_channel(agents, tmp_
         assert done["fetched"] == 2, done
         assert (work / "dml_app" / "role.py").read_text() == "print('the real code')\n"
         # the file server now serves other code (same size): the agent refuses it
-        (src / "dml_app" / "role.py").write_text("print('evil! code')\n")
+        (src / "dml_app" / "role.py").write_text("print('the evil code')\n")
         (work / "dml_app" / "role.py").unlink()
         with pytest.raises(errors.ConfigError, match="does not match the manifest"):
             client.sync({**body, "manifest": trusted})

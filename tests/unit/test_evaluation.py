@@ -61,7 +61,8 @@ def test_final_models_evaluated_on_the_global_set_and_saved_as_safetensors(tmp_p
     assert sorted(tensors) == ["layers.0.bias", "layers.0.kernel", "layers.1.bias", "layers.1.kernel"]
     assert tensors["layers.0.kernel"].shape == (64, 32) and tensors["layers.1.bias"].dtype == np.float32
     arrays, meta = evaluate.load_safetensors(path)  # round trip: same arrays, same order
-    assert all(np.array_equal(a, b) for a, b in zip(arrays, model.get_weights()))
+    assert len(arrays) == len(model.get_weights()) and all(np.array_equal(a, b) for a, b in zip(arrays,
+                                                                                             model.get_weights()))
     assert meta["node"] == "n1" and meta["run_id"] == RUN and json.loads(meta["sizes"]) == [64, 32, 10]
     again = make_model(json.loads(meta["model"]), 64, 10)
     again.set_weights(arrays)
@@ -168,7 +169,8 @@ def test_the_wire_format_is_safetensors_both_ways(digits):
     written = save({f"{i:04d}": a for i, a in enumerate(arrays)},
                    metadata={"format": "edgetb-weights", "version": "2", "meta": json.dumps({"from": "n2"})})
     back, meta = wire.decode(written)
-    assert meta == {"from": "n2"} and all(np.array_equal(a, b) for a, b in zip(arrays, back))
+    assert meta == {"from": "n2"} and len(back) == len(arrays)
+    assert all(np.array_equal(a, b) for a, b in zip(arrays, back))
     # a safetensors file of another program is refused (no edgetb metadata), never half-read
     with pytest.raises(wire.WeightsFormatError, match="version"):
         wire.decode(save({"weight": arrays[0]}))

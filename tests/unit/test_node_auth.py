@@ -147,8 +147,10 @@ def test_a_node_holds_no_key_for_pairs_it_is_not_in():
     nodes = pair_nodes("a", "b", "c", pairs=(("a", "b"),))
     with pytest.raises(auth.AuthFailed, match="exchanges no messages"):
         nodes["c"].peer_headers("a", "POST", "/gossip", auth.body_hash(b""))
-    with pytest.raises(auth.AuthFailed):
-        nodes["c"].precheck("peer", lower(nodes["a"].peer_headers("b", "POST", "/gossip", auth.body_hash(b""))))
+    signed = {**nodes["a"].peer_headers("b", "POST", "/gossip", auth.body_hash(b"")),
+              **nodes["a"].hop_headers("b", "POST", "/gossip", auth.body_hash(b""))}
+    with pytest.raises(auth.AuthFailed, match="exchanges no messages with 'a'"):
+        nodes["c"].precheck("peer", lower(signed))
 
 
 def test_talking_pairs_and_completed_confs():

@@ -132,8 +132,8 @@ def test_a_planted_link_is_not_followed(tmp_path):
     outside.write_text("keep")
     import os
 
-    os.symlink(outside, tmp_path / f"metrics.csv.tmp{os.getpid()}")
-    os.symlink(outside, tmp_path / f"accuracy_vs_round.png.tmp{os.getpid()}")
+    os.symlink(outside, tmp_path / "metrics.csv")  # planted where the results go
+    os.symlink(outside, tmp_path / "accuracy_vs_round.png")
     results.build(str(tmp_path), 100.0, "gossip", {})
     assert outside.read_text() == "keep" and not (tmp_path / "metrics.csv").is_symlink()
     assert (tmp_path / "metrics.csv").read_text().startswith("run_id,algorithm,node")

@@ -44,8 +44,8 @@ def test_a_planted_link_is_never_followed(tmp_path):
 def test_a_run_dir_that_is_a_link_is_refused(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "run").symlink_to(tmp_path / "elsewhere")
+    RunDir(str(tmp_path / "log"))  # fine: a fresh directory
     with pytest.raises(ConfigError, match="not a link"):
-        RunDir(str(tmp_path / "log"))  # fine: a fresh directory
         RunDir(str(tmp_path / "run"))
     RunDir(str(tmp_path / "log")).close()
 
