@@ -131,19 +131,23 @@ def htb_burst_bytes(rate_bps: int, mtu: int = 1600) -> int:
     return rate_bps // 8 // 1000 + mtu
 
 
-def htb_class(ifindex: int, minor: int, rate_bps: int, flags: int = CREATE) -> bytes:
-    """``tc class add dev X parent 1: classid 1:<minor> htb rate R ceil R`` (rate = ceil)."""
+def htb_class(ifindex: int, minor: int, rate_bps: int, flags: int = CREATE, ceil_bps: Optional[int] = None,
+              parent_minor: int = 0) -> bytes:
+    """``tc class add dev X parent 1:<parent_minor> classid 1:<minor> htb rate R ceil C``
+    (ceil = rate unless given; parent 0 is the root qdisc ``1:``)."""
     rate_Bps = max(1, rate_bps // 8)
-    burst = htb_burst_bytes(rate_bps)
-    ticks = int(1_000_000 * burst / rate_Bps * TICKS_PER_US)
+    ceil_Bps = rate_Bps if ceil_bps is None else max(1, ceil_bps // 8)
+    ticks = int(1_000_000 * htb_burst_bytes(rate_bps) / rate_Bps * TICKS_PER_US)
+    cticks = int(1_000_000 * htb_burst_bytes(ceil_Bps * 8) / ceil_Bps * TICKS_PER_US)
     quantum = min(max(rate_Bps // 10, 1600), 200_000)
     spec = _RATESPEC.pack(0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(rate_Bps, 0xFFFFFFFF))
-    parms = spec + spec + struct.pack("=IIIII", ticks, ticks, quantum, 0, 0)
+    cspec = _RATESPEC.pack(0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(ceil_Bps, 0xFFFFFFFF))
+    parms = spec + cspec + struct.pack("=IIIII", ticks, cticks, quantum, 0, 0)
     options = attr(TCA_HTB_PARMS, parms)
-    if rate_Bps > 0xFFFFFFFF:
+    if rate_Bps > 0xFFFFFFFF or ceil_Bps > 0xFFFFFFFF:
         options += attr(TCA_HTB_RATE64, struct.pack("=Q", rate_Bps))
-        options += attr(TCA_HTB_CEIL64, struct.pack("=Q", rate_Bps))
-    body = _tcmsg(ifindex, tc_handle(1, minor), tc_handle(1, 0)) + attr_str(TCA_KIND, "htb")
+        options += attr(TCA_HTB_CEIL64, struct.pack("=Q", ceil_Bps))
+    body = _tcmsg(ifindex, tc_handle(1, minor), tc_handle(1, parent_minor)) + attr_str(TCA_KIND, "htb")
     return message(RTM_NEWTCLASS, flags, body + attr(TCA_OPTIONS, options))
 
 
@@ -428,6 +432,16 @@ def htb_rate_bytes(options: bytes) -> Optional[int]:
         return struct.unpack_from("=Q", attrs[TCA_HTB_RATE64])[0]
     if TCA_HTB_PARMS in attrs:
         return _RATESPEC.unpack_from(attrs[TCA_HTB_PARMS])[5]
+    return None
+
+
+def htb_ceil_bytes(options: bytes) -> Optional[int]:
+    """A class's ceil in bytes/s (the 64-bit attribute when the kernel sends one)."""
+    attrs = parse_attrs(options)
+    if TCA_HTB_CEIL64 in attrs:
+        return struct.unpack_from("=Q", attrs[TCA_HTB_CEIL64])[0]
+    if TCA_HTB_PARMS in attrs:
+        return _RATESPEC.unpack_from(attrs[TCA_HTB_PARMS], _RATESPEC.size)[5]
     return None
 
 

@@ -16,11 +16,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from worker import access
 from worker import netlink as nl
 from worker import nsfs
 from worker.errors import CapabilityError, ShapingError
-from worker.tc_plan import (DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, DROP_MINOR, DROP_PRIO, IPV6_DROP_PRIO,
-                            NETEM_DEFAULT_LIMIT, RULE_PRIO, Plan, Rule, diff, pass_diff, render_update)
+from worker.tc_plan import (ACCESS_MINOR, DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, DROP_MINOR, DROP_PRIO,
+                            IPV6_DROP_PRIO, NETEM_DEFAULT_LIMIT, RULE_PRIO, Plan, Rule, diff, pass_diff, render_update,
+                            reshared)
 
 _netem_lock = threading.Lock()
 _netem_available: Optional[bool] = None
@@ -61,8 +63,13 @@ def require_netem(plans: dict[str, Plan]) -> None:
             f"run on a kernel with sch_netem.")
 
 
-def _rule_messages(ifindex: int, rule: Rule, class_flags: int = nl.CREATE) -> list[bytes]:
-    msgs = [nl.htb_class(ifindex, rule.minor, rule.shape.rate_bps, class_flags)]
+def _class_message(ifindex: int, plan: Plan, rule: Rule, flags: int = nl.CREATE) -> bytes:
+    rate, ceil = plan.class_rates(rule)
+    return nl.htb_class(ifindex, rule.minor, rate, flags, ceil_bps=ceil, parent_minor=ACCESS_MINOR)
+
+
+def _rule_messages(ifindex: int, plan: Plan, rule: Rule, class_flags: int = nl.CREATE) -> list[bytes]:
+    msgs = [_class_message(ifindex, plan, rule, class_flags)]
     s = rule.shape
     if rule.leaf == "netem":
         msgs.append(nl.netem_leaf(ifindex, rule.minor, s.delay_ms, s.jitter_ms, s.loss_pct,
@@ -96,8 +103,10 @@ def apply(netns: Optional[str], plan: Plan) -> None:
     if plan.drops:
         msgs += _drop_class_messages(ifindex)
         what += ["isolation drop class", "isolation drop leaf"]
+    msgs.append(nl.htb_class(ifindex, ACCESS_MINOR, plan.access_rate_bps))
+    what.append(f"access class (uplink {plan.uplink_bps or 'none'})")
     for rule in plan.rules:
-        rule_msgs = _rule_messages(ifindex, rule)
+        rule_msgs = _rule_messages(ifindex, plan, rule)
         rule_msgs.append(nl.u32_dst_filter(ifindex, rule.minor, rule.dest_ip, rule.minor))
         msgs += rule_msgs
         what += [f"link to {rule.dest} ({rule.shape.describe()})"] * len(rule_msgs)
@@ -116,6 +125,7 @@ def apply(netns: Optional[str], plan: Plan) -> None:
         if failures:
             sock.run([nl.delete_root(ifindex)])
     _raise_failures(netns, failures, what, "applying shaping")
+    access.set_downlink(netns, plan.ifname, plan.downlink_bps, None)
 
 
 def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
@@ -124,8 +134,11 @@ def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
     peer that moves between link and pass is never dropped on the way."""
     changes = diff(old, new)
     removed, added = pass_diff(old, new)
-    if not changes and not removed and not added and old.drops == new.drops and old.drop_ipv6 == new.drop_ipv6:
-        return []
+    if old.downlink_bps != new.downlink_bps:
+        access.set_downlink(netns, new.ifname, new.downlink_bps, old.downlink_bps)
+    if (not changes and not removed and not added and old.drops == new.drops and old.drop_ipv6 == new.drop_ipv6
+            and old.uplink_bps == new.uplink_bps):
+        return render_update(old, new)
     ifindex = ifindex_in(netns, new.ifname)
     msgs: list[bytes] = []
     what: list[str] = []
@@ -135,17 +148,24 @@ def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
     for p in added:  # before the links change: a peer moving from link to pass is never dropped
         msgs.append(nl.u32_dst_filter(ifindex, p.node, p.dest_ip, DEFAULT_MINOR))
         what.append(_pass_label(p.dest, p.dest_ip))
+    if old.uplink_bps != new.uplink_bps:
+        msgs.append(nl.htb_class(ifindex, ACCESS_MINOR, new.access_rate_bps, flags=0))
+        what.append(f"changing the uplink to {new.uplink_bps or 'none'}")
+    # with an uplink every link's rate is an equal share of it: shares before adds (the sum stays in bounds)
+    for rule in reshared(old, new):
+        msgs.append(_class_message(ifindex, new, rule, flags=0))
+        what.append(f"sharing the uplink with the link to {rule.dest}")
     for c in changes:
         if c.op == "remove" and c.old:
             step = [nl.delete_u32_filter(ifindex, c.old.minor), nl.delete_class(ifindex, c.old.minor)]
             label = f"removing link to {c.old.dest}"
         elif c.op == "add" and c.new:
-            step = _rule_messages(ifindex, c.new)
+            step = _rule_messages(ifindex, new, c.new)
             step.append(nl.u32_dst_filter(ifindex, c.new.minor, c.new.dest_ip, c.new.minor))
             label = f"adding link to {c.new.dest}"
         else:
             assert c.old and c.new
-            step = _rule_messages(ifindex, c.new, class_flags=0)
+            step = _rule_messages(ifindex, new, c.new, class_flags=0)
             if c.old.leaf and c.new.leaf and c.old.leaf != c.new.leaf:
                 step.insert(1, nl.delete_leaf(ifindex, c.new.minor))  # the kernel will not swap a leaf's kind in place
             if c.old.dest_ip != c.new.dest_ip:
@@ -185,6 +205,7 @@ def clear(netns: Optional[str], ifname: str) -> None:
     ifindex = ifindex_in(netns, ifname)
     with nl.RtnlSocket(netns) as sock:
         sock.run([nl.delete_root(ifindex)])
+    access.set_downlink(netns, ifname, None, None)
 
 
 @dataclass
@@ -197,14 +218,26 @@ class Observed:
     filters: dict[int, dict[str, Any]] = field(default_factory=dict)  # u32 node -> {dest_ip, minor} (prio 1)
     drops: dict[str, int] = field(default_factory=dict)  # prefix -> class minor (prio-2 filters)
     ipv6_drop: Optional[int] = None  # class minor of the prio-3 filter taking all IPv6
+    ceils: dict[int, int] = field(default_factory=dict)  # minor -> ceil in bytes/s
+    parents: dict[int, int] = field(default_factory=dict)  # minor -> the parent class's minor (0: the root)
+    downlink: access.Downlink = field(default_factory=access.Downlink)
 
     def to_dict(self) -> dict[str, Any]:
         return {"root": self.root,
-                "classes": {f"1:{m:x}": {"rate_bps": r * 8} for m, r in sorted(self.classes.items())},
+                "classes": {f"1:{m:x}": self._class_dict(m, r) for m, r in sorted(self.classes.items())},
                 "leaves": {f"1:{m:x}": v for m, v in sorted(self.leaves.items())},
                 "filters": {f"800::{n:x}": v for n, v in sorted(self.filters.items())},
                 "drops": {p: {"minor": m} for p, m in sorted(self.drops.items())},
-                "ipv6_drop": None if self.ipv6_drop is None else {"minor": self.ipv6_drop}}
+                "ipv6_drop": None if self.ipv6_drop is None else {"minor": self.ipv6_drop},
+                "downlink": self.downlink.to_dict()}
+
+    def _class_dict(self, minor: int, rate: Optional[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {"rate_bps": None if rate is None else rate * 8}
+        if self.ceils.get(minor) is not None:
+            out["ceil_bps"] = self.ceils[minor] * 8
+        if minor in self.parents:
+            out["parent"] = f"1:{self.parents[minor]:x}" if self.parents[minor] else "1:"
+        return out
 
 
 def _leaf(kind: str, options: bytes) -> dict[str, Any]:
@@ -234,6 +267,8 @@ def read_back(netns: Optional[str], ifname: str) -> Observed:
             return seen
         for c in nl.tc_dump(sock, nl.RTM_GETTCLASS, ifindex):
             seen.classes[c.handle & 0xFFFF] = nl.htb_rate_bytes(c.options)
+            seen.ceils[c.handle & 0xFFFF] = nl.htb_ceil_bytes(c.options)
+            seen.parents[c.handle & 0xFFFF] = c.parent & 0xFFFF
         for f in nl.tc_dump(sock, nl.RTM_GETTFILTER, ifindex, nl.tc_handle(1, 0)):
             classid, keys = nl.u32_key(f.options) if f.kind == "u32" else (None, [])
             if classid is None:
@@ -249,6 +284,7 @@ def read_back(netns: Optional[str], ifname: str) -> Observed:
                 seen.drops[str(ipaddress.IPv4Network(dest)) if dest else f"filter {f.handle:x}"] = classid & 0xFFFF
             else:
                 seen.filters[f.handle & 0xFFF] = {"dest_ip": dest, "minor": classid & 0xFFFF}
+    seen.downlink = access.read_downlink(netns, ifname)
     return seen
 
 
@@ -259,14 +295,22 @@ def mismatches(plan: Plan, seen: Observed) -> list[str]:
         return [f"root qdisc is {seen.root}, expected htb 1:"]
     if seen.root.get("default_minor") != DEFAULT_MINOR:
         problems.append(f"root default class is {seen.root.get('default_minor')}, expected {DEFAULT_MINOR}")
-    wanted_classes = {DEFAULT_MINOR: DEFAULT_CLASS_RATE_BPS // 8}
+    # minor -> (rate, ceil) in bytes/s, parent minor
+    wanted_classes = {DEFAULT_MINOR: ((DEFAULT_CLASS_RATE_BPS // 8,) * 2, 0),
+                      ACCESS_MINOR: ((plan.access_rate_bps // 8,) * 2, 0)}
     if plan.drops:
-        wanted_classes[DROP_MINOR] = DEFAULT_CLASS_RATE_BPS // 8
-    wanted_classes.update({r.minor: r.shape.rate_bps // 8 for r in plan.rules})
-    for minor, rate in wanted_classes.items():
-        got = seen.classes.get(minor)
+        wanted_classes[DROP_MINOR] = ((DEFAULT_CLASS_RATE_BPS // 8,) * 2, 0)
+    for r in plan.rules:
+        rate, ceil = plan.class_rates(r)
+        wanted_classes[r.minor] = ((max(1, rate // 8), max(1, ceil // 8)), ACCESS_MINOR)
+    for minor, ((rate, ceil), parent) in wanted_classes.items():
+        got, got_ceil = seen.classes.get(minor), seen.ceils.get(minor)
         if got != rate:
             problems.append(f"class 1:{minor:x}: rate {None if got is None else got * 8} bit/s, expected {rate * 8}")
+        elif got_ceil is not None and got_ceil != ceil:
+            problems.append(f"class 1:{minor:x}: ceil {got_ceil * 8} bit/s, expected {ceil * 8}")
+        if minor in seen.parents and seen.parents[minor] != parent:
+            problems.append(f"class 1:{minor:x}: parent 1:{seen.parents[minor]:x}, expected 1:{parent:x}")
     for minor in set(seen.classes) - set(wanted_classes):
         problems.append(f"class 1:{minor:x} is not in the plan")
     for rule in plan.rules:
@@ -299,7 +343,7 @@ def mismatches(plan: Plan, seen: Observed) -> list[str]:
     if seen.ipv6_drop != wanted_ipv6:
         problems.append(f"IPv6 isolation filter: found {seen.ipv6_drop and f'1:{seen.ipv6_drop:x}'}, "
                         f"expected {wanted_ipv6 and f'1:{wanted_ipv6:x}'}")
-    return problems
+    return problems + access.downlink_mismatches(plan.downlink_bps, seen.downlink)
 
 
 def _leaf_mismatch(rule: Rule, leaf: Optional[dict[str, Any]]) -> list[str]:

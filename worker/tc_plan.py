@@ -4,7 +4,17 @@ One plan per sender's egress interface:
 
 - an HTB root ``1:`` whose default class ``1:1`` passes unclassified (control)
   traffic at full speed;
-- one class ``1:<minor>`` per destination with rate = ceil = the link's rate;
+- the access class ``1:3``: the node's uplink, parent of every link's class (at the
+  uplink rate when the node has one, else at 10 Gbit/s, i.e. no limit);
+- one class ``1:<minor>`` per destination under ``1:3``: without an uplink, rate = ceil =
+  the link's rate; with one, ceil = the link's rate (no pair exceeds its link) and rate =
+  min(link rate, uplink / number of links). HTB lends a class its parent's spare tokens up
+  to its ceil and serves a class below its rate without asking the parent, so the rates
+  of the children must add up to at most the uplink for the uplink to hold: the equal
+  share does that, guarantees every busy peer its share, and lets busy peers borrow what
+  idle ones leave (all children have the same quantum, so the spare is shared evenly).
+  Changing the uplink, or the number of links under it, changes these classes in place;
+  their minors, counters and leaves stay;
 - a leaf under that class: netem where delay/jitter/loss are set, else a pfifo
   when a queue length is set, else the kernel's default;
 - a u32 filter ``800::<minor>`` matching the destination IP.
@@ -45,7 +55,8 @@ from worker.errors import ConfigError
 from worker.shape import Shape, format_rate
 
 DEFAULT_MINOR = 1
-DROP_MINOR = 2  # isolation: the class whose pfifo of limit 0 drops what it is given
+DROP_MINOR = 2
+ACCESS_MINOR = 3  # the uplink: parent of every link's class  # isolation: the class whose pfifo of limit 0 drops what it is given
 RULE_PRIO = 1  # per-destination filters (links and passes)
 DROP_PRIO = 2  # node-space prefixes, after every per-destination filter
 IPV6_DROP_PRIO = 3  # an emulated node's IPv6 (link-local only: no path of the testbed)
@@ -157,6 +168,20 @@ class Plan:
     drops: tuple[str, ...] = field(default_factory=tuple)
     drop_ipv6: bool = False
     keep: tuple[str, ...] = field(default_factory=tuple)  # the isolation's kept addresses, even those a link reaches
+    uplink_bps: Optional[int] = None  # the node's access links (None: none); see worker.access for the downlink
+    downlink_bps: Optional[int] = None
+
+    @property
+    def access_rate_bps(self) -> int:
+        """The rate of the access class 1:3: the uplink, or no limit."""
+        return self.uplink_bps or DEFAULT_CLASS_RATE_BPS
+
+    def class_rates(self, rule: Rule) -> tuple[int, int]:
+        """(rate, ceil) in bit/s of a link's class (see the module docstring)."""
+        link = rule.shape.rate_bps
+        if not self.uplink_bps:
+            return link, link
+        return max(8, min(link, self.uplink_bps // max(1, len(self.rules)))), link
 
     @property
     def needs_netem(self) -> bool:
@@ -169,7 +194,7 @@ class Plan:
     @property
     def empty(self) -> bool:
         """Nothing to hold: no link, no isolation (the interface is left unshaped)."""
-        return not (self.rules or self.passes or self.drops)
+        return not (self.rules or self.passes or self.drops or self.uplink_bps or self.downlink_bps)
 
     def isolation(self) -> Optional[Isolation]:
         """The isolation this plan was made with (None: open)."""
@@ -190,13 +215,19 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"ifname": self.ifname, "rules": [r.to_dict() for r in self.rules],
                 "passes": [p.to_dict() for p in self.passes], "drops": list(self.drops),
-                "drop_ipv6": self.drop_ipv6, "keep": list(self.keep)}
+                "drop_ipv6": self.drop_ipv6, "keep": list(self.keep), "uplink_bps": self.uplink_bps,
+                "downlink_bps": self.downlink_bps}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
         return cls(data["ifname"], tuple(Rule.from_dict(r) for r in data["rules"]),
                    tuple(Pass.from_dict(p) for p in data.get("passes", [])), tuple(data.get("drops", [])),
-                   bool(data.get("drop_ipv6", False)), tuple(data.get("keep", [])))
+                   bool(data.get("drop_ipv6", False)), tuple(data.get("keep", [])),
+                   _rate_or_none(data.get("uplink_bps")), _rate_or_none(data.get("downlink_bps")))
+
+
+def _rate_or_none(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True)
@@ -210,11 +241,13 @@ class Target:
 
 def make_plan(ifname: str, targets: list[Target], previous: Optional[Plan] = None,
               isolation: Optional[Isolation] = None, unshaped: Iterable[tuple[str, str]] = (),
-              drop_ipv6: bool = False) -> Plan:
+              drop_ipv6: bool = False, uplink_bps: Optional[int] = None,
+              downlink_bps: Optional[int] = None) -> Plan:
     """The plan for ``targets``; destinations already in ``previous`` keep their minor (and
     passes their node). With ``isolation``, the node space is dropped but for its kept
     addresses and the ``unshaped`` peers, (node, ip) pairs reached without a shaped link,
-    and with ``drop_ipv6`` (emulated nodes) all IPv6 too."""
+    and with ``drop_ipv6`` (emulated nodes) all IPv6 too. ``uplink_bps`` and
+    ``downlink_bps`` are the node's access links (None: none)."""
     seen: set[str] = set()
     for t in targets:
         if t.dest in seen:
@@ -251,7 +284,7 @@ def make_plan(ifname: str, targets: list[Target], previous: Optional[Plan] = Non
         old_pass = kept_passes.get(ip)
         passes.append(Pass(dest, ip, check(old_pass.node if old_pass is not None else take())))
     return Plan(ifname, tuple(rules), tuple(passes), isolation.drop if isolation else (),
-                bool(isolation) and drop_ipv6, isolation.keep if isolation else ())
+                bool(isolation) and drop_ipv6, isolation.keep if isolation else (), uplink_bps, downlink_bps)
 
 
 def _wanted_passes(targets: list[Target], isolation: Optional[Isolation],
@@ -317,11 +350,13 @@ def _leaf_args(rule: Rule) -> str:
     return f"pfifo limit {s.queue_pkts}"
 
 
-def rule_commands(dev: str, rule: Rule, verb: str = "add") -> list[str]:
-    """The tc command lines for one rule's class, leaf and filter."""
+def rule_commands(dev: str, rule: Rule, verb: str = "add", rates: Optional[tuple[int, int]] = None) -> list[str]:
+    """The tc command lines for one rule's class (``rates``: (rate, ceil), default both the
+    link's rate), leaf and filter."""
     m = rule.minor
-    lines = [f"tc class {verb} dev {dev} parent 1: classid 1:{m:x} htb "
-             f"rate {format_rate(rule.shape.rate_bps)} ceil {format_rate(rule.shape.rate_bps)}"]
+    rate, ceil = rates or (rule.shape.rate_bps, rule.shape.rate_bps)
+    lines = [f"tc class {verb} dev {dev} parent 1:{ACCESS_MINOR:x} classid 1:{m:x} htb "
+             f"rate {format_rate(rate)} ceil {format_rate(ceil)}"]
     if rule.leaf:
         lines.append(f"tc qdisc replace dev {dev} parent 1:{m:x} handle {m:x}: {_leaf_args(rule)}")
     if verb == "add":
@@ -351,6 +386,26 @@ def ipv6_drop_command(dev: str, verb: str = "add") -> str:
     return line + (f" match u32 0 0 flowid 1:{DROP_MINOR:x}" if verb == "add" else "")
 
 
+def access_class_command(dev: str, plan: Plan, verb: str = "add") -> str:
+    rate = format_rate(plan.access_rate_bps)
+    return f"tc class {verb} dev {dev} parent 1: classid 1:{ACCESS_MINOR:x} htb rate {rate} ceil {rate}"
+
+
+def downlink_commands(dev: str, downlink_bps: Optional[int]) -> list[str]:
+    """The downlink as tc lines (worker.access); None: its removal."""
+    from worker.access import IFB_NAME
+
+    if downlink_bps is None:
+        return [f"tc qdisc del dev {dev} ingress", f"ip link del {IFB_NAME}"]
+    rate = format_rate(downlink_bps)
+    return [f"ip link add {IFB_NAME} up type ifb",
+            f"tc qdisc add dev {IFB_NAME} root handle 1: htb default 1",
+            f"tc class add dev {IFB_NAME} parent 1: classid 1:1 htb rate {rate} ceil {rate}",
+            f"tc qdisc add dev {dev} ingress",
+            f"tc filter add dev {dev} parent ffff: protocol all prio 1 u32 match u32 0 0 "
+            f"action mirred egress redirect dev {IFB_NAME}"]
+
+
 def render(plan: Plan, netns: Optional[str] = None) -> list[str]:
     """The plan as the equivalent ``tc`` command lines (for --dry-run and logs)."""
     prefix = f"ip netns exec {netns} " if netns else ""
@@ -360,11 +415,13 @@ def render(plan: Plan, netns: Optional[str] = None) -> list[str]:
              f"rate {format_rate(DEFAULT_CLASS_RATE_BPS)} ceil {format_rate(DEFAULT_CLASS_RATE_BPS)}"]
     if plan.drops:
         lines += drop_class_commands(dev)
+    lines.append(access_class_command(dev, plan))
     for rule in plan.rules:
-        lines += rule_commands(dev, rule)
+        lines += rule_commands(dev, rule, rates=plan.class_rates(rule))
     lines += [pass_command(dev, p) for p in plan.passes]
     lines += drop_filter_commands(dev, plan.drops)
     lines += [ipv6_drop_command(dev)] if plan.drop_ipv6 else []
+    lines += downlink_commands(dev, plan.downlink_bps) if plan.downlink_bps else []
     return [prefix + line for line in lines]
 
 
@@ -374,7 +431,12 @@ def render_update(old: Plan, new: Plan) -> list[str]:
     removed, added = pass_diff(old, new)
     lines = drop_class_commands(dev) if new.drops and not old.drops else []
     lines += [pass_command(dev, p) for p in added]
-    lines += render_diff(dev, diff(old, new))
+    if old.uplink_bps != new.uplink_bps:
+        lines.append(access_class_command(dev, new, "change"))
+    lines += render_diff(dev, diff(old, new), new)
+    changed = {c.new.dest for c in diff(old, new) if c.new}
+    lines += [rule_commands(dev, r, "change", new.class_rates(r))[0] for r in reshared(old, new)
+              if r.dest not in changed]
     lines += [pass_command(dev, p, "del") for p in removed]
     if old.drops != new.drops:
         if old.drops:
@@ -384,21 +446,37 @@ def render_update(old: Plan, new: Plan) -> list[str]:
         lines.append(ipv6_drop_command(dev, "add" if new.drop_ipv6 else "del"))
     if old.drops and not new.drops:
         lines.append(f"tc class del dev {dev} classid 1:{DROP_MINOR:x}")
+    if old.downlink_bps != new.downlink_bps:
+        lines += downlink_commands(dev, new.downlink_bps)
     return lines
 
 
-def render_diff(dev: str, changes: list[Change]) -> list[str]:
-    """An update as tc command lines."""
+def reshared(old: Plan, new: Plan) -> list[Rule]:
+    """The links of ``new`` whose class rate changes because the uplink or its share did
+    (their own shape unchanged): with an uplink, every link's rate is the equal share."""
+    if old.uplink_bps == new.uplink_bps and (not new.uplink_bps or len(old.rules) == len(new.rules)):
+        return []
+    before = old.by_dest()
+    return [r for r in new.rules if r.dest in before and before[r.dest] == r
+            and old.class_rates(before[r.dest]) != new.class_rates(r)]
+
+
+def render_diff(dev: str, changes: list[Change], plan: Optional[Plan] = None) -> list[str]:
+    """An update as tc command lines (``plan``: the new plan, for its links' class rates)."""
     lines = []
+
+    def rates(rule: Rule) -> Optional[tuple[int, int]]:
+        return plan.class_rates(rule) if plan else None
+
     for c in changes:
         if c.op == "remove" and c.old:
             m = c.old.minor
             lines += [f"tc filter del dev {dev} parent 1: protocol ip prio 1 handle 800::{m:x} u32",
                       f"tc class del dev {dev} classid 1:{m:x}"]
         elif c.op == "add" and c.new:
-            lines += rule_commands(dev, c.new)
+            lines += rule_commands(dev, c.new, rates=rates(c.new))
         elif c.new and c.old:
-            lines.append(rule_commands(dev, c.new, "change")[0])
+            lines.append(rule_commands(dev, c.new, "change", rates(c.new))[0])
             if c.old.leaf and c.new.leaf and c.old.leaf != c.new.leaf:
                 lines.append(f"tc qdisc del dev {dev} parent 1:{c.new.minor:x} handle {c.new.minor:x}:")
             if c.new.dest_ip != c.old.dest_ip:

@@ -176,7 +176,7 @@ PLAN = make_plan("eth0", [Target("b", "10.9.0.3", Shape(10**7))], isolation=SPAC
 
 def observed(**changes: Any) -> Observed:
     seen = Observed(root={"kind": "htb", "handle": 0x10000, "default_minor": 1},
-                    classes={1: 10**10 // 8, DROP_MINOR: 10**10 // 8, 0x10: 10**7 // 8},
+                    classes={1: 10**10 // 8, DROP_MINOR: 10**10 // 8, 3: 10**10 // 8, 0x10: 10**7 // 8},
                     leaves={DROP_MINOR: {"kind": "pfifo", "limit": 0}},
                     filters={0x10: {"dest_ip": "10.9.0.3", "minor": 0x10}, 0x11: {"dest_ip": "10.9.0.1", "minor": 1},
                              0x12: {"dest_ip": "10.9.0.4", "minor": 1}},

@@ -157,12 +157,13 @@ def small_plan():
 SMALL_LINES = [
     "tc qdisc replace dev eth0 root handle 1: htb default 1",
     "tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit ceil 10gbit",
-    "tc class add dev eth0 parent 1: classid 1:10 htb rate 10mbit ceil 10mbit",
+    "tc class add dev eth0 parent 1: classid 1:3 htb rate 10gbit ceil 10gbit",
+    "tc class add dev eth0 parent 1:3 classid 1:10 htb rate 10mbit ceil 10mbit",
     "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::10 u32 match ip dst 10.0.0.3/32 flowid 1:10",
-    "tc class add dev eth0 parent 1: classid 1:11 htb rate 5mbit ceil 5mbit",
+    "tc class add dev eth0 parent 1:3 classid 1:11 htb rate 5mbit ceil 5mbit",
     "tc qdisc replace dev eth0 parent 1:11 handle 11: netem delay 20ms 5ms loss 0.5% limit 1000",
     "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32 match ip dst 10.0.0.4/32 flowid 1:11",
-    "tc class add dev eth0 parent 1: classid 1:12 htb rate 1mbit ceil 1mbit",
+    "tc class add dev eth0 parent 1:3 classid 1:12 htb rate 1mbit ceil 1mbit",
     "tc qdisc replace dev eth0 parent 1:12 handle 12: pfifo limit 50",
     "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::12 u32 match ip dst 10.0.0.5/32 flowid 1:12",
 ]
@@ -180,6 +181,7 @@ def test_render_empty_plan_is_root_and_default_class():
     assert render(Plan("veth1")) == [
         "tc qdisc replace dev veth1 root handle 1: htb default 1",
         "tc class add dev veth1 parent 1: classid 1:1 htb rate 10gbit ceil 10gbit",
+        "tc class add dev veth1 parent 1: classid 1:3 htb rate 10gbit ceil 10gbit",
     ]
 
 
@@ -198,7 +200,7 @@ def test_leaf_arguments(shape, leaf_line):
 def test_minors_render_in_hex():
     rule = Rule("b", "192.168.1.7", 0xABC, Shape(1_500_000))
     assert rule_commands("eth0", rule) == [
-        "tc class add dev eth0 parent 1: classid 1:abc htb rate 1500kbit ceil 1500kbit",
+        "tc class add dev eth0 parent 1:3 classid 1:abc htb rate 1500kbit ceil 1500kbit",
         "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::abc u32 "
         "match ip dst 192.168.1.7/32 flowid 1:abc",
     ]
@@ -214,13 +216,13 @@ def test_render_diff_lines():
         "tc filter del dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32",
         "tc class del dev eth0 classid 1:11",
         # a changed and lost its pfifo leaf
-        "tc class change dev eth0 parent 1: classid 1:10 htb rate 3mbit ceil 3mbit",
+        "tc class change dev eth0 parent 1:3 classid 1:10 htb rate 3mbit ceil 3mbit",
         "tc qdisc del dev eth0 parent 1:10 handle 10:",
         # c changed and gained a netem leaf
-        "tc class change dev eth0 parent 1: classid 1:12 htb rate 3mbit ceil 3mbit",
+        "tc class change dev eth0 parent 1:3 classid 1:12 htb rate 3mbit ceil 3mbit",
         "tc qdisc replace dev eth0 parent 1:12 handle 12: netem delay 10ms limit 1000",
         # e added in b's old minor
-        "tc class add dev eth0 parent 1: classid 1:11 htb rate 4mbit ceil 4mbit",
+        "tc class add dev eth0 parent 1:3 classid 1:11 htb rate 4mbit ceil 4mbit",
         "tc qdisc replace dev eth0 parent 1:11 handle 11: pfifo limit 8",
         "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32 match ip dst 10.0.0.6/32 flowid 1:11",
     ]
@@ -350,7 +352,8 @@ def test_render_isolated_plan():
         "tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit ceil 10gbit",
         "tc class add dev eth0 parent 1: classid 1:2 htb rate 10gbit ceil 10gbit",
         "tc qdisc replace dev eth0 parent 1:2 handle 2: pfifo limit 0",
-        "tc class add dev eth0 parent 1: classid 1:10 htb rate 10mbit ceil 10mbit",
+        "tc class add dev eth0 parent 1: classid 1:3 htb rate 10gbit ceil 10gbit",
+        "tc class add dev eth0 parent 1:3 classid 1:10 htb rate 10mbit ceil 10mbit",
         "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::10 u32 match ip dst 10.0.0.3/32 flowid 1:10",
         "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32 match ip dst 10.0.0.1/32 flowid 1:1",
         "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::12 u32 match ip dst 10.0.0.4/32 flowid 1:1",

@@ -16,7 +16,7 @@ PLAN = make_plan("eth0", [
 B, C, D = 0x10, 0x11, 0x12
 
 ROOT = {"kind": "htb", "handle": 0x10000, "default_minor": 1}
-CLASSES = {1: 10**10 // 8, B: 10**7 // 8, C: 2 * 10**7 // 8, D: 5 * 10**6 // 8}
+CLASSES = {1: 10**10 // 8, 3: 10**10 // 8, B: 10**7 // 8, C: 2 * 10**7 // 8, D: 5 * 10**6 // 8}
 LEAVES = {C: {"kind": "pfifo", "limit": 9},
           D: {"kind": "netem", "delay_us": 20_000, "jitter_us": 5_000, "loss_pct": 0.5, "limit": 1000}}
 FILTERS = {B: {"dest_ip": "10.0.0.3", "minor": B}, C: {"dest_ip": "10.0.0.4", "minor": C},
@@ -37,7 +37,7 @@ def test_exact_match():
 
 
 def test_empty_plan_against_root_and_default_class():
-    assert mismatches(Plan("eth0"), Observed(root=dict(ROOT), classes={1: 10**10 // 8})) == []
+    assert mismatches(Plan("eth0"), Observed(root=dict(ROOT), classes={1: 10**10 // 8, 3: 10**10 // 8})) == []
 
 
 @pytest.mark.parametrize("tolerated", [
@@ -142,7 +142,7 @@ def test_observed_to_dict():
     seen = observed()
     data = seen.to_dict()
     assert data["root"] == ROOT
-    assert data["classes"] == {"1:1": {"rate_bps": 10**10}, "1:10": {"rate_bps": 10**7},
+    assert data["classes"] == {"1:1": {"rate_bps": 10**10}, "1:3": {"rate_bps": 10**10}, "1:10": {"rate_bps": 10**7},
                                "1:11": {"rate_bps": 2 * 10**7}, "1:12": {"rate_bps": 5 * 10**6}}
     assert data["leaves"]["1:11"] == {"kind": "pfifo", "limit": 9}
     assert list(data["filters"]) == ["800::10", "800::11", "800::12"]
