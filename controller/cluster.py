@@ -208,14 +208,17 @@ class Cluster:
     def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
         per_host = self._split(body["links"], "src")
         unshaped = self._split([{"node": n, "peers": p} for n, p in body.get("unshaped", {}).items()], "node")
+        access = self._split([{"node": n, "sides": a} for n, a in body.get("access", {}).items()], "node")
         extra = {"isolation": body["isolation"]} if "isolation" in body else {}
 
         def one(name: str, w: Worker) -> Any:
             mine = {u["node"]: u["peers"] for u in unshaped.get(name, [])}
+            my_access = {a["node"]: a["sides"] for a in access.get(name, [])}
             return w.set_links({"version": 1, "links": per_host.get(name, []), **extra,
-                                **({"unshaped": mine} if mine else {})}, merge)
+                                **({"unshaped": mine} if mine else {}),
+                                **({"access": my_access} if my_access else {})}, merge)
 
-        done = self._each(one, list(dict.fromkeys([*per_host, *unshaped])))
+        done = self._each(one, list(dict.fromkeys([*per_host, *unshaped, *access])))
         return {"version": 1, "nodes": [n for r in done.values() for n in r["nodes"]],
                 "seconds": max((r.get("seconds", 0) for r in done.values()), default=0)}
 

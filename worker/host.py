@@ -24,7 +24,7 @@ from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.procs import start_ticks
 from worker.routes import Routes, parse_routes
 from worker.runtime_netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
-from worker.shape import Shape
+from worker.shape import MAX_RATE_BPS, Shape
 from worker.state import StateStore, state_root
 from worker.tc_plan import Isolation, Plan, Target, make_plan
 
@@ -132,7 +132,9 @@ class WorkerHost:
         network; without it each node keeps its setting (open for a node never shaped).
         ``"unshaped": {node: [{"dst", "dst_ip"}, ...]}`` replaces the listed nodes' peers reached
         without a shaped link (the way back of one-way links); a node listed there is
-        (re)planned even with no link of its own."""
+        (re)planned even with no link of its own. ``"access": {node: {"uplink_bps": R,
+        "downlink_bps": R}}`` sets the listed nodes' access links (null removes one, a key left
+        out keeps it; see worker.tc_plan and worker.access)."""
         body = check_version(body)
         links = body.get("links")
         if not isinstance(links, list):
@@ -140,7 +142,8 @@ class WorkerHost:
         isolation: Any = Isolation.from_dict(body["isolation"]) if "isolation" in body else KEEP
         state = self.store.read()
         unshaped = _unshaped(body.get("unshaped", {}), state)
-        wanted: dict[str, dict[str, Optional[Target]]] = {node: {} for node in unshaped}
+        access = _access(body.get("access", {}), state)
+        wanted: dict[str, dict[str, Optional[Target]]] = {node: {} for node in [*unshaped, *access]}
         for i, link in enumerate(links):
             if not isinstance(link, dict) or not {"src", "dst", "dst_ip"} <= set(link):
                 raise ConfigError(f"link {i}: needs src, dst, dst_ip and shape")
@@ -151,7 +154,7 @@ class WorkerHost:
             if link["dst"] in per_src:
                 raise ConfigError(f"link {i}: {link['src']}->{link['dst']} listed twice")
             per_src[link["dst"]] = Target(link["dst"], str(link["dst_ip"]), shape) if shape else None
-        plans = {src: self._plan_for(state, src, dests, merge, isolation, unshaped.get(src))
+        plans = {src: self._plan_for(state, src, dests, merge, isolation, unshaped.get(src), access.get(src, {}))
                  for src, dests in wanted.items()}
         tc_apply.require_netem(plans)
         started = time.monotonic()
@@ -169,7 +172,7 @@ class WorkerHost:
         return {"version": API_VERSION, "nodes": results, "seconds": round(time.monotonic() - started, 4)}
 
     def _plan_for(self, state: dict[str, Any], src: str, dests: dict[str, Optional[Target]], merge: bool,
-                  isolation: Any, unshaped: Optional[list[tuple[str, str]]]) -> Plan:
+                  isolation: Any, unshaped: Optional[list[tuple[str, str]]], access: dict[str, Optional[int]]) -> Plan:
         previous = Plan.from_dict(state["plans"][src]) if src in state["plans"] else None
         targets: list[Target] = []
         if merge and previous:
@@ -182,7 +185,27 @@ class WorkerHost:
         if unshaped is None:
             unshaped = previous.unshaped() if previous else []
         emulated = state["nodes"][src].get("netns") is not None  # a physical device's IPv6 is its own
-        return make_plan(_ifname(state["nodes"][src]), targets, previous, isolation, unshaped, drop_ipv6=emulated)
+        uplink = access.get("uplink_bps", previous.uplink_bps if previous else None)
+        downlink = access.get("downlink_bps", previous.downlink_bps if previous else None)
+        if downlink is not None and not emulated:
+            raise ConfigError(f"access of {src}: a downlink needs an emulated node (a physical device's "
+                              f"receive path is its own)")
+        return make_plan(_ifname(state["nodes"][src]), targets, previous, isolation, unshaped, drop_ipv6=emulated,
+                         uplink_bps=uplink, downlink_bps=downlink)
+
+    def set_access(self, body: Any) -> dict[str, Any]:
+        """Change one node's access links in place: ``{"node", "uplink", "downlink"}`` with rates
+        in bit/s (null removes that side, a key left out keeps it); its links' classes stay
+        (their counters and minors too)."""
+        body = check_version(body)
+        if not isinstance(body.get("node"), str):
+            raise ConfigError("access: 'node' must be a node name")
+        unknown = set(body) - {"version", "node", "uplink", "downlink"}
+        if unknown:
+            raise ConfigError(f"access: unknown fields {sorted(unknown)} (expected node, uplink, downlink)")
+        wanted = {f"{side}_bps": _access_rate(body[side], f"access of {body['node']}, {side}")
+                  for side in ("uplink", "downlink") if side in body}
+        return self.set_links({"version": API_VERSION, "links": [], "access": {body["node"]: wanted}}, merge=True)
 
     def _shape_node(self, state: dict[str, Any], src: str, plan: Plan) -> dict[str, Any]:
         netns = state["nodes"][src]["netns"]
@@ -478,6 +501,29 @@ def _unshaped(value: Any, state: dict[str, Any]) -> dict[str, list[tuple[str, st
             except ValueError:
                 raise ConfigError(f"unshaped.{node}: {p['dst_ip']!r} ({p['dst']}) is not an IPv4 address") from None
         out[node] = [(p["dst"], p["dst_ip"]) for p in peers]
+    return out
+
+
+def _access_rate(value: Any, where: str) -> Optional[int]:
+    """An access rate: None, or bit/s as an integer (the controller parses links.json's units)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 8 <= value <= MAX_RATE_BPS:
+        raise ConfigError(f"{where}: {value!r} is not a rate in [8, {MAX_RATE_BPS}] bit/s")
+    return value
+
+
+def _access(value: Any, state: dict[str, Any]) -> dict[str, dict[str, Optional[int]]]:
+    """The body's ``access`` map, checked: node -> {"uplink_bps"?, "downlink_bps"?}."""
+    if not isinstance(value, dict):
+        raise ConfigError("'access' must map node names to {uplink_bps, downlink_bps}")
+    out: dict[str, dict[str, Optional[int]]] = {}
+    for node, sides in value.items():
+        if node not in state["nodes"]:
+            raise NotFound(f"access: no node {node!r} on this host")
+        if not isinstance(sides, dict) or not set(sides) <= {"uplink_bps", "downlink_bps"}:
+            raise ConfigError(f"access.{node} must be an object with uplink_bps and/or downlink_bps")
+        out[node] = {k: _access_rate(v, f"access.{node}.{k}") for k, v in sides.items()}
     return out
 
 

@@ -268,7 +268,7 @@ def read_back(netns: Optional[str], ifname: str) -> Observed:
         for c in nl.tc_dump(sock, nl.RTM_GETTCLASS, ifindex):
             seen.classes[c.handle & 0xFFFF] = nl.htb_rate_bytes(c.options)
             seen.ceils[c.handle & 0xFFFF] = nl.htb_ceil_bytes(c.options)
-            seen.parents[c.handle & 0xFFFF] = c.parent & 0xFFFF
+            seen.parents[c.handle & 0xFFFF] = 0 if c.parent == nl.TC_H_ROOT else c.parent & 0xFFFF
         for f in nl.tc_dump(sock, nl.RTM_GETTFILTER, ifindex, nl.tc_handle(1, 0)):
             classid, keys = nl.u32_key(f.options) if f.kind == "u32" else (None, [])
             if classid is None:
