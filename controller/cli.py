@@ -6,6 +6,7 @@
     edgetb shape show NODE [--json]
     edgetb shape set SRC DST RATE [--delay 20ms] [--jitter 5ms] [--loss 1%] [--queue 100]
     edgetb shape update links.json
+    edgetb shape access NODE [--uplink RATE|none] [--downlink RATE|none]
     edgetb down
 
 Without ``--agent`` the CLI drives this host directly (as root); with
@@ -29,7 +30,7 @@ from typing import Any, Optional
 
 from controller import deploy
 from controller.agent_client import AgentClient, Worker
-from controller.topology import Topology, load_links, load_nodes
+from controller.topology import Topology, access_rate, load_links, load_nodes
 from worker.errors import ConfigError, TestbedError
 from worker.runtime_netns import DEFAULT_SUBNET
 from worker.shape import format_rate
@@ -80,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     for opt in ("delay", "jitter", "loss"):
         put.add_argument(f"--{opt}")
     put.add_argument("--queue", type=int)
+    acc = shs.add_parser("access", help="change a node's access links (shared by all its peers) in place")
+    acc.add_argument("node")
+    acc.add_argument("--uplink", help="e.g. 10mbit, or none to remove it (default: keep)")
+    acc.add_argument("--downlink", help="e.g. 10mbit, or none to remove it (default: keep)")
     upd = shs.add_parser("update", help="re-shape every link from an edited links file, in place")
     upd.add_argument("links")
     upd.add_argument("--nodes")
@@ -241,6 +246,12 @@ def cmd_shape(args: argparse.Namespace) -> int:
         topo.add_link(args.src, args.dst, args.rate, delay=args.delay, jitter=args.jitter, loss=args.loss,
                       queue=args.queue)
         result = deploy.update_links(topo, worker, _progress, only={(args.src, args.dst)})
+    elif args.shape_command == "access":
+        sides = {f"{side}_bps": None if text.lower() == "none" else access_rate(text, f"--{side}")
+                 for side, text in (("uplink", args.uplink), ("downlink", args.downlink)) if text is not None}
+        if not sides:
+            raise ConfigError("shape access: give --uplink and/or --downlink (a rate, or none)")
+        result = worker.set_links({"version": 1, "links": [], "access": {args.node: sides}}, merge=True)
     else:
         result = deploy.update_links(_topology(args.links, args.nodes), worker, _progress)
     for node in result["nodes"]:
@@ -261,13 +272,20 @@ def _print_shaping(info: dict[str, Any]) -> None:
         for cls, data in kernel["classes"].items():
             leaf = kernel["leaves"].get(cls)
             leaf_text = f"  leaf {json.dumps(leaf, sort_keys=True)}" if leaf else ""
-            print(f"class {cls} rate {format_rate(data['rate_bps'])}{leaf_text}")
+            ceil = f" ceil {format_rate(data['ceil_bps'])}" if data.get("ceil_bps") not in (None, data["rate_bps"]) else ""
+            parent = f" parent {data['parent']}" if data.get("parent") else ""
+            name = "  (access: the uplink)" if cls == "1:3" else ""
+            print(f"class {cls}{parent} rate {format_rate(data['rate_bps'])}{ceil}{leaf_text}{name}")
         for handle, f in kernel["filters"].items():
             print(f"filter {handle} match ip dst {f['dest_ip']}/32 -> class 1:{f['minor']:x}")
         for prefix, f in kernel.get("drops", {}).items():
             print(f"filter prio 2 match ip dst {prefix} -> class 1:{f['minor']:x} (isolation: dropped)")
         if kernel.get("ipv6_drop"):
             print(f"filter prio 3 protocol ipv6 -> class 1:{kernel['ipv6_drop']['minor']:x} (isolation: dropped)")
+    down = kernel.get("downlink") or {}
+    if down.get("rate_bps") or down.get("redirect"):
+        rate = format_rate(down["rate_bps"]) if down.get("rate_bps") else "none"
+        print(f"downlink {rate}: ingress redirected to an IFB: {'yes' if down.get('redirect') else 'NO'}")
     if info["plan"]:
         print(f"# plan ({len(info['plan']['rules'])} links):")
         print("\n".join(info["tc"]))

@@ -40,9 +40,21 @@ def node_requests(topology: Topology) -> dict[str, Any]:
 
 
 def link_requests(topology: Topology, ips: dict[str, str]) -> dict[str, Any]:
-    """The body of the set-links request: every directed link with its destination's IP."""
-    return {"version": 1, "links": [{"src": link.src, "dst": link.dst, "dst_ip": ips[link.dst],
-                                     "shape": link.shape.to_dict()} for link in topology.links.values()]}
+    """The body of the set-links request: every directed link with its destination's IP, and
+    the access links of the nodes that have them."""
+    body: dict[str, Any] = {"version": 1, "links": [{"src": link.src, "dst": link.dst, "dst_ip": ips[link.dst],
+                                                     "shape": link.shape.to_dict()} for link in topology.links.values()]}
+    access = access_request(topology)
+    if access:
+        body["access"] = access
+    return body
+
+
+def access_request(topology: Topology, names: Optional[list[str]] = None) -> dict[str, dict[str, Optional[int]]]:
+    """node -> {uplink_bps, downlink_bps} for the nodes (of ``names``, default all) with an access link."""
+    nodes = [topology.nodes[n] for n in names] if names is not None else list(topology.nodes.values())
+    return {n.name: {"uplink_bps": n.uplink_bps, "downlink_bps": n.downlink_bps}
+            for n in nodes if n.uplink_bps is not None or n.downlink_bps is not None}
 
 
 def planned_ips(topology: Topology, subnet: str, subnets: Optional[dict[str, str]] = None) -> dict[str, str]:
@@ -67,10 +79,13 @@ def plans(topology: Topology, ips: dict[str, str], isolation: Optional[Isolation
     targets: dict[str, list[Target]] = {n: [] for n in topology.nodes} if isolation else {}
     for link in topology.links.values():
         targets.setdefault(link.src, []).append(Target(link.dst, ips[link.dst], link.shape))
+    for name in access_request(topology):
+        targets.setdefault(name, [])
     unshaped = unshaped_peers(topology, ips)
     return {src: make_plan(NODE_IFNAME, t, isolation=isolation,
                            unshaped=[(p["dst"], p["dst_ip"]) for p in unshaped.get(src, [])],
-                           drop_ipv6=topology.nodes[src].kind != "physical")
+                           drop_ipv6=topology.nodes[src].kind != "physical",
+                           uplink_bps=topology.nodes[src].uplink_bps, downlink_bps=topology.nodes[src].downlink_bps)
             for src, t in targets.items()}
 
 
@@ -152,7 +167,8 @@ def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet,
         progress(f"created {len(created)} nodes in {t_nodes:.2f} s; shaping {len(topology.links)} links ({topology.rates_text()})")
         bridge_ip = worker.status().get("bridge_ip")  # where nodes reach the controller (and agents)
         if open_network:
-            shaped = worker.set_links(link_requests(topology, ips)) if topology.links else {"nodes": []}
+            wanted = topology.links or access_request(topology)
+            shaped = worker.set_links(link_requests(topology, ips)) if wanted else {"nodes": []}
         else:
             space = node_space(topology, ips, worker_subnets(caps), bridge_ip)
             shaped = worker.set_links(link_requests(topology, ips) | isolation_request(topology, ips, space))

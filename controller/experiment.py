@@ -520,7 +520,8 @@ class Experiment:
             raise ConfigError(f"{file!r} is outside the experiment directory {root}")
         declared = Topology()
         for node in self.topology.nodes.values():
-            declared.add_node(node.name, node.kind, node.host, node.cpu, node.mem_bytes, node.ip)
+            declared.add_node(node.name, node.kind, node.host, node.cpu, node.mem_bytes, node.ip,
+                              uplink=node.uplink_bps, downlink=node.downlink_bps)
         changed = load_links(path, declared, nodes_declared=True)
         deploy.check_capabilities(changed, self.worker.capabilities())
         ips = {n.name: n.ip for n in self.nodes.values()}

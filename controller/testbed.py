@@ -92,19 +92,21 @@ class Testbed:
         self.emulators[name] = {k: v for k, v in entry.items() if v is not None}
 
     def add_emulated_node(self, name: str, cpu: Optional[float] = None, mem: Union[str, int, None] = None,
-                          emulator: Optional[str] = None) -> None:
+                          emulator: Optional[str] = None, uplink: Union[str, int, None] = None,
+                          downlink: Union[str, int, None] = None) -> None:
+        """An emulated node; ``uplink``/``downlink`` are its access links (e.g. '10mbit'), shared by all its peers."""
         host = emulator or next(iter(self.emulators), "local")
         if self.emulators and host not in self.emulators:
             raise ConfigError(f"node {name!r}: unknown emulator {host!r}")
-        self.topology.add_node(name, "emulated", host, cpu, mem, source="Testbed")
+        self.topology.add_node(name, "emulated", host, cpu, mem, source="Testbed", uplink=uplink, downlink=downlink)
 
     def add_physical_node(self, name: str, ip: str, agent: str, token_file: Optional[str] = None,
-                          tls_fingerprint: Optional[str] = None) -> None:
+                          tls_fingerprint: Optional[str] = None, uplink: Union[str, int, None] = None) -> None:
         """A device at ``ip`` running its own agent (``https://IP:PORT``, its certificate's
         ``tls_fingerprint`` pinned); it is a host of its own."""
         if name in self.emulators:
             raise ConfigError(f"physical node {name!r}: a host of that name is declared already")
-        self.topology.add_node(name, "physical", name, ip=ip, source="Testbed")
+        self.topology.add_node(name, "physical", name, ip=ip, source="Testbed", uplink=uplink)
         entry = {"name": name, "runtime": "physical", "agent": agent, "token_file": token_file,
                  "tls_fingerprint": tls_fingerprint}
         self.emulators[name] = {k: v for k, v in entry.items() if v is not None}

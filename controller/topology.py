@@ -63,8 +63,12 @@ NODE_SCHEMA = Schema({
     "host": Field(str, "a host of hosts.json", default="local", max_len=15),
     "cpu": Field(float, "cores", low=0, high=MAX_CPU, low_open=True),
     "mem": Field((str, int), "e.g. '256M', at least 4M"),
-    "ip": Field(str, "a physical node's IPv4 address", max_len=15)})
+    "ip": Field(str, "a physical node's IPv4 address", max_len=15),
+    "uplink": Field(str, "the node's access link out, shared by all its peers, e.g. '10mbit'", max_len=32),
+    "downlink": Field(str, "the node's access link in, shared by all its peers, e.g. '10mbit'", max_len=32)})
+ACCESS_SCHEMA = Schema({"uplink": NODE_SCHEMA.fields["uplink"], "downlink": NODE_SCHEMA.fields["downlink"]})
 NODES_FILE_SCHEMA = Schema({"version": Field(int, default=TOPOLOGY_VERSION, choices=(TOPOLOGY_VERSION,)),
+                            "defaults": Field(dict, "access links of every node that names none", schema=ACCESS_SCHEMA),
                             "nodes": Field(list, required=True)})
 
 
@@ -79,10 +83,13 @@ class Node:
     mem_bytes: Optional[int] = None
     ip: Optional[str] = None
     index: int = 0
+    uplink_bps: Optional[int] = None  # access links: shared by all the node's peers (None: none)
+    downlink_bps: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "host": self.host, "cpu": self.cpu,
-                "mem_bytes": self.mem_bytes, "ip": self.ip}
+                "mem_bytes": self.mem_bytes, "ip": self.ip, "uplink_bps": self.uplink_bps,
+                "downlink_bps": self.downlink_bps}
 
 
 @dataclass(frozen=True)
@@ -145,6 +152,21 @@ def make_shape(where: str, bw: object, delay: object = None, jitter: object = No
         raise TopologyError(f"{where}: {e.message}") from None
 
 
+def access_rate(value: Union[str, int, None], where: str) -> Optional[int]:
+    """An access link's rate in bit/s from a rate in links.json's units (or bit/s); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TopologyError(f"{where}: expected a rate like '10mbit', got {describe(value)}")
+    try:
+        rate = value if isinstance(value, int) else parse_rate_bps(value)
+    except ConfigError as e:
+        raise TopologyError(f"{where}: {e.message}") from None
+    if not 8 <= rate <= MAX_RATE_BPS:
+        raise TopologyError(f"{where}: {value!r} is not in [8bit, {MAX_RATE_BPS // 10**9}gbit]")
+    return rate
+
+
 def _check_node(node: Node, where: str) -> None:
     """Raise a TopologyError (``where``, field) for the first invalid field of a resolved node."""
     def bad(field: str, text: str) -> TopologyError:
@@ -163,6 +185,8 @@ def _check_node(node: Node, where: str) -> None:
     if node.kind == "physical":
         if node.ip is None:
             raise bad("ip", "a physical node needs its IPv4 address")
+        if node.downlink_bps is not None:
+            raise bad("downlink", "a downlink is emulated for emulated nodes only, not for a physical device")
         for field, value in (("cpu", cpu), ("mem", mem)):
             if value is not None:
                 raise bad(field, "limits apply to emulated nodes only, not to a physical device")
@@ -200,8 +224,10 @@ class Topology:
 
     # nodes -----------------------------------------------------------------
     def add_node(self, name: str, kind: str = "emulated", host: str = "local", cpu: Optional[float] = None,
-                 mem: Union[str, int, None] = None, ip: Optional[str] = None, source: str = "topology") -> Node:
-        """Declare a node; ``mem`` is a size like '256M' or bytes; ``source`` starts error messages."""
+                 mem: Union[str, int, None] = None, ip: Optional[str] = None, source: str = "topology",
+                 uplink: Union[str, int, None] = None, downlink: Union[str, int, None] = None) -> Node:
+        """Declare a node; ``mem`` is a size like '256M' or bytes; ``uplink`` and ``downlink``
+        rates like '10mbit' or bit/s; ``source`` starts error messages."""
         check_name(name, source)
         where = _where(source, name)
         if name in self.nodes:
@@ -212,7 +238,8 @@ class Topology:
                 mem_bytes = parse_size_bytes(mem)
             except ConfigError as e:
                 raise TopologyError(f"{where}, field 'mem': {e.message}") from None
-        node = Node(name, kind, host, cpu, mem_bytes, ip, len(self.nodes))
+        node = Node(name, kind, host, cpu, mem_bytes, ip, len(self.nodes),
+                    access_rate(uplink, f"{where}, field 'uplink'"), access_rate(downlink, f"{where}, field 'downlink'"))
         _check_node(node, where)
         node.cpu = float(cpu) if cpu is not None else None
         node.ip = str(ipaddress.IPv4Address(ip)) if ip is not None else None
@@ -331,9 +358,11 @@ class Topology:
         topo = cls()
         for i, entry in enumerate(_list(data.get("nodes", []), f"{source}: field 'nodes'")):
             where = f"{source}: nodes[{i}]"
-            _only_fields(entry, ("name", "kind", "host", "cpu", "mem_bytes", "ip"), ("name",), where)
+            _only_fields(entry, ("name", "kind", "host", "cpu", "mem_bytes", "ip", "uplink_bps", "downlink_bps"),
+                         ("name",), where)
             topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
-                          entry.get("mem_bytes"), entry.get("ip"), source=source)
+                          entry.get("mem_bytes"), entry.get("ip"), source=source, uplink=entry.get("uplink_bps"),
+                          downlink=entry.get("downlink_bps"))
         for i, entry in enumerate(_list(data.get("links", []), f"{source}: field 'links'")):
             where = f"{source}: links[{i}]"
             _only_fields(entry, ("src", "dst", "shape"), ("src", "dst", "shape"), where)
@@ -380,14 +409,18 @@ def load_nodes(path: str) -> Topology:
     entries = _list(data["nodes"], f"{path}: field 'nodes'")
     if not entries:
         raise TopologyError(f"{path}: field 'nodes': declares no nodes")
+    defaults = data.get("defaults") or {}
     topo = Topology()
     for i, entry in enumerate(entries):
         where = f"{path}: nodes[{i}]"
         _only_fields(entry, tuple(NODE_SCHEMA.fields), ("name",), where)
         check_name(entry["name"], f"{where}, field 'name'")
         NODE_SCHEMA.validate(entry, _where(path, entry["name"]), TopologyError)
-        topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
-                      entry.get("mem"), entry.get("ip"), source=path)
+        kind = entry.get("kind", "emulated")
+        uplink = entry.get("uplink", defaults.get("uplink"))
+        downlink = entry.get("downlink", defaults.get("downlink") if kind != "physical" else None)
+        topo.add_node(entry["name"], kind, entry.get("host", "local"), entry.get("cpu"), entry.get("mem"),
+                      entry.get("ip"), source=path, uplink=uplink, downlink=downlink)
     return topo
 
 
