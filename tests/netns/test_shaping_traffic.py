@@ -108,7 +108,7 @@ def test_runtime_update_changes_one_link_in_place(host, request):
     assert after["verified"] is True, after["mismatches"]
     assert after["kernel"]["root"] == before["kernel"]["root"] and after["kernel"]["root"]["kind"] == "htb"
     assert after["kernel"]["classes"][f"1:{minor_c:x}"] == before["kernel"]["classes"][f"1:{minor_c:x}"]
-    assert after["kernel"]["classes"][f"1:{minor_b:x}"] == {"rate_bps": 30 * MBIT}
+    assert after["kernel"]["classes"][f"1:{minor_b:x}"] == {"rate_bps": 30 * MBIT, "ceil_bps": 30 * MBIT, "parent": "1:3"}
     assert after["kernel"]["filters"] == before["kernel"]["filters"]
     assert {r["dest"]: r["shape"]["rate_bps"] for r in after["plan"]["rules"]} == {"b": 30 * MBIT, "c": 10 * MBIT}
 
