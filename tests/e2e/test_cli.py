@@ -168,3 +168,27 @@ def test_dry_run_needs_no_privileges(tmp_path):
     real = subprocess.run([*DROP_ALL_PRIVILEGES, sys.executable, "-m", "controller", "up", links], cwd=ROOT, env=env,
                           text=True, capture_output=True, timeout=60)
     assert real.returncode != 0
+
+
+def test_access_links_from_the_nodes_file_and_changed_in_place(cli, tmp_path):
+    links = write(tmp_path, "links.json", {"a": [{"dest": "b", "bw": "20mbit"}, {"dest": "c", "bw": "20mbit"}],
+                                           "b": [{"dest": "a", "bw": "20mbit"}], "c": [{"dest": "a", "bw": "20mbit"}]})
+    nodes = write(tmp_path, "nodes.json", {"defaults": {"downlink": "8mbit"},
+                                           "nodes": [{"name": "a", "uplink": "10mbit"}, {"name": "b"}, {"name": "c"}]})
+    dry = run(["up", links, "--nodes", nodes, "--dry-run"], cli).stdout
+    assert "classid 1:3 htb rate 10mbit ceil 10mbit" in dry and "action mirred egress redirect" in dry
+    run(["up", links, "--nodes", nodes], cli)
+    show = json.loads(run(["shape", "show", "a", "--json"], cli).stdout)
+    assert show["verified"], show["mismatches"]
+    assert show["kernel"]["classes"]["1:3"]["rate_bps"] == 10_000_000
+    assert show["kernel"]["classes"]["1:10"] == {"rate_bps": 5_000_000, "ceil_bps": 20_000_000, "parent": "1:3"}
+    assert show["kernel"]["downlink"] == {"rate_bps": 8_000_000, "redirect": True}
+    text = run(["shape", "show", "a"], cli).stdout
+    assert "(access: the uplink)" in text and "downlink 8mbit: ingress redirected to an IFB: yes" in text
+    run(["shape", "access", "a", "--uplink", "4mbit", "--downlink", "none"], cli)
+    show = json.loads(run(["shape", "show", "a", "--json"], cli).stdout)
+    assert show["verified"] and show["kernel"]["classes"]["1:3"]["rate_bps"] == 4_000_000
+    assert show["kernel"]["classes"]["1:10"]["rate_bps"] == 2_000_000  # an equal share of the new uplink
+    assert show["kernel"]["downlink"] == {"rate_bps": None, "redirect": False}
+    bad = run(["shape", "access", "a", "--uplink", "4mb"], cli, check=False)
+    assert bad.returncode != 0 and "--uplink" in bad.stderr
