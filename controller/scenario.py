@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from controller.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
 from controller.topology import Topology
-from controller.units import format_rate, parse_rate_bps, parse_size_bytes
+from controller.units import format_rate, parse_rate_bps, parse_time_ms, parse_size_bytes
 from worker.errors import ConfigError
 
 MAX_EVENTS = 10_000
@@ -255,6 +255,11 @@ def _link_pair(topology: Topology, src: str, dst: str, place: Place) -> None:
         raise ConfigError(f"{place}: there is no link {src} -> {dst} in the topology")
 
 
+def _base_shapes(topology: Topology, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The topology's shape of each pair, which a link event changes and its undo restores."""
+    return [topology.links[p].shape.to_dict() for p in pairs]
+
+
 def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: random.Random, time_scale: float,
                  base_dir: Optional[str]) -> list[Step]:
     if not isinstance(event, dict):
@@ -298,11 +303,18 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
         for a, b in pairs:
             _link_pair(topology, a, b, here)
         rate = _rate(v["bw"], here, "bw")
-        extra = {k: v[k] for k in ("delay", "jitter") if v[k] is not None}
+        extra = {}
+        for k in ("delay", "jitter"):
+            if v[k] is not None:
+                try:
+                    extra[f"{k}_ms"] = parse_time_ms(v[k])
+                except ConfigError as e:
+                    raise ConfigError(f"{here.field(k)}: {e}") from None
         target = f"{src}{'<->' if v['both_ways'] else '->'}{dst}"
+        base = _base_shapes(topology, pairs)
         steps = [make(0, "link", target, format_rate(rate) + "".join(f", {k} {x}" for k, x in extra.items()),
-                      {"pairs": pairs, "rate_bps": rate, **extra})]
-        return undo(steps, "link", "as in the topology", {"pairs": pairs, "rate_bps": None})
+                      {"pairs": pairs, "rate_bps": rate, "base": base, **extra})]
+        return undo(steps, "link", "as in the topology", {"pairs": pairs, "rate_bps": None, "base": base})
     if kind == "link_down":
         pair = Field(list, items=NAME, min_items=2, max_items=2).check(value, place, kind, ConfigError)
         a, b = (_node(topology, n, place, kind) for n in pair)
@@ -403,8 +415,9 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
             _link_pair(topology, a, b, here)
         rows = read_trace(v["file"], base_dir, here)
         target = f"{src}{'<->' if v['both_ways'] else '->'}{dst}"
-        return [make(t, "link", target, f"{format_rate(r)} (trace {v['file']})", {"pairs": pairs, "rate_bps": r})
-                for t, r in rows]
+        base = _base_shapes(topology, pairs)
+        return [make(t, "link", target, f"{format_rate(r)} (trace {v['file']})",
+                     {"pairs": pairs, "rate_bps": r, "base": base}) for t, r in rows]
     v = ACCESS.validate(value, here)
     node = _node(topology, v["node"], here, "node")
     if v["uplink"] is None and v["downlink"] is None:
