@@ -208,7 +208,7 @@ def load_scenario(path: str, topology: Topology) -> Timeline:
     """``path`` read, checked against ``topology`` and resolved; any problem: ``ConfigError``
     naming the file and the event."""
     data = read_object(path, ConfigError, '{"seed": 1, "events": [...]}')
-    return resolve(data, topology, os.path.basename(path), os.path.dirname(os.path.abspath(path)))
+    return resolve(data, topology, path, os.path.dirname(os.path.abspath(path)))
 
 
 def resolve(data: Any, topology: Topology, source: str = "scenario", base_dir: Optional[str] = None) -> Timeline:
