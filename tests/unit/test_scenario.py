@@ -319,3 +319,23 @@ def test_worker_fault_validation():
     saved = "\n".join(["*filter", lines[1], lines[1].replace("e3", "e30"), "-A INPUT -j ACCEPT", "COMMIT"])
     assert faults.delete_lines(saved, "tb1", "e3") == ["*filter", "-D" + lines[1][2:], "COMMIT", ""]
     assert len(faults.delete_lines(saved, "tb1")) == 5  # every scenario rule, not the others
+
+
+def test_effects_speed_before_after_and_recovery(tmp_path):
+    from controller import results
+
+    # n1 does a round every 2 s all along; n2 every 2 s until revoked at 20 s, replaced at 30 s, first round at 33 s
+    rows = [{"node": "n1", "time_s": float(t)} for t in range(2, 61, 2)]
+    rows += [{"node": "n2", "time_s": float(t)} for t in range(2, 20, 2)] + \
+            [{"node": "n2", "time_s": float(t)} for t in range(33, 61, 2)]
+    applied = [{"planned_s": 20.0, "applied_s": 20.0, "event": "revoke", "target": "n2"},
+               {"planned_s": 30.0, "applied_s": 30.0, "event": "replace", "target": "n2"}]
+    revoke, replace = results.scenario_effects(rows, applied, window_s=10)
+    assert revoke["recovery_s"] == 13.0 and replace["recovery_s"] is None
+    assert revoke["rounds_per_min_before"] == 30.0  # both nodes, a round per 2 s
+    assert revoke["rounds_per_min_after"] == 15.0   # n2 gone: half the rounds per node
+    (tmp_path / "scenario.csv").write_text(
+        "planned_s,applied_s,skew_ms,event,target,detail,outcome\n"
+        "20,20.004,4,revoke,n2,x,applied\n30,30.001,1,replace,n2,x,applied\n40,40.2,200,crash,n1,x,failed: gone\n")
+    got = results.read_scenario(str(tmp_path))
+    assert [(e["event"], e["applied_s"]) for e in got] == [("revoke", 20.004), ("replace", 30.001)]
