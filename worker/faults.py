@@ -342,8 +342,9 @@ class Faults:
             groups.create(node, cpu, mem)
             if groups.version == 1 and not mem:
                 cgroups._write(os.path.join(groups.root, "memory", groups.group, node, "memory.limit_in_bytes"), "-1")
+            pids = self._pids(node)
             for procs in groups.procs_files(node):
-                for pid in self._pids(node):
+                for pid in pids:
                     try:
                         with open(procs, "w") as fh:
                             fh.write(str(pid))
@@ -363,17 +364,18 @@ class Faults:
     def _background(self, f: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             flow = self._flows.setdefault(f["key"], {"samples": [], "runs": [], "done": False})
-        thread = threading.Thread(target=self._run_flow, args=(f, flow), daemon=True, name=f"flow-{f['key']}")
+        thread = threading.Thread(target=self._run_flow, args=(f, flow, self._stop), daemon=True,
+                                  name=f"flow-{f['key']}")
         thread.start()
         return {"node": f["node"], "kind": "background", "key": f["key"]}
 
-    def _run_flow(self, f: dict[str, Any], flow: dict[str, Any]) -> None:
+    def _run_flow(self, f: dict[str, Any], flow: dict[str, Any], stop: threading.Event) -> None:
         started = time.monotonic()
         end = started + f["duration_s"]
         on_s = f["on_s"] or f["duration_s"]
         try:
             time.sleep(0.2)  # the server listens
-            while not self._stop.is_set():
+            while not stop.is_set():
                 begin = time.monotonic()
                 seconds = min(on_s, end - begin)
                 if seconds < 0.5:
@@ -391,7 +393,7 @@ class Faults:
                 if not f["off_s"]:
                     break
                 rest = begin + on_s + f["off_s"] - time.monotonic()
-                if rest > 0 and self._stop.wait(rest):
+                if rest > 0 and stop.wait(rest):
                     break
                 if time.monotonic() >= end:
                     break
@@ -424,6 +426,9 @@ class Faults:
             for timer in self._timers:
                 timer.cancel()
             self._timers.clear()
+            self._stop = threading.Event()  # for the next testbed this worker makes
+            self._flows.clear()
+            self._keys.clear()
         try:
             self._remove_freezers()
         except CapabilityError:

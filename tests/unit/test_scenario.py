@@ -339,3 +339,29 @@ def test_effects_speed_before_after_and_recovery(tmp_path):
         "20,20.004,4,revoke,n2,x,applied\n30,30.001,1,replace,n2,x,applied\n40,40.2,200,crash,n1,x,failed: gone\n")
     got = results.read_scenario(str(tmp_path))
     assert [(e["event"], e["applied_s"]) for e in got] == [("revoke", 20.004), ("replace", 30.001)]
+
+
+def test_agent_faults_route_is_authenticated_and_checks_its_body():
+    from worker.agent import create_app
+
+    class Host:
+        testbed_id = "t1"
+        seen = []
+
+        def fault(self, body):
+            from worker.host import check_version
+
+            check_version(body)
+            self.seen.append(body)
+            return {"version": 1, "results": []}
+
+    token = "x" * 32
+    client = create_app(Host(), token).test_client()
+    body = {"version": 1, "faults": [{"kind": "kill", "node": "n1"}]}
+    assert client.post("/faults", json=body).status_code == 401
+    assert client.post("/faults", json=body, headers={"Authorization": "Bearer " + "y" * 32}).status_code == 401
+    assert Host.seen == []
+    resp = client.post("/faults", json={"faults": []}, headers={"Authorization": f"Bearer {token}"})
+    assert resp.status_code == 400 and "version" in resp.get_json()["error"] + str(resp.get_json().get("detail"))
+    assert client.post("/faults", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert Host.seen == [body]
