@@ -266,13 +266,18 @@ class Faults:
         return {"node": f["node"], "kind": "restart", "started": started}
 
     # freezer -----------------------------------------------------------------------------------
-    def freezer_dir(self, node: str) -> tuple[str, int]:
+    def freezer_base(self) -> tuple[str, int]:
+        """The testbed's freezer group (its nodes' groups beneath) and the cgroup version."""
         if os.path.isdir(FREEZER_V1):
-            return os.path.join(FREEZER_V1, f"edgetb-{self.id}", node), 1
+            return os.path.join(FREEZER_V1, f"edgetb-{self.id}"), 1
         for root in CGROUP2_ROOTS:
             if os.path.exists(os.path.join(root, "cgroup.controllers")):
-                return os.path.join(root, f"edgetb-{self.id}-freeze", node), 2
+                return os.path.join(root, f"edgetb-{self.id}-freeze"), 2
         raise CapabilityError("no cgroup freezer (v1 freezer or a v2 hierarchy): pause cannot be applied")
+
+    def freezer_dir(self, node: str) -> tuple[str, int]:
+        base, version = self.freezer_base()
+        return os.path.join(base, node), version
 
     def _freeze(self, f: dict[str, Any]) -> dict[str, Any]:
         path, version = self.freezer_dir(f["node"])
@@ -307,13 +312,13 @@ class Faults:
             return False
 
     def _remove_freezers(self) -> None:
-        base = os.path.dirname(self.freezer_dir("x")[0])
+        base, version = self.freezer_base()
         if not os.path.isdir(base):
             return
         for node in os.listdir(base):
             path = os.path.join(base, node)
             if os.path.isdir(path):
-                _write_quiet(path, self.freezer_dir("x")[1])
+                _write_quiet(path, version)
                 _empty_into(path, os.path.dirname(base))
                 for _ in range(100):
                     try:
@@ -436,7 +441,7 @@ class Faults:
 
     def leftovers(self) -> list[str]:
         try:
-            base = os.path.dirname(self.freezer_dir("x")[0])
+            base = self.freezer_base()[0]
         except CapabilityError:
             return []
         return [base] if os.path.isdir(base) else []
