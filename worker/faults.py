@@ -163,7 +163,7 @@ class Faults:
         self.id = host.testbed_id
         self._timers: list[threading.Timer] = []
         self._flows: dict[str, dict[str, Any]] = {}
-        self._keys: set[tuple[str, str]] = set()  # (node, key) of the drops made by this worker
+        self._keys: dict[tuple[str, str], list[str]] = {}  # the drop lines this worker added, by (node, key)
         self._stop = threading.Event()
         self._lock = threading.Lock()
 
@@ -211,15 +211,19 @@ class Faults:
         if (f["node"], f["key"]) in self._keys:
             self._undrop(f)  # the same key again replaces its rules
         if f["percent"] > 0:
-            self._in_netns(f["node"], ["iptables-restore", "-w", "--noflush"],
-                           "\n".join(drop_lines(self.id, f["key"], f["src_ips"], f["percent"])))
-            self._keys.add((f["node"], f["key"]))
+            lines = drop_lines(self.id, f["key"], f["src_ips"], f["percent"])
+            self._in_netns(f["node"], ["iptables-restore", "-w", "--noflush"], "\n".join(lines))
+            self._keys[(f["node"], f["key"])] = lines
         return {"node": f["node"], "kind": "drop", "rules": len(f["src_ips"]) if f["percent"] > 0 else 0}
 
     def _undrop(self, f: dict[str, Any]) -> dict[str, Any]:
-        saved = self._in_netns(f["node"], ["iptables-save", "-t", "filter"])
-        lines = delete_lines(saved, self.id, f.get("key", ""))
-        self._keys = {k for k in self._keys if k[0] != f["node"] or (f.get("key") and k[1] != f["key"])}
+        added = self._keys.pop((f["node"], f["key"]), None) if f.get("key") else None
+        if added is not None:  # made by this worker: its own lines, deleted (one process, no listing)
+            lines = [("-D" + line[2:]) if line.startswith("-A ") else line for line in added]
+        else:  # another process made them, or every rule of the node: as the kernel lists them
+            saved = self._in_netns(f["node"], ["iptables-save", "-t", "filter"])
+            lines = delete_lines(saved, self.id, f.get("key", ""))
+            self._keys = {k: v for k, v in self._keys.items() if k[0] != f["node"]}
         if lines:
             self._in_netns(f["node"], ["iptables-restore", "-w", "--noflush"], "\n".join(lines))
         return {"node": f["node"], "kind": "undrop", "removed": len(lines) - 3 if lines else 0}
