@@ -192,7 +192,8 @@ class Faults:
     def _netns(self, node: str) -> str:
         rec = self.host.runtime.node(node)
         if not rec.get("netns"):
-            raise CapabilityError(f"node {node}: scenario faults need an emulated (netns) node")
+            raise CapabilityError(f"node {node}: scenario faults need an emulated node (netns or docker: a network "
+                                  "namespace of its own); a physical device is not changed")
         return rec["netns"]
 
     def _in_netns(self, node: str, argv: list[str], stdin: str = "") -> str:
