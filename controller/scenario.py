@@ -111,6 +111,7 @@ class Timeline:
     seed: int
     time_scale: float
     source: str = "scenario"
+    notes: list[str] = field(default_factory=list)  # draws that make no step (a lifetime past a day)
 
     def timed(self) -> list[Step]:
         return sorted((s for s in self.steps if s.after_round is None), key=lambda s: (s.at_s, s.event))
@@ -126,7 +127,7 @@ class Timeline:
         lines = [f"{self.source}: {len(self.steps)} steps (seed {self.seed}, time_scale {self.time_scale:g})"]
         for s in self.timed() + [s for steps in self.by_round().values() for s in steps]:
             lines.append(f"  {s.planned():>28}  {s.kind:<10} {s.target:<20} {s.detail}")
-        return lines
+        return lines + [f"  note: {n}" for n in self.notes]
 
     def to_dicts(self) -> list[dict[str, Any]]:
         return [{"at_s": s.at_s, "after_round": list(s.after_round) if s.after_round else None, "kind": s.kind,
@@ -217,10 +218,11 @@ def resolve(data: Any, topology: Topology, source: str = "scenario", base_dir: O
     seed = top["seed"] if top["seed"] is not None else 0
     rng = random.Random(seed)
     steps: list[Step] = []
+    notes: list[str] = []
     for i, event in enumerate(top["events"]):
         place = Place(source).at(f"events[{i}]")
-        steps += _event_steps(event, i, place, topology, rng, top["time_scale"], base_dir)
-    return Timeline(steps, seed, top["time_scale"], source)
+        steps += _event_steps(event, i, place, topology, rng, top["time_scale"], base_dir, notes)
+    return Timeline(steps, seed, top["time_scale"], source, notes)
 
 
 def _one_key(data: Any, names: tuple[str, ...], place: Place) -> str:
@@ -261,7 +263,7 @@ def _base_shapes(topology: Topology, pairs: list[tuple[str, str]]) -> list[dict[
 
 
 def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: random.Random, time_scale: float,
-                 base_dir: Optional[str]) -> list[Step]:
+                 base_dir: Optional[str], notes: list[str]) -> list[Step]:
     if not isinstance(event, dict):
         raise ConfigError(f"{place}: expected an event object, got {describe(event)}")
     refuse_unknown(event, (*TRIGGERS, *KINDS, "for"), place)
@@ -384,8 +386,10 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
         steps = []
         for i, node in enumerate(nodes):
             life = draw_lifetime_s(lifetime, rng, i, time_scale)
-            if life > MAX_SECONDS:
-                continue  # outlives any run: never revoked
+            if life > MAX_SECONDS:  # outlives any run: never revoked
+                notes.append(f"events[{index}]: {node} drew a lifetime of {life:.0f} s, past one day: not revoked "
+                             f"(time_scale {time_scale:g} multiplies lifetimes in minutes)")
+                continue
             notice = v["notice_s"]
             steps.append(make(life, "revoke", node, f"SIGTERM, SIGKILL after {notice:g}s (lifetime {life:.3f}s)",
                               {"node": node, "notice_s": notice}))

@@ -198,6 +198,7 @@ def test_issue_example_resolves_and_dry_run_is_seeded_and_stable(tmp_path):
     changed = load_scenario(write(tmp_path, other, "other.json"), topology()).render()
     assert [l for l in first if "revoke" in l] != [l for l in changed if "revoke" in l]
     text = "\n".join(first)
+    assert any("n3 drew a lifetime" in line and "not revoked" in line for line in first)  # rate 3.3e-4/min
     for needle in ("block      n3<->n4", "unblock    n1,n2,n3|n4,n5,n6", "round 5 of n1", "crash      n5",
                    "2 Mbit/s (trace bw_trace.csv)", "cpu 0.2 cores", "on 1s / off 1s for 30s", "1%"):
         assert needle in text, needle
