@@ -64,6 +64,7 @@ class Worker(Protocol):
     def stop_process(self, node: str, proc_id: str) -> dict[str, Any]: ...
     def status(self) -> dict[str, Any]: ...
     def reset(self) -> dict[str, Any]: ...
+    def fault(self, body: Any) -> dict[str, Any]: ...
 
 
 class _PinnedAdapter(HTTPAdapter):
@@ -290,3 +291,7 @@ class AgentClient:
 
     def reset(self) -> dict[str, Any]:
         return self._call("POST", "/reset", {"version": 1})
+
+    def fault(self, body: Any) -> dict[str, Any]:
+        """Scenario changes to nodes (``worker.faults``)."""
+        return self._call("POST", "/faults", body)

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Optional
 
 from controller import deploy
@@ -88,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
     upd = shs.add_parser("update", help="re-shape every link from an edited links file, in place")
     upd.add_argument("links")
     upd.add_argument("--nodes")
+
+    sc = sub.add_parser("scenario", help="play a scenario's timeline against the testbed, printing each event")
+    sc.add_argument("file", help="scenario.json: {seed, time_scale, events: [...]}")
+    sc.add_argument("--links", default="links.json", help="the testbed's links file (default links.json)")
+    sc.add_argument("--nodes", help="nodes file declaring names, cpu and mem")
+    sc.add_argument("--dry-run", action="store_true", help="print the timeline, every draw resolved; needs no root")
+    sc.add_argument("--csv", help="also write the applied events to this CSV file")
 
     down = sub.add_parser("down", help="remove every node, link and rule of this testbed")
     down.add_argument("--runtime", choices=("netns", "docker"), default=None,
@@ -261,6 +269,49 @@ def cmd_shape(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_FLOW_WAIT_S = 86_400
+
+
+def cmd_scenario(args: argparse.Namespace) -> int:
+    """Validate and resolve the scenario (``--dry-run``: print it), else play its timed steps now
+    against the running testbed and return once the last one is applied."""
+    from controller.scenario import load_scenario
+    from controller.scenario_runner import ScenarioRunner
+
+    timeline = load_scenario(args.file, _topology(args.links, args.nodes))
+    if args.dry_run:
+        print("\n".join(timeline.render()))
+        return 0
+    worker = _worker(args)
+    ips = {n["name"]: n["ip"] for n in worker.status()["nodes"]}
+    rounds = sum(len(v) for v in timeline.by_round().values())
+    if rounds:
+        _progress(f"{rounds} steps wait for a node's round: they apply only during a run (--scenario of a run script)")
+    runner = ScenarioRunner(timeline, worker, ips, progress=lambda line: print(line, flush=True))
+    timed = len(timeline.timed())
+    _progress(f"playing {timed} steps over {runner.last_at_s:g} s")
+    runner.start()
+    try:
+        while not runner.wait(1.0):
+            pass
+        if runner.flows:  # flows run in this process when it drives this host: they end first
+            _progress("waiting for the background flows to end")
+            runner.wait_flows(MAX_FLOW_WAIT_S)
+        notice = max((s.params.get("notice_s", 0) for s in timeline.steps if s.kind == "revoke"), default=0)
+        time.sleep(notice)  # the SIGKILL after a revocation's notice
+    finally:
+        runner.stop()
+    if args.csv:
+        with open(args.csv, "w", encoding="utf-8") as f:
+            f.write(runner.csv_text())
+    failed = [r for r in runner.rows if r["outcome"].startswith("failed")]
+    skews = sorted(r["skew_ms"] for r in runner.rows)
+    if skews:
+        _progress(f"{len(runner.rows)} steps applied, median skew {skews[len(skews) // 2]:.1f} ms, "
+                  f"{len(failed)} failed")
+    return 1 if failed else 0
+
+
 def _print_shaping(info: dict[str, Any]) -> None:
     kernel = info["kernel"]
     print(f"# node {info['node']}: kernel tc state of eth0")
@@ -329,7 +380,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "down": cmd_down}
+COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "scenario": cmd_scenario,
+            "down": cmd_down}
 
 
 def _interrupt(signum: int, frame: Any) -> None:

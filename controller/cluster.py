@@ -240,6 +240,12 @@ class Cluster:
     def start_node(self, node: str, body: Any) -> dict[str, Any]:
         return self._worker_of(node).start_node(node, body)
 
+    def fault(self, body: Any) -> dict[str, Any]:
+        """Scenario changes, each sent to its node's host."""
+        per_host = self._split(body["faults"], "node")
+        done = self._each(lambda name, w: w.fault({"version": 1, "faults": per_host[name]}), list(per_host))
+        return {"version": 1, "results": [x for r in done.values() for x in r["results"]]}
+
     def processes(self) -> dict[str, Any]:
         done = self._each(lambda name, w: w.processes())
         return {"version": 1, "processes": [p for r in done.values() for p in r["processes"]]}

@@ -115,6 +115,7 @@ class Experiment:
         self.record = run_record.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
         self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
         self._out: Optional[RunDir] = None
+        self.scenario: Any = None  # a controller.scenario_runner.ScenarioRunner: started with the run
         self._collecting = False  # set once finish collects: later uploads change nothing
         self._finishing = False  # a finish of the settled run was started (once)
         self._lock = threading.RLock()
@@ -259,11 +260,14 @@ class Experiment:
             for name in self.nodes:  # every role built before any starts: round 1 is not set-up
                 self._post(name, "/prepare", {})
             self.t_start = time.time()
+            t0 = time.monotonic()
             self.record["started_at"] = self.t_start
             for name, node in self.nodes.items():
                 self._post(name, "/start", {})
                 node.state = "running"
             self.phase = "running"
+            if self.scenario is not None:
+                self.scenario.start(t0)
             self._write_record()
             self._monitor = threading.Thread(target=self._watch, name="edgetb-monitor", daemon=True)
             self._monitor.start()
@@ -284,6 +288,8 @@ class Experiment:
             accuracy = number("accuracy") if accuracy is None else accuracy
             layer = data.get("layer") if isinstance(data.get("layer"), int) else None
             self.rounds.report(node.name, node.round, accuracy, layer, int(number("bytes_sent") or 0))
+            if self.scenario is not None:
+                self.scenario.on_round(node.name, node.round)
         if number("accuracy") is not None:
             node.accuracy = float(number("accuracy"))  # type: ignore[arg-type]
         if self.verbose:
@@ -410,10 +416,14 @@ class Experiment:
             self._require("running", "ready")
             if how == "completed" and any(n.state not in SETTLED for n in self.nodes.values()):
                 how = "finished"
+            if self.scenario is not None:
+                self.scenario.stop()
             if self.phase == "running":
                 self._stop_nodes(how)
             with self._lock:
                 self._collecting = True
+            if self.scenario is not None:
+                self.scenario.write(self.out, flows_timeout_s=5.0)
             self._collect_logs()
             self._settle_rest(how)
             self.ended = how

@@ -225,8 +225,80 @@ def _layer_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# scenario ---------------------------------------------------------------------------------------
+SCENARIO_EFFECT_COLUMNS = ["planned_s", "applied_s", "event", "target", "rounds_per_min_before",
+                           "rounds_per_min_after", "recovery_s"]
+SPEED_WINDOW_S = 30.0
+
+
+def read_scenario(run_dir: str) -> list[dict[str, Any]]:
+    """The applied events of ``scenario.csv`` (empty when the run had no scenario)."""
+    try:
+        with open(os.path.join(run_dir, "scenario.csv"), newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+    out = []
+    for r in rows:
+        applied = _number(_float_or_none(r.get("applied_s")))
+        if applied is not None and str(r.get("outcome", "")).startswith("applied"):
+            out.append({**r, "applied_s": applied, "planned_s": _float_or_none(r.get("planned_s"))})
+    return out
+
+
+def _float_or_none(text: Any) -> Optional[float]:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def rounds_per_min(rows: list[dict[str, Any]], start_s: float, end_s: float) -> Optional[float]:
+    """Rounds per minute per node between two times of the run (None for an empty window)."""
+    if end_s <= start_s:
+        return None
+    nodes = {r["node"] for r in rows}
+    done = sum(1 for r in rows if r["time_s"] is not None and start_s <= r["time_s"] < end_s)
+    return round(done / max(1, len(nodes)) / (end_s - start_s) * 60.0, 3) if nodes else None
+
+
+def scenario_effects(rows: list[dict[str, Any]], applied: list[dict[str, Any]],
+                     window_s: float = SPEED_WINDOW_S) -> list[dict[str, Any]]:
+    """For each applied event, the run's speed (rounds per minute per node) in the ``window_s``
+    before and after it; for a revocation, the recovery time from the revocation to the first
+    round its node (the replacement) finished after being replaced."""
+    times = [r["time_s"] for r in rows if r["time_s"] is not None]
+    end = max(times, default=0.0)
+    out = []
+    for e in applied:
+        t = e["applied_s"]
+        recovery = None
+        if e.get("event") == "revoke":
+            node = e.get("target")
+            replaced = [x["applied_s"] for x in applied if x.get("event") == "replace" and x.get("target") == node
+                        and x["applied_s"] >= t]
+            if replaced:
+                firsts = [r["time_s"] for r in rows if r["node"] == node and r["time_s"] is not None
+                          and r["time_s"] > replaced[0]]
+                recovery = round(min(firsts) - t, 3) if firsts else None
+        out.append({"planned_s": e.get("planned_s"), "applied_s": t, "event": e.get("event"),
+                    "target": e.get("target"),
+                    "rounds_per_min_before": rounds_per_min(rows, max(0.0, t - window_s), t),
+                    "rounds_per_min_after": rounds_per_min(rows, t, min(end, t + window_s)),
+                    "recovery_s": recovery})
+    return out
+
+
+def _mark_events(ax: Any, events: list[dict[str, Any]]) -> None:
+    """A dotted vertical line per scenario event, labelled at the top."""
+    for e in events:
+        ax.axvline(e["applied_s"], color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"{e.get('event')} {e.get('target')}", (e["applied_s"], 1), xycoords=("data", "axes fraction"),
+                    rotation=90, fontsize="x-small", va="top", ha="right", color="dimgrey")
+
+
 def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", run_id: str = "",
-                write: Optional[Writer] = None) -> dict[str, Any]:
+                write: Optional[Writer] = None, events: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
     """Accuracy and loss against round and time (PNG). Global accuracy and loss when the
     run has a global test set, else the local ones. Ring all-reduce: one curve of the shared
     model plus per-node training loss; E-tree: one panel per layer. Returns
@@ -273,6 +345,8 @@ def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", r
                     _draw(ax, rows, x_key, key)
                 ax.set_title(title, fontsize="medium")
                 _finish_axes(ax, x_label, metric, x_key == "round", legend=True)
+                if events and x_key == "time_s":
+                    _mark_events(ax, events)
             name = f"{metric}_vs_{suffix}.png"
             fig.tight_layout()
             png = io.BytesIO()
@@ -362,11 +436,19 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
     write = write or local_writer(run_dir)
     write("metrics.csv", csv_bytes(METRIC_COLUMNS, rows))
     write("traffic.csv", csv_bytes(TRAFFIC_COLUMNS, traffic_rows(events)))
-    plotted = write_plots(run_dir, rows, algorithm, run_id, write) if rows else {"plots": [], "mode": None}
+    applied = read_scenario(run_dir)
+    plotted = (write_plots(run_dir, rows, algorithm, run_id, write, applied) if rows
+               else {"plots": [], "mode": None})
     nodes = summary(events, endings, final)
-    return {"algorithm": algorithm, "nodes": nodes, "accuracy": accuracy_overview(nodes), "metrics": metrics_path,
-            "traffic": traffic_path, "plots": plotted["plots"], "plot_mode": plotted["mode"],
-            "models": sorted(n["model"] for n in nodes if n.get("model"))}
+    built = {"algorithm": algorithm, "nodes": nodes, "accuracy": accuracy_overview(nodes), "metrics": metrics_path,
+             "traffic": traffic_path, "plots": plotted["plots"], "plot_mode": plotted["mode"],
+             "models": sorted(n["model"] for n in nodes if n.get("model"))}
+    if applied:
+        effects = scenario_effects(rows, applied)
+        write("scenario_effects.csv", csv_bytes(SCENARIO_EFFECT_COLUMNS, effects))
+        built["scenario"] = {"events": len(applied), "effects": os.path.join(run_dir, "scenario_effects.csv"),
+                             "recovery_s": [e["recovery_s"] for e in effects if e["recovery_s"] is not None]}
+    return built
 
 
 def format_summary(nodes: list[dict[str, Any]]) -> str:

@@ -46,6 +46,7 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("--verbose", action="store_true", help="print every node's round lines besides the aggregate")
     p.add_argument("--quiet-nodes", action="store_true", help="(the default) print one aggregate line per round "
                                                               "or 5 s, not each node's lines")
+    p.add_argument("--scenario", help="scenario file: events applied while the run goes on (see controller/scenario.py)")
     p.add_argument("--open-network", action="store_true",
                    help="let nodes that no link joins reach each other unshaped, as EdgeTB does "
                         "(default: no link, no path)")
@@ -73,7 +74,13 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
     write_confs(args.workdir, "dataset", d_confs)
     args.node_confs = {n: {"structure": s_confs[n], "dataset": d_confs[n]} for n in structure}
     args.dataset_settings = settings
-    args.inputs = {role: path(getattr(args, role)) for role in ("links", "nodes", "structure", "dataset", "hosts")
+    args.timeline = None
+    if getattr(args, "scenario", None):
+        from controller.scenario import load_scenario
+
+        args.timeline = load_scenario(path(args.scenario), topology)
+    args.inputs = {role: path(getattr(args, role))
+                   for role in ("links", "nodes", "structure", "dataset", "hosts", "scenario")
                    if getattr(args, role, None)}
     return topology, structure
 
@@ -171,6 +178,16 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
                      open_network=args.open_network)
     if experiments is not None:
         experiments.append(exp)
+    if args.timeline is not None:
+        from controller.deploy import planned_ips
+        from controller.scenario_runner import ScenarioRunner
+
+        try:  # what this testbed cannot apply is refused before anything is created
+            exp.scenario = ScenarioRunner(args.timeline, worker, planned_ips(topology, args.subnet), progress=_say,
+                                          experiment=exp)
+        except TestbedError as e:
+            print(f"error: {e.message}", file=sys.stderr)
+            return 2
     server: Optional[WSGIServer] = None
     stop = lambda: server and server.stop(timeout=1)  # noqa: E731
 
@@ -191,6 +208,9 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         owned.created(worker)
         run_blocking(exp.sync_code)  # in a thread: other hosts fetch the code from this server meanwhile
         exp.deploy()
+        if exp.scenario is not None:
+            exp.scenario.ips = {n.name: n.ip for n in exp.nodes.values()}
+            _say(f"scenario {args.scenario}: {len(args.timeline.steps)} steps, applied from /start")
         if args.auto:
             runner = gevent.spawn(_auto, exp, args.timeout)
             runner.link(lambda g: stop())

@@ -76,6 +76,7 @@ class Testbed:
         self.topology = Topology()
         self.emulators: dict[str, dict[str, Any]] = {}
         self._links_loaded = False
+        self.scenario: Optional[str] = None
 
     def add_emulator(self, name: str, agent: Optional[str] = None, runtime: str = "netns", ip: Optional[str] = None,
                      nfs: Optional[str] = None, token_file: Optional[str] = None,
@@ -118,6 +119,17 @@ class Testbed:
         load_links(os.path.join(self.workdir, path), self.topology, nodes_declared=True)
         self._links_loaded = True
 
+    def load_scenario(self, path: str = "scenario.json") -> list[str]:
+        """Apply the scenario of ``path`` (beside links.json) during the run; it is checked now
+        against the declared nodes and links, and its timeline returned as lines (as ``--dry-run``)."""
+        from controller.scenario import load_scenario
+
+        if not self._links_loaded:
+            raise ConfigError("call load_link() before load_scenario()")
+        timeline = load_scenario(os.path.join(self.workdir, path), self.topology)
+        self.scenario = path
+        return timeline.render()
+
     def start(self, auto: bool = False) -> Run:
         """Validate, make confs, deploy and serve on the port until reset (``auto``: run to
         completion); returns the ``Run``."""
@@ -128,6 +140,7 @@ class Testbed:
         argv = ["--workdir", self.workdir, "-s", self.structure, "-d", self.dataset, "--port", str(self.port),
                 "--id", self.testbed_id, "--subnet", self.subnet] + (["--auto"] if auto else [])
         argv += ["--open-network"] if self.open_network else []
+        argv += ["--scenario", self.scenario] if self.scenario else []
         if any("agent" in host for host in self.emulators.values()):
             path = os.path.join(self.workdir, "dml_file", "hosts.json")
             os.makedirs(os.path.dirname(path), exist_ok=True)

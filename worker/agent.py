@@ -151,6 +151,10 @@ def create_app(host: WorkerHost, token: str) -> Flask:
     def stop_process(name: str, proc_id: str) -> Any:
         return jsonify(run_blocking(host.stop_process, name, proc_id))
 
+    @app.post("/faults")
+    def faults() -> Any:
+        return jsonify(run_blocking(host.fault, body()))
+
     @app.post("/reset")
     def reset() -> Any:
         return jsonify(run_blocking(host.reset))

@@ -91,7 +91,11 @@ class WorkerHost:
             self.runtime = NetnsRuntime(self.store, subnet)
         self.routes = Routes(self.store)
         self._children: dict[str, subprocess.Popen] = {}
+        self._envs: dict[str, dict[str, str]] = {}  # a process's env, in memory only, to start it again
         self._lock = threading.Lock()
+        from worker.faults import Faults
+
+        self.faults = Faults(self)
 
     @property
     def testbed_id(self) -> str:
@@ -284,6 +288,7 @@ class WorkerHost:
             child = self._popen(node, argv, env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         with self._lock:
             self._children[proc_id] = child
+            self._envs[proc_id] = dict(env)
         record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
                   "started": time.time(), "start_ticks": start_ticks(child.pid)}
         with self.store.locked() as state:
@@ -346,6 +351,30 @@ class WorkerHost:
         with self.store.locked() as state:
             state["processes"].pop(proc_id, None)
         return {"version": API_VERSION, "id": proc_id, "stopped": True, "returncode": code}
+
+    def fault(self, body: Any) -> dict[str, Any]:
+        """Apply a scenario's changes to nodes (``worker.faults``): ``{"version": 1, "faults":
+        [{"kind", "node", ...}, ...]}``; every one checked before any is applied."""
+        body = check_version(body)
+        if not isinstance(body.get("faults"), list) or not body["faults"]:
+            raise ConfigError("'faults' must be a non-empty list")
+        started = time.monotonic()
+        results = self.faults.apply(body["faults"])
+        return {"version": API_VERSION, "results": results, "seconds": round(time.monotonic() - started, 4)}
+
+    def restart_processes(self, node: str) -> list[str]:
+        """Start again, with the same argv (and env, when this worker started them), the node's
+        recorded processes that no longer run (a replaced node); their old records go."""
+        started = []
+        for rec in list(self.store.read()["processes"].values()):
+            if rec["node"] != node or self._process_state(rec)["running"]:
+                continue
+            env = self._envs.pop(rec["id"], {})
+            self._children.pop(rec["id"], None)
+            with self.store.locked() as state:
+                state["processes"].pop(rec["id"], None)
+            started.append(self.start_process(node, {"version": API_VERSION, "argv": rec["argv"], "env": env})["id"])
+        return started
 
     def exec(self, node: str, body: Any) -> dict[str, Any]:
         """Run a command in a node to completion; its output is captured (1 MiB each at most)."""
@@ -443,6 +472,7 @@ class WorkerHost:
                 "routes": state.get("routes", []), "nodes": nodes, "processes_running": running}
 
     def reset(self) -> dict[str, Any]:
+        self.faults.reset()
         with self._lock:
             children = list(self._children.values())
             self._children.clear()

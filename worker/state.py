@@ -63,7 +63,7 @@ class StateStore:
     def _save(self, state: dict[str, Any]) -> None:
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(state, f, indent=1, sort_keys=True)
+            f.write(json.dumps(state, sort_keys=True))  # one C-encoded string: json.dump encodes in Python
         os.replace(tmp, self.path)
 
     def logs_dir(self) -> str:

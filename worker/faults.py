@@ -1,0 +1,476 @@
+"""Faults a scenario applies to running nodes: packet drops, signals, freezing, limits, flows.
+
+- **Drops** (loss, link down, partitions): iptables rules in the RECEIVING node's namespace,
+  ``INPUT -s <sender> [-m statistic --mode random --probability p] -j DROP``, each with the
+  comment ``edgetb-<id>-scn-<key>`` so that undoing an event removes exactly its rules and a
+  reset finds every one. On the receiving side a drop is a packet lost on the wire: a drop in
+  the sender's OUTPUT chain is reported to the sender instead (UDP's ``sendto`` fails with
+  EPERM, TCP keeps the segment queued and never sees a loss). Interfaces and tc shaping are
+  never touched: when the rules go, the shaping is what it was (it was never changed). One
+  ``iptables-restore --noflush`` per node and change.
+- **Signals**: a crash is SIGKILL of every process in the node's namespace; a revocation
+  SIGTERM, then SIGKILL after ``notice_s`` (a timer, the call returns at once).
+- **Pause/resume**: the node's processes moved into a freezer group (cgroup v1
+  ``freezer/edgetb-<id>/<node>``, or ``cgroup.freeze`` in the v2 hierarchy) and frozen.
+- **Limits**: CPU and memory changed in the node's cgroups (made when the node had none).
+- **Background flows**: iperf3 server and client in the nodes, constant or ON/OFF (a client
+  per ON period), each interval recorded from iperf3's JSON.
+
+``drop_lines`` and ``validate`` are pure; ``Faults`` does the rest for one ``WorkerHost``.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
+
+from worker import cgroups, nsfs
+from worker.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
+
+KEY_RE = re.compile(r"[a-z0-9]{1,16}")
+FREEZER_V1 = "/sys/fs/cgroup/freezer"
+CGROUP2_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+KINDS = ("drop", "undrop", "kill", "terminate", "freeze", "thaw", "limits", "restart", "iperf_server",
+         "background", "background_result", "clear")
+MAX_FLOW_S = 86_400.0
+IPERF_INTERVAL_S = 0.2
+PARALLEL_NODES = 8
+
+
+def comment(testbed_id: str, key: str = "") -> str:
+    return f"edgetb-{testbed_id}-scn-{key}" if key else f"edgetb-{testbed_id}-scn-"
+
+
+def drop_lines(testbed_id: str, key: str, src_ips: list[str], percent: float) -> list[str]:
+    """iptables-restore lines adding the drops of one event in a receiving node (``percent`` of
+    the packets from each sender; 100 drops all)."""
+    lines = ["*filter"]
+    for ip in src_ips:
+        rule = f"-A INPUT -s {ip}/32 -m comment --comment {comment(testbed_id, key)}"
+        if percent < 100:
+            rule += f" -m statistic --mode random --probability {percent / 100:.6f}"
+        lines.append(rule + " -j DROP")
+    return lines + ["COMMIT", ""]
+
+
+def delete_lines(saved: str, testbed_id: str, key: str = "") -> list[str]:
+    """iptables-restore lines deleting the rules of ``iptables-save`` output that carry the
+    comment of ``key`` (every scenario rule of the testbed without a key)."""
+    out = ["*filter"]
+    for line in saved.splitlines():
+        words = [w.strip('"') for w in line.split()]
+        if words[:1] == ["-A"] and any(w == comment(testbed_id, key) if key else w.startswith(comment(testbed_id))
+                                       for w in words):
+            out.append("-D " + " ".join(words[1:]))
+    return out + ["COMMIT", ""] if len(out) > 1 else []
+
+
+def _ipv4(value: Any, where: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except (ValueError, TypeError):
+        raise ConfigError(f"{where}: {value!r} is not an IPv4 address") from None
+
+
+def _number(value: Any, where: str, low: float, high: float, allow_none: bool = False) -> Optional[float]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ConfigError(f"{where}: must be a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def validate(fault: Any, i: int = 0) -> dict[str, Any]:
+    """One fault request checked (every value that reaches a command line or a file)."""
+    where = f"faults[{i}]"
+    if not isinstance(fault, dict) or fault.get("kind") not in KINDS or not isinstance(fault.get("node"), str):
+        raise ConfigError(f"{where}: needs 'kind' (one of {', '.join(KINDS)}) and a 'node'")
+    kind = fault["kind"]
+    allowed = {"kind", "node", "key", "src_ips", "percent", "notice_s", "cpu", "mem_bytes", "dst_ip", "port",
+               "rate_bps", "on_s", "off_s", "duration_s", "protocol"}
+    unknown = set(fault) - allowed
+    if unknown:
+        raise ConfigError(f"{where}: unknown fields {sorted(unknown)}")
+    out = dict(fault)
+    if kind in ("drop", "undrop", "iperf_server", "background", "background_result"):
+        if not isinstance(fault.get("key"), str) or not KEY_RE.fullmatch(fault["key"]):
+            raise ConfigError(f"{where}: 'key' must match {KEY_RE.pattern}")
+    if kind == "drop":
+        ips = fault.get("src_ips")
+        if not isinstance(ips, list) or not ips or len(ips) > 60_000:
+            raise ConfigError(f"{where}: 'src_ips' (the senders whose packets are dropped) must be a non-empty "
+                              "list of IPv4 addresses")
+        out["src_ips"] = [_ipv4(ip, f"{where}.src_ips") for ip in ips]
+        out["percent"] = _number(fault.get("percent", 100), f"{where}.percent", 0, 100)
+    if kind == "terminate":
+        out["notice_s"] = _number(fault.get("notice_s", 0), f"{where}.notice_s", 0, 3600)
+    if kind == "limits":
+        if "cpu" not in fault and "mem_bytes" not in fault:
+            raise ConfigError(f"{where}: limits needs 'cpu' or 'mem_bytes' (null: unlimited)")
+        if "cpu" in fault:
+            out["cpu"] = _number(fault["cpu"], f"{where}.cpu", 0.001, 1024, allow_none=True)
+        if "mem_bytes" in fault:
+            m = fault["mem_bytes"]
+            if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 4 * 1024 * 1024):
+                raise ConfigError(f"{where}.mem_bytes: an integer >= 4 MiB or null, got {m!r}")
+    if kind in ("iperf_server", "background"):
+        port = fault.get("port")
+        if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+            raise ConfigError(f"{where}.port: an integer in [1024, 65535], got {port!r}")
+    if kind == "background":
+        out["dst_ip"] = _ipv4(fault.get("dst_ip"), f"{where}.dst_ip")
+        rate = fault.get("rate_bps")
+        if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= 10**11:
+            raise ConfigError(f"{where}.rate_bps: a positive integer, got {rate!r}")
+        out["duration_s"] = _number(fault.get("duration_s"), f"{where}.duration_s", 0.1, MAX_FLOW_S)
+        out["on_s"] = _number(fault.get("on_s"), f"{where}.on_s", 0.1, MAX_FLOW_S, allow_none=True)
+        out["off_s"] = _number(fault.get("off_s"), f"{where}.off_s", 0.1, MAX_FLOW_S, allow_none=True)
+        if (out["on_s"] is None) != (out["off_s"] is None):
+            raise ConfigError(f"{where}: on_s and off_s go together")
+        if fault.get("protocol", "tcp") not in ("tcp", "udp"):
+            raise ConfigError(f"{where}.protocol: tcp or udp")
+    return out
+
+
+def iperf_client_argv(dst_ip: str, port: int, rate_bps: int, seconds: float, protocol: str) -> list[str]:
+    argv = ["iperf3", "-c", dst_ip, "-p", str(port), "-J", "-i", str(IPERF_INTERVAL_S), "-b", str(rate_bps),
+            "-t", f"{max(1, round(seconds))}"]
+    return argv + (["-u"] if protocol == "udp" else [])
+
+
+def flow_samples(report: dict[str, Any], offset_s: float) -> list[dict[str, Any]]:
+    """iperf3 JSON intervals as samples: start_s (since the flow began), seconds, bytes, bps."""
+    out = []
+    for interval in report.get("intervals", []):
+        s = interval.get("sum", {})
+        out.append({"start_s": round(offset_s + float(s.get("start", 0)), 4), "seconds": float(s.get("seconds", 0)),
+                    "bytes": int(s.get("bytes", 0)), "bps": float(s.get("bits_per_second", 0))})
+    return out
+
+
+class Faults:
+    """The scenario's changes on one worker host; ``host`` is its ``WorkerHost``."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+        self.id = host.testbed_id
+        self._timers: list[threading.Timer] = []
+        self._flows: dict[str, dict[str, Any]] = {}
+        self._keys: dict[tuple[str, str], list[str]] = {}  # the drop lines this worker added, by (node, key)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    # dispatch -----------------------------------------------------------------------------
+    def apply(self, faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        checked = [validate(f, i) for i, f in enumerate(faults)]
+        for f in checked:
+            self._netns(f["node"])  # every node known before anything changes
+        by_node: dict[str, list[int]] = {}
+        for i, f in enumerate(checked):
+            by_node.setdefault(f["node"], []).append(i)
+        results: list[Any] = [None] * len(checked)
+
+        def node_faults(indices: list[int]) -> None:  # in order within a node, nodes in parallel
+            for i in indices:
+                results[i] = getattr(self, f"_{checked[i]['kind']}")(checked[i])
+
+        if len(by_node) == 1:
+            node_faults(next(iter(by_node.values())))
+        else:
+            with ThreadPoolExecutor(max_workers=min(PARALLEL_NODES, len(by_node))) as pool:
+                for future in [pool.submit(node_faults, idx) for idx in by_node.values()]:
+                    future.result()
+        return results
+
+    def _netns(self, node: str) -> str:
+        rec = self.host.runtime.node(node)
+        if not rec.get("netns"):
+            raise CapabilityError(f"node {node}: scenario faults need an emulated node (netns or docker: a network "
+                                  "namespace of its own); a physical device is not changed")
+        return rec["netns"]
+
+    def _in_netns(self, node: str, argv: list[str], stdin: str = "") -> str:
+        fd = os.open(nsfs.netns_path(self._netns(node)), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30,
+                                  preexec_fn=lambda: nsfs.setns_fd(fd))
+        finally:
+            os.close(fd)
+        if done.returncode != 0:
+            raise NodeRuntimeError(f"node {node}: {argv[0]} failed: {done.stderr.strip()[:300]}")
+        return done.stdout
+
+    # drops ----------------------------------------------------------------------------------
+    def _drop(self, f: dict[str, Any]) -> dict[str, Any]:
+        if (f["node"], f["key"]) in self._keys:
+            self._undrop(f)  # the same key again replaces its rules
+        if f["percent"] > 0:
+            lines = drop_lines(self.id, f["key"], f["src_ips"], f["percent"])
+            self._in_netns(f["node"], ["iptables-restore", "-w", "--noflush"], "\n".join(lines))
+            self._keys[(f["node"], f["key"])] = lines
+        return {"node": f["node"], "kind": "drop", "rules": len(f["src_ips"]) if f["percent"] > 0 else 0}
+
+    def _undrop(self, f: dict[str, Any]) -> dict[str, Any]:
+        added = self._keys.pop((f["node"], f["key"]), None) if f.get("key") else None
+        if added is not None:  # made by this worker: its own lines, deleted (one process, no listing)
+            lines = [("-D" + line[2:]) if line.startswith("-A ") else line for line in added]
+        else:  # another process made them, or every rule of the node: as the kernel lists them
+            saved = self._in_netns(f["node"], ["iptables-save", "-t", "filter"])
+            lines = delete_lines(saved, self.id, f.get("key", ""))
+            self._keys = {k: v for k, v in self._keys.items() if k[0] != f["node"]}
+        if lines:
+            self._in_netns(f["node"], ["iptables-restore", "-w", "--noflush"], "\n".join(lines))
+        return {"node": f["node"], "kind": "undrop", "removed": len(lines) - 3 if lines else 0}
+
+    def rules(self, node: str) -> list[str]:
+        """The node's scenario rules as iptables-save lists them."""
+        saved = self._in_netns(node, ["iptables-save", "-t", "filter"])
+        return [line for line in saved.splitlines() if comment(self.id) in line]
+
+    # signals ----------------------------------------------------------------------------------
+    def _pids(self, node: str) -> list[int]:
+        return [p for p in nsfs.pids_in(self._netns(node)) if p != os.getpid()]
+
+    def _signal(self, node: str, sig: int) -> int:
+        pids = self._pids(node)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return len(pids)
+
+    def _kill(self, f: dict[str, Any]) -> dict[str, Any]:
+        killed = self._signal(f["node"], signal.SIGKILL)
+        self._thaw(f)  # a frozen process dies only once thawed
+        return {"node": f["node"], "kind": "kill", "processes": killed}
+
+    def _terminate(self, f: dict[str, Any]) -> dict[str, Any]:
+        node = f["node"]
+        self._thaw(f)
+        count = self._signal(node, signal.SIGTERM)
+        if f["notice_s"] <= 0:
+            self._signal(node, signal.SIGKILL)
+        else:
+            timer = threading.Timer(f["notice_s"], lambda: self._signal(node, signal.SIGKILL))
+            timer.daemon = True
+            with self._lock:
+                self._timers.append(timer)
+            timer.start()
+        return {"node": node, "kind": "terminate", "processes": count, "kill_after_s": f["notice_s"]}
+
+    def _restart(self, f: dict[str, Any]) -> dict[str, Any]:
+        started = self.host.restart_processes(f["node"])
+        return {"node": f["node"], "kind": "restart", "started": started}
+
+    # freezer -----------------------------------------------------------------------------------
+    def freezer_base(self) -> tuple[str, int]:
+        """The testbed's freezer group (its nodes' groups beneath) and the cgroup version."""
+        if os.path.isdir(FREEZER_V1):
+            return os.path.join(FREEZER_V1, f"edgetb-{self.id}"), 1
+        for root in CGROUP2_ROOTS:
+            if os.path.exists(os.path.join(root, "cgroup.controllers")):
+                return os.path.join(root, f"edgetb-{self.id}-freeze"), 2
+        raise CapabilityError("no cgroup freezer (v1 freezer or a v2 hierarchy): pause cannot be applied")
+
+    def freezer_dir(self, node: str) -> tuple[str, int]:
+        base, version = self.freezer_base()
+        return os.path.join(base, node), version
+
+    def _freeze(self, f: dict[str, Any]) -> dict[str, Any]:
+        path, version = self.freezer_dir(f["node"])
+        os.makedirs(path, exist_ok=True)
+        pids = self._pids(f["node"])
+        for pid in pids:
+            try:
+                with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+                    fh.write(str(pid))
+            except OSError:
+                pass  # gone meanwhile
+        state_file, value = ("freezer.state", "FROZEN") if version == 1 else ("cgroup.freeze", "1")
+        with open(os.path.join(path, state_file), "w") as fh:
+            fh.write(value)
+        return {"node": f["node"], "kind": "freeze", "processes": len(pids)}
+
+    def _thaw(self, f: dict[str, Any]) -> dict[str, Any]:
+        path, version = self.freezer_dir(f["node"])
+        if not os.path.isdir(path):
+            return {"node": f["node"], "kind": "thaw", "processes": 0}
+        state_file, value = ("freezer.state", "THAWED") if version == 1 else ("cgroup.freeze", "0")
+        with open(os.path.join(path, state_file), "w") as fh:
+            fh.write(value)
+        return {"node": f["node"], "kind": "thaw"}
+
+    def frozen(self, node: str) -> bool:
+        path, version = self.freezer_dir(node)
+        try:
+            with open(os.path.join(path, "freezer.state" if version == 1 else "cgroup.freeze")) as fh:
+                return fh.read().strip() in ("FROZEN", "FREEZING", "1")
+        except FileNotFoundError:
+            return False
+
+    def _remove_freezers(self) -> None:
+        base, version = self.freezer_base()
+        if not os.path.isdir(base):
+            return
+        for node in os.listdir(base):
+            path = os.path.join(base, node)
+            if os.path.isdir(path):
+                _write_quiet(path, version)
+                _empty_into(path, os.path.dirname(base))
+                for _ in range(100):
+                    try:
+                        os.rmdir(path)
+                        break
+                    except OSError:
+                        time.sleep(0.02)
+        try:
+            os.rmdir(base)
+        except OSError:
+            pass
+
+    # limits -----------------------------------------------------------------------------------
+    def _limits(self, f: dict[str, Any]) -> dict[str, Any]:
+        node = f["node"]
+        with self.host.store.locked() as state:
+            rec = state["nodes"][node]
+            cpu = f["cpu"] if "cpu" in f else rec.get("cpu")
+            mem = f["mem_bytes"] if "mem_bytes" in f else rec.get("mem_bytes")
+            groups: cgroups.Cgroups = self.host.runtime.cgroups
+            groups.require()
+            if groups.version == 1:  # the swap limit may not be below the memory limit: lift it first
+                memsw = os.path.join(groups.root, "memory", groups.group, node, "memory.memsw.limit_in_bytes")
+                if os.path.exists(memsw):
+                    cgroups._write(memsw, "-1", optional=True)
+            groups.create(node, cpu, mem)
+            if groups.version == 1 and not mem:
+                cgroups._write(os.path.join(groups.root, "memory", groups.group, node, "memory.limit_in_bytes"), "-1")
+            pids = self._pids(node)
+            for procs in groups.procs_files(node):
+                for pid in pids:
+                    try:
+                        with open(procs, "w") as fh:
+                            fh.write(str(pid))
+                    except OSError:
+                        pass
+            rec["cpu"], rec["mem_bytes"] = cpu, mem
+        return {"node": node, "kind": "limits", "cpu": cpu, "mem_bytes": mem}
+
+    # background flows --------------------------------------------------------------------------
+    def _iperf_server(self, f: dict[str, Any]) -> dict[str, Any]:
+        proc = self.host.start_process(f["node"], {"version": 1, "argv": ["iperf3", "-s", "-p", str(f["port"])]})
+        with self._lock:
+            self._flows.setdefault(f["key"], {"samples": [], "runs": [], "done": False})["server"] = \
+                (f["node"], proc["id"])
+        return {"node": f["node"], "kind": "iperf_server", "process": proc["id"]}
+
+    def _background(self, f: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            flow = self._flows.setdefault(f["key"], {"samples": [], "runs": [], "done": False})
+        thread = threading.Thread(target=self._run_flow, args=(f, flow, self._stop), daemon=True,
+                                  name=f"flow-{f['key']}")
+        thread.start()
+        return {"node": f["node"], "kind": "background", "key": f["key"]}
+
+    def _run_flow(self, f: dict[str, Any], flow: dict[str, Any], stop: threading.Event) -> None:
+        started = time.monotonic()
+        end = started + f["duration_s"]
+        on_s = f["on_s"] or f["duration_s"]
+        try:
+            time.sleep(0.2)  # the server listens
+            while not stop.is_set():
+                begin = time.monotonic()
+                seconds = min(on_s, end - begin)
+                if seconds < 0.5:
+                    break
+                argv = iperf_client_argv(f["dst_ip"], f["port"], f["rate_bps"], seconds, f["protocol"])
+                child = self.host._popen(f["node"], argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE)
+                out, err = child.communicate(timeout=seconds + 30)
+                try:
+                    report = json.loads(out)
+                except ValueError:
+                    report = {"error": (err or out)[:300].decode(errors="replace")}
+                flow["runs"].append({"start_s": round(begin - started, 4), "error": report.get("error")})
+                flow["samples"] += flow_samples(report, begin - started)
+                if not f["off_s"]:
+                    break
+                rest = begin + on_s + f["off_s"] - time.monotonic()
+                if rest > 0 and stop.wait(rest):
+                    break
+                if time.monotonic() >= end:
+                    break
+        finally:
+            flow["done"] = True
+            server = flow.get("server")
+            if server:
+                try:
+                    self.host.stop_process(*server)
+                except NotFound:
+                    pass
+
+    def _background_result(self, f: dict[str, Any]) -> dict[str, Any]:
+        flow = self._flows.get(f["key"])
+        if flow is None:
+            raise NotFound(f"no background flow {f['key']!r}")
+        return {"node": f["node"], "kind": "background_result", "key": f["key"], "done": flow["done"],
+                "runs": list(flow["runs"]), "samples": list(flow["samples"])}
+
+    # cleanup --------------------------------------------------------------------------------------
+    def _clear(self, f: dict[str, Any]) -> dict[str, Any]:
+        self._undrop({"node": f["node"]})
+        self._thaw(f)
+        return {"node": f["node"], "kind": "clear"}
+
+    def reset(self) -> None:
+        """Stop flows and timers, thaw and remove the freezer groups (rules go with the namespaces)."""
+        self._stop.set()
+        with self._lock:
+            for timer in self._timers:
+                timer.cancel()
+            self._timers.clear()
+            self._stop = threading.Event()  # for the next testbed this worker makes
+            self._flows.clear()
+            self._keys.clear()
+        try:
+            self._remove_freezers()
+        except CapabilityError:
+            pass
+
+    def leftovers(self) -> list[str]:
+        try:
+            base = self.freezer_base()[0]
+        except CapabilityError:
+            return []
+        return [base] if os.path.isdir(base) else []
+
+
+def _write_quiet(path: str, version: int) -> None:
+    try:
+        with open(os.path.join(path, "freezer.state" if version == 1 else "cgroup.freeze"), "w") as fh:
+            fh.write("THAWED" if version == 1 else "0")
+    except OSError:
+        pass
+
+
+def _empty_into(path: str, parent: str) -> None:
+    """Move the processes of group ``path`` to the hierarchy's root ``parent``."""
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as fh:
+            pids = fh.read().split()
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(os.path.join(parent, "cgroup.procs"), "w") as fh:
+                fh.write(pid)
+        except OSError:
+            pass
+
