@@ -428,7 +428,7 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
         raise ConfigError(f"{here}: needs an uplink, a downlink or both")
     parts = {k: _rate(v[k], here, k) for k in ("uplink", "downlink") if v[k] is not None}
     return [make(0, "access", node, ", ".join(f"{k} {format_rate(r)}" for k, r in parts.items()),
-                 {"node": node, **{k: v[k] for k in ("uplink", "downlink") if v[k] is not None}})]
+                 {"node": node, **parts})]
 
 
 def read_trace(file: str, base_dir: Optional[str], place: Place) -> list[tuple[float, int]]:

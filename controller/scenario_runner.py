@@ -3,7 +3,7 @@
 Time steps fire ``at_s`` seconds after the run's ``/start`` (``start(t0)``); round steps once
 their node reports the round (``on_round``, fed by the experiment's round events), ``at_s``
 after that. Every step is applied through the worker (``set_links`` in place for bandwidth,
-``fault`` for drops, signals, the freezer, limits and flows, ``set_access`` for access links)
+``fault`` for drops, signals, the freezer, limits and flows, a merging links update for access links)
 and recorded as a row of ``scenario.csv``: planned_s, applied_s (when the worker confirmed
 it, seconds since the start), skew_ms, event, target, detail, outcome.
 
@@ -234,10 +234,9 @@ class ScenarioRunner:
         return None
 
     def _access(self, p: dict[str, Any]) -> None:
-        set_access = getattr(self.worker, "set_access", None)
-        if not callable(set_access):
-            raise CapabilityError("this testbed's workers have no access links (set_access)")
-        set_access({k: p[k] for k in ("node", "uplink", "downlink") if k in p})
+        """The node's access links in place: a merging links update (see WorkerHost.set_links)."""
+        sides = {f"{k}_bps": p[k] for k in ("uplink", "downlink") if k in p}
+        self.worker.set_links({"version": 1, "links": [], "access": {p["node"]: sides}}, merge=True)
         return None
 
     def _expect_death(self, node: str, why: str) -> None:

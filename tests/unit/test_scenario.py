@@ -273,16 +273,14 @@ def _shape():
     return topology().links[("n1", "n2")].shape.to_dict()
 
 
-def test_access_event_goes_to_set_access_or_fails_clearly():
-    timeline = resolve(ev(at=0, access={"node": "n1", "uplink": "2mbit"}), topology())
+def test_access_event_is_a_merging_links_update_in_bits_per_second():
+    timeline = resolve(ev(at=0, access={"node": "n1", "uplink": "2mbit", "downlink": "1mbps"}), topology())
     worker = RecordingWorker()
     runner = ScenarioRunner(timeline, worker, ips(), progress=lambda _: None)
-    with pytest.raises(CapabilityError, match="no access links"):
-        runner.apply_step(timeline.steps[0])
-    seen = []
-    worker.set_access = lambda body: seen.append(body)
     runner.apply_step(timeline.steps[0])
-    assert seen == [{"node": "n1", "uplink": "2mbit"}]
+    assert worker.calls == [("set_links", {"version": 1, "links": [],
+                                           "access": {"n1": {"uplink_bps": 2 * 10**6, "downlink_bps": 8 * 10**6}}},
+                             True)]
 
 
 def test_round_trigger_fires_once_from_the_round_on():
