@@ -134,6 +134,10 @@ def test_json_block_loads(line, body, tmp_path):
         load_hosts(str(path))
     elif "nodes" in data:
         load_nodes(str(path))
+    elif "events" in data:
+        from controller.scenario import resolve
+
+        resolve(data, load_links(str(ROOT / "links.json")), "scenario.json", str(tmp_path))
     elif all(isinstance(v, list) for v in data.values()):
         load_links(str(path))
     else:
