@@ -457,3 +457,149 @@ def _ext_ack_text(msg: bytes, flags: int) -> str:
             return msg[offset + 4:offset + length].split(b"\0", 1)[0].decode(errors="replace")
         offset += (length + 3) & ~3
     return ""
+
+
+# statistics (telemetry) ----------------------------------------------------------------------
+RTM_GETLINK = 18
+IFLA_STATS64 = 23
+TCA_STATS2 = 7
+TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_PKT64 = 1, 3, 8
+RTM_NEWTCLASS_REPLY = RTM_NEWTCLASS
+_U16x2 = struct.Struct("=HH")
+_BASIC = struct.Struct("=QI")  # gnet_stats_basic: bytes, packets
+_QUEUE = struct.Struct("=IIIII")  # gnet_stats_queue: qlen, backlog, drops, requeues, overlimits
+_U64 = struct.Struct("=Q")
+_STATS64_HEAD = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
+
+
+def _get_request(kind: int, flags: int, body: bytes, seq: int) -> bytes:
+    """A request without an acknowledgement (a GET answers with its data, a dump with DONE)."""
+    return _HDR.pack(_HDR.size + len(body), kind, flags | NLM_F_REQUEST, seq, 0) + body
+
+
+def link_by_name_request(ifname: str, seq: int = 1) -> bytes:
+    """``RTM_GETLINK`` of one interface by its name (its index and counters come back)."""
+    return _get_request(RTM_GETLINK, 0, _IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, ifname), seq)
+
+
+def stats_request(ifindex: int, seq: int = 1) -> bytes:
+    """One buffer asking for an interface's counters and a dump of its tc classes with their
+    statistics: sent as is at every sample (built once)."""
+    link = _get_request(RTM_GETLINK, 0, _IFINFO.pack(0, 0, ifindex, 0, 0), seq)
+    classes = _get_request(RTM_GETTCLASS, NLM_F_DUMP, _tcmsg(ifindex, 0, 0), seq + 1)
+    return link + classes
+
+
+@dataclass
+class LinkCounters:
+    """An interface's counters (rtnl_link_stats64)."""
+
+    ifindex: int
+    rx_packets: int
+    tx_packets: int
+    rx_bytes: int
+    tx_bytes: int
+    rx_dropped: int
+    tx_dropped: int
+
+
+def parse_link_message(msg: bytes, offset: int = 0, end: Optional[int] = None) -> Optional[LinkCounters]:
+    """The counters of an RTM_NEWLINK message at ``msg[offset:end]`` (None without IFLA_STATS64)."""
+    end = len(msg) if end is None else end
+    index = _IFINFO.unpack_from(msg, offset + _HDR.size)[2]
+    pos = offset + _HDR.size + _IFINFO.size
+    while pos + 4 <= end:
+        length, kind = _U16x2.unpack_from(msg, pos)
+        if length < 4:
+            break
+        if kind & 0x7FFF == IFLA_STATS64:
+            s = _STATS64_HEAD.unpack_from(msg, pos + 4)
+            return LinkCounters(index, s[0], s[1], s[2], s[3], s[6], s[7])
+        pos += (length + 3) & ~3
+    return None
+
+
+def class_stats(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, int, int, int, int]]:
+    """(handle, bytes, packets, drops, overlimits, backlog_bytes) of an RTM_NEWTCLASS message at
+    ``msg[offset:end]``, from its TCA_STATS2 (basic and queue statistics; 64-bit packets if sent)."""
+    handle = _TCMSG.unpack_from(msg, offset + _HDR.size)[2]
+    pos = offset + _HDR.size + _TCMSG.size
+    while pos + 4 <= end:
+        length, kind = _U16x2.unpack_from(msg, pos)
+        if length < 4:
+            break
+        if kind & 0x7FFF == TCA_STATS2:
+            nbytes = packets = drops = over = backlog = 0
+            inner, stop = pos + 4, pos + length
+            while inner + 4 <= stop:
+                ilen, ikind = _U16x2.unpack_from(msg, inner)
+                if ilen < 4:
+                    break
+                ikind &= 0x7FFF
+                if ikind == TCA_STATS_BASIC:
+                    nbytes, packets = _BASIC.unpack_from(msg, inner + 4)
+                elif ikind == TCA_STATS_QUEUE:
+                    _, backlog, drops, _, over = _QUEUE.unpack_from(msg, inner + 4)
+                elif ikind == TCA_STATS_PKT64:
+                    packets = _U64.unpack_from(msg, inner + 4)[0]
+                inner += (ilen + 3) & ~3
+            return handle, nbytes, packets, drops, over, backlog
+        pos += (length + 3) & ~3
+    return None
+
+
+class StatsSocket:
+    """An open NETLINK_ROUTE socket in one namespace that reads one interface's counters and its
+    tc classes' statistics in one exchange (a buffer sent, the answers read into one buffer)."""
+
+    def __init__(self, netns: Optional[str], ifname: str) -> None:
+        args = (socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        self.sock = nsfs.socket_in(netns, *args) if netns else socket.socket(*args)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1024 * 1024)
+        self.sock.bind((0, 0))
+        self.ifname = ifname
+        self._buf = bytearray(256 * 1024)
+        self._view = memoryview(self._buf)
+        self.sock.sendall(link_by_name_request(ifname))
+        data = self.sock.recv(1 << 16)
+        kind = _HDR.unpack_from(data)[1]
+        if kind == NLMSG_ERROR:
+            code = -struct.unpack_from("=i", data, _HDR.size)[0]
+            self.sock.close()
+            raise OSError(code, f"{os.strerror(code)}: interface {ifname} in {netns or 'the host namespace'}")
+        counters = parse_link_message(data, 0, _HDR.unpack_from(data)[0])
+        self.ifindex = counters.ifindex if counters else _IFINFO.unpack_from(data, _HDR.size)[2]
+        self._request = stats_request(self.ifindex)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def read(self, classes: dict[int, list[int]]) -> Optional[LinkCounters]:
+        """Fill ``classes[handle]`` (for the handles it has) with [bytes, packets, drops,
+        overlimits, backlog]; return the interface's counters."""
+        self.sock.sendall(self._request)
+        counters: Optional[LinkCounters] = None
+        buf, view = self._buf, self._view
+        while True:
+            n = self.sock.recv_into(view)
+            pos = 0
+            while pos + 16 <= n:
+                length, kind, _, _, _ = _HDR.unpack_from(buf, pos)
+                if length < 16:
+                    return counters
+                if kind == RTM_NEWTCLASS:
+                    found = class_stats(buf, pos, pos + length)
+                    if found is not None:
+                        slot = classes.get(found[0])
+                        if slot is not None:
+                            slot[0], slot[1], slot[2], slot[3], slot[4] = found[1:]
+                elif kind == RTM_NEWLINK:
+                    counters = parse_link_message(buf, pos, pos + length)
+                elif kind == NLMSG_DONE:
+                    return counters
+                elif kind == NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", buf, pos + _HDR.size)[0]
+                    if code:
+                        raise OSError(code, f"{os.strerror(code)}: statistics of {self.ifname}")
+                    return counters
+                pos += (length + 3) & ~3
