@@ -285,3 +285,13 @@ class AgentClient:
 
     def reset(self) -> dict[str, Any]:
         return self._call("POST", "/reset", {"version": 1})
+
+    def telemetry_start(self, body: Any) -> dict[str, Any]:
+        return self._call("POST", "/telemetry/start", body)
+
+    def telemetry_read(self, cursor: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
+        params = {"cursor": str(cursor)} | ({"limit": str(limit)} if limit is not None else {})
+        return self._call("GET", "/telemetry", params=params)
+
+    def telemetry_stop(self) -> dict[str, Any]:
+        return self._call("POST", "/telemetry/stop", {"version": 1})
