@@ -49,6 +49,9 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("--open-network", action="store_true",
                    help="let nodes that no link joins reach each other unshaped, as EdgeTB does "
                         "(default: no link, no path)")
+    from controller.telemetry_conf import add_arguments
+
+    add_arguments(p)
     return p
 
 
@@ -73,6 +76,9 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
     write_confs(args.workdir, "dataset", d_confs)
     args.node_confs = {n: {"structure": s_confs[n], "dataset": d_confs[n]} for n in structure}
     args.dataset_settings = settings
+    from controller.telemetry_conf import from_args
+
+    args.telemetry_conf = from_args(args, path(args.structure))
     args.inputs = {role: path(getattr(args, role)) for role in ("links", "nodes", "structure", "dataset", "hosts")
                    if getattr(args, role, None)}
     return topology, structure
@@ -168,7 +174,7 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
     exp = Experiment(args.workdir, topology, worker, structure, run_id=run_id, controller_port=args.port,
                      progress=_say, algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
                      dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose,
-                     open_network=args.open_network)
+                     open_network=args.open_network, telemetry_conf=args.telemetry_conf)
     if experiments is not None:
         experiments.append(exp)
     server: Optional[WSGIServer] = None

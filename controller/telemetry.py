@@ -356,3 +356,57 @@ class Collector:
                 pass
             os.close(f.dir_fd)
         self.files = {}
+
+
+def configured_rates(worker: Any) -> dict[tuple[str, str], int]:
+    """Every shaped link's rate in bit/s, (src, dst) -> rate, from the hosts' plans."""
+    rates: dict[tuple[str, str], int] = {}
+    for w in workers_by_host(worker).values():
+        store = getattr(w, "store", None)
+        if store is not None:
+            plans = store.read()["plans"]
+        else:
+            plans = {n["name"]: w.shaping(n["name"]).get("plan") for n in w.status()["nodes"] if n.get("shaped")}
+        for src, plan in plans.items():
+            for rule in (plan or {}).get("rules", []):
+                rates[(src, rule["dest"])] = int(rule["shape"]["rate_bps"])
+    return rates
+
+
+def _si(value: Optional[float], unit: str) -> str:
+    if value is None:
+        return "-"
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.1f}{prefix}{unit}"
+    return f"{value:.0f}{unit}"
+
+
+def render_table(collector: Collector, top: int = 10) -> str:
+    """The live view of ``edgetb monitor``: every node's CPU, memory and traffic rates, and the
+    ``top`` busiest links with their use of the configured rate and their drops."""
+    lines = [f"{'node':<16} {'cpu':>7} {'mem':>9} {'tx':>10} {'rx':>10} {'drops':>7}"]
+    for name in sorted(collector.latest_nodes):
+        n = collector.latest_nodes[name]
+        cpu = n.get("cpu_ns_per_s")
+        lines.append(f"{name[:16]:<16} {'-' if cpu is None else f'{cpu / 1e7:.1f}%':>7} "
+                     f"{_si(n.get('mem_bytes'), 'B'):>9} {_si(_bits(n.get('tx_bytes_per_s')), 'b/s'):>10} "
+                     f"{_si(_bits(n.get('rx_bytes_per_s')), 'b/s'):>10} {n.get('drops') or 0:>7}")
+    busy = sorted(collector.latest_links.items(), key=lambda kv: -(kv[1].get("tx_bytes_per_s") or 0))[:top]
+    if busy:
+        lines += ["", f"{'link':<24} {'throughput':>11} {'of rate':>8} {'drops':>7} {'backlog':>9}"]
+    for (src, dst), entry in busy:
+        rate = collector.rates_bps.get((src, dst))
+        bps = _bits(entry.get("tx_bytes_per_s"))
+        share = f"{100 * bps / rate:.0f}%" if rate and bps is not None else "-"
+        lines.append(f"{(src + '->' + dst)[:24]:<24} {_si(bps, 'b/s'):>11} {share:>8} {entry.get('drops') or 0:>7} "
+                     f"{_si(entry.get('backlog_bytes'), 'B'):>9}")
+    for name, h in sorted(collector.latest_hosts.items()):
+        cpu = h.get("cpu_ns_per_s")
+        lines.append(f"host {name}: cpu {'-' if cpu is None else f'{cpu / 1e7:.0f}%'} (100% = one core), "
+                     f"mem {_si(h.get('mem_bytes'), 'B')}")
+    return "\n".join(lines)
+
+
+def _bits(bytes_per_s: Optional[float]) -> Optional[float]:
+    return None if bytes_per_s is None else bytes_per_s * 8
