@@ -64,6 +64,8 @@ class NodeState:
     round: int = 0
     rounds: int = 0
     accuracy: Optional[float] = None
+    loss: Optional[float] = None
+    bytes_sent: int = 0  # model bytes the node reported sending, summed over its rounds
     log_received: bool = False
     stopped_by: str = ""  # why the controller asked it to stop: its ending once it does
     detail: str = ""
@@ -323,6 +325,10 @@ class Experiment:
             self.rounds.report(node.name, node.round, accuracy, layer, int(number("bytes_sent") or 0))
         if number("accuracy") is not None:
             node.accuracy = float(number("accuracy"))  # type: ignore[arg-type]
+        if number("loss") is not None:
+            node.loss = float(number("loss"))  # type: ignore[arg-type]
+        if isinstance(data.get("round"), int) and number("bytes_sent") is not None:
+            node.bytes_sent += int(number("bytes_sent"))  # type: ignore[arg-type]  # the round's bytes
         if self.verbose:
             self.progress(f"{node.name}: {clip(str(data.get('msg', '')))}")
 
@@ -583,6 +589,11 @@ class Experiment:
         result = self.worker.reset()
         self.phase = "reset" if self.phase != "failed" else self.phase
         return result
+
+    def metrics_nodes(self) -> list[dict[str, Any]]:
+        """Each node's last reported round, accuracy, loss and model bytes (for /metrics)."""
+        return [{"name": n.name, "round": n.round, "accuracy": n.accuracy, "loss": n.loss, "bytes_sent": n.bytes_sent}
+                for n in self.nodes.values()]
 
     def status(self) -> dict[str, Any]:
         nodes = [{**asdict(n), "ending": n.ending if n.state in SETTLED else None} for n in self.nodes.values()]

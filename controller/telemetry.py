@@ -410,3 +410,80 @@ def render_table(collector: Collector, top: int = 10) -> str:
 
 def _bits(bytes_per_s: Optional[float]) -> Optional[float]:
     return None if bytes_per_s is None else bytes_per_s * 8
+
+
+def prometheus_text(run_id: str, nodes: list[dict[str, Any]], collector: Optional[Collector]) -> bytes:
+    """The Prometheus exposition of a run: per node its round, accuracy, loss and model bytes
+    (as the node reports them) and, while sampled, its CPU, memory and traffic; per link its
+    bytes, throughput, drops and utilisation of the configured rate; per host the sampler's CPU.
+    ``nodes``: dicts with name, round, accuracy, loss, bytes_sent."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    node_labels, link_labels = ["run", "node"], ["run", "link", "src", "dst"]
+
+    class _Metrics:
+        def collect(self) -> Any:
+            gauges = {
+                "round": GaugeMetricFamily("edgetb_node_round", "Last round the node reported", labels=node_labels),
+                "accuracy": GaugeMetricFamily("edgetb_node_accuracy", "Last accuracy the node reported",
+                                              labels=node_labels),
+                "loss": GaugeMetricFamily("edgetb_node_loss", "Last loss the node reported", labels=node_labels),
+            }
+            sent = CounterMetricFamily("edgetb_node_model_sent_bytes", "Bytes of model data the node reported sending",
+                                       labels=node_labels)
+            for n in nodes:
+                for key, family in gauges.items():
+                    if n.get(key) is not None:
+                        family.add_metric([run_id, n["name"]], float(n[key]))
+                sent.add_metric([run_id, n["name"]], float(n.get("bytes_sent") or 0))
+            yield from gauges.values()
+            yield sent
+            if collector is None:
+                return
+            cpu = CounterMetricFamily("edgetb_node_cpu_seconds", "CPU time of the node's cgroup since the run's start",
+                                      labels=node_labels)
+            mem = GaugeMetricFamily("edgetb_node_memory_bytes", "Memory of the node's cgroup", labels=node_labels)
+            tx = CounterMetricFamily("edgetb_node_transmit_bytes", "Bytes the node's interface sent",
+                                     labels=node_labels)
+            rx = CounterMetricFamily("edgetb_node_receive_bytes", "Bytes the node's interface received",
+                                     labels=node_labels)
+            for name, e in sorted(collector.latest_nodes.items()):
+                for family, key, scale in ((cpu, "cpu_ns", 1e-9), (mem, "mem_bytes", 1), (tx, "tx_bytes", 1),
+                                           (rx, "rx_bytes", 1)):
+                    if e.get(key) is not None:
+                        family.add_metric([run_id, name], e[key] * scale)
+            yield from (cpu, mem, tx, rx)
+            lbytes = CounterMetricFamily("edgetb_link_transmit_bytes", "Bytes sent through the link's HTB class",
+                                         labels=link_labels)
+            drops = CounterMetricFamily("edgetb_link_drops", "Packets the link's class dropped", labels=link_labels)
+            thr = GaugeMetricFamily("edgetb_link_throughput_bps", "Throughput over the last sampling period, bit/s",
+                                    labels=link_labels)
+            util = GaugeMetricFamily("edgetb_link_utilisation_ratio", "Throughput / the link's configured rate",
+                                     labels=link_labels)
+            rate = GaugeMetricFamily("edgetb_link_rate_bps", "The link's configured rate, bit/s", labels=link_labels)
+            for (src, dst), e in sorted(collector.latest_links.items()):
+                labels = [run_id, f"{src}->{dst}", src, dst]
+                if e.get("tx_bytes") is not None:
+                    lbytes.add_metric(labels, e["tx_bytes"])
+                if e.get("drops") is not None:
+                    drops.add_metric(labels, e["drops"])
+                bps = _bits(e.get("tx_bytes_per_s"))
+                configured = collector.rates_bps.get((src, dst))
+                if bps is not None:
+                    thr.add_metric(labels, bps)
+                if configured:
+                    rate.add_metric(labels, configured)
+                    if bps is not None:
+                        util.add_metric(labels, bps / configured)
+            yield from (lbytes, drops, thr, util, rate)
+            sampler = CounterMetricFamily("edgetb_telemetry_sampler_cpu_seconds", "CPU time of the host's sampler",
+                                          labels=["run", "host"])
+            for host in collector.hosts.values():
+                if host.last.get("sampler_cpu_s") is not None:
+                    sampler.add_metric([run_id, host.name], host.last["sampler_cpu_s"])
+            yield sampler
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Metrics())
+    return generate_latest(registry)
