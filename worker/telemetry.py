@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -188,6 +189,7 @@ class Sampler:
         self.late = 0  # periods skipped because a sample took longer than the period
         self.errors = 0
         self.last_error = ""
+        self.durations_s: deque[float] = deque(maxlen=1024)  # wall time of the recent samples
         self.started_mono: Optional[float] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -283,7 +285,7 @@ class Sampler:
         self._thread.start()
 
     def _take(self) -> None:
-        cpu0 = time.thread_time()
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
         try:
             self.ring.append(self.sample())
             self.samples += 1
@@ -292,6 +294,7 @@ class Sampler:
             self.last_error = str(e)
             log.exception("telemetry sample failed")
         self.cpu_s += time.thread_time() - cpu0
+        self.durations_s.append(time.perf_counter() - wall0)
 
     def _run(self) -> None:
         due = time.monotonic() + self.period_s
