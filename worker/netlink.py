@@ -461,6 +461,8 @@ def _ext_ack_text(msg: bytes, flags: int) -> str:
 
 # statistics (telemetry) ----------------------------------------------------------------------
 RTM_GETLINK = 18
+RTM_NEWSTATS, RTM_GETSTATS = 92, 94
+IFLA_STATS_LINK_64 = 1
 IFLA_STATS64 = 23
 TCA_STATS2 = 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_PKT64 = 1, 3, 8
@@ -470,6 +472,12 @@ _BASIC = struct.Struct("=QI")  # gnet_stats_basic: bytes, packets
 _QUEUE = struct.Struct("=IIIII")  # gnet_stats_queue: qlen, backlog, drops, requeues, overlimits
 _U64 = struct.Struct("=Q")
 _STATS64_HEAD = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
+_IF_STATS_MSG = struct.Struct("=BxxxiI")  # family, ifindex, filter_mask
+_STATS_AT = _HDR.size + _IF_STATS_MSG.size + 4  # rtnl_link_stats64 in an RTM_NEWSTATS of one attribute
+_HANDLE = struct.Struct("=I")
+_BASIC_AT = struct.Struct("=HHQI")  # attribute header, then gnet_stats_basic
+_QUEUE_AT = struct.Struct("=HHIIIII")  # attribute header, then gnet_stats_queue
+_PKT64_AT = struct.Struct("=HHQ")
 
 
 def _get_request(kind: int, flags: int, body: bytes, seq: int) -> bytes:
@@ -483,9 +491,9 @@ def link_by_name_request(ifname: str, seq: int = 1) -> bytes:
 
 
 def stats_request(ifindex: int, seq: int = 1) -> bytes:
-    """One buffer asking for an interface's counters and a dump of its tc classes with their
-    statistics: sent as is at every sample (built once)."""
-    link = _get_request(RTM_GETLINK, 0, _IFINFO.pack(0, 0, ifindex, 0, 0), seq)
+    """One buffer asking for an interface's counters (``RTM_GETSTATS``, 64-bit link statistics
+    only) and a dump of its tc classes with their statistics: sent as is at every sample."""
+    link = _get_request(RTM_GETSTATS, 0, _IF_STATS_MSG.pack(0, ifindex, 1 << (IFLA_STATS_LINK_64 - 1)), seq)
     classes = _get_request(RTM_GETTCLASS, NLM_F_DUMP, _tcmsg(ifindex, 0, 0), seq + 1)
     return link + classes
 
@@ -515,6 +523,39 @@ def parse_link_message(msg: bytes, offset: int = 0, end: Optional[int] = None) -
         if kind & 0x7FFF == IFLA_STATS64:
             s = _STATS64_HEAD.unpack_from(msg, pos + 4)
             return LinkCounters(index, s[0], s[1], s[2], s[3], s[6], s[7])
+        pos += (length + 3) & ~3
+    return None
+
+
+def stats_message(msg: bytes, offset: int, end: int) -> Optional[LinkCounters]:
+    """The counters of an RTM_NEWSTATS message holding IFLA_STATS_LINK_64."""
+    length, kind = _U16x2.unpack_from(msg, offset + _STATS_AT - 4) if offset + _STATS_AT <= end else (0, 0)
+    if kind != IFLA_STATS_LINK_64 or length < 4 + _STATS64_HEAD.size:
+        return None
+    index = _IF_STATS_MSG.unpack_from(msg, offset + _HDR.size)[1]
+    s = _STATS64_HEAD.unpack_from(msg, offset + _STATS_AT)
+    return LinkCounters(index, s[0], s[1], s[2], s[3], s[6], s[7])
+
+
+def stats2_offsets(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, int]]:
+    """Where, relative to the message, a class message's TCA_STATS2 holds its basic, queue and
+    64-bit packet statistics (attribute headers; -1 for one it lacks)."""
+    pos = offset + _HDR.size + _TCMSG.size
+    while pos + 4 <= end:
+        length, kind = _U16x2.unpack_from(msg, pos)
+        if length < 4:
+            break
+        if kind & 0x7FFF == TCA_STATS2:
+            found = {TCA_STATS_BASIC: -1, TCA_STATS_QUEUE: -1, TCA_STATS_PKT64: -1}
+            inner, stop = pos + 4, pos + length
+            while inner + 4 <= stop:
+                ilen, ikind = _U16x2.unpack_from(msg, inner)
+                if ilen < 4:
+                    break
+                if ikind & 0x7FFF in found:
+                    found[ikind & 0x7FFF] = inner - offset
+                inner += (ilen + 3) & ~3
+            return found[TCA_STATS_BASIC], found[TCA_STATS_QUEUE], found[TCA_STATS_PKT64]
         pos += (length + 3) & ~3
     return None
 
@@ -570,6 +611,9 @@ class StatsSocket:
         counters = parse_link_message(data, 0, _HDR.unpack_from(data)[0])
         self.ifindex = counters.ifindex if counters else _IFINFO.unpack_from(data, _HDR.size)[2]
         self._request = stats_request(self.ifindex)
+        # a class message's length -> where its statistics sit: the messages of one interface's
+        # classes share a layout, so most are read with two unpacks (checked, else parsed anew)
+        self._offsets: dict[int, Optional[tuple[int, int, int]]] = {}
 
     def close(self) -> None:
         self.sock.close()
@@ -588,13 +632,11 @@ class StatsSocket:
                 if length < 16:
                     return counters
                 if kind == RTM_NEWTCLASS:
-                    found = class_stats(buf, pos, pos + length)
-                    if found is not None:
-                        slot = classes.get(found[0])
-                        if slot is not None:
-                            slot[0], slot[1], slot[2], slot[3], slot[4] = found[1:]
-                elif kind == RTM_NEWLINK:
-                    counters = parse_link_message(buf, pos, pos + length)
+                    slot = classes.get(_HANDLE.unpack_from(buf, pos + 24)[0])  # tcmsg's handle
+                    if slot is not None:
+                        self._fill(buf, pos, length, slot)
+                elif kind == RTM_NEWSTATS:
+                    counters = stats_message(buf, pos, pos + length)
                 elif kind == NLMSG_DONE:
                     return counters
                 elif kind == NLMSG_ERROR:
@@ -603,3 +645,23 @@ class StatsSocket:
                         raise OSError(code, f"{os.strerror(code)}: statistics of {self.ifname}")
                     return counters
                 pos += (length + 3) & ~3
+
+    def _fill(self, buf: bytearray, pos: int, length: int, slot: list[int]) -> None:
+        """``slot`` = [bytes, packets, drops, overlimits, backlog] of the class message at ``pos``."""
+        offsets = self._offsets.get(length)
+        if offsets is None and length not in self._offsets:
+            offsets = self._offsets[length] = stats2_offsets(buf, pos, pos + length)
+        if offsets is not None and offsets[0] >= 0 and offsets[1] >= 0:
+            blen, bkind, nbytes, packets = _BASIC_AT.unpack_from(buf, pos + offsets[0])
+            qlen, qkind, _, backlog, drops, _, over = _QUEUE_AT.unpack_from(buf, pos + offsets[1])
+            if bkind & 0x7FFF == TCA_STATS_BASIC and qkind & 0x7FFF == TCA_STATS_QUEUE and blen >= 16 and qlen >= 24:
+                if offsets[2] >= 0:
+                    plen, pkind, packets64 = _PKT64_AT.unpack_from(buf, pos + offsets[2])
+                    if pkind & 0x7FFF == TCA_STATS_PKT64:
+                        packets = packets64
+                slot[0], slot[1], slot[2], slot[3], slot[4] = nbytes, packets, drops, over, backlog
+                return
+        self._offsets.pop(length, None)  # another layout under the same length: decode in full
+        found = class_stats(buf, pos, pos + length)
+        if found is not None:
+            slot[0], slot[1], slot[2], slot[3], slot[4] = found[1:]

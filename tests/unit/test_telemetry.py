@@ -319,11 +319,30 @@ def test_link_counters_decoded():
         (2, 1, 2, 3, 4, 7, 8)
 
 
+def test_stats_message_decoded():
+    stats = struct.pack("=24Q", *range(1, 25))
+    body = struct.pack("=BxxxiI", 0, 2, 1) + nl.attr(nl.IFLA_STATS_LINK_64, stats)
+    msg = struct.pack("=IHHII", 16 + len(body), nl.RTM_NEWSTATS, 0, 1, 0) + body
+    c = nl.stats_message(msg, 0, len(msg))
+    assert (c.ifindex, c.rx_packets, c.tx_packets, c.rx_bytes, c.tx_bytes, c.rx_dropped, c.tx_dropped) == \
+        (2, 1, 2, 3, 4, 7, 8)
+
+
+def test_class_offsets_found_once_and_checked():
+    msg = _class_message(0x10010, 10, 2, 3, 4, 5, pkt64=7)
+    basic, queue, pkt64 = nl.stats2_offsets(msg, 0, len(msg))
+    assert struct.unpack_from("=HHQ", msg, basic)[1:] == (nl.TCA_STATS_BASIC, 10)
+    assert struct.unpack_from("=HH", msg, queue)[1] == nl.TCA_STATS_QUEUE
+    assert struct.unpack_from("=HHQ", msg, pkt64)[1:] == (nl.TCA_STATS_PKT64, 7)
+    assert nl.stats2_offsets(msg[:24 + 16], 0, 40) is None
+
+
 def test_stats_request_asks_for_the_link_and_a_class_dump():
     buf = nl.stats_request(5)
     first_len, first_kind, first_flags = struct.unpack_from("=IHH", buf)
     second_kind, second_flags = struct.unpack_from("=HH", buf, first_len + 4)
-    assert first_kind == nl.RTM_GETLINK and not first_flags & nl.NLM_F_ACK
+    assert first_kind == nl.RTM_GETSTATS and not first_flags & nl.NLM_F_ACK
+    assert struct.unpack_from("=BxxxiI", buf, 16) == (0, 5, 1)  # ifindex 5, 64-bit link statistics only
     assert second_kind == nl.RTM_GETTCLASS and second_flags & nl.NLM_F_DUMP == nl.NLM_F_DUMP
     assert struct.unpack_from("=i", buf, first_len + 16 + 4)[0] == 5  # the class dump's ifindex
 
