@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from worker import nsfs
 
@@ -24,6 +24,7 @@ NLMSG_ERROR = 2
 NLMSG_DONE = 3
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
+NLM_F_ECHO = 0x8
 NLM_F_REPLACE = 0x100
 NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
@@ -589,16 +590,34 @@ def class_stats(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, i
     return None
 
 
+def root_qdisc_request(ifindex: int, seq: int = 1) -> bytes:
+    """``RTM_GETQDISC`` of an interface's root qdisc alone (its statistics sum its classes')."""
+    return _get_request(RTM_GETQDISC, NLM_F_ECHO, _tcmsg(ifindex, 0, TC_H_ROOT), seq)  # echo: answered to us
+
+
+def class_dump_request(ifindex: int, seq: int = 1) -> bytes:
+    return _get_request(RTM_GETTCLASS, NLM_F_DUMP, _tcmsg(ifindex, 0, 0), seq)
+
+
 class StatsSocket:
     """An open NETLINK_ROUTE socket in one namespace that reads one interface's counters and its
-    tc classes' statistics in one exchange (a buffer sent, the answers read into one buffer)."""
+    tc classes' statistics.
 
-    def __init__(self, netns: Optional[str], ifname: str) -> None:
+    Each read sends one buffer asking for the interface's counters and its root qdisc; the
+    classes are dumped only when the root's packets, bytes or drops changed since the last
+    read or something is queued (every packet a class sends, drops or holds is counted by the
+    root too), so an idle interface costs two small messages. ``always_dump`` dumps every time.
+    """
+
+    def __init__(self, netns: Optional[str], ifname: str, always_dump: bool = False) -> None:
         args = (socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
         self.sock = nsfs.socket_in(netns, *args) if netns else socket.socket(*args)
         self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1024 * 1024)
+        # an answer that never comes fails the read (EAGAIN) instead of hanging the sampler
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("=qq", 2, 0))
         self.sock.bind((0, 0))
         self.ifname = ifname
+        self.always_dump = always_dump
         self._buf = bytearray(256 * 1024)
         self._view = memoryview(self._buf)
         self.sock.sendall(link_by_name_request(ifname))
@@ -610,7 +629,11 @@ class StatsSocket:
             raise OSError(code, f"{os.strerror(code)}: interface {ifname} in {netns or 'the host namespace'}")
         counters = parse_link_message(data, 0, _HDR.unpack_from(data)[0])
         self.ifindex = counters.ifindex if counters else _IFINFO.unpack_from(data, _HDR.size)[2]
-        self._request = stats_request(self.ifindex)
+        self._probe = _get_request(RTM_GETSTATS, 0, _IF_STATS_MSG.pack(0, self.ifindex, 1 << (IFLA_STATS_LINK_64 - 1)),
+                                   1) + root_qdisc_request(self.ifindex, 2)
+        self._dump = class_dump_request(self.ifindex, 3)
+        self._root: Optional[tuple[int, ...]] = None  # the root's (handle, bytes, packets, drops, backlog) last read
+        self.dumps = 0
         # a class message's length -> where its statistics sit: the messages of one interface's
         # classes share a layout, so most are read with two unpacks (checked, else parsed anew)
         self._offsets: dict[int, Optional[tuple[int, int, int]]] = {}
@@ -618,11 +641,42 @@ class StatsSocket:
     def close(self) -> None:
         self.sock.close()
 
-    def read(self, classes: dict[int, list[int]]) -> Optional[LinkCounters]:
-        """Fill ``classes[handle]`` (for the handles it has) with [bytes, packets, drops,
-        overlimits, backlog]; return the interface's counters."""
-        self.sock.sendall(self._request)
+    def read(self, classes: dict[int, int], values: Any) -> Optional[LinkCounters]:
+        """Write each class's bytes, packets, drops, overlimits and backlog at
+        ``values[classes[handle]:+5]`` (a mutable sequence of ints), or leave them as the last
+        read wrote them when nothing changed; return the interface's counters."""
+        self.sock.sendall(self._probe)
         counters: Optional[LinkCounters] = None
+        root: Optional[tuple[int, ...]] = None
+        answered = 0
+        buf, view = self._buf, self._view
+        while answered < 2:
+            n = self.sock.recv_into(view)
+            pos = 0
+            while pos + 16 <= n:
+                length, kind, _, _, _ = _HDR.unpack_from(buf, pos)
+                if length < 16:
+                    break
+                if kind == RTM_NEWSTATS:
+                    counters = stats_message(buf, pos, pos + length)
+                    answered += 1
+                elif kind == RTM_NEWQDISC:
+                    found = class_stats(buf, pos, pos + length)
+                    root = None if found is None else (found[0], found[1], found[2], found[3], found[5])
+                    answered += 1
+                elif kind == NLMSG_ERROR:  # no root qdisc to read (or no interface): dump to know
+                    answered += 1
+                pos += (length + 3) & ~3
+        if root is None or root != self._root or root[4] or self.always_dump:
+            self._dump_classes(classes, values)
+        self._root = root
+        return counters
+
+    def _dump_classes(self, classes: dict[int, int], values: Any) -> None:
+        for at in classes.values():
+            values[at] = values[at + 1] = values[at + 2] = values[at + 3] = values[at + 4] = -1
+        self.dumps += 1
+        self.sock.sendall(self._dump)
         buf, view = self._buf, self._view
         while True:
             n = self.sock.recv_into(view)
@@ -630,24 +684,23 @@ class StatsSocket:
             while pos + 16 <= n:
                 length, kind, _, _, _ = _HDR.unpack_from(buf, pos)
                 if length < 16:
-                    return counters
+                    return
                 if kind == RTM_NEWTCLASS:
-                    slot = classes.get(_HANDLE.unpack_from(buf, pos + 24)[0])  # tcmsg's handle
-                    if slot is not None:
-                        self._fill(buf, pos, length, slot)
-                elif kind == RTM_NEWSTATS:
-                    counters = stats_message(buf, pos, pos + length)
+                    at = classes.get(_HANDLE.unpack_from(buf, pos + 24)[0])  # tcmsg's handle
+                    if at is not None:
+                        self._fill(buf, pos, length, values, at)
                 elif kind == NLMSG_DONE:
-                    return counters
+                    return
                 elif kind == NLMSG_ERROR:
                     code = -struct.unpack_from("=i", buf, pos + _HDR.size)[0]
                     if code:
-                        raise OSError(code, f"{os.strerror(code)}: statistics of {self.ifname}")
-                    return counters
+                        self._root = None
+                        raise OSError(code, f"{os.strerror(code)}: classes of {self.ifname}")
+                    return
                 pos += (length + 3) & ~3
 
-    def _fill(self, buf: bytearray, pos: int, length: int, slot: list[int]) -> None:
-        """``slot`` = [bytes, packets, drops, overlimits, backlog] of the class message at ``pos``."""
+    def _fill(self, buf: bytearray, pos: int, length: int, values: Any, at: int) -> None:
+        """``values[at:at + 5]`` = bytes, packets, drops, overlimits, backlog of the class message at ``pos``."""
         offsets = self._offsets.get(length)
         if offsets is None and length not in self._offsets:
             offsets = self._offsets[length] = stats2_offsets(buf, pos, pos + length)
@@ -659,9 +712,10 @@ class StatsSocket:
                     plen, pkind, packets64 = _PKT64_AT.unpack_from(buf, pos + offsets[2])
                     if pkind & 0x7FFF == TCA_STATS_PKT64:
                         packets = packets64
-                slot[0], slot[1], slot[2], slot[3], slot[4] = nbytes, packets, drops, over, backlog
+                values[at], values[at + 1], values[at + 2], values[at + 3], values[at + 4] = \
+                    nbytes, packets, drops, over, backlog
                 return
         self._offsets.pop(length, None)  # another layout under the same length: decode in full
         found = class_stats(buf, pos, pos + length)
         if found is not None:
-            slot[0], slot[1], slot[2], slot[3], slot[4] = found[1:]
+            values[at], values[at + 1], values[at + 2], values[at + 3], values[at + 4] = found[1:]

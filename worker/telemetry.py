@@ -97,7 +97,7 @@ class _Node:
     links: list[tuple[str, int]]  # (destination, class handle)
     cgroup: Optional[CounterReader] = None
     sock: Optional[nl.StatsSocket] = None
-    slots: dict[int, list[int]] = field(default_factory=dict)
+    slots: dict[int, int] = field(default_factory=dict)  # class handle -> its place in the link values
 
 
 @dataclass
@@ -172,12 +172,15 @@ class Sampler:
     """Samples one testbed's nodes and links on this host (see the module's text)."""
 
     def __init__(self, store: Any, cgroups: Optional[Cgroups], period_ms: int = DEFAULT_PERIOD_MS,
-                 host_name: Optional[str] = None) -> None:
+                 host_name: Optional[str] = None, always_dump: bool = False) -> None:
+        """``always_dump``: read every class at every sample, even of an idle interface (the
+        worst case, for benchmarks)."""
         self.store = store
         self.cgroups = cgroups
         self.period_ms = check_period_ms(period_ms)
         self.period_s = period_ms / 1000
         self.host_name = host_name or os.uname().nodename
+        self.always_dump = always_dump
         self.host = HostCounters()
         self._nodes: list[_Node] = []
         self._layouts: dict[int, Layout] = {}
@@ -216,15 +219,29 @@ class Sampler:
             if node is None or node.netns != rec.get("netns") or node.ifname != ifname:
                 if node is not None:
                     _close_node(node)
-                node = _Node(name, rec.get("netns"), ifname, links)
+                node = _Node(name, rec.get("netns"), ifname, [])
                 if self.cgroups is not None and rec.get("runtime", "netns") == "netns":
                     node.cgroup = self.cgroups.reader(name)
-            node.links = links
-            node.slots = {h: [MISSING] * 5 for _, h in links}
+            if node.links != links or node.sock is None:  # new, or another plan: read anew
+                if node.sock is not None:
+                    node.sock.close()
+                    node.sock = None
+                node.links = links
             nodes.append(node)
         for gone in old.values():
             _close_node(gone)
         self._nodes = nodes
+        self._link_values = array("q", [MISSING]) * (5 * sum(len(n.links) for n in nodes))
+        self._node_values = array("q", [MISSING]) * (len(NODE_FIELDS) * len(nodes))
+        at = 0
+        for node in nodes:
+            node.slots = {}
+            for _, handle in node.links:
+                node.slots[handle] = at
+                at += 5
+            if node.sock is not None:  # the values start anew: the next read dumps the classes
+                node.sock.close()
+                node.sock = None
         layout_id = (self.layout.id + 1) if self.layout else 1
         self.layout = Layout(layout_id, [(n.name, d) for n in nodes for d, _ in n.links], [n.name for n in nodes])
         self._layouts[layout_id] = self.layout
@@ -240,32 +257,32 @@ class Sampler:
         self.refresh()
         assert self.layout is not None
         t = time.monotonic()
-        link_values = array("q")
-        node_values = array("q")
+        links, values = self._link_values, self._node_values
+        at = 0
         for node in self._nodes:
-            counters = self._read_node(node)
-            for _, handle in node.links:
-                link_values.extend(node.slots[handle])
+            counters = self._read_node(node, links)
             cg = node.cgroup
             cpu = cg.cpu_ns() if cg else None
             mem = cg.mem_bytes() if cg else None
-            node_values.append(MISSING if cpu is None else cpu)
-            node_values.append(MISSING if mem is None else mem)
+            values[at] = MISSING if cpu is None else cpu
+            values[at + 1] = MISSING if mem is None else mem
             if counters is None:
-                node_values.extend((MISSING,) * 5)
+                values[at + 2] = values[at + 3] = values[at + 4] = values[at + 5] = values[at + 6] = MISSING
             else:
-                node_values.extend((counters.tx_bytes, counters.rx_bytes, counters.tx_packets, counters.rx_packets,
-                                    counters.tx_dropped + counters.rx_dropped))
-        return t, self.layout.id, link_values, node_values, self.host.read()
+                values[at + 2], values[at + 3], values[at + 4], values[at + 5] = \
+                    counters.tx_bytes, counters.rx_bytes, counters.tx_packets, counters.rx_packets
+                values[at + 6] = counters.tx_dropped + counters.rx_dropped
+            at += 7
+        return t, self.layout.id, array("q", links), array("q", values), self.host.read()
 
-    def _read_node(self, node: _Node) -> Optional[nl.LinkCounters]:
-        for slot in node.slots.values():
-            slot[0] = slot[1] = slot[2] = slot[3] = slot[4] = MISSING
+    def _read_node(self, node: _Node, links: array) -> Optional[nl.LinkCounters]:
         try:
             if node.sock is None:
-                node.sock = nl.StatsSocket(node.netns, node.ifname)
-            return node.sock.read(node.slots)
+                node.sock = nl.StatsSocket(node.netns, node.ifname, self.always_dump)
+            return node.sock.read(node.slots, links)
         except OSError as e:  # the namespace or interface went away: try again next time
+            for at in node.slots.values():
+                links[at:at + 5] = array("q", [MISSING] * 5)
             self.errors += 1
             self.last_error = f"{node.name}: {e}"
             if node.sock is not None:
