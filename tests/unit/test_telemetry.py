@@ -368,3 +368,21 @@ def test_counter_reader_v1_and_v2_files(tmp_path):
     assert CounterReader(2, [str(v2)]).mem_bytes() == 4096
     assert CounterReader(None, []).cpu_ns() is None
 
+
+
+def test_class_values_read_at_cached_offsets_and_in_full_when_the_layout_moves():
+    sock = object.__new__(nl.StatsSocket)
+    sock._offsets = {}
+    values = [0] * 10
+    first = bytearray(_class_message(0x10010, 100, 2, 3, 4, 5))
+    sock._fill(first, 0, len(first), values, 0)
+    assert values[:5] == [100, 2, 3, 4, 5] and len(first) in sock._offsets
+    # same length, another layout (basic and queue swapped): the check fails, decoded in full
+    basic = nl.attr(nl.TCA_STATS_BASIC, struct.pack("=QI", 700, 8) + b"\0" * 4)
+    queue = nl.attr(nl.TCA_STATS_QUEUE, struct.pack("=IIIII", 0, 9, 10, 0, 11))
+    body = struct.pack("=BxxxiIII", 0, 2, 0x10011, 0x10000, 0) + nl.attr_str(nl.TCA_KIND, "htb")
+    body += nl.attr(nl.TCA_OPTIONS, b"\0" * 40) + nl.attr(nl.TCA_STATS2 | 0x8000, queue + basic)
+    moved = bytearray(struct.pack("=IHHII", 16 + len(body), nl.RTM_NEWTCLASS, 2, 1, 0) + body)
+    assert len(moved) == len(first)
+    sock._fill(moved, 0, len(moved), values, 5)
+    assert values[5:] == [700, 8, 10, 11, 9]
