@@ -475,7 +475,7 @@ _U64 = struct.Struct("=Q")
 _STATS64_HEAD = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
 _IF_STATS_MSG = struct.Struct("=BxxxiI")  # family, ifindex, filter_mask
 _STATS_AT = _HDR.size + _IF_STATS_MSG.size + 4  # rtnl_link_stats64 in an RTM_NEWSTATS of one attribute
-_HANDLE = struct.Struct("=I")
+_HDR_HANDLE = struct.Struct("=IH18xI")  # nlmsghdr's length and type, tcmsg's handle (28 bytes)
 _BASIC_AT = struct.Struct("=HHQI")  # attribute header, then gnet_stats_basic
 _QUEUE_AT = struct.Struct("=HHIIIII")  # attribute header, then gnet_stats_queue
 _PKT64_AT = struct.Struct("=HHQ")
@@ -677,17 +677,28 @@ class StatsSocket:
             values[at] = values[at + 1] = values[at + 2] = values[at + 3] = values[at + 4] = -1
         self.dumps += 1
         self.sock.sendall(self._dump)
-        buf, view = self._buf, self._view
+        buf, view, offsets, get = self._buf, self._view, self._offsets, classes.get
+        head, basic_at, queue_at = _HDR_HANDLE.unpack_from, _BASIC_AT.unpack_from, _QUEUE_AT.unpack_from
+        room = len(buf) - 64  # slack: a 28-byte header read never runs past the buffer
         while True:
-            n = self.sock.recv_into(view)
+            n = self.sock.recv_into(view, room)
             pos = 0
             while pos + 16 <= n:
-                length, kind, _, _, _ = _HDR.unpack_from(buf, pos)
+                length, kind, handle = head(buf, pos)  # handle is meaningful for class messages only
                 if length < 16:
                     return
                 if kind == RTM_NEWTCLASS:
-                    at = classes.get(_HANDLE.unpack_from(buf, pos + 24)[0])  # tcmsg's handle
+                    at = get(handle)
                     if at is not None:
+                        known = offsets.get(length)
+                        if known is not None and known[2] < 0:  # the usual case, inline: two unpacks, checked
+                            blen, bkind, nbytes, packets = basic_at(buf, pos + known[0])
+                            qlen, qkind, _, backlog, drops, _, over = queue_at(buf, pos + known[1])
+                            if bkind & 0x7FFF == TCA_STATS_BASIC and qkind & 0x7FFF == TCA_STATS_QUEUE:
+                                values[at], values[at + 1], values[at + 2], values[at + 3], values[at + 4] = \
+                                    nbytes, packets, drops, over, backlog
+                                pos += (length + 3) & ~3
+                                continue
                         self._fill(buf, pos, length, values, at)
                 elif kind == NLMSG_DONE:
                     return
