@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from controller.safe_fs import RunDir
 from controller.telemetry_conf import TelemetryConf
@@ -187,7 +187,6 @@ class Collector:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.summary: Optional[dict[str, Any]] = None
-        self.listeners: list[Callable[["Collector"], None]] = []
 
     # start -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -229,8 +228,6 @@ class Collector:
                 rows += self._pull_host(host)
             self.pulls += 1
             self.collector_cpu_s += time.thread_time() - cpu0
-        for listener in self.listeners:
-            listener(self)
         return rows
 
     def _pull_host(self, host: _Host) -> int:

@@ -31,6 +31,7 @@ from worker.tc_plan import Isolation, Plan, Target, make_plan
 API_VERSION = 1
 MAX_OUTPUT_BYTES = 1 << 20
 SHAPING_THREADS = 4
+TELEMETRY_READ_LIMIT, TELEMETRY_READ_MAX = 100, 1000  # samples per telemetry read
 
 
 def check_version(body: Any) -> dict[str, Any]:
@@ -423,10 +424,12 @@ class WorkerHost:
             return {"version": API_VERSION, **_sampler_info(self._sampler)}
 
     def telemetry_read(self, cursor: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
-        """The samples since ``cursor`` (``lost`` says how many the ring overwrote before this read)."""
+        """The samples since ``cursor``, ``limit`` at most (100 by default, 1,000 at most; ask
+        again from the answer's ``cursor``); ``lost`` says how many the ring overwrote first."""
         sampler = self._sampler
         if sampler is None:
             raise NotFound("telemetry is not started on this host")
+        limit = TELEMETRY_READ_LIMIT if limit is None else max(1, min(limit, TELEMETRY_READ_MAX))
         return {"version": API_VERSION, **sampler.read(cursor, limit)}
 
     def telemetry_stop(self) -> dict[str, Any]:
