@@ -99,7 +99,8 @@ def run_sampler(host: Any, period_ms: int, seconds: float, with_collector: bool,
     finally:
         host.telemetry_stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    return {"share": cpu / wall, "cpu_ms": cpu / max(1, samples) * 1000, "samples": samples, "late": late, "mean_ms": statistics.mean(durations) * 1000,
+    return {"share": cpu / wall, "cpu_ms": cpu / max(1, samples) * 1000, "samples": samples, "late": late,
+            "mean_ms": statistics.mean(durations) * 1000,
             "p95_ms": durations[int(0.95 * (len(durations) - 1))] * 1000,
             "collector_share": (summary["collector_cpu_s"] / (wall + 0.5)) if summary else None}
 

@@ -185,7 +185,8 @@ class CounterReader:
 
     def __init__(self, version: Optional[int], dirs: list[str]) -> None:
         self.version = version
-        cpu_file, mem_file = ("cpuacct.usage", "memory.usage_in_bytes") if version == 1 else ("cpu.stat", "memory.current")
+        v1 = version == 1
+        cpu_file, mem_file = ("cpuacct.usage", "memory.usage_in_bytes") if v1 else ("cpu.stat", "memory.current")
         self._cpu_fd = self._open(dirs, cpu_file)
         self._mem_fd = self._open(dirs, mem_file)
 
