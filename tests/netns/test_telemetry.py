@@ -212,3 +212,23 @@ def test_agent_routes_read_with_a_cursor(host):
     assert client.get("/telemetry?cursor=-1", headers=auth).status_code == 400
     stopped = client.post("/telemetry/stop", headers=auth, json={"version": 1}).get_json()
     assert stopped["stopped"] is True and stopped["sampler_cpu_s"] > 0
+
+
+def test_edgetb_monitor_prints_a_table_and_writes_csv(make_host, tmp_path, monkeypatch, capsys):
+    from controller import cli
+
+    state = tmp_path / "state"
+    host = make_host(state_dir=str(state))
+    a, b = host.create_nodes(nodes_body("a", "b"))["nodes"]
+    host.set_links(links(("a", "b", b["ip"], 10 * MBIT)))
+    monkeypatch.setenv("EDGETB_STATE_DIR", str(state))
+    code = cli.main(["--id", host.testbed_id, "--subnet", str(host.runtime.subnet), "monitor", "--duration", "1.5",
+                     "--interval", "0.5", "--period-ms", "50", "--csv", str(tmp_path / "mon")])
+    out = capsys.readouterr().out
+    assert code == 0 and "a->b" in out and "node" in out
+    rows = _rows(tmp_path / "mon" / "telemetry" / "links.csv")
+    assert {(r["src"], r["dst"]) for r in rows} == {("a", "b")} and len(rows) >= 20
+    assert {r["node"] for r in _rows(tmp_path / "mon" / "telemetry" / "nodes.csv")} == {"a", "b"}
+    import threading
+
+    assert not any(t.name == "edgetb-telemetry" and t.is_alive() for t in threading.enumerate())  # stopped
