@@ -386,3 +386,13 @@ def test_class_values_read_at_cached_offsets_and_in_full_when_the_layout_moves()
     assert len(moved) == len(first)
     sock._fill(moved, 0, len(moved), values, 5)
     assert values[5:] == [700, 8, 10, 11, 9]
+
+
+def test_testbed_api_checks_its_telemetry_arguments(tmp_path):
+    from controller.testbed import Testbed
+
+    with pytest.raises(ConfigError, match="period_ms"):
+        Testbed(str(tmp_path), telemetry_period_ms=5)
+    with pytest.raises(ConfigError, match="'all' stands alone"):
+        Testbed(str(tmp_path), capture=["all", "n1"])
+    assert Testbed(str(tmp_path), telemetry_period_ms=50, capture="all").telemetry_args == (50, True, "all")
