@@ -245,13 +245,16 @@ class Collector:
             host.lost += int(answer.get("lost", 0))
             for key, layout in answer.get("layouts", {}).items():
                 host.layouts[int(key)] = layout
-            for sample in answer["samples"]:
-                rows += self._take(host, sample)
+            last = len(answer["samples"]) - 1
+            for i, sample in enumerate(answer["samples"]):
+                rows += self._take(host, sample, latest=i >= last - 1)  # the last two: a rate over one period
             host.cursor = int(answer["cursor"])
             if len(answer["samples"]) < PULL_LIMIT:
                 return rows
 
-    def _take(self, host: _Host, sample: dict[str, Any]) -> int:
+    def _take(self, host: _Host, sample: dict[str, Any], latest: bool = True) -> int:
+        """Write one sample's rows; with ``latest`` also keep its values (and the rates since the
+        previous kept ones) for /metrics and the live table."""
         t0 = self.t0 if self.t0 is not None else (host.started_s or sample["t"]) + host.offset_s
         time_s = sample["t"] + host.offset_s - t0
         ts = f"{time_s:.4f}"
@@ -264,13 +267,15 @@ class Collector:
         for i, (src, dst) in enumerate(link_keys):
             key = (src, dst)
             cum = self.links.cumulative(key, values[5 * i:5 * i + 5], first)
-            self._latest(self.latest_links, key, time_s, cum, ("tx_bytes", "tx_packets", "drops", "overlimits",
+            if latest:
+                self._latest(self.latest_links, key, time_s, cum, ("tx_bytes", "tx_packets", "drops", "overlimits",
                                                                "backlog_bytes"))
             link_rows.append(f"{ts},{src},{dst},{_fmt(cum)}\n")
         values = sample["nodes"]
         for i, name in enumerate(node_names):
             cum = self.nodes.cumulative(name, values[7 * i:7 * i + 7], first)
-            self._latest(self.latest_nodes, name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes",
+            if latest:
+                self._latest(self.latest_nodes, name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes",
                                                                 "tx_packets", "rx_packets", "drops"))
             node_rows.append(f"{ts},{name},{_fmt(cum, ns_first=True)}\n")
         cum = self.host_counters.cumulative(host.name, sample["host"], first)
