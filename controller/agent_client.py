@@ -295,3 +295,12 @@ class AgentClient:
     def fault(self, body: Any) -> dict[str, Any]:
         """Scenario changes to nodes (``worker.faults``)."""
         return self._call("POST", "/faults", body)
+    def telemetry_start(self, body: Any) -> dict[str, Any]:
+        return self._call("POST", "/telemetry/start", body)
+
+    def telemetry_read(self, cursor: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
+        params = {"cursor": str(cursor)} | ({"limit": str(limit)} if limit is not None else {})
+        return self._call("GET", "/telemetry", params=params)
+
+    def telemetry_stop(self) -> dict[str, Any]:
+        return self._call("POST", "/telemetry/stop", {"version": 1})

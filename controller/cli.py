@@ -7,6 +7,7 @@
     edgetb shape set SRC DST RATE [--delay 20ms] [--jitter 5ms] [--loss 1%] [--queue 100]
     edgetb shape update links.json
     edgetb shape access NODE [--uplink RATE|none] [--downlink RATE|none]
+    edgetb monitor [--period-ms 100] [--interval 1] [--csv DIR] [--duration S] [--top 10]
     edgetb down
 
 Without ``--agent`` the CLI drives this host directly (as root); with
@@ -96,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--nodes", help="nodes file declaring names, cpu and mem")
     sc.add_argument("--dry-run", action="store_true", help="print the timeline, every draw resolved; needs no root")
     sc.add_argument("--csv", help="also write the applied events to this CSV file")
+    mon = sub.add_parser("monitor", help="sample the testbed's nodes and links: a live table, CSV files on request")
+    mon.add_argument("--period-ms", type=int, default=100, help="sampling period in ms (10-10000, default 100)")
+    mon.add_argument("--interval", type=float, default=1.0, help="seconds between table refreshes (default 1)")
+    mon.add_argument("--csv", metavar="DIR", help="also write telemetry/links.csv, nodes.csv and hosts.csv in DIR")
+    mon.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
+    mon.add_argument("--top", type=int, default=10, help="busiest links shown (default 10)")
 
     down = sub.add_parser("down", help="remove every node, link and rule of this testbed")
     down.add_argument("--runtime", choices=("netns", "docker"), default=None,
@@ -380,8 +387,46 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_monitor(args: argparse.Namespace) -> int:
+    """Sample a running testbed until Ctrl-C (or ``--duration``): a live table, CSV on request.
+    Times in the CSV files are seconds since the monitor started."""
+    import time
+
+    from controller.safe_fs import RunDir
+    from controller.telemetry import Collector, configured_rates, render_table
+    from controller.telemetry_conf import TelemetryConf
+
+    conf = TelemetryConf(period_ms=args.period_ms)
+    if args.interval <= 0 or (args.duration is not None and args.duration <= 0) or args.top < 0:
+        raise ConfigError("--interval and --duration must be positive, --top 0 or more")
+    worker = _worker(args)
+    if not worker.status()["nodes"]:
+        raise ConfigError(f"testbed {args.id} has no nodes: bring it up first (edgetb up links.json)")
+    out = RunDir(args.csv) if args.csv else None
+    collector = Collector(worker, conf, out, configured_rates(worker), pull_interval_s=args.interval)
+    collector.start()
+    collector.mark_start()
+    tty = sys.stdout.isatty()
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            wait = args.interval if deadline is None else max(0.0, min(args.interval, deadline - time.monotonic()))
+            time.sleep(wait)
+            collector.pull()
+            table = render_table(collector, args.top)
+            stamp = f"testbed {args.id}, sampled every {conf.period_ms} ms"
+            print(("\x1b[H\x1b[2J" if tty else "") + stamp + "\n" + table + ("" if tty else "\n"), flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        summary = collector.finish()
+    if out is not None:
+        _progress(f"telemetry written in {os.path.join(out.path, 'telemetry')} ({summary['rows']})")
+    return 0
+
+
 COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "scenario": cmd_scenario,
-            "down": cmd_down}
+            "monitor": cmd_monitor, "down": cmd_down}
 
 
 def _interrupt(signum: int, frame: Any) -> None:

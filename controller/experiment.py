@@ -33,6 +33,8 @@ from controller import deploy, evaluate, node_auth, results, run_record
 from controller.agent_client import Worker
 from controller.progress import Progress
 from controller.safe_fs import RunDir
+from controller.telemetry import Collector
+from controller.telemetry_conf import TelemetryConf
 from controller.terminal import clip
 from controller.topology import Topology, load_links
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
@@ -62,6 +64,8 @@ class NodeState:
     round: int = 0
     rounds: int = 0
     accuracy: Optional[float] = None
+    loss: Optional[float] = None
+    bytes_sent: int = 0  # model bytes the node reported sending, summed over its rounds
     log_received: bool = False
     stopped_by: str = ""  # why the controller asked it to stop: its ending once it does
     detail: str = ""
@@ -83,12 +87,13 @@ class Experiment:
                  progress: Callable[[str], None] = print, algorithm: str = "gossip",
                  node_confs: Optional[dict[str, dict[str, Any]]] = None, inputs: Optional[dict[str, str]] = None,
                  dataset: Optional[dict[str, Any]] = None, testbed_id: str = "0", verbose: bool = False,
-                 open_network: bool = False) -> None:
+                 open_network: bool = False, telemetry_conf: Optional[TelemetryConf] = None) -> None:
         """``node_confs`` maps each node to its generated ``structure`` and ``dataset`` confs (pushed
         from memory; read from ``dml_file/conf`` when absent); ``inputs`` the user's files by role
         (links, nodes, structure, dataset, hosts), copied into the run folder; ``verbose`` prints
         every node's round lines besides the aggregate; ``open_network``: unlinked nodes reach each
-        other (EdgeTB's network) instead of no link, no path."""
+        other (EdgeTB's network) instead of no link, no path; ``telemetry_conf`` what is sampled
+        during the run (controller.telemetry; default: every link, node and host each 100 ms)."""
         self.open_network = open_network
         self.workdir = os.path.realpath(workdir)
         self.topology = topology
@@ -114,6 +119,9 @@ class Experiment:
         self.summary: Optional[dict[str, Any]] = None
         self.record = run_record.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
         self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
+        self.telemetry_conf = telemetry_conf or TelemetryConf()
+        self.telemetry: Optional[Collector] = None  # pulls the hosts' samplers while the run goes on
+        self.record["telemetry"] = self.telemetry_conf.to_dict()
         self._out: Optional[RunDir] = None
         self.scenario: Any = None  # a controller.scenario_runner.ScenarioRunner: started with the run
         self._collecting = False  # set once finish collects: later uploads change nothing
@@ -259,8 +267,12 @@ class Experiment:
                 self.push_structure_confs()
             for name in self.nodes:  # every role built before any starts: round 1 is not set-up
                 self._post(name, "/prepare", {})
+            self._start_telemetry()
             self.t_start = time.time()
             t0 = time.monotonic()
+            if self.telemetry is not None:
+                self.telemetry.mark_start()
+                self.telemetry.run_in_thread()
             self.record["started_at"] = self.t_start
             for name, node in self.nodes.items():
                 self._post(name, "/start", {})
@@ -273,6 +285,33 @@ class Experiment:
             self._monitor.start()
         self.progress(f"running: {len(self.nodes)} nodes started")
         return {"phase": self.phase, "run_id": self.run_id}
+
+    def _start_telemetry(self) -> None:
+        """Start every host's sampler (the run goes on without telemetry if a host cannot)."""
+        if not self.telemetry_conf.enabled:
+            return
+        rates = {key: link.shape.rate_bps for key, link in self.topology.links.items()}
+        collector = Collector(self.worker, self.telemetry_conf, self.out, rates)
+        try:
+            collector.start()
+        except (TestbedError, OSError) as e:
+            collector.abandon()
+            message = e.message if isinstance(e, TestbedError) else str(e)
+            self.record["telemetry"] = {**self.telemetry_conf.to_dict(), "problem": message}
+            self.progress(f"telemetry not sampled: {message}")
+            return
+        self.telemetry = collector
+
+    def _finish_telemetry(self) -> None:
+        """The last pull, the samplers stopped, the CSV files closed; the summary in run.json."""
+        if self.telemetry is None:
+            return
+        try:
+            summary = self.telemetry.finish()
+        except Exception as e:  # noqa: BLE001 - the run's own results come first
+            log.exception("telemetry could not be finished")
+            summary = {"problem": str(e)}
+        self.record["telemetry"] = {**self.telemetry_conf.to_dict(), **summary}
 
     # what nodes tell us --------------------------------------------------------------------------
     def on_print(self, name: str, data: Any) -> None:
@@ -292,6 +331,10 @@ class Experiment:
                 self.scenario.on_round(node.name, node.round)
         if number("accuracy") is not None:
             node.accuracy = float(number("accuracy"))  # type: ignore[arg-type]
+        if number("loss") is not None:
+            node.loss = float(number("loss"))  # type: ignore[arg-type]
+        if isinstance(data.get("round"), int) and number("bytes_sent") is not None:
+            node.bytes_sent += int(number("bytes_sent"))  # type: ignore[arg-type]  # the round's bytes
         if self.verbose:
             self.progress(f"{node.name}: {clip(str(data.get('msg', '')))}")
 
@@ -420,6 +463,7 @@ class Experiment:
                 self.scenario.stop()
             if self.phase == "running":
                 self._stop_nodes(how)
+            self._finish_telemetry()
             with self._lock:
                 self._collecting = True
             if self.scenario is not None:
@@ -556,6 +600,11 @@ class Experiment:
         result = self.worker.reset()
         self.phase = "reset" if self.phase != "failed" else self.phase
         return result
+
+    def metrics_nodes(self) -> list[dict[str, Any]]:
+        """Each node's last reported round, accuracy, loss and model bytes (for /metrics)."""
+        return [{"name": n.name, "round": n.round, "accuracy": n.accuracy, "loss": n.loss, "bytes_sent": n.bytes_sent}
+                for n in self.nodes.values()]
 
     def status(self) -> dict[str, Any]:
         nodes = [{**asdict(n), "ending": n.ending if n.state in SETTLED else None} for n in self.nodes.values()]

@@ -7,6 +7,11 @@
      "testbed_id": "0", "started_at": ..., "ended_at": ..., "ended": "completed", "detail": "",
      "seeds": {"dataset": 0, "nodes": {"n1": 3}}, "network": "isolated", "nodes": {"n1": "done", ...}}
 
+``telemetry`` holds the sampling settings and, once the run ended, what sampling cost:
+``period_ms``, ``sampler_cpu_s`` (CPU seconds of every host's sampler thread),
+``collector_cpu_s`` (the controller's pulls and CSV writing) and per host its sampler's CPU
+share of one core, samples taken, samples lost (ring overwritten before a pull) and late.
+
 ``ended`` is ``running`` while the run goes on, then one of ``completed`` (every
 node settled by itself), ``finished`` (``/finish`` before that), ``timeout``,
 ``interrupted`` (Ctrl-C, SIGTERM, SIGHUP), ``reset`` (``/emulated/reset``) or

@@ -50,6 +50,9 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("--open-network", action="store_true",
                    help="let nodes that no link joins reach each other unshaped, as EdgeTB does "
                         "(default: no link, no path)")
+    from controller.telemetry_conf import add_arguments
+
+    add_arguments(p)
     return p
 
 
@@ -79,6 +82,9 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
         from controller.scenario import load_scenario
 
         args.timeline = load_scenario(path(args.scenario), topology)
+    from controller.telemetry_conf import from_args
+
+    args.telemetry_conf = from_args(args, path(args.structure))
     args.inputs = {role: path(getattr(args, role))
                    for role in ("links", "nodes", "structure", "dataset", "hosts", "scenario")
                    if getattr(args, role, None)}
@@ -175,7 +181,7 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
     exp = Experiment(args.workdir, topology, worker, structure, run_id=run_id, controller_port=args.port,
                      progress=_say, algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
                      dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose,
-                     open_network=args.open_network)
+                     open_network=args.open_network, telemetry_conf=args.telemetry_conf)
     if experiments is not None:
         experiments.append(exp)
     if args.timeline is not None:

@@ -66,9 +66,15 @@ class Testbed:
 
     def __init__(self, workdir: str = ".", structure: str = "gl_structure.json", dataset: str = "gl_dataset.json",
                  port: int = 3333, testbed_id: str = "0", subnet: str = DEFAULT_SUBNET, algorithm: str = "gossip",
-                 open_network: bool = False) -> None:
+                 open_network: bool = False, telemetry_period_ms: Optional[int] = None, telemetry: bool = True,
+                 capture: Union[str, list[str], None] = None) -> None:
         """``open_network=True``: nodes that no link joins reach each other (EdgeTB's network);
-        by default they cannot (no link, no path)."""
+        by default they cannot (no link, no path). ``telemetry_period_ms``, ``telemetry=False`` and
+        ``capture`` (node names or "all") override the structure file's "telemetry" settings."""
+        from controller.telemetry_conf import TelemetryConf, resolve
+
+        resolve(TelemetryConf(), telemetry_period_ms, not telemetry, capture)  # bad values refused here
+        self.telemetry_args = (telemetry_period_ms, telemetry, capture)
         self.workdir = os.path.realpath(workdir)
         self.open_network = open_network
         self.structure, self.dataset, self.port = structure, dataset, port
@@ -141,6 +147,10 @@ class Testbed:
                 "--id", self.testbed_id, "--subnet", self.subnet] + (["--auto"] if auto else [])
         argv += ["--open-network"] if self.open_network else []
         argv += ["--scenario", self.scenario] if self.scenario else []
+        period_ms, telemetry, capture = self.telemetry_args
+        argv += ["--telemetry-period-ms", str(period_ms)] if period_ms is not None else []
+        argv += [] if telemetry else ["--no-telemetry"]
+        argv += ["--capture", capture if isinstance(capture, str) else ",".join(capture)] if capture else []
         if any("agent" in host for host in self.emulators.values()):
             path = os.path.join(self.workdir, "dml_file", "hosts.json")
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -257,8 +257,9 @@ def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[s
     """Read and validate ``path`` as ``algorithm``'s structure file."""
     if algorithm not in LOADERS:
         raise ConfigError(f"unknown algorithm {algorithm!r}; known: {', '.join(LOADERS)}")
-    return LOADERS[algorithm](read_object(path, ConfigError, '{"sync": 10, "node_list": [{"name": "n1"}]}'),
-                              path, topology)
+    data = read_object(path, ConfigError, '{"sync": 10, "node_list": [{"name": "n1"}]}')
+    data.pop("telemetry", None)  # the run's sampling settings: controller.telemetry_conf reads them
+    return LOADERS[algorithm](data, path, topology)
 
 
 LOADERS: dict[str, Callable[[dict[str, Any], str, Topology], dict[str, dict[str, Any]]]] = {

@@ -43,6 +43,7 @@ REQUEST_LIMITS = {"create_nodes": MAX_REQUEST_BYTES, "put_links": MAX_REQUEST_BY
 # the calls a client may repeat after a connection error: they leave the same state however often they run
 IDEMPOTENT = frozenset({("PUT", "/links"), ("PATCH", "/links"), ("DELETE", "/links"), ("PUT", "/routes"),
                         ("POST", "/nodes"), ("POST", "/sync"), ("POST", "/reset"),
+                        ("GET", "/telemetry"), ("POST", "/telemetry/stop"),
                         ("DELETE", "/nodes/<name>/processes/<proc_id>")})
 log = logging.getLogger("edgetb.agent")
 
@@ -68,6 +69,16 @@ def load_token(path: Optional[str] = None, create: bool = True) -> str:
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
     return check_token(token, path)
+
+
+def _int_arg(name: str, default: Optional[int]) -> Optional[int]:
+    """A non-negative integer query argument."""
+    value = request.args.get(name)
+    if value is None:
+        return default
+    if not value.isdigit() or len(value) > 18:
+        raise ConfigError(f"query argument {name} must be a non-negative integer, got {value[:40]!r}")
+    return int(value)
 
 
 def create_app(host: WorkerHost, token: str) -> Flask:
@@ -154,6 +165,17 @@ def create_app(host: WorkerHost, token: str) -> Flask:
     @app.post("/faults")
     def faults() -> Any:
         return jsonify(run_blocking(host.fault, body()))
+    @app.post("/telemetry/start")
+    def telemetry_start() -> Any:
+        return jsonify(run_blocking(host.telemetry_start, body()))
+
+    @app.get("/telemetry")
+    def telemetry_read() -> Any:
+        return jsonify(run_blocking(host.telemetry_read, _int_arg("cursor", 0), _int_arg("limit", None)))
+
+    @app.post("/telemetry/stop")
+    def telemetry_stop() -> Any:
+        return jsonify(run_blocking(host.telemetry_stop))
 
     @app.post("/reset")
     def reset() -> Any:

@@ -73,7 +73,7 @@ class Cgroups:
 
     def _bases(self) -> list[str]:
         if self.version == 1:
-            return [os.path.join(self.root, c, self.group) for c in V1_CONTROLLERS]
+            return [os.path.join(self.root, c, self.group) for c in v1_hierarchies(self.root)]
         if self.version == 2:
             return [os.path.join(self.root, self.group)]
         return []
@@ -93,6 +93,26 @@ class Cgroups:
         for controller, name, value in limit_writes(self.version or 0, cpu, mem_bytes):
             base = os.path.join(self.root, controller, self.group, node) if controller else self.dirs(node)[0]
             _write(os.path.join(base, name), value, optional=name.startswith("memory.memsw") or name.endswith("swap.max"))
+
+    def create_accounting(self, node: str) -> bool:
+        """Make the node's group(s) without limits, so its CPU and memory can be read: best effort
+        (False when this host's cgroups do not allow it; the node then runs without a group)."""
+        if self.version is None:
+            return False
+        try:
+            self.create(node, None, None)
+        except (OSError, NodeRuntimeError, CapabilityError):
+            return False
+        return True
+
+    def existing_procs_files(self, node: str) -> list[str]:
+        """The node's cgroup.procs files if all its groups exist, else none."""
+        files = self.procs_files(node)
+        return files if files and all(os.path.exists(f) for f in files) else []
+
+    def reader(self, node: str) -> "CounterReader":
+        """A reader of the node's CPU and memory counters."""
+        return CounterReader(self.version, self.dirs(node))
 
     def procs_files(self, node: str) -> list[str]:
         return [os.path.join(d, "cgroup.procs") for d in self.dirs(node)]
@@ -146,6 +166,68 @@ class Cgroups:
                     pass
         if self.version == 2:
             restore_v2_controllers(self.root)
+
+
+def v1_hierarchies(root: str) -> list[str]:
+    """The v1 hierarchies a node joins: cpu and memory, and cpuacct where it is mounted apart
+    from cpu (its ``cpuacct.usage`` is the node's CPU time)."""
+    found = list(V1_CONTROLLERS)
+    cpu, acct = os.path.join(root, "cpu"), os.path.join(root, "cpuacct")
+    if os.path.isdir(acct) and os.path.realpath(acct) != os.path.realpath(cpu):
+        found.append("cpuacct")
+    return found
+
+
+class CounterReader:
+    """A cgroup's CPU seconds and memory bytes: v1 ``cpuacct.usage`` (ns) and
+    ``memory.usage_in_bytes``, v2 ``cpu.stat`` (``usage_usec``) and ``memory.current``. The files
+    stay open and are read with ``pread``; a counter the group does not offer reads as None."""
+
+    def __init__(self, version: Optional[int], dirs: list[str]) -> None:
+        self.version = version
+        v1 = version == 1
+        cpu_file, mem_file = ("cpuacct.usage", "memory.usage_in_bytes") if v1 else ("cpu.stat", "memory.current")
+        self._cpu_fd = self._open(dirs, cpu_file)
+        self._mem_fd = self._open(dirs, mem_file)
+
+    @staticmethod
+    def _open(dirs: list[str], name: str) -> int:
+        for d in dirs:
+            try:
+                return os.open(os.path.join(d, name), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+        return -1
+
+    def close(self) -> None:
+        for fd in (self._cpu_fd, self._mem_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._cpu_fd = self._mem_fd = -1
+
+    def cpu_ns(self) -> Optional[int]:
+        """CPU time used by the group since it was made, in nanoseconds."""
+        if self._cpu_fd < 0:
+            return None
+        try:
+            data = os.pread(self._cpu_fd, 4096, 0)
+        except OSError:
+            return None
+        if self.version == 1:
+            return int(data)
+        start = data.find(b"usage_usec ")
+        if start < 0:
+            return None
+        end = data.find(b"\n", start)
+        return int(data[start + 11:end if end >= 0 else None]) * 1000
+
+    def mem_bytes(self) -> Optional[int]:
+        if self._mem_fd < 0:
+            return None
+        try:
+            return int(os.pread(self._mem_fd, 64, 0))
+        except (OSError, ValueError):
+            return None
 
 
 V2_CONTROLLERS = ("cpu", "memory")

@@ -31,6 +31,7 @@ from worker.tc_plan import Isolation, Plan, Target, make_plan
 API_VERSION = 1
 MAX_OUTPUT_BYTES = 1 << 20
 SHAPING_THREADS = 4
+TELEMETRY_READ_LIMIT, TELEMETRY_READ_MAX = 100, 1000  # samples per telemetry read
 
 
 def check_version(body: Any) -> dict[str, Any]:
@@ -96,6 +97,7 @@ class WorkerHost:
         from worker.faults import Faults
 
         self.faults = Faults(self)
+        self._sampler: Any = None  # worker.telemetry.Sampler while sampling
 
     @property
     def testbed_id(self) -> str:
@@ -455,6 +457,41 @@ class WorkerHost:
             self.runtime.set_code_root(self.code_root)
         return result
 
+    # telemetry ---------------------------------------------------------------------------
+    def telemetry_start(self, body: Any) -> dict[str, Any]:
+        """Start sampling this host's nodes and links every ``period_ms`` (worker.telemetry);
+        a sampler already running at another period is replaced (its samples are dropped)."""
+        from worker.telemetry import DEFAULT_PERIOD_MS, Sampler, check_period_ms
+
+        body = check_version(body)
+        period_ms = check_period_ms(body.get("period_ms", DEFAULT_PERIOD_MS))
+        with self._lock:
+            current = self._sampler
+            if current is not None and current.running and current.period_ms == period_ms and not body.get("restart"):
+                return {"version": API_VERSION, **_sampler_info(current)}
+            if current is not None:
+                current.stop()
+            self._sampler = Sampler(self.store, getattr(self.runtime, "cgroups", None), period_ms)
+            self._sampler.start()
+            return {"version": API_VERSION, **_sampler_info(self._sampler)}
+
+    def telemetry_read(self, cursor: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
+        """The samples since ``cursor``, ``limit`` at most (100 by default, 1,000 at most; ask
+        again from the answer's ``cursor``); ``lost`` says how many the ring overwrote first."""
+        sampler = self._sampler
+        if sampler is None:
+            raise NotFound("telemetry is not started on this host")
+        limit = TELEMETRY_READ_LIMIT if limit is None else max(1, min(limit, TELEMETRY_READ_MAX))
+        return {"version": API_VERSION, **sampler.read(cursor, limit)}
+
+    def telemetry_stop(self) -> dict[str, Any]:
+        with self._lock:
+            sampler, self._sampler = self._sampler, None
+        if sampler is None:
+            return {"version": API_VERSION, "stopped": False}
+        sampler.stop()
+        return {"version": API_VERSION, "stopped": True, **_sampler_info(sampler)}
+
     # status and reset ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         state = self.store.read()
@@ -473,6 +510,7 @@ class WorkerHost:
 
     def reset(self) -> dict[str, Any]:
         self.faults.reset()
+        self.telemetry_stop()
         with self._lock:
             children = list(self._children.values())
             self._children.clear()
@@ -489,6 +527,12 @@ class WorkerHost:
             except subprocess.TimeoutExpired:
                 pass
         return {"version": API_VERSION, "removed": removed}
+
+
+def _sampler_info(sampler: Any) -> dict[str, Any]:
+    return {"host": sampler.host_name, "period_ms": sampler.period_ms, "now_s": time.monotonic(),
+            "started_s": sampler.started_mono, "cursor": sampler.ring.next_cursor,
+            "sampler_cpu_s": round(sampler.cpu_s, 6), "samples_taken": sampler.samples, "running": sampler.running}
 
 
 def bridge_address(bridge: str, subnet: Optional[str]) -> Optional[str]:

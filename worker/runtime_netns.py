@@ -255,6 +255,8 @@ class NetnsRuntime:
             allow_unprivileged_ping(rec["netns"])
             if rec["cpu"] or rec["mem_bytes"]:
                 self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"])
+            else:  # no limits: a group all the same where possible, for its CPU and memory counters
+                self.cgroups.create_accounting(rec["name"])
 
     # processes -------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any]:
@@ -273,7 +275,8 @@ class NetnsRuntime:
         unprivileged uid with ``view`` as its file system (every process the worker starts), or,
         without a view, as root for the operator's own ``edgetb exec`` on this host."""
         rec = self.node(name)
-        procs = self.cgroups.procs_files(name) if (rec["cpu"] or rec["mem_bytes"]) else []
+        procs = (self.cgroups.procs_files(name) if (rec["cpu"] or rec["mem_bytes"])
+                 else self.cgroups.existing_procs_files(name))
         if view is not None:
             return privilege.launch(privilege.Launch(argv, self.identity(name), view, nsfs.netns_path(rec["netns"]),
                                                      procs, kwargs))

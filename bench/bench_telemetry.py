@@ -1,0 +1,160 @@
+"""Benchmark of the telemetry sampler: its CPU cost and the shortest period it sustains.
+
+Run as root: ``.venv/bin/python bench/bench_telemetry.py [--quick] [--seconds 10]``. Prints
+Markdown tables on stdout (progress on stderr); the figures go into BENCHMARKS.md.
+
+For each size (147 nodes and 1,466 links, EdgeTB's largest experiment; 500 nodes and 5,000
+links) a fresh testbed is brought up in-process, isolated as a deployed one (a seeded random
+graph, links of 1-100 Mbit/s), and then:
+
+1. the sampler thread runs at 10 Hz for ``--seconds``: its CPU time (``time.thread_time``
+   of the sampling thread) per second of wall time is its share of one core; the time of
+   one sample (mean, p95) and the samples it had to skip are measured too, and so is the
+   controller's side (pulling once a second and writing the three CSV files);
+   (all busy: every class is dumped at every sample, as when every link carries traffic; idle:
+   an interface whose root qdisc did not change is not dumped, as between rounds);
+2. the same at shorter periods (all busy; 50, 20, 10 ms): the shortest period at which at most
+   1 % of the samples are skipped is the highest rate it sustains on this machine as loaded;
+   the CPU time of one sample is the shortest period it could sustain on a core of its own.
+
+No traffic flows: "all busy" forces what traffic on every interface causes (a class dump
+per interface per sample); the cost of a dump does not depend on the amount of traffic.
+The machine's load average is printed with the results: other processes lengthen the
+wall time of a sample, not its CPU time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.bench_netns import BenchError, checkpoint, log, scratch_host, table  # noqa: E402
+from controller.safe_fs import RunDir  # noqa: E402
+from controller.telemetry import Collector, configured_rates  # noqa: E402
+from controller.telemetry_conf import TelemetryConf  # noqa: E402
+
+SEED = 20261123
+SIZES = ((147, 1466), (500, 5000))
+TARGET_SHARE = 0.05  # of one core at 147 nodes and 10 Hz
+PERIODS_MS = (100, 50, 20, 10)
+
+
+def edges(n: int, count: int, rng: random.Random) -> list[tuple[int, int]]:
+    """``count`` distinct directed links: every node sends to about count/n random others."""
+    base, extra = divmod(count, n)
+    out = []
+    for i in range(n):
+        degree = base + (1 if i < extra else 0)
+        out += [(i, j) for j in rng.sample([k for k in range(n) if k != i], degree)]
+    return out
+
+
+def bring_up(host: Any, n: int, count: int) -> None:
+    rng = random.Random(SEED + n)
+    pairs = edges(n, count, rng)
+    nodes = host.create_nodes({"version": 1, "nodes": [{"name": f"n{i}"} for i in range(n)]})["nodes"]
+    body = {"version": 1, "links": [{"src": f"n{i}", "dst": f"n{j}", "dst_ip": nodes[j]["ip"],
+                                     "shape": {"rate_bps": rng.randint(1, 100) * 10**6}} for i, j in pairs],
+            "isolation": {"drop": [str(host.runtime.subnet)], "keep": [host.runtime.bridge_ip]}}
+    result = host.set_links(body)
+    if sum(s["rules"] for s in result["nodes"]) != count:
+        raise BenchError(f"expected {count} shaped links")
+
+
+def run_sampler(host: Any, period_ms: int, seconds: float, with_collector: bool,
+                always_dump: bool = True) -> dict[str, Any]:
+    """Sample for ``seconds`` through the host's API (and, ``with_collector``, the controller's
+    pull loop writing CSV files): the sampler's CPU share, sample times, skipped periods."""
+    scratch = tempfile.mkdtemp(prefix="edgetb-bench-tel-")
+    summary = None
+    try:
+        if with_collector:
+            collector = Collector(host, TelemetryConf(period_ms=period_ms), RunDir(scratch), configured_rates(host))
+            collector.start()
+            collector.mark_start()
+            collector.run_in_thread()
+        else:
+            host.telemetry_start({"version": 1, "period_ms": period_ms, "restart": True})
+        sampler = host._sampler
+        for node in sampler._nodes:  # the worst case: every class read at every sample, as if all were busy
+            if node.sock is not None:
+                node.sock.always_dump = always_dump
+        time.sleep(0.5)  # past the first samples, which open the sockets
+        t0, cpu0, n0, late0 = time.monotonic(), sampler.cpu_s, sampler.samples, sampler.late
+        time.sleep(seconds)
+        wall, cpu = time.monotonic() - t0, sampler.cpu_s - cpu0
+        samples, late = sampler.samples - n0, sampler.late - late0
+        durations = sorted(list(sampler.durations_s)[-samples:])
+        if with_collector:
+            summary = collector.finish()
+    finally:
+        host.telemetry_stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {"share": cpu / wall, "cpu_ms": cpu / max(1, samples) * 1000, "samples": samples, "late": late,
+            "mean_ms": statistics.mean(durations) * 1000,
+            "p95_ms": durations[int(0.95 * (len(durations) - 1))] * 1000,
+            "collector_share": (summary["collector_cpu_s"] / (wall + 0.5)) if summary else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="147 nodes only, 5 s per measurement")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per measurement (default 10)")
+    parser.add_argument("--subnet", default="10.210.0.0/16")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench_telemetry needs root (namespaces, tc)", file=sys.stderr)
+        return 2
+    seconds = 5.0 if args.quick else args.seconds
+    sizes = SIZES[:1] if args.quick else SIZES
+    cost_rows, period_rows = [], []
+    for n, count in sizes:
+        with scratch_host(args.subnet) as host:
+            log(f"{n} nodes, {count} links: bringing up testbed {host.testbed_id}")
+            bring_up(host, n, count)
+            checkpoint()
+            log("  10 Hz, idle interfaces (no class dump)")
+            idle = run_sampler(host, 100, seconds, with_collector=False, always_dump=False)
+            log("  10 Hz, every class read, with the controller pulling and writing CSV")
+            r = run_sampler(host, 100, seconds, with_collector=True)
+            target = f"<= {TARGET_SHARE:.0%}" if n == 147 else "-"
+            met = ("met" if r["share"] <= TARGET_SHARE else "NOT met") if n == 147 else "-"  # the worst case
+            cost_rows.append([n, f"{count:,}", f"{idle['share']:.1%} ({idle['cpu_ms']:.1f} ms)",
+                              f"{r['share']:.1%} ({r['cpu_ms']:.1f} ms)", f"{r['mean_ms']:.1f}",
+                              f"{r['p95_ms']:.1f}", r["late"], f"{r['collector_share']:.1%}", target, met])
+            sustained = None
+            for period in PERIODS_MS:
+                checkpoint()
+                log(f"  period {period} ms")
+                p = run_sampler(host, period, seconds, with_collector=False)
+                ok = p["late"] <= 0.01 * p["samples"] and p["share"] < 1.0
+                sustained = period if ok else sustained
+                period_rows.append([n, period, f"{p['share']:.1%}", f"{p['cpu_ms']:.1f}", f"{p['mean_ms']:.1f}",
+                                    f"{p['p95_ms']:.1f}",
+                                    p["samples"], p["late"], "yes" if ok else "no"])
+            period_rows.append([n, f"**shortest sustained here: {sustained} ms**" if sustained else "none here",
+                                "", f"free core: ~{r['cpu_ms']:.0f} ms", "", "", "", "", ""])
+    load = os.getloadavg()
+    print(f"\nMachine: {os.cpu_count()} cores, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
+          f"(1/5/15 min) at the end; {seconds:g} s per measurement.\n")
+    print("Sampler cost at 10 Hz (share of one core: sampler thread CPU time / wall time)\n")
+    print(table(["nodes", "links", "sampler CPU, idle (CPU/sample)", "sampler CPU, all busy (CPU/sample)",
+                 "sample mean ms", "sample p95 ms", "skipped", "controller CPU",
+                 "target", "result"], cost_rows))
+    print("\nShorter periods (sampler alone)\n")
+    print(table(["nodes", "period ms", "sampler CPU", "CPU ms/sample", "sample mean ms", "sample p95 ms", "samples",
+                 "skipped", "sustained"], period_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
