@@ -8,7 +8,9 @@ Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
 - federated (fl_structure.json): the first entry is the aggregator,
   ``{"name", "sync", "trainer_fraction", "selection": "uniform"|"speed",
   "deadline_s", "quorum"}``; the rest are trainers ``{"name", "epoch"}``.
-- E-tree (el_structure.json): entries in breadth-first order, the root first;
+- E-tree (el_structure.json): ``deadline_s`` (a layer-2 round's; a higher layer's
+  round waits for its children's rounds plus this), ``quorum``; entries in
+  breadth-first order, the root first;
   an aggregator entry is ``{"name", "layer", "sync", "child_num"}`` and its
   children are the next ``child_num`` entries not yet taken, one layer down; a
   trainer is ``{"name", "layer": 1, "epoch"}``. A node may appear on several
@@ -70,7 +72,12 @@ FL_AGGREGATOR = Schema({
                         low_open=True),
     "quorum": Field(float, "share of the picked trainers a round needs", default=0.5, low=0, high=1,
                     low_open=True)})
-ETREE = Schema({"epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
+ETREE = Schema({"epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST,
+                "deadline_s": Field(float, "longest wait for a layer-2 round's answers (higher layers: their "
+                                           "children's rounds plus this)", default=60.0, low=0, high=MAX_SECONDS,
+                                    low_open=True),
+                "quorum": Field(float, "share of the asked children a round needs", default=0.5, low=0, high=1,
+                                low_open=True)})
 LAYER = Field(int, "1 for trainers, higher for aggregators", required=True, low=1, high=64)
 ETREE_AGGREGATOR = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                            "child_num": Field(int, "how many of the following entries are its children",
@@ -217,6 +224,15 @@ def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str,
                           f"but {len(positions) - 1} entries follow the root")
     if positions[0]["layer"] < 2:
         raise ConfigError(f"{path}: node_list[0]: the root aggregates, so its layer must be >= 2")
+    deadlines: dict[int, float] = {}  # by position: its round's deadline
+
+    def deadline(i: int) -> float:
+        if i not in deadlines:
+            pos = positions[i]
+            below = [positions[c]["sync"] * deadline(c) for c in pos["child_index"] if positions[c]["layer"] > 1]
+            deadlines[i] = max(below, default=0.0) + top["deadline_s"]
+        return deadlines[i]
+
     confs: dict[str, dict[str, Any]] = {}
     root_sync = positions[0]["sync"]
     for pos, entry in zip(positions, checked):
@@ -227,6 +243,8 @@ def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str,
         children = [positions[c]["name"] for c in pos["child_index"]]
         conf["positions"].append({"layer": pos["layer"], "parent": pos["parent"], "children": children,
                                   "sync": pos.get("sync", 1), "epoch": pos["epoch"]})
+        if pos["layer"] > 1:
+            conf["positions"][-1].update(deadline_s=deadline(positions.index(pos)), quorum=top["quorum"])
         if pos["layer"] == 1:
             conf["epoch"] = pos["epoch"]
         for peer in [*children, pos["parent"]]:

@@ -180,7 +180,9 @@ def test_etree_structure_breadth_first(tmp_path):
         {"name": "a", "layer": 1, "epoch": 2}, {"name": "b", "layer": 1}, {"name": "c", "layer": 1}]})
     confs = load_structure(path, topo, "etree")
     assert [p["layer"] for p in confs["b"]["positions"]] == [3, 2, 1]
-    assert confs["b"]["positions"][0] == {"layer": 3, "parent": None, "children": ["b"], "sync": 4, "epoch": 1}
+    assert confs["b"]["positions"][0] == {"layer": 3, "parent": None, "children": ["b"], "sync": 4, "epoch": 1,
+                                          "deadline_s": 2 * 60.0 + 60.0, "quorum": 0.5}
+    assert confs["b"]["positions"][1]["deadline_s"] == 60.0
     assert confs["b"]["positions"][1]["children"] == ["a", "b", "c"] and confs["b"]["positions"][1]["parent"] == "b"
     assert confs["a"]["positions"] == [{"layer": 1, "parent": "b", "children": [], "sync": 1, "epoch": 2}]
     assert confs["a"]["epoch"] == 2 and confs["b"]["sync"] == 4
