@@ -464,7 +464,8 @@ class Experiment:
                 time.sleep(0.2)
             self._post(name, "/conf/dataset", self._conf(name, "dataset"))
             node.dataset_conf = True
-            self._post(name, "/conf/structure", self._structure_confs()[name])
+            # (life > 1: a role that keeps a membership, the ring, joins it before it leads anything)
+            self._post(name, "/conf/structure", {**self._structure_confs()[name], "life": len(node.lives) + 1})
             node.structure_conf = True
             self._post(name, "/prepare", {})
             self._post(name, "/start", {})

@@ -15,8 +15,9 @@ Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
   children are the next ``child_num`` entries not yet taken, one layer down; a
   trainer is ``{"name", "layer": 1, "epoch"}``. A node may appear on several
   layers (and be its own child), but once per layer.
-- ring all-reduce (ra_structure.json): ``sync``, ``step_timeout_s``; entries
-  ``{"name", "epoch"}`` in ring order.
+- ring all-reduce (ra_structure.json): ``sync``, ``step_timeout_s``,
+  ``join_wait_s`` (how long a ring formation waits for the last one's members);
+  entries ``{"name", "epoch"}`` in ring order.
 
 Each conf lists in ``talks_to`` the nodes it sends to; ``dml_tool.confs``
 turns that into next hops over the links (relays where two nodes have no link).
@@ -86,6 +87,9 @@ ETREE_TRAINER = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "epoch": EPO
 RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                "step_timeout_s": Field(float, "longest wait for one step of the ring", default=120.0, low=0,
                                        high=MAX_SECONDS, low_open=True),
+               "join_wait_s": Field(float, "longest wait for the last ring's members to join the next one "
+                                           "(a lost member costs this once)", default=30.0, low=0, high=MAX_SECONDS,
+                                    low_open=True),
                "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
 
@@ -262,12 +266,15 @@ def load_ring(data: dict[str, Any], path: str, topology: Topology) -> dict[str, 
     for i in range(len(entries.items)):
         entry, name, where = entries.entry(i, TRAINER)
         _unique(confs, name, where)
-        confs[name] = {**_base(entry, "ring", model, top["sync"], _epoch(entry, top)), "step_timeout_s": top["step_timeout_s"]}
+        confs[name] = {**_base(entry, "ring", model, top["sync"], _epoch(entry, top)),
+                       "step_timeout_s": top["step_timeout_s"], "join_wait_s": top["join_wait_s"]}
     if len(confs) < 2:
         raise ConfigError(f"{path}: field 'node_list': a ring needs at least 2 nodes")
     ring = list(confs)
     for i, name in enumerate(ring):
-        confs[name].update(ring=ring, talks_to=[ring[(i + 1) % len(ring)]])
+        # any member may become another's successor, or coordinate a formation: keys and routes to all
+        confs[name].update(ring=ring, talks_to=[ring[(i + 1) % len(ring)]] + [m for m in ring if m != name
+                                                                             and m != ring[(i + 1) % len(ring)]])
     return confs
 
 

@@ -41,6 +41,7 @@ MAX_RELAYS = 16
 SEND_MARGIN = 4.0  # a send may take this many times its time at the link's rate ...
 SEND_BASE_S = 5.0  # ... plus this, before it is given up (a dead, paused or cut-off peer)
 DEFAULT_SEND_TIMEOUT_S = 60.0  # when the link's rate is not known
+RELAY_WAIT_S = 600.0  # a relay waits this long for the answer it passes back (a ring join is held)
 
 
 @dataclass
@@ -338,7 +339,8 @@ class Role:
             raise HttpError(401, "unauthorized", "a relayed message needs its sender's signature")
         self.count_received(req, "?")
         answer = self.post(dest, path, req.body, req.content_type or "application/octet-stream", -1, ttl=ttl,
-                           signed=signed)
+                           signed=signed, timeout_s=max(self.send_timeout_s(dest, len(req.body)), RELAY_WAIT_S),
+                           retries=0)
         if answer is None:
             raise HttpError(502, "relay_failed", f"{self.ctx.name} could not pass the message on to {dest}")
         with self._traffic_lock:
