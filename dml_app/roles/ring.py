@@ -141,7 +141,6 @@ class RingRole(Role):
         if want is not None and (not isinstance(want, int) or isinstance(want, bool) or want < 1) \
                 or not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise HttpError(400, "bad_join", "a join needs want (a round or null) and epoch (a whole number)")
-        self.count_received(req, peer)
         with self._cond:
             if self.finished:
                 return self._answer(req, {"done": True, "epoch": self.epoch, "round": self.rounds + 1,
@@ -164,7 +163,8 @@ class RingRole(Role):
 
     def _answer(self, req: Request, meta: dict[str, Any], weights: Optional[Weights] = None) -> Response:
         body = wire.encode(weights or [], {"from": self.ctx.name, **meta})
-        self.count_sent_answer(req, body)
+        if weights:  # a model for a node behind (a formation alone is a small reply on its connection)
+            self.count_sent_answer(req, body)
         return 200, wire.CONTENT_TYPE, body
 
     def form(self, want: Optional[int]) -> tuple[Formation, Optional[Weights], bool]:
