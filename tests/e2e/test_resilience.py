@@ -15,9 +15,15 @@ from safetensors.numpy import load_file
 
 from dml_app.events import read_events
 from tests.e2e.harness import ROOT, Run
-from tests.e2e.test_algorithms import MODEL, rounds_of, star
+from tests.e2e.test_algorithms import MODEL, rounds_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
+
+
+def slow_star(center: str, leaves: list[str]) -> dict:
+    """1 Mbit/s both ways: rounds of about 0.4 s, so that a run outlasts what is done to it."""
+    return {center: [{"dest": leaf, "bw": "1mbit"} for leaf in leaves],
+            **{leaf: [{"dest": center, "bw": "1mbit"}] for leaf in leaves}}
 
 
 def node_status(r: Run, name: str) -> dict:
@@ -101,20 +107,17 @@ def test_gossip_goes_on_without_a_crashed_node_and_takes_its_replacement_back(ru
 
 def test_federated_trainer_killed_then_replaced_contributes_again(run):
     trainers = [f"t{i}" for i in range(1, 5)]
-    deadline_s, rounds = 8, 8
+    deadline_s, rounds = 8, 40
     structure = {"model": MODEL, "node_list": [
         {"name": "agg", "sync": rounds, "trainer_fraction": 1.0, "deadline_s": deadline_s, "quorum": 0.5}]
-        + [{"name": t, "epoch": 10} for t in trainers]}
-    r = run(kind="fl", structure=structure, links=star("agg", trainers))
+        + [{"name": t, "epoch": 2} for t in trainers]}
+    r = run(kind="fl", structure=structure, links=slow_star("agg", trainers))
     r.wait_phase("ready")
     r.get("/start")
     wait_round(r, "agg", 2)
     crash(r, "t3")
     wait_state(r, "t3", ("crashed",))
-    killed_round = node_status(r, "agg")["round"]
-    wait_round(r, "agg", killed_round + 1)
     replaced = post(r, "/node/replace", {"node": "t3"})
-    replaced_round = node_status(r, "agg")["round"]
     assert replaced["life"] == 2
     summary, events = finished(r, timeout_s=rounds * deadline_s + 120)
     nodes = {n["node"]: n for n in summary["nodes"]}
@@ -123,24 +126,24 @@ def test_federated_trainer_killed_then_replaced_contributes_again(run):
     assert len(agg) == rounds and agg[-1]["accuracy"] >= 0.85, agg[-1]
     without = [e for e in agg if "t3" in e["missing"]]
     assert without and all(e["closed"] == "quorum" for e in without), agg
-    again = [e for e in agg if e["round"] > replaced_round + 1 and "t3" in e["samples"]]
-    assert again, f"the replaced t3 contributed to no round after {replaced_round + 1}: {agg}"
+    again = [e for e in agg if e["round"] > without[-1]["round"] and "t3" in e["samples"]]
+    assert len(again) >= 3, f"the replaced t3 contributed to {len(again)} rounds: {agg}"
     assert any(e["peer"] == "t3" for e in of_type(events["agg"], "peer_dropped"))
     assert any(e["peer"] == "t3" for e in of_type(events["agg"], "peer_rejoined"))
     assert of_type(events["agg"], "quorum_round")
-    t3_rounds = [e["round"] for e in rounds_of(events["t3"])]
-    assert t3_rounds[-1] == rounds and len(of_type(events["t3"], "started")) == 2
+    second_life = events["t3"][events["t3"].index(of_type(events["t3"], "started")[1]):]
+    assert [e["round"] for e in rounds_of(second_life)] == [e["round"] for e in again]
 
 
 def test_etree_silent_child_costs_the_deadline_not_600_s(run):
     """A trainer stops answering (SIGSTOP: its socket still accepts): each round closes by
     its deadline with a quorum, and later rounds skip the silent child for a while."""
     trainers = [f"t{i}" for i in range(1, 5)]
-    deadline_s, rounds = 5, 5
+    deadline_s, rounds = 5, 8
     structure = {"model": MODEL, "deadline_s": deadline_s, "quorum": 0.5, "node_list": [
         {"name": "agg", "layer": 2, "sync": rounds, "child_num": len(trainers)}]
         + [{"name": t, "layer": 1, "epoch": 2} for t in trainers]}
-    r = run(kind="el", structure=structure, links=star("agg", trainers))
+    r = run(kind="el", structure=structure, links=slow_star("agg", trainers))
     r.wait_phase("ready")
     r.get("/start")
     wait_round(r, "agg", 1)
