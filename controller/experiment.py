@@ -561,6 +561,8 @@ class Experiment:
             self.ended = how
             self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
             self._write_json("lives.json", self.lives())
+            self.out.write_bytes("membership.csv", results.csv_bytes(results.MEMBERSHIP_COLUMNS, results.membership_rows(
+                results.read_run_events(self.run_dir), self.membership)))
             endings = {n.name: n.ending for n in self.nodes.values()}
             dataset_confs: dict[str, Any] = {}
             for n in self.nodes:

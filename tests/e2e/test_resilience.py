@@ -103,6 +103,9 @@ def test_gossip_goes_on_without_a_crashed_node_and_takes_its_replacement_back(ru
     assert [life["ended"] for life in lives["nodes"]["n3"]] == ["crashed", "done"]
     assert [e["type"] for e in lives["events"] if e["node"] == "n3"] == ["death_expected", "node_died",
                                                                         "node_replaced"]
+    membership = (Path(summary["run_dir"]) / "membership.csv").read_text().splitlines()
+    assert any(",peer_dropped,n3," in line for line in membership) and any(",node_replaced,n3," in line
+                                                                              for line in membership)
 
 
 def test_federated_trainer_killed_then_replaced_contributes_again(run):

@@ -342,3 +342,16 @@ def test_a_replaced_node_gets_its_confs_and_its_ending_shows_both_lives(tmp_path
     exp._finishing = True
     with pytest.raises(ConfigError, match="finishing"):
         exp.replace_node("n2")
+
+
+def test_membership_rows_merge_the_nodes_and_the_controllers_changes_in_time_order():
+    from controller.results import MEMBERSHIP_COLUMNS, csv_bytes, membership_rows
+
+    events = {"n1": [{"type": "round", "t": 1.0, "round": 1},
+                     {"type": "peer_dropped", "t": 3.0, "round": 2, "peer": "n3", "retry_in_s": 2.0}],
+              "n2": [{"type": "ring_formed", "t": 5.0, "round": 3, "members": ["n1", "n2"], "dropped": ["n3"]}]}
+    rows = membership_rows(events, [{"t": 2.0, "node": "n3", "type": "node_died", "why": "crashed"}])
+    assert [(r["node"], r["event"], r["peer"]) for r in rows] == [
+        ("controller", "node_died", "n3"), ("n1", "peer_dropped", "n3"), ("n2", "ring_formed", "")]
+    assert json.loads(rows[2]["detail"]) == {"members": ["n1", "n2"], "dropped": ["n3"]}
+    assert csv_bytes(MEMBERSHIP_COLUMNS, rows).decode().splitlines()[0] == "t,node,event,peer,round,detail"
