@@ -84,9 +84,18 @@ class NodeState:
         return self.state not in UNSETTLED
 
     @property
+    def life_ending(self) -> str:
+        """How this life ended (its state, with the why of a failure)."""
+        return _life_ending(self.state, self.detail)
+
+    @property
     def ending(self) -> str:
-        current = f"failed: {self.detail}" if self.state == "failed" and self.detail else self.state
-        return ", replaced, ".join([*(life["ended"] for life in self.lives), current])
+        """How the node ended, every life: ``revoked, replaced, done``."""
+        return ", replaced, ".join([*(life["ended"] for life in self.lives), self.life_ending])
+
+
+def _life_ending(state: str, detail: str) -> str:
+    return f"failed: {detail}" if state == "failed" and detail else state
 
 
 def new_run_id() -> str:
@@ -451,9 +460,8 @@ class Experiment:
             self._stop_old_process(node)
             if old_state == "running":  # its death was expected, the monitor had not seen it yet
                 old_state = node.expected_death
-            node.lives.append({"pid": node.pid, "started_at": node.started_at, "ended": old_state
-                               if old_state != "failed" or not node.detail else f"failed: {node.detail}",
-                               "ended_at": time.time()})
+            node.lives.append({"pid": node.pid, "started_at": node.started_at,
+                               "ended": _life_ending(old_state, node.detail), "ended_at": time.time()})
             node.expected_death, node.detail, node.stopped_by, node.log_received = "", "", "", False
             node.dataset_conf = node.structure_conf = False
             self._start_process(name)
@@ -485,8 +493,8 @@ class Experiment:
         controller saw (``death_expected``, ``node_died``, ``node_replaced``, ``replace_failed``)."""
         with self._lock:
             return {"version": 1, "events": [*self.membership], "nodes": {
-                n.name: [*n.lives, {"pid": n.pid, "started_at": n.started_at, "ended": n.ending.split(", replaced, ")[-1]
-                                    if n.settled else None}] for n in self.nodes.values()}}
+                n.name: [*n.lives, {"pid": n.pid, "started_at": n.started_at,
+                                    "ended": n.life_ending if n.settled else None}] for n in self.nodes.values()}}
 
     def _node(self, name: str) -> NodeState:
         if name not in self.nodes:
@@ -561,8 +569,8 @@ class Experiment:
             self.ended = how
             self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
             self._write_json("lives.json", self.lives())
-            self.out.write_bytes("membership.csv", results.csv_bytes(results.MEMBERSHIP_COLUMNS, results.membership_rows(
-                results.read_run_events(self.run_dir), self.membership)))
+            changes = results.membership_rows(results.read_run_events(self.run_dir), self.membership)
+            self.out.write_bytes("membership.csv", results.csv_bytes(results.MEMBERSHIP_COLUMNS, changes))
             endings = {n.name: n.ending for n in self.nodes.values()}
             dataset_confs: dict[str, Any] = {}
             for n in self.nodes:

@@ -181,7 +181,8 @@ class ETreeRole(Role):
                                                   timeout_s=max(0.5, min(left, body_s)), retries=0):
                 return None
             with self._cond:
-                if not self._cond.wait_for(lambda: key in self._answers, timeout=max(0.0, closes_at - time.monotonic())):
+                left = max(0.0, closes_at - time.monotonic())
+                if not self._cond.wait_for(lambda: key in self._answers, timeout=left):
                     self.ctx.events.write("child_timeout", peer=child, layer=layer)
                     return None
                 return self._answers.pop(key)
