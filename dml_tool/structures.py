@@ -254,8 +254,12 @@ def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str,
         for peer in [*children, pos["parent"]]:
             if peer is not None and peer != pos["name"] and peer not in conf["talks_to"]:
                 conf["talks_to"].append(peer)
-    for conf in confs.values():
+    root = positions[0]["name"]
+    for name, conf in confs.items():
         conf["positions"].sort(key=lambda p: -p["layer"])
+        conf["root"] = root  # the root tells every node the run is done (a dead aggregator cannot)
+    confs[root]["members"] = [n for n in confs if n != root]
+    confs[root]["talks_to"] += [n for n in confs[root]["members"] if n not in confs[root]["talks_to"]]
     return confs
 
 

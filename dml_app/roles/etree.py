@@ -10,7 +10,9 @@ rounds made of the model. Answers are messages of their own (child to parent,
 over the child's links), and a child that is the node itself is called directly.
 A child is weighted by the samples it reports, at most what its subtree's
 dataset confs hold (``child_samples``, which the controller adds).
-The root runs ``sync`` global rounds, then tells the tree it is done.
+The root runs ``sync`` global rounds, then tells the tree it is done: every
+node (``members``), so that the children of an aggregator that died are not left
+waiting.
 
 Every aggregating position's round has a deadline (``deadline_s`` of the
 position, which dml_tool sets: the structure's ``deadline_s`` at layer 2, and at
@@ -53,6 +55,7 @@ class ETreeRole(Role):
         self.health = PeerHealth()
         self._asks = 0
         self.run_timeout_s = float(ctx.conf.get("run_timeout_s", 3600.0))  # a non-root waits for done
+        self.root = ctx.conf.get("root")
         self.done = threading.Event()
         self.last: dict[str, Any] = {}
         self._cond = threading.Condition()
@@ -105,8 +108,8 @@ class ETreeRole(Role):
         return ok({"accepted": expected})
 
     def on_done(self, req: Request) -> Response:
-        self.require_sender(req, {p["parent"] for p in self.positions.values() if p["parent"] is not None},
-                            "the end of the run")
+        parents = {p["parent"] for p in self.positions.values() if p["parent"] is not None}
+        self.require_sender(req, parents | ({self.root} if self.root else set()), "the end of the run")
         self.done.set()
         return ok()
 
@@ -198,6 +201,8 @@ class ETreeRole(Role):
 
     def tell_done(self) -> None:
         children = {c for p in self.positions.values() for c in p["children"] if c != self.ctx.name}
+        if self.is_root:
+            children |= set(self.ctx.conf.get("members", []))
         parallel(lambda c: self.post(c, "/etree/done", b"{}", JSON, self.round_events, timeout_s=10, retries=1),
                  sorted(children))
 

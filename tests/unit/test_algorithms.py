@@ -197,7 +197,7 @@ def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_pa
     net = MemoryNet()
     names = ["r0", "r1", "r2", "r3"]
     offsets = {"r0": 1.0, "r1": 2.0, "r2": 4.0, "r3": 8.0}
-    roles = [ring_role(tmp_path, n, names, net, sync=6, seed=0, offset=offsets[n]) for n in names]
+    roles = [ring_role(tmp_path, n, names, net, sync=8, seed=0, offset=offsets[n]) for n in names]
     start = [w.astype(np.float64) for w in roles[0].ctx.model.get_weights()]  # the same seed everywhere
     victim = roles[2]
     record = victim.record_round
@@ -216,7 +216,7 @@ def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_pa
         while not any(e["round"] >= 3 for e in events_of(roles[0], "round")):
             threading.Event().wait(0.05)
         net.dead.discard("r2")
-        replaced["role"] = ring_role(tmp_path, "r2", names, net, sync=6, life=2, offset=offsets["r2"])
+        replaced["role"] = ring_role(tmp_path, "r2", names, net, sync=8, life=2, offset=offsets["r2"])
         replaced["result"] = replaced["role"].run()
 
     helper = threading.Thread(target=replace_later, daemon=True)
@@ -226,7 +226,7 @@ def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_pa
     survivors = [roles[0], roles[1], roles[3]]
     for r in survivors:
         rounds = events_of(r, "round")
-        assert [e["round"] for e in rounds] == [1, 2, 3, 4, 5, 6], r.ctx.name
+        assert [e["round"] for e in rounds] == [1, 2, 3, 4, 5, 6, 7, 8], r.ctx.name
         assert rounds[0]["members"] == names and rounds[2]["members"] == ["r0", "r1", "r3"]
         assert rounds[-1]["members"] == names, "the replacement is back by the last round"
         formed = events_of(r, "ring_formed")
@@ -243,7 +243,7 @@ def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_pa
         got = r.ctx.model.get_weights()
         assert max(float(np.max(np.abs(g - h))) for g, h in zip(got, held)) <= 1e-4, r.ctx.name
     back = events_of(replaced["role"], "round")
-    assert back and back[0]["round"] >= 5 and back[-1]["round"] == 6
+    assert back and back[0]["round"] >= 5 and back[-1]["round"] == 8
 
 
 # structure files ---------------------------------------------------------------------------------
@@ -300,6 +300,7 @@ def test_etree_structure_breadth_first(tmp_path):
     assert confs["a"]["positions"] == [{"layer": 1, "parent": "b", "children": [], "sync": 1, "epoch": 2}]
     assert confs["a"]["epoch"] == 2 and confs["b"]["sync"] == 4
     assert sorted(confs["b"]["talks_to"]) == ["a", "c"] and confs["a"]["talks_to"] == ["b"]
+    assert confs["b"]["members"] == ["a", "c"] and {c["root"] for c in confs.values()} == {"b"}
 
 
 @pytest.mark.parametrize("node_list,expected", [
