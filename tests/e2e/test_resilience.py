@@ -196,3 +196,31 @@ def test_ring_loses_a_node_re_forms_and_finishes_with_the_survivors(run):
     models = [load_file(path) for path in summary["models"] if Path(path).stem in survivors]
     assert len(models) == len(survivors)
     assert all(all(np.array_equal(m[k], models[0][k]) for k in m) for m in models), "survivors hold one model"
+
+
+def test_etree_children_of_a_dead_aggregator_are_told_the_run_is_done(run):
+    """a2 (layer 2) is killed: the root goes on with a1's subtree, and a2's trainers end
+    when the root tells every node the run is done (not after an hour's wait)."""
+    subtrees = {"a1": ["t1", "t2"], "a2": ["t3", "t4"]}
+    names = ["root", *subtrees, *(t for ts in subtrees.values() for t in ts)]
+    links = {"root": [{"dest": n, "bw": "1mbit"} for n in names if n != "root"]}
+    for agg, trainers in subtrees.items():
+        links[agg] = [{"dest": "root", "bw": "1mbit"}] + [{"dest": t, "bw": "1mbit"} for t in trainers]
+        links.update({t: [{"dest": agg, "bw": "1mbit"}, {"dest": "root", "bw": "1mbit"}] for t in trainers})
+    rounds = 6
+    structure = {"model": MODEL, "deadline_s": 5, "quorum": 0.5, "node_list": [
+        {"name": "root", "layer": 3, "sync": rounds, "child_num": 2},
+        {"name": "a1", "layer": 2, "sync": 1, "child_num": 2}, {"name": "a2", "layer": 2, "sync": 1, "child_num": 2}]
+        + [{"name": t, "layer": 1, "epoch": 2} for ts in subtrees.values() for t in ts]}
+    r = run(kind="el", structure=structure, links=links)
+    r.wait_phase("ready")
+    r.get("/start")
+    wait_round(r, "root", 1)
+    crash(r, "a2")
+    summary, events = finished(r, timeout_s=rounds * 15 + 60)
+    nodes = {n["node"]: n for n in summary["nodes"]}
+    assert nodes["a2"]["ended"] == "crashed", nodes
+    assert all(n["ended"] == "done" for name, n in nodes.items() if name != "a2"), nodes
+    top = [e for e in rounds_of(events["root"]) if e["layer"] == 3]
+    assert len(top) == rounds and top[-1]["accuracy"] >= 0.8, top
+    assert any("a2" in e["missing"] for e in top) and top[-1]["closed"] in ("all", "quorum")
