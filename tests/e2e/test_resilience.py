@@ -43,11 +43,12 @@ def post(r: Run, path: str, body: dict) -> dict:
     return resp.json()
 
 
-def crash(r: Run, name: str) -> int:
-    """Kill ``name``'s process (SIGKILL), its death announced first as a scenario does."""
-    post(r, "/node/expect_death", {"node": name, "why": "crashed"})
+def crash(r: Run, name: str, why: str = "crashed", sig: int = signal.SIGKILL) -> int:
+    """Kill ``name``'s process (SIGKILL; a revocation's notice: SIGTERM), its death announced
+    first as a scenario does."""
+    post(r, "/node/expect_death", {"node": name, "why": why})
     pid = node_status(r, name)["pid"]
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, sig)
     return pid
 
 
@@ -108,7 +109,8 @@ def test_gossip_goes_on_without_a_crashed_node_and_takes_its_replacement_back(ru
                                                                               for line in membership)
 
 
-def test_federated_trainer_killed_then_replaced_contributes_again(run):
+@pytest.mark.parametrize("why,sig", [("crashed", signal.SIGKILL), ("revoked", signal.SIGTERM)])
+def test_federated_trainer_killed_then_replaced_contributes_again(run, why, sig):
     trainers = [f"t{i}" for i in range(1, 5)]
     deadline_s, rounds = 8, 40
     structure = {"model": MODEL, "node_list": [
@@ -118,13 +120,13 @@ def test_federated_trainer_killed_then_replaced_contributes_again(run):
     r.wait_phase("ready")
     r.get("/start")
     wait_round(r, "agg", 2)
-    crash(r, "t3")
-    wait_state(r, "t3", ("crashed",))
+    crash(r, "t3", why, sig)
+    wait_state(r, "t3", (why,))
     replaced = post(r, "/node/replace", {"node": "t3"})
     assert replaced["life"] == 2
     summary, events = finished(r, timeout_s=rounds * deadline_s + 120)
     nodes = {n["node"]: n for n in summary["nodes"]}
-    assert nodes["t3"]["ended"] == "crashed, replaced, done" and nodes["agg"]["ended"] == "done", nodes
+    assert nodes["t3"]["ended"] == f"{why}, replaced, done" and nodes["agg"]["ended"] == "done", nodes
     agg = rounds_of(events["agg"])
     assert len(agg) == rounds and agg[-1]["accuracy"] >= 0.85, agg[-1]
     without = [e for e in agg if "t3" in e["missing"]]
