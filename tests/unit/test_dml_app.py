@@ -355,3 +355,10 @@ def test_membership_rows_merge_the_nodes_and_the_controllers_changes_in_time_ord
         ("controller", "node_died", "n3"), ("n1", "peer_dropped", "n3"), ("n2", "ring_formed", "")]
     assert json.loads(rows[2]["detail"]) == {"members": ["n1", "n2"], "dropped": ["n3"]}
     assert csv_bytes(MEMBERSHIP_COLUMNS, rows).decode().splitlines()[0] == "t,node,event,peer,round,detail"
+
+
+def test_the_progress_line_counts_nodes_that_died_as_expected():
+    from controller.progress import Progress
+
+    line = Progress({"a": 3, "b": 3, "c": 3}, lambda m: None).line({"a": "running", "b": "crashed", "c": "done"})
+    assert "1 running, 1 done, 1 crashed" in line
