@@ -203,7 +203,7 @@ class ETreeRole(Role):
         children = {c for p in self.positions.values() for c in p["children"] if c != self.ctx.name}
         if self.is_root:
             children |= set(self.ctx.conf.get("members", []))
-        parallel(lambda c: self.post(c, "/etree/done", b"{}", JSON, self.round_events, timeout_s=10, retries=1),
+        parallel(lambda c: self.post(c, "/etree/done", b"{}", JSON, self.round_events, retries=1),
                  sorted(children))
 
     def run(self) -> dict[str, Any]:
