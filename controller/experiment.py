@@ -55,6 +55,7 @@ CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
 SETTLED = ("done", "stopped", "failed", "timeout", "lost")
 UNSETTLED = ("pending", "running")  # every other state is an ending (expected deaths end as their why)
 REPLACE_READY_S = 60.0  # how long a replaced node's process may take to answer
+MAX_WHY_CHARS = 60  # an expected death's why: the node's ending
 log = logging.getLogger("edgetb.controller")
 
 
@@ -430,10 +431,11 @@ class Experiment:
         """Node ``name`` is about to be killed or revoked on purpose: once its process is gone
         its ending is ``why`` (``crashed``, ``revoked``...), and the run does not wait for it."""
         node = self._node(name)
-        why = str(why).strip()
-        if not why or not why.replace("_", "").replace("-", "").isalnum() or len(why) > 40 or why in UNSETTLED:
-            raise ConfigError(f"expect_death({name!r}): the why must be a short word like 'crashed' or "
-                              f"'revoked', not {why!r}")
+        why = " ".join(str(why).split())
+        if not why or len(why) > MAX_WHY_CHARS or why in UNSETTLED or not all(c.isalnum() or c in " -_." for c in why):
+            raise ConfigError(f"expect_death({name!r}): the why must be a few words like 'crashed' or 'revoked by "
+                              f"the scenario' (letters, digits, spaces, - _ .; at most {MAX_WHY_CHARS}), not "
+                              f"{clip(why, 80)!r}")
         with self._lock:
             if self.phase != "running":
                 raise ConfigError(f"expect_death({name!r}): the experiment is {self.phase}, not running")

@@ -284,15 +284,16 @@ def test_an_expected_death_is_the_nodes_ending_and_the_run_does_not_wait_for_it(
     from worker.errors import ConfigError, NotFound
 
     exp, worker, finishes = _experiment(tmp_path, monkeypatch)
-    with pytest.raises(ConfigError, match="short word"):
-        exp.expect_death("n1", "crashed; rm -rf")
+    for bad in ("crashed; rm -rf", "", "running", "x" * 61, "crashed\x1b[2J"):
+        with pytest.raises(ConfigError, match="a few words"):
+            exp.expect_death("n1", bad)
     with pytest.raises(NotFound, match="no node 'n9'"):
         exp.expect_death("n9", "crashed")
-    exp.expect_death("n1", "crashed")
+    exp.expect_death("n1", "crashed  by the scenario")  # (as the scenario runner says it)
     assert exp._waiting_on() == ["n2"] and exp.nodes["n1"].state == "running"
     worker.running[exp.nodes["n1"].process_id] = False
     exp._watch_once(poll_health=False)
-    assert exp.nodes["n1"].state == "crashed" and exp.nodes["n1"].ending == "crashed"
+    assert exp.nodes["n1"].state == "crashed by the scenario" and exp.nodes["n1"].ending == "crashed by the scenario"
     assert not finishes  # n2 still runs
     exp.nodes["n2"].state = "done"
     exp._check_all_settled()
