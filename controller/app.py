@@ -2,7 +2,7 @@
 
 Who may do what (``controller.callers`` reads the identities):
 
-- Changing state (``/conf/*``, ``/start``, ``/finish``, ``/update/tc``, ``/*/reset``) needs
+- Changing state (``/conf/*``, ``/start``, ``/finish``, ``/update/tc``, ``/node/*``, ``/*/reset``) needs
   ``Authorization: Bearer <admin token>`` ($EDGETB_TOKEN), or a loopback caller whose socket
   belongs to root or to the user who started the controller through sudo: ``curl
   localhost:3333/start`` works for them, and is refused (403) for every other local user.
@@ -125,6 +125,26 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
         if not file:
             raise ConfigError("give the links file: /update/tc?file=links_update.json (or POST {\"file\": ...})")
         return jsonify(run_blocking(exp.update_tc, file))
+
+    def node_body() -> dict[str, Any]:
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict) or not isinstance(body.get("node"), str):
+            raise ConfigError('give the node: POST {"node": "n3"}')
+        return body
+
+    @app.post("/node/expect_death")
+    def expect_death() -> Any:
+        """``{"node": "n3", "why": "crashed"}``: n3 is about to be killed on purpose."""
+        user()
+        body = node_body()
+        exp.expect_death(body["node"], str(body.get("why", "crashed")))
+        return jsonify({"ok": True})
+
+    @app.post("/node/replace")
+    def replace_node() -> Any:
+        """``{"node": "n3"}``: start dead n3's role again; it rejoins the run."""
+        user()
+        return jsonify(run_blocking(exp.replace_node, node_body()["node"]))
 
     @app.route("/emulated/reset", methods=("GET", "POST"))
     def emulated_reset() -> Any:

@@ -14,6 +14,14 @@ However a run ends (every node done, ``/finish`` mid-run, a timeout, Ctrl-C,
 running, waits a little for their last events, collects every log once and
 builds every result file from those same events; each node gets its ending:
 ``done``, ``stopped``, ``failed: <why>``, ``timeout`` or ``lost`` (no log).
+
+Nodes may die on purpose (a scenario's crash or revocation): ``expect_death`` says
+so first, and the node's death is then its ending (``crashed``, ``revoked``...),
+not a failure, and the run does not wait for it. ``replace_node`` starts a dead
+node's role again (same namespace and links, its confs pushed again) so that it
+rejoins the running experiment; its ending lists every life
+(``revoked, replaced, done``) and ``lives.json`` in the run folder when each began
+and ended.
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 import requests
@@ -47,6 +55,9 @@ HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events
 CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
 SETTLED = ("done", "stopped", "failed", "timeout", "lost")
+UNSETTLED = ("pending", "running")  # every other state is an ending (expected deaths end as their why)
+REPLACE_READY_S = 60.0  # how long a replaced node's process may take to answer
+MAX_WHY_CHARS = 60  # an expected death's why: the node's ending
 log = logging.getLogger("edgetb.controller")
 
 
@@ -69,10 +80,27 @@ class NodeState:
     log_received: bool = False
     stopped_by: str = ""  # why the controller asked it to stop: its ending once it does
     detail: str = ""
+    expected_death: str = ""  # why it is about to die (crashed, revoked...): its ending once it does
+    lives: list = field(default_factory=list)  # earlier lives: {"pid", "started_at", "ended", "ended_at"}
+    started_at: Optional[float] = None  # this life's start
+
+    @property
+    def settled(self) -> bool:
+        return self.state not in UNSETTLED
+
+    @property
+    def life_ending(self) -> str:
+        """How this life ended (its state, with the why of a failure)."""
+        return _life_ending(self.state, self.detail)
 
     @property
     def ending(self) -> str:
-        return f"failed: {self.detail}" if self.state == "failed" and self.detail else self.state
+        """How the node ended, every life: ``revoked, replaced, done``."""
+        return ", replaced, ".join([*(life["ended"] for life in self.lives), self.life_ending])
+
+
+def _life_ending(state: str, detail: str) -> str:
+    return f"failed: {detail}" if state == "failed" and detail else state
 
 
 def new_run_id() -> str:
@@ -129,6 +157,8 @@ class Experiment:
         self._lock = threading.RLock()
         self._finish_lock = threading.Lock()
         self._monitor: Optional[threading.Thread] = None
+        self._controller_url = ""  # what nodes call back (set by deploy)
+        self.membership: list[dict[str, Any]] = []  # deaths expected and seen, replacements
         self.keys = node_auth.RunKeys()  # each node's own secret, pair keys; signs calls to nodes
         self._session = requests.Session()
         self._session.auth = self.keys.signer(lambda: {f"{n.ip}:{self.node_port}": n.name for n in self.nodes.values()})
@@ -155,17 +185,23 @@ class Experiment:
             run_record.copy_inputs(self.out, self.inputs)
             self._write_record()
             self.progress(f"starting {len(self.nodes)} node processes")
-            for name, node in self.nodes.items():
-                started = self.worker.start_node(name, {"version": 1, "args": [
-                    "--name", name, "--port", str(self.node_port), "--controller", controller,
-                    "--run-id", self.run_id], "env": NODE_ENV | self.keys.env_for(name)})
-                node.process_id, node.pid = started["id"], started["pid"]
+            self._controller_url = controller
+            for name in self.nodes:
+                self._start_process(name)
             self._wait_ready(ready_timeout_s or 30 + 1.0 * len(self.nodes))
         except BaseException as e:
             self.phase, self.error = "failed", str(e)
             raise
         self.phase = "ready"
         self.progress(f"ready: {len(self.nodes)} nodes answer; run id {self.run_id}")
+
+    def _start_process(self, name: str) -> None:
+        """Start node ``name``'s process (its own secret in its environment)."""
+        started = self.worker.start_node(name, {"version": 1, "args": [
+            "--name", name, "--port", str(self.node_port), "--controller", self._controller_url,
+            "--run-id", self.run_id], "env": NODE_ENV | self.keys.env_for(name)})
+        node = self.nodes[name]
+        node.process_id, node.pid, node.started_at = started["id"], started["pid"], time.time()
 
     def sync_code(self) -> None:
         """Hosts other than this one fetch the code and shards from the controller (so it must
@@ -241,17 +277,24 @@ class Experiment:
             node.dataset_conf = True
         return {"pushed": sorted(self.nodes)}
 
-    def push_structure_confs(self) -> dict[str, Any]:
-        self._require("ready")
+    def _structure_confs(self) -> dict[str, dict[str, Any]]:
+        """Every node's structure conf as pushed: keys, sample counts and peer addresses added."""
         confs = {name: self._conf(name, "structure") for name in self.nodes}
         self.keys.complete_structure_confs(confs, lambda n: self._conf(n, "dataset"))
-        for name, node in self.nodes.items():
-            conf = confs[name]
+        for name, conf in confs.items():
             unknown = [p for p in conf.get("connect", {}) if p not in self.nodes]
             if unknown:
                 raise ConfigError(f"structure conf of {name} connects to nodes not in this run: {unknown}")
             conf["connect"] = {p: f"{self.nodes[p].ip}:{self.node_port}" for p in conf.get("connect", {})}
-            self._post(name, "/conf/structure", conf)
+            links = self.topology.links  # each linked peer's rate: a send too slow for it is given up early
+            conf["link_bps"] = {p: links[(name, p)].shape.rate_bps for p in conf["connect"] if (name, p) in links}
+        return confs
+
+    def push_structure_confs(self) -> dict[str, Any]:
+        self._require("ready")
+        confs = self._structure_confs()
+        for name, node in self.nodes.items():
+            self._post(name, "/conf/structure", confs[name])
             node.structure_conf = True
         return {"pushed": sorted(self.nodes)}
 
@@ -399,10 +442,13 @@ class Experiment:
         for node in self.nodes.values():
             proc = procs.get(node.process_id)
             if node.state == "running" and proc is not None and not proc["running"]:
-                node.state, node.detail = "failed", f"process exited (code {proc.get('returncode')})"
-                self.progress(f"{node.name}: failed: {node.detail}")
+                if node.expected_death:
+                    self._died(node)
+                else:
+                    node.state, node.detail = "failed", f"process exited (code {proc.get('returncode')})"
+                    self.progress(f"{node.name}: failed: {node.detail}")
         if poll_health:
-            for node in [n for n in self.nodes.values() if n.state == "running"]:
+            for node in [n for n in self.nodes.values() if n.state == "running" and not n.expected_death]:
                 try:
                     health = self._health(node.name)
                     if health and health.get("state") in ("done", "failed") and self.phase == "running":
@@ -410,6 +456,110 @@ class Experiment:
                 except TestbedError as e:
                     node.state, node.detail = "failed", clip(e.message)
                     self.progress(f"{node.name}: failed: {node.detail}")
+
+    def _waiting_on(self) -> list[str]:
+        """The nodes the run still waits for: running, and not about to die."""
+        return [n.name for n in self.nodes.values() if not n.settled and not n.expected_death]
+
+    def _died(self, node: NodeState) -> None:
+        """``node``'s process is gone, as expected: that is its ending (until a replacement)."""
+        with self._lock:
+            if node.state != "running":
+                return
+            node.state, node.detail = node.expected_death, ""
+        self._membership(node.name, "node_died", why=node.expected_death, pid=node.pid)
+        self.progress(f"{node.name}: {node.expected_death} (expected); the run goes on without it")
+
+    def _membership(self, name: str, kind: str, **fields: Any) -> None:
+        """A membership change seen by the controller (``lives.json`` at the end)."""
+        with self._lock:
+            self.membership.append({"t": time.time(), "node": name, "type": kind, **fields})
+
+    # node death and replacement ----------------------------------------------------------------
+    def expect_death(self, name: str, why: str) -> None:
+        """Node ``name`` is about to be killed or revoked on purpose: once its process is gone
+        its ending is ``why`` (``crashed``, ``revoked``...), and the run does not wait for it."""
+        node = self._node(name)
+        why = " ".join(str(why).split())
+        if not why or len(why) > MAX_WHY_CHARS or why in UNSETTLED or not all(c.isalnum() or c in " -_." for c in why):
+            raise ConfigError(f"expect_death({name!r}): the why must be a few words like 'crashed' or 'revoked by "
+                              f"the scenario' (letters, digits, spaces, - _ .; at most {MAX_WHY_CHARS}), not "
+                              f"{clip(why, 80)!r}")
+        with self._lock:
+            if self.phase != "running":
+                raise ConfigError(f"expect_death({name!r}): the experiment is {self.phase}, not running")
+            node.expected_death = why
+        self._membership(name, "death_expected", why=why, pid=node.pid)
+        self._check_all_settled()
+
+    def replace_node(self, name: str) -> dict[str, Any]:
+        """Start dead node ``name``'s role again: a new process in the same namespace with the
+        same links, its dataset and structure confs pushed (from memory, as deploy does), then
+        started so that it rejoins the running experiment. Returns the new life's account."""
+        node = self._node(name)
+        with self._lock:
+            if self.phase != "running" or self._finishing:
+                raise ConfigError(f"replace_node({name!r}): the experiment is {self.phase}"
+                                  f"{' and finishing' if self._finishing else ''}; a node rejoins a running one")
+            if node.state == "running" and not node.expected_death:
+                raise ConfigError(f"replace_node({name!r}): the node is running; expect_death and kill it first")
+            if node.state == "pending":
+                raise ConfigError(f"replace_node({name!r}): the node is being started already")
+            old_state = node.state
+            node.state = "pending"  # the run waits for the new life from now on
+        try:
+            self._stop_old_process(node)
+            if old_state == "running":  # its death was expected, the monitor had not seen it yet
+                old_state = node.expected_death
+            node.lives.append({"pid": node.pid, "started_at": node.started_at,
+                               "ended": _life_ending(old_state, node.detail), "ended_at": time.time()})
+            node.expected_death, node.detail, node.stopped_by, node.log_received = "", "", "", False
+            node.dataset_conf = node.structure_conf = False
+            self._start_process(name)
+            deadline = time.monotonic() + REPLACE_READY_S
+            while self._health(name) is None:
+                if time.monotonic() > deadline:
+                    raise TestbedTimeout(f"replaced node {name} did not answer within {REPLACE_READY_S:g}s")
+                time.sleep(0.2)
+            self._post(name, "/conf/dataset", self._conf(name, "dataset"))
+            node.dataset_conf = True
+            # (life > 1: a role that keeps a membership, the ring, joins it before it leads anything)
+            self._post(name, "/conf/structure", {**self._structure_confs()[name], "life": len(node.lives) + 1})
+            node.structure_conf = True
+            self._post(name, "/prepare", {})
+            self._post(name, "/start", {})
+        except BaseException as e:
+            node.state, node.detail = "failed", clip(f"replacement failed: {e}")
+            self._membership(name, "replace_failed", detail=node.detail)
+            self._check_all_settled()
+            raise
+        node.state = "running"
+        life = len(node.lives) + 1
+        self._membership(name, "node_replaced", pid=node.pid, life=life)
+        self.progress(f"{name}: replaced (life {life}), rejoining the run")
+        return {"node": name, "pid": node.pid, "life": life, "lives": [*node.lives]}
+
+    def lives(self) -> dict[str, Any]:
+        """Every node's lives (earlier ones, then the current) and the membership changes the
+        controller saw (``death_expected``, ``node_died``, ``node_replaced``, ``replace_failed``)."""
+        with self._lock:
+            return {"version": 1, "events": [*self.membership], "nodes": {
+                n.name: [*n.lives, {"pid": n.pid, "started_at": n.started_at,
+                                    "ended": n.life_ending if n.settled else None}] for n in self.nodes.values()}}
+
+    def _node(self, name: str) -> NodeState:
+        if name not in self.nodes:
+            raise NotFound(f"no node {name!r} in this run (nodes: {', '.join(sorted(self.nodes)[:20])})")
+        return self.nodes[name]
+
+    def _stop_old_process(self, node: NodeState) -> None:
+        """Make sure the old life is gone (and its record cleared) before a new one starts."""
+        if not node.process_id:
+            return
+        try:
+            self.worker.stop_process(node.name, node.process_id)
+        except NotFound:
+            pass
 
     def _states(self) -> dict[str, str]:
         return {n.name: n.state for n in self.nodes.values()}
@@ -444,7 +594,7 @@ class Experiment:
 
     def _check_all_settled(self) -> None:
         with self._lock:
-            if self._finishing or self.phase != "running" or any(n.state not in SETTLED for n in self.nodes.values()):
+            if self._finishing or self.phase != "running" or self._waiting_on():
                 return
             self._finishing = True
         threading.Thread(target=self.finish, args=("completed",), name="edgetb-finish", daemon=True).start()
@@ -457,7 +607,9 @@ class Experiment:
             if self.summary is not None:
                 return self.summary
             self._require("running", "ready")
-            if how == "completed" and any(n.state not in SETTLED for n in self.nodes.values()):
+            with self._lock:
+                self._finishing = True  # no replacement starts from now on
+            if how == "completed" and self._waiting_on():
                 how = "finished"
             if self.scenario is not None:
                 self.scenario.stop()
@@ -472,6 +624,9 @@ class Experiment:
             self._settle_rest(how)
             self.ended = how
             self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
+            self._write_json("lives.json", self.lives())
+            changes = results.membership_rows(results.read_run_events(self.run_dir), self.membership)
+            self.out.write_bytes("membership.csv", results.csv_bytes(results.MEMBERSHIP_COLUMNS, changes))
             endings = {n.name: n.ending for n in self.nodes.values()}
             dataset_confs: dict[str, Any] = {}
             for n in self.nodes:
@@ -515,7 +670,7 @@ class Experiment:
         self._each_node(stop, [n.name for n in running])
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline:
-            waiting = [n.name for n in self.nodes.values() if n.state == "running"]
+            waiting = [n.name for n in self.nodes.values() if n.state == "running" and not n.expected_death]
             if not waiting:
                 break
             for name, health in zip(waiting, self._each_node(self._health, waiting)):
@@ -551,9 +706,11 @@ class Experiment:
     def _settle_rest(self, how: str) -> None:
         """The ending of every node not settled yet."""
         for node in self.nodes.values():
-            if node.state in SETTLED:
+            if node.settled:
                 continue
-            if not node.log_received:
+            if node.expected_death:  # stopped before the death it expected
+                node.state = node.expected_death
+            elif not node.log_received:
                 node.state, node.detail = "lost", node.detail or "its log could not be collected"
             elif how == "timeout":
                 node.state = "timeout"
@@ -607,13 +764,13 @@ class Experiment:
                 for n in self.nodes.values()]
 
     def status(self) -> dict[str, Any]:
-        nodes = [{**asdict(n), "ending": n.ending if n.state in SETTLED else None} for n in self.nodes.values()]
+        nodes = [{**asdict(n), "ending": n.ending if n.settled else None} for n in self.nodes.values()]
         return {"version": 1, "run_id": self.run_id, "phase": self.phase, "ended": self.ended or None,
                 "error": self.error, "algorithm": self.algorithm, "run_dir": self.run_dir,
                 "started_at": self.t_start, "nodes": nodes,
                 "done": sum(n.state == "done" for n in self.nodes.values()),
                 "failed": sum(n.state == "failed" for n in self.nodes.values()),
-                "settled": sum(n.state in SETTLED for n in self.nodes.values())}
+                "settled": sum(n.settled for n in self.nodes.values())}
 
 
 def _code_root() -> str:

@@ -61,7 +61,8 @@ class Progress:
         counts: dict[str, int] = {}
         for state in states.values():
             counts[state] = counts.get(state, 0) + 1
-        shown = ", ".join(f"{counts[s]} {s}" for s in ("running", "done", "stopped", "failed", "timeout", "lost")
+        known = ("running", "done", "stopped", "failed", "timeout", "lost")
+        shown = ", ".join(f"{counts[s]} {s}" for s in [*known, *sorted(set(counts) - set(known))]  # crashed...
                           if counts.get(s))
         accs = [n.accuracy for n in self.nodes.values() if n.accuracy is not None]
         acc = f"accuracy mean {statistics.fmean(accs):.3f} min {min(accs):.3f}" if accs else "accuracy -"

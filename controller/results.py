@@ -16,19 +16,25 @@ its ``round`` events. Files are written atomically (a temporary file renamed).
   ``loss_vs_round.png``, ``loss_vs_time.png`` (global metrics when the run has
   a global test set); ``models/<node>.safetensors`` comes from
   ``controller.evaluate.final_models``.
+- ``membership.csv`` (``membership_rows``, written by the experiment): every
+  membership change, ``t,node,event,peer,round,detail``: the nodes' events of
+  ``dml_app.events.MEMBERSHIP`` and the controller's (``death_expected``,
+  ``node_died``, ``node_replaced``, ``replace_failed``; ``node`` is
+  ``controller``, ``peer`` the node concerned).
 """
 from __future__ import annotations
 
 import csv
 import glob
 import io
+import json
 import math
 import os
 import statistics
 from typing import Any, Callable, Iterable, Optional
 
 from controller.safe_fs import RunDir
-from dml_app.events import read_events
+from dml_app.events import MEMBERSHIP, read_events
 from worker.errors import ConfigError  # noqa: F401 - what a refused write raises (RunDir)
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
@@ -449,6 +455,27 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
         built["scenario"] = {"events": len(applied), "effects": os.path.join(run_dir, "scenario_effects.csv"),
                              "recovery_s": [e["recovery_s"] for e in effects if e["recovery_s"] is not None]}
     return built
+
+
+MEMBERSHIP_COLUMNS = ["t", "node", "event", "peer", "round", "detail"]
+
+
+def membership_rows(events: dict[str, list[dict[str, Any]]],
+                    controller: Iterable[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Every membership change, in time order: the nodes' (a peer dropped or back, a quorum
+    round, a ring formed) and the controller's (a death expected or seen, a replacement)."""
+    rows = []
+    for node, node_events in events.items():
+        for e in node_events:
+            if e.get("type") in MEMBERSHIP:
+                detail = {k: v for k, v in e.items() if k not in ("v", "run_id", "node", "type", "t", "peer", "round")}
+                rows.append({"t": _number(e.get("t")), "node": node, "event": e["type"], "peer": e.get("peer", ""),
+                             "round": _int(e.get("round")), "detail": json.dumps(detail, sort_keys=True)})
+    for e in controller:
+        detail = {k: v for k, v in e.items() if k not in ("t", "node", "type")}
+        rows.append({"t": _number(e.get("t")), "node": "controller", "event": e.get("type"), "peer": e.get("node"),
+                     "round": None, "detail": json.dumps(detail, sort_keys=True)})
+    return sorted(rows, key=lambda r: r["t"] or 0.0)
 
 
 def format_summary(nodes: list[dict[str, Any]]) -> str:

@@ -12,6 +12,13 @@ Every event has ``v`` (format version), ``run_id``, ``node``, ``type`` and ``t``
 - ``rejected_update``: peer, path, reason (a message refused: bad weights, a sender not asked);
 - ``started`` (with the node's ``role``), ``done``, ``failed``: lifecycle, with a
   ``detail`` where useful.
+- membership (peers that die and come back): ``peer_dropped`` (round, peer,
+  retry_in_s, why; ``layer`` for E-tree), ``peer_rejoined`` (round, peer, how),
+  ``quorum_round`` (round, missing, quorum: a round closed without every
+  update), ``round_failed`` (no quorum: the model kept), ``ring_formed`` (round,
+  epoch, members, dropped, joined), ``ring_aborted`` (round, epoch, detail);
+  ``MEMBERSHIP`` lists them. A replaced node appends to the same file: its
+  events hold every life, each from its own ``started``.
 
 New kinds (telemetry samples, link changes, faults) add types; readers ignore
 types they do not know.
@@ -25,6 +32,7 @@ import time
 from typing import Any
 
 EVENT_VERSION = 1
+MEMBERSHIP = ("peer_dropped", "peer_rejoined", "quorum_round", "round_failed", "ring_formed", "ring_aborted")
 
 
 class EventLog:

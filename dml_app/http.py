@@ -181,7 +181,9 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
             timeout_s: float = 30.0, retries: int = 0, backoff_s: float = 0.5,
             headers: Optional[dict[str, str] | Callable[[], dict[str, str]]] = None) -> tuple[int, bytes]:
     """One HTTP request (retried on connection errors); returns (status, body). ``headers``
-    may be a function, called for each attempt (signatures with fresh nonces)."""
+    may be a function, called for each attempt (signatures with fresh nonces). An attempt
+    is given up after ``timeout_s`` in all (connecting and sending, then what is left of it
+    for the answer to begin), so a send to a dead or cut-off peer does not linger."""
     parts = urlsplit(url)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     last: Exception = OSError("no attempt")
@@ -191,7 +193,10 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
             sent = dict((headers() if callable(headers) else headers) or {})
             if body is not None:
                 sent["Content-Type"] = content_type
+            began = time.monotonic()
             conn.request(method, target or "/", body=body, headers=sent)
+            if conn.sock is not None:  # the answer gets what is left of the attempt's time
+                conn.sock.settimeout(max(0.001, timeout_s - (time.monotonic() - began)))
             resp = conn.getresponse()
             return resp.status, resp.read()
         except (OSError, http.client.HTTPException) as e:

@@ -8,13 +8,16 @@ Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
 - federated (fl_structure.json): the first entry is the aggregator,
   ``{"name", "sync", "trainer_fraction", "selection": "uniform"|"speed",
   "deadline_s", "quorum"}``; the rest are trainers ``{"name", "epoch"}``.
-- E-tree (el_structure.json): entries in breadth-first order, the root first;
+- E-tree (el_structure.json): ``deadline_s`` (a layer-2 round's; a higher layer's
+  round waits for its children's rounds plus this), ``quorum``; entries in
+  breadth-first order, the root first;
   an aggregator entry is ``{"name", "layer", "sync", "child_num"}`` and its
   children are the next ``child_num`` entries not yet taken, one layer down; a
   trainer is ``{"name", "layer": 1, "epoch"}``. A node may appear on several
   layers (and be its own child), but once per layer.
-- ring all-reduce (ra_structure.json): ``sync``, ``step_timeout_s``; entries
-  ``{"name", "epoch"}`` in ring order.
+- ring all-reduce (ra_structure.json): ``sync``, ``step_timeout_s``,
+  ``join_wait_s`` (how long a ring formation waits for the last one's members);
+  entries ``{"name", "epoch"}`` in ring order.
 
 Each conf lists in ``talks_to`` the nodes it sends to; ``dml_tool.confs``
 turns that into next hops over the links (relays where two nodes have no link).
@@ -70,7 +73,12 @@ FL_AGGREGATOR = Schema({
                         low_open=True),
     "quorum": Field(float, "share of the picked trainers a round needs", default=0.5, low=0, high=1,
                     low_open=True)})
-ETREE = Schema({"epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
+ETREE = Schema({"epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST,
+                "deadline_s": Field(float, "longest wait for a layer-2 round's answers (higher layers: their "
+                                           "children's rounds plus this)", default=60.0, low=0, high=MAX_SECONDS,
+                                    low_open=True),
+                "quorum": Field(float, "share of the asked children a round needs", default=0.5, low=0, high=1,
+                                low_open=True)})
 LAYER = Field(int, "1 for trainers, higher for aggregators", required=True, low=1, high=64)
 ETREE_AGGREGATOR = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                            "child_num": Field(int, "how many of the following entries are its children",
@@ -79,6 +87,9 @@ ETREE_TRAINER = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "epoch": EPO
 RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                "step_timeout_s": Field(float, "longest wait for one step of the ring", default=120.0, low=0,
                                        high=MAX_SECONDS, low_open=True),
+               "join_wait_s": Field(float, "longest wait for the last ring's members to join the next one "
+                                           "(a lost member costs this once)", default=30.0, low=0, high=MAX_SECONDS,
+                                    low_open=True),
                "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
 
@@ -217,6 +228,15 @@ def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str,
                           f"but {len(positions) - 1} entries follow the root")
     if positions[0]["layer"] < 2:
         raise ConfigError(f"{path}: node_list[0]: the root aggregates, so its layer must be >= 2")
+    deadlines: dict[int, float] = {}  # by position: its round's deadline
+
+    def deadline(i: int) -> float:
+        if i not in deadlines:
+            pos = positions[i]
+            below = [positions[c]["sync"] * deadline(c) for c in pos["child_index"] if positions[c]["layer"] > 1]
+            deadlines[i] = max(below, default=0.0) + top["deadline_s"]
+        return deadlines[i]
+
     confs: dict[str, dict[str, Any]] = {}
     root_sync = positions[0]["sync"]
     for pos, entry in zip(positions, checked):
@@ -227,13 +247,19 @@ def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str,
         children = [positions[c]["name"] for c in pos["child_index"]]
         conf["positions"].append({"layer": pos["layer"], "parent": pos["parent"], "children": children,
                                   "sync": pos.get("sync", 1), "epoch": pos["epoch"]})
+        if pos["layer"] > 1:
+            conf["positions"][-1].update(deadline_s=deadline(positions.index(pos)), quorum=top["quorum"])
         if pos["layer"] == 1:
             conf["epoch"] = pos["epoch"]
         for peer in [*children, pos["parent"]]:
             if peer is not None and peer != pos["name"] and peer not in conf["talks_to"]:
                 conf["talks_to"].append(peer)
-    for conf in confs.values():
+    root = positions[0]["name"]
+    for name, conf in confs.items():
         conf["positions"].sort(key=lambda p: -p["layer"])
+        conf["root"] = root  # the root tells every node the run is done (a dead aggregator cannot)
+    confs[root]["members"] = [n for n in confs if n != root]
+    confs[root]["talks_to"] += [n for n in confs[root]["members"] if n not in confs[root]["talks_to"]]
     return confs
 
 
@@ -244,12 +270,15 @@ def load_ring(data: dict[str, Any], path: str, topology: Topology) -> dict[str, 
     for i in range(len(entries.items)):
         entry, name, where = entries.entry(i, TRAINER)
         _unique(confs, name, where)
-        confs[name] = {**_base(entry, "ring", model, top["sync"], _epoch(entry, top)), "step_timeout_s": top["step_timeout_s"]}
+        confs[name] = {**_base(entry, "ring", model, top["sync"], _epoch(entry, top)),
+                       "step_timeout_s": top["step_timeout_s"], "join_wait_s": top["join_wait_s"]}
     if len(confs) < 2:
         raise ConfigError(f"{path}: field 'node_list': a ring needs at least 2 nodes")
     ring = list(confs)
     for i, name in enumerate(ring):
-        confs[name].update(ring=ring, talks_to=[ring[(i + 1) % len(ring)]])
+        # any member may become another's successor, or coordinate a formation: keys and routes to all
+        confs[name].update(ring=ring, talks_to=[ring[(i + 1) % len(ring)]] + [m for m in ring if m != name
+                                                                             and m != ring[(i + 1) % len(ring)]])
     return confs
 
 

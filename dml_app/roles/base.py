@@ -38,6 +38,10 @@ from dml_app.http import HttpError, Request, Response, json_response, request
 Weights = list[np.ndarray]
 TTL_HEADER = "X-Edgetb-Ttl"  # relays left before a message is dropped (loops cannot live)
 MAX_RELAYS = 16
+SEND_MARGIN = 4.0  # a send may take this many times its time at the link's rate ...
+SEND_BASE_S = 5.0  # ... plus this, before it is given up (a dead, paused or cut-off peer)
+DEFAULT_SEND_TIMEOUT_S = 60.0  # when the link's rate is not known
+RELAY_WAIT_S = 600.0  # a relay waits this long for the answer it passes back (a ring join is held)
 
 
 @dataclass
@@ -118,6 +122,8 @@ class Role:
         self.epochs = int(ctx.conf.get("epoch", 1))
         self.batch_size = int(ctx.dataset_conf.get("batch_size", 32))
         self.connect: dict[str, str] = dict(ctx.conf.get("connect", {}))  # linked peer -> "ip:port"
+        self.link_bps: dict[str, int] = {str(p): int(r) for p, r in (ctx.conf.get("link_bps") or {}).items()
+                                         if isinstance(r, (int, float)) and r > 0}  # linked peer -> rate
         self.next_hop: dict[str, str] = dict(ctx.conf.get("forward", {}))  # destination -> linked peer
         self.samples = int(len(ctx.data[1]))
         self.round_events = 0
@@ -226,11 +232,22 @@ class Role:
         """The largest body a weights route of this role takes."""
         return wire.body_limit(self.spec) if self.spec is not None else wire.MAX_HEADER_BYTES
 
+    def send_timeout_s(self, dest: str, size_bytes: int) -> float:
+        """How long a send of ``size_bytes`` to ``dest`` may take: ``SEND_MARGIN`` times its time
+        at the rate of the link to the next hop, plus ``SEND_BASE_S`` (60 s when the rate is unknown)."""
+        rate = self.link_bps.get(self.next_hop.get(dest, dest))
+        if not rate:
+            return DEFAULT_SEND_TIMEOUT_S
+        return SEND_BASE_S + SEND_MARGIN * size_bytes * 8.0 / rate
+
     def post(self, dest: str, path: str, body: bytes, content_type: str, round_no: int,
-             timeout_s: float = 60.0, retries: int = 1, ttl: int = MAX_RELAYS,
+             timeout_s: Optional[float] = None, retries: int = 1, ttl: int = MAX_RELAYS,
              signed: Optional[dict[str, str]] = None) -> Optional[bytes]:
         """POST ``body`` to ``dest``; returns the answer, or None after a ``send_failed`` event.
+        ``timeout_s``: by default ``send_timeout_s`` (the link's rate and a margin).
         ``signed``: the end-to-end signature of a message this node relays (else it signs)."""
+        if timeout_s is None:
+            timeout_s = self.send_timeout_s(dest, len(body))
         try:
             keys = self.ctx.auth
             if keys is None:
@@ -255,11 +272,12 @@ class Role:
         return answer
 
     def post_weights(self, peer: str, path: str, round_no: int, weights: Optional[Weights] = None,
-                     meta: Optional[dict[str, Any]] = None, timeout_s: float = 60.0) -> bool:
+                     meta: Optional[dict[str, Any]] = None, timeout_s: Optional[float] = None,
+                     retries: int = 1) -> bool:
         """Send weights (the model's by default) to ``peer``; False after a ``send_failed`` event."""
         arrays = self.ctx.model.get_weights() if weights is None else weights
         body = wire.encode(arrays, {"from": self.ctx.name, "round": round_no, "samples": self.samples, **(meta or {})})
-        return self.post(peer, path, body, wire.CONTENT_TYPE, round_no, timeout_s) is not None
+        return self.post(peer, path, body, wire.CONTENT_TYPE, round_no, timeout_s, retries) is not None
 
     def count_received(self, req: Request, fallback: str) -> None:
         hop = req.hop or fallback
@@ -321,7 +339,8 @@ class Role:
             raise HttpError(401, "unauthorized", "a relayed message needs its sender's signature")
         self.count_received(req, "?")
         answer = self.post(dest, path, req.body, req.content_type or "application/octet-stream", -1, ttl=ttl,
-                           signed=signed)
+                           signed=signed, timeout_s=max(self.send_timeout_s(dest, len(req.body)), RELAY_WAIT_S),
+                           retries=0)
         if answer is None:
             raise HttpError(502, "relay_failed", f"{self.ctx.name} could not pass the message on to {dest}")
         with self._traffic_lock:

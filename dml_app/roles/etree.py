@@ -10,8 +10,20 @@ rounds made of the model. Answers are messages of their own (child to parent,
 over the child's links), and a child that is the node itself is called directly.
 A child is weighted by the samples it reports, at most what its subtree's
 dataset confs hold (``child_samples``, which the controller adds).
-The root runs ``sync`` global rounds, then tells the tree it is done. A child
-that does not answer is left out of that round's average (an event says so).
+The root runs ``sync`` global rounds, then tells the tree it is done: every
+node (``members``), so that the children of an aggregator that died are not left
+waiting.
+
+Every aggregating position's round has a deadline (``deadline_s`` of the
+position, which dml_tool sets: the structure's ``deadline_s`` at layer 2, and at
+a higher layer its children's rounds plus that) and a ``quorum``: the round
+closes when every asked child answered, or at the deadline; with fewer answers
+than the quorum of the asked it keeps the model it had (``round_failed``), and
+with fewer than all it is a ``quorum_round``. A child that missed a round is
+dropped (``peer_dropped``) and not asked for a back-off that doubles
+(``gossip.PeerHealth``; all are asked when all are in one), then asked again and
+taken back once it answers (``peer_rejoined``). Each model sent carries an ``ask``
+number its answer echoes, so a late answer is never taken for a later round's.
 """
 from __future__ import annotations
 
@@ -21,6 +33,8 @@ from typing import Any, Callable, Optional
 
 from dml_app.http import JSON, Request, Response
 from dml_app.roles.base import Context, Role, Weights, ok, parallel, weighted_average
+from dml_app.roles.fl import quorum_count
+from dml_app.roles.gossip import PeerHealth
 
 
 MAX_SAMPLES = 10**9  # samples a child may claim for its subtree
@@ -36,13 +50,17 @@ class ETreeRole(Role):
         self.positions: dict[int, dict[str, Any]] = {int(p["layer"]): p for p in ctx.conf["positions"]}
         self.top = max(self.positions)
         self.is_root = self.positions[self.top]["parent"] is None
-        self.timeout_s = float(ctx.conf.get("timeout_s", 600.0))  # a child's whole answer
+        self.deadline_s = float(ctx.conf.get("deadline_s", 60.0))  # a position's round, when it gives none
+        self.quorum = float(ctx.conf.get("quorum", 0.5))
+        self.health = PeerHealth()
+        self._asks = 0
         self.run_timeout_s = float(ctx.conf.get("run_timeout_s", 3600.0))  # a non-root waits for done
+        self.root = ctx.conf.get("root")
         self.done = threading.Event()
         self.last: dict[str, Any] = {}
         self._cond = threading.Condition()
-        self._waiting: set[tuple[str, int]] = set()  # (child, layer) this node waits for
-        self._answers: dict[tuple[str, int], tuple[Weights, int]] = {}
+        self._waiting: set[tuple[str, int, int]] = set()  # (child, layer, ask) this node waits for
+        self._answers: dict[tuple[str, int, int], tuple[Weights, int]] = {}
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
         return {("POST", "/etree/model"): self.on_model, ("POST", "/etree/update"): self.on_update,
@@ -58,13 +76,15 @@ class ETreeRole(Role):
         if layer not in self.positions or self.positions[layer]["parent"] != peer:
             raise self.reject(req, peer, f"{self.ctx.name} has no position on layer {layer!r} under {peer}",
                               error="bad_layer")
-        threading.Thread(target=self._answer, args=(layer, arrays), daemon=True).start()
+        ask = meta.get("ask")
+        threading.Thread(target=self._answer, args=(layer, arrays, ask if isinstance(ask, int) else 0),
+                         daemon=True).start()
         return ok()
 
-    def _answer(self, layer: int, arrays: Weights) -> None:
+    def _answer(self, layer: int, arrays: Weights, ask: int) -> None:
         weights, samples = self.work(layer, arrays)
         self.post_weights(self.positions[layer]["parent"], "/etree/update", self.round_events, weights=weights,
-                          meta={"layer": layer, "samples": samples})
+                          meta={"layer": layer, "samples": samples, "ask": ask})
 
     def on_update(self, req: Request) -> Response:
         """A child's answer to the model this node sent it."""
@@ -77,7 +97,7 @@ class ETreeRole(Role):
         most = (above or {}).get("child_samples", {}).get(peer)
         if isinstance(most, int) and most > 0:  # no more than the child's subtree holds (its dataset confs)
             samples = min(samples, most)
-        key = (peer, layer)
+        key = (peer, layer, meta.get("ask"))
         with self._cond:
             expected = key in self._waiting
             if expected:
@@ -88,8 +108,8 @@ class ETreeRole(Role):
         return ok({"accepted": expected})
 
     def on_done(self, req: Request) -> Response:
-        self.require_sender(req, {p["parent"] for p in self.positions.values() if p["parent"] is not None},
-                            "the end of the run")
+        parents = {p["parent"] for p in self.positions.values() if p["parent"] is not None}
+        self.require_sender(req, parents | ({self.root} if self.root else set()), "the end of the run")
         self.done.set()
         return ok()
 
@@ -110,35 +130,63 @@ class ETreeRole(Role):
         return weights, samples
 
     def aggregate(self, layer: int, weights: Weights) -> tuple[Weights, int]:
-        """One round at an aggregator position: children answer, weighted average."""
+        """One round at an aggregator position: the children asked answer by the deadline,
+        weighted average when a quorum did."""
         pos, t_start, sent_at = self.positions[layer], time.time(), time.perf_counter()
-        answers = parallel(lambda child: self.ask(child, layer - 1, weights), pos["children"])
+        deadline_s = float(pos.get("deadline_s", self.deadline_s))
+        closes_at = time.monotonic() + deadline_s
+        children = list(pos["children"])
+        asked = [c for c in children if c == self.ctx.name or c in self.health.usable(children)] or children
+        answers = parallel(lambda child: self.ask(child, layer - 1, weights, closes_at), asked)
         send_s = time.perf_counter() - sent_at
         got = [a for a in answers if a is not None]
-        if got:
+        missing = [c for c, a in zip(asked, answers) if a is None]
+        for child, answer in zip(asked, answers):
+            if answer is not None and self.health.alive(child):
+                self.ctx.events.write("peer_rejoined", layer=layer, peer=child, round=self.round_events + 1)
+            elif answer is None and child != self.ctx.name:
+                newly, backoff = self.health.failed(child)
+                if newly:
+                    self.ctx.events.write("peer_dropped", layer=layer, peer=child, round=self.round_events + 1,
+                                          retry_in_s=backoff)
+        needed = quorum_count(float(pos.get("quorum", self.quorum)), len(asked))
+        if len(got) >= needed:
             weights = weighted_average([w for w, _ in got], [n for _, n in got])
+            closed = "all" if not missing else "quorum"
+            if missing:
+                self.ctx.events.write("quorum_round", layer=layer, round=self.round_events + 1, missing=missing,
+                                      quorum=needed, arrived=len(got))
         else:
-            self.ctx.events.write("round_failed", layer=layer, detail="no child answered")
+            closed = "no_quorum"
+            self.ctx.events.write("round_failed", layer=layer, round=self.round_events + 1, missing=missing,
+                                  detail=f"{len(got)} of {len(asked)} children answered within {deadline_s:g}s "
+                                         f"(quorum {needed})")
         self.ctx.model.set_weights(weights)
         loss, accuracy = self.evaluate()
         self._record(t_start, {"loss": float("nan"), "train_s": 0.0}, loss, accuracy, send_s, len(got), layer,
-                     missing=[c for c, a in zip(pos["children"], answers) if a is None])
+                     missing=missing, skipped=[c for c in children if c not in asked], closed=closed)
         return weights, sum(n for _, n in got)
 
-    def ask(self, child: str, layer: int, weights: Weights) -> Optional[tuple[Weights, int]]:
-        """``child``'s answer at ``layer`` (itself: a direct call), or None after ``timeout_s``."""
+    def ask(self, child: str, layer: int, weights: Weights, closes_at: float) -> Optional[tuple[Weights, int]]:
+        """``child``'s answer at ``layer`` (itself: a direct call), or None at ``closes_at``
+        (monotonic seconds)."""
         if child == self.ctx.name:
             return self.work(layer, weights)
-        key = (child, layer)
         with self._cond:
+            self._asks += 1
+            key = (child, layer, self._asks)
             self._waiting.add(key)
         try:
-            if not self.post_weights(child, "/etree/model", self.round_events, weights=weights, meta={"layer": layer},
-                                     timeout_s=self.timeout_s):
+            left = closes_at - time.monotonic()
+            body_s = self.send_timeout_s(child, sum(w.nbytes for w in weights))
+            if left <= 0 or not self.post_weights(child, "/etree/model", self.round_events, weights=weights,
+                                                  meta={"layer": layer, "ask": key[2]},
+                                                  timeout_s=max(0.5, min(left, body_s)), retries=0):
                 return None
             with self._cond:
-                if not self._cond.wait_for(lambda: key in self._answers, timeout=self.timeout_s):
-                    self.ctx.events.write("child_timeout", peer=child, layer=layer, timeout_s=self.timeout_s)
+                left = max(0.0, closes_at - time.monotonic())
+                if not self._cond.wait_for(lambda: key in self._answers, timeout=left):
+                    self.ctx.events.write("child_timeout", peer=child, layer=layer)
                     return None
                 return self._answers.pop(key)
         finally:
@@ -153,7 +201,9 @@ class ETreeRole(Role):
 
     def tell_done(self) -> None:
         children = {c for p in self.positions.values() for c in p["children"] if c != self.ctx.name}
-        parallel(lambda c: self.post(c, "/etree/done", b"{}", JSON, self.round_events, timeout_s=10, retries=1),
+        if self.is_root:
+            children |= set(self.ctx.conf.get("members", []))
+        parallel(lambda c: self.post(c, "/etree/done", b"{}", JSON, self.round_events, retries=1),
                  sorted(children))
 
     def run(self) -> dict[str, Any]:

@@ -10,6 +10,13 @@ Updates for a closed round are discarded and logged (``late_update``); a round
 without a quorum keeps the old model (``round_failed``). A trainer trains
 ``epoch`` epochs on each model it gets and sends the result back.
 
+Trainers die and come back: one that cannot be reached or sends no update by the
+deadline is dropped (``peer_dropped``) and, while others are enough to pick from,
+skipped for a back-off that doubles (``gossip.PeerHealth``); a trainer that starts
+(again: a replacement) says so with ``/fl/join``, and the aggregator picks it
+from the next round on (``peer_rejoined`` once it contributes). A round closed by
+the quorum, not by every update, is a ``quorum_round`` event.
+
 The aggregator takes an update only from a trainer it asked in the open round
 (the sender proven by the message's signature), weighted by the sample count the
 trainer's dataset conf gives (``trainer_samples`` in the structure conf; the
@@ -27,6 +34,7 @@ from typing import Any, Callable, Optional
 from dml_app import weights as wire
 from dml_app.http import JSON, HttpError, Request, Response
 from dml_app.roles.base import Context, Role, Weights, ok, parallel, weighted_average
+from dml_app.roles.gossip import PeerHealth
 
 
 def quorum_count(quorum: float, picked: int) -> int:
@@ -58,9 +66,15 @@ def _seconds(value: Any) -> float:
     return min(max(seconds, 0.0), 86400.0) if math.isfinite(seconds) else 0.0
 
 
+def candidates(trainers: list[str], usable: list[str], k: int) -> list[str]:
+    """Whom a round picks ``k`` from: the trainers not in a back-off, when they are enough."""
+    return usable if len(usable) >= k else trainers
+
+
 class AggregatorRole(Role):
     name = "fl_aggregator"
-    ROUTES = (("POST", "/fl/update"),)
+    ROUTES = (("POST", "/fl/update"), ("POST", "/fl/join"))
+    SMALL_ROUTES = frozenset({"/fl/join"})
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -78,6 +92,7 @@ class AggregatorRole(Role):
         self._expected: set[str] = set()
         self._updates: dict[str, tuple[Weights, int]] = {}
         self._complete = threading.Event()
+        self.health = PeerHealth()
         given = conf.get("trainer_samples") or {}
         self.trainer_samples: dict[str, int] = {t: int(given.get(t, 1)) for t in self.trainers}
         bad = [t for t, n in self.trainer_samples.items() if n <= 0]
@@ -85,7 +100,14 @@ class AggregatorRole(Role):
             raise ValueError(f"trainer_samples must be positive, not for {', '.join(bad)}")
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
-        return {("POST", "/fl/update"): self.on_update}
+        return {("POST", "/fl/update"): self.on_update, ("POST", "/fl/join"): self.on_join}
+
+    def on_join(self, req: Request) -> Response:
+        """A trainer (re)started: pick it again from the next round."""
+        peer = self.require_sender(req, self.trainers, "a join")
+        if self.health.alive(peer):
+            self.ctx.events.write("peer_rejoined", round=self._round, peer=peer, how="joined")
+        return ok({"round": self._round})
 
     def on_update(self, req: Request) -> Response:
         self.require_sender(req, self.trainers, "an update")
@@ -109,7 +131,8 @@ class AggregatorRole(Role):
             if self.ctx.stop.is_set():
                 break
             t_start, closes_at = time.time(), time.monotonic() + self.deadline_s
-            picked = pick(self.rng, self.trainers, k, self.seconds if self.selection == "speed" else None)
+            pool = candidates(self.trainers, self.health.usable(self.trainers), k)
+            picked = pick(self.rng, pool, k, self.seconds if self.selection == "speed" else None)
             with self._lock:
                 self._round, self._open, self._expected, self._updates = r, True, set(picked), {}
                 self._complete.clear()
@@ -128,11 +151,15 @@ class AggregatorRole(Role):
                 self._open = False
                 updates = dict(self._updates)
             missing = sorted(set(picked) - set(updates))
+            self._membership(r, sorted(updates), missing, unreachable)
             closed_at = time.perf_counter()
             if len(updates) >= quorum_count(self.quorum, len(picked)):
                 self.ctx.model.set_weights(weighted_average([w for w, _ in updates.values()],
                                                             [n for _, n in updates.values()]))
                 closed = "all" if not missing else "quorum"
+                if missing:
+                    self.ctx.events.write("quorum_round", round=r, arrived=sorted(updates), missing=missing,
+                                          quorum=quorum_count(self.quorum, len(picked)))
             else:
                 closed = "no_quorum"
                 self.ctx.events.write("round_failed", round=r, picked=picked, arrived=sorted(updates),
@@ -145,6 +172,17 @@ class AggregatorRole(Role):
         parallel(lambda t: self.post(t, "/fl/done", b"{}", JSON, self.rounds, timeout_s=10, retries=0),
                  self.trainers)
         return self.result(last)
+
+    def _membership(self, round_no: int, arrived: list[str], missing: list[str], unreachable: set[str]) -> None:
+        """Drop the trainers that missed the round, take back those that contributed again."""
+        for t in arrived:
+            if self.health.alive(t):
+                self.ctx.events.write("peer_rejoined", round=round_no, peer=t, how="sent an update")
+        for t in missing:
+            newly, backoff = self.health.failed(t)
+            if newly:
+                self.ctx.events.write("peer_dropped", round=round_no, peer=t, retry_in_s=backoff,
+                                      why="unreachable" if t in unreachable else "no update by the deadline")
 
 
 class TrainerRole(Role):
@@ -177,6 +215,7 @@ class TrainerRole(Role):
 
     def run(self) -> dict[str, Any]:
         last: dict[str, Any] = {}
+        self.post(self.aggregator, "/fl/join", b"{}", JSON, 0, timeout_s=10, retries=2)  # (again) ready to train
         while not self.ctx.stop.is_set():
             try:
                 job = self.inbox.get(timeout=self.idle_timeout_s)

@@ -2,20 +2,66 @@
 evaluate, send to one random out-neighbour.
 
 A round starts when at least one model has arrived, or after ``wait_s`` without
-one (so a node whose neighbours fell silent still finishes). A failed send is
-retried with another neighbour; gossip goes on with what arrives. A node stops
-after ``sync`` rounds.
+one (so a node whose neighbours fell silent still finishes). A node stops after
+``sync`` rounds.
+
+Nodes die and come back (a crash, a revocation, a cut link): a send that cannot
+finish at the link's rate plus a margin is given up (``Role.send_timeout_s``),
+the peer is then skipped (``peer_dropped``) and tried again after a back-off
+that doubles up to ``MAX_BACKOFF_S``; a peer that takes a model again, or sends
+one, is used again (``peer_rejoined``). A node whose rounds are done keeps
+answering (and relaying) until the run ends, so that its neighbours never wait
+on it; what it is sent then is dropped.
 """
 from __future__ import annotations
 
 import queue
 import random
-from typing import Callable
+import threading
+import time
+from typing import Any, Callable
 
 import numpy as np
 
 from dml_app.http import Request, Response
 from dml_app.roles.base import Context, Role, Weights, ok
+
+FIRST_BACKOFF_S = 2.0
+MAX_BACKOFF_S = 60.0
+
+
+class PeerHealth:
+    """Which peers to skip for now: one that failed is skipped for a back-off that doubles
+    with each failure in a row; success (or a message from it) makes it live again."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, first_s: float = FIRST_BACKOFF_S,
+                 most_s: float = MAX_BACKOFF_S) -> None:
+        self.clock, self.first_s, self.most_s = clock, first_s, most_s
+        self._down: dict[str, tuple[float, float]] = {}  # peer -> (retry at, back-off)
+        self._lock = threading.Lock()
+
+    def usable(self, peers: list[str]) -> list[str]:
+        """``peers`` (in their order) not in a back-off now."""
+        now = self.clock()
+        with self._lock:
+            return [p for p in peers if p not in self._down or self._down[p][0] <= now]
+
+    def is_down(self, peer: str) -> bool:
+        with self._lock:
+            return peer in self._down
+
+    def failed(self, peer: str) -> tuple[bool, float]:
+        """(newly down, back-off s): the peer is skipped for the back-off."""
+        with self._lock:
+            known = self._down.get(peer)
+            backoff = self.first_s if known is None else min(known[1] * 2, self.most_s)
+            self._down[peer] = (self.clock() + backoff, backoff)
+            return known is None, backoff
+
+    def alive(self, peer: str) -> bool:
+        """True when ``peer`` was down (it is back)."""
+        with self._lock:
+            return self._down.pop(peer, None) is not None
 
 
 class GossipRole(Role):
@@ -27,17 +73,24 @@ class GossipRole(Role):
         self.inbox: "queue.Queue[tuple[str, Weights]]" = queue.Queue()
         self.wait_s = float(ctx.conf.get("wait_s", 10.0))
         self.rng = random.Random(f"{ctx.name}-{ctx.conf.get('seed', 0)}")
+        self.health = PeerHealth()
+        self.finished = False  # rounds done: answer, drop what comes
+        self.round_no = 0
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
         return {("POST", "/gossip"): self.on_gossip}
 
     def on_gossip(self, req: Request) -> Response:
         peer, arrays, _ = self.receive_weights(req)
-        if not self.ctx.stop.is_set():
-            self.inbox.put((peer, arrays))
+        if self.health.alive(peer):
+            self.ctx.events.write("peer_rejoined", round=self.round_no, peer=peer, how="sent a model")
+        if self.finished or self.ctx.stop.is_set():
+            return ok({"accepted": False})
+        self.inbox.put((peer, arrays))
         return ok()
 
     def gather(self, round_no: int) -> list[tuple[str, Weights]]:
+        self.round_no = round_no
         if round_no == 1:
             return []
         received = []
@@ -60,7 +113,26 @@ class GossipRole(Role):
     def send(self, round_no: int) -> None:
         peers = list(self.connect)
         self.rng.shuffle(peers)
-        for peer in peers:
-            if self.post_weights(peer, "/gossip", round_no):
+        for peer in self.health.usable(peers):
+            if self.post_weights(peer, "/gossip", round_no, retries=0):
+                if self.health.alive(peer):
+                    self.ctx.events.write("peer_rejoined", round=round_no, peer=peer, how="took a model")
+                return
+            newly, backoff = self.health.failed(peer)
+            if newly:
+                self.ctx.events.write("peer_dropped", round=round_no, peer=peer, retry_in_s=backoff)
+
+    def run(self) -> dict[str, Any]:
+        try:
+            return super().run()
+        finally:
+            self.finished = True
+            self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self.inbox.get_nowait()
+            except queue.Empty:
                 return
 

@@ -1,29 +1,52 @@
-"""Ring all-reduce: every node trains, then the ring averages the models exactly.
+"""Ring all-reduce with elastic membership: every node trains, then the ring averages
+the models of that round's members exactly.
 
 The weights are flattened into one vector and cut with ``np.array_split`` into
-one chunk per node (a layer smaller than the ring is no special case: every
-element is in some chunk). Reduce-scatter: in n - 1 steps each node passes a
+one chunk per member (a layer smaller than the ring is no special case: every
+element is in some chunk). Reduce-scatter: in n - 1 steps each member passes a
 partial sum on to its successor and adds what its predecessor passed it, so
-each node ends up owning the full sum of one chunk, which it divides by n.
+each ends up owning the full sum of one chunk, which it divides by n.
 All-gather: n - 1 more steps pass the finished chunks around. Partial sums
 travel as float64 and finished chunks in the model's dtype, so the result is
-the elementwise mean rounded once. A step that cannot send, or waits longer than ``step_timeout_s``,
-aborts the run cleanly (the node reports failed; its neighbours time out too).
+the elementwise mean of the members' models, rounded once.
+
+Membership (as KungFu's elastic training: the ring changes at round
+boundaries only). Before each all-reduce the ring is *formed*: every node sends
+``/ring/join`` (the round it wants, the last formation it knows) to the first
+node of the configured ring order that answers; that node (the coordinator:
+nothing central, just the first live node of ``ring``) waits until the last
+formation's members have joined, or ``join_wait_s``, and answers them all with
+the formation: a number (``epoch``), the round, and the members in ring order.
+So a node that died is left out of the next ring, and a replaced one (it joins
+when it starts) is taken in at the next round boundary; a node behind the
+decided round (a replacement, or one whose last round failed) gets the
+coordinator's model with the answer, so it starts from the ring's. A node
+replaced after a death (``life`` > 1 in its conf) never coordinates before it
+has joined a formation. A step that fails (a member died mid-round) aborts the
+formation: the node tells the others (``/ring/abort``), and the round is formed
+and run again without the lost member. Every formation that changes the
+members is a ``ring_formed`` event (``dropped``, ``joined``); an aborted one is
+``ring_aborted``. A node whose rounds are done answers joins with "done".
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from dml_app.http import HttpError, Request, Response
-from dml_app.roles.base import Context, Role, Weights, ok
+from dml_app import weights as wire
+from dml_app.http import JSON, HttpError, Request, Response
+from dml_app.roles.base import Context, Role, Weights, ok, parallel
+
+MAX_ABORTS = 5  # formations of one round that may fail in a row before the node gives up
 
 
 class RingAborted(RuntimeError):
-    """The ring lost a neighbour: this round cannot finish."""
+    """The ring lost a member: this formation cannot finish its round."""
 
 
 def split(weights: Weights, n: int) -> list[np.ndarray]:
@@ -42,90 +65,310 @@ def join(chunks: list[np.ndarray], like: Weights) -> Weights:
     return out
 
 
+@dataclass
+class Formation:
+    """One ring: its number, the round it runs, its members in ring order."""
+
+    epoch: int
+    round: int
+    members: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "round": self.round, "members": self.members}
+
+
+def decide(order: list[str], me: str, my_want: Optional[int], my_epoch: int,
+           joins: dict[str, dict[str, Any]]) -> tuple[Formation, set[str]]:
+    """The coordinator's formation from the joins it holds: members in ``order``, the round
+    the most advanced wants (a newcomer wants none), the next epoch; and who is behind
+    (wants less than that round, or none: they get the coordinator's model)."""
+    wants = {me: my_want, **{p: j.get("want") for p, j in joins.items()}}
+    known = [w for w in wants.values() if isinstance(w, int)]
+    round_no = max(known) if known else 1
+    epoch = max([my_epoch, *(int(j.get("epoch") or 0) for j in joins.values())]) + 1
+    members = [m for m in order if m == me or m in joins]
+    behind = {p for p, w in wants.items() if not isinstance(w, int) or w < round_no}
+    return Formation(epoch, round_no, members), behind
+
+
+def chunk_index(pos: int, n: int, phase: str, step: int) -> int:
+    """Which chunk the member at ``pos`` receives from its predecessor at (phase, step)."""
+    p = (pos - 1) % n
+    return (p - step) % n if phase == "reduce" else (p + 1 - step) % n
+
+
 class RingRole(Role):
     name = "ring"
-    ROUTES = (("POST", "/ring/chunk"),)
+    ROUTES = (("POST", "/ring/chunk"), ("POST", "/ring/join"), ("POST", "/ring/abort"))
+    SMALL_ROUTES = frozenset({"/ring/abort"})
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.ring: list[str] = list(ctx.conf["ring"])
-        self.pos = self.ring.index(ctx.name)
-        self.n = len(self.ring)
-        self.successor = self.ring[(self.pos + 1) % self.n]
-        self.predecessor = self.ring[self.pos - 1]
-        # chunk sizes of the flattened model (as np.array_split cuts it); none without a model
-        elements = 0 if self.spec is None else sum(int(np.prod(s)) for s, _ in self.spec)
-        self.chunk_sizes = None if self.spec is None else [
-            len(c) for c in np.array_split(np.empty(elements, dtype=np.uint8), self.n)]
+        self.order: list[str] = list(ctx.conf["ring"])
+        self.ring = self.order  # (the configured ring)
+        self.members: list[str] = list(self.order)  # of the last formation this node was in
+        self.epoch = 0
+        self.life = int(ctx.conf.get("life", 1))
+        self.elements = 0 if self.spec is None else sum(int(np.prod(s)) for s, _ in self.spec)
         self.step_timeout_s = float(ctx.conf.get("step_timeout_s", 120.0))
-        self._arrived: dict[tuple[int, str, int], np.ndarray] = {}
+        self.join_wait_s = float(ctx.conf.get("join_wait_s", 30.0))
+        self.finished = False
+        self._formations: dict[int, Formation] = {}
+        self._aborted: set[int] = set()
+        self._arrived: dict[tuple[int, str, int], tuple[str, np.ndarray]] = {}
+        self._joins: dict[str, dict[str, Any]] = {}  # held joins: peer -> {"want", "epoch"}
+        self._answers: dict[str, tuple[Formation, bool]] = {}  # peer -> (formation, behind)
+        self._redirect: set[str] = set()
         self._cond = threading.Condition()
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
-        return {("POST", "/ring/chunk"): self.on_chunk}
+        return {("POST", "/ring/chunk"): self.on_chunk, ("POST", "/ring/join"): self.on_join,
+                ("POST", "/ring/abort"): self.on_abort}
 
+    # membership ------------------------------------------------------------------------------
+    def hold_s(self) -> float:
+        """How long a join may be held: a member may still be training, then the wait."""
+        return self.step_timeout_s + self.join_wait_s
+
+    def on_join(self, req: Request) -> Response:
+        """A node's join: held until this node forms the ring (then the formation, with the
+        model for one behind), or learns another coordinates (``redirect``)."""
+        peer = self.require_sender(req, self.order, "a join")
+        body = req.json()
+        if not isinstance(body, dict):
+            raise HttpError(400, "bad_join", "a join is a JSON object")
+        want, epoch = body.get("want"), body.get("epoch", 0)
+        if want is not None and (not isinstance(want, int) or isinstance(want, bool) or want < 1) \
+                or not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise HttpError(400, "bad_join", "a join needs want (a round or null) and epoch (a whole number)")
+        with self._cond:
+            if self.finished:
+                return self._answer(req, {"done": True, "epoch": self.epoch, "round": self.rounds + 1,
+                                          "members": []})
+            self._redirect.discard(peer)
+            self._answers.pop(peer, None)
+            self._joins[peer] = {"want": want, "epoch": epoch}
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: peer in self._answers or peer in self._redirect or self.finished,
+                                timeout=self.hold_s())
+            answer = self._answers.pop(peer, None)
+            if answer is None:
+                self._joins.pop(peer, None)
+            if answer is None:
+                self._redirect.discard(peer)
+                return self._answer(req, {"redirect": True, "done": self.finished})
+        formation, behind = answer
+        weights = self.ctx.model.get_weights() if behind and self.ctx.model is not None else []
+        return self._answer(req, {**formation.to_dict(), "behind": behind}, weights)
+
+    def _answer(self, req: Request, meta: dict[str, Any], weights: Optional[Weights] = None) -> Response:
+        body = wire.encode(weights or [], {"from": self.ctx.name, **meta})
+        if weights:  # a model for a node behind (a formation alone is a small reply on its connection)
+            self.count_sent_answer(req, body)
+        return 200, wire.CONTENT_TYPE, body
+
+    def form(self, want: Optional[int]) -> tuple[Formation, Optional[Weights], bool]:
+        """(formation, the coordinator's model when this node is behind, done): join the first
+        node of the ring order that answers, or coordinate when none before this one does."""
+        for cand in self.order:
+            if cand == self.ctx.name:
+                if self.life > 1 and self.epoch == 0:
+                    continue  # a replacement joins a running ring first
+                return self._coordinate(want) + (False,)
+            body = json.dumps({"want": want, "epoch": self.epoch}).encode()
+            answer = self.post(cand, "/ring/join", body, JSON, want or 0, timeout_s=self.hold_s() + 10, retries=0)
+            if answer is None:
+                continue
+            try:
+                arrays, meta = wire.decode(answer)
+            except wire.WeightsFormatError:
+                continue
+            if meta.get("done"):
+                return Formation(self.epoch, self.rounds + 1, []), None, True
+            if meta.get("redirect"):
+                continue
+            members = meta.get("members")
+            if not isinstance(members, list) or self.ctx.name not in members \
+                    or any(m not in self.order for m in members):
+                continue
+            formation = Formation(int(meta["epoch"]), int(meta["round"]), [str(m) for m in members])
+            if arrays and self.spec is not None and wire.problem(arrays, self.spec):
+                arrays = []
+            self._adopt(formation)
+            with self._cond:  # joins held here go to that coordinator
+                self._redirect.update(self._joins)
+                self._cond.notify_all()
+            return formation, (arrays or None) if meta.get("behind") else None, False
+        if self.life > 1 and self.epoch == 0:  # no ring to join: the replacement starts one
+            return self._coordinate(want) + (False,)
+        raise RingAborted("no node of the ring answered")
+
+    def _coordinate(self, want: Optional[int]) -> tuple[Formation, Optional[Weights]]:
+        expected = set(self.members) - {self.ctx.name}
+        with self._cond:
+            self._cond.wait_for(lambda: expected <= set(self._joins) or self.ctx.stop.is_set(),
+                                timeout=self.join_wait_s)
+            joins = dict(self._joins)
+            formation, behind = decide(self.order, self.ctx.name, want, self.epoch, joins)
+            for peer in joins:
+                self._answers[peer] = (formation, peer in behind)
+                del self._joins[peer]
+            self._cond.notify_all()
+        self._adopt(formation)
+        return formation, None
+
+    def _adopt(self, formation: Formation) -> None:
+        """Take ``formation`` as this node's ring; a ``ring_formed`` event when its members changed."""
+        before = self.members
+        with self._cond:
+            self._formations[formation.epoch] = formation
+            self.epoch = max(self.epoch, formation.epoch)
+            for key in [k for k in self._arrived if k[0] < formation.epoch]:
+                del self._arrived[key]
+            self._cond.notify_all()
+        self.members = list(formation.members)
+        if self.members != before or self.epoch == formation.epoch == 1:
+            self.ctx.events.write("ring_formed", round=formation.round, epoch=formation.epoch,
+                                  members=formation.members, dropped=[m for m in before if m not in formation.members],
+                                  joined=[m for m in formation.members if m not in before])
+
+    def on_abort(self, req: Request) -> Response:
+        """A member could not finish formation ``epoch``: stop waiting for its chunks."""
+        peer = self.require_sender(req, self.order, "an abort")
+        body = req.json()
+        epoch = body.get("epoch") if isinstance(body, dict) else None
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            raise HttpError(400, "bad_abort", "an abort needs the formation's epoch")
+        with self._cond:
+            formation = self._formations.get(epoch)
+            if formation is not None and peer in formation.members:
+                self._aborted.add(epoch)
+                self._cond.notify_all()
+        return ok()
+
+    def _abort(self, formation: Formation, why: str) -> None:
+        with self._cond:
+            first = formation.epoch not in self._aborted
+            self._aborted.add(formation.epoch)
+        self.ctx.events.write("ring_aborted", round=formation.round, epoch=formation.epoch, detail=why)
+        if first:
+            body = json.dumps({"epoch": formation.epoch}).encode()
+            parallel(lambda m: self.post(m, "/ring/abort", body, JSON, formation.round, timeout_s=5, retries=0),
+                     [m for m in formation.members if m != self.ctx.name])
+
+    # chunks ----------------------------------------------------------------------------------
     def on_chunk(self, req: Request) -> Response:
-        self.require_sender(req, [self.predecessor], "a chunk")
-        peer, arrays, meta = self.receive_weights(req, self.chunk_spec)
+        sender = self.require_sender(req, self.order, "a chunk")
+        peer, arrays, meta = self.receive_weights(req, lambda meta: self.chunk_spec(meta, sender))
         if len(arrays) != 1:
             raise self.reject(req, peer, "a chunk is one array", error="bad_chunk")
-        key = (int(meta["round"]), str(meta["phase"]), int(meta["step"]))
+        key = (int(meta["epoch"]), str(meta["phase"]), int(meta["step"]))
         with self._cond:
-            self._arrived[key] = arrays[0]
+            self._arrived[key] = (peer, arrays[0])
             self._cond.notify_all()
         return ok()
 
-    def chunk_spec(self, meta: dict[str, Any]) -> Optional[list[tuple[tuple[int, ...], str]]]:
-        """What the predecessor's chunk for (phase, step) must be: one 1-D array, float64
-        partial sums in reduce-scatter, the model's dtype in all-gather."""
-        phase, step, round_no = meta.get("phase"), meta.get("step"), meta.get("round")
-        if phase not in ("reduce", "gather") or not isinstance(step, int) or not 0 <= step < self.n - 1 \
-                or not isinstance(round_no, int):
-            raise HttpError(400, "bad_chunk", "a chunk needs round, phase (reduce or gather) and step")
-        if self.spec is None or self.chunk_sizes is None:
-            return None  # no model to check against (in-memory tests)
-        p = (self.pos - 1) % self.n
-        index = (p - step) % self.n if phase == "reduce" else (p + 1 - step) % self.n
-        dtype = "<f8" if phase == "reduce" else np.result_type(*[np.dtype(d) for _, d in self.spec]).str
-        return [((self.chunk_sizes[index],), dtype)]
-
-    def _take(self, key: tuple[int, str, int]) -> np.ndarray:
+    def _formation(self, epoch: int) -> Formation:
+        """Formation ``epoch`` as this node knows it (a chunk may come just before the join's answer)."""
         with self._cond:
-            if not self._cond.wait_for(lambda: key in self._arrived or self.ctx.stop.is_set(),
-                                       timeout=self.step_timeout_s) or key not in self._arrived:
-                raise RingAborted(f"no {key[1]} chunk of round {key[0]} step {key[2]} from "
-                                  f"{self.ring[self.pos - 1]} within {self.step_timeout_s:g}s")
-            return self._arrived.pop(key)
+            if not self._cond.wait_for(lambda: epoch in self._formations, timeout=self.step_timeout_s):
+                raise HttpError(409, "unknown_formation", f"{self.ctx.name} is in no ring formation {epoch}")
+            return self._formations[epoch]
 
-    def _pass(self, round_no: int, phase: str, step: int, chunk: np.ndarray) -> None:
-        if not self.post_weights(self.successor, "/ring/chunk", round_no, weights=[chunk],
-                                 meta={"phase": phase, "step": step}, timeout_s=self.step_timeout_s):
-            raise RingAborted(f"could not pass the {phase} chunk of step {step} to {self.successor}")
+    def chunk_spec(self, meta: dict[str, Any], sender: str) -> Optional[list[tuple[tuple[int, ...], str]]]:
+        """What a chunk for (epoch, phase, step) must be: from the member before this one in
+        that formation, one 1-D array, float64 partial sums in reduce-scatter, the model's
+        dtype in all-gather."""
+        phase, step, epoch = meta.get("phase"), meta.get("step"), meta.get("epoch")
+        if phase not in ("reduce", "gather") or not isinstance(step, int) or not isinstance(epoch, int):
+            raise HttpError(400, "bad_chunk", "a chunk needs epoch, phase (reduce or gather) and step")
+        formation = self._formation(epoch)
+        n, me = len(formation.members), self.ctx.name
+        if me not in formation.members or not 0 <= step < n - 1:
+            raise HttpError(400, "bad_chunk", f"no step {step} for {me} in formation {epoch}")
+        pos = formation.members.index(me)
+        if sender != formation.members[pos - 1]:
+            raise HttpError(403, "forbidden", f"only {formation.members[pos - 1]} passes chunks to {me} in "
+                                              f"formation {epoch}")
+        if self.spec is None:
+            return None  # no model to check against (in-memory tests)
+        size = len(np.array_split(np.empty(self.elements, dtype=np.uint8), n)[chunk_index(pos, n, phase, step)])
+        dtype = "<f8" if phase == "reduce" else np.result_type(*[np.dtype(d) for _, d in self.spec]).str
+        return [((size,), dtype)]
 
-    def all_reduce(self, round_no: int, weights: Weights) -> Weights:
-        """The elementwise mean of every ring member's ``weights``."""
-        n, i = self.n, self.pos
+    def _take(self, formation: Formation, phase: str, step: int) -> np.ndarray:
+        key = (formation.epoch, phase, step)
+        with self._cond:
+            arrived = self._cond.wait_for(lambda: key in self._arrived or formation.epoch in self._aborted
+                                          or self.ctx.stop.is_set(), timeout=self.step_timeout_s)
+            if key in self._arrived:
+                return self._arrived.pop(key)[1]
+        if arrived and formation.epoch in self._aborted:
+            raise RingAborted(f"formation {formation.epoch} was aborted by a member")
+        raise RingAborted(f"no {phase} chunk of step {step} in formation {formation.epoch} within "
+                          f"{self.step_timeout_s:g}s")
+
+    def _pass(self, formation: Formation, successor: str, phase: str, step: int, chunk: np.ndarray) -> None:
+        if not self.post_weights(successor, "/ring/chunk", formation.round, weights=[chunk],
+                                 meta={"phase": phase, "step": step, "epoch": formation.epoch}, retries=0):
+            raise RingAborted(f"could not pass the {phase} chunk of step {step} to {successor}")
+
+    def all_reduce(self, formation: Formation, weights: Weights) -> Weights:
+        """The elementwise mean of the ``weights`` of every member of ``formation``."""
+        members = formation.members
+        n, i = len(members), members.index(self.ctx.name)
+        if n == 1:
+            return [w.copy() for w in weights]
+        successor = members[(i + 1) % n]
         chunks = split(weights, n)
         for step in range(n - 1):  # reduce-scatter: partial sums in float64
-            self._pass(round_no, "reduce", step, chunks[(i - step) % n])
-            chunks[(i - step - 1) % n] += self._take((round_no, "reduce", step))
+            self._pass(formation, successor, "reduce", step, chunks[(i - step) % n])
+            chunks[(i - step - 1) % n] += self._take(formation, "reduce", step)
         mine = (i + 1) % n
         chunks[mine] = (chunks[mine] / n).astype(np.result_type(*weights))  # rounded once
         for step in range(n - 1):  # all-gather: finished chunks, in the model's dtype
-            self._pass(round_no, "gather", step, chunks[(i + 1 - step) % n])
-            chunks[(i - step) % n] = self._take((round_no, "gather", step))
+            self._pass(formation, successor, "gather", step, chunks[(i + 1 - step) % n])
+            chunks[(i - step) % n] = self._take(formation, "gather", step)
         return join(chunks, weights)
 
+    # the rounds ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        try:
+            return self._rounds()
+        finally:
+            with self._cond:
+                self.finished = True
+                self._cond.notify_all()
+
+    def _rounds(self) -> dict[str, Any]:
         last: dict[str, Any] = {}
-        for r in range(1, self.rounds + 1):
-            if self.ctx.stop.is_set():
-                break
+        want: Optional[int] = None if self.life > 1 else 1
+        aborts = 0
+        while not self.ctx.stop.is_set():
             t_start = time.time()
             trained = self.train_local()
+            formation, synced, done = self.form(want)
+            if done or formation.round > self.rounds:
+                break
+            if synced is not None:  # behind: start from the ring's model
+                self.ctx.model.set_weights(synced)
             reduced_at = time.perf_counter()
-            self.ctx.model.set_weights(self.all_reduce(r, self.ctx.model.get_weights()))
+            try:
+                reduced = self.all_reduce(formation, self.ctx.model.get_weights())
+            except RingAborted as e:
+                aborts += 1
+                self._abort(formation, str(e))
+                if aborts > MAX_ABORTS:
+                    raise RingAborted(f"round {formation.round}: {aborts} formations in a row failed ({e})") from None
+                want = formation.round
+                continue
+            aborts = 0
+            self.ctx.model.set_weights(reduced)
             send_s = time.perf_counter() - reduced_at
             loss, accuracy = self.evaluate()
-            last = self.record_round(r, t_start, trained, loss, accuracy, send_s, self.n - 1)
+            last = self.record_round(formation.round, t_start, trained, loss, accuracy, send_s,
+                                     len(formation.members) - 1, members=formation.members, epoch=formation.epoch)
+            want = formation.round + 1
+            if want > self.rounds:
+                break
         return self.result(last)

@@ -48,6 +48,8 @@ def rounds_of(events: list[dict]) -> list[dict]:
 def check_traffic_follows_links(summary: dict, links: dict) -> None:
     for node in summary["nodes"]:
         allowed = {link["dest"] for link in links.get(node["node"], [])}
+        # and answers, back over the connection a linked node opened (a relayed ring join's)
+        allowed |= {src for src, out in links.items() if any(link["dest"] == node["node"] for link in out)}
         assert set(node["sent_to"]) <= allowed, f"{node['node']} sent to {node['sent_to']}, links only to {allowed}"
 
 

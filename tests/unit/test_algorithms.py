@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import random
 
+import time
+
 import numpy as np
 import pytest
 
@@ -88,49 +90,160 @@ def test_split_covers_every_element_even_when_a_layer_is_smaller_than_the_ring()
     assert len(split([np.array([1.0], dtype=np.float32)], 4)) == 4  # empty chunks are fine
 
 
-def test_ring_all_reduce_in_process_gives_the_mean():
-    """Four RingRoles wired to each other in memory (no network): the arithmetic only."""
-    import threading
+class MemoryNet:
+    """Roles wired to each other in memory (no network): ``post`` calls the destination's
+    handler with the sender set as the router would; a dead node neither sends nor answers."""
 
+    def __init__(self) -> None:
+        self.roles: dict = {}
+        self.dead: set[str] = set()
+
+    def attach(self, role) -> None:
+        from dml_app.http import HttpError, Request
+
+        def post(dest, path, body, content_type, round_no, timeout_s=None, retries=1, ttl=16, signed=None):
+            me = role.ctx.name
+            target = self.roles.get(dest)
+            if me in self.dead or dest in self.dead or target is None:
+                role.ctx.events.write("send_failed", round=round_no, peer=dest, error="dead")
+                return None
+            req = Request("POST", path, {}, body, content_type, sender=me, hop=me)
+            try:
+                status, _, answer = target.routes()[("POST", path)](req)
+            except HttpError as e:
+                role.ctx.events.write("send_failed", round=round_no, peer=dest, error=e.detail)
+                return None
+            return answer
+
+        role.post = post
+        self.roles[role.ctx.name] = role
+
+
+def ring_role(tmp, name: str, names: list[str], net: MemoryNet, sync: int = 1, life: int = 1, seed: int = 0,
+              offset: float = 0.0):
+    """A RingRole with a tiny numpy model; its 'training' adds ``offset`` to every weight."""
     from dml_app.events import EventLog
-    from dml_app.http import Request
+    from dml_app.models import make_model
     from dml_app.roles.base import Context
     from dml_app.roles.ring import RingRole
-    from dml_app import weights as wire
 
-    names = ["r0", "r1", "r2", "r3"]
-    rng = np.random.default_rng(0)
-    models = {n: [rng.standard_normal((3, 2)).astype(np.float32), rng.standard_normal(3).astype(np.float32)]
-              for n in names}
-    roles: dict[str, RingRole] = {}
+    model = make_model({"hidden": [3], "seed": seed}, n_features=2, n_classes=5)
+    data = (np.zeros((2, 2)), np.zeros(2, dtype=int), np.zeros((2, 2)), np.zeros(2, dtype=int))
+    conf = {"ring": names, "sync": sync, "epoch": 1, "join_wait_s": 0.5, "step_timeout_s": 5, "life": life}
+    ctx = Context(name, model, data, conf, {}, EventLog(f"{tmp}/{name}-{life}.jsonl", "r", name),
+                  lambda *a, **k: None)
+    role = RingRole(ctx)
 
-    def deliver(role: RingRole):
-        def post_weights(peer, path, round_no, weights=None, meta=None, timeout_s=60.0):
-            body = wire.encode(weights, {"from": role.ctx.name, "round": round_no, **(meta or {})})
-            roles[peer].on_chunk(Request("POST", path, {}, body, wire.CONTENT_TYPE, sender=role.ctx.name,
-                                         hop=role.ctx.name))
-            return True
-        return post_weights
+    def train_local():
+        time.sleep(0.1)  # rounds take a little time, as training does
+        role.ctx.model.set_weights([w + np.asarray(offset, dtype=w.dtype) for w in role.ctx.model.get_weights()])
+        return {"loss": float("nan"), "train_s": 0.0}
 
-    import tempfile
+    role.train_local = train_local
+    net.attach(role)
+    return role
 
-    tmp = tempfile.mkdtemp()
-    for n in names:
-        data = (np.zeros((1, 2)), np.zeros(1), np.zeros((1, 2)), np.zeros(1))
-        ctx = Context(n, None, data, {"ring": names, "sync": 1}, {}, EventLog(f"{tmp}/{n}.jsonl", "r", n),
-                      lambda *a, **k: None)
-        roles[n] = RingRole(ctx)
-        roles[n].post_weights = deliver(roles[n])  # type: ignore[method-assign]
-    results: dict[str, list[np.ndarray]] = {}
-    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, roles[n].all_reduce(1, models[n])))
-               for n in names]
+
+def run_all(roles) -> dict:
+    import threading
+
+    out: dict = {}
+    threads = [threading.Thread(target=lambda r=r: out.__setitem__(r.ctx.name, r.run()), daemon=True) for r in roles]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=10)
-    expected = [np.mean(np.stack(layer).astype(np.float64), axis=0) for layer in zip(*models.values())]
-    for n in names:
-        assert max(float(np.max(np.abs(h - e))) for h, e in zip(results[n], expected)) <= 1e-6
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a ring node hung"
+    return out
+
+
+def events_of(role, kind: str) -> list[dict]:
+    from dml_app.events import read_events
+
+    return [e for e in read_events(role.ctx.events.path) if e["type"] == kind]
+
+
+def test_ring_all_reduce_in_process_gives_the_mean(tmp_path):
+    """Four RingRoles in memory, different models: one round leaves each with the exact mean."""
+    net = MemoryNet()
+    names = ["r0", "r1", "r2", "r3"]
+    roles = [ring_role(tmp_path, n, names, net, seed=i) for i, n in enumerate(names)]
+    before = [r.ctx.model.get_weights() for r in roles]
+    run_all(roles)
+    expected = [np.mean(np.stack(layer).astype(np.float64), axis=0) for layer in zip(*before)]
+    for r in roles:
+        held = r.ctx.model.get_weights()
+        assert max(float(np.max(np.abs(h - e))) for h, e in zip(held, expected)) <= 1e-6
+        assert [e["members"] for e in events_of(r, "round")] == [names]
+
+
+def test_decide_a_formation():
+    from dml_app.roles.ring import decide
+
+    order = ["a", "b", "c", "d"]
+    formation, behind = decide(order, "b", 3, 4, {"d": {"want": 3, "epoch": 4}, "a": {"want": None, "epoch": 0}})
+    assert formation.members == ["a", "b", "d"] and formation.round == 3 and formation.epoch == 5
+    assert behind == {"a"}  # a newcomer gets the ring's model
+    formation, behind = decide(order, "a", 2, 7, {"c": {"want": 3, "epoch": 7}})
+    assert formation.round == 3 and behind == {"a"} and formation.members == ["a", "c"]  # a redoes a failed round
+
+
+def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_path):
+    """r2 dies after round 2: from round 3 the ring is r0, r1, r3 and the mean is theirs,
+    exactly; its replacement joins at a round boundary, starts from the ring's model and
+    contributes until the end."""
+    import threading
+
+    net = MemoryNet()
+    names = ["r0", "r1", "r2", "r3"]
+    offsets = {"r0": 1.0, "r1": 2.0, "r2": 4.0, "r3": 8.0}
+    roles = [ring_role(tmp_path, n, names, net, sync=8, seed=0, offset=offsets[n]) for n in names]
+    start = [w.astype(np.float64) for w in roles[0].ctx.model.get_weights()]  # the same seed everywhere
+    victim = roles[2]
+    record = victim.record_round
+
+    def dies_after_round_2(round_no, *a, **k):
+        event = record(round_no, *a, **k)
+        if round_no == 2:
+            net.dead.add("r2")
+            victim.ctx.stop.set()
+        return event
+
+    victim.record_round = dies_after_round_2
+    replaced = {}
+
+    def replace_later():
+        while not any(e["round"] >= 3 for e in events_of(roles[0], "round")):
+            threading.Event().wait(0.05)
+        net.dead.discard("r2")
+        replaced["role"] = ring_role(tmp_path, "r2", names, net, sync=8, life=2, offset=offsets["r2"])
+        replaced["result"] = replaced["role"].run()
+
+    helper = threading.Thread(target=replace_later, daemon=True)
+    helper.start()
+    run_all(roles)
+    helper.join(timeout=60)
+    survivors = [roles[0], roles[1], roles[3]]
+    for r in survivors:
+        rounds = events_of(r, "round")
+        assert [e["round"] for e in rounds] == [1, 2, 3, 4, 5, 6, 7, 8], r.ctx.name
+        assert rounds[0]["members"] == names and rounds[2]["members"] == ["r0", "r1", "r3"]
+        assert rounds[-1]["members"] == names, "the replacement is back by the last round"
+        formed = events_of(r, "ring_formed")
+        assert any(e["dropped"] == ["r2"] for e in formed) and any(e["joined"] == ["r2"] for e in formed)
+    # the exact mean of that round's members, round by round (training adds each node's offset)
+    member_rounds = [e["members"] for e in events_of(roles[0], "round")]
+    held, was_in = start, True
+    for members in member_rounds:
+        # the round r2's replacement joins, it holds the coordinator's (r0's) trained model
+        added = [offsets["r0"] if m == "r2" and not was_in else offsets[m] for m in members]
+        was_in = "r2" in members
+        held = [w + np.mean(added) for w in held]
+    for r in survivors + [replaced["role"]]:
+        got = r.ctx.model.get_weights()
+        assert max(float(np.max(np.abs(g - h))) for g, h in zip(got, held)) <= 1e-4, r.ctx.name
+    back = events_of(replaced["role"], "round")
+    assert back and back[0]["round"] >= 5 and back[-1]["round"] == 8
 
 
 # structure files ---------------------------------------------------------------------------------
@@ -180,11 +293,14 @@ def test_etree_structure_breadth_first(tmp_path):
         {"name": "a", "layer": 1, "epoch": 2}, {"name": "b", "layer": 1}, {"name": "c", "layer": 1}]})
     confs = load_structure(path, topo, "etree")
     assert [p["layer"] for p in confs["b"]["positions"]] == [3, 2, 1]
-    assert confs["b"]["positions"][0] == {"layer": 3, "parent": None, "children": ["b"], "sync": 4, "epoch": 1}
+    assert confs["b"]["positions"][0] == {"layer": 3, "parent": None, "children": ["b"], "sync": 4, "epoch": 1,
+                                          "deadline_s": 2 * 60.0 + 60.0, "quorum": 0.5}
+    assert confs["b"]["positions"][1]["deadline_s"] == 60.0
     assert confs["b"]["positions"][1]["children"] == ["a", "b", "c"] and confs["b"]["positions"][1]["parent"] == "b"
     assert confs["a"]["positions"] == [{"layer": 1, "parent": "b", "children": [], "sync": 1, "epoch": 2}]
     assert confs["a"]["epoch"] == 2 and confs["b"]["sync"] == 4
     assert sorted(confs["b"]["talks_to"]) == ["a", "c"] and confs["a"]["talks_to"] == ["b"]
+    assert confs["b"]["members"] == ["a", "c"] and {c["root"] for c in confs.values()} == {"b"}
 
 
 @pytest.mark.parametrize("node_list,expected", [
@@ -207,7 +323,7 @@ def test_ring_structure_and_missing_path(tmp_path):
     topo = _load(LINE)
     confs = load_structure(write(tmp_path, "ra.json", {"sync": 2, "node_list": [{"name": "a"}, {"name": "b"},
                                                                                   {"name": "c"}]}), topo, "ring")
-    assert confs["a"]["ring"] == ["a", "b", "c"] and confs["c"]["talks_to"] == ["a"]
+    assert confs["a"]["ring"] == ["a", "b", "c"] and confs["c"]["talks_to"] == ["a", "b"]  # its successor first
     out = structure_confs(confs, topo, {"a": "1.1.1.1", "b": "1.1.1.2", "c": "1.1.1.3"})
     assert out["c"]["forward"] == {"a": "b"}
     with pytest.raises(ConfigError, match="needs at least 2"):

@@ -127,3 +127,239 @@ def test_node_process_keeps_numpy_random_and_ssl_out():
     out = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+# roles that survive: peers that die and come back ------------------------------------------------
+def _role_ctx(tmp_path, name: str, conf: dict):
+    from dml_app.models import make_model
+    from dml_app.roles.base import Context
+
+    model = make_model({"hidden": [3], "seed": 0}, n_features=2, n_classes=3)
+    data = (np.zeros((4, 2)), np.array([0, 1, 2, 0]), np.zeros((2, 2)), np.array([0, 1]))
+    return Context(name, model, data, conf, {}, EventLog(str(tmp_path / f"{name}.jsonl"), "r", name),
+                   lambda *a, **k: None)
+
+
+def test_peer_health_backs_off_doubling_and_takes_a_peer_back():
+    from dml_app.roles.gossip import PeerHealth
+
+    now = [100.0]
+    health = PeerHealth(clock=lambda: now[0], first_s=2, most_s=5)
+    assert health.failed("a") == (True, 2) and health.usable(["a", "b"]) == ["b"]
+    now[0] += 2
+    assert health.usable(["a", "b"]) == ["a", "b"]  # tried again once its back-off ends
+    assert health.failed("a") == (False, 4) and health.failed("a") == (False, 5)  # doubling, capped
+    assert health.is_down("a") and health.alive("a") and not health.alive("a")
+    assert health.usable(["a"]) == ["a"]
+
+
+def test_a_send_may_take_its_time_at_the_link_rate_plus_a_margin(tmp_path):
+    from dml_app.roles import base
+    from dml_app.roles.base import Role
+
+    role = Role(_role_ctx(tmp_path, "n1", {"connect": {"n2": "x:1", "n3": "y:1"}, "forward": {"n4": "n2"},
+                                           "link_bps": {"n2": 1_000_000, "n3": 0}}))
+    assert role.send_timeout_s("n2", 125_000) == pytest.approx(base.SEND_BASE_S + base.SEND_MARGIN * 1.0)
+    assert role.send_timeout_s("n4", 125_000) == role.send_timeout_s("n2", 125_000)  # its next hop's link
+    assert role.send_timeout_s("n3", 125_000) == base.DEFAULT_SEND_TIMEOUT_S  # no rate known
+
+
+def test_gossip_skips_a_dead_peer_and_uses_it_again_once_it_answers(tmp_path):
+    from dml_app.roles.gossip import GossipRole
+
+    role = GossipRole(_role_ctx(tmp_path, "n1", {"connect": {"n2": "x:1", "n3": "y:1"}, "sync": 1}))
+    dead, tried = {"n2"}, []
+
+    def post_weights(peer, path, round_no, weights=None, meta=None, timeout_s=None, retries=1):
+        tried.append(peer)
+        return peer not in dead
+
+    role.post_weights = post_weights
+    for r in range(1, 5):
+        role.send(r)
+    assert tried.count("n2") == 1, tried  # dropped at its first failure, skipped in its back-off
+    dead.clear()
+    role.health._down["n2"] = (0.0, 2.0)  # its back-off is over
+    role.rng.shuffle = lambda peers: peers.sort()  # n2 first
+    role.send(5)
+    kinds = [(e["type"], e["peer"]) for e in read_events(role.ctx.events.path)]
+    assert ("peer_dropped", "n2") in kinds and ("peer_rejoined", "n2") in kinds
+    assert not role.health.is_down("n2")
+
+
+def test_fl_picks_from_live_trainers_while_they_are_enough():
+    from dml_app.roles.fl import candidates
+
+    assert candidates(["a", "b", "c"], ["a", "c"], 2) == ["a", "c"]
+    assert candidates(["a", "b", "c"], ["a"], 2) == ["a", "b", "c"]  # too few: the dropped are tried too
+
+
+def test_etree_round_closes_at_its_deadline_with_a_quorum_and_skips_a_silent_child(tmp_path):
+    import threading
+    import time
+
+    from dml_app import weights as wire
+    from dml_app.http import Request
+    from dml_app.roles.etree import ETreeRole
+
+    conf = {"positions": [{"layer": 2, "parent": None, "children": ["c1", "c2", "c3"], "sync": 2,
+                           "deadline_s": 0.6, "quorum": 0.5}], "sync": 2}
+    agg = ETreeRole(_role_ctx(tmp_path, "agg", conf))
+
+    def post_weights(peer, path, round_no, weights=None, meta=None, timeout_s=None, retries=1):
+        if peer == "c2":
+            return True  # taken, never answered
+        body = wire.encode(weights, {"layer": 1, "samples": 10, "ask": meta["ask"]})
+        threading.Thread(target=agg.on_update, args=(Request("POST", "/etree/update", {}, body, wire.CONTENT_TYPE,
+                                                             sender=peer, hop=peer),)).start()
+        return True
+
+    agg.post_weights = post_weights
+    started = time.monotonic()
+    agg.run()
+    first, second = [e for e in read_events(agg.ctx.events.path) if e["type"] == "round"]
+    assert 0.5 <= first["t_end"] - first["t_start"] < 2.0 and time.monotonic() - started < 3.0
+    assert first["closed"] == "quorum" and first["missing"] == ["c2"] and first["received_models"] == 2
+    assert second["skipped"] == ["c2"] and second["closed"] == "all"  # in its back-off: not asked
+    kinds = [e["type"] for e in read_events(agg.ctx.events.path)]
+    assert "peer_dropped" in kinds and "quorum_round" in kinds
+
+
+def test_etree_round_without_a_quorum_keeps_its_model(tmp_path):
+    from dml_app.roles.etree import ETreeRole
+
+    conf = {"positions": [{"layer": 2, "parent": None, "children": ["c1", "c2"], "sync": 1, "deadline_s": 0.2,
+                           "quorum": 1.0}], "sync": 1}
+    agg = ETreeRole(_role_ctx(tmp_path, "agg", conf))
+    agg.post_weights = lambda peer, *a, **k: peer == "c1"  # c1 takes the model and never answers; c2 is gone
+    before = agg.ctx.model.get_weights()
+    agg.run()
+    assert all(np.array_equal(a, b) for a, b in zip(before, agg.ctx.model.get_weights()))
+    failed = [e for e in read_events(agg.ctx.events.path) if e["type"] == "round_failed"]
+    assert failed and "0 of 2" in failed[0]["detail"]
+
+
+# the controller's side: deaths expected, replacements ----------------------------------------------
+class _Worker:
+    def __init__(self) -> None:
+        self.running: dict[str, bool] = {}
+        self.started: list[str] = []
+        self.stopped: list[str] = []
+
+    def processes(self) -> dict:
+        return {"processes": [{"id": i, "running": up, "returncode": None if up else -9}
+                              for i, up in self.running.items()]}
+
+    def start_node(self, name: str, body: dict) -> dict:
+        proc = f"{name}-{len(self.started) + 1}"
+        self.started.append(proc)
+        self.running[proc] = True
+        return {"id": proc, "pid": 1000 + len(self.started)}
+
+    def stop_process(self, name: str, proc: str) -> dict:
+        self.stopped.append(proc)
+        return {}
+
+
+def _experiment(tmp_path, monkeypatch):
+    from controller.experiment import Experiment
+    from controller.topology import Topology
+
+    topo = Topology()
+    for name in ("n1", "n2"):
+        topo.add_node(name)
+    worker = _Worker()
+    exp = Experiment(str(tmp_path), topo, worker, {"n1": {"sync": 3}, "n2": {"sync": 3}}, progress=lambda m: None)
+    exp._controller_url = "http://c"
+    for name in exp.nodes:
+        exp._start_process(name)
+        exp.nodes[name].state = "running"
+    exp.phase = "running"
+    finishes = []
+    monkeypatch.setattr(exp, "finish", lambda how="finished": finishes.append(how))
+    return exp, worker, finishes
+
+
+def test_an_expected_death_is_the_nodes_ending_and_the_run_does_not_wait_for_it(tmp_path, monkeypatch):
+    from worker.errors import ConfigError, NotFound
+
+    exp, worker, finishes = _experiment(tmp_path, monkeypatch)
+    for bad in ("crashed; rm -rf", "", "running", "x" * 61, "crashed\x1b[2J"):
+        with pytest.raises(ConfigError, match="a few words"):
+            exp.expect_death("n1", bad)
+    with pytest.raises(NotFound, match="no node 'n9'"):
+        exp.expect_death("n9", "crashed")
+    exp.expect_death("n1", "crashed  by the scenario")  # (as the scenario runner says it)
+    assert exp._waiting_on() == ["n2"] and exp.nodes["n1"].state == "running"
+    worker.running[exp.nodes["n1"].process_id] = False
+    exp._watch_once(poll_health=False)
+    assert exp.nodes["n1"].state == "crashed by the scenario" and exp.nodes["n1"].ending == "crashed by the scenario"
+    assert not finishes  # n2 still runs
+    exp.nodes["n2"].state = "done"
+    exp._check_all_settled()
+    for _ in range(50):
+        if finishes:
+            break
+        import time
+        time.sleep(0.02)
+    assert finishes == ["completed"]
+    assert [e["type"] for e in exp.membership] == ["death_expected", "node_died"]
+
+
+def test_an_unexpected_death_is_still_a_failure(tmp_path, monkeypatch):
+    exp, worker, _ = _experiment(tmp_path, monkeypatch)
+    worker.running[exp.nodes["n2"].process_id] = False
+    exp._watch_once(poll_health=False)
+    assert exp.nodes["n2"].state == "failed" and "process exited" in exp.nodes["n2"].detail
+
+
+def test_a_replaced_node_gets_its_confs_and_its_ending_shows_both_lives(tmp_path, monkeypatch):
+    from worker.errors import ConfigError
+
+    exp, worker, _ = _experiment(tmp_path, monkeypatch)
+    with pytest.raises(ConfigError, match="the node is running"):
+        exp.replace_node("n1")
+    calls = []
+    monkeypatch.setattr(exp, "_health", lambda name: {"state": "waiting"})
+    monkeypatch.setattr(exp, "_conf", lambda name, kind: {"shard": "s.npz"})
+    monkeypatch.setattr(exp, "_structure_confs", lambda: {"n1": {"role": "ring"}, "n2": {"role": "ring"}})
+    monkeypatch.setattr(exp, "_post", lambda name, path, body: calls.append((name, path, body)) or {})
+    first = exp.nodes["n1"].process_id
+    exp.expect_death("n1", "revoked")
+    worker.running[first] = False
+    exp._watch_once(poll_health=False)
+    life = exp.replace_node("n1")
+    assert life["life"] == 2 and life["lives"][0]["ended"] == "revoked"
+    assert worker.stopped == [first] and exp.nodes["n1"].process_id != first
+    assert [p for _, p, _ in calls] == ["/conf/dataset", "/conf/structure", "/prepare", "/start"]
+    assert calls[1][2] == {"role": "ring", "life": 2}  # a replacement knows it is one
+    node = exp.nodes["n1"]
+    assert node.state == "running" and not node.expected_death and "n1" in exp._waiting_on()
+    node.state = "done"
+    assert node.ending == "revoked, replaced, done"
+    lives = exp.lives()
+    assert [life["ended"] for life in lives["nodes"]["n1"]] == ["revoked", "done"]
+    assert [e["type"] for e in lives["events"]] == ["death_expected", "node_died", "node_replaced"]
+    exp._finishing = True
+    with pytest.raises(ConfigError, match="finishing"):
+        exp.replace_node("n2")
+
+
+def test_membership_rows_merge_the_nodes_and_the_controllers_changes_in_time_order():
+    from controller.results import MEMBERSHIP_COLUMNS, csv_bytes, membership_rows
+
+    events = {"n1": [{"type": "round", "t": 1.0, "round": 1},
+                     {"type": "peer_dropped", "t": 3.0, "round": 2, "peer": "n3", "retry_in_s": 2.0}],
+              "n2": [{"type": "ring_formed", "t": 5.0, "round": 3, "members": ["n1", "n2"], "dropped": ["n3"]}]}
+    rows = membership_rows(events, [{"t": 2.0, "node": "n3", "type": "node_died", "why": "crashed"}])
+    assert [(r["node"], r["event"], r["peer"]) for r in rows] == [
+        ("controller", "node_died", "n3"), ("n1", "peer_dropped", "n3"), ("n2", "ring_formed", "")]
+    assert json.loads(rows[2]["detail"]) == {"members": ["n1", "n2"], "dropped": ["n3"]}
+    assert csv_bytes(MEMBERSHIP_COLUMNS, rows).decode().splitlines()[0] == "t,node,event,peer,round,detail"
+
+
+def test_the_progress_line_counts_nodes_that_died_as_expected():
+    from controller.progress import Progress
+
+    line = Progress({"a": 3, "b": 3, "c": 3}, lambda m: None).line({"a": "running", "b": "crashed", "c": "done"})
+    assert "1 running, 1 done, 1 crashed" in line

@@ -330,21 +330,22 @@ def test_aggregator_takes_asked_trainers_with_their_conf_sample_counts(tmp_path)
 
 def test_ring_takes_chunks_of_the_right_size_from_its_predecessor_only(tmp_path):
     from dml_app.http import HttpError
-    from dml_app.roles.ring import RingRole
+    from dml_app.roles.ring import Formation, RingRole
 
     ctx = role_ctx(tmp_path, "r1", {"role": "ring", "ring": ["r0", "r1", "r2"], "sync": 1})
     ring = RingRole(ctx)
+    ring._adopt(Formation(1, 1, ["r0", "r1", "r2"]))  # the ring formation these chunks belong to
     total = sum(w.size for w in ctx.model.get_weights())
     sizes = [len(c) for c in np.array_split(np.zeros(total), 3)]
     good = np.ones(sizes[0], dtype=np.float64)  # r0 sends its chunk 0 in reduce step 0
-    ring.on_chunk(weights_request("/ring/chunk", "r0", [good], {"round": 1, "phase": "reduce", "step": 0}))
+    ring.on_chunk(weights_request("/ring/chunk", "r0", [good], {"epoch": 1, "round": 1, "phase": "reduce", "step": 0}))
     assert (1, "reduce", 0) in ring._arrived
     for sender, arrays, meta, status in (
-            ("r2", [good], {"round": 1, "phase": "reduce", "step": 1}, 403),
-            ("r0", [np.ones(sizes[0] + 1)], {"round": 1, "phase": "reduce", "step": 1}, 400),
-            ("r0", [good.astype(np.float32)], {"round": 1, "phase": "reduce", "step": 1}, 400),
-            ("r0", [good], {"round": 1, "phase": "sideways", "step": 1}, 400),
-            ("r0", [good], {"round": 1, "phase": "reduce", "step": 7}, 400)):
+            ("r2", [good], {"epoch": 1, "round": 1, "phase": "reduce", "step": 1}, 403),
+            ("r0", [np.ones(sizes[0] + 1)], {"epoch": 1, "round": 1, "phase": "reduce", "step": 1}, 400),
+            ("r0", [good.astype(np.float32)], {"epoch": 1, "round": 1, "phase": "reduce", "step": 1}, 400),
+            ("r0", [good], {"epoch": 1, "round": 1, "phase": "sideways", "step": 1}, 400),
+            ("r0", [good], {"epoch": 1, "round": 1, "phase": "reduce", "step": 7}, 400)):
         with pytest.raises(HttpError) as refused:
             ring.on_chunk(weights_request("/ring/chunk", sender, arrays, meta))
         assert refused.value.status == status, (sender, meta, refused.value.detail)
