@@ -1,0 +1,136 @@
+"""Packets of a capture file (classic pcap, as tcpdump writes), as columns.
+
+The file header is read with dpkt; the records are walked once and the IPv4 fields
+(addresses, protocol, ports) gathered with numpy from the captured bytes (snap length
+128 holds them). Frame lengths are the wire lengths (Ethernet header included), times
+the capture's epoch timestamps. A record cut short at the end of the file (a capture
+stopped mid-write) ends the read.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import dpkt
+import numpy as np
+
+from worker.errors import ConfigError
+
+LINK_OFFSETS = {1: 14, 113: 16, 101: 0, 12: 0}  # Ethernet, Linux cooked, raw IP: where IPv4 starts
+ETHERTYPE_AT = {1: 12, 113: 14}
+NANO_MAGICS = {0xA1B23C4D, 0x4D3CB2A1}
+
+
+@dataclass
+class Packets:
+    """One column per field, one row per IPv4 packet (non-IPv4 frames are counted, not kept)."""
+    time_s: np.ndarray  # epoch seconds
+    length: np.ndarray  # wire length in bytes
+    src: np.ndarray  # IPv4 source as uint32
+    dst: np.ndarray
+    proto: np.ndarray  # IP protocol number
+    sport: np.ndarray  # 0 when not TCP or UDP
+    dport: np.ndarray
+    other_frames: int = 0
+    other_bytes: int = 0
+
+    @classmethod
+    def empty(cls) -> "Packets":
+        z = np.zeros(0)
+        return cls(z, z.astype(np.int64), *(z.astype(np.uint32) for _ in range(2)), z.astype(np.uint8),
+                   z.astype(np.uint16), z.astype(np.uint16))
+
+    def __len__(self) -> int:
+        return int(self.time_s.size)
+
+    @staticmethod
+    def concat(parts: list["Packets"]) -> "Packets":
+        if not parts:
+            return Packets.empty()
+        fields = ("time_s", "length", "src", "dst", "proto", "sport", "dport")
+        out = Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
+        out.other_frames = sum(p.other_frames for p in parts)
+        out.other_bytes = sum(p.other_bytes for p in parts)
+        return out
+
+
+def read_pcap(path: str) -> Packets:
+    """The IPv4 packets of the pcap file at ``path``."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 24:
+        if not data:
+            return Packets.empty()
+        raise ConfigError(f"{path}: not a pcap file (shorter than its header)")
+    magic = struct.unpack("<I", data[:4])[0]
+    try:
+        header = dpkt.pcap.LEFileHdr(data[:24]) if magic in (0xA1B2C3D4, 0xA1B23C4D) else dpkt.pcap.FileHdr(data[:24])
+    except dpkt.UnpackError:
+        raise ConfigError(f"{path}: not a pcap file") from None
+    if header.magic not in (0xA1B2C3D4, 0xA1B23C4D):
+        raise ConfigError(f"{path}: not a pcap file (magic {magic:#x}; pcapng is not read)")
+    little = magic in (0xA1B2C3D4, 0xA1B23C4D)
+    divisor = 1e9 if header.magic in NANO_MAGICS else 1e6
+    linktype = header.linktype
+    if linktype not in LINK_OFFSETS:
+        raise ConfigError(f"{path}: link type {linktype} is not read (Ethernet, Linux cooked or raw IP)")
+    rec = struct.Struct("<IIII" if little else ">IIII")
+    offsets, secs, fracs, caps, lens = [], [], [], [], []
+    pos, end = 24, len(data)
+    unpack = rec.unpack_from
+    while pos + 16 <= end:
+        sec, frac, cap, orig = unpack(data, pos)
+        if pos + 16 + cap > end:
+            break  # cut short: the capture stopped mid-write
+        offsets.append(pos + 16)
+        secs.append(sec)
+        fracs.append(frac)
+        caps.append(cap)
+        lens.append(orig)
+        pos += 16 + cap
+    if not offsets:
+        return Packets.empty()
+    buf = np.frombuffer(data, np.uint8)
+    off = np.asarray(offsets, np.int64)
+    cap = np.asarray(caps, np.int64)
+    length = np.asarray(lens, np.int64)
+    time_s = np.asarray(secs, np.float64) + np.asarray(fracs, np.float64) / divisor
+    ip = off + LINK_OFFSETS[linktype]
+    at = ETHERTYPE_AT.get(linktype)
+    is_v4 = cap >= (ip - off) + 20
+    if at is not None:
+        etype = (buf[np.minimum(off + at, end - 1)].astype(np.uint16) << 8) | buf[np.minimum(off + at + 1, end - 1)]
+        is_v4 &= etype == 0x0800
+    is_v4 &= (buf[np.minimum(ip, end - 1)] >> 4) == 4
+    other = ~is_v4
+    ip, off, cap, length, time_s = ip[is_v4], off[is_v4], cap[is_v4], length[is_v4], time_s[is_v4]
+
+    def u32(at_: np.ndarray) -> np.ndarray:
+        b = [buf[at_ + i].astype(np.uint32) for i in range(4)]
+        return (b[0] << 24) | (b[1] << 16) | (b[2] << 8) | b[3]
+
+    def u16(at_: np.ndarray) -> np.ndarray:
+        return (buf[at_].astype(np.uint16) << 8) | buf[at_ + 1]
+
+    proto = buf[ip + 9]
+    ihl = (buf[ip] & 0x0F).astype(np.int64) * 4
+    l4 = ip + ihl
+    has_ports = ((proto == 6) | (proto == 17)) & ((l4 + 4) <= off + cap)
+    l4 = np.where(has_ports, l4, ip)  # a safe index where there are no ports
+    sport = np.where(has_ports, u16(l4), 0).astype(np.uint16)
+    dport = np.where(has_ports, u16(l4 + 2), 0).astype(np.uint16)
+    out = Packets(time_s, length, u32(ip + 12), u32(ip + 16), proto.astype(np.uint8), sport, dport)
+    out.other_frames = int(other.sum())
+    out.other_bytes = int(np.asarray(lens, np.int64)[other].sum())
+    return out
+
+
+def ip_int(address: str) -> int:
+    """A dotted IPv4 address as the uint32 the packets carry."""
+    a, b, c, d = (int(x) for x in address.split("."))
+    return (a << 24) | (b << 16) | (c << 8) | d
+
+
+def ip_str(value: int) -> str:
+    v = int(value)
+    return f"{v >> 24 & 255}.{v >> 16 & 255}.{v >> 8 & 255}.{v & 255}"
