@@ -46,6 +46,8 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("--verbose", action="store_true", help="print every node's round lines besides the aggregate")
     p.add_argument("--quiet-nodes", action="store_true", help="(the default) print one aggregate line per round "
                                                               "or 5 s, not each node's lines")
+    p.add_argument("--capture", default=None, help="capture the egress of these nodes (NODE,NODE,... or all) into "
+                   "the run folder's telemetry/pcap/")
     p.add_argument("--open-network", action="store_true",
                    help="let nodes that no link joins reach each other unshaped, as EdgeTB does "
                         "(default: no link, no path)")
@@ -168,7 +170,7 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
     exp = Experiment(args.workdir, topology, worker, structure, run_id=run_id, controller_port=args.port,
                      progress=_say, algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
                      dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose,
-                     open_network=args.open_network)
+                     open_network=args.open_network, capture=_capture_arg(getattr(args, "capture", None)))
     if experiments is not None:
         experiments.append(exp)
     server: Optional[WSGIServer] = None
@@ -249,6 +251,13 @@ def _teardown(args: argparse.Namespace, owned: Ownership) -> None:
 
 def _during_teardown(signum: int, frame: Any) -> None:
     _say("removing the testbed; wait until it is done")
+
+
+def _capture_arg(value: Optional[str]) -> Any:
+    """``--capture``: ``all``, or node names separated by commas."""
+    if not value:
+        return None
+    return "all" if value == "all" else [n for n in value.split(",") if n]
 
 
 def _workers(args: argparse.Namespace) -> Any:
