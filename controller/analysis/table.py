@@ -56,7 +56,7 @@ def read_counters(path: str, key_columns: list[str], value_columns: list[str]) -
     else:
         joined = names[:, 0]
         for j in range(1, len(key_columns)):
-            joined = np.char.add(np.char.add(joined, b"\x00"), names[:, j])
+            joined = np.char.add(np.char.add(joined, b"\x1f"), names[:, j])
     labels, codes = np.unique(joined, return_inverse=True)
     codes = codes.ravel().astype(np.int32)
     order = np.lexsort((nums[:, 0], codes))
@@ -66,7 +66,7 @@ def read_counters(path: str, key_columns: list[str], value_columns: list[str]) -
     times: dict[tuple[str, ...], np.ndarray] = {}
     values: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
     for i, label in enumerate(labels):
-        key = tuple(part.decode(errors="replace") for part in bytes(label).split(b"\x00"))
+        key = tuple(part.decode(errors="replace") for part in bytes(label).split(b"\x1f"))
         rows = nums[bounds[i]:bounds[i + 1]]
         keys.append(key)
         times[key] = rows[:, 0]
