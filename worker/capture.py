@@ -1,6 +1,6 @@
 """Packet captures on demand: tcpdump in a node's network namespace, its egress only.
 
-``tcpdump -i <if> -n -s 128 -U -w - -Z <user> src host <node ip>`` runs in the node's
+``tcpdump -i <if> -n -s 128 --immediate-mode -U -w - -Z <user> src host <node ip>`` runs in the node's
 namespace (a Docker node's is the container's, named from its pid when it was created),
 as an argv list. It drops root for its user once the device is open; the capture goes to
 its standard output, a file the worker opened (O_NOFOLLOW) in the testbed's state
@@ -40,7 +40,7 @@ def tcpdump_argv(ifname: str, ip: str, snap_bytes: int = SNAP_BYTES, user: Optio
     ipaddress.IPv4Address(ip)  # raises on anything but an address
     if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,15}", ifname):
         raise ConfigError(f"{ifname!r} is not an interface name")
-    argv = ["tcpdump", "-i", ifname, "-n", "-s", str(int(snap_bytes)), "-U", "-w", "-"]
+    argv = ["tcpdump", "-i", ifname, "-n", "-s", str(int(snap_bytes)), "--immediate-mode", "-U", "-w", "-"]
     if user:
         argv += ["-Z", user]
     return argv + ["src", "host", ip]

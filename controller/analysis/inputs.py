@@ -42,6 +42,7 @@ class RunInputs:
     node_counters: Optional[Counters] = None
     host_counters: Optional[Counters] = None
     captures: dict[str, Packets] = field(default_factory=dict)  # node -> its egress packets (times from t0)
+    ended_s: Optional[float] = None  # the run's end (run.json's ended_at) from its start
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -150,6 +151,9 @@ def read_run(run_dir: str, progress: Any = None) -> RunInputs:
         missing.append("traffic.csv")
     out = RunInputs(run_dir, str(record.get("run_id") or os.path.basename(os.path.normpath(run_dir))), t0, nodes,
                     links, rounds, app_sent, missing=missing)
+    ended = _num(record.get("ended_at"))
+    if ended is not None and t0 is not None and ended > t0:
+        out.ended_s = ended - t0
     tele = os.path.join(run_dir, "telemetry")
     for attr, name, keys, cols in (("link_counters", "links.csv", ["src", "dst"], LINK_COLUMNS),
                                    ("node_counters", "nodes.csv", ["node"], NODE_COLUMNS),

@@ -2,7 +2,8 @@
 
 The file header is read with dpkt; the records are walked once and the IPv4 fields
 (addresses, protocol, ports) gathered with numpy from the captured bytes (snap length
-128 holds them). Frame lengths are the wire lengths (Ethernet header included), times
+128 holds them). Frame lengths are the wire lengths (Ethernet header included; a TCP frame larger than the
+MTU, made by segmentation offload, counts the headers of every segment it leaves as), times
 the capture's epoch timestamps. A record cut short at the end of the file (a capture
 stopped mid-write) ends the read.
 """
@@ -25,7 +26,7 @@ NANO_MAGICS = {0xA1B23C4D, 0x4D3CB2A1}
 class Packets:
     """One column per field, one row per IPv4 packet (non-IPv4 frames are counted, not kept)."""
     time_s: np.ndarray  # epoch seconds
-    length: np.ndarray  # wire length in bytes
+    length: np.ndarray  # wire length in bytes (every segment's headers of an offloaded frame)
     src: np.ndarray  # IPv4 source as uint32
     dst: np.ndarray
     proto: np.ndarray  # IP protocol number
@@ -54,8 +55,9 @@ class Packets:
         return out
 
 
-def read_pcap(path: str) -> Packets:
-    """The IPv4 packets of the pcap file at ``path``."""
+def read_pcap(path: str, mtu: int = 1500) -> Packets:
+    """The IPv4 packets of the pcap file at ``path``; ``mtu`` of the captured interface (a larger
+    TCP frame was built by segmentation offload and is counted as the segments it became)."""
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < 24:
@@ -119,6 +121,17 @@ def read_pcap(path: str) -> Packets:
     l4 = np.where(has_ports, l4, ip)  # a safe index where there are no ports
     sport = np.where(has_ports, u16(l4), 0).astype(np.uint16)
     dport = np.where(has_ports, u16(l4 + 2), 0).astype(np.uint16)
+    # segmentation offload: a TCP frame above the MTU leaves as MSS-sized segments, each with its
+    # own headers (what the wire and the qdisc count): count those headers too
+    link = LINK_OFFSETS[linktype]
+    is_tcp = (proto == 6) & ((l4 + 13) <= off + cap)
+    doff = np.where(is_tcp, (buf[np.where(is_tcp, l4 + 12, ip)] >> 4).astype(np.int64) * 4, 0)
+    headers = link + ihl + doff
+    big = is_tcp & (length > mtu + link) & (mtu + link > headers)
+    if big.any():
+        mss = np.maximum(mtu + link - headers, 1)
+        segments = -(-(length - headers) // mss)
+        length = np.where(big, length + (segments - 1) * headers, length)
     out = Packets(time_s, length, u32(ip + 12), u32(ip + 16), proto.astype(np.uint8), sport, dport)
     out.other_frames = int(other.sum())
     out.other_bytes = int(np.asarray(lens, np.int64)[other].sum())

@@ -413,7 +413,7 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
         write(f"analysis/{name}", data)
         written.append(f"analysis/{name}")
 
-    spans = []
+    spans = [(0.0, inp.ended_s or 0.0)] if inp.t0 is not None else []  # the run from its start
     for c in (inp.link_counters, inp.node_counters):
         if c is not None and c.keys:
             spans.append(c.span_s())
