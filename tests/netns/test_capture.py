@@ -23,10 +23,14 @@ from tests.netns.conftest import (NETNS, iperf_json, iperf_server, links, need_i
 pytestmark = NETNS
 MBIT = 10**6
 
-# 1 s sending UDP (about 4 Mbit/s, paced every 5 ms and catching up when late), 1 s silent, CYCLES times
+# 1 s sending UDP, 1 s silent, CYCLES times. The shaped link paces the packets: the sender
+# keeps LEAD_S of them queued ahead, so a sender descheduled for less than that (a loaded
+# machine) leaves no gap on the wire, and it stops when the second's bytes are queued.
 ON_OFF_SENDER = """
 import socket, sys, time
-dst, cycles = sys.argv[1], int(sys.argv[2])
+dst, cycles, rate_bps = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+LEAD_S, FRAME = 0.15, 1000 + 8 + 20 + 14
+per_s = rate_bps / 8 / FRAME
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 payload = b"x" * 1000
 start = time.monotonic() + 0.2
@@ -34,16 +38,13 @@ for c in range(cycles):
     t_on = start + 2.0 * c
     while time.monotonic() < t_on:
         time.sleep(0.001)
-    sent = 0
-    while True:
-        now = time.monotonic()
-        if now >= t_on + 1.0:
-            break
-        due = int((now - t_on) / 0.005) + 1
-        while sent < due * 2:
+    sent, total = 0, int(per_s * 1.0)
+    while sent < total:
+        due = min(total, int(per_s * (time.monotonic() - t_on + LEAD_S)) + 1)
+        while sent < due:
             s.sendto(payload, (dst, 9000))
             sent += 1
-        time.sleep(0.001)
+        time.sleep(0.002)
 """
 
 
@@ -111,17 +112,19 @@ def test_reset_ends_captures_and_removes_their_files(make_host):
 
 def test_on_off_sender_gives_one_second_bursts_and_idles(host, request):
     cycles = 5
+    rate = 4 * MBIT
     a, b = host.create_nodes(nodes_body("a", "b"))["nodes"]
-    host.set_links(links(("a", "b", b["ip"], 20 * MBIT), ("b", "a", a["ip"], 20 * MBIT)))
+    host.set_links(links(("a", "b", b["ip"], rate), ("b", "a", a["ip"], rate)))
     host.start_capture("a", {"version": 1})
-    _exec(host, "a", [sys.executable, "-c", ON_OFF_SENDER, b["ip"], str(cycles)], timeout_s=60)
+    _exec(host, "a", [sys.executable, "-c", ON_OFF_SENDER, b["ip"], str(cycles), str(rate)], timeout_s=60)
+    time.sleep(0.5)  # what is still queued on the link leaves
     host.stop_capture("a")
     p = read_pcap(host.captures.path("a"))
     udp = p.proto == 17
     t, length = p.time_s[udp], p.length[udp]
     edges = bin_edges(t.min() - 0.5, t.max() + 0.5, 0.010)
     x = throughput_bps(event_bins(t, length, edges), 0.010)
-    th = B.choose_threshold(x, 0.01 * 20 * MBIT, "floor: 1% of the link rate")
+    th = B.choose_threshold(x, 0.01 * rate, "floor: 1% of the link rate")
     found = B.detect(x, 0.010, th)
     row = found.row()
     report(request, "bursts", row["bursts"])
