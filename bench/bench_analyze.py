@@ -73,10 +73,6 @@ def synthesize(out: str, minutes: float, n_nodes: int, n_links: int, period_s: f
                 s = T0 + 1 + r * round_s
                 f.write(json.dumps({"type": "round", "round": r + 1, "t_start": s, "t_end": s + round_s,
                                     "bytes_sent": 2_000_000, "global_accuracy": min(0.95, 0.3 + 0.01 * r)}) + "\n")
-    with open(os.path.join(run, "traffic.csv"), "w") as f:
-        f.write("run_id,node,round,peer,direction,bytes\n")
-        for s, d in links:
-            f.write(f"bench,{s},1,{d},sent,{2_000_000 * n_rounds // 10}\n")
     times = np.round(np.arange(0, duration + period_s / 2, period_s), 3)
     phase = ((times[:, None] - 1.0) % round_s) / round_s
     on = (phase < 0.4) & (times[:, None] >= 1.0)
@@ -85,6 +81,10 @@ def synthesize(out: str, minutes: float, n_nodes: int, n_links: int, period_s: f
     tx = np.cumsum(per_sample, axis=0).astype(np.int64)
     pk = tx // 1400
     zeros = np.zeros_like(tx)
+    with open(os.path.join(run, "traffic.csv"), "w") as f:  # what the nodes counted: the payload
+        f.write("run_id,node,round,peer,direction,bytes\n")
+        for j, (s, d) in enumerate(links):
+            f.write(f"bench,{s},1,{d},sent,{int(tx[-1, j] - 66 * pk[-1, j])}\n")
     say(f"writing telemetry/links.csv ({len(times) * len(links) / 1e6:.1f} M rows)")
     with open(os.path.join(run, "telemetry", "links.csv"), "w") as f:
         f.write("time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes\n")

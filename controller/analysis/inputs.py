@@ -14,9 +14,9 @@ from controller.analysis.pcap import Packets, ip_int, read_pcap
 from controller.analysis.table import Counters, read_counters
 from worker.errors import ConfigError
 
-LINK_COLUMNS = ["tx_bytes", "tx_packets", "drops", "overlimits", "backlog_bytes"]
-NODE_COLUMNS = ["cpu_s", "mem_bytes", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets", "drops"]
-HOST_COLUMNS = ["cpu_s", "mem_bytes", "tx_bytes", "rx_bytes"]
+LINK_COLUMNS = ["tx_bytes", "tx_packets", "drops", "overlimits"]  # backlog_bytes: not used here
+NODE_COLUMNS = ["cpu_s", "mem_bytes", "tx_bytes", "rx_bytes"]
+HOST_COLUMNS = ["cpu_s", "mem_bytes"]
 RUN_MARKERS = ("run.json", "topology.json", "metrics.csv", "events")
 
 

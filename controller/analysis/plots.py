@@ -121,13 +121,17 @@ def onoff_raster(inp: RunInputs, raster: dict[str, Any]) -> bytes:
     """One row per node: its network TX bins ON (dark) or OFF, at the bursts' threshold."""
     plt = _plt()
     nodes = sorted(raster)
-    fig, ax = plt.subplots(figsize=(10, max(3, 0.18 * len(nodes) + 1.5)))
+    fig, ax = plt.subplots(figsize=(10, min(12, max(3, 0.18 * len(nodes) + 1.5))))
     for i, node in enumerate(nodes):
         t0, dt, on = raster[node]
         idx = np.flatnonzero(np.diff(np.concatenate(([0], on.astype(np.int8), [0]))))
         spans = [(t0 + a * dt, (b - a) * dt) for a, b in zip(idx[::2], idx[1::2])]
         ax.broken_barh(spans, (i - 0.4, 0.8), color="black")
-    ax.set_yticks(range(len(nodes)), nodes if len(nodes) <= 60 else [""] * len(nodes), fontsize="x-small")
+    ax.set_ylim(-0.5, len(nodes) - 0.5)
+    if len(nodes) <= 60:
+        ax.set_yticks(range(len(nodes)), nodes, fontsize="x-small")
+    else:
+        ax.set_ylabel(f"{len(nodes)} nodes (sorted by name)")
     ax.set_xlabel("time since the run's start (s)")
     ax.set_title(f"{inp.run_id}: network TX ON/OFF per node")
     return _png(fig)
