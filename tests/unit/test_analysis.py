@@ -354,3 +354,64 @@ def test_fixed_threshold_is_recorded(tmp_path):
 def test_not_a_run_folder(tmp_path):
     with pytest.raises(ConfigError, match="not a run folder"):
         analyze(str(tmp_path))
+
+
+# captures: the command, names from the wire, the agent's routes ---------------------------------------
+
+def test_tcpdump_command_is_an_argv_of_the_nodes_egress():
+    from worker.capture import tcpdump_argv
+
+    argv = tcpdump_argv("eth0", "10.9.0.2", 128, "tcpdump")
+    assert argv[:3] == ["tcpdump", "-i", "eth0"] and argv[argv.index("-s") + 1] == "128"
+    assert argv[argv.index("-w") + 1] == "-" and argv[argv.index("-Z") + 1] == "tcpdump"
+    assert argv[-3:] == ["src", "host", "10.9.0.2"]
+    for ip in ("10.9.0.2 or 1=1", "10.9.0.2; rm -rf /", "$(id)"):
+        with pytest.raises(ValueError):
+            tcpdump_argv("eth0", ip)
+    with pytest.raises(ConfigError):
+        tcpdump_argv("eth0 -w /etc/x", "10.9.0.2")
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", "", ".hidden", "x" * 65, "a\x00b"])
+def test_capture_paths_refuse_names_that_could_leave_the_directory(tmp_path, name):
+    from worker.capture import Captures
+    from worker.state import StateStore
+
+    with pytest.raises(ConfigError):
+        Captures(StateStore("tq1", str(tmp_path))).path(name)
+
+
+def test_capture_path_stays_in_the_state_directory(tmp_path):
+    from worker.capture import Captures
+    from worker.state import StateStore
+
+    caps = Captures(StateStore("tq1", str(tmp_path)))
+    assert caps.path("n1") == str(tmp_path / "tq1" / "capture" / "n1.pcap")
+    with pytest.raises(Exception, match="no capture of node"):
+        caps.chunks("n1")
+
+
+def test_experiment_capture_list():
+    from controller.experiment import capture_list
+
+    assert capture_list(None, ["a", "b"]) == [] and capture_list("all", ["a", "b"]) == ["a", "b"]
+    assert capture_list(["b", "b"], ["a", "b"]) == ["b"]
+    with pytest.raises(ConfigError, match="no node 'z'"):
+        capture_list(["z"], ["a", "b"])
+    with pytest.raises(ConfigError, match="all"):
+        capture_list("a", ["a", "b"])
+
+
+def test_agent_capture_routes_need_the_token(tmp_path):
+    from worker.agent import create_app
+    from worker.host import WorkerHost
+
+    token = "t" * 32
+    client = create_app(WorkerHost("tq2", "10.250.0.0/16", state_root=str(tmp_path)), token).test_client()
+    assert client.post("/nodes/a/capture", json={"version": 1}).status_code == 401
+    assert client.delete("/nodes/a/capture").status_code == 401
+    assert client.get("/nodes/a/capture.pcap").status_code == 401
+    auth = {"Authorization": f"Bearer {token}"}
+    got = client.get("/nodes/a/capture.pcap", headers=auth)
+    assert got.status_code == 404 and "no node" in got.get_json()["message"]
+    assert client.get("/nodes/..%2Fstate/capture.pcap", headers=auth).status_code == 404
