@@ -19,6 +19,7 @@ from controller.analysis.pcap import ip_int, read_pcap
 from controller.analysis.series import bin_edges, event_bins, throughput_bps
 from tests.netns.conftest import (NETNS, iperf_json, iperf_server, links, need_iperf3, need_tools, nodes_body,
                                   report)
+from tests.netns.test_agent_http import agent  # noqa: F401 - the real agent process, as a fixture
 
 pytestmark = NETNS
 MBIT = 10**6
@@ -173,3 +174,35 @@ def test_iperf3_at_a_shaped_rate_shows_that_rate_in_throughput_1s(host, request,
     assert inside.sum() >= 2 and abs(ratio - 1) <= 0.05, (ratio, col)
     assert before.any() and after.any()
     assert col[before].max() < 0.01 * rate and col[after].max() < 0.01 * rate, col
+
+
+SEND_UDP = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(int(sys.argv[2])):
+    s.sendto(b"y" * 500, (sys.argv[1], 9000))
+"""
+
+
+def test_a_remote_agent_streams_its_capture_back(agent, tmp_path):
+    from worker.errors import ConfigError, NotFound
+
+    client = agent.client
+    a, b = client.create_nodes(nodes_body("a", "b"))["nodes"]
+    client.set_links(links(("a", "b", b["ip"], 20 * MBIT)))
+    client.start_capture("a", {"version": 1})
+    out = client.exec("a", {"version": 1, "argv": [sys.executable, "-c", SEND_UDP, b["ip"], "200"], "timeout_s": 30})
+    assert out["returncode"] == 0, out
+    time.sleep(0.2)
+    assert client.stop_capture("a")["stopped"]
+    streamed = b"".join(client.capture_chunks("a"))
+    on_disk = tmp_path / "state" / agent.testbed_id / "capture" / "a.pcap"
+    assert streamed == on_disk.read_bytes()
+    copy = tmp_path / "a.pcap"
+    copy.write_bytes(streamed)
+    p = read_pcap(str(copy))
+    assert ((p.proto == 17) & (p.dst == ip_int(b["ip"]))).sum() == 200
+    with pytest.raises(NotFound):
+        client.capture_chunks("b")  # never captured
+    with pytest.raises(ConfigError):
+        client.capture_chunks("../token")
