@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Optional
 
 import dpkt
 import numpy as np
@@ -34,6 +35,11 @@ class Packets:
     dport: np.ndarray
     other_frames: int = 0
     other_bytes: int = 0
+    segments: Optional[np.ndarray] = None  # wire packets each frame stands for (offload: more than 1)
+
+    def __post_init__(self) -> None:
+        if self.segments is None:
+            self.segments = np.ones(self.time_s.size, np.int64)
 
     @classmethod
     def empty(cls) -> "Packets":
@@ -49,7 +55,8 @@ class Packets:
         if not parts:
             return Packets.empty()
         fields = ("time_s", "length", "src", "dst", "proto", "sport", "dport")
-        out = Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
+        out = Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields),
+                      segments=np.concatenate([p.segments for p in parts]))
         out.other_frames = sum(p.other_frames for p in parts)
         out.other_bytes = sum(p.other_bytes for p in parts)
         return out
@@ -128,11 +135,13 @@ def read_pcap(path: str, mtu: int = 1500) -> Packets:
     doff = np.where(is_tcp, (buf[np.where(is_tcp, l4 + 12, ip)] >> 4).astype(np.int64) * 4, 0)
     headers = link + ihl + doff
     big = is_tcp & (length > mtu + link) & (mtu + link > headers)
+    segments = np.ones(length.size, np.int64)
     if big.any():
         mss = np.maximum(mtu + link - headers, 1)
-        segments = -(-(length - headers) // mss)
-        length = np.where(big, length + (segments - 1) * headers, length)
-    out = Packets(time_s, length, u32(ip + 12), u32(ip + 16), proto.astype(np.uint8), sport, dport)
+        segments = np.where(big, -(-(length - headers) // mss), 1)
+        length = length + (segments - 1) * headers
+    out = Packets(time_s, length, u32(ip + 12), u32(ip + 16), proto.astype(np.uint8), sport, dport,
+                  segments=segments)
     out.other_frames = int(other.sum())
     out.other_bytes = int(np.asarray(lens, np.int64)[other].sum())
     return out

@@ -38,6 +38,8 @@ def check_analysis(summary: dict, run_dir: Path, nodes: list[str]) -> dict:
     doc = json.loads((run_dir / "analysis" / "summary.json").read_text())
     assert doc["traffic_matrix_source"] == "capture" and doc["captured_nodes"] == sorted(nodes)
     assert doc["flows"]["n_flows"] > 0 and (run_dir / "analysis" / "flows.csv").exists()
+    # the wire (captured) bytes of every link are the bytes the nodes counted plus headers
+    assert doc["fidelity"]["checked"] > 0 and doc["fidelity"]["ok"] is True, doc["fidelity"]
     return doc
 
 
