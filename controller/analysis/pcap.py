@@ -10,6 +10,7 @@ stopped mid-write) ends the read.
 from __future__ import annotations
 
 import struct
+from array import array
 from dataclasses import dataclass
 from typing import Optional
 
@@ -84,7 +85,7 @@ def read_pcap(path: str, mtu: int = 1500) -> Packets:
     if linktype not in LINK_OFFSETS:
         raise ConfigError(f"{path}: link type {linktype} is not read (Ethernet, Linux cooked or raw IP)")
     rec = struct.Struct("<IIII" if little else ">IIII")
-    offsets, secs, fracs, caps, lens = [], [], [], [], []
+    offsets, secs, fracs, caps, lens = (array("q") for _ in range(5))  # 8 bytes a record each, not an object
     pos, end = 24, len(data)
     unpack = rec.unpack_from
     while pos + 16 <= end:

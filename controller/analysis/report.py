@@ -360,6 +360,23 @@ def accuracy_vs_bytes(inp: RunInputs) -> dict[str, Any]:
                        for k, t, b, a in zip(rounds, at, total, acc)], "source": source}
 
 
+def host_summary(inp: RunInputs) -> dict[str, Any]:
+    """Per worker host: mean and peak CPU (% of one core, at the sampling period) and peak memory."""
+    c = inp.host_counters
+    out: dict[str, Any] = {}
+    if c is None:
+        return out
+    dt = c.period_s()
+    for key in c.keys:
+        t, v = c.times[key], c.values[key]
+        if t.size < 2 or dt <= 0:
+            continue
+        cpu = counter_bins(t, v["cpu_s"], bin_edges(t[0], t[-1], dt)) / dt * 100.0
+        out[key[0]] = {"cpu_mean_pct": float(cpu.mean()), "cpu_peak_pct": float(cpu.max()),
+                       "mem_peak_bytes": float(v["mem_bytes"].max())}
+    return out
+
+
 # fidelity ----------------------------------------------------------------------------------------
 def _agree(a: float, b: float, tol: tuple[float, float]) -> bool:
     return abs(a - b) <= tol[0] * max(abs(a), abs(b)) + tol[1]
@@ -484,6 +501,7 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
                        "fixed": config.thresholds, "single_off_bin_is_on": True},
         "bursts_by_role": [r for r in burst_rows if r["node"] == "*"],
         "fidelity": fidelity(inp, links_table, pairs),
+        "hosts": host_summary(inp),
     }
     if config.plots:
         say("plots")

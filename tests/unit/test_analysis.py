@@ -265,6 +265,10 @@ def make_run(root, telemetry: bool = True, captures: bool = True):
                 for n in IPS:
                     f.write(f"{ti:.3f},{n},{cpu[i]:.4f},{100_000_000 + int(on[i] * 5e7)},{int(sent[i])},"
                             f"{int(sent[i])},0,0,0\n")
+        with open(tele / "hosts.csv", "w") as f:  # the host: 1.5 cores busy throughout
+            f.write("time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes\n")
+            for i, ti in enumerate(t):
+                f.write(f"{ti:.3f},local,{1.5 * ti:.4f},{2_000_000_000 + i},0,0\n")
     if captures:
         (run / "telemetry" / "pcap").mkdir(parents=True, exist_ok=True)
         for s, d in links:
@@ -285,7 +289,8 @@ def read_csv(path):
 def test_analyze_a_whole_run(tmp_path):
     run = make_run(tmp_path)
     s = analyze(str(run), AnalysisConfig(plots=True))
-    assert s["missing"] == ["telemetry/hosts.csv"] and not s["problems"]
+    assert s["missing"] == [] and not s["problems"]
+    assert s["hosts"]["local"]["cpu_mean_pct"] == pytest.approx(150) and s["sampling_period_s"] == pytest.approx(0.1)
     matrix = {r["src"]: r for r in read_csv(run / "analysis" / "traffic_matrix.csv")}
     assert s["traffic_matrix_source"] == "capture"
     assert int(matrix["a"]["b"]) == 5 * 1000 * 1040 and int(matrix["a"]["c"]) == 0 and int(matrix["b"]["a"]) == 0
