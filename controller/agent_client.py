@@ -67,6 +67,7 @@ class Worker(Protocol):
     def start_capture(self, node: str, body: Any) -> dict[str, Any]: ...
     def stop_capture(self, node: str) -> dict[str, Any]: ...
     def capture_chunks(self, node: str) -> Iterator[bytes]: ...
+    def remove_capture(self, node: str) -> dict[str, Any]: ...
 
 
 class _PinnedAdapter(HTTPAdapter):
@@ -294,6 +295,9 @@ class AgentClient:
 
     def stop_capture(self, node: str) -> dict[str, Any]:
         return self._call("DELETE", f"/nodes/{_node_segment(node)}/capture")
+
+    def remove_capture(self, node: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/nodes/{_node_segment(node)}/capture.pcap")
 
     def capture_chunks(self, node: str) -> Iterator[bytes]:
         """The node's capture file, streamed from the agent in pieces."""

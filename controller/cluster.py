@@ -253,6 +253,9 @@ class Cluster:
     def capture_chunks(self, node: str) -> Any:
         return self._worker_of(node).capture_chunks(node)
 
+    def remove_capture(self, node: str) -> dict[str, Any]:
+        return self._worker_of(node).remove_capture(node)
+
     def status(self) -> dict[str, Any]:
         done = self._each(lambda name, w: w.status())
         return {"version": 1, "bridge_ip": self.controller_ip,

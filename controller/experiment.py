@@ -463,14 +463,15 @@ class Experiment:
             self.capturing.append(name)
 
     def _collect_captures(self) -> dict[str, Any]:
-        """Stop every capture and copy its file into ``telemetry/pcap/<node>.pcap``; a capture that
-        cannot be had is recorded, never fatal to the run's other files."""
+        """Stop every capture, copy its file into ``telemetry/pcap/<node>.pcap`` and remove the
+        worker's; a capture that cannot be had is recorded, never fatal to the run's other files."""
         out: dict[str, Any] = {}
         for name in list(self.capturing):
             try:
                 stopped = self.worker.stop_capture(name)
                 self.out.write_chunks(f"telemetry/pcap/{name}.pcap", self.worker.capture_chunks(name))
                 out[name] = {"bytes": stopped.get("bytes"), "kernel_drops": stopped.get("kernel_drops")}
+                self.worker.remove_capture(name)  # the run folder has it now
             except TestbedError as e:
                 out[name] = {"error": e.message}
             self.capturing.remove(name)

@@ -43,7 +43,8 @@ REQUEST_LIMITS = {"create_nodes": MAX_REQUEST_BYTES, "put_links": MAX_REQUEST_BY
 # the calls a client may repeat after a connection error: they leave the same state however often they run
 IDEMPOTENT = frozenset({("PUT", "/links"), ("PATCH", "/links"), ("DELETE", "/links"), ("PUT", "/routes"),
                         ("POST", "/nodes"), ("POST", "/sync"), ("POST", "/reset"),
-                        ("DELETE", "/nodes/<name>/processes/<proc_id>"), ("DELETE", "/nodes/<name>/capture")})
+                        ("DELETE", "/nodes/<name>/processes/<proc_id>"), ("DELETE", "/nodes/<name>/capture"),
+                        ("DELETE", "/nodes/<name>/capture.pcap")})
 log = logging.getLogger("edgetb.agent")
 
 
@@ -158,6 +159,10 @@ def create_app(host: WorkerHost, token: str) -> Flask:
     @app.delete("/nodes/<name>/capture")
     def stop_capture(name: str) -> Any:
         return jsonify(run_blocking(host.stop_capture, name))
+
+    @app.delete("/nodes/<name>/capture.pcap")
+    def remove_capture(name: str) -> Any:
+        return jsonify(run_blocking(host.remove_capture, name))
 
     @app.get("/nodes/<name>/capture.pcap")
     def capture_file(name: str) -> Any:

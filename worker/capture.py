@@ -201,6 +201,18 @@ class Captures:
 
         return read()
 
+    def remove(self, node: str) -> dict[str, Any]:
+        """End ``node``'s capture if it runs and remove its files (once the run has its copy)."""
+        self.stop(node)
+        removed = 0
+        for path in (self.path(node), self.path(node)[:-len(".pcap")] + ".log"):
+            try:
+                os.unlink(path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+        return {"version": 1, "node": node, "removed": removed}
+
     def reset(self) -> dict[str, Any]:
         """End every capture and remove the files."""
         names = set(self.store.read().get("captures", {})) | set(self._children)

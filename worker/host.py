@@ -382,6 +382,10 @@ class WorkerHost:
         self.runtime.node(node)
         return self.captures.stop(node)
 
+    def remove_capture(self, node: str) -> dict[str, Any]:
+        self.runtime.node(node)
+        return self.captures.remove(node)
+
     def capture_chunks(self, node: str) -> Any:
         """The node's capture file, in pieces (an iterator of bytes)."""
         self.runtime.node(node)

@@ -202,6 +202,9 @@ def test_a_remote_agent_streams_its_capture_back(agent, tmp_path):
     copy.write_bytes(streamed)
     p = read_pcap(str(copy))
     assert ((p.proto == 17) & (p.dst == ip_int(b["ip"]))).sum() == 200
+    assert client.remove_capture("a")["removed"] == 2 and not on_disk.exists()
+    with pytest.raises(NotFound):
+        client.capture_chunks("a")  # removed
     with pytest.raises(NotFound):
         client.capture_chunks("b")  # never captured
     with pytest.raises(ConfigError):
