@@ -171,6 +171,10 @@ def main() -> int:
             print(f"| {args.nodes} | {args.links} | {args.period_ms:g} ms | {args.minutes:g} | {size_mb:.0f} | "
                   f"{args.pcap_nodes} | {'yes' if plots else 'no'} | {statistics.median(times):.2f} | "
                   f"{min(times):.2f} | ≤ 10 s |")
+        for plots, times, summary in rows:
+            say(f"steps ({'with' if plots else 'without'} plots, last run): "
+                + ", ".join(f"{k} {v:.2f}s" for k, v in summary["timings_s"].items()))
+        say(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
         bursts = sum(1 for _ in open(os.path.join(run, "analysis", "bursts.csv"))) - 1
         say(f"bursts.csv rows: {bursts}; fidelity: {rows[-1][2]['fidelity']['passed']} of "
             f"{rows[-1][2]['fidelity']['checked']} checks pass")

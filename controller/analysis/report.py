@@ -425,7 +425,16 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
 
         write = RunDir(run_dir).write_bytes
     started = time.monotonic()
+    timings: dict[str, float] = {}
+    mark = [started]
+
+    def lap(step: str) -> None:
+        now = time.monotonic()
+        timings[step] = round(now - mark[0], 3)
+        mark[0] = now
+
     inp = read_run(run_dir, say)
+    lap("read")
     written: list[str] = []
 
     def put(name: str, data: bytes) -> None:
@@ -449,6 +458,7 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
     say("bursts per node and role")
     burst_rows, raster = burst_table(inp, config)
     put("bursts.csv", csv_text(BURST_COLUMNS, burst_rows))
+    lap("bursts")
     say("links, throughput and the traffic matrix")
     pairs = pair_packets(inp)
     links_table, per_1s, edges_1s = link_rows(inp, span, pairs)
@@ -464,6 +474,7 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
     matrix, matrix_source = traffic_matrix(inp, pairs)
     node_names = sorted(inp.nodes)
     put("traffic_matrix.csv", matrix_csv(node_names, matrix))
+    lap("links")
     flow_info: dict[str, Any] = {"n_flows": None, "source": None}
     if inp.captures:
         say("flows")
@@ -503,6 +514,7 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
         "fidelity": fidelity(inp, links_table, pairs),
         "hosts": host_summary(inp),
     }
+    lap("flows and summary")
     if config.plots:
         say("plots")
         try:
@@ -513,8 +525,10 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
                 put(name, data)
         except Exception as e:  # noqa: BLE001 - a plot that fails costs the plot, not the analysis
             summary["problems"].append(f"plots: {type(e).__name__}: {e}")
+        lap("plots")
     summary["files"] = written + ["analysis/summary.json"]
     summary["seconds"] = round(time.monotonic() - started, 3)
+    summary["timings_s"] = timings
     write("analysis/summary.json", (json.dumps(summary, indent=1, default=_json_default) + "\n").encode())
     say(f"analysis written to {os.path.join(run_dir, 'analysis')} in {summary['seconds']:.1f}s")
     return summary

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -42,26 +43,44 @@ class Counters:
         return (float(min(starts)), float(max(ends))) if starts else (0.0, 0.0)
 
 
-def _parse(path: str, start: int, end: int, numeric: list[int], named: list[int]
-           ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+def _parse(path: str, start: int, end: int, numeric: list[int], named: list[int], out: Optional[tuple] = None
+           ) -> tuple[Optional[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Rows of the byte range [start, end) of ``path`` (whole lines): the numeric columns, and
-    per named column its codes into its own sorted labels."""
+    per named column its codes into its own sorted labels. With ``out`` (a shared file, its row
+    count, this piece's first row and its rows) the numbers and codes are written there instead
+    of returned (no copy of hundreds of MB through a pipe)."""
     with open(path, "rb") as f:
         f.seek(start)
         body = f.read(end - start)
     if not body.strip():
         return np.zeros((0, len(numeric))), [np.zeros(0, np.int64)] * len(named), [np.zeros(0, "S1")] * len(named)
     try:
-        nums = np.loadtxt(io.BytesIO(body), delimiter=",", usecols=numeric, dtype=np.float64, ndmin=2)
-        names = np.loadtxt(io.BytesIO(body), delimiter=",", usecols=named, dtype=bytes, ndmin=2)
+        with warnings.catch_warnings():  # a blank line: numpy says it is not counted as a row
+            warnings.simplefilter("ignore", UserWarning)
+            nums = np.loadtxt(io.BytesIO(body), delimiter=",", usecols=numeric, dtype=np.float64, ndmin=2)
+            names = np.loadtxt(io.BytesIO(body), delimiter=",", usecols=named, dtype=bytes, ndmin=2)
     except ValueError as e:
         raise ConfigError(f"{path}: not a table of numbers and names: {e}") from None
     codes, labels = [], []
     for j in range(len(named)):
         lab, inv = np.unique(names[:, j], return_inverse=True)
-        codes.append(inv.ravel())
+        codes.append(inv.ravel().astype(np.int32))
         labels.append(lab)
-    return nums, codes, labels
+    if out is None:
+        return nums, codes, labels
+    shared, total_rows, first_row, rows = out
+    if nums.shape[0] != rows:  # blank or comment lines: the caller reads the file in one piece instead
+        raise ValueError(f"{rows} lines held {nums.shape[0]} rows")
+    n_num, n_named = len(numeric), len(named)
+    shared_nums = np.memmap(shared, np.float64, "r+", 0, (total_rows, n_num))
+    shared_codes = np.memmap(shared, np.int32, "r+", total_rows * n_num * 8, (total_rows, n_named))
+    shared_nums[first_row:first_row + rows] = nums
+    for j in range(n_named):
+        shared_codes[first_row:first_row + rows, j] = codes[j]
+    shared_nums.flush()
+    shared_codes.flush()
+    del shared_nums, shared_codes
+    return None, [np.zeros(0, np.int32)] * len(named), labels
 
 
 def _pieces(path: str, start: int, size: int, n: int) -> list[tuple[int, int]]:
@@ -78,6 +97,34 @@ def _pieces(path: str, start: int, size: int, n: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def _parse_parallel(path: str, start: int, size: int, numeric: list[int], named: list[int], workers: int
+                    ) -> tuple[np.ndarray, list[np.ndarray], list[tuple[int, Any]]]:
+    """The pieces of the file parsed by worker processes into one shared file (in memory)."""
+    import multiprocessing
+    import tempfile
+
+    ranges = _pieces(path, start, size, workers)
+    firsts, total = [], 0
+    with open(path, "rb") as f:
+        for a, b in ranges:
+            f.seek(a)
+            chunk = f.read(b - a)
+            firsts.append(total)
+            total += chunk.count(b"\n") + (1 if chunk and not chunk.endswith(b"\n") else 0)
+    n_num, n_named = len(numeric), len(named)
+    where = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk, where there is one
+    with tempfile.NamedTemporaryFile(prefix="edgetb-analysis-", dir=where) as shared:
+        shared.truncate(max(1, total * (n_num * 8 + n_named * 4)))
+        with ProcessPoolExecutor(len(ranges), mp_context=multiprocessing.get_context("spawn")) as pool:
+            jobs = [(path, a, b, numeric, named, (shared.name, total, first, last - first))
+                    for (a, b), first, last in zip(ranges, firsts, firsts[1:] + [total])]
+            results = list(pool.map(_parse, *zip(*jobs)))
+        nums = np.array(np.memmap(shared.name, np.float64, "r", 0, (total, n_num)))
+        codes = np.array(np.memmap(shared.name, np.int32, "r", total * n_num * 8, (total, n_named)))
+    blocks = [codes[first:(firsts[i + 1] if i + 1 < len(firsts) else total)] for i, first in enumerate(firsts)]
+    return nums, blocks, list(zip(firsts, results))
+
+
 def read_counters(path: str, key_columns: list[str], value_columns: list[str]) -> Counters:
     """The file at ``path`` (a header line, then ``time_s``, the key columns and the counters)."""
     with open(path, "rb") as f:
@@ -91,22 +138,28 @@ def read_counters(path: str, key_columns: list[str], value_columns: list[str]) -
     numeric = [header.index(c) for c in ["time_s", *value_columns]]
     named = [header.index(c) for c in key_columns]
     workers = min(MAX_WORKERS, os.cpu_count() or 1)
+    parallel = None
     if size - body_start > PARALLEL_ABOVE_BYTES and workers > 1:
-        ranges = _pieces(path, body_start, size, workers)
-        import multiprocessing
-
-        with ProcessPoolExecutor(len(ranges), mp_context=multiprocessing.get_context("spawn")) as pool:
-            parts = list(pool.map(_parse, *zip(*[(path, a, b, numeric, named) for a, b in ranges])))
+        try:
+            parallel = _parse_parallel(path, body_start, size, numeric, named, workers)
+        except Exception:  # noqa: BLE001 - irregular lines or no worker processes: one piece, with its own errors
+            parallel = None
+    if parallel is not None:
+        nums, local_codes, parts = parallel
     else:
-        parts = [_parse(path, body_start, size, numeric, named)]
-    nums = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-    if nums.shape[0] == 0:
+        one = _parse(path, body_start, size, numeric, named)
+        nums, local_codes, parts = one[0], [np.stack(one[1], axis=1) if one[1] else None], [(0, one)]
+    if nums is None or nums.shape[0] == 0:
         return Counters([], {}, {})
     labels, codes = [], []
     for j in range(len(named)):
-        lab = np.unique(np.concatenate([p[2][j] for p in parts]))
+        lab = np.unique(np.concatenate([p[1][2][j] for p in parts]))
         labels.append(lab)
-        codes.append(np.concatenate([np.searchsorted(lab, p[2][j])[p[1][j]] for p in parts]))
+        code = np.empty(nums.shape[0], np.int64)
+        for (first, part), block in zip(parts, local_codes):
+            local = block[:, j]
+            code[first:first + local.size] = np.searchsorted(lab, part[2][j])[local]
+        codes.append(code)
     key = codes[0].astype(np.int64)
     for j in range(1, len(named)):
         key = key * len(labels[j]) + codes[j]

@@ -420,3 +420,29 @@ def test_agent_capture_routes_need_the_token(tmp_path):
     got = client.get("/nodes/a/capture.pcap", headers=auth)
     assert got.status_code == 404 and "no node" in got.get_json()["message"]
     assert client.get("/nodes/..%2Fstate/capture.pcap", headers=auth).status_code == 404
+
+
+def test_a_large_table_read_in_parallel_pieces_equals_one_read(tmp_path, monkeypatch):
+    import controller.analysis.table as table
+
+    path = tmp_path / "links.csv"
+    rng = np.random.default_rng(3)
+    rows = ["time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes"]
+    for k in range(300):
+        for s_, d_ in (("a", "b"), ("b", "c"), ("c", "a"), ("n10", "n2")):
+            rows.append(f"{k * 0.1:.3f},{s_},{d_},{k * 1000 + int(rng.integers(0, 9))},{k},0,{k % 3},0")
+    path.write_text("\n".join(rows) + "\n")
+    one = table.read_counters(str(path), ["src", "dst"], ["tx_bytes", "overlimits"])
+    monkeypatch.setattr(table, "PARALLEL_ABOVE_BYTES", 0)
+    monkeypatch.setattr(table.os, "cpu_count", lambda: 3)
+    pieces = table.read_counters(str(path), ["src", "dst"], ["tx_bytes", "overlimits"])
+    start = len(rows[0]) + 1
+    nums, blocks, parts = table._parse_parallel(str(path), start, path.stat().st_size, [0, 3], [1, 2], 3)
+    assert nums.shape == (1200, 2) and len(parts) == 3 and sum(len(b) for b in blocks) == 1200  # three pieces
+    assert pieces.keys == one.keys == [("a", "b"), ("b", "c"), ("c", "a"), ("n10", "n2")]
+    for k in one.keys:
+        assert np.array_equal(pieces.times[k], one.times[k]) and pieces.times[k].size == 300
+        assert all(np.array_equal(pieces.values[k][c], one.values[k][c]) for c in ("tx_bytes", "overlimits"))
+    path.write_text("\n".join(rows[:500]) + "\n\n" + "\n".join(rows[500:]) + "\n")  # a blank line: one piece
+    again = table.read_counters(str(path), ["src", "dst"], ["tx_bytes", "overlimits"])
+    assert again.keys == one.keys and all(again.times[k].size == 300 for k in one.keys)
