@@ -63,8 +63,8 @@ def _parse(path: str, start: int, end: int, numeric: list[int], named: list[int]
         raise ConfigError(f"{path}: not a table of numbers and names: {e}") from None
     codes, labels = [], []
     for j in range(len(named)):
-        lab, inv = np.unique(names[:, j], return_inverse=True)
-        codes.append(inv.ravel().astype(np.int32))
+        lab, inv = _unique_names(names[:, j])
+        codes.append(inv)
         labels.append(lab)
     if out is None:
         return nums, codes, labels
@@ -81,6 +81,19 @@ def _parse(path: str, start: int, end: int, numeric: list[int], named: list[int]
     shared_codes.flush()
     del shared_nums, shared_codes
     return None, [np.zeros(0, np.int32)] * len(named), labels
+
+
+def _unique_names(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct names of a byte-string column and each row's index among them. Names
+    of up to 8 bytes are compared as integers (sorting millions of strings is slow)."""
+    width = column.dtype.itemsize
+    if width <= 8:
+        padded = column.astype("S8")
+        as_int = padded.view(">u8")  # big-endian: integer order is the names' byte order
+        distinct, inv = np.unique(as_int, return_inverse=True)
+        return distinct.astype(">u8").view("S8"), inv.ravel().astype(np.int32)
+    lab, inv = np.unique(column, return_inverse=True)
+    return lab, inv.ravel().astype(np.int32)
 
 
 def _pieces(path: str, start: int, size: int, n: int) -> list[tuple[int, int]]:
@@ -125,6 +138,24 @@ def _parse_parallel(path: str, start: int, size: int, numeric: list[int], named:
     return nums, blocks, list(zip(firsts, results))
 
 
+def _block_size(key: np.ndarray, times: np.ndarray) -> Optional[int]:
+    """K when the rows come as the sampler writes them: one block per sample holding every one of
+    K keys in the same order, times rising (each key's rows are then every K-th row, no sort
+    needed); None when they do not."""
+    n = key.size
+    first = key[0]
+    k = int(np.argmax(key[1:] == first)) + 1 if (key[1:] == first).any() else n
+    if n % k or np.unique(key[:k]).size != k:
+        return None
+    blocks = key.reshape(-1, k)
+    if not (blocks == blocks[0]).all():
+        return None
+    t = times.reshape(-1, k)
+    if not (t[1:] >= t[:-1]).all():
+        return None
+    return k
+
+
 def read_counters(path: str, key_columns: list[str], value_columns: list[str]) -> Counters:
     """The file at ``path`` (a header line, then ``time_s``, the key columns and the counters)."""
     with open(path, "rb") as f:
@@ -163,25 +194,24 @@ def read_counters(path: str, key_columns: list[str], value_columns: list[str]) -
     key = codes[0].astype(np.int64)
     for j in range(1, len(named)):
         key = key * len(labels[j]) + codes[j]
-    times = nums[:, 0]
-    if np.all(times[1:] >= times[:-1]):  # time-major, as the sampler writes: a stable sort by key suffices
-        small = key.astype(np.uint16) if key.max() < 65536 else key
-        order = np.argsort(small, kind="stable")
-    else:
-        order = np.lexsort((times, key))
-    key, nums = key[order], nums[order]
-    present, starts = np.unique(key, return_index=True)
-    ends = np.append(starts[1:], key.size)
+    k = _block_size(key, nums[:, 0])
+    if k is not None:
+        groups = [(int(key[i]), nums[i::k]) for i in range(k)]
+    else:  # rows in any order: sorted by key, then time
+        order = np.lexsort((nums[:, 0], key))
+        key, nums = key[order], nums[order]
+        present, starts = np.unique(key, return_index=True)
+        ends = np.append(starts[1:], key.size)
+        groups = [(int(k), nums[a:b]) for k, a, b in zip(present, starts, ends)]
     keys: list[tuple[str, ...]] = []
     out_t: dict[tuple[str, ...], np.ndarray] = {}
     out_v: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
-    for k, a, b in zip(present, starts, ends):
-        parts_k, rest = [], int(k)
+    for k, rows in sorted(groups, key=lambda g: g[0]):
+        parts_k, rest = [], k
         for j in reversed(range(len(named))):
             rest, c = divmod(rest, len(labels[j]))
             parts_k.append(bytes(labels[j][c]).decode(errors="replace"))
         name = tuple(reversed(parts_k))
-        rows = nums[a:b]
         keys.append(name)
         out_t[name] = rows[:, 0]
         out_v[name] = {c: rows[:, i + 1] for i, c in enumerate(value_columns)}
