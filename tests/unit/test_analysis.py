@@ -446,3 +446,14 @@ def test_a_large_table_read_in_parallel_pieces_equals_one_read(tmp_path, monkeyp
     path.write_text("\n".join(rows[:500]) + "\n\n" + "\n".join(rows[500:]) + "\n")  # a blank line: one piece
     again = table.read_counters(str(path), ["src", "dst"], ["tx_bytes", "overlimits"])
     assert again.keys == one.keys and all(again.times[k].size == 300 for k in one.keys)
+
+
+def test_capture_namespace_of_netns_docker_and_physical_nodes(tmp_path):
+    from worker.capture import Captures
+    from worker.state import StateStore
+
+    caps = Captures(StateStore("tq1", str(tmp_path)))
+    # a container whose namespace has no name (yet): entered through its process
+    assert caps._namespace("d1", {"netns": "etb-none-d1", "pid": 4321}) == "/proc/4321/ns/net"
+    with pytest.raises(ConfigError, match="physical"):
+        caps._namespace("p1", {"netns": None, "ip": "10.0.0.2"})
