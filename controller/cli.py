@@ -117,7 +117,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         if "->" not in link:
             raise ConfigError(f"--link {link!r}: write a link as SRC->DST")
     config = AnalysisConfig(thresholds=thresholds, links=args.link, plots=not args.no_plots)
-    summary = analyze(args.run_dir, config, progress=_progress)
+    try:
+        summary = analyze(args.run_dir, config, progress=_progress)
+    except OSError as e:
+        raise ConfigError(f"cannot analyse {args.run_dir}: {e.strerror or e} ({e.filename or args.run_dir})") from None
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
         return 0
