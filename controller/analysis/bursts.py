@@ -112,7 +112,7 @@ def summarize(parts: list[Bursts]) -> dict[str, Any]:
     parts = [p for p in parts if p.structured]
     if not parts:
         return {"bursts": None, "burst_s": None, "burst_median_s": None, "burst_p95_s": None, "idle_s": None,
-                "burst_consumption": None, "burst_peak": None, "duty_cycle": None}
+                "period_s": None, "burst_consumption": None, "burst_peak": None, "duty_cycle": None}
     burst_s = np.concatenate([np.asarray(p.burst_bins, np.float64) * p.dt_s for p in parts])
     idle_s = np.concatenate([np.asarray(p.idle_bins, np.float64) * p.dt_s for p in parts])
     on = np.concatenate([p.on_values if p.on_values is not None else np.zeros(0) for p in parts])
@@ -123,6 +123,7 @@ def summarize(parts: list[Bursts]) -> dict[str, Any]:
             "burst_median_s": float(np.median(burst_s)) if burst_s.size else None,
             "burst_p95_s": float(np.percentile(burst_s, 95)) if burst_s.size else None,
             "idle_s": float(idle_s.mean()) if idle_s.size else None,
+            "period_s": float(burst_s.mean() + idle_s.mean()) if burst_s.size and idle_s.size else None,
             "burst_consumption": float(on.mean()) if on.size else None,
             "burst_peak": float(np.mean(peaks)) if peaks else None,
             "duty_cycle": float(np.mean(duty)) if duty else None}

@@ -298,6 +298,9 @@ def test_analyze_a_whole_run(tmp_path):
     tx = bursts[("a", "net_tx")]  # from the capture at 10 ms: 1 s bursts, 1 s idles
     assert int(tx["bursts"]) == 5 and float(tx["burst_s"]) == pytest.approx(1.0, abs=0.01)
     assert float(tx["idle_s"]) == pytest.approx(1.0, abs=0.01)
+    by_role = {r["resource"]: r for r in s["bursts_by_role"]}
+    assert by_role["net_tx"]["period_s"] == pytest.approx(2.0, abs=0.02)  # the round time
+    assert by_role["net_tx"]["burst_median_s"] == pytest.approx(1.0, abs=0.01)
     assert float(tx["burst_consumption"]) == pytest.approx(1040 * 1000 * 8, rel=0.01)
     cpu = bursts[("a", "cpu")]  # sampled at 100 ms
     assert int(cpu["bursts"]) == 5 and float(cpu["burst_s"]) == pytest.approx(1.0, abs=0.1)
