@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import struct
@@ -136,6 +137,12 @@ def _synthetic_pcap(path: str, src: str, dsts: list[str], duration: float, round
             f.write(struct.pack("<IIII", sec, int((ti - sec) * 1e6), len(heads[di]), 1514) + heads[di])
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the parsing workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=10.0)
@@ -157,24 +164,25 @@ def main() -> int:
                       for f in fs) / 1e6
         rows = []
         for plots in (False, True):
-            times = []
+            times, cpus = [], []
             for i in range(args.repeat):
                 shutil.rmtree(os.path.join(run, "analysis"), ignore_errors=True)
-                started = time.monotonic()
+                started, cpu0 = time.monotonic(), _cpu_s()
                 summary = analyze(run, AnalysisConfig(plots=plots), progress=say if i == 0 else None)
                 times.append(time.monotonic() - started)
-            rows.append((plots, times, summary))
+                cpus.append(_cpu_s() - cpu0)
+            rows.append((plots, times, summary, cpus))
+        load = os.getloadavg()[0]
         print(f"| nodes | links | period | minutes | telemetry MB | captures | plots | analyze s (median of "
-              f"{args.repeat}) | min | target |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for plots, times, summary in rows:
+              f"{args.repeat}) | min | CPU s (all processes, median) | load average | target |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for plots, times, summary, cpus in rows:
             print(f"| {args.nodes} | {args.links} | {args.period_ms:g} ms | {args.minutes:g} | {size_mb:.0f} | "
                   f"{args.pcap_nodes} | {'yes' if plots else 'no'} | {statistics.median(times):.2f} | "
-                  f"{min(times):.2f} | ≤ 10 s |")
-        for plots, times, summary in rows:
+                  f"{min(times):.2f} | {statistics.median(cpus):.2f} | {load:.1f} on {os.cpu_count()} cores | ≤ 10 s |")
+        for plots, times, summary, _ in rows:
             say(f"steps ({'with' if plots else 'without'} plots, last run): "
                 + ", ".join(f"{k} {v:.2f}s" for k, v in summary["timings_s"].items()))
-        say(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
         bursts = sum(1 for _ in open(os.path.join(run, "analysis", "bursts.csv"))) - 1
         say(f"bursts.csv rows: {bursts}; fidelity: {rows[-1][2]['fidelity']['passed']} of "
             f"{rows[-1][2]['fidelity']['checked']} checks pass")
