@@ -19,6 +19,9 @@ import numpy as np
 from worker.errors import ConfigError
 
 PARALLEL_ABOVE_BYTES = 32 << 20
+TEXT_WIDTH = 32  # a number read as text first (times, CPU seconds)
+NAME_WIDTH = 32  # names longer than this are read the slower, general way
+FLOAT_COLUMNS = frozenset({"time_s", "cpu_s"})  # every other counter is an integer
 MAX_WORKERS = 4
 
 
@@ -43,27 +46,68 @@ class Counters:
         return (float(min(starts)), float(max(ends))) if starts else (0.0, 0.0)
 
 
-def _parse(path: str, start: int, end: int, numeric: list[int], named: list[int], out: Optional[tuple] = None
-           ) -> tuple[Optional[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+def _to_float(text: np.ndarray) -> np.ndarray:
+    """Numbers written as text: converted once per run of equal values (a sample's time repeats
+    on each of its rows), else all at once."""
+    if text.size == 0:
+        return np.zeros(0)
+    change = np.flatnonzero(text[1:] != text[:-1]) + 1
+    if change.size * 4 < text.size:
+        starts = np.concatenate(([0], change))
+        values = text[starts].astype(np.float64)
+        return np.repeat(values, np.diff(np.append(starts, text.size)))
+    return text.astype(np.float64)
+
+
+def _load(body: bytes, numeric: list[int], named: list[int], integers: list[bool]
+          ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One pass of numpy's parser over ``body``: counters as integers where ``integers`` says
+    so (parsing floats is the slow part), other numbers as text converted after; names as
+    fixed-width bytes (ValueError when a name may not fit)."""
+    fields = [(f"v{i}", "i8" if integer else f"S{TEXT_WIDTH}") for i, integer in enumerate(integers)]
+    fields += [(f"k{j}", f"S{NAME_WIDTH}") for j in range(len(named))]
+    with warnings.catch_warnings():  # a blank line: numpy says it is not counted as a row
+        warnings.simplefilter("ignore", UserWarning)
+        rec = np.loadtxt(io.BytesIO(body), delimiter=",", usecols=numeric + named, dtype=np.dtype(fields), ndmin=1)
+    nums = np.empty((rec.size, len(numeric)))
+    for i, integer in enumerate(integers):
+        nums[:, i] = rec[f"v{i}"] if integer else _to_float(np.ascontiguousarray(rec[f"v{i}"]))
+    names = []
+    for j in range(len(named)):
+        column = np.ascontiguousarray(rec[f"k{j}"])
+        if column.size and column.view(np.uint8).reshape(column.size, NAME_WIDTH)[:, -1].any():
+            raise ValueError(f"a name of {NAME_WIDTH} bytes or more")
+        names.append(column)
+    return nums, names
+
+
+def _parse(path: str, start: int, end: int, numeric: list[int], named: list[int], out: Optional[tuple] = None,
+           integers: Optional[list[bool]] = None) -> tuple[Optional[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Rows of the byte range [start, end) of ``path`` (whole lines): the numeric columns, and
-    per named column its codes into its own sorted labels. With ``out`` (a shared file, its row
-    count, this piece's first row and its rows) the numbers and codes are written there instead
-    of returned (no copy of hundreds of MB through a pipe)."""
+    per named column its codes into its own sorted labels. ``integers`` says which numeric
+    columns hold integers (tried first; any other form falls back to parsing every number as
+    a float). With ``out`` (a shared file, its row count, this piece's first row and its rows)
+    the numbers and codes are written there instead of returned (no copy of hundreds of MB
+    through a pipe)."""
     with open(path, "rb") as f:
         f.seek(start)
         body = f.read(end - start)
     if not body.strip():
         return np.zeros((0, len(numeric))), [np.zeros(0, np.int64)] * len(named), [np.zeros(0, "S1")] * len(named)
     try:
-        with warnings.catch_warnings():  # a blank line: numpy says it is not counted as a row
-            warnings.simplefilter("ignore", UserWarning)
-            nums = np.loadtxt(io.BytesIO(body), delimiter=",", usecols=numeric, dtype=np.float64, ndmin=2)
-            names = np.loadtxt(io.BytesIO(body), delimiter=",", usecols=named, dtype=bytes, ndmin=2)
+        try:
+            nums, names = _load(body, numeric, named, integers or [False] * len(numeric))
+        except ValueError:  # counters written as floats, or long names: the general way
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                nums = np.loadtxt(io.BytesIO(body), delimiter=",", usecols=numeric, dtype=np.float64, ndmin=2)
+                both = np.loadtxt(io.BytesIO(body), delimiter=",", usecols=named, dtype=bytes, ndmin=2)
+            names = [both[:, j] for j in range(len(named))]
     except ValueError as e:
         raise ConfigError(f"{path}: not a table of numbers and names: {e}") from None
     codes, labels = [], []
     for j in range(len(named)):
-        lab, inv = _unique_names(names[:, j])
+        lab, inv = _unique_names(names[j])
         codes.append(inv)
         labels.append(lab)
     if out is None:
@@ -87,6 +131,9 @@ def _unique_names(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct names of a byte-string column and each row's index among them. Names
     of up to 8 bytes are compared as integers (sorting millions of strings is slow)."""
     width = column.dtype.itemsize
+    if width > 8 and column.size and not column.view(np.uint8).reshape(column.size, width)[:, 8:].any():
+        column = np.ascontiguousarray(column.view(np.uint8).reshape(column.size, width)[:, :8]).view("S8").ravel()
+        width = 8
     if width <= 8:
         padded = column.astype("S8")
         as_int = padded.view(">u8")  # big-endian: integer order is the names' byte order
@@ -110,8 +157,8 @@ def _pieces(path: str, start: int, size: int, n: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def _parse_parallel(path: str, start: int, size: int, numeric: list[int], named: list[int], workers: int
-                    ) -> tuple[np.ndarray, list[np.ndarray], list[tuple[int, Any]]]:
+def _parse_parallel(path: str, start: int, size: int, numeric: list[int], named: list[int], workers: int,
+                    integers: Optional[list[bool]] = None) -> tuple[np.ndarray, list[np.ndarray], list[tuple[int, Any]]]:
     """The pieces of the file parsed by worker processes into one shared file (in memory)."""
     import multiprocessing
     import tempfile
@@ -129,7 +176,7 @@ def _parse_parallel(path: str, start: int, size: int, numeric: list[int], named:
     with tempfile.NamedTemporaryFile(prefix="edgetb-analysis-", dir=where) as shared:
         shared.truncate(max(1, total * (n_num * 8 + n_named * 4)))
         with ProcessPoolExecutor(len(ranges), mp_context=multiprocessing.get_context("spawn")) as pool:
-            jobs = [(path, a, b, numeric, named, (shared.name, total, first, last - first))
+            jobs = [(path, a, b, numeric, named, (shared.name, total, first, last - first), integers)
                     for (a, b), first, last in zip(ranges, firsts, firsts[1:] + [total])]
             results = list(pool.map(_parse, *zip(*jobs)))
         nums = np.array(np.memmap(shared.name, np.float64, "r", 0, (total, n_num)))
@@ -167,18 +214,19 @@ def read_counters(path: str, key_columns: list[str], value_columns: list[str]) -
     if missing:
         raise ConfigError(f"{path}: no column {', '.join(missing)} (its header: {','.join(header)})")
     numeric = [header.index(c) for c in ["time_s", *value_columns]]
+    integers = [c not in FLOAT_COLUMNS for c in ["time_s", *value_columns]]
     named = [header.index(c) for c in key_columns]
     workers = min(MAX_WORKERS, os.cpu_count() or 1)
     parallel = None
     if size - body_start > PARALLEL_ABOVE_BYTES and workers > 1:
         try:
-            parallel = _parse_parallel(path, body_start, size, numeric, named, workers)
+            parallel = _parse_parallel(path, body_start, size, numeric, named, workers, integers)
         except Exception:  # noqa: BLE001 - irregular lines or no worker processes: one piece, with its own errors
             parallel = None
     if parallel is not None:
         nums, local_codes, parts = parallel
     else:
-        one = _parse(path, body_start, size, numeric, named)
+        one = _parse(path, body_start, size, numeric, named, integers=integers)
         nums, local_codes, parts = one[0], [np.stack(one[1], axis=1) if one[1] else None], [(0, one)]
     if nums is None or nums.shape[0] == 0:
         return Counters([], {}, {})

@@ -460,3 +460,21 @@ def test_capture_namespace_of_netns_docker_and_physical_nodes(tmp_path):
     assert caps._namespace("d1", {"netns": "etb-none-d1", "pid": 4321}) == "/proc/4321/ns/net"
     with pytest.raises(ConfigError, match="physical"):
         caps._namespace("p1", {"netns": None, "ip": "10.0.0.2"})
+
+
+@pytest.mark.parametrize("name, counter", [
+    ("n1", "120"),  # the fast way: integer counters, a short name
+    ("a-node-with-a-name-of-16", "120"),  # names beyond 8 bytes
+    ("x" * 40, "120"),  # beyond the fixed width: the general way
+    ("n1", "120.0"),  # counters written as floats: the general way
+    ("n1", "1.2e2"),
+])
+def test_counters_in_every_written_form(tmp_path, name, counter):
+    path = tmp_path / "nodes.csv"
+    path.write_text("time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops\n"
+                    f"0.1,{name},0.5,{counter},{counter},0,0,0,0\n0.2,{name},1.25,7,{counter},0,0,0,0\n"
+                    f"0.2,zz,1,1,1,0,0,0,0\n")
+    c = read_counters(str(path), ["node"], ["cpu_s", "mem_bytes", "tx_bytes"])
+    assert c.keys == sorted([(name,), ("zz",)])
+    assert c.times[(name,)].tolist() == [0.1, 0.2] and c.values[(name,)]["cpu_s"].tolist() == [0.5, 1.25]
+    assert c.values[(name,)]["mem_bytes"].tolist() == [120.0, 7.0] and c.values[(name,)]["tx_bytes"][0] == 120.0
