@@ -6,11 +6,13 @@ import csv
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Run
+from tests.e2e.harness import ROOT, Run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)"),
               pytest.mark.skipif(shutil.which("tcpdump") is None, reason="tcpdump not installed")]
@@ -58,6 +60,14 @@ def test_ring_all_reduce_moves_bytes_only_between_ring_neighbours(tmp_path):
         for i, a in enumerate(names):  # the ring's direction carries the model, the way back the ACKs
             nxt = names[(i + 1) % 6]
             assert m.get((a, nxt), 0) > BIG and m.get((a, nxt), 0) > 5 * m.get((nxt, a), 0), (a, nxt, m)
+        # the same analysis again, from the command line, on the finished run's folder
+        again = subprocess.run([sys.executable, "-m", "controller.cli", "analyze", str(run_dir), "--no-plots"],
+                               capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert again.returncode == 0 and "traffic matrix from capture" in again.stdout, again
+        assert "fidelity: pass" in again.stdout and matrix(run_dir) == m
+        refused = subprocess.run([sys.executable, "-m", "controller.cli", "analyze", str(tmp_path)],
+                                 capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert refused.returncode == 2 and "is not a run folder" in refused.stderr
     finally:
         r.close()
 
