@@ -15,18 +15,22 @@ def flows(p: Packets) -> dict[str, np.ndarray]:
         z = np.zeros(0)
         return {k: z for k in ("proto", "src", "dst", "sport", "dport", "packets", "bytes", "arrival_s",
                                "departure_s", "duration_s")}
-    key = np.empty(len(p), dtype=[("src", "u4"), ("dst", "u4"), ("sport", "u2"), ("dport", "u2"), ("proto", "u1")])
-    key["src"], key["dst"], key["sport"], key["dport"], key["proto"] = p.src, p.dst, p.sport, p.dport, p.proto
-    uniq, inv = np.unique(key, return_inverse=True)
-    inv = inv.ravel()
-    n = uniq.size
-    first = np.full(n, np.inf)
-    last = np.full(n, -np.inf)
-    np.minimum.at(first, inv, p.time_s)
-    np.maximum.at(last, inv, p.time_s)
-    out = {"proto": uniq["proto"], "src": uniq["src"], "dst": uniq["dst"], "sport": uniq["sport"],
-           "dport": uniq["dport"], "packets": np.bincount(inv, minlength=n),
-           "bytes": np.bincount(inv, weights=p.length.astype(np.float64), minlength=n).astype(np.int64),
+    k1 = (p.src.astype(np.uint64) << np.uint64(32)) | p.dst.astype(np.uint64)
+    k2 = ((p.sport.astype(np.uint64) << np.uint64(24)) | (p.dport.astype(np.uint64) << np.uint64(8))
+          | p.proto.astype(np.uint64))
+    by = np.lexsort((p.time_s, k2, k1))  # by flow, then time
+    k1s, k2s = k1[by], k2[by]
+    starts = np.flatnonzero(np.concatenate(([True], (k1s[1:] != k1s[:-1]) | (k2s[1:] != k2s[:-1]))))
+    ends = np.append(starts[1:], by.size)
+    t = p.time_s[by]
+    first, last = t[starts], t[ends - 1]
+    out = {"proto": (k2s[starts] & np.uint64(0xFF)).astype(np.uint8),
+           "src": (k1s[starts] >> np.uint64(32)).astype(np.uint32),
+           "dst": (k1s[starts] & np.uint64(0xFFFFFFFF)).astype(np.uint32),
+           "sport": (k2s[starts] >> np.uint64(24)).astype(np.uint16),
+           "dport": ((k2s[starts] >> np.uint64(8)) & np.uint64(0xFFFF)).astype(np.uint16),
+           "packets": ends - starts,
+           "bytes": np.add.reduceat(p.length[by].astype(np.int64), starts),
            "arrival_s": first, "departure_s": last, "duration_s": last - first}
     order = np.argsort(out["arrival_s"], kind="stable")
     return {k: v[order] for k, v in out.items()}

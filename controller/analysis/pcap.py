@@ -84,27 +84,35 @@ def read_pcap(path: str, mtu: int = 1500) -> Packets:
     linktype = header.linktype
     if linktype not in LINK_OFFSETS:
         raise ConfigError(f"{path}: link type {linktype} is not read (Ethernet, Linux cooked or raw IP)")
-    rec = struct.Struct("<IIII" if little else ">IIII")
-    offsets, secs, fracs, caps, lens = (array("q") for _ in range(5))  # 8 bytes a record each, not an object
+    cap_of = struct.Struct("<I" if little else ">I").unpack_from
+    offsets = array("q")  # where each record's header starts; its fields are gathered after, with numpy
     pos, end = 24, len(data)
-    unpack = rec.unpack_from
+    add = offsets.append
     while pos + 16 <= end:
-        sec, frac, cap, orig = unpack(data, pos)
+        cap = cap_of(data, pos + 8)[0]
         if pos + 16 + cap > end:
             break  # cut short: the capture stopped mid-write
-        offsets.append(pos + 16)
-        secs.append(sec)
-        fracs.append(frac)
-        caps.append(cap)
-        lens.append(orig)
+        add(pos)
         pos += 16 + cap
     if not offsets:
         return Packets.empty()
+    heads = np.asarray(offsets, np.int64)
+    words = np.frombuffer(data, "<u4" if little else ">u4", count=(end // 4))  # aligned views of the headers
+    if heads.size and (heads % 4 == 0).all():
+        idx = heads // 4
+        secs, fracs, caps, lens = (words[idx + i].astype(np.int64) for i in range(4))
+    else:  # records at odd offsets: each header field read where it is
+        hdr = np.frombuffer(data, np.uint8)
+        def field(i: int) -> np.ndarray:
+            b = [hdr[heads + 4 * i + k].astype(np.int64) for k in range(4)]
+            return (b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24) if little else (b[0] << 24 | b[1] << 16 | b[2] << 8 | b[3])
+        secs, fracs, caps, lens = (field(i) for i in range(4))
+    offsets = heads + 16  # where each record's frame starts
     buf = np.frombuffer(data, np.uint8)
-    off = np.asarray(offsets, np.int64)
-    cap = np.asarray(caps, np.int64)
-    length = np.asarray(lens, np.int64)
-    time_s = np.asarray(secs, np.float64) + np.asarray(fracs, np.float64) / divisor
+    off = offsets
+    cap = caps
+    length = lens
+    time_s = secs.astype(np.float64) + fracs.astype(np.float64) / divisor
     ip = off + LINK_OFFSETS[linktype]
     at = ETHERTYPE_AT.get(linktype)
     is_v4 = cap >= (ip - off) + 20
@@ -144,7 +152,7 @@ def read_pcap(path: str, mtu: int = 1500) -> Packets:
     out = Packets(time_s, length, u32(ip + 12), u32(ip + 16), proto.astype(np.uint8), sport, dport,
                   segments=segments)
     out.other_frames = int(other.sum())
-    out.other_bytes = int(np.asarray(lens, np.int64)[other].sum())
+    out.other_bytes = int(lens[other].sum())
     return out
 
 
