@@ -23,7 +23,12 @@ BIG = 50_000  # bytes: a model's worth of traffic, beyond ACKs and control
 def finished_run(r: Run, timeout_s: float = 240) -> tuple[dict, Path]:
     r.wait_phase("ready")
     assert r.get("/start").json()["phase"] == "running"
-    r.wait_phase("finished", timeout_s=timeout_s)
+    try:
+        r.wait_phase("finished", timeout_s=timeout_s)
+    except AssertionError as e:  # say where it stood
+        status = r.get("/status").json()
+        nodes = {n["name"]: (n["state"], n["round"], n["detail"]) for n in status["nodes"]}
+        raise AssertionError(f"{e}: phase {status['phase']}, nodes {nodes}") from None
     summary = r.get("/finish").json()
     return summary, Path(summary["run_dir"])
 
