@@ -65,6 +65,10 @@ class Worker(Protocol):
     def status(self) -> dict[str, Any]: ...
     def reset(self) -> dict[str, Any]: ...
     def fault(self, body: Any) -> dict[str, Any]: ...
+    def start_capture(self, node: str, body: Any) -> dict[str, Any]: ...
+    def stop_capture(self, node: str) -> dict[str, Any]: ...
+    def capture_chunks(self, node: str) -> Iterator[bytes]: ...
+    def remove_capture(self, node: str) -> dict[str, Any]: ...
 
 
 class _PinnedAdapter(HTTPAdapter):
@@ -304,3 +308,50 @@ class AgentClient:
 
     def telemetry_stop(self) -> dict[str, Any]:
         return self._call("POST", "/telemetry/stop", {"version": 1})
+    def start_capture(self, node: str, body: Any) -> dict[str, Any]:
+        return self._call("POST", f"/nodes/{_node_segment(node)}/capture", body)
+
+    def stop_capture(self, node: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/nodes/{_node_segment(node)}/capture")
+
+    def remove_capture(self, node: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/nodes/{_node_segment(node)}/capture.pcap")
+
+    def capture_chunks(self, node: str) -> Iterator[bytes]:
+        """The node's capture file, streamed from the agent in pieces."""
+        path = f"/nodes/{_node_segment(node)}/capture.pcap"
+        where = f"{self.label}: GET {path}"
+        self._check_listener()
+        try:
+            resp = self.session.get(self.url + path, stream=True, timeout=(self.connect_timeout_s, self.timeout_s))
+        except requests.exceptions.SSLError as e:
+            raise self._tls_problem("GET", path, e) from None
+        except requests.RequestException as e:
+            raise errors.AgentUnreachable(f"{where}: {connection_problem(e)}") from None
+        if resp.status_code >= 400:
+            try:
+                data = resp.json()
+            except ValueError:
+                data = {}
+            resp.close()
+            cls = _ERRORS_BY_CODE.get(data.get("error")) or _ERRORS_BY_STATUS.get(resp.status_code, errors.TestbedError)
+            raise cls(f"{where}: {data.get('message') or f'status {resp.status_code}'}")
+
+        def stream() -> Iterator[bytes]:
+            try:
+                for chunk in resp.iter_content(1 << 20):
+                    if chunk:
+                        yield chunk
+            except requests.RequestException as e:
+                raise errors.AgentUnreachable(f"{where}: {connection_problem(e)} while streaming") from None
+            finally:
+                resp.close()
+
+        return stream()
+
+
+def _node_segment(node: str) -> str:
+    """A node name as one path segment (refused when it could be more)."""
+    if not isinstance(node, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", node):
+        raise errors.ConfigError(f"{node!r} is not a node name")
+    return node

@@ -9,6 +9,7 @@
     edgetb shape access NODE [--uplink RATE|none] [--downlink RATE|none]
     edgetb monitor [--period-ms 100] [--interval 1] [--csv DIR] [--duration S] [--top 10]
     edgetb down
+    edgetb analyze RUN_DIR [--link SRC->DST] [--threshold cpu=20] [--no-plots] [--json]
 
 Without ``--agent`` the CLI drives this host directly (as root); with
 ``--agent URL`` it talks to a worker agent using the shared token.
@@ -107,7 +108,62 @@ def _parser() -> argparse.ArgumentParser:
     down = sub.add_parser("down", help="remove every node, link and rule of this testbed")
     down.add_argument("--runtime", choices=("netns", "docker"), default=None,
                       help="the kind of nodes to look for when the state file is lost (default: as recorded)")
+    an = sub.add_parser("analyze", help="the traffic and burst metrics of a finished run, into RUN_DIR/analysis/")
+    an.add_argument("run_dir", help="a run folder (dml_file/log/<run id>)")
+    an.add_argument("--link", action="append", default=[], metavar="SRC->DST",
+                    help="plot this link's throughput (repeatable; default: the busiest links)")
+    an.add_argument("--threshold", action="append", default=[], metavar="RESOURCE=VALUE",
+                    help="a fixed burst threshold for cpu (%%), mem (bytes), net_tx or net_rx (bit/s) instead of "
+                         "the 2-means rule (repeatable)")
+    an.add_argument("--no-plots", action="store_true", help="tables and summary only")
+    an.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from controller.analysis import AnalysisConfig, analyze
+    from controller.analysis.report import RESOURCES
+
+    thresholds = {}
+    for item in args.threshold:
+        name, _, value = item.partition("=")
+        if name not in RESOURCES:
+            raise ConfigError(f"--threshold {item!r}: the resource must be one of {', '.join(RESOURCES)}")
+        try:
+            thresholds[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"--threshold {item!r}: {value!r} is not a number") from None
+    for link in args.link:
+        if "->" not in link:
+            raise ConfigError(f"--link {link!r}: write a link as SRC->DST")
+    config = AnalysisConfig(thresholds=thresholds, links=args.link, plots=not args.no_plots)
+    try:
+        summary = analyze(args.run_dir, config, progress=_progress)
+    except OSError as e:
+        raise ConfigError(f"cannot analyse {args.run_dir}: {e.strerror or e} ({e.filename or args.run_dir})") from None
+    if args.json:
+        print(json.dumps(summary, indent=1, default=str))
+        return 0
+    fid = summary["fidelity"]
+    print(f"run {summary['run_id']}: analysis in {os.path.join(args.run_dir, 'analysis')} "
+          f"({summary['seconds']:.1f}s)")
+    if summary["missing"]:
+        print(f"  missing: {', '.join(summary['missing'])}")
+    for problem in summary["problems"]:
+        print(f"  problem: {problem}")
+    t = summary["throughput"].get("1s")
+    if t and t.get("mean") is not None:
+        ci = f" ± {t['ci95'] / 1e6:.3f}" if t.get("ci95") is not None else ""
+        print(f"  aggregate throughput (1 s, steady window): {t['mean'] / 1e6:.3f}{ci} Mbit/s, "
+              f"peak {t['peak_bps'] / 1e6:.3f} Mbit/s")
+    if summary["flows"].get("n_flows") is not None:
+        print(f"  flows: {summary['flows']['n_flows']}")
+    print(f"  traffic matrix from {summary['traffic_matrix_source']}")
+    verdict = {True: "pass", False: "FAIL", None: "not checked"}[fid["ok"]]
+    print(f"  fidelity: {verdict} ({fid['passed']} of {fid['checked']} checks)")
+    for name in summary["files"]:
+        print(f"  {name}")
+    return 0
 
 
 def _worker(args: argparse.Namespace) -> Worker:
@@ -426,7 +482,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "scenario": cmd_scenario,
-            "monitor": cmd_monitor, "down": cmd_down}
+            "monitor": cmd_monitor, "analyze": cmd_analyze, "down": cmd_down}
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -253,6 +253,18 @@ class Cluster:
     def stop_process(self, node: str, proc_id: str) -> dict[str, Any]:
         return self._worker_of(node).stop_process(node, proc_id)
 
+    def start_capture(self, node: str, body: Any) -> dict[str, Any]:
+        return self._worker_of(node).start_capture(node, body)
+
+    def stop_capture(self, node: str) -> dict[str, Any]:
+        return self._worker_of(node).stop_capture(node)
+
+    def capture_chunks(self, node: str) -> Any:
+        return self._worker_of(node).capture_chunks(node)
+
+    def remove_capture(self, node: str) -> dict[str, Any]:
+        return self._worker_of(node).remove_capture(node)
+
     def status(self) -> dict[str, Any]:
         done = self._each(lambda name, w: w.status())
         return {"version": 1, "bridge_ip": self.controller_ip,

@@ -115,13 +115,16 @@ class Experiment:
                  progress: Callable[[str], None] = print, algorithm: str = "gossip",
                  node_confs: Optional[dict[str, dict[str, Any]]] = None, inputs: Optional[dict[str, str]] = None,
                  dataset: Optional[dict[str, Any]] = None, testbed_id: str = "0", verbose: bool = False,
-                 open_network: bool = False, telemetry_conf: Optional[TelemetryConf] = None) -> None:
+                 open_network: bool = False, telemetry_conf: Optional[TelemetryConf] = None,
+                 capture: Optional[list[str] | str] = None) -> None:
         """``node_confs`` maps each node to its generated ``structure`` and ``dataset`` confs (pushed
         from memory; read from ``dml_file/conf`` when absent); ``inputs`` the user's files by role
         (links, nodes, structure, dataset, hosts), copied into the run folder; ``verbose`` prints
         every node's round lines besides the aggregate; ``open_network``: unlinked nodes reach each
         other (EdgeTB's network) instead of no link, no path; ``telemetry_conf`` what is sampled
-        during the run (controller.telemetry; default: every link, node and host each 100 ms)."""
+        during the run (controller.telemetry; default: every link, node and host each 100 ms) and
+        captured (``capture`` overrides its list: ``"all"`` or names), into
+        ``telemetry/pcap/<node>.pcap`` of the run folder."""
         self.open_network = open_network
         self.workdir = os.path.realpath(workdir)
         self.topology = topology
@@ -139,6 +142,10 @@ class Experiment:
         self.verbose = verbose
         self.node_token = secrets.token_urlsafe(24)
         self.nodes = {n: NodeState(n, rounds=int(c.get("sync", 0))) for n, c in structure.items()}
+        conf = telemetry_conf or TelemetryConf()
+        self.capture = (capture_list(capture, list(self.nodes)) if capture is not None
+                        else conf.capture_nodes(list(self.nodes)))
+        self.capturing: list[str] = []  # the nodes whose capture was started
         self.rounds = Progress({n: s.rounds for n, s in self.nodes.items()}, progress)
         self.phase = "created"
         self.ended = ""  # how the run ended (run_record.ENDINGS)
@@ -310,6 +317,7 @@ class Experiment:
                 self.push_structure_confs()
             for name in self.nodes:  # every role built before any starts: round 1 is not set-up
                 self._post(name, "/prepare", {})
+            self._start_captures()
             self._start_telemetry()
             self.t_start = time.time()
             t0 = time.monotonic()
@@ -622,6 +630,7 @@ class Experiment:
                 self.scenario.write(self.out, flows_timeout_s=5.0)
             self._collect_logs()
             self._settle_rest(how)
+            captured = self._collect_captures()
             self.ended = how
             self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
             self._write_json("lives.json", self.lives())
@@ -644,6 +653,10 @@ class Experiment:
                     node.round = int(row.get("rounds", node.round))
             self.summary = {"run_id": self.run_id, "run_dir": self.run_dir, "ended": how, "endings": endings,
                             **built}
+            if captured:
+                self.summary["captures"] = captured
+            self._write_json("summary.json", self.summary)
+            self.summary["analysis"] = self._analyze()
             self._write_json("summary.json", self.summary)
             self.record.update(ended=how, ended_at=time.time(), detail=self.error, nodes=endings)
             self._write_record()
@@ -651,6 +664,43 @@ class Experiment:
         self.rounds.tick(self._states(), force=True)
         self.progress(f"finished ({how}): results in {self.run_dir}")
         return self.summary
+
+    # captures and analysis ------------------------------------------------------------------------
+    def _start_captures(self) -> None:
+        """Start the captures asked for (before any role starts)."""
+        if not self.capture:
+            return
+        self.progress(f"capturing the egress of {len(self.capture)} nodes")
+        for name in self.capture:
+            self.worker.start_capture(name, {"version": 1})
+            self.capturing.append(name)
+
+    def _collect_captures(self) -> dict[str, Any]:
+        """Stop every capture, copy its file into ``telemetry/pcap/<node>.pcap`` and remove the
+        worker's; a capture that cannot be had is recorded, never fatal to the run's other files."""
+        out: dict[str, Any] = {}
+        for name in list(self.capturing):
+            try:
+                stopped = self.worker.stop_capture(name)
+                self.out.write_chunks(f"telemetry/pcap/{name}.pcap", self.worker.capture_chunks(name))
+                out[name] = {"bytes": stopped.get("bytes"), "kernel_drops": stopped.get("kernel_drops")}
+                self.worker.remove_capture(name)  # the run folder has it now
+            except TestbedError as e:
+                out[name] = {"error": e.message}
+            self.capturing.remove(name)
+        return out
+
+    def _analyze(self) -> dict[str, Any]:
+        """The run's analysis (``controller.analysis``) into ``analysis/``; a failure is recorded."""
+        try:
+            from controller.analysis import analyze
+
+            done = analyze(self.run_dir, progress=self.progress, write=self.out.write_bytes)
+            return {"dir": os.path.join(self.run_dir, "analysis"), "seconds": done["seconds"],
+                    "missing": done["missing"], "fidelity_ok": done["fidelity"]["ok"]}
+        except Exception as e:  # noqa: BLE001 - the run's other files stand without it
+            log.exception("analysis of %s failed", self.run_id)
+            return {"error": f"{type(e).__name__}: {e}"}
 
     def _stop_nodes(self, how: str) -> None:
         """Ask the running nodes to stop after their round, and wait up to ``STOP_GRACE_S`` for
@@ -771,6 +821,20 @@ class Experiment:
                 "done": sum(n.state == "done" for n in self.nodes.values()),
                 "failed": sum(n.state == "failed" for n in self.nodes.values()),
                 "settled": sum(n.settled for n in self.nodes.values())}
+
+
+def capture_list(capture: Optional[list[str] | str], nodes: list[str]) -> list[str]:
+    """The nodes to capture: none, ``"all"``, or names of this run's nodes (an unknown one is refused)."""
+    if not capture:
+        return []
+    if capture == "all":
+        return list(nodes)
+    if isinstance(capture, str) or not isinstance(capture, list) or not all(isinstance(n, str) for n in capture):
+        raise ConfigError(f"capture must be \"all\" or a list of node names, not {capture!r}")
+    unknown = [n for n in capture if n not in nodes]
+    if unknown:
+        raise ConfigError(f"capture: no node {', '.join(repr(n) for n in unknown)} in this run")
+    return list(dict.fromkeys(capture))
 
 
 def _code_root() -> str:

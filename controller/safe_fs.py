@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from typing import Any
+from typing import Any, Iterable
 
 from worker.errors import ConfigError
 
@@ -73,14 +73,20 @@ class RunDir:
 
     def write_bytes(self, relative: str, data: bytes) -> str:
         """Write ``data`` to ``relative`` atomically; returns the file's path."""
+        return self.write_chunks(relative, (data,))
+
+    def write_chunks(self, relative: str, chunks: Iterable[bytes]) -> str:
+        """Write the pieces ``chunks`` yields to ``relative`` atomically (a large file streamed
+        without holding it whole); an error while reading them leaves no file."""
         fd, name = self._dir_of(relative)
         tmp = f".{name}.{secrets.token_hex(4)}.tmp"
         try:
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(out, view):]
+                for data in chunks:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(out, view):]
                 os.fsync(out)
             finally:
                 os.close(out)
@@ -91,6 +97,12 @@ class RunDir:
             except OSError:
                 pass
             raise ConfigError(f"cannot write {relative} in {self.path}: {e.strerror}") from None
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=fd)
+            except OSError:
+                pass
+            raise
         finally:
             os.close(fd)
         return os.path.join(self.path, relative)

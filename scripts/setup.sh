@@ -19,6 +19,7 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v tc >/dev/null || need+=(iproute2)
 command -v iperf3 >/dev/null || need+=(iperf3)
+command -v tcpdump >/dev/null || need+=(tcpdump)  # packet captures on demand (worker/capture.py)
 command -v iptables >/dev/null || need+=(iptables)
 command -v sudo >/dev/null || need+=(sudo)  # README's commands say sudo, as EdgeTB's do
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)

@@ -22,7 +22,7 @@ import secrets
 import sys
 from typing import Any, Optional
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 
 from worker import tls
 from worker.errors import AuthError, ConfigError, TestbedError
@@ -44,7 +44,8 @@ REQUEST_LIMITS = {"create_nodes": MAX_REQUEST_BYTES, "put_links": MAX_REQUEST_BY
 IDEMPOTENT = frozenset({("PUT", "/links"), ("PATCH", "/links"), ("DELETE", "/links"), ("PUT", "/routes"),
                         ("POST", "/nodes"), ("POST", "/sync"), ("POST", "/reset"),
                         ("GET", "/telemetry"), ("POST", "/telemetry/stop"),
-                        ("DELETE", "/nodes/<name>/processes/<proc_id>")})
+                        ("DELETE", "/nodes/<name>/processes/<proc_id>"), ("DELETE", "/nodes/<name>/capture"),
+                        ("DELETE", "/nodes/<name>/capture.pcap")})
 log = logging.getLogger("edgetb.agent")
 
 
@@ -176,6 +177,22 @@ def create_app(host: WorkerHost, token: str) -> Flask:
     @app.post("/telemetry/stop")
     def telemetry_stop() -> Any:
         return jsonify(run_blocking(host.telemetry_stop))
+    @app.post("/nodes/<name>/capture")
+    def start_capture(name: str) -> Any:
+        return jsonify(run_blocking(host.start_capture, name, body())), 201
+
+    @app.delete("/nodes/<name>/capture")
+    def stop_capture(name: str) -> Any:
+        return jsonify(run_blocking(host.stop_capture, name))
+
+    @app.delete("/nodes/<name>/capture.pcap")
+    def remove_capture(name: str) -> Any:
+        return jsonify(run_blocking(host.remove_capture, name))
+
+    @app.get("/nodes/<name>/capture.pcap")
+    def capture_file(name: str) -> Any:
+        chunks = run_blocking(host.capture_chunks, name)
+        return Response(chunks, mimetype="application/vnd.tcpdump.pcap")
 
     @app.post("/reset")
     def reset() -> Any:

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from worker import privilege, tc_apply
+from worker.capture import SNAP_BYTES, Captures
 from worker.cgroups import detect_version
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.procs import start_ticks
@@ -91,6 +92,7 @@ class WorkerHost:
         else:
             self.runtime = NetnsRuntime(self.store, subnet)
         self.routes = Routes(self.store)
+        self.captures = Captures(self.store)
         self._children: dict[str, subprocess.Popen] = {}
         self._envs: dict[str, dict[str, str]] = {}  # a process's env, in memory only, to start it again
         self._lock = threading.Lock()
@@ -419,6 +421,30 @@ class WorkerHost:
         return self.start_process(node, {"version": API_VERSION, "argv": argv,
                                          "env": {**env, "PYTHONPATH": self.code_root}})
 
+    # captures ---------------------------------------------------------------------------
+    def start_capture(self, node: str, body: Any) -> dict[str, Any]:
+        """Capture the node's egress (tcpdump in its namespace, snap length ``snap_bytes``,
+        default 128) into this testbed's state directory (``worker.capture``)."""
+        body = check_version(body)
+        snap = body.get("snap_bytes", SNAP_BYTES)
+        if not isinstance(snap, int) or isinstance(snap, bool):
+            raise ConfigError("snap_bytes must be an integer")
+        rec = self.runtime.node(node)
+        return self.captures.start(node, rec, _ifname(rec), snap)
+
+    def stop_capture(self, node: str) -> dict[str, Any]:
+        self.runtime.node(node)
+        return self.captures.stop(node)
+
+    def remove_capture(self, node: str) -> dict[str, Any]:
+        self.runtime.node(node)
+        return self.captures.remove(node)
+
+    def capture_chunks(self, node: str) -> Any:
+        """The node's capture file, in pieces (an iterator of bytes)."""
+        self.runtime.node(node)
+        return self.captures.chunks(node)
+
     # routes and code ---------------------------------------------------------------------
     def set_routes(self, body: Any) -> dict[str, Any]:
         """Route other hosts' node subnets via their LAN addresses; accept traffic from ``peers``."""
@@ -514,7 +540,9 @@ class WorkerHost:
         with self._lock:
             children = list(self._children.values())
             self._children.clear()
+        captures = self.captures.reset()  # before the namespaces go
         removed = self.runtime.reset()
+        removed["captures"] = captures["captures"]
         removed["routes"] = self.routes.reset()
         share = os.path.join(self.workdir, "nfs")
         if os.path.ismount(share):
