@@ -125,7 +125,8 @@ def apply(netns: Optional[str], plan: Plan) -> None:
         if failures:
             sock.run([nl.delete_root(ifindex)])
     _raise_failures(netns, failures, what, "applying shaping")
-    access.set_downlink(netns, plan.ifname, plan.downlink_bps, None)
+    if plan.downlink_bps is not None:
+        access.set_downlink(netns, plan.ifname, plan.downlink_bps, None)
 
 
 def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
@@ -205,7 +206,8 @@ def clear(netns: Optional[str], ifname: str) -> None:
     ifindex = ifindex_in(netns, ifname)
     with nl.RtnlSocket(netns) as sock:
         sock.run([nl.delete_root(ifindex)])
-    access.set_downlink(netns, ifname, None, None)
+    if netns is not None:  # a downlink exists only in an emulated node (a physical NIC's ingress is not ours)
+        access.set_downlink(netns, ifname, None, None)
 
 
 @dataclass
