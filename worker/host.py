@@ -18,7 +18,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-from worker import privilege, tc_apply
+from worker import privilege, tc_apply, zygote
 from worker.cgroups import detect_version
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.procs import start_ticks
@@ -90,7 +90,8 @@ class WorkerHost:
         else:
             self.runtime = NetnsRuntime(self.store, subnet)
         self.routes = Routes(self.store)
-        self._children: dict[str, subprocess.Popen] = {}
+        self._children: dict[str, Any] = {}  # subprocess.Popen or zygote.ZygoteProcess
+        self._zygote: Optional[zygote.Zygote] = None
         self._lock = threading.Lock()
 
     @property
@@ -254,11 +255,20 @@ class WorkerHost:
         env = body.get("env") or {}
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ConfigError("env must map strings to strings")
-        self.runtime.node(node)  # an unknown node gets no log file
+        return self._start(node, argv, env)
+
+    def _start(self, node: str, argv: list[str], env: dict[str, str],
+               node_args: Optional[list[str]] = None) -> dict[str, Any]:
+        """Start a process in the node and record it; with ``node_args`` it is the node's DML
+        process, forked by the zygote on netns nodes (``EDGETB_ZYGOTE=0``: started as ``argv``)."""
+        rec = self.runtime.node(node)  # an unknown node gets no log file
         proc_id = uuid.uuid4().hex[:12]
         log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
         with open(log_path, "ab") as log:
-            child = self._popen(node, argv, env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            if node_args is not None and self._zygote_wanted():
+                child = self._spawn_node(node, rec, node_args, env, log.fileno())
+            else:
+                child = self._popen(node, argv, env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         with self._lock:
             self._children[proc_id] = child
         record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
@@ -266,6 +276,30 @@ class WorkerHost:
         with self.store.locked() as state:
             state["processes"][proc_id] = record
         return {"version": API_VERSION, **record, "running": True}
+
+    def _zygote_wanted(self) -> bool:
+        return self.runtime.kind == "netns" and os.environ.get("EDGETB_ZYGOTE", "1") != "0"
+
+    def _spawn_node(self, node: str, rec: dict[str, Any], args: list[str], env: dict[str, str],
+                    log_fd: int) -> "zygote.ZygoteProcess":
+        """Fork the node's DML process from this host's zygote (started on first use, and again
+        when the code root changed): in the node's cgroups, namespace and view, as its uid."""
+        ident = self.runtime.identity(node, rec)
+        view = self.node_view(node, ident)
+        privilege.check_readable(view, ident)
+        with self._lock:
+            if self._zygote is None or not self._zygote.alive or self._zygote.code_root != self.code_root:
+                if self._zygote is not None:
+                    self._zygote.close()
+                self._zygote = zygote.Zygote(self.code_root, os.path.join(self.store.logs_dir(), "zygote.log"))
+                self._zygote.start()
+            zyg = self._zygote
+        request = {"args": args, "uid": ident.uid, "gid": ident.gid, "netns": self.runtime.netns_path(rec),
+                   "cgroup_procs": self.runtime.procs_files(rec),
+                   "ops": [[op.kind, op.path, op.writable] for op in privilege.plan_view(view)]}
+        child_env = _child_env(env)
+        child_env.setdefault("HOME", view.home or "/")
+        return zyg.spawn(request, log_fd, child_env)
 
     def _popen(self, node: str, argv: list[str], env: dict[str, str], **kwargs: Any) -> Any:
         """Start a process in ``node``: netns and physical nodes get their least-privilege view and
@@ -275,11 +309,11 @@ class WorkerHost:
         view = self.node_view(node)
         return self.runtime.popen(node, argv, view=view, env=_child_env(env), start_new_session=True, **kwargs)
 
-    def node_view(self, node: str) -> "privilege.View":
+    def node_view(self, node: str, ident: Optional["privilege.Identity"] = None) -> "privilege.View":
         """What a node's processes see: Python and the code read-only, the experiment directory
         read-only but for its own ``dml_file/node/<name>/`` (made its uid's, mode 0700); the
         worker's state, the rest of ``dml_file/`` and the code root's ``dml_file/`` hidden."""
-        ident = self.runtime.identity(node)
+        ident = ident or self.runtime.identity(node)
         home = privilege.prepare_node_dir(self.workdir, node, ident)
         real = os.path.realpath
         hide = [real(state_root()), real(os.path.dirname(self.store.dir)), real(privilege.host_run_dir()),
@@ -360,10 +394,12 @@ class WorkerHost:
         if not os.path.isdir(os.path.join(self.code_root, "dml_app")):
             raise ConfigError(f"no dml_app in {self.code_root}: sync the code to this host first")
         os.makedirs(os.path.join(self.workdir, "dml_file"), exist_ok=True)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ConfigError("env must map strings to strings")
         python = "python3" if self.runtime.kind == "docker" else sys.executable
-        argv = [python, "-m", NODE_MODULE, *args, "--workdir", self.workdir]
-        return self.start_process(node, {"version": API_VERSION, "argv": argv,
-                                         "env": {**env, "PYTHONPATH": self.code_root}})
+        node_args = [*args, "--workdir", self.workdir]
+        return self._start(node, [python, "-m", NODE_MODULE, *node_args], {**env, "PYTHONPATH": self.code_root},
+                           node_args=node_args)
 
     # routes and code ---------------------------------------------------------------------
     def set_routes(self, body: Any) -> dict[str, Any]:
@@ -423,6 +459,9 @@ class WorkerHost:
         with self._lock:
             children = list(self._children.values())
             self._children.clear()
+            zyg, self._zygote = self._zygote, None
+        if zyg is not None:
+            zyg.close()  # its node processes die with it
         removed = self.runtime.reset()
         removed["routes"] = self.routes.reset()
         share = os.path.join(self.workdir, "nfs")

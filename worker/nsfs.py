@@ -24,7 +24,8 @@ MS_REC = 16384
 MS_SHARED = 1 << 20
 MNT_DETACH = 2
 
-_libc = ctypes.CDLL(None, use_errno=True)
+libc = ctypes.CDLL(None, use_errno=True)  # the worker's one handle on the C library
+_libc = libc
 _dir_lock = threading.Lock()
 _dir_ready = False
 

@@ -154,6 +154,7 @@ class NetnsRuntime:
         self.names = Naming(store.testbed_id)
         self.subnet = parse_subnet(subnet)
         self.cgroups = cgroups.Cgroups(self.names.cgroup)
+        self._uid_base: Optional[int] = None
 
     # addresses -------------------------------------------------------------
     @property
@@ -263,9 +264,23 @@ class NetnsRuntime:
             raise NotFound(f"no node {name!r} in testbed {self.names.id}")
         return rec
 
-    def identity(self, name: str) -> privilege.Identity:
-        """The node's own uid and gid (this testbed's block + the node's index)."""
-        return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
+    def identity(self, name: str, rec: Optional[dict[str, Any]] = None) -> privilege.Identity:
+        """The node's own uid and gid (this testbed's block + the node's index); ``rec`` is the
+        node's record when the caller has read it already."""
+        index = (rec or self.node(name))["index"]
+        if not 0 <= index < privilege.UID_SLOT:
+            raise ConfigError(f"node index {index} is outside 0..{privilege.UID_SLOT - 1}")
+        if self._uid_base is None:  # the testbed's block is fixed until reset gives it back
+            self._uid_base = privilege.uid_base(self.names.id)
+        uid = self._uid_base + index
+        return privilege.Identity(uid, uid)
+
+    def netns_path(self, rec: dict[str, Any]) -> str:
+        return nsfs.netns_path(rec["netns"])
+
+    def procs_files(self, rec: dict[str, Any]) -> list[str]:
+        """The cgroup.procs files a process of the node joins (none for a node without limits)."""
+        return self.cgroups.procs_files(rec["name"]) if (rec["cpu"] or rec["mem_bytes"]) else []
 
     def popen(self, name: str, argv: Sequence[str], view: Optional[privilege.View] = None,
               **kwargs: Any) -> subprocess.Popen:
@@ -273,13 +288,13 @@ class NetnsRuntime:
         unprivileged uid with ``view`` as its file system (every process the worker starts), or,
         without a view, as root for the operator's own ``edgetb exec`` on this host."""
         rec = self.node(name)
-        procs = self.cgroups.procs_files(name) if (rec["cpu"] or rec["mem_bytes"]) else []
+        procs = self.procs_files(rec)
         if view is not None:
-            return privilege.launch(privilege.Launch(argv, self.identity(name), view, nsfs.netns_path(rec["netns"]),
+            return privilege.launch(privilege.Launch(argv, self.identity(name, rec), view, self.netns_path(rec),
                                                      procs, kwargs))
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError("a command must be a non-empty list of strings")
-        ns_fd = os.open(nsfs.netns_path(rec["netns"]), os.O_RDONLY | os.O_CLOEXEC)
+        ns_fd = os.open(self.netns_path(rec), os.O_RDONLY | os.O_CLOEXEC)
         cg_fds = cgroups.join_fds(procs)
 
         def enter() -> None:
@@ -339,6 +354,7 @@ class NetnsRuntime:
             state.pop("subnet", None)
             state.pop("runtime", None)
             privilege.release_uid_base(self.names.id)
+            self._uid_base = None
             return {"nodes": len(names)}
 
     def leftovers(self) -> dict[str, list[str]]:
