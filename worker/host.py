@@ -163,6 +163,9 @@ class WorkerHost:
                     fresh["plans"].pop(src, None)  # its shaping was cleared: kernel and state agree
                 else:
                     fresh["plans"][src] = plans[src].to_dict()
+        if hasattr(self.runtime, "set_neighbours"):  # netns: linked peers reached without ARP
+            self.runtime.set_neighbours({src: [r.dest_ip for r in plan.rules] + [ip for _, ip in plan.unshaped()]
+                                         for src, plan in plans.items() if src not in failed})
         if failed:
             first = next(iter(failed.values()))
             raise type(first)(f"{first.message} (shaping of {', '.join(sorted(failed))} was removed; "

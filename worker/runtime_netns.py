@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from worker import cgroups, netlink as nl, nsfs, privilege
+from worker import cgroups, neighbours, netlink as nl, nsfs, privilege
 from worker.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.state import StateStore
 
@@ -206,7 +206,9 @@ class NetnsRuntime:
         with IPRoute() as ipr:
             if not ipr.link_lookup(ifname=self.names.bridge):
                 self._check_subnet_free(ipr)
-                ipr.link("add", ifname=self.names.bridge, kind="bridge")
+                # a MAC address of its own: else the bridge takes its lowest port's, which changes
+                # as ports come and go, and the nodes' permanent entries for it would go stale
+                ipr.link("add", ifname=self.names.bridge, kind="bridge", address=neighbours.node_mac(self.bridge_ip))
                 index = ipr.link_lookup(ifname=self.names.bridge)[0]
                 ipr.addr("add", index=index, address=self.bridge_ip, prefixlen=self.subnet.prefixlen)
                 ipr.link("set", index=index, state="up")
@@ -246,16 +248,43 @@ class NetnsRuntime:
             for fd in fds:
                 os.close(fd)
         _raise_first(failures, [f"veth for node {r['name']}" for r in records])
+        gateway_mac = _mac_of(self.names.bridge)
         for rec in records:
             with nl.RtnlSocket(rec["netns"]) as sock:
-                failures = sock.run([nl.link_up(1), nl.link_up(NODE_IFINDEX),
-                                     nl.add_ipv4(NODE_IFINDEX, rec["ip"], rec["prefixlen"]),
-                                     nl.default_route(NODE_IFINDEX, self.bridge_ip)])
-            _raise_first(failures, [f"node {rec['name']}: {step}"
-                                    for step in ("lo up", "eth0 up", "address", "default route")])
+                failures = sock.run([nl.link_up(1), neighbours.set_mac(NODE_IFINDEX, neighbours.node_mac(rec["ip"])),
+                                     nl.link_up(NODE_IFINDEX), nl.add_ipv4(NODE_IFINDEX, rec["ip"], rec["prefixlen"]),
+                                     nl.default_route(NODE_IFINDEX, self.bridge_ip),
+                                     neighbours.permanent(NODE_IFINDEX, self.bridge_ip, gateway_mac)])
+            _raise_first(failures, [f"node {rec['name']}: {step}" for step in
+                                    ("lo up", "MAC address", "eth0 up", "address", "default route", "gateway entry")])
             allow_unprivileged_ping(rec["netns"])
             if rec["cpu"] or rec["mem_bytes"]:
                 self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"])
+        with nl.RtnlSocket() as sock:  # the host reaches every node without asking
+            failures = sock.run(neighbours.entries_for(bridge_index, [r["ip"] for r in records]))
+        _raise_first(failures, [f"host entry for node {r['name']}" for r in records])
+
+    def set_neighbours(self, peers: dict[str, list[str]]) -> int:
+        """Permanent neighbour entries: each listed node's for the given peer addresses (those in
+        this testbed's subnet: others are reached through the gateway), and each peer node's for
+        the listed node (its replies). Returns how many entries were programmed."""
+        state = self.store.read()
+        by_ip = {rec["ip"]: name for name, rec in state["nodes"].items()}
+        wanted: dict[str, set[str]] = {}
+        for node, ips in peers.items():
+            if node not in state["nodes"]:
+                continue
+            for ip in ips:
+                if ip in by_ip and ip != state["nodes"][node]["ip"]:
+                    wanted.setdefault(node, set()).add(ip)
+                    wanted.setdefault(by_ip[ip], set()).add(state["nodes"][node]["ip"])
+        count = 0
+        for node, ips in wanted.items():
+            with nl.RtnlSocket(state["nodes"][node]["netns"]) as sock:
+                failures = sock.run(neighbours.entries_for(NODE_IFINDEX, sorted(ips)))
+            _raise_first(failures, [f"node {node}: neighbour entry"] * len(ips))
+            count += len(ips)
+        return count
 
     # processes -------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any]:
@@ -394,6 +423,14 @@ def remove_forward_rules(comment: str, keep: Callable[[list[str]], bool] = lambd
         words = line.split()
         if words[:1] == ["-A"] and comment in words and not keep(words):
             subprocess.run(["iptables", "-w", "-D", *words[1:]], capture_output=True)
+
+
+def _mac_of(ifname: str) -> str:
+    try:
+        with open(f"/sys/class/net/{ifname}/address") as f:
+            return f.read().strip()
+    except OSError:
+        raise NodeRuntimeError(f"interface {ifname} vanished") from None
 
 
 def _ifindex(name: str) -> int:
