@@ -7,7 +7,8 @@ random graph of out-degree 10 with links of 200-500 KB/s, digits in EdgeTB's per
 with overlapping shard windows (300 training samples per node, whatever the number of nodes),
 the numpy model. With ``--netfilter on`` the run goes with ``br_netfilter`` loaded and
 ``net.bridge.bridge-nf-call-iptables=1`` (what dockerd sets: every frame crossing the bridge
-goes through iptables); both are restored afterwards.
+goes through iptables), with ``off`` with that setting 0; the setting (and the module) are
+restored afterwards.
 
 Measured: ready s (start of gl_run.py until every node answers), run s (start of the run until
 it ends), wall s; each node process's USS (its own pages), PSS (shared pages shared out) and RSS
@@ -154,25 +155,29 @@ def send_failures(workdir: str) -> tuple[int, dict[str, int]]:
 
 # bridge netfilter -----------------------------------------------------------------------------
 class BridgeNetfilter:
-    """Load br_netfilter and turn bridge-nf-call-iptables on; ``restore`` puts both back."""
+    """Set ``net.bridge.bridge-nf-call-iptables`` (loading br_netfilter first when it is a module
+    not loaded yet); ``restore`` puts the value, and the module, back as they were."""
 
     def __init__(self) -> None:
-        self.loaded_before = os.path.exists("/sys/module/br_netfilter")
+        self.loaded = False
         self.value_before: Optional[str] = None
 
-    def enable(self) -> None:
-        if not self.loaded_before:
+    def set(self, on: bool) -> None:
+        if not os.path.exists(BR_NF_CALL):
+            if not on:
+                return  # no bridge netfilter at all: off already
             subprocess.run(["modprobe", "br_netfilter"], check=True)
+            self.loaded = True
         with open(BR_NF_CALL) as f:
             self.value_before = f.read().strip()
         with open(BR_NF_CALL, "w") as f:
-            f.write("1")
+            f.write("1" if on else "0")
 
     def restore(self) -> None:
         if self.value_before is not None and os.path.exists(BR_NF_CALL):
             with open(BR_NF_CALL, "w") as f:
                 f.write(self.value_before)
-        if not self.loaded_before:
+        if self.loaded:
             subprocess.run(["modprobe", "-r", "br_netfilter"], capture_output=True)
 
 
@@ -278,15 +283,13 @@ def main() -> int:
     rows = []
     for n in args.nodes:
         for mode in args.netfilter:
-            nf = BridgeNetfilter() if mode == "on" else None
+            nf = BridgeNetfilter()
             log(f"gossip with {n} nodes, bridge netfilter {mode}")
             try:
-                if nf:
-                    nf.enable()
-                rows.append(run(n, args.rounds, nf is not None, args.timeout))
+                nf.set(mode == "on")
+                rows.append(run(n, args.rounds, mode == "on", args.timeout))
             finally:
-                if nf:
-                    nf.restore()
+                nf.restore()
             log(json.dumps(rows[-1]))
     print("| nodes | bridge netfilter | nodes done | ready s | run s | wall s | USS MiB per node, mean / max "
           "| PSS MiB, mean / max | RSS MiB, mean / max | controller CPU, peak RSS | zygote CPU, memory "

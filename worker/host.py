@@ -92,6 +92,8 @@ class WorkerHost:
         self.routes = Routes(self.store)
         self._children: dict[str, Any] = {}  # subprocess.Popen or zygote.ZygoteProcess
         self._zygote: Optional[zygote.Zygote] = None
+        self._book = _ProcessBook(self.store)
+        self._state_cache: Optional[tuple[tuple[int, int, int], dict[str, Any]]] = None
         self._lock = threading.Lock()
 
     @property
@@ -264,7 +266,7 @@ class WorkerHost:
                node_args: Optional[list[str]] = None) -> dict[str, Any]:
         """Start a process in the node and record it; with ``node_args`` it is the node's DML
         process, forked by the zygote on netns nodes (``EDGETB_ZYGOTE=0``: started as ``argv``)."""
-        rec = self.runtime.node(node)  # an unknown node gets no log file
+        rec = self._state()["nodes"].get(node) or self.runtime.node(node)  # an unknown node gets no log file
         proc_id = uuid.uuid4().hex[:12]
         log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
         with open(log_path, "ab") as log:
@@ -276,9 +278,21 @@ class WorkerHost:
             self._children[proc_id] = child
         record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
                   "started": time.time(), "start_ticks": start_ticks(child.pid)}
-        with self.store.locked() as state:
-            state["processes"][proc_id] = record
+        self._book.add(record)
         return {"version": API_VERSION, **record, "running": True}
+
+    def _state(self) -> dict[str, Any]:
+        """The state as last read, read again only when the file changed (it is replaced on every
+        save): hundreds of process starts do not parse it hundreds of times. Not to be changed."""
+        try:
+            st = os.stat(self.store.path)
+        except FileNotFoundError:
+            return self.store.read()
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._state_cache
+        if cached is None or cached[0] != key:
+            cached = self._state_cache = (key, self.store.read())
+        return cached[1]
 
     def _zygote_wanted(self) -> bool:
         return self.runtime.kind == "netns" and os.environ.get("EDGETB_ZYGOTE", "1") != "0"
@@ -326,6 +340,7 @@ class WorkerHost:
                               home=home)
 
     def processes(self) -> dict[str, Any]:
+        self._book.flush()
         procs = []
         for rec in self.store.read()["processes"].values():
             procs.append({**rec, **self._process_state(rec)})
@@ -340,7 +355,7 @@ class WorkerHost:
         return {"running": ticks is not None and start_ticks(rec["pid"]) == ticks, "returncode": None}
 
     def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
-        rec = self.store.read()["processes"].get(proc_id)
+        rec = self._book.get(proc_id, self._state())
         if rec is None or rec["node"] != node:
             raise NotFound(f"no process {proc_id!r} in node {node!r}")
         if self._process_state(rec)["running"]:
@@ -357,8 +372,7 @@ class WorkerHost:
                 pass
         child = self._children.pop(proc_id, None)
         code = child.wait(timeout=timeout_s) if child else None
-        with self.store.locked() as state:
-            state["processes"].pop(proc_id, None)
+        self._book.remove(proc_id)
         return {"version": API_VERSION, "id": proc_id, "stopped": True, "returncode": code}
 
     def exec(self, node: str, body: Any) -> dict[str, Any]:
@@ -444,6 +458,7 @@ class WorkerHost:
 
     # status and reset ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
+        self._book.flush()
         state = self.store.read()
         nodes = []
         for name, rec in state["nodes"].items():
@@ -459,6 +474,7 @@ class WorkerHost:
                 "routes": state.get("routes", []), "nodes": nodes, "processes_running": running}
 
     def reset(self) -> dict[str, Any]:
+        self._book.flush()
         with self._lock:
             children = list(self._children.values())
             self._children.clear()
@@ -478,6 +494,57 @@ class WorkerHost:
             except subprocess.TimeoutExpired:
                 pass
         return {"version": API_VERSION, "removed": removed}
+
+
+class _ProcessBook:
+    """Process records on their way to the state file: the starts and stops of hundreds of node
+    processes are saved in a few transactions (each rewrites the whole state), within
+    ``FLUSH_AFTER_S``, and at once before anything reads them from the file."""
+
+    FLUSH_AFTER_S = 0.5
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._added: dict[str, dict[str, Any]] = {}
+        self._removed: set[str] = set()
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._timer: Optional[threading.Timer] = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._added[record["id"]] = record
+            self._removed.discard(record["id"])
+            self._schedule()
+
+    def remove(self, proc_id: str) -> None:
+        with self._lock:
+            self._added.pop(proc_id, None)
+            self._removed.add(proc_id)
+            self._schedule()
+
+    def get(self, proc_id: str, state: dict[str, Any]) -> Optional[dict[str, Any]]:
+        with self._lock:
+            if proc_id in self._removed:
+                return None
+            return self._added.get(proc_id) or state["processes"].get(proc_id)
+
+    def _schedule(self) -> None:
+        if self._timer is None or not self._timer.is_alive():
+            self._timer = threading.Timer(self.FLUSH_AFTER_S, self.flush)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def flush(self) -> None:
+        with self._flushing:
+            with self._lock:
+                added, removed = self._added, self._removed
+                self._added, self._removed = {}, set()
+            if added or removed:
+                with self.store.locked() as state:
+                    state["processes"].update(added)
+                    for proc_id in removed:
+                        state["processes"].pop(proc_id, None)
 
 
 def bridge_address(bridge: str, subnet: Optional[str]) -> Optional[str]:

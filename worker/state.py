@@ -62,8 +62,8 @@ class StateStore:
 
     def _save(self, state: dict[str, Any]) -> None:
         tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f, indent=1, sort_keys=True)
+        with open(tmp, "w") as f:  # one string from the C encoder: json.dump's pieces are 10x slower
+            f.write(json.dumps(state, sort_keys=True))
         os.replace(tmp, self.path)
 
     def logs_dir(self) -> str:
