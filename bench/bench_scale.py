@@ -181,8 +181,22 @@ class BridgeNetfilter:
             subprocess.run(["modprobe", "-r", "br_netfilter"], capture_output=True)
 
 
+def free_subnet() -> str:
+    """A 10.1xx.0.0/16 that no interface of this host uses (the tests take 10.200 and up)."""
+    import ipaddress
+
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    taken = [ipaddress.IPv4Interface(w[w.index("inet") + 1]).network for w in (line.split() for line in out.splitlines())
+             if "inet" in w]
+    for octet in range(160, 200):
+        subnet = ipaddress.IPv4Network(f"10.{octet}.0.0/16")
+        if not any(subnet.overlaps(t) for t in taken):
+            return str(subnet)
+    raise SystemExit("bench: no free 10.1xx.0.0/16 subnet")
+
+
 # one run ---------------------------------------------------------------------------------------
-def run(n: int, rounds: int, netfilter: bool, timeout_s: int) -> dict[str, Any]:
+def run(n: int, rounds: int, netfilter: bool, timeout_s: int, use_zygote: bool = True) -> dict[str, Any]:
     import requests
 
     workdir = tempfile.mkdtemp(prefix=f"edgetb-scale-{n}-")
@@ -191,13 +205,13 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"))
+    env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"), EDGETB_ZYGOTE="1" if use_zygote else "0")
     load_before = os.getloadavg()
     arp_before = arp_stats()
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "gl_run.py"), "--auto", "--quiet-nodes",
                              "--workdir", workdir, "--port", str(port), "--id", "bs" + secrets.token_hex(1),
-                             "--subnet", "10.241.0.0/16", "--timeout", str(timeout_s)], env=env,
+                             "--subnet", free_subnet(), "--timeout", str(timeout_s)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peaks: dict[str, tuple[int, int, int]] = {}
     t_ready = t_running = t_end = None
@@ -255,7 +269,8 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int) -> dict[str, Any]:
         values = [p[i] / 1024 for p in peaks.values()]
         return f"{sum(values) / len(values):.1f} / {max(values):.1f}"
 
-    return {"nodes": n, "netfilter": "on" if netfilter else "off", "done": f"{done}/{n}",
+    return {"nodes": n, "netfilter": "on" if netfilter else "off", "start": "zygote" if use_zygote else "exec",
+            "done": f"{done}/{n}",
             "ready_s": t_ready, "run_s": (t_end or time.monotonic()) - t_running if t_running else None,
             "wall_s": total, "uss": stat(0), "pss": stat(1), "rss": stat(2),
             "controller": f"{controller_cpu or 0:.0f} s, {controller_rss / 1024:.0f} MiB",
@@ -277,6 +292,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--netfilter", nargs="+", choices=("off", "on"), default=["off", "on"])
     parser.add_argument("--timeout", type=int, default=3600, help="gl_run.py --timeout per run")
+    parser.add_argument("--exec", action="store_true", help="start nodes as fresh processes, not from the zygote "
+                        "(EDGETB_ZYGOTE=0), for comparison")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench: run as root")
@@ -287,16 +304,16 @@ def main() -> int:
             log(f"gossip with {n} nodes, bridge netfilter {mode}")
             try:
                 nf.set(mode == "on")
-                rows.append(run(n, args.rounds, mode == "on", args.timeout))
+                rows.append(run(n, args.rounds, mode == "on", args.timeout, use_zygote=not args.exec))
             finally:
                 nf.restore()
             log(json.dumps(rows[-1]))
-    print("| nodes | bridge netfilter | nodes done | ready s | run s | wall s | USS MiB per node, mean / max "
+    print("| nodes | bridge netfilter | node start | nodes done | ready s | run s | wall s | USS MiB per node, mean / max "
           "| PSS MiB, mean / max | RSS MiB, mean / max | controller CPU, peak RSS | zygote CPU, memory "
           "| ARP failed / unresolved drops | send_failed | load before / peak |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        cells = [r["nodes"], r["netfilter"], r["done"], r["ready_s"], r["run_s"], r["wall_s"], r["uss"], r["pss"],
+        cells = [r["nodes"], r["netfilter"], r["start"], r["done"], r["ready_s"], r["run_s"], r["wall_s"], r["uss"], r["pss"],
                  r["rss"], r["controller"], r["zygote"], f"{r['arp_failed']} / {r['arp_unresolved']}",
                  r["send_failed"], r["load"]]
         print("| " + " | ".join(fmt(c) for c in cells) + " |")
