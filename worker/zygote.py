@@ -320,15 +320,27 @@ def serve(argv: list[str]) -> None:
 
     sock = _socket.socket(fileno=fd)
     ctx = {"last_cap": privilege._last_cap(), "hide_pids": privilege.per_mount_proc()}
+    # a child's end wakes the loop at once (the handler only makes SIGCHLD write to the pipe)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    monkey.get_original("signal", "signal")(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     gc.collect()
     gc.disable()
     os.set_inheritable(fd, False)
     _send(sock, {"ready": os.getpid()})
     children: set[int] = set()
     while True:
-        readable = poll([sock], [], [], 0.5)[0]
+        readable = poll([sock, wake_r], [], [], 5.0)[0]
+        if wake_r in readable:
+            try:
+                while os.read(wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
         _reap(sock, children, waitpid)
-        if not readable:
+        if sock not in readable:
             continue
         try:
             msg, fds = _recv(sock)
@@ -353,6 +365,12 @@ def serve(argv: list[str]) -> None:
         finally:
             _close(log_fd)
             _close(env_fd)
+
+
+def _original_signal() -> Any:
+    from gevent import monkey
+
+    return monkey.get_original("signal", "signal")
 
 
 def _reap(sock: Any, children: set[int], waitpid: Any) -> None:
@@ -408,6 +426,9 @@ def _child(msg: dict[str, Any], log_fd: int, env_fd: int, status_w: int, ctx: di
     from worker import privilege
 
     try:
+        signal.set_wakeup_fd(-1)  # the zygote's: closed below, and not this process's business
+        monkey_signal = _original_signal()
+        monkey_signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
         with os.fdopen(os.dup(env_fd), "rb") as f:
             env = json.loads(f.read())

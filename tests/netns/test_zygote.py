@@ -85,7 +85,8 @@ def test_a_node_killed_outside_is_seen_ended(host: WorkerHost) -> None:
     host.create_nodes(nodes_body("a"))
     proc = start(host, "a")
     os.kill(proc["pid"], signal.SIGKILL)
-    wait_for(lambda: not host.processes()["processes"][0]["running"], what="the process seen ended")
+    # the zygote reaps on SIGCHLD (its fallback poll is every 5 s)
+    wait_for(lambda: not host.processes()["processes"][0]["running"], timeout_s=3, what="the process seen ended")
     assert host.processes()["processes"][0]["returncode"] == -signal.SIGKILL
 
 
