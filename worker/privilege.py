@@ -71,6 +71,7 @@ MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
+MNT_DETACH = 2
 
 _libc = nsfs.libc
 
@@ -287,6 +288,11 @@ def _apply_view(ops: list[Op]) -> None:
     if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
         raise _oserror("unshare the mount and IPC namespaces of", "a node")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing of ours propagates to the host
+    # the host's handles on every node's network namespace: none is the node's business, and each
+    # copy would keep a namespace alive and cost kernel memory (n nodes: n^2 copies)
+    # (os.path.ismount cannot tell: /run/netns is a bind mount of itself, as iproute2 makes it)
+    if _libc.umount2(nsfs.NETNS_DIR.encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+        raise _oserror("unmount in a node", nsfs.NETNS_DIR)
     # what is shown, held before anything covers it (and in this namespace: bind sources must be)
     sources = {op.path: os.open(op.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for op in ops if op.kind == "bind"}
     covers = []

@@ -78,10 +78,13 @@ def test_zygote_node_is_unprivileged_and_isolated(host: WorkerHost, monkeypatch)
         assert fields["NoNewPrivs"].strip() == "1"
         for kind in ("mnt", "ipc"):
             assert os.stat(f"/proc/{pid}/ns/{kind}").st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino, kind
+        with open(f"/proc/{pid}/mountinfo") as f:
+            mounts = [line.split() for line in f]
         if privilege.per_mount_proc():
-            with open(f"/proc/{pid}/mountinfo") as f:
-                proc_mounts = [line for line in f if line.split()[4] == "/proc"]
+            proc_mounts = [" ".join(m) for m in mounts if m[4] == "/proc"]
             assert proc_mounts and "hidepid=invisible" in proc_mounts[-1], proc_mounts
+        # no handle on any namespace's (each would pin it, and n nodes would hold n^2)
+        assert not [m for m in mounts if m[4].startswith("/run/netns")], [m[4] for m in mounts]
         assert not socket_inodes(pid) & socket_inodes(zyg.pid)  # not the zygote's control socket
         env = environ(pid)
         assert not [k for k in env if k.startswith("EDGETB_TOKEN") or "SECRET" in k], env
