@@ -26,7 +26,9 @@ pickle), with file descriptors as ``SCM_RIGHTS``:
 * worker -> zygote: ``{"op": "spawn", "id": N, "args": [...], "uid", "gid", "netns", "cgroup_procs",
   "ops": [[kind, path, writable], ...]}`` with two descriptors: the log (stdout and stderr) and
   the environment pipe;
-* zygote -> worker: ``{"id": N, "pid": P}`` or ``{"id": N, "error": "..."}``;
+* zygote -> worker: ``{"id": N, "pid": P}`` or ``{"id": N, "error": "..."}``: once the child
+  is set up when the request says ``"wait": true`` (the first node), else at the fork, and later,
+  should its set-up fail, ``{"setup_failed": P, "error": "..."}``;
 * zygote -> worker, whenever a child ends: ``{"exit": P, "code": C}`` (``Popen.returncode``'s
   convention: minus the signal for a killed one).
 """
@@ -88,6 +90,7 @@ class ZygoteProcess:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: Optional[int] = None
+        self.error: Optional[str] = None  # why its set-up failed, when it did
         self._ended = threading.Event()
 
     def _set(self, code: int) -> None:
@@ -117,6 +120,8 @@ class Zygote:
         self._pending: dict[int, Future] = {}
         self._children: dict[int, ZygoteProcess] = {}
         self._early_exits: dict[int, int] = {}
+        self._early_errors: dict[int, str] = {}
+        self._proven = False  # a node was set up: later ones are not waited for
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._reader: Optional[threading.Thread] = None
@@ -167,7 +172,9 @@ class Zygote:
 
     def spawn(self, request: dict[str, Any], log_fd: int, env: dict[str, str]) -> ZygoteProcess:
         """Fork a node process for ``request`` (see the module's protocol); ``env`` travels in a
-        pipe that only the child reads."""
+        pipe that only the child reads. The zygote's first node is awaited until it is set up (a
+        mistake common to all nodes is an error here); later ones are answered at the fork, and a
+        failed set-up ends the process (exit 125, ``error`` and its log say why)."""
         if self._sock is None:
             raise NodeRuntimeError("the node zygote is not running")
         data = json.dumps(env).encode()
@@ -183,7 +190,8 @@ class Zygote:
                 request_id = next(self._ids)
                 self._pending[request_id] = done
                 try:
-                    _send(self._sock, {**request, "op": "spawn", "id": request_id}, [log_fd, env_r])
+                    _send(self._sock, {**request, "op": "spawn", "id": request_id, "wait": not self._proven},
+                          [log_fd, env_r])
                 except OSError as e:
                     self._pending.pop(request_id, None)
                     raise NodeRuntimeError(f"the node zygote is gone: {e}") from None
@@ -194,11 +202,13 @@ class Zygote:
         answer = done.result(timeout=SPAWN_TIMEOUT_S)
         if "error" in answer:
             raise NodeRuntimeError(f"could not set up a node process: {answer['error']}")
+        self._proven = True
         return self._child(int(answer["pid"]))
 
     def _child(self, pid: int) -> ZygoteProcess:
         with self._lock:
             child = self._children.setdefault(pid, ZygoteProcess(pid))
+            child.error = self._early_errors.pop(pid, child.error)
             if pid in self._early_exits:  # it ended before its answer was read
                 child._set(self._early_exits.pop(pid))
         return child
@@ -214,7 +224,14 @@ class Zygote:
                 _close(fd)
             if msg is None:
                 break
-            if "exit" in msg:
+            if "setup_failed" in msg:
+                with self._lock:
+                    failed = self._children.get(int(msg["setup_failed"]))
+                    if failed is None:
+                        self._early_errors[int(msg["setup_failed"])] = str(msg["error"])
+                if failed is not None:
+                    failed.error = str(msg["error"])
+            elif "exit" in msg:
                 with self._lock:
                     child = self._children.pop(int(msg["exit"]), None)
                     if child is None:
@@ -331,15 +348,19 @@ def serve(argv: list[str]) -> None:
     os.set_inheritable(fd, False)
     _send(sock, {"ready": os.getpid()})
     children: set[int] = set()
+    setups: dict[int, list[Any]] = {}  # status pipe -> [pid, deadline, report]: set-ups not awaited
     while True:
-        readable = poll([sock, wake_r], [], [], 5.0)[0]
+        readable = poll([sock, wake_r, *setups], [], [], 1.0 if setups else 5.0)[0]
         if wake_r in readable:
             try:
                 while os.read(wake_r, 4096):
                     pass
             except BlockingIOError:
                 pass
-        _reap(sock, children, waitpid)
+        ended = _reap(children, waitpid)
+        _follow_setups(sock, setups, readable, {pid for pid, _ in ended})
+        for pid, code in ended:  # after its set-up's failure, if it failed
+            _send(sock, {"exit": pid, "code": code})
         if sock not in readable:
             continue
         try:
@@ -356,15 +377,51 @@ def serve(argv: list[str]) -> None:
             continue
         log_fd, env_fd = fds
         try:
-            pid = _fork_node(msg, log_fd, env_fd, ctx, fork, poll, gc)
-        except NodeRuntimeError as e:
-            _send(sock, {"id": msg["id"], "error": str(e)})
-        else:
-            children.add(pid)
-            _send(sock, {"id": msg["id"], "pid": pid})
+            pid, status_r = _fork_node(msg, log_fd, env_fd, ctx, fork, gc)
         finally:
             _close(log_fd)
             _close(env_fd)
+        children.add(pid)
+        if msg.get("wait", True):
+            report = _read_setup(status_r, poll)
+            if report != "ok":
+                _kill(pid)
+            _send(sock, {"id": msg["id"], "pid": pid} if report == "ok" else {"id": msg["id"], "error": report})
+        else:  # answered now; a failed set-up is told when it is known
+            setups[status_r] = [pid, time.monotonic() + SPAWN_TIMEOUT_S, b""]
+            _send(sock, {"id": msg["id"], "pid": pid})
+
+
+def _follow_setups(sock: Any, setups: dict[int, list[Any]], readable: list[Any], ended: set[int]) -> None:
+    """Read the set-up reports that came (all of an ``ended`` child's); tell the worker of the
+    failed ones (and end them)."""
+    now = time.monotonic()
+    for fd in list(setups):
+        pid, deadline, report = setups[fd]
+        if pid in ended:  # its pipe has all it will ever have
+            while chunk := os.read(fd, 4096):
+                report += chunk
+        elif fd in readable:
+            chunk = os.read(fd, 4096)
+            if chunk:
+                setups[fd][2] = report + chunk
+                continue
+        elif now < deadline:
+            continue
+        del setups[fd]
+        _close(fd)
+        if report != b"ok":
+            _kill(pid)
+            why = report.decode(errors="replace") or ("it ended before it was set up" if now < deadline
+                                                      else "set-up timed out")
+            _send(sock, {"setup_failed": pid, "error": why})
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _original_signal() -> Any:
@@ -373,22 +430,25 @@ def _original_signal() -> Any:
     return monkey.get_original("signal", "signal")
 
 
-def _reap(sock: Any, children: set[int], waitpid: Any) -> None:
+def _reap(children: set[int], waitpid: Any) -> list[tuple[int, int]]:
+    """The children that ended: (pid, exit code as ``Popen.returncode`` gives it)."""
+    ended = []
     while children:
         try:
             pid, status = waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             children.clear()
-            return
+            break
         if pid == 0:
-            return
+            break
         children.discard(pid)
-        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        ended.append((pid, os.waitstatus_to_exitcode(status)))
+    return ended
 
 
-def _fork_node(msg: dict[str, Any], log_fd: int, env_fd: int, ctx: dict[str, Any], fork: Any, poll: Any,
-               gc: Any) -> int:
-    """Fork the child, wait until it has set itself up; its pid, or NodeRuntimeError with why not."""
+def _fork_node(msg: dict[str, Any], log_fd: int, env_fd: int, ctx: dict[str, Any], fork: Any,
+               gc: Any) -> tuple[int, int]:
+    """Fork the child; its pid and the pipe on which it reports its set-up (``ok``, or why not)."""
     status_r, status_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -398,6 +458,11 @@ def _fork_node(msg: dict[str, Any], log_fd: int, env_fd: int, ctx: dict[str, Any
         _close(status_r)
         _child(msg, log_fd, env_fd, status_w, ctx)
     _close(status_w)
+    return pid, status_r
+
+
+def _read_setup(status_r: int, poll: Any) -> str:
+    """Wait for a child's set-up report (and close its pipe): ``ok``, or why not."""
     report = b""
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     try:
@@ -411,14 +476,9 @@ def _fork_node(msg: dict[str, Any], log_fd: int, env_fd: int, ctx: dict[str, Any
     finally:
         _close(status_r)
     if report == b"ok":
-        return pid
-    if not report:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        report = b"it ended before it was set up" if time.monotonic() < deadline else b"set-up timed out"
-    raise NodeRuntimeError(report.decode(errors="replace"))
+        return "ok"
+    return report.decode(errors="replace") or ("it ended before it was set up" if time.monotonic() < deadline
+                                                else "set-up timed out")
 
 
 def _child(msg: dict[str, Any], log_fd: int, env_fd: int, status_w: int, ctx: dict[str, Any]) -> None:
@@ -469,9 +529,11 @@ def _child(msg: dict[str, Any], log_fd: int, env_fd: int, status_w: int, ctx: di
         _close(status_w)
         if parent == 1:  # the zygote died before the death signal was set
             os._exit(125)
-    except BaseException as e:  # noqa: BLE001 - reported to the zygote, then out
+    except BaseException as e:  # noqa: BLE001 - reported to the zygote (and in the log), then out
         try:
-            os.write(status_w, f"{type(e).__name__}: {e}".encode()[:4000])
+            why = f"{type(e).__name__}: {e}".encode()[:4000]
+            os.write(2, b"edgetb: cannot start a node process: " + why + b"\n")
+            os.write(status_w, why)
         finally:
             os._exit(125)
     code = 1

@@ -58,10 +58,10 @@ def test_nodes_are_forked_by_one_zygote_into_their_namespace_and_cgroup(host: Wo
     assert zyg is not None and zyg.pid
     for node, proc in procs.items():
         assert parent_of(proc["pid"]) == zyg.pid  # forked, not a fresh interpreter
+        wait_for(lambda: healthy(host, node), what=f"{node}'s /health through its own address")
         net = os.stat(f"/proc/{proc['pid']}/ns/net")
         ns = os.stat(nsfs.netns_path(host.runtime.node(node)["netns"]))
         assert (net.st_ino, net.st_dev) == (ns.st_ino, ns.st_dev)
-        wait_for(lambda: healthy(host, node), what=f"{node}'s /health through its own address")
     assert procs["a"]["pid"] in host.runtime.cgroups.pids("a")  # its limits apply
     assert host.runtime.cgroups.pids("b") == set()  # no limits, no group
     assert all(p["running"] for p in host.processes()["processes"])
@@ -102,6 +102,18 @@ def test_a_node_that_cannot_be_set_up_is_an_error(tmp_path) -> None:
     finally:
         zyg.close()
     assert not zyg.alive
+
+
+def test_a_later_node_that_cannot_be_set_up_ends_with_why(host: WorkerHost, tmp_path) -> None:
+    host.create_nodes(nodes_body("a"))
+    start(host, "a")  # the zygote's first node is awaited; later ones are answered at the fork
+    with open(tmp_path / "node.log", "wb") as log:
+        child = host._zygote.spawn({"args": [], "uid": 65534, "gid": 65534, "netns": "/run/netns/missing-namespace",
+                                    "cgroup_procs": [], "ops": []}, log.fileno(), {"PATH": "/usr/bin"})
+    assert child.wait(timeout=10) == 125
+    wait_for(lambda: child.error is not None, what="the set-up error")
+    assert "missing-namespace" in child.error
+    assert "missing-namespace" in (tmp_path / "node.log").read_text()
 
 
 STARTER = """

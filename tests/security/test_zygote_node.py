@@ -25,6 +25,15 @@ def start(host: WorkerHost, node: str, keys: RunKeys) -> dict:
                                   "env": keys.env_for(node)})
 
 
+def answers(host: WorkerHost, node: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(f"http://{host.runtime.node(node)['ip']}:{PORT}/health", timeout=1).ok
+    except requests.RequestException:
+        return False
+
+
 def environ(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/environ", "rb") as f:
         return dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
@@ -68,6 +77,8 @@ def test_zygote_node_is_unprivileged_and_isolated(host: WorkerHost, monkeypatch)
     procs = {n: start(host, n, keys) for n in ("a", "b")}
     zyg = host._zygote
     assert zyg is not None
+    for node in procs:  # (a node after the zygote's first is answered at the fork, before its set-up)
+        wait_for(lambda: answers(host, node), what=f"{node}'s /health")
     for node, proc in procs.items():
         pid, ident = proc["pid"], host.runtime.identity(node)
         fields = status_fields(pid)
@@ -98,6 +109,7 @@ def test_no_node_secret_in_the_zygote_nor_in_another_node(host: WorkerHost) -> N
     keys = RunKeys()
     a = start(host, "a", keys)
     b = start(host, "b", keys)  # forked after a's secret went by
+    wait_for(lambda: answers(host, "b"), what="b's /health")
     secret_a = keys.node_secret("a")
     needles = [secret_a.hex().encode(), secret_a]
     # the node that owns it holds it (the test can see a secret where there is one) ...
