@@ -14,8 +14,9 @@ Measured: ready s (start of gl_run.py until every node answers), run s (start of
 it ends), wall s; each node process's USS (its own pages), PSS (shared pages shared out) and RSS
 from ``/proc/<pid>/smaps_rollup``, mean and max over nodes of each node's peak; the controller's
 CPU seconds and peak RSS (on one host it is also the worker) and the zygote's; the kernel's ARP
-resolution failures and unresolved drops (``/proc/net/stat/arp_cache``) and the nodes'
-``send_failed`` events. Prints a Markdown table.
+resolution failures and unresolved drops (``/proc/net/stat/arp_cache``: host-wide, so anything
+else running counts too), the most neighbour entries of the nodes' namespaces seen unresolved
+(incomplete or failed) at once, and the nodes' ``send_failed`` events. Prints a Markdown table.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import time
 from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's worker (neighbour tables)
 SHARD_SIZE = 100  # digits' training split (1,437 samples) gives 14 shards, its test split 3
 TRAIN_SHARDS, TEST_SHARDS = 14, 3
 TRAIN_LEN = 3  # 300 training samples per node
@@ -134,6 +136,23 @@ def arp_stats() -> dict[str, int]:
     return totals
 
 
+def unresolved_neighbours(testbed: str, nodes: list[str]) -> int:
+    """How many neighbour entries of the nodes' namespaces are being resolved or failed now."""
+    from worker import neighbours
+
+    count = 0
+    for node in nodes:
+        try:
+            entries = neighbours.read(f"etb-{testbed}-{node}")
+        except Exception:  # noqa: BLE001 - a node gone at the end of the run
+            continue
+        count += sum(1 for e in entries if e.state & (NUD_INCOMPLETE | NUD_FAILED))
+    return count
+
+
+NUD_INCOMPLETE, NUD_FAILED = 0x01, 0x20
+
+
 def send_failures(workdir: str) -> tuple[int, dict[str, int]]:
     """The nodes' send_failed events: how many, and how many of each kind of error."""
     count, kinds = 0, {}
@@ -151,6 +170,26 @@ def send_failures(workdir: str) -> tuple[int, dict[str, int]]:
                     kind = str(event.get("error", ""))[:60]
                     kinds[kind] = kinds.get(kind, 0) + 1
     return count, kinds
+
+
+def phase_times(out: str, started_at: float) -> str:
+    """Seconds (to the second, from gl_run.py's time stamps) from its start (``started_at``, a
+    ``time.time()``) to ``creating`` nodes (reading the files, writing confs and shards), from
+    there to ``starting`` their processes (the network), and from there to ``ready``."""
+    import re
+
+    local = time.localtime(started_at)
+    marks: dict[str, int] = {"first": local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec}
+    for line in out.splitlines():
+        m = re.match(r"\[(\d\d):(\d\d):(\d\d)\] (\w+)", line)
+        if m:
+            t = int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3])
+            if m[4] in ("creating", "starting", "ready"):
+                marks.setdefault(m[4], t)
+    if not {"first", "creating", "starting", "ready"} <= set(marks):
+        return "-"
+    return (f"{(marks['creating'] - marks['first']) % 86400} + {(marks['starting'] - marks['creating']) % 86400} "
+            f"+ {(marks['ready'] - marks['starting']) % 86400}")
 
 
 # bridge netfilter -----------------------------------------------------------------------------
@@ -208,9 +247,10 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int, use_zygote: bool =
     env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"), EDGETB_ZYGOTE="1" if use_zygote else "0")
     load_before = os.getloadavg()
     arp_before = arp_stats()
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
+    testbed = "bs" + secrets.token_hex(1)
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "gl_run.py"), "--auto", "--quiet-nodes",
-                             "--workdir", workdir, "--port", str(port), "--id", "bs" + secrets.token_hex(1),
+                             "--workdir", workdir, "--port", str(port), "--id", testbed,
                              "--subnet", free_subnet(), "--timeout", str(timeout_s)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peaks: dict[str, tuple[int, int, int]] = {}
@@ -220,6 +260,7 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int, use_zygote: bool =
     zygote_mem = (0, 0, 0)
     last_sample = 0.0
     loads = []
+    unresolved = 0
     out_lines: list[str] = []
     import threading
 
@@ -246,6 +287,7 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int, use_zygote: bool =
         if t_ready is not None and now - last_sample >= SAMPLE_EVERY_S and status["phase"] in ("ready", "running"):
             last_sample = now
             loads.append(os.getloadavg()[0])
+            unresolved = max(unresolved, unresolved_neighbours(testbed, [node["name"] for node in status["nodes"]]))
             for node in status["nodes"]:
                 mem = memory_kib(node["pid"]) if node.get("pid") else None
                 if mem:
@@ -260,6 +302,7 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int, use_zygote: bool =
                and line.rstrip().endswith("done"))
     if proc.returncode != 0:
         log(out[-3000:])
+    phases = phase_times(out, started_at)
     fails, kinds = send_failures(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
 
@@ -271,13 +314,13 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int, use_zygote: bool =
 
     return {"nodes": n, "netfilter": "on" if netfilter else "off", "start": "zygote" if use_zygote else "exec",
             "done": f"{done}/{n}",
-            "ready_s": t_ready, "run_s": (t_end or time.monotonic()) - t_running if t_running else None,
+            "ready_s": t_ready, "phases": phases, "run_s": (t_end or time.monotonic()) - t_running if t_running else None,
             "wall_s": total, "uss": stat(0), "pss": stat(1), "rss": stat(2),
             "controller": f"{controller_cpu or 0:.0f} s, {controller_rss / 1024:.0f} MiB",
             "zygote": f"{zygote_cpu or 0:.1f} s, USS {zygote_mem[0] / 1024:.0f} / RSS {zygote_mem[2] / 1024:.0f} MiB",
             "arp_failed": arp_after.get("res_failed", 0) - arp_before.get("res_failed", 0),
             "arp_unresolved": arp_after.get("unresolved_discards", 0) - arp_before.get("unresolved_discards", 0),
-            "send_failed": fails, "send_failed_kinds": kinds,
+            "nodes_unresolved": unresolved, "send_failed": fails, "send_failed_kinds": kinds,
             "load": f"{load_before[0]:.1f} / {max(loads, default=load_before[0]):.1f}",
             "exit": proc.returncode}
 
@@ -308,14 +351,14 @@ def main() -> int:
             finally:
                 nf.restore()
             log(json.dumps(rows[-1]))
-    print("| nodes | bridge netfilter | node start | nodes done | ready s | run s | wall s | USS MiB per node, mean / max "
+    print("| nodes | bridge netfilter | node start | nodes done | ready s | confs + network + starts s | run s | wall s | USS MiB per node, mean / max "
           "| PSS MiB, mean / max | RSS MiB, mean / max | controller CPU, peak RSS | zygote CPU, memory "
-          "| ARP failed / unresolved drops | send_failed | load before / peak |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| host ARP failed / unresolved drops | nodes' unresolved entries, max | send_failed | load before / peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        cells = [r["nodes"], r["netfilter"], r["start"], r["done"], r["ready_s"], r["run_s"], r["wall_s"], r["uss"], r["pss"],
+        cells = [r["nodes"], r["netfilter"], r["start"], r["done"], r["ready_s"], r["phases"], r["run_s"], r["wall_s"], r["uss"], r["pss"],
                  r["rss"], r["controller"], r["zygote"], f"{r['arp_failed']} / {r['arp_unresolved']}",
-                 r["send_failed"], r["load"]]
+                 r["nodes_unresolved"], r["send_failed"], r["load"]]
         print("| " + " | ".join(fmt(c) for c in cells) + " |")
     return 0
 
