@@ -332,7 +332,17 @@ def serve(argv: list[str]) -> None:
         os._exit(1)
     fork = monkey.get_original("os", "fork")
     waitpid = monkey.get_original("os", "waitpid")
-    poll = monkey.get_original("select", "select")
+    make_poll = monkey.get_original("select", "poll")  # (not select(2): descriptors may pass 1023)
+
+    def poll(fds: list[Any], timeout_s: float) -> list[Any]:
+        """The ones of ``fds`` (descriptors or sockets) that are readable (or closed) within ``timeout_s``."""
+        p = make_poll()
+        by_fd = {}
+        for f in fds:
+            fd = f if isinstance(f, int) else f.fileno()
+            by_fd[fd] = f
+            p.register(fd, select.POLLIN)
+        return [by_fd[fd] for fd, _ in p.poll(timeout_s * 1000)]
     import _socket
 
     sock = _socket.socket(fileno=fd)
@@ -350,7 +360,7 @@ def serve(argv: list[str]) -> None:
     children: set[int] = set()
     setups: dict[int, list[Any]] = {}  # status pipe -> [pid, deadline, report]: set-ups not awaited
     while True:
-        readable = poll([sock, wake_r, *setups], [], [], 1.0 if setups else 5.0)[0]
+        readable = poll([sock, wake_r, *setups], 1.0 if setups else 5.0)
         if wake_r in readable:
             try:
                 while os.read(wake_r, 4096):
@@ -467,7 +477,7 @@ def _read_setup(status_r: int, poll: Any) -> str:
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     try:
         while time.monotonic() < deadline:
-            if not poll([status_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            if not poll([status_r], max(0.0, deadline - time.monotonic())):
                 continue
             chunk = os.read(status_r, 4096)
             if not chunk:
