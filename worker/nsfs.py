@@ -177,6 +177,21 @@ def inode(name: str) -> int:
     return os.stat(netns_path(name)).st_ino
 
 
+def pids_by_namespace() -> dict[tuple[int, int], list[int]]:
+    """Every process by its network namespace ((device, inode) of its handle): one walk of /proc
+    for all namespaces, where ``pids_in`` walks it for one."""
+    found: dict[tuple[int, int], list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        found.setdefault((st.st_dev, st.st_ino), []).append(int(entry))
+    return found
+
+
 def pids_in(name: str) -> list[int]:
     """Processes whose network namespace is ``name``."""
     try:

@@ -340,9 +340,18 @@ class NetnsRuntime:
                 os.close(fd)
 
     # teardown ----------------------------------------------------------------------
-    def _remove_node_resources(self, name: str) -> None:
+    def _remove_node_resources(self, name: str, by_namespace: Optional[dict[tuple[int, int], list[int]]] = None
+                               ) -> None:
         netns = self.names.netns(name)
-        for pid in nsfs.pids_in(netns):
+        if by_namespace is None:
+            pids = nsfs.pids_in(netns)
+        else:
+            try:
+                st = os.stat(nsfs.netns_path(netns))
+                pids = by_namespace.get((st.st_dev, st.st_ino), [])
+            except FileNotFoundError:
+                pids = []
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -376,8 +385,9 @@ class NetnsRuntime:
             names = set(state["nodes"]) | self.cgroups.nodes()
             prefix = f"etb-{self.names.id}-"
             names |= {n[len(prefix):] for n in nsfs.list_netns() if self.names.owns_netns(n)}
+            by_namespace = nsfs.pids_by_namespace()
             for name in names:
-                self._remove_node_resources(name)
+                self._remove_node_resources(name, by_namespace)
             self._remove_shared(state)
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)
