@@ -436,11 +436,16 @@ def remove_forward_rules(comment: str, keep: Callable[[list[str]], bool] = lambd
 
 
 def _mac_of(ifname: str) -> str:
-    try:
-        with open(f"/sys/class/net/{ifname}/address") as f:
-            return f.read().strip()
-    except OSError:
-        raise NodeRuntimeError(f"interface {ifname} vanished") from None
+    """The MAC address of ``ifname`` in this thread's namespace (by netlink: /sys shows the
+    namespace of whoever mounted it, not an agent's in its own)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=ifname)
+        mac = ipr.get_links(index[0])[0].get_attr("IFLA_ADDRESS") if index else None
+    if not mac:
+        raise NodeRuntimeError(f"interface {ifname} vanished")
+    return str(mac)
 
 
 def _ifindex(name: str) -> int:
