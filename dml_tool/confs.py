@@ -150,6 +150,9 @@ def structure_confs(structure: dict[str, dict[str, Any]], topology: Topology, ip
     trees: dict[str, dict[str, str]] = {}
     for src, conf in structure.items():
         for dest in conf.get("talks_to", []):
+            if (src, dest) in topology.links:  # a linked peer: its own next hop in any tree (no search)
+                out[src]["connect"][dest] = f"{ips[dest]}:{port}"
+                continue
             if dest not in trees:
                 trees[dest] = next_hops(topology, members, dest)
             tree = trees[dest]

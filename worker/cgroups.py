@@ -65,6 +65,7 @@ class Cgroups:
         self.group = group
         self.root = root
         self.version = detect_version(root)
+        self._v2_ready = False  # controllers delegated and the testbed's group made (once, not per node)
 
     def require(self) -> None:
         if self.version is None:
@@ -84,10 +85,11 @@ class Cgroups:
     def create(self, node: str, cpu: Optional[float], mem_bytes: Optional[int]) -> None:
         """Make the node's group(s) and set its limits."""
         self.require()
-        if self.version == 2:
+        if self.version == 2 and not (self._v2_ready and os.path.isdir(self._bases()[0])):
             enable_v2_controllers(self.root)
             os.makedirs(self._bases()[0], exist_ok=True)
             _write(os.path.join(self._bases()[0], "cgroup.subtree_control"), "+cpu +memory")
+            self._v2_ready = True
         for d in self.dirs(node):
             os.makedirs(d, exist_ok=True)
         for controller, name, value in limit_writes(self.version or 0, cpu, mem_bytes):
@@ -166,6 +168,7 @@ class Cgroups:
                     pass
         if self.version == 2:
             restore_v2_controllers(self.root)
+        self._v2_ready = False
 
 
 def v1_hierarchies(root: str) -> list[str]:

@@ -18,7 +18,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-from worker import privilege, tc_apply
+from worker import privilege, tc_apply, zygote
 from worker.capture import SNAP_BYTES, Captures
 from worker.cgroups import detect_version
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
@@ -93,8 +93,11 @@ class WorkerHost:
             self.runtime = NetnsRuntime(self.store, subnet)
         self.routes = Routes(self.store)
         self.captures = Captures(self.store)
-        self._children: dict[str, subprocess.Popen] = {}
+        self._children: dict[str, Any] = {}  # subprocess.Popen or zygote.ZygoteProcess
         self._envs: dict[str, dict[str, str]] = {}  # a process's env, in memory only, to start it again
+        self._zygote: Optional[zygote.Zygote] = None
+        self._book = _ProcessBook(self.store)
+        self._state_cache: Optional[tuple[tuple[int, int, int], dict[str, Any]]] = None
         self._lock = threading.Lock()
         from worker.faults import Faults
 
@@ -173,6 +176,9 @@ class WorkerHost:
                     fresh["plans"].pop(src, None)  # its shaping was cleared: kernel and state agree
                 else:
                     fresh["plans"][src] = plans[src].to_dict()
+        if hasattr(self.runtime, "set_neighbours"):  # netns: linked peers reached without ARP
+            self.runtime.set_neighbours({src: [r.dest_ip for r in plan.rules] + [ip for _, ip in plan.unshaped()]
+                                         for src, plan in plans.items() if src not in failed})
         if failed:
             first = next(iter(failed.values()))
             raise type(first)(f"{first.message} (shaping of {', '.join(sorted(failed))} was removed; "
@@ -285,19 +291,64 @@ class WorkerHost:
         env = body.get("env") or {}
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ConfigError("env must map strings to strings")
-        self.runtime.node(node)  # an unknown node gets no log file
+        return self._start(node, argv, env)
+
+    def _start(self, node: str, argv: list[str], env: dict[str, str],
+               node_args: Optional[list[str]] = None) -> dict[str, Any]:
+        """Start a process in the node and record it; with ``node_args`` it is the node's DML
+        process, forked by the zygote on netns nodes (``EDGETB_ZYGOTE=0``: started as ``argv``)."""
+        rec = self._state()["nodes"].get(node) or self.runtime.node(node)  # an unknown node gets no log file
         proc_id = uuid.uuid4().hex[:12]
         log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
         with open(log_path, "ab") as log:
-            child = self._popen(node, argv, env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            if node_args is not None and self._zygote_wanted():
+                child = self._spawn_node(node, rec, node_args, env, log.fileno())
+            else:
+                child = self._popen(node, argv, env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         with self._lock:
             self._children[proc_id] = child
             self._envs[proc_id] = dict(env)
         record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
                   "started": time.time(), "start_ticks": start_ticks(child.pid)}
-        with self.store.locked() as state:
-            state["processes"][proc_id] = record
+        self._book.add(record)
         return {"version": API_VERSION, **record, "running": True}
+
+    def _state(self) -> dict[str, Any]:
+        """The state as last read, read again only when the file changed (it is replaced on every
+        save): hundreds of process starts do not parse it hundreds of times. Not to be changed."""
+        try:
+            st = os.stat(self.store.path)
+        except FileNotFoundError:
+            return self.store.read()
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._state_cache
+        if cached is None or cached[0] != key:
+            cached = self._state_cache = (key, self.store.read())
+        return cached[1]
+
+    def _zygote_wanted(self) -> bool:
+        return self.runtime.kind == "netns" and os.environ.get("EDGETB_ZYGOTE", "1") != "0"
+
+    def _spawn_node(self, node: str, rec: dict[str, Any], args: list[str], env: dict[str, str],
+                    log_fd: int) -> "zygote.ZygoteProcess":
+        """Fork the node's DML process from this host's zygote (started on first use, and again
+        when the code root changed): in the node's cgroups, namespace and view, as its uid."""
+        ident = self.runtime.identity(node, rec)
+        view = self.node_view(node, ident)
+        privilege.check_readable(view, ident)
+        with self._lock:
+            if self._zygote is None or not self._zygote.alive or self._zygote.code_root != self.code_root:
+                if self._zygote is not None:
+                    self._zygote.close()
+                self._zygote = zygote.Zygote(self.code_root, os.path.join(self.store.logs_dir(), "zygote.log"))
+                self._zygote.start()
+            zyg = self._zygote
+        request = {"args": args, "uid": ident.uid, "gid": ident.gid, "netns": self.runtime.netns_path(rec),
+                   "cgroup_procs": self.runtime.procs_files(rec),
+                   "ops": [[op.kind, op.path, op.writable] for op in privilege.plan_view(view)]}
+        child_env = _child_env(env)
+        child_env.setdefault("HOME", view.home or "/")
+        return zyg.spawn(request, log_fd, child_env)
 
     def _popen(self, node: str, argv: list[str], env: dict[str, str], **kwargs: Any) -> Any:
         """Start a process in ``node``: netns and physical nodes get their least-privilege view and
@@ -307,11 +358,11 @@ class WorkerHost:
         view = self.node_view(node)
         return self.runtime.popen(node, argv, view=view, env=_child_env(env), start_new_session=True, **kwargs)
 
-    def node_view(self, node: str) -> "privilege.View":
+    def node_view(self, node: str, ident: Optional["privilege.Identity"] = None) -> "privilege.View":
         """What a node's processes see: Python and the code read-only, the experiment directory
         read-only but for its own ``dml_file/node/<name>/`` (made its uid's, mode 0700); the
         worker's state, the rest of ``dml_file/`` and the code root's ``dml_file/`` hidden."""
-        ident = self.runtime.identity(node)
+        ident = ident or self.runtime.identity(node)
         home = privilege.prepare_node_dir(self.workdir, node, ident)
         real = os.path.realpath
         hide = [real(state_root()), real(os.path.dirname(self.store.dir)), real(privilege.host_run_dir()),
@@ -321,6 +372,7 @@ class WorkerHost:
                               home=home)
 
     def processes(self) -> dict[str, Any]:
+        self._book.flush()
         procs = []
         for rec in self.store.read()["processes"].values():
             procs.append({**rec, **self._process_state(rec)})
@@ -335,7 +387,7 @@ class WorkerHost:
         return {"running": ticks is not None and start_ticks(rec["pid"]) == ticks, "returncode": None}
 
     def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
-        rec = self.store.read()["processes"].get(proc_id)
+        rec = self._book.get(proc_id, self._state())
         if rec is None or rec["node"] != node:
             raise NotFound(f"no process {proc_id!r} in node {node!r}")
         if self._process_state(rec)["running"]:
@@ -352,8 +404,7 @@ class WorkerHost:
                 pass
         child = self._children.pop(proc_id, None)
         code = child.wait(timeout=timeout_s) if child else None
-        with self.store.locked() as state:
-            state["processes"].pop(proc_id, None)
+        self._book.remove(proc_id)
         return {"version": API_VERSION, "id": proc_id, "stopped": True, "returncode": code}
 
     def fault(self, body: Any) -> dict[str, Any]:
@@ -370,13 +421,13 @@ class WorkerHost:
         """Start again, with the same argv (and env, when this worker started them), the node's
         recorded processes that no longer run (a replaced node); their old records go."""
         started = []
+        self._book.flush()
         for rec in list(self.store.read()["processes"].values()):
             if rec["node"] != node or self._process_state(rec)["running"]:
                 continue
             env = self._envs.pop(rec["id"], {})
             self._children.pop(rec["id"], None)
-            with self.store.locked() as state:
-                state["processes"].pop(rec["id"], None)
+            self._book.remove(rec["id"])
             started.append(self.start_process(node, {"version": API_VERSION, "argv": rec["argv"], "env": env})["id"])
         return started
 
@@ -416,10 +467,12 @@ class WorkerHost:
         if not os.path.isdir(os.path.join(self.code_root, "dml_app")):
             raise ConfigError(f"no dml_app in {self.code_root}: sync the code to this host first")
         os.makedirs(os.path.join(self.workdir, "dml_file"), exist_ok=True)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ConfigError("env must map strings to strings")
         python = "python3" if self.runtime.kind == "docker" else sys.executable
-        argv = [python, "-m", NODE_MODULE, *args, "--workdir", self.workdir]
-        return self.start_process(node, {"version": API_VERSION, "argv": argv,
-                                         "env": {**env, "PYTHONPATH": self.code_root}})
+        node_args = [*args, "--workdir", self.workdir]
+        return self._start(node, [python, "-m", NODE_MODULE, *node_args], {**env, "PYTHONPATH": self.code_root},
+                           node_args=node_args)
 
     # captures ---------------------------------------------------------------------------
     def start_capture(self, node: str, body: Any) -> dict[str, Any]:
@@ -520,6 +573,7 @@ class WorkerHost:
 
     # status and reset ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
+        self._book.flush()
         state = self.store.read()
         nodes = []
         for name, rec in state["nodes"].items():
@@ -537,10 +591,14 @@ class WorkerHost:
     def reset(self) -> dict[str, Any]:
         self.faults.reset()
         self.telemetry_stop()
+        self._book.flush()
         with self._lock:
             children = list(self._children.values())
             self._children.clear()
+            zyg, self._zygote = self._zygote, None
         captures = self.captures.reset()  # before the namespaces go
+        if zyg is not None:
+            zyg.close()  # its node processes die with it
         removed = self.runtime.reset()
         removed["captures"] = captures["captures"]
         removed["routes"] = self.routes.reset()
@@ -561,6 +619,57 @@ def _sampler_info(sampler: Any) -> dict[str, Any]:
     return {"host": sampler.host_name, "period_ms": sampler.period_ms, "now_s": time.monotonic(),
             "started_s": sampler.started_mono, "cursor": sampler.ring.next_cursor,
             "sampler_cpu_s": round(sampler.cpu_s, 6), "samples_taken": sampler.samples, "running": sampler.running}
+
+
+class _ProcessBook:
+    """Process records on their way to the state file: the starts and stops of hundreds of node
+    processes are saved in a few transactions (each rewrites the whole state), within
+    ``FLUSH_AFTER_S``, and at once before anything reads them from the file."""
+
+    FLUSH_AFTER_S = 2.0  # each save rewrites the whole state: megabytes at 1,000 nodes
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._added: dict[str, dict[str, Any]] = {}
+        self._removed: set[str] = set()
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._timer: Optional[threading.Timer] = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._added[record["id"]] = record
+            self._removed.discard(record["id"])
+            self._schedule()
+
+    def remove(self, proc_id: str) -> None:
+        with self._lock:
+            self._added.pop(proc_id, None)
+            self._removed.add(proc_id)
+            self._schedule()
+
+    def get(self, proc_id: str, state: dict[str, Any]) -> Optional[dict[str, Any]]:
+        with self._lock:
+            if proc_id in self._removed:
+                return None
+            return self._added.get(proc_id) or state["processes"].get(proc_id)
+
+    def _schedule(self) -> None:
+        if self._timer is None or not self._timer.is_alive():
+            self._timer = threading.Timer(self.FLUSH_AFTER_S, self.flush)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def flush(self) -> None:
+        with self._flushing:
+            with self._lock:
+                added, removed = self._added, self._removed
+                self._added, self._removed = {}, set()
+            if added or removed:
+                with self.store.locked() as state:
+                    state["processes"].update(added)
+                    for proc_id in removed:
+                        state["processes"].pop(proc_id, None)
 
 
 def bridge_address(bridge: str, subnet: Optional[str]) -> Optional[str]:

@@ -24,7 +24,8 @@ MS_REC = 16384
 MS_SHARED = 1 << 20
 MNT_DETACH = 2
 
-_libc = ctypes.CDLL(None, use_errno=True)
+libc = ctypes.CDLL(None, use_errno=True)  # the worker's one handle on the C library
+_libc = libc
 _dir_lock = threading.Lock()
 _dir_ready = False
 
@@ -174,6 +175,21 @@ def socket_in(name: str, family: int, kind: int, proto: int = 0) -> socket.socke
 
 def inode(name: str) -> int:
     return os.stat(netns_path(name)).st_ino
+
+
+def pids_by_namespace() -> dict[tuple[int, int], list[int]]:
+    """Every process by its network namespace ((device, inode) of its handle): one walk of /proc
+    for all namespaces, where ``pids_in`` walks it for one."""
+    found: dict[tuple[int, int], list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        found.setdefault((st.st_dev, st.st_ino), []).append(int(entry))
+    return found
 
 
 def pids_in(name: str) -> list[int]:

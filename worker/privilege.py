@@ -51,6 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from worker import nsfs
 from worker.errors import ConfigError, NodeRuntimeError, NotFound
 
 NODE_UID_BASE = 1_000_000_000
@@ -70,8 +71,9 @@ MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
+MNT_DETACH = 2
 
-_libc = ctypes.CDLL(None, use_errno=True)
+_libc = nsfs.libc
 
 
 # the host-wide directory and its locks -------------------------------------------------------
@@ -257,7 +259,7 @@ def plan_view(view: View, traversable: Callable[[str], bool] = traversable_by_ot
     return sorted(set(ops), key=lambda op: (_depth(op.path), order[op.kind], op.path))
 
 
-def _check_readable(view: View, ident: Identity) -> None:
+def check_readable(view: View, ident: Identity) -> None:
     """A directory shown to the node must be one it can list: else a clear error naming it."""
     for path in view.read:
         try:
@@ -286,6 +288,11 @@ def _apply_view(ops: list[Op]) -> None:
     if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
         raise _oserror("unshare the mount and IPC namespaces of", "a node")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing of ours propagates to the host
+    # the host's handles on every node's network namespace: none is the node's business, and each
+    # copy would keep a namespace alive and cost kernel memory (n nodes: n^2 copies)
+    # (os.path.ismount cannot tell: /run/netns is a bind mount of itself, as iproute2 makes it)
+    if _libc.umount2(nsfs.NETNS_DIR.encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+        raise _oserror("unmount in a node", nsfs.NETNS_DIR)
     # what is shown, held before anything covers it (and in this namespace: bind sources must be)
     sources = {op.path: os.open(op.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for op in ops if op.kind == "bind"}
     covers = []
@@ -406,25 +413,25 @@ def launch(spec: Launch) -> subprocess.Popen:
     what failed."""
     if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
         raise ConfigError("a command must be a non-empty list of strings")
-    _check_readable(spec.view, spec.ident)
+    check_readable(spec.view, spec.ident)
     ops = plan_view(spec.view)
     ident, last_cap, hide_pids = spec.ident, _last_cap(), per_mount_proc()
     starter = os.getpid()
+    from worker import cgroups  # (it imports this module)
+
     fds: list[int] = []
     try:
         ns_fd = os.open(spec.netns_path, os.O_RDONLY | os.O_CLOEXEC) if spec.netns_path else None
         if ns_fd is not None:
             fds.append(ns_fd)
-        cg_fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in spec.cgroup_procs]
+        cg_fds = cgroups.join_fds(list(spec.cgroup_procs))
         fds += cg_fds
 
         def enter() -> None:  # in the child, between fork and exec: system calls only
             try:
-                pid = str(os.getpid()).encode()
-                for fd in cg_fds:
-                    os.write(fd, pid)
-                if ns_fd is not None and _libc.setns(ns_fd, 0x40000000) != 0:
-                    raise _oserror("setns into", spec.netns_path or "")
+                cgroups.join_in_child(cg_fds)
+                if ns_fd is not None:
+                    nsfs.setns_fd(ns_fd)
                 _apply_view(ops)
                 if hide_pids:
                     _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")

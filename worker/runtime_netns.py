@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from worker import cgroups, netlink as nl, nsfs, privilege
+from worker import cgroups, neighbours, netlink as nl, nsfs, privilege
 from worker.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.state import StateStore
 
@@ -154,6 +154,7 @@ class NetnsRuntime:
         self.names = Naming(store.testbed_id)
         self.subnet = parse_subnet(subnet)
         self.cgroups = cgroups.Cgroups(self.names.cgroup)
+        self._uid_base: Optional[int] = None
 
     # addresses -------------------------------------------------------------
     @property
@@ -205,7 +206,9 @@ class NetnsRuntime:
         with IPRoute() as ipr:
             if not ipr.link_lookup(ifname=self.names.bridge):
                 self._check_subnet_free(ipr)
-                ipr.link("add", ifname=self.names.bridge, kind="bridge")
+                # a MAC address of its own: else the bridge takes its lowest port's, which changes
+                # as ports come and go, and the nodes' permanent entries for it would go stale
+                ipr.link("add", ifname=self.names.bridge, kind="bridge", address=neighbours.node_mac(self.bridge_ip))
                 index = ipr.link_lookup(ifname=self.names.bridge)[0]
                 ipr.addr("add", index=index, address=self.bridge_ip, prefixlen=self.subnet.prefixlen)
                 ipr.link("set", index=index, state="up")
@@ -245,18 +248,45 @@ class NetnsRuntime:
             for fd in fds:
                 os.close(fd)
         _raise_first(failures, [f"veth for node {r['name']}" for r in records])
+        gateway_mac = _mac_of(self.names.bridge)
         for rec in records:
             with nl.RtnlSocket(rec["netns"]) as sock:
-                failures = sock.run([nl.link_up(1), nl.link_up(NODE_IFINDEX),
-                                     nl.add_ipv4(NODE_IFINDEX, rec["ip"], rec["prefixlen"]),
-                                     nl.default_route(NODE_IFINDEX, self.bridge_ip)])
-            _raise_first(failures, [f"node {rec['name']}: {step}"
-                                    for step in ("lo up", "eth0 up", "address", "default route")])
+                failures = sock.run([nl.link_up(1), neighbours.set_mac(NODE_IFINDEX, neighbours.node_mac(rec["ip"])),
+                                     nl.link_up(NODE_IFINDEX), nl.add_ipv4(NODE_IFINDEX, rec["ip"], rec["prefixlen"]),
+                                     nl.default_route(NODE_IFINDEX, self.bridge_ip),
+                                     neighbours.permanent(NODE_IFINDEX, self.bridge_ip, gateway_mac)])
+            _raise_first(failures, [f"node {rec['name']}: {step}" for step in
+                                    ("lo up", "MAC address", "eth0 up", "address", "default route", "gateway entry")])
             allow_unprivileged_ping(rec["netns"])
             if rec["cpu"] or rec["mem_bytes"]:
                 self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"])
             else:  # no limits: a group all the same where possible, for its CPU and memory counters
                 self.cgroups.create_accounting(rec["name"])
+        with nl.RtnlSocket() as sock:  # the host reaches every node without asking
+            failures = sock.run(neighbours.entries_for(bridge_index, [r["ip"] for r in records]))
+        _raise_first(failures, [f"host entry for node {r['name']}" for r in records])
+
+    def set_neighbours(self, peers: dict[str, list[str]]) -> int:
+        """Permanent neighbour entries: each listed node's for the given peer addresses (those in
+        this testbed's subnet: others are reached through the gateway), and each peer node's for
+        the listed node (its replies). Returns how many entries were programmed."""
+        state = self.store.read()
+        by_ip = {rec["ip"]: name for name, rec in state["nodes"].items()}
+        wanted: dict[str, set[str]] = {}
+        for node, ips in peers.items():
+            if node not in state["nodes"]:
+                continue
+            for ip in ips:
+                if ip in by_ip and ip != state["nodes"][node]["ip"]:
+                    wanted.setdefault(node, set()).add(ip)
+                    wanted.setdefault(by_ip[ip], set()).add(state["nodes"][node]["ip"])
+        count = 0
+        for node, ips in wanted.items():
+            with nl.RtnlSocket(state["nodes"][node]["netns"]) as sock:
+                failures = sock.run(neighbours.entries_for(NODE_IFINDEX, sorted(ips)))
+            _raise_first(failures, [f"node {node}: neighbour entry"] * len(ips))
+            count += len(ips)
+        return count
 
     # processes -------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any]:
@@ -265,9 +295,26 @@ class NetnsRuntime:
             raise NotFound(f"no node {name!r} in testbed {self.names.id}")
         return rec
 
-    def identity(self, name: str) -> privilege.Identity:
-        """The node's own uid and gid (this testbed's block + the node's index)."""
-        return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
+    def identity(self, name: str, rec: Optional[dict[str, Any]] = None) -> privilege.Identity:
+        """The node's own uid and gid (this testbed's block + the node's index); ``rec`` is the
+        node's record when the caller has read it already."""
+        index = (rec or self.node(name))["index"]
+        if not 0 <= index < privilege.UID_SLOT:
+            raise ConfigError(f"node index {index} is outside 0..{privilege.UID_SLOT - 1}")
+        if self._uid_base is None:  # the testbed's block is fixed until reset gives it back
+            self._uid_base = privilege.uid_base(self.names.id)
+        uid = self._uid_base + index
+        return privilege.Identity(uid, uid)
+
+    def netns_path(self, rec: dict[str, Any]) -> str:
+        return nsfs.netns_path(rec["netns"])
+
+    def procs_files(self, rec: dict[str, Any]) -> list[str]:
+        """The cgroup.procs files a process of the node joins: its limits' groups, or for a node
+        without limits its accounting groups where they exist (for its CPU and memory counters)."""
+        if rec["cpu"] or rec["mem_bytes"]:
+            return self.cgroups.procs_files(rec["name"])
+        return self.cgroups.existing_procs_files(rec["name"])
 
     def popen(self, name: str, argv: Sequence[str], view: Optional[privilege.View] = None,
               **kwargs: Any) -> subprocess.Popen:
@@ -275,14 +322,13 @@ class NetnsRuntime:
         unprivileged uid with ``view`` as its file system (every process the worker starts), or,
         without a view, as root for the operator's own ``edgetb exec`` on this host."""
         rec = self.node(name)
-        procs = (self.cgroups.procs_files(name) if (rec["cpu"] or rec["mem_bytes"])
-                 else self.cgroups.existing_procs_files(name))
+        procs = self.procs_files(rec)
         if view is not None:
-            return privilege.launch(privilege.Launch(argv, self.identity(name), view, nsfs.netns_path(rec["netns"]),
+            return privilege.launch(privilege.Launch(argv, self.identity(name, rec), view, self.netns_path(rec),
                                                      procs, kwargs))
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError("a command must be a non-empty list of strings")
-        ns_fd = os.open(nsfs.netns_path(rec["netns"]), os.O_RDONLY | os.O_CLOEXEC)
+        ns_fd = os.open(self.netns_path(rec), os.O_RDONLY | os.O_CLOEXEC)
         cg_fds = cgroups.join_fds(procs)
 
         def enter() -> None:
@@ -299,9 +345,18 @@ class NetnsRuntime:
                 os.close(fd)
 
     # teardown ----------------------------------------------------------------------
-    def _remove_node_resources(self, name: str) -> None:
+    def _remove_node_resources(self, name: str, by_namespace: Optional[dict[tuple[int, int], list[int]]] = None
+                               ) -> None:
         netns = self.names.netns(name)
-        for pid in nsfs.pids_in(netns):
+        if by_namespace is None:
+            pids = nsfs.pids_in(netns)
+        else:
+            try:
+                st = os.stat(nsfs.netns_path(netns))
+                pids = by_namespace.get((st.st_dev, st.st_ino), [])
+            except FileNotFoundError:
+                pids = []
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -335,13 +390,15 @@ class NetnsRuntime:
             names = set(state["nodes"]) | self.cgroups.nodes()
             prefix = f"etb-{self.names.id}-"
             names |= {n[len(prefix):] for n in nsfs.list_netns() if self.names.owns_netns(n)}
+            by_namespace = nsfs.pids_by_namespace()
             for name in names:
-                self._remove_node_resources(name)
+                self._remove_node_resources(name, by_namespace)
             self._remove_shared(state)
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)
             state.pop("runtime", None)
             privilege.release_uid_base(self.names.id)
+            self._uid_base = None
             return {"nodes": len(names)}
 
     def leftovers(self) -> dict[str, list[str]]:
@@ -381,6 +438,19 @@ def remove_forward_rules(comment: str, keep: Callable[[list[str]], bool] = lambd
         words = line.split()
         if words[:1] == ["-A"] and comment in words and not keep(words):
             subprocess.run(["iptables", "-w", "-D", *words[1:]], capture_output=True)
+
+
+def _mac_of(ifname: str) -> str:
+    """The MAC address of ``ifname`` in this thread's namespace (by netlink: /sys shows the
+    namespace of whoever mounted it, not an agent's in its own)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=ifname)
+        mac = ipr.get_links(index[0])[0].get_attr("IFLA_ADDRESS") if index else None
+    if not mac:
+        raise NodeRuntimeError(f"interface {ifname} vanished")
+    return str(mac)
 
 
 def _ifindex(name: str) -> int:

@@ -62,8 +62,8 @@ class StateStore:
 
     def _save(self, state: dict[str, Any]) -> None:
         tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(json.dumps(state, sort_keys=True))  # one C-encoded string: json.dump encodes in Python
+        with open(tmp, "w") as f:  # one string from the C encoder: json.dump's pieces are 10x slower
+            f.write(json.dumps(state, sort_keys=True))
         os.replace(tmp, self.path)
 
     def logs_dir(self) -> str:

@@ -136,7 +136,9 @@ def test_node_cannot_enter_other_namespaces_nor_reach_host_loopback(host: Worker
             unshare = libc.unshare(0x40000000)
             print(json.dumps({{"setns": rc, "errno": err, "reached": reached, "nsenter": ns.returncode,
                               "unshare": unshare}}))""")
-        assert seen["setns"] == -1 and seen["errno"] == 1  # EPERM: no CAP_SYS_ADMIN
+        # EPERM: no CAP_SYS_ADMIN; or EINVAL: the node's view has no namespace handles under
+        # /run/netns at all (only the empty files they were mounted on)
+        assert seen["setns"] == -1 and seen["errno"] in (1, 22)
         assert seen["nsenter"] != 0
         assert seen["unshare"] == -1
         assert not seen["reached"]  # the host's 127.0.0.1 is not the node's
