@@ -309,6 +309,9 @@ class Collector:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        # the nodes have stopped: wait for a sample taken after their last bytes, so the series
+        # ends with the run's whole traffic (a sample is taken every period; one and a half is safe)
+        time.sleep(self.conf.period_ms / 1000 * 1.5)
         try:
             self.pull()
         except Exception as e:  # noqa: BLE001 - the run's other results come first

@@ -46,7 +46,8 @@ def check_analysis(summary: dict, run_dir: Path, nodes: list[str]) -> dict:
     assert doc["traffic_matrix_source"] == "capture" and doc["captured_nodes"] == sorted(nodes)
     assert doc["flows"]["n_flows"] > 0 and (run_dir / "analysis" / "flows.csv").exists()
     # the wire (captured) bytes of every link are the bytes the nodes counted plus headers
-    assert doc["fidelity"]["checked"] > 0 and doc["fidelity"]["ok"] is True, doc["fidelity"]
+    failed = [c for c in doc["fidelity"]["links"] if c.get("counted_ok") is False or c.get("capture_ok") is False]
+    assert doc["fidelity"]["checked"] > 0 and doc["fidelity"]["ok"] is True, json.dumps(failed)
     return doc
 
 
@@ -62,9 +63,11 @@ def test_ring_all_reduce_moves_bytes_only_between_ring_neighbours(tmp_path):
         neighbours = {(a, names[(i + 1) % 6]) for i, a in enumerate(names)}
         neighbours |= {(b, a) for a, b in neighbours}
         assert m and set(m) <= neighbours, f"bytes between non-neighbours: {set(m) - neighbours}"
-        for i, a in enumerate(names):  # the ring's direction carries the model, the way back the ACKs
+        # the ring's direction carries the model; the way back the ACKs and the ring's formation
+        # messages (joins relayed to the first node, its announcements relayed back)
+        for i, a in enumerate(names):
             nxt = names[(i + 1) % 6]
-            assert m.get((a, nxt), 0) > BIG and m.get((a, nxt), 0) > 5 * m.get((nxt, a), 0), (a, nxt, m)
+            assert m.get((a, nxt), 0) > BIG and m.get((a, nxt), 0) > 3 * m.get((nxt, a), 0), (a, nxt, m)
         # the same analysis again, from the command line, on the finished run's folder
         again = subprocess.run([sys.executable, "-m", "controller.cli", "analyze", str(run_dir), "--no-plots"],
                                capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -160,7 +160,7 @@ def test_dry_run_needs_no_privileges(tmp_path):
     done = subprocess.run([*DROP_ALL_PRIVILEGES, sys.executable, "-m", "controller", "up", links, "--dry-run"],
                           cwd=ROOT, env=env, text=True, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "ip netns exec etb-dry-a tc class add dev eth0 parent 1: classid 1:10 htb rate 40mbit ceil 40mbit" in done.stdout
+    assert "ip netns exec etb-dry-a tc class add dev eth0 parent 1:3 classid 1:10 htb rate 40mbit ceil 40mbit" in done.stdout
     assert "pfifo limit 50" in done.stdout
     assert "match ip dst 10.77.0.3/32 flowid 1:10" in done.stdout
     assert not (tmp_path / "state").exists()
