@@ -29,7 +29,9 @@ def log(msg: str) -> None:
     print(f"bench: {msg}", file=sys.stderr, flush=True)
 
 
-def experiment(workdir: str, n: int, rounds: int, seed: int = 0) -> None:
+def graph(workdir: str, n: int, rounds: int, seed: int = 0) -> list[str]:
+    """Write links.json (a random graph of out-degree 10, links of 200-500 KB/s) and
+    gl_structure.json for ``n`` nodes; returns their names."""
     rng = random.Random(seed)
     names = [f"n{i}" for i in range(1, n + 1)]
     degree = min(10, n - 1)
@@ -40,6 +42,11 @@ def experiment(workdir: str, n: int, rounds: int, seed: int = 0) -> None:
     with open(os.path.join(workdir, "gl_structure.json"), "w") as f:
         json.dump({"sync": rounds, "wait_s": 5, "model": {"kind": "numpy", "hidden": [128]},
                    "node_list": [{"name": x, "epoch": 1} for x in names]}, f)
+    return names
+
+
+def experiment(workdir: str, n: int, rounds: int, seed: int = 0) -> None:
+    graph(workdir, n, rounds, seed)
     with open(os.path.join(workdir, "gl_dataset.json"), "w") as f:
         json.dump({"dataset": "digits", "split": "iid", "batch_size": 32}, f)
 

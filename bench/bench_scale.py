@@ -24,7 +24,6 @@ import argparse
 import glob
 import json
 import os
-import random
 import secrets
 import shutil
 import socket
@@ -36,6 +35,9 @@ from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # this checkout's worker (neighbour tables)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_gossip import graph  # noqa: E402
 SHARD_SIZE = 100  # digits' training split (1,437 samples) gives 14 shards, its test split 3
 TRAIN_SHARDS, TEST_SHARDS = 14, 3
 TRAIN_LEN = 3  # 300 training samples per node
@@ -50,16 +52,7 @@ def log(msg: str) -> None:
 
 # the experiment ----------------------------------------------------------------------------------
 def experiment(workdir: str, n: int, rounds: int, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    names = [f"n{i}" for i in range(1, n + 1)]
-    degree = min(10, n - 1)
-    links = {a: [{"dest": b, "bw": f"{rng.randint(200, 500)}kbps"} for b in rng.sample([x for x in names if x != a], degree)]
-             for a in names}
-    with open(os.path.join(workdir, "links.json"), "w") as f:
-        json.dump(links, f)
-    with open(os.path.join(workdir, "gl_structure.json"), "w") as f:
-        json.dump({"sync": rounds, "wait_s": 5, "model": {"kind": "numpy", "hidden": [128]},
-                   "node_list": [{"name": x, "epoch": 1} for x in names]}, f)
+    names = graph(workdir, n, rounds, seed)  # bench_gossip's graph and structure
     # EdgeTB's per-node format: overlapping windows of consecutive shards, so every node trains on
     # TRAIN_LEN shards however many nodes share the 14
     windows: dict[str, Any] = {name: {"train_start_index": i % (TRAIN_SHARDS - TRAIN_LEN + 1) + 1,

@@ -258,11 +258,6 @@ class AgentClient:
     def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
         return self._call("PATCH" if merge else "PUT", "/links", body)
 
-    def set_access(self, body: Any) -> dict[str, Any]:
-        """A node's access links in place (see WorkerHost.set_access): a merging links update."""
-        sides = {f"{k}_bps": body[k] for k in ("uplink", "downlink") if k in body}
-        return self.set_links({"version": 1, "links": [], "access": {body["node"]: sides}}, merge=True)
-
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         return self._call("DELETE", "/links", params={"node": node} if node else None)
 

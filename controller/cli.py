@@ -322,7 +322,7 @@ def cmd_shape(args: argparse.Namespace) -> int:
                  for side, text in (("uplink", args.uplink), ("downlink", args.downlink)) if text is not None}
         if not sides:
             raise ConfigError("shape access: give --uplink and/or --downlink (a rate, or none)")
-        result = worker.set_links({"version": 1, "links": [], "access": {args.node: sides}}, merge=True)
+        result = deploy.set_access(worker, args.node, sides)
     else:
         result = deploy.update_links(_topology(args.links, args.nodes), worker, _progress)
     for node in result["nodes"]:

@@ -50,6 +50,12 @@ def link_requests(topology: Topology, ips: dict[str, str]) -> dict[str, Any]:
     return body
 
 
+def set_access(worker: Worker, node: str, sides: dict[str, Optional[int]]) -> dict[str, Any]:
+    """Change one node's access links in place (``uplink_bps``/``downlink_bps``: None removes
+    one, a key left out keeps it): a merging links update, through any worker."""
+    return worker.set_links({"version": 1, "links": [], "access": {node: sides}}, merge=True)
+
+
 def access_request(topology: Topology, names: Optional[list[str]] = None) -> dict[str, dict[str, Optional[int]]]:
     """node -> {uplink_bps, downlink_bps} for the nodes (of ``names``, default all) with an access link."""
     nodes = [topology.nodes[n] for n in names] if names is not None else list(topology.nodes.values())

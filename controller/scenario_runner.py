@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, Callable, Optional
 
+from controller import deploy
 from controller.scenario import Step, Timeline
 from worker.errors import CapabilityError, ConfigError, TestbedError
 
@@ -236,7 +237,7 @@ class ScenarioRunner:
     def _access(self, p: dict[str, Any]) -> None:
         """The node's access links in place: a merging links update (see WorkerHost.set_links)."""
         sides = {f"{k}_bps": p[k] for k in ("uplink", "downlink") if k in p}
-        self.worker.set_links({"version": 1, "links": [], "access": {p["node"]: sides}}, merge=True)
+        deploy.set_access(self.worker, p["node"], sides)
         return None
 
     def _expect_death(self, node: str, why: str) -> None:

@@ -60,9 +60,10 @@ class EventLog:
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
-    """Every well-formed event in a JSON-lines file (a torn last line is skipped)."""
+    """Every well-formed event in a JSON-lines file (a torn last line is skipped, and so are
+    bytes that are not UTF-8)."""
     events = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 event = json.loads(line)

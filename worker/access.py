@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from worker import netlink as nl
+from worker import nsfs
 from worker.errors import ShapingError
 
 IFB_NAME = "edgetb-down"
@@ -87,25 +88,25 @@ def redirect_target(options: bytes) -> Optional[int]:
     return None
 
 
-def _index_or_none(netns: Optional[str], name: str) -> Optional[int]:
-    from worker.tc_apply import ifindex_in
-
+def _ifb_index(netns: Optional[str]) -> Optional[int]:
+    """The IFB's index in ``netns`` (None: there is none)."""
     try:
-        return ifindex_in(netns, name)
-    except ShapingError:
+        if netns is None:
+            return socket.if_nametoindex(IFB_NAME)
+        with nsfs.entered(netns):
+            return socket.if_nametoindex(IFB_NAME)
+    except OSError:
         return None
 
 
-def set_downlink(netns: Optional[str], ifname: str, rate_bps: Optional[int], previous_bps: Optional[int]) -> None:
-    """Make the node's downlink ``rate_bps`` (None: remove it); a rate change touches one class."""
-    from worker.tc_apply import ifindex_in
-
-    ifindex = ifindex_in(netns, ifname)
+def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], previous_bps: Optional[int]) -> None:
+    """Make the downlink of the node's interface ``ifindex`` ``rate_bps`` (None: remove it); a
+    rate change touches one class."""
     with nl.RtnlSocket(netns) as sock:
         if rate_bps is None:
             sock.run([delete_ingress(ifindex), nl.delete_link(IFB_NAME)])  # absent is fine
             return
-        ifb_now = _index_or_none(netns, IFB_NAME) if previous_bps is not None else None
+        ifb_now = _ifb_index(netns) if previous_bps is not None else None
         if ifb_now is not None:
             failures = sock.run([nl.htb_class(ifb_now, _IFB_ROOT_MINOR, rate_bps, flags=0)])
             _raise(netns, failures, "changing the downlink")
@@ -113,7 +114,9 @@ def set_downlink(netns: Optional[str], ifname: str, rate_bps: Optional[int], pre
         sock.run([delete_ingress(ifindex), nl.delete_link(IFB_NAME)])
         failures = sock.run([ifb_link(IFB_NAME)])
         _raise(netns, failures, f"creating the downlink device {IFB_NAME}")
-        ifb = ifindex_in(netns, IFB_NAME)
+        ifb = _ifb_index(netns)
+        if ifb is None:
+            raise ShapingError(f"creating the downlink device {IFB_NAME} in {netns or 'the host'}: it is not there")
         failures = sock.run([nl.htb_root(ifb, _IFB_ROOT_MINOR), nl.htb_class(ifb, _IFB_ROOT_MINOR, rate_bps),
                              ingress_qdisc(ifindex), redirect_filter(ifindex, ifb)])
         if failures:
@@ -138,22 +141,19 @@ class Downlink:
         return {"rate_bps": self.rate_bps, "redirect": self.redirect}
 
 
-def read_downlink(netns: Optional[str], ifname: str) -> Downlink:
-    from worker.tc_apply import ifindex_in
-
-    ifindex = ifindex_in(netns, ifname)
+def read_downlink(sock: nl.RtnlSocket, netns: Optional[str], ifindex: int) -> Downlink:
+    """The downlink of the interface ``ifindex``, read on ``sock`` (open in ``netns``)."""
     seen = Downlink()
-    with nl.RtnlSocket(netns) as sock:
-        ifb = _index_or_none(netns, IFB_NAME)
-        if ifb is None:
-            return seen
-        for c in nl.tc_dump(sock, nl.RTM_GETTCLASS, ifb):
-            if c.handle & 0xFFFF == _IFB_ROOT_MINOR and c.kind == "htb":
-                rate = nl.htb_rate_bytes(c.options)
-                seen.rate_bps = None if rate is None else rate * 8
-        for f in nl.tc_dump(sock, nl.RTM_GETTFILTER, ifindex, INGRESS_HANDLE):
-            if f.kind == "u32" and redirect_target(f.options) == ifb:
-                seen.redirect = True
+    ifb = _ifb_index(netns)
+    if ifb is None:
+        return seen
+    for c in nl.tc_dump(sock, nl.RTM_GETTCLASS, ifb):
+        if c.handle & 0xFFFF == _IFB_ROOT_MINOR and c.kind == "htb":
+            rate = nl.htb_rate_bytes(c.options)
+            seen.rate_bps = None if rate is None else rate * 8
+    for f in nl.tc_dump(sock, nl.RTM_GETTFILTER, ifindex, INGRESS_HANDLE):
+        if f.kind == "u32" and redirect_target(f.options) == ifb:
+            seen.redirect = True
     return seen
 
 

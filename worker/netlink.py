@@ -578,30 +578,19 @@ def stats2_offsets(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int
 def class_stats(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, int, int, int, int]]:
     """(handle, bytes, packets, drops, overlimits, backlog_bytes) of an RTM_NEWTCLASS message at
     ``msg[offset:end]``, from its TCA_STATS2 (basic and queue statistics; 64-bit packets if sent)."""
+    offsets = stats2_offsets(msg, offset, end)
+    if offsets is None:
+        return None
     handle = _TCMSG.unpack_from(msg, offset + _HDR.size)[2]
-    pos = offset + _HDR.size + _TCMSG.size
-    while pos + 4 <= end:
-        length, kind = _U16x2.unpack_from(msg, pos)
-        if length < 4:
-            break
-        if kind & 0x7FFF == TCA_STATS2:
-            nbytes = packets = drops = over = backlog = 0
-            inner, stop = pos + 4, pos + length
-            while inner + 4 <= stop:
-                ilen, ikind = _U16x2.unpack_from(msg, inner)
-                if ilen < 4:
-                    break
-                ikind &= 0x7FFF
-                if ikind == TCA_STATS_BASIC:
-                    nbytes, packets = _BASIC.unpack_from(msg, inner + 4)
-                elif ikind == TCA_STATS_QUEUE:
-                    _, backlog, drops, _, over = _QUEUE.unpack_from(msg, inner + 4)
-                elif ikind == TCA_STATS_PKT64:
-                    packets = _U64.unpack_from(msg, inner + 4)[0]
-                inner += (ilen + 3) & ~3
-            return handle, nbytes, packets, drops, over, backlog
-        pos += (length + 3) & ~3
-    return None
+    basic, queue, pkt64 = offsets
+    nbytes = packets = drops = over = backlog = 0
+    if basic >= 0:
+        nbytes, packets = _BASIC.unpack_from(msg, offset + basic + 4)
+    if queue >= 0:
+        _, backlog, drops, _, over = _QUEUE.unpack_from(msg, offset + queue + 4)
+    if pkt64 >= 0:
+        packets = _U64.unpack_from(msg, offset + pkt64 + 4)[0]
+    return handle, nbytes, packets, drops, over, backlog
 
 
 def root_qdisc_request(ifindex: int, seq: int = 1) -> bytes:

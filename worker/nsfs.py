@@ -198,14 +198,4 @@ def pids_in(name: str) -> list[int]:
         target = os.stat(netns_path(name))
     except FileNotFoundError:
         return []
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            st = os.stat(f"/proc/{entry}/ns/net")
-        except OSError:
-            continue
-        if st.st_ino == target.st_ino and st.st_dev == target.st_dev:
-            pids.append(int(entry))
-    return pids
+    return pids_by_namespace().get((target.st_dev, target.st_ino), [])

@@ -126,7 +126,7 @@ def apply(netns: Optional[str], plan: Plan) -> None:
             sock.run([nl.delete_root(ifindex)])
     _raise_failures(netns, failures, what, "applying shaping")
     if plan.downlink_bps is not None:
-        access.set_downlink(netns, plan.ifname, plan.downlink_bps, None)
+        access.set_downlink(netns, ifindex, plan.downlink_bps, None)
 
 
 def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
@@ -135,12 +135,12 @@ def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
     peer that moves between link and pass is never dropped on the way."""
     changes = diff(old, new)
     removed, added = pass_diff(old, new)
+    ifindex = ifindex_in(netns, new.ifname)
     if old.downlink_bps != new.downlink_bps:
-        access.set_downlink(netns, new.ifname, new.downlink_bps, old.downlink_bps)
+        access.set_downlink(netns, ifindex, new.downlink_bps, old.downlink_bps)
     if (not changes and not removed and not added and old.drops == new.drops and old.drop_ipv6 == new.drop_ipv6
             and old.uplink_bps == new.uplink_bps):
         return render_update(old, new)
-    ifindex = ifindex_in(netns, new.ifname)
     msgs: list[bytes] = []
     what: list[str] = []
     if new.drops and not old.drops:
@@ -207,7 +207,7 @@ def clear(netns: Optional[str], ifname: str) -> None:
     with nl.RtnlSocket(netns) as sock:
         sock.run([nl.delete_root(ifindex)])
     if netns is not None:  # a downlink exists only in an emulated node (a physical NIC's ingress is not ours)
-        access.set_downlink(netns, ifname, None, None)
+        access.set_downlink(netns, ifindex, None, None)
 
 
 @dataclass
@@ -286,7 +286,7 @@ def read_back(netns: Optional[str], ifname: str) -> Observed:
                 seen.drops[str(ipaddress.IPv4Network(dest)) if dest else f"filter {f.handle:x}"] = classid & 0xFFFF
             else:
                 seen.filters[f.handle & 0xFFF] = {"dest_ip": dest, "minor": classid & 0xFFFF}
-    seen.downlink = access.read_downlink(netns, ifname)
+        seen.downlink = access.read_downlink(sock, netns, ifindex)
     return seen
 
 

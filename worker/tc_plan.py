@@ -433,8 +433,9 @@ def render_update(old: Plan, new: Plan) -> list[str]:
     lines += [pass_command(dev, p) for p in added]
     if old.uplink_bps != new.uplink_bps:
         lines.append(access_class_command(dev, new, "change"))
-    lines += render_diff(dev, diff(old, new), new)
-    changed = {c.new.dest for c in diff(old, new) if c.new}
+    changes = diff(old, new)
+    lines += render_diff(dev, changes, new)
+    changed = {c.new.dest for c in changes if c.new}
     lines += [rule_commands(dev, r, "change", new.class_rates(r))[0] for r in reshared(old, new)
               if r.dest not in changed]
     lines += [pass_command(dev, p, "del") for p in removed]

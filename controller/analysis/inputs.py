@@ -12,6 +12,7 @@ import numpy as np
 
 from controller.analysis.pcap import Packets, ip_int, read_pcap
 from controller.analysis.table import Counters, read_counters
+from dml_app.events import read_events
 from worker.errors import ConfigError
 
 LINK_COLUMNS = ["tx_bytes", "tx_packets", "drops", "overlimits"]  # backlog_bytes: not used here
@@ -65,19 +66,8 @@ def _json(path: str) -> Optional[Any]:
 
 
 def _events(run_dir: str) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "events", "*.jsonl"))):
-        rows = []
-        with open(path, errors="replace") as f:
-            for line in f:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(e, dict):
-                    rows.append(e)
-        out[os.path.basename(path)[:-len(".jsonl")]] = rows
-    return out
+    return {os.path.basename(path)[:-len(".jsonl")]: read_events(path)
+            for path in sorted(glob.glob(os.path.join(run_dir, "events", "*.jsonl")))}
 
 
 def _num(v: Any) -> Optional[float]:
