@@ -135,11 +135,14 @@ def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
     peer that moves between link and pass is never dropped on the way."""
     changes = diff(old, new)
     removed, added = pass_diff(old, new)
+    tree_same = (not changes and not removed and not added and old.drops == new.drops
+                 and old.drop_ipv6 == new.drop_ipv6 and old.uplink_bps == new.uplink_bps)
+    if tree_same and old.downlink_bps == new.downlink_bps:
+        return []
     ifindex = ifindex_in(netns, new.ifname)
     if old.downlink_bps != new.downlink_bps:
         access.set_downlink(netns, ifindex, new.downlink_bps, old.downlink_bps)
-    if (not changes and not removed and not added and old.drops == new.drops and old.drop_ipv6 == new.drop_ipv6
-            and old.uplink_bps == new.uplink_bps):
+    if tree_same:
         return render_update(old, new)
     msgs: list[bytes] = []
     what: list[str] = []
