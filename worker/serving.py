@@ -36,15 +36,32 @@ def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | No
           on_stop: Callable[[], None] | None = None, ssl_context: Optional[ssl.SSLContext] = None) -> None:
     """Serve until SIGINT/SIGTERM (or ``server.stop``), over TLS with ``ssl_context``;
     ``on_stop`` runs once it has stopped."""
-    from gevent.pywsgi import WSGIServer
-
     tls = {"ssl_context": ssl_context} if ssl_context is not None else {}
-    server = WSGIServer((bind, port), app, log=None, error_log=log, **tls)
+    server = _server_class()((bind, port), app, log=None, error_log=log, **tls)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop(timeout=2))
     server.serve_forever()
     if on_stop:
         on_stop()
+
+
+def _server_class() -> Any:
+    """gevent's WSGI server with Nagle's algorithm off on every connection: a response written
+    in two pieces (headers, then body) otherwise waits for the client's delayed ACK (40 ms on
+    loopback) before its second piece leaves."""
+    import socket
+
+    from gevent.pywsgi import WSGIServer
+
+    class NoDelayServer(WSGIServer):
+        def handle(self, sock: Any, address: Any) -> Any:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # not TCP (a test's socketpair): nothing to turn off
+                pass
+            return super().handle(sock, address)
+
+    return NoDelayServer
 
 
 def bearer_matches(header: str, token: str) -> bool:
