@@ -7,6 +7,10 @@ after that. Every step is applied through the worker (``set_links`` in place for
 and recorded as a row of ``scenario.csv``: planned_s, applied_s (when the worker confirmed
 it, seconds since the start), skew_ms, event, target, detail, outcome.
 
+A timed pause or limits change is prepared ``PREPARE_LEAD_S`` ahead (the worker makes the
+node's groups and moves its processes in, which can wait for the kernel), so that at its time
+only the change itself is applied; a preparation is best effort and is not a row.
+
 A crash or a revocation is announced to the experiment first (``expect_death``) so the run
 records the death as the scenario's event, not a failure; a replacement goes through the
 experiment's ``replace_node`` when it has one, else the worker starts the node's processes
@@ -31,6 +35,8 @@ from worker.errors import CapabilityError, ConfigError, TestbedError
 CSV_FIELDS = ("planned_s", "applied_s", "skew_ms", "event", "target", "detail", "outcome")
 FLOW_PORT_BASE = 5301
 APPLY_THREADS = 8
+PREPARE_LEAD_S = 1.0  # a pause or a limits change is made ready this long before its time
+PREPARED_KINDS = {"pause": "freeze", "limits": "limits"}  # step kind -> what the worker prepares
 
 
 class ScenarioRunner:
@@ -48,7 +54,7 @@ class ScenarioRunner:
         self.flows: dict[str, str] = {}  # key -> source node
         self.t0: Optional[float] = None
         self.t0_wall: float = 0.0
-        self._heap: list[tuple[float, int, float, Step]] = []
+        self._heap: list[tuple[float, int, float, Step, bool]] = []  # due, order, planned_s, step, prepare
         self._seq = itertools.count()
         self._rounds = timeline.by_round()
         self._fired: set[tuple[str, int]] = set()
@@ -79,11 +85,13 @@ class ScenarioRunner:
         with self._cond:
             for step in self.timeline.timed():
                 self._push(step, step.at_s)
+                if step.kind in PREPARED_KINDS:
+                    self._push(step, max(0.0, step.at_s - PREPARE_LEAD_S), prepare=True)
         self._thread = threading.Thread(target=self._loop, name="edgetb-scenario", daemon=True)
         self._thread.start()
 
-    def _push(self, step: Step, planned_s: float) -> None:
-        heapq.heappush(self._heap, (self.t0 + planned_s, next(self._seq), planned_s, step))  # type: ignore[operator]
+    def _push(self, step: Step, planned_s: float, prepare: bool = False) -> None:
+        heapq.heappush(self._heap, (self.t0 + planned_s, next(self._seq), planned_s, step, prepare))  # type: ignore[operator]
         self._pending += 1
         self._cond.notify_all()
 
@@ -110,15 +118,18 @@ class ScenarioRunner:
                     self._cond.wait(timeout=wait)
                 if self._stopped:
                     return
-                due, _, planned_s, step = heapq.heappop(self._heap)
+                due, _, planned_s, step, prepare = heapq.heappop(self._heap)
             before = self._chains.get(step.target)
-            self._chains[step.target] = self._pool.submit(self._apply_after, before, step, planned_s)
+            self._chains[step.target] = self._pool.submit(self._apply_after, before, step, planned_s, prepare)
 
-    def _apply_after(self, before: Optional[Future], step: Step, planned_s: float) -> None:
+    def _apply_after(self, before: Optional[Future], step: Step, planned_s: float, prepare: bool = False) -> None:
         if before is not None:
             wait_futures([before])
         try:
-            self._apply(step, planned_s)
+            if prepare:
+                self._prepare(step)
+            else:
+                self._apply(step, planned_s)
         finally:
             with self._cond:
                 self._pending -= 1
@@ -161,6 +172,13 @@ class ScenarioRunner:
         self.rows.append(row)
         self.progress(f"scenario {applied_s:8.3f}s  {step.kind:<10} {step.target:<16} {step.detail}"
                       + ("" if outcome == "applied" else f"  [{outcome}]"))
+
+    def _prepare(self, step: Step) -> None:
+        try:
+            self.worker.fault({"version": 1, "faults": [{"kind": "prepare", "node": step.params["node"],
+                                                         "for": PREPARED_KINDS[step.kind]}]})
+        except TestbedError:
+            pass  # the step itself does all of it at its time, only later
 
     def apply_step(self, step: Step) -> Optional[str]:
         """Apply one step now; returns None, or a note for the outcome column."""

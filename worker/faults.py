@@ -13,6 +13,10 @@
 - **Pause/resume**: the node's processes moved into a freezer group (cgroup v1
   ``freezer/edgetb-<id>/<node>``, or ``cgroup.freeze`` in the v2 hierarchy) and frozen.
 - **Limits**: CPU and memory changed in the node's cgroups (made when the node had none).
+- **Prepare**: a pause or a limits change made ready ahead of its time: the groups made and the
+  node's processes moved in. Moving a process between cgroups waits for an RCU grace period
+  (about 15 ms here) when no move came shortly before; prepared, the event itself is one write.
+  Processes already in a group are never written again (the write alone pays that wait).
 - **Background flows**: iperf3 server and client in the nodes, constant or ON/OFF (a client
   per ON period), each interval recorded from iperf3's JSON.
 
@@ -38,7 +42,8 @@ KEY_RE = re.compile(r"[a-z0-9]{1,16}")
 FREEZER_V1 = "/sys/fs/cgroup/freezer"
 CGROUP2_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 KINDS = ("drop", "undrop", "kill", "terminate", "freeze", "thaw", "limits", "restart", "iperf_server",
-         "background", "background_result", "clear")
+         "background", "background_result", "clear", "prepare")
+PREPARED = ("freeze", "limits")
 MAX_FLOW_S = 86_400.0
 IPERF_INTERVAL_S = 0.2
 PARALLEL_NODES = 8
@@ -94,7 +99,7 @@ def validate(fault: Any, i: int = 0) -> dict[str, Any]:
         raise ConfigError(f"{where}: needs 'kind' (one of {', '.join(KINDS)}) and a 'node'")
     kind = fault["kind"]
     allowed = {"kind", "node", "key", "src_ips", "percent", "notice_s", "cpu", "mem_bytes", "dst_ip", "port",
-               "rate_bps", "on_s", "off_s", "duration_s", "protocol"}
+               "rate_bps", "on_s", "off_s", "duration_s", "protocol", "for"}
     unknown = set(fault) - allowed
     if unknown:
         raise ConfigError(f"{where}: unknown fields {sorted(unknown)}")
@@ -109,6 +114,8 @@ def validate(fault: Any, i: int = 0) -> dict[str, Any]:
                               "list of IPv4 addresses")
         out["src_ips"] = [_ipv4(ip, f"{where}.src_ips") for ip in ips]
         out["percent"] = _number(fault.get("percent", 100), f"{where}.percent", 0, 100)
+    if kind == "prepare" and fault.get("for") not in PREPARED:
+        raise ConfigError(f"{where}: prepare needs 'for': one of {', '.join(PREPARED)}")
     if kind == "terminate":
         out["notice_s"] = _number(fault.get("notice_s", 0), f"{where}.notice_s", 0, 3600)
     if kind == "limits":
@@ -190,7 +197,9 @@ class Faults:
         return results
 
     def _netns(self, node: str) -> str:
-        rec = self.host.runtime.node(node)
+        rec = self.host.store.snapshot()["nodes"].get(node)
+        if rec is None:
+            rec = self.host.runtime.node(node)  # its NotFound names the node and the testbed
         if not rec.get("netns"):
             raise CapabilityError(f"node {node}: scenario faults need an emulated node (netns or docker: a network "
                                   "namespace of its own); a physical device is not changed")
@@ -288,12 +297,7 @@ class Faults:
         path, version = self.freezer_dir(f["node"])
         os.makedirs(path, exist_ok=True)
         pids = self._pids(f["node"])
-        for pid in pids:
-            try:
-                with open(os.path.join(path, "cgroup.procs"), "w") as fh:
-                    fh.write(str(pid))
-            except OSError:
-                pass  # gone meanwhile
+        _join(os.path.join(path, "cgroup.procs"), pids)
         state_file, value = ("freezer.state", "FROZEN") if version == 1 else ("cgroup.freeze", "1")
         with open(os.path.join(path, state_file), "w") as fh:
             fh.write(value)
@@ -354,14 +358,27 @@ class Faults:
                 cgroups._write(os.path.join(groups.root, "memory", groups.group, node, "memory.limit_in_bytes"), "-1")
             pids = self._pids(node)
             for procs in groups.procs_files(node):
-                for pid in pids:
-                    try:
-                        with open(procs, "w") as fh:
-                            fh.write(str(pid))
-                    except OSError:
-                        pass
+                _join(procs, pids)
             rec["cpu"], rec["mem_bytes"] = cpu, mem
         return {"node": node, "kind": "limits", "cpu": cpu, "mem_bytes": mem}
+
+    def _prepare(self, f: dict[str, Any]) -> dict[str, Any]:
+        """The groups of a coming pause or limits change made, the node's processes moved in."""
+        node = f["node"]
+        pids = self._pids(node)
+        if f["for"] == "freeze":
+            path, _ = self.freezer_dir(node)
+            os.makedirs(path, exist_ok=True)
+            files = [os.path.join(path, "cgroup.procs")]
+        else:
+            groups: cgroups.Cgroups = self.host.runtime.cgroups
+            groups.require()
+            if not all(os.path.isdir(d) for d in groups.dirs(node)):
+                rec = self.host.store.snapshot()["nodes"][node]  # made with the limits it has now
+                groups.create(node, rec.get("cpu"), rec.get("mem_bytes"))
+            files = groups.procs_files(node)
+        moved = sum(_join(procs, pids) for procs in files)
+        return {"node": node, "kind": "prepare", "for": f["for"], "moved": moved}
 
     # background flows --------------------------------------------------------------------------
     def _iperf_server(self, f: dict[str, Any]) -> dict[str, Any]:
@@ -450,6 +467,26 @@ class Faults:
         except CapabilityError:
             return []
         return [base] if os.path.isdir(base) else []
+
+
+def _join(procs_file: str, pids: list[int]) -> int:
+    """Move into a group those of ``pids`` not in it yet (gone ones skipped); how many moved."""
+    try:
+        with open(procs_file) as fh:
+            members = {int(line) for line in fh.read().split()}
+    except OSError:
+        members = set()
+    moved = 0
+    for pid in pids:
+        if pid in members:
+            continue
+        try:
+            with open(procs_file, "w") as fh:
+                fh.write(str(pid))
+            moved += 1
+        except OSError:
+            pass  # gone meanwhile
+    return moved
 
 
 def _write_quiet(path: str, version: int) -> None:

@@ -97,7 +97,6 @@ class WorkerHost:
         self._envs: dict[str, dict[str, str]] = {}  # a process's env, in memory only, to start it again
         self._zygote: Optional[zygote.Zygote] = None
         self._book = _ProcessBook(self.store)
-        self._state_cache: Optional[tuple[tuple[int, int, int], dict[str, Any]]] = None
         self._lock = threading.Lock()
         from worker.faults import Faults
 
@@ -151,7 +150,7 @@ class WorkerHost:
         if not isinstance(links, list):
             raise ConfigError("'links' must be a list")
         isolation: Any = Isolation.from_dict(body["isolation"]) if "isolation" in body else KEEP
-        state = self.store.read()
+        state = self._state()
         unshaped = _unshaped(body.get("unshaped", {}), state)
         access = _access(body.get("access", {}), state)
         wanted: dict[str, dict[str, Optional[Target]]] = {node: {} for node in [*unshaped, *access]}
@@ -314,17 +313,8 @@ class WorkerHost:
         return {"version": API_VERSION, **record, "running": True}
 
     def _state(self) -> dict[str, Any]:
-        """The state as last read, read again only when the file changed (it is replaced on every
-        save): hundreds of process starts do not parse it hundreds of times. Not to be changed."""
-        try:
-            st = os.stat(self.store.path)
-        except FileNotFoundError:
-            return self.store.read()
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        cached = self._state_cache
-        if cached is None or cached[0] != key:
-            cached = self._state_cache = (key, self.store.read())
-        return cached[1]
+        """The state as last read (``StateStore.snapshot``): not to be changed."""
+        return self.store.snapshot()
 
     def _zygote_wanted(self) -> bool:
         return self.runtime.kind == "netns" and os.environ.get("EDGETB_ZYGOTE", "1") != "0"

@@ -32,6 +32,7 @@ class StateStore:
         self.dir = os.path.join(root or state_root(), testbed_id)
         self.path = os.path.join(self.dir, "state.json")
         self._thread_lock = threading.RLock()
+        self._snapshot: tuple[tuple[int, int, int], dict[str, Any]] | None = None
 
     def _load(self) -> dict[str, Any]:
         try:
@@ -59,6 +60,19 @@ class StateStore:
     def read(self) -> dict[str, Any]:
         with self._thread_lock:
             return self._load()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as last read, parsed again only when the file changed (every save replaces
+        it: a new inode, time and size). Shared between callers: read it, never change it."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return self.read()
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._snapshot
+        if cached is None or cached[0] != key:
+            cached = self._snapshot = (key, self.read())
+        return cached[1]
 
     def _save(self, state: dict[str, Any]) -> None:
         tmp = self.path + ".tmp"
