@@ -117,6 +117,28 @@ def test_pause_freezes_and_resume_thaws(pair):
     assert [p["running"] for p in procs] == [True] and procs[0]["argv"] == ["sleep", "60"]
 
 
+def test_prepared_pause_and_limits_move_processes_once_ahead(pair):
+    host, _ = pair
+    proc = host.start_process("a", {"version": 1, "argv": ["sleep", "60"]})
+    freezer = os.path.join(host.faults.freezer_dir("a")[0], "cgroup.procs")
+    done = host.fault({"version": 1, "faults": [{"kind": "prepare", "node": "a", "for": "freeze"}]})["results"][0]
+    assert done["moved"] == 1
+    with open(freezer) as f:
+        assert str(proc["pid"]) in f.read().split()
+    assert _frozen_state(host, "a") == "THAWED"  # ready, not paused
+    again = host.fault({"version": 1, "faults": [{"kind": "prepare", "node": "a", "for": "freeze"}]})["results"][0]
+    assert again["moved"] == 0  # a member is never written again
+    host.fault({"version": 1, "faults": [{"kind": "freeze", "node": "a"}]})
+    assert _frozen_state(host, "a") == "FROZEN"
+    host.fault({"version": 1, "faults": [{"kind": "thaw", "node": "a"}]})
+    host.fault({"version": 1, "faults": [{"kind": "prepare", "node": "a", "for": "limits"}]})
+    for procs in host.runtime.cgroups.procs_files("a"):
+        with open(procs) as f:
+            assert str(proc["pid"]) in f.read().split()
+    host.fault({"version": 1, "faults": [{"kind": "limits", "node": "a", "cpu": 0.5}]})
+    assert host.store.read()["nodes"]["a"]["cpu"] == 0.5
+
+
 def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -364,3 +364,44 @@ def test_agent_faults_route_is_authenticated_and_checks_its_body():
     assert resp.status_code == 400 and "version" in resp.get_json()["error"] + str(resp.get_json().get("detail"))
     assert client.post("/faults", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 200
     assert Host.seen == [body]
+
+
+def test_pause_and_limits_are_prepared_ahead_and_are_not_rows():
+    timeline = resolve({"events": [{"at": 1.2, "pause": "n2", "for": 0.05},
+                                   {"at": 0.3, "cpu": {"node": "n3", "cores": 0.5}},
+                                   {"at": 0.2, "crash": "n4"}]}, topology())
+    worker = RecordingWorker()
+    runner = ScenarioRunner(timeline, worker, ips(), progress=lambda _: None)
+    runner.start()
+    assert runner.wait(5)
+    runner.stop()
+    faults_sent = [f for kind, *rest in worker.calls if kind == "fault" for f in rest[0]]
+    prepares = [f for f in faults_sent if f["kind"] == "prepare"]
+    assert sorted((f["node"], f["for"]) for f in prepares) == [("n2", "freeze"), ("n3", "limits")]
+    order = [(f["kind"], f["node"]) for f in faults_sent]
+    assert order.index(("prepare", "n2")) < order.index(("freeze", "n2"))  # same target: in order
+    assert order.index(("prepare", "n3")) < order.index(("limits", "n3"))
+    assert sorted(r["event"] for r in runner.rows) == ["crash", "limits", "pause", "resume"]
+
+
+def test_a_failed_preparation_leaves_the_step_to_do_it_all():
+    class OldWorker(RecordingWorker):  # an agent that does not know 'prepare'
+        def fault(self, body):
+            if body["faults"][0]["kind"] == "prepare":
+                raise ConfigError("faults[0]: needs 'kind'")
+            return super().fault(body)
+
+    timeline = resolve({"events": [{"at": 0.05, "pause": "n2"}]}, topology())
+    runner = ScenarioRunner(timeline, OldWorker(), ips(), progress=lambda _: None)
+    runner.start()
+    assert runner.wait(5)
+    runner.stop()
+    assert [(r["event"], r["outcome"]) for r in runner.rows] == [("pause", "applied")]
+
+
+def test_prepare_fault_names_what_it_prepares():
+    assert faults.validate({"kind": "prepare", "node": "a", "for": "freeze"})["for"] == "freeze"
+    with pytest.raises(ConfigError, match="prepare needs 'for'"):
+        faults.validate({"kind": "prepare", "node": "a", "for": "reboot"})
+    with pytest.raises(ConfigError, match="prepare needs 'for'"):
+        faults.validate({"kind": "prepare", "node": "a"})
