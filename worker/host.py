@@ -412,7 +412,7 @@ class WorkerHost:
         recorded processes that no longer run (a replaced node); their old records go."""
         started = []
         self._book.flush()
-        for rec in list(self.store.read()["processes"].values()):
+        for rec in list(self._state()["processes"].values()):
             if rec["node"] != node or self._process_state(rec)["running"]:
                 continue
             env = self._envs.pop(rec["id"], {})
