@@ -286,7 +286,7 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int, use_zygote: bool =
                 if mem:
                     old = peaks.get(node["name"], (0, 0, 0))
                     peaks[node["name"]] = tuple(max(a, b) for a, b in zip(old, mem))  # type: ignore
-        time.sleep(2)
+        time.sleep(0.2 if t_ready is None else 2)  # ready to a fifth of a second
     reader.join(timeout=30)
     total = time.monotonic() - started
     out = "".join(out_lines)
