@@ -56,9 +56,6 @@ STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events
 CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
 SETTLED = ("done", "stopped", "failed", "timeout", "lost")
 UNSETTLED = ("pending", "running")  # every other state is an ending (expected deaths end as their why)
-READY_QUIET_S = 2.0  # with no node announcing itself for this long, deploy asks the rest over HTTP
-READY_TICK_S = 0.05  # how often deploy looks at the announcements
-YIELD_EVERY_STARTS = 16  # node starts between two chances for the controller's server to run
 REPLACE_READY_S = 60.0  # how long a replaced node's process may take to answer
 MAX_WHY_CHARS = 60  # an expected death's why: the node's ending
 log = logging.getLogger("edgetb.controller")
@@ -170,9 +167,6 @@ class Experiment:
         self._controller_url = ""  # what nodes call back (set by deploy)
         self.membership: list[dict[str, Any]] = []  # deaths expected and seen, replacements
         self.keys = node_auth.RunKeys()  # each node's own secret, pair keys; signs calls to nodes
-        # replaced by gevent.sleep where the controller's server runs in the same thread, so that
-        # it takes the nodes' announcements while deploy waits
-        self.sleep: Callable[[float], None] = time.sleep
         self._session = requests.Session()
         self._session.auth = self.keys.signer(lambda: {f"{n.ip}:{self.node_port}": n.name for n in self.nodes.values()})
 
@@ -199,10 +193,8 @@ class Experiment:
             self._write_record()
             self.progress(f"starting {len(self.nodes)} node processes")
             self._controller_url = controller
-            for i, name in enumerate(self.nodes, 1):
+            for name in self.nodes:
                 self._start_process(name)
-                if i % YIELD_EVERY_STARTS == 0:
-                    self.sleep(0)
             self._wait_ready(ready_timeout_s or 30 + 1.0 * len(self.nodes))
         except BaseException as e:
             self.phase, self.error = "failed", str(e)
@@ -231,28 +223,17 @@ class Experiment:
                 raise
 
     def _wait_ready(self, timeout_s: float) -> None:
-        """Until every node answers. Each node announces itself once it listens (``/print`` with
-        ``"up": true``), so a thousand starting nodes are not polled over HTTP; when no node has
-        announced itself for ``READY_QUIET_S`` (an announcement lost), the rest are asked."""
         deadline = time.monotonic() + timeout_s
-        quiet_from, up_before = time.monotonic(), -1
-        while True:
-            waiting = [name for name, node in self.nodes.items() if not node.up]
-            if not waiting:
-                return
-            now = time.monotonic()
-            if len(waiting) != up_before:
-                quiet_from, up_before = now, len(waiting)
-            if now - quiet_from < READY_QUIET_S and now < deadline:
-                self.sleep(READY_TICK_S)
-                continue
-            for name in waiting:
+        waiting = set(self.nodes)
+        while waiting:
+            for name in sorted(waiting):
                 if self._health(name) is not None:
                     self.nodes[name].up = True
-            quiet_from = time.monotonic()
-            late = [name for name in waiting if not self.nodes[name].up]
-            if late and quiet_from > deadline:
-                raise TestbedTimeout(f"nodes did not answer within {timeout_s:g}s: {', '.join(sorted(late))}")
+                    waiting.discard(name)
+            if waiting and time.monotonic() > deadline:
+                raise TestbedTimeout(f"nodes did not answer within {timeout_s:g}s: {', '.join(sorted(waiting))}")
+            if waiting:
+                time.sleep(0.2)
 
     def _node_url(self, name: str, path: str) -> str:
         return f"http://{self.nodes[name].ip}:{self.node_port}{path}"
@@ -389,8 +370,6 @@ class Experiment:
         if name not in self.nodes or not isinstance(data, dict):
             raise NotFound(f"/print from an unknown node, or not a JSON object: {clip(str(data), 100)}")
         node = self.nodes[name]
-        if data.get("up") is True:
-            node.up = True
         number = lambda key: data[key] if isinstance(data.get(key), (int, float)) and not isinstance(  # noqa: E731
             data.get(key), bool) else None
         if isinstance(data.get("round"), int) and not isinstance(data["round"], bool):

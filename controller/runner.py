@@ -212,7 +212,6 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
     code = 0
     try:
         owned.created(worker)
-        exp.sleep = gevent.sleep  # deploy's waits let this server take the nodes' announcements
         run_blocking(exp.sync_code)  # in a thread: other hosts fetch the code from this server meanwhile
         exp.deploy()
         if exp.scenario is not None:

@@ -261,8 +261,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     server = WSGIServer((args.bind, args.port), service.router, log=None)
     gevent.signal_handler(signal.SIGTERM, server.stop)
     gevent.signal_handler(signal.SIGINT, server.stop)
-    server.start()  # listening: the controller is told so (it need not poll a thousand starting nodes)
-    service.progress("listening", up=True)
     server.serve_forever()
     return 0
 
