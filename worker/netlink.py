@@ -156,6 +156,9 @@ def delete_class(ifindex: int, minor: int) -> bytes:
     return message(RTM_DELTCLASS, 0, _tcmsg(ifindex, tc_handle(1, minor), tc_handle(1, 0)))
 
 
+IP_SRC_OFFSET, IP_DST_OFFSET = 12, 16  # of the addresses in an IPv4 header
+
+
 def u32_handle(node: int) -> int:
     """Handle ``800::<node>`` in the root u32 hash table."""
     return (U32_ROOT_HT << 20) | node
@@ -168,9 +171,19 @@ def _u32_info(prio: int, protocol: int = ETH_P_IP) -> int:
 def u32_dst_filter(ifindex: int, node: int, dest_ip: str, minor: int, prio: int = 1,
                    flags: int = CREATE) -> bytes:
     """``tc filter add dev X parent 1: protocol ip prio P handle 800::N u32 match ip dst D/32 flowid 1:M``."""
-    ip = int(ipaddress.IPv4Address(dest_ip))
+    return _u32_ip_filter(ifindex, node, dest_ip, IP_DST_OFFSET, minor, prio, flags)
+
+
+def u32_src_filter(ifindex: int, node: int, src_ip: str, minor: int, prio: int = 1,
+                   flags: int = CREATE) -> bytes:
+    """``tc filter add dev X parent 1: protocol ip prio P handle 800::N u32 match ip src S/32 flowid 1:M``."""
+    return _u32_ip_filter(ifindex, node, src_ip, IP_SRC_OFFSET, minor, prio, flags)
+
+
+def _u32_ip_filter(ifindex: int, node: int, ip: str, offset: int, minor: int, prio: int, flags: int) -> bytes:
+    value = int(ipaddress.IPv4Address(ip))
     sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0)
-    key = struct.pack("!II", 0xFFFFFFFF, ip) + struct.pack("=ii", 16, 0)
+    key = struct.pack("!II", 0xFFFFFFFF, value) + struct.pack("=ii", offset, 0)
     options = attr_u32(TCA_U32_CLASSID, tc_handle(1, minor)) + attr(TCA_U32_SEL, sel + key)
     body = _tcmsg(ifindex, u32_handle(node), tc_handle(1, 0), _u32_info(prio)) + attr_str(TCA_KIND, "u32")
     return message(RTM_NEWTFILTER, flags, body + attr(TCA_OPTIONS, options))
@@ -203,10 +216,11 @@ def delete_filters(ifindex: int, prio: int, protocol: int = ETH_P_IP) -> bytes:
     return message(RTM_DELTFILTER, 0, body)
 
 
-def dst_prefix(keys: list[tuple[int, int, int]]) -> Optional[str]:
-    """The destination a u32 filter's keys match: ``a.b.c.d`` for one address, ``a.b.c.d/len``
-    for a prefix, None for anything else (several keys, another offset, a mask with holes)."""
-    if len(keys) != 1 or keys[0][2] != 16:
+def dst_prefix(keys: list[tuple[int, int, int]], offset: int = 16) -> Optional[str]:
+    """The destination (``offset`` 12: the source) a u32 filter's keys match: ``a.b.c.d`` for
+    one address, ``a.b.c.d/len`` for a prefix, None for anything else (several keys, another
+    offset, a mask with holes)."""
+    if len(keys) != 1 or keys[0][2] != offset:
         return None
     mask, value = keys[0][0], keys[0][1]
     length = bin(mask).count("1")

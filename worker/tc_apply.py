@@ -21,8 +21,8 @@ from worker import netlink as nl
 from worker import nsfs
 from worker.errors import CapabilityError, ShapingError
 from worker.tc_plan import (ACCESS_MINOR, DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, DROP_MINOR, DROP_PRIO,
-                            IPV6_DROP_PRIO, NETEM_DEFAULT_LIMIT, RULE_PRIO, Plan, Rule, diff, pass_diff, render_update,
-                            reshared)
+                            IPV6_DROP_PRIO, NETEM_DEFAULT_LIMIT, RULE_PRIO, Plan, Rule, diff, downlink_changed, pass_diff,
+                            render_update, reshared)
 
 _netem_lock = threading.Lock()
 _netem_available: Optional[bool] = None
@@ -126,7 +126,7 @@ def apply(netns: Optional[str], plan: Plan) -> None:
             sock.run([nl.delete_root(ifindex)])
     _raise_failures(netns, failures, what, "applying shaping")
     if plan.downlink_bps is not None:
-        access.set_downlink(netns, ifindex, plan.downlink_bps, None)
+        access.set_downlink(netns, ifindex, plan.downlink_bps, None, plan.downlink_peers())
 
 
 def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
@@ -137,11 +137,12 @@ def update(netns: Optional[str], old: Plan, new: Plan) -> list[str]:
     removed, added = pass_diff(old, new)
     tree_same = (not changes and not removed and not added and old.drops == new.drops
                  and old.drop_ipv6 == new.drop_ipv6 and old.uplink_bps == new.uplink_bps)
-    if tree_same and old.downlink_bps == new.downlink_bps:
+    if tree_same and not downlink_changed(old, new):
         return []
     ifindex = ifindex_in(netns, new.ifname)
-    if old.downlink_bps != new.downlink_bps:
-        access.set_downlink(netns, ifindex, new.downlink_bps, old.downlink_bps)
+    if downlink_changed(old, new):
+        access.set_downlink(netns, ifindex, new.downlink_bps, old.downlink_bps, new.downlink_peers(),
+                            old.downlink_peers() if old.downlink_bps is not None else ())
     if tree_same:
         return render_update(old, new)
     msgs: list[bytes] = []
@@ -348,7 +349,7 @@ def mismatches(plan: Plan, seen: Observed) -> list[str]:
     if seen.ipv6_drop != wanted_ipv6:
         problems.append(f"IPv6 isolation filter: found {seen.ipv6_drop and f'1:{seen.ipv6_drop:x}'}, "
                         f"expected {wanted_ipv6 and f'1:{wanted_ipv6:x}'}")
-    return problems + access.downlink_mismatches(plan.downlink_bps, seen.downlink)
+    return problems + access.downlink_mismatches(plan.downlink_bps, seen.downlink, plan.downlink_peers())
 
 
 def _leaf_mismatch(rule: Rule, leaf: Optional[dict[str, Any]]) -> list[str]:

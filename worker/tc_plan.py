@@ -206,6 +206,12 @@ class Plan:
         """The peers reached without a shaped link: (node, ip)."""
         return [(p.dest, p.dest_ip) for p in self.passes if p.dest]
 
+    def downlink_peers(self) -> tuple[str, ...]:
+        """The addresses that share the node's downlink, each with a class of its own: its linked
+        peers and those it reaches without a link (on a testbed, the nodes that send to it)."""
+        return tuple(sorted({r.dest_ip for r in self.rules} | {p.dest_ip for p in self.passes if p.dest},
+                            key=lambda ip: tuple(int(x) for x in ip.split("."))))
+
     def by_dest(self) -> dict[str, Rule]:
         return {r.dest: r for r in self.rules}
 
@@ -391,19 +397,26 @@ def access_class_command(dev: str, plan: Plan, verb: str = "add") -> str:
     return f"tc class {verb} dev {dev} parent 1: classid 1:{ACCESS_MINOR:x} htb rate {rate} ceil {rate}"
 
 
-def downlink_commands(dev: str, downlink_bps: Optional[int]) -> list[str]:
+def downlink_commands(dev: str, downlink_bps: Optional[int], peers: tuple[str, ...] = ()) -> list[str]:
     """The downlink as tc lines (worker.access); None: its removal."""
-    from worker.access import IFB_NAME
+    from worker.access import (IFB_DEFAULT_MINOR, IFB_NAME, LEAF_LIMIT_PKTS, peer_minor,
+                               share_bps)
 
     if downlink_bps is None:
         return [f"tc qdisc del dev {dev} ingress", f"ip link del {IFB_NAME}"]
-    rate = format_rate(downlink_bps)
-    return [f"ip link add {IFB_NAME} up type ifb",
-            f"tc qdisc add dev {IFB_NAME} root handle 1: htb default 1",
-            f"tc class add dev {IFB_NAME} parent 1: classid 1:1 htb rate {rate} ceil {rate}",
-            f"tc qdisc add dev {dev} ingress",
-            f"tc filter add dev {dev} parent ffff: protocol all prio 1 u32 match u32 0 0 "
-            f"action mirred egress redirect dev {IFB_NAME}"]
+    rate, share = format_rate(downlink_bps), format_rate(share_bps(downlink_bps, len(peers)))
+    lines = [f"ip link add {IFB_NAME} up type ifb",
+             f"tc qdisc add dev {IFB_NAME} root handle 1: htb default {IFB_DEFAULT_MINOR:x}",
+             f"tc class add dev {IFB_NAME} parent 1: classid 1:1 htb rate {rate} ceil {rate}"]
+    for i, minor in enumerate([IFB_DEFAULT_MINOR, *(peer_minor(i) for i in range(len(peers)))]):
+        lines += [f"tc class add dev {IFB_NAME} parent 1:1 classid 1:{minor:x} htb rate {share} ceil {rate}",
+                  f"tc qdisc replace dev {IFB_NAME} parent 1:{minor:x} handle {minor:x}: pfifo limit {LEAF_LIMIT_PKTS}"]
+        if i:
+            lines.append(f"tc filter add dev {IFB_NAME} parent 1: protocol ip prio 1 u32 "
+                         f"match ip src {peers[i - 1]}/32 flowid 1:{minor:x}")
+    return lines + [f"tc qdisc add dev {dev} ingress",
+                    f"tc filter add dev {dev} parent ffff: protocol all prio 1 u32 match u32 0 0 "
+                    f"action mirred egress redirect dev {IFB_NAME}"]
 
 
 def render(plan: Plan, netns: Optional[str] = None) -> list[str]:
@@ -421,7 +434,7 @@ def render(plan: Plan, netns: Optional[str] = None) -> list[str]:
     lines += [pass_command(dev, p) for p in plan.passes]
     lines += drop_filter_commands(dev, plan.drops)
     lines += [ipv6_drop_command(dev)] if plan.drop_ipv6 else []
-    lines += downlink_commands(dev, plan.downlink_bps) if plan.downlink_bps else []
+    lines += downlink_commands(dev, plan.downlink_bps, plan.downlink_peers()) if plan.downlink_bps else []
     return [prefix + line for line in lines]
 
 
@@ -447,9 +460,15 @@ def render_update(old: Plan, new: Plan) -> list[str]:
         lines.append(ipv6_drop_command(dev, "add" if new.drop_ipv6 else "del"))
     if old.drops and not new.drops:
         lines.append(f"tc class del dev {dev} classid 1:{DROP_MINOR:x}")
-    if old.downlink_bps != new.downlink_bps:
-        lines += downlink_commands(dev, new.downlink_bps)
+    if downlink_changed(old, new):
+        lines += downlink_commands(dev, new.downlink_bps, new.downlink_peers())
     return lines
+
+
+def downlink_changed(old: Plan, new: Plan) -> bool:
+    """Whether the downlink's rate, or (with a downlink) the peers sharing it, changed."""
+    return old.downlink_bps != new.downlink_bps or (
+        new.downlink_bps is not None and old.downlink_peers() != new.downlink_peers())
 
 
 def reshared(old: Plan, new: Plan) -> list[Rule]:
