@@ -87,7 +87,8 @@ def test_two_senders_share_a_downlink(host, request):
     assert seen["peers"] == {a["ip"]: share_bps, b["ip"]: share_bps} and seen["default_bps"] == share_bps
     _server(host, "c", IPERF_PORT)
     _server(host, "c", IPERF_PORT + 1)
-    minor = {ip: peer_minor(i) for i, ip in enumerate(sorted([a["ip"], b["ip"]], key=lambda ip: tuple(map(int, ip.split(".")))))}
+    in_order = sorted([a["ip"], b["ip"]], key=lambda ip: tuple(map(int, ip.split("."))))
+    minor = {ip: peer_minor(i) for i, ip in enumerate(in_order)}
     # what passes the downlink (its IFB class 1:1), and each sender's class on it
     down, from_a, from_b, other = _rates_together(
         host, [("a", c["ip"], IPERF_PORT), ("b", c["ip"], IPERF_PORT + 1)],

@@ -128,3 +128,48 @@ def test_bad_access_fields_are_refused_with_their_place(tmp_path, data, message)
     with pytest.raises(TopologyError) as err:
         load_nodes(_nodes(tmp_path, data))
     assert message in str(err.value) and "nodes.json" in str(err.value)
+
+
+def test_the_downlink_has_a_class_per_peer_and_a_default_class():
+    plan = make_plan("eth0", TARGETS[:2], downlink_bps=9 * MBIT)
+    assert plan.downlink_peers() == ("10.0.0.3", "10.0.0.4")
+    lines = render(plan)
+    ifb = access.IFB_NAME
+    assert f"tc qdisc add dev {ifb} root handle 1: htb default 2" in lines
+    for minor in ("2", "10", "11"):  # guarantees add up to the downlink; each may take all of it
+        assert f"tc class add dev {ifb} parent 1:1 classid 1:{minor} htb rate 3mbit ceil 9mbit" in lines
+        assert f"tc qdisc replace dev {ifb} parent 1:{minor} handle {minor}: pfifo limit 100" in lines
+    assert f"tc filter add dev {ifb} parent 1: protocol ip prio 1 u32 match ip src 10.0.0.4/32 flowid 1:11" in lines
+
+
+def test_a_new_peer_remakes_the_downlink_and_a_rate_change_does_not_add():
+    old = make_plan("eth0", TARGETS[:1], downlink_bps=8 * MBIT)
+    assert render_update(old, make_plan("eth0", TARGETS[:1], previous=old, downlink_bps=8 * MBIT)) == []
+    grown = make_plan("eth0", TARGETS[:2], previous=old, downlink_bps=8 * MBIT)
+    assert any("match ip src 10.0.0.4/32" in line for line in render_update(old, grown))
+    ifb = 7
+    changes = access.tree_messages(ifb, 6 * MBIT, ["10.0.0.3"], flags=0)
+    assert len(changes) == 3  # the downlink, the default class, one peer: classes only, changed in place
+
+
+def test_verify_names_missing_and_extra_downlink_peers():
+    plan = make_plan("eth0", TARGETS[:2], downlink_bps=9 * MBIT)
+    share = 3 * MBIT
+    seen = access.Downlink(rate_bps=9 * MBIT, redirect=True, peers={"10.0.0.3": share, "10.0.0.9": share},
+                           default_bps=share)
+    problems = access.downlink_mismatches(plan.downlink_bps, seen, plan.downlink_peers())
+    assert problems == ["downlink peers: missing ['10.0.0.4'], not in the plan ['10.0.0.9']"]
+    seen.peers = {"10.0.0.3": share, "10.0.0.4": MBIT}
+    assert access.downlink_mismatches(plan.downlink_bps, seen, plan.downlink_peers()) == [
+        "downlink: the classes of ['10.0.0.4'] are not at their share 3000000 bit/s"]
+
+
+def test_source_filter_matches_the_source_address():
+    from worker import netlink as nl
+
+    msg = nl.u32_src_filter(7, 1, "10.0.0.4", 0x11)
+    attrs = nl.parse_attrs(nl.parse_attrs(msg[16 + 20:])[nl.TCA_OPTIONS])
+    classid, keys = nl.u32_key(nl.attr(nl.TCA_U32_CLASSID, attrs[nl.TCA_U32_CLASSID])
+                               + nl.attr(nl.TCA_U32_SEL, attrs[nl.TCA_U32_SEL]))
+    assert classid == nl.tc_handle(1, 0x11)
+    assert nl.dst_prefix(keys, nl.IP_SRC_OFFSET) == "10.0.0.4" and nl.dst_prefix(keys) is None
