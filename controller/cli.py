@@ -400,6 +400,10 @@ def _print_shaping(info: dict[str, Any]) -> None:
     if down.get("rate_bps") or down.get("redirect"):
         rate = format_rate(down["rate_bps"]) if down.get("rate_bps") else "none"
         print(f"downlink {rate}: ingress redirected to an IFB: {'yes' if down.get('redirect') else 'NO'}")
+        peers = down.get("peers") or {}
+        if peers or down.get("default_bps"):
+            share = format_rate(down["default_bps"]) if down.get("default_bps") else "none"
+            print(f"  shared by {len(peers)} peers and the default class, each guaranteed {share}")
     if info["plan"]:
         print(f"# plan ({len(info['plan']['rules'])} links):")
         print("\n".join(info["tc"]))

@@ -182,13 +182,17 @@ def test_access_links_from_the_nodes_file_and_changed_in_place(cli, tmp_path):
     assert show["verified"], show["mismatches"]
     assert show["kernel"]["classes"]["1:3"]["rate_bps"] == 10_000_000
     assert show["kernel"]["classes"]["1:10"] == {"rate_bps": 5_000_000, "ceil_bps": 20_000_000, "parent": "1:3"}
-    assert show["kernel"]["downlink"] == {"rate_bps": 8_000_000, "redirect": True}
+    share = 8_000_000 // 3 // 8 * 8  # b, c and the default class
+    down = show["kernel"]["downlink"]
+    assert down["rate_bps"] == 8_000_000 and down["redirect"] and down["default_bps"] == share
+    assert sorted(down["peers"].values()) == [share, share] and len(down["peers"]) == 2
     text = run(["shape", "show", "a"], cli).stdout
     assert "(access: the uplink)" in text and "downlink 8mbit: ingress redirected to an IFB: yes" in text
+    assert "shared by 2 peers and the default class" in text
     run(["shape", "access", "a", "--uplink", "4mbit", "--downlink", "none"], cli)
     show = json.loads(run(["shape", "show", "a", "--json"], cli).stdout)
     assert show["verified"] and show["kernel"]["classes"]["1:3"]["rate_bps"] == 4_000_000
     assert show["kernel"]["classes"]["1:10"]["rate_bps"] == 2_000_000  # an equal share of the new uplink
-    assert show["kernel"]["downlink"] == {"rate_bps": None, "redirect": False}
+    assert show["kernel"]["downlink"] == {"rate_bps": None, "redirect": False, "peers": {}, "default_bps": None}
     bad = run(["shape", "access", "a", "--uplink", "4mb"], cli, check=False)
     assert bad.returncode != 0 and "--uplink" in bad.stderr
