@@ -14,7 +14,9 @@ Trainers die and come back: one that cannot be reached or sends no update by the
 deadline is dropped (``peer_dropped``) and, while others are enough to pick from,
 skipped for a back-off that doubles (``gossip.PeerHealth``); a trainer that starts
 (again: a replacement) says so with ``/fl/join``, and the aggregator picks it
-from the next round on (``peer_rejoined`` once it contributes). A round closed by
+from the next round on (``peer_rejoined`` once it contributes). A trainer's update may take
+as long as the round stays open (the model it gets says how long: ``deadline_s``): the
+aggregator's downlink may be shared by every trainer, which a trainer's link does not show. A round closed by
 the quorum, not by every update, is a ``quorum_round`` event.
 
 The aggregator takes an update only from a trainer it asked in the open round
@@ -35,6 +37,8 @@ from dml_app import weights as wire
 from dml_app.http import JSON, HttpError, Request, Response
 from dml_app.roles.base import Context, Role, Weights, ok, parallel, weighted_average
 from dml_app.roles.gossip import PeerHealth
+
+MAX_UPLOAD_S = 86_400.0  # the longest upload time a model's deadline_s may ask for
 
 
 def quorum_count(quorum: float, picked: int) -> int:
@@ -136,7 +140,8 @@ class AggregatorRole(Role):
             with self._lock:
                 self._round, self._open, self._expected, self._updates = r, True, set(picked), {}
                 self._complete.clear()
-            body = wire.encode(self.ctx.model.get_weights(), {"from": self.ctx.name, "round": r})
+            body = wire.encode(self.ctx.model.get_weights(), {"from": self.ctx.name, "round": r,
+                                                              "deadline_s": self.deadline_s})
             sent_at = time.perf_counter()
             answers = parallel(lambda t: self.post(t, "/fl/train", body, wire.CONTENT_TYPE, r,
                                                    timeout_s=self.deadline_s, retries=0), picked)
@@ -226,12 +231,22 @@ class TrainerRole(Role):
                 break
             arrays, meta = job
             r, t_start = int(meta["round"]), time.time()
+            upload_s = upload_timeout_s(meta)
             self.ctx.model.set_weights(arrays)
             trained = self.train_local()
             loss, accuracy = self.evaluate()
             sent_at = time.perf_counter()
             self.post_weights(self.aggregator, "/fl/update", r,
-                              meta={"train_s": trained["train_s"], "send_s": self.last_send_s})
+                              meta={"train_s": trained["train_s"], "send_s": self.last_send_s}, timeout_s=upload_s)
             self.last_send_s = time.perf_counter() - sent_at
             last = self.record_round(r, t_start, trained, loss, accuracy, self.last_send_s, 1)
         return self.result(last)
+
+
+def upload_timeout_s(meta: dict[str, Any]) -> Optional[float]:
+    """How long an update may take to reach the aggregator: the round's ``deadline_s`` the
+    aggregator sent with the model (None without one: the link's rate and a margin)."""
+    value = meta.get("deadline_s")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_UPLOAD_S:
+        return None
+    return float(value)

@@ -356,3 +356,12 @@ def test_every_role_serves_the_routes_it_declares():
     for role in (GossipRole, AggregatorRole, TrainerRole, ETreeRole, RingRole):
         obj = role.__new__(role)
         assert set(role.routes(obj)) == set(role.ROUTES), role.name
+
+
+def test_a_trainers_upload_may_take_as_long_as_the_round_is_open():
+    from dml_app.roles.fl import upload_timeout_s
+
+    assert upload_timeout_s({"round": 1, "deadline_s": 60}) == 60.0
+    assert upload_timeout_s({"round": 1}) is None  # an older aggregator: the link's rate and a margin
+    for bad in (True, "60", -1, 0, 10**9):
+        assert upload_timeout_s({"round": 1, "deadline_s": bad}) is None
