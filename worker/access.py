@@ -152,8 +152,8 @@ def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], pr
             return
         ifb_now = _ifb_index(netns) if previous_bps is not None else None
         if ifb_now is not None and tuple(peers) == tuple(previous_peers):
-            _raise(netns, sock.run(tree_messages(ifb_now, rate_bps, peers_list, flags=0)), "changing the downlink")
-            return
+            if not sock.run(tree_messages(ifb_now, rate_bps, peers_list, flags=0)):
+                return  # else the tree is not the one expected (made by an older version): made anew
         if ifb_now is not None:
             sock.run([nl.delete_root(ifb_now)])
             failures = sock.run([nl.htb_root(ifb_now, IFB_DEFAULT_MINOR), *tree_messages(ifb_now, rate_bps, peers_list)])

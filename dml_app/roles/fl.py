@@ -14,10 +14,10 @@ Trainers die and come back: one that cannot be reached or sends no update by the
 deadline is dropped (``peer_dropped``) and, while others are enough to pick from,
 skipped for a back-off that doubles (``gossip.PeerHealth``); a trainer that starts
 (again: a replacement) says so with ``/fl/join``, and the aggregator picks it
-from the next round on (``peer_rejoined`` once it contributes). A trainer's update may take
+from the next round on (``peer_rejoined`` once it contributes). A round closed by
+the quorum, not by every update, is a ``quorum_round`` event. A trainer's update may take
 as long as the round stays open (the model it gets says how long: ``deadline_s``): the
-aggregator's downlink may be shared by every trainer, which a trainer's link does not show. A round closed by
-the quorum, not by every update, is a ``quorum_round`` event.
+aggregator's downlink may be shared by every trainer, which a trainer's link does not show.
 
 The aggregator takes an update only from a trainer it asked in the open round
 (the sender proven by the message's signature), weighted by the sample count the
