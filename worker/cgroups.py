@@ -181,6 +181,45 @@ def v1_hierarchies(root: str) -> list[str]:
     return found
 
 
+def process_groups(pid: int, root: str = "/sys/fs/cgroup") -> tuple[Optional[int], list[str]]:
+    """The cgroup version and the directories holding a process's CPU and memory counters, from
+    ``/proc/<pid>/cgroup`` (a container's groups, whatever made them: Docker's cgroupfs or
+    systemd driver); (None, []) when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return groups_of(f.read(), root)
+    except OSError:
+        return None, []
+
+
+def groups_of(proc_cgroup: str, root: str = "/sys/fs/cgroup") -> tuple[Optional[int], list[str]]:
+    """``process_groups`` from the text of a ``/proc/<pid>/cgroup``."""
+    paths: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(","):
+                paths[controller] = parts[2]
+    if "cpuacct" in paths or "memory" in paths:
+        dirs = []
+        for controller in ("cpuacct", "memory"):
+            if controller in paths:
+                mounts = [os.path.join(root, controller)] + [os.path.join(root, name) for name in _v1_mounts(root)
+                                                             if controller in name.split(",")]
+                dirs += [os.path.join(m, paths[controller].lstrip("/")) for m in mounts if os.path.isdir(m)][:1]
+        return 1, dirs
+    if "" in paths:
+        return 2, [os.path.join(root, paths[""].lstrip("/"))]
+    return None, []
+
+
+def _v1_mounts(root: str) -> list[str]:
+    try:
+        return sorted(os.listdir(root))
+    except OSError:
+        return []
+
+
 class CounterReader:
     """A cgroup's CPU seconds and memory bytes: v1 ``cpuacct.usage`` (ns) and
     ``memory.usage_in_bytes``, v2 ``cpu.stat`` (``usage_usec``) and ``memory.current``. The files

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from worker import netlink as nl
-from worker.cgroups import Cgroups, CounterReader
+from worker import nsfs
+from worker.cgroups import Cgroups, CounterReader, process_groups
 from worker.errors import ConfigError
 
 MIN_PERIOD_MS = 10
@@ -222,6 +223,8 @@ class Sampler:
                 node = _Node(name, rec.get("netns"), ifname, [])
                 if self.cgroups is not None and rec.get("runtime", "netns") == "netns":
                     node.cgroup = self.cgroups.reader(name)
+                elif rec.get("runtime") == "docker" and rec.get("netns"):
+                    node.cgroup = container_reader(rec["netns"])
             if node.links != links or node.sock is None:  # new, or another plan: read anew
                 if node.sock is not None:
                     node.sock.close()
@@ -349,6 +352,16 @@ class Sampler:
                 "layouts": {str(i): self._layouts[i].to_dict() for i in used},
                 "samples": [{"t": s[0], "layout": s[1], "links": s[2].tolist(), "nodes": s[3].tolist(),
                              "host": list(s[4])} for s in samples]}
+
+
+def container_reader(netns: str) -> Optional[CounterReader]:
+    """A reader of a container's CPU and memory counters: the groups of a process in its network
+    namespace (every process of a container shares its groups); None when it has none."""
+    for pid in sorted(nsfs.pids_in(netns)):
+        version, dirs = process_groups(pid)
+        if version is not None and dirs:
+            return CounterReader(version, dirs)
+    return None
 
 
 def _close_node(node: _Node) -> None:

@@ -212,3 +212,18 @@ def test_missing_swap_accounting_file_is_skipped(tmp_path, monkeypatch):
     monkeypatch.setattr("worker.cgroups.open", cgroupfs_open(), raising=False)
     Cgroups("edgetb-x", str(tmp_path)).create("n1", 0.5, 64 * MIB)
     assert (tmp_path / "memory/edgetb-x/n1/memory.limit_in_bytes").read_text() == str(64 * MIB)
+
+
+def test_a_containers_counter_groups_from_its_proc_cgroup(tmp_path):
+    from worker.cgroups import groups_of
+
+    for d in ("cpu,cpuacct", "memory", "unified"):
+        (tmp_path / d).mkdir()
+    v1 = "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n"
+    assert groups_of(v1, str(tmp_path)) == (1, [str(tmp_path / "cpu,cpuacct" / "docker/abc"),
+                                                str(tmp_path / "memory" / "docker/abc")])
+    (tmp_path / "cpuacct").mkdir()  # a mount of its own (or the usual link to cpu,cpuacct) comes first
+    assert groups_of(v1, str(tmp_path))[1][0] == str(tmp_path / "cpuacct" / "docker/abc")
+    v2 = "0::/system.slice/docker-abc.scope\n"
+    assert groups_of(v2, str(tmp_path)) == (2, [str(tmp_path / "system.slice/docker-abc.scope")])
+    assert groups_of("", str(tmp_path)) == (None, [])
