@@ -247,10 +247,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             log.warning("Docker nodes cannot be created yet: %s", problem)
     scheme = "http" if args.plain_http else "https"
     where = f"[{args.listen}]" if ":" in args.listen else args.listen
-    log.info("agent listening on %s://%s:%d (%s nodes)", scheme, where, args.port, host.runtime.kind)
-    if fingerprint:
-        log.info("TLS certificate SHA-256 fingerprint (hosts.json 'tls_fingerprint'): %s", fingerprint)
-    serve(create_app(host, token), args.port, args.listen, log, ssl_context=context)
+
+    def listening() -> None:  # said once the port is bound: callers wait for this line
+        log.info("agent listening on %s://%s:%d (%s nodes)", scheme, where, args.port, host.runtime.kind)
+        if fingerprint:
+            log.info("TLS certificate SHA-256 fingerprint (hosts.json 'tls_fingerprint'): %s", fingerprint)
+
+    serve(create_app(host, token), args.port, args.listen, log, ssl_context=context, on_listening=listening)
     return 0
 
 

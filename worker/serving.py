@@ -33,13 +33,17 @@ def run_blocking(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | None = None,
-          on_stop: Callable[[], None] | None = None, ssl_context: Optional[ssl.SSLContext] = None) -> None:
+          on_stop: Callable[[], None] | None = None, ssl_context: Optional[ssl.SSLContext] = None,
+          on_listening: Callable[[], None] | None = None) -> None:
     """Serve until SIGINT/SIGTERM (or ``server.stop``), over TLS with ``ssl_context``;
-    ``on_stop`` runs once it has stopped."""
+    ``on_listening`` runs once the port is bound, ``on_stop`` once it has stopped."""
     tls = {"ssl_context": ssl_context} if ssl_context is not None else {}
     server = _server_class()((bind, port), app, log=None, error_log=log, **tls)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop(timeout=2))
+    server.start()
+    if on_listening:
+        on_listening()
     server.serve_forever()
     if on_stop:
         on_stop()

@@ -25,8 +25,8 @@ def gossip(rounds: int) -> dict:
 def test_link_event_and_crash_applied_and_recorded(run):
     r: Run = run(structure=gossip(30), defer=True)
     (r.workdir / "scenario.json").write_text(json.dumps({"seed": 1, "events": [
-        {"at": 1, "link": {"src": "n1", "dst": "n2", "bw": "2mbit", "both_ways": True}},
-        {"at_round": {"node": "n1", "round": 8}, "crash": "n5"}]}))
+        {"at": 0.2, "link": {"src": "n1", "dst": "n2", "bw": "2mbit", "both_ways": True}},
+        {"at_round": {"node": "n1", "round": 12}, "crash": "n5"}]}))  # n1 has reached round 8 at 0.8 s
     r.start("--scenario", "scenario.json")
     r.wait_phase("ready", timeout_s=120)
     assert r.get("/start").ok
@@ -35,7 +35,7 @@ def test_link_event_and_crash_applied_and_recorded(run):
     rows = list(csv.DictReader((run_dir / "scenario.csv").open()))
     assert [row["event"] for row in rows] == ["link", "crash"], rows
     link, crash = rows
-    assert link["target"] == "n1<->n2" and link["outcome"] == "applied" and float(link["planned_s"]) == 1.0
+    assert link["target"] == "n1<->n2" and link["outcome"] == "applied" and float(link["planned_s"]) == 0.2
     assert abs(float(link["skew_ms"])) < 1000  # a loaded start; bench_scenario measures skew
     assert crash["target"] == "n5" and crash["outcome"] == "applied"
     assert float(crash["applied_s"]) > float(link["applied_s"])
