@@ -63,6 +63,21 @@ def access_request(topology: Topology, names: Optional[list[str]] = None) -> dic
             for n in nodes if n.uplink_bps is not None or n.downlink_bps is not None}
 
 
+def shared_rate_bps(topology: Topology, src: str, dst: str) -> int:
+    """The rate ``src`` can count on towards ``dst`` when everything is busy: the link's, or the
+    guaranteed share of the sender's uplink (split between its links) or of the receiver's
+    downlink (split between its peers and its default class), whichever is less (see
+    worker.tc_plan and worker.access). Nodes size their send time-outs with it."""
+    rate = topology.links[(src, dst)].shape.rate_bps
+    up, down = topology.nodes[src].uplink_bps, topology.nodes[dst].downlink_bps
+    if up:
+        rate = min(rate, up // max(1, sum(1 for s, _ in topology.links if s == src)))
+    if down:
+        peers = {s for s, d in topology.links if d == dst} | {d for s, d in topology.links if s == dst}
+        rate = min(rate, down // (len(peers) + 1))
+    return max(8, rate)
+
+
 def planned_ips(topology: Topology, subnet: str, subnets: Optional[dict[str, str]] = None) -> dict[str, str]:
     """The addresses fresh hosts give the topology's nodes (for dry runs and first confs): each
     host numbers its emulated nodes in its subnet (``subnets`` by host, else ``subnet``);

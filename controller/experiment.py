@@ -293,8 +293,9 @@ class Experiment:
             if unknown:
                 raise ConfigError(f"structure conf of {name} connects to nodes not in this run: {unknown}")
             conf["connect"] = {p: f"{self.nodes[p].ip}:{self.node_port}" for p in conf.get("connect", {})}
-            links = self.topology.links  # each linked peer's rate: a send too slow for it is given up early
-            conf["link_bps"] = {p: links[(name, p)].shape.rate_bps for p in conf["connect"] if (name, p) in links}
+            links = self.topology.links  # each linked peer's rate (its share under access links): a send
+            conf["link_bps"] = {p: deploy.shared_rate_bps(self.topology, name, p)  # too slow for it is given up early
+                                for p in conf["connect"] if (name, p) in links}
         return confs
 
     def push_structure_confs(self) -> dict[str, Any]:

@@ -173,3 +173,19 @@ def test_source_filter_matches_the_source_address():
                                + nl.attr(nl.TCA_U32_SEL, attrs[nl.TCA_U32_SEL]))
     assert classid == nl.tc_handle(1, 0x11)
     assert nl.dst_prefix(keys, nl.IP_SRC_OFFSET) == "10.0.0.4" and nl.dst_prefix(keys) is None
+
+
+def test_send_timeouts_count_on_the_share_of_an_access_link(tmp_path):
+    from controller.deploy import shared_rate_bps
+    from controller.topology import load_links
+
+    topo = load_nodes(_nodes(tmp_path, {"nodes": [{"name": "agg", "uplink": "8mbit", "downlink": "9mbit"},
+                                                  {"name": "t1"}, {"name": "t2"}]}))
+    links_path = tmp_path / "links.json"
+    links_path.write_text(json.dumps({"t1": [{"dest": "agg", "bw": "10mbit"}, {"dest": "t2", "bw": "1mbit"}],
+                                      "t2": [{"dest": "agg", "bw": "10mbit"}],
+                                      "agg": [{"dest": "t1", "bw": "10mbit"}, {"dest": "t2", "bw": "10mbit"}]}))
+    topo = load_links(str(links_path), topo, nodes_declared=True)
+    assert shared_rate_bps(topo, "t1", "agg") == 3 * MBIT  # the downlink's share: 2 peers and the default class
+    assert shared_rate_bps(topo, "agg", "t2") == 4 * MBIT  # the uplink's share among its 2 links
+    assert shared_rate_bps(topo, "t1", "t2") == 1 * MBIT  # no access link: the link's rate
