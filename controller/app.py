@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from flask import Flask, jsonify, request
 
-from controller import callers, files
+from controller import callers, dashboard, files
 from controller.experiment import MAX_LOG_BYTES, Experiment
 from controller.terminal import printable
 from worker.errors import AuthError, ConfigError
@@ -46,7 +46,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
     """The controller app for ``exp``; ``on_reset`` runs after /emulated/reset (e.g. to stop
     serving); ``allowed_hosts``: names it answers to besides loopback and its own addresses."""
     admin_token = check_token(admin_token, "EDGETB_TOKEN (the controller's admin token)") if admin_token else None
-    app = Flask("edgetb-controller")
+    app = Flask("edgetb-controller", static_folder=dashboard.STATIC, static_url_path="/static")
     hosts = callers.HostPolicy(allowed_hosts)
     trusted = callers.trusted_uids()
     request_limits(app, {"print_line": PRINT_BODY_BYTES, "upload_log": MAX_LOG_BYTES + 1024}, USER_BODY_BYTES)
@@ -82,6 +82,8 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
     json_errors(app, log)
     # agents of other hosts fetch this checkout's code and the experiment's shards, with the run's token
     files.register(app, {"dml_app": CODE_ROOT, "dataset": exp.workdir}, agent)
+
+    dashboard.register(app, exp.workdir, reader, user, exp)
 
     @app.get("/status")
     def status() -> Any:

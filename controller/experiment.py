@@ -39,12 +39,13 @@ import requests
 
 from controller import deploy, evaluate, node_auth, results, run_record
 from controller.agent_client import Worker
+from controller.live import LiveFeed
 from controller.progress import Progress
 from controller.safe_fs import RunDir
 from controller.telemetry import Collector
 from controller.telemetry_conf import TelemetryConf
 from controller.terminal import clip
-from controller.topology import Topology, load_links
+from controller.topology import Topology, links_from_data, load_links
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
 NODE_PORT = 4444
@@ -74,7 +75,8 @@ class NodeState:
     state: str = "pending"  # pending, running, then one of SETTLED
     round: int = 0
     rounds: int = 0
-    accuracy: Optional[float] = None
+    accuracy: Optional[float] = None  # local
+    global_accuracy: Optional[float] = None  # on the global test set, when the role evaluates one
     loss: Optional[float] = None
     bytes_sent: int = 0  # model bytes the node reported sending, summed over its rounds
     log_received: bool = False
@@ -151,6 +153,7 @@ class Experiment:
         self.ended = ""  # how the run ended (run_record.ENDINGS)
         self.error = ""
         self.t_start: Optional[float] = None
+        self.t_start_monotonic: Optional[float] = None
         self.summary: Optional[dict[str, Any]] = None
         self.record = run_record.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
         self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
@@ -169,6 +172,7 @@ class Experiment:
         self.keys = node_auth.RunKeys()  # each node's own secret, pair keys; signs calls to nodes
         self._session = requests.Session()
         self._session.auth = self.keys.signer(lambda: {f"{n.ip}:{self.node_port}": n.name for n in self.nodes.values()})
+        self.live = LiveFeed(self)  # what the dashboard shows
 
     @property
     def out(self) -> RunDir:
@@ -321,7 +325,7 @@ class Experiment:
             self._start_captures()
             self._start_telemetry()
             self.t_start = time.time()
-            t0 = time.monotonic()
+            t0 = self.t_start_monotonic = time.monotonic()
             if self.telemetry is not None:
                 self.telemetry.mark_start()
                 self.telemetry.run_in_thread()
@@ -379,10 +383,14 @@ class Experiment:
             accuracy = number("accuracy") if accuracy is None else accuracy
             layer = data.get("layer") if isinstance(data.get("layer"), int) else None
             self.rounds.report(node.name, node.round, accuracy, layer, int(number("bytes_sent") or 0))
+            loss = number("global_loss")
+            self.live.report(node.name, node.round, accuracy, number("loss") if loss is None else loss, layer)
             if self.scenario is not None:
                 self.scenario.on_round(node.name, node.round)
         if number("accuracy") is not None:
             node.accuracy = float(number("accuracy"))  # type: ignore[arg-type]
+        if number("global_accuracy") is not None:
+            node.global_accuracy = float(number("global_accuracy"))  # type: ignore[arg-type]
         if number("loss") is not None:
             node.loss = float(number("loss"))  # type: ignore[arg-type]
         if isinstance(data.get("round"), int) and number("bytes_sent") is not None:
@@ -438,6 +446,7 @@ class Experiment:
                 if due:
                     polled = time.monotonic()
                 self.rounds.tick(self._states())
+                self.live.sample()
                 self._check_all_settled()
             except Exception:  # noqa: BLE001 - the monitor must outlive any one bad answer
                 log.exception("run monitor: an error, carrying on")
@@ -780,17 +789,42 @@ class Experiment:
         path = os.path.realpath(os.path.join(root, file))
         if os.path.commonpath([root, path]) != root:
             raise ConfigError(f"{file!r} is outside the experiment directory {root}")
+        return self._update_links(lambda declared: load_links(path, declared, nodes_declared=True))
+
+    def update_link(self, src: str, dst: str, bw: str) -> dict[str, Any]:
+        """Change the rate of link ``src -> dst`` in place (the dashboard's control); its delay,
+        jitter, loss and queue stay."""
+        link = self.topology.links.get((src, dst)) if isinstance(src, str) and isinstance(dst, str) else None
+        if link is None:
+            raise NotFound(f"no link {clip(str(src), 20)}->{clip(str(dst), 20)} in this run")
+        entry: dict[str, Any] = {"dest": dst, "bw": bw}
+        shape = link.shape
+        if shape.delay_ms:
+            entry["delay"] = f"{shape.delay_ms:g}ms"
+        if shape.jitter_ms:
+            entry["jitter"] = f"{shape.jitter_ms:g}ms"
+        if shape.loss_pct:
+            entry["loss"] = f"{shape.loss_pct:g}%"
+        if shape.queue_pkts:
+            entry["queue"] = shape.queue_pkts
+        return self._update_links(lambda declared: links_from_data({src: [entry]}, "the link change", declared,
+                                                                   nodes_declared=True))
+
+    def _update_links(self, read: Callable[[Topology], Topology]) -> dict[str, Any]:
         declared = Topology()
         for node in self.topology.nodes.values():
             declared.add_node(node.name, node.kind, node.host, node.cpu, node.mem_bytes, node.ip,
                               uplink=node.uplink_bps, downlink=node.downlink_bps)
-        changed = load_links(path, declared, nodes_declared=True)
+        changed = read(declared)
         deploy.check_capabilities(changed, self.worker.capabilities())
         ips = {n.name: n.ip for n in self.nodes.values()}
         ips.update({n["name"]: n["ip"] for n in self.worker.status()["nodes"]})
         result = deploy.merge_links(changed, self.worker, ips)
         for (src, dst), link in changed.links.items():
             self.topology.links[(src, dst)] = link
+            if self.telemetry is not None:
+                self.telemetry.rates_bps[(src, dst)] = link.shape.rate_bps
+            self.live.event("link", f"{src}->{dst}", link.shape.describe())
         return result
 
     def close(self, how: str) -> None:

@@ -214,6 +214,7 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         owned.created(worker)
         run_blocking(exp.sync_code)  # in a thread: other hosts fetch the code from this server meanwhile
         exp.deploy()
+        _say(f"dashboard: http://localhost:{args.port}/ (live while the run goes on; stored runs too)")
         if exp.scenario is not None:
             exp.scenario.ips = {n.name: n.ip for n in exp.nodes.values()}
             _say(f"scenario {args.scenario}: {len(args.timeline.steps)} steps, applied from /start")

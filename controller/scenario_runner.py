@@ -52,6 +52,7 @@ class ScenarioRunner:
         self.clock = clock
         self.rows: list[dict[str, Any]] = []
         self.flows: dict[str, str] = {}  # key -> source node
+        self.blocked: dict[str, list[list[str]]] = {}  # the link-down and partition steps in force: key -> groups
         self.t0: Optional[float] = None
         self.t0_wall: float = 0.0
         self._heap: list[tuple[float, int, float, Step, bool]] = []  # due, order, planned_s, step, prepare
@@ -194,6 +195,10 @@ class ScenarioRunner:
                     faults.append({"kind": "drop", "node": node, "key": p["key"], "src_ips": others, "percent": 100}
                                   if kind == "block" else {"kind": "undrop", "node": node, "key": p["key"]})
             self.worker.fault({"version": 1, "faults": faults})
+            if kind == "block":
+                self.blocked[p["key"]] = p["groups"]
+            else:
+                self.blocked.pop(p["key"], None)
             return None
         if kind == "loss":
             by_dst: dict[str, list[str]] = {}  # dropped where they arrive: a loss on the wire

@@ -432,7 +432,12 @@ def load_links(path: str, topology: Optional[Topology] = None, nodes_declared: b
     destinations as first seen); with it, naming an undeclared node is an error.
     All or nothing: on error ``topology`` is left unchanged.
     """
-    data = _read_json(path)
+    return links_from_data(_read_json(path), path, topology, nodes_declared)
+
+
+def links_from_data(data: Any, path: str, topology: Optional[Topology] = None,
+                    nodes_declared: bool = False) -> Topology:
+    """``load_links`` of links.json's content ``data``; errors name ``path``."""
     if not isinstance(data, dict):
         raise TopologyError(f"{path}: expected an object mapping each source node to its list of links, "
                             f"like {{\"n1\": [{{\"dest\": \"n2\", \"bw\": \"10mbit\"}}]}}")

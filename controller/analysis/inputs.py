@@ -78,8 +78,10 @@ def _num(v: Any) -> Optional[float]:
     return f if np.isfinite(f) else None
 
 
-def read_run(run_dir: str, progress: Any = None) -> RunInputs:
-    """Everything the analysis uses from ``run_dir``; what is absent is listed in ``missing``."""
+def read_run(run_dir: str, progress: Any = None, captures: bool = True,
+             counters: tuple[str, ...] = ("links", "nodes", "hosts")) -> RunInputs:
+    """Everything the analysis uses from ``run_dir``; what is absent is listed in ``missing``.
+    ``captures``: read the pcap files; ``counters``: which telemetry files to read."""
     say = progress or (lambda _m: None)
     if not is_run_dir(run_dir):
         raise ConfigError(f"{run_dir} is not a run folder (none of {', '.join(RUN_MARKERS)} in it)")
@@ -148,6 +150,8 @@ def read_run(run_dir: str, progress: Any = None) -> RunInputs:
     for attr, name, keys, cols in (("link_counters", "links.csv", ["src", "dst"], LINK_COLUMNS),
                                    ("node_counters", "nodes.csv", ["node"], NODE_COLUMNS),
                                    ("host_counters", "hosts.csv", ["host"], HOST_COLUMNS)):
+        if name[:-len(".csv")] not in counters:
+            continue
         path = os.path.join(tele, name)
         if not os.path.exists(path):
             missing.append(f"telemetry/{name}")
@@ -157,8 +161,8 @@ def read_run(run_dir: str, progress: Any = None) -> RunInputs:
             setattr(out, attr, read_counters(path, keys, cols))
         except ConfigError as e:
             out.problems.append(e.message)
-    pcaps = sorted(glob.glob(os.path.join(tele, "pcap", "*.pcap")))
-    if not pcaps:
+    pcaps = sorted(glob.glob(os.path.join(tele, "pcap", "*.pcap"))) if captures else []
+    if not pcaps and captures:
         missing.append("telemetry/pcap")
     for path in pcaps:
         node = os.path.basename(path)[:-len(".pcap")]

@@ -207,7 +207,7 @@ class Role:
         else:
             message = f"{where}: global accuracy {global_accuracy:.3f} loss {global_loss:.3f} (local {accuracy:.3f})"
         self.ctx.progress(message, round=shown, layer=layer, accuracy=accuracy, global_accuracy=global_accuracy,
-                          loss=loss, bytes_sent=event["bytes_sent"])
+                          loss=loss, global_loss=global_loss, bytes_sent=event["bytes_sent"])
         return event
 
     def result(self, last: dict[str, Any]) -> dict[str, Any]:

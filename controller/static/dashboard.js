@@ -1,0 +1,427 @@
+// The EdgeTB dashboard: the live run (GET /api/view, then Server-Sent Events from /api/stream)
+// or a stored run (GET /api/runs/<id>), drawn with uPlot (charts) and cytoscape (topology).
+// window.edgetb exposes counters that the browser tests and bench/bench_dashboard.py read.
+"use strict";
+(() => {
+  const E = window.edgetb = {updates: 0, lastRenderMs: 0, maxRenderMs: 0, loadMs: null, mode: null, runId: null};
+  const MAX_ROWS = 300;       // table rows drawn at once (filter to see others)
+  const LABELS_UP_TO = 60;    // node names drawn on the graph up to this many nodes (hover beyond)
+  const FORCE_UP_TO = 150;    // a force layout up to this many nodes, a grid beyond
+  const STATE_COLOURS = {running: "#4e79a7", done: "#59a14f", failed: "#e15759", paused: "#b07aa1",
+    revoked: "#9c755f", crashed: "#9c755f", pending: "#bab0ac", stopped: "#bab0ac"};
+  const UNMARKED = new Set(["done", "stopped"]);  // timeline kinds not marked on the charts
+  const $ = (id) => document.getElementById(id);
+  let view = null, stream = null, cy = null, overlay = null, chosen = 0, linkSeries = null;
+  let sortKey = "name", sortAsc = true, filterText = "";
+  const charts = {};
+
+  // formatting -----------------------------------------------------------------------------------
+  const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;",
+    '"': "&quot;", "'": "&#39;"}[c]));
+  const si = (x, unit) => {
+    if (x == null || !isFinite(x)) return "–";
+    const steps = [[1e9, "G"], [1e6, "M"], [1e3, "k"]];
+    for (const [f, p] of steps) if (Math.abs(x) >= f) return (x / f).toFixed(1) + " " + p + unit;
+    return Math.round(x) + " " + unit;
+  };
+  const bytes = (x) => (x == null ? "–" : si(x, "B"));
+  const bps = (x) => si(x, "bit/s");
+  const num = (x, d) => (x == null || !isFinite(x) ? "–" : Number(x).toFixed(d));
+  const stateClass = (s) => {
+    s = String(s || "pending");
+    for (const k of Object.keys(STATE_COLOURS)) if (s.startsWith(k)) return k;
+    return s.startsWith("failed") || s === "timeout" || s === "lost" ? "failed" : "stopped";
+  };
+
+  function say(text, error) {
+    const m = $("message");
+    m.textContent = text || "";
+    m.className = text ? "shown" + (error ? " error" : "") : "";
+  }
+
+  async function getJSON(url, options) {
+    const r = await fetch(url, Object.assign({headers: {Accept: "application/json"}}, options || {}));
+    const body = await r.json().catch(() => ({}));
+    if (!r.ok) {
+      const err = new Error(body.detail || body.message || body.error || ("HTTP " + r.status));
+      err.status = r.status;
+      throw err;
+    }
+    return body;
+  }
+
+  // charts ---------------------------------------------------------------------------------------
+  function markers() {  // scenario and node events as dashed vertical lines on the time charts
+    return {hooks: {draw: [(u) => {
+      if (!view || !u.scales.x || u.series[0].label !== "t") return;
+      const ctx = u.ctx, top = u.bbox.top, bottom = u.bbox.top + u.bbox.height;
+      ctx.save();
+      ctx.strokeStyle = "rgba(225,87,89,.55)";
+      ctx.setLineDash([4, 4]);
+      ctx.lineWidth = 1;
+      for (const e of view.timeline) {
+        if (e.t_s == null || UNMARKED.has(e.kind)) continue;
+        const x = Math.round(u.valToPos(e.t_s, "x", true));
+        if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+        ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
+      }
+      ctx.restore();
+    }]}};
+  }
+
+  function makeChart(id, xLabel, lines, band, yValues) {
+    const el = $(id);
+    el.textContent = "";
+    const series = [{label: xLabel}];
+    for (const [label, colour, dash] of lines) {
+      series.push({label, stroke: colour, width: label.startsWith("p") ? 1 : 2, dash: dash || undefined,
+        value: (u, v) => (yValues ? yValues(v) : num(v, 3))});
+    }
+    const opts = {width: Math.max(280, el.clientWidth || 320), height: 170, series, legend: {live: true},
+      scales: {x: {time: false}}, plugins: [markers()],
+      axes: [{label: xLabel === "t" ? "seconds since /start" : xLabel, size: 36},
+             {size: yValues ? 84 : 48, values: (u, ticks) => ticks.map((v) => (yValues ? yValues(v) : v))}]};
+    if (band) opts.bands = [{series: band, fill: "rgba(78,121,167,.15)"}];
+    const empty = series.map(() => []);
+    charts[id] = new uPlot(opts, empty, el);
+  }
+
+  function buildCharts() {
+    const b = [["median", "#4e79a7"], ["p10", "rgba(78,121,167,.4)"], ["p90", "rgba(78,121,167,.4)"]];
+    const accLines = overlay ? [...b, ["median of " + overlay.run_id, "#f28e2b", [6, 4]]] : b;
+    makeChart("chart-acc-time", "t", accLines, [3, 2]);
+    makeChart("chart-acc-round", "round", overlay ? [...b, ["median of " + overlay.run_id, "#f28e2b", [6, 4]]] : b,
+      [3, 2]);
+    makeChart("chart-loss-time", "t", b, [3, 2]);
+    makeChart("chart-throughput", "t", [["aggregate", "#4e79a7"]], null, (v) => bps(v));
+    makeChart("chart-link", "t", [["measured", "#4e79a7"], ["rate", "#e15759", [6, 4]]], null, (v) => bps(v));
+    makeChart("chart-cpu", "t", b, [3, 2], (v) => num(v, 2));
+    makeChart("chart-mem", "t", b, [3, 2], (v) => bytes(v));
+  }
+
+  function joined(base, extra) {  // two [x, ...ys] tables on one x axis
+    return extra ? uPlot.join([base, extra]) : base;
+  }
+
+  function drawCharts() {
+    const t = view.series.time, r = view.series.round;
+    const ov = overlay && [overlay.time.t_s, overlay.time.acc_med];
+    const ovr = overlay && [overlay.round.round, overlay.round.acc_med];
+    charts["chart-acc-time"].setData(joined([t.t_s, t.acc_med, t.acc_lo, t.acc_hi], ov));
+    charts["chart-acc-round"].setData(joined([r.round, r.acc_med, r.acc_lo, r.acc_hi], ovr));
+    charts["chart-loss-time"].setData([t.t_s, t.loss_med, t.loss_lo, t.loss_hi]);
+    charts["chart-throughput"].setData([t.t_s, t.throughput_bps]);
+    charts["chart-cpu"].setData([t.t_s, t.cpu_med, t.cpu_lo, t.cpu_hi]);
+    charts["chart-mem"].setData([t.t_s, t.mem_med, t.mem_lo, t.mem_hi]);
+    if (linkSeries) charts["chart-link"].setData([linkSeries.t_s, linkSeries.bps, linkSeries.t_s.map(() => linkSeries.rate_bps)]);
+  }
+
+  // the link chart -------------------------------------------------------------------------------
+  function fillLinkSelect() {
+    const sel = $("link-select");
+    sel.textContent = "";
+    const frag = document.createDocumentFragment();
+    view.links.forEach((l, i) => {
+      const o = document.createElement("option");
+      o.value = String(i);
+      o.textContent = l.src + " → " + l.dst;
+      frag.appendChild(o);
+    });
+    sel.appendChild(frag);
+    chosen = Math.min(chosen, Math.max(0, view.links.length - 1));
+    sel.value = String(chosen);
+  }
+
+  async function loadLink(i) {
+    chosen = i;
+    $("link-select").value = String(i);
+    const l = view.links[i];
+    if (!l) return;
+    const q = "src=" + encodeURIComponent(l.src) + "&dst=" + encodeURIComponent(l.dst) +
+      (view.live ? "" : "&run=" + encodeURIComponent(view.run_id));
+    try {
+      linkSeries = await getJSON("/api/link?" + q);
+      drawCharts();
+    } catch (e) { say("link " + l.src + " → " + l.dst + ": " + e.message, true); }
+  }
+
+  // the topology ---------------------------------------------------------------------------------
+  function buildGraph() {
+    const n = view.nodes.length;
+    $("graph-note").textContent = n + " nodes, " + view.links.length + " links";
+    const maxRate = Math.max(1, ...view.snapshot.link_rate_bps.map((x) => x || 0));
+    const elements = view.nodes.map((node) => ({data: {id: "n:" + node.name, label: node.name}}));
+    view.links.forEach((l, i) => {
+      const rate = view.snapshot.link_rate_bps[i] || 0;
+      elements.push({data: {id: "l:" + i, source: "n:" + l.src, target: "n:" + l.dst, i,
+        w: 1 + 3 * Math.log10(1 + 9 * rate / maxRate)}});
+    });
+    const style = [
+      {selector: "node", style: {"background-color": "#bab0ac", width: n > 300 ? 8 : 16, height: n > 300 ? 8 : 16,
+        label: n <= LABELS_UP_TO ? "data(label)" : "", "font-size": 9, color: "#333"}},
+      {selector: "edge", style: {width: "data(w)", "line-color": "#d0d0d0", "curve-style": n > 100 ? "haystack" : "bezier",
+        "target-arrow-shape": n > 100 ? "none" : "triangle", "target-arrow-color": "#d0d0d0", "arrow-scale": 0.6,
+        opacity: n > 300 ? 0.5 : 0.9}},
+      {selector: "edge.u1", style: {"line-color": "#59a14f", "target-arrow-color": "#59a14f"}},
+      {selector: "edge.u2", style: {"line-color": "#f28e2b", "target-arrow-color": "#f28e2b"}},
+      {selector: "edge.u3", style: {"line-color": "#e15759", "target-arrow-color": "#e15759"}},
+      {selector: "edge.down", style: {"line-color": "#e15759", "line-style": "dashed", opacity: 1}},
+      {selector: "edge:selected", style: {"line-color": "#1f2933", "target-arrow-color": "#1f2933", width: 4}},
+    ];
+    for (const [k, colour] of Object.entries(STATE_COLOURS)) {
+      style.push({selector: "node." + k, style: {"background-color": colour}});
+    }
+    if (cy) cy.destroy();
+    cy = cytoscape({container: $("graph"), elements, style, minZoom: 0.05,
+      textureOnViewport: n > 300, hideEdgesOnViewport: n > 300,
+      layout: n <= FORCE_UP_TO ? {name: "cose", animate: false, randomize: false, numIter: 800, nodeRepulsion: 8000}
+        : {name: "grid", avoidOverlap: false}});
+    const tip = document.createElement("div");
+    tip.id = "tooltip";
+    $("graph").appendChild(tip);
+    cy.on("mouseover", "node", (ev) => {
+      const i = view.nodes.findIndex((x) => "n:" + x.name === ev.target.id());
+      const s = view.snapshot;
+      tip.textContent = view.nodes[i].name + " · " + s.state[i] + " · round " + s.round[i] +
+        " · acc " + num(s.global_accuracy[i] ?? s.accuracy[i], 3);
+      const p = ev.renderedPosition;
+      tip.style.left = (p.x + 10) + "px"; tip.style.top = (p.y + 10) + "px"; tip.style.display = "block";
+    });
+    cy.on("mouseout", "node", () => { tip.style.display = "none"; });
+    cy.on("tap", "edge", (ev) => loadLink(ev.target.data("i")));
+    updateGraph();
+  }
+
+  function updateGraph() {
+    const s = view.snapshot;
+    const down = new Set(s.link_down);
+    cy.batch(() => {
+      cy.nodes().forEach((node, i) => {
+        const cls = stateClass(s.state[i]);
+        if (node.scratch("_cls") !== cls) { node.classes(cls); node.scratch("_cls", cls); }
+      });
+      cy.edges().forEach((edge) => {
+        const i = edge.data("i"), rate = s.link_rate_bps[i], b = s.link_bps[i] || 0;
+        const u = rate ? b / rate : 0;
+        const cls = down.has(i) ? "down" : b < 1000 ? "" : u < 0.5 ? "u1" : u < 0.9 ? "u2" : "u3";
+        if (edge.scratch("_cls") !== cls) { edge.classes(cls); edge.scratch("_cls", cls); }
+      });
+    });
+  }
+
+  // the nodes table ------------------------------------------------------------------------------
+  function rows() {
+    const s = view.snapshot;
+    return view.nodes.map((n, i) => ({name: n.name, host: n.host, kind: n.kind, role: n.role, layer: n.layer,
+      round: s.round[i], accuracy: s.accuracy[i], global_accuracy: s.global_accuracy[i], loss: s.loss[i],
+      cpu_cores: s.cpu_cores[i], mem_bytes: s.mem_bytes[i], tx_bytes: s.tx_bytes[i], rx_bytes: s.rx_bytes[i],
+      state: s.state[i]}));
+  }
+
+  function drawTable() {
+    let all = rows();
+    if (filterText) {
+      const f = filterText.toLowerCase();
+      all = all.filter((r) => [r.name, r.role, r.state, r.host, r.kind].some((v) => String(v ?? "").toLowerCase().includes(f)));
+    }
+    const dir = sortAsc ? 1 : -1;
+    all.sort((a, b) => {
+      const x = a[sortKey], y = b[sortKey];
+      if (x == null && y == null) return 0;
+      if (x == null) return 1;
+      if (y == null) return -1;
+      if (typeof x === "number" && typeof y === "number") return (x - y) * dir;
+      return String(x).localeCompare(String(y), undefined, {numeric: true}) * dir;
+    });
+    const shown = all.slice(0, MAX_ROWS);
+    $("rows-note").textContent = all.length > MAX_ROWS ? "showing " + MAX_ROWS + " of " + all.length +
+      " (filter or sort to see others)" : all.length + " nodes";
+    $("nodes").tBodies[0].innerHTML = shown.map((r) => "<tr><td>" + esc(r.name) + "</td><td>" + esc(r.host) +
+      "</td><td>" + esc(r.kind) + "</td><td>" + esc(r.role) + "</td><td>" + esc(r.layer) + "</td><td>" + esc(r.round) +
+      "</td><td>" + num(r.accuracy, 3) + "</td><td>" + num(r.global_accuracy, 3) + "</td><td>" + num(r.loss, 3) +
+      "</td><td>" + num(r.cpu_cores, 2) + "</td><td>" + bytes(r.mem_bytes) + "</td><td>" + bytes(r.tx_bytes) +
+      "</td><td>" + bytes(r.rx_bytes) + "</td><td class=\"state-" + esc(stateClass(r.state)) + "\">" + esc(r.state) +
+      "</td></tr>").join("");
+    for (const th of document.querySelectorAll("#nodes th")) {
+      th.classList.toggle("sorted", th.dataset.key === sortKey);
+      th.classList.toggle("asc", th.dataset.key === sortKey && sortAsc);
+    }
+  }
+
+  // header, timeline, runs -----------------------------------------------------------------------
+  function drawHeader() {
+    const s = view.snapshot;
+    $("run-title").textContent = "run " + view.run_id + " · " + (view.algorithm || "") + (view.live ? "" : " · stored");
+    const ph = $("phase");
+    ph.textContent = s.phase;
+    ph.className = "badge " + s.phase;
+    $("clock").textContent = "t = " + num(s.t_s, 0) + " s";
+    const counts = {};
+    for (const st of s.state) { const k = stateClass(st); counts[k] = (counts[k] || 0) + 1; }
+    const top = Math.max(0, ...s.round);
+    $("counts").textContent = "round " + top + " · " + Object.entries(counts).map(([k, v]) => v + " " + k).join(", ");
+    $("controls").hidden = !view.live;
+    $("btn-live").hidden = view.live || E.liveRun == null;
+    $("link-form").hidden = !view.live;
+  }
+
+  function drawTimeline() {
+    const items = view.timeline.slice(-500);
+    $("timeline").innerHTML = items.map((e) => "<li><span class=\"t\">" + num(e.t_s, 1) + " s</span> <b>" +
+      esc(e.kind) + "</b> " + esc(e.target) + " " + esc(e.detail) + "</li>").join("");
+    const ol = $("timeline");
+    ol.scrollTop = ol.scrollHeight;
+  }
+
+  async function loadRuns() {
+    try {
+      const r = await getJSON("/api/runs");
+      E.liveRun = r.live_run;
+      $("runs").tBodies[0].innerHTML = r.runs.map((x) => "<tr><td>" + esc(x.run_id) + (x.run_id === r.live_run ?
+        " (live)" : "") + "</td><td>" + esc(x.algorithm) + "</td><td>" + esc(x.nodes) + "</td><td>" +
+        num(x.duration_s, 1) + " s</td><td>" + num(x.accuracy_median, 3) + "</td><td>" + esc(x.ended) +
+        "</td><td><button data-open=\"" + esc(x.run_id) + "\">open</button> <button data-overlay=\"" + esc(x.run_id) +
+        "\">overlay accuracy</button></td></tr>").join("");
+      if (view) drawHeader();
+      return r;
+    } catch (e) { say("runs: " + e.message, true); return {runs: []}; }
+  }
+
+  // loading and updating -------------------------------------------------------------------------
+  function show(v) {
+    const t0 = performance.now();
+    view = v;
+    E.mode = v.live ? "live" : "stored";
+    E.runId = v.run_id;
+    drawHeader();
+    buildCharts();
+    fillLinkSelect();
+    buildGraph();
+    drawTable();
+    drawTimeline();
+    drawCharts();
+    if (view.links.length) loadLink(chosen);
+    E.loadMs = performance.now() - t0;
+  }
+
+  function apply(u) {
+    const t0 = performance.now();
+    const t = view.series.time;
+    for (const k of Object.keys(u.points)) t[k].push(...u.points[k]);
+    view.series.round = u.round;
+    view.snapshot = u.snapshot;
+    view.phase = u.phase;
+    view.ended = u.ended;
+    u.nodes_layer.forEach((layer, i) => { view.nodes[i].layer = layer; });
+    view.timeline.push(...u.events);
+    view.samples = u.samples;
+    if (linkSeries && u.points.t_s.length) {
+      const i = chosen;
+      linkSeries.t_s.push(u.snapshot.t_s);
+      linkSeries.bps.push(u.snapshot.link_bps[i]);
+      linkSeries.rate_bps = u.snapshot.link_rate_bps[i];
+    }
+    drawHeader();
+    updateGraph();
+    drawTable();
+    if (u.events.length) drawTimeline();
+    drawCharts();
+    E.updates += 1;
+    E.lastRenderMs = performance.now() - t0;
+    E.maxRenderMs = Math.max(E.maxRenderMs, E.lastRenderMs);
+  }
+
+  function openStream() {
+    if (stream) stream.close();
+    const last = view.timeline.length ? view.timeline[view.timeline.length - 1].seq : 0;
+    stream = new EventSource("/api/stream?samples=" + view.samples + "&events=" + last + "&phase=" +
+      encodeURIComponent(view.phase));
+    stream.onmessage = (m) => apply(JSON.parse(m.data));
+    stream.onerror = () => {  // reconnect from where the page is, not from where it first was
+      stream.close();
+      stream = null;
+      if (E.mode === "live" && !["finished", "reset", "failed"].includes(view.phase)) setTimeout(openStream, 2000);
+    };
+  }
+
+  async function openLive() {
+    if (stream) { stream.close(); stream = null; }
+    try {
+      show(await getJSON("/api/view"));
+      openStream();
+      return true;
+    } catch (e) {
+      if (e.status !== 404) say("live run: " + e.message, true);
+      return false;
+    }
+  }
+
+  async function openStored(runId) {
+    if (stream) { stream.close(); stream = null; }
+    say("opening run " + runId + "…");
+    try {
+      show(await getJSON("/api/runs/" + encodeURIComponent(runId)));
+      say("");
+    } catch (e) { say("run " + runId + ": " + e.message, true); }
+  }
+
+  async function route() {
+    const m = /^#run=(.+)$/.exec(location.hash);
+    if (m) return openStored(decodeURIComponent(m[1]));
+    if (await openLive()) return;
+    const r = await loadRuns();
+    if (r.runs.length) { location.hash = "#run=" + encodeURIComponent(r.runs[0].run_id); }
+    else say("no live run and no stored run in dml_file/log/");
+  }
+
+  // controls -------------------------------------------------------------------------------------
+  for (const b of document.querySelectorAll("#controls button")) {
+    b.addEventListener("click", async () => {
+      if (b.id === "btn-reset" && !confirm("Remove the testbed (nodes, links)? The run's files are kept.")) return;
+      b.disabled = true;
+      say(b.textContent + "…");
+      try {
+        const r = await getJSON(b.dataset.path, {method: "POST"});
+        say(b.textContent + ": " + (r.phase || (r.reset ? "done" : JSON.stringify(r).slice(0, 200))));
+        loadRuns();
+      } catch (e) { say(b.textContent + ": " + e.message, true); }
+      b.disabled = false;
+    });
+  }
+  $("link-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const l = view.links[chosen], bw = $("link-rate").value.trim();
+    if (!l || !bw) { say("choose a link and give a rate such as 5mbit", true); return; }
+    try {
+      await getJSON("/api/link", {method: "POST", headers: {"Content-Type": "application/json", Accept: "application/json"},
+        body: JSON.stringify({src: l.src, dst: l.dst, bw})});
+      say("link " + l.src + " → " + l.dst + " set to " + bw);
+    } catch (e) { say("link " + l.src + " → " + l.dst + ": " + e.message, true); }
+  });
+  $("link-select").addEventListener("change", (ev) => loadLink(Number(ev.target.value)));
+  $("filter").addEventListener("input", (ev) => { filterText = ev.target.value.trim(); drawTable(); });
+  for (const th of document.querySelectorAll("#nodes th")) {
+    th.addEventListener("click", () => {
+      sortAsc = sortKey === th.dataset.key ? !sortAsc : true;
+      sortKey = th.dataset.key;
+      drawTable();
+    });
+  }
+  $("runs").addEventListener("click", async (ev) => {
+    const open = ev.target.dataset.open, over = ev.target.dataset.overlay;
+    if (open) location.hash = "#run=" + encodeURIComponent(open);
+    if (over) {
+      try {
+        const v = await getJSON("/api/runs/" + encodeURIComponent(over));
+        overlay = {run_id: over, time: v.series.time, round: v.series.round};
+        buildCharts();
+        drawCharts();
+        say("accuracy of run " + over + " overlaid (orange)");
+      } catch (e) { say("run " + over + ": " + e.message, true); }
+    }
+  });
+  $("btn-live").addEventListener("click", () => { history.pushState("", "", location.pathname); route(); });
+  window.addEventListener("hashchange", route);
+  window.addEventListener("resize", () => { if (view) { buildCharts(); drawCharts(); } });
+  route().then(loadRuns);
+})();
