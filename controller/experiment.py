@@ -644,6 +644,7 @@ class Experiment:
             self.ended = how
             self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
             self._write_json("lives.json", self.lives())
+            self._write_json("timeline.json", {"version": 1, "entries": self.live.timeline_now()})
             changes = results.membership_rows(results.read_run_events(self.run_dir), self.membership)
             self.out.write_bytes("membership.csv", results.csv_bytes(results.MEMBERSHIP_COLUMNS, changes))
             endings = {n.name: n.ending for n in self.nodes.values()}

@@ -209,9 +209,11 @@ class LiveFeed:
         rates = self.exp.topology.links
         scenario = self.exp.scenario
         blocks = list(getattr(scenario, "blocked", {}).values()) if scenario is not None else []
+        paused = set(getattr(scenario, "paused", ())) if scenario is not None else set()
         tele = [latest_nodes.get(n.name) or {} for n in nodes]
         return {"t_s": round(self.t_s(), 3), "phase": self.exp.phase,
-                "state": [n.state for n in nodes], "round": [n.round for n in nodes],
+                "state": ["paused" if n.state == "running" and n.name in paused else n.state for n in nodes],
+                "round": [n.round for n in nodes],
                 "accuracy": [_r(n.accuracy) for n in nodes], "global_accuracy": [_r(n.global_accuracy) for n in nodes],
                 "loss": [_r(n.loss) for n in nodes],
                 "cpu_cores": [_r(self._cpu.get(n.name), 4) for n in nodes],
@@ -237,6 +239,12 @@ class LiveFeed:
                     "series": {"time": {k: list(v) for k, v in self.series.items()},
                                "round": round_series(self._by_round)},
                     "timeline": list(self.timeline), "samples": self._samples}
+
+    def timeline_now(self) -> list[dict[str, Any]]:
+        """Every timeline entry so far (the run folder's ``timeline.json``)."""
+        with self._lock:
+            self._sample_events()
+            return list(self.timeline)
 
     def _meta(self) -> dict[str, Any]:
         exp = self.exp

@@ -218,6 +218,11 @@ def stored_view(run_dir: str) -> dict[str, Any]:
 
 
 def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s: float) -> list[dict[str, Any]]:
+    """The run's ``timeline.json`` (what the live page showed), else the timeline rebuilt from
+    scenario.csv, membership.csv and the nodes' endings."""
+    stored = _json(os.path.join(run_dir, "timeline.json")).get("entries")
+    if isinstance(stored, list) and all(isinstance(e, dict) for e in stored):
+        return stored
     entries = []
     for r in read_scenario(run_dir):
         entries.append((r["applied_s"], str(r.get("event", "")), str(r.get("target", "")), str(r.get("detail", ""))))

@@ -53,6 +53,7 @@ class ScenarioRunner:
         self.rows: list[dict[str, Any]] = []
         self.flows: dict[str, str] = {}  # key -> source node
         self.blocked: dict[str, list[list[str]]] = {}  # the link-down and partition steps in force: key -> groups
+        self.paused: set[str] = set()  # the nodes a pause step froze (until their resume)
         self.t0: Optional[float] = None
         self.t0_wall: float = 0.0
         self._heap: list[tuple[float, int, float, Step, bool]] = []  # due, order, planned_s, step, prepare
@@ -217,6 +218,7 @@ class ScenarioRunner:
         if kind in ("pause", "resume"):
             self.worker.fault({"version": 1, "faults": [{"kind": "freeze" if kind == "pause" else "thaw",
                                                          "node": p["node"]}]})
+            (self.paused.add if kind == "pause" else self.paused.discard)(p["node"])
             return None
         if kind == "limits":
             self.worker.fault({"version": 1, "faults": [{"kind": "limits", **p}]})

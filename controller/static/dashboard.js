@@ -3,7 +3,8 @@
 // window.edgetb exposes counters that the browser tests and bench/bench_dashboard.py read.
 "use strict";
 (() => {
-  const E = window.edgetb = {updates: 0, lastRenderMs: 0, maxRenderMs: 0, loadMs: null, mode: null, runId: null};
+  const E = window.edgetb = {updates: 0, lastRenderMs: 0, maxRenderMs: 0, loadMs: null, mode: null, runId: null,
+    view: () => view, apply: (u) => apply(u)};
   const MAX_ROWS = 300;       // table rows drawn at once (filter to see others)
   const LABELS_UP_TO = 60;    // node names drawn on the graph up to this many nodes (hover beyond)
   const FORCE_UP_TO = 150;    // a force layout up to this many nodes, a grid beyond
