@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     down = sub.add_parser("down", help="remove every node, link and rule of this testbed")
     down.add_argument("--runtime", choices=("netns", "docker"), default=None,
                       help="the kind of nodes to look for when the state file is lost (default: as recorded)")
+    dash = sub.add_parser("dashboard", help="serve the dashboard of the stored runs in WORKDIR/dml_file/log/")
+    dash.add_argument("--workdir", default=".", help="the experiment directory (default: here)")
+    dash.add_argument("--port", type=int, default=3333, help="port on 127.0.0.1 (default 3333)")
     an = sub.add_parser("analyze", help="the traffic and burst metrics of a finished run, into RUN_DIR/analysis/")
     an.add_argument("run_dir", help="a run folder (dml_file/log/<run id>)")
     an.add_argument("--link", action="append", default=[], metavar="SRC->DST",
@@ -163,6 +166,23 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(f"  fidelity: {verdict} ({fid['passed']} of {fid['checked']} checks)")
     for name in summary["files"]:
         print(f"  {name}")
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from controller.dashboard import create_viewer
+    from controller.run_view import list_runs, log_root
+    from worker.serving import serve
+
+    runs = list_runs(args.workdir)
+    if not runs:
+        raise ConfigError(f"no run in {log_root(args.workdir)}: give the experiment directory with --workdir")
+    _progress(f"{len(runs)} runs in {log_root(args.workdir)}; dashboard on http://localhost:{args.port}/ "
+              "(Ctrl-C stops it)")
+    try:
+        serve(create_viewer(args.workdir), args.port, "127.0.0.1")
+    except OSError as e:
+        raise ConfigError(f"cannot listen on 127.0.0.1:{args.port}: {e.strerror or e}") from None
     return 0
 
 
@@ -486,7 +506,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "scenario": cmd_scenario,
-            "monitor": cmd_monitor, "analyze": cmd_analyze, "down": cmd_down}
+            "monitor": cmd_monitor, "analyze": cmd_analyze, "dashboard": cmd_dashboard, "down": cmd_down}
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -11,6 +11,8 @@
 - ``GET /api/link?src=&dst=[&run=<id>]``: one link's throughput series and its rate;
 - ``POST /api/link`` ``{"src", "dst", "bw"}``: change a link's rate in place.
 
+``edgetb dashboard`` serves the same page for the stored runs alone (``create_viewer``).
+
 Reading needs what ``/status`` needs (loopback or the admin token); the POST needs what every
 state change needs (``controller.app``): a trusted local user or the admin token, and a page
 of this origin. The page's buttons post to ``/start``, ``/finish`` and ``/emulated/reset``.
@@ -18,6 +20,7 @@ of this origin. The page's buttons post to ``/start``, ``/finish`` and ``/emulat
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any, Callable, Optional
@@ -114,3 +117,29 @@ def register(app: Flask, workdir: str, reader: Callable[[], None], user: Callabl
         if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in ("src", "dst", "bw")):
             raise ConfigError('give the link and its rate: POST {"src": "n1", "dst": "n2", "bw": "5mbit"}')
         return jsonify(run_blocking(exp.update_link, body["src"], body["dst"], body["bw"]))
+
+
+def create_viewer(workdir: str) -> Flask:
+    """A read-only server of ``workdir``'s stored runs (``edgetb dashboard``): the page and the
+    runs' views for loopback callers of this host's names; nothing it serves changes anything."""
+    from controller import callers
+    from worker.errors import AuthError
+    from worker.serving import json_errors
+
+    app = Flask("edgetb-dashboard", static_folder=STATIC, static_url_path="/static")
+    hosts = callers.HostPolicy()
+
+    @app.before_request
+    def same_site() -> None:
+        hosts.check(request.headers)
+
+    def reader() -> None:
+        if not callers.is_loopback(request.remote_addr):
+            raise AuthError("the stored runs are served to this host only (ssh -L to look from elsewhere)")
+
+    def user() -> None:
+        raise NotFound("this server shows stored runs only")
+
+    json_errors(app, logging.getLogger("edgetb.dashboard"))
+    register(app, workdir, reader, user)
+    return app

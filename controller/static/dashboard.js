@@ -8,6 +8,7 @@
   const MAX_ROWS = 300;       // table rows drawn at once (filter to see others)
   const LABELS_UP_TO = 60;    // node names drawn on the graph up to this many nodes (hover beyond)
   const FORCE_UP_TO = 150;    // a force layout up to this many nodes, a grid beyond
+  const BUSY_EDGES_ABOVE = 300;  // beyond this many nodes idle links are drawn faint
   const STATE_COLOURS = {running: "#4e79a7", done: "#59a14f", failed: "#e15759", paused: "#b07aa1",
     revoked: "#9c755f", crashed: "#9c755f", pending: "#bab0ac", stopped: "#bab0ac"};
   const UNMARKED = new Set(["done", "stopped"]);  // timeline kinds not marked on the charts
@@ -163,12 +164,19 @@
       {selector: "edge", style: {width: "data(w)", "line-color": "#d0d0d0", "curve-style": n > 100 ? "haystack" : "bezier",
         "target-arrow-shape": n > 100 ? "none" : "triangle", "target-arrow-color": "#d0d0d0", "arrow-scale": 0.6,
         opacity: n > 300 ? 0.5 : 0.9}},
-      {selector: "edge.u1", style: {"line-color": "#59a14f", "target-arrow-color": "#59a14f"}},
+      {selector: "edge.u1", style: {"line-color": "#76b7b2", "target-arrow-color": "#76b7b2"}},
       {selector: "edge.u2", style: {"line-color": "#f28e2b", "target-arrow-color": "#f28e2b"}},
       {selector: "edge.u3", style: {"line-color": "#e15759", "target-arrow-color": "#e15759"}},
       {selector: "edge.down", style: {"line-color": "#e15759", "line-style": "dashed", opacity: 1}},
       {selector: "edge:selected", style: {"line-color": "#1f2933", "target-arrow-color": "#1f2933", width: 4}},
+      {selector: ".faded", style: {opacity: 0.04}},
+      {selector: "node.focus", style: {"border-width": 3, "border-color": "#1f2933"}},
     ];
+    if (n > BUSY_EDGES_ABOVE) {  // a hairball otherwise: idle links faint, busy ones clear
+      style.splice(2, 0, {selector: "edge", style: {opacity: 0.04}});
+      style.splice(4, 0, {selector: "edge.u1", style: {opacity: 0.08}});
+      style.push({selector: "edge.u2, edge.u3", style: {opacity: 0.5}});
+    }
     for (const [k, colour] of Object.entries(STATE_COLOURS)) {
       style.push({selector: "node." + k, style: {"background-color": colour}});
     }
@@ -190,7 +198,23 @@
     });
     cy.on("mouseout", "node", () => { tip.style.display = "none"; });
     cy.on("tap", "edge", (ev) => loadLink(ev.target.data("i")));
+    cy.on("tap", "node", (ev) => {  // a node's links and neighbours stand out; a tap elsewhere undoes it
+      cy.batch(() => {
+        cy.elements().addClass("faded").removeClass("focus");
+        ev.target.closedNeighborhood().removeClass("faded");
+        ev.target.addClass("focus");
+      });
+    });
+    cy.on("tap", (ev) => { if (ev.target === cy) cy.elements().removeClass("faded focus"); });
     updateGraph();
+  }
+
+  function swap(element, cls) {  // the state or load class, leaving the others (faded, focus) alone
+    const old = element.scratch("_cls");
+    if (old === cls) return;
+    if (old) element.removeClass(old);
+    if (cls) element.addClass(cls);
+    element.scratch("_cls", cls);
   }
 
   function updateGraph() {
@@ -199,13 +223,13 @@
     cy.batch(() => {
       cy.nodes().forEach((node, i) => {
         const cls = stateClass(s.state[i]);
-        if (node.scratch("_cls") !== cls) { node.classes(cls); node.scratch("_cls", cls); }
+        swap(node, cls);
       });
       cy.edges().forEach((edge) => {
         const i = edge.data("i"), rate = s.link_rate_bps[i], b = s.link_bps[i] || 0;
         const u = rate ? b / rate : 0;
         const cls = down.has(i) ? "down" : b < 1000 ? "" : u < 0.5 ? "u1" : u < 0.9 ? "u2" : "u3";
-        if (edge.scratch("_cls") !== cls) { edge.classes(cls); edge.scratch("_cls", cls); }
+        swap(edge, cls);
       });
     });
   }
@@ -285,7 +309,7 @@
         "\">overlay accuracy</button></td></tr>").join("");
       if (view) drawHeader();
       return r;
-    } catch (e) { say("runs: " + e.message, true); return {runs: []}; }
+    } catch (e) { say("runs: " + e.message, true); return {runs: [], live_run: null}; }
   }
 
   // loading and updating -------------------------------------------------------------------------
@@ -352,7 +376,7 @@
       openStream();
       return true;
     } catch (e) {
-      if (e.status !== 404) say("live run: " + e.message, true);
+      say("live run: " + e.message, true);
       return false;
     }
   }
@@ -366,12 +390,13 @@
     } catch (e) { say("run " + runId + ": " + e.message, true); }
   }
 
-  async function route() {
+  let runs = {runs: [], live_run: null};
+
+  async function route() {  // #run=<id>: a stored run; else the live run, or the newest stored one
     const m = /^#run=(.+)$/.exec(location.hash);
     if (m) return openStored(decodeURIComponent(m[1]));
-    if (await openLive()) return;
-    const r = await loadRuns();
-    if (r.runs.length) { location.hash = "#run=" + encodeURIComponent(r.runs[0].run_id); }
+    if (runs.live_run != null && await openLive()) return;
+    if (runs.runs.length) { location.hash = "#run=" + encodeURIComponent(runs.runs[0].run_id); }
     else say("no live run and no stored run in dml_file/log/");
   }
 
@@ -424,5 +449,5 @@
   $("btn-live").addEventListener("click", () => { history.pushState("", "", location.pathname); route(); });
   window.addEventListener("hashchange", route);
   window.addEventListener("resize", () => { if (view) { buildCharts(); drawCharts(); } });
-  route().then(loadRuns);
+  loadRuns().then((r) => { runs = r; return route(); });
 })();

@@ -138,3 +138,39 @@ def test_the_dashboard_follows_a_live_run_and_opens_it_from_its_files(run, brows
     assert any(run_id in row.text for row in rows)
     assert console_errors(browser) == []
     browser.save_screenshot(str(shots / "stored_run.png"))
+
+
+def test_edgetb_dashboard_shows_the_stored_runs_alone(tmp_path, browser):
+    """``edgetb dashboard`` without a live run: the page opens the newest stored run; nothing can be changed."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.unit.test_dashboard import _stored_run
+
+    workdir, _ = _stored_run(tmp_path)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "dashboard", "--workdir", str(workdir),
+                             "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://localhost:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                runs = requests.get(url + "/api/runs", timeout=5).json()
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()
+                time.sleep(0.2)
+        assert [r["run_id"] for r in runs["runs"]] == ["run1"] and runs["live_run"] is None
+        assert requests.get(url + "/api/view", timeout=5).status_code == 404
+        link = requests.post(url + "/api/link", json={"src": "a", "dst": "b", "bw": "1mbit"}, timeout=5)
+        assert link.status_code == 404
+        browser.get(url + "/")
+        wait_for(browser, "return window.edgetb && window.edgetb.runId === 'run1'", what="the newest stored run")
+        assert browser.execute_script("return window.edgetb.view().nodes.length") == 3
+        assert not browser.find_element(By.ID, "controls").is_displayed()
+        assert console_errors(browser) == []
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0, proc.stdout.read()
