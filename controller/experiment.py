@@ -822,10 +822,11 @@ class Experiment:
         ips.update({n["name"]: n["ip"] for n in self.worker.status()["nodes"]})
         result = deploy.merge_links(changed, self.worker, ips)
         for (src, dst), link in changed.links.items():
+            before = self.topology.links.get((src, dst))
             self.topology.links[(src, dst)] = link
             if self.telemetry is not None:
                 self.telemetry.rates_bps[(src, dst)] = link.shape.rate_bps
-            self.live.event("link", f"{src}->{dst}", link.shape.describe())
+            self.live.link_changed(src, dst, before.shape.rate_bps if before else None, link.shape)
         return result
 
     def close(self, how: str) -> None:

@@ -102,6 +102,7 @@ class LiveFeed:
         self._history = np.full((LINK_HISTORY, len(self.link_keys)), np.nan, np.float32)
         self._history_t = np.full(LINK_HISTORY, np.nan)
         self._samples = 0
+        self._rates: dict[tuple[str, str], list[tuple[float, int]]] = {}  # link -> (t_s, rate from then), changes
         self._lock = threading.Lock()
 
     def _node_meta(self, name: str) -> dict[str, Any]:
@@ -137,6 +138,15 @@ class LiveFeed:
         self.timeline.append({"seq": self._seq, "t_s": _r(self.t_s() if t_s is None else t_s, 3), "kind": kind,
                               "target": target, "detail": detail})
         del self.timeline[:-TIMELINE_MAX]
+
+    def link_changed(self, src: str, dst: str, before_bps: Optional[int], shape: Any) -> None:
+        """Link ``src -> dst`` was re-shaped now (from ``before_bps``): a timeline entry, and the
+        rate the link chart draws from now on."""
+        with self._lock:
+            now = self.t_s()
+            changes = self._rates.setdefault((src, dst), [(float("-inf"), before_bps)] if before_bps else [])
+            changes.append((now, shape.rate_bps))
+            self._event("link", f"{src}->{dst}", shape.describe(), now)
 
     # sampling ----------------------------------------------------------------------------------
     def sample(self) -> None:
@@ -280,9 +290,12 @@ class LiveFeed:
             n = min(self._samples, LINK_HISTORY)
             order = [(self._samples - n + k) % LINK_HISTORY for k in range(n)]
             link = self.exp.topology.links.get((src, dst))
-            return {"src": src, "dst": dst, "t_s": [_r(self._history_t[k], 3) for k in order],
-                    "bps": [_r(self._history[k, i], 1) for k in order],
-                    "rate_bps": link.shape.rate_bps if link else None}
+            rate = link.shape.rate_bps if link else None
+            changes = self._rates.get((src, dst), [])
+            times = [float(self._history_t[k]) for k in order]
+            rates = [next((r for t0, r in reversed(changes) if t0 <= t), rate) if changes else rate for t in times]
+            return {"src": src, "dst": dst, "t_s": [_r(t, 3) for t in times],
+                    "bps": [_r(self._history[k, i], 1) for k in order], "rate_bps": rate, "rates": rates}
 
 
 def _pick(global_accuracy: Optional[float], accuracy: Optional[float]) -> Optional[float]:

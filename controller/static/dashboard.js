@@ -115,7 +115,7 @@
     charts["chart-throughput"].setData([t.t_s, t.throughput_bps]);
     charts["chart-cpu"].setData([t.t_s, t.cpu_med, t.cpu_lo, t.cpu_hi]);
     charts["chart-mem"].setData([t.t_s, t.mem_med, t.mem_lo, t.mem_hi]);
-    if (linkSeries) charts["chart-link"].setData([linkSeries.t_s, linkSeries.bps, linkSeries.t_s.map(() => linkSeries.rate_bps)]);
+    if (linkSeries) charts["chart-link"].setData([linkSeries.t_s, linkSeries.bps, linkSeries.rates]);
   }
 
   // the link chart -------------------------------------------------------------------------------
@@ -143,6 +143,8 @@
       (view.live ? "" : "&run=" + encodeURIComponent(view.run_id));
     try {
       linkSeries = await getJSON("/api/link?" + q);
+      // a stored run's link has one rate; a live one's the rate of each sample (later samples add theirs)
+      if (!linkSeries.rates) linkSeries.rates = linkSeries.t_s.map(() => linkSeries.rate_bps);
       drawCharts();
     } catch (e) { say("link " + l.src + " → " + l.dst + ": " + e.message, true); }
   }
@@ -344,7 +346,7 @@
       const i = chosen;
       linkSeries.t_s.push(u.snapshot.t_s);
       linkSeries.bps.push(u.snapshot.link_bps[i]);
-      linkSeries.rate_bps = u.snapshot.link_rate_bps[i];
+      linkSeries.rates.push(u.snapshot.link_rate_bps[i]);
     }
     drawHeader();
     updateGraph();

@@ -207,3 +207,19 @@ def test_the_dashboard_routes(tmp_path, experiment):
     foreign = client.post("/api/link", json={"src": "a", "dst": "b", "bw": "1mbit"},
                           headers={**auth, "Origin": "http://attacker.example"})
     assert foreign.status_code == 403
+
+
+def test_the_link_chart_draws_the_rate_each_sample_had(experiment):
+    from worker.shape import Shape
+
+    exp, feed = experiment, experiment.live
+    exp.phase, exp.t_start_monotonic = "running", 0.0
+    for k in range(4):
+        feed.clock = lambda k=k: float(k)
+        if k == 2:
+            feed.link_changed("a", "b", 8_000_000, Shape(rate_bps=1_000_000))
+        exp.telemetry = _telemetry(float(k), 1000 * k, 0)
+        feed.sample()
+    series = feed.link_series("a", "b")
+    assert series["rates"] == [8_000_000, 8_000_000, 1_000_000, 1_000_000]
+    assert feed.timeline[-1]["kind"] == "link" and feed.timeline[-1]["detail"] == "1mbit"
