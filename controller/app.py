@@ -7,7 +7,9 @@ Who may do what (``controller.callers`` reads the identities):
   belongs to root or to the user who started the controller through sudo: ``curl
   localhost:3333/start`` works for them, and is refused (403) for every other local user.
   EdgeTB's GET routes stay for curl; each also answers POST, for programs and browsers.
-- ``/status`` is read by any loopback caller, or with the admin token.
+- ``/status``, ``/metrics`` and the dashboard (``/``, ``/api/*``: ``controller.dashboard``) are
+  read by any loopback caller, or with the admin token; the dashboard's ``POST /api/link`` is a
+  state change like the others.
 - A node signs ``/print`` and ``/log`` with a key derived from its own secret, which the
   controller handed it when it started it: the node is the one whose key verifies
   (``controller.node_auth``), never the one a message names. Agents fetch ``/files`` with the
