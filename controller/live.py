@@ -163,7 +163,8 @@ class LiveFeed:
             snap = self._snapshot(latest_nodes)
             accs = [a for a in (_pick(g, a) for g, a in zip(snap["global_accuracy"], snap["accuracy"]))
                     if a is not None]
-            point = {"t_s": round(now, 3), "throughput_bps": _r(float(self._link_bps.sum()), 1)}
+            point = {"t_s": round(now, 3),
+                     "throughput_bps": _r(float(self._link_bps.sum()), 1) if latest_links else None}
             for prefix, values in (("acc", accs), ("loss", [x for x in snap["loss"] if x is not None]),
                                    ("cpu", list(self._cpu.values())),
                                    ("mem", [m for m in snap["mem_bytes"] if m is not None])):

@@ -191,8 +191,11 @@ def test_ring_loses_a_node_re_forms_and_finishes_with_the_survivors(run):
     survivors = [n for n in names if n != "r3"]
     for name in survivors:
         node = nodes[name]
-        assert node["ended"] == "done" and node["rounds"] == rounds and node["accuracy"] >= 0.85, node
         got = rounds_of(events[name])
+        # a survivor whose reduce of the crash's round failed while another's completed is behind
+        # at the re-formation: it takes the ring's model and goes on from the next round
+        assert node["ended"] == "done" and node["accuracy"] >= 0.85, node
+        assert got[-1]["round"] == rounds and node["rounds"] >= rounds - 1, got
         assert got[0]["members"] == names and got[-1]["members"] == survivors, got
         assert any(e["dropped"] == ["r3"] for e in of_type(events[name], "ring_formed")), name
     models = [load_file(path) for path in summary["models"] if Path(path).stem in survivors]
