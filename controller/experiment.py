@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 
 import requests
 
-from controller import deploy, evaluate, node_auth, results, run_record
+from controller import deploy, evaluate, node_auth, probe, results, run_record
 from controller.agent_client import Worker
 from controller.live import LiveFeed
 from controller.progress import Progress
@@ -55,6 +55,8 @@ MAX_LOG_BYTES = 64 * 1024 * 1024
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events
 CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
+READY_POLL_S = 0.3  # between probes of the nodes not answering yet
+START_THREADS = 4  # node processes started at once (each waits for its fork by the worker)
 SETTLED = ("done", "stopped", "failed", "timeout", "lost")
 UNSETTLED = ("pending", "running")  # every other state is an ending (expected deaths end as their why)
 REPLACE_READY_S = 60.0  # how long a replaced node's process may take to answer
@@ -197,8 +199,13 @@ class Experiment:
             self._write_record()
             self.progress(f"starting {len(self.nodes)} node processes")
             self._controller_url = controller
-            for name in self.nodes:
-                self._start_process(name)
+            names = list(self.nodes)
+            started = time.monotonic()
+            self._start_process(names[0])  # the first alone: a mistake common to all is said once
+            with ThreadPoolExecutor(max_workers=START_THREADS) as pool:  # the others' hand-offs overlap
+                list(pool.map(self._start_process, names[1:]))
+            self.progress(f"started {len(names)} node processes in {time.monotonic() - started:.1f} s; "
+                          "waiting for each to answer")
             self._wait_ready(ready_timeout_s or 30 + 1.0 * len(self.nodes))
         except BaseException as e:
             self.phase, self.error = "failed", str(e)
@@ -229,15 +236,17 @@ class Experiment:
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         waiting = set(self.nodes)
-        while waiting:
-            for name in sorted(waiting):
-                if self._health(name) is not None:
+        while waiting:  # /health only of the ones that take a connection: the rest need the CPU to start
+            open_ports = probe.listening([(n, self.nodes[n].ip, self.node_port) for n in sorted(waiting)])
+            names = sorted(open_ports)
+            for name, health in zip(names, self._each_node(self._health, names) if names else []):
+                if health is not None:
                     self.nodes[name].up = True
                     waiting.discard(name)
             if waiting and time.monotonic() > deadline:
                 raise TestbedTimeout(f"nodes did not answer within {timeout_s:g}s: {', '.join(sorted(waiting))}")
             if waiting:
-                time.sleep(0.2)
+                time.sleep(READY_POLL_S)
 
     def _node_url(self, name: str, path: str) -> str:
         return f"http://{self.nodes[name].ip}:{self.node_port}{path}"

@@ -333,12 +333,18 @@ class WorkerHost:
                 self._zygote = zygote.Zygote(self.code_root, os.path.join(self.store.logs_dir(), "zygote.log"))
                 self._zygote.start()
             zyg = self._zygote
-        request = {"args": args, "uid": ident.uid, "gid": ident.gid, "netns": self.runtime.netns_path(rec),
+        request = {"args": args, "uid": ident.uid, "gid": ident.gid,
                    "cgroup_procs": self.runtime.procs_files(rec),
                    "ops": [[op.kind, op.path, op.writable] for op in privilege.plan_view(view)]}
         child_env = _child_env(env)
         child_env.setdefault("HOME", view.home or "/")
-        return zyg.spawn(request, log_fd, child_env)
+        netns = self.runtime.netns_path(rec)
+        netns_fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC) if netns else None
+        try:
+            return zyg.spawn(request, log_fd, child_env, netns_fd)
+        finally:
+            if netns_fd is not None:
+                os.close(netns_fd)
 
     def _popen(self, node: str, argv: list[str], env: dict[str, str], **kwargs: Any) -> Any:
         """Start a process in ``node``: netns and physical nodes get their least-privilege view and
@@ -456,7 +462,8 @@ class WorkerHost:
             raise ConfigError("env must map strings to strings")
         if not os.path.isdir(os.path.join(self.code_root, "dml_app")):
             raise ConfigError(f"no dml_app in {self.code_root}: sync the code to this host first")
-        os.makedirs(os.path.join(self.workdir, "dml_file"), exist_ok=True)
+        if not os.path.isdir(os.path.join(self.workdir, "dml_file")):  # (mkdir takes the directory lock)
+            os.makedirs(os.path.join(self.workdir, "dml_file"), exist_ok=True)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ConfigError("env must map strings to strings")
         python = "python3" if self.runtime.kind == "docker" else sys.executable

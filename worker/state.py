@@ -82,5 +82,6 @@ class StateStore:
 
     def logs_dir(self) -> str:
         path = os.path.join(self.dir, "logs")
-        os.makedirs(path, exist_ok=True)
+        if not os.path.isdir(path):
+            os.makedirs(path, exist_ok=True)
         return path

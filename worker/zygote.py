@@ -15,6 +15,12 @@ Secrets never pass through the zygote's memory: a node's environment (its secret
 pipe the worker filled, passed as a file descriptor, and only the child reads it. So a node
 cannot find another node's secret in the pages it shares with the zygote.
 
+The zygote lives in a mount namespace of its own (a slave of the host's) without the host's
+``/run/netns`` handles: each child copies the zygote's mount table into a namespace of its own, and
+with a thousand nodes, a thousand handles made that copy (under the kernel's one mount lock) cost
+every child about 20 ms, one after another. So the worker hands each child its network namespace
+as a descriptor, not a path.
+
 A node dies with the zygote (its parent-death signal), and the zygote with the process that
 started it (the same signal, set by ``privilege``'s spawner thread), ``kill -9`` included; the
 zygote also leaves when its control socket closes.
@@ -24,8 +30,8 @@ pickle), with file descriptors as ``SCM_RIGHTS``:
 
 * zygote -> worker, once: ``{"ready": <zygote pid>}``;
 * worker -> zygote: ``{"op": "spawn", "id": N, "args": [...], "uid", "gid", "netns", "cgroup_procs",
-  "ops": [[kind, path, writable], ...]}`` with two descriptors: the log (stdout and stderr) and
-  the environment pipe;
+  "ops": [[kind, path, writable], ...]}`` with two descriptors, the log (stdout and stderr) and
+  the environment pipe, and a third, the node's network namespace, when ``netns`` is true;
 * zygote -> worker: ``{"id": N, "pid": P}`` or ``{"id": N, "error": "..."}``: once the child
   is set up when the request says ``"wait": true`` (the first node), else at the fork, and later,
   should its set-up fail, ``{"setup_failed": P, "error": "..."}``;
@@ -54,6 +60,7 @@ SPAWN_TIMEOUT_S = 60.0
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_FDS = 4
 READY_TIMEOUT_S = 120.0
+ZYGOTE_NICE = -10
 
 
 def _close(fd: int) -> None:
@@ -170,11 +177,13 @@ class Zygote:
         self._reader = threading.Thread(target=self._read, name="edgetb-zygote-reader", daemon=True)
         self._reader.start()
 
-    def spawn(self, request: dict[str, Any], log_fd: int, env: dict[str, str]) -> ZygoteProcess:
+    def spawn(self, request: dict[str, Any], log_fd: int, env: dict[str, str],
+              netns_fd: Optional[int] = None) -> ZygoteProcess:
         """Fork a node process for ``request`` (see the module's protocol); ``env`` travels in a
         pipe that only the child reads. The zygote's first node is awaited until it is set up (a
         mistake common to all nodes is an error here); later ones are answered at the fork, and a
-        failed set-up ends the process (exit 125, ``error`` and its log say why)."""
+        failed set-up ends the process (exit 125, ``error`` and its log say why). ``netns_fd``: the
+        node's network namespace (the zygote's mount namespace has no ``/run/netns``)."""
         if self._sock is None:
             raise NodeRuntimeError("the node zygote is not running")
         data = json.dumps(env).encode()
@@ -190,8 +199,9 @@ class Zygote:
                 request_id = next(self._ids)
                 self._pending[request_id] = done
                 try:
-                    _send(self._sock, {**request, "op": "spawn", "id": request_id, "wait": not self._proven},
-                          [log_fd, env_r])
+                    _send(self._sock, {**request, "op": "spawn", "id": request_id, "wait": not self._proven,
+                                       "netns": netns_fd is not None},
+                          [log_fd, env_r] + ([netns_fd] if netns_fd is not None else []))
                 except OSError as e:
                     self._pending.pop(request_id, None)
                     raise NodeRuntimeError(f"the node zygote is gone: {e}") from None
@@ -325,6 +335,10 @@ def serve(argv: list[str]) -> None:
     from worker import privilege  # before gevent's patches: its locks and queue stay the kernel's
 
     _preload()
+    privilege.leave_netns_handles()
+    # ahead of the nodes it forks: hundreds of them starting on a few cores would otherwise hold up
+    # the next fork (each child takes the default priority back before it runs anything)
+    os.setpriority(os.PRIO_PROCESS, 0, ZYGOTE_NICE)
     from gevent._hub_local import get_hub_if_exists
 
     if get_hub_if_exists() is not None:  # a child would inherit its loop's descriptors
@@ -346,7 +360,7 @@ def serve(argv: list[str]) -> None:
     import _socket
 
     sock = _socket.socket(fileno=fd)
-    ctx = {"last_cap": privilege._last_cap(), "hide_pids": privilege.per_mount_proc()}
+    ctx = {"last_cap": privilege._last_cap(), "hide_pids": privilege.per_mount_proc(), "homes": cgroup_homes()}
     # a child's end wakes the loop at once (the handler only makes SIGCHLD write to the pipe)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -380,17 +394,17 @@ def serve(argv: list[str]) -> None:
             continue
         if msg is None:  # the worker closed the socket: leave (the children die with us)
             os._exit(0)
-        if msg.get("op") != "spawn" or len(fds) != 2:
+        if msg.get("op") != "spawn" or len(fds) != 2 + bool(msg.get("netns")):
             for extra in fds:
                 _close(extra)
             _send(sock, {"id": msg.get("id"), "error": "unknown request"})
             continue
-        log_fd, env_fd = fds
+        log_fd, env_fd = fds[:2]
         try:
-            pid, status_r = _fork_node(msg, log_fd, env_fd, ctx, fork, gc)
+            pid, status_r = _fork_node(msg, log_fd, env_fd, fds[2] if len(fds) > 2 else -1, ctx, fork, gc)
         finally:
-            _close(log_fd)
-            _close(env_fd)
+            for passed in fds:
+                _close(passed)
         children.add(pid)
         if msg.get("wait", True):
             report = _read_setup(status_r, poll)
@@ -456,17 +470,78 @@ def _reap(children: set[int], waitpid: Any) -> list[tuple[int, int]]:
     return ended
 
 
-def _fork_node(msg: dict[str, Any], log_fd: int, env_fd: int, ctx: dict[str, Any], fork: Any,
+def cgroup_homes() -> dict[str, str]:
+    """This process's own group in each cgroup hierarchy: mount point -> its ``cgroup.procs``."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return {}
+    homes = {}
+    for fields in mounts:
+        dash = fields.index("-") if "-" in fields else -1
+        if dash < 0 or len(fields) < dash + 4 or fields[dash + 1] not in ("cgroup", "cgroup2"):
+            continue
+        point, root = fields[4], fields[3]
+        options = set(fields[dash + 3].split(","))
+        for _, controllers, path in own:
+            v2 = fields[dash + 1] == "cgroup2" and controllers == ""
+            named = {c for c in controllers.split(",") if c}
+            if v2 or (named and named <= options | {f"name={o[5:]}" for o in options if o.startswith("name=")}):
+                relative = os.path.relpath(path, root) if path.startswith(root) else None
+                if relative is not None:
+                    homes[point] = os.path.normpath(os.path.join(point, relative, "cgroup.procs"))
+    return homes
+
+
+def _home_of(procs_file: str, homes: dict[str, str]) -> Optional[str]:
+    """The zygote's own ``cgroup.procs`` in the hierarchy of ``procs_file``."""
+    points = [p for p in homes if procs_file.startswith(p.rstrip("/") + "/")]
+    return homes[max(points, key=len)] if points else None
+
+
+def _move_self(files: Sequence[str]) -> None:
+    pid = str(os.getpid()).encode()
+    for path in files:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, pid)
+        finally:
+            _close(fd)
+
+
+def _fork_node(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, ctx: dict[str, Any], fork: Any,
                gc: Any) -> tuple[int, int]:
-    """Fork the child; its pid and the pipe on which it reports its set-up (``ok``, or why not)."""
+    """Fork the child; its pid and the pipe on which it reports its set-up (``ok``, or why not).
+
+    The child is born in its node's cgroups: the zygote moves itself there, forks and moves back.
+    A move waits for an RCU grace period (several ms) unless another came just before; the
+    zygote's moves come back to back, where a thousand children each moving itself while others
+    start made a queue of them. When a group cannot be joined this way, the child tries (and
+    reports why it cannot)."""
     status_r, status_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()  # everything so far is shared with the child and never collected there
-    pid = fork()
-    if pid == 0:  # pragma: no cover - the child, checked by the netns and security tiers
-        _close(status_r)
-        _child(msg, log_fd, env_fd, status_w, ctx)
+    targets = list(msg["cgroup_procs"])
+    homes = [_home_of(t, ctx["homes"]) for t in targets]
+    born_in = False
+    if targets and all(homes):
+        try:
+            _move_self(targets)
+            born_in = True
+        except OSError:
+            _move_self(homes)  # type: ignore[arg-type]
+    try:
+        pid = fork()
+        if pid == 0:  # pragma: no cover - the child, checked by the netns and security tiers
+            _close(status_r)
+            _child({**msg, "cgroup_procs": []} if born_in else msg, log_fd, env_fd, netns_fd, status_w, ctx)
+    finally:
+        if born_in:
+            _move_self(homes)  # type: ignore[arg-type]
     _close(status_w)
     return pid, status_r
 
@@ -491,12 +566,13 @@ def _read_setup(status_r: int, poll: Any) -> str:
                                                 else "set-up timed out")
 
 
-def _child(msg: dict[str, Any], log_fd: int, env_fd: int, status_w: int, ctx: dict[str, Any]) -> None:
+def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_w: int, ctx: dict[str, Any]) -> None:
     """In the forked child: become the node, then run it. Never returns."""
     from worker import privilege
 
     try:
         signal.set_wakeup_fd(-1)  # the zygote's: closed below, and not this process's business
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
         monkey_signal = _original_signal()
         monkey_signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
@@ -513,13 +589,8 @@ def _child(msg: dict[str, Any], log_fd: int, env_fd: int, status_w: int, ctx: di
                 os.write(cg, pid)
             finally:
                 _close(cg)
-        if msg.get("netns"):
-            ns = os.open(msg["netns"], os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if privilege._libc.setns(ns, 0x40000000) != 0:
-                    raise privilege._oserror("setns into", msg["netns"])
-            finally:
-                _close(ns)
+        if netns_fd >= 0 and privilege._libc.setns(netns_fd, 0x40000000) != 0:
+            raise privilege._oserror("setns into", "the node's network namespace")
         privilege._apply_view([privilege.Op(kind, path, bool(writable)) for kind, path, writable in msg["ops"]])
         if ctx["hide_pids"]:
             privilege._mount(b"proc", "/proc", b"proc", privilege.MS_NOSUID | privilege.MS_NODEV | privilege.MS_NOEXEC,

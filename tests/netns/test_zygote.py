@@ -63,12 +63,27 @@ def test_nodes_are_forked_by_one_zygote_into_their_namespace_and_cgroup(host: Wo
         ns = os.stat(nsfs.netns_path(host.runtime.node(node)["netns"]))
         assert (net.st_ino, net.st_dev) == (ns.st_ino, ns.st_dev)
     assert procs["a"]["pid"] in host.runtime.cgroups.pids("a")  # its limits apply
+    assert zyg.pid not in host.runtime.cgroups.pids("a") | host.runtime.cgroups.pids("b")  # it forked, went home
     # no limits: at most an accounting group (for its CPU and memory counters), holding only b
     assert host.runtime.cgroups.pids("b") in (set(), {procs["b"]["pid"]})
     assert all(p["running"] for p in host.processes()["processes"])
-    # the zygote runs in the host's namespaces; the nodes in their own mount namespaces
+    # the zygote runs in the host's network namespace and a mount namespace of its own without the
+    # host's netns handles (each node copies its table); the nodes in mount namespaces of their own
     assert os.stat(f"/proc/{zyg.pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino
+    assert os.stat(f"/proc/{zyg.pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino
     assert os.stat(f"/proc/{procs['a']['pid']}/ns/mnt").st_ino != os.stat(f"/proc/{zyg.pid}/ns/mnt").st_ino
+
+    def netns_handles(pid: int) -> list[str]:
+        with open(f"/proc/{pid}/mountinfo") as f:
+            return [line for line in f if f" {nsfs.NETNS_DIR}/" in line]
+    assert netns_handles(os.getpid()) and not netns_handles(zyg.pid) and not netns_handles(procs["a"]["pid"])
+    # a node made after the zygote started (its handle is not in the zygote's table) still starts
+    host.create_nodes(nodes_body("c"))
+    c = start(host, "c")
+    wait_for(lambda: healthy(host, "c"), what="c's /health")
+    net = os.stat(f"/proc/{c['pid']}/ns/net")
+    ns = os.stat(nsfs.netns_path(host.runtime.node("c")["netns"]))
+    assert (net.st_ino, net.st_dev) == (ns.st_ino, ns.st_dev)
 
 
 def test_stop_and_reset_end_zygote_nodes_and_the_zygote(host: WorkerHost) -> None:
@@ -91,14 +106,17 @@ def test_a_node_killed_outside_is_seen_ended(host: WorkerHost) -> None:
     assert host.processes()["processes"][0]["returncode"] == -signal.SIGKILL
 
 
+MISSING_GROUP = "/sys/fs/cgroup/pids/edgetb-missing-group/cgroup.procs"
+
+
 def test_a_node_that_cannot_be_set_up_is_an_error(tmp_path) -> None:
     zyg = zygote.Zygote(REPO, str(tmp_path / "zygote.log"))
     zyg.start()
     try:
         with open(tmp_path / "node.log", "wb") as log:
-            with pytest.raises(NodeRuntimeError, match="missing-namespace"):
-                zyg.spawn({"args": [], "uid": 65534, "gid": 65534, "netns": "/run/netns/missing-namespace",
-                           "cgroup_procs": [], "ops": []}, log.fileno(), {"PATH": "/usr/bin"})
+            with pytest.raises(NodeRuntimeError, match="missing-group"):
+                zyg.spawn({"args": [], "uid": 65534, "gid": 65534, "cgroup_procs": [MISSING_GROUP], "ops": []},
+                          log.fileno(), {"PATH": "/usr/bin"})
         assert zyg.alive  # one refused node leaves the zygote serving
     finally:
         zyg.close()
@@ -109,12 +127,12 @@ def test_a_later_node_that_cannot_be_set_up_ends_with_why(host: WorkerHost, tmp_
     host.create_nodes(nodes_body("a"))
     start(host, "a")  # the zygote's first node is awaited; later ones are answered at the fork
     with open(tmp_path / "node.log", "wb") as log:
-        child = host._zygote.spawn({"args": [], "uid": 65534, "gid": 65534, "netns": "/run/netns/missing-namespace",
-                                    "cgroup_procs": [], "ops": []}, log.fileno(), {"PATH": "/usr/bin"})
+        child = host._zygote.spawn({"args": [], "uid": 65534, "gid": 65534, "cgroup_procs": [MISSING_GROUP],
+                                    "ops": []}, log.fileno(), {"PATH": "/usr/bin"})
     assert child.wait(timeout=10) == 125
     wait_for(lambda: child.error is not None, what="the set-up error")
-    assert "missing-namespace" in child.error
-    assert "missing-namespace" in (tmp_path / "node.log").read_text()
+    assert "missing-group" in child.error
+    assert "missing-group" in (tmp_path / "node.log").read_text()
 
 
 STARTER = """
