@@ -311,13 +311,33 @@ def restore_v2_controllers(root: str) -> None:
         privilege.write_json(path, record)
 
 
-def join_fds(procs_files: list[str]) -> list[int]:
-    """Open a node's cgroup.procs files before a fork, for ``join_in_child``."""
-    return [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in procs_files]
+def self_join_target(procs_file: str) -> tuple[str, bool]:
+    """Where a process with one thread moves itself into the group of ``procs_file``: on cgroup
+    v1 the group's ``tasks`` file, written "0" (the caller's own thread: the kernel then skips its
+    global threadgroup lock, whose taking after a pause waits for an RCU grace period, 4-6 ms
+    here, one process after another), else ``cgroup.procs`` with the pid. (path, write "0")"""
+    tasks = os.path.join(os.path.dirname(procs_file), "tasks")
+    return (tasks, True) if os.path.exists(tasks) else (procs_file, False)
 
 
-def join_in_child(fds: list[int]) -> None:
-    """Move the calling (just forked) process into the groups; raw syscalls only."""
+def join_self(procs_files: list[str]) -> None:
+    """Move the calling process (one thread: just forked) into the groups of ``procs_files``."""
+    join_in_child([(os.open(path, os.O_WRONLY | os.O_CLOEXEC), zero)
+                   for path, zero in map(self_join_target, procs_files)], close=True)
+
+
+def join_fds(procs_files: list[str]) -> list[tuple[int, bool]]:
+    """Open a node's groups' files before a fork, for ``join_in_child`` (descriptor, write "0")."""
+    return [(os.open(path, os.O_WRONLY | os.O_CLOEXEC), zero) for path, zero in map(self_join_target, procs_files)]
+
+
+def join_in_child(fds: list[tuple[int, bool]], close: bool = False) -> None:
+    """Move the calling (just forked, one thread) process into the groups; raw syscalls only."""
     pid = str(os.getpid()).encode()
-    for fd in fds:
-        os.write(fd, pid)
+    try:
+        for fd, zero in fds:
+            os.write(fd, b"0" if zero else pid)
+    finally:
+        if close:
+            for fd, _ in fds:
+                os.close(fd)

@@ -453,7 +453,7 @@ def launch(spec: Launch) -> subprocess.Popen:
         if ns_fd is not None:
             fds.append(ns_fd)
         cg_fds = cgroups.join_fds(list(spec.cgroup_procs))
-        fds += cg_fds
+        fds += [fd for fd, _ in cg_fds]
 
         def enter() -> None:  # in the child, between fork and exec: system calls only
             try:

@@ -341,7 +341,7 @@ class NetnsRuntime:
             raise NotFound(f"command not found: {argv[0]!r}") from None
         finally:
             os.close(ns_fd)
-            for fd in cg_fds:
+            for fd, _ in cg_fds:
                 os.close(fd)
 
     # teardown ----------------------------------------------------------------------

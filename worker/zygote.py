@@ -332,7 +332,7 @@ def serve(argv: list[str]) -> None:
     fd, starter = int(argv[0]), int(argv[1])
     if os.getppid() != starter:  # the starter died before the death signal was set
         os._exit(1)
-    from worker import privilege  # before gevent's patches: its locks and queue stay the kernel's
+    from worker import cgroups, privilege  # noqa: F401 - before gevent's patches: its locks and queue stay the kernel's
 
     _preload()
     privilege.leave_netns_handles()
@@ -360,7 +360,7 @@ def serve(argv: list[str]) -> None:
     import _socket
 
     sock = _socket.socket(fileno=fd)
-    ctx = {"last_cap": privilege._last_cap(), "hide_pids": privilege.per_mount_proc(), "homes": cgroup_homes()}
+    ctx = {"last_cap": privilege._last_cap(), "hide_pids": privilege.per_mount_proc()}
     # a child's end wakes the loop at once (the handler only makes SIGCHLD write to the pipe)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -470,78 +470,17 @@ def _reap(children: set[int], waitpid: Any) -> list[tuple[int, int]]:
     return ended
 
 
-def cgroup_homes() -> dict[str, str]:
-    """This process's own group in each cgroup hierarchy: mount point -> its ``cgroup.procs``."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            own = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-        with open("/proc/self/mountinfo") as f:
-            mounts = [line.split() for line in f]
-    except OSError:
-        return {}
-    homes = {}
-    for fields in mounts:
-        dash = fields.index("-") if "-" in fields else -1
-        if dash < 0 or len(fields) < dash + 4 or fields[dash + 1] not in ("cgroup", "cgroup2"):
-            continue
-        point, root = fields[4], fields[3]
-        options = set(fields[dash + 3].split(","))
-        for _, controllers, path in own:
-            v2 = fields[dash + 1] == "cgroup2" and controllers == ""
-            named = {c for c in controllers.split(",") if c}
-            if v2 or (named and named <= options | {f"name={o[5:]}" for o in options if o.startswith("name=")}):
-                relative = os.path.relpath(path, root) if path.startswith(root) else None
-                if relative is not None:
-                    homes[point] = os.path.normpath(os.path.join(point, relative, "cgroup.procs"))
-    return homes
-
-
-def _home_of(procs_file: str, homes: dict[str, str]) -> Optional[str]:
-    """The zygote's own ``cgroup.procs`` in the hierarchy of ``procs_file``."""
-    points = [p for p in homes if procs_file.startswith(p.rstrip("/") + "/")]
-    return homes[max(points, key=len)] if points else None
-
-
-def _move_self(files: Sequence[str]) -> None:
-    pid = str(os.getpid()).encode()
-    for path in files:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, pid)
-        finally:
-            _close(fd)
-
-
 def _fork_node(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, ctx: dict[str, Any], fork: Any,
                gc: Any) -> tuple[int, int]:
-    """Fork the child; its pid and the pipe on which it reports its set-up (``ok``, or why not).
-
-    The child is born in its node's cgroups: the zygote moves itself there, forks and moves back.
-    A move waits for an RCU grace period (several ms) unless another came just before; the
-    zygote's moves come back to back, where a thousand children each moving itself while others
-    start made a queue of them. When a group cannot be joined this way, the child tries (and
-    reports why it cannot)."""
+    """Fork the child; its pid and the pipe on which it reports its set-up (``ok``, or why not)."""
     status_r, status_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()  # everything so far is shared with the child and never collected there
-    targets = list(msg["cgroup_procs"])
-    homes = [_home_of(t, ctx["homes"]) for t in targets]
-    born_in = False
-    if targets and all(homes):
-        try:
-            _move_self(targets)
-            born_in = True
-        except OSError:
-            _move_self(homes)  # type: ignore[arg-type]
-    try:
-        pid = fork()
-        if pid == 0:  # pragma: no cover - the child, checked by the netns and security tiers
-            _close(status_r)
-            _child({**msg, "cgroup_procs": []} if born_in else msg, log_fd, env_fd, netns_fd, status_w, ctx)
-    finally:
-        if born_in:
-            _move_self(homes)  # type: ignore[arg-type]
+    pid = fork()
+    if pid == 0:  # pragma: no cover - the child, checked by the netns and security tiers
+        _close(status_r)
+        _child(msg, log_fd, env_fd, netns_fd, status_w, ctx)
     _close(status_w)
     return pid, status_r
 
@@ -568,7 +507,7 @@ def _read_setup(status_r: int, poll: Any) -> str:
 
 def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_w: int, ctx: dict[str, Any]) -> None:
     """In the forked child: become the node, then run it. Never returns."""
-    from worker import privilege
+    from worker import cgroups, privilege
 
     try:
         signal.set_wakeup_fd(-1)  # the zygote's: closed below, and not this process's business
@@ -582,13 +521,7 @@ def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_
         os.dup2(null, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        pid = str(os.getpid()).encode()
-        for path in msg["cgroup_procs"]:
-            cg = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.write(cg, pid)
-            finally:
-                _close(cg)
+        cgroups.join_self(msg["cgroup_procs"])  # (its one thread: see cgroups.self_join_target)
         if netns_fd >= 0 and privilege._libc.setns(netns_fd, 0x40000000) != 0:
             raise privilege._oserror("setns into", "the node's network namespace")
         privilege._apply_view([privilege.Op(kind, path, bool(writable)) for kind, path, writable in msg["ops"]])
