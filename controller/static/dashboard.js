@@ -95,6 +95,7 @@
     makeChart("chart-acc-round", "round", overlay ? [...b, ["median of " + overlay.run_id, "#f28e2b", [6, 4]]] : b,
       [3, 2]);
     makeChart("chart-loss-time", "t", b, [3, 2]);
+    makeChart("chart-loss-round", "round", b, [3, 2]);
     makeChart("chart-throughput", "t", [["aggregate", "#4e79a7"]], null, (v) => bps(v));
     makeChart("chart-link", "t", [["measured", "#4e79a7"], ["rate", "#e15759", [6, 4]]], null, (v) => bps(v));
     makeChart("chart-cpu", "t", b, [3, 2], (v) => num(v, 2));
@@ -112,6 +113,7 @@
     charts["chart-acc-time"].setData(joined([t.t_s, t.acc_med, t.acc_lo, t.acc_hi], ov));
     charts["chart-acc-round"].setData(joined([r.round, r.acc_med, r.acc_lo, r.acc_hi], ovr));
     charts["chart-loss-time"].setData([t.t_s, t.loss_med, t.loss_lo, t.loss_hi]);
+    charts["chart-loss-round"].setData([r.round, r.loss_med, r.loss_lo, r.loss_hi]);
     charts["chart-throughput"].setData([t.t_s, t.throughput_bps]);
     charts["chart-cpu"].setData([t.t_s, t.cpu_med, t.cpu_lo, t.cpu_hi]);
     charts["chart-mem"].setData([t.t_s, t.mem_med, t.mem_lo, t.mem_hi]);

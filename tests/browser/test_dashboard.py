@@ -174,3 +174,35 @@ def test_edgetb_dashboard_shows_the_stored_runs_alone(tmp_path, browser):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0, proc.stdout.read()
+
+
+def test_a_1000_node_run_opens_and_takes_updates(tmp_path, browser):
+    """The page at scale: a stored run of 1,000 nodes and 10,000 links (bench_dashboard's synthetic
+    run) opens with every node in the graph, then takes live-shaped updates; the times measured are
+    printed and kept beside the screenshots (bench/bench_dashboard.py holds the figures)."""
+    import random
+
+    from bench.bench_dashboard import BROWSER_UPDATES, serve, synthetic_run
+
+    log_dir = tmp_path / "dml_file" / "log"
+    log_dir.mkdir(parents=True)
+    run_id, _ = synthetic_run(str(log_dir), 1000, 10, random.Random(1))
+    server, port = serve(str(tmp_path))
+    try:
+        browser.set_script_timeout(120)
+        browser.get(f"http://127.0.0.1:{port}/#run={run_id}")
+        wait_for(browser, f"return window.edgetb && window.edgetb.runId === '{run_id}' && window.edgetb.loadMs !== null",
+                 timeout_s=120, what="the 1,000-node run")
+        view = browser.execute_script("const v = window.edgetb.view(); return [v.nodes.length, v.links.length]")
+        assert view == [1000, 10000]
+        assert "showing 300 of 1000" in browser.find_element(By.ID, "rows-note").text
+        times = browser.execute_async_script(BROWSER_UPDATES % 5)
+        assert len(times) == 5 and browser.execute_script("return window.edgetb.updates") == 5
+        load_ms = browser.execute_script("return window.edgetb.loadMs")
+        assert console_errors(browser) == []
+        note = f"1,000 nodes, 10,000 links: page built in {load_ms:.0f} ms; updates rendered in {times} ms\n"
+        (artifacts_dir() / "scale_1000.txt").write_text(note)
+        print(note)
+        browser.save_screenshot(str(artifacts_dir() / "scale_1000.png"))
+    finally:
+        server.shutdown()
