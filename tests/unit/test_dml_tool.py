@@ -109,3 +109,16 @@ def test_mnist_like_from_idx_and_npz(tmp_path):
     (tmp_path / "bad" / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x09\x01" + b"\x00" * 8)
     with pytest.raises(ConfigError):
         load_mnist_like("mnist", str(tmp_path / "bad"))
+
+
+def test_digits_read_from_the_packaged_file_equal_scikit_learns():
+    """The digits are read from scikit-learn's own data file without importing it (a second at
+    every run's start): the same pixels and labels as ``sklearn.datasets.load_digits``."""
+    import numpy as np
+    from sklearn.datasets import load_digits as sk_digits
+
+    from dml_tool.datasets import digits_arrays
+
+    pixels, labels = digits_arrays()
+    reference = sk_digits()
+    assert np.array_equal(pixels, reference.data) and np.array_equal(labels, reference.target)
