@@ -243,7 +243,9 @@ def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_pa
         got = r.ctx.model.get_weights()
         assert max(float(np.max(np.abs(g - h))) for g, h in zip(got, held)) <= 1e-4, r.ctx.name
     back = events_of(replaced["role"], "round")
-    assert back and back[0]["round"] >= 5 and back[-1]["round"] == 8
+    # started once r0 had finished round 3: it joins the next formation the others reach (4 when
+    # they were slower to form it, as under load), and stays to the end
+    assert back and back[0]["round"] >= 4 and back[-1]["round"] == 8
 
 
 # structure files ---------------------------------------------------------------------------------
