@@ -19,6 +19,7 @@ again.
 from __future__ import annotations
 
 import csv
+import gc
 import heapq
 import io
 import itertools
@@ -89,6 +90,9 @@ class ScenarioRunner:
                 self._push(step, step.at_s)
                 if step.kind in PREPARED_KINDS:
                     self._push(step, max(0.0, step.at_s - PREPARE_LEAD_S), prepare=True)
+        # what exists now lives through the run: out of the collector's way, a full collection
+        # scans only newer objects (it paused a step by 13-21 ms in a 100-node benchmark)
+        gc.freeze()
         self._thread = threading.Thread(target=self._loop, name="edgetb-scenario", daemon=True)
         self._thread.start()
 

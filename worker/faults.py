@@ -247,33 +247,34 @@ class Faults:
     def _pids(self, node: str) -> list[int]:
         return [p for p in nsfs.pids_in(self._netns(node)) if p != os.getpid()]
 
-    def _signal(self, node: str, sig: int) -> int:
-        pids = self._pids(node)
+    def _signal(self, node: str, sig: int, pids: Optional[list[int]] = None) -> list[int]:
+        """Send ``sig`` to the node's processes (``pids``: those found already); the pids signalled."""
+        pids = self._pids(node) if pids is None else pids
         for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        return len(pids)
+        return pids
 
     def _kill(self, f: dict[str, Any]) -> dict[str, Any]:
         killed = self._signal(f["node"], signal.SIGKILL)
         self._thaw(f)  # a frozen process dies only once thawed
-        return {"node": f["node"], "kind": "kill", "processes": killed}
+        return {"node": f["node"], "kind": "kill", "processes": len(killed)}
 
     def _terminate(self, f: dict[str, Any]) -> dict[str, Any]:
         node = f["node"]
         self._thaw(f)
-        count = self._signal(node, signal.SIGTERM)
+        pids = self._signal(node, signal.SIGTERM)
         if f["notice_s"] <= 0:
-            self._signal(node, signal.SIGKILL)
+            self._signal(node, signal.SIGKILL, pids)
         else:
             timer = threading.Timer(f["notice_s"], lambda: self._signal(node, signal.SIGKILL))
             timer.daemon = True
             with self._lock:
                 self._timers.append(timer)
             timer.start()
-        return {"node": node, "kind": "terminate", "processes": count, "kill_after_s": f["notice_s"]}
+        return {"node": node, "kind": "terminate", "processes": len(pids), "kill_after_s": f["notice_s"]}
 
     def _restart(self, f: dict[str, Any]) -> dict[str, Any]:
         started = self.host.restart_processes(f["node"])

@@ -176,8 +176,11 @@ class WorkerHost:
                 else:
                     fresh["plans"][src] = plans[src].to_dict()
         if hasattr(self.runtime, "set_neighbours"):  # netns: linked peers reached without ARP
-            self.runtime.set_neighbours({src: [r.dest_ip for r in plan.rules] + [ip for _, ip in plan.unshaped()]
-                                         for src, plan in plans.items() if src not in failed})
+            new_peers = {src: _peer_ips(plan) - _peer_ips(Plan.from_dict(state["plans"][src]) if src in state["plans"]
+                                                         else None)
+                         for src, plan in plans.items() if src not in failed}
+            if any(new_peers.values()):
+                self.runtime.set_neighbours({src: sorted(ips) for src, ips in new_peers.items() if ips})
         if failed:
             first = next(iter(failed.values()))
             raise type(first)(f"{first.message} (shaping of {', '.join(sorted(failed))} was removed; "
@@ -417,8 +420,7 @@ class WorkerHost:
         """Start again, with the same argv (and env, when this worker started them), the node's
         recorded processes that no longer run (a replaced node); their old records go."""
         started = []
-        self._book.flush()
-        for rec in list(self._state()["processes"].values()):
+        for rec in self._book.records():
             if rec["node"] != node or self._process_state(rec)["running"]:
                 continue
             env = self._envs.pop(rec["id"], {})
@@ -651,6 +653,15 @@ class _ProcessBook:
                 return None
             return self._added.get(proc_id) or state["processes"].get(proc_id)
 
+    def records(self) -> list[dict[str, Any]]:
+        """Every process record: the file's with the changes not yet saved (none is in flight:
+        a flush holds ``_flushing`` from taking the changes until they are in the file)."""
+        with self._flushing, self._lock:
+            state = self.store.snapshot()
+            kept = [rec for proc_id, rec in state["processes"].items()
+                    if proc_id not in self._removed and proc_id not in self._added]
+            return kept + list(self._added.values())
+
     def _schedule(self) -> None:
         if self._timer is None or not self._timer.is_alive():
             self._timer = threading.Timer(self.FLUSH_AFTER_S, self.flush)
@@ -733,6 +744,11 @@ def _access(value: Any, state: dict[str, Any]) -> dict[str, dict[str, Optional[i
             raise ConfigError(f"access.{node} must be an object with uplink_bps and/or downlink_bps")
         out[node] = {k: _access_rate(v, f"access.{node}.{k}") for k, v in sides.items()}
     return out
+
+
+def _peer_ips(plan: Optional[Plan]) -> set[str]:
+    """The addresses a node's plan reaches directly (its permanent neighbour entries)."""
+    return {r.dest_ip for r in plan.rules} | {ip for _, ip in plan.unshaped()} if plan else set()
 
 
 def _ifname(node: dict[str, Any]) -> str:

@@ -290,10 +290,10 @@ class NetnsRuntime:
 
     # processes -------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any]:
-        rec = self.store.read()["nodes"].get(name)
+        rec = self.store.snapshot()["nodes"].get(name)  # shared: the caller gets its own copy
         if rec is None:
             raise NotFound(f"no node {name!r} in testbed {self.names.id}")
-        return rec
+        return dict(rec)
 
     def identity(self, name: str, rec: Optional[dict[str, Any]] = None) -> privilege.Identity:
         """The node's own uid and gid (this testbed's block + the node's index); ``rec`` is the

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import marshal
 import os
 import threading
 from contextlib import contextmanager
@@ -33,15 +34,23 @@ class StateStore:
         self.path = os.path.join(self.dir, "state.json")
         self._thread_lock = threading.RLock()
         self._snapshot: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+        # the file's bytes as last parsed, and that state marshalled: reading the same bytes
+        # again is a marshal load (about 4x faster than parsing the JSON)
+        self._parsed: tuple[bytes, bytes] | None = None
 
     def _load(self) -> dict[str, Any]:
         try:
-            with open(self.path) as f:
-                data = json.load(f)
+            with open(self.path, "rb") as f:
+                text = f.read()
         except FileNotFoundError:
             return empty_state(self.testbed_id)
+        parsed = self._parsed
+        if parsed is not None and parsed[0] == text:
+            return marshal.loads(parsed[1])
+        data = json.loads(text)
         if data.get("version") != STATE_VERSION:
             raise ValueError(f"{self.path}: state version {data.get('version')} is not {STATE_VERSION}")
+        self._parsed = (text, marshal.dumps(data))
         return data
 
     @contextmanager

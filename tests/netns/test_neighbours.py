@@ -85,3 +85,20 @@ def test_links_to_other_subnets_get_no_entry(host: WorkerHost) -> None:
     rec = host.runtime.node("a")
     host.set_links(links(("a", "remote", "192.0.2.7", 10_000_000)))
     assert "192.0.2.7" not in permanent_by_ip(rec["netns"])  # reached through the gateway
+
+
+def test_changes_in_place_program_only_new_peers(host: WorkerHost) -> None:
+    host.create_nodes(nodes_body("a", "b", "c"))
+    rec = {n: host.runtime.node(n) for n in ("a", "b", "c")}
+    ip = {n: r["ip"] for n, r in rec.items()}
+    gateway = host.runtime.bridge_ip
+    host.set_links(links(("a", "b", ip["b"], 10_000_000)))
+    # the entry is removed by hand: a rate change alone must not program it again (no netlink work)
+    subprocess.run(["ip", "-n", rec["a"]["netns"], "neigh", "del", ip["b"], "dev", "eth0"], check=True)
+    host.set_links(links(("a", "b", ip["b"], 5_000_000)), merge=True)
+    assert ip["b"] not in permanent_by_ip(rec["a"]["netns"])
+    # a new peer gets its entries, at both ends
+    host.set_links(links(("a", "c", ip["c"], 5_000_000)), merge=True)
+    assert permanent_by_ip(rec["a"]["netns"]) == {gateway: neighbours.node_mac(gateway),
+                                                  ip["c"]: neighbours.node_mac(ip["c"])}
+    assert permanent_by_ip(rec["c"]["netns"])[ip["a"]] == neighbours.node_mac(ip["a"])
