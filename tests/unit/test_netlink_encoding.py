@@ -47,7 +47,9 @@ def tc_options(data):
     (nl.htb_class(3, 0x10, 10**7, flags=0), nl.RTM_NEWTCLASS, 0),
     (nl.u32_dst_filter(2, 0x2A, "10.77.1.9", 0x2A), nl.RTM_NEWTFILTER, CREATE_EXCL),
     (nl.pfifo_leaf(2, 0x11, 50), nl.RTM_NEWQDISC, nl.NLM_F_CREATE | nl.NLM_F_REPLACE),
-    (nl.veth_into_netns("h", 5, "eth0", 9), nl.RTM_NEWLINK, CREATE_EXCL),
+    (nl.veth_into_netns("h", 5, "eth0", 9)[0], nl.RTM_NEWLINK, CREATE_EXCL),
+    (nl.veth_into_netns("h", 5, "eth0", 9)[1], nl.RTM_NEWLINK, 0),
+    (nl.veth_into_netns("h", 5, "eth0", 9)[2], nl.RTM_NEWLINK, 0),
     (nl.add_ipv4(2, "10.77.0.9", 16), nl.RTM_NEWADDR, CREATE_EXCL),
     (nl.delete_root(2), nl.RTM_DELQDISC, 0),
     (nl.delete_class(2, 0x11), nl.RTM_DELTCLASS, 0),
@@ -224,12 +226,19 @@ def test_tc_deletes(data, index, handle, parent):
 # --- links and addresses ------------------------------------------------------------------------
 
 def test_veth_into_netns():
-    data = nl.veth_into_netns("etb-0-12", 5, "eth0", 9, peer_index=2)
-    m = decode(ifinfmsg, data)
+    create, no_ipv6, up = nl.veth_into_netns("etb-0-12", 5, "eth0", 9, peer_index=2)
+    m = decode(ifinfmsg, create)
     assert m.get_attr("IFLA_IFNAME") == "etb-0-12"
     assert m.get_attr("IFLA_MASTER") == 5
     assert m["index"] == 0
-    assert m["flags"] & 1 and m["change"] & 1  # IFF_UP
+    assert not m["flags"] & 1 and not m["change"] & 1  # down until it has lost its IPv6 addresses
+    m = decode(ifinfmsg, no_ipv6)
+    assert m.get_attr("IFLA_IFNAME") == "etb-0-12" and not m["change"] & 1
+    inet6 = m.get_attr("IFLA_AF_SPEC").get_attr("AF_INET6")
+    assert inet6.get_attr("IFLA_INET6_ADDR_GEN_MODE") == 1  # none: no link-local address
+    m = decode(ifinfmsg, up)
+    assert m.get_attr("IFLA_IFNAME") == "etb-0-12" and m["flags"] & 1 and m["change"] & 1  # IFF_UP
+    m = decode(ifinfmsg, create)
     info = m.get_attr("IFLA_LINKINFO")
     assert info.get_attr("IFLA_INFO_KIND") == "veth"
     peer = info.get_attr("IFLA_INFO_DATA").get_attr("VETH_INFO_PEER")
@@ -239,7 +248,7 @@ def test_veth_into_netns():
 
 
 def test_veth_peer_index_defaults_to_kernel_choice():
-    m = decode(ifinfmsg, nl.veth_into_netns("h", 5, "eth0", 9))
+    m = decode(ifinfmsg, nl.veth_into_netns("h", 5, "eth0", 9)[0])
     peer = m.get_attr("IFLA_LINKINFO").get_attr("IFLA_INFO_DATA").get_attr("VETH_INFO_PEER")
     assert peer["index"] == 0
 
