@@ -630,7 +630,9 @@ class StatsSocket:
     Each read sends one buffer asking for the interface's counters and its root qdisc; the
     classes are dumped only when the root's packets, bytes or drops changed since the last
     read or something is queued (every packet a class sends, drops or holds is counted by the
-    root too), so an idle interface costs two small messages. ``always_dump`` dumps every time.
+    root too), so an idle interface costs two small messages. An interface that was busy at
+    the last read is asked for its classes in the same buffer (one send, not two: it is likely
+    busy still). ``always_dump`` dumps every time.
     """
 
     def __init__(self, netns: Optional[str], ifname: str, always_dump: bool = False) -> None:
@@ -656,6 +658,8 @@ class StatsSocket:
         self._probe = _get_request(RTM_GETSTATS, 0, _IF_STATS_MSG.pack(0, self.ifindex, 1 << (IFLA_STATS_LINK_64 - 1)),
                                    1) + root_qdisc_request(self.ifindex, 2)
         self._dump = class_dump_request(self.ifindex, 3)
+        self._probe_and_dump = self._probe + self._dump
+        self._busy = always_dump  # the classes were dumped at the last read
         self._root: Optional[tuple[int, ...]] = None  # the root's (handle, bytes, packets, drops, backlog) last read
         self.dumps = 0
         # a class message's length -> where its statistics sit: the messages of one interface's
@@ -669,7 +673,8 @@ class StatsSocket:
         """Write each class's bytes, packets, drops, overlimits and backlog at
         ``values[classes[handle]:+5]`` (a mutable sequence of ints), or leave them as the last
         read wrote them when nothing changed; return the interface's counters."""
-        self.sock.sendall(self._probe)
+        ahead = self._busy or self.always_dump
+        self.sock.sendall(self._probe_and_dump if ahead else self._probe)
         counters: Optional[LinkCounters] = None
         root: Optional[tuple[int, ...]] = None
         answered = 0
@@ -691,16 +696,20 @@ class StatsSocket:
                 elif kind == NLMSG_ERROR:  # no root qdisc to read (or no interface): dump to know
                     answered += 1
                 pos += (length + 3) & ~3
-        if root is None or root != self._root or root[4] or self.always_dump:
-            self._dump_classes(classes, values)
+        changed = root is None or root != self._root or root[4] or self.always_dump
+        if changed or ahead:  # (asked ahead: its answer is read either way)
+            self._dump_classes(classes, values, sent=ahead)
+        self._busy = bool(changed)
         self._root = root
         return counters
 
-    def _dump_classes(self, classes: dict[int, int], values: Any) -> None:
+    def _dump_classes(self, classes: dict[int, int], values: Any, sent: bool = False) -> None:
+        """Read every class's counters (``sent``: the dump was asked for already)."""
         for at in classes.values():
             values[at] = values[at + 1] = values[at + 2] = values[at + 3] = values[at + 4] = -1
         self.dumps += 1
-        self.sock.sendall(self._dump)
+        if not sent:
+            self.sock.sendall(self._dump)
         buf, view, offsets, get = self._buf, self._view, self._offsets, classes.get
         head, basic_at, queue_at = _HDR_HANDLE.unpack_from, _BASIC_AT.unpack_from, _QUEUE_AT.unpack_from
         room = len(buf) - 64  # slack: a 28-byte header read never runs past the buffer
