@@ -113,9 +113,9 @@ def real_run(n: int, rounds: int) -> dict[str, Any]:
     """Run ``gl_run.py --auto`` with ``n`` gossip nodes; the telemetry part of its ``run.json``."""
     import glob
     import json
-    import socket
     import subprocess
 
+    from bench.bench_netns import free_port
     from bench.bench_scale import experiment, free_subnet
 
     workdir = tempfile.mkdtemp(prefix=f"edgetb-bench-tel-run-{n}-")
@@ -123,11 +123,8 @@ def real_run(n: int, rounds: int) -> dict[str, Any]:
         os.chmod(workdir, 0o755)  # node processes run as their own uids and read it
         experiment(workdir, n, rounds)
         env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         done = subprocess.run([sys.executable, os.path.join(ROOT, "gl_run.py"), "--auto", "--quiet-nodes",
-                               "--workdir", workdir, "--port", str(port), "--id", "bt" + os.urandom(1).hex(),
+                               "--workdir", workdir, "--port", str(free_port()), "--id", "bt" + os.urandom(1).hex(),
                                "--subnet", free_subnet(), "--timeout", "1800"], env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise BenchError(f"gl_run.py failed ({done.returncode}): {done.stdout[-2000:]}")

@@ -255,7 +255,7 @@ class WorkerHost:
             except TestbedError as e:
                 failed[item] = e
 
-        if len(items) <= 1:
+        if min(SHAPING_THREADS, len(items)) <= 1:
             for item in items:
                 one(item)
         else:
@@ -750,7 +750,9 @@ def _access(value: Any, state: dict[str, Any]) -> dict[str, dict[str, Optional[i
 
 def _peer_ips(plan: Optional[Plan]) -> set[str]:
     """The addresses a node's plan reaches directly (its permanent neighbour entries)."""
-    return {r.dest_ip for r in plan.rules} | {ip for _, ip in plan.unshaped()} if plan else set()
+    if plan is None:
+        return set()
+    return {r.dest_ip for r in plan.rules} | {ip for _, ip in plan.unshaped()}
 
 
 def _ifname(node: dict[str, Any]) -> str:

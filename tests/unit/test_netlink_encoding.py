@@ -227,18 +227,17 @@ def test_tc_deletes(data, index, handle, parent):
 
 def test_veth_into_netns():
     create, no_ipv6, up = nl.veth_into_netns("etb-0-12", 5, "eth0", 9, peer_index=2)
+    added = decode(ifinfmsg, no_ipv6)
+    assert added.get_attr("IFLA_IFNAME") == "etb-0-12" and not added["change"] & 1
+    inet6 = added.get_attr("IFLA_AF_SPEC").get_attr("AF_INET6")
+    assert inet6.get_attr("IFLA_INET6_ADDR_GEN_MODE") == 1  # none: no link-local address
+    raised = decode(ifinfmsg, up)
+    assert raised.get_attr("IFLA_IFNAME") == "etb-0-12" and raised["flags"] & 1 and raised["change"] & 1  # IFF_UP
     m = decode(ifinfmsg, create)
     assert m.get_attr("IFLA_IFNAME") == "etb-0-12"
     assert m.get_attr("IFLA_MASTER") == 5
     assert m["index"] == 0
     assert not m["flags"] & 1 and not m["change"] & 1  # down until it has lost its IPv6 addresses
-    m = decode(ifinfmsg, no_ipv6)
-    assert m.get_attr("IFLA_IFNAME") == "etb-0-12" and not m["change"] & 1
-    inet6 = m.get_attr("IFLA_AF_SPEC").get_attr("AF_INET6")
-    assert inet6.get_attr("IFLA_INET6_ADDR_GEN_MODE") == 1  # none: no link-local address
-    m = decode(ifinfmsg, up)
-    assert m.get_attr("IFLA_IFNAME") == "etb-0-12" and m["flags"] & 1 and m["change"] & 1  # IFF_UP
-    m = decode(ifinfmsg, create)
     info = m.get_attr("IFLA_LINKINFO")
     assert info.get_attr("IFLA_INFO_KIND") == "veth"
     peer = info.get_attr("IFLA_INFO_DATA").get_attr("VETH_INFO_PEER")
