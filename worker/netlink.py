@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from worker import nsfs
 
@@ -502,7 +502,6 @@ IFLA_STATS_LINK_64 = 1
 IFLA_STATS64 = 23
 TCA_STATS2 = 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_PKT64 = 1, 3, 8
-RTM_NEWTCLASS_REPLY = RTM_NEWTCLASS
 _U16x2 = struct.Struct("=HH")
 _BASIC = struct.Struct("=QI")  # gnet_stats_basic: bytes, packets
 _QUEUE = struct.Struct("=IIIII")  # gnet_stats_queue: qlen, backlog, drops, requeues, overlimits
@@ -511,9 +510,6 @@ _STATS64_HEAD = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors
 _IF_STATS_MSG = struct.Struct("=BxxxiI")  # family, ifindex, filter_mask
 _STATS_AT = _HDR.size + _IF_STATS_MSG.size + 4  # rtnl_link_stats64 in an RTM_NEWSTATS of one attribute
 _HDR_HANDLE = struct.Struct("=IH18xI")  # nlmsghdr's length and type, tcmsg's handle (28 bytes)
-_BASIC_AT = struct.Struct("=HHQI")  # attribute header, then gnet_stats_basic
-_QUEUE_AT = struct.Struct("=HHIIIII")  # attribute header, then gnet_stats_queue
-_PKT64_AT = struct.Struct("=HHQ")
 
 
 def _get_request(kind: int, flags: int, body: bytes, seq: int) -> bytes:
@@ -524,14 +520,6 @@ def _get_request(kind: int, flags: int, body: bytes, seq: int) -> bytes:
 def link_by_name_request(ifname: str, seq: int = 1) -> bytes:
     """``RTM_GETLINK`` of one interface by its name (its index and counters come back)."""
     return _get_request(RTM_GETLINK, 0, _IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, ifname), seq)
-
-
-def stats_request(ifindex: int, seq: int = 1) -> bytes:
-    """One buffer asking for an interface's counters (``RTM_GETSTATS``, 64-bit link statistics
-    only) and a dump of its tc classes with their statistics: sent as is at every sample."""
-    link = _get_request(RTM_GETSTATS, 0, _IF_STATS_MSG.pack(0, ifindex, 1 << (IFLA_STATS_LINK_64 - 1)), seq)
-    classes = _get_request(RTM_GETTCLASS, NLM_F_DUMP, _tcmsg(ifindex, 0, 0), seq + 1)
-    return link + classes
 
 
 @dataclass
@@ -621,145 +609,3 @@ def root_qdisc_request(ifindex: int, seq: int = 1) -> bytes:
 
 def class_dump_request(ifindex: int, seq: int = 1) -> bytes:
     return _get_request(RTM_GETTCLASS, NLM_F_DUMP, _tcmsg(ifindex, 0, 0), seq)
-
-
-class StatsSocket:
-    """An open NETLINK_ROUTE socket in one namespace that reads one interface's counters and its
-    tc classes' statistics.
-
-    Each read sends one buffer asking for the interface's counters and its root qdisc; the
-    classes are dumped only when the root's packets, bytes or drops changed since the last
-    read or something is queued (every packet a class sends, drops or holds is counted by the
-    root too), so an idle interface costs two small messages. An interface that was busy at
-    the last read is asked for its classes in the same buffer (one send, not two: it is likely
-    busy still). ``always_dump`` dumps every time.
-    """
-
-    def __init__(self, netns: Optional[str], ifname: str, always_dump: bool = False) -> None:
-        args = (socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
-        self.sock = nsfs.socket_in(netns, *args) if netns else socket.socket(*args)
-        self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1024 * 1024)
-        # an answer that never comes fails the read (EAGAIN) instead of hanging the sampler
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("=qq", 2, 0))
-        self.sock.bind((0, 0))
-        self.ifname = ifname
-        self.always_dump = always_dump
-        self._buf = bytearray(256 * 1024)
-        self._view = memoryview(self._buf)
-        self.sock.sendall(link_by_name_request(ifname))
-        data = self.sock.recv(1 << 16)
-        kind = _HDR.unpack_from(data)[1]
-        if kind == NLMSG_ERROR:
-            code = -struct.unpack_from("=i", data, _HDR.size)[0]
-            self.sock.close()
-            raise OSError(code, f"{os.strerror(code)}: interface {ifname} in {netns or 'the host namespace'}")
-        counters = parse_link_message(data, 0, _HDR.unpack_from(data)[0])
-        self.ifindex = counters.ifindex if counters else _IFINFO.unpack_from(data, _HDR.size)[2]
-        self._probe = _get_request(RTM_GETSTATS, 0, _IF_STATS_MSG.pack(0, self.ifindex, 1 << (IFLA_STATS_LINK_64 - 1)),
-                                   1) + root_qdisc_request(self.ifindex, 2)
-        self._dump = class_dump_request(self.ifindex, 3)
-        self._probe_and_dump = self._probe + self._dump
-        self._busy = always_dump  # the classes were dumped at the last read
-        self._root: Optional[tuple[int, ...]] = None  # the root's (handle, bytes, packets, drops, backlog) last read
-        self.dumps = 0
-        # a class message's length -> where its statistics sit: the messages of one interface's
-        # classes share a layout, so most are read with two unpacks (checked, else parsed anew)
-        self._offsets: dict[int, Optional[tuple[int, int, int]]] = {}
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def read(self, classes: dict[int, int], values: Any) -> Optional[LinkCounters]:
-        """Write each class's bytes, packets, drops, overlimits and backlog at
-        ``values[classes[handle]:+5]`` (a mutable sequence of ints), or leave them as the last
-        read wrote them when nothing changed; return the interface's counters."""
-        ahead = self._busy or self.always_dump
-        self.sock.sendall(self._probe_and_dump if ahead else self._probe)
-        counters: Optional[LinkCounters] = None
-        root: Optional[tuple[int, ...]] = None
-        answered = 0
-        buf, view = self._buf, self._view
-        while answered < 2:
-            n = self.sock.recv_into(view)
-            pos = 0
-            while pos + 16 <= n:
-                length, kind, _, _, _ = _HDR.unpack_from(buf, pos)
-                if length < 16:
-                    break
-                if kind == RTM_NEWSTATS:
-                    counters = stats_message(buf, pos, pos + length)
-                    answered += 1
-                elif kind == RTM_NEWQDISC:
-                    found = class_stats(buf, pos, pos + length)
-                    root = None if found is None else (found[0], found[1], found[2], found[3], found[5])
-                    answered += 1
-                elif kind == NLMSG_ERROR:  # no root qdisc to read (or no interface): dump to know
-                    answered += 1
-                pos += (length + 3) & ~3
-        changed = root is None or root != self._root or root[4] or self.always_dump
-        if changed or ahead:  # (asked ahead: its answer is read either way)
-            self._dump_classes(classes, values, sent=ahead)
-        self._busy = bool(changed)
-        self._root = root
-        return counters
-
-    def _dump_classes(self, classes: dict[int, int], values: Any, sent: bool = False) -> None:
-        """Read every class's counters (``sent``: the dump was asked for already)."""
-        for at in classes.values():
-            values[at] = values[at + 1] = values[at + 2] = values[at + 3] = values[at + 4] = -1
-        self.dumps += 1
-        if not sent:
-            self.sock.sendall(self._dump)
-        buf, view, offsets, get = self._buf, self._view, self._offsets, classes.get
-        head, basic_at, queue_at = _HDR_HANDLE.unpack_from, _BASIC_AT.unpack_from, _QUEUE_AT.unpack_from
-        room = len(buf) - 64  # slack: a 28-byte header read never runs past the buffer
-        while True:
-            n = self.sock.recv_into(view, room)
-            pos = 0
-            while pos + 16 <= n:
-                length, kind, handle = head(buf, pos)  # handle is meaningful for class messages only
-                if length < 16:
-                    return
-                if kind == RTM_NEWTCLASS:
-                    at = get(handle)
-                    if at is not None:
-                        known = offsets.get(length)
-                        if known is not None and known[2] < 0:  # the usual case, inline: two unpacks, checked
-                            blen, bkind, nbytes, packets = basic_at(buf, pos + known[0])
-                            qlen, qkind, _, backlog, drops, _, over = queue_at(buf, pos + known[1])
-                            if bkind & 0x7FFF == TCA_STATS_BASIC and qkind & 0x7FFF == TCA_STATS_QUEUE:
-                                values[at], values[at + 1], values[at + 2], values[at + 3], values[at + 4] = \
-                                    nbytes, packets, drops, over, backlog
-                                pos += (length + 3) & ~3
-                                continue
-                        self._fill(buf, pos, length, values, at)
-                elif kind == NLMSG_DONE:
-                    return
-                elif kind == NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", buf, pos + _HDR.size)[0]
-                    if code:
-                        self._root = None
-                        raise OSError(code, f"{os.strerror(code)}: classes of {self.ifname}")
-                    return
-                pos += (length + 3) & ~3
-
-    def _fill(self, buf: bytearray, pos: int, length: int, values: Any, at: int) -> None:
-        """``values[at:at + 5]`` = bytes, packets, drops, overlimits, backlog of the class message at ``pos``."""
-        offsets = self._offsets.get(length)
-        if offsets is None and length not in self._offsets:
-            offsets = self._offsets[length] = stats2_offsets(buf, pos, pos + length)
-        if offsets is not None and offsets[0] >= 0 and offsets[1] >= 0:
-            blen, bkind, nbytes, packets = _BASIC_AT.unpack_from(buf, pos + offsets[0])
-            qlen, qkind, _, backlog, drops, _, over = _QUEUE_AT.unpack_from(buf, pos + offsets[1])
-            if bkind & 0x7FFF == TCA_STATS_BASIC and qkind & 0x7FFF == TCA_STATS_QUEUE and blen >= 16 and qlen >= 24:
-                if offsets[2] >= 0:
-                    plen, pkind, packets64 = _PKT64_AT.unpack_from(buf, pos + offsets[2])
-                    if pkind & 0x7FFF == TCA_STATS_PKT64:
-                        packets = packets64
-                values[at], values[at + 1], values[at + 2], values[at + 3], values[at + 4] = \
-                    nbytes, packets, drops, over, backlog
-                return
-        self._offsets.pop(length, None)  # another layout under the same length: decode in full
-        found = class_stats(buf, pos, pos + length)
-        if found is not None:
-            values[at], values[at + 1], values[at + 2], values[at + 3], values[at + 4] = found[1:]

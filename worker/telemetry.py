@@ -10,8 +10,8 @@ the testbed on this host:
 
 and the host's busy CPU time (``/proc/stat``), used memory (MemTotal - MemAvailable,
 ``/proc/meminfo``) and the tx/rx bytes of its uplink (the interface of its IPv4 default
-route). One netlink socket per node namespace stays open; each sample is one
-request buffer and one read per namespace.
+route). One netlink socket per node namespace stays open; each sample sends it one
+request buffer (``worker.stats_socket``).
 
 Counters are stored raw, as the kernel gives them, with the host's ``time.monotonic()``;
 the reader (the controller) makes them cumulative since the run's start and translates
@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from worker import netlink as nl
 from worker import nsfs
+from worker.stats_socket import StatsSocket
 from worker.cgroups import Cgroups, CounterReader, process_groups
 from worker.errors import ConfigError
 
@@ -97,7 +98,7 @@ class _Node:
     ifname: str
     links: list[tuple[str, int]]  # (destination, class handle)
     cgroup: Optional[CounterReader] = None
-    sock: Optional[nl.StatsSocket] = None
+    sock: Optional[StatsSocket] = None
     slots: dict[int, int] = field(default_factory=dict)  # class handle -> its place in the link values
 
 
@@ -281,8 +282,8 @@ class Sampler:
     def _read_node(self, node: _Node, links: array) -> Optional[nl.LinkCounters]:
         try:
             if node.sock is None:
-                node.sock = nl.StatsSocket(node.netns, node.ifname, self.always_dump)
-            return node.sock.read(node.slots, links)
+                node.sock = StatsSocket(node.netns, node.ifname, node.slots, self.always_dump)
+            return node.sock.read(links)
         except OSError as e:  # the namespace or interface went away: try again next time
             for at in node.slots.values():
                 links[at:at + 5] = array("q", [MISSING] * 5)

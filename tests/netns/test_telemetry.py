@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from array import array
 
 import pytest
 
@@ -13,7 +14,9 @@ from controller.safe_fs import RunDir
 from controller.telemetry import Collector, configured_rates
 from controller.telemetry_conf import TelemetryConf
 from tests.netns.conftest import NETNS, IPERF_PORT, iperf_server, links, need_iperf3, nodes_body, report
+from worker import netlink as nl
 from worker.cgroups import CounterReader, detect_version
+from worker.stats_socket import StatsSocket
 
 pytestmark = NETNS
 MBIT = 10**6
@@ -202,6 +205,41 @@ def test_v2_reader_against_a_real_group():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+
+def test_stats_socket_dumps_the_classes_only_while_they_move(host):
+    a, b = host.create_nodes(nodes_body("a", "b"))["nodes"]
+    host.set_links(links(("a", "b", b["ip"], 10 * MBIT)))
+    rec = host.runtime.node("a")
+    minor = next(r["minor"] for r in host.shaping("a")["plan"]["rules"] if r["dest"] == "b")
+    classes = {nl.tc_handle(1, int(minor)): 0}
+    sock = StatsSocket(rec["netns"], "eth0", classes)
+    values = array("q", [0] * 5)
+    try:
+        for _ in range(4):  # the first reads dump until the root's counters are known still
+            counters = sock.read(values)
+        settled, before = sock.dumps, list(values)
+        for _ in range(3):
+            sock.read(values)
+        assert sock.dumps == settled and list(values) == before, "an idle interface was dumped"
+        send = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                f"for _ in range(20): s.sendto(bytes(1000), ({b['ip']!r}, 9))")
+        assert host.exec("a", {"version": 1, "argv": [sys.executable, "-c", send], "timeout_s": 30})["returncode"] == 0
+        time.sleep(0.3)  # 20 kB at 10 Mbit/s leave the class in 17 ms
+        moved = sock.read(values)
+        assert sock.dumps == settled + 1
+        assert values[0] - before[0] >= 20 * 1028 and values[1] - before[1] >= 20  # IP + UDP headers
+        assert moved.tx_bytes - counters.tx_bytes >= 20 * 1028
+        for _ in range(3):
+            sock.read(values)
+        assert sock.decoder.walks == 1, "the class dump was not decoded by its compiled layout"
+        fresh = StatsSocket(rec["netns"], "eth0", classes, always_dump=True)
+        walked = array("q", [0] * 5)
+        fresh.read(walked)
+        fresh.close()
+        assert walked == values and fresh.decoder.walks == 1
+    finally:
+        sock.close()
 
 
 def test_agent_routes_read_with_a_cursor(host):

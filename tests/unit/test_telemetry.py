@@ -2,6 +2,7 @@
 time translation, the settings' validation, statistics decoding and the Prometheus text."""
 import json
 import struct
+from array import array
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,6 +15,7 @@ from controller.telemetry_conf import TelemetryConf
 from worker import netlink as nl
 from worker.cgroups import CounterReader
 from worker.errors import ConfigError
+from worker.stats_socket import ClassDecoder
 from worker.telemetry import Ring, check_period_ms, ring_capacity
 
 
@@ -337,16 +339,6 @@ def test_class_offsets_found_once_and_checked():
     assert nl.stats2_offsets(msg[:24 + 16], 0, 40) is None
 
 
-def test_stats_request_asks_for_the_link_and_a_class_dump():
-    buf = nl.stats_request(5)
-    first_len, first_kind, first_flags = struct.unpack_from("=IHH", buf)
-    second_kind, second_flags = struct.unpack_from("=HH", buf, first_len + 4)
-    assert first_kind == nl.RTM_GETSTATS and not first_flags & nl.NLM_F_ACK
-    assert struct.unpack_from("=BxxxiI", buf, 16) == (0, 5, 1)  # ifindex 5, 64-bit link statistics only
-    assert second_kind == nl.RTM_GETTCLASS and second_flags & nl.NLM_F_DUMP == nl.NLM_F_DUMP
-    assert struct.unpack_from("=i", buf, first_len + 16 + 4)[0] == 5  # the class dump's ifindex
-
-
 # --- cgroup counter files ---------------------------------------------------------------------
 
 def test_counter_reader_v1_and_v2_files(tmp_path):
@@ -370,22 +362,63 @@ def test_counter_reader_v1_and_v2_files(tmp_path):
 
 
 
-def test_class_values_read_at_cached_offsets_and_in_full_when_the_layout_moves():
-    sock = object.__new__(nl.StatsSocket)
-    sock._offsets = {}
-    values = [0] * 10
-    first = bytearray(_class_message(0x10010, 100, 2, 3, 4, 5))
-    sock._fill(first, 0, len(first), values, 0)
-    assert values[:5] == [100, 2, 3, 4, 5] and len(first) in sock._offsets
-    # same length, another layout (basic and queue swapped): the check fails, decoded in full
-    basic = nl.attr(nl.TCA_STATS_BASIC, struct.pack("=QI", 700, 8) + b"\0" * 4)
-    queue = nl.attr(nl.TCA_STATS_QUEUE, struct.pack("=IIIII", 0, 9, 10, 0, 11))
-    body = struct.pack("=BxxxiIII", 0, 2, 0x10011, 0x10000, 0) + nl.attr_str(nl.TCA_KIND, "htb")
-    body += nl.attr(nl.TCA_OPTIONS, b"\0" * 40) + nl.attr(nl.TCA_STATS2 | 0x8000, queue + basic)
-    moved = bytearray(struct.pack("=IHHII", 16 + len(body), nl.RTM_NEWTCLASS, 2, 1, 0) + body)
-    assert len(moved) == len(first)
-    sock._fill(moved, 0, len(moved), values, 5)
-    assert values[5:] == [700, 8, 10, 11, 9]
+def _dump(*messages):
+    return b"".join(m + b"\0" * (-len(m) % 4) for m in messages)
+
+
+def test_class_dump_decoded_by_a_walk_then_by_its_compiled_layout():
+    decoder = ClassDecoder({0x10010: 5, 0x10011: 0})  # slots in another order than the dump's
+    values = array("q", [0]) * 10
+    other = _class_message(0x10001, 1, 1, 1, 1, 1)  # a class not asked for (the default class)
+    first = [_dump(other, _class_message(0x10010, 100, 2, 3, 4, 5)), _dump(_class_message(0x10011, 7, 1, 0, 0, 9))]
+    decoder.decode(first, values)
+    assert list(values) == [7, 1, 0, 0, 9, 100, 2, 3, 4, 5] and decoder.walks == 1 and decoder.layout
+    later = [_dump(other, _class_message(0x10010, 2**40, 2**31, 8, 9, 10)), _dump(_class_message(0x10011, 8, 2, 1, 1, 0))]
+    decoder.decode(later, values)
+    assert list(values) == [8, 2, 1, 1, 0, 2**40, 2**31, 8, 9, 10] and decoder.walks == 1  # compiled
+
+
+@pytest.mark.parametrize("change", ["attributes swapped", "packets grew past 32 bits", "a class gone",
+                                    "another handle", "one buffer less"])
+def test_class_dump_of_another_layout_is_walked_again(change):
+    decoder = ClassDecoder({0x10010: 0, 0x10011: 5})
+    values = array("q", [0]) * 10
+    decoder.decode([_dump(_class_message(0x10010, 1, 1, 1, 1, 1)), _dump(_class_message(0x10011, 2, 2, 2, 2, 2))],
+                   values)
+    second = _class_message(0x10011, 7, 8, 9, 10, 11)
+    if change == "attributes swapped":  # same length, queue before basic
+        basic = nl.attr(nl.TCA_STATS_BASIC, struct.pack("=QI", 7, 8) + b"\0" * 4)
+        queue = nl.attr(nl.TCA_STATS_QUEUE, struct.pack("=IIIII", 0, 11, 9, 0, 10))
+        body = struct.pack("=BxxxiIII", 0, 2, 0x10011, 0x10000, 0) + nl.attr_str(nl.TCA_KIND, "htb")
+        body += nl.attr(nl.TCA_OPTIONS, b"\0" * 40) + nl.attr(nl.TCA_STATS2 | 0x8000, queue + basic)
+        second = struct.pack("=IHHII", 16 + len(body), nl.RTM_NEWTCLASS, 2, 1, 0) + body
+        expected = [7, 8, 9, 10, 11]
+    elif change == "packets grew past 32 bits":
+        second = _class_message(0x10011, 7, 0, 9, 10, 11, pkt64=2**33)
+        expected = [7, 2**33, 9, 10, 11]
+    elif change == "a class gone":
+        second, expected = b"", [-1] * 5
+    elif change == "another handle":
+        second, expected = _class_message(0x10012, 7, 8, 9, 10, 11), [-1] * 5
+    buffers = [_dump(_class_message(0x10010, 3, 3, 3, 3, 3)), _dump(second)]
+    if change == "one buffer less":
+        buffers = [_dump(_class_message(0x10010, 3, 3, 3, 3, 3), _class_message(0x10011, 4, 4, 4, 4, 4))]
+        expected = [4] * 5
+    decoder.decode(buffers, values)
+    assert list(values) == [3] * 5 + expected and decoder.walks == 2
+    assert (decoder.layout is None) == (expected == [-1] * 5)  # no layout while a class is missing
+    if decoder.layout is not None:  # the new layout compiles: decoded without a walk next time
+        decoder.decode(buffers, values)
+        assert decoder.walks == 2 and list(values) == [3] * 5 + expected
+
+
+def test_class_dump_into_scattered_slots_is_always_walked():
+    decoder = ClassDecoder({0x10010: 0, 0x10011: 10})  # not one slice: no compiled layout
+    values = array("q", [0]) * 15
+    buffers = [_dump(_class_message(0x10010, 1, 2, 3, 4, 5), _class_message(0x10011, 6, 7, 8, 9, 10))]
+    decoder.decode(buffers, values)
+    decoder.decode(buffers, values)
+    assert list(values) == [1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 6, 7, 8, 9, 10] and decoder.walks == 2
 
 
 def test_testbed_api_checks_its_telemetry_arguments(tmp_path):

@@ -1,0 +1,267 @@
+"""Reading one interface's counters and its tc classes' statistics, once per telemetry sample.
+
+``StatsSocket`` keeps a NETLINK_ROUTE socket open in the interface's namespace. Each read
+sends one buffer and reads the answers:
+
+- an idle interface (its classes did not change at the last read) is asked for its counters
+  and its root qdisc (two small messages); the classes are dumped only when the root's
+  packets, bytes or drops changed or something is queued (every packet a class sends, drops
+  or holds is counted by the root too);
+- a busy interface is asked for its counters and its class dump in one buffer (no root
+  qdisc: it is likely busy still). When the dump is byte for byte the last one, nothing
+  moved: the values stay and the next read probes again.
+
+``ClassDecoder`` turns a class dump into the link values. The first dump is walked message
+by message, and where each wanted class's counters sit is compiled into two
+``struct.Struct`` per dump message buffer: one reads the fields that identify the messages
+(length, type, class handle, attribute headers), the other the counters. A later dump of
+the same layout is decoded with those two unpacks and one permutation into the classes'
+slots; any difference (a class added or gone, 64-bit packet counts appearing) walks the
+dump again.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from array import array
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Callable, Optional
+
+from worker import nsfs
+from worker.netlink import (
+    _HDR, _HDR_HANDLE, _IF_STATS_MSG, _IFINFO, IFLA_STATS_LINK_64, NETLINK_ROUTE, NLMSG_DONE, NLMSG_ERROR,
+    RTM_GETSTATS, RTM_NEWQDISC, RTM_NEWSTATS, RTM_NEWTCLASS, SO_RCVBUFFORCE, LinkCounters, _get_request,
+    class_dump_request, class_stats, link_by_name_request, parse_link_message, root_qdisc_request, stats2_offsets,
+    stats_message,
+)
+
+# The kernel fills a dump buffer up to the larger of a page (less its overhead, at most 8 KiB)
+# and the largest read so far: reading a page at most keeps its allocations small.
+RECV_BYTES = min(max(os.sysconf("SC_PAGE_SIZE"), 4096), 8192)
+FIELDS = 5  # per class: bytes, packets, drops, overlimits, backlog bytes
+MISSING = -1
+STATS_SEQ, ROOT_SEQ, DUMP_SEQ = 1, 2, 3
+_U32 = struct.Struct("=I")
+_ERRNO = struct.Struct("=i")
+_DONE = struct.Struct("=IHHIIi")  # nlmsghdr, then the dump's result
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a dump's wanted counters sit, per message buffer of the dump."""
+
+    sizes: tuple[int, ...]
+    ids: tuple[struct.Struct, ...]  # reads the identifying fields of a buffer
+    expected: tuple[tuple[int, ...], ...]  # what they read when the layout was learnt
+    counters: tuple[struct.Struct, ...]  # reads the counters of a buffer, in offset order
+    order: Callable[[tuple[int, ...]], tuple[int, ...]]  # all buffers' counters -> slot order
+
+
+def _reader(fields: list[tuple[int, str, int]]) -> tuple[struct.Struct, list[int]]:
+    """A Struct reading each ``(offset, code, tag)`` field in offset order (skipping what lies
+    between), and the fields' tags in that order."""
+    fmt, at, tags = ["="], 0, []
+    for offset, code, tag in sorted(fields):
+        if offset > at:
+            fmt.append(f"{offset - at}x")
+        fmt.append(code)
+        at = offset + struct.calcsize("=" + code)
+        tags.append(tag)
+    return struct.Struct("".join(fmt)), tags
+
+
+class ClassDecoder:
+    """Writes each wanted class's counters (``classes``: class handle -> its first slot in the
+    values) from the message buffers of a class dump (see the module's text)."""
+
+    def __init__(self, classes: dict[int, int]) -> None:
+        self.classes = classes
+        slots = sorted(classes.values())
+        self.start = slots[0] if slots else 0
+        # compiled decoding writes one slice: the classes' slots must follow each other
+        self._compilable = bool(slots) and slots == list(range(self.start, self.start + FIELDS * len(slots), FIELDS))
+        self.layout: Optional[_Layout] = None
+        self.walks = 0  # dumps decoded message by message
+
+    def decode(self, buffers: list[bytes], values: array) -> None:
+        layout = self.layout
+        if layout is not None and len(buffers) == len(layout.sizes):
+            counters: tuple[int, ...] = ()
+            for data, size, ids, expected, reader in zip(buffers, layout.sizes, layout.ids, layout.expected,
+                                                         layout.counters):
+                if len(data) != size or ids.unpack_from(data) != expected:
+                    break
+                counters += reader.unpack_from(data)
+            else:
+                values[self.start:self.start + len(counters)] = array("q", layout.order(counters))
+                return
+        self._walk(buffers, values)
+
+    def _walk(self, buffers: list[bytes], values: array) -> None:
+        """Decode every message; learn the layout when every wanted class was found."""
+        self.walks += 1
+        for at in self.classes.values():
+            values[at:at + FIELDS] = array("q", [MISSING] * FIELDS)
+        found: set[int] = set()
+        ids, readers, expected, tags = [], [], [], []
+        for data in buffers:
+            id_fields: list[tuple[int, str, int]] = []
+            counter_fields: list[tuple[int, str, int]] = []
+            pos = 0
+            while pos + _HDR_HANDLE.size <= len(data):
+                length, kind, handle = _HDR_HANDLE.unpack_from(data, pos)
+                if length < _HDR.size or pos + length > len(data):
+                    break
+                at = self.classes.get(handle) if kind == RTM_NEWTCLASS else None
+                if at is not None:
+                    decoded = class_stats(data, pos, pos + length)
+                    if decoded is not None:
+                        values[at:at + FIELDS] = array("q", decoded[1:])
+                    offsets = stats2_offsets(data, pos, pos + length)
+                    if offsets is not None and offsets[0] >= 0 and offsets[1] >= 0 and handle not in found:
+                        found.add(handle)
+                        slot = at - self.start
+                        basic, queue, pkt64 = (pos + o if o >= 0 else -1 for o in offsets)
+                        heads = [pos, pos + 4, pos + 24, basic, queue] + ([pkt64] if pkt64 >= 0 else [])
+                        id_fields += [(o, "H" if o == pos + 4 else "I", 0) for o in heads]
+                        packets = (pkt64 + 4, "Q") if pkt64 >= 0 else (basic + 12, "I")
+                        counter_fields += [(basic + 4, "Q", slot), (*packets, slot + 1), (queue + 12, "I", slot + 2),
+                                           (queue + 20, "I", slot + 3), (queue + 8, "I", slot + 4)]
+                pos += (length + 3) & ~3
+            id_reader, _ = _reader(id_fields)
+            counter_reader, order = _reader(counter_fields)
+            ids.append(id_reader)
+            expected.append(id_reader.unpack_from(data))
+            readers.append(counter_reader)
+            tags += order
+        if not self._compilable or found != set(self.classes):
+            self.layout = None
+            return
+        where = [0] * len(tags)  # slot offset -> its place in the buffers' counters
+        for place, tag in enumerate(tags):
+            where[tag] = place
+        self.layout = _Layout(tuple(len(d) for d in buffers), tuple(ids), tuple(expected), tuple(readers),
+                              itemgetter(*where))
+
+
+class StatsSocket:
+    """An open NETLINK_ROUTE socket in one namespace that reads one interface's counters and
+    the statistics of its tc classes ``classes`` (handle -> first of its 5 slots in the values
+    given to ``read``); see the module's text. ``always_dump`` dumps and decodes every time."""
+
+    def __init__(self, netns: Optional[str], ifname: str, classes: dict[int, int], always_dump: bool = False) -> None:
+        args = (socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        self.sock = nsfs.socket_in(netns, *args) if netns else socket.socket(*args)
+        self.ifname = ifname
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1024 * 1024)
+            # an answer that never comes fails the read (EAGAIN) instead of hanging the sampler
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("=qq", 2, 0))
+            self.sock.bind((0, 0))
+            self.port = self.sock.getsockname()[0]
+            self.sock.sendall(link_by_name_request(ifname))
+            data = self._recv()
+            kind = _HDR.unpack_from(data)[1]
+            if kind == NLMSG_ERROR:
+                code = -_ERRNO.unpack_from(data, _HDR.size)[0]
+                raise OSError(code, f"{os.strerror(code)}: interface {ifname} in {netns or 'the host namespace'}")
+        except BaseException:
+            self.sock.close()
+            raise
+        counters = parse_link_message(data, 0, _HDR.unpack_from(data)[0])
+        self.ifindex = counters.ifindex if counters else _IFINFO.unpack_from(data, _HDR.size)[2]
+        self.always_dump = always_dump
+        self.decoder = ClassDecoder(classes)
+        stats = _get_request(RTM_GETSTATS, 0, _IF_STATS_MSG.pack(0, self.ifindex, 1 << (IFLA_STATS_LINK_64 - 1)),
+                             STATS_SEQ)
+        self._dump = class_dump_request(self.ifindex, DUMP_SEQ)
+        self._probe = stats + root_qdisc_request(self.ifindex, ROOT_SEQ)
+        self._stats_and_dump = stats + self._dump
+        self._busy = always_dump  # the classes changed at the last read
+        self._root: Optional[tuple[int, ...]] = None  # the root's (handle, bytes, packets, drops, backlog) last read
+        self._last: list[bytes] = []  # the message buffers of the last dump
+        self.dumps = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _recv(self) -> bytes:
+        data = self.sock.recv(RECV_BYTES)
+        if len(data) < _HDR.size or _U32.unpack_from(data)[0] > len(data):
+            raise OSError(errno.EMSGSIZE, f"an answer about {self.ifname} was cut at {len(data)} bytes")
+        return data
+
+    def read(self, values: array) -> Optional[LinkCounters]:
+        """Write each class's bytes, packets, drops, overlimits and backlog at its slots of
+        ``values``, or leave them as the last read wrote them when nothing changed; return the
+        interface's counters (None when the kernel had none to give)."""
+        if self._busy:
+            self.sock.sendall(self._stats_and_dump)
+            counters, _ = self._answers(1)
+            changed = self._read_dump(values)
+            self._root = None  # not read: the next probe dumps once more, to learn it
+        else:
+            self.sock.sendall(self._probe)
+            counters, root = self._answers(2)
+            changed = False
+            if root is None or root != self._root or root[4] > 0:
+                self.sock.sendall(self._dump)
+                changed = self._read_dump(values)  # unchanged: the root moved while this was busy
+            self._root = root
+        self._busy = changed or self.always_dump
+        return counters
+
+    def _answers(self, count: int) -> tuple[Optional[LinkCounters], Optional[tuple[int, ...]]]:
+        """Read ``count`` answers: the interface's counters, then (if asked) its root qdisc's
+        (handle, bytes, packets, drops, backlog). An error answers with None."""
+        counters: Optional[LinkCounters] = None
+        root: Optional[tuple[int, ...]] = None
+        while count:
+            data = self._recv()
+            length, kind = _HDR.unpack_from(data)[:2]
+            if kind == RTM_NEWSTATS:
+                counters = stats_message(data, 0, length)
+            elif kind == RTM_NEWQDISC:
+                found = class_stats(data, 0, length)
+                root = None if found is None else (found[0], found[1], found[2], found[3], found[5])
+            elif kind != NLMSG_ERROR:  # (an error answers too: no root qdisc, or no interface)
+                continue
+            count -= 1
+        return counters, root
+
+    def _read_dump(self, values: array) -> bool:
+        """Read a class dump's buffers and decode them unless they are the last dump's; True if
+        anything changed."""
+        self.dumps += 1
+        buffers = []
+        while True:
+            data = self._recv()
+            kind = _HDR.unpack_from(data)[1]
+            if kind == NLMSG_ERROR:
+                code = -_ERRNO.unpack_from(data, _HDR.size)[0]
+                raise OSError(code, f"{os.strerror(code)}: classes of {self.ifname}")
+            if kind != NLMSG_DONE:
+                buffers.append(data)
+            if self._ends_dump(data):
+                break
+        changed = buffers != self._last
+        if changed or self.always_dump:
+            self.decoder.decode(buffers, values)
+            self._last = buffers
+        return changed
+
+    def _ends_dump(self, data: bytes) -> bool:
+        """True if a dump buffer ends with the dump's DONE message (this kernel sends it alone;
+        one may append it to the last buffer of classes). Its header names this socket and the
+        dump's sequence number, which no class message's last bytes do."""
+        if len(data) < _DONE.size:
+            return False
+        length, kind, _, seq, pid, result = _DONE.unpack_from(data, len(data) - _DONE.size)
+        if length != _DONE.size or kind != NLMSG_DONE or seq != DUMP_SEQ or pid != self.port:
+            return False
+        if result < 0:
+            raise OSError(-result, f"{os.strerror(-result)}: classes of {self.ifname}")
+        return True
