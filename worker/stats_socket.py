@@ -60,9 +60,9 @@ class _Layout:
     order: Callable[[tuple[int, ...]], tuple[int, ...]]  # all buffers' counters -> slot order
 
 
-def _reader(fields: list[tuple[int, str, int]]) -> tuple[struct.Struct, list[int]]:
-    """A Struct reading each ``(offset, code, tag)`` field in offset order (skipping what lies
-    between), and the fields' tags in that order."""
+def _format(fields: list[tuple[int, str, int]]) -> tuple[str, list[int]]:
+    """A struct format reading each ``(offset, code, tag)`` field in offset order (skipping what
+    lies between), and the fields' tags in that order."""
     fmt, at, tags = ["="], 0, []
     for offset, code, tag in sorted(fields):
         if offset > at:
@@ -70,7 +70,26 @@ def _reader(fields: list[tuple[int, str, int]]) -> tuple[struct.Struct, list[int
         fmt.append(code)
         at = offset + struct.calcsize("=" + code)
         tags.append(tag)
-    return struct.Struct("".join(fmt)), tags
+    return "".join(fmt), tags
+
+
+# One layout object per distinct dump layout, shared by every interface whose dump has it (nodes
+# with as many links have the same class handles, in the same order): a sample then goes through
+# a few layouts, not one per node, and finds them in the processor's caches.
+_SHARED: dict[tuple, _Layout] = {}
+SHARED_LAYOUTS_MAX = 4096
+
+
+def _shared_layout(sizes: tuple[int, ...], id_formats: tuple[str, ...], expected: tuple[tuple[int, ...], ...],
+                   counter_formats: tuple[str, ...], where: tuple[int, ...]) -> _Layout:
+    key = (sizes, id_formats, expected, counter_formats, where)
+    layout = _SHARED.get(key)
+    if layout is None:
+        if len(_SHARED) >= SHARED_LAYOUTS_MAX:
+            _SHARED.clear()
+        layout = _SHARED[key] = _Layout(sizes, tuple(map(struct.Struct, id_formats)), expected,
+                                        tuple(map(struct.Struct, counter_formats)), itemgetter(*where))
+    return layout
 
 
 class ClassDecoder:
@@ -106,7 +125,7 @@ class ClassDecoder:
         for at in self.classes.values():
             values[at:at + FIELDS] = array("q", [MISSING] * FIELDS)
         found: set[int] = set()
-        ids, readers, expected, tags = [], [], [], []
+        ids, counters, expected, tags = [], [], [], []
         for data in buffers:
             id_fields: list[tuple[int, str, int]] = []
             counter_fields: list[tuple[int, str, int]] = []
@@ -131,11 +150,11 @@ class ClassDecoder:
                         counter_fields += [(basic + 4, "Q", slot), (*packets, slot + 1), (queue + 12, "I", slot + 2),
                                            (queue + 20, "I", slot + 3), (queue + 8, "I", slot + 4)]
                 pos += (length + 3) & ~3
-            id_reader, _ = _reader(id_fields)
-            counter_reader, order = _reader(counter_fields)
-            ids.append(id_reader)
-            expected.append(id_reader.unpack_from(data))
-            readers.append(counter_reader)
+            id_format, _ = _format(id_fields)
+            counter_format, order = _format(counter_fields)
+            ids.append(id_format)
+            expected.append(struct.unpack_from(id_format, data))
+            counters.append(counter_format)
             tags += order
         if not self._compilable or found != set(self.classes):
             self.layout = None
@@ -143,8 +162,8 @@ class ClassDecoder:
         where = [0] * len(tags)  # slot offset -> its place in the buffers' counters
         for place, tag in enumerate(tags):
             where[tag] = place
-        self.layout = _Layout(tuple(len(d) for d in buffers), tuple(ids), tuple(expected), tuple(readers),
-                              itemgetter(*where))
+        self.layout = _shared_layout(tuple(len(d) for d in buffers), tuple(ids), tuple(expected), tuple(counters),
+                                     tuple(where))
 
 
 class StatsSocket:
