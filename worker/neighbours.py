@@ -73,10 +73,10 @@ def dump(sock: nl.RtnlSocket) -> list[Entry]:
     request = nl.message(RTM_GETNEIGH, nl.NLM_F_DUMP, _NDMSG.pack(socket.AF_INET, 0, 0, 0, 0))
     found = []
     for reply in sock.dump(request):
-        family, ifindex, state, _, _ = _NDMSG.unpack_from(reply, nl._HDR.size)
+        family, ifindex, state, _, _ = _NDMSG.unpack_from(reply, nl.HDR.size)
         if family != socket.AF_INET:
             continue
-        attrs = nl.parse_attrs(reply, nl._HDR.size + _NDMSG.size)
+        attrs = nl.parse_attrs(reply, nl.HDR.size + _NDMSG.size)
         if NDA_DST not in attrs:
             continue
         lladdr = attrs.get(NDA_LLADDR)

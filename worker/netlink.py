@@ -66,7 +66,7 @@ CREATE = NLM_F_CREATE | NLM_F_EXCL
 REPLACE = NLM_F_CREATE | NLM_F_REPLACE
 CHUNK_BYTES = 64 * 1024
 
-_HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
+HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
 _IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
@@ -105,7 +105,7 @@ def attr_u32(kind: int, value: int) -> bytes:
 
 def message(kind: int, flags: int, body: bytes) -> bytes:
     """A request; its sequence number is filled in when it is sent."""
-    return _HDR.pack(_HDR.size + len(body), kind, flags | NLM_F_REQUEST | NLM_F_ACK, 0, 0) + body
+    return HDR.pack(HDR.size + len(body), kind, flags | NLM_F_REQUEST | NLM_F_ACK, 0, 0) + body
 
 
 def tc_handle(major: int, minor: int) -> int:
@@ -255,7 +255,7 @@ def netem_leaf(ifindex: int, minor: int, delay_ms: float, jitter_ms: float, loss
     batch.tc("replace", "netem", ifindex, tc_handle(minor, 0), parent=tc_handle(1, minor),
              delay=int(delay_ms * 1000), jitter=int(jitter_ms * 1000), loss=loss_pct, limit=limit_pkts)
     raw = bytes(batch.batch)
-    body = raw[_HDR.size:_HDR.unpack_from(raw)[0]]
+    body = raw[HDR.size:HDR.unpack_from(raw)[0]]
     return message(RTM_NEWQDISC, flags, body)
 
 
@@ -365,9 +365,9 @@ class RtnlSocket:
         while True:
             data = self.sock.recv(1 << 20)
             offset = 0
-            while offset + _HDR.size <= len(data):
-                length, kind, flags, seq, _ = _HDR.unpack_from(data, offset)
-                if length < _HDR.size:
+            while offset + HDR.size <= len(data):
+                length, kind, flags, seq, _ = HDR.unpack_from(data, offset)
+                if length < HDR.size:
                     break
                 yield data[offset:offset + length], kind, flags, seq
                 offset += (length + 3) & ~3
@@ -384,7 +384,7 @@ class RtnlSocket:
             if kind == NLMSG_DONE:
                 return replies
             if kind == NLMSG_ERROR:
-                (code,) = struct.unpack_from("=i", msg, _HDR.size)
+                (code,) = struct.unpack_from("=i", msg, HDR.size)
                 if code:
                     raise OSError(-code, os.strerror(-code))
                 return replies
@@ -393,11 +393,11 @@ class RtnlSocket:
 
     def _send_and_collect(self, chunk: list[bytes], first: int, failures: list[Failure]) -> None:
         self.sock.sendall(b"".join(chunk))
-        pending = {_HDR.unpack_from(m)[3] for m in chunk}
+        pending = {HDR.unpack_from(m)[3] for m in chunk}
         for msg, kind, flags, seq in self._replies():
             if kind == NLMSG_ERROR and seq in pending:
                 pending.discard(seq)
-                (code,) = struct.unpack_from("=i", msg, _HDR.size)
+                (code,) = struct.unpack_from("=i", msg, HDR.size)
                 if code:
                     text = _ext_ack_text(msg, flags) if flags & NLM_F_ACK_TLVS else ""
                     failures.append(Failure(seq - first, -code, text))
@@ -433,10 +433,10 @@ def tc_dump(rtnl: "RtnlSocket", what: int, ifindex: int, parent: int = 0) -> lis
     """Dump the qdiscs (RTM_GETQDISC), classes (RTM_GETTCLASS) or filters (RTM_GETTFILTER) of one interface."""
     found = []
     for reply in rtnl.dump(message(what, NLM_F_DUMP, _tcmsg(ifindex, 0, parent))):
-        _, index, handle, got_parent, info = _TCMSG.unpack_from(reply, _HDR.size)
+        _, index, handle, got_parent, info = _TCMSG.unpack_from(reply, HDR.size)
         if index != ifindex:
             continue
-        attrs = parse_attrs(reply, _HDR.size + _TCMSG.size)
+        attrs = parse_attrs(reply, HDR.size + _TCMSG.size)
         kind = attrs.get(TCA_KIND, b"").split(b"\0", 1)[0].decode()
         found.append(TcObject(handle, got_parent, info, kind, attrs.get(TCA_OPTIONS, b"")))
     return found
@@ -484,7 +484,7 @@ def u32_key(options: bytes) -> tuple[Optional[int], list[tuple[int, int, int]]]:
 def _ext_ack_text(msg: bytes, flags: int) -> str:
     """The kernel's extended-ack message text, if it sent one."""
     # header + error code + the request's header (NETLINK_CAP_ACK keeps only that)
-    offset = _HDR.size + 4 + _HDR.size
+    offset = HDR.size + 4 + HDR.size
     while offset + 4 <= len(msg):
         length, kind = struct.unpack_from("=HH", msg, offset)
         if length < 4:
@@ -508,13 +508,14 @@ _QUEUE = struct.Struct("=IIIII")  # gnet_stats_queue: qlen, backlog, drops, requ
 _U64 = struct.Struct("=Q")
 _STATS64_HEAD = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
 _IF_STATS_MSG = struct.Struct("=BxxxiI")  # family, ifindex, filter_mask
-_STATS_AT = _HDR.size + _IF_STATS_MSG.size + 4  # rtnl_link_stats64 in an RTM_NEWSTATS of one attribute
-_HDR_HANDLE = struct.Struct("=IH18xI")  # nlmsghdr's length and type, tcmsg's handle (28 bytes)
+_STATS_AT = HDR.size + _IF_STATS_MSG.size + 4  # rtnl_link_stats64 in an RTM_NEWSTATS of one attribute
+CLASS_HEAD = struct.Struct("=IH18xI")  # nlmsghdr's length and type, tcmsg's handle (28 bytes)
+HANDLE_AT = HDR.size + 8  # where a class message's handle sits
 
 
 def _get_request(kind: int, flags: int, body: bytes, seq: int) -> bytes:
     """A request without an acknowledgement (a GET answers with its data, a dump with DONE)."""
-    return _HDR.pack(_HDR.size + len(body), kind, flags | NLM_F_REQUEST, seq, 0) + body
+    return HDR.pack(HDR.size + len(body), kind, flags | NLM_F_REQUEST, seq, 0) + body
 
 
 def link_by_name_request(ifname: str, seq: int = 1) -> bytes:
@@ -538,8 +539,8 @@ class LinkCounters:
 def parse_link_message(msg: bytes, offset: int = 0, end: Optional[int] = None) -> Optional[LinkCounters]:
     """The counters of an RTM_NEWLINK message at ``msg[offset:end]`` (None without IFLA_STATS64)."""
     end = len(msg) if end is None else end
-    index = _IFINFO.unpack_from(msg, offset + _HDR.size)[2]
-    pos = offset + _HDR.size + _IFINFO.size
+    index = _IFINFO.unpack_from(msg, offset + HDR.size)[2]
+    pos = offset + HDR.size + _IFINFO.size
     while pos + 4 <= end:
         length, kind = _U16x2.unpack_from(msg, pos)
         if length < 4:
@@ -556,7 +557,7 @@ def stats_message(msg: bytes, offset: int, end: int) -> Optional[LinkCounters]:
     length, kind = _U16x2.unpack_from(msg, offset + _STATS_AT - 4) if offset + _STATS_AT <= end else (0, 0)
     if kind != IFLA_STATS_LINK_64 or length < 4 + _STATS64_HEAD.size:
         return None
-    index = _IF_STATS_MSG.unpack_from(msg, offset + _HDR.size)[1]
+    index = _IF_STATS_MSG.unpack_from(msg, offset + HDR.size)[1]
     s = _STATS64_HEAD.unpack_from(msg, offset + _STATS_AT)
     return LinkCounters(index, s[0], s[1], s[2], s[3], s[6], s[7])
 
@@ -564,7 +565,7 @@ def stats_message(msg: bytes, offset: int, end: int) -> Optional[LinkCounters]:
 def stats2_offsets(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, int]]:
     """Where, relative to the message, a class message's TCA_STATS2 holds its basic, queue and
     64-bit packet statistics (attribute headers; -1 for one it lacks)."""
-    pos = offset + _HDR.size + _TCMSG.size
+    pos = offset + HDR.size + _TCMSG.size
     while pos + 4 <= end:
         length, kind = _U16x2.unpack_from(msg, pos)
         if length < 4:
@@ -590,7 +591,7 @@ def class_stats(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, i
     offsets = stats2_offsets(msg, offset, end)
     if offsets is None:
         return None
-    handle = _TCMSG.unpack_from(msg, offset + _HDR.size)[2]
+    handle = _TCMSG.unpack_from(msg, offset + HDR.size)[2]
     basic, queue, pkt64 = offsets
     nbytes = packets = drops = over = backlog = 0
     if basic >= 0:
@@ -600,6 +601,16 @@ def class_stats(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, i
     if pkt64 >= 0:
         packets = _U64.unpack_from(msg, offset + pkt64 + 4)[0]
     return handle, nbytes, packets, drops, over, backlog
+
+
+def link_stats_request(ifindex: int, seq: int = 1) -> bytes:
+    """``RTM_GETSTATS`` of one interface's 64-bit counters."""
+    return _get_request(RTM_GETSTATS, 0, _IF_STATS_MSG.pack(0, ifindex, 1 << (IFLA_STATS_LINK_64 - 1)), seq)
+
+
+def link_index(msg: bytes, offset: int = 0) -> int:
+    """The interface index of an RTM_NEWLINK message."""
+    return _IFINFO.unpack_from(msg, offset + HDR.size)[2]
 
 
 def root_qdisc_request(ifindex: int, seq: int = 1) -> bytes:

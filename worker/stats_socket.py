@@ -32,10 +32,9 @@ from typing import Callable, Optional
 
 from worker import nsfs
 from worker.netlink import (
-    _HDR, _HDR_HANDLE, _IF_STATS_MSG, _IFINFO, IFLA_STATS_LINK_64, NETLINK_ROUTE, NLMSG_DONE, NLMSG_ERROR,
-    RTM_GETSTATS, RTM_NEWQDISC, RTM_NEWSTATS, RTM_NEWTCLASS, SO_RCVBUFFORCE, LinkCounters, _get_request,
-    class_dump_request, class_stats, link_by_name_request, parse_link_message, root_qdisc_request, stats2_offsets,
-    stats_message,
+    CLASS_HEAD, HANDLE_AT, HDR, NETLINK_ROUTE, NLMSG_DONE, NLMSG_ERROR, RTM_NEWQDISC, RTM_NEWSTATS, RTM_NEWTCLASS,
+    SO_RCVBUFFORCE, LinkCounters, class_dump_request, class_stats, link_by_name_request, link_index, link_stats_request,
+    parse_link_message, root_qdisc_request, stats2_offsets, stats_message,
 )
 
 # The kernel fills a dump buffer up to the larger of a page (less its overhead, at most 8 KiB)
@@ -130,9 +129,9 @@ class ClassDecoder:
             id_fields: list[tuple[int, str, int]] = []
             counter_fields: list[tuple[int, str, int]] = []
             pos = 0
-            while pos + _HDR_HANDLE.size <= len(data):
-                length, kind, handle = _HDR_HANDLE.unpack_from(data, pos)
-                if length < _HDR.size or pos + length > len(data):
+            while pos + CLASS_HEAD.size <= len(data):
+                length, kind, handle = CLASS_HEAD.unpack_from(data, pos)
+                if length < HDR.size or pos + length > len(data):
                     break
                 at = self.classes.get(handle) if kind == RTM_NEWTCLASS else None
                 if at is not None:
@@ -144,8 +143,10 @@ class ClassDecoder:
                         found.add(handle)
                         slot = at - self.start
                         basic, queue, pkt64 = (pos + o if o >= 0 else -1 for o in offsets)
-                        heads = [pos, pos + 4, pos + 24, basic, queue] + ([pkt64] if pkt64 >= 0 else [])
-                        id_fields += [(o, "H" if o == pos + 4 else "I", 0) for o in heads]
+                        id_fields += [(pos, "I", 0), (pos + 4, "H", 0), (pos + HANDLE_AT, "I", 0), (basic, "I", 0),
+                                      (queue, "I", 0)]  # length, type, handle, attribute headers
+                        if pkt64 >= 0:
+                            id_fields.append((pkt64, "I", 0))
                         packets = (pkt64 + 4, "Q") if pkt64 >= 0 else (basic + 12, "I")
                         counter_fields += [(basic + 4, "Q", slot), (*packets, slot + 1), (queue + 12, "I", slot + 2),
                                            (queue + 20, "I", slot + 3), (queue + 8, "I", slot + 4)]
@@ -183,19 +184,18 @@ class StatsSocket:
             self.port = self.sock.getsockname()[0]
             self.sock.sendall(link_by_name_request(ifname))
             data = self._recv()
-            kind = _HDR.unpack_from(data)[1]
+            kind = HDR.unpack_from(data)[1]
             if kind == NLMSG_ERROR:
-                code = -_ERRNO.unpack_from(data, _HDR.size)[0]
+                code = -_ERRNO.unpack_from(data, HDR.size)[0]
                 raise OSError(code, f"{os.strerror(code)}: interface {ifname} in {netns or 'the host namespace'}")
         except BaseException:
             self.sock.close()
             raise
-        counters = parse_link_message(data, 0, _HDR.unpack_from(data)[0])
-        self.ifindex = counters.ifindex if counters else _IFINFO.unpack_from(data, _HDR.size)[2]
+        counters = parse_link_message(data, 0, HDR.unpack_from(data)[0])
+        self.ifindex = counters.ifindex if counters else link_index(data)
         self.always_dump = always_dump
         self.decoder = ClassDecoder(classes)
-        stats = _get_request(RTM_GETSTATS, 0, _IF_STATS_MSG.pack(0, self.ifindex, 1 << (IFLA_STATS_LINK_64 - 1)),
-                             STATS_SEQ)
+        stats = link_stats_request(self.ifindex, STATS_SEQ)
         self._dump = class_dump_request(self.ifindex, DUMP_SEQ)
         self._probe = stats + root_qdisc_request(self.ifindex, ROOT_SEQ)
         self._stats_and_dump = stats + self._dump
@@ -209,7 +209,7 @@ class StatsSocket:
 
     def _recv(self) -> bytes:
         data = self.sock.recv(RECV_BYTES)
-        if len(data) < _HDR.size or _U32.unpack_from(data)[0] > len(data):
+        if len(data) < HDR.size or _U32.unpack_from(data)[0] > len(data):
             raise OSError(errno.EMSGSIZE, f"an answer about {self.ifname} was cut at {len(data)} bytes")
         return data
 
@@ -240,7 +240,7 @@ class StatsSocket:
         root: Optional[tuple[int, ...]] = None
         while count:
             data = self._recv()
-            length, kind = _HDR.unpack_from(data)[:2]
+            length, kind = HDR.unpack_from(data)[:2]
             if kind == RTM_NEWSTATS:
                 counters = stats_message(data, 0, length)
             elif kind == RTM_NEWQDISC:
@@ -258,9 +258,9 @@ class StatsSocket:
         buffers = []
         while True:
             data = self._recv()
-            kind = _HDR.unpack_from(data)[1]
+            kind = HDR.unpack_from(data)[1]
             if kind == NLMSG_ERROR:
-                code = -_ERRNO.unpack_from(data, _HDR.size)[0]
+                code = -_ERRNO.unpack_from(data, HDR.size)[0]
                 raise OSError(code, f"{os.strerror(code)}: classes of {self.ifname}")
             if kind != NLMSG_DONE:
                 buffers.append(data)
