@@ -5,8 +5,8 @@ sends one buffer and reads the answers:
 
 - an idle interface (its classes did not change at the last read) is asked for its counters
   and its root qdisc (two small messages); the classes are dumped only when the root's
-  packets, bytes or drops changed or something is queued (every packet a class sends, drops
-  or holds is counted by the root too);
+  answer is not byte for byte the last one: every packet a class sends, drops or holds, and
+  every time a class is throttled (its overlimits), is counted by the root too;
 - a busy interface is asked for its counters and its class dump in one buffer (no root
   qdisc: it is likely busy still). When the dump is byte for byte the last one, nothing
   moved: the values stay and the next read probes again.
@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 from worker import nsfs
 from worker.netlink import (
-    CLASS_HEAD, HANDLE_AT, HDR, NETLINK_ROUTE, NLMSG_DONE, NLMSG_ERROR, RTM_NEWQDISC, RTM_NEWSTATS, RTM_NEWTCLASS,
+    CLASS_HEAD, HANDLE_AT, HDR, NETLINK_ROUTE, NLMSG_DONE, NLMSG_ERROR, RTM_NEWSTATS, RTM_NEWTCLASS,
     SO_RCVBUFFORCE, LinkCounters, class_dump_request, class_stats, link_by_name_request, link_index, link_stats_request,
     parse_link_message, root_qdisc_request, stats2_offsets, stats_message,
 )
@@ -200,7 +200,7 @@ class StatsSocket:
         self._probe = stats + root_qdisc_request(self.ifindex, ROOT_SEQ)
         self._stats_and_dump = stats + self._dump
         self._busy = always_dump  # the classes changed at the last read
-        self._root: Optional[tuple[int, ...]] = None  # the root's (handle, bytes, packets, drops, backlog) last read
+        self._root: Optional[bytes] = None  # the root qdisc's answer at the last probe
         self._last: list[bytes] = []  # the message buffers of the last dump
         self.dumps = 0
 
@@ -226,28 +226,27 @@ class StatsSocket:
             self.sock.sendall(self._probe)
             counters, root = self._answers(2)
             changed = False
-            if root is None or root != self._root or root[4] > 0:
+            if root != self._root:
                 self.sock.sendall(self._dump)
                 changed = self._read_dump(values)  # unchanged: the root moved while this was busy
             self._root = root
         self._busy = changed or self.always_dump
         return counters
 
-    def _answers(self, count: int) -> tuple[Optional[LinkCounters], Optional[tuple[int, ...]]]:
-        """Read ``count`` answers: the interface's counters, then (if asked) its root qdisc's
-        (handle, bytes, packets, drops, backlog). An error answers with None."""
+    def _answers(self, count: int) -> tuple[Optional[LinkCounters], Optional[bytes]]:
+        """Read ``count`` answers: the interface's counters (None for an error), then (if asked)
+        the root qdisc's answer as it came (an error when there is none)."""
         counters: Optional[LinkCounters] = None
-        root: Optional[tuple[int, ...]] = None
+        root: Optional[bytes] = None
         while count:
             data = self._recv()
-            length, kind = HDR.unpack_from(data)[:2]
-            if kind == RTM_NEWSTATS:
-                counters = stats_message(data, 0, length)
-            elif kind == RTM_NEWQDISC:
-                found = class_stats(data, 0, length)
-                root = None if found is None else (found[0], found[1], found[2], found[3], found[5])
-            elif kind != NLMSG_ERROR:  # (an error answers too: no root qdisc, or no interface)
-                continue
+            length, kind, _, seq, _ = HDR.unpack_from(data)
+            if seq == STATS_SEQ:
+                counters = stats_message(data, 0, length) if kind == RTM_NEWSTATS else None
+            elif seq == ROOT_SEQ:
+                root = data
+            else:
+                continue  # not an answer to this read
             count -= 1
         return counters, root
 
