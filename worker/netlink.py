@@ -552,14 +552,21 @@ def parse_link_message(msg: bytes, offset: int = 0, end: Optional[int] = None) -
     return None
 
 
-def stats_message(msg: bytes, offset: int, end: int) -> Optional[LinkCounters]:
-    """The counters of an RTM_NEWSTATS message holding IFLA_STATS_LINK_64."""
+def stats_values(msg: bytes, offset: int, end: int) -> Optional[tuple[int, ...]]:
+    """The first 8 counters of an RTM_NEWSTATS message holding IFLA_STATS_LINK_64: rx/tx
+    packets, rx/tx bytes, rx/tx errors, rx/tx dropped."""
     length, kind = _U16x2.unpack_from(msg, offset + _STATS_AT - 4) if offset + _STATS_AT <= end else (0, 0)
     if kind != IFLA_STATS_LINK_64 or length < 4 + _STATS64_HEAD.size:
         return None
-    index = _IF_STATS_MSG.unpack_from(msg, offset + HDR.size)[1]
-    s = _STATS64_HEAD.unpack_from(msg, offset + _STATS_AT)
-    return LinkCounters(index, s[0], s[1], s[2], s[3], s[6], s[7])
+    return _STATS64_HEAD.unpack_from(msg, offset + _STATS_AT)
+
+
+def stats_message(msg: bytes, offset: int, end: int) -> Optional[LinkCounters]:
+    """The counters of an RTM_NEWSTATS message holding IFLA_STATS_LINK_64."""
+    s = stats_values(msg, offset, end)
+    if s is None:
+        return None
+    return LinkCounters(_IF_STATS_MSG.unpack_from(msg, offset + HDR.size)[1], s[0], s[1], s[2], s[3], s[6], s[7])
 
 
 def stats2_offsets(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, int]]:

@@ -33,8 +33,8 @@ from typing import Callable, Optional
 from worker import nsfs
 from worker.netlink import (
     CLASS_HEAD, HANDLE_AT, HDR, NETLINK_ROUTE, NLMSG_DONE, NLMSG_ERROR, RTM_NEWSTATS, RTM_NEWTCLASS,
-    SO_RCVBUFFORCE, LinkCounters, class_dump_request, class_stats, link_by_name_request, link_index, link_stats_request,
-    parse_link_message, root_qdisc_request, stats2_offsets, stats_message,
+    SO_RCVBUFFORCE, class_dump_request, class_stats, link_by_name_request, link_index, link_stats_request,
+    parse_link_message, root_qdisc_request, stats2_offsets, stats_values,
 )
 
 # The kernel fills a dump buffer up to the larger of a page (less its overhead, at most 8 KiB)
@@ -213,10 +213,11 @@ class StatsSocket:
             raise OSError(errno.EMSGSIZE, f"an answer about {self.ifname} was cut at {len(data)} bytes")
         return data
 
-    def read(self, values: array) -> Optional[LinkCounters]:
+    def read(self, values: array) -> Optional[tuple[int, int, int, int, int]]:
         """Write each class's bytes, packets, drops, overlimits and backlog at its slots of
         ``values``, or leave them as the last read wrote them when nothing changed; return the
-        interface's counters (None when the kernel had none to give)."""
+        interface's tx bytes, rx bytes, tx packets, rx packets and drops (tx + rx), or None when
+        the kernel had none to give."""
         if self._busy:
             self.sock.sendall(self._stats_and_dump)
             counters, _ = self._answers(1)
@@ -233,16 +234,17 @@ class StatsSocket:
         self._busy = changed or self.always_dump
         return counters
 
-    def _answers(self, count: int) -> tuple[Optional[LinkCounters], Optional[bytes]]:
+    def _answers(self, count: int) -> tuple[Optional[tuple[int, int, int, int, int]], Optional[bytes]]:
         """Read ``count`` answers: the interface's counters (None for an error), then (if asked)
         the root qdisc's answer as it came (an error when there is none)."""
-        counters: Optional[LinkCounters] = None
+        counters: Optional[tuple[int, int, int, int, int]] = None
         root: Optional[bytes] = None
         while count:
             data = self._recv()
             length, kind, _, seq, _ = HDR.unpack_from(data)
             if seq == STATS_SEQ:
-                counters = stats_message(data, 0, length) if kind == RTM_NEWSTATS else None
+                s = stats_values(data, 0, length) if kind == RTM_NEWSTATS else None
+                counters = None if s is None else (s[3], s[2], s[1], s[0], s[6] + s[7])
             elif seq == ROOT_SEQ:
                 root = data
             else:

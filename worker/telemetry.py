@@ -264,35 +264,34 @@ class Sampler:
         links, values = self._link_values, self._node_values
         at = 0
         for node in self._nodes:
-            counters = self._read_node(node, links)
+            try:
+                if node.sock is None:
+                    node.sock = StatsSocket(node.netns, node.ifname, node.slots, self.always_dump)
+                interface = node.sock.read(links)
+            except OSError as e:  # the namespace or interface went away: try again next time
+                interface = None
+                self._lost(node, links, e)
             cg = node.cgroup
             cpu = cg.cpu_ns() if cg else None
             mem = cg.mem_bytes() if cg else None
             values[at] = MISSING if cpu is None else cpu
             values[at + 1] = MISSING if mem is None else mem
-            if counters is None:
+            if interface is None:
                 values[at + 2] = values[at + 3] = values[at + 4] = values[at + 5] = values[at + 6] = MISSING
-            else:
-                values[at + 2], values[at + 3], values[at + 4], values[at + 5] = \
-                    counters.tx_bytes, counters.rx_bytes, counters.tx_packets, counters.rx_packets
-                values[at + 6] = counters.tx_dropped + counters.rx_dropped
+            else:  # tx bytes, rx bytes, tx packets, rx packets, drops
+                values[at + 2], values[at + 3], values[at + 4], values[at + 5], values[at + 6] = interface
             at += 7
         return t, self.layout.id, array("q", links), array("q", values), self.host.read()
 
-    def _read_node(self, node: _Node, links: array) -> Optional[nl.LinkCounters]:
-        try:
-            if node.sock is None:
-                node.sock = StatsSocket(node.netns, node.ifname, node.slots, self.always_dump)
-            return node.sock.read(links)
-        except OSError as e:  # the namespace or interface went away: try again next time
-            for at in node.slots.values():
-                links[at:at + 5] = array("q", [MISSING] * 5)
-            self.errors += 1
-            self.last_error = f"{node.name}: {e}"
-            if node.sock is not None:
-                node.sock.close()
-                node.sock = None
-            return None
+    def _lost(self, node: _Node, links: array, error: OSError) -> None:
+        """A node's reading failed: its links read as missing, its socket is opened anew next time."""
+        for at in node.slots.values():
+            links[at:at + 5] = array("q", [MISSING] * 5)
+        self.errors += 1
+        self.last_error = f"{node.name}: {error}"
+        if node.sock is not None:
+            node.sock.close()
+            node.sock = None
 
     # the thread --------------------------------------------------------------------------------
     def start(self) -> None:
