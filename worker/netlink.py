@@ -499,7 +499,6 @@ def _ext_ack_text(msg: bytes, flags: int) -> str:
 RTM_GETLINK = 18
 RTM_NEWSTATS, RTM_GETSTATS = 92, 94
 IFLA_STATS_LINK_64 = 1
-IFLA_STATS64 = 23
 TCA_STATS2 = 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_PKT64 = 1, 3, 8
 _U16x2 = struct.Struct("=HH")
@@ -523,50 +522,15 @@ def link_by_name_request(ifname: str, seq: int = 1) -> bytes:
     return _get_request(RTM_GETLINK, 0, _IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, ifname), seq)
 
 
-@dataclass
-class LinkCounters:
-    """An interface's counters (rtnl_link_stats64)."""
-
-    ifindex: int
-    rx_packets: int
-    tx_packets: int
-    rx_bytes: int
-    tx_bytes: int
-    rx_dropped: int
-    tx_dropped: int
-
-
-def parse_link_message(msg: bytes, offset: int = 0, end: Optional[int] = None) -> Optional[LinkCounters]:
-    """The counters of an RTM_NEWLINK message at ``msg[offset:end]`` (None without IFLA_STATS64)."""
-    end = len(msg) if end is None else end
-    index = _IFINFO.unpack_from(msg, offset + HDR.size)[2]
-    pos = offset + HDR.size + _IFINFO.size
-    while pos + 4 <= end:
-        length, kind = _U16x2.unpack_from(msg, pos)
-        if length < 4:
-            break
-        if kind & 0x7FFF == IFLA_STATS64:
-            s = _STATS64_HEAD.unpack_from(msg, pos + 4)
-            return LinkCounters(index, s[0], s[1], s[2], s[3], s[6], s[7])
-        pos += (length + 3) & ~3
-    return None
-
-
 def stats_values(msg: bytes, offset: int, end: int) -> Optional[tuple[int, ...]]:
     """The first 8 counters of an RTM_NEWSTATS message holding IFLA_STATS_LINK_64: rx/tx
     packets, rx/tx bytes, rx/tx errors, rx/tx dropped."""
-    length, kind = _U16x2.unpack_from(msg, offset + _STATS_AT - 4) if offset + _STATS_AT <= end else (0, 0)
+    if offset + _STATS_AT + _STATS64_HEAD.size > end:
+        return None
+    length, kind = _U16x2.unpack_from(msg, offset + _STATS_AT - 4)
     if kind != IFLA_STATS_LINK_64 or length < 4 + _STATS64_HEAD.size:
         return None
     return _STATS64_HEAD.unpack_from(msg, offset + _STATS_AT)
-
-
-def stats_message(msg: bytes, offset: int, end: int) -> Optional[LinkCounters]:
-    """The counters of an RTM_NEWSTATS message holding IFLA_STATS_LINK_64."""
-    s = stats_values(msg, offset, end)
-    if s is None:
-        return None
-    return LinkCounters(_IF_STATS_MSG.unpack_from(msg, offset + HDR.size)[1], s[0], s[1], s[2], s[3], s[6], s[7])
 
 
 def stats2_offsets(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, int]]:

@@ -34,7 +34,7 @@ from worker import nsfs
 from worker.netlink import (
     CLASS_HEAD, HANDLE_AT, HDR, NETLINK_ROUTE, NLMSG_DONE, NLMSG_ERROR, RTM_NEWSTATS, RTM_NEWTCLASS,
     SO_RCVBUFFORCE, class_dump_request, class_stats, link_by_name_request, link_index, link_stats_request,
-    parse_link_message, root_qdisc_request, stats2_offsets, stats_values,
+    root_qdisc_request, stats2_offsets, stats_values,
 )
 
 # The kernel fills a dump buffer up to the larger of a page (less its overhead, at most 8 KiB)
@@ -191,8 +191,7 @@ class StatsSocket:
         except BaseException:
             self.sock.close()
             raise
-        counters = parse_link_message(data, 0, HDR.unpack_from(data)[0])
-        self.ifindex = counters.ifindex if counters else link_index(data)
+        self.ifindex = link_index(data)
         self.always_dump = always_dump
         self.decoder = ClassDecoder(classes)
         stats = link_stats_request(self.ifindex, STATS_SEQ)
