@@ -32,9 +32,9 @@ from typing import Any, Optional
 
 from worker import netlink as nl
 from worker import nsfs
-from worker.stats_socket import StatsSocket
 from worker.cgroups import Cgroups, CounterReader, process_groups
 from worker.errors import ConfigError
+from worker.stats_socket import StatsSocket
 
 MIN_PERIOD_MS = 10
 MAX_PERIOD_MS = 10_000
