@@ -35,8 +35,9 @@ from worker.errors import CapabilityError, TestbedError
 LINKS_HEADER = "time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes"
 NODES_HEADER = "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops"
 HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
+RATES_HEADER = "time_s,src,dst,rate_bps"
 FILES = {"links": ("telemetry/links.csv", LINKS_HEADER), "nodes": ("telemetry/nodes.csv", NODES_HEADER),
-         "hosts": ("telemetry/hosts.csv", HOSTS_HEADER)}
+         "hosts": ("telemetry/hosts.csv", HOSTS_HEADER), "rates": ("telemetry/rates.csv", RATES_HEADER)}
 PULL_INTERVAL_S = 1.0
 PULL_LIMIT = 100  # samples per request
 # which raw fields are counters (made cumulative since the start) and which are gauges
@@ -148,6 +149,8 @@ class _Host:
         self.seen_first = False
         self.first_layout: Optional[int] = None
         self.layouts: dict[int, dict[str, Any]] = {}
+        self.layout_seen: Optional[int] = None  # the layout of the last sample taken
+        self.rates_bps: dict[tuple[str, str], Optional[int]] = {}  # its links' configured rates
         self.lost = 0
         self.last: dict[str, Any] = {}
         self.problem = ""
@@ -261,6 +264,9 @@ class Collector:
         first = not host.seen_first
         host.seen_first = True
         layout = host.layouts[int(sample["layout"])]
+        if int(sample["layout"]) != host.layout_seen:
+            host.layout_seen = int(sample["layout"])
+            self._rates_changed(host, layout, ts)
         link_keys, node_names = layout["links"], layout["nodes"]
         values = sample["links"]
         link_rows, node_rows = [], []
@@ -285,6 +291,23 @@ class Collector:
             self.files["nodes"].write("".join(node_rows), len(node_rows))
             self.files["hosts"].write(f"{ts},{host.name},{_fmt(cum, ns_first=True)}\n", 1)
         return len(link_rows) + len(node_rows) + 1
+
+    def _rates_changed(self, host: _Host, layout: dict[str, Any], ts: str) -> None:
+        """Write each link whose configured rate a new layout sets or changes, and each link it
+        no longer has (an empty rate); keep the rates for /metrics and the live views."""
+        if "rates_bps" not in layout:
+            return
+        now = {(src, dst): rate for (src, dst), rate in zip(layout["links"], layout["rates_bps"])}
+        rows = [f"{ts},{src},{dst},{'' if rate is None else int(rate)}\n"
+                for (src, dst), rate in sorted(now.items()) if (src, dst) not in host.rates_bps
+                or host.rates_bps[(src, dst)] != rate]
+        rows += [f"{ts},{src},{dst},\n" for src, dst in sorted(host.rates_bps.keys() - now.keys())]
+        for key, rate in now.items():
+            if rate is not None:
+                self.rates_bps[key] = int(rate)
+        host.rates_bps = now
+        if self.files and rows:
+            self.files["rates"].write("".join(rows), len(rows))
 
     @staticmethod
     def _latest(table: dict[Any, dict[str, Any]], key: Any, time_s: float, cum: list[Optional[int]],

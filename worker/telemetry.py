@@ -104,14 +104,16 @@ class _Node:
 
 @dataclass
 class Layout:
-    """What a sample's flat value arrays hold, in order: links (src, dst) and nodes."""
+    """What a sample's flat value arrays hold, in order: links (src, dst) and nodes; and each
+    link's configured rate (bit/s) while this layout holds."""
 
     id: int
     links: list[tuple[str, str]]
     nodes: list[str]
+    rates_bps: list[Optional[int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"links": [list(k) for k in self.links], "nodes": self.nodes}
+        return {"links": [list(k) for k in self.links], "nodes": self.nodes, "rates_bps": self.rates_bps}
 
 
 def ring_capacity(values_per_sample: int, period_s: float) -> int:
@@ -212,10 +214,13 @@ class Sampler:
         state = self.store.read()
         old = {n.name: n for n in self._nodes}
         nodes: list[_Node] = []
+        rates: list[Optional[int]] = []
         for name in sorted(state["nodes"]):
             rec = state["nodes"][name]
             plan = state["plans"].get(name)
-            links = [(r["dest"], nl.tc_handle(1, int(r["minor"]))) for r in plan["rules"]] if plan else []
+            rules = plan["rules"] if plan else []
+            links = [(r["dest"], nl.tc_handle(1, int(r["minor"]))) for r in rules]
+            rates += [r["shape"].get("rate_bps") for r in rules]
             ifname = rec.get("ifname") or "eth0"
             node = old.pop(name, None)
             if node is None or node.netns != rec.get("netns") or node.ifname != ifname:
@@ -247,7 +252,8 @@ class Sampler:
                 node.sock.close()
                 node.sock = None
         layout_id = (self.layout.id + 1) if self.layout else 1
-        self.layout = Layout(layout_id, [(n.name, d) for n in nodes for d, _ in n.links], [n.name for n in nodes])
+        self.layout = Layout(layout_id, [(n.name, d) for n in nodes for d, _ in n.links], [n.name for n in nodes],
+                             rates)
         self._layouts[layout_id] = self.layout
         values = len(self.layout.links) * len(LINK_FIELDS) + len(nodes) * len(NODE_FIELDS)
         capacity = ring_capacity(values, self.period_s)

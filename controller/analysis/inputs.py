@@ -43,9 +43,16 @@ class RunInputs:
     node_counters: Optional[Counters] = None
     host_counters: Optional[Counters] = None
     captures: dict[str, Packets] = field(default_factory=dict)  # node -> its egress packets (times from t0)
+    # (src, dst) -> [(time_s, rate_bps or None: no link)] from telemetry/rates.csv, in time order
+    rate_changes: dict[tuple[str, str], list[tuple[float, Optional[float]]]] = field(default_factory=dict)
     ended_s: Optional[float] = None  # the run's end (run.json's ended_at) from its start
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    def rate_steps(self, key: tuple[str, str]) -> list[tuple[float, Optional[float]]]:
+        """The link's configured rate over time, [(from time_s, rate_bps or None)]: its changes
+        as sampled (``telemetry/rates.csv``), else the topology's rate from the start."""
+        return self.rate_changes.get(key) or [(-np.inf, self.links.get(key, {}).get("rate_bps"))]
 
     def ip_to_node(self) -> dict[int, str]:
         return {ip_int(n["ip"]): name for name, n in self.nodes.items() if n.get("ip")}
@@ -161,6 +168,7 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
             setattr(out, attr, read_counters(path, keys, cols))
         except ConfigError as e:
             out.problems.append(e.message)
+    out.rate_changes = _rate_changes(os.path.join(tele, "rates.csv"))
     pcaps = sorted(glob.glob(os.path.join(tele, "pcap", "*.pcap"))) if captures else []
     if not pcaps and captures:
         missing.append("telemetry/pcap")
@@ -180,3 +188,20 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     if pcaps:
         say(f"read {len(out.captures)} captures ({sum(len(p) for p in out.captures.values())} packets)")
     return out
+
+
+def _rate_changes(path: str) -> dict[tuple[str, str], list[tuple[float, Optional[float]]]]:
+    """``telemetry/rates.csv``: each link's configured rate from the time it was set (empty:
+    the link was removed); {} without the file (runs before it was written)."""
+    changes: dict[tuple[str, str], list[tuple[float, Optional[float]]]] = {}
+    try:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                t = _num(r.get("time_s"))
+                if t is not None and r.get("src") and r.get("dst"):
+                    changes.setdefault((r["src"], r["dst"]), []).append((t, _num(r.get("rate_bps"))))
+    except FileNotFoundError:
+        return {}
+    for steps in changes.values():
+        steps.sort(key=lambda step: step[0])
+    return changes

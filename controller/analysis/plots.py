@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from controller.analysis.inputs import RunInputs
-from controller.analysis.series import bin_edges, counter_at, counter_bins, event_bins, throughput_bps
+from controller.analysis.series import bin_edges, counter_at, counter_bins, event_bins, step_at, throughput_bps
 
 AGGREGATE_ABOVE_NODES = 20
 
@@ -59,9 +59,11 @@ def link_throughput(inp: RunInputs, config: Any, links_table: list[dict[str, Any
         else:
             continue
         line, = ax.plot(edges[:-1], y / 1e6, linewidth=0.8, label=label)
-        rate = inp.links.get((src, dst), {}).get("rate_bps")
-        if rate:
-            ax.axhline(rate / 1e6, color=line.get_color(), linestyle="--", linewidth=0.8)
+        steps = inp.rate_steps((src, dst))  # as configured over time (a scenario may change it)
+        times = [span[0]] + [t for t, _ in steps[1:] if span[0] < t < span[1]] + [span[1]]
+        rates = [step_at(steps, t) for t in times]
+        ax.step(times, [np.nan if r is None else r / 1e6 for r in rates], where="post", color=line.get_color(),
+                linestyle="--", linewidth=0.8)
     ax.set_xlabel("time since the run's start (s)")
     ax.set_ylabel("throughput (Mbit/s); dashed: configured rate")
     ax.set_title(f"{inp.run_id}: busiest links" if not named else f"{inp.run_id}: links")

@@ -21,8 +21,8 @@ from controller.analysis import bursts as B
 from controller.analysis.flows import flow_summary, flows
 from controller.analysis.inputs import RunInputs, read_run
 from controller.analysis.pcap import Packets, ip_str
-from controller.analysis.series import (bin_edges, counter_at, counter_bins, event_bins, mean_ci95,
-                                        throughput_bps)
+from controller.analysis.series import (bin_edges, counter_at, counter_bins, event_bins, mean_ci95, step_at,
+                                        step_integral, throughput_bps)
 
 CAPTURE_BIN_S = 0.010
 FINE_BIN_S = 0.001
@@ -204,7 +204,9 @@ def link_rows(inp: RunInputs, span: tuple[float, float], pairs: dict[tuple[str, 
     else:
         keys |= set(pairs)
     for key in sorted(keys):
-        rate = inp.links.get(key, {}).get("rate_bps")
+        steps = inp.rate_steps(key)  # a scenario or /update/tc may have changed it during the run
+        capacity_bits, rated_s = step_integral(steps, span[0], span[1])
+        rate = capacity_bits / rated_s if rated_s > 0 else None  # its mean over the run, by time
         row: dict[str, Any] = {"src": key[0], "dst": key[1], "rate_bps": rate}
         if c is not None and key in c.times and c.times[key].size >= 1:
             t, v = c.times[key], c.values[key]
@@ -214,14 +216,15 @@ def link_rows(inp: RunInputs, span: tuple[float, float], pairs: dict[tuple[str, 
                        drops=int(v["drops"][-1] - v["drops"][0]) if t.size > 1 else 0,
                        overlimits=int(v["overlimits"][-1] - v["overlimits"][0]) if t.size > 1 else 0,
                        source="sampler")
-            fine = throughput_bps(counter_bins(t, v["tx_bytes"], bin_edges(t[0], max(t[-1], t[0] + dt), dt)), dt)
+            fine_edges = bin_edges(t[0], max(t[-1], t[0] + dt), dt)
+            fine = throughput_bps(counter_bins(t, v["tx_bytes"], fine_edges), dt)
             row["peak_bps"], row["peak_bin_s"] = (float(fine.max()) if fine.size else 0.0), dt
             per_1s[key] = throughput_bps(counter_bins(t, v["tx_bytes"], edges_1s), TABLE_BIN_S)
         elif key in pairs:
             times, lengths, segments = pairs[key]
             row.update(bytes=int(lengths.sum()), packets=int(segments.sum()), source="capture")
-            fine = throughput_bps(event_bins(times, lengths, bin_edges(span[0], span[1], CAPTURE_BIN_S)),
-                                  CAPTURE_BIN_S)
+            fine_edges = bin_edges(span[0], span[1], CAPTURE_BIN_S)
+            fine = throughput_bps(event_bins(times, lengths, fine_edges), CAPTURE_BIN_S)
             row["peak_bps"], row["peak_bin_s"] = (float(fine.max()) if fine.size else 0.0), CAPTURE_BIN_S
             per_1s[key] = throughput_bps(event_bins(times, lengths, edges_1s), TABLE_BIN_S)
         else:
@@ -233,8 +236,9 @@ def link_rows(inp: RunInputs, span: tuple[float, float], pairs: dict[tuple[str, 
         ci = mean_ci95(per_1s[key])
         row["mean_1s_ci95_bps"] = ci["ci95"]
         if rate:
-            row["utilisation"] = row["mean_bps"] / rate if row["mean_bps"] is not None else None
-            row["peak_utilisation"] = row["peak_bps"] / rate
+            row["utilisation"] = row["bytes"] * 8.0 / capacity_bits
+            peak_rate = step_at(steps, float(fine_edges[int(fine.argmax())])) if fine.size else None
+            row["peak_utilisation"] = row["peak_bps"] / peak_rate if peak_rate else None
         rows.append(row)
     return rows, per_1s, edges_1s
 

@@ -333,6 +333,24 @@ def test_analyze_a_whole_run(tmp_path):
     assert json.loads((run / "analysis" / "summary.json").read_text())["run_id"] == "run1"
 
 
+def test_utilisation_against_the_rate_as_configured_over_time(tmp_path):
+    run = make_run(tmp_path, captures=False)
+    (run / "telemetry" / "rates.csv").write_text(  # a->b halved at 6 s; b->c removed at 8 s
+        "time_s,src,dst,rate_bps\n0.000,a,b,10000000\n0.000,b,c,10000000\n0.000,c,a,10000000\n"
+        "6.000,a,b,5000000\n8.000,b,c,\n")
+    analyze(str(run), AnalysisConfig(plots=True))
+    links = {(r["src"], r["dst"]): r for r in read_csv(run / "analysis" / "links.csv")}
+    sent_bits = 5 * 1_040_000 * 8
+    ab, bc, ca = links[("a", "b")], links[("b", "c")], links[("c", "a")]
+    assert float(ab["rate_bps"]) == pytest.approx(7_500_000)  # 6 s at 10 Mbit/s, 6 s at 5
+    assert float(ab["utilisation"]) == pytest.approx(sent_bits / (6 * 10e6 + 6 * 5e6), rel=0.02)
+    assert float(ab["peak_utilisation"]) == pytest.approx(1_040_000 * 8 / 10e6, rel=0.02)  # its first peak, at 1 s
+    assert float(bc["rate_bps"]) == pytest.approx(10_000_000)  # while it was there
+    assert float(bc["utilisation"]) == pytest.approx(sent_bits / (8 * 10e6), rel=0.02)
+    assert float(ca["utilisation"]) == pytest.approx(sent_bits / (12 * 10e6), rel=0.02)  # unchanged
+    assert (run / "analysis" / "links_throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_a_run_without_telemetry_says_what_is_missing(tmp_path):
     run = make_run(tmp_path, telemetry=False, captures=False)
     s = analyze(str(run), AnalysisConfig(plots=False))

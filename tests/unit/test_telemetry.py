@@ -93,8 +93,9 @@ def test_late_key_counts_from_zero_and_missing_values_are_empty():
 class ReplayWorker:
     """A worker host whose clock runs ``skew_s`` ahead of the controller's (pure data)."""
 
-    def __init__(self, samples, skew_s=0.0, name="h1"):
+    def __init__(self, samples, skew_s=0.0, name="h1", layouts=None):
         self.samples = samples
+        self.layouts = layouts or {"1": {"links": [["a", "b"], ["b", "a"]], "nodes": ["a", "b"]}}
         self.skew_s = skew_s
         self.name = name
         self.reads = []
@@ -113,7 +114,7 @@ class ReplayWorker:
         chunk = self.samples[cursor:cursor + (limit or len(self.samples))]
         return {"now_s": self._now(), "started_s": self.samples[0]["t"], "cursor": cursor + len(chunk), "lost": 0,
                 "sampler_cpu_s": 0.25, "samples_taken": len(self.samples), "late": 0, "errors": 0, "last_error": "",
-                "layouts": {"1": {"links": [["a", "b"], ["b", "a"]], "nodes": ["a", "b"]}}, "samples": chunk}
+                "layouts": self.layouts, "samples": chunk}
 
     def telemetry_stop(self):
         self.stopped = True
@@ -134,6 +135,26 @@ def _samples(t0):
 def _csv(path):
     with open(path) as f:
         return [line.rstrip("\n") for line in f]
+
+
+def test_collector_writes_each_change_of_a_configured_rate(tmp_path):
+    import time
+    samples = _samples(time.monotonic())
+    for sample in samples[2:]:  # from the third sample on: a->b at 4 kbit/s, b->a gone
+        sample.update(layout=2, links=sample["links"][:5])
+    worker = ReplayWorker(samples, layouts={
+        "1": {"links": [["a", "b"], ["b", "a"]], "nodes": ["a", "b"], "rates_bps": [8000, 9000]},
+        "2": {"links": [["a", "b"]], "nodes": ["a", "b"], "rates_bps": [4000]}})
+    col = Collector(worker, TelemetryConf(), RunDir(str(tmp_path / "run")), {("a", "b"): 8000})
+    col.start()
+    col.mark_start(samples[0]["t"])
+    col.pull()
+    col.finish()
+    rows = [r.split(",") for r in _csv(tmp_path / "run" / "telemetry" / "rates.csv")]
+    assert rows[0] == ["time_s", "src", "dst", "rate_bps"]
+    assert [(round(float(t), 1), s, d, r) for t, s, d, r in rows[1:]] == [
+        (0.0, "a", "b", "8000"), (0.0, "b", "a", "9000"), (0.2, "a", "b", "4000"), (0.2, "b", "a", "")]
+    assert col.rates_bps[("a", "b")] == 4000  # what /metrics and the live views divide by
 
 
 def test_collector_writes_the_three_csv_files(tmp_path):
