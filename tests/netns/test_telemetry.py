@@ -207,6 +207,26 @@ def test_v2_reader_against_a_real_group():
                 time.sleep(0.05)
 
 
+def test_a_rate_changed_during_a_run_is_written_at_its_time(host, tmp_path):
+    a, b = host.create_nodes(nodes_body("a", "b"))["nodes"]
+    host.set_links(links(("a", "b", b["ip"], 10 * MBIT), ("b", "a", a["ip"], 10 * MBIT)))
+    collector = _collect(host, str(tmp_path / "run"))
+    time.sleep(0.5)
+    before = time.monotonic() - collector.t0
+    change = links(("a", "b", b["ip"], 4 * MBIT))  # a->b slower, b->a removed
+    change["links"].append({"src": "b", "dst": "a", "dst_ip": a["ip"], "shape": None})
+    host.set_links(change, merge=True)
+    after = time.monotonic() - collector.t0
+    time.sleep(0.5)
+    collector.finish()
+    rows = [(float(r["time_s"]), r["src"], r["dst"], r["rate_bps"])
+            for r in _rows(tmp_path / "run" / "telemetry" / "rates.csv")]
+    assert [r[1:] for r in rows] == [("a", "b", str(10 * MBIT)), ("b", "a", str(10 * MBIT)),
+                                     ("a", "b", str(4 * MBIT)), ("b", "a", "")]
+    assert rows[0][0] < before and before <= rows[2][0] == rows[3][0] <= after + 2 * PERIOD_MS / 1000
+    assert collector.rates_bps[("a", "b")] == 4 * MBIT
+
+
 def test_stats_socket_dumps_the_classes_only_while_they_move(host):
     a, b = host.create_nodes(nodes_body("a", "b"))["nodes"]
     host.set_links(links(("a", "b", b["ip"], 10 * MBIT)))
