@@ -46,6 +46,12 @@ def test_link_event_and_crash_applied_and_recorded(run):
     assert (run_dir / "inputs" / "scenario.json").exists()
     effects = list(csv.DictReader((run_dir / "scenario_effects.csv").open()))
     assert [e["event"] for e in effects] == ["link", "crash"]
+    rates = [(float(row["time_s"]), row["rate_bps"])
+             for row in csv.DictReader((run_dir / "telemetry" / "rates.csv").open()) if row["src"] + row["dst"] == "n1n2"]
+    assert len(rates) == 2 and rates[1][1] == "2000000" and rates[0][1] != "2000000", rates
+    assert rates[1][0] >= float(link["applied_s"]) - 0.5  # sampled at the change (times of one clock)
+    analysed = {(row["src"], row["dst"]): row for row in csv.DictReader((run_dir / "analysis" / "links.csv").open())}
+    assert float(analysed[("n1", "n2")]["rate_bps"]) < float(analysed[("n2", "n3")]["rate_bps"])  # 2 against 20 Mbit/s
 
 
 def test_bad_scenario_refused_before_anything_starts(tmp_path):

@@ -390,7 +390,8 @@ def test_class_dump_decoded_by_a_walk_then_by_its_compiled_layout():
     first = [_dump(other, _class_message(0x10010, 100, 2, 3, 4, 5)), _dump(_class_message(0x10011, 7, 1, 0, 0, 9))]
     decoder.decode(first, values)
     assert list(values) == [7, 1, 0, 0, 9, 100, 2, 3, 4, 5] and decoder.walks == 1 and decoder.layout
-    later = [_dump(other, _class_message(0x10010, 2**40, 2**31, 8, 9, 10)), _dump(_class_message(0x10011, 8, 2, 1, 1, 0))]
+    later = [_dump(other, _class_message(0x10010, 2**40, 2**31, 8, 9, 10)),
+             _dump(_class_message(0x10011, 8, 2, 1, 1, 0))]
     decoder.decode(later, values)
     assert list(values) == [8, 2, 1, 1, 0, 2**40, 2**31, 8, 9, 10] and decoder.walks == 1  # compiled
 
