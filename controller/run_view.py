@@ -12,7 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.analysis.inputs import read_run
-from controller.analysis.series import counter_at
+from controller.analysis.series import counter_at, step_at
 from controller.live import TIME_SERIES, _r, band, round_series
 from controller.results import read_scenario
 from worker.errors import NotFound
@@ -206,7 +206,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
                 "tx_bytes": [counter_last(n, "tx_bytes") for n in names],
                 "rx_bytes": [counter_last(n, "rx_bytes") for n in names],
                 "link_bps": link_bps,
-                "link_rate_bps": [inp.links[k].get("rate_bps") for k in link_keys], "link_down": []}
+                "link_rate_bps": [step_at(inp.rate_steps(k), end_s) for k in link_keys], "link_down": []}
     return {"version": 1, "live": False, "run_id": inp.run_id, "algorithm": record.get("algorithm"),
             "phase": "finished", "ended": record.get("ended"), "started_at": record.get("started_at"),
             "nodes": [{"name": n, "host": inp.nodes[n].get("host") or "", "kind": kinds.get(n, ""),
@@ -259,6 +259,7 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
         cum = counter_at(links.times[key], links.values[key]["tx_bytes"], grid)
         rate = np.maximum(np.diff(cum, prepend=0.0), 0) * 8 / np.diff(grid, prepend=grid[0] - 1.0)
         bps = [_r(x, 1) for x in rate]
+    steps = inp.rate_steps(key)  # as configured over time (a scenario may change it)
     return {"src": src, "dst": dst, "t_s": [round(float(t), 3) for t in grid], "bps": bps,
-            "rate_bps": inp.links[key].get("rate_bps")}
+            "rate_bps": inp.links[key].get("rate_bps"), "rates": [step_at(steps, float(t)) for t in grid]}
 

@@ -150,6 +150,11 @@ def test_a_stored_run_is_viewed_from_its_files(tmp_path):
     assert ("crash", "c") in kinds and ("ended", "c") in kinds
     link = run_view.stored_link_series(str(run), "a", "b")
     assert link["rate_bps"] == 10_000_000 and max(link["bps"]) == pytest.approx(1_040_000 * 8, rel=0.02)
+    assert set(link["rates"]) == {10_000_000}
+    (run / "telemetry" / "rates.csv").write_text("time_s,src,dst,rate_bps\n0,a,b,10000000\n6,a,b,5000000\n")
+    link = run_view.stored_link_series(str(run), "a", "b")  # the chart's dashed line follows the change
+    assert [link["rates"][link["t_s"].index(t)] for t in (5.0, 6.0, 11.0)] == [10_000_000, 5_000_000, 5_000_000]
+    assert run_view.stored_view(str(run))["snapshot"]["link_rate_bps"][0] == 5_000_000  # as at the end
     runs = run_view.list_runs(str(workdir))
     assert [(r["run_id"], r["nodes"], r["duration_s"], r["accuracy_median"]) for r in runs] == [("run1", 3, 12.0, 0.91)]
 
