@@ -148,6 +148,22 @@ class LiveFeed:
             changes.append((now, shape.rate_bps))
             self._event("link", f"{src}->{dst}", shape.describe(), now)
 
+    def _rate(self, key: tuple[str, str]) -> Optional[int]:
+        """The link's configured rate now: its last change, else the topology's."""
+        changes = self._rates.get(key)
+        if changes:
+            return changes[-1][1]
+        link = self.exp.topology.links.get(key)
+        return link.shape.rate_bps if link else None
+
+    def _follow_rates(self, configured: dict[tuple[str, str], int], now: float) -> None:
+        """Rates the telemetry saw change since the last sample (a scenario's link events, or
+        anything else that re-shaped a link): the link chart draws them from now on."""
+        for key in self.link_keys:
+            rate, before = configured.get(key), self._rate(key)
+            if rate is not None and rate != before:
+                self._rates.setdefault(key, [(float("-inf"), before)] if before else []).append((now, rate))
+
     # sampling ----------------------------------------------------------------------------------
     def sample(self) -> None:
         """Take the telemetry's latest counters, the nodes' states and the scenario's rows; add
@@ -156,7 +172,9 @@ class LiveFeed:
         telemetry = self.exp.telemetry
         latest_links = dict(telemetry.latest_links) if telemetry is not None else {}
         latest_nodes = dict(telemetry.latest_nodes) if telemetry is not None else {}
+        configured = dict(getattr(telemetry, "rates_bps", None) or {})
         with self._lock:
+            self._follow_rates(configured, now)
             self._sample_links(latest_links)
             self._sample_nodes(latest_nodes)
             self._sample_events()
@@ -217,7 +235,6 @@ class LiveFeed:
 
     def _snapshot(self, latest_nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
         nodes = [self.exp.nodes[n["name"]] for n in self.nodes]
-        rates = self.exp.topology.links
         scenario = self.exp.scenario
         blocks = list(getattr(scenario, "blocked", {}).values()) if scenario is not None else []
         paused = set(getattr(scenario, "paused", ())) if scenario is not None else set()
@@ -233,7 +250,7 @@ class LiveFeed:
                              for n, t in zip(nodes, tele)],
                 "rx_bytes": [t.get("rx_bytes") for t in tele],
                 "link_bps": [round(float(x), 1) for x in self._link_bps],
-                "link_rate_bps": [rates[k].shape.rate_bps if k in rates else None for k in self.link_keys],
+                "link_rate_bps": [self._rate(k) for k in self.link_keys],
                 "link_down": down_links(self.link_keys, blocks)}
 
     # reading -----------------------------------------------------------------------------------

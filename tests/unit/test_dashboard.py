@@ -97,6 +97,20 @@ def test_the_live_feed_samples_rates_bands_and_changes(experiment):
     assert feed.update(view["samples"], update["events"][-1]["seq"], "running")["phase"] == "finished"
 
 
+def test_the_live_feed_follows_a_rate_the_telemetry_saw_change(experiment):
+    exp, feed = experiment, experiment.live
+    clock = [100.0]
+    feed.clock = lambda: clock[0]
+    exp.phase, exp.t_start, exp.t_start_monotonic = "running", 1000.0, 100.0
+    for k, rates in enumerate(({}, {("a", "b"): 8_000_000}, {("a", "b"): 4_000_000, ("b", "a"): 8_000_000})):
+        clock[0] = 100.0 + k  # at 102 s a scenario halved a->b: the sampler's layouts carry the rate
+        exp.telemetry = _telemetry(float(k), 500_000 * k, 0)
+        exp.telemetry.rates_bps = rates
+        feed.sample()
+    assert feed.view()["snapshot"]["link_rate_bps"] == [4_000_000, 8_000_000]
+    assert feed.link_series("a", "b")["rates"] == [8_000_000, 8_000_000, 4_000_000]
+
+
 def test_the_link_history_is_a_bounded_ring(experiment):
     exp, feed = experiment, experiment.live
     exp.phase, exp.t_start_monotonic = "running", 0.0
