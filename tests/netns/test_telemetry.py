@@ -262,6 +262,36 @@ def test_stats_socket_dumps_the_classes_only_while_they_move(host):
         sock.close()
 
 
+def test_a_class_dump_of_several_buffers_is_decoded_as_walked(host):
+    peers = [f"p{i}" for i in range(30)]  # 33 classes: more than one page of messages
+    made = {n["name"]: n for n in host.create_nodes(nodes_body("a", *peers))["nodes"]}
+    host.set_links(links(*[("a", p, made[p]["ip"], (i + 1) * MBIT) for i, p in enumerate(peers)]))
+    rules = host.shaping("a")["plan"]["rules"]
+    classes = {nl.tc_handle(1, int(r["minor"])): 5 * i for i, r in enumerate(rules)}
+    netns = host.runtime.node("a")["netns"]
+    sock = StatsSocket(netns, "eth0", classes, always_dump=True)
+    values = array("q", [0] * 5 * len(rules))
+    try:
+        sock.read(values)
+        assert len(sock._last) > 1, "the dump fitted one buffer: the test needs more classes"
+        send = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                f"for ip in {[made[p]['ip'] for p in peers[::7]]!r}:\n"
+                "    for _ in range(5): s.sendto(bytes(500), (ip, 9))")
+        assert host.exec("a", {"version": 1, "argv": [sys.executable, "-c", send], "timeout_s": 30})["returncode"] == 0
+        time.sleep(0.3)
+        sock.read(values)
+        assert sock.decoder.walks == 1  # the second dump, traffic in it, decoded by the compiled layout
+        fresh = StatsSocket(netns, "eth0", classes, always_dump=True)
+        walked = array("q", [0] * len(values))
+        fresh.read(walked)
+        fresh.close()
+        assert walked == values and -1 not in values
+        sent = {r["dest"]: values[5 * i + 1] for i, r in enumerate(rules)}
+        assert [sent[p] for p in peers[::7]] == [5] * len(peers[::7]) and sent["p1"] == 0
+    finally:
+        sock.close()
+
+
 def test_agent_routes_read_with_a_cursor(host):
     from worker.agent import create_app
 
