@@ -192,7 +192,8 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
 
 def _rate_changes(path: str) -> dict[tuple[str, str], list[tuple[float, Optional[float]]]]:
     """``telemetry/rates.csv``: each link's configured rate from the time it was set (empty:
-    the link was removed); {} without the file (runs before it was written)."""
+    the link was removed; a link first seen after the first sample had none before); {} without
+    the file (runs before it was written)."""
     changes: dict[tuple[str, str], list[tuple[float, Optional[float]]]] = {}
     try:
         with open(path, newline="") as f:
@@ -202,6 +203,9 @@ def _rate_changes(path: str) -> dict[tuple[str, str], list[tuple[float, Optional
                     changes.setdefault((r["src"], r["dst"]), []).append((t, _num(r.get("rate_bps"))))
     except FileNotFoundError:
         return {}
+    first = min((t for steps in changes.values() for t, _ in steps), default=0.0)  # the first sample
     for steps in changes.values():
         steps.sort(key=lambda step: step[0])
+        if steps[0][0] > first:  # a link added during the run: none before
+            steps.insert(0, (-np.inf, None))
     return changes

@@ -198,7 +198,7 @@ def link_rows(inp: RunInputs, span: tuple[float, float], pairs: dict[tuple[str, 
     rows, per_1s = [], {}
     edges_1s = bin_edges(span[0], span[1], TABLE_BIN_S)
     c = inp.link_counters
-    keys = set(inp.links)
+    keys = set(inp.links) | set(inp.rate_changes)  # (links added during the run too)
     if c is not None:
         keys |= {(k[0], k[1]) for k in c.keys}
     else:

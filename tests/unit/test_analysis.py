@@ -337,7 +337,7 @@ def test_utilisation_against_the_rate_as_configured_over_time(tmp_path):
     run = make_run(tmp_path, captures=False)
     (run / "telemetry" / "rates.csv").write_text(  # a->b halved at 6 s; b->c removed at 8 s
         "time_s,src,dst,rate_bps\n0.000,a,b,10000000\n0.000,b,c,10000000\n0.000,c,a,10000000\n"
-        "6.000,a,b,5000000\n8.000,b,c,\n")
+        "6.000,a,b,5000000\n8.000,b,c,\n4.000,a,c,10000000\n")  # a->c added at 4 s
     analyze(str(run), AnalysisConfig(plots=True))
     links = {(r["src"], r["dst"]): r for r in read_csv(run / "analysis" / "links.csv")}
     sent_bits = 5 * 1_040_000 * 8
@@ -348,6 +348,7 @@ def test_utilisation_against_the_rate_as_configured_over_time(tmp_path):
     assert float(bc["rate_bps"]) == pytest.approx(10_000_000)  # while it was there
     assert float(bc["utilisation"]) == pytest.approx(sent_bits / (8 * 10e6), rel=0.02)
     assert float(ca["utilisation"]) == pytest.approx(sent_bits / (12 * 10e6), rel=0.02)  # unchanged
+    assert float(links[("a", "c")]["rate_bps"]) == pytest.approx(10_000_000)  # from 4 s on, none before
     assert (run / "analysis" / "links_throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
