@@ -172,7 +172,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
             losses.append(r["loss"])
         if r["layer"] is not None:
             layers[r["node"]] = r["layer"]
-    link_keys = sorted(inp.links)
+    link_keys = sorted(set(inp.links) | {k for k in inp.rate_changes if k[0] in inp.nodes and k[1] in inp.nodes})
     kinds = {n.get("name"): str(n.get("kind") or "") for n in _json(os.path.join(run_dir, "topology.json")).get(
         "nodes", []) if isinstance(n, dict)}
     finals = {n.get("node"): n for n in summary.get("nodes", []) if isinstance(n, dict)}
@@ -250,7 +250,7 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
     """Link ``src -> dst``'s throughput over the stored run (on the view's time grid), and its rate."""
     inp = read_run(run_dir, captures=False, counters=("links",))
     key = (src, dst)
-    if key not in inp.links:
+    if key not in inp.links and key not in inp.rate_changes:  # (a link added during the run)
         raise NotFound(f"no link {src}->{dst} in run {inp.run_id}")
     grid = _grid(inp.ended_s or 1.0)
     bps: list[Optional[float]] = [None] * grid.size
@@ -261,5 +261,5 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
         bps = [_r(x, 1) for x in rate]
     steps = inp.rate_steps(key)  # as configured over time (a scenario may change it)
     return {"src": src, "dst": dst, "t_s": [round(float(t), 3) for t in grid], "bps": bps,
-            "rate_bps": inp.links[key].get("rate_bps"), "rates": [step_at(steps, float(t)) for t in grid]}
+            "rate_bps": inp.links.get(key, {}).get("rate_bps"), "rates": [step_at(steps, float(t)) for t in grid]}
 

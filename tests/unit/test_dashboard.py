@@ -165,10 +165,15 @@ def test_a_stored_run_is_viewed_from_its_files(tmp_path):
     link = run_view.stored_link_series(str(run), "a", "b")
     assert link["rate_bps"] == 10_000_000 and max(link["bps"]) == pytest.approx(1_040_000 * 8, rel=0.02)
     assert set(link["rates"]) == {10_000_000}
-    (run / "telemetry" / "rates.csv").write_text("time_s,src,dst,rate_bps\n0,a,b,10000000\n6,a,b,5000000\n")
+    (run / "telemetry" / "rates.csv").write_text("time_s,src,dst,rate_bps\n0,a,b,10000000\n6,a,b,5000000\n"
+                                                 "0,b,c,10000000\n0,c,a,10000000\n4,a,c,2000000\n")
     link = run_view.stored_link_series(str(run), "a", "b")  # the chart's dashed line follows the change
     assert [link["rates"][link["t_s"].index(t)] for t in (5.0, 6.0, 11.0)] == [10_000_000, 5_000_000, 5_000_000]
-    assert run_view.stored_view(str(run))["snapshot"]["link_rate_bps"][0] == 5_000_000  # as at the end
+    stored = run_view.stored_view(str(run))
+    assert stored["snapshot"]["link_rate_bps"][:2] == [5_000_000, 2_000_000]  # as at the end
+    assert stored["links"][1] == {"src": "a", "dst": "c"}  # added at 4 s: in the view, with its chart
+    added = run_view.stored_link_series(str(run), "a", "c")
+    assert added["rates"][added["t_s"].index(3.0)] is None and added["rates"][-1] == 2_000_000
     runs = run_view.list_runs(str(workdir))
     assert [(r["run_id"], r["nodes"], r["duration_s"], r["accuracy_median"]) for r in runs] == [("run1", 3, 12.0, 0.91)]
 
