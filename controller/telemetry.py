@@ -263,9 +263,10 @@ class Collector:
         ts = f"{time_s:.4f}"
         first = not host.seen_first
         host.seen_first = True
-        layout = host.layouts[int(sample["layout"])]
-        if int(sample["layout"]) != host.layout_seen:
-            host.layout_seen = int(sample["layout"])
+        layout_id = int(sample["layout"])
+        layout = host.layouts[layout_id]
+        if layout_id != host.layout_seen:
+            host.layout_seen = layout_id
             self._rates_changed(host, layout, ts)
         link_keys, node_names = layout["links"], layout["nodes"]
         values = sample["links"]
@@ -299,8 +300,7 @@ class Collector:
             return
         now = {(src, dst): rate for (src, dst), rate in zip(layout["links"], layout["rates_bps"])}
         rows = [f"{ts},{src},{dst},{'' if rate is None else int(rate)}\n"
-                for (src, dst), rate in sorted(now.items()) if (src, dst) not in host.rates_bps
-                or host.rates_bps[(src, dst)] != rate]
+                for (src, dst), rate in sorted(now.items()) if host.rates_bps.get((src, dst), "new") != rate]
         rows += [f"{ts},{src},{dst},\n" for src, dst in sorted(host.rates_bps.keys() - now.keys())]
         for key, rate in now.items():
             if rate is not None:

@@ -556,10 +556,12 @@ def stats2_offsets(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int
     return None
 
 
-def class_stats(msg: bytes, offset: int, end: int) -> Optional[tuple[int, int, int, int, int, int]]:
+def class_stats(msg: bytes, offset: int, end: int, offsets: Optional[tuple[int, int, int]] = None
+                ) -> Optional[tuple[int, int, int, int, int, int]]:
     """(handle, bytes, packets, drops, overlimits, backlog_bytes) of an RTM_NEWTCLASS message at
-    ``msg[offset:end]``, from its TCA_STATS2 (basic and queue statistics; 64-bit packets if sent)."""
-    offsets = stats2_offsets(msg, offset, end)
+    ``msg[offset:end]``, from its TCA_STATS2 (basic and queue statistics; 64-bit packets if sent).
+    ``offsets``: ``stats2_offsets`` of the message, when the caller found them already."""
+    offsets = offsets or stats2_offsets(msg, offset, end)
     if offsets is None:
         return None
     handle = _TCMSG.unpack_from(msg, offset + HDR.size)[2]

@@ -135,10 +135,10 @@ class ClassDecoder:
                     break
                 at = self.classes.get(handle) if kind == RTM_NEWTCLASS else None
                 if at is not None:
-                    decoded = class_stats(data, pos, pos + length)
+                    offsets = stats2_offsets(data, pos, pos + length)
+                    decoded = class_stats(data, pos, pos + length, offsets) if offsets is not None else None
                     if decoded is not None:
                         values[at:at + FIELDS] = array("q", decoded[1:])
-                    offsets = stats2_offsets(data, pos, pos + length)
                     if offsets is not None and offsets[0] >= 0 and offsets[1] >= 0 and handle not in found:
                         found.add(handle)
                         slot = at - self.start
