@@ -46,11 +46,12 @@ from controller.telemetry import Collector
 from controller.telemetry_conf import TelemetryConf
 from controller.terminal import clip
 from controller.topology import Topology, links_from_data, load_links
+from dml_app.compute import THREAD_ENV
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
 NODE_PORT = 4444
-# one BLAS thread and two malloc arenas per node: hundreds of nodes share two cores
-NODE_ENV = {"OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+# one thread per numeric library and two malloc arenas per node: hundreds of nodes share two cores
+NODE_ENV = {**THREAD_ENV, "MALLOC_ARENA_MAX": "2"}
 MAX_LOG_BYTES = 64 * 1024 * 1024
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events

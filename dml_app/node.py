@@ -7,7 +7,9 @@ Endpoints: ``GET /health``, ``POST /conf/dataset``, ``POST /conf/structure``,
 role's own (``POST /gossip`` ...), and ``POST /relay`` (pass a message on to a
 node this one's peers have no link to). When the role's rounds are done the
 node saves its final weights, uploads its events to the controller's ``/log``
-and keeps serving until stopped.
+and keeps serving until stopped. Training and evaluation run on a thread of
+their own (``dml_app.compute``): a node that trains still takes peers' models,
+relays and answers the controller.
 
 Identity (``dml_app.auth``): the node's own secret comes in its environment
 (``EDGETB_NODE_SECRET``); only the controller's calls signed with a key derived
@@ -46,6 +48,7 @@ import numpy as np  # noqa: E402
 from gevent.pywsgi import WSGIServer  # noqa: E402
 
 from dml_app.auth import SECRET_ENV, NodeKeys  # noqa: E402
+from dml_app.compute import ComputeThread  # noqa: E402
 from dml_app.events import EventLog  # noqa: E402
 from dml_app.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
 from dml_app.models import load_global_test, make_model  # noqa: E402
@@ -162,7 +165,7 @@ class NodeService:
                 except ValueError as e:
                     raise HttpError(400, "bad_conf", str(e)) from None
             ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress,
-                          self.port, auth=self.keys, global_test=global_test)
+                          self.port, auth=self.keys, global_test=global_test, compute=ComputeThread().run)
             self.role = ROLES[self.structure_conf["role"]](ctx)
             self.role_ready.set()
             self.state = "prepared"

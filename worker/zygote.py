@@ -3,7 +3,8 @@
 Starting a netns node as a fresh ``python -m dml_app.node`` costs each node the interpreter's
 start and its imports (numpy, gevent, the roles: about 0.3 s of CPU) and its own copy of every
 page it touches. The zygote does that once: it is started (``exec``, so it holds nothing of the
-worker's memory) with an environment of harmless variables only, patches gevent, imports numpy
+worker's memory) with an environment of harmless variables only (and ``dml_app.compute.THREAD_ENV``:
+numpy's BLAS sizes its thread pool when it loads, and each forked node would inherit it), patches gevent, imports numpy
 and ``dml_app.node``, freezes the garbage collector's generations (so collections in a child do
 not write to the pages it shares), and then forks a child per request. The child sets itself up
 exactly as ``worker.privilege.launch`` sets up a node process before ``exec``: its cgroups, its
@@ -54,6 +55,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Optional, Sequence
 
+from dml_app.compute import THREAD_ENV
 from worker.errors import NodeRuntimeError
 
 SPAWN_TIMEOUT_S = 60.0
@@ -288,10 +290,11 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def zygote_env() -> dict[str, str]:
-    """The zygote's environment: harmless variables of the worker's only (an allow-list)."""
+    """The zygote's environment: harmless variables of the worker's only (an allow-list), and one
+    thread per numeric library (the zygote imports numpy before any node's environment applies)."""
     env = {k: v for k, v in os.environ.items() if k in ZYGOTE_ENV_KEYS or k.startswith("LC_")}
     env.setdefault("PATH", DEFAULT_PATH)
-    return env
+    return {**env, **THREAD_ENV}
 
 
 def _die_with_parent() -> None:

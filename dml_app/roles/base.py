@@ -32,6 +32,7 @@ import numpy as np
 
 from dml_app import weights as wire
 from dml_app.auth import E2E, AuthFailed, NodeKeys, body_hash
+from dml_app.compute import inline
 from dml_app.events import EventLog
 from dml_app.http import HttpError, Request, Response, json_response, request
 
@@ -59,6 +60,7 @@ class Context:
     global_test: Optional[tuple[np.ndarray, np.ndarray]] = None  # the run's common test set (x, y), if any
     stop: threading.Event = field(default_factory=threading.Event)
     auth: Optional[NodeKeys] = None  # signs this node's messages to peers
+    compute: Callable[..., Any] = inline  # runs model calls: compute(fn, *args) (a node: off its event loop)
 
 
 @dataclass
@@ -169,15 +171,16 @@ class Role:
         if self.epochs <= 0:
             return {"loss": float("nan"), "train_s": 0.0}
         x_train, y_train = self.ctx.data[0], self.ctx.data[1]
-        return self.ctx.model.train(x_train, y_train, self.epochs, self.batch_size)
+        return self.ctx.compute(self.ctx.model.train, x_train, y_train, self.epochs, self.batch_size)
 
     def evaluate(self) -> tuple[float, float]:
         """(loss, accuracy) on the local test shard. With a global test set, the model is
         evaluated on it too, and this thread's next ``record_round`` reports that."""
-        loss, accuracy = self.ctx.model.evaluate(self.ctx.data[2], self.ctx.data[3])
+        compute, model = self.ctx.compute, self.ctx.model
+        loss, accuracy = compute(model.evaluate, self.ctx.data[2], self.ctx.data[3])
         pending = self._global_eval
         if self.ctx.global_test is not None:
-            pending[threading.get_ident()] = self.ctx.model.evaluate(*self.ctx.global_test)
+            pending[threading.get_ident()] = compute(model.evaluate, *self.ctx.global_test)
         return loss, accuracy
 
     def record_round(self, round_no: int, t_start: float, trained: dict[str, float], loss: float, accuracy: float,
