@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     mon = sub.add_parser("monitor", help="sample the testbed's nodes and links: a live table, CSV files on request")
     mon.add_argument("--period-ms", type=int, default=100, help="sampling period in ms (10-10000, default 100)")
     mon.add_argument("--interval", type=float, default=1.0, help="seconds between table refreshes (default 1)")
-    mon.add_argument("--csv", metavar="DIR", help="also write telemetry/links.csv, nodes.csv and hosts.csv in DIR")
+    mon.add_argument("--csv", metavar="DIR", help="also write telemetry/links.csv.gz, nodes.csv.gz and hosts.csv.gz in DIR")
     mon.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
     mon.add_argument("--top", type=int, default=10, help="busiest links shown (default 10)")
 

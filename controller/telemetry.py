@@ -2,11 +2,18 @@
 
 Each worker host samples its nodes and links (``worker.telemetry``); ``Collector`` starts
 the samplers, pulls every host with a cursor (about once a second, and once more at the
-end, until nothing is left), and writes, beneath the run folder:
+end, until nothing is left), and writes, beneath the run folder, gzip-compressed CSV:
 
-- ``telemetry/links.csv``: ``time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes``
-- ``telemetry/nodes.csv``: ``time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops``
-- ``telemetry/hosts.csv``: ``time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes``
+- ``telemetry/links.csv.gz``: ``time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes``
+- ``telemetry/nodes.csv.gz``: ``time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops``
+- ``telemetry/hosts.csv.gz``: ``time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes``
+- ``telemetry/rates.csv.gz``: ``time_s,src,dst,rate_bps`` (each link's configured rate when it is set)
+
+A link's or node's row is written when a value changed since its last sample, and at least
+every ``HEARTBEAT_S`` (so a reader knows it was sampled); the last sample of an unchanged run
+is written before the next change, and at the end. Interpolating a series between its rows
+therefore gives every sample back exactly: nothing is lost, and idle links cost one row a
+second instead of one per sample.
 
 Counters are cumulative since the run's start (the value of the sampler's first sample,
 taken just before the run's start, is subtracted; a counter that appears later, such as
@@ -22,6 +29,7 @@ controller's clock (offset 0).
 """
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 import threading
@@ -36,8 +44,10 @@ LINKS_HEADER = "time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_byte
 NODES_HEADER = "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops"
 HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
 RATES_HEADER = "time_s,src,dst,rate_bps"
-FILES = {"links": ("telemetry/links.csv", LINKS_HEADER), "nodes": ("telemetry/nodes.csv", NODES_HEADER),
-         "hosts": ("telemetry/hosts.csv", HOSTS_HEADER), "rates": ("telemetry/rates.csv", RATES_HEADER)}
+FILES = {"links": ("telemetry/links.csv.gz", LINKS_HEADER), "nodes": ("telemetry/nodes.csv.gz", NODES_HEADER),
+         "hosts": ("telemetry/hosts.csv.gz", HOSTS_HEADER), "rates": ("telemetry/rates.csv.gz", RATES_HEADER)}
+GZIP_LEVEL = 6
+HEARTBEAT_S = 1.0  # an unchanged series still gets a row this often
 PULL_INTERVAL_S = 1.0
 PULL_LIMIT = 100  # samples per request
 # which raw fields are counters (made cumulative since the start) and which are gauges
@@ -94,9 +104,52 @@ class Counters:
         return out
 
 
+class ChangedRows:
+    """Rows of one table (links or nodes) written only when a series changed (see the module's
+    text): per key its last raw values, cumulative values, row text after the time, the time of
+    its last row, and the time of its last sample not written yet."""
+
+    def __init__(self, counters: Counters, ns_first: bool = False) -> None:
+        self.counters = counters
+        self.ns_first = ns_first
+        self._state: dict[Any, list[Any]] = {}
+
+    def take(self, key: Any, label: str, raw: list[int], ts: str, time_s: float, first: bool,
+             rows: list[str]) -> list[Optional[int]]:
+        """The sample ``raw`` of ``key`` (``label``: its name fields) at ``ts``: appends the rows it
+        makes to ``rows``, returns its cumulative values."""
+        state = self._state.get(key)
+        if state is not None and state[0] == raw:
+            if time_s - state[3] < HEARTBEAT_S:
+                state[4] = ts
+            else:
+                rows.append(f"{ts},{state[2]}\n")
+                state[3], state[4] = time_s, None
+            return state[1]
+        cum = self.counters.cumulative(key, raw, first)
+        text = f"{label},{_fmt(cum, self.ns_first)}"
+        if state is None:
+            self._state[key] = [raw, cum, text, time_s, None]
+        else:
+            if state[4] is not None:
+                rows.append(f"{state[4]},{state[2]}\n")
+            state[:] = [raw, cum, text, time_s, None]
+        rows.append(f"{ts},{text}\n")
+        return cum
+
+    def flush(self) -> list[str]:
+        """Every series' last sample not written yet (at the end: each series ends where it was sampled)."""
+        rows = []
+        for state in self._state.values():
+            if state[4] is not None:
+                rows.append(f"{state[4]},{state[2]}\n")
+                state[4] = None
+        return rows
+
+
 class _CsvFile:
-    """One CSV file written as rows come, beneath the run folder (no link followed), under a
-    hidden name until ``close`` renames it into place."""
+    """One gzip-compressed CSV file written as rows come, beneath the run folder (no link
+    followed), under a hidden name until ``close`` renames it into place."""
 
     def __init__(self, out: RunDir, relative: str, header: str) -> None:
         self.relative = relative
@@ -108,20 +161,32 @@ class _CsvFile:
             pass
         fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                      dir_fd=self.dir_fd)
-        self.file = os.fdopen(fd, "w", buffering=1 << 16)
-        self.file.write(header + "\n")
+        self.raw = os.fdopen(fd, "wb")
+        self.file = gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self.raw, mtime=0)
+        self.file.write(header.encode() + b"\n")
         self.rows = 0
 
     def write(self, text: str, rows: int) -> None:
-        self.file.write(text)
-        self.rows += rows
+        if rows:
+            self.file.write(text.encode())
+            self.rows += rows
+
+    def discard(self) -> None:
+        self.file.close()
+        self.raw.close()
+        try:
+            os.unlink(self.partial, dir_fd=self.dir_fd)
+        except OSError:
+            pass
+        os.close(self.dir_fd)
 
     def close(self) -> None:
-        if self.file.closed:
+        if self.raw.closed:
             return
-        self.file.flush()
-        os.fsync(self.file.fileno())
         self.file.close()
+        self.raw.flush()
+        os.fsync(self.raw.fileno())
+        self.raw.close()
         os.rename(self.partial, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         os.close(self.dir_fd)
 
@@ -177,8 +242,8 @@ class Collector:
         self.pull_interval_s = pull_interval_s
         self.t0: Optional[float] = None  # the run's start, controller monotonic
         self.files: dict[str, _CsvFile] = {}
-        self.links = Counters(LINK_COUNTER)
-        self.nodes = Counters(NODE_COUNTER)
+        self.links = ChangedRows(Counters(LINK_COUNTER))
+        self.nodes = ChangedRows(Counters(NODE_COUNTER), ns_first=True)
         self.host_counters = Counters(HOST_COUNTER)
         # latest values, for /metrics and the live table: key -> (time_s, cumulative values, rate values)
         self.latest_links: dict[tuple[str, str], dict[str, Any]] = {}
@@ -271,21 +336,21 @@ class Collector:
         link_keys, node_names = layout["links"], layout["nodes"]
         values = sample["links"]
         link_rows, node_rows = [], []
+        take = self.links.take
         for i, (src, dst) in enumerate(link_keys):
             key = (src, dst)
-            cum = self.links.cumulative(key, values[5 * i:5 * i + 5], first)
+            cum = take(key, f"{src},{dst}", values[5 * i:5 * i + 5], ts, time_s, first, link_rows)
             if latest:
                 self._latest(self.latest_links, key, time_s, cum, ("tx_bytes", "tx_packets", "drops", "overlimits",
                                                                "backlog_bytes"))
-            link_rows.append(f"{ts},{src},{dst},{_fmt(cum)}\n")
         values = sample["nodes"]
+        take = self.nodes.take
         for i, name in enumerate(node_names):
-            cum = self.nodes.cumulative(name, values[7 * i:7 * i + 7], first)
+            cum = take(name, name, values[7 * i:7 * i + 7], ts, time_s, first, node_rows)
             if latest:
                 self._latest(self.latest_nodes, name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes",
                                                                 "tx_packets", "rx_packets", "drops"))
-            node_rows.append(f"{ts},{name},{_fmt(cum, ns_first=True)}\n")
-        cum = self.host_counters.cumulative(host.name, sample["host"], first)
+        cum = self.host_counters.cumulative(host.name, sample["host"], first)  # one row a sample: always written
         self._latest(self.latest_hosts, host.name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes"))
         if self.files:
             self.files["links"].write("".join(link_rows), len(link_rows))
@@ -341,6 +406,9 @@ class Collector:
             log.exception("final telemetry pull failed")
             for host in self.hosts.values():
                 host.problem = host.problem or str(e)
+        if self.files:
+            for kind, rows in (("links", self.links.flush()), ("nodes", self.nodes.flush())):
+                self.files[kind].write("".join(rows), len(rows))
         hosts: dict[str, Any] = {}
         for host in self.hosts.values():
             try:
@@ -377,12 +445,7 @@ class Collector:
             except TestbedError:
                 pass
         for f in self.files.values():
-            f.file.close()
-            try:
-                os.unlink(f.partial, dir_fd=f.dir_fd)
-            except OSError:
-                pass
-            os.close(f.dir_fd)
+            f.discard()
         self.files = {}
 
 

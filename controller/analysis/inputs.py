@@ -11,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.analysis.pcap import Packets, ip_int, read_pcap
-from controller.analysis.table import Counters, read_counters
+from controller.analysis.table import Counters, open_text, read_counters, table_path
 from dml_app.events import read_events
 from worker.errors import ConfigError
 
@@ -154,21 +154,26 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     if ended is not None and t0 is not None and ended > t0:
         out.ended_s = ended - t0
     tele = os.path.join(run_dir, "telemetry")
-    for attr, name, keys, cols in (("link_counters", "links.csv", ["src", "dst"], LINK_COLUMNS),
-                                   ("node_counters", "nodes.csv", ["node"], NODE_COLUMNS),
-                                   ("host_counters", "hosts.csv", ["host"], HOST_COLUMNS)):
-        if name[:-len(".csv")] not in counters:
+    for attr, stem, keys, cols in (("link_counters", "links", ["src", "dst"], LINK_COLUMNS),
+                                   ("node_counters", "nodes", ["node"], NODE_COLUMNS),
+                                   ("host_counters", "hosts", ["host"], HOST_COLUMNS)):
+        if stem not in counters:
             continue
-        path = os.path.join(tele, name)
-        if not os.path.exists(path):
-            missing.append(f"telemetry/{name}")
+        path = table_path(tele, stem)
+        if path is None:
+            missing.append(f"telemetry/{stem}.csv.gz")
             continue
-        say(f"reading telemetry/{name} ({os.path.getsize(path) / 1e6:.1f} MB)")
+        say(f"reading telemetry/{os.path.basename(path)} ({os.path.getsize(path) / 1e6:.1f} MB)")
         try:
-            setattr(out, attr, read_counters(path, keys, cols))
+            table = read_counters(path, keys, cols)
         except ConfigError as e:
             out.problems.append(e.message)
-    out.rate_changes = _rate_changes(os.path.join(tele, "rates.csv"))
+            continue
+        period_ms = _num((record.get("telemetry") or {}).get("period_ms"))
+        if period_ms:
+            table.sampled_every_s = period_ms / 1000
+        setattr(out, attr, table)
+    out.rate_changes = _rate_changes(table_path(tele, "rates"))
     pcaps = sorted(glob.glob(os.path.join(tele, "pcap", "*.pcap"))) if captures else []
     if not pcaps and captures:
         missing.append("telemetry/pcap")
@@ -190,13 +195,15 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     return out
 
 
-def _rate_changes(path: str) -> dict[tuple[str, str], list[tuple[float, Optional[float]]]]:
-    """``telemetry/rates.csv``: each link's configured rate from the time it was set (empty:
+def _rate_changes(path: Optional[str]) -> dict[tuple[str, str], list[tuple[float, Optional[float]]]]:
+    """``telemetry/rates.csv.gz``: each link's configured rate from the time it was set (empty:
     the link was removed; a link first seen after the first sample had none before); {} without
     the file (runs before it was written)."""
     changes: dict[tuple[str, str], list[tuple[float, Optional[float]]]] = {}
+    if path is None:
+        return {}
     try:
-        with open(path, newline="") as f:
+        with open_text(path) as f:
             for r in csv.DictReader(f):
                 t = _num(r.get("time_s"))
                 if t is not None and r.get("src") and r.get("dst"):

@@ -237,7 +237,9 @@ def link_rows(inp: RunInputs, span: tuple[float, float], pairs: dict[tuple[str, 
         row["mean_1s_ci95_bps"] = ci["ci95"]
         if rate:
             row["utilisation"] = row["bytes"] * 8.0 / capacity_bits
-            peak_rate = step_at(steps, float(fine_edges[int(fine.argmax())])) if fine.size else None
+            # the first bin at the peak (equal peaks differ in rounding only)
+            at_peak = int(np.argmax(fine >= fine.max() * (1 - 1e-9))) if fine.size else None
+            peak_rate = step_at(steps, float(fine_edges[at_peak])) if at_peak is not None else None
             row["peak_utilisation"] = row["peak_bps"] / peak_rate if peak_rate else None
         rows.append(row)
     return rows, per_1s, edges_1s

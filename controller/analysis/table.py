@@ -1,5 +1,8 @@
 """Reading the sampler's CSV files fast: numeric columns with numpy's C parser, names as codes.
 
+The collector writes them gzip-compressed (``links.csv.gz``); runs from before that have plain
+``links.csv``. ``table_path`` finds either, ``open_text`` opens either as text.
+
 A 10-minute run of 1,466 links sampled at 10 Hz is ~9 million rows; ``csv`` in Python
 would take a minute. A large file is cut at line ends into pieces parsed by a few worker
 processes at once; each file is read as columns, rows grouped by their key (a link's
@@ -7,8 +10,13 @@ processes at once; each file is read as columns, rows grouped by their key (a li
 """
 from __future__ import annotations
 
+import contextlib
+import gzip
 import io
 import os
+import shutil
+import tempfile
+import zlib
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -31,14 +39,18 @@ class Counters:
     keys: list[tuple[str, ...]]
     times: dict[tuple[str, ...], np.ndarray]
     values: dict[tuple[str, ...], dict[str, np.ndarray]]
-    _period_s: Optional[float] = None
+    sampled_every_s: Optional[float] = None  # the sampler's period, where the run says it
 
     def period_s(self) -> float:
-        """The sampling period: the median gap between consecutive samples (of up to 50 keys)."""
-        if self._period_s is None:
-            gaps = [np.median(np.diff(t)) for t in list(self.times.values())[:50] if t.size > 1]
-            self._period_s = float(np.median(gaps)) if gaps else 0.0
-        return self._period_s
+        """The sampling period: as the run says, else the most common gap between two rows of a
+        series, to the millisecond (an unchanged series has rows a second apart, a changing one
+        a period apart)."""
+        if self.sampled_every_s is None:
+            gaps = [np.diff(t) for t in list(self.times.values())[:200] if t.size > 1]
+            ms = np.round(np.concatenate(gaps) * 1000).astype(np.int64) if gaps else np.zeros(0, np.int64)
+            ms = ms[ms > 0]
+            self.sampled_every_s = float(np.bincount(ms).argmax()) / 1000 if ms.size else 0.0
+        return self.sampled_every_s
 
     def span_s(self) -> tuple[float, float]:
         starts = [t[0] for t in self.times.values() if t.size]
@@ -203,8 +215,49 @@ def _block_size(key: np.ndarray, times: np.ndarray) -> Optional[int]:
     return k
 
 
+def table_path(folder: str, stem: str) -> Optional[str]:
+    """``folder/stem.csv.gz``, else ``folder/stem.csv`` (a run from before compression), else None."""
+    for name in (f"{stem}.csv.gz", f"{stem}.csv"):
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def open_text(path: str) -> Any:
+    """A table file opened as text, decompressed when its name ends in ``.gz``."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", newline="", encoding="utf-8")
+    return open(path, newline="", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _plain_copy(path: str) -> Any:
+    """A decompressed copy of the gzip file ``path`` (in memory where /dev/shm exists), removed after."""
+    where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.NamedTemporaryFile(prefix="edgetb-table-", suffix=".csv", dir=where) as plain:
+        try:
+            with gzip.open(path, "rb") as src:
+                shutil.copyfileobj(src, plain, 1 << 20)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ConfigError(f"{path}: not a complete gzip file: {e}") from None
+        plain.flush()
+        yield plain.name
+
+
 def read_counters(path: str, key_columns: list[str], value_columns: list[str]) -> Counters:
-    """The file at ``path`` (a header line, then ``time_s``, the key columns and the counters)."""
+    """The file at ``path`` (a header line, then ``time_s``, the key columns and the counters),
+    gzip-compressed when its name ends in ``.gz``."""
+    if not path.endswith(".gz"):
+        return _read_plain(path, key_columns, value_columns)
+    with _plain_copy(path) as plain:
+        try:
+            return _read_plain(plain, key_columns, value_columns)
+        except ConfigError as e:
+            raise ConfigError(e.message.replace(plain, path)) from None
+
+
+def _read_plain(path: str, key_columns: list[str], value_columns: list[str]) -> Counters:
     with open(path, "rb") as f:
         header_line = f.readline()
         body_start = f.tell()

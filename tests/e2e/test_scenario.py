@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.analysis.table import open_text
 from tests.e2e.harness import ROOT, Run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
@@ -47,7 +48,7 @@ def test_link_event_and_crash_applied_and_recorded(run):
     effects = list(csv.DictReader((run_dir / "scenario_effects.csv").open()))
     assert [e["event"] for e in effects] == ["link", "crash"]
     rates = [(float(row["time_s"]), row["rate_bps"])
-             for row in csv.DictReader((run_dir / "telemetry" / "rates.csv").open())
+             for row in csv.DictReader(open_text(str(run_dir / "telemetry" / "rates.csv.gz")))
              if (row["src"], row["dst"]) == ("n1", "n2")]
     assert len(rates) == 2 and rates[1][1] == "2000000" and rates[0][1] != "2000000", rates
     assert rates[1][0] >= float(link["applied_s"]) - 0.5  # sampled at the change (times of one clock)

@@ -355,7 +355,7 @@ def test_utilisation_against_the_rate_as_configured_over_time(tmp_path):
 def test_a_run_without_telemetry_says_what_is_missing(tmp_path):
     run = make_run(tmp_path, telemetry=False, captures=False)
     s = analyze(str(run), AnalysisConfig(plots=False))
-    assert {"telemetry/links.csv", "telemetry/nodes.csv", "telemetry/pcap"} <= set(s["missing"])
+    assert {"telemetry/links.csv.gz", "telemetry/nodes.csv.gz", "telemetry/pcap"} <= set(s["missing"])
     assert s["traffic_matrix_source"].startswith("nodes' counts")
     matrix = {r["src"]: r for r in read_csv(run / "analysis" / "traffic_matrix.csv")}
     assert int(matrix["a"]["b"]) == 5_000_000

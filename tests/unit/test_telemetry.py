@@ -1,5 +1,6 @@
 """Telemetry pure logic: the ring and its cursors, counters made cumulative, the CSV files,
 time translation, the settings' validation, statistics decoding and the Prometheus text."""
+import gzip
 import json
 import struct
 from array import array
@@ -9,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller import telemetry_conf
 from controller.safe_fs import RunDir
-from controller.telemetry import (HOSTS_HEADER, LINKS_HEADER, NODES_HEADER, Collector, Counters, prometheus_text,
-                                  render_table)
+from controller.telemetry import (HEARTBEAT_S, HOSTS_HEADER, LINKS_HEADER, NODES_HEADER, ChangedRows, Collector,
+                                  Counters, prometheus_text, render_table)
 from controller.telemetry_conf import TelemetryConf
 from worker import netlink as nl
 from worker.cgroups import CounterReader
@@ -88,6 +89,26 @@ def test_late_key_counts_from_zero_and_missing_values_are_empty():
     assert c2.cumulative("k", [350], False) == [50]
 
 
+def test_changed_rows_give_every_sample_back_by_interpolation():
+    """A series sampled every 100 ms for 3 s: idle, a burst, idle again, a second burst. Only rows
+    of changes, the samples before them and a heartbeat a second are written; interpolating
+    between the rows gives every sample's value back."""
+    import numpy as np
+
+    raw_tx = [0] * 12 + [100 * k for k in range(1, 6)] + [500] * 9 + [600, 700, 800, 900]
+    rows: list[str] = []
+    table = ChangedRows(Counters((True, True)))
+    for k, tx in enumerate(raw_tx):
+        table.take("a", "a,b", [tx, 0], f"{0.1 * k:.4f}", 0.1 * k, k == 0, rows)
+    rows += table.flush()
+    parsed = sorted((float(r.split(",")[0]), int(r.split(",")[3])) for r in rows)
+    assert len(parsed) < len(raw_tx) * 0.6  # idle stretches cost a row a second
+    times, values = zip(*parsed)
+    assert max(np.diff(times)) <= HEARTBEAT_S + 1e-9
+    assert list(np.interp([0.1 * k for k in range(len(raw_tx))], times, values)) == pytest.approx(raw_tx)
+    assert parsed[-1][0] == pytest.approx(0.1 * (len(raw_tx) - 1))  # the series ends at its last sample
+
+
 # --- the collector with a worker that replays samples ------------------------------------------
 
 class ReplayWorker:
@@ -133,7 +154,7 @@ def _samples(t0):
 
 
 def _csv(path):
-    with open(path) as f:
+    with gzip.open(path, "rt") as f:
         return [line.rstrip("\n") for line in f]
 
 
@@ -150,7 +171,7 @@ def test_collector_writes_each_change_of_a_configured_rate(tmp_path):
     col.mark_start(samples[0]["t"])
     col.pull()
     col.finish()
-    rows = [r.split(",") for r in _csv(tmp_path / "run" / "telemetry" / "rates.csv")]
+    rows = [r.split(",") for r in _csv(tmp_path / "run" / "telemetry" / "rates.csv.gz")]
     assert rows[0] == ["time_s", "src", "dst", "rate_bps"]
     assert [(round(float(t), 1), s, d, r) for t, s, d, r in rows[1:]] == [
         (0.0, "a", "b", "8000"), (0.0, "b", "a", "9000"), (0.2, "a", "b", "4000"), (0.2, "b", "a", "")]
@@ -168,11 +189,15 @@ def test_collector_writes_the_three_csv_files(tmp_path):
     col.pull()
     summary = col.finish()
     files = tmp_path / "run" / "telemetry"
-    links, nodes, hosts = _csv(files / "links.csv"), _csv(files / "nodes.csv"), _csv(files / "hosts.csv")
+    links, nodes, hosts = _csv(files / "links.csv.gz"), _csv(files / "nodes.csv.gz"), _csv(files / "hosts.csv.gz")
     assert links[0] == LINKS_HEADER == "time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes"
     assert nodes[0] == NODES_HEADER == "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops"
     assert hosts[0] == HOSTS_HEADER == "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
-    assert len(links) == 1 + 4 * 2 and len(nodes) == 1 + 4 * 2 and len(hosts) == 1 + 4
+    # b->a never changes: its first sample, and its last one (written at the end)
+    assert len(links) == 1 + 4 + 2 and len(nodes) == 1 + 4 * 2 and len(hosts) == 1 + 4
+    ba = [r.split(",") for r in links[1:] if r.split(",")[1:3] == ["b", "a"]]
+    assert [r[3:] for r in ba] == [["0", "0", "0", "0", "0"]] * 2 and float(ba[1][0]) - float(ba[0][0]) == \
+        pytest.approx(0.3, abs=1e-3)
     ab = [r.split(",") for r in links[1:] if r.split(",")[1:3] == ["a", "b"]]
     assert [int(r[3]) for r in ab] == [0, 500, 1000, 1500]  # cumulative since the first sample
     assert [int(r[6]) for r in ab] == [0, 1, 2, 3]
@@ -184,7 +209,7 @@ def test_collector_writes_the_three_csv_files(tmp_path):
     rows_a = [r.split(",") for r in nodes[1:] if r.split(",")[1] == "a"]
     assert [float(r[2]) for r in rows_a] == [0.0, 0.1, 0.2, 0.3] and rows_a[-1][3] == "4096"
     assert [r.split(",")[2] for r in hosts[1:]] == ["0.000000", "1.000000", "2.000000", "3.000000"]
-    assert worker.stopped and summary["sampler_cpu_s"] == 0.3 and summary["rows"]["links"] == 8
+    assert worker.stopped and summary["sampler_cpu_s"] == 0.3 and summary["rows"]["links"] == 6
     assert not any(p.name.startswith(".") for p in files.iterdir())  # no partial file left
     assert col.latest_links[("a", "b")]["tx_bytes_per_s"] == pytest.approx(5000, rel=1e-3)
 
@@ -218,7 +243,7 @@ def test_collector_names_a_host_that_does_not_answer(tmp_path):
     col.start()
     summary = col.finish()
     assert "connection refused" in summary["hosts"]["h1"]["problem"]
-    assert _csv(tmp_path / "r" / "telemetry" / "links.csv") == [LINKS_HEADER]
+    assert _csv(tmp_path / "r" / "telemetry" / "links.csv.gz") == [LINKS_HEADER]
 
 
 def test_collector_refuses_a_worker_without_telemetry():
