@@ -11,7 +11,7 @@ goes through iptables), with ``off`` with that setting 0; the setting (and the m
 restored afterwards.
 
 Measured: ready s (start of gl_run.py until every node answers), run s (start of the run until
-it ends), wall s; each node process's USS (its own pages), PSS (shared pages shared out) and RSS
+it ends) and rounds per minute over it, wall s; each node process's USS (its own pages), PSS (shared pages shared out) and RSS
 from ``/proc/<pid>/smaps_rollup``, mean and max over nodes of each node's peak; the controller's
 CPU seconds and peak RSS (on one host it is also the worker) and the zygote's; the kernel's ARP
 resolution failures and unresolved drops (``/proc/net/stat/arp_cache``: host-wide, so anything
@@ -308,6 +308,7 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int, use_zygote: bool =
     return {"nodes": n, "netfilter": "on" if netfilter else "off", "start": "zygote" if use_zygote else "exec",
             "done": f"{done}/{n}",
             "ready_s": t_ready, "phases": phases, "run_s": (t_end or time.monotonic()) - t_running if t_running else None,
+            "rounds": rounds,
             "wall_s": total, "uss": stat(0), "pss": stat(1), "rss": stat(2),
             "controller": f"{controller_cpu or 0:.0f} s, {controller_rss / 1024:.0f} MiB",
             "zygote": f"{zygote_cpu or 0:.1f} s, USS {zygote_mem[0] / 1024:.0f} / RSS {zygote_mem[2] / 1024:.0f} MiB",
@@ -344,12 +345,14 @@ def main() -> int:
             finally:
                 nf.restore()
             log(json.dumps(rows[-1]))
-    print("| nodes | bridge netfilter | node start | nodes done | ready s | confs + network + starts s | run s | wall s | USS MiB per node, mean / max "
+    print("| nodes | bridge netfilter | node start | nodes done | ready s | confs + network + starts s | run s | rounds per min | wall s | USS MiB per node, mean / max "
           "| PSS MiB, mean / max | RSS MiB, mean / max | controller CPU, peak RSS | zygote CPU, memory "
           "| host ARP failed / unresolved drops | nodes' unresolved entries, max | send_failed | load before / peak |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        cells = [r["nodes"], r["netfilter"], r["start"], r["done"], r["ready_s"], r["phases"], r["run_s"], r["wall_s"], r["uss"], r["pss"],
+        per_min = f"{r['rounds'] / (r['run_s'] / 60):.2f}" if r["run_s"] else "-"
+        cells = [r["nodes"], r["netfilter"], r["start"], r["done"], r["ready_s"], r["phases"], r["run_s"], per_min,
+                 r["wall_s"], r["uss"], r["pss"],
                  r["rss"], r["controller"], r["zygote"], f"{r['arp_failed']} / {r['arp_unresolved']}",
                  r["nodes_unresolved"], r["send_failed"], r["load"]]
         print("| " + " | ".join(fmt(c) for c in cells) + " |")

