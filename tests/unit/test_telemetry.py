@@ -97,9 +97,9 @@ def test_changed_rows_give_every_sample_back_by_interpolation():
 
     raw_tx = [0] * 12 + [100 * k for k in range(1, 6)] + [500] * 9 + [600, 700, 800, 900]
     rows: list[str] = []
-    table = ChangedRows(Counters((True, True)))
+    table = ChangedRows(Counters((True, True)), 2)
     for k, tx in enumerate(raw_tx):
-        table.take("a", "a,b", [tx, 0], f"{0.1 * k:.4f}", 0.1 * k, k == 0, rows)
+        table.take(1, [("a", "b")], ["a,b"], [tx, 0], f"{0.1 * k:.4f}", 0.1 * k, k == 0, rows)
     rows += table.flush()
     parsed = sorted((float(r.split(",")[0]), int(r.split(",")[3])) for r in rows)
     assert len(parsed) < len(raw_tx) * 0.6  # idle stretches cost a row a second
