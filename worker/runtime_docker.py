@@ -141,10 +141,11 @@ class DockerRuntime:
         self.code_root = os.path.abspath(code_root)
 
     def mounts(self, node: Optional[str] = None) -> list[Mount]:
-        """What a container shows at ``NODE_ROOT``; with ``node``, its own directory too."""
+        """What a container shows at ``NODE_ROOT``; with ``node``, its own directory too (made by
+        ``privilege.prepare_node_dir`` with no link on its way; the shared ones are resolved)."""
         data = self.workdir or self.code_root
-        found = [Mount(os.path.join(self.code_root, "dml_app"), f"{NODE_ROOT}/dml_app"),
-                 Mount(os.path.join(data, "dataset"), f"{NODE_ROOT}/dataset")]
+        found = [Mount(os.path.realpath(os.path.join(self.code_root, "dml_app")), f"{NODE_ROOT}/dml_app"),
+                 Mount(os.path.realpath(os.path.join(data, "dataset")), f"{NODE_ROOT}/dataset")]
         if node is not None and self.workdir:
             found.append(Mount(privilege.node_dir(self.workdir, node), privilege.node_dir(NODE_ROOT, node), True))
         return found
@@ -155,7 +156,7 @@ class DockerRuntime:
         missing = [p for p in sources if not os.path.isdir(p)]
         if missing:
             raise ConfigError(f"cannot mount into the nodes: {', '.join(missing)} does not exist")
-        view = privilege.View(read=tuple(os.path.realpath(p) for p in sources))
+        view = privilege.View(read=tuple(sources))
         for rec in records:
             privilege.check_readable(view, privilege.Identity.of_node(self.names.id, rec["index"]))
 

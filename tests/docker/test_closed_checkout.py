@@ -1,13 +1,14 @@
-"""Docker nodes from a checkout in root's home: a copy of this checkout under a mode-0700 directory
-of ``/root`` (itself mode 0700 in the node image) whose path holds a space.
+"""Nodes from a checkout in root's home: a copy of this checkout under a mode-0700 directory of
+``/root`` (itself mode 0700 in the node image) whose path holds a space.
 
-The nodes must find their code and data at their own paths in the container, whatever the host's;
-a source the node's uid cannot read is refused at deploy, naming it and the fix.
+Docker nodes must find their code and data at their own paths in the container, whatever the
+host's, and a source the node's uid cannot read is refused at deploy, naming it and the fix;
+netns nodes (their view covers the closed directories) and a hybrid run driven by the copy's
+own gl_run.py work from there too.
 """
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 import tempfile
