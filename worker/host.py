@@ -64,7 +64,7 @@ class WorkerHost:
                  workdir: Optional[str] = None, code_root: Optional[str] = None) -> None:
         """``runtime`` is the kind of node this testbed makes: ``netns``, ``docker`` or ``physical``
         (default: the kind its existing nodes are, else netns). ``runtime_options`` go to the Docker
-        runtime (``image``, ``binds``). Nodes run ``dml_app`` from ``code_root`` with ``workdir`` as
+        runtime (``image``). Nodes run ``dml_app`` from ``code_root`` with ``workdir`` as
         their experiment directory (defaults: this checkout's code, and a directory of the testbed's
         state; ``sync`` fills that directory with the controller's code and data and runs from it)."""
         self.store = StateStore(testbed_id, state_root)
@@ -79,12 +79,9 @@ class WorkerHost:
         if runtime == "docker":
             from worker.runtime_docker import DockerRuntime  # the Docker SDK only when asked for
 
-            options = dict(runtime_options or {})
-            binds = {os.path.join(self.workdir, "dataset"): "ro"}  # of dml_file, each its own dir only
-            for path in binds:
-                os.makedirs(path, exist_ok=True)
-            options["binds"] = binds | options.get("binds", {})
-            self.runtime = DockerRuntime(self.store, subnet, code_root=self.code_root, workdir=self.workdir, **options)
+            os.makedirs(os.path.join(self.workdir, "dataset"), exist_ok=True)  # mounted into every node
+            self.runtime = DockerRuntime(self.store, subnet, code_root=self.code_root, workdir=self.workdir,
+                                         **(runtime_options or {}))
         elif runtime_options:
             raise ConfigError("runtime options are for the docker runtime only")
         elif runtime == "physical":
@@ -470,9 +467,13 @@ class WorkerHost:
             os.makedirs(os.path.join(self.workdir, "dml_file"), exist_ok=True)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ConfigError("env must map strings to strings")
-        python = "python3" if self.runtime.kind == "docker" else sys.executable
-        node_args = [*args, "--workdir", self.workdir]
-        return self._start(node, [python, "-m", NODE_MODULE, *node_args], {**env, "PYTHONPATH": self.code_root},
+        python, workdir, code_root = sys.executable, self.workdir, self.code_root
+        if self.runtime.kind == "docker":  # the container's own paths of the same directories
+            from worker.runtime_docker import NODE_ROOT
+
+            python, workdir, code_root = "python3", NODE_ROOT, NODE_ROOT
+        node_args = [*args, "--workdir", workdir]
+        return self._start(node, [python, "-m", NODE_MODULE, *node_args], {**env, "PYTHONPATH": code_root},
                            node_args=node_args)
 
     # captures ---------------------------------------------------------------------------

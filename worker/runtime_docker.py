@@ -8,8 +8,12 @@ Docker runtime is used or probed, so netns-only users need neither the SDK nor a
   ``etb-<id>-<node>`` get the same addresses a netns testbed would give (``node_address``),
   are reached by those addresses (no published ports) and are started in parallel.
 - Limits: ``nano_cpus`` from ``cpu`` (a CFS quota), ``mem_limit`` (= memory+swap) from ``mem_bytes``.
-- ``dml_app/`` and ``dataset/`` of ``code_root`` are bind-mounted read-only at the same paths as
-  on the host (the working directory and ``PYTHONPATH`` of every process is ``code_root``).
+- Inside every container the node's files sit at fixed paths of their own, whatever the host's
+  (a checkout in root's home, a path with spaces): ``/opt/edgetb/dml_app`` (the code root's) and
+  ``/opt/edgetb/dataset`` (the experiment directory's, else the code root's), read-only, and
+  ``/opt/edgetb/dml_file/node/<name>/`` (the node's own, read-write); ``/opt/edgetb`` is the
+  working directory, ``PYTHONPATH`` and the node's ``--workdir``. Each source must be one the
+  node's uid can list: else the deploy fails naming it and the fix.
 - Shaping: each container's network namespace is bind-mounted on /run/netns/etb-<id>-<node>,
   where a netns node's would be, so shaping reaches it from the host with netlink, with no
   ``docker exec tc`` and no NET_ADMIN in the container.
@@ -26,6 +30,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
 from worker import nsfs, privilege
@@ -45,6 +50,16 @@ BUILD_HINT = ("build it with 'bash scripts/build_node_image.sh' (offline, from D
               "'docker build -t {image} -f worker/Dockerfile worker' where Docker Hub is reachable")
 ENGINE_HINT = "start one with 'bash scripts/docker_setup.sh' (installs docker.io and starts dockerd)"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NODE_ROOT = "/opt/edgetb"  # inside a container: code, data and the node's own directory (no host path)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host directory shown in a container at ``target`` (read-only unless ``writable``)."""
+
+    source: str
+    target: str
+    writable: bool = False
 
 
 def node_image() -> str:
@@ -106,20 +121,15 @@ class DockerRuntime:
     kind = "docker"
 
     def __init__(self, store: StateStore, subnet: str = DEFAULT_SUBNET, image: Optional[str] = None,
-                 code_root: str = REPO_ROOT, binds: Optional[dict[str, str]] = None,
-                 workdir: Optional[str] = None) -> None:
-        """``binds`` maps more host paths to their mode (``"ro"`` or ``"rw"``); they appear at the same path.
-        With ``workdir``, each container also gets its own ``<workdir>/dml_file/node/<name>/``, read-write."""
+                 code_root: str = REPO_ROOT, workdir: Optional[str] = None) -> None:
+        """Nodes get ``dml_app/`` of ``code_root``; with ``workdir`` (the experiment directory),
+        its ``dataset/`` and each node its own ``dml_file/node/<name>/``, else ``code_root``'s
+        ``dataset/`` (``mounts``)."""
         self.workdir = os.path.abspath(workdir) if workdir else None
         self.store = store
         self.names = Naming(store.testbed_id)
         self.subnet = parse_subnet(subnet)
         self.image = image or node_image()
-        self.binds: dict[str, str] = {}
-        for path, mode in (binds or {}).items():
-            if mode not in ("ro", "rw"):
-                raise ConfigError(f"bind {path}: mode must be 'ro' or 'rw', not {mode!r}")
-            self.binds[os.path.abspath(path)] = mode
         self.set_code_root(code_root)
         self.network = f"etb-{self.names.id}-net"
         self.bridge = f"etb-{self.names.id}-dbr"
@@ -127,13 +137,28 @@ class DockerRuntime:
         self._api_lock = threading.Lock()
 
     def set_code_root(self, code_root: str) -> None:
-        """Containers made from now on mount ``dml_app/`` and ``dataset/`` of ``code_root``."""
-        old = getattr(self, "code_root", None)
-        if old:
-            for d in ("dml_app", "dataset"):
-                self.binds.pop(os.path.join(old, d), None)
+        """Containers made from now on mount ``dml_app/`` of ``code_root``."""
         self.code_root = os.path.abspath(code_root)
-        self.binds = {os.path.join(self.code_root, d): "ro" for d in ("dml_app", "dataset")} | self.binds
+
+    def mounts(self, node: Optional[str] = None) -> list[Mount]:
+        """What a container shows at ``NODE_ROOT``; with ``node``, its own directory too (made by
+        ``privilege.prepare_node_dir`` with no link on its way; the shared ones are resolved)."""
+        data = self.workdir or self.code_root
+        found = [Mount(os.path.realpath(os.path.join(self.code_root, "dml_app")), f"{NODE_ROOT}/dml_app"),
+                 Mount(os.path.realpath(os.path.join(data, "dataset")), f"{NODE_ROOT}/dataset")]
+        if node is not None and self.workdir:
+            found.append(Mount(privilege.node_dir(self.workdir, node), privilege.node_dir(NODE_ROOT, node), True))
+        return found
+
+    def _check_mounts(self, records: Sequence[dict[str, Any]]) -> None:
+        """Each shared source exists and each node's uid can list it: else an error naming it."""
+        sources = [m.source for m in self.mounts()]
+        missing = [p for p in sources if not os.path.isdir(p)]
+        if missing:
+            raise ConfigError(f"cannot mount into the nodes: {', '.join(missing)} does not exist")
+        view = privilege.View(read=tuple(sources))
+        for rec in records:
+            privilege.check_readable(view, privilege.Identity.of_node(self.names.id, rec["index"]))
 
     @property
     def api(self) -> Any:
@@ -161,22 +186,21 @@ class DockerRuntime:
     def create_nodes(self, specs: Sequence[NodeSpec]) -> list[dict[str, Any]]:
         """Create and start a container per spec, in parallel (all or nothing); existing ones are kept."""
         emulated_only(specs, self.kind)
-        missing = [p for p in self.binds if not os.path.exists(p)]
-        if missing:
-            raise ConfigError(f"cannot mount into the nodes: {', '.join(missing)} does not exist")
         with self.store.locked() as state:
             if state["nodes"] and state.get("subnet", str(self.subnet)) != str(self.subnet):
                 raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {self.subnet}")
             todo = new_specs(state, specs)
             if todo:
                 require_image(self.api, self.image)
-            claim_runtime(state, self.kind, self.names.id)
-            state["subnet"] = str(self.subnet)
             next_index = max((n["index"] for n in state["nodes"].values()), default=-1) + 1
             records = [{"name": s.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
                         "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(s.name),
                         "ifname": NODE_IFNAME, "container": self.container(s.name), "cpu": s.cpu,
                         "mem_bytes": s.mem_bytes, "runtime": self.kind} for i, s in enumerate(todo)]
+            if records:
+                self._check_mounts(records)
+            claim_runtime(state, self.kind, self.names.id)
+            state["subnet"] = str(self.subnet)
             created: list[str] = []
             try:
                 if records:
@@ -248,19 +272,19 @@ class DockerRuntime:
     def container_config(self, rec: dict[str, Any], ident: privilege.Identity) -> tuple[dict[str, Any], dict[str, Any]]:
         """The container's create arguments and host config (pure): a non-root user without
         capabilities nor new privileges; the code and data read-only, and of ``dml_file`` only
-        the node's own directory, read-write."""
-        binds = {path: {"bind": path, "mode": mode} for path, mode in self.binds.items()}
-        env = {"PYTHONPATH": self.code_root, "EDGETB_NODE": rec["name"]}
+        the node's own directory, read-write; all at ``NODE_ROOT``, whatever their host paths."""
+        docker = _sdk()
+        mounts = [docker.types.Mount(m.target, m.source, type="bind", read_only=not m.writable)
+                  for m in self.mounts(rec["name"])]
+        env = {"PYTHONPATH": NODE_ROOT, "EDGETB_NODE": rec["name"]}
         if self.workdir:
-            own = privilege.node_dir(self.workdir, rec["name"])
-            binds[own] = {"bind": own, "mode": "rw"}
-            env["HOME"] = own
-        host = {"network_mode": self.network, "binds": binds, "init": True,
+            env["HOME"] = privilege.node_dir(NODE_ROOT, rec["name"])
+        host = {"network_mode": self.network, "mounts": mounts, "init": True,
                 "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
                 "nano_cpus": int(round(rec["cpu"] * 1e9)) if rec["cpu"] else None,
                 "mem_limit": rec["mem_bytes"], "memswap_limit": rec["mem_bytes"]}
         create = {"command": ["sleep", "infinity"], "name": rec["container"], "hostname": rec["name"],
-                  "labels": self._labels(rec["name"]), "working_dir": self.code_root,
+                  "labels": self._labels(rec["name"]), "working_dir": NODE_ROOT,
                   "user": f"{ident.uid}:{ident.gid}", "environment": env}
         return create, host
 
@@ -300,7 +324,7 @@ class DockerRuntime:
         rec = self.node(name)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError("a command must be a non-empty list of strings")
-        return ExecProcess(self.api, rec["container"], list(argv), env or {}, self.code_root,
+        return ExecProcess(self.api, rec["container"], list(argv), env or {}, NODE_ROOT,
                            stdin=stdin, stdout=stdout, stderr=stderr)
 
     # teardown ---------------------------------------------------------------------------

@@ -63,10 +63,12 @@ class Run:
 
     def __init__(self, tmp: Path, structure: dict | None = None, dataset: dict | None = None,
                  links: dict | None = None, extra_args: tuple[str, ...] = (), kind: str = "gl",
-                 defer: bool = False) -> None:
-        """``defer``: only make the experiment directory; ``start`` runs the script."""
+                 defer: bool = False, root: Path = ROOT) -> None:
+        """``defer``: only make the experiment directory; ``start`` runs the script (of the
+        checkout ``root``)."""
         self.workdir = make_workdir(tmp, structure, dataset, links, kind)
         self.kind = kind
+        self.root = root
         self.id = "g" + secrets.token_hex(2)
         self.subnet = f"10.{230 + int(self.id[1:], 16) % 20}.0.0/16"
         self.port = free_port()
@@ -78,7 +80,7 @@ class Run:
 
     def start(self, *extra_args: str) -> None:
         env = dict(os.environ, EDGETB_STATE_DIR=str(self.state))
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / SCRIPTS[self.kind]), "--workdir", str(self.workdir),
+        self.proc = subprocess.Popen([sys.executable, str(self.root / SCRIPTS[self.kind]), "--workdir", str(self.workdir),
                                       "--port", str(self.port), "--id", self.id, "--subnet", self.subnet,
                                       "--quiet-nodes", *extra_args],
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -254,22 +254,27 @@ def test_child_env_is_an_allow_list(monkeypatch):
 
 
 def test_docker_nodes_run_unprivileged_with_only_their_own_directory_writable(tmp_path, run_dir):
-    from worker.runtime_docker import DockerRuntime
+    pytest.importorskip("docker")
+    from worker.runtime_docker import NODE_ROOT, DockerRuntime
     from worker.state import StateStore
 
-    work = tmp_path / "work"
+    code, work = tmp_path / "code root", tmp_path / "closed" / "work dir"
     (work / "dataset").mkdir(parents=True)
     rt = DockerRuntime(StateStore("tq", str(tmp_path / "state")), "10.231.0.0/16", image="edgetb-node:test",
-                       code_root=str(work), binds={str(work / "dataset"): "ro"}, workdir=str(work))
+                       code_root=str(code), workdir=str(work))
     rec = {"name": "n1", "index": 3, "container": "etb-tq-n1", "cpu": 0.5, "mem_bytes": 64 << 20}
     ident = privilege.Identity.of_node("tq", 3)
     create, host = rt.container_config(rec, ident)
     assert create["user"] == f"{ident.uid}:{ident.gid}" and ident.uid != 0
     assert host["cap_drop"] == ["ALL"] and host["security_opt"] == ["no-new-privileges"]
-    writable = {p for p, b in host["binds"].items() if b["mode"] == "rw"}
-    assert writable == {str(work / "dml_file" / "node" / "n1")}
-    assert not any(p.rstrip("/").endswith("dml_file") for p in host["binds"])
-    assert create["environment"]["HOME"] == str(work / "dml_file" / "node" / "n1")
+    # the node sees its files at paths of its own, whatever the host's (closed parents, spaces)
+    mounts = {m["Target"]: (m["Source"], m["ReadOnly"]) for m in host["mounts"]}
+    assert mounts == {f"{NODE_ROOT}/dml_app": (str(code / "dml_app"), True),
+                      f"{NODE_ROOT}/dataset": (str(work / "dataset"), True),
+                      f"{NODE_ROOT}/dml_file/node/n1": (str(work / "dml_file" / "node" / "n1"), False)}
+    assert all(m["Type"] == "bind" for m in host["mounts"]) and "binds" not in host
+    assert create["working_dir"] == NODE_ROOT and create["environment"]["PYTHONPATH"] == NODE_ROOT
+    assert create["environment"]["HOME"] == f"{NODE_ROOT}/dml_file/node/n1"
 
 
 def test_worker_host_gives_docker_no_writable_dml_file(tmp_path, run_dir):
@@ -278,4 +283,5 @@ def test_worker_host_gives_docker_no_writable_dml_file(tmp_path, run_dir):
 
     host = WorkerHost("tq", "10.231.0.0/16", state_root=str(tmp_path / "state"), runtime="docker",
                       workdir=str(tmp_path / "work"))
-    assert all(mode == "ro" for mode in host.runtime.binds.values()), host.runtime.binds
+    assert all(not m.writable for m in host.runtime.mounts()), host.runtime.mounts()
+    assert [m.writable for m in host.runtime.mounts("n1")] == [False, False, True]
