@@ -508,9 +508,11 @@ class Experiment:
         its ending is ``why`` (``crashed``, ``revoked``...), and the run does not wait for it."""
         node = self._node(name)
         why = " ".join(str(why).split())
-        if not why or len(why) > MAX_WHY_CHARS or why in UNSETTLED or not all(c.isalnum() or c in " -_." for c in why):
+        if (not why or len(why) > MAX_WHY_CHARS or why in UNSETTLED + SETTLED
+                or not all(c.isalnum() or c in " -_." for c in why)):
             raise ConfigError(f"expect_death({name!r}): the why must be a few words like 'crashed' or 'revoked by "
-                              f"the scenario' (letters, digits, spaces, - _ .; at most {MAX_WHY_CHARS}), not "
+                              f"the scenario' (letters, digits, spaces, - _ .; at most {MAX_WHY_CHARS}; not an "
+                              f"ending such as {', '.join(SETTLED)}), not "
                               f"{clip(why, 80)!r}")
         with self._lock:
             if self.phase != "running":
@@ -853,6 +855,11 @@ class Experiment:
         result = self.worker.reset()
         self.phase = "reset" if self.phase != "failed" else self.phase
         return result
+
+    def unfinished(self) -> list[str]:
+        """The nodes whose last life did not finish: not ``done``, and not a death the run was
+        told to expect (a scenario's crash or revocation, replaced or not)."""
+        return [n.name for n in self.nodes.values() if n.state in SETTLED and n.state != "done"]
 
     def metrics_nodes(self) -> list[dict[str, Any]]:
         """Each node's last reported round, accuracy, loss and model bytes (for /metrics)."""

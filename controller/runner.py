@@ -320,7 +320,7 @@ def _auto(exp: Experiment, timeout_s: float) -> int:
     print(results.format_summary(summary["nodes"]), flush=True)
     _say(f"metrics: {summary['metrics']}")
     _say(f"plots: {', '.join(os.path.basename(p) for p in summary['plots'])}")
-    failed = [n["node"] for n in summary["nodes"] if n["ended"] != "done"]
+    failed = exp.unfinished()
     if failed:
         _say(f"nodes that did not finish: {', '.join(failed)}")
     return 0 if not failed else 1
