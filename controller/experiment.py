@@ -41,11 +41,12 @@ from controller import deploy, evaluate, node_auth, probe, results, run_record
 from controller.agent_client import Worker
 from controller.live import LiveFeed
 from controller.progress import Progress
-from controller.safe_fs import RunDir
+from controller.safe_fs import NodeFileError, RunDir, read_node_file
 from controller.telemetry import Collector
 from controller.telemetry_conf import TelemetryConf
 from controller.terminal import clip
 from controller.topology import Topology, links_from_data, load_links
+from dml_app import bounded_json
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
 NODE_PORT = 4444
@@ -171,6 +172,7 @@ class Experiment:
         self._monitor: Optional[threading.Thread] = None
         self._controller_url = ""  # what nodes call back (set by deploy)
         self.membership: list[dict[str, Any]] = []  # deaths expected and seen, replacements
+        self.problems: results.Problems = {}  # what went wrong while the results were written, by node or "run"
         self.keys = node_auth.RunKeys()  # each node's own secret, pair keys; signs calls to nodes
         self._session = requests.Session()
         self._session.auth = self.keys.signer(lambda: {f"{n.ip}:{self.node_port}": n.name for n in self.nodes.values()})
@@ -428,7 +430,7 @@ class Experiment:
         ended, detail = None, ""
         for line in body.decode(errors="replace").splitlines():
             try:
-                event = json.loads(line)
+                event = bounded_json.loads(line)
             except ValueError:
                 continue
             if isinstance(event, dict) and event.get("type") in ("done", "failed"):
@@ -606,15 +608,27 @@ class Experiment:
         return body
 
     def _local_log(self, name: str) -> Optional[bytes]:
-        """The events a node wrote on this machine's disk (a node that died cannot be asked)."""
-        path = os.path.join(self.workdir, "dml_file", "node", name, f"{self.run_id}.jsonl")
+        """The events a node wrote on this machine's disk (a node that died cannot be asked):
+        read as ``safe_fs.read_node_file`` reads what a node wrote (a FIFO, a link, another's
+        file are refused, and are the node's problem)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
+            return read_node_file(self.workdir, name, f"{self.run_id}.jsonl", MAX_LOG_BYTES, self._node_uids().get(name))
+        except FileNotFoundError:
             return None
-        with os.fdopen(fd, "rb") as f:
-            body = f.read(MAX_LOG_BYTES + 1)
-        return body if len(body) <= MAX_LOG_BYTES else None
+        except NodeFileError as e:
+            self.problems.setdefault(name, []).append(f"its events on disk: {e.message}")
+            return None
+
+    def _node_uids(self) -> dict[str, int]:
+        """Each node's uid on this machine (its files must be its own); empty for other hosts' nodes."""
+        runtime = getattr(self.worker, "runtime", None) if self._is_local() else None
+        uids = {}
+        for name in self.nodes:
+            try:
+                uids[name] = runtime.identity(name).uid  # type: ignore[union-attr]
+            except (AttributeError, TestbedError):
+                pass
+        return uids
 
     def _pull_log(self, name: str) -> None:
         body = self._fetch_log(name)
@@ -648,16 +662,19 @@ class Experiment:
             with self._lock:
                 self._collecting = True
             if self.scenario is not None:
-                self.scenario.write(self.out, flows_timeout_s=5.0)
+                self._step("scenario.csv", lambda: self.scenario.write(self.out, flows_timeout_s=5.0))
             self._collect_logs()
             self._settle_rest(how)
-            captured = self._collect_captures()
+            captured = self._step("captures", self._collect_captures, {})
             self.ended = how
-            self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
-            self._write_json("lives.json", self.lives())
-            self._write_json("timeline.json", {"version": 1, "entries": self.live.timeline_now()})
-            changes = results.membership_rows(results.read_run_events(self.run_dir), self.membership)
-            self.out.write_bytes("membership.csv", results.csv_bytes(results.MEMBERSHIP_COLUMNS, changes))
+            self._step("confs.json", lambda: self._write_json(
+                "confs.json", {n: {"structure": self.structure[n]} for n in self.nodes}))
+            self._step("lives.json", lambda: self._write_json("lives.json", self.lives()))
+            self._step("timeline.json", lambda: self._write_json(
+                "timeline.json", {"version": 1, "entries": self.live.timeline_now()}))
+            self._step("membership.csv", lambda: self.out.write_bytes("membership.csv", results.csv_bytes(
+                results.MEMBERSHIP_COLUMNS, results.membership_rows(results.read_run_events(self.run_dir, {}),
+                                                                    self.membership))))
             endings = {n.name: n.ending for n in self.nodes.values()}
             dataset_confs: dict[str, Any] = {}
             for n in self.nodes:
@@ -665,10 +682,12 @@ class Experiment:
                     dataset_confs[n] = self._conf(n, "dataset")
                 except ConfigError:
                     dataset_confs[n] = {}
-            final = evaluate.final_models(self.workdir, self.run_dir, self.run_id, self.structure, dataset_confs,
-                                          write=self.out.write_bytes)
-            built = results.build(self.run_dir, self.t_start or time.time(), self.algorithm, endings, final,
-                                  write=self.out.write_bytes)
+            final = self._step("models", lambda: evaluate.final_models(
+                self.workdir, self.run_dir, self.run_id, self.structure, dataset_confs, write=self.out.write_bytes,
+                uids=self._node_uids()), {})
+            built = self._step("metrics and plots", lambda: results.build(
+                self.run_dir, self.t_start or time.time(), self.algorithm, endings, final, write=self.out.write_bytes,
+                problems=self.problems), {"algorithm": self.algorithm, "nodes": [], "plots": [], "models": []})
             for row in built.get("nodes", []):
                 node = self.nodes.get(row.get("node"))
                 if node is not None:
@@ -677,15 +696,22 @@ class Experiment:
                             **built}
             if captured:
                 self.summary["captures"] = captured
-            self._write_json("summary.json", self.summary)
+            self.summary["problems"] = self.problems
+            self._step("summary.json", lambda: self._write_json("summary.json", self.summary))
             self.summary["analysis"] = self._analyze()
-            self._write_json("summary.json", self.summary)
+            self._step("summary.json", lambda: self._write_json("summary.json", self.summary))
             self.record.update(ended=how, ended_at=time.time(), detail=self.error, nodes=endings)
-            self._write_record()
+            if self.problems:
+                self.record["problems"] = self.problems
+            self._step("run.json", self._write_record)
             self.phase = "finished"
         self.rounds.tick(self._states(), force=True)
         self.progress(f"finished ({how}): results in {self.run_dir}")
         return self.summary
+
+    def _step(self, what: str, fn: Callable[[], Any], default: Any = None) -> Any:
+        """One step of writing the results: a failure is the run's problem, and the rest goes on."""
+        return results.attempt(self.problems, results.RUN, what, fn, default)
 
     # captures and analysis ------------------------------------------------------------------------
     def _start_captures(self) -> None:
@@ -754,8 +780,12 @@ class Experiment:
             time.sleep(0.5)
 
     def _collect_logs(self) -> None:
-        """Every log not uploaded yet: asked of its node, else read from this machine's disk."""
+        """Every log not uploaded yet: asked of its node, else read from this machine's disk;
+        what fails is that node's problem."""
         def collect(name: str) -> None:
+            results.attempt(self.problems, name, "its events", lambda: collect_one(name))
+
+        def collect_one(name: str) -> None:
             node = self.nodes[name]
             if node.log_received:
                 return

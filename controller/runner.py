@@ -318,8 +318,10 @@ def _auto(exp: Experiment, timeout_s: float) -> int:
         how = "timeout"
     summary = run_blocking(exp.finish, how)
     print(results.format_summary(summary["nodes"]), flush=True)
-    _say(f"metrics: {summary['metrics']}")
-    _say(f"plots: {', '.join(os.path.basename(p) for p in summary['plots'])}")
+    _say(f"metrics: {summary.get('metrics')}")
+    _say(f"plots: {', '.join(os.path.basename(p) for p in summary.get('plots', []))}")
+    for who, what in sorted(summary.get("problems", {}).items()):
+        _say(f"problem: {who}: {'; '.join(what)}")
     failed = exp.unfinished()
     if failed:
         _say(f"nodes that did not finish: {', '.join(failed)}")
