@@ -655,9 +655,9 @@ class Experiment:
             if how == "completed" and self._waiting_on():
                 how = "finished"
             if self.scenario is not None:
-                self.scenario.stop()
+                self._step("stopping the scenario", self.scenario.stop)
             if self.phase == "running":
-                self._stop_nodes(how)
+                self._step("stopping the nodes", lambda: self._stop_nodes(how))
             self._finish_telemetry()
             with self._lock:
                 self._collecting = True
@@ -733,8 +733,8 @@ class Experiment:
                 self.out.write_chunks(f"telemetry/pcap/{name}.pcap", self.worker.capture_chunks(name))
                 out[name] = {"bytes": stopped.get("bytes"), "kernel_drops": stopped.get("kernel_drops")}
                 self.worker.remove_capture(name)  # the run folder has it now
-            except TestbedError as e:
-                out[name] = {"error": e.message}
+            except Exception as e:  # noqa: BLE001 - one capture never stops the others
+                out[name] = {"error": e.message if isinstance(e, TestbedError) else f"{type(e).__name__}: {e}"}
             self.capturing.remove(name)
         return out
 
