@@ -612,23 +612,23 @@ class Experiment:
         read as ``safe_fs.read_node_file`` reads what a node wrote (a FIFO, a link, another's
         file are refused, and are the node's problem)."""
         try:
-            return read_node_file(self.workdir, name, f"{self.run_id}.jsonl", MAX_LOG_BYTES, self._node_uids().get(name))
+            return read_node_file(self.workdir, name, f"{self.run_id}.jsonl", MAX_LOG_BYTES, self._node_uid(name))
         except FileNotFoundError:
             return None
         except NodeFileError as e:
             self.problems.setdefault(name, []).append(f"its events on disk: {e.message}")
             return None
 
-    def _node_uids(self) -> dict[str, int]:
-        """Each node's uid on this machine (its files must be its own); empty for other hosts' nodes."""
+    def _node_uid(self, name: str) -> Optional[int]:
+        """The node's uid on this machine (its files must be its own); None when not known here."""
         runtime = getattr(self.worker, "runtime", None) if self._is_local() else None
-        uids = {}
-        for name in self.nodes:
-            try:
-                uids[name] = runtime.identity(name).uid  # type: ignore[union-attr]
-            except (AttributeError, TestbedError):
-                pass
-        return uids
+        try:
+            return int(runtime.identity(name).uid)  # type: ignore[union-attr]
+        except (AttributeError, TestbedError):
+            return None
+
+    def _node_uids(self) -> dict[str, int]:
+        return {name: uid for name in self.nodes if (uid := self._node_uid(name)) is not None}
 
     def _pull_log(self, name: str) -> None:
         body = self._fetch_log(name)

@@ -78,16 +78,21 @@ def test_deep_json_in_a_nodes_events_and_weights_stops_nothing(run):
 
 
 def test_a_fifo_for_events_blocks_neither_finish_nor_reset(run):
+    """n3's events become a FIFO, n4's a file of another uid; both die without uploading."""
     r: Run = run(structure=slow_gossip())
     nodes = started(r)
     victim = nodes["n3"]
-    uid = uid_of(victim["pid"])
+    uid, uid_of_n4 = uid_of(victim["pid"]), uid_of(nodes["n4"]["pid"])
     run_id = r.get("/status").json()["run_id"]
     events = node_dir(r, "n3") / f"{run_id}.jsonl"
     os.rename(events, events.with_suffix(".old"))
     os.mkfifo(events)
     os.chown(events, uid, uid)  # the node's own FIFO, as it could make one
     os.killpg(victim["pid"], signal.SIGKILL)
+    other = node_dir(r, "n4") / f"{run_id}.jsonl"  # not the node's own file (a hard link to root's, say)
+    os.rename(other, other.with_suffix(".old"))
+    other.write_text('{"type": "done"}\n')
+    os.killpg(nodes["n4"]["pid"], signal.SIGKILL)
     try:
         summary, run_dir = finish(r)
     finally:
@@ -99,6 +104,8 @@ def test_a_fifo_for_events_blocks_neither_finish_nor_reset(run):
     assert record["ended"] == "finished", record
     assert record["nodes"]["n3"].startswith("lost") or record["nodes"]["n3"].startswith("failed"), record
     assert "not a regular file" in " ".join(record["problems"]["n3"]), record.get("problems")
+    assert f"owned by uid 0, not the node's {uid_of_n4}" in " ".join(record["problems"]["n4"]), record["problems"]
+    assert not record["nodes"]["n4"].startswith("done"), record
     n3 = next(n for n in summary["nodes"] if n["node"] == "n3")
     assert any("not a regular file" in p for p in n3["problems"]), n3
     rows = (run_dir / "metrics.csv").read_text().splitlines()
