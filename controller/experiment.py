@@ -53,6 +53,8 @@ NODE_PORT = 4444
 # one BLAS thread and two malloc arenas per node: hundreds of nodes share two cores
 NODE_ENV = {"OPENBLAS_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 MAX_LOG_BYTES = 64 * 1024 * 1024
+LOG_FETCH_S = 120.0  # the longest a node's log may take to arrive when asked for (64 MiB at 4.5 Mbit/s)
+LOG_CHUNK_BYTES = 1 << 20
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events
 CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
@@ -596,16 +598,24 @@ class Experiment:
         return {n.name: n.state for n in self.nodes.values()}
 
     def _fetch_log(self, name: str) -> Optional[bytes]:
-        """A node's events, asked for (None when it does not answer)."""
+        """A node's events, asked for (None when it does not answer); a node that sends them
+        slower than ``LOG_FETCH_S`` in all is refused (a trickle would hold the finish)."""
+        deadline = time.monotonic() + LOG_FETCH_S
+        chunks, size = [], 0
         try:
             with self._session.get(self._node_url(name, "/log"), timeout=10, stream=True) as resp:
                 resp.raise_for_status()
-                body = resp.raw.read(MAX_LOG_BYTES + 1, decode_content=True)
+                read = getattr(resp.raw, "read1", resp.raw.read)  # read1: what has arrived, not a full chunk
+                while chunk := read(LOG_CHUNK_BYTES, decode_content=True):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_LOG_BYTES:
+                        raise ConfigError(f"log of {name} is larger than {MAX_LOG_BYTES} bytes")
+                    if time.monotonic() > deadline:
+                        raise TestbedTimeout(f"log of {name} took longer than {LOG_FETCH_S:g}s to arrive")
         except (requests.RequestException, OSError):
             return None
-        if len(body) > MAX_LOG_BYTES:
-            raise ConfigError(f"log of {name} is larger than {MAX_LOG_BYTES} bytes")
-        return body
+        return b"".join(chunks)
 
     def _local_log(self, name: str) -> Optional[bytes]:
         """The events a node wrote on this machine's disk (a node that died cannot be asked):
