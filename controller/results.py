@@ -28,9 +28,9 @@ import csv
 import glob
 import io
 import json
+import logging
 import math
 import os
-import logging
 import statistics
 from typing import Any, Callable, Iterable, Optional
 
