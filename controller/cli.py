@@ -94,8 +94,9 @@ def _parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("scenario", help="play a scenario's timeline against the testbed, printing each event")
     sc.add_argument("file", help="scenario.json: {seed, time_scale, events: [...]}")
-    sc.add_argument("--links", default="links.json", help="the testbed's links file (default links.json)")
-    sc.add_argument("--nodes", help="nodes file declaring names, cpu and mem")
+    sc.add_argument("--links", help="--dry-run: the links file to check against (default links.json); a "
+                                    "scenario played is checked against the testbed that is up")
+    sc.add_argument("--nodes", help="--dry-run: nodes file declaring names, cpu and mem")
     sc.add_argument("--dry-run", action="store_true", help="print the timeline, every draw resolved; needs no root")
     sc.add_argument("--csv", help="also write the applied events to this CSV file")
     mon = sub.add_parser("monitor", help="sample the testbed's nodes and links: a live table, CSV files on request")
@@ -361,11 +362,15 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     from controller.scenario import load_scenario
     from controller.scenario_runner import ScenarioRunner
 
-    timeline = load_scenario(args.file, _topology(args.links, args.nodes))
     if args.dry_run:
+        timeline = load_scenario(args.file, _topology(args.links or "links.json", args.nodes))
         print("\n".join(timeline.render()))
         return 0
+    if args.links or args.nodes:
+        raise ConfigError("--links and --nodes are for --dry-run: a scenario is played against the topology of "
+                          f"testbed {args.id} as it is up")
     worker = _worker(args)
+    timeline = load_scenario(args.file, deploy.live_topology(worker))
     ips = {n["name"]: n["ip"] for n in worker.status()["nodes"]}
     rounds = sum(len(v) for v in timeline.by_round().values())
     if rounds:

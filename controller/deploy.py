@@ -253,3 +253,31 @@ def merge_links(changed: Topology, worker: Worker, ips: dict[str, str]) -> dict[
     if unshaped:
         body["unshaped"] = unshaped
     return worker.set_links(body, merge=True)
+
+
+def live_topology(worker: Worker) -> Topology:
+    """The topology of the testbed that is up, as its worker records it: its nodes (limits,
+    access links) and every shaped link. An empty testbed is a ConfigError."""
+    from controller.topology import Link
+
+    status = worker.status()
+    if not status["nodes"]:
+        raise ConfigError(f"testbed {status['testbed_id']} has no nodes: bring it up first (edgetb up links.json)")
+    store = getattr(worker, "store", None)  # this host's worker reads its own state, an agent is asked
+    recorded = store.read()["plans"] if store is not None else None
+    topology = Topology()
+    plans: dict[str, Plan] = {}
+    for n in status["nodes"]:
+        data = recorded.get(n["name"]) if recorded is not None else worker.shaping(n["name"])["plan"]
+        plan = Plan.from_dict(data) if data else None
+        physical = n.get("runtime") == "physical"
+        topology.add_node(n["name"], "physical" if physical else "emulated", cpu=n["cpu"], mem=n["mem_bytes"],
+                          ip=n["ip"] if physical else None, source="the testbed's state",
+                          uplink=plan.uplink_bps if plan else None, downlink=plan.downlink_bps if plan else None)
+        if plan is not None:
+            plans[n["name"]] = plan
+    for src, plan in plans.items():
+        for rule in plan.rules:
+            if rule.dest in topology.nodes:
+                topology.links[(src, rule.dest)] = Link(src, rule.dest, rule.shape)
+    return topology

@@ -3,8 +3,9 @@ as safetensors.
 
 A node leaves its final weights in ``dml_file/node/<name>/<run id>.weights``
 (the weights wire format of ``dml_app.weights``). Those files are written by
-nodes, so they are untrusted: read without following links, refused above a
-size limit, parsed without pickle, checked against the model the node's conf
+nodes, so they are untrusted: read without following links, opened non-blocking
+and only when a regular file of one link owned by the node's uid, refused above a
+size limit, parsed without pickle (JSON header nesting bounded), checked against the model the node's conf
 describes (layer count, shapes) and for finite values. The model is rebuilt with
 the nodes' own code (``dml_app.models.make_model``), so the controller measures
 exactly what the nodes measured. Each model is written to
@@ -14,15 +15,14 @@ layer sizes and model conf.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 from typing import Any, Optional
 
 import numpy as np
 
 from controller.results import Writer, local_writer
+from controller.safe_fs import NodeFileError, read_node_file
 from dml_app import weights as wire
 from dml_app.models import load_global_test, make_model
 from worker.errors import ConfigError
@@ -38,47 +38,18 @@ def weights_path(workdir: str, node: str, run_id: str) -> str:
     return os.path.join(workdir, "dml_file", "node", node, f"{run_id}.weights")
 
 
-def _open_beneath(root: str, parts: list[str]) -> int:
-    """A read-only fd of ``root/parts...``, following no link on the way (each step opened
-    relative to the previous directory with ``O_NOFOLLOW``)."""
-    if any(not p or p in (".", "..") or "/" in p for p in parts):
-        raise ModelFileError(f"bad path component in {parts!r}")
-    flags = getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | flags)
+def read_weights(workdir: str, node: str, run_id: str, max_bytes: int = MAX_WEIGHTS_BYTES,
+                 uid: Optional[int] = None) -> list[np.ndarray]:
+    """The arrays of the final weights file node ``node`` wrote (``controller.safe_fs.read_node_file``:
+    no link followed, a regular file of one link, owned by ``uid`` when given, at most
+    ``max_bytes``), in the wire format (no pickle). Raises ModelFileError naming the file."""
+    path = weights_path(workdir, node, run_id)
     try:
-        for part in parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | flags, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | flags, dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
-def read_weights_file(path: str, max_bytes: int = MAX_WEIGHTS_BYTES, root: Optional[str] = None) -> list[np.ndarray]:
-    """The arrays of a weights file written by a node: reached without following links
-    (beneath ``root`` when given), at most ``max_bytes``, in the wire format (no pickle).
-    Raises ModelFileError naming the file."""
-    try:
-        if root is None:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        else:
-            fd = _open_beneath(root, os.path.relpath(path, root).split(os.sep))
+        data = read_node_file(workdir, node, f"{run_id}.weights", max_bytes, uid)
     except FileNotFoundError:
         raise ModelFileError(f"{path}: no final weights (the node did not save a model)") from None
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise ModelFileError(f"{path}: a symbolic link on the way; refused") from None
-        raise ModelFileError(f"{path}: cannot be opened: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ModelFileError(f"{path}: not a regular file; refused")
-        if st.st_size > max_bytes:
-            raise ModelFileError(f"{path}: {st.st_size} bytes, more than the {max_bytes} allowed")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ModelFileError(f"{path}: more than the {max_bytes} bytes allowed")
+    except NodeFileError as e:
+        raise ModelFileError(e.message) from None
     try:
         arrays, _ = wire.decode(data)
     except wire.WeightsFormatError as e:
@@ -115,7 +86,7 @@ def load_safetensors(path: str) -> tuple[list[np.ndarray], dict[str, str]]:
 
 def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, dict[str, Any]],
                  dataset_confs: dict[str, dict[str, Any]], max_bytes: int = MAX_WEIGHTS_BYTES,
-                 write: Optional[Writer] = None) -> dict[str, dict[str, Any]]:
+                 write: Optional[Writer] = None, uids: Optional[dict[str, int]] = None) -> dict[str, dict[str, Any]]:
     """Evaluate and save every node's final model.
 
     ``structure``: each node's structure conf (its ``model`` entry builds the model);
@@ -124,7 +95,8 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
     ``{"global_accuracy", "global_loss", "model": <safetensors path>, "error"}`` (accuracy
     and loss None without a global set; ``model`` None and ``error`` set when the node's
     file is missing or refused). Never raises for one node's bad file. ``write`` (relative
-    path, bytes) writes ``models/<node>.safetensors``; by default into ``run_dir``."""
+    path, bytes) writes ``models/<node>.safetensors``; by default into ``run_dir``. ``uids``: each
+    node's uid where known (its file must be its own)."""
     write = write or local_writer(run_dir)
     test_sets: dict[tuple[str, int, int], Any] = {}
     out: dict[str, dict[str, Any]] = {}
@@ -132,7 +104,7 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
         entry: dict[str, Any] = {"global_accuracy": None, "global_loss": None, "model": None, "error": None}
         out[node] = entry
         try:
-            arrays = read_weights_file(weights_path(workdir, node, run_id), max_bytes, root=workdir)
+            arrays = read_weights(workdir, node, run_id, max_bytes, (uids or {}).get(node))
             if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
                 raise ModelFileError(f"{node}: the final weights hold NaN or infinite values")
             model_conf = dict(structure[node].get("model") or {})
@@ -160,6 +132,8 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
                 entry["global_loss"], entry["global_accuracy"] = round(float(loss), 6), round(float(accuracy), 6)
         except (ModelFileError, ValueError) as e:
             entry["error"] = str(e)
+        except Exception as e:  # noqa: BLE001 - one node's file never stops the others' models
+            entry["error"] = f"{node}: {type(e).__name__}: {e}"
     return out
 
 

@@ -41,11 +41,12 @@ from controller import deploy, evaluate, node_auth, probe, results, run_record
 from controller.agent_client import Worker
 from controller.live import LiveFeed
 from controller.progress import Progress
-from controller.safe_fs import RunDir
+from controller.safe_fs import NodeFileError, RunDir, read_node_file
 from controller.telemetry import Collector
 from controller.telemetry_conf import TelemetryConf
 from controller.terminal import clip
 from controller.topology import Topology, links_from_data, load_links
+from dml_app import bounded_json
 from dml_app.compute import THREAD_ENV
 from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
@@ -53,6 +54,8 @@ NODE_PORT = 4444
 # one thread per numeric library and two malloc arenas per node: hundreds of nodes share two cores
 NODE_ENV = {**THREAD_ENV, "MALLOC_ARENA_MAX": "2"}
 MAX_LOG_BYTES = 64 * 1024 * 1024
+LOG_FETCH_S = 120.0  # the longest a node's log may take to arrive when asked for (64 MiB at 4.5 Mbit/s)
+LOG_CHUNK_BYTES = 1 << 20
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events
 CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
@@ -172,6 +175,7 @@ class Experiment:
         self._monitor: Optional[threading.Thread] = None
         self._controller_url = ""  # what nodes call back (set by deploy)
         self.membership: list[dict[str, Any]] = []  # deaths expected and seen, replacements
+        self.problems: results.Problems = {}  # what went wrong while the results were written, by node or "run"
         self.keys = node_auth.RunKeys()  # each node's own secret, pair keys; signs calls to nodes
         self._session = requests.Session()
         self._session.auth = self.keys.signer(lambda: {f"{n.ip}:{self.node_port}": n.name for n in self.nodes.values()})
@@ -429,7 +433,7 @@ class Experiment:
         ended, detail = None, ""
         for line in body.decode(errors="replace").splitlines():
             try:
-                event = json.loads(line)
+                event = bounded_json.loads(line)
             except ValueError:
                 continue
             if isinstance(event, dict) and event.get("type") in ("done", "failed"):
@@ -509,9 +513,11 @@ class Experiment:
         its ending is ``why`` (``crashed``, ``revoked``...), and the run does not wait for it."""
         node = self._node(name)
         why = " ".join(str(why).split())
-        if not why or len(why) > MAX_WHY_CHARS or why in UNSETTLED or not all(c.isalnum() or c in " -_." for c in why):
+        if (not why or len(why) > MAX_WHY_CHARS or why in UNSETTLED + SETTLED
+                or not all(c.isalnum() or c in " -_." for c in why)):
             raise ConfigError(f"expect_death({name!r}): the why must be a few words like 'crashed' or 'revoked by "
-                              f"the scenario' (letters, digits, spaces, - _ .; at most {MAX_WHY_CHARS}), not "
+                              f"the scenario' (letters, digits, spaces, - _ .; at most {MAX_WHY_CHARS}; not an "
+                              f"ending such as {', '.join(SETTLED)}), not "
                               f"{clip(why, 80)!r}")
         with self._lock:
             if self.phase != "running":
@@ -593,27 +599,47 @@ class Experiment:
         return {n.name: n.state for n in self.nodes.values()}
 
     def _fetch_log(self, name: str) -> Optional[bytes]:
-        """A node's events, asked for (None when it does not answer)."""
+        """A node's events, asked for (None when it does not answer); a node that sends them
+        slower than ``LOG_FETCH_S`` in all is refused (a trickle would hold the finish)."""
+        deadline = time.monotonic() + LOG_FETCH_S
+        chunks, size = [], 0
         try:
             with self._session.get(self._node_url(name, "/log"), timeout=10, stream=True) as resp:
                 resp.raise_for_status()
-                body = resp.raw.read(MAX_LOG_BYTES + 1, decode_content=True)
+                read = getattr(resp.raw, "read1", resp.raw.read)  # read1: what has arrived, not a full chunk
+                while chunk := read(LOG_CHUNK_BYTES, decode_content=True):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_LOG_BYTES:
+                        raise ConfigError(f"log of {name} is larger than {MAX_LOG_BYTES} bytes")
+                    if time.monotonic() > deadline:
+                        raise TestbedTimeout(f"log of {name} took longer than {LOG_FETCH_S:g}s to arrive")
         except (requests.RequestException, OSError):
             return None
-        if len(body) > MAX_LOG_BYTES:
-            raise ConfigError(f"log of {name} is larger than {MAX_LOG_BYTES} bytes")
-        return body
+        return b"".join(chunks)
 
     def _local_log(self, name: str) -> Optional[bytes]:
-        """The events a node wrote on this machine's disk (a node that died cannot be asked)."""
-        path = os.path.join(self.workdir, "dml_file", "node", name, f"{self.run_id}.jsonl")
+        """The events a node wrote on this machine's disk (a node that died cannot be asked):
+        read as ``safe_fs.read_node_file`` reads what a node wrote (a FIFO, a link, another's
+        file are refused, and are the node's problem)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
+            return read_node_file(self.workdir, name, f"{self.run_id}.jsonl", MAX_LOG_BYTES, self._node_uid(name))
+        except FileNotFoundError:
             return None
-        with os.fdopen(fd, "rb") as f:
-            body = f.read(MAX_LOG_BYTES + 1)
-        return body if len(body) <= MAX_LOG_BYTES else None
+        except NodeFileError as e:
+            self.problems.setdefault(name, []).append(f"its events on disk: {e.message}")
+            return None
+
+    def _node_uid(self, name: str) -> Optional[int]:
+        """The node's uid on this machine (its files must be its own); None when not known here."""
+        runtime = getattr(self.worker, "runtime", None) if self._is_local() else None
+        try:
+            return int(runtime.identity(name).uid)  # type: ignore[union-attr]
+        except (AttributeError, TestbedError):
+            return None
+
+    def _node_uids(self) -> dict[str, int]:
+        return {name: uid for name in self.nodes if (uid := self._node_uid(name)) is not None}
 
     def _pull_log(self, name: str) -> None:
         body = self._fetch_log(name)
@@ -640,23 +666,26 @@ class Experiment:
             if how == "completed" and self._waiting_on():
                 how = "finished"
             if self.scenario is not None:
-                self.scenario.stop()
+                self._step("stopping the scenario", self.scenario.stop)
             if self.phase == "running":
-                self._stop_nodes(how)
+                self._step("stopping the nodes", lambda: self._stop_nodes(how))
             self._finish_telemetry()
             with self._lock:
                 self._collecting = True
             if self.scenario is not None:
-                self.scenario.write(self.out, flows_timeout_s=5.0)
+                self._step("scenario.csv", lambda: self.scenario.write(self.out, flows_timeout_s=5.0))
             self._collect_logs()
             self._settle_rest(how)
-            captured = self._collect_captures()
+            captured = self._step("captures", self._collect_captures, {})
             self.ended = how
-            self._write_json("confs.json", {n: {"structure": self.structure[n]} for n in self.nodes})
-            self._write_json("lives.json", self.lives())
-            self._write_json("timeline.json", {"version": 1, "entries": self.live.timeline_now()})
-            changes = results.membership_rows(results.read_run_events(self.run_dir), self.membership)
-            self.out.write_bytes("membership.csv", results.csv_bytes(results.MEMBERSHIP_COLUMNS, changes))
+            self._step("confs.json", lambda: self._write_json(
+                "confs.json", {n: {"structure": self.structure[n]} for n in self.nodes}))
+            self._step("lives.json", lambda: self._write_json("lives.json", self.lives()))
+            self._step("timeline.json", lambda: self._write_json(
+                "timeline.json", {"version": 1, "entries": self.live.timeline_now()}))
+            self._step("membership.csv", lambda: self.out.write_bytes("membership.csv", results.csv_bytes(
+                results.MEMBERSHIP_COLUMNS, results.membership_rows(results.read_run_events(self.run_dir, {}),
+                                                                    self.membership))))
             endings = {n.name: n.ending for n in self.nodes.values()}
             dataset_confs: dict[str, Any] = {}
             for n in self.nodes:
@@ -664,10 +693,12 @@ class Experiment:
                     dataset_confs[n] = self._conf(n, "dataset")
                 except ConfigError:
                     dataset_confs[n] = {}
-            final = evaluate.final_models(self.workdir, self.run_dir, self.run_id, self.structure, dataset_confs,
-                                          write=self.out.write_bytes)
-            built = results.build(self.run_dir, self.t_start or time.time(), self.algorithm, endings, final,
-                                  write=self.out.write_bytes)
+            final = self._step("models", lambda: evaluate.final_models(
+                self.workdir, self.run_dir, self.run_id, self.structure, dataset_confs, write=self.out.write_bytes,
+                uids=self._node_uids()), {})
+            built = self._step("metrics and plots", lambda: results.build(
+                self.run_dir, self.t_start or time.time(), self.algorithm, endings, final, write=self.out.write_bytes,
+                problems=self.problems), {"algorithm": self.algorithm, "nodes": [], "plots": [], "models": []})
             for row in built.get("nodes", []):
                 node = self.nodes.get(row.get("node"))
                 if node is not None:
@@ -676,15 +707,22 @@ class Experiment:
                             **built}
             if captured:
                 self.summary["captures"] = captured
-            self._write_json("summary.json", self.summary)
+            self.summary["problems"] = self.problems
+            self._step("summary.json", lambda: self._write_json("summary.json", self.summary))
             self.summary["analysis"] = self._analyze()
-            self._write_json("summary.json", self.summary)
+            self._step("summary.json", lambda: self._write_json("summary.json", self.summary))
             self.record.update(ended=how, ended_at=time.time(), detail=self.error, nodes=endings)
-            self._write_record()
+            if self.problems:
+                self.record["problems"] = self.problems
+            self._step("run.json", self._write_record)
             self.phase = "finished"
         self.rounds.tick(self._states(), force=True)
         self.progress(f"finished ({how}): results in {self.run_dir}")
         return self.summary
+
+    def _step(self, what: str, fn: Callable[[], Any], default: Any = None) -> Any:
+        """One step of writing the results: a failure is the run's problem, and the rest goes on."""
+        return results.attempt(self.problems, results.RUN, what, fn, default)
 
     # captures and analysis ------------------------------------------------------------------------
     def _start_captures(self) -> None:
@@ -706,8 +744,8 @@ class Experiment:
                 self.out.write_chunks(f"telemetry/pcap/{name}.pcap", self.worker.capture_chunks(name))
                 out[name] = {"bytes": stopped.get("bytes"), "kernel_drops": stopped.get("kernel_drops")}
                 self.worker.remove_capture(name)  # the run folder has it now
-            except TestbedError as e:
-                out[name] = {"error": e.message}
+            except Exception as e:  # noqa: BLE001 - one capture never stops the others
+                out[name] = {"error": e.message if isinstance(e, TestbedError) else f"{type(e).__name__}: {e}"}
             self.capturing.remove(name)
         return out
 
@@ -753,8 +791,12 @@ class Experiment:
             time.sleep(0.5)
 
     def _collect_logs(self) -> None:
-        """Every log not uploaded yet: asked of its node, else read from this machine's disk."""
+        """Every log not uploaded yet: asked of its node, else read from this machine's disk;
+        what fails is that node's problem."""
         def collect(name: str) -> None:
+            results.attempt(self.problems, name, "its events", lambda: collect_one(name))
+
+        def collect_one(name: str) -> None:
             node = self.nodes[name]
             if node.log_received:
                 return
@@ -854,6 +896,11 @@ class Experiment:
         result = self.worker.reset()
         self.phase = "reset" if self.phase != "failed" else self.phase
         return result
+
+    def unfinished(self) -> list[str]:
+        """The nodes whose last life did not finish: not ``done``, and not a death the run was
+        told to expect (a scenario's crash or revocation, replaced or not)."""
+        return [n.name for n in self.nodes.values() if n.state in SETTLED and n.state != "done"]
 
     def metrics_nodes(self) -> list[dict[str, Any]]:
         """Each node's last reported round, accuracy, loss and model bytes (for /metrics)."""

@@ -260,3 +260,80 @@ class TestbedLock:
     def _busy_message(self, holder: Optional[Holder]) -> str:
         who = holder.describe() if holder else "another process (it has not recorded itself yet)"
         return f"testbed {self.testbed_id} is in use by {who}; nothing was changed. Use another testbed id (--id)"
+
+
+class DirectoryLock:
+    """One live testbed per experiment directory: its nodes write ``dml_file/node/<name>/`` (made
+    their uids'), read the shards and confs there, so a second testbed in the same directory
+    would take them over. ``dml_file/testbed.lock`` is ``flock``-ed by the run script for its
+    whole life (the kernel drops it when the process dies) and names its holder."""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = os.path.realpath(workdir)
+        self.path = os.path.join(self.workdir, "dml_file", "testbed.lock")
+        self._fd: Optional[int] = None
+
+    def take(self, testbed_id: str, port: Optional[int] = None, run_id: Optional[str] = None) -> None:
+        """Hold the directory for testbed ``testbed_id``; TestbedInUse naming the other testbed
+        and how to take it down when a live one holds it. Nothing else is changed."""
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = self._holder(fd)
+            os.close(fd)
+            raise TestbedInUse(self._busy_message(other)) from None
+        record = {"version": RECORD_VERSION, "testbed_id": testbed_id, "pid": os.getpid(), "port": port,
+                  "run_id": run_id, "argv": list(sys.argv), "since": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record, sort_keys=True).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)
+            self._fd = None
+
+    def _open(self) -> int:
+        """The lock file, reached without following a link (made, mode 0600, when absent)."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            top = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ConfigError(f"experiment directory {self.workdir}: {e.strerror}") from None
+        try:
+            try:
+                os.mkdir("dml_file", 0o755, dir_fd=top)
+            except FileExistsError:
+                pass
+            try:
+                sub = os.open("dml_file", flags, dir_fd=top)
+            except OSError as e:
+                raise ConfigError(f"{self.workdir}/dml_file must be a directory, not a link: {e.strerror}") from None
+        finally:
+            os.close(top)
+        try:
+            return os.open("testbed.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=sub)
+        except OSError as e:
+            raise ConfigError(f"cannot use {self.path}: {e.strerror}") from None
+        finally:
+            os.close(sub)
+
+    @staticmethod
+    def _holder(fd: int) -> dict[str, Any]:
+        try:
+            data = json.loads(os.pread(fd, 65536, 0) or b"{}")
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _busy_message(self, other: dict[str, Any]) -> str:
+        tb = other.get("testbed_id") or "?"
+        port = other.get("port") or "PORT"
+        run = f", run {other['run_id']}" if other.get("run_id") else ""
+        since = f", since {_when(other['since'])}" if isinstance(other.get("since"), (int, float)) else ""
+        return (f"experiment directory {self.workdir} is in use by testbed {tb} (pid {other.get('pid', '?')}{run}"
+                f"{since}): its nodes own dml_file/node/ and read the shards and confs there; nothing was "
+                f"changed. Take testbed {tb} down first (curl localhost:{port}/emulated/reset, or Ctrl-C where it "
+                f"runs), or run this experiment in another directory (--workdir)")

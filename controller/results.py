@@ -28,6 +28,7 @@ import csv
 import glob
 import io
 import json
+import logging
 import math
 import os
 import statistics
@@ -35,12 +36,13 @@ from typing import Any, Callable, Iterable, Optional
 
 from controller.safe_fs import RunDir
 from dml_app.events import MEMBERSHIP, read_events
-from worker.errors import ConfigError  # noqa: F401 - what a refused write raises (RunDir)
+from worker.errors import ConfigError, TestbedError  # noqa: F401 - ConfigError: what a refused write raises (RunDir)
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
                   "received_models"]
 TRAFFIC_COLUMNS = ["run_id", "node", "round", "peer", "direction", "bytes"]
+log = logging.getLogger("edgetb.results")
 AGGREGATE_ABOVE_NODES = 20  # more curves than this: median, interquartile band, min and max instead
 
 
@@ -53,11 +55,33 @@ def algorithm_of(roles: Iterable[str]) -> str:
     return "+".join(found)
 
 
+# problems --------------------------------------------------------------------------------------
+Problems = dict[str, list[str]]  # who (a node, or "run") -> what went wrong while its results were written
+RUN = "run"
+
+
+def attempt(problems: Problems, who: str, what: str, fn: Callable[[], Any], default: Any = None) -> Any:
+    """``fn()``; whatever it raises is recorded as ``who``'s problem with ``what`` (a file, a
+    step) and ``default`` returned, so that one bad node or file never stops the others."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - recorded, and the run's other results are written
+        log.warning("%s: %s failed", who, what, exc_info=True)
+        message = e.message if isinstance(e, TestbedError) else f"{type(e).__name__}: {e}"
+        problems.setdefault(who, []).append(f"{what}: {message}"[:500])
+        return default
+
+
 # reading ---------------------------------------------------------------------------------------
-def read_run_events(run_dir: str) -> dict[str, list[dict[str, Any]]]:
-    """Each node's events, by node name."""
-    return {os.path.basename(path)[: -len(".jsonl")]: read_events(path)
-            for path in sorted(glob.glob(os.path.join(run_dir, "events", "*.jsonl")))}
+def read_run_events(run_dir: str, problems: Optional[Problems] = None) -> dict[str, list[dict[str, Any]]]:
+    """Each node's events, by node name; a file that cannot be read counts as no events, and is
+    that node's problem in ``problems``."""
+    problems = {} if problems is None else problems
+    out = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "events", "*.jsonl"))):
+        node = os.path.basename(path)[: -len(".jsonl")]
+        out[node] = attempt(problems, node, f"events/{node}.jsonl", lambda p=path: read_events(p), [])
+    return out
 
 
 def _number(value: Any) -> Optional[float]:
@@ -427,31 +451,40 @@ def accuracy_overview(nodes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
-          final: Optional[dict[str, dict[str, Any]]] = None, write: Optional[Writer] = None) -> dict[str, Any]:
+          final: Optional[dict[str, dict[str, Any]]] = None, write: Optional[Writer] = None,
+          problems: Optional[Problems] = None) -> dict[str, Any]:
     """Write metrics.csv, traffic.csv and the plots of a run directory; return the summary.
 
     ``endings`` maps each node to how it ended (``done``, ``stopped``, ``failed: <why>``,
     ``timeout``, ``lost``); a node missing there is judged by its own events. ``final`` is
     what ``controller.evaluate.final_models`` returned (the final models on the global set).
-    ``write`` (relative path, bytes) writes each file; by default ``local_writer(run_dir)``."""
-    events = read_run_events(run_dir)
+    ``write`` (relative path, bytes) writes each file; by default ``local_writer(run_dir)``.
+    Each node's events and each file are done on their own: what fails is recorded in
+    ``problems`` (by node, or ``"run"``) and the rest is written."""
+    problems = {} if problems is None else problems
+    events = read_run_events(run_dir, problems)
     rows = metric_rows(events, t_start, algorithm)
     run_id = next((r["run_id"] for r in rows if r["run_id"]), os.path.basename(os.path.normpath(run_dir)))
     metrics_path = os.path.join(run_dir, "metrics.csv")
     traffic_path = os.path.join(run_dir, "traffic.csv")
     write = write or local_writer(run_dir)
-    write("metrics.csv", csv_bytes(METRIC_COLUMNS, rows))
-    write("traffic.csv", csv_bytes(TRAFFIC_COLUMNS, traffic_rows(events)))
-    applied = read_scenario(run_dir)
-    plotted = (write_plots(run_dir, rows, algorithm, run_id, write, applied) if rows
-               else {"plots": [], "mode": None})
+    attempt(problems, RUN, "metrics.csv", lambda: write("metrics.csv", csv_bytes(METRIC_COLUMNS, rows)))
+    attempt(problems, RUN, "traffic.csv", lambda: write("traffic.csv", csv_bytes(TRAFFIC_COLUMNS,
+                                                                                 traffic_rows(events))))
+    applied = attempt(problems, RUN, "scenario.csv", lambda: read_scenario(run_dir), [])
+    plotted = (attempt(problems, RUN, "plots", lambda: write_plots(run_dir, rows, algorithm, run_id, write, applied),
+                       None) if rows else None) or {"plots": [], "mode": None}
     nodes = summary(events, endings, final)
+    for n in nodes:
+        if problems.get(n["node"]):
+            n["problems"] = problems[n["node"]]
     built = {"algorithm": algorithm, "nodes": nodes, "accuracy": accuracy_overview(nodes), "metrics": metrics_path,
              "traffic": traffic_path, "plots": plotted["plots"], "plot_mode": plotted["mode"],
              "models": sorted(n["model"] for n in nodes if n.get("model"))}
     if applied:
         effects = scenario_effects(rows, applied)
-        write("scenario_effects.csv", csv_bytes(SCENARIO_EFFECT_COLUMNS, effects))
+        attempt(problems, RUN, "scenario_effects.csv",
+                lambda: write("scenario_effects.csv", csv_bytes(SCENARIO_EFFECT_COLUMNS, effects)))
         built["scenario"] = {"events": len(applied), "effects": os.path.join(run_dir, "scenario_effects.csv"),
                              "recovery_s": [e["recovery_s"] for e in effects if e["recovery_s"] is not None]}
     return built

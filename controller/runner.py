@@ -97,7 +97,8 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     """gl_run.py's flow; ``topology`` comes from the Testbed API instead of links.json when given;
     the experiment is appended to ``experiments`` when given (the Testbed API reports on it).
 
-    The testbed id is taken first (controller/lock.py): in use by a live process, kept by
+    The experiment directory is taken first (``DirectoryLock``: another live testbed's is refused,
+    that testbed named), then the testbed id (controller/lock.py): in use by a live process, kept by
     ``edgetb up`` or holding nodes nobody recorded, the run stops with the holder named and
     touches nothing. What a dead holder left is removed, loudly. At the end this process removes
     only what it created itself."""
@@ -108,11 +109,30 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
         print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
         return 2
     from controller.experiment import new_run_id
-    from controller.lock import Holder, TestbedLock
+    from controller.lock import DirectoryLock
 
     run_id = new_run_id()
     for sig in (signal.SIGINT, *STOP_SIGNALS):  # a kill or a closed terminal cleans up like Ctrl-C
         signal.signal(sig, _interrupt)
+    directory = DirectoryLock(args.workdir)
+    try:
+        directory.take(args.id, port=args.port, run_id=run_id)  # another live testbed's directory: refused
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    try:
+        return _main(args, algorithm, topology, experiments, run_id)
+    finally:
+        directory.release()
+
+
+def _main(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
+          experiments: Optional[list[Experiment]], run_id: str) -> int:
+    """main's flow once the experiment directory is this run's: the testbed id, then the run."""
+    from controller.lock import Holder, TestbedLock
+
     try:
         lock = TestbedLock(args.id)
         hosts_file = os.path.join(args.workdir, args.hosts) if args.hosts else None
@@ -318,9 +338,11 @@ def _auto(exp: Experiment, timeout_s: float) -> int:
         how = "timeout"
     summary = run_blocking(exp.finish, how)
     print(results.format_summary(summary["nodes"]), flush=True)
-    _say(f"metrics: {summary['metrics']}")
-    _say(f"plots: {', '.join(os.path.basename(p) for p in summary['plots'])}")
-    failed = [n["node"] for n in summary["nodes"] if n["ended"] != "done"]
+    _say(f"metrics: {summary.get('metrics')}")
+    _say(f"plots: {', '.join(os.path.basename(p) for p in summary.get('plots', []))}")
+    for who, what in sorted(summary.get("problems", {}).items()):
+        _say(f"problem: {who}: {'; '.join(what)}")
+    failed = exp.unfinished()
     if failed:
         _say(f"nodes that did not finish: {', '.join(failed)}")
     return 0 if not failed else 1

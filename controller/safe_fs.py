@@ -9,10 +9,12 @@ so a reader never sees half a file.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
-from typing import Any, Iterable
+import stat
+from typing import Any, Iterable, Optional
 
 from worker.errors import ConfigError
 
@@ -125,3 +127,54 @@ class RunDir:
         if len(data) > limit:
             raise ConfigError(f"{relative} in {self.path} is larger than {limit} bytes")
         return data
+
+
+# files nodes wrote --------------------------------------------------------------------------------
+class NodeFileError(ConfigError):
+    """A file in a node's own directory that the controller refuses to read."""
+
+
+def node_file_path(workdir: str, node: str, name: str) -> str:
+    return os.path.join(workdir, "dml_file", "node", node, name)
+
+
+def read_node_file(workdir: str, node: str, name: str, limit: int, uid: Optional[int] = None) -> bytes:
+    """``<workdir>/dml_file/node/<node>/<name>``, a file the node wrote, so untrusted: every
+    step opened without following a link, the file opened non-blocking (a FIFO or a device
+    answers at once) and read only when it is a regular file with one link, owned by ``uid``
+    (the node's, when known), of at most ``limit`` bytes. ``FileNotFoundError`` when it is
+    absent; ``NodeFileError`` naming the file and the reason otherwise."""
+    path = node_file_path(workdir, node, name)
+    parts = ["dml_file", "node", node, name]
+    if any(p in ("", ".", "..") or "/" in p for p in parts):
+        raise NodeFileError(f"{path}: not a plain path beneath the experiment directory")
+    try:
+        fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise NodeFileError(f"{path}: a symbolic link on the way; refused") from None
+        raise NodeFileError(f"{path}: cannot be opened: {e.strerror}") from None
+    with os.fdopen(f, "rb") as src:
+        st = os.fstat(src.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise NodeFileError(f"{path}: not a regular file; refused")
+        if st.st_nlink != 1:
+            raise NodeFileError(f"{path}: {st.st_nlink} links to the file; refused")
+        if uid is not None and st.st_uid != uid:
+            raise NodeFileError(f"{path}: owned by uid {st.st_uid}, not the node's {uid}; refused")
+        if st.st_size > limit:
+            raise NodeFileError(f"{path}: {st.st_size} bytes, more than the {limit} allowed")
+        data = src.read(limit + 1)
+    if len(data) > limit:
+        raise NodeFileError(f"{path}: more than the {limit} bytes allowed")
+    return data

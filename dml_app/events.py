@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Any
 
+from dml_app import bounded_json
+
 EVENT_VERSION = 1
 MEMBERSHIP = ("peer_dropped", "peer_rejoined", "quorum_round", "round_failed", "ring_formed", "ring_aborted")
 
@@ -66,7 +68,7 @@ def read_events(path: str) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
-                event = json.loads(line)
+                event = bounded_json.loads(line)
             except ValueError:
                 continue
             if isinstance(event, dict) and "type" in event:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
+from dml_app import bounded_json
 from dml_app.auth import AuthFailed, NodeKeys, body_hash
 
 MAX_BODY_BYTES = 256 * 1024 * 1024  # no route takes more, whatever its own limit says
@@ -49,7 +50,7 @@ class Request:
 
     def json(self) -> Any:
         try:
-            return json.loads(self.body or b"null")
+            return bounded_json.loads(self.body or b"null")
         except ValueError as e:
             raise HttpError(400, "bad_json", f"body is not JSON: {e}") from None
 

@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dml_app import bounded_json
+
 WIRE_VERSION = 2
 FORMAT = "edgetb-weights"
 ALLOWED_DTYPES = {"<f4": "F32", "<f8": "F64", "<f2": "F16", "<i4": "I32", "<i8": "I64", "|u1": "U8", "|i1": "I8"}
@@ -76,7 +78,7 @@ def decode(data: bytes) -> tuple[list[np.ndarray], dict[str, Any]]:
     if hlen > MAX_HEADER_BYTES or 8 + hlen > len(view):
         raise WeightsFormatError(f"header length {hlen} does not fit the message")
     try:
-        header = json.loads(bytes(view[8:8 + hlen]))
+        header = bounded_json.loads(bytes(view[8:8 + hlen]))
     except ValueError as e:
         raise WeightsFormatError(f"header is not JSON: {e}") from None
     if not isinstance(header, dict):
@@ -116,7 +118,7 @@ def decode(data: bytes) -> tuple[list[np.ndarray], dict[str, Any]]:
     arrays = [np.frombuffer(view[base + start:base + end], dtype=dtype).reshape(shape).copy()
               for start, end, dtype, shape in specs]
     try:
-        meta = json.loads(info.get("meta", "{}"))
+        meta = bounded_json.loads(info.get("meta", "{}"))
     except (TypeError, ValueError):
         raise WeightsFormatError("meta is not a JSON string") from None
     return arrays, meta if isinstance(meta, dict) else {}

@@ -196,3 +196,27 @@ def test_access_links_from_the_nodes_file_and_changed_in_place(cli, tmp_path):
     assert show["kernel"]["downlink"] == {"rate_bps": None, "redirect": False, "peers": {}, "default_bps": None}
     bad = run(["shape", "access", "a", "--uplink", "4mb"], cli, check=False)
     assert bad.returncode != 0 and "--uplink" in bad.stderr
+
+
+def test_scenario_is_checked_against_the_testbed_that_is_up(cli, tmp_path):
+    """A testbed up from some/dir/links.json (nodes s1, s2): ``edgetb scenario`` run where
+    another links.json lies (the repository's: n1 ... n8) checks and plays the scenario
+    against the testbed's own nodes and links; --links belongs to --dry-run."""
+    topo = tmp_path / "some" / "dir"
+    topo.mkdir(parents=True)
+    links = write(topo, "links.json", {"s1": [{"dest": "s2", "bw": "10mbit"}], "s2": [{"dest": "s1", "bw": "10mbit"}]})
+    run(["up", links, "--nodes", write(topo, "nodes.json", {"nodes": [{"name": "s1", "cpu": 0.5}, {"name": "s2"}]})],
+        cli)
+    scenario = write(tmp_path, "scenario.json", {"events": [
+        {"at": 0.1, "link": {"src": "s1", "dst": "s2", "bw": "2mbit"}, "for": 0.5},
+        {"at": 0.2, "cpu": {"node": "s1", "cores": 0.25}, "for": 0.5}]})
+    played = run(["scenario", scenario], cli)  # cwd: the repository, whose links.json has n1 ... n8
+    assert "unknown node" not in played.stderr, played.stderr
+    assert "4 steps applied" in played.stderr and "0 failed" in played.stderr, played.stderr
+    assert "cpu 0.5 cores" in played.stdout, played.stdout  # undone to the testbed's own limit
+    show = json.loads(run(["shape", "show", "s1", "--json"], cli).stdout)
+    assert show["kernel"]["classes"]["1:10"]["rate_bps"] == 10_000_000 and show["verified"]  # restored from the state
+    refused = run(["scenario", scenario, "--links", links], cli, check=False)
+    assert refused.returncode != 0 and "--links and --nodes are for --dry-run" in refused.stderr, refused.stderr
+    dry = run(["scenario", scenario, "--dry-run", "--links", links], cli)
+    assert "4 steps" in dry.stdout, dry.stdout

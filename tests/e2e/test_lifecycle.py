@@ -127,6 +127,43 @@ def test_a_second_run_is_refused_and_the_first_finishes(tmp_path, runs):
     assert_nothing_left(first, pids)
 
 
+def test_a_second_testbed_in_the_same_directory_is_refused_and_the_first_finishes(tmp_path, runs):
+    """Another testbed id in the same experiment directory would rewrite the shards and confs
+    and take dml_file/node/<name>/ for its own uids (the first run's nodes then fail with
+    PermissionError): it is refused, naming the first testbed and how to take it down."""
+    first = make_run(tmp_path, sync=4)
+    runs.append(first)
+    ready = first.wait_phase("ready")
+    pids = [n["pid"] for n in ready["nodes"]]
+    shards = {p: p.stat().st_mtime_ns for p in (first.workdir / "dataset").rglob("*") if p.is_file()}
+    assert shards
+
+    second = make_run(tmp_path, start=False)  # its own id, subnet and port
+    second.workdir, second.state = first.workdir, first.state
+    runs.append(second)
+    second.start("--nodes", "nodes.json", "--auto")
+    out, _ = second.proc.communicate(timeout=120)
+    assert second.proc.returncode == 2, out
+    assert f"experiment directory {first.workdir} is in use by testbed {first.id} (pid {first.proc.pid}" in out, out
+    assert f"curl localhost:{first.port}/emulated/reset" in out and "nothing was changed" in out, out
+    assert not [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+                .splitlines() if line.startswith(f"etb-{second.id}-")]
+    assert {p: p.stat().st_mtime_ns for p in shards} == shards  # the first run's shards untouched
+
+    assert_all_there(first, pids)
+    assert first.get("/start").json()["phase"] == "running"
+    done = first.wait_phase("finished", timeout_s=150)
+    assert done["done"] == 3 and done["failed"] == 0, done["nodes"]
+    first.close()
+    assert_nothing_left(first, pids)
+    again = make_run(tmp_path, start=False)  # the directory is free again once the first is gone
+    again.workdir, again.state = first.workdir, first.state
+    runs.append(again)
+    again.start("--nodes", "nodes.json", "--auto")
+    out, _ = again.proc.communicate(timeout=240)
+    assert again.proc.returncode == 0, out
+
+
 def test_kill_9_then_edgetb_down_removes_everything(tmp_path, runs):
     r = make_run(tmp_path, sync=200)
     runs.append(r)

@@ -67,3 +67,25 @@ def test_bad_scenario_refused_before_anything_starts(tmp_path):
     assert "scenario.json: events[0]" in done.stderr and "unknown node 'n42'" in done.stderr, done.stderr
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"etb-{r.id}-" not in left
+
+
+def test_auto_run_whose_revoked_trainer_is_replaced_exits_0(run):
+    """--auto: trainer t3 revoked at 3 s and replaced 2 s later, its second life finishing, is
+    no failure of the run: the script exits 0 and run.json says how each life ended."""
+    trainers = [f"t{i}" for i in range(1, 5)]
+    structure = {"model": {"kind": "numpy", "hidden": [64], "learning_rate": 0.005, "seed": 0}, "node_list": [
+        {"name": "agg", "sync": 40, "trainer_fraction": 1.0, "deadline_s": 8, "quorum": 0.5}]
+        + [{"name": t, "epoch": 2} for t in trainers]}
+    links = {"agg": [{"dest": t, "bw": "1mbit"} for t in trainers],
+             **{t: [{"dest": "agg", "bw": "1mbit"}] for t in trainers}}
+    r: Run = run(kind="fl", structure=structure, links=links, defer=True)
+    (r.workdir / "scenario.json").write_text(json.dumps({"seed": 1, "events": [
+        {"at": 0, "revocation": {"nodes": ["t3"], "lifetime": {"at": [3]}, "replace_after_s": {"fixed": 2}}}]}))
+    r.start("--scenario", "scenario.json", "--auto", "--timeout", "300")
+    out = r.proc.stdout.read()  # until the script exits (its --timeout bounds the run)
+    r.proc.wait(timeout=60)
+    record = json.loads(next((r.workdir / "dml_file" / "log").glob("*/run.json")).read_text())
+    assert record["nodes"]["t3"] == "revoked by the scenario, replaced, done", (record, out)
+    assert all(record["nodes"][n] == "done" for n in ("agg", "t1", "t2", "t4")), (record, out)
+    assert r.proc.returncode == 0, out
+    assert "did not finish" not in out, out

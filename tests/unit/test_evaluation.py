@@ -1,6 +1,7 @@
 """Evaluation on the global test set: per round on the node, and of the final models after the run."""
 import json
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -183,3 +184,14 @@ def test_encode_makes_one_copy_and_keeps_arrays_intact():
     assert np.array_equal(back[1], a.T) and back[2].shape == () and back[2] == 1.5
     back[0][0, 0] = 99  # decoded arrays are the receiver's own
     assert a[0, 0] == 0 and wire.decode(body)[0][0][0, 0] == 0
+
+
+def test_a_deep_weights_header_is_that_nodes_error(tmp_path, digits):
+    """A header of 5,000 ``[`` used to raise RecursionError out of final_models: no model was
+    written for any node."""
+    header = b"[" * 5000
+    run_dir, structure, dconfs = _workdir(tmp_path, digits, {
+        "good": wire.encode(_trained(digits, 1).get_weights()), "deep": struct.pack("<Q", len(header)) + header})
+    out = evaluate.final_models(str(tmp_path), run_dir, RUN, structure, dconfs)
+    assert out["good"]["error"] is None and out["good"]["model"]
+    assert "nested deeper than" in out["deep"]["error"] and out["deep"]["model"] is None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.lock import Holder, TestbedLock, check_testbed_id
+from controller.lock import DirectoryLock, Holder, TestbedLock, check_testbed_id
 from worker.errors import ConfigError, TestbedInUse
 from worker.procs import start_ticks
 
@@ -145,3 +145,23 @@ def test_status_bridge_address_falls_back_to_the_recorded_subnet_never_a_default
 
     assert bridge_address("etb-nosuch-br", "10.95.0.0/16") == "10.95.0.1"
     assert bridge_address("etb-nosuch-br", None) is None
+
+
+def test_an_experiment_directory_has_one_live_testbed(tmp_path):
+    first = DirectoryLock(str(tmp_path))
+    first.take("a1", port=3340, run_id="run-a")
+    with pytest.raises(TestbedInUse) as e:
+        DirectoryLock(str(tmp_path)).take("b2", port=3341)
+    assert (f"experiment directory {tmp_path} is in use by testbed a1 (pid {os.getpid()}, run run-a, since 20"
+            in e.value.message and "curl localhost:3340/emulated/reset" in e.value.message), e.value.message
+    assert oct((tmp_path / "dml_file" / "testbed.lock").stat().st_mode & 0o777) == "0o600"
+    first.release()
+    second = DirectoryLock(str(tmp_path))
+    second.take("b2")  # free once the first let it go (or died: the kernel drops the flock)
+    second.release()
+    (tmp_path / "linked").mkdir()
+    os.symlink(tmp_path / "dml_file", tmp_path / "linked" / "dml_file")
+    with pytest.raises(ConfigError, match="must be a directory, not a link"):
+        DirectoryLock(str(tmp_path / "linked")).take("c3")
+    with pytest.raises(ConfigError, match="No such file"):
+        DirectoryLock(str(tmp_path / "missing")).take("c3")

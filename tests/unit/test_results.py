@@ -181,3 +181,20 @@ def test_malformed_node_events_do_not_stop_the_results(tmp_path):
     n0 = next(n for n in built["nodes"] if n["node"] == "n0")
     assert n0["rounds"] == 3 and n0["bytes_sent"] == 10 + 10 + 7 and "rounds_by_layer" not in n0
     assert len(built["plots"]) == 4
+
+
+def test_a_line_of_deep_brackets_is_skipped_and_an_unreadable_file_is_that_nodes_problem(tmp_path):
+    """A node's line of 5,000 ``[`` used to raise RecursionError and stop every result; a node's
+    events that cannot be read at all are its problem, and the others' files are written."""
+    _events(tmp_path, "a", 3)
+    _events(tmp_path, "b", 2)
+    with open(tmp_path / "events" / "a.jsonl", "a") as f:
+        f.write("\n" + "[" * 5000 + "\n" + '{"type": "x", "deep": ' + "[" * 5000 + "]" * 5000 + "}\n")
+    (tmp_path / "events" / "c.jsonl").mkdir()  # unreadable: a directory
+    problems: dict = {}
+    built = results.build(str(tmp_path), 100.0, "gossip", {}, problems=problems)
+    nodes = {n["node"]: n for n in built["nodes"]}
+    assert nodes["a"]["rounds"] == 3 and nodes["b"]["rounds"] == 2 and nodes["c"]["rounds"] == 0
+    assert "events/c.jsonl" in problems["c"][0] and nodes["c"]["problems"] == problems["c"]
+    assert set(problems) == {"c"}
+    assert len(list(csv.DictReader(open(built["metrics"])))) == 5 and len(built["plots"]) == 4

@@ -147,3 +147,42 @@ def test_the_monitor_loop_outlives_an_unexpected_error(tmp_path, monkeypatch):
     monkeypatch.setattr("controller.experiment.time.sleep", lambda s: None)
     exp._watch()
     assert len(calls) == 2
+
+
+def test_a_node_trickling_its_log_is_given_up_after_the_deadline(tmp_path, monkeypatch):
+    """A node answering /log one byte at a time (each within the socket timeout) held the
+    finish for as long as it liked; now the whole log must arrive within LOG_FETCH_S."""
+    import socket
+    import threading
+    import time
+
+    from controller import experiment
+    from worker.errors import TestbedTimeout
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nContent-Length: 40\r\n\r\n")
+        while not stop.is_set():
+            try:
+                conn.sendall(b"{")
+            except OSError:
+                break
+            time.sleep(0.2)
+        conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    monkeypatch.setattr(experiment, "LOG_FETCH_S", 1.5, raising=False)
+    exp = _experiment(tmp_path)
+    exp.nodes["n1"].ip, exp.node_port = "127.0.0.1", listener.getsockname()[1]
+    started = time.monotonic()
+    try:
+        with pytest.raises(TestbedTimeout, match="log of n1 took longer than 1.5s"):
+            exp._fetch_log("n1")
+    finally:
+        stop.set()
+        listener.close()
+    assert time.monotonic() - started < 5
