@@ -12,7 +12,8 @@ Who may do what (``controller.callers`` reads the identities):
   state change like the others.
 - A node signs ``/print`` and ``/log`` with a key derived from its own secret, which the
   controller handed it when it started it: the node is the one whose key verifies
-  (``controller.node_auth``), never the one a message names. Agents fetch ``/files`` with the
+  (``controller.node_auth``), never the one a message names. ``/log``'s body is read only
+  once the MAC over its headers, which carry the body's hash, verifies. Agents fetch ``/files`` with the
   run's token.
 - Every request must name the controller in ``Host`` (a loopback name, an address of this
   machine, or a name in $EDGETB_ALLOWED_HOSTS), and is refused when a page of another site
@@ -76,10 +77,11 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
         if not _bearer_is(exp.node_token):
             raise AuthError("code sync needs the run's token")
 
-    def node() -> str:
-        """The node that signed this call (its own key), or AuthError."""
+    def node(digest_first: bool = False) -> str:
+        """The node that signed this call (its own key), or AuthError; ``digest_first``: the
+        MAC over the headers (with the body's hash) is checked before the body is read."""
         target = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
-        return exp.keys.verify(request.headers, request.method, target, request.get_data, exp.nodes)
+        return exp.keys.verify(request.headers, request.method, target, request.get_data, exp.nodes, digest_first)
 
     json_errors(app, log)
     # agents of other hosts fetch this checkout's code and the experiment's shards, with the run's token
@@ -171,6 +173,6 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
 
     @app.post("/log")
     def upload_log() -> Any:
-        return jsonify(run_blocking(exp.on_log, node(), request.get_data()))
+        return jsonify(run_blocking(exp.on_log, node(digest_first=True), request.get_data()))
 
     return app

@@ -54,14 +54,15 @@ MAX_CONNECTIONS = 256  # connections served at once by one process's servers; mo
 IDLE_READ_S = 30.0  # a connection that sends nothing for this long is closed
 
 
-def connection_pool(size: int = MAX_CONNECTIONS) -> Any:
-    """A gevent pool that caps the connections served at once; servers that share it share the cap."""
+def connection_pool(size: Optional[int] = None) -> Any:
+    """A gevent pool that caps the connections served at once (``MAX_CONNECTIONS`` by default);
+    servers that share it share the cap."""
     from gevent.pool import Pool
 
-    return Pool(size)
+    return Pool(size or MAX_CONNECTIONS)
 
 
-def make_server(listener: Any, app: Any, pool: Any = None, idle_read_s: float = IDLE_READ_S,
+def make_server(listener: Any, app: Any, pool: Any = None, idle_read_s: Optional[float] = None,
                 freebind: bool = False, **kw: Any) -> Any:
     """gevent's WSGI server on ``listener`` ((address, port) or a bound socket), serving at most
     ``pool``'s size of connections at once (a new pool of ``MAX_CONNECTIONS`` by default), closing
@@ -84,14 +85,15 @@ def make_server(listener: Any, app: Any, pool: Any = None, idle_read_s: float = 
         sock.setblocking(False)
         listener = sock
     kw.setdefault("log", None)
-    return _server_class(idle_read_s)(listener, app, spawn=pool if pool is not None else connection_pool(), **kw)
+    idle = IDLE_READ_S if idle_read_s is None else idle_read_s
+    return _server_class(idle)(listener, app, spawn=pool if pool is not None else connection_pool(), **kw)
 
 
 class Servers:
     """One app served on several addresses by servers sharing one connection cap: started,
     served and stopped together (what ``WSGIServer`` offers for one)."""
 
-    def __init__(self, addresses: list[tuple[str, int]], app: Any, pool_size: int = MAX_CONNECTIONS,
+    def __init__(self, addresses: list[tuple[str, int]], app: Any, pool_size: Optional[int] = None,
                  freebind: bool = True, **kw: Any) -> None:
         pool = connection_pool(pool_size)
         self.addresses = list(dict.fromkeys(addresses))
