@@ -3,7 +3,7 @@
 Who may do what (``controller.callers`` reads the identities):
 
 - Changing state (``/conf/*``, ``/start``, ``/finish``, ``/update/tc``, ``/node/*``, ``/*/reset``) needs
-  ``Authorization: Bearer <admin token>`` ($EDGETB_TOKEN), or a loopback caller whose socket
+  ``Authorization: Bearer <admin token>`` (gl_run.py's ``--admin-token-file``), or a loopback caller whose socket
   belongs to root or to the user who started the controller through sudo: ``curl
   localhost:3333/start`` works for them, and is refused (403) for every other local user.
   EdgeTB's GET routes stay for curl; each also answers POST, for programs and browsers.
@@ -48,7 +48,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
                allowed_hosts: Iterable[str] = ()) -> Flask:
     """The controller app for ``exp``; ``on_reset`` runs after /emulated/reset (e.g. to stop
     serving); ``allowed_hosts``: names it answers to besides loopback and its own addresses."""
-    admin_token = check_token(admin_token, "EDGETB_TOKEN (the controller's admin token)") if admin_token else None
+    admin_token = check_token(admin_token, "the controller's admin token") if admin_token else None
     app = Flask("edgetb-controller", static_folder=dashboard.STATIC, static_url_path="/static")
     hosts = callers.HostPolicy(allowed_hosts)
     trusted = callers.trusted_uids()

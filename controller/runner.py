@@ -36,6 +36,9 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("-s", "--structure", default=structure_default)
     p.add_argument("-d", "--dataset", default=dataset_default)
     p.add_argument("--port", type=int, default=3333, help="controller port (default 3333)")
+    p.add_argument("--admin-token-file", metavar="FILE",
+                   help="the controller's admin token (mode 0600): with it, any caller may change the testbed "
+                        "(default: none; loopback callers who are root or the sudo user may)")
     p.add_argument("--listen", action="append", default=[], metavar="ADDRESS",
                    help="also serve the controller on this address of the host (repeatable; by default "
                         "only on 127.0.0.1 and the address nodes reach it by)")
@@ -204,7 +207,12 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         owned.removed()
         __import__("gevent").spawn(stop)
 
-    app = create_app(exp, admin_token=os.environ.get("EDGETB_TOKEN"), on_reset=on_reset)
+    try:
+        admin_token = admin_token_of(args, worker)
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    app = create_app(exp, admin_token=admin_token, on_reset=on_reset)
     try:
         server = owned.server = Servers([(a, args.port) for a in listen_addresses(args, worker)], app)
         server.start()
@@ -237,6 +245,18 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         print(f"error: {e.message}", file=sys.stderr)
         code = 1
     return code
+
+
+def admin_token_of(args: argparse.Namespace, worker: Any) -> Optional[str]:
+    """The controller's admin token, from ``--admin-token-file`` (never an agent's token)."""
+    if not args.admin_token_file:
+        return None
+    from worker.agent import read_token_file
+
+    token = read_token_file(os.path.join(args.workdir, args.admin_token_file))
+    if token in getattr(worker, "tokens", {}).values():
+        raise ConfigError(f"{args.admin_token_file}: the admin token is an agent's token; give the controller its own")
+    return token
 
 
 def listen_addresses(args: argparse.Namespace, worker: Any) -> list[str]:
