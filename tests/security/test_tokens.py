@@ -87,6 +87,7 @@ def test_the_admin_token_comes_from_its_own_file_not_the_environment(tmp_path, m
     run.proc = None
     token_file(run.workdir / "admin.token", admin)
     monkeypatch.setenv("EDGETB_TOKEN", env_token)  # what sudo EDGETB_TOKEN=... gl_run.py gave the controller
+    monkeypatch.setenv("SUDO_UID", "4321")  # the user who ran sudo gl_run.py
     run.start("--admin-token-file", "admin.token")
     try:
         run.wait_phase("deploying", "ready", timeout_s=120)
@@ -94,7 +95,10 @@ def test_the_admin_token_comes_from_its_own_file_not_the_environment(tmp_path, m
         assert code == 403, body
         code, body = curl_as(NOBODY_UID, "POST", run.url + "/physical/reset", {"Authorization": f"Bearer {admin}"})
         assert code == 200, body
-        assert run.get("/status").ok  # and root's curl works as before
+        # and the EdgeTB workflow is as before: root's and the sudo user's curl, without a token
+        code, body = curl_as(4321, "GET", f"http://localhost:{run.port}/physical/reset")
+        assert code == 200, body
+        assert run.get("/status").ok and run.get("/physical/reset").ok
     finally:
         run.close()
 
