@@ -38,10 +38,12 @@ def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | No
           on_listening: Callable[[], None] | None = None) -> None:
     """Serve until SIGINT/SIGTERM (or ``server.stop``), over TLS with ``ssl_context``;
     ``on_listening`` runs once the port is bound, ``on_stop`` once it has stopped."""
+    import gevent
+
     tls = {"ssl_context": ssl_context} if ssl_context is not None else {}
     server = make_server((bind, port), app, error_log=log, **tls)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: server.stop(timeout=2))
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stopping waits for the connections: not in the handler
+        signal.signal(sig, lambda *_: gevent.spawn(server.stop, timeout=2))
     server.start()
     if on_listening:
         on_listening()
