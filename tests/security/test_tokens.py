@@ -13,6 +13,7 @@ import os
 import secrets
 import subprocess
 import threading
+import time
 
 import pytest
 import requests
@@ -45,6 +46,12 @@ def test_an_agent_token_file_is_never_overridden_and_must_be_private(agents, tmp
     with pytest.raises(errors.AuthError):
         AgentClient(url, env_token, name="e1", fingerprint=pin).status()
     assert AgentClient(url, own.read_text().strip(), name="e1", fingerprint=pin).status()["version"] == 1
+    import socket
+
+    with socket.create_connection(("127.0.0.1", agent.port)):  # a connection still open
+        time.sleep(0.2)
+        agent.stop()  # SIGTERM: it stops cleanly all the same
+    assert agent.proc.returncode == 0 and "Traceback" not in agent.log(), agent.log()
     token_file(tmp_path / "open.token", mode=0o644)
     done = agents("--token-file", str(tmp_path / "open.token"), env={}).run()
     assert done.returncode == 2 and "is open to other users (mode 644)" in done.stderr, done.stderr
