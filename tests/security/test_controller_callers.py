@@ -1,9 +1,10 @@
 """Who may drive the controller: the real app on a real socket, called by real local users.
 
 Attacks from the security review, each refused while the legitimate path still works:
-another local user resets the testbed with curl; a page of another site (foreign Host,
-Origin, Sec-Fetch-Site) drives it; a GET carries a large body; a node prints escape
-sequences to the operator's terminal; an internal error leaks its text.
+another local user resets the testbed with curl, borrows root's identity from closed sockets
+of its own port (FIN-WAIT-2 decoys), or hangs up before its request is read; a page of another
+site (foreign Host, Origin, Sec-Fetch-Site) drives it; a GET carries a large body; a node
+prints escape sequences to the operator's terminal; an internal error leaks its text.
 """
 from __future__ import annotations
 
