@@ -3,7 +3,7 @@
 Who may do what (``controller.callers`` reads the identities):
 
 - Changing state (``/conf/*``, ``/start``, ``/finish``, ``/update/tc``, ``/node/*``, ``/*/reset``) needs
-  ``Authorization: Bearer <admin token>`` ($EDGETB_TOKEN), or a loopback caller whose socket
+  ``Authorization: Bearer <admin token>`` (gl_run.py's ``--admin-token-file``), or a loopback caller whose socket
   belongs to root or to the user who started the controller through sudo: ``curl
   localhost:3333/start`` works for them, and is refused (403) for every other local user.
   EdgeTB's GET routes stay for curl; each also answers POST, for programs and browsers.
@@ -12,7 +12,8 @@ Who may do what (``controller.callers`` reads the identities):
   state change like the others.
 - A node signs ``/print`` and ``/log`` with a key derived from its own secret, which the
   controller handed it when it started it: the node is the one whose key verifies
-  (``controller.node_auth``), never the one a message names. Agents fetch ``/files`` with the
+  (``controller.node_auth``), never the one a message names. ``/log``'s body is read only
+  once the MAC over its headers, which carry the body's hash, verifies. Agents fetch ``/files`` with the
   run's token.
 - Every request must name the controller in ``Host`` (a loopback name, an address of this
   machine, or a name in $EDGETB_ALLOWED_HOSTS), and is refused when a page of another site
@@ -47,7 +48,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
                allowed_hosts: Iterable[str] = ()) -> Flask:
     """The controller app for ``exp``; ``on_reset`` runs after /emulated/reset (e.g. to stop
     serving); ``allowed_hosts``: names it answers to besides loopback and its own addresses."""
-    admin_token = check_token(admin_token, "EDGETB_TOKEN (the controller's admin token)") if admin_token else None
+    admin_token = check_token(admin_token, "the controller's admin token") if admin_token else None
     app = Flask("edgetb-controller", static_folder=dashboard.STATIC, static_url_path="/static")
     hosts = callers.HostPolicy(allowed_hosts)
     trusted = callers.trusted_uids()
@@ -76,10 +77,11 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
         if not _bearer_is(exp.node_token):
             raise AuthError("code sync needs the run's token")
 
-    def node() -> str:
-        """The node that signed this call (its own key), or AuthError."""
+    def node(digest_first: bool = False) -> str:
+        """The node that signed this call (its own key), or AuthError; ``digest_first``: the
+        MAC over the headers (with the body's hash) is checked before the body is read."""
         target = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
-        return exp.keys.verify(request.headers, request.method, target, request.get_data, exp.nodes)
+        return exp.keys.verify(request.headers, request.method, target, request.get_data, exp.nodes, digest_first)
 
     json_errors(app, log)
     # agents of other hosts fetch this checkout's code and the experiment's shards, with the run's token
@@ -171,6 +173,6 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
 
     @app.post("/log")
     def upload_log() -> Any:
-        return jsonify(run_blocking(exp.on_log, node(), request.get_data()))
+        return jsonify(run_blocking(exp.on_log, node(digest_first=True), request.get_data()))
 
     return app

@@ -1,9 +1,12 @@
 """Who is calling the controller, and from which page.
 
 - **Loopback caller identity.** The owner of a loopback TCP connection is in the kernel's
-  socket table (``/proc/net/tcp``, ``/proc/net/tcp6``: the ``uid`` column of the socket
-  whose local end is the caller's address and port). Root, the user who started the
-  controller through sudo (``SUDO_UID``) and the controller's own user are trusted.
+  socket table (``/proc/net/tcp``, ``/proc/net/tcp6``): the ``uid`` of the one ESTABLISHED
+  socket, held open by a process (non-zero inode), whose four-tuple mirrors the accepted
+  connection's (local end = the caller's address and port, remote end = the address and port
+  the server accepted it on). A closed socket (FIN-WAIT, TIME-WAIT: uid 0, inode 0), a
+  connection to another address, or two candidates name nobody. Root, the user who started
+  the controller through sudo (``SUDO_UID``) and the controller's own user are trusted.
 - **Host and Origin.** A request's ``Host`` must be a loopback name, an address of this
   machine, or a configured name (``EDGETB_ALLOWED_HOSTS``, comma-separated): a page served
   from ``attacker.example`` that rebinds its name to 127.0.0.1 sends ``Host:
@@ -19,12 +22,14 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 from urllib.parse import urlsplit
 
 from worker.errors import AuthError
+from worker.serving import LOCAL_ADDR_KEY
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+TCP_ESTABLISHED = 0x01
 TCP_LISTEN = 0x0A
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 ALLOWED_HOSTS_ENV = "EDGETB_ALLOWED_HOSTS"
@@ -129,18 +134,20 @@ def is_loopback(addr: Optional[str]) -> bool:
         return False
 
 
-def peer_uid(remote_addr: str, remote_port: int, server_port: Optional[int] = None,
+def peer_uid(remote_addr: str, remote_port: int, local: tuple[str, int],
              tables: Iterable[str] = TCP_TABLES) -> Optional[int]:
-    """The uid owning the caller's end of a loopback connection (local end = the caller's
-    address and port, remote port = ``server_port`` when known); None when not found."""
-    want = (_plain(remote_addr), remote_port)
+    """The uid owning the caller's end of a loopback connection that the server accepted on
+    ``local`` (its own address and port): the one ESTABLISHED socket with a non-zero inode
+    whose local end is the caller's address and port and whose remote end is ``local``;
+    None when there is none or more than one."""
+    want = ((_plain(remote_addr), remote_port), (_plain(local[0]), local[1]))
+    found: list[int] = []
     for sock in tcp_sockets(tables, listening=False):
-        if sock.state == TCP_LISTEN or (_plain(sock.local[0]), sock.local[1]) != want:
+        if sock.state != TCP_ESTABLISHED or sock.inode == 0:
             continue
-        if server_port is not None and sock.remote[1] != server_port:
-            continue
-        return sock.uid
-    return None
+        if ((_plain(sock.local[0]), sock.local[1]), (_plain(sock.remote[0]), sock.remote[1])) == want:
+            found.append(sock.uid)
+    return found[0] if len(found) == 1 else None
 
 
 def listener_uid(addr: str, port: int, tables: Iterable[str] = TCP_TABLES) -> Optional[int]:
@@ -250,8 +257,10 @@ class Caller:
     uid: Optional[int]
 
 
-def caller_of(environ: Mapping[str, str], tables: Iterable[str] = TCP_TABLES) -> Caller:
-    """The caller of a WSGI request (``REMOTE_ADDR``, ``REMOTE_PORT``, ``SERVER_PORT``)."""
+def caller_of(environ: Mapping[str, Any], tables: Iterable[str] = TCP_TABLES) -> Caller:
+    """The caller of a WSGI request (``REMOTE_ADDR``, ``REMOTE_PORT``, and the address the
+    connection was accepted on, ``LOCAL_ADDR_KEY``, which ``worker.serving`` servers set);
+    a loopback caller without that address has no uid."""
     addr = environ.get("REMOTE_ADDR", "")
     if not is_loopback(addr):
         return Caller(addr, False, None)
@@ -259,6 +268,7 @@ def caller_of(environ: Mapping[str, str], tables: Iterable[str] = TCP_TABLES) ->
         port = int(environ.get("REMOTE_PORT", ""))
     except ValueError:
         return Caller(addr, True, None)
-    server = environ.get("SERVER_PORT", "")
-    server_port = int(server) if server.isdigit() and int(server) > 0 else None
-    return Caller(addr, True, peer_uid(addr, port, server_port, tables))
+    local = environ.get(LOCAL_ADDR_KEY)
+    if not (isinstance(local, tuple) and len(local) >= 2):
+        return Caller(addr, True, None)
+    return Caller(addr, True, peer_uid(addr, port, (str(local[0]), int(local[1])), tables))

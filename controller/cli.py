@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--subnet", default=os.environ.get("EDGETB_SUBNET", DEFAULT_SUBNET),
                    help=f"node subnet (default {DEFAULT_SUBNET})")
     p.add_argument("--agent", default=os.environ.get("EDGETB_AGENT"), help="worker agent URL (default: this host)")
-    p.add_argument("--token-file", default=None, help="agent token file (default: $EDGETB_TOKEN or state dir/token)")
+    p.add_argument("--token-file", default=None,
+                   help="the agent's token file, mode 0600 (default: $EDGETB_TOKEN, else state dir/token)")
     p.add_argument("--agent-fingerprint", default=os.environ.get("EDGETB_AGENT_FINGERPRINT"),
                    help="SHA-256 fingerprint of an https:// agent's certificate (its --print-fingerprint)")
     sub = p.add_subparsers(dest="command", required=True)

@@ -37,10 +37,32 @@ def gateway(subnet: Optional[str]) -> Optional[str]:
     return str(next(ipaddress.IPv4Network(subnet).hosts())) if subnet else None
 
 
-def agent_token(host: Host) -> str:
-    from worker.agent import load_token
+def agent_tokens(hosts: Hosts) -> dict[str, str]:
+    """Each agent's own token, by host name: from its ``token_file``; a host without one uses
+    $EDGETB_TOKEN (or this machine's agent token file) only when it is the one agent, or this
+    machine's own agent file when it is the local agent. Two agents with one token are refused:
+    root on one host must not be root on another."""
+    from worker.agent import default_token_file, load_token, read_token_file
 
-    return load_token(host.token_file, create=False)
+    agents = [h for h in hosts.hosts.values() if h.agent is not None]
+    tokens: dict[str, str] = {}
+    for host in agents:
+        if host.token_file:
+            tokens[host.name] = read_token_file(host.token_file)
+        elif len(agents) == 1:
+            tokens[host.name] = load_token(None, create=False)
+        elif host.local:
+            tokens[host.name] = read_token_file(default_token_file())
+        else:
+            raise ConfigError(f"hosts file, host {host.name}: give its 'token_file' (each agent has its own token; "
+                              "$EDGETB_TOKEN serves a single agent only)")
+    seen: dict[str, str] = {}
+    for name, token in tokens.items():
+        if token in seen:
+            raise ConfigError(f"hosts file: the agents of {seen[token]} and {name} have the same token: give each "
+                              "agent its own (root on one host must not open the other)")
+        seen[token] = name
+    return tokens
 
 
 class Cluster:
@@ -59,6 +81,7 @@ class Cluster:
         # where the controller serves dml_app/ and dataset/ from (controller.files): the manifest
         # of what agents fetch is computed here and sent to them over their own (pinned) channel
         self.trees: Optional[dict[str, str]] = None
+        self.tokens: dict[str, str] = {}  # each agent's, by host name
 
     @classmethod
     def connect(cls, hosts: Hosts, placement: dict[str, str], testbed_id: str, subnet: str, workdir: str,
@@ -68,6 +91,7 @@ class Cluster:
 
         workers: dict[str, Worker] = {}
         in_process: Optional[WorkerHost] = None
+        tokens = agent_tokens(hosts)
         for host in hosts.hosts.values():
             if host.agent is None:
                 in_process = WorkerHost(testbed_id, subnet, runtime=host.runtime, workdir=workdir,
@@ -75,7 +99,7 @@ class Cluster:
                                         runtime_options=runtime_options if host.runtime == "docker" else None)
                 workers[host.name] = in_process
             else:
-                workers[host.name] = AgentClient(host.agent, agent_token(host), name=host.name,
+                workers[host.name] = AgentClient(host.agent, tokens[host.name], name=host.name,
                                                  fingerprint=host.tls_fingerprint)
         local = next((h.name for h in hosts.hosts.values() if h.local), None)
         remote = [h.ip for h in hosts.hosts.values() if not h.local and h.ip]
@@ -89,6 +113,7 @@ class Cluster:
                               "hosts file")
         stack = workers[local] if local else WorkerHost(testbed_id, subnet)
         cluster = cls(hosts, placement, workers, stack, controller_ip)
+        cluster.tokens = tokens
         cluster.trees = {"dml_app": code_root, "dataset": workdir}
         return cluster
 
@@ -160,19 +185,21 @@ class Cluster:
         """Give every agent the controller's dml_app/ and dataset/ (NFS mount or HTTP fetch); a
         loopback agent fetches from the loopback address (its nodes' bridge is not up yet).
         The manifest (each file's sha256) goes to the agent in the sync call itself, over its
-        pinned TLS channel: a file fetched from ``url`` is kept only if it matches."""
+        pinned TLS channel: a file fetched from ``url``, or copied out of an NFS share, is kept
+        only if it matches, and the agent checks its code against it again before importing it
+        as root."""
         from controller.files import manifest
         from worker.sync import TREES
 
         agents = [h.name for h in self.hosts.hosts.values() if h.agent is not None]
         loopback = urlunsplit(urlsplit(url)._replace(netloc=f"127.0.0.1:{urlsplit(url).port}"))
-        http = self.trees is not None and any(self.hosts.hosts[a].nfs is None for a in agents)
-        files = manifest(self.trees, TREES) if http else None  # type: ignore[arg-type]
+        # an NFS host gets the hashes too: it copies the code out of its share, checked
+        files = manifest(self.trees, TREES) if self.trees is not None and agents else None
 
         def one(name: str, worker: Worker) -> Any:
             host = self.hosts.hosts[name]
             if host.nfs:
-                return worker.sync({"version": 1, "nfs": host.nfs})
+                return worker.sync({"version": 1, "nfs": host.nfs, "manifest": files})
             return worker.sync({"version": 1, "url": loopback if host.local else url, "token": token,
                                 "manifest": files})
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import secrets
 import threading
@@ -56,6 +57,7 @@ NODE_ENV = {**THREAD_ENV, "MALLOC_ARENA_MAX": "2"}
 MAX_LOG_BYTES = 64 * 1024 * 1024
 LOG_FETCH_S = 120.0  # the longest a node's log may take to arrive when asked for (64 MiB at 4.5 Mbit/s)
 LOG_CHUNK_BYTES = 1 << 20
+NODE_ANSWER_BYTES = 1024 * 1024  # a node's answer to /health, /conf/*, /start ...: read no further
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events
 CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
@@ -111,9 +113,31 @@ def _life_ending(state: str, detail: str) -> str:
     return f"failed: {detail}" if state == "failed" and detail else state
 
 
+def round_bounds(structure: dict[str, dict[str, Any]]) -> tuple[int, dict[str, set[int]]]:
+    """(the highest round any node of the run can report, each node's E-tree layers): a round
+    is at most the run's ``sync``; an E-tree layer's rounds at most the product of the syncs of
+    the layers above it (each parent round asks its children once per child round)."""
+    layers = {n: {int(p["layer"]) for p in c.get("positions", [])} for n, c in structure.items()}
+    per_layer: dict[int, int] = {}
+    for conf in structure.values():
+        for pos in conf.get("positions", []):
+            per_layer[int(pos["layer"])] = max(per_layer.get(int(pos["layer"]), 1), int(pos.get("sync", 1)))
+    highest = max([int(c.get("sync", 0) or 0) for c in structure.values()] + [1])
+    product = math.prod(sync for layer, sync in per_layer.items() if layer > 1)
+    return max(highest, product), layers
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
+
+
+def _check_encoding(name: str, path: str, resp: requests.Response) -> None:
+    """Node answers are read raw: a compressed one (a bomb, decoded) is refused."""
+    encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ConfigError(f"node {name} answered {path} with Content-Encoding {encoding[:40]!r}: "
+                          "only identity is accepted")
 
 class Experiment:
     """Deploys, drives and collects one run."""
@@ -155,6 +179,7 @@ class Experiment:
                         else conf.capture_nodes(list(self.nodes)))
         self.capturing: list[str] = []  # the nodes whose capture was started
         self.rounds = Progress({n: s.rounds for n, s in self.nodes.items()}, progress)
+        self.max_round, self.layers = round_bounds(structure)  # what a /print may report
         self.phase = "created"
         self.ended = ""  # how the run ended (run_record.ENDINGS)
         self.error = ""
@@ -178,6 +203,7 @@ class Experiment:
         self.problems: results.Problems = {}  # what went wrong while the results were written, by node or "run"
         self.keys = node_auth.RunKeys()  # each node's own secret, pair keys; signs calls to nodes
         self._session = requests.Session()
+        self._session.headers["Accept-Encoding"] = "identity"  # a node's answer is never decompressed
         self._session.auth = self.keys.signer(lambda: {f"{n.ip}:{self.node_port}": n.name for n in self.nodes.values()})
         self.live = LiveFeed(self)  # what the dashboard shows
 
@@ -256,21 +282,36 @@ class Experiment:
     def _node_url(self, name: str, path: str) -> str:
         return f"http://{self.nodes[name].ip}:{self.node_port}{path}"
 
+    def _node_call(self, name: str, method: str, path: str, timeout_s: float, limit: int = NODE_ANSWER_BYTES,
+                   **kw: Any) -> tuple[int, bytes]:
+        """(status, body) of a call to a node, the body read raw up to ``limit`` bytes
+        (ConfigError beyond it, or when the node compressed it)."""
+        with self._session.request(method, self._node_url(name, path), timeout=timeout_s, stream=True, **kw) as resp:
+            _check_encoding(name, path, resp)
+            body = resp.raw.read(limit + 1, decode_content=False)
+            if len(body) > limit:
+                raise ConfigError(f"node {name}'s answer to {path} is larger than {limit} bytes")
+            return resp.status_code, body
+
     def _health(self, name: str) -> Optional[dict[str, Any]]:
         try:
-            health = self._session.get(self._node_url(name, "/health"), timeout=2).json()
-        except (requests.RequestException, ValueError):
+            _, body = self._node_call(name, "GET", "/health", 2)
+            health = json.loads(body)
+        except (requests.RequestException, OSError, ValueError, ConfigError):
             return None
         return health if isinstance(health, dict) else None
 
     def _post(self, name: str, path: str, body: Any) -> dict[str, Any]:
         try:
-            resp = self._session.post(self._node_url(name, path), json=body, timeout=30)
-        except requests.RequestException as e:
+            status, answer = self._node_call(name, "POST", path, 30, json=body)
+        except (requests.RequestException, OSError) as e:
             raise TestbedError(f"node {name} did not answer {path}: {e}") from None
-        if resp.status_code >= 400:
-            raise ConfigError(f"node {name} refused {path}: {resp.text[:300]}")
-        return resp.json()
+        if status >= 400:
+            raise ConfigError(f"node {name} refused {path}: {answer[:300].decode(errors='replace')}")
+        try:
+            return json.loads(answer)
+        except ValueError:
+            raise ConfigError(f"node {name} answered {path} with no JSON") from None
 
     def _each_node(self, fn: Callable[[str], Any], names: list[str]) -> list[Any]:
         """``fn`` over ``names``, a few at a time (hundreds of nodes: not one after another)."""
@@ -389,8 +430,14 @@ class Experiment:
         if name not in self.nodes or not isinstance(data, dict):
             raise NotFound(f"/print from an unknown node, or not a JSON object: {clip(str(data), 100)}")
         node = self.nodes[name]
-        number = lambda key: data[key] if isinstance(data.get(key), (int, float)) and not isinstance(  # noqa: E731
-            data.get(key), bool) else None
+
+        def number(key: str) -> Optional[float]:
+            """A finite number of the message (NaN and infinities are dropped)."""
+            value = data.get(key)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            return value if ok else None  # type: ignore[return-value]
+
+        self._check_round(name, data)
         if isinstance(data.get("round"), int) and not isinstance(data["round"], bool):
             node.round = data["round"]
             accuracy = number("global_accuracy")
@@ -411,6 +458,19 @@ class Experiment:
             node.bytes_sent += int(number("bytes_sent"))  # type: ignore[arg-type]  # the round's bytes
         if self.verbose:
             self.progress(f"{node.name}: {clip(str(data.get('msg', '')))}")
+
+    def _check_round(self, name: str, data: dict[str, Any]) -> None:
+        """ConfigError unless a /print's ``round`` is one of the run's (0 .. ``max_round``) and its
+        ``layer``, when given, one of the node's E-tree layers: each is a series the controller keeps."""
+        round_no, layer = data.get("round"), data.get("layer")
+        if isinstance(round_no, bool) or not isinstance(round_no, (int, type(None))):
+            raise ConfigError(f"/print from {name}: 'round' must be a whole number, got {clip(str(round_no), 40)}")
+        if round_no is not None and not 0 <= round_no <= self.max_round:
+            raise ConfigError(f"/print from {name}: round {clip(str(round_no), 40)} is not one of this run's "
+                              f"(0 to {self.max_round})")
+        if layer is not None and (isinstance(layer, bool) or layer not in self.layers.get(name, set())):
+            raise ConfigError(f"/print from {name}: layer {clip(str(layer), 40)} is not one of the node's "
+                              f"({', '.join(map(str, sorted(self.layers.get(name, set())))) or 'none'})")
 
     def on_log(self, name: str, body: bytes) -> dict[str, Any]:
         """A node's events upload (JSON lines; ``name`` as its signature proved); a done or
@@ -605,9 +665,11 @@ class Experiment:
         chunks, size = [], 0
         try:
             with self._session.get(self._node_url(name, "/log"), timeout=10, stream=True) as resp:
-                resp.raise_for_status()
+                _check_encoding(name, "/log", resp)
+                if resp.status_code >= 400:
+                    return None
                 read = getattr(resp.raw, "read1", resp.raw.read)  # read1: what has arrived, not a full chunk
-                while chunk := read(LOG_CHUNK_BYTES, decode_content=True):
+                while chunk := read(LOG_CHUNK_BYTES, decode_content=False):
                     chunks.append(chunk)
                     size += len(chunk)
                     if size > MAX_LOG_BYTES:

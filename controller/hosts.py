@@ -23,7 +23,9 @@ hosts.json lists the worker hosts; a node's ``host`` (nodes file) names one::
   node subnet's gateway).
 - ``nfs``: an export holding the experiment directory, mounted by the agent instead of
   fetching dml_app/ and dataset/ over HTTP.
-- ``token_file``: the agent's token (default ``$EDGETB_TOKEN``, else the local agent token file).
+- ``token_file``: the agent's own token, in a file of mode 0600 (a file others may read is
+  refused, and so are two agents with one token). Without it: for the only agent,
+  ``$EDGETB_TOKEN``, else this machine's agent token file; for a loopback agent, that file.
 - ``tls_fingerprint``: the SHA-256 fingerprint of the agent's TLS certificate (``python3 -m
   worker.agent --print-fingerprint`` on that host; 64 hex digits, colons allowed), pinned;
   required for an ``https://`` agent on another machine (a plain ``http://`` agent is accepted

@@ -105,17 +105,31 @@ class RunKeys:
         return auth.NodeKeys(name, self.node_secret(name)).controller_headers(method, target, body)
 
     def verify(self, headers: Mapping[str, str], method: str, target: str, body: bytes | Callable[[], bytes],
-               known: Container[str]) -> str:
+               known: Container[str], digest_first: bool = False) -> str:
         """The node that signed this call to the controller; AuthError otherwise. ``body`` may
-        be a function: it is read only once the headers name a node of the run."""
+        be a function: it is read only once the headers name a node of the run, or with
+        ``digest_first`` only once the MAC over the headers' body hash (``auth.DIGEST``)
+        verifies, and then it must have that hash."""
         lowered = {k.lower(): v for k, v in headers.items()}
         try:
             claim = auth.claimed(lowered, auth.E2E)
             if claim[0] not in known:
                 raise auth.AuthFailed(f"no node {claim[0][:40]!r} in this run")
             key = auth.to_controller_key(self.node_secret(claim[0]))
+            if not digest_first:
+                data = body() if callable(body) else body
+                return auth.check(key, claim, method, target, auth.CONTROLLER, auth.body_hash(data), self._guard)
+            try:
+                digest = bytes.fromhex(lowered.get(auth.DIGEST.lower(), ""))
+            except ValueError:
+                digest = b""
+            if len(digest) != len(auth.body_hash(b"")):
+                raise auth.AuthFailed(f"no body hash ({auth.DIGEST})")
+            sender = auth.check(key, claim, method, target, auth.CONTROLLER, digest, self._guard)
             data = body() if callable(body) else body
-            return auth.check(key, claim, method, target, auth.CONTROLLER, auth.body_hash(data), self._guard)
+            if not auth.compare_digest(auth.body_hash(data), digest):
+                raise auth.AuthFailed("the body is not the one signed")
+            return sender
         except auth.AuthFailed as e:
             raise AuthError(f"node calls must be signed with the node's own key: {e}") from None
 

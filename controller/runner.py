@@ -18,7 +18,7 @@ from controller.hosts import Hosts, check_placement, load_hosts
 from controller.topology import Topology, load_links, load_nodes
 from worker.errors import ConfigError, TestbedError
 from worker.runtime_netns import DEFAULT_SUBNET
-from worker.serving import run_blocking
+from worker.serving import Servers, run_blocking
 
 
 def _say(message: str) -> None:
@@ -36,6 +36,12 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("-s", "--structure", default=structure_default)
     p.add_argument("-d", "--dataset", default=dataset_default)
     p.add_argument("--port", type=int, default=3333, help="controller port (default 3333)")
+    p.add_argument("--admin-token-file", metavar="FILE",
+                   help="the controller's admin token (mode 0600): with it, any caller may change the testbed "
+                        "(default: none; loopback callers who are root or the sudo user may)")
+    p.add_argument("--listen", action="append", default=[], metavar="ADDRESS",
+                   help="also serve the controller on this address of the host (repeatable; by default "
+                        "only on 127.0.0.1 and the address nodes reach it by)")
     p.add_argument("--id", default=os.environ.get("EDGETB_ID", "0"), help="testbed id (default 0)")
     p.add_argument("--subnet", default=os.environ.get("EDGETB_SUBNET", DEFAULT_SUBNET))
     p.add_argument("--runtime", choices=("netns", "docker"), default="netns",
@@ -187,7 +193,6 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
             _say(f"{found.stale_message()}; remove what it left with: edgetb --id {args.id} down")
         return 2
     import gevent
-    from gevent.pywsgi import WSGIServer
 
     hub = gevent.get_hub()
     hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)  # an interrupt is the main flow's to report
@@ -214,7 +219,7 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         except TestbedError as e:
             print(f"error: {e.message}", file=sys.stderr)
             return 2
-    server: Optional[WSGIServer] = None
+    server: Optional[Servers] = None
     stop = lambda: server and server.stop(timeout=1)  # noqa: E731
 
     def on_reset() -> None:
@@ -222,12 +227,17 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         owned.removed()
         __import__("gevent").spawn(stop)
 
-    app = create_app(exp, admin_token=os.environ.get("EDGETB_TOKEN"), on_reset=on_reset)
-    server = owned.server = WSGIServer(("0.0.0.0", args.port), app, log=None)
     try:
+        admin_token = admin_token_of(args, worker)
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    app = create_app(exp, admin_token=admin_token, on_reset=on_reset)
+    try:
+        server = owned.server = Servers([(a, args.port) for a in listen_addresses(args, worker)], app)
         server.start()
-    except OSError as e:
-        print(f"error: cannot listen on port {args.port}: {e.strerror}", file=sys.stderr)
+    except (OSError, ValueError) as e:
+        print(f"error: cannot listen on port {args.port}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return 2
     code = 0
     try:
@@ -255,6 +265,33 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         print(f"error: {e.message}", file=sys.stderr)
         code = 1
     return code
+
+
+def admin_token_of(args: argparse.Namespace, worker: Any) -> Optional[str]:
+    """The controller's admin token, from ``--admin-token-file`` (never an agent's token)."""
+    if not args.admin_token_file:
+        return None
+    from worker.agent import read_token_file
+
+    token = read_token_file(os.path.join(args.workdir, args.admin_token_file))
+    if token in getattr(worker, "tokens", {}).values():
+        raise ConfigError(f"{args.admin_token_file}: the admin token is an agent's token; give the controller its own")
+    return token
+
+
+def listen_addresses(args: argparse.Namespace, worker: Any) -> list[str]:
+    """Where the controller listens: loopback (the user's curl), the address its nodes and
+    agents reach it by (the bridge's, made later by deploy; a cluster's controller_ip), and
+    every ``--listen`` address; never every address of the host."""
+    import ipaddress
+
+    from controller.cluster import gateway
+
+    nodes_side = getattr(worker, "controller_ip", None) or gateway(args.subnet)
+    found = ["127.0.0.1", *([nodes_side] if nodes_side else []), *args.listen]
+    for addr in found:
+        ipaddress.ip_address(addr)  # ValueError names it
+    return found
 
 
 def remove_stale(args: argparse.Namespace, found: Any, worker: Any, owned: Ownership) -> None:

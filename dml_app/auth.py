@@ -18,7 +18,8 @@ what the key proves, never what a message claims.
 
 Headers: ``X-Edgetb-From``/``-Ts``/``-Nonce``/``-Sig`` (end to end: a relay passes
 them on untouched), and ``X-Edgetb-Hop``/``-Hop-Ts``/``-Hop-Nonce``/``-Hop-Sig``
-(this hop only, between linked nodes).
+(this hop only, between linked nodes). A node's call to the controller also carries
+the body's hash (``X-Edgetb-Digest``), so the MAC is checked before the body is read.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ SECRET_ENV = "EDGETB_NODE_SECRET"
 CONTROLLER = "controller"  # the controller's name as a sender or destination
 E2E = ("X-Edgetb-From", "X-Edgetb-Ts", "X-Edgetb-Nonce", "X-Edgetb-Sig")
 HOP = ("X-Edgetb-Hop", "X-Edgetb-Hop-Ts", "X-Edgetb-Hop-Nonce", "X-Edgetb-Hop-Sig")
+DIGEST = "X-Edgetb-Digest"  # hex body_hash of a call to the controller: its MAC is checked before the body is read
 
 
 class AuthFailed(Exception):
@@ -180,7 +182,10 @@ class NodeKeys:
 
     # to and from the controller
     def controller_headers(self, method: str, target: str, body: bytes = b"") -> dict[str, str]:
-        return sign(self.to_controller, E2E, method, target, CONTROLLER, self.name, body)
+        """The signature of a call to the controller, with the body's hash in ``DIGEST``."""
+        digest = body_hash(body)
+        return {**sign(self.to_controller, E2E, method, target, CONTROLLER, self.name, digest=digest),
+                DIGEST: digest.hex()}
 
     def check_controller(self, headers: Mapping[str, str], method: str, target: str, digest: bytes) -> None:
         claim = claimed(headers, E2E)

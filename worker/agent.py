@@ -10,7 +10,8 @@ It serves HTTPS with a self-signed certificate made on its first start (``worker
 controller pins its SHA-256 fingerprint. It listens on loopback unless told otherwise
 (``--listen``); ``--plain-http`` is allowed on a loopback address only. Every call but ``GET
 /health`` needs ``Authorization: Bearer <token>``; the token (16 characters at least) comes
-from ``$EDGETB_TOKEN`` or the token file (made, mode 0600, when missing). Blocking work runs
+from ``--token-file`` (mode 0600: refused when others may read it), else ``$EDGETB_TOKEN``, else
+the state directory's token file (made, mode 0600, when missing). Blocking work runs
 in gevent's pool of real threads, so the server keeps answering while a large network comes up.
 """
 from __future__ import annotations
@@ -53,23 +54,47 @@ def default_token_file() -> str:
     return os.path.join(state_root(), "token")
 
 
+def read_token_file(path: str) -> str:
+    """The token in ``path``; ConfigError when it is missing, short, or open to group or others
+    (a token gives root on its host: mode 0600)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"no token file {path}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read the token file {path}: {e.strerror}") from None
+    with os.fdopen(fd) as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & 0o077:
+            raise ConfigError(f"the token file {path} is open to other users (mode {mode & 0o777:o}): "
+                              f"chmod 600 {path}")
+        token = f.read().strip()
+    return check_token(token, path)
+
+
+def write_token_file(path: str) -> str:
+    """A new random token in a new file ``path`` (mode 0600; its directory made 0700)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
 def load_token(path: Optional[str] = None, create: bool = True) -> str:
-    """The shared secret: $EDGETB_TOKEN, else the token file (created when missing and allowed)."""
+    """The agent's token: from ``path`` when given (never overridden), else $EDGETB_TOKEN, else the
+    state directory's token file (made when missing and ``create``)."""
+    if path:
+        return read_token_file(path)
     if os.environ.get("EDGETB_TOKEN"):
         return check_token(os.environ["EDGETB_TOKEN"], "EDGETB_TOKEN")
-    path = path or default_token_file()
-    try:
-        with open(path) as f:
-            token = f.read().strip()
-    except FileNotFoundError:
+    path = default_token_file()
+    if not os.path.exists(path):
         if not create:
-            raise ConfigError(f"no token: set EDGETB_TOKEN or create {path}") from None
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        token = secrets.token_urlsafe(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-    return check_token(token, path)
+            raise ConfigError(f"no token: give a token file, or create {path}")
+        write_token_file(path)
+    return read_token_file(path)
 
 
 def _int_arg(name: str, default: Optional[int]) -> Optional[int]:
@@ -214,7 +239,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tls-dir", default=None, help="certificate and key directory (default: state dir/tls)")
     parser.add_argument("--id", default=os.environ.get("EDGETB_ID", "0"), help="testbed id (default 0)")
     parser.add_argument("--subnet", default=DEFAULT_SUBNET, help="this host's node subnet")
-    parser.add_argument("--token-file", default=None, help="shared secret file (default: state dir/token)")
+    parser.add_argument("--token-file", default=None,
+                        help="this agent's token, in a file of mode 0600 "
+                             "(default: $EDGETB_TOKEN, else state dir/token)")
     parser.add_argument("--runtime", choices=("netns", "docker", "physical"), default=None,
                         help="what a node is: a network namespace, a Docker container, or this device itself "
                              "(default: the kind the testbed's existing nodes are, else netns)")

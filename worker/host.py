@@ -332,6 +332,11 @@ class WorkerHost:
             if self._zygote is None or not self._zygote.alive or self._zygote.code_root != self.code_root:
                 if self._zygote is not None:
                     self._zygote.close()
+                hashes = self._state().get("code_manifest")
+                if hashes is not None and os.path.realpath(self.code_root) == os.path.realpath(self.workdir):
+                    from worker import sync
+
+                    sync.verify_code(self.code_root, hashes)  # the zygote imports it as root
                 self._zygote = zygote.Zygote(self.code_root, os.path.join(self.store.logs_dir(), "zygote.log"))
                 self._zygote.start()
             zyg = self._zygote
@@ -512,27 +517,30 @@ class WorkerHost:
         from worker import sync
 
         body = check_version(body)
+        if body.get("manifest") is None:  # the hashes come with this call, never from the file server
+            raise ConfigError("sync needs the controller's 'manifest' of the files to fetch")
+        files = sync.check_manifest(body["manifest"], sync.TREES)
         if body.get("nfs"):
             share = os.path.join(self.workdir, "nfs")
             if not os.path.ismount(share):
                 result = sync.mount_nfs(str(body["nfs"]), share)
             else:
                 result = {"version": API_VERSION, "method": "nfs", "dest": share, "export": body["nfs"]}
-            for tree in ("dml_app", "dataset"):
-                link = os.path.join(self.workdir, tree)
-                if not os.path.islink(link):
-                    if os.path.isdir(link):  # an earlier HTTP copy
-                        shutil.rmtree(link)
-                    os.symlink(os.path.join("nfs", tree), link)
+            # the code is copied out of the share, checked (root imports it); the data stays there
+            result["code"] = sync.copy_verified(share, self.workdir, "dml_app", files)
+            link = os.path.join(self.workdir, "dataset")
+            if not os.path.islink(link):
+                if os.path.isdir(link):  # an earlier HTTP copy
+                    shutil.rmtree(link)
+                os.symlink(os.path.join("nfs", "dataset"), link)
         else:
             url, token = body.get("url"), body.get("token")
             if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not isinstance(token, str):
                 raise ConfigError("sync needs the controller's 'url' (http://...) and a 'token', or an 'nfs' export")
-            if body.get("manifest") is None:  # the hashes come with this call, never from the file server
-                raise ConfigError("sync needs the controller's 'manifest' of the files to fetch")
             result = sync.sync_http(url, token, self.workdir, manifest=body["manifest"])
         with self.store.locked() as state:
             state["code_root"] = self.code_root = self.workdir
+            state["code_manifest"] = sync.code_hashes(files)  # checked again before root imports it
             state["synced"] = result["method"]
         if self.runtime.kind == "docker":
             self.runtime.set_code_root(self.code_root)

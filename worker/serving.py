@@ -13,6 +13,7 @@ import ssl
 from typing import Any, Callable, Mapping, Optional
 
 MIN_TOKEN_CHARS = 16
+LOCAL_ADDR_KEY = "edgetb.local_addr"  # WSGI environ: (address, port) the connection was accepted on
 BODYLESS_METHODS = ("GET", "HEAD", "DELETE")
 
 
@@ -37,10 +38,12 @@ def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | No
           on_listening: Callable[[], None] | None = None) -> None:
     """Serve until SIGINT/SIGTERM (or ``server.stop``), over TLS with ``ssl_context``;
     ``on_listening`` runs once the port is bound, ``on_stop`` once it has stopped."""
+    import gevent
+
     tls = {"ssl_context": ssl_context} if ssl_context is not None else {}
-    server = _server_class()((bind, port), app, log=None, error_log=log, **tls)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: server.stop(timeout=2))
+    server = make_server((bind, port), app, error_log=log, **tls)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stopping waits for the connections: not in the handler
+        signal.signal(sig, lambda *_: gevent.spawn(server.stop, timeout=2))
     server.start()
     if on_listening:
         on_listening()
@@ -49,20 +52,111 @@ def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | No
         on_stop()
 
 
-def _server_class() -> Any:
-    """gevent's WSGI server with Nagle's algorithm off on every connection: a response written
-    in two pieces (headers, then body) otherwise waits for the client's delayed ACK (40 ms on
-    loopback) before its second piece leaves."""
+MAX_CONNECTIONS = 256  # connections served at once by one process's servers; more wait in the backlog
+IDLE_READ_S = 30.0  # a connection that sends nothing for this long is closed
+
+
+def connection_pool(size: Optional[int] = None) -> Any:
+    """A gevent pool that caps the connections served at once (``MAX_CONNECTIONS`` by default);
+    servers that share it share the cap."""
+    from gevent.pool import Pool
+
+    return Pool(size or MAX_CONNECTIONS)
+
+
+def make_server(listener: Any, app: Any, pool: Any = None, idle_read_s: Optional[float] = None,
+                freebind: bool = False, **kw: Any) -> Any:
+    """gevent's WSGI server on ``listener`` ((address, port) or a bound socket), serving at most
+    ``pool``'s size of connections at once (a new pool of ``MAX_CONNECTIONS`` by default), closing
+    a connection whose read waits ``idle_read_s``, and telling the app the address each
+    connection was accepted on (environ ``edgetb.local_addr``). ``freebind``: the address may
+    not exist yet (a bridge made later); the listening socket is bound with IP_FREEBIND."""
     import socket
 
-    from gevent.pywsgi import WSGIServer
+    if freebind and isinstance(listener, tuple):
+        family = socket.AF_INET6 if ":" in listener[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_FREEBIND", 15), 1)
+        try:
+            sock.bind(listener)
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        listener = sock
+    kw.setdefault("log", None)
+    idle = IDLE_READ_S if idle_read_s is None else idle_read_s
+    return _server_class(idle)(listener, app, spawn=pool if pool is not None else connection_pool(), **kw)
+
+
+class Servers:
+    """One app served on several addresses by servers sharing one connection cap: started,
+    served and stopped together (what ``WSGIServer`` offers for one)."""
+
+    def __init__(self, addresses: list[tuple[str, int]], app: Any, pool_size: Optional[int] = None,
+                 freebind: bool = True, **kw: Any) -> None:
+        pool = connection_pool(pool_size)
+        self.addresses = list(dict.fromkeys(addresses))
+        self.servers = [make_server(a, app, pool=pool, freebind=freebind and not is_loopback(a[0]), **kw)
+                        for a in self.addresses]
+        self._stopped: Any = None
+
+    def start(self) -> None:
+        """Listen on every address, or on none (OSError naming the address that failed)."""
+        import gevent.event
+
+        self._stopped = gevent.event.Event()
+        started = []
+        for address, server in zip(self.addresses, self.servers):
+            try:
+                server.start()
+            except OSError as e:
+                for s in started:
+                    s.stop(timeout=0)
+                raise OSError(e.errno, f"{address[0]}:{address[1]}: {e.strerror or e}") from None
+            started.append(server)
+
+    def serve_forever(self) -> None:
+        if self._stopped is None:
+            self.start()
+        self._stopped.wait()
+
+    def stop(self, timeout: float = 1) -> None:
+        for server in self.servers:
+            server.stop(timeout=timeout)
+        if self._stopped is not None:
+            self._stopped.set()
+
+
+def _server_class(idle_read_s: Optional[float] = IDLE_READ_S) -> Any:
+    """gevent's WSGI server with Nagle's algorithm off on every connection (a response written
+    in two pieces, headers then body, otherwise waits for the client's delayed ACK: 40 ms on
+    loopback), reads that time out after ``idle_read_s``, and the accepted address in environ."""
+    import socket
+
+    from gevent.pywsgi import WSGIHandler, WSGIServer
+
+    class Handler(WSGIHandler):
+        def get_environ(self) -> Any:
+            env = super().get_environ()
+            try:
+                env[LOCAL_ADDR_KEY] = self.socket.getsockname()[:2]
+            except (OSError, TypeError):  # not an IP socket (a test's socketpair)
+                pass
+            return env
 
     class NoDelayServer(WSGIServer):
+        handler_class = Handler
+
         def handle(self, sock: Any, address: Any) -> Any:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:  # not TCP (a test's socketpair): nothing to turn off
                 pass
+            if idle_read_s:
+                sock.settimeout(idle_read_s)
             return super().handle(sock, address)
 
     return NoDelayServer

@@ -152,6 +152,77 @@ def _fetch(session: Any, url: str, path: str, target: str, want: dict[str, Any],
         raise
 
 
+def code_hashes(files: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The sha256 of every ``dml_app/`` file of a checked manifest: what root may import."""
+    return {path: want["sha256"].lower() for path, want in files.items() if path.startswith("dml_app/")}
+
+
+def verify_code(root: str, hashes: dict[str, str]) -> None:
+    """ConfigError naming the first file of ``root/dml_app`` that is not the manifest's (changed,
+    missing, unlisted, or a link): checked before a root process imports the synced code.
+    Python's caches aside: only root writes in a synced tree."""
+    top = os.path.join(root, "dml_app")
+    if os.path.islink(top) or not os.path.isdir(top):
+        raise ConfigError(f"{top} is not a synced directory: sync the code again")
+    seen = set()
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        dirnames[:] = [d for d in dirnames if not (skipped(d) and not os.path.islink(os.path.join(dirpath, d)))]
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            if os.path.islink(path):
+                raise ConfigError(f"{path} is a link, not a file of the controller's manifest: refusing to run "
+                                  "the synced code")
+            if name in dirnames or skipped(name):
+                continue
+            if rel not in hashes:
+                raise ConfigError(f"{path} is not in the controller's manifest: refusing to run the synced code")
+            if file_sha256(path) != hashes[rel]:
+                raise ConfigError(f"{path} differs from the controller's manifest (sha256): refusing to run the "
+                                  "synced code; sync it again")
+            seen.add(rel)
+    missing = sorted(set(hashes) - seen)
+    if missing:
+        raise ConfigError(f"{os.path.join(root, missing[0])} is missing from the synced code: sync it again")
+
+
+def copy_verified(src_root: str, dest: str, tree: str, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Copy the manifest's files of ``src_root/tree`` (an NFS share) into ``dest/tree``, each
+    checked against its sha256 and size as it is read: a share that changes later changes
+    nothing a root process imports. Files the manifest lacks are removed from ``dest/tree``."""
+    wanted = {p: w for p, w in files.items() if p.startswith(tree + "/")}
+    os.makedirs(dest, exist_ok=True)
+    dest_real = os.path.realpath(dest)
+    removed = _prune(dest_real, [tree], wanted)
+    copied = 0
+    for path in sorted(wanted):
+        want = wanted[path]
+        source = os.path.join(src_root, *path.split("/"))
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise ConfigError(f"{source}: cannot read it from the share ({e.strerror})") from None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(want["size"] + 1)
+        if len(data) != want["size"] or hashlib.sha256(data).hexdigest() != want["sha256"].lower():
+            raise ConfigError(f"{source}: the share's file does not match the manifest "
+                              f"({len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:12]}...)")
+        target = _inside(os.path.join(dest_real, *path.split("/")), dest_real)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".sync-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            raise
+        copied += 1
+    return {"copied": copied, "removed": removed}
+
+
 def _get_manifest(session: Any, url: str, trees: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
     try:
         resp = session.get(url, timeout=timeout_s)

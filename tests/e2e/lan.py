@@ -31,7 +31,6 @@ class Lan:
         self.octet = 200 + int(self.tag, 16) % 20
         self.bridge = f"mh{self.tag}lan"
         self.comment = f"edgetb-test-lan-{self.tag}"
-        self.token = secrets.token_urlsafe(24)
         self.tmp = tmp
         self.hosts: list[dict] = []
         self._rule = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-m", "comment", "--comment", self.comment,
@@ -68,9 +67,17 @@ class Lan:
         host = {"name": f"h{i}", "netns": netns, "ip": self.ip(i), "runtime": runtime,
                 "id": f"m{self.tag[:2]}{i}", "state": self.tmp / f"state-h{i}",
                 "url": f"https://{self.ip(i)}:{AGENT_PORT}"}
+        # each agent its own token, in a file only root reads (as on real machines)
+        host["token"] = secrets.token_urlsafe(24)
+        host["token_file"] = self.tmp / f"token-h{i}-{self.tag}"
+        fd = os.open(host["token_file"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(host["token"] + "\n")
         argv = [sys.executable, "-m", "worker.agent", "--port", str(AGENT_PORT), "--id", host["id"],
-                "--runtime", runtime, "--listen", self.ip(i)] + (["--subnet", subnet] if subnet else [])
-        env = dict(os.environ, EDGETB_TOKEN=self.token, EDGETB_STATE_DIR=str(host["state"]), PYTHONPATH=str(ROOT))
+                "--runtime", runtime, "--listen", self.ip(i), "--token-file", str(host["token_file"])] + \
+            (["--subnet", subnet] if subnet else [])
+        env = {k: v for k, v in os.environ.items() if k != "EDGETB_TOKEN"}
+        env.update(EDGETB_STATE_DIR=str(host["state"]), PYTHONPATH=str(ROOT))
         # the agent's certificate is made before it starts, as an operator does to fill hosts.json
         shown = subprocess.run([*argv, "--print-fingerprint"], env=env, cwd=str(ROOT), capture_output=True, text=True,
                                timeout=60)
@@ -97,7 +104,7 @@ class Lan:
 
     def client(self, host: dict, **kw) -> AgentClient:
         """The agent of ``host``, its certificate pinned."""
-        return AgentClient(host["url"], self.token, name=host["name"], fingerprint=host["fingerprint"], **kw)
+        return AgentClient(host["url"], host["token"], name=host["name"], fingerprint=host["fingerprint"], **kw)
 
     def agent_log(self, host: dict) -> str:
         return (self.tmp / f"agent-{host['name']}.log").read_text()[-3000:]

@@ -256,9 +256,8 @@ def test_a_failed_reset_is_an_error_and_the_controller_stays_for_a_retry(tmp_pat
         host = lan.add_host("netns", f"10.{lan.octet}.16.0/20")
         r = Run(tmp_path, structure=structure(3), links=LINKS, defer=True)
         runs.append(r)
-        (r.workdir / "agent.token").write_text(lan.token)
         (r.workdir / "hosts.json").write_text(json.dumps({"version": 1, "controller_ip": lan.ip(None), "hosts": [
-            {"name": "h0", "agent": host["url"], "runtime": "netns", "token_file": str(r.workdir / "agent.token"),
+            {"name": "h0", "agent": host["url"], "runtime": "netns", "token_file": str(host["token_file"]),
              "tls_fingerprint": host["fingerprint"]}]}))
         (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [{"name": n, "host": "h0"} for n in LINKS]}))
         r.start("--hosts", "hosts.json", "--nodes", "nodes.json")
@@ -274,8 +273,7 @@ def test_a_failed_reset_is_an_error_and_the_controller_stays_for_a_retry(tmp_pat
 
         fd = os.open(nsfs.netns_path(host["netns"]), os.O_RDONLY)
         try:  # the agent is back (its state is on disk): the retry removes the nodes
-            host["proc"] = subprocess.Popen(agent_argv, env=dict(os.environ, EDGETB_TOKEN=lan.token,
-                                                                 EDGETB_STATE_DIR=str(host["state"]),
+            host["proc"] = subprocess.Popen(agent_argv, env=dict(os.environ, EDGETB_STATE_DIR=str(host["state"]),
                                                                  PYTHONPATH=str(ROOT)),
                                             cwd=str(ROOT), stdout=host["log"], stderr=subprocess.STDOUT,
                                             preexec_fn=lambda: nsfs.setns_fd(fd), start_new_session=True)

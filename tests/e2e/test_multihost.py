@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import time
 
@@ -34,9 +35,8 @@ def lan(tmp_path):
 
 
 def write_hosts(r: Run, lan: Lan, hosts: list[dict], local: dict | None = None) -> None:
-    (r_token := r.workdir / "agent.token").write_text(lan.token)
     entries = ([local] if local else []) + [
-        {"name": h["name"], "agent": h["url"], "runtime": h["runtime"], "token_file": str(r_token),
+        {"name": h["name"], "agent": h["url"], "runtime": h["runtime"], "token_file": str(h["token_file"]),
          "tls_fingerprint": h["fingerprint"]} for h in hosts]
     (r.workdir / "hosts.json").write_text(json.dumps({"version": 1, "controller_ip": lan.ip(None), "hosts": entries}))
 
@@ -154,7 +154,8 @@ def test_bad_hosts_are_refused_and_an_absent_agent_leaves_nothing(tmp_path, lan,
     assert "unknown host 'e9'" in out and "hosts.json" in out, out
 
     r = run(links=LINKS, structure=STRUCTURE, defer=True)
-    (r.workdir / "token").write_text(lan.token)
+    (r.workdir / "token").write_text(secrets.token_urlsafe(24))
+    (r.workdir / "token").chmod(0o600)
     (r.workdir / "hosts.json").write_text(json.dumps({"controller_ip": lan.ip(None), "hosts": [
         {"name": "local"}, {"name": "gone", "agent": f"https://{lan.ip(7)}:3334",
                             "token_file": str(r.workdir / "token"), "tls_fingerprint": "ab" * 32}]}))

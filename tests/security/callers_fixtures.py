@@ -30,10 +30,12 @@ def need_root() -> None:
 
 
 class Served:
-    """A WSGI app on 0.0.0.0:<free port>, served by gevent in its own thread until ``close``."""
+    """A WSGI app on 0.0.0.0:<free port>, served by the project's gevent server in its own thread
+    until ``close``."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, pool_size: Optional[int] = None) -> None:
         self.port = free_port()
+        self.pool_size = pool_size
         self._stop = threading.Event()
         self._up = threading.Event()
         self.error: Optional[BaseException] = None
@@ -44,10 +46,12 @@ class Served:
 
     def _serve(self, app: Any) -> None:
         import gevent
-        from gevent.pywsgi import WSGIServer
+
+        from worker.serving import connection_pool, make_server
 
         try:
-            server = WSGIServer(("0.0.0.0", self.port), app, log=None)
+            pool = connection_pool(self.pool_size) if self.pool_size else None
+            server = make_server(("0.0.0.0", self.port), app, pool=pool)
             server.start()
         except BaseException as e:  # reported by __init__
             self.error = e

@@ -189,6 +189,7 @@ def test_short_tokens_are_refused_from_every_source(agents, tmp_path):
     assert done.returncode == 2 and "EDGETB_TOKEN is shorter than 16 characters" in done.stderr, done.stderr
     token_file = tmp_path / "short-token"
     token_file.write_text("fifteen-chars-x\n")
+    token_file.chmod(0o600)
     done = agents("--token-file", str(token_file), env={}).run()
     assert done.returncode == 2 and f"{token_file} is shorter than 16 characters" in done.stderr, done.stderr
     with pytest.raises(errors.ConfigError, match="shorter than 16"):

@@ -1,15 +1,17 @@
 """Who may drive the controller: the real app on a real socket, called by real local users.
 
 Attacks from the security review, each refused while the legitimate path still works:
-another local user resets the testbed with curl; a page of another site (foreign Host,
-Origin, Sec-Fetch-Site) drives it; a GET carries a large body; a node prints escape
-sequences to the operator's terminal; an internal error leaks its text.
+another local user resets the testbed with curl, borrows root's identity from closed sockets
+of its own port (FIN-WAIT-2 decoys), or hangs up before its request is read; a page of another
+site (foreign Host, Origin, Sec-Fetch-Site) drives it; a GET carries a large body; a node
+prints escape sequences to the operator's terminal; an internal error leaks its text.
 """
 from __future__ import annotations
 
 import json
 import logging
 import socket
+import subprocess
 import time
 
 import pytest
@@ -35,7 +37,7 @@ def make_controller(tmp_path, monkeypatch):
     need_root()
     made = []
 
-    def make(env: dict | None = None, progress=None, **kw):
+    def make(env: dict | None = None, progress=None, record: list | None = None, pool_size: int | None = None, **kw):
         for key in ("SUDO_UID", callers.ALLOWED_HOSTS_ENV):
             monkeypatch.delenv(key, raising=False)
         for key, value in (env or {}).items():
@@ -45,7 +47,8 @@ def make_controller(tmp_path, monkeypatch):
         lines: list[str] = []
         exp = Experiment(str(tmp_path), load_links(str(tmp_path / "links.json")), worker,
                          {"n1": {"sync": 2}, "n2": {"sync": 2}}, progress=progress or lines.append)
-        served = Served(create_app(exp, admin_token=kw.pop("admin_token", ADMIN_TOKEN), **kw))
+        app = create_app(exp, admin_token=kw.pop("admin_token", ADMIN_TOKEN), **kw)
+        served = Served(app if record is None else recording(app, record), pool_size)
         made.append((served, worker))
         return exp, served, lines
 
@@ -54,6 +57,17 @@ def make_controller(tmp_path, monkeypatch):
         served.close()
         worker.reset()
         assert not any(worker.runtime.leftovers().values())
+
+
+def recording(app, seen: list):
+    """``app``, appending (method, path, status) to ``seen`` for each answer it gives (the
+    answers to callers that hung up are not seen otherwise)."""
+    def wsgi(environ, start_response):
+        def start(status, headers, exc_info=None):
+            seen.append((environ["REQUEST_METHOD"], environ["PATH_INFO"], int(status[:3])))
+            return start_response(status, headers, exc_info)
+        return app(environ, start)
+    return wsgi
 
 
 def lan_address() -> str | None:
@@ -76,9 +90,11 @@ def test_the_socket_table_names_the_owner_of_a_connection():
         with socket.create_connection(("127.0.0.1", port)) as client:
             peer, _ = server.accept()
             with peer:
-                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], port) == 0
-                assert callers.peer_uid("::ffff:127.0.0.1", client.getsockname()[1], port) == 0
-                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], port + 1) is None
+                here = ("127.0.0.1", port)
+                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], here) == 0
+                assert callers.peer_uid("::ffff:127.0.0.1", client.getsockname()[1], here) == 0
+                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], ("127.0.0.1", port + 1)) is None
+                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], ("127.0.0.2", port)) is None
     if socket.has_ipv6 and "::1" in callers.local_addresses():  # the IPv6 table too
         with socket.socket(socket.AF_INET6) as server:
             server.bind(("::1", 0))
@@ -88,7 +104,7 @@ def test_the_socket_table_names_the_owner_of_a_connection():
             with socket.create_connection(("::1", port)) as client:
                 peer, _ = server.accept()
                 with peer:
-                    assert callers.peer_uid("::1", client.getsockname()[1], port) == 0
+                    assert callers.peer_uid("::1", client.getsockname()[1], ("::1", port)) == 0
     assert callers.trusted_uids({"SUDO_UID": "1234"}) == {0, 1234}
     assert callers.trusted_uids({"SUDO_UID": "x"}) == {0}
 
@@ -113,6 +129,102 @@ def test_another_local_user_cannot_reset_and_root_can(make_controller):
     resp = requests.get(served.url + "/emulated/reset", timeout=30)
     assert resp.status_code == 200, resp.text
     assert exp.phase == "reset"
+
+
+# Run as nobody by /usr/bin/python3: 32 decoy connections from local port P to 127.0.0.2 ...
+# 127.0.0.33 (each reads the start of /api/stream, then hangs up: the server keeps its end, the
+# caller's is an orphan in FIN-WAIT-2, uid 0, inode 0), then a live one from P to 127.0.0.1 that
+# asks for a reset; prints each try's status.
+DECOYS = r"""
+import json, socket, sys
+port, tries = int(sys.argv[1]), int(sys.argv[2])
+
+def bound(local_port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", local_port))
+    return s
+
+codes = []
+for _ in range(tries):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        p = probe.getsockname()[1]
+    for k in range(2, 34):
+        with bound(p) as s:
+            s.connect((f"127.0.0.{k}", port))
+            s.sendall(b"GET /api/stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            got = b""
+            while got.count(b"\n\n\r\n") < 2:  # all it sends at first (retry, data): unread data means RST
+                got += s.recv(4096)
+    with bound(p) as s:
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"POST /emulated/reset HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n"
+                  b"Connection: close\r\n\r\n")
+        codes.append(int(s.recv(64).split()[1]))
+print(json.dumps(codes))
+"""
+
+# Run as nobody: GET /status and POST /emulated/reset pipelined, the sending side shut, the answers
+# read (prints the reset's status for each try); then a reset sent, the sending side shut and the
+# socket closed at once (an orphan caller's end: uid 0, inode 0), as many times.
+HANG_UP = r"""
+import json, re, socket, sys, time
+port, tries = int(sys.argv[1]), int(sys.argv[2])
+reset = b"POST /emulated/reset HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
+codes = []
+for _ in range(tries):
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n" + reset)
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    codes.append([int(code) for code in re.findall(rb"HTTP/1.1 (\d{3}) ", got)])
+for _ in range(tries):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(reset)
+    s.shutdown(socket.SHUT_WR)
+    s.close()
+    time.sleep(0.01)
+print(json.dumps(codes))
+"""
+
+
+def run_as_nobody(script: str, *args) -> str:
+    done = subprocess.run(["setpriv", f"--reuid={NOBODY_UID}", f"--regid={NOBODY_UID}", "--clear-groups",
+                           "/usr/bin/python3", "-c", script, *map(str, args)],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_closed_socket_lends_no_identity_to_a_live_one(make_controller, monkeypatch):
+    """Closed sockets of the attacker's local port stay in the table with uid 0: none of them
+    names the caller of a live connection."""
+    from controller import dashboard
+
+    # the server's next write to a decoy (a keep-alive line) ends it: 3200 decoys come and go
+    monkeypatch.setattr(dashboard, "KEEPALIVE_S", 1.0)
+    monkeypatch.setattr(dashboard, "PUSH_CHECK_S", 0.5)
+    exp, served, _ = make_controller(pool_size=4096)
+    codes = json.loads(run_as_nobody(DECOYS, served.port, 100))
+    assert codes == [403] * 100, codes
+    assert exp.phase == "created"
+    assert requests.post(served.url + "/emulated/reset", timeout=30).status_code == 200  # root still can
+
+
+def test_a_caller_that_shut_its_end_or_hung_up_is_nobody(make_controller):
+    seen: list = []
+    exp, served, _ = make_controller(record=seen)
+    codes = json.loads(run_as_nobody(HANG_UP, served.port, 100))
+    assert codes == [[200, 403]] * 100, codes
+    deadline = time.monotonic() + 30
+    while sum(1 for m, _, _ in seen if m == "POST") < 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    resets = [code for method, path, code in seen if method == "POST"]
+    assert resets == [403] * 200, resets
+    assert exp.phase == "created"
 
 
 def test_the_sudo_user_is_accepted_and_others_are_not(make_controller):

@@ -1,0 +1,190 @@
+"""What one node, or anyone who reaches the controller's port, can make the controller hold.
+
+Attacks, each bounded on the real app over real sockets: a node answers with a gzip bomb or a
+huge body; a caller announces a 60 MiB /log without a valid signature; a node prints rounds
+and layers of its choosing and NaN; idle connections pile up; the port is reached from
+another address of the machine.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from controller.runner import listen_addresses
+from tests.security.callers_fixtures import free_port
+from tests.security.test_controller_callers import lan_address, make_controller, node_post  # noqa: F401
+from worker import serving
+from worker.errors import ConfigError
+
+BOMB_BYTES = 20 << 20  # what the node's 20 KiB gzip answer expands to
+
+
+class BadNode(BaseHTTPRequestHandler):
+    """A node that answers with more than anyone asked for; records each Accept-Encoding."""
+
+    seen: list = []
+    bomb = gzip.compress(b" " * BOMB_BYTES, 9)
+    big = json.dumps({"pad": "x" * (2 << 20)}).encode()
+
+    def _answer(self) -> None:
+        BadNode.seen.append(self.headers.get("Accept-Encoding"))
+        if self.headers.get("Content-Length"):
+            self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path in ("/health", "/gzip"):
+            body, extra = self.bomb, {"Content-Encoding": "gzip"}
+        elif self.path == "/big":
+            body, extra = self.big, {}
+        else:
+            body, extra = b'{"ok": true}', {}
+        self.send_response(200)
+        for k, v in {"Content-Type": "application/json", "Content-Length": str(len(body)), **extra}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def bad_node():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BadNode)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    BadNode.seen = []
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_node_answer_is_read_raw_and_capped(make_controller, bad_node):
+    exp, _, _ = make_controller()
+    exp.nodes["n1"].ip, exp.node_port = "127.0.0.1", bad_node
+    assert exp._post("n1", "/ok", {}) == {"ok": True}
+    assert exp._health("n1") is None  # a compressed answer is not a health report
+    with pytest.raises(ConfigError, match="Content-Encoding 'gzip'"):
+        exp._post("n1", "/gzip", {})
+    with pytest.raises(ConfigError, match="larger than 1048576 bytes"):
+        exp._post("n1", "/big", {})
+    assert BadNode.seen and set(BadNode.seen) == {"identity"}, BadNode.seen
+
+
+def _answer_within(port: int, request: bytes, seconds: float) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=seconds) as s:
+        s.sendall(request)
+        try:
+            return s.recv(4096)
+        except socket.timeout:
+            return b""
+
+
+def test_a_log_upload_is_authenticated_before_its_body_is_read(make_controller):
+    exp, served, _ = make_controller()
+    body = b'{"kind": "x"}\n'
+    forged = {**exp.keys.node_headers("n1", "POST", "/log", body), "X-Edgetb-Sig": "00" * 32}
+    head = "".join(f"{k}: {v}\r\n" for k, v in forged.items())
+    # 60 MiB announced, not one byte sent: the answer comes from the headers alone
+    answer = _answer_within(served.port, f"POST /log HTTP/1.1\r\nHost: localhost\r\n{head}"
+                                         f"Content-Length: {60 << 20}\r\n\r\n".encode(), 5)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    # signed for one body, another sent: refused
+    signed = exp.keys.node_headers("n1", "POST", "/log", body)
+    resp = requests.post(served.url + "/log", data=b'{"kind": "y"}\n', headers=signed, timeout=10)
+    assert resp.status_code == 401 and "not the one signed" in resp.text, resp.text
+    # the node's own upload goes through
+    resp = requests.post(served.url + "/log", data=body, headers=exp.keys.node_headers("n1", "POST", "/log", body),
+                         timeout=10)
+    assert resp.status_code == 200 and resp.json()["stored"] is True, resp.text
+
+
+def test_print_keeps_only_the_run_rounds_and_finite_values(make_controller):
+    exp, served, _ = make_controller()  # sync 2: rounds 0 to 2, no E-tree layers
+    for bad in ({"round": 10 ** 9}, {"round": -1}, {"round": 1.5}, {"round": 1, "layer": 7}):
+        resp = node_post(exp, served, "/print", {"msg": "x", "accuracy": 0.5, **bad})
+        assert resp.status_code == 400, (bad, resp.text)
+    assert exp.nodes["n1"].accuracy is None and exp.live._by_round == {}
+    resp = node_post(exp, served, "/print", {"msg": "x", "round": 2, "accuracy": 0.5, "loss": 1.0})
+    assert resp.status_code == 200, resp.text
+    body = b'{"msg": "x", "round": 2, "accuracy": NaN, "loss": Infinity, "global_accuracy": -Infinity}'
+    headers = {"Content-Type": "application/json", **exp.keys.node_headers("n1", "POST", "/print", body)}
+    assert requests.post(served.url + "/print", data=body, headers=headers, timeout=10).status_code == 200
+    assert exp.nodes["n1"].accuracy == 0.5 and exp.nodes["n1"].loss == 1.0
+    assert set(exp.live._by_round) == {2}
+    assert all(math.isfinite(v) for series in exp.live._by_round[2] for v in series), exp.live._by_round
+
+
+def test_an_idle_connection_is_closed(make_controller, monkeypatch):
+    monkeypatch.setattr(serving, "IDLE_READ_S", 1.0)
+    _, served, _ = make_controller()
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
+        s.sendall(b"GET /status HTTP/1.1\r\n")  # and nothing more
+        started = time.monotonic()
+        got = b""
+        while chunk := s.recv(4096):  # an error answer at most, then the end
+            got += chunk
+        assert got == b"" or got.startswith(b"HTTP/1.1 4"), got
+        assert time.monotonic() - started < 5
+
+
+def test_connections_are_capped(make_controller, monkeypatch):
+    monkeypatch.setattr(serving, "MAX_CONNECTIONS", 4)
+    _, served, _ = make_controller()
+    held = [socket.create_connection(("127.0.0.1", served.port), timeout=10) for _ in range(4)]
+    try:
+        for s in held:  # each one in the server: it answered
+            s.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        assert _answer_within(served.port, b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n", 2) == b""
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as waiting:
+            waiting.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            held.pop().close()  # a place frees: the waiting one is served
+            assert waiting.recv(4096).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_the_controller_listens_on_loopback_and_the_nodes_address_only(make_controller):
+    from controller.app import create_app
+
+    exp, _, _ = make_controller()
+    args = type("Args", (), {"subnet": "10.231.0.0/16", "listen": []})()
+    assert listen_addresses(args, exp.worker) == ["127.0.0.1", "10.231.0.1"]
+    args.listen = ["not-an-address"]
+    with pytest.raises(ValueError, match="not-an-address"):
+        listen_addresses(args, exp.worker)
+    args.listen = []
+    port = free_port()
+    import gevent
+
+    done = threading.Event()
+
+    def serve() -> None:  # the bridge's address does not exist yet: bound all the same
+        servers = serving.Servers([(a, port) for a in listen_addresses(args, exp.worker)], create_app(exp))
+        servers.start()
+        done.set()
+        while done.is_set():
+            gevent.sleep(0.05)
+        servers.stop()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        assert done.wait(10)
+        assert requests.get(f"http://127.0.0.1:{port}/status", timeout=10).status_code == 200
+        lan = lan_address()
+        if lan is not None:
+            with pytest.raises(requests.ConnectionError):
+                requests.get(f"http://{lan}:{port}/status", timeout=5)
+    finally:
+        done.clear()
+        thread.join(10)
