@@ -131,13 +131,13 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
-
 def _check_encoding(name: str, path: str, resp: requests.Response) -> None:
     """Node answers are read raw: a compressed one (a bomb, decoded) is refused."""
     encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise ConfigError(f"node {name} answered {path} with Content-Encoding {encoding[:40]!r}: "
                           "only identity is accepted")
+
 
 class Experiment:
     """Deploys, drives and collects one run."""
