@@ -59,6 +59,15 @@ def node_rlimits(pids_max: Optional[int] = None) -> list[tuple[int, int, int]]:
             (resource.RLIMIT_FSIZE, FSIZE_BYTES, FSIZE_BYTES), (resource.RLIMIT_CORE, 0, 0)]
 
 
+DOCKER_ULIMITS = {resource.RLIMIT_NPROC: "nproc", resource.RLIMIT_NOFILE: "nofile", resource.RLIMIT_FSIZE: "fsize",
+                  resource.RLIMIT_CORE: "core"}
+
+
+def docker_ulimits(pids_max: Optional[int] = None) -> list[dict[str, object]]:
+    """``node_rlimits`` as the Docker engine takes them (a container's ``Ulimits``)."""
+    return [{"name": DOCKER_ULIMITS[which], "soft": soft, "hard": hard} for which, soft, hard in node_rlimits(pids_max)]
+
+
 def set_rlimits(limits: Rlimits) -> None:
     """In the child, before it drops its privileges (hard limits may then be raised too)."""
     for which, soft, hard in limits:
