@@ -9,7 +9,7 @@ Docker runtime is used or probed, so netns-only users need neither the SDK nor a
   are reached by those addresses (no published ports) and are started in parallel.
 - Limits: ``nano_cpus`` from ``cpu`` (a CFS quota), ``mem_limit`` (= memory+swap) from ``mem_bytes``,
   ``pids_limit`` from ``pids_max`` (memory and pids: ``worker.confine``'s defaults when unset), the
-  nodes' rlimits; a read-only root file system with a private tmpfs on ``/tmp``, ``/var/tmp``, ``/run``.
+  nodes' rlimits; a read-only root file system with a private tmpfs on ``/tmp``, ``/var/tmp``, ``/run/lock``.
 - ``dml_app/`` and ``dataset/`` of ``code_root`` are bind-mounted read-only at the same paths as
   on the host (the working directory and ``PYTHONPATH`` of every process is ``code_root``).
 - Shaping: each container's network namespace is bind-mounted on /run/netns/etb-<id>-<node>,
@@ -37,7 +37,7 @@ from worker.runtime_netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec,
                                   new_specs, node_address, parse_subnet)
 from worker.state import StateStore
 
-DOCKER_TMPFS = ("/tmp", "/var/tmp", "/run")  # a node's writable places besides its own directory
+DOCKER_TMPFS = ("/tmp", "/var/tmp", "/run/lock")  # a node's writable places besides its own (and the engine's /dev/shm)
 DEFAULT_IMAGE = "edgetb-node:bookworm-1"  # scripts/build_node_image.sh and worker/Dockerfile build this tag
 LABEL = "edgetb.testbed"
 NODE_LABEL = "edgetb.node"
@@ -265,7 +265,7 @@ class DockerRuntime:
                 "nano_cpus": int(round(rec["cpu"] * 1e9)) if rec["cpu"] else None,
                 "mem_limit": mem, "memswap_limit": mem, "pids_limit": rec.get("pids_max") or confine.DEFAULT_PIDS_MAX,
                 "ulimits": confine.docker_ulimits(rec.get("pids_max")), "read_only": True,
-                "tmpfs": {path: "rw,nosuid,nodev,size=256m,mode=1777" for path in DOCKER_TMPFS}}
+                "tmpfs": {path: "rw,exec,nosuid,nodev,size=256m,mode=1777" for path in DOCKER_TMPFS}}
         create = {"command": ["sleep", "infinity"], "name": rec["container"], "hostname": rec["name"],
                   "labels": self._labels(rec["name"]), "working_dir": self.code_root,
                   "user": f"{ident.uid}:{ident.gid}", "environment": env}
