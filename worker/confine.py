@@ -14,8 +14,9 @@ A node runs code the testbed does not vet, as its own uid without capabilities
   ``ENOSYS``, as its flags cannot be inspected, and the C library falls back to ``clone``),
   the keyrings, ``bpf``, ``userfaultfd``, ``perf_event_open``, ``io_uring_*``, ``ptrace`` and
   ``process_vm_*``: those fail with ``EPERM``. A system call of another ABI (i386 or x32 on
-  x86_64, arm32 on aarch64) kills the process. On a machine the filter does not know (neither
-  x86_64 nor aarch64), no node starts: ``node_filter`` raises a CapabilityError naming it.
+  x86_64, arm on aarch64) kills the process. On a machine the filter does not know (not
+  x86_64, aarch64 or 32-bit arm), no node starts: ``node_filter`` raises a CapabilityError
+  naming it.
 """
 from __future__ import annotations
 
@@ -75,9 +76,9 @@ def set_rlimits(limits: Rlimits) -> None:
 
 
 # seccomp -----------------------------------------------------------------------------------------
-AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7, "arm": 0x40000028}
 X32_SYSCALL_BIT = 0x40000000
-# (the numbers of unistd_64.h and asm-generic/unistd.h)
+# (the numbers of x86_64's unistd_64.h, asm-generic/unistd.h, and arm's EABI table)
 SYSCALLS = {
     "x86_64": {"unshare": 272, "clone": 56, "clone3": 435, "keyctl": 250, "add_key": 248, "request_key": 249,
                "bpf": 321, "userfaultfd": 323, "perf_event_open": 298, "io_uring_setup": 425,
@@ -87,6 +88,9 @@ SYSCALLS = {
                 "bpf": 280, "userfaultfd": 282, "perf_event_open": 241, "io_uring_setup": 425,
                 "io_uring_enter": 426, "io_uring_register": 427, "ptrace": 117, "process_vm_readv": 270,
                 "process_vm_writev": 271},
+    "arm": {"unshare": 337, "clone": 120, "clone3": 435, "keyctl": 311, "add_key": 309, "request_key": 310,
+            "bpf": 386, "userfaultfd": 388, "perf_event_open": 364, "io_uring_setup": 425, "io_uring_enter": 426,
+            "io_uring_register": 427, "ptrace": 26, "process_vm_readv": 376, "process_vm_writev": 377},  # EABI
 }
 DENIED = ("keyctl", "add_key", "request_key", "bpf", "userfaultfd", "perf_event_open", "io_uring_setup",
           "io_uring_enter", "io_uring_register", "ptrace", "process_vm_readv", "process_vm_writev")
@@ -125,10 +129,21 @@ def _assemble(code: list[tuple]) -> bytes:
     return b"".join(out)
 
 
+def process_abi() -> str:
+    """The ABI of this process (not the kernel's machine: 32-bit Python on a 64-bit ARM kernel
+    makes arm system calls)."""
+    machine = os.uname().machine
+    if struct.calcsize("P") == 4 and (machine.startswith("arm") or machine == "aarch64"):
+        return "arm"
+    if struct.calcsize("P") == 4 and machine == "x86_64":
+        return "i386"
+    return machine
+
+
 def filter_program(machine: Optional[str] = None) -> bytes:
-    """The node filter for ``machine`` (default: this one's), as ``struct sock_filter`` bytes;
-    a CapabilityError for a machine it does not know."""
-    machine = machine or os.uname().machine
+    """The node filter for ``machine`` (default: this process's ABI), as ``struct sock_filter``
+    bytes; a CapabilityError for a machine it does not know."""
+    machine = machine or process_abi()
     if machine not in SYSCALLS:
         raise CapabilityError(f"no seccomp filter for this machine ({machine}; known: {', '.join(SYSCALLS)}): "
                               f"nodes would run unconfined, so none is started")

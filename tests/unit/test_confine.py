@@ -37,7 +37,7 @@ def _decode(program: bytes) -> list[tuple[int, int, int, int]]:
     return [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
 
 
-@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64", "arm"])
 def test_the_filter_checks_the_abi_first_and_every_jump_lands_inside(machine):
     code = _decode(confine.filter_program(machine))
     assert code[0] == (0x20, 0, 0, 4)  # load seccomp_data.arch
@@ -54,8 +54,16 @@ def test_the_filter_checks_the_abi_first_and_every_jump_lands_inside(machine):
     assert x32 == ([confine.X32_SYSCALL_BIT] if machine == "x86_64" else [])
 
 
+@pytest.mark.parametrize("machine,pointer,abi", [("x86_64", 8, "x86_64"), ("aarch64", 8, "aarch64"),
+                                                 ("aarch64", 4, "arm"), ("armv7l", 4, "arm"), ("x86_64", 4, "i386")])
+def test_the_abi_is_the_processs_not_the_kernels(monkeypatch, machine, pointer, abi):
+    monkeypatch.setattr(confine.os, "uname", lambda: type("U", (), {"machine": machine})())
+    monkeypatch.setattr(confine.struct, "calcsize", lambda fmt: pointer)
+    assert confine.process_abi() == abi
+
+
 def test_an_unknown_machine_starts_no_node():
-    with pytest.raises(CapabilityError, match=r"riscv64.*known: x86_64, aarch64.*none is started"):
+    with pytest.raises(CapabilityError, match=r"riscv64.*known: x86_64, aarch64, arm.*none is started"):
         confine.filter_program("riscv64")
 
 
