@@ -169,7 +169,7 @@ class Cgroups:
         killed, the group thawed (the killed ones then die). Without a freezer: killed until none
         is left (bounded by the node's pids limit)."""
         path = self.freezer_dir(node)
-        if path is None or not os.path.isdir(path):
+        if path is None or not os.path.isdir(path) or not self.pids(node):
             return
         if self.version == 2 and os.path.exists(os.path.join(path, "cgroup.kill")):
             _write(os.path.join(path, "cgroup.kill"), "1")
