@@ -498,6 +498,10 @@ def launch(spec: Launch) -> subprocess.Popen:
         except PermissionError:
             raise ConfigError(f"node processes run as uid {ident.uid}, which may not run {spec.argv[0]!r} "
                               "(or a directory on its way is closed to others)") from None
+        except BlockingIOError:  # EAGAIN from exec: RLIMIT_NPROC
+            raise NodeRuntimeError(f"the node's processes (uid {ident.uid}) are at their limit of "
+                                   f"{dict((r, soft) for r, soft, _ in rlimits).get(confine.resource.RLIMIT_NPROC)} "
+                                   f"processes and threads; {spec.argv[0]!r} was not started") from None
     finally:
         for fd in fds:
             os.close(fd)
