@@ -250,8 +250,8 @@ class Topology:
             except ConfigError as e:
                 raise TopologyError(f"{where}, field 'mem': {e.message}") from None
         node = Node(name, kind, host, cpu, mem_bytes, ip, len(self.nodes),
-                    access_rate(uplink, f"{where}, field 'uplink'"), access_rate(downlink, f"{where}, field 'downlink'"),
-                    pids)
+                    access_rate(uplink, f"{where}, field 'uplink'"),
+                    access_rate(downlink, f"{where}, field 'downlink'"), pids)
         _check_node(node, where)
         node.cpu = float(cpu) if cpu is not None else None
         node.ip = str(ipaddress.IPv4Address(ip)) if ip is not None else None

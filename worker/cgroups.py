@@ -111,8 +111,9 @@ class Cgroups:
             if controller and controller not in mounted:
                 continue  # (v1 without the pids hierarchy: RLIMIT_NPROC still bounds the node)
             base = os.path.join(self.root, controller, self.group, node) if controller else self.dirs(node)[0]
-            _write(os.path.join(base, name), value, optional=name.startswith("memory.memsw") or name.endswith("swap.max")
-                   or (self.version == 2 and name == "pids.max"))
+            optional = name.startswith("memory.memsw") or name.endswith("swap.max") or \
+                (self.version == 2 and name == "pids.max")
+            _write(os.path.join(base, name), value, optional=optional)
 
     def reader(self, node: str) -> "CounterReader":
         """A reader of the node's CPU and memory counters."""

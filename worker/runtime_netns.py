@@ -107,7 +107,8 @@ class NodeSpec:
         low, high = confine.MIN_PIDS_MAX, confine.MAX_PIDS_MAX
         if self.pids_max is not None and (isinstance(self.pids_max, bool) or not isinstance(self.pids_max, int)
                                           or not low <= self.pids_max <= high):
-            raise ConfigError(f"node {self.name}: pids_max must be an integer in [{low}, {high}], got {self.pids_max!r}")
+            raise ConfigError(f"node {self.name}: pids_max must be an integer in [{low}, {high}], "
+                              f"got {self.pids_max!r}")
         if self.ip is not None:
             try:
                 ipaddress.IPv4Address(self.ip)

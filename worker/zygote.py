@@ -31,8 +31,9 @@ pickle), with file descriptors as ``SCM_RIGHTS``:
 
 * zygote -> worker, once: ``{"ready": <zygote pid>}``;
 * worker -> zygote: ``{"op": "spawn", "id": N, "args": [...], "uid", "gid", "netns", "cgroup_procs",
-  "ops": [[kind, path, writable], ...], "rlimits": [[resource, soft, hard], ...]}`` with two descriptors, the log (stdout and stderr) and
-  the environment pipe, and a third, the node's network namespace, when ``netns`` is true;
+  "ops": [[kind, path, writable], ...], "rlimits": [[resource, soft, hard], ...]}`` with two
+  descriptors, the log (stdout and stderr) and the environment pipe, and a third, the node's
+  network namespace, when ``netns`` is true;
 * zygote -> worker: ``{"id": N, "pid": P}`` or ``{"id": N, "error": "..."}``: once the child
   is set up when the request says ``"wait": true`` (the first node), else at the fork, and later,
   should its set-up fail, ``{"setup_failed": P, "error": "..."}``;

@@ -8,7 +8,7 @@ import time
 
 from tests.docker.conftest import DOCKER, run
 from tests.netns.conftest import report
-from tests.security.test_node_confinement import sample_peak
+from tests.security.test_node_confinement import FORK_BOMB, sample_peak
 from worker import cgroups, confine
 from worker.host import WorkerHost
 
@@ -43,7 +43,7 @@ def test_a_container_is_read_only_and_limited(host: WorkerHost, engine, request)
     assert limits["Max processes"] == [str(confine.DEFAULT_PIDS_MAX)] * 2, limits
     assert limits["Max core file size"] == ["0", "0"] and limits["Max open files"] == [str(confine.NOFILE)] * 2
     # a fork bomb stops at the container's limit, and reset still removes the container
-    host.start_process("b", {"version": 1, "argv": ["sh", "-c", "exec 2>/dev/null; f() { while :; do f & done; }; f"]})
+    host.start_process("b", {"version": 1, "argv": ["sh", "-c", FORK_BOMB]})
     peak = sample_peak(lambda: pids_current(engine, f"etb-{host.testbed_id}-b"), reach=56)
     report(request, "peak_pids", peak)
     assert 56 <= peak <= 64, peak

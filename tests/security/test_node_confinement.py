@@ -154,6 +154,10 @@ def uid_processes(uid: int) -> list[int]:
     return found
 
 
+# every process forks without end (dash exits when a fork fails, and the others fill its place)
+FORK_BOMB = "exec 2>/dev/null; f() { while :; do f & done; }; f"
+
+
 def sample_peak(read, reach: int, least_s: float = 2.0, most_s: float = 20.0) -> int:
     """The highest value ``read`` gave, sampled every 20 ms for ``least_s`` and then until it
     reached ``reach`` (``most_s`` at most: a loaded machine forks slowly)."""
@@ -171,8 +175,7 @@ def test_a_fork_bomb_stops_at_pids_max_and_reset_removes_it(host: WorkerHost, re
     uid = host.runtime.identity("bomb").uid
     limit = int(read_group(host, "bomb", "pids.max"))
     assert limit == confine.DEFAULT_PIDS_MAX
-    # every process forks without end (dash exits when a fork fails, and the others fill its place)
-    host.start_process("bomb", {"version": 1, "argv": ["sh", "-c", "exec 2>/dev/null; f() { while :; do f & done; }; f"]})
+    host.start_process("bomb", {"version": 1, "argv": ["sh", "-c", FORK_BOMB]})
     peak = sample_peak(lambda: int(read_group(host, "bomb", "pids.current")), reach=int(limit * 0.9))
     report(request, "peak_pids", peak)
     assert limit * 0.9 <= peak <= limit, peak  # it really bombs, and no further than the limit
