@@ -36,6 +36,7 @@ def node_requests(topology: Topology) -> dict[str, Any]:
     """The body of the create-nodes request (a physical node comes with its device's address)."""
     return {"version": 1, "nodes": [{"name": n.name, "cpu": n.cpu, "mem_bytes": n.mem_bytes}
                                     | ({"ip": n.ip} if n.kind == "physical" else {})
+                                    | ({"pids_max": n.pids_max} if n.pids_max else {})
                                     for n in topology.nodes.values()]}
 
 
@@ -166,7 +167,7 @@ def check_capabilities(topology: Topology, caps: dict[str, Any]) -> None:
         raise CapabilityError(
             f"the worker's kernel ({caps.get('kernel', '?')}) has no sch_netem, so delay, jitter and loss "
             f"cannot be emulated; links that need it: {shown}")
-    limited = [n.name for n in topology.nodes.values() if n.cpu or n.mem_bytes]
+    limited = [n.name for n in topology.nodes.values() if n.cpu or n.mem_bytes or n.pids_max]
     if limited and not caps.get("cgroup_version"):
         raise CapabilityError(f"the worker has no usable cgroups, so the limits of {', '.join(limited[:5])} cannot be set")
 

@@ -929,7 +929,7 @@ class Experiment:
         declared = Topology()
         for node in self.topology.nodes.values():
             declared.add_node(node.name, node.kind, node.host, node.cpu, node.mem_bytes, node.ip,
-                              uplink=node.uplink_bps, downlink=node.downlink_bps)
+                              uplink=node.uplink_bps, downlink=node.downlink_bps, pids=node.pids_max)
         changed = read(declared)
         deploy.check_capabilities(changed, self.worker.capabilities())
         ips = {n.name: n.ip for n in self.nodes.values()}

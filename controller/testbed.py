@@ -100,12 +100,14 @@ class Testbed:
 
     def add_emulated_node(self, name: str, cpu: Optional[float] = None, mem: Union[str, int, None] = None,
                           emulator: Optional[str] = None, uplink: Union[str, int, None] = None,
-                          downlink: Union[str, int, None] = None) -> None:
-        """An emulated node; ``uplink``/``downlink`` are its access links (e.g. '10mbit'), shared by all its peers."""
+                          downlink: Union[str, int, None] = None, pids: Optional[int] = None) -> None:
+        """An emulated node; ``uplink``/``downlink`` are its access links (e.g. '10mbit'), shared by all its peers;
+        ``pids`` its processes and threads at most (default: the worker's)."""
         host = emulator or next(iter(self.emulators), "local")
         if self.emulators and host not in self.emulators:
             raise ConfigError(f"node {name!r}: unknown emulator {host!r}")
-        self.topology.add_node(name, "emulated", host, cpu, mem, source="Testbed", uplink=uplink, downlink=downlink)
+        self.topology.add_node(name, "emulated", host, cpu, mem, source="Testbed", uplink=uplink, downlink=downlink,
+                               pids=pids)
 
     def add_physical_node(self, name: str, ip: str, agent: str, token_file: Optional[str] = None,
                           tls_fingerprint: Optional[str] = None, uplink: Union[str, int, None] = None) -> None:

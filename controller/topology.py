@@ -15,9 +15,10 @@ needs a ``delay``; ``loss`` is a percentage (``"0.5%"`` or a JSON number);
 ``queue`` a positive number of packets.
 
 nodes file (optional; ``kind`` defaults to emulated, ``host`` to local; a
-physical node needs an IPv4 ``ip`` and takes no cpu/mem limits)::
+physical node needs an IPv4 ``ip`` and takes no cpu/mem/pids limits; an emulated
+node without ``mem`` or ``pids`` gets the worker's defaults, see ``worker.confine``)::
 
-    {"nodes": [{"name": "n1", "kind": "emulated", "host": "local", "cpu": 0.5, "mem": "256M"},
+    {"nodes": [{"name": "n1", "kind": "emulated", "host": "local", "cpu": 0.5, "mem": "256M", "pids": 256},
                {"name": "pi1", "kind": "physical", "ip": "192.168.1.20"}]}
 
 Both files are strict (``LINK_SCHEMA``, ``NODE_SCHEMA``, checked by
@@ -40,6 +41,7 @@ from typing import Any, Iterable, Optional, Union
 
 from controller.schema import Field, Schema, describe, read_json, refuse_unknown
 from controller.units import format_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
+from worker.confine import MAX_PIDS_MAX, MIN_PIDS_MAX
 from worker.errors import ConfigError, TopologyError
 from worker.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, shape_problems
 
@@ -63,6 +65,7 @@ NODE_SCHEMA = Schema({
     "host": Field(str, "a host of hosts.json", default="local", max_len=15),
     "cpu": Field(float, "cores", low=0, high=MAX_CPU, low_open=True),
     "mem": Field((str, int), "e.g. '256M', at least 4M"),
+    "pids": Field(int, "processes and threads", low=MIN_PIDS_MAX, high=MAX_PIDS_MAX),
     "ip": Field(str, "a physical node's IPv4 address", max_len=15),
     "uplink": Field(str, "the node's access link out, shared by all its peers, e.g. '10mbit'", max_len=32),
     "downlink": Field(str, "the node's access link in, shared by all its peers, e.g. '10mbit'", max_len=32)})
@@ -74,7 +77,8 @@ NODES_FILE_SCHEMA = Schema({"version": Field(int, default=TOPOLOGY_VERSION, choi
 
 @dataclass
 class Node:
-    """One node; ``cpu`` in cores and ``mem_bytes`` None mean unlimited; ``ip`` only for physical nodes."""
+    """One node; ``cpu`` None means unlimited, ``mem_bytes`` and ``pids_max`` None the worker's
+    defaults; ``ip`` only for physical nodes."""
 
     name: str
     kind: str = "emulated"
@@ -85,11 +89,12 @@ class Node:
     index: int = 0
     uplink_bps: Optional[int] = None  # access links: shared by all the node's peers (None: none)
     downlink_bps: Optional[int] = None
+    pids_max: Optional[int] = None  # processes and threads
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "host": self.host, "cpu": self.cpu,
                 "mem_bytes": self.mem_bytes, "ip": self.ip, "uplink_bps": self.uplink_bps,
-                "downlink_bps": self.downlink_bps}
+                "downlink_bps": self.downlink_bps, "pids_max": self.pids_max}
 
 
 @dataclass(frozen=True)
@@ -182,12 +187,16 @@ def _check_node(node: Node, where: str) -> None:
     mem = node.mem_bytes
     if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem < MIN_MEM_BYTES):
         raise bad("mem", f"must be at least 4M, got {mem!r} bytes")
+    pids = node.pids_max
+    if pids is not None and (isinstance(pids, bool) or not isinstance(pids, int)
+                             or not MIN_PIDS_MAX <= pids <= MAX_PIDS_MAX):
+        raise bad("pids", f"must be an integer in [{MIN_PIDS_MAX}, {MAX_PIDS_MAX}], got {pids!r}")
     if node.kind == "physical":
         if node.ip is None:
             raise bad("ip", "a physical node needs its IPv4 address")
         if node.downlink_bps is not None:
             raise bad("downlink", "a downlink is emulated for emulated nodes only, not for a physical device")
-        for field, value in (("cpu", cpu), ("mem", mem)):
+        for field, value in (("cpu", cpu), ("mem", mem), ("pids", pids)):
             if value is not None:
                 raise bad(field, "limits apply to emulated nodes only, not to a physical device")
     elif node.ip is not None:
@@ -225,9 +234,11 @@ class Topology:
     # nodes -----------------------------------------------------------------
     def add_node(self, name: str, kind: str = "emulated", host: str = "local", cpu: Optional[float] = None,
                  mem: Union[str, int, None] = None, ip: Optional[str] = None, source: str = "topology",
-                 uplink: Union[str, int, None] = None, downlink: Union[str, int, None] = None) -> Node:
+                 uplink: Union[str, int, None] = None, downlink: Union[str, int, None] = None,
+                 pids: Optional[int] = None) -> Node:
         """Declare a node; ``mem`` is a size like '256M' or bytes; ``uplink`` and ``downlink``
-        rates like '10mbit' or bit/s; ``source`` starts error messages."""
+        rates like '10mbit' or bit/s; ``pids`` its processes and threads at most; ``source``
+        starts error messages."""
         check_name(name, source)
         where = _where(source, name)
         if name in self.nodes:
@@ -239,7 +250,8 @@ class Topology:
             except ConfigError as e:
                 raise TopologyError(f"{where}, field 'mem': {e.message}") from None
         node = Node(name, kind, host, cpu, mem_bytes, ip, len(self.nodes),
-                    access_rate(uplink, f"{where}, field 'uplink'"), access_rate(downlink, f"{where}, field 'downlink'"))
+                    access_rate(uplink, f"{where}, field 'uplink'"),
+                    access_rate(downlink, f"{where}, field 'downlink'"), pids)
         _check_node(node, where)
         node.cpu = float(cpu) if cpu is not None else None
         node.ip = str(ipaddress.IPv4Address(ip)) if ip is not None else None
@@ -358,11 +370,11 @@ class Topology:
         topo = cls()
         for i, entry in enumerate(_list(data.get("nodes", []), f"{source}: field 'nodes'")):
             where = f"{source}: nodes[{i}]"
-            _only_fields(entry, ("name", "kind", "host", "cpu", "mem_bytes", "ip", "uplink_bps", "downlink_bps"),
-                         ("name",), where)
+            _only_fields(entry, ("name", "kind", "host", "cpu", "mem_bytes", "ip", "uplink_bps", "downlink_bps",
+                                 "pids_max"), ("name",), where)
             topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
                           entry.get("mem_bytes"), entry.get("ip"), source=source, uplink=entry.get("uplink_bps"),
-                          downlink=entry.get("downlink_bps"))
+                          downlink=entry.get("downlink_bps"), pids=entry.get("pids_max"))
         for i, entry in enumerate(_list(data.get("links", []), f"{source}: field 'links'")):
             where = f"{source}: links[{i}]"
             _only_fields(entry, ("src", "dst", "shape"), ("src", "dst", "shape"), where)
@@ -420,7 +432,7 @@ def load_nodes(path: str) -> Topology:
         uplink = entry.get("uplink", defaults.get("uplink"))
         downlink = entry.get("downlink", defaults.get("downlink") if kind != "physical" else None)
         topo.add_node(entry["name"], kind, entry.get("host", "local"), entry.get("cpu"), entry.get("mem"),
-                      entry.get("ip"), source=path, uplink=uplink, downlink=downlink)
+                      entry.get("ip"), source=path, uplink=uplink, downlink=downlink, pids=entry.get("pids"))
     return topo
 
 

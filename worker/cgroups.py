@@ -1,8 +1,13 @@
-"""CPU and memory limits of emulated nodes, through cgroup v1 or v2.
+"""CPU, memory and process limits of emulated nodes, through cgroup v1 or v2.
 
 Each testbed has one group (``edgetb-<id>``) holding one child per node. What
 is written where is computed by ``limit_writes`` as plain data, so both cgroup
-versions are tested as tables; ``Cgroups`` makes it real.
+versions are tested as tables; ``Cgroups`` makes it real. A node always gets a
+memory and a pids limit (``worker.confine``'s defaults when it names none).
+
+A node is removed through its groups: frozen (v1 ``freezer``, v2 ``cgroup.freeze``),
+every process killed, thawed (or v2's ``cgroup.kill``), so that no process can fork
+faster than it is killed.
 """
 from __future__ import annotations
 
@@ -12,11 +17,12 @@ import signal
 import time
 from typing import Optional
 
-from worker import privilege
+from worker import confine, privilege
 from worker.errors import CapabilityError, NodeRuntimeError
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("cpu", "memory")
+V1_OPTIONAL = ("pids", "freezer")  # joined where they are mounted
 
 
 def detect_version(root: str = "/sys/fs/cgroup") -> Optional[int]:
@@ -28,7 +34,8 @@ def detect_version(root: str = "/sys/fs/cgroup") -> Optional[int]:
     return None
 
 
-def limit_writes(version: int, cpu: Optional[float], mem_bytes: Optional[int]) -> list[tuple[str, str, str]]:
+def limit_writes(version: int, cpu: Optional[float], mem_bytes: Optional[int],
+                 pids_max: Optional[int] = None) -> list[tuple[str, str, str]]:
     """(controller, file, value) writes that set a node's limits; controller is '' on v2."""
     quota = str(int(round(cpu * CFS_PERIOD_US))) if cpu else None
     if version == 1:
@@ -36,11 +43,15 @@ def limit_writes(version: int, cpu: Optional[float], mem_bytes: Optional[int]) -
         if mem_bytes:
             writes += [("memory", "memory.limit_in_bytes", str(mem_bytes)),
                        ("memory", "memory.memsw.limit_in_bytes", str(mem_bytes))]
+        if pids_max:
+            writes.append(("pids", "pids.max", str(pids_max)))
         return writes
     writes = [("", "cpu.max", f"{quota or 'max'} {CFS_PERIOD_US}")]
     writes += [("", "memory.max", str(mem_bytes) if mem_bytes else "max")]
     if mem_bytes:
         writes.append(("", "memory.swap.max", "0"))
+    if pids_max:
+        writes.append(("", "pids.max", str(pids_max)))
     return writes
 
 
@@ -82,35 +93,27 @@ class Cgroups:
     def dirs(self, node: str) -> list[str]:
         return [os.path.join(base, node) for base in self._bases()]
 
-    def create(self, node: str, cpu: Optional[float], mem_bytes: Optional[int]) -> None:
-        """Make the node's group(s) and set its limits."""
+    def create(self, node: str, cpu: Optional[float], mem_bytes: Optional[int], pids_max: Optional[int] = None
+               ) -> None:
+        """Make the node's group(s) and set its limits (memory and pids None: ``worker.confine``'s
+        defaults; cpu None: unlimited)."""
         self.require()
         if self.version == 2 and not (self._v2_ready and os.path.isdir(self._bases()[0])):
-            enable_v2_controllers(self.root)
+            added = enable_v2_controllers(self.root)
             os.makedirs(self._bases()[0], exist_ok=True)
-            _write(os.path.join(self._bases()[0], "cgroup.subtree_control"), "+cpu +memory")
+            _write(os.path.join(self._bases()[0], "cgroup.subtree_control"), " ".join(f"+{c}" for c in added))
             self._v2_ready = True
         for d in self.dirs(node):
             os.makedirs(d, exist_ok=True)
-        for controller, name, value in limit_writes(self.version or 0, cpu, mem_bytes):
+        mounted = v1_hierarchies(self.root) if self.version == 1 else []
+        for controller, name, value in limit_writes(self.version or 0, cpu, mem_bytes or confine.default_mem_bytes(),
+                                                    pids_max or confine.DEFAULT_PIDS_MAX):
+            if controller and controller not in mounted:
+                continue  # (v1 without the pids hierarchy: RLIMIT_NPROC still bounds the node)
             base = os.path.join(self.root, controller, self.group, node) if controller else self.dirs(node)[0]
-            _write(os.path.join(base, name), value, optional=name.startswith("memory.memsw") or name.endswith("swap.max"))
-
-    def create_accounting(self, node: str) -> bool:
-        """Make the node's group(s) without limits, so its CPU and memory can be read: best effort
-        (False when this host's cgroups do not allow it; the node then runs without a group)."""
-        if self.version is None:
-            return False
-        try:
-            self.create(node, None, None)
-        except (OSError, NodeRuntimeError, CapabilityError):
-            return False
-        return True
-
-    def existing_procs_files(self, node: str) -> list[str]:
-        """The node's cgroup.procs files if all its groups exist, else none."""
-        files = self.procs_files(node)
-        return files if files and all(os.path.exists(f) for f in files) else []
+            optional = name.startswith("memory.memsw") or name.endswith("swap.max") or \
+                (self.version == 2 and name == "pids.max")
+            _write(os.path.join(base, name), value, optional=optional)
 
     def reader(self, node: str) -> "CounterReader":
         """A reader of the node's CPU and memory counters."""
@@ -138,15 +141,12 @@ class Cgroups:
         return found
 
     def remove(self, node: str, timeout_s: float = 5.0) -> None:
-        """Kill the node's processes and remove its groups."""
+        """Kill the node's processes (``kill``) and remove its groups."""
         deadline = time.monotonic() + timeout_s
+        self.kill(node, timeout_s / 2)
         while True:
             pids = self.pids(node)
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_all(pids)
             try:
                 for d in self.dirs(node):
                     if os.path.isdir(d):
@@ -156,6 +156,35 @@ class Cgroups:
                 if time.monotonic() > deadline:
                     raise NodeRuntimeError(f"cgroup of node {node} still busy after {timeout_s}s: pids {sorted(pids)}")
                 time.sleep(0.02)
+
+    def freezer_dir(self, node: str) -> Optional[str]:
+        """The node's group that can freeze it (None where there is none)."""
+        if self.version == 1:
+            return os.path.join(self.root, "freezer", self.group, node) if "freezer" in v1_hierarchies(self.root) \
+                else None
+        return self.dirs(node)[0] if self.version == 2 else None
+
+    def kill(self, node: str, timeout_s: float = 5.0) -> None:
+        """SIGKILL every process of the node, a fork bomb's included: v2's ``cgroup.kill`` where
+        the kernel has it, else the group frozen (no process runs, so none forks), every process
+        killed, the group thawed (the killed ones then die). Without a freezer: killed until none
+        is left (bounded by the node's pids limit)."""
+        path = self.freezer_dir(node)
+        if path is None or not os.path.isdir(path) or not self.pids(node):
+            return
+        if self.version == 2 and os.path.exists(os.path.join(path, "cgroup.kill")):
+            _write(os.path.join(path, "cgroup.kill"), "1")
+            return
+        state, frozen, thawed = ("freezer.state", "FROZEN", "THAWED") if self.version == 1 else \
+            ("cgroup.freeze", "1", "0")
+        _write(os.path.join(path, state), frozen)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not _is_frozen(path, self.version) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            _kill_all(self.pids(node))
+        finally:
+            _write(os.path.join(path, state), thawed)
 
     def remove_all(self) -> None:
         for node in self.nodes():
@@ -171,13 +200,35 @@ class Cgroups:
         self._v2_ready = False
 
 
+def _kill_all(pids: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _is_frozen(path: str, version: Optional[int]) -> bool:
+    """Whether every process of the group at ``path`` is frozen."""
+    try:
+        if version == 1:
+            with open(os.path.join(path, "freezer.state")) as f:
+                return f.read().strip() == "FROZEN"
+        with open(os.path.join(path, "cgroup.events")) as f:
+            return "frozen 1" in f.read()
+    except OSError:
+        return True  # gone: nothing left to freeze
+
+
 def v1_hierarchies(root: str) -> list[str]:
-    """The v1 hierarchies a node joins: cpu and memory, and cpuacct where it is mounted apart
-    from cpu (its ``cpuacct.usage`` is the node's CPU time)."""
+    """The v1 hierarchies a node joins: cpu and memory; cpuacct where it is mounted apart from
+    cpu (its ``cpuacct.usage`` is the node's CPU time); pids and freezer where they are mounted
+    (the node's process limit, and its removal by freezing)."""
     found = list(V1_CONTROLLERS)
     cpu, acct = os.path.join(root, "cpu"), os.path.join(root, "cpuacct")
     if os.path.isdir(acct) and os.path.realpath(acct) != os.path.realpath(cpu):
         found.append("cpuacct")
+    found += [c for c in V1_OPTIONAL if os.path.isdir(os.path.join(root, c))]
     return found
 
 
@@ -272,23 +323,31 @@ class CounterReader:
             return None
 
 
-V2_CONTROLLERS = ("cpu", "memory")
+V2_CONTROLLERS = ("cpu", "memory", "pids")
 GROUP_PREFIX = "edgetb-"
 
 
-def enable_v2_controllers(root: str) -> None:
-    """Delegate cpu and memory to the root's children, remembering (host-wide, per hierarchy)
-    which ones this host did not delegate before, for ``restore_v2_controllers``."""
+def enable_v2_controllers(root: str) -> list[str]:
+    """Delegate cpu, memory and (where the kernel has it) pids to the root's children,
+    remembering (host-wide, per hierarchy) which ones this host did not delegate before, for
+    ``restore_v2_controllers``. Returns the controllers the testbed's group passes on."""
     control = os.path.join(root, "cgroup.subtree_control")
+    try:
+        with open(os.path.join(root, "cgroup.controllers")) as f:
+            available = set(f.read().split())
+    except OSError:
+        available = set(V2_CONTROLLERS)
+    wanted = [c for c in V2_CONTROLLERS if c in available or c != "pids"]
     with privilege.host_locked("cgroup2") as path:
         record = privilege.read_json(path, {})
         with open(control) as f:
             enabled = set(f.read().split())
-        added = [c for c in V2_CONTROLLERS if c not in enabled]
+        added = [c for c in wanted if c not in enabled]
         if added:
             record[root] = sorted(set(record.get(root, [])) | set(added))
             privilege.write_json(path, record)
             _write(control, " ".join(f"+{c}" for c in added))
+    return wanted
 
 
 def restore_v2_controllers(root: str) -> None:

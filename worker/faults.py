@@ -120,7 +120,7 @@ def validate(fault: Any, i: int = 0) -> dict[str, Any]:
         out["notice_s"] = _number(fault.get("notice_s", 0), f"{where}.notice_s", 0, 3600)
     if kind == "limits":
         if "cpu" not in fault and "mem_bytes" not in fault:
-            raise ConfigError(f"{where}: limits needs 'cpu' or 'mem_bytes' (null: unlimited)")
+            raise ConfigError(f"{where}: limits needs 'cpu' or 'mem_bytes' (null: unlimited CPU, the default memory)")
         if "cpu" in fault:
             out["cpu"] = _number(fault["cpu"], f"{where}.cpu", 0.001, 1024, allow_none=True)
         if "mem_bytes" in fault:
@@ -325,10 +325,13 @@ class Faults:
         base, version = self.freezer_base()
         if not os.path.isdir(base):
             return
+        groups = getattr(self.host.runtime, "cgroups", None)
         for node in os.listdir(base):
             path = os.path.join(base, node)
             if os.path.isdir(path):
                 _write_quiet(path, version)
+                if groups is not None and groups.freezer_dir(node) == path:
+                    continue  # the node's own group (v1): its processes stay for the runtime's reset to kill
                 _empty_into(path, os.path.dirname(base))
                 for _ in range(100):
                     try:
@@ -354,9 +357,7 @@ class Faults:
                 memsw = os.path.join(groups.root, "memory", groups.group, node, "memory.memsw.limit_in_bytes")
                 if os.path.exists(memsw):
                     cgroups._write(memsw, "-1", optional=True)
-            groups.create(node, cpu, mem)
-            if groups.version == 1 and not mem:
-                cgroups._write(os.path.join(groups.root, "memory", groups.group, node, "memory.limit_in_bytes"), "-1")
+            groups.create(node, cpu, mem, rec.get("pids_max"))  # (memory None: the default limit)
             pids = self._pids(node)
             for procs in groups.procs_files(node):
                 _join(procs, pids)
@@ -376,7 +377,7 @@ class Faults:
             groups.require()
             if not all(os.path.isdir(d) for d in groups.dirs(node)):
                 rec = self.host.store.snapshot()["nodes"][node]  # made with the limits it has now
-                groups.create(node, rec.get("cpu"), rec.get("mem_bytes"))
+                groups.create(node, rec.get("cpu"), rec.get("mem_bytes"), rec.get("pids_max"))
             files = groups.procs_files(node)
         moved = sum(_join(procs, pids) for procs in files)
         return {"node": node, "kind": "prepare", "for": f["for"], "moved": moved}

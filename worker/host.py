@@ -341,7 +341,7 @@ class WorkerHost:
                 self._zygote.start()
             zyg = self._zygote
         request = {"args": args, "uid": ident.uid, "gid": ident.gid,
-                   "cgroup_procs": self.runtime.procs_files(rec),
+                   "cgroup_procs": self.runtime.procs_files(rec), "rlimits": self.runtime.rlimits(rec),
                    "ops": [[op.kind, op.path, op.writable] for op in privilege.plan_view(view)]}
         child_env = _child_env(env)
         child_env.setdefault("HOME", view.home or "/")

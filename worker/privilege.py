@@ -14,7 +14,10 @@ processes, never the agent's or the controller's environment), where it sees:
 * nothing of the worker's state (``/var/lib/edgetb``: tokens, logs, state), of
   the rest of ``dml_file/`` (hosts.json, confs, results, other nodes);
 * a private ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/dev/mqueue`` and ``/run/lock`` (no
-  world-writable place shared with the host or other nodes), and IPC of its own.
+  world-writable place shared with the host or other nodes; what is written there counts
+  against the node's memory limit), and IPC of its own.
+
+It runs with the node's rlimits and under its seccomp filter (``worker.confine``).
 
 Directories that others cannot traverse (``/root`` of a venv built from a
 Python under it, pytest's ``/tmp/pytest-of-root``) are covered in the node's
@@ -29,8 +32,8 @@ children are not covered; they stay in its network namespace and cgroup, which
 reset empties.)
 
 Everything happens in the forked child before ``exec``, by system calls:
-cgroups, network namespace, mount namespace and view, ``/proc``, bounding set,
-groups, gid, uid, inheritable and ambient sets, ``no_new_privs``, death signal.
+cgroups, network namespace, mount namespace and view, ``/proc``, rlimits, bounding set,
+groups, gid, uid, inheritable and ambient sets, ``no_new_privs``, death signal, seccomp.
 """
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from worker import nsfs
+from worker import confine, nsfs
 from worker.errors import ConfigError, NodeRuntimeError, NotFound
 
 NODE_UID_BASE = 1_000_000_000
@@ -60,6 +63,7 @@ UID_SLOTS = 16_384  # NODE_UID_BASE + UID_SLOTS * UID_SLOT stays below 2**31
 DEFAULT_RUN_DIR = "/run/edgetb"  # host-wide, cleared at boot like the kernel state it describes
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")  # the world-writable places
 PRIVATE_TMPFS_OPTIONS = b"mode=1777,size=256m"
+SMALL_TMPFS = {"/dev/mqueue": b"mode=1777,size=1m", "/run/lock": b"mode=1777,size=1m"}  # lock files only
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -331,7 +335,7 @@ def _apply_view(ops: list[Op]) -> None:
             _mount(b"tmpfs", op.path, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=1m")
             covers.append(op.path)
         elif op.kind == "private":
-            _mount(b"tmpfs", op.path, b"tmpfs", MS_NOSUID | MS_NODEV, PRIVATE_TMPFS_OPTIONS)
+            _mount(b"tmpfs", op.path, b"tmpfs", MS_NOSUID | MS_NODEV, SMALL_TMPFS.get(op.path, PRIVATE_TMPFS_OPTIONS))
         else:
             _mount(f"/proc/self/fd/{sources[op.path]}".encode(), op.path, None, MS_BIND | MS_REC)
             flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if op.writable else MS_RDONLY)
@@ -433,17 +437,19 @@ class Launch:
     netns_path: Optional[str] = None
     cgroup_procs: Sequence[str] = ()
     popen: dict[str, Any] = field(default_factory=dict)
+    rlimits: confine.Rlimits = field(default_factory=confine.node_rlimits)
 
 
 def launch(spec: Launch) -> subprocess.Popen:
     """Start ``spec.argv`` in the node (no shell): in its cgroups and network namespace, in a
-    mount namespace of its own with ``spec.view``, as its uid without capabilities. Errors name
-    what failed."""
+    mount namespace of its own with ``spec.view``, as its uid without capabilities, with its
+    rlimits and seccomp filter. Errors name what failed."""
     if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
         raise ConfigError("a command must be a non-empty list of strings")
     check_readable(spec.view, spec.ident)
     ops = plan_view(spec.view)
-    ident, last_cap, hide_pids = spec.ident, _last_cap(), per_mount_proc()
+    ident, last_cap, hide_pids, rlimits = spec.ident, _last_cap(), per_mount_proc(), list(spec.rlimits)
+    seccomp = confine.node_filter()  # (a CapabilityError on a machine it does not know)
     starter = os.getpid()
     from worker import cgroups  # (it imports this module)
 
@@ -463,11 +469,13 @@ def launch(spec: Launch) -> subprocess.Popen:
                 _apply_view(ops)
                 if hide_pids:
                     _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
+                confine.set_rlimits(rlimits)
                 _drop_privileges(ident, last_cap)
                 if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:  # after the uid change
                     raise _oserror("set the parent-death signal of uid", str(ident.uid))
                 if os.getppid() != starter:  # the starter died before the line above
                     os._exit(125)
+                seccomp.install()  # last: after no_new_privs, and before exec
             except OSError as e:
                 os.write(2, f"edgetb: cannot start a node process: {e}\n".encode())
                 raise
@@ -490,6 +498,10 @@ def launch(spec: Launch) -> subprocess.Popen:
         except PermissionError:
             raise ConfigError(f"node processes run as uid {ident.uid}, which may not run {spec.argv[0]!r} "
                               "(or a directory on its way is closed to others)") from None
+        except BlockingIOError:  # EAGAIN from exec: RLIMIT_NPROC
+            raise NodeRuntimeError(f"the node's processes (uid {ident.uid}) are at their limit of "
+                                   f"{dict((r, soft) for r, soft, _ in rlimits).get(confine.resource.RLIMIT_NPROC)} "
+                                   f"processes and threads; {spec.argv[0]!r} was not started") from None
     finally:
         for fd in fds:
             os.close(fd)

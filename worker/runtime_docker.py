@@ -7,7 +7,9 @@ Docker runtime is used or probed, so netns-only users need neither the SDK nor a
   gateway is the subnet's first address, as the netns runtime's bridge. Containers
   ``etb-<id>-<node>`` get the same addresses a netns testbed would give (``node_address``),
   are reached by those addresses (no published ports) and are started in parallel.
-- Limits: ``nano_cpus`` from ``cpu`` (a CFS quota), ``mem_limit`` (= memory+swap) from ``mem_bytes``.
+- Limits: ``nano_cpus`` from ``cpu`` (a CFS quota), ``mem_limit`` (= memory+swap) from ``mem_bytes``,
+  ``pids_limit`` from ``pids_max`` (memory and pids: ``worker.confine``'s defaults when unset), the
+  nodes' rlimits; a read-only root file system with a private tmpfs on ``/tmp``, ``/var/tmp``, ``/run/lock``.
 - Inside every container the node's files sit at fixed paths of their own, whatever the host's
   (a checkout in root's home, a path with spaces): ``/opt/edgetb/dml_app`` (the code root's) and
   ``/opt/edgetb/dataset`` (the experiment directory's, else the code root's), read-only, and
@@ -33,13 +35,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
-from worker import nsfs, privilege
+from worker import confine, nsfs, privilege
 from worker.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
 from worker.procs import start_ticks
 from worker.runtime_netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, emulated_only,
                                   new_specs, node_address, parse_subnet)
 from worker.state import StateStore
 
+DOCKER_TMPFS = ("/tmp", "/var/tmp", "/run/lock")  # a node's writable places besides its own (and the engine's /dev/shm)
 DEFAULT_IMAGE = "edgetb-node:bookworm-1"  # scripts/build_node_image.sh and worker/Dockerfile build this tag
 LABEL = "edgetb.testbed"
 NODE_LABEL = "edgetb.node"
@@ -196,7 +199,8 @@ class DockerRuntime:
             records = [{"name": s.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
                         "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(s.name),
                         "ifname": NODE_IFNAME, "container": self.container(s.name), "cpu": s.cpu,
-                        "mem_bytes": s.mem_bytes, "runtime": self.kind} for i, s in enumerate(todo)]
+                        "mem_bytes": s.mem_bytes, "pids_max": s.pids_max, "runtime": self.kind}
+                       for i, s in enumerate(todo)]
             if records:
                 self._check_mounts(records)
             claim_runtime(state, self.kind, self.names.id)
@@ -279,10 +283,13 @@ class DockerRuntime:
         env = {"PYTHONPATH": NODE_ROOT, "EDGETB_NODE": rec["name"]}
         if self.workdir:
             env["HOME"] = privilege.node_dir(NODE_ROOT, rec["name"])
+        mem = rec["mem_bytes"] or confine.default_mem_bytes()
         host = {"network_mode": self.network, "mounts": mounts, "init": True,
                 "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
                 "nano_cpus": int(round(rec["cpu"] * 1e9)) if rec["cpu"] else None,
-                "mem_limit": rec["mem_bytes"], "memswap_limit": rec["mem_bytes"]}
+                "mem_limit": mem, "memswap_limit": mem, "pids_limit": rec.get("pids_max") or confine.DEFAULT_PIDS_MAX,
+                "ulimits": confine.docker_ulimits(rec.get("pids_max")), "read_only": True,
+                "tmpfs": {path: "rw,exec,nosuid,nodev,size=256m,mode=1777" for path in DOCKER_TMPFS}}
         create = {"command": ["sleep", "infinity"], "name": rec["container"], "hostname": rec["name"],
                   "labels": self._labels(rec["name"]), "working_dir": NODE_ROOT,
                   "user": f"{ident.uid}:{ident.gid}", "environment": env}

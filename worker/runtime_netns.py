@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from worker import cgroups, neighbours, netlink as nl, nsfs, privilege
+from worker import cgroups, confine, neighbours, netlink as nl, nsfs, privilege
 from worker.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.state import StateStore
 
@@ -75,21 +75,23 @@ class Naming:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """What a caller asks for: a name and optional limits (``ip`` only for a physical device)."""
+    """What a caller asks for: a name and optional limits (``ip`` only for a physical device);
+    memory and pids None: ``worker.confine``'s defaults."""
 
     name: str
     cpu: Optional[float] = None
     mem_bytes: Optional[int] = None
     ip: Optional[str] = None
+    pids_max: Optional[int] = None
 
     @classmethod
     def from_dict(cls, data: Any) -> "NodeSpec":
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise ConfigError(f"a node needs a string 'name', got {data!r}")
-        unknown = set(data) - {"name", "cpu", "mem_bytes", "ip"}
+        unknown = set(data) - {"name", "cpu", "mem_bytes", "ip", "pids_max"}
         if unknown:
             raise ConfigError(f"node {data['name']!r}: unknown fields {sorted(unknown)}")
-        spec = cls(data["name"], data.get("cpu"), data.get("mem_bytes"), data.get("ip"))
+        spec = cls(data["name"], data.get("cpu"), data.get("mem_bytes"), data.get("ip"), data.get("pids_max"))
         spec.check()
         return spec
 
@@ -102,6 +104,11 @@ class NodeSpec:
         if self.mem_bytes is not None and (isinstance(self.mem_bytes, bool) or not isinstance(self.mem_bytes, int)
                                            or self.mem_bytes < 4 * 1024 * 1024):
             raise ConfigError(f"node {self.name}: mem_bytes must be an integer >= 4 MiB, got {self.mem_bytes!r}")
+        low, high = confine.MIN_PIDS_MAX, confine.MAX_PIDS_MAX
+        if self.pids_max is not None and (isinstance(self.pids_max, bool) or not isinstance(self.pids_max, int)
+                                          or not low <= self.pids_max <= high):
+            raise ConfigError(f"node {self.name}: pids_max must be an integer in [{low}, {high}], "
+                              f"got {self.pids_max!r}")
         if self.ip is not None:
             try:
                 ipaddress.IPv4Address(self.ip)
@@ -128,9 +135,9 @@ def new_specs(state: dict[str, Any], specs: Sequence[NodeSpec]) -> list[NodeSpec
         old = state["nodes"].get(spec.name)
         if old is None:
             todo.append(spec)
-        elif (old["cpu"], old["mem_bytes"]) != (spec.cpu, spec.mem_bytes):
-            raise ConfigError(f"node {spec.name!r} exists with cpu={old['cpu']} mem_bytes={old['mem_bytes']}; "
-                              "reset before changing its limits")
+        elif (old["cpu"], old["mem_bytes"], old.get("pids_max")) != (spec.cpu, spec.mem_bytes, spec.pids_max):
+            raise ConfigError(f"node {spec.name!r} exists with cpu={old['cpu']} mem_bytes={old['mem_bytes']} "
+                              f"pids_max={old.get('pids_max')}; reset before changing its limits")
     if len(state["nodes"]) + len(todo) > MAX_NODES:
         raise ConfigError(f"at most {MAX_NODES} nodes per testbed")
     return todo
@@ -174,7 +181,7 @@ class NetnsRuntime:
             if state["subnet"] != str(self.subnet):
                 raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {self.subnet}")
             todo = self._new_specs(state, specs)
-            if todo and any(s.cpu or s.mem_bytes for s in todo):
+            if todo and any(s.cpu or s.mem_bytes or s.pids_max for s in todo):
                 self.cgroups.require()
             created: list[str] = []
             try:
@@ -185,7 +192,7 @@ class NetnsRuntime:
                     records.append({"name": spec.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
                                     "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(spec.name),
                                     "ifname": NODE_IFNAME, "host_if": self.names.host_if(next_index + i), "cpu": spec.cpu,
-                                    "mem_bytes": spec.mem_bytes, "runtime": self.kind})
+                                    "mem_bytes": spec.mem_bytes, "pids_max": spec.pids_max, "runtime": self.kind})
                 self._create_records(records, created)
                 for rec in records:
                     state["nodes"][rec["name"]] = rec
@@ -259,10 +266,8 @@ class NetnsRuntime:
                                      neighbours.permanent(NODE_IFINDEX, self.bridge_ip, gateway_mac)])
             _raise_first(failures, [f"node {rec['name']}: {step}" for step in
                                     ("lo up", "MAC address", "eth0 up", "address", "default route", "gateway entry")])
-            if rec["cpu"] or rec["mem_bytes"]:
-                self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"])
-            else:  # no limits: a group all the same where possible, for its CPU and memory counters
-                self.cgroups.create_accounting(rec["name"])
+            if self.cgroups.version is not None:  # named limits, else the default memory and pids limits
+                self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"], rec["pids_max"])
         with nl.RtnlSocket() as sock:  # the host reaches every node without asking
             failures = sock.run(neighbours.entries_for(bridge_index, [r["ip"] for r in records]))
         _raise_first(failures, [f"host entry for node {r['name']}" for r in records])
@@ -311,11 +316,13 @@ class NetnsRuntime:
         return nsfs.netns_path(rec["netns"])
 
     def procs_files(self, rec: dict[str, Any]) -> list[str]:
-        """The cgroup.procs files a process of the node joins: its limits' groups, or for a node
-        without limits its accounting groups where they exist (for its CPU and memory counters)."""
-        if rec["cpu"] or rec["mem_bytes"]:
-            return self.cgroups.procs_files(rec["name"])
-        return self.cgroups.existing_procs_files(rec["name"])
+        """The cgroup.procs files a process of the node joins: its limits' groups (none on a host
+        without cgroups)."""
+        return self.cgroups.procs_files(rec["name"]) if self.cgroups.version is not None else []
+
+    def rlimits(self, rec: dict[str, Any]) -> list[tuple[int, int, int]]:
+        """The rlimits of the node's processes (``worker.confine``)."""
+        return confine.node_rlimits(rec.get("pids_max"))
 
     def popen(self, name: str, argv: Sequence[str], view: Optional[privilege.View] = None,
               **kwargs: Any) -> subprocess.Popen:
@@ -326,7 +333,7 @@ class NetnsRuntime:
         procs = self.procs_files(rec)
         if view is not None:
             return privilege.launch(privilege.Launch(argv, self.identity(name, rec), view, self.netns_path(rec),
-                                                     procs, kwargs))
+                                                     procs, kwargs, self.rlimits(rec)))
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigError("a command must be a non-empty list of strings")
         ns_fd = os.open(self.netns_path(rec), os.O_RDONLY | os.O_CLOEXEC)

@@ -9,8 +9,9 @@ and ``dml_app.node``, freezes the garbage collector's generations (so collection
 not write to the pages it shares), and then forks a child per request. The child sets itself up
 exactly as ``worker.privilege.launch`` sets up a node process before ``exec``: its cgroups, its
 network namespace, its own mount and IPC namespaces with the node's view and a ``/proc`` of its
-own, no file descriptor of the zygote's, the node's uid and gid with no capabilities and
-``no_new_privs``, the parent-death signal; then it runs ``dml_app.node.main``.
+own, no file descriptor of the zygote's, the node's rlimits, its uid and gid with no capabilities
+and ``no_new_privs``, the parent-death signal, the seccomp filter (built once, by the zygote:
+each child installs it with one system call); then it runs ``dml_app.node.main``.
 
 Secrets never pass through the zygote's memory: a node's environment (its secret) comes as a
 pipe the worker filled, passed as a file descriptor, and only the child reads it. So a node
@@ -31,8 +32,9 @@ pickle), with file descriptors as ``SCM_RIGHTS``:
 
 * zygote -> worker, once: ``{"ready": <zygote pid>}``;
 * worker -> zygote: ``{"op": "spawn", "id": N, "args": [...], "uid", "gid", "netns", "cgroup_procs",
-  "ops": [[kind, path, writable], ...]}`` with two descriptors, the log (stdout and stderr) and
-  the environment pipe, and a third, the node's network namespace, when ``netns`` is true;
+  "ops": [[kind, path, writable], ...], "rlimits": [[resource, soft, hard], ...]}`` with two
+  descriptors, the log (stdout and stderr) and the environment pipe, and a third, the node's
+  network namespace, when ``netns`` is true;
 * zygote -> worker: ``{"id": N, "pid": P}`` or ``{"id": N, "error": "..."}``: once the child
   is set up when the request says ``"wait": true`` (the first node), else at the fork, and later,
   should its set-up fail, ``{"setup_failed": P, "error": "..."}``;
@@ -143,7 +145,9 @@ class Zygote:
 
     def start(self) -> None:
         """Start the zygote and wait until it has loaded the node runtime."""
-        from worker import privilege
+        from worker import confine, privilege
+
+        confine.node_filter()  # here, a machine without a filter is a clear error (CapabilityError)
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -346,7 +350,7 @@ def serve(argv: list[str]) -> None:
     fd, starter = int(argv[0]), int(argv[1])
     if os.getppid() != starter:  # the starter died before the death signal was set
         os._exit(1)
-    from worker import cgroups, privilege  # noqa: F401 - before gevent's patches: its locks and queue stay the kernel's
+    from worker import cgroups, confine, privilege  # noqa: F401 - before gevent's patches: its locks and queue stay the kernel's
 
     _preload()
     privilege.leave_netns_handles()
@@ -374,7 +378,7 @@ def serve(argv: list[str]) -> None:
     import _socket
 
     sock = _socket.socket(fileno=fd)
-    ctx = {"last_cap": privilege._last_cap(), "hide_pids": privilege.per_mount_proc()}
+    ctx = {"last_cap": privilege._last_cap(), "hide_pids": privilege.per_mount_proc(), "seccomp": confine.node_filter()}
     # a child's end wakes the loop at once (the handler only makes SIGCHLD write to the pipe)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -521,7 +525,7 @@ def _read_setup(status_r: int, poll: Any) -> str:
 
 def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_w: int, ctx: dict[str, Any]) -> None:
     """In the forked child: become the node, then run it. Never returns."""
-    from worker import cgroups, privilege
+    from worker import cgroups, confine, privilege
 
     try:
         signal.set_wakeup_fd(-1)  # the zygote's: closed below, and not this process's business
@@ -546,6 +550,7 @@ def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_
         os.closerange(3, status_w)
         os.closerange(status_w + 1, 1 << 16)
         ident = privilege.Identity(int(msg["uid"]), int(msg["gid"]))
+        confine.set_rlimits([(int(r), int(soft), int(hard)) for r, soft, hard in msg["rlimits"]])
         privilege._drop_privileges(ident, ctx["last_cap"])
         if privilege._libc.prctl(privilege.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             raise privilege._oserror("set the parent-death signal of uid", str(ident.uid))
@@ -553,6 +558,7 @@ def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_
         os.chdir("/")
         os.environ.clear()
         os.environ.update(env)
+        ctx["seccomp"].install()
         os.write(status_w, b"ok")
         _close(status_w)
         if parent == 1:  # the zygote died before the death signal was set

@@ -166,17 +166,17 @@ def test_cgroup_v2_subtree_control_restored_when_the_last_group_goes(tmp_path, r
     (root / "cgroup.controllers").write_text("cpu io memory pids\n")
     (root / "cgroup.subtree_control").write_text("io\n")
     cgroups.enable_v2_controllers(str(root))
-    assert (root / "cgroup.subtree_control").read_text() == "+cpu +memory"  # what was written
-    (root / "cgroup.subtree_control").write_text("cpu io memory\n")  # what the kernel shows
+    assert (root / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"  # what was written
+    (root / "cgroup.subtree_control").write_text("cpu io memory pids\n")  # what the kernel shows
     (root / "edgetb-ta").mkdir()
     (root / "edgetb-tb").mkdir()
     cgroups.enable_v2_controllers(str(root))  # already on: nothing more recorded
     (root / "edgetb-ta").rmdir()
     cgroups.restore_v2_controllers(str(root))
-    assert (root / "cgroup.subtree_control").read_text() == "cpu io memory\n"  # tb still there
+    assert (root / "cgroup.subtree_control").read_text() == "cpu io memory pids\n"  # tb still there
     (root / "edgetb-tb").rmdir()
     cgroups.restore_v2_controllers(str(root))
-    assert (root / "cgroup.subtree_control").read_text() == "-memory"  # the last write: -cpu, then -memory
+    assert (root / "cgroup.subtree_control").read_text() == "-pids"  # the last write: -cpu, -memory, then -pids
     assert privilege.read_json(str(run_dir / "cgroup2.json"), None) == {}
 
 

@@ -4,6 +4,7 @@ import os
 import pytest
 
 from worker.cgroups import CFS_PERIOD_US, Cgroups, detect_version, limit_writes
+from worker.confine import DEFAULT_PIDS_MAX, default_mem_bytes
 from worker.errors import CapabilityError, NodeRuntimeError
 
 MIB = 2**20
@@ -23,6 +24,7 @@ MIB = 2**20
 ])
 def test_limit_writes_v1(cpu, mem, writes):
     assert limit_writes(1, cpu, mem) == writes
+    assert limit_writes(1, cpu, mem, 100) == writes + [("pids", "pids.max", "100")]
 
 
 @pytest.mark.parametrize("cpu,mem,writes", [
@@ -36,6 +38,7 @@ def test_limit_writes_v1(cpu, mem, writes):
 ])
 def test_limit_writes_v2(cpu, mem, writes):
     assert limit_writes(2, cpu, mem) == writes
+    assert limit_writes(2, cpu, mem, 100) == writes + [("", "pids.max", "100")]
 
 
 def test_period_constant():
@@ -74,6 +77,7 @@ def test_missing_root(tmp_path):
 
 V1_CPU_FILES = ("cgroup.procs", "cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.shares")
 V1_MEM_FILES = ("cgroup.procs", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+V1_PIDS_FILES = ("cgroup.procs", "pids.max")
 V2_FILES = ("cgroup.procs", "cgroup.controllers", "cgroup.subtree_control", "cpu.max", "memory.max",
             "memory.swap.max")
 
@@ -88,10 +92,11 @@ def v1_tree(root, group=None, node=None):
     """A v1 layout as the kernel shows it: one hierarchy per controller, files in every group."""
     make_files(root / "cpu", V1_CPU_FILES)
     make_files(root / "memory", V1_MEM_FILES)
-    (root / "pids").mkdir()
+    make_files(root / "pids", V1_PIDS_FILES)
     if group and node:
         make_files(root / "cpu" / group / node, V1_CPU_FILES)
         make_files(root / "memory" / group / node, V1_MEM_FILES)
+        make_files(root / "pids" / group / node, V1_PIDS_FILES)
 
 
 def v2_tree(root, group=None, node=None):
@@ -113,19 +118,28 @@ def test_v1_create(tmp_path, prebuilt):
     assert (cpu / "cpu.cfs_quota_us").read_text() == "50000"
     assert (mem / "memory.limit_in_bytes").read_text() == str(64 * MIB)
     assert (mem / "memory.memsw.limit_in_bytes").read_text() == str(64 * MIB)
-    assert not (tmp_path / "pids/edgetb-x").exists()
+    pids = tmp_path / "pids/edgetb-x/n1"  # the pids hierarchy is mounted: the default limit
+    assert (pids / "pids.max").read_text() == str(DEFAULT_PIDS_MAX)
+    assert not (tmp_path / "freezer").exists()  # (not mounted in this tree: not joined)
     assert not (tmp_path / "edgetb-x").exists()  # nothing v2-shaped in a v1 tree
-    assert groups.dirs("n1") == [str(cpu), str(mem)]
-    assert groups.procs_files("n1") == [str(cpu / "cgroup.procs"), str(mem / "cgroup.procs")]
+    assert groups.dirs("n1") == [str(cpu), str(mem), str(pids)]
+    assert groups.procs_files("n1") == [str(cpu / "cgroup.procs"), str(mem / "cgroup.procs"),
+                                        str(pids / "cgroup.procs")]
     assert groups.nodes() == {"n1"}
+    assert groups.freezer_dir("n1") is None
+    (tmp_path / "freezer").mkdir()
+    groups.create("n1", 0.5, 64 * MIB, 50)
+    assert (pids / "pids.max").read_text() == "50"
+    assert groups.freezer_dir("n1") == str(tmp_path / "freezer/edgetb-x/n1")
+    assert os.path.isdir(groups.freezer_dir("n1"))
 
 
-def test_v1_create_without_limits(tmp_path):
+def test_v1_create_without_limits_sets_the_defaults(tmp_path):
     v1_tree(tmp_path, "edgetb-x", "n1")
     Cgroups("edgetb-x", str(tmp_path)).create("n1", None, None)
     assert (tmp_path / "cpu/edgetb-x/n1/cpu.cfs_quota_us").read_text() == "-1"
-    assert (tmp_path / "memory/edgetb-x/n1/memory.limit_in_bytes").read_text() == ""  # untouched
-    assert (tmp_path / "memory/edgetb-x/n1").is_dir()  # the group exists so processes can join it
+    assert (tmp_path / "memory/edgetb-x/n1/memory.limit_in_bytes").read_text() == str(default_mem_bytes())
+    assert (tmp_path / "pids/edgetb-x/n1/pids.max").read_text() == str(DEFAULT_PIDS_MAX)
 
 
 def test_v1_create_is_idempotent_and_updates(tmp_path):
@@ -147,24 +161,27 @@ def test_v2_create(tmp_path, prebuilt):
     groups.create("n2", 0.5, 64 * MIB)
     base = tmp_path / "edgetb-y"
     node = base / "n2"
-    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu +memory"
-    assert (base / "cgroup.subtree_control").read_text() == "+cpu +memory"
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    assert (base / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     assert (node / "cpu.max").read_text() == "50000 100000"
     assert (node / "memory.max").read_text() == str(64 * MIB)
     assert (node / "memory.swap.max").read_text() == "0"
+    assert (node / "pids.max").read_text() == str(DEFAULT_PIDS_MAX)
+    assert groups.freezer_dir("n2") == str(node)
     assert not (tmp_path / "cpu").exists() and not (tmp_path / "memory").exists()
     assert groups.dirs("n2") == [str(node)]
     assert groups.procs_files("n2") == [str(node / "cgroup.procs")]
     assert groups.nodes() == {"n2"}
 
 
-def test_v2_create_without_limits(tmp_path):
+def test_v2_create_without_limits_sets_the_defaults(tmp_path):
     v2_tree(tmp_path, "edgetb-y", "n2")
     Cgroups("edgetb-y", str(tmp_path)).create("n2", None, None)
     node = tmp_path / "edgetb-y/n2"
     assert (node / "cpu.max").read_text() == "max 100000"
-    assert (node / "memory.max").read_text() == "max"
-    assert (node / "memory.swap.max").read_text() == ""  # untouched
+    assert (node / "memory.max").read_text() == str(default_mem_bytes())
+    assert (node / "memory.swap.max").read_text() == "0"
+    assert (node / "pids.max").read_text() == str(DEFAULT_PIDS_MAX)
 
 
 @pytest.mark.parametrize("tree", [v1_tree, v2_tree])
