@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -247,6 +248,23 @@ def test_agent_errors_become_the_matching_exceptions(agents):
     assert resp.status_code == 413, resp.text
 
 
+def serve_code(src: Path, token: str) -> Any:
+    """The controller's file server over ``src`` (bearer ``token``) on a free port, in a thread
+    (``server_port``; ``shutdown()`` stops it)."""
+    app = Flask("files")
+    json_errors(app, __import__("logging").getLogger("test"))
+
+    def check() -> None:
+        if not bearer_matches(request.headers.get("Authorization", ""), token):
+            raise errors.AuthError("no")
+
+    files.register(app, str(src), check)
+    port = free_port()
+    server = make_server("127.0.0.1", port, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 # --- code sync over the pinned channel -----------------------------------------------------------
 
 def test_sync_trusts_only_the_manifest_sent_over_the_pinned_channel(agents, tmp_path):
@@ -256,18 +274,8 @@ def test_sync_trusts_only_the_manifest_sent_over_the_pinned_channel(agents, tmp_
     (src / "dml_app" / "role.py").write_text("print('the real code')\n")
     (src / "dataset" / "shard.npz").write_bytes(os.urandom(5000))
     node_token = "node-token-" + "y" * 20
-
-    app = Flask("files")
-    json_errors(app, __import__("logging").getLogger("test"))
-
-    def check() -> None:
-        if not bearer_matches(request.headers.get("Authorization", ""), node_token):
-            raise errors.AuthError("no")
-
-    files.register(app, str(src), check)
-    file_port = free_port()
-    server = make_server("127.0.0.1", file_port, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve_code(src, node_token)
+    file_port = server.server_port
     work = tmp_path / "agent-work"
     agent = agents("--listen", "127.0.0.1", "--workdir", str(work)).start()
     client = AgentClient(f"https://127.0.0.1:{agent.port}", TOKEN, name="e1", fingerprint=fingerprint_of(agent))

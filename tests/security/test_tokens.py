@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import subprocess
-import threading
 import time
 
 import pytest
@@ -24,9 +23,9 @@ from controller.cluster import agent_tokens
 from controller.hosts import load_hosts
 from tests.e2e.harness import Run
 from tests.netns.conftest import nodes_body
-from tests.security.callers_fixtures import NOBODY_UID, curl_as, free_port, need_root
+from tests.security.callers_fixtures import NOBODY_UID, curl_as, need_root
 from tests.security.conftest import SECURITY
-from tests.security.test_agent_transport import ROOT, agents, fingerprint_of  # noqa: F401  (fixture)
+from tests.security.test_agent_transport import ROOT, agents, fingerprint_of, serve_code  # noqa: F401  (fixture)
 from worker import errors
 
 pytestmark = SECURITY
@@ -113,10 +112,6 @@ def test_the_admin_token_comes_from_its_own_file_not_the_environment(tmp_path, m
 def test_synced_code_changed_after_the_sync_is_not_imported_as_root(make_host, tmp_path):
     """The code a zygote (root) imports must be the manifest's: a file changed after the sync
     (a share that changed, anything that wrote there) stops the node before any import."""
-    from flask import Flask, request
-
-    from worker.serving import bearer_matches, json_errors, make_server
-
     need_root()
     host = make_host()
     src = tmp_path / "src"
@@ -124,25 +119,7 @@ def test_synced_code_changed_after_the_sync_is_not_imported_as_root(make_host, t
     subprocess.run(["cp", "-r", str(ROOT / "dml_app"), str(src / "dml_app")], check=True)
     subprocess.run(["find", str(src), "-name", "__pycache__", "-prune", "-exec", "rm", "-rf", "{}", "+"], check=True)
     node_token = "node-token-" + "y" * 20
-    app = Flask("files")
-    json_errors(app, __import__("logging").getLogger("test"))
-
-    def check() -> None:
-        if not bearer_matches(request.headers.get("Authorization", ""), node_token):
-            raise errors.AuthError("no")
-
-    files.register(app, str(src), check)
-    port = free_port()
-    ready = threading.Event()
-
-    def serve() -> None:
-        server = make_server(("127.0.0.1", port), app)
-        server.start()
-        ready.set()
-        server.serve_forever()
-
-    threading.Thread(target=serve, daemon=True).start()
-    assert ready.wait(10)
+    port = serve_code(src, node_token).server_port
     trusted = files.manifest(str(src), ("dml_app", "dataset"))
     host.sync({"version": 1, "url": f"http://127.0.0.1:{port}", "token": node_token, "manifest": trusted})
     marker = tmp_path / "imported-as-root"
