@@ -48,7 +48,7 @@ HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
 RATES_HEADER = "time_s,src,dst,rate_bps"
 FILES = {"links": ("telemetry/links.csv.gz", LINKS_HEADER), "nodes": ("telemetry/nodes.csv.gz", NODES_HEADER),
          "hosts": ("telemetry/hosts.csv.gz", HOSTS_HEADER), "rates": ("telemetry/rates.csv.gz", RATES_HEADER)}
-GZIP_LEVEL = 6
+GZIP_LEVEL = 3  # 6 compresses a fifth better at a third more CPU
 HEARTBEAT_S = 1.0  # an unchanged series still gets a row this often
 PULL_INTERVAL_S = 1.0
 PULL_LIMIT = 100  # samples per request
