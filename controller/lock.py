@@ -272,6 +272,7 @@ class DirectoryLock:
         self.workdir = os.path.realpath(workdir)
         self.path = os.path.join(self.workdir, "dml_file", "testbed.lock")
         self._fd: Optional[int] = None
+        self._made_dir = False  # dml_file/ was made for the lock: removed again if nothing else came
 
     def take(self, testbed_id: str, port: Optional[int] = None, run_id: Optional[str] = None) -> None:
         """Hold the directory for testbed ``testbed_id``; TestbedInUse naming the other testbed
@@ -290,10 +291,19 @@ class DirectoryLock:
         self._fd = fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            os.close(self._fd)
-            self._fd = None
+        """Let the directory go; a ``dml_file/`` made only for the lock (a run refused before it
+        wrote anything) is removed, so a failed start leaves the directory as it was."""
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)
+        if self._made_dir and os.listdir(os.path.dirname(self.path)) == ["testbed.lock"]:
+            try:
+                os.unlink(self.path)
+                os.rmdir(os.path.dirname(self.path))
+            except OSError:
+                pass
+        os.close(self._fd)
+        self._fd = None
 
     def _open(self) -> int:
         """The lock file, reached without following a link (made, mode 0600, when absent)."""
@@ -305,6 +315,7 @@ class DirectoryLock:
         try:
             try:
                 os.mkdir("dml_file", 0o755, dir_fd=top)
+                self._made_dir = True
             except FileExistsError:
                 pass
             try:
