@@ -1,0 +1,33 @@
+#!/bin/sh
+# The vm tier inside the guest (PID 1, on the host's root file system shared read-only): writable
+# tmpfs where the tests write, cgroup v2 (unified), the guest kernel's modules, then pytest tests/vm.
+# Its log and exit code go to the host through the writable 'out' share; then the guest powers off.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp LANG=C.UTF-8
+export PYTHONDONTWRITEBYTECODE=1 EDGETB_VM_GUEST=1
+repo= kdir=
+for word in $(cat /proc/cmdline); do
+  case $word in edgetb.repo=*) repo=${word#edgetb.repo=} ;; edgetb.kdir=*) kdir=${word#edgetb.kdir=} ;; esac
+done
+off() { sync; umount /run/edgetb-out 2>/dev/null; echo o > /proc/sysrq-trigger; sleep 10; }
+for d in /tmp /run /var/tmp /var/lib /var/log /root; do mount -t tmpfs -o mode=1777 tmpfs "$d"; done
+mkdir -p /run/edgetb-out /dev/shm /dev/pts
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /run/edgetb-out || { echo "vm guest: no out share"; off; }
+mount -t tmpfs tmpfs /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+# the host has no /lib/modules of the guest's kernel: modprobe (also the kernel's own requests)
+# reads the extracted package instead
+printf '#!/bin/sh\nexec /sbin/modprobe -d %s "$@"\n' "$kdir" > /run/modprobe
+chmod +x /run/modprobe
+echo /run/modprobe > /proc/sys/kernel/modprobe
+hostname edgetb-vm
+ip link set lo up
+/run/modprobe -a sch_htb sch_netem cls_u32 veth bridge ifb sch_ingress act_mirred 2>&1
+out=/run/edgetb-out
+set --
+while IFS= read -r a; do [ -n "$a" ] && set -- "$@" "$a"; done < "$out/args"
+cd "$repo" || off
+echo "vm guest: kernel $(uname -r), cgroup $(stat -fc %T /sys/fs/cgroup), $(nproc) cpu, $(awk '/MemTotal/ {print $2 " kB"}' /proc/meminfo)"
+{ .venv/bin/python -m pytest -p no:cacheprovider -ra tests/vm "$@"; echo $? > "$out/rc.tmp"; } 2>&1 | tee "$out/pytest.log"
+mv "$out/rc.tmp" "$out/rc"
+off

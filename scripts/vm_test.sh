@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The vm test tier: boot Debian's stock kernel (linux-image-amd64 of this machine's Debian release)
+# under qemu, with this machine's root file system shared read-only over 9p (so the checkout, its
+# .venv and the host's ip, tc, iptables and Python are the guest's), cgroup v2 mounted, and run
+# tests/vm there. The tier's exit code and pytest's summary come back to the host. Run as root.
+#
+# Cached on the host under /var/cache/edgetb/vm/<kernel package>_<version>/: the .deb, the
+# extracted kernel and modules, and the initramfs (busybox, virtio and 9p modules). A later run
+# with the same version downloads nothing; a download that fails or stalls fails the tier clearly.
+# Nothing stays behind: qemu is ended on every exit path and the scratch directory is removed.
+# Arguments are passed to pytest in the guest. EDGETB_VM_ACCEL=kvm asks for KVM (default tcg:
+# a KVM guest has been seen to hang at boot on some hosts); EDGETB_VM_TIMEOUT_S bounds the guest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd -P)
+start_s=$(date +%s)
+cache=/var/cache/edgetb/vm
+accel=${EDGETB_VM_ACCEL:-tcg}
+timeout_s=${EDGETB_VM_TIMEOUT_S:-900}
+mem_mb=${EDGETB_VM_MEM_MB:-768}
+smp=${EDGETB_VM_SMP:-2}
+
+say() { echo "vm_test: $*" >&2; }
+die() { say "$*"; exit 1; }
+[ "$(id -u)" -eq 0 ] || die "run as root (the guest shares the host's root file system)"
+[ -x .venv/bin/python ] || die "no .venv here: run scripts/setup.sh first"
+
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+[ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q static || need+=(busybox-static)
+command -v depmod >/dev/null || need+=(kmod)
+if [ ${#need[@]} -gt 0 ]; then
+  say "installing Debian packages: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 600 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
+    || die "apt-get install ${need[*]} failed or took over 600 s"
+fi
+
+# the kernel: linux-image-amd64's dependency, by version --------------------------------------
+pkg=${EDGETB_VM_KERNEL_PKG:-$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')}
+[ -n "$pkg" ] || die "apt-cache knows no linux-image-amd64 (run apt-get update)"
+ver=$(apt-cache show "$pkg" 2>/dev/null | awk '/^Version:/ {print $2; exit}')
+[ -n "$ver" ] || die "apt-cache has no version of $pkg"
+kdir=$cache/${pkg}_${ver}
+krel=${pkg#linux-image-}
+mkdir -p "$kdir"
+if [ ! -f "$kdir/extracted" ]; then
+  deb=$(ls "$kdir"/*.deb 2>/dev/null | head -1 || true)
+  if [ -z "$deb" ]; then
+    say "downloading $pkg $ver into $kdir"
+    (cd "$kdir" && timeout 300 apt-get download -o Acquire::http::Timeout=30 -o Acquire::Retries=1 \
+        "$pkg=$ver" >/dev/null 2>"$kdir/download.log") \
+      || { rm -f "$kdir"/*.deb; die "download of $pkg $ver failed or took over 300 s: $(tail -3 "$kdir/download.log")"; }
+    deb=$(ls "$kdir"/*.deb | head -1)
+  fi
+  rm -rf "$kdir/root" && mkdir "$kdir/root"
+  dpkg-deb -x "$deb" "$kdir/root"
+  depmod -b "$kdir/root" "$krel"
+  touch "$kdir/extracted"
+fi
+vmlinuz=$kdir/root/boot/vmlinuz-$krel
+[ -f "$vmlinuz" ] || die "no $vmlinuz in $pkg $ver"
+
+# the initramfs: busybox, the modules that reach the 9p share, /init ----------------------------
+initrd=$kdir/initrd-$(sha256sum scripts/vm_init.sh | cut -c1-12).cpio.gz
+if [ ! -f "$initrd" ]; then
+  say "building $initrd"
+  build=$(mktemp -d)
+  trap 'rm -rf "$build"' EXIT
+  mkdir -p "$build"/{bin,dev,proc,sys,newroot,lib/modules}
+  cp /bin/busybox "$build/bin/busybox"
+  : > "$build/modules"
+  for m in virtio_pci 9pnet_virtio 9p; do
+    modprobe -d "$kdir/root" -S "$krel" --show-depends "$m" | while read -r kind path _; do
+      [ "$kind" = insmod ] || continue
+      rel=${path#"$kdir/root"}
+      grep -qx "$rel" "$build/modules" && continue
+      mkdir -p "$build$(dirname "$rel")"
+      cp "$path" "$build$rel"
+      echo "$rel" >> "$build/modules"
+    done
+  done
+  cp scripts/vm_init.sh "$build/init"
+  chmod +x "$build/init"
+  (cd "$build" && find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1) > "$initrd.tmp"
+  mv "$initrd.tmp" "$initrd"
+  rm -rf "$build"
+  trap - EXIT
+fi
+
+# boot -----------------------------------------------------------------------------------------
+out=$(mktemp -d /tmp/edgetb-vm.XXXXXX)
+qpid=""
+cleanup() {
+  if [ -n "$qpid" ] && kill -0 "$qpid" 2>/dev/null; then kill "$qpid" 2>/dev/null; wait "$qpid" 2>/dev/null || true; fi
+  rm -rf "$out"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+printf '%s\n' "$@" > "$out/args"
+case $accel in
+  kvm) accel_args=(-accel kvm -cpu host) ;;
+  *) accel_args=(-accel tcg -cpu max) ;;
+esac
+say "booting $pkg $ver ($accel, $smp cpu, $mem_mb MB); pytest tests/vm in the guest"
+timeout --foreground -k 10 "$timeout_s" qemu-system-x86_64 "${accel_args[@]}" -machine q35 -smp "$smp" -m "$mem_mb" \
+  -nodefaults -no-user-config -display none -no-reboot -serial stdio \
+  -kernel "$vmlinuz" -initrd "$initrd" \
+  -append "console=ttyS0 panic=-1 quiet loglevel=3 edgetb.repo=$repo edgetb.krel=$krel edgetb.kdir=$kdir/root" \
+  -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
+  -virtfs local,path="$out",mount_tag=out,security_model=none,multidevs=remap \
+  </dev/null &
+qpid=$!
+wait "$qpid" || true
+qpid=""
+elapsed=$(( $(date +%s) - start_s ))
+if [ ! -f "$out/rc" ]; then
+  die "the guest ended without a result after ${elapsed}s (see the console above)"
+fi
+rc=$(cat "$out/rc")
+summary=$(grep -E '^=+ .* in [0-9.]+s' "$out/pytest.log" | tail -1 | sed -E 's/^=+ | =+$//g' || true)
+say "result on $krel: exit $rc, ${summary:-no pytest summary}; the vm tier took ${elapsed}s"
+exit "$rc"
