@@ -28,6 +28,10 @@ set --
 while IFS= read -r a; do [ -n "$a" ] && set -- "$@" "$a"; done < "$out/args"
 cd "$repo" || off
 echo "vm guest: kernel $(uname -r), cgroup $(stat -fc %T /sys/fs/cgroup), $(nproc) cpu, $(awk '/MemTotal/ {print $2 " kB"}' /proc/meminfo)"
-{ .venv/bin/python -m pytest -p no:cacheprovider -ra tests/vm "$@"; echo $? > "$out/rc.tmp"; } 2>&1 | tee "$out/pytest.log"
+# with no arguments: tests/vm and the netns tests listed in tests/vm/netns_tests.txt
+if [ $# -eq 0 ]; then
+  set -- tests/vm $(grep -v '^#' tests/vm/netns_tests.txt)
+fi
+{ .venv/bin/python -m pytest -p no:cacheprovider -ra "$@"; echo $? > "$out/rc.tmp"; } 2>&1 | tee "$out/pytest.log"
 mv "$out/rc.tmp" "$out/rc"
 off

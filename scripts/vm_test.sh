@@ -8,7 +8,7 @@
 # extracted kernel and modules, and the initramfs (busybox, virtio and 9p modules). A later run
 # with the same version downloads nothing; a download that fails or stalls fails the tier clearly.
 # Nothing stays behind: qemu is ended on every exit path and the scratch directory is removed.
-# Arguments are passed to pytest in the guest. EDGETB_VM_ACCEL=kvm asks for KVM (default tcg:
+# Arguments replace pytest's in the guest (default: tests/vm and tests/vm/netns_tests.txt's list). EDGETB_VM_ACCEL=kvm asks for KVM (default tcg:
 # a KVM guest has been seen to hang at boot on some hosts); EDGETB_VM_TIMEOUT_S bounds the guest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -102,7 +102,7 @@ case $accel in
   kvm) accel_args=(-accel kvm -cpu host) ;;
   *) accel_args=(-accel tcg -cpu max) ;;
 esac
-say "booting $pkg $ver ($accel, $smp cpu, $mem_mb MB); pytest tests/vm in the guest"
+say "booting $pkg $ver ($accel, $smp cpu, $mem_mb MB); pytest in the guest"
 timeout --foreground -k 10 "$timeout_s" qemu-system-x86_64 "${accel_args[@]}" -machine q35 -smp "$smp" -m "$mem_mb" \
   -nodefaults -no-user-config -display none -no-reboot -serial stdio \
   -kernel "$vmlinuz" -initrd "$initrd" \
