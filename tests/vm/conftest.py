@@ -2,13 +2,14 @@
 sch_netem and cgroup v2 are present. On any other machine its tests skip with that reason.
 
 The netns tier's fixtures (hosts on their own testbed ids and subnets, reset and checked for
-leftovers at teardown) are used as they are.
+leftovers at teardown) and the e2e tier's ``run`` (a ``*_run.py`` experiment) are used as they are.
 """
 import os
 
 import pytest
 
-from tests.netns.conftest import host, make_host  # noqa: F401  (fixtures)
+from tests.e2e.conftest import run  # noqa: F401  (fixtures)
+from tests.netns.conftest import host, make_host  # noqa: F401
 
 IN_GUEST = os.environ.get("EDGETB_VM_GUEST") == "1"
 
