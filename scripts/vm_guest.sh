@@ -24,6 +24,7 @@ hostname edgetb-vm
 ip link set lo up
 /run/modprobe -a sch_htb sch_netem cls_u32 veth bridge ifb sch_ingress act_mirred 2>&1
 out=/run/edgetb-out
+: > "$out/booted"
 set --
 while IFS= read -r a; do [ -n "$a" ] && set -- "$@" "$a"; done < "$out/args"
 cd "$repo" || off

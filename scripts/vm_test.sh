@@ -8,14 +8,15 @@
 # extracted kernel and modules, and the initramfs (busybox, virtio and 9p modules). A later run
 # with the same version downloads nothing; a download that fails or stalls fails the tier clearly.
 # Nothing stays behind: qemu is ended on every exit path and the scratch directory is removed.
-# Arguments replace pytest's in the guest (default: tests/vm and tests/vm/netns_tests.txt's list). EDGETB_VM_ACCEL=kvm asks for KVM (default tcg:
-# a KVM guest has been seen to hang at boot on some hosts); EDGETB_VM_TIMEOUT_S bounds the guest.
+# Arguments replace pytest's in the guest (default: tests/vm and tests/vm/netns_tests.txt's list).
+# EDGETB_VM_ACCEL: auto (default: KVM where a guest boots with it, else TCG), kvm or tcg;
+# EDGETB_VM_TIMEOUT_S bounds the guest (default 900 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd -P)
 start_s=$(date +%s)
 cache=/var/cache/edgetb/vm
-accel=${EDGETB_VM_ACCEL:-tcg}
+accel=${EDGETB_VM_ACCEL:-auto}
 timeout_s=${EDGETB_VM_TIMEOUT_S:-900}
 mem_mb=${EDGETB_VM_MEM_MB:-768}
 smp=${EDGETB_VM_SMP:-1}  # one vCPU: with two, the guest's TSCs are unsynchronised and timers late by ms
@@ -98,19 +99,43 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 printf '%s\n' "$@" > "$out/args"
-case $accel in
-  kvm) accel_args=(-accel kvm -cpu host) ;;
-  *) accel_args=(-accel tcg -cpu max) ;;
-esac
-say "booting $pkg $ver ($accel, $smp cpu, $mem_mb MB); pytest in the guest"
-timeout --foreground -k 10 "$timeout_s" qemu-system-x86_64 "${accel_args[@]}" -machine q35 -smp "$smp" -m "$mem_mb" \
-  -nodefaults -no-user-config -display none -no-reboot -serial stdio \
-  -kernel "$vmlinuz" -initrd "$initrd" \
-  -append "console=ttyS0 panic=-1 quiet loglevel=3 edgetb.repo=$repo edgetb.krel=$krel edgetb.kdir=$kdir/root" \
-  -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
-  -virtfs local,path="$out",mount_tag=out,security_model=none,multidevs=remap \
-  </dev/null &
-qpid=$!
+boot() {  # boot the guest with accelerator $1 in the background (qpid)
+  local args
+  case $1 in
+    kvm) args=(-accel kvm -cpu kvm64) ;;
+    *) args=(-accel tcg -cpu max) ;;
+  esac
+  say "booting $pkg $ver ($1, $smp cpu, $mem_mb MB); pytest in the guest"
+  timeout --foreground -k 10 "$timeout_s" qemu-system-x86_64 "${args[@]}" -machine q35 -smp "$smp" -m "$mem_mb" \
+    -nodefaults -no-user-config -display none -no-reboot -serial stdio \
+    -kernel "$vmlinuz" -initrd "$initrd" \
+    -append "console=ttyS0 panic=-1 quiet loglevel=3 edgetb.repo=$repo edgetb.kdir=$kdir/root" \
+    -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
+    -virtfs local,path="$out",mount_tag=out,security_model=none,multidevs=remap \
+    </dev/null &
+  qpid=$!
+}
+# auto: KVM where it boots (the guest reaches its test script within 30 s), else TCG; a KVM that
+# failed here is remembered per host kernel and qemu, and not tried again
+kvm_failed=$kdir/kvm-failed-$(uname -r)-$(qemu-system-x86_64 --version | awk 'NR==1 {print $4}')
+if [ "$accel" = auto ]; then
+  accel=tcg
+  if [ -w /dev/kvm ] && [ ! -f "$kvm_failed" ]; then
+    boot kvm
+    for _ in $(seq 30); do
+      [ -f "$out/booted" ] || ! kill -0 "$qpid" 2>/dev/null && break
+      sleep 1
+    done
+    if [ -f "$out/booted" ]; then
+      accel=kvm
+    else
+      say "a KVM guest did not boot within 30 s here: TCG from now on (remembered in $kvm_failed)"
+      kill "$qpid" 2>/dev/null; wait "$qpid" 2>/dev/null || true
+      touch "$kvm_failed"
+    fi
+  fi
+fi
+[ "$accel" = kvm ] && [ -n "$qpid" ] || boot "$accel"
 wait "$qpid" || true
 qpid=""
 elapsed=$(( $(date +%s) - start_s ))

@@ -35,7 +35,7 @@ def share_of(pid: int, seconds: float) -> float:
     return (cpu_s(pid) - cpu0) / (time.monotonic() - t0)
 
 
-def testbed_groups(host) -> list[str]:
+def groups_of_testbed(host) -> list[str]:
     return sorted(e for e in os.listdir(ROOT) if e.startswith(f"edgetb-{host.testbed_id}"))
 
 
@@ -82,9 +82,9 @@ def test_cpu_limit_telemetry_pause_and_reset(host, request):
     report(request, "burner CPU share after resume", share)
     assert 0.3 <= share <= 0.55, f"after pause and resume the busy loop used {share:.2f} of a core under cpu=0.5"
 
-    assert testbed_groups(host)
+    assert groups_of_testbed(host)
     host.reset()
-    assert testbed_groups(host) == [], "reset left cgroups behind"
+    assert groups_of_testbed(host) == [], "reset left cgroups behind"
     assert not os.path.exists(f"/proc/{pid}") or read(f"/proc/{pid}/stat").split()[2] == "Z"
 
 
