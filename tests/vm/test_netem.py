@@ -1,6 +1,6 @@
 """Delay, jitter and netem loss of links, measured on Debian's stock kernel (it has sch_netem):
 round-trip times and losses of UDP probes, TCP goodput with a delay, a queue that holds the
-bandwidth-delay product, a delay changed in place by a scenario event, and the read-back."""
+bandwidth-delay product, a delay and a loss changed in place by scenario events, and the read-back."""
 import json
 import os
 import statistics
@@ -149,3 +149,10 @@ def test_a_scenario_event_changes_the_delay_in_place_without_loss(pair, request)
     leaf = leaf_of(host, "a", "b")
     assert leaf["delay_us"] == 10_000, leaf
     assert host.shaping("a")["kernel"]["root"] == root_before
+    # a link event's netem loss, on the topology's delay
+    lossy = resolve({"events": [{"at": 0, "link": {"src": "a", "dst": "b", "bw": "10mbit", "loss": "5%"}}]}, topo)
+    runner = ScenarioRunner(lossy, host, {"a": ip_a, "b": ip_b}, progress=lambda _: None)
+    runner.start()
+    assert runner.wait(20) and runner.rows[0]["outcome"] == "applied", runner.rows
+    leaf = leaf_of(host, "a", "b")
+    assert leaf["loss_pct"] == pytest.approx(5.0, abs=1e-4) and leaf["delay_us"] == 50_000, leaf
