@@ -2,14 +2,23 @@
 # The vm tier inside the guest (PID 1, on the host's root file system shared read-only): writable
 # tmpfs where the tests write, cgroup v2 (unified), the guest kernel's modules, then pytest tests/vm.
 # Its log and exit code go to the host through the writable 'out' share; then the guest powers off.
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp LANG=C.UTF-8
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
 export PYTHONDONTWRITEBYTECODE=1 EDGETB_VM_GUEST=1
 repo= kdir=
 for word in $(cat /proc/cmdline); do
   case $word in edgetb.repo=*) repo=${word#edgetb.repo=} ;; edgetb.kdir=*) kdir=${word#edgetb.kdir=} ;; esac
 done
 off() { sync; umount /run/edgetb-out 2>/dev/null; echo o > /proc/sysrq-trigger; sleep 10; }
-for d in /tmp /run /var/tmp /var/lib /var/log /root; do mount -t tmpfs -o mode=1777 tmpfs "$d"; done
+mount -t tmpfs -o mode=755 tmpfs /run
+# writable where tests and the testbed write (/var/lib/edgetb: state), except over the checkout
+export HOME=/tmp
+for d in /tmp /var/tmp /var/lib /var/log /root; do
+  case "$repo/" in
+    "$d"/*) echo "vm guest: the checkout is under $d, which stays read-only"
+      [ "$d" = /tmp ] && mkdir -p -m 1777 /run/tmp && export TMPDIR=/run/tmp HOME=/run/tmp ;;
+    *) mount -t tmpfs -o mode=1777 tmpfs "$d" ;;
+  esac
+done
 mkdir -p /run/edgetb-out /dev/shm /dev/pts
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /run/edgetb-out || { echo "vm guest: no out share"; off; }
 mount -t tmpfs tmpfs /dev/shm

@@ -25,6 +25,9 @@ say() { echo "vm_test: $*" >&2; }
 die() { say "$*"; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "run as root (the guest shares the host's root file system)"
 [ -x .venv/bin/python ] || die "no .venv here: run scripts/setup.sh first"
+case "$repo/" in
+  /run/*|/proc/*|/sys/*|/dev/*) die "the checkout ($repo) is under a directory the guest mounts its own" ;;
+esac
 
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
