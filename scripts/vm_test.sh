@@ -6,7 +6,8 @@
 #
 # Cached on the host under /var/cache/edgetb/vm/<kernel package>_<version>/: the .deb, the
 # extracted kernel and modules, and the initramfs (busybox, virtio and 9p modules). A later run
-# with the same version downloads nothing; a download that fails or stalls fails the tier clearly.
+# with the same version downloads nothing; a download that fails or stalls (300 s) fails the tier
+# clearly, unless an older kernel is cached: that one is used, with a note.
 # Nothing stays behind: qemu is ended on every exit path and the scratch directory is removed.
 # Arguments replace pytest's in the guest (default: tests/vm and tests/vm/netns_tests.txt's list).
 # EDGETB_VM_ACCEL: auto (default: KVM where a guest boots with it, else TCG), kvm or tcg;
@@ -31,7 +32,7 @@ esac
 
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-[ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q static || need+=(busybox-static)
+dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || need+=(busybox-static)
 command -v depmod >/dev/null || need+=(kmod)
 if [ ${#need[@]} -gt 0 ]; then
   say "installing Debian packages: ${need[*]}"
@@ -46,22 +47,29 @@ pkg=${EDGETB_VM_KERNEL_PKG:-$(apt-cache depends linux-image-amd64 2>/dev/null | 
 ver=$(apt-cache show "$pkg" 2>/dev/null | awk '/^Version:/ {print $2; exit}')
 [ -n "$ver" ] || die "apt-cache has no version of $pkg"
 kdir=$cache/${pkg}_${ver}
-krel=${pkg#linux-image-}
-mkdir -p "$kdir"
 if [ ! -f "$kdir/extracted" ]; then
-  deb=$(ls "$kdir"/*.deb 2>/dev/null | head -1 || true)
-  if [ -z "$deb" ]; then
+  mkdir -p "$kdir"
+  if ! ls "$kdir"/*.deb >/dev/null 2>&1; then
     say "downloading $pkg $ver into $kdir"
-    (cd "$kdir" && timeout 300 apt-get download -o Acquire::http::Timeout=30 -o Acquire::Retries=1 \
-        "$pkg=$ver" >/dev/null 2>"$kdir/download.log") \
-      || { rm -f "$kdir"/*.deb; die "download of $pkg $ver failed or took over 300 s: $(tail -3 "$kdir/download.log")"; }
-    deb=$(ls "$kdir"/*.deb | head -1)
+    if ! (cd "$kdir" && timeout 300 apt-get download -o APT::Sandbox::User=root -o Acquire::http::Timeout=30 -o Acquire::Retries=1 \
+          "$pkg=$ver" >/dev/null 2>download.log); then
+      why=$(tail -3 "$kdir/download.log" | tr '\n' ' ')
+      rm -rf "$kdir"
+      cached=$(ls -td "$cache"/*/extracted 2>/dev/null | head -1 || true)
+      [ -n "$cached" ] || die "download of $pkg $ver failed or took over 300 s: $why"
+      kdir=$(dirname "$cached")
+      say "download of $pkg $ver failed ($why); using the cached $(basename "$kdir")"
+      pkg=$(basename "$kdir"); ver=${pkg##*_}; pkg=${pkg%_*}
+    fi
   fi
-  rm -rf "$kdir/root" && mkdir "$kdir/root"
-  dpkg-deb -x "$deb" "$kdir/root"
-  depmod -b "$kdir/root" "$krel"
-  touch "$kdir/extracted"
+  if [ ! -f "$kdir/extracted" ]; then
+    rm -rf "$kdir/root" && mkdir "$kdir/root"
+    dpkg-deb -x "$(ls "$kdir"/*.deb | head -1)" "$kdir/root"
+    depmod -b "$kdir/root" "${pkg#linux-image-}"
+    touch "$kdir/extracted"
+  fi
 fi
+krel=${pkg#linux-image-}
 vmlinuz=$kdir/root/boot/vmlinuz-$krel
 [ -f "$vmlinuz" ] || die "no $vmlinuz in $pkg $ver"
 

@@ -64,7 +64,8 @@ def test_cpu_limit_telemetry_pause_and_reset(host, request):
     # telemetry's counters are the group's: cpu.stat's usage and memory.current
     group_share = (cpu1_ns - cpu0_ns) / 1e9 / elapsed
     assert abs(group_share - share) <= 0.05, (group_share, share)
-    assert (cpu1_ns - cpu0_ns) / 1000 == stat1["usage_usec"] - stat0["usage_usec"]
+    # read one after the other, while the burner runs: at most a few ms apart
+    assert abs(cpu1_ns / 1000 - stat1["usage_usec"]) <= 20_000, (cpu1_ns, stat1)
     assert 1 * MIB < mem < 256 * MIB and abs(mem - int(read(f"{group}/memory.current"))) < 4 * MIB, mem
 
     # pause: cgroup.freeze; nothing runs; resume: it runs again, under its limit still
