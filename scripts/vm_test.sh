@@ -11,14 +11,14 @@
 # Nothing stays behind: qemu is ended on every exit path and the scratch directory is removed.
 # Arguments replace pytest's in the guest (default: tests/vm and tests/vm/netns_tests.txt's list).
 # EDGETB_VM_ACCEL: auto (default: KVM where a guest boots with it, else TCG), kvm or tcg;
-# EDGETB_VM_TIMEOUT_S bounds the guest (default 900 s).
+# EDGETB_VM_TIMEOUT_S bounds the guest (default 600 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd -P)
 start_s=$(date +%s)
 cache=/var/cache/edgetb/vm
 accel=${EDGETB_VM_ACCEL:-auto}
-timeout_s=${EDGETB_VM_TIMEOUT_S:-900}
+timeout_s=${EDGETB_VM_TIMEOUT_S:-600}
 mem_mb=${EDGETB_VM_MEM_MB:-768}
 smp=${EDGETB_VM_SMP:-1}  # one vCPU: with two, the guest's TSCs are unsynchronised and timers late by ms
 
