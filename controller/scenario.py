@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from controller.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
 from controller.topology import Topology
-from controller.units import format_rate, parse_rate_bps, parse_time_ms, parse_size_bytes
+from controller.units import format_rate, parse_percent, parse_rate_bps, parse_time_ms, parse_size_bytes
 from worker.errors import ConfigError
 
 MAX_EVENTS = 10_000
@@ -52,7 +52,8 @@ AT_ROUND = Schema({"node": Field(str, "the node whose round triggers the event",
 LINK = Schema({"src": Field(str, required=True, max_len=64), "dst": Field(str, required=True, max_len=64),
                "bw": Field(str, "the new rate, such as '1mbit'", required=True, max_len=32),
                "both_ways": Field(bool, default=False),
-               "delay": Field(str, "needs sch_netem", max_len=32), "jitter": Field(str, "needs sch_netem", max_len=32)})
+               "delay": Field(str, "needs sch_netem", max_len=32), "jitter": Field(str, "needs sch_netem", max_len=32),
+               "loss": Field((str, float), "netem loss on the link, e.g. '1%', needs sch_netem")})
 LOSS = Schema({"src": Field(str, required=True, max_len=64),
                "dst": Field(str, "a node, or '*' for every other node", required=True, max_len=64),
                "percent": Field(float, "percent of packets dropped", required=True, low=0, high=100),
@@ -312,6 +313,11 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
                     extra[f"{k}_ms"] = parse_time_ms(v[k])
                 except ConfigError as e:
                     raise ConfigError(f"{here.field(k)}: {e}") from None
+        if v["loss"] is not None:
+            try:
+                extra["loss_pct"] = parse_percent(v["loss"])
+            except ConfigError as e:
+                raise ConfigError(f"{here.field('loss')}: {e}") from None
         target = f"{src}{'<->' if v['both_ways'] else '->'}{dst}"
         base = _base_shapes(topology, pairs)
         steps = [make(0, "link", target, format_rate(rate) + "".join(f", {k} {x}" for k, x in extra.items()),

@@ -71,11 +71,11 @@ class ScenarioRunner:
 
     def _check_capabilities(self) -> None:
         """Refuse, before anything starts, what this testbed cannot apply."""
-        if any(s.kind == "link" and ("delay_ms" in s.params or "jitter_ms" in s.params) for s in self.timeline.steps):
+        if any(s.kind == "link" and {"delay_ms", "jitter_ms", "loss_pct"} & set(s.params) for s in self.timeline.steps):
             caps = self.worker.capabilities()
             if not caps.get("netem"):
-                raise CapabilityError(f"{self.timeline.source}: a link event sets delay or jitter, which needs "
-                                      "sch_netem, not in this kernel (loss works: iptables statistic)")
+                raise CapabilityError(f"{self.timeline.source}: a link event sets delay, jitter or loss, which need "
+                                      "sch_netem, not in this kernel (a 'loss' event works: iptables statistic)")
         missing = sorted({n for s in self.timeline.steps for n in _nodes_of(s) if n not in self.ips})
         if missing:
             raise ConfigError(f"{self.timeline.source}: nodes not in the running testbed: {', '.join(missing)}")
@@ -247,7 +247,7 @@ class ScenarioRunner:
             shape = dict(base)
             if p["rate_bps"] is not None:
                 shape["rate_bps"] = p["rate_bps"]
-                shape.update({k: p[k] for k in ("delay_ms", "jitter_ms") if k in p})
+                shape.update({k: p[k] for k in ("delay_ms", "jitter_ms", "loss_pct") if k in p})
             links.append({"src": src, "dst": dst, "dst_ip": self.ips[dst], "shape": shape})
         self.worker.set_links({"version": 1, "links": links}, merge=True)
         return None

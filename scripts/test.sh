@@ -5,6 +5,8 @@
 # (scripts/docker_setup.sh) and builds the images offline (scripts/build_node_image.sh, reused by
 # tag; scripts/build_testbed_image.sh for docker-compose.yml), then requires the tier to run.
 # EDGETB_DOCKER=0 leaves Docker alone: the tier then skips itself with the reason.
+# Without arguments it then runs the vm tier (scripts/vm_test.sh: tests/vm in a qemu guest on
+# Debian's stock kernel, with sch_netem and cgroup v2); EDGETB_VM=0 leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EDGETB_EXTRAS=${EDGETB_EXTRAS:-test,tf,docker,browser} bash scripts/setup.sh
@@ -19,4 +21,10 @@ if [ "${EDGETB_DOCKER:-1}" != 0 ]; then
   bash scripts/build_testbed_image.sh  # docker-compose.yml's agent and controller
   export EDGETB_REQUIRE_DOCKER=1
 fi
-exec .venv/bin/python -m pytest -ra "$@"
+rc=0
+.venv/bin/python -m pytest -ra "$@" || rc=$?
+# the vm tier (tests/vm) on Debian's stock kernel in qemu: once, when the whole suite runs
+if [ "${EDGETB_VM:-1}" != 0 ] && [ $# -eq 0 ]; then
+  bash scripts/vm_test.sh || { vm_rc=$?; [ "$rc" -ne 0 ] || rc=$vm_rc; }
+fi
+exit "$rc"

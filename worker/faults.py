@@ -11,7 +11,8 @@
 - **Signals**: a crash is SIGKILL of every process in the node's namespace; a revocation
   SIGTERM, then SIGKILL after ``notice_s`` (a timer, the call returns at once).
 - **Pause/resume**: the node's processes moved into a freezer group (cgroup v1
-  ``freezer/edgetb-<id>/<node>``, or ``cgroup.freeze`` in the v2 hierarchy) and frozen.
+  ``freezer/edgetb-<id>/<node>``) and frozen; on v2, ``cgroup.freeze`` of the node's own
+  group, so its limits and counters stay with it.
 - **Limits**: CPU and memory changed in the node's cgroups (made when the node had none).
 - **Prepare**: a pause or a limits change made ready ahead of its time: the groups made and the
   node's processes moved in. Moving a process between cgroups waits for an RCU grace period
@@ -290,9 +291,22 @@ class Faults:
                 return os.path.join(root, f"edgetb-{self.id}-freeze"), 2
         raise CapabilityError("no cgroup freezer (v1 freezer or a v2 hierarchy): pause cannot be applied")
 
-    def freezer_dir(self, node: str) -> tuple[str, int]:
+    def freezer_dir(self, node: str, create: bool = True) -> tuple[str, int]:
+        """Where the node is frozen. On v2 a process is in one group only, so the node's own group
+        (its limits and counters, made for accounting when it has none) is frozen where the
+        runtime keeps one: a group of its own would take the node out of its limits."""
         base, version = self.freezer_base()
-        return os.path.join(base, node), version
+        own = self._own_v2_group(node, create) if version == 2 else None
+        return own or os.path.join(base, node), version
+
+    def _own_v2_group(self, node: str, create: bool) -> Optional[str]:
+        groups: Optional[cgroups.Cgroups] = getattr(self.host.runtime, "cgroups", None)
+        if groups is None or groups.version != 2:
+            return None
+        path = groups.dirs(node)[0]
+        if os.path.isdir(path) or (create and groups.create_accounting(node)):
+            return path
+        return None
 
     def _freeze(self, f: dict[str, Any]) -> dict[str, Any]:
         path, version = self.freezer_dir(f["node"])
@@ -305,7 +319,7 @@ class Faults:
         return {"node": f["node"], "kind": "freeze", "processes": len(pids)}
 
     def _thaw(self, f: dict[str, Any]) -> dict[str, Any]:
-        path, version = self.freezer_dir(f["node"])
+        path, version = self.freezer_dir(f["node"], create=False)
         if not os.path.isdir(path):
             return {"node": f["node"], "kind": "thaw", "processes": 0}
         state_file, value = ("freezer.state", "THAWED") if version == 1 else ("cgroup.freeze", "0")
@@ -314,7 +328,7 @@ class Faults:
         return {"node": f["node"], "kind": "thaw"}
 
     def frozen(self, node: str) -> bool:
-        path, version = self.freezer_dir(node)
+        path, version = self.freezer_dir(node, create=False)
         try:
             with open(os.path.join(path, "freezer.state" if version == 1 else "cgroup.freeze")) as fh:
                 return fh.read().strip() in ("FROZEN", "FREEZING", "1")
@@ -323,6 +337,10 @@ class Faults:
 
     def _remove_freezers(self) -> None:
         base, version = self.freezer_base()
+        groups: Optional[cgroups.Cgroups] = getattr(self.host.runtime, "cgroups", None)
+        if version == 2 and groups is not None and groups.version == 2:
+            for node in groups.nodes():  # frozen in their own groups: thawed, removed by the runtime
+                _write_quiet(groups.dirs(node)[0], 2)
         if not os.path.isdir(base):
             return
         groups = getattr(self.host.runtime, "cgroups", None)

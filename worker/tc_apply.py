@@ -21,8 +21,8 @@ from worker import netlink as nl
 from worker import nsfs
 from worker.errors import CapabilityError, ShapingError
 from worker.tc_plan import (ACCESS_MINOR, DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, DROP_MINOR, DROP_PRIO,
-                            IPV6_DROP_PRIO, NETEM_DEFAULT_LIMIT, RULE_PRIO, Plan, Rule, diff, downlink_changed, pass_diff,
-                            render_update, reshared)
+                            IPV6_DROP_PRIO, RULE_PRIO, Plan, Rule, diff, downlink_changed, pass_diff,
+                            netem_limit_pkts, render_update, reshared)
 
 _netem_lock = threading.Lock()
 _netem_available: Optional[bool] = None
@@ -72,8 +72,7 @@ def _rule_messages(ifindex: int, plan: Plan, rule: Rule, class_flags: int = nl.C
     msgs = [_class_message(ifindex, plan, rule, class_flags)]
     s = rule.shape
     if rule.leaf == "netem":
-        msgs.append(nl.netem_leaf(ifindex, rule.minor, s.delay_ms, s.jitter_ms, s.loss_pct,
-                                  s.queue_pkts or NETEM_DEFAULT_LIMIT))
+        msgs.append(nl.netem_leaf(ifindex, rule.minor, s.delay_ms, s.jitter_ms, s.loss_pct, netem_limit_pkts(s)))
     elif rule.leaf == "pfifo":
         msgs.append(nl.pfifo_leaf(ifindex, rule.minor, s.queue_pkts or 0))
     return msgs
@@ -363,7 +362,7 @@ def _leaf_mismatch(rule: Rule, leaf: Optional[dict[str, Any]]) -> list[str]:
         return [f"{name}: limit {leaf.get('limit')}, expected {s.queue_pkts}"]
     if rule.leaf == "netem":
         wanted = {"delay_us": round(s.delay_ms * 1000), "jitter_us": round(s.jitter_ms * 1000),
-                  "limit": s.queue_pkts or NETEM_DEFAULT_LIMIT}
+                  "limit": netem_limit_pkts(s)}
         bad = [f"{k} {leaf.get(k)} (expected {v})" for k, v in wanted.items() if abs(leaf.get(k, -9) - v) > 1]
         if abs(leaf.get("loss_pct", -1) - s.loss_pct) > 1e-4:
             bad.append(f"loss {leaf.get('loss_pct')}% (expected {s.loss_pct}%)")

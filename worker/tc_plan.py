@@ -48,6 +48,7 @@ take their node ids from the same range (they have no class of their own).
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -63,7 +64,8 @@ IPV6_DROP_PRIO = 3  # an emulated node's IPv6 (link-local only: no path of the t
 FIRST_MINOR = 0x10
 MAX_MINOR = 0xFFF  # u32 node ids are 12 bits; the filter handle reuses the minor
 DEFAULT_CLASS_RATE_BPS = 10 * 10**9
-NETEM_DEFAULT_LIMIT = 1000
+NETEM_DEFAULT_LIMIT = 1000  # packets waiting for the link's rate when the link sets no queue
+FRAME_BYTES = 1500  # a full-size frame: what the delay line of a busy link holds
 
 
 @dataclass(frozen=True)
@@ -344,6 +346,14 @@ def pass_diff(old: Plan, new: Plan) -> tuple[list[Pass], list[Pass]]:
     return removed, added
 
 
+def netem_limit_pkts(shape: Shape) -> int:
+    """netem's limit for a link: its queue (``queue_pkts``, else 1000 packets) plus the full-size
+    frames its delay (with jitter) holds at its rate. netem counts delayed packets in its limit, so
+    the queue alone would cap a link whose bandwidth-delay product exceeds it below its rate."""
+    in_flight = math.ceil(shape.rate_bps * (shape.delay_ms + shape.jitter_ms) / 1000 / 8 / FRAME_BYTES)
+    return (shape.queue_pkts or NETEM_DEFAULT_LIMIT) + in_flight
+
+
 def _leaf_args(rule: Rule) -> str:
     s = rule.shape
     if rule.leaf == "netem":
@@ -352,7 +362,7 @@ def _leaf_args(rule: Rule) -> str:
             args += f" {s.jitter_ms:g}ms"
         if s.loss_pct:
             args += f" loss {s.loss_pct:g}%"
-        return args + f" limit {s.queue_pkts or NETEM_DEFAULT_LIMIT}"
+        return args + f" limit {netem_limit_pkts(s)}"
     return f"pfifo limit {s.queue_pkts}"
 
 

@@ -128,7 +128,7 @@ def test_prepared_pause_and_limits_move_processes_once_ahead(pair):
     host, _ = pair
     proc = host.start_process("a", {"version": 1, "argv": ["sleep", "60"]})
     freezer = os.path.join(host.faults.freezer_dir("a")[0], "cgroup.procs")
-    own = host.runtime.cgroups.freezer_dir("a") == host.faults.freezer_dir("a")[0]  # v1: it started in it
+    own = host.runtime.cgroups.freezer_dir("a") == host.faults.freezer_dir("a")[0]  # it started in it
     done = host.fault({"version": 1, "faults": [{"kind": "prepare", "node": "a", "for": "freeze"}]})["results"][0]
     assert done["moved"] == (0 if own else 1)
     with open(freezer) as f:
@@ -156,9 +156,20 @@ def _state(pid: int) -> str:
 
 
 def _frozen_state(host, node: str) -> str:
+    """FROZEN or THAWED (v1's words; on v2 read from cgroup.events, waiting out a freeze in progress)."""
     path, version = host.faults.freezer_dir(node)
-    with open(os.path.join(path, "freezer.state" if version == 1 else "cgroup.freeze")) as f:
-        return f.read().strip()
+    if version == 1:
+        with open(os.path.join(path, "freezer.state")) as f:
+            return f.read().strip()
+    deadline = time.monotonic() + 5
+    while True:
+        with open(os.path.join(path, "cgroup.freeze")) as f:
+            wanted = f.read().strip() == "1"
+        with open(os.path.join(path, "cgroup.events")) as f:
+            frozen = dict(line.split() for line in f.read().splitlines())["frozen"] == "1"
+        if frozen == wanted or time.monotonic() > deadline:
+            return "FROZEN" if frozen else "THAWED"
+        time.sleep(0.05)
 
 
 def test_on_off_background_flow_shows_in_its_intervals(pair, request):

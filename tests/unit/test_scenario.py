@@ -67,6 +67,8 @@ BAD = [
     ("link field typo", ev(at=1, link={"src": "n1", "dst": "n2", "bw": "1mbit", "both_way": True}),
      ["'both_way'", "did you mean 'both_ways'"]),
     ("link delay unit", ev(at=1, link={"src": "n1", "dst": "n2", "bw": "1mbit", "delay": "5"}), ["field 'delay'"]),
+    ("link loss unit", ev(at=1, link={"src": "n1", "dst": "n2", "bw": "1mbit", "loss": "5"}), ["field 'loss'", "%"]),
+    ("link loss too high", ev(at=1, link={"src": "n1", "dst": "n2", "bw": "1mbit", "loss": "101%"}), ["field 'loss'"]),
     ("link_down one node", ev(at=1, link_down=["n1"]), ["field 'link_down'", "at least 2"]),
     ("link_down same node", ev(at=1, link_down=["n1", "n1"]), ["twice"]),
     ("partition overlap", ev(at=1, partition=[["n1", "n2"], ["n2", "n3"]]), ["'n2' is in two groups"]),
@@ -187,6 +189,22 @@ def test_delay_refused_without_netem_before_anything_starts():
     with pytest.raises(CapabilityError, match="sch_netem"):
         ScenarioRunner(timeline, worker, ips())
     assert worker.calls == []
+
+
+@pytest.mark.parametrize("link", [{"delay": "20ms"}, {"loss": "5%"}])
+def test_netem_link_events_refused_without_netem_and_sent_with_it(link):
+    timeline = resolve(ev(at=1, link={"src": "n1", "dst": "n2", "bw": "1mbit", **link}, **{"for": 2}), topology())
+    with pytest.raises(CapabilityError, match="sch_netem"):
+        ScenarioRunner(timeline, RecordingWorker(netem=False), ips())
+    worker = RecordingWorker(netem=True)
+    runner = ScenarioRunner(timeline, worker, ips())
+    change, undo = timeline.steps
+    runner.apply_step(change)
+    runner.apply_step(undo)
+    shapes = [call[1]["links"][0]["shape"] for call in worker.calls if call[0] == "set_links"]
+    base = {"rate_bps": 10**7, "delay_ms": 0.0, "jitter_ms": 0.0, "loss_pct": 0.0, "queue_pkts": None}
+    key, value = ("delay_ms", 20.0) if "delay" in link else ("loss_pct", 5.0)
+    assert shapes == [{**base, "rate_bps": 10**6, key: value}, base]
 
 
 def test_issue_example_resolves_and_dry_run_is_seeded_and_stable(tmp_path):

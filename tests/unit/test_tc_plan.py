@@ -3,7 +3,7 @@ import pytest
 
 from worker.errors import ConfigError
 from worker.shape import Shape
-from worker.tc_plan import (DEFAULT_MINOR, FIRST_MINOR, MAX_MINOR, Change, Plan, Rule, Target, diff,
+from worker.tc_plan import (DEFAULT_MINOR, FIRST_MINOR, MAX_MINOR, Change, Plan, Rule, Target, diff, netem_limit_pkts,
                             make_plan, render, render_diff, rule_commands)
 
 MBIT = 10**6
@@ -161,7 +161,7 @@ SMALL_LINES = [
     "tc class add dev eth0 parent 1:3 classid 1:10 htb rate 10mbit ceil 10mbit",
     "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::10 u32 match ip dst 10.0.0.3/32 flowid 1:10",
     "tc class add dev eth0 parent 1:3 classid 1:11 htb rate 5mbit ceil 5mbit",
-    "tc qdisc replace dev eth0 parent 1:11 handle 11: netem delay 20ms 5ms loss 0.5% limit 1000",
+    "tc qdisc replace dev eth0 parent 1:11 handle 11: netem delay 20ms 5ms loss 0.5% limit 1011",
     "tc filter add dev eth0 parent 1: protocol ip prio 1 handle 800::11 u32 match ip dst 10.0.0.4/32 flowid 1:11",
     "tc class add dev eth0 parent 1:3 classid 1:12 htb rate 1mbit ceil 1mbit",
     "tc qdisc replace dev eth0 parent 1:12 handle 12: pfifo limit 50",
@@ -186,10 +186,10 @@ def test_render_empty_plan_is_root_and_default_class():
 
 
 @pytest.mark.parametrize("shape,leaf_line", [
-    (Shape(MBIT, delay_ms=20), "netem delay 20ms limit 1000"),
-    (Shape(MBIT, delay_ms=0.5, jitter_ms=0.25), "netem delay 0.5ms 0.25ms limit 1000"),
+    (Shape(MBIT, delay_ms=20), "netem delay 20ms limit 1002"),
+    (Shape(MBIT, delay_ms=0.5, jitter_ms=0.25), "netem delay 0.5ms 0.25ms limit 1001"),
     (Shape(MBIT, loss_pct=2), "netem delay 0ms loss 2% limit 1000"),
-    (Shape(MBIT, delay_ms=3, queue_pkts=30), "netem delay 3ms limit 30"),
+    (Shape(MBIT, delay_ms=3, queue_pkts=30), "netem delay 3ms limit 31"),
     (Shape(MBIT, queue_pkts=7), "pfifo limit 7"),
 ])
 def test_leaf_arguments(shape, leaf_line):
@@ -220,7 +220,7 @@ def test_render_diff_lines():
         "tc qdisc del dev eth0 parent 1:10 handle 10:",
         # c changed and gained a netem leaf
         "tc class change dev eth0 parent 1:3 classid 1:12 htb rate 3mbit ceil 3mbit",
-        "tc qdisc replace dev eth0 parent 1:12 handle 12: netem delay 10ms limit 1000",
+        "tc qdisc replace dev eth0 parent 1:12 handle 12: netem delay 10ms limit 1003",
         # e added in b's old minor
         "tc class add dev eth0 parent 1:3 classid 1:11 htb rate 4mbit ceil 4mbit",
         "tc qdisc replace dev eth0 parent 1:11 handle 11: pfifo limit 8",
@@ -423,3 +423,12 @@ def test_ipv6_drop_only_with_isolation():
         "tc filter del dev eth0 parent 1: protocol ip prio 2 u32",
         "tc filter del dev eth0 parent 1: protocol ipv6 prio 3 u32",
         "tc class del dev eth0 classid 1:2"]
+
+
+@pytest.mark.parametrize("shape, limit", [
+    (Shape(10**9, delay_ms=100), 1000 + 8334),  # 1 Gbit/s x 100 ms = 12.5 MB in flight
+    (Shape(10 * MBIT, delay_ms=50, jitter_ms=5, queue_pkts=100), 100 + 46),
+    (Shape(10 * MBIT, loss_pct=1), 1000),  # no delay: nothing in flight
+])
+def test_netem_limit_holds_the_queue_and_the_bandwidth_delay_product(shape, limit):
+    assert netem_limit_pkts(shape) == limit

@@ -18,7 +18,7 @@ B, C, D = 0x10, 0x11, 0x12
 ROOT = {"kind": "htb", "handle": 0x10000, "default_minor": 1}
 CLASSES = {1: 10**10 // 8, 3: 10**10 // 8, B: 10**7 // 8, C: 2 * 10**7 // 8, D: 5 * 10**6 // 8}
 LEAVES = {C: {"kind": "pfifo", "limit": 9},
-          D: {"kind": "netem", "delay_us": 20_000, "jitter_us": 5_000, "loss_pct": 0.5, "limit": 1000}}
+          D: {"kind": "netem", "delay_us": 20_000, "jitter_us": 5_000, "loss_pct": 0.5, "limit": 1011}}
 FILTERS = {B: {"dest_ip": "10.0.0.3", "minor": B}, C: {"dest_ip": "10.0.0.4", "minor": C},
            D: {"dest_ip": "10.0.0.5", "minor": D}}
 
@@ -109,12 +109,12 @@ def with_(table, key, value):
     ({"leaves": with_(LEAVES, D, {**LEAVES[D], "delay_us": 10_000})},
      ["leaf of 1:12 (d): delay_us 10000 (expected 20000)"]),
     ({"leaves": with_(LEAVES, D, {**LEAVES[D], "jitter_us": 0, "limit": 50})},
-     ["leaf of 1:12 (d): jitter_us 0 (expected 5000), limit 50 (expected 1000)"]),
+     ["leaf of 1:12 (d): jitter_us 0 (expected 5000), limit 50 (expected 1011)"]),
     ({"leaves": with_(LEAVES, D, {**LEAVES[D], "loss_pct": 1.0})},
      ["leaf of 1:12 (d): loss 1.0% (expected 0.5%)"]),
     ({"leaves": with_(LEAVES, D, {"kind": "netem"})},  # options could not be decoded
      ["leaf of 1:12 (d): delay_us None (expected 20000), jitter_us None (expected 5000), "
-      "limit None (expected 1000), loss None% (expected 0.5%)"]),
+      "limit None (expected 1011), loss None% (expected 0.5%)"]),
 ])
 def test_each_difference_is_named(changes, expected):
     assert mismatches(PLAN, observed(**changes)) == expected
