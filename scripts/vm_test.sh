@@ -37,12 +37,18 @@ command -v depmod >/dev/null || need+=(kmod)
 if [ ${#need[@]} -gt 0 ]; then
   say "installing Debian packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  timeout 300 apt-get update -qq || die "apt-get update failed or took over 300 s"
   timeout 600 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
     || die "apt-get install ${need[*]} failed or took over 600 s"
 fi
 
 # the kernel: linux-image-amd64's dependency, by version --------------------------------------
-pkg=${EDGETB_VM_KERNEL_PKG:-$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')}
+kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}'; }
+pkg=${EDGETB_VM_KERNEL_PKG:-$(kernel_pkg)}
+if [ -z "$pkg" ]; then  # a new machine's package lists may be empty
+  timeout 300 apt-get update -qq || say "apt-get update failed or took over 300 s"
+  pkg=$(kernel_pkg)
+fi
 [ -n "$pkg" ] || die "apt-cache knows no linux-image-amd64 (run apt-get update)"
 ver=$(apt-cache show "$pkg" 2>/dev/null | awk '/^Version:/ {print $2; exit}')
 [ -n "$ver" ] || die "apt-cache has no version of $pkg"
