@@ -31,6 +31,7 @@ from flask import Flask, jsonify, request
 from controller import callers, dashboard, files
 from controller.experiment import MAX_LOG_BYTES, Experiment
 from controller.terminal import printable
+from dml_app import bounded_json
 from worker.errors import AuthError, ConfigError
 from worker.serving import bearer_matches, check_token, json_errors, request_limits, run_blocking
 
@@ -168,7 +169,11 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
 
     @app.post("/print")
     def print_line() -> Any:
-        exp.on_print(node(), printable(request.get_json(silent=True)))
+        try:  # a node's line: its nesting bounded, malformed is nothing
+            data = bounded_json.loads(request.get_data())
+        except ValueError:
+            data = None
+        exp.on_print(node(), printable(data))
         return jsonify({"ok": True})
 
     @app.post("/log")

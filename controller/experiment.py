@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 import requests
+import urllib3
 
 from controller import deploy, evaluate, node_auth, probe, results, run_record
 from controller.agent_client import Worker
@@ -283,33 +284,47 @@ class Experiment:
         return f"http://{self.nodes[name].ip}:{self.node_port}{path}"
 
     def _node_call(self, name: str, method: str, path: str, timeout_s: float, limit: int = NODE_ANSWER_BYTES,
-                   **kw: Any) -> tuple[int, bytes]:
-        """(status, body) of a call to a node, the body read raw up to ``limit`` bytes
-        (ConfigError beyond it, or when the node compressed it)."""
-        with self._session.request(method, self._node_url(name, path), timeout=timeout_s, stream=True, **kw) as resp:
-            _check_encoding(name, path, resp)
-            body = resp.raw.read(limit + 1, decode_content=False)
-            if len(body) > limit:
-                raise ConfigError(f"node {name}'s answer to {path} is larger than {limit} bytes")
-            return resp.status_code, body
+                   deadline_s: Optional[float] = None, **kw: Any) -> tuple[int, bytes]:
+        """(status, body) of a call to a node, the body read raw, ``limit`` bytes at most
+        (ConfigError beyond it, or when the node compressed it), all of it within ``deadline_s``
+        (default ``timeout_s``) of the answer's start (TestbedTimeout: a trickle holds nothing).
+        A connection that fails mid-answer is a ``requests.ConnectionError``."""
+        allowed_s = timeout_s if deadline_s is None else deadline_s
+        deadline = time.monotonic() + allowed_s
+        chunks, size = [], 0
+        try:
+            with self._session.request(method, self._node_url(name, path), timeout=timeout_s, stream=True,
+                                       **kw) as resp:
+                _check_encoding(name, path, resp)
+                read = getattr(resp.raw, "read1", resp.raw.read)  # read1: what has arrived, not a full chunk
+                while chunk := read(min(LOG_CHUNK_BYTES, limit + 1), decode_content=False):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > limit:
+                        raise ConfigError(f"node {name}'s answer to {path} is larger than {limit} bytes")
+                    if time.monotonic() > deadline:
+                        raise TestbedTimeout(f"node {name}'s answer to {path} took longer than {allowed_s:g}s")
+                return resp.status_code, b"".join(chunks)
+        except urllib3.exceptions.HTTPError as e:  # a read that timed out or broke after the headers
+            raise requests.ConnectionError(f"node {name}, {path}: {e}") from None
 
     def _health(self, name: str) -> Optional[dict[str, Any]]:
         try:
             _, body = self._node_call(name, "GET", "/health", 2)
-            health = json.loads(body)
-        except (requests.RequestException, OSError, ValueError, ConfigError):
+            health = bounded_json.loads(body)
+        except (requests.RequestException, OSError, ValueError, TestbedError):
             return None
         return health if isinstance(health, dict) else None
 
     def _post(self, name: str, path: str, body: Any) -> dict[str, Any]:
         try:
             status, answer = self._node_call(name, "POST", path, 30, json=body)
-        except (requests.RequestException, OSError) as e:
+        except (requests.RequestException, OSError, TestbedTimeout) as e:
             raise TestbedError(f"node {name} did not answer {path}: {e}") from None
         if status >= 400:
             raise ConfigError(f"node {name} refused {path}: {answer[:300].decode(errors='replace')}")
         try:
-            return json.loads(answer)
+            return bounded_json.loads(answer)
         except ValueError:
             raise ConfigError(f"node {name} answered {path} with no JSON") from None
 
@@ -434,7 +449,8 @@ class Experiment:
         def number(key: str) -> Optional[float]:
             """A finite number of the message (NaN and infinities are dropped)."""
             value = data.get(key)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            ok = isinstance(value, float) and math.isfinite(value) or isinstance(value, int) and not isinstance(
+                value, bool) and abs(value) < 2 ** 63
             return value if ok else None  # type: ignore[return-value]
 
         self._check_round(name, data)
@@ -661,24 +677,11 @@ class Experiment:
     def _fetch_log(self, name: str) -> Optional[bytes]:
         """A node's events, asked for (None when it does not answer); a node that sends them
         slower than ``LOG_FETCH_S`` in all is refused (a trickle would hold the finish)."""
-        deadline = time.monotonic() + LOG_FETCH_S
-        chunks, size = [], 0
         try:
-            with self._session.get(self._node_url(name, "/log"), timeout=10, stream=True) as resp:
-                _check_encoding(name, "/log", resp)
-                if resp.status_code >= 400:
-                    return None
-                read = getattr(resp.raw, "read1", resp.raw.read)  # read1: what has arrived, not a full chunk
-                while chunk := read(LOG_CHUNK_BYTES, decode_content=False):
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > MAX_LOG_BYTES:
-                        raise ConfigError(f"log of {name} is larger than {MAX_LOG_BYTES} bytes")
-                    if time.monotonic() > deadline:
-                        raise TestbedTimeout(f"log of {name} took longer than {LOG_FETCH_S:g}s to arrive")
+            status, body = self._node_call(name, "GET", "/log", 10, MAX_LOG_BYTES, deadline_s=LOG_FETCH_S)
         except (requests.RequestException, OSError):
             return None
-        return b"".join(chunks)
+        return body if status < 400 else None
 
     def _local_log(self, name: str) -> Optional[bytes]:
         """The events a node wrote on this machine's disk (a node that died cannot be asked):
@@ -834,8 +837,8 @@ class Experiment:
         def stop(name: str) -> None:
             self.nodes[name].stopped_by = "timeout" if how == "timeout" else "stopped"
             try:
-                self._session.post(self._node_url(name, "/stop"), timeout=5)
-            except requests.RequestException:
+                self._node_call(name, "POST", "/stop", 5)
+            except (requests.RequestException, OSError, TestbedError):
                 pass
 
         self._each_node(stop, [n.name for n in running])

@@ -6,7 +6,7 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.
 export PYTHONDONTWRITEBYTECODE=1 EDGETB_VM_GUEST=1
 repo= kdir=
 for word in $(cat /proc/cmdline); do
-  case $word in edgetb.repo=*) repo=${word#edgetb.repo=} ;; edgetb.kdir=*) kdir=${word#edgetb.kdir=} ;; esac
+  case $word in edgetb.repo=*) repo=$(printf %s "${word#edgetb.repo=}" | sed 's/%20/ /g; s/%25/%/g') ;; edgetb.kdir=*) kdir=$(printf %s "${word#edgetb.kdir=}" | sed 's/%20/ /g; s/%25/%/g') ;; esac
 done
 off() { sync; umount /run/edgetb-out 2>/dev/null; echo o > /proc/sysrq-trigger; sleep 10; }
 mount -t tmpfs -o mode=755 tmpfs /run

@@ -13,7 +13,7 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 host /n
   || fail "cannot mount the host's root file system over 9p"
 repo=
 for word in $(cat /proc/cmdline); do
-  case $word in edgetb.repo=*) repo=${word#edgetb.repo=} ;; esac
+  case $word in edgetb.repo=*) repo=$(printf %s "${word#edgetb.repo=}" | sed 's/%20/ /g; s/%25/%/g') ;; esac
 done
 [ -f "/newroot$repo/scripts/vm_guest.sh" ] || fail "no scripts/vm_guest.sh under '$repo'"
 for d in proc sys dev; do mount --move "/$d" "/newroot/$d"; done

@@ -23,6 +23,8 @@ mem_mb=${EDGETB_VM_MEM_MB:-768}
 smp=${EDGETB_VM_SMP:-1}  # one vCPU: with two, the guest's TSCs are unsynchronised and timers late by ms
 
 say() { echo "vm_test: $*" >&2; }
+# a path as one word of the kernel's command line (which splits at spaces): % and space escaped
+cmdline_word() { printf %s "$1" | sed 's/%/%25/g; s/ /%20/g'; }
 die() { say "$*"; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "run as root (the guest shares the host's root file system)"
 [ -x .venv/bin/python ] || die "no .venv here: run scripts/setup.sh first"
@@ -126,7 +128,7 @@ boot() {  # boot the guest with accelerator $1 in the background (qpid)
   timeout --foreground -k 10 "$timeout_s" qemu-system-x86_64 "${args[@]}" -machine q35 -smp "$smp" -m "$mem_mb" \
     -nodefaults -no-user-config -display none -no-reboot -serial stdio \
     -kernel "$vmlinuz" -initrd "$initrd" \
-    -append "console=ttyS0 panic=-1 quiet loglevel=3 edgetb.repo=$repo edgetb.kdir=$kdir/root" \
+    -append "console=ttyS0 panic=-1 quiet loglevel=3 edgetb.repo=$(cmdline_word "$repo") edgetb.kdir=$(cmdline_word "$kdir/root")" \
     -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
     -virtfs local,path="$out",mount_tag=out,security_model=none,multidevs=remap \
     </dev/null &

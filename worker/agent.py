@@ -17,9 +17,11 @@ in gevent's pool of real threads, so the server keeps answering while a large ne
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import secrets
+import stat
 import sys
 from typing import Any, Optional
 
@@ -54,17 +56,32 @@ def default_token_file() -> str:
     return os.path.join(state_root(), "token")
 
 
+def token_file_owners() -> set[int]:
+    """Who may own a token file: root, this process's user, and the user who ran it through sudo."""
+    owners = {0, os.geteuid()}
+    if os.environ.get("SUDO_UID", "").isdigit():
+        owners.add(int(os.environ["SUDO_UID"]))
+    return owners
+
+
 def read_token_file(path: str) -> str:
-    """The token in ``path``; ConfigError when it is missing, short, or open to group or others
-    (a token gives root on its host: mode 0600)."""
+    """The token in ``path``; ConfigError when it is missing, short, a symbolic link, owned by
+    another user, or open to group or others (a token gives root on its host: mode 0600)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ConfigError(f"no token file {path}") from None
     except OSError as e:
-        raise ConfigError(f"cannot read the token file {path}: {e.strerror}") from None
+        why = "a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise ConfigError(f"cannot read the token file {path}: {why}") from None
     with os.fdopen(fd) as f:
-        mode = os.fstat(f.fileno()).st_mode
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"the token file {path} is not a regular file")
+        if st.st_uid not in token_file_owners():
+            raise ConfigError(f"the token file {path} belongs to uid {st.st_uid}, not to root or to you: "
+                              f"another user may know it")
+        mode = st.st_mode
         if mode & 0o077:
             raise ConfigError(f"the token file {path} is open to other users (mode {mode & 0o777:o}): "
                               f"chmod 600 {path}")

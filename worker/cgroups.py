@@ -15,7 +15,7 @@ import errno
 import os
 import signal
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from worker import confine, privilege
 from worker.errors import CapabilityError, NodeRuntimeError
@@ -164,27 +164,31 @@ class Cgroups:
                 else None
         return self.dirs(node)[0] if self.version == 2 else None
 
-    def kill(self, node: str, timeout_s: float = 5.0) -> None:
-        """SIGKILL every process of the node, a fork bomb's included: v2's ``cgroup.kill`` where
-        the kernel has it, else the group frozen (no process runs, so none forks), every process
-        killed, the group thawed (the killed ones then die). Without a freezer: killed until none
-        is left (bounded by the node's pids limit)."""
+    def kill(self, node: str, timeout_s: float = 10.0) -> None:
+        """SIGKILL every process of the node, a fork bomb's included, and wait until its group is
+        empty: v2's ``cgroup.kill`` where the kernel has it, else the group frozen (no process
+        runs, so none forks), every process killed, the group thawed (the killed ones then die),
+        again while any is left (one that was still running when the freeze gave up).
+        Without a freezer: killed until none is left (bounded by the node's pids limit)."""
         path = self.freezer_dir(node)
         if path is None or not os.path.isdir(path) or not self.pids(node):
             return
+        deadline = time.monotonic() + timeout_s
         if self.version == 2 and os.path.exists(os.path.join(path, "cgroup.kill")):
             _write(os.path.join(path, "cgroup.kill"), "1")
+            _wait_empty(lambda: self.pids(node), deadline)
             return
         state, frozen, thawed = ("freezer.state", "FROZEN", "THAWED") if self.version == 1 else \
             ("cgroup.freeze", "1", "0")
-        _write(os.path.join(path, state), frozen)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while not _is_frozen(path, self.version) and time.monotonic() < deadline:
-                time.sleep(0.005)
-            _kill_all(self.pids(node))
-        finally:
-            _write(os.path.join(path, state), thawed)
+        while self.pids(node) and time.monotonic() < deadline:
+            _write(os.path.join(path, state), frozen)
+            try:
+                while not _is_frozen(path, self.version) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                _kill_all(self.pids(node))
+            finally:
+                _write(os.path.join(path, state), thawed)
+            _wait_empty(lambda: self.pids(node), min(deadline, time.monotonic() + 1.0))
 
     def remove_all(self) -> None:
         for node in self.nodes():
@@ -198,6 +202,12 @@ class Cgroups:
         if self.version == 2:
             restore_v2_controllers(self.root)
         self._v2_ready = False
+
+
+def _wait_empty(pids: Callable[[], Any], deadline: float) -> None:
+    """Until ``pids()`` is empty (killed processes take a moment to go), or ``deadline``."""
+    while pids() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _kill_all(pids: set[int]) -> None:

@@ -291,22 +291,20 @@ class Faults:
                 return os.path.join(root, f"edgetb-{self.id}-freeze"), 2
         raise CapabilityError("no cgroup freezer (v1 freezer or a v2 hierarchy): pause cannot be applied")
 
-    def freezer_dir(self, node: str, create: bool = True) -> tuple[str, int]:
+    def freezer_dir(self, node: str) -> tuple[str, int]:
         """Where the node is frozen. On v2 a process is in one group only, so the node's own group
-        (its limits and counters, made for accounting when it has none) is frozen where the
-        runtime keeps one: a group of its own would take the node out of its limits."""
+        (its limits and counters: every netns node has one) is frozen where the runtime keeps
+        one: a group of its own would take the node out of its limits."""
         base, version = self.freezer_base()
-        own = self._own_v2_group(node, create) if version == 2 else None
+        own = self._own_v2_group(node) if version == 2 else None
         return own or os.path.join(base, node), version
 
-    def _own_v2_group(self, node: str, create: bool) -> Optional[str]:
+    def _own_v2_group(self, node: str) -> Optional[str]:
         groups: Optional[cgroups.Cgroups] = getattr(self.host.runtime, "cgroups", None)
         if groups is None or groups.version != 2:
             return None
         path = groups.dirs(node)[0]
-        if os.path.isdir(path) or (create and groups.create_accounting(node)):
-            return path
-        return None
+        return path if os.path.isdir(path) else None
 
     def _freeze(self, f: dict[str, Any]) -> dict[str, Any]:
         path, version = self.freezer_dir(f["node"])
@@ -319,7 +317,7 @@ class Faults:
         return {"node": f["node"], "kind": "freeze", "processes": len(pids)}
 
     def _thaw(self, f: dict[str, Any]) -> dict[str, Any]:
-        path, version = self.freezer_dir(f["node"], create=False)
+        path, version = self.freezer_dir(f["node"])
         if not os.path.isdir(path):
             return {"node": f["node"], "kind": "thaw", "processes": 0}
         state_file, value = ("freezer.state", "THAWED") if version == 1 else ("cgroup.freeze", "0")
@@ -328,7 +326,7 @@ class Faults:
         return {"node": f["node"], "kind": "thaw"}
 
     def frozen(self, node: str) -> bool:
-        path, version = self.freezer_dir(node, create=False)
+        path, version = self.freezer_dir(node)
         try:
             with open(os.path.join(path, "freezer.state" if version == 1 else "cgroup.freeze")) as fh:
                 return fh.read().strip() in ("FROZEN", "FREEZING", "1")

@@ -52,7 +52,7 @@ def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | No
         on_stop()
 
 
-MAX_CONNECTIONS = 256  # connections served at once by one process's servers; more wait in the backlog
+MAX_CONNECTIONS = 256  # connections served at once on one listening address; more wait in the backlog
 IDLE_READ_S = 30.0  # a connection that sends nothing for this long is closed
 
 
@@ -92,15 +92,21 @@ def make_server(listener: Any, app: Any, pool: Any = None, idle_read_s: Optional
 
 
 class Servers:
-    """One app served on several addresses by servers sharing one connection cap: started,
-    served and stopped together (what ``WSGIServer`` offers for one)."""
+    """One app served on several addresses, each with its own connection cap (the nodes, on the
+    bridge's address, cannot take the places of loopback's callers): started, served and stopped
+    together (what ``WSGIServer`` offers for one)."""
 
     def __init__(self, addresses: list[tuple[str, int]], app: Any, pool_size: Optional[int] = None,
                  freebind: bool = True, **kw: Any) -> None:
-        pool = connection_pool(pool_size)
         self.addresses = list(dict.fromkeys(addresses))
-        self.servers = [make_server(a, app, pool=pool, freebind=freebind and not is_loopback(a[0]), **kw)
-                        for a in self.addresses]
+        self.servers = []
+        try:
+            for a in self.addresses:
+                self.servers.append(make_server(a, app, pool=connection_pool(pool_size),
+                                                freebind=freebind and not is_loopback(a[0]), **kw))
+        except BaseException:
+            self.close()
+            raise
         self._stopped: Any = None
 
     def start(self) -> None:
@@ -115,6 +121,7 @@ class Servers:
             except OSError as e:
                 for s in started:
                     s.stop(timeout=0)
+                self.close()
                 raise OSError(e.errno, f"{address[0]}:{address[1]}: {e.strerror or e}") from None
             started.append(server)
 
@@ -128,6 +135,13 @@ class Servers:
             server.stop(timeout=timeout)
         if self._stopped is not None:
             self._stopped.set()
+
+    def close(self) -> None:
+        """Close every listening socket made (a start that failed keeps no port bound)."""
+        for server in self.servers:
+            sock = getattr(server, "socket", None)
+            if sock is not None:
+                sock.close()
 
 
 def _server_class(idle_read_s: Optional[float] = IDLE_READ_S) -> Any:

@@ -158,7 +158,8 @@ class RingRole(Role):
                 self._redirect.discard(peer)
                 return self._answer(req, {"redirect": True, "done": self.finished})
         formation, behind = answer
-        weights = self.ctx.model.get_weights() if behind and self.ctx.model is not None else []
+        # through the compute thread: never a copy taken half-way through a training step
+        weights = self.ctx.compute(self.ctx.model.get_weights) if behind and self.ctx.model is not None else []
         return self._answer(req, {**formation.to_dict(), "behind": behind}, weights)
 
     def _answer(self, req: Request, meta: dict[str, Any], weights: Optional[Weights] = None) -> Response:

@@ -22,7 +22,7 @@ from controller.runner import listen_addresses
 from tests.security.callers_fixtures import free_port
 from tests.security.test_controller_callers import lan_address, make_controller, node_post  # noqa: F401
 from worker import serving
-from worker.errors import ConfigError
+from worker.errors import ConfigError, TestbedError
 
 BOMB_BYTES = 20 << 20  # what the node's 20 KiB gzip answer expands to
 
@@ -42,6 +42,17 @@ class BadNode(BaseHTTPRequestHandler):
             body, extra = self.bomb, {"Content-Encoding": "gzip"}
         elif self.path == "/big":
             body, extra = self.big, {}
+        elif self.path == "/deep":
+            body, extra = b"[" * 5000 + b"]" * 5000, {}
+        elif self.path == "/trickle":  # a byte every 0.4 s: each read is quick, the whole never ends
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            for _ in range(100):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.4)
+            return
         else:
             body, extra = b'{"ok": true}', {}
         self.send_response(200)
@@ -75,6 +86,12 @@ def test_a_node_answer_is_read_raw_and_capped(make_controller, bad_node):
         exp._post("n1", "/gzip", {})
     with pytest.raises(ConfigError, match="larger than 1048576 bytes"):
         exp._post("n1", "/big", {})
+    with pytest.raises(ConfigError, match="no JSON"):  # nested past the bound: malformed, not a crash
+        exp._post("n1", "/deep", {})
+    started = time.monotonic()
+    with pytest.raises(TestbedError, match="took longer than 2s"):  # a trickle holds the call no longer
+        exp._node_call("n1", "GET", "/trickle", 2)
+    assert time.monotonic() - started < 5
     assert BadNode.seen and set(BadNode.seen) == {"identity"}, BadNode.seen
 
 
@@ -118,6 +135,10 @@ def test_print_keeps_only_the_run_rounds_and_finite_values(make_controller):
     headers = {"Content-Type": "application/json", **exp.keys.node_headers("n1", "POST", "/print", body)}
     assert requests.post(served.url + "/print", data=body, headers=headers, timeout=10).status_code == 200
     assert exp.nodes["n1"].accuracy == 0.5 and exp.nodes["n1"].loss == 1.0
+    for body in (b'{"msg": "x", "round": 2, "accuracy": 1' + b"0" * 400 + b"}", b"[" * 5000):  # no 500 either
+        headers = {"Content-Type": "application/json", **exp.keys.node_headers("n1", "POST", "/print", body)}
+        assert requests.post(served.url + "/print", data=body, headers=headers, timeout=10).status_code == 200
+    assert exp.nodes["n1"].accuracy == 0.5
     assert set(exp.live._by_round) == {2}
     assert all(math.isfinite(v) for series in exp.live._by_round[2] for v in series), exp.live._by_round
 

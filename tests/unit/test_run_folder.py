@@ -180,7 +180,7 @@ def test_a_node_trickling_its_log_is_given_up_after_the_deadline(tmp_path, monke
     exp.nodes["n1"].ip, exp.node_port = "127.0.0.1", listener.getsockname()[1]
     started = time.monotonic()
     try:
-        with pytest.raises(TestbedTimeout, match="log of n1 took longer than 1.5s"):
+        with pytest.raises(TestbedTimeout, match="n1's answer to /log took longer than 1.5s"):
             exp._fetch_log("n1")
     finally:
         stop.set()
