@@ -18,7 +18,9 @@ from worker.shape import Shape
 from worker.tc_plan import netem_limit_pkts
 
 MBIT = 10**6
-PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "udp_probe.py")
+# run as ``python -c``: a node's uid may not reach the checkout (one under /root, mode 0700)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "udp_probe.py")) as _f:
+    PROBE_CODE = _f.read()
 PROBE_PORT = 7007
 TCP_PAYLOAD_SHARE = 1448 / 1514  # a full TCP segment's payload (with timestamps) in its Ethernet frame
 
@@ -29,7 +31,8 @@ def shaped(src: str, dst: str, ip: str, **shape) -> dict:
 
 def probe(host, src: str, ip: str, count: int, interval_s: float) -> dict:
     out = host.exec(src, {"version": 1, "timeout_s": count * interval_s + 60,
-                          "argv": [sys.executable, PROBE, "probe", ip, str(PROBE_PORT), str(count), str(interval_s)]})
+                          "argv": [sys.executable, "-c", PROBE_CODE, "probe", ip, str(PROBE_PORT), str(count),
+                                   str(interval_s)]})
     assert out["returncode"] == 0, out
     return json.loads(out["stdout"])
 
@@ -37,7 +40,7 @@ def probe(host, src: str, ip: str, count: int, interval_s: float) -> dict:
 @pytest.fixture
 def pair(host):
     a, b = host.create_nodes(nodes_body("a", "b"))["nodes"]
-    host.start_process("b", {"version": 1, "argv": [sys.executable, PROBE, "serve", str(PROBE_PORT)]})
+    host.start_process("b", {"version": 1, "argv": [sys.executable, "-c", PROBE_CODE, "serve", str(PROBE_PORT)]})
     time.sleep(0.5)
     return host, a["ip"], b["ip"]
 
@@ -130,8 +133,8 @@ def test_a_scenario_event_changes_the_delay_in_place_without_loss(pair, request)
     timeline = resolve({"events": [{"at": 1.5, "link": {"src": "a", "dst": "b", "bw": "10mbit", "delay": "10ms",
                                                         "both_ways": True}}]}, topo)
     runner = ScenarioRunner(timeline, host, {"a": ip_a, "b": ip_b}, progress=lambda _: None)
-    proc = host.start_process("a", {"version": 1, "argv": [sys.executable, PROBE, "probe", ip_b, str(PROBE_PORT),
-                                                           "300", "0.01"]})
+    proc = host.start_process("a", {"version": 1, "argv": [sys.executable, "-c", PROBE_CODE, "probe", ip_b,
+                                                           str(PROBE_PORT), "300", "0.01"]})
     runner.start()
     assert runner.wait(20) and runner.rows[0]["outcome"] == "applied", runner.rows
     deadline = time.monotonic() + 60
