@@ -14,7 +14,6 @@ import contextlib
 import gzip
 import io
 import os
-import shutil
 import tempfile
 import zlib
 import warnings
@@ -31,6 +30,8 @@ TEXT_WIDTH = 32  # a number read as text first (times, CPU seconds)
 NAME_WIDTH = 32  # names longer than this are read the slower, general way
 FLOAT_COLUMNS = frozenset({"time_s", "cpu_s"})  # every other counter is an integer
 MAX_WORKERS = 4
+MAX_PLAIN_BYTES = 16 << 30  # a telemetry table decompressed (10 hours at EdgeTB's size: about 5 GB)
+PLAIN_PER_GZIP = 20  # room asked of /dev/shm for a table: this many times its compressed size
 
 
 @dataclass
@@ -231,14 +232,30 @@ def open_text(path: str) -> Any:
     return open(path, newline="", encoding="utf-8")
 
 
+def _scratch_dir(compressed_bytes: int) -> Optional[str]:
+    """/dev/shm (memory) where it has room for ``PLAIN_PER_GZIP`` times the compressed size, else
+    the default temporary directory."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return "/dev/shm" if st.f_bavail * st.f_frsize > PLAIN_PER_GZIP * compressed_bytes else None
+
+
 @contextlib.contextmanager
 def _plain_copy(path: str) -> Any:
-    """A decompressed copy of the gzip file ``path`` (in memory where /dev/shm exists), removed after."""
-    where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    """A decompressed copy of the gzip file ``path`` (``MAX_PLAIN_BYTES`` at most: a file from
+    elsewhere may be a gzip bomb), removed after."""
+    where = _scratch_dir(os.path.getsize(path))
     with tempfile.NamedTemporaryFile(prefix="edgetb-table-", suffix=".csv", dir=where) as plain:
+        written = 0
         try:
             with gzip.open(path, "rb") as src:
-                shutil.copyfileobj(src, plain, 1 << 20)
+                while chunk := src.read(1 << 20):
+                    written += len(chunk)
+                    if written > MAX_PLAIN_BYTES:
+                        raise ConfigError(f"{path}: decompresses to more than {MAX_PLAIN_BYTES >> 30} GiB")
+                    plain.write(chunk)
         except (OSError, EOFError, zlib.error) as e:
             raise ConfigError(f"{path}: not a complete gzip file: {e}") from None
         plain.flush()

@@ -497,3 +497,18 @@ def test_counters_in_every_written_form(tmp_path, name, counter):
     assert c.keys == sorted([(name,), ("zz",)])
     assert c.times[(name,)].tolist() == [0.1, 0.2] and c.values[(name,)]["cpu_s"].tolist() == [0.5, 1.25]
     assert c.values[(name,)]["mem_bytes"].tolist() == [120.0, 7.0] and c.values[(name,)]["tx_bytes"][0] == 120.0
+
+
+def test_a_gzip_bomb_of_a_telemetry_table_is_refused(tmp_path, monkeypatch):
+    import gzip
+
+    from controller.analysis import table
+
+    path = tmp_path / "links.csv.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b"time_s,src,dst,tx_bytes,tx_packets,drops,overlimits\n" + b"0,a,b,0,0,0,0\n" * 200_000)
+    monkeypatch.setattr(table, "MAX_PLAIN_BYTES", 1 << 20)
+    with pytest.raises(ConfigError, match="decompresses to more than"):
+        table.read_counters(str(path), ["src", "dst"], ["tx_bytes"])
+    monkeypatch.setattr(table, "MAX_PLAIN_BYTES", 16 << 20)
+    assert table.read_counters(str(path), ["src", "dst"], ["tx_bytes"]).keys == [("a", "b")]
