@@ -46,8 +46,8 @@ def default_mem_bytes(meminfo: str = "/proc/meminfo") -> int:
     try:
         with open(meminfo) as f:
             for line in f:
-                if line.startswith("MemTotal:"):
-                    return min(DEFAULT_MEM_BYTES, int(line.split()[1]) * 1024 // 2)
+                if line.startswith("MemTotal:"):  # whole MiB: cgroup v2 keeps whole pages only
+                    return min(DEFAULT_MEM_BYTES, int(line.split()[1]) * 1024 // 2 >> 20 << 20)
     except (OSError, ValueError, IndexError):
         pass
     return DEFAULT_MEM_BYTES
