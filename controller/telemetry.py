@@ -114,8 +114,6 @@ class ChangedRows:
     def __init__(self, counters: Counters, width: int, ns_first: bool = False) -> None:
         self.counters, self.width, self.ns_first = counters, width, ns_first
         self.layout: Optional[int] = None
-        self.keys: list[Any] = []
-        self.labels: list[str] = []
         self.cums: list[list[Optional[int]]] = []  # per series: its cumulative values
         self.texts: list[str] = []  # per series: its last row after the time
         self.prev: Optional[np.ndarray] = None  # the previous sample's raw values, one row per series
@@ -130,7 +128,7 @@ class ChangedRows:
         returns every series' cumulative values."""
         if layout != self.layout:  # a new layout: the old one's series end, the new one's start
             rows += self.flush()
-            self.layout, self.keys, self.labels, self.prev = layout, keys, labels, None
+            self.layout, self.prev = layout, None
             self.cums, self.texts = [[] for _ in keys], [""] * len(keys)
         n, w = len(keys), self.width
         raw = np.asarray(values, np.int64).reshape(n, w)

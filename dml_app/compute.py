@@ -37,6 +37,3 @@ class ComputeThread:
 
     def run(self, fn: Callable[..., T], *args: Any) -> T:
         return self._pool.apply(fn, args)
-
-    def close(self) -> None:
-        self._pool.kill()

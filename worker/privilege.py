@@ -43,6 +43,7 @@ import fcntl
 import json
 import os
 import queue
+import resource
 import signal
 import stat
 import subprocess
@@ -499,8 +500,8 @@ def launch(spec: Launch) -> subprocess.Popen:
             raise ConfigError(f"node processes run as uid {ident.uid}, which may not run {spec.argv[0]!r} "
                               "(or a directory on its way is closed to others)") from None
         except BlockingIOError:  # EAGAIN from exec: RLIMIT_NPROC
-            raise NodeRuntimeError(f"the node's processes (uid {ident.uid}) are at their limit of "
-                                   f"{dict((r, soft) for r, soft, _ in rlimits).get(confine.resource.RLIMIT_NPROC)} "
+            nproc = next((soft for which, soft, _ in rlimits if which == resource.RLIMIT_NPROC), None)
+            raise NodeRuntimeError(f"the node's processes (uid {ident.uid}) are at their limit of {nproc} "
                                    f"processes and threads; {spec.argv[0]!r} was not started") from None
     finally:
         for fd in fds:

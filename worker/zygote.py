@@ -4,8 +4,8 @@ Starting a netns node as a fresh ``python -m dml_app.node`` costs each node the 
 start and its imports (numpy, gevent, the roles: about 0.3 s of CPU) and its own copy of every
 page it touches. The zygote does that once: it is started (``exec``, so it holds nothing of the
 worker's memory) with an environment of harmless variables only (and ``dml_app.compute.THREAD_ENV``:
-numpy's BLAS sizes its thread pool when it loads, and each forked node would inherit it), patches gevent, imports numpy
-and ``dml_app.node``, freezes the garbage collector's generations (so collections in a child do
+numpy's BLAS sizes its thread pool when it loads, and each forked node would inherit it), patches
+gevent, imports numpy and ``dml_app.node``, freezes the garbage collector's generations (so collections in a child do
 not write to the pages it shares), and then forks a child per request. The child sets itself up
 exactly as ``worker.privilege.launch`` sets up a node process before ``exec``: its cgroups, its
 network namespace, its own mount and IPC namespaces with the node's view and a ``/proc`` of its
@@ -350,7 +350,8 @@ def serve(argv: list[str]) -> None:
     fd, starter = int(argv[0]), int(argv[1])
     if os.getppid() != starter:  # the starter died before the death signal was set
         os._exit(1)
-    from worker import cgroups, confine, privilege  # noqa: F401 - before gevent's patches: its locks and queue stay the kernel's
+    # before gevent's patches: their locks and queue stay the kernel's
+    from worker import cgroups, confine, privilege  # noqa: F401
 
     _preload()
     privilege.leave_netns_handles()
