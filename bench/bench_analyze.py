@@ -29,7 +29,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from controller.analysis import AnalysisConfig, analyze  # noqa: E402
+from controller.results.analysis import AnalysisConfig, analyze  # noqa: E402
 
 T0 = 1_800_000_000.0
 

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from bench_netns import log, secs, table  # noqa: E402
 from tests.docker.compose import Compose, compose_cli  # noqa: E402
-from worker import runtime_docker  # noqa: E402
+from worker.nodes import docker as runtime_docker  # noqa: E402
 
 
 def ring(n: int) -> tuple[dict, dict]:

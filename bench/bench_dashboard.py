@@ -89,8 +89,8 @@ def synthetic_run(log_dir: str, n: int, degree: int, rng: random.Random) -> tupl
 
 def live_server_cost(workdir: str, links: dict[str, list[dict]]) -> tuple[float, float, int]:
     """(median ms of ``sample()``, ms of an update, bytes of one update) for a live run of these links."""
-    from controller.experiment import Experiment
-    from controller.topology import links_from_data
+    from controller.run.experiment import Experiment
+    from controller.model.topology import links_from_data
 
     topology = links_from_data(links, "bench")
     exp = Experiment(workdir, topology, worker=None, structure={x: {"sync": ROUNDS, "role": "gossip"}
@@ -124,7 +124,7 @@ def serve(workdir: str) -> tuple[Any, int]:
     from flask import Flask
     from werkzeug.serving import make_server
 
-    from controller import dashboard
+    from controller.web import dashboard
 
     app = Flask("edgetb-bench", static_folder=dashboard.STATIC, static_url_path="/static")
     dashboard.register(app, workdir, reader=lambda: None, user=lambda: None, exp=None)

@@ -4,7 +4,7 @@ Run as root, after ``bash scripts/docker_setup.sh && bash scripts/build_node_ima
 ``.venv/bin/python bench/bench_docker.py [--nodes 50] [--degree 3] [--runs 3]``. Prints a
 Markdown table on stdout (progress on stderr); the figures go into BENCHMARKS.md.
 
-Each run is ``controller.deploy.deploy`` — what ``edgetb up --runtime docker`` does — on a
+Each run is ``controller.workers.deploy.deploy`` — what ``edgetb up --runtime docker`` does — on a
 fresh testbed: a seeded random graph (each node links to ``degree`` random others, 5–20 mbit),
 containers with cpu 0.5 and 256 MiB, every link shaped and verified. Then one command is run
 in every container (the nodes answer), and the testbed is reset; nothing carrying its id
@@ -30,11 +30,12 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from bench_netns import (BenchError, _on_signal, checkpoint, fresh_testbed_id, free_subnet, log, secs,  # noqa: E402
                          shielded, table, teardown)
-from controller import deploy  # noqa: E402
-from controller.topology import Topology  # noqa: E402
-from worker import runtime_docker, tc_apply  # noqa: E402
+from controller.workers import deploy  # noqa: E402
+from controller.model.topology import Topology  # noqa: E402
+from worker.nodes import docker as runtime_docker  # noqa: E402
+from worker.shaping import apply
 from worker.host import WorkerHost  # noqa: E402
-from worker.tc_plan import Plan  # noqa: E402
+from worker.shaping.plan import Plan  # noqa: E402
 
 SEED = 20261122
 TARGET_S = 30.0  # 50 Docker nodes with shaped links ready (EdgeTB waits ~30 s for the first healthcheck)
@@ -67,7 +68,7 @@ def one_run(n: int, degree: int, run: int, subnet: str) -> list[Any]:
         if sorted(plans) != sorted(topo.nodes) or sum(len(p["rules"]) for p in plans.values()) != len(topo.links):
             raise BenchError(f"run {run}: {len(plans)} shaped nodes, expected {n}")
         for rec in result["nodes"]:
-            tc_apply.verify(rec["netns"], Plan.from_dict(plans[rec["name"]]))
+            apply.verify(rec["netns"], Plan.from_dict(plans[rec["name"]]))
         t1 = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
             codes = list(pool.map(lambda name: host.exec(name, {"version": 1, "argv": ["true"]})["returncode"],

@@ -7,7 +7,7 @@ The hosts are this machine's namespace (an in-process netns host, with the contr
 ``hosts - 1`` agents, each in its own host network namespace on a veth LAN (as in the e2e
 tier, tests/e2e/lan.py). Each run: the agents sync dml_app/ and dataset/ from the controller's
 ``/files`` routes (first run: every file; later runs: nothing changed), then
-``controller.deploy.deploy`` on the cluster — every host creates its nodes in parallel, routes
+``controller.workers.deploy.deploy`` on the cluster — every host creates its nodes in parallel, routes
 go in, and every link is shaped and verified on its source's host. A seeded random graph gives
 each node ``degree`` links, most of them to nodes on other hosts. Then every node knocks on a
 closed port of a node on another host (the refusal proves the route), and the cluster is reset; leftovers fail the benchmark.
@@ -32,12 +32,12 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from bench_netns import fresh_testbed_id, log, secs, table  # noqa: E402
-from controller import deploy, files  # noqa: E402
-from controller.cluster import Cluster  # noqa: E402
-from controller.hosts import Host, Hosts, check_placement  # noqa: E402
-from controller.topology import Topology  # noqa: E402
+from controller.workers import deploy, files  # noqa: E402
+from controller.workers.cluster import Cluster  # noqa: E402
+from controller.model.hosts import Host, Hosts, check_placement  # noqa: E402
+from controller.model.topology import Topology  # noqa: E402
 from tests.e2e.lan import Lan  # noqa: E402
-from worker import nsfs  # noqa: E402
+from worker.kernel import nsfs  # noqa: E402
 
 SEED = 20261123
 KNOCK = ("import socket, sys; s = socket.socket(); s.settimeout(3); "
@@ -61,7 +61,7 @@ def serve_files(ip: str, workdir: str, token: str) -> tuple[Any, int]:
     from flask import Flask, request
     from werkzeug.serving import make_server
 
-    from worker.errors import AuthError
+    from worker.api.errors import AuthError
     from worker.serving import json_errors
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)

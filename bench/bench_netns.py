@@ -40,12 +40,14 @@ sys.path.insert(0, ROOT)
 
 import signal  # noqa: E402
 
-from worker import nsfs, tc_apply  # noqa: E402
-from worker.errors import ShapingError  # noqa: E402
+from worker.kernel import nsfs  # noqa: E402
+
+from worker.shaping import apply as tc_apply
+from worker.api.errors import ShapingError  # noqa: E402
 from worker.host import SHAPING_THREADS, WorkerHost  # noqa: E402
-from worker.runtime_netns import NODE_IFNAME  # noqa: E402
-from worker.shape import Shape, format_rate  # noqa: E402
-from worker.tc_plan import DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, Plan, Target, make_plan, render  # noqa: E402
+from worker.nodes.netns import NODE_IFNAME  # noqa: E402
+from worker.api.shape import Shape, format_rate  # noqa: E402
+from worker.shaping.plan import DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, Plan, Target, make_plan, render  # noqa: E402
 
 SEED = 20261122
 TARGET_BRINGUP_S = 5.0  # 100 nodes with shaped links ready
@@ -384,7 +386,7 @@ def free_port() -> int:
 
 
 def agent_memory(subnet: str, n: int = 100) -> list[list[Any]]:
-    from controller.agent_client import AgentClient
+    from controller.workers.agent_client import AgentClient
 
     subnet = free_subnet(subnet)
     tid = fresh_testbed_id()

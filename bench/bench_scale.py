@@ -111,7 +111,7 @@ def zygote_pids(parent: int) -> list[int]:
             if ppid != parent:
                 continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if b"worker.zygote" in f.read():
+                if b"worker.nodes.zygote" in f.read():
                     found.append(int(entry))
         except (OSError, ValueError):
             pass
@@ -131,7 +131,7 @@ def arp_stats() -> dict[str, int]:
 
 def unresolved_neighbours(testbed: str, nodes: list[str]) -> int:
     """How many neighbour entries of the nodes' namespaces are being resolved or failed now."""
-    from worker import neighbours
+    from worker.nodes import neighbours
 
     count = 0
     for node in nodes:

@@ -34,9 +34,9 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from bench_netns import (BenchError, free_port, free_subnet, fresh_testbed_id, log, scratch_host,  # noqa: E402
                          shielded, table, teardown)
 
-from controller.scenario import resolve  # noqa: E402
-from controller.scenario_runner import ScenarioRunner  # noqa: E402
-from controller.topology import Topology  # noqa: E402
+from controller.model.scenario import resolve  # noqa: E402
+from controller.run.scenario_runner import ScenarioRunner  # noqa: E402
+from controller.model.topology import Topology  # noqa: E402
 from worker.host import WorkerHost  # noqa: E402
 
 SEED = 20261123
@@ -154,7 +154,7 @@ def one_host(n: int, count: int) -> list[list[Any]]:
 
 
 def through_agent(n: int, count: int) -> list[list[Any]]:
-    from controller.agent_client import AgentClient
+    from controller.workers.agent_client import AgentClient
 
     subnet = free_subnet("10.79.0.0/16")
     tid = fresh_testbed_id()

@@ -45,11 +45,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.bench_netns import BenchError, checkpoint, log, scratch_host, table  # noqa: E402
-from controller.safe_fs import RunDir  # noqa: E402
-from controller.telemetry import Collector, configured_rates  # noqa: E402
-from controller.telemetry_conf import TelemetryConf  # noqa: E402
-from worker.netlink import NLMSG_DONE  # noqa: E402
-from worker.stats_socket import RECV_BYTES  # noqa: E402
+from controller.results.safe_fs import RunDir  # noqa: E402
+from controller.telemetry.collector import Collector, configured_rates  # noqa: E402
+from controller.model.telemetry_conf import TelemetryConf  # noqa: E402
+from worker.kernel.netlink import NLMSG_DONE  # noqa: E402
+from worker.observe.stats import RECV_BYTES  # noqa: E402
 
 SEED = 20261123
 SIZES = ((147, 1466), (500, 5000))

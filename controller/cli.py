@@ -14,7 +14,7 @@
 Without ``--agent`` the CLI drives this host directly (as root); with
 ``--agent URL`` it talks to a worker agent using the shared token.
 
-On this host a testbed id has one owner (controller/lock.py): ``up`` takes the id (refused
+On this host a testbed id has one owner (controller/workers/lock.py): ``up`` takes the id (refused
 while a run script or another ``edgetb`` holds it, or while it is already up) and records the
 testbed as kept, so that no run script removes it; ``down`` removes it (and what a crashed
 holder left), refused only while a live process holds the id; ``status`` says who owns it.
@@ -31,13 +31,13 @@ import threading
 import time
 from typing import Any, Optional
 
-from controller import deploy
-from controller.agent_client import AgentClient, Worker
-from controller.topology import Topology, access_rate, load_links, load_nodes
-from worker.errors import ConfigError, TestbedError
-from worker.runtime_netns import DEFAULT_SUBNET
-from worker.shape import format_rate
-from worker.tc_plan import render
+from controller.workers import deploy
+from controller.workers.agent_client import AgentClient, Worker
+from controller.model.topology import Topology, access_rate, load_links, load_nodes
+from worker.api.errors import ConfigError, TestbedError
+from worker.nodes.netns import DEFAULT_SUBNET
+from worker.api.shape import format_rate
+from worker.shaping.plan import render
 
 
 def _progress(message: str) -> None:
@@ -126,8 +126,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from controller.analysis import AnalysisConfig, analyze
-    from controller.analysis.report import RESOURCES
+    from controller.results.analysis import AnalysisConfig, analyze
+    from controller.results.analysis.report import RESOURCES
 
     thresholds = {}
     for item in args.threshold:
@@ -172,8 +172,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from controller.dashboard import create_viewer
-    from controller.run_view import list_runs, log_root
+    from controller.web.dashboard import create_viewer
+    from controller.web.run_view import list_runs, log_root
     from worker.serving import serve
 
     runs = list_runs(args.workdir)
@@ -233,7 +233,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         worker = _worker(args)
         result = deploy.deploy(topology, worker, _progress, open_network=args.open_network)
     else:
-        from controller.lock import Holder
+        from controller.workers.lock import Holder
 
         found = lock.take(Holder.this_process(runtime=args.runtime, subnet=args.subnet))
         clean = False
@@ -261,7 +261,7 @@ def _local_lock(args: argparse.Namespace) -> Any:
         return None
     if os.geteuid() != 0:
         raise ConfigError("driving this host needs root (sudo), or use --dry-run / --agent URL")
-    from controller.lock import TestbedLock
+    from controller.workers.lock import TestbedLock
 
     return TestbedLock(args.id)
 
@@ -360,8 +360,8 @@ MAX_FLOW_WAIT_S = 86_400
 def cmd_scenario(args: argparse.Namespace) -> int:
     """Validate and resolve the scenario (``--dry-run``: print it), else play its timed steps now
     against the running testbed and return once the last one is applied."""
-    from controller.scenario import load_scenario
-    from controller.scenario_runner import ScenarioRunner
+    from controller.model.scenario import load_scenario
+    from controller.run.scenario_runner import ScenarioRunner
 
     if args.dry_run:
         timeline = load_scenario(args.file, _topology(args.links or "links.json", args.nodes))
@@ -437,7 +437,7 @@ def _print_shaping(info: dict[str, Any]) -> None:
 
 
 def _owner_text(testbed_id: str, owner: dict[str, Any]) -> str:
-    from controller.lock import Holder
+    from controller.workers.lock import Holder
 
     holder = Holder.from_dict(owner.get("holder"))
     who = holder.describe() if holder else "no recorded process"
@@ -478,9 +478,9 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     Times in the CSV files are seconds since the monitor started."""
     import time
 
-    from controller.safe_fs import RunDir
-    from controller.telemetry import Collector, configured_rates, render_table
-    from controller.telemetry_conf import TelemetryConf
+    from controller.results.safe_fs import RunDir
+    from controller.telemetry.collector import Collector, configured_rates, render_table
+    from controller.model.telemetry_conf import TelemetryConf
 
     conf = TelemetryConf(period_ms=args.period_ms)
     if args.interval <= 0 or (args.duration is not None and args.duration <= 0) or args.top < 0:

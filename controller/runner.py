@@ -11,13 +11,13 @@ import sys
 import time
 from typing import Any, Optional
 
-from controller import results
-from controller.app import create_app
-from controller.experiment import Experiment
-from controller.hosts import Hosts, check_placement, load_hosts
-from controller.topology import Topology, load_links, load_nodes
-from worker.errors import ConfigError, TestbedError
-from worker.runtime_netns import DEFAULT_SUBNET
+from controller.results import tables
+from controller.web.app import create_app
+from controller.run.experiment import Experiment
+from controller.model.hosts import Hosts, check_placement, load_hosts
+from controller.model.topology import Topology, load_links, load_nodes
+from worker.api.errors import ConfigError, TestbedError
+from worker.nodes.netns import DEFAULT_SUBNET
 from worker.serving import Servers, run_blocking
 
 
@@ -46,17 +46,17 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("--subnet", default=os.environ.get("EDGETB_SUBNET", DEFAULT_SUBNET))
     p.add_argument("--runtime", choices=("netns", "docker"), default="netns",
                    help="single host: what a node is, a network namespace or a Docker container (default netns)")
-    p.add_argument("--hosts", help="hosts file: run on several worker hosts (see controller/hosts.py)")
+    p.add_argument("--hosts", help="hosts file: run on several worker hosts (see controller/model/hosts.py)")
     p.add_argument("--auto", action="store_true", help="run the whole flow, print a summary, reset")
     p.add_argument("--timeout", type=float, default=900.0, help="--auto: seconds to wait for the run (default 900)")
     p.add_argument("--verbose", action="store_true", help="print every node's round lines besides the aggregate")
     p.add_argument("--quiet-nodes", action="store_true", help="(the default) print one aggregate line per round "
                                                               "or 5 s, not each node's lines")
-    p.add_argument("--scenario", help="scenario file: events applied while the run goes on (see controller/scenario.py)")
+    p.add_argument("--scenario", help="scenario file: events applied while the run goes on (see controller/model/scenario.py)")
     p.add_argument("--open-network", action="store_true",
                    help="let nodes that no link joins reach each other unshaped, as EdgeTB does "
                         "(default: no link, no path)")
-    from controller.telemetry_conf import add_arguments
+    from controller.model.telemetry_conf import add_arguments
 
     add_arguments(p)
     return p
@@ -64,8 +64,8 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
 
 def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topology] = None) -> tuple[Any, dict[str, Any]]:
     """Load and validate everything, write shards and confs; nothing is created on the network."""
-    from controller.deploy import planned_ips
-    from dml_tool.confs import dataset_confs, load_dataset, load_structure, structure_confs, write_confs
+    from controller.workers.deploy import planned_ips
+    from controller.confs.confs import dataset_confs, load_dataset, load_structure, structure_confs, write_confs
 
     path = lambda name: os.path.join(args.workdir, name)  # noqa: E731
     if topology is None:
@@ -85,10 +85,10 @@ def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topolog
     args.dataset_settings = settings
     args.timeline = None
     if getattr(args, "scenario", None):
-        from controller.scenario import load_scenario
+        from controller.model.scenario import load_scenario
 
         args.timeline = load_scenario(path(args.scenario), topology)
-    from controller.telemetry_conf import from_args
+    from controller.model.telemetry_conf import from_args
 
     args.telemetry_conf = from_args(args, path(args.structure))
     args.inputs = {role: path(getattr(args, role))
@@ -104,7 +104,7 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     the experiment is appended to ``experiments`` when given (the Testbed API reports on it).
 
     The experiment directory is taken first (``DirectoryLock``: another live testbed's is refused,
-    that testbed named), then the testbed id (controller/lock.py): in use by a live process, kept by
+    that testbed named), then the testbed id (controller/workers/lock.py): in use by a live process, kept by
     ``edgetb up`` or holding nodes nobody recorded, the run stops with the holder named and
     touches nothing. What a dead holder left is removed, loudly. At the end this process removes
     only what it created itself."""
@@ -114,8 +114,8 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     if os.geteuid() != 0:
         print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
         return 2
-    from controller.experiment import new_run_id
-    from controller.lock import DirectoryLock
+    from controller.run.experiment import new_run_id
+    from controller.workers.lock import DirectoryLock
 
     run_id = new_run_id()
     for sig in (signal.SIGINT, *STOP_SIGNALS):  # a kill or a closed terminal cleans up like Ctrl-C
@@ -137,7 +137,7 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
 def _main(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
           experiments: Optional[list[Experiment]], run_id: str) -> int:
     """main's flow once the experiment directory is this run's: the testbed id, then the run."""
-    from controller.lock import Holder, TestbedLock
+    from controller.workers.lock import Holder, TestbedLock
 
     try:
         lock = TestbedLock(args.id)
@@ -210,8 +210,8 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
     if experiments is not None:
         experiments.append(exp)
     if args.timeline is not None:
-        from controller.deploy import planned_ips
-        from controller.scenario_runner import ScenarioRunner
+        from controller.workers.deploy import planned_ips
+        from controller.run.scenario_runner import ScenarioRunner
 
         try:  # what this testbed cannot apply is refused before anything is created
             exp.scenario = ScenarioRunner(args.timeline, worker, planned_ips(topology, args.subnet), progress=_say,
@@ -285,7 +285,7 @@ def listen_addresses(args: argparse.Namespace, worker: Any) -> list[str]:
     every ``--listen`` address; never every address of the host."""
     import ipaddress
 
-    from controller.cluster import gateway
+    from controller.workers.cluster import gateway
 
     nodes_side = getattr(worker, "controller_ip", None) or gateway(args.subnet)
     found = ["127.0.0.1", *([nodes_side] if nodes_side else []), *args.listen]
@@ -341,7 +341,7 @@ def _workers(args: argparse.Namespace) -> Any:
 
     if not args.hosts:
         return WorkerHost(args.id, args.subnet, runtime=args.runtime, workdir=args.workdir, code_root=REPO_ROOT)
-    from controller.cluster import Cluster
+    from controller.workers.cluster import Cluster
 
     return Cluster.connect(args.host_list, args.placement, args.id, args.subnet, args.workdir, REPO_ROOT)
 
@@ -374,7 +374,7 @@ def _auto(exp: Experiment, timeout_s: float) -> int:
         _say(f"the run did not finish within {timeout_s:g}s: collecting what there is")
         how = "timeout"
     summary = run_blocking(exp.finish, how)
-    print(results.format_summary(summary["nodes"]), flush=True)
+    print(tables.format_summary(summary["nodes"]), flush=True)
     _say(f"metrics: {summary.get('metrics')}")
     _say(f"plots: {', '.join(os.path.basename(p) for p in summary.get('plots', []))}")
     for who, what in sorted(summary.get("problems", {}).items()):

@@ -11,7 +11,7 @@
 Emulators on other hosts and physical devices run an agent each
 (``python3 -m worker.agent``); ``add_emulator("e1", agent="http://10.0.0.2:3334")``
 and ``add_physical_node("pi1", ip="10.0.0.9", agent="http://10.0.0.9:3334")``
-declare them, and ``start()`` writes the hosts file (controller/hosts.py) for them.
+declare them, and ``start()`` writes the hosts file (controller/model/hosts.py) for them.
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from controller.bootstrap import use_venv
 
 use_venv(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.argv[0] or "the Testbed API")
 
-from controller.topology import Topology, load_links  # noqa: E402
-from worker.errors import ConfigError  # noqa: E402
-from worker.runtime_netns import DEFAULT_SUBNET  # noqa: E402
+from controller.model.topology import Topology, load_links  # noqa: E402
+from worker.api.errors import ConfigError  # noqa: E402
+from worker.nodes.netns import DEFAULT_SUBNET  # noqa: E402
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Testbed:
         """``open_network=True``: nodes that no link joins reach each other (EdgeTB's network);
         by default they cannot (no link, no path). ``telemetry_period_ms``, ``telemetry=False`` and
         ``capture`` (node names or "all") override the structure file's "telemetry" settings."""
-        from controller.telemetry_conf import TelemetryConf, resolve
+        from controller.model.telemetry_conf import TelemetryConf, resolve
 
         resolve(TelemetryConf(), telemetry_period_ms, not telemetry, capture)  # bad values refused here
         self.telemetry_args = (telemetry_period_ms, telemetry, capture)
@@ -89,7 +89,7 @@ class Testbed:
                      tls_fingerprint: Optional[str] = None) -> None:
         """An emulator host: this machine (no ``agent``) or the agent at ``agent`` (``https://IP:PORT``,
         its certificate's ``tls_fingerprint`` pinned); ``runtime`` is netns or docker; the other
-        fields are those of hosts.json (controller/hosts.py)."""
+        fields are those of hosts.json (controller/model/hosts.py)."""
         if name in self.emulators:
             raise ConfigError(f"emulator {name!r} declared twice")
         if runtime not in ("netns", "docker"):
@@ -130,7 +130,7 @@ class Testbed:
     def load_scenario(self, path: str = "scenario.json") -> list[str]:
         """Apply the scenario of ``path`` (beside links.json) during the run; it is checked now
         against the declared nodes and links, and its timeline returned as lines (as ``--dry-run``)."""
-        from controller.scenario import load_scenario
+        from controller.model.scenario import load_scenario
 
         if not self._links_loaded:
             raise ConfigError("call load_link() before load_scenario()")

@@ -1,7 +1,7 @@
 """Split the dataset over the nodes and write their dataset confs:
 ``python3 dml_tool/dataset_conf.py -d gl_dataset.json`` (or ``-s fl_structure.json``: then ``-d``
 defaults to that algorithm's dataset file, fl_dataset.json). Both dataset formats (settings and
-EdgeTB's per-node one) are described in ``dml_tool/confs.py``.
+EdgeTB's per-node one) are described in ``controller/confs/confs.py``.
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from controller.bootstrap import use_venv  # noqa: E402
 if __name__ == "__main__":
     use_venv(REPO, "dataset_conf.py", ("numpy", "sklearn"))
 
-from controller.topology import load_links  # noqa: E402
-from dml_tool.confs import dataset_confs, load_dataset, load_structure, write_confs  # noqa: E402
-from dml_tool.structures import ALGORITHMS, PREFIXES, guess_algorithm  # noqa: E402
-from worker.errors import TestbedError  # noqa: E402
+from controller.model.topology import load_links  # noqa: E402
+from controller.confs.confs import dataset_confs, load_dataset, load_structure, write_confs  # noqa: E402
+from controller.confs.structures import ALGORITHMS, PREFIXES, guess_algorithm  # noqa: E402
+from worker.api.errors import TestbedError  # noqa: E402
 
 DATASET_FILES = {algorithm: f"{prefix}_dataset.json" for prefix, algorithm in PREFIXES.items()}
 

@@ -4,7 +4,7 @@
 # network tools for tests and debugging, then `docker import` it. Run as root, after
 # scripts/docker_setup.sh. Safe to run again: an existing tag is reused as it is.
 #
-#   EDGETB_NODE_IMAGE   image tag (default edgetb-node:bookworm-1; worker/runtime_docker.py uses the same)
+#   EDGETB_NODE_IMAGE   image tag (default edgetb-node:bookworm-1; worker/nodes/docker.py uses the same)
 #   EDGETB_DEBIAN_MIRROR  Debian mirror (default http://deb.debian.org/debian)
 #   --force             rebuild even when the tag exists
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Vendor the dashboard's JavaScript libraries: pinned, built files from the npm registry, with
-their licences, under controller/static/vendor/, and VERSIONS.json recording each package's
+their licences, under controller/web/static/vendor/, and VERSIONS.json recording each package's
 version, tarball, the registry's integrity hash and every file's SHA-256.
 
     python3 scripts/vendor_js.py           # fetch the pinned versions (needs the npm registry)
@@ -23,7 +23,7 @@ import urllib.request
 
 REGISTRY = "https://registry.npmjs.org"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENDOR = os.path.join(ROOT, "controller", "static", "vendor")
+VENDOR = os.path.join(ROOT, "controller", "web", "static", "vendor")
 VERSIONS = os.path.join(VENDOR, "VERSIONS.json")
 # package -> (version, files inside the tarball's package/ folder)
 PACKAGES = {

@@ -28,9 +28,9 @@ from typing import Any, Optional
 from flask import Flask, Response, jsonify, request
 
 from worker import tls
-from worker.errors import AuthError, ConfigError, TestbedError
+from worker.api.errors import AuthError, ConfigError, TestbedError
 from worker.host import API_VERSION, WorkerHost
-from worker.runtime_netns import DEFAULT_SUBNET
+from worker.nodes.netns import DEFAULT_SUBNET
 from worker.serving import (bearer_matches, check_token, is_loopback, json_errors, request_limits, run_blocking,
                             serve)
 from worker.state import state_root
@@ -284,7 +284,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"edgetb-agent: {e.message}", file=sys.stderr)
         return 2
     if host.runtime.kind == "docker":
-        from worker import runtime_docker
+        from worker.nodes import docker as runtime_docker
 
         problem = runtime_docker.probe(host.runtime.image)
         if problem:

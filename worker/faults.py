@@ -36,8 +36,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-from worker import cgroups, nsfs
-from worker.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
+from worker.nodes import cgroups
+
+from worker.kernel import nsfs
+from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
 
 KEY_RE = re.compile(r"[a-z0-9]{1,16}")
 FREEZER_V1 = "/sys/fs/cgroup/freezer"

@@ -18,16 +18,18 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-from worker import privilege, tc_apply, zygote
-from worker.capture import SNAP_BYTES, Captures
-from worker.cgroups import detect_version
-from worker.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
-from worker.procs import start_ticks
+from worker.nodes import privilege, zygote
+
+from worker.shaping import apply as tc_apply
+from worker.observe.capture import SNAP_BYTES, Captures
+from worker.nodes.cgroups import detect_version
+from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
+from worker.kernel.procs import start_ticks
 from worker.routes import Routes, parse_routes
-from worker.runtime_netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
-from worker.shape import MAX_RATE_BPS, Shape
+from worker.nodes.netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
+from worker.api.shape import MAX_RATE_BPS, Shape
 from worker.state import StateStore, state_root
-from worker.tc_plan import Isolation, Plan, Target, make_plan
+from worker.shaping.plan import Isolation, Plan, Target, make_plan
 
 API_VERSION = 1
 MAX_OUTPUT_BYTES = 1 << 20
@@ -77,7 +79,7 @@ class WorkerHost:
         self.code_root = os.path.abspath(code_root or state.get("code_root") or REPO_ROOT)
         self.runtime: Any
         if runtime == "docker":
-            from worker.runtime_docker import DockerRuntime  # the Docker SDK only when asked for
+            from worker.nodes.docker import DockerRuntime  # the Docker SDK only when asked for
 
             os.makedirs(os.path.join(self.workdir, "dataset"), exist_ok=True)  # mounted into every node
             self.runtime = DockerRuntime(self.store, subnet, code_root=self.code_root, workdir=self.workdir,
@@ -85,7 +87,7 @@ class WorkerHost:
         elif runtime_options:
             raise ConfigError("runtime options are for the docker runtime only")
         elif runtime == "physical":
-            from worker.runtime_physical import PhysicalRuntime
+            from worker.nodes.physical import PhysicalRuntime
 
             self.runtime = PhysicalRuntime(self.store)
         else:
@@ -100,7 +102,7 @@ class WorkerHost:
         from worker.faults import Faults
 
         self.faults = Faults(self)
-        self._sampler: Any = None  # worker.telemetry.Sampler while sampling
+        self._sampler: Any = None  # worker.observe.telemetry.Sampler while sampling
 
     @property
     def testbed_id(self) -> str:
@@ -109,7 +111,7 @@ class WorkerHost:
     # capabilities and nodes ------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
         """What this host can emulate (asked before anything is created)."""
-        from worker import runtime_docker  # imports the SDK only inside, when probing
+        from worker.nodes import docker as runtime_docker  # imports the SDK only inside, when probing
         from worker.sync import nfs_problem as probe_nfs
 
         image = getattr(self.runtime, "image", None)
@@ -136,14 +138,14 @@ class WorkerHost:
         """Shape the listed links. Each source's listed links replace its plan, or with
         ``merge`` change only the listed destinations (``"shape": null`` removes one).
 
-        Isolation (worker.tc_plan): ``"isolation": {"drop": [prefix, ...], "keep": [address, ...]}``
+        Isolation (worker.shaping.plan): ``"isolation": {"drop": [prefix, ...], "keep": [address, ...]}``
         drops traffic to the node address space but by links, ``{"open": true}`` is the open
         network; without it each node keeps its setting (open for a node never shaped).
         ``"unshaped": {node: [{"dst", "dst_ip"}, ...]}`` replaces the listed nodes' peers reached
         without a shaped link (the way back of one-way links); a node listed there is
         (re)planned even with no link of its own. ``"access": {node: {"uplink_bps": R,
         "downlink_bps": R}}`` sets the listed nodes' access links (null removes one, a key left
-        out keeps it; see worker.tc_plan and worker.access)."""
+        out keeps it; see worker.shaping.plan and worker.shaping.downlink)."""
         body = check_version(body)
         links = body.get("links")
         if not isinstance(links, list):
@@ -278,7 +280,7 @@ class WorkerHost:
         seen = tc_apply.read_back(rec["netns"], _ifname(rec))
         plan = Plan.from_dict(plan_data) if plan_data else None
         problems = tc_apply.mismatches(plan, seen) if plan else []
-        from worker.tc_plan import render
+        from worker.shaping.plan import render
 
         return {"version": API_VERSION, "node": node, "plan": plan_data, "kernel": seen.to_dict(),
                 "tc": render(plan) if plan else [], "mismatches": problems,
@@ -286,7 +288,7 @@ class WorkerHost:
 
     # processes -------------------------------------------------------------------------
     def start_process(self, node: str, body: Any) -> dict[str, Any]:
-        """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.privilege``)."""
+        """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.nodes.privilege``)."""
         body = check_version(body)
         argv = _argv(body.get("argv"))
         env = body.get("env") or {}
@@ -474,7 +476,7 @@ class WorkerHost:
             raise ConfigError("env must map strings to strings")
         python, workdir, code_root = sys.executable, self.workdir, self.code_root
         if self.runtime.kind == "docker":  # the container's own paths of the same directories
-            from worker.runtime_docker import NODE_ROOT
+            from worker.nodes.docker import NODE_ROOT
 
             python, workdir, code_root = "python3", NODE_ROOT, NODE_ROOT
         node_args = [*args, "--workdir", workdir]
@@ -484,7 +486,7 @@ class WorkerHost:
     # captures ---------------------------------------------------------------------------
     def start_capture(self, node: str, body: Any) -> dict[str, Any]:
         """Capture the node's egress (tcpdump in its namespace, snap length ``snap_bytes``,
-        default 128) into this testbed's state directory (``worker.capture``)."""
+        default 128) into this testbed's state directory (``worker.observe.capture``)."""
         body = check_version(body)
         snap = body.get("snap_bytes", SNAP_BYTES)
         if not isinstance(snap, int) or isinstance(snap, bool):
@@ -548,9 +550,9 @@ class WorkerHost:
 
     # telemetry ---------------------------------------------------------------------------
     def telemetry_start(self, body: Any) -> dict[str, Any]:
-        """Start sampling this host's nodes and links every ``period_ms`` (worker.telemetry);
+        """Start sampling this host's nodes and links every ``period_ms`` (worker.observe.telemetry);
         a sampler already running at another period is replaced (its samples are dropped)."""
-        from worker.telemetry import DEFAULT_PERIOD_MS, Sampler, check_period_ms
+        from worker.observe.telemetry import DEFAULT_PERIOD_MS, Sampler, check_period_ms
 
         body = check_version(body)
         period_ms = check_period_ms(body.get("period_ms", DEFAULT_PERIOD_MS))

@@ -23,9 +23,9 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from worker import privilege
-from worker.errors import ConfigError, NodeRuntimeError
-from worker.runtime_netns import Naming, remove_forward_rules
+from worker.nodes import privilege
+from worker.api.errors import ConfigError, NodeRuntimeError
+from worker.nodes.netns import Naming, remove_forward_rules
 from worker.state import StateStore
 
 FORWARD_SYSCTL = "/proc/sys/net/ipv4/ip_forward"

@@ -185,7 +185,7 @@ def bearer_matches(header: str, token: str) -> bool:
 
 def check_token(token: Optional[str], source: str) -> str:
     """``token`` if it is long enough to be a secret, else ConfigError naming ``source``."""
-    from worker.errors import ConfigError
+    from worker.api.errors import ConfigError
 
     if not isinstance(token, str) or len(token.strip()) < MIN_TOKEN_CHARS:
         raise ConfigError(f"the token from {source} is shorter than {MIN_TOKEN_CHARS} characters: use a random "
@@ -221,7 +221,7 @@ def json_errors(app: Any, log: logging.Logger) -> None:
     from flask import jsonify
     from werkzeug.exceptions import HTTPException
 
-    from worker.errors import TestbedError
+    from worker.api.errors import TestbedError
 
     @app.errorhandler(TestbedError)
     def testbed_error(err: TestbedError) -> Any:

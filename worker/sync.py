@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import requests
 
-from worker.errors import (AgentUnreachable, CapabilityError, ConfigError, NodeRuntimeError,
+from worker.api.errors import (AgentUnreachable, CapabilityError, ConfigError, NodeRuntimeError,
                            TestbedTimeout)
 
 VERSION = 1

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from typing import Optional
 
-from worker.errors import CapabilityError, ConfigError
+from worker.api.errors import CapabilityError, ConfigError
 from worker.state import state_root
 
 CERT_FILE = "agent.crt"

@@ -22,7 +22,7 @@ def docker_skip_reason() -> Optional[str]:
     """Why this tier cannot run here (None when it can)."""
     if os.geteuid() != 0:
         return "docker tier needs root (container namespaces, tc, /run/netns)"
-    from worker import runtime_docker
+    from worker.nodes import docker as runtime_docker
 
     problem = runtime_docker.probe()
     return f"no usable Docker engine: {problem}" if problem else None
@@ -73,7 +73,7 @@ def host(make_host) -> WorkerHost:
 @pytest.fixture
 def engine() -> Iterator[Any]:
     """The engine's low-level client, for looking at containers from outside the runtime."""
-    from worker import runtime_docker
+    from worker.nodes import docker as runtime_docker
 
     api = runtime_docker.connect()
     yield api
@@ -83,7 +83,7 @@ def engine() -> Iterator[Any]:
 @pytest.fixture
 def foreign_container(engine) -> Iterator[Callable[..., str]]:
     """Factory of containers that are not ours (from the node image); removed at teardown."""
-    from worker import runtime_docker
+    from worker.nodes import docker as runtime_docker
 
     made: list[str] = []
 

@@ -10,7 +10,7 @@ import time
 
 import requests
 
-from controller.agent_client import AgentClient
+from controller.workers.agent_client import AgentClient
 from tests.docker.conftest import DOCKER, assert_no_leftovers
 from tests.netns.conftest import free_subnet, new_testbed_id
 from worker.host import WorkerHost

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from tests.docker.conftest import DOCKER, run
-from worker import nsfs
-from worker.errors import CapabilityError, NodeRuntimeError, NotFound, TestbedTimeout
+from worker.kernel import nsfs
+from worker.api.errors import CapabilityError, NodeRuntimeError, NotFound, TestbedTimeout
 from worker.host import WorkerHost
-from worker.runtime_netns import node_address
+from worker.nodes.netns import node_address
 
 pytestmark = DOCKER
 
@@ -108,7 +108,7 @@ def test_one_testbed_holds_one_kind_of_node(host, tmp_path):
     assert same.runtime.kind == "docker"  # picked from the testbed's nodes
     netns = WorkerHost(host.testbed_id, host.status()["subnet"], state_root=host.store.dir.rsplit("/", 1)[0],
                        runtime="netns")
-    from worker.errors import ConfigError
+    from worker.api.errors import ConfigError
 
     with pytest.raises(ConfigError, match="already has docker nodes"):
         netns.create_nodes({"version": 1, "nodes": [{"name": "n"}]})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import secrets
 
 from tests.docker.conftest import DOCKER, assert_no_leftovers
-from worker import nsfs
+from worker.kernel import nsfs
 
 pytestmark = DOCKER
 

@@ -5,7 +5,7 @@ import time
 
 from tests.docker.conftest import DOCKER
 from tests.netns.conftest import report
-from worker.telemetry import MISSING, NODE_FIELDS, Sampler
+from worker.observe.telemetry import MISSING, NODE_FIELDS, Sampler
 
 pytestmark = DOCKER
 

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from controller.agent_client import AgentClient
-from worker import nsfs
-from worker.errors import TestbedError
+from controller.workers.agent_client import AgentClient
+from worker.kernel import nsfs
+from worker.api.errors import TestbedError
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT_PORT = 3334

@@ -31,7 +31,7 @@ def cli(tmp_path):
     env = dict(os.environ, EDGETB_ID=tb, EDGETB_SUBNET="10.231.0.0/16", EDGETB_STATE_DIR=str(tmp_path / "state"))
     yield env
     run(["down"], env, check=False)
-    from worker.runtime_netns import NetnsRuntime
+    from worker.nodes.netns import NetnsRuntime
     from worker.state import StateStore
 
     left = NetnsRuntime(StateStore(tb, str(tmp_path / "state")), "10.231.0.0/16").leftovers()
@@ -137,7 +137,7 @@ def test_unknown_node_in_nodes_file_creates_nothing(cli, tmp_path):
 
 
 def test_delay_without_netem_is_refused_before_anything_exists(cli, tmp_path):
-    from worker.tc_apply import netem_available
+    from worker.shaping.apply import netem_available
 
     if netem_available():
         pytest.skip("this kernel has sch_netem: delay is supported here")

@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.harness import ROOT, Run
 from tests.netns.conftest import free_subnet
-from worker.procs import start_ticks
+from worker.kernel.procs import start_ticks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
 
@@ -65,7 +65,7 @@ def edgetb(r: Run, *args: str, check: bool = True) -> subprocess.CompletedProces
 
 def leftovers(r: Run, pids: list[int]) -> dict[str, list]:
     """Everything of the testbed on this host: namespaces, links, cgroups, iptables rules, node processes."""
-    from worker.runtime_netns import NetnsRuntime
+    from worker.nodes.netns import NetnsRuntime
     from worker.state import StateStore
 
     left: dict[str, list] = NetnsRuntime(StateStore(r.id, str(r.state)), r.subnet).leftovers()
@@ -249,7 +249,7 @@ def test_status_reports_the_bridge_address_the_kernel_holds(tmp_path, runs):
 
 def test_a_failed_reset_is_an_error_and_the_controller_stays_for_a_retry(tmp_path, runs):
     from tests.e2e.lan import Lan
-    from worker import nsfs
+    from worker.kernel import nsfs
 
     lan = Lan(tmp_path)
     try:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from controller.agent_client import AgentClient
+from controller.workers.agent_client import AgentClient
 from tests.e2e.harness import Run
 from tests.e2e.lan import Lan
 

@@ -124,8 +124,8 @@ def test_python_block_runs_verbatim(line, body):
 @pytest.mark.parametrize("line,body", [(n, b) for n, kind, b, _ in blocks() if kind == "json"],
                          ids=lambda v: f"line{v}" if isinstance(v, int) else "")
 def test_json_block_loads(line, body, tmp_path):
-    from controller.hosts import load_hosts
-    from controller.topology import load_links, load_nodes
+    from controller.model.hosts import load_hosts
+    from controller.model.topology import load_links, load_nodes
 
     data = json.loads("\n".join(body))
     path = tmp_path / "example.json"
@@ -135,7 +135,7 @@ def test_json_block_loads(line, body, tmp_path):
     elif "nodes" in data:
         load_nodes(str(path))
     elif "events" in data:
-        from controller.scenario import resolve
+        from controller.model.scenario import resolve
 
         resolve(data, load_links(str(ROOT / "links.json")), "scenario.json", str(tmp_path))
     elif all(isinstance(v, list) for v in data.values()):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.analysis.table import open_text
+from controller.results.analysis.table import open_text
 from tests.e2e.harness import ROOT, Run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]

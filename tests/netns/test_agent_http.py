@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from controller.agent_client import AgentClient
+from controller.workers.agent_client import AgentClient
 from tests.netns.conftest import NETNS, free_subnet, new_testbed_id, nodes_body
 from worker.host import WorkerHost
 

@@ -13,10 +13,10 @@ import dpkt
 import numpy as np
 import pytest
 
-from controller.analysis import AnalysisConfig, analyze
-from controller.analysis import bursts as B
-from controller.analysis.pcap import ip_int, read_pcap
-from controller.analysis.series import bin_edges, event_bins, throughput_bps
+from controller.results.analysis import AnalysisConfig, analyze
+from controller.results.analysis import bursts as B
+from controller.results.analysis.pcap import ip_int, read_pcap
+from controller.results.analysis.series import bin_edges, event_bins, throughput_bps
 from tests.netns.conftest import (NETNS, iperf_json, iperf_server, links, need_iperf3, need_tools, nodes_body,
                                   report)
 from tests.netns.test_agent_http import agent  # noqa: F401 - the real agent process, as a fixture
@@ -185,7 +185,7 @@ for _ in range(int(sys.argv[2])):
 
 
 def test_a_remote_agent_streams_its_capture_back(agent, tmp_path):
-    from worker.errors import ConfigError, NotFound
+    from worker.api.errors import ConfigError, NotFound
 
     client = agent.client
     a, b = client.create_nodes(nodes_body("a", "b"))["nodes"]

@@ -15,12 +15,12 @@ from typing import Iterator
 
 import pytest
 
-from controller import deploy
-from controller.topology import Topology
+from controller.workers import deploy
+from controller.model.topology import Topology
 from tests.netns.conftest import NETNS, need_tools, wait_listening
-from worker import tc_apply
-from worker.errors import ShapingError
-from worker.tc_plan import DROP_MINOR, Plan
+from worker.shaping import apply
+from worker.api.errors import ShapingError
+from worker.shaping.plan import DROP_MINOR, Plan
 
 pytestmark = NETNS
 
@@ -218,7 +218,7 @@ def test_a_missing_isolation_filter_is_a_mismatch(host):
     assert any("isolation filters: missing" in m for m in shaping["mismatches"]), shaping["mismatches"]
     rec = host.runtime.node("a")
     with pytest.raises(ShapingError, match="isolation filters"):
-        tc_apply.verify(rec["netns"], Plan.from_dict(shaping["plan"]))
+        apply.verify(rec["netns"], Plan.from_dict(shaping["plan"]))
 
 
 from tests.netns.test_agent_http import agent  # noqa: E402,F401  (the real agent process, as a fixture)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from tests.netns.conftest import NETNS, links, nodes_body
-from worker import neighbours
+from worker.nodes import neighbours
 from worker.host import WorkerHost
 
 pytestmark = NETNS

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from controller.scenario import resolve
-from controller.scenario_runner import ScenarioRunner
-from controller.topology import Topology
-from worker.errors import TestbedTimeout
+from controller.model.scenario import resolve
+from controller.run.scenario_runner import ScenarioRunner
+from controller.model.topology import Topology
+from worker.api.errors import TestbedTimeout
 from tests.netns.conftest import (IPERF_PORT, NETNS, iperf_json, iperf_server, links, need_iperf3, nodes_body,
                                   report)
 

@@ -5,8 +5,8 @@ import pytest
 
 from tests.netns.conftest import (NETNS, goodput_bps, iperf_json, iperf_server, links, need_iperf3, need_tools,
                                   nodes_body, report)
-from worker.errors import CapabilityError
-from worker.tc_apply import netem_available
+from worker.api.errors import CapabilityError
+from worker.shaping.apply import netem_available
 
 pytestmark = NETNS
 

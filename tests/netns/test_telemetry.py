@@ -10,14 +10,14 @@ from array import array
 
 import pytest
 
-from controller.analysis.table import open_text
-from controller.safe_fs import RunDir
-from controller.telemetry import Collector, configured_rates
-from controller.telemetry_conf import TelemetryConf
+from controller.results.analysis.table import open_text
+from controller.results.safe_fs import RunDir
+from controller.telemetry.collector import Collector, configured_rates
+from controller.model.telemetry_conf import TelemetryConf
 from tests.netns.conftest import NETNS, IPERF_PORT, iperf_server, links, need_iperf3, nodes_body, report
-from worker import netlink as nl
-from worker.cgroups import CounterReader, detect_version
-from worker.stats_socket import StatsSocket
+from worker.kernel import netlink as nl
+from worker.nodes.cgroups import CounterReader, detect_version
+from worker.observe.stats import StatsSocket
 
 pytestmark = NETNS
 MBIT = 10**6
@@ -146,7 +146,7 @@ def test_v1_reader_against_a_real_group():
     root = "/sys/fs/cgroup"
     if detect_version(root) != 1:
         pytest.skip("no cgroup v1 hierarchies here")
-    from worker.cgroups import v1_hierarchies
+    from worker.nodes.cgroups import v1_hierarchies
 
     name = f"edgetb-test-{secrets.token_hex(3)}"
     dirs = [os.path.join(root, h, name) for h in v1_hierarchies(root)]

@@ -13,10 +13,11 @@ import pytest
 import requests
 
 from tests.netns.conftest import NETNS, nodes_body
-from worker import nsfs, zygote
-from worker.errors import NodeRuntimeError
+from worker.kernel import nsfs
+from worker.nodes import zygote
+from worker.api.errors import NodeRuntimeError
 from worker.host import WorkerHost
-from worker.procs import start_ticks
+from worker.kernel.procs import start_ticks
 
 pytestmark = NETNS
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,7 +25,7 @@ PORT = 4444
 
 
 def start(host: WorkerHost, node: str) -> dict:
-    from controller.node_auth import RunKeys
+    from controller.run.node_auth import RunKeys
 
     return host.start_node(node, {"version": 1, "args": ["--name", node, "--controller", "http://127.0.0.1:9",
                                                          "--run-id", "r1", "--port", str(PORT)],
@@ -138,7 +139,7 @@ def test_a_later_node_that_cannot_be_set_up_ends_with_why(host: WorkerHost, tmp_
 STARTER = """
 import sys, time
 from concurrent.futures import ThreadPoolExecutor
-from controller.node_auth import RunKeys
+from controller.run.node_auth import RunKeys
 from worker.host import WorkerHost
 tb, subnet, state = sys.argv[1:4]
 host = WorkerHost(tb, subnet, state_root=state)

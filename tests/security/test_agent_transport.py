@@ -21,11 +21,11 @@ import requests
 from flask import Flask, request
 from werkzeug.serving import make_server
 
-from controller import files
-from controller.agent_client import AgentClient
+from controller.workers import files
+from controller.workers.agent_client import AgentClient
 from tests.netns.conftest import free_subnet, new_testbed_id
 from tests.security.callers_fixtures import NOBODY_UID, free_port, need_root
-from worker import errors
+from worker.api import errors
 from worker.serving import bearer_matches, json_errors
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,13 +17,13 @@ import time
 import pytest
 import requests
 
-from controller import callers
-from controller.app import create_app
-from controller.experiment import Experiment
-from controller.topology import load_links
+from controller.web import callers
+from controller.web.app import create_app
+from controller.run.experiment import Experiment
+from controller.model.topology import load_links
 from tests.netns.conftest import free_subnet, new_testbed_id
 from tests.security.callers_fixtures import NOBODY_UID, Served, curl_as, need_root
-from worker.errors import ConfigError
+from worker.api.errors import ConfigError
 from worker.host import WorkerHost
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
@@ -202,7 +202,7 @@ def run_as_nobody(script: str, *args) -> str:
 def test_a_closed_socket_lends_no_identity_to_a_live_one(make_controller, monkeypatch):
     """Closed sockets of the attacker's local port stay in the table with uid 0: none of them
     names the caller of a live connection."""
-    from controller import dashboard
+    from controller.web import dashboard
 
     # the server's next write to a decoy (a keep-alive line) ends it: 3200 decoys come and go
     monkeypatch.setattr(dashboard, "KEEPALIVE_S", 1.0)

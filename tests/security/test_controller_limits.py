@@ -22,7 +22,7 @@ from controller.runner import listen_addresses
 from tests.security.callers_fixtures import free_port
 from tests.security.test_controller_callers import lan_address, make_controller, node_post  # noqa: F401
 from worker import serving
-from worker.errors import ConfigError, TestbedError
+from worker.api.errors import ConfigError, TestbedError
 
 BOMB_BYTES = 20 << 20  # what the node's 20 KiB gzip answer expands to
 
@@ -176,7 +176,7 @@ def test_connections_are_capped(make_controller, monkeypatch):
 
 
 def test_the_controller_listens_on_loopback_and_the_nodes_address_only(make_controller):
-    from controller.app import create_app
+    from controller.web.app import create_app
 
     exp, _, _ = make_controller()
     args = type("Args", (), {"subnet": "10.231.0.0/16", "listen": []})()

@@ -9,9 +9,11 @@ import threading
 import pytest
 
 from tests.netns.conftest import nodes_body, root_skip_reason
-from worker import cgroups, nsfs, privilege, routes
-from worker.errors import ConfigError
-from worker.runtime_netns import Naming, NodeSpec
+from worker.nodes import cgroups, privilege
+from worker.kernel import nsfs
+from worker import routes
+from worker.api.errors import ConfigError
+from worker.nodes.netns import Naming, NodeSpec
 from worker.routes import Route, overlaps, parse_routes
 
 pytestmark = pytest.mark.security
@@ -255,7 +257,7 @@ def test_child_env_is_an_allow_list(monkeypatch):
 
 def test_docker_nodes_run_unprivileged_with_only_their_own_directory_writable(tmp_path, run_dir):
     pytest.importorskip("docker")
-    from worker.runtime_docker import NODE_ROOT, DockerRuntime
+    from worker.nodes.docker import NODE_ROOT, DockerRuntime
     from worker.state import StateStore
 
     code, work = tmp_path / "code root", tmp_path / "closed" / "work dir"

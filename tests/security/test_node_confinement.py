@@ -19,7 +19,7 @@ from tests.netns.conftest import nodes_body, report
 from tests.security.conftest import SECURITY
 from tests.security.test_node_privilege import run_py, status_fields, wait_for
 from tests.security.test_zygote_node import answers, start
-from worker import confine
+from worker.nodes import confine
 from worker.host import WorkerHost
 
 pytestmark = SECURITY
@@ -109,7 +109,7 @@ def test_the_filter_kills_a_system_call_of_another_abi() -> None:
 
 
 def test_a_zygote_node_runs_with_its_limits_and_filter(host: WorkerHost) -> None:
-    from controller.node_auth import RunKeys
+    from controller.run.node_auth import RunKeys
 
     host.create_nodes(nodes_body("a", {"name": "b", "pids_max": 300, "mem_bytes": 512 << 20}))
     keys = RunKeys()

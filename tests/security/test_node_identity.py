@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import requests
 
-from controller.node_auth import RunKeys
+from controller.run.node_auth import RunKeys
 from dml_app import auth
 from dml_app import weights as wire
 from dml_app.events import read_events

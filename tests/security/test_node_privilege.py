@@ -15,7 +15,8 @@ import pytest
 
 from tests.netns.conftest import nodes_body
 from tests.security.conftest import SECURITY
-from worker import nsfs, privilege
+from worker.kernel import nsfs
+from worker.nodes import privilege
 from worker.host import WorkerHost
 
 pytestmark = SECURITY
@@ -196,7 +197,7 @@ def test_node_dir_planted_as_a_link_is_refused(host: WorkerHost, tmp_path) -> No
     target = tmp_path / "outside"
     target.mkdir()
     os.symlink(str(target), os.path.join(node_root, "a"))
-    from worker.errors import ConfigError
+    from worker.api.errors import ConfigError
 
     with pytest.raises(ConfigError, match="is a link or a file, not a directory"):
         host.exec("a", {"version": 1, "argv": ["true"]})
@@ -237,7 +238,7 @@ def test_node_dies_with_the_process_that_started_it(host: WorkerHost) -> None:
 
 
 def privilege_alive(pid: int) -> bool:
-    from worker.procs import start_ticks
+    from worker.kernel.procs import start_ticks
 
     return start_ticks(pid) is not None
 
@@ -248,14 +249,14 @@ def test_unreadable_code_gets_a_clear_error(host: WorkerHost, tmp_path) -> None:
     (closed / "dml_app").mkdir(parents=True)
     os.chmod(closed / "dml_app", 0o700)
     host.code_root = str(closed)
-    from worker.errors import ConfigError
+    from worker.api.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"cannot read .*dml_app.*mode 0700"):
         host.exec("a", {"version": 1, "argv": ["true"]})
 
 
 def test_start_process_in_unknown_node_creates_no_log(host: WorkerHost) -> None:
-    from worker.errors import NotFound
+    from worker.api.errors import NotFound
 
     host.create_nodes(nodes_body("a"))
     with pytest.raises(NotFound):
@@ -297,7 +298,7 @@ def test_dml_node_serves_reads_its_shard_and_writes_its_events(host: WorkerHost)
     os.makedirs(os.path.join(host.workdir, "dataset", "d"), exist_ok=True)
     with open(os.path.join(host.workdir, "dataset", "d", "a.npz"), "wb") as f:
         f.write(b"not read until prepare")
-    from controller.node_auth import RunKeys
+    from controller.run.node_auth import RunKeys
 
     keys = RunKeys()
     host.start_node("a", {"version": 1, "args": ["--name", "a", "--controller", "http://127.0.0.1:9", "--run-id",

@@ -17,16 +17,16 @@ import time
 import pytest
 import requests
 
-from controller import files
-from controller.agent_client import AgentClient
-from controller.cluster import agent_tokens
-from controller.hosts import load_hosts
+from controller.workers import files
+from controller.workers.agent_client import AgentClient
+from controller.workers.cluster import agent_tokens
+from controller.model.hosts import load_hosts
 from tests.e2e.harness import Run
 from tests.netns.conftest import nodes_body
 from tests.security.callers_fixtures import NOBODY_UID, curl_as, need_root
 from tests.security.conftest import SECURITY
 from tests.security.test_agent_transport import ROOT, agents, fingerprint_of, serve_code  # noqa: F401  (fixture)
-from worker import errors
+from worker.api import errors
 
 pytestmark = SECURITY
 

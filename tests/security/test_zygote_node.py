@@ -8,13 +8,13 @@ import os
 import re
 import time
 
-from controller.node_auth import RunKeys
+from controller.run.node_auth import RunKeys
 from dml_app import auth
 from dml_app.compute import THREAD_ENV
 from tests.netns.conftest import nodes_body
 from tests.security.conftest import SECURITY
 from tests.security.test_node_privilege import status_fields, wait_for
-from worker import privilege
+from worker.nodes import privilege
 from worker.host import WorkerHost
 
 pytestmark = SECURITY

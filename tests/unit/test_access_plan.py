@@ -3,13 +3,13 @@ import json
 
 import pytest
 
-from controller.deploy import access_request, link_requests
-from controller.topology import load_nodes
-from worker import access
-from worker.errors import TopologyError
-from worker.shape import Shape
-from worker.tc_apply import Observed, mismatches
-from worker.tc_plan import ACCESS_MINOR, make_plan, render, render_update, Target
+from controller.workers.deploy import access_request, link_requests
+from controller.model.topology import load_nodes
+from worker.shaping import downlink as access
+from worker.api.errors import TopologyError
+from worker.api.shape import Shape
+from worker.shaping.apply import Observed, mismatches
+from worker.shaping.plan import ACCESS_MINOR, make_plan, render, render_update, Target
 
 MBIT = 10**6
 TARGETS = [Target("b", "10.0.0.3", Shape(20 * MBIT)), Target("c", "10.0.0.4", Shape(2 * MBIT)),
@@ -81,7 +81,7 @@ def test_plan_round_trips_with_access():
 def test_redirect_filter_encodes_the_target_device():
     msg = access.redirect_filter(7, 42)
     options = msg[16 + 20:]  # nlmsghdr + tcmsg, then the attributes
-    from worker import netlink as nl
+    from worker.kernel import netlink as nl
 
     attrs = nl.parse_attrs(options)
     assert access.redirect_target(attrs[nl.TCA_OPTIONS]) == 42
@@ -165,7 +165,7 @@ def test_verify_names_missing_and_extra_downlink_peers():
 
 
 def test_source_filter_matches_the_source_address():
-    from worker import netlink as nl
+    from worker.kernel import netlink as nl
 
     msg = nl.u32_src_filter(7, 1, "10.0.0.4", 0x11)
     attrs = nl.parse_attrs(nl.parse_attrs(msg[16 + 20:])[nl.TCA_OPTIONS])
@@ -176,8 +176,8 @@ def test_source_filter_matches_the_source_address():
 
 
 def test_send_timeouts_count_on_the_share_of_an_access_link(tmp_path):
-    from controller.deploy import shared_rate_bps
-    from controller.topology import load_links
+    from controller.workers.deploy import shared_rate_bps
+    from controller.model.topology import load_links
 
     topo = load_nodes(_nodes(tmp_path, {"nodes": [{"name": "agg", "uplink": "8mbit", "downlink": "9mbit"},
                                                   {"name": "t1"}, {"name": "t2"}]}))

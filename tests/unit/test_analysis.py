@@ -12,13 +12,13 @@ import dpkt
 import numpy as np
 import pytest
 
-from controller.analysis import AnalysisConfig, analyze
-from controller.analysis import bursts as B
-from controller.analysis.flows import flow_summary, flows
-from controller.analysis.pcap import Packets, ip_int, read_pcap
-from controller.analysis.series import bin_edges, counter_bins, event_bins, mean_ci95
-from controller.analysis.table import read_counters
-from worker.errors import ConfigError
+from controller.results.analysis import AnalysisConfig, analyze
+from controller.results.analysis import bursts as B
+from controller.results.analysis.flows import flow_summary, flows
+from controller.results.analysis.pcap import Packets, ip_int, read_pcap
+from controller.results.analysis.series import bin_edges, counter_bins, event_bins, mean_ci95
+from controller.results.analysis.table import read_counters
+from worker.api.errors import ConfigError
 
 # threshold rules -----------------------------------------------------------------------------------
 
@@ -386,7 +386,7 @@ def test_not_a_run_folder(tmp_path):
 # captures: the command, names from the wire, the agent's routes ---------------------------------------
 
 def test_tcpdump_command_is_an_argv_of_the_nodes_egress():
-    from worker.capture import tcpdump_argv
+    from worker.observe.capture import tcpdump_argv
 
     argv = tcpdump_argv("eth0", "10.9.0.2", 128, "tcpdump")
     assert argv[:3] == ["tcpdump", "-i", "eth0"] and argv[argv.index("-s") + 1] == "128"
@@ -401,7 +401,7 @@ def test_tcpdump_command_is_an_argv_of_the_nodes_egress():
 
 @pytest.mark.parametrize("name", ["../etc", "a/b", "", ".hidden", "x" * 65, "a\x00b"])
 def test_capture_paths_refuse_names_that_could_leave_the_directory(tmp_path, name):
-    from worker.capture import Captures
+    from worker.observe.capture import Captures
     from worker.state import StateStore
 
     with pytest.raises(ConfigError):
@@ -409,7 +409,7 @@ def test_capture_paths_refuse_names_that_could_leave_the_directory(tmp_path, nam
 
 
 def test_capture_path_stays_in_the_state_directory(tmp_path):
-    from worker.capture import Captures
+    from worker.observe.capture import Captures
     from worker.state import StateStore
 
     caps = Captures(StateStore("tq1", str(tmp_path)))
@@ -419,7 +419,7 @@ def test_capture_path_stays_in_the_state_directory(tmp_path):
 
 
 def test_experiment_capture_list():
-    from controller.experiment import capture_list
+    from controller.run.experiment import capture_list
 
     assert capture_list(None, ["a", "b"]) == [] and capture_list("all", ["a", "b"]) == ["a", "b"]
     assert capture_list(["b", "b"], ["a", "b"]) == ["b"]
@@ -445,7 +445,7 @@ def test_agent_capture_routes_need_the_token(tmp_path):
 
 
 def test_a_large_table_read_in_parallel_pieces_equals_one_read(tmp_path, monkeypatch):
-    import controller.analysis.table as table
+    import controller.results.analysis.table as table
 
     path = tmp_path / "links.csv"
     rng = np.random.default_rng(3)
@@ -471,7 +471,7 @@ def test_a_large_table_read_in_parallel_pieces_equals_one_read(tmp_path, monkeyp
 
 
 def test_capture_namespace_of_netns_docker_and_physical_nodes(tmp_path):
-    from worker.capture import Captures
+    from worker.observe.capture import Captures
     from worker.state import StateStore
 
     caps = Captures(StateStore("tq1", str(tmp_path)))
@@ -502,7 +502,7 @@ def test_counters_in_every_written_form(tmp_path, name, counter):
 def test_a_gzip_bomb_of_a_telemetry_table_is_refused(tmp_path, monkeypatch):
     import gzip
 
-    from controller.analysis import table
+    from controller.results.analysis import table
 
     path = tmp_path / "links.csv.gz"
     with gzip.open(path, "wb") as f:

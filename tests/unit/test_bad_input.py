@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from controller.topology import load_links, load_nodes
-from worker.errors import ConfigError, TestbedError, TopologyError
+from controller.model.topology import load_links, load_nodes
+from worker.api.errors import ConfigError, TestbedError, TopologyError
 
 
 def link(**fields):

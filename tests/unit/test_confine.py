@@ -6,11 +6,11 @@ import struct
 
 import pytest
 
-from controller.deploy import node_requests
-from controller.topology import Topology, load_nodes
-from worker import confine
-from worker.errors import CapabilityError, ConfigError, TopologyError
-from worker.runtime_netns import NodeSpec
+from controller.workers.deploy import node_requests
+from controller.model.topology import Topology, load_nodes
+from worker.nodes import confine
+from worker.api.errors import CapabilityError, ConfigError, TopologyError
+from worker.nodes.netns import NodeSpec
 
 
 def test_default_memory_is_at_most_half_the_host(tmp_path):

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from controller import run_view
-from controller.app import create_app
-from controller.experiment import Experiment
-from controller.live import LINK_HISTORY, band, down_links, round_series
-from controller.topology import load_links
+from controller.web import run_view
+from controller.web.app import create_app
+from controller.run.experiment import Experiment
+from controller.web.live import LINK_HISTORY, band, down_links, round_series
+from controller.model.topology import load_links
 from tests.unit.test_analysis import make_run
-from worker.errors import NotFound
+from worker.api.errors import NotFound
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKEN = "dashboard-admin-token-0123456789"
@@ -234,7 +234,7 @@ def test_the_dashboard_routes(tmp_path, experiment):
 
 
 def test_the_link_chart_draws_the_rate_each_sample_had(experiment):
-    from worker.shape import Shape
+    from worker.api.shape import Shape
 
     exp, feed = experiment, experiment.live
     exp.phase, exp.t_start_monotonic = "running", 0.0

@@ -262,8 +262,8 @@ class _Worker:
 
 
 def _experiment(tmp_path, monkeypatch):
-    from controller.experiment import Experiment
-    from controller.topology import Topology
+    from controller.run.experiment import Experiment
+    from controller.model.topology import Topology
 
     topo = Topology()
     for name in ("n1", "n2"):
@@ -281,7 +281,7 @@ def _experiment(tmp_path, monkeypatch):
 
 
 def test_an_expected_death_is_the_nodes_ending_and_the_run_does_not_wait_for_it(tmp_path, monkeypatch):
-    from worker.errors import ConfigError, NotFound
+    from worker.api.errors import ConfigError, NotFound
 
     exp, worker, finishes = _experiment(tmp_path, monkeypatch)
     for bad in ("crashed; rm -rf", "", "running", "x" * 61, "crashed\x1b[2J"):
@@ -314,7 +314,7 @@ def test_an_unexpected_death_is_still_a_failure(tmp_path, monkeypatch):
 
 
 def test_a_replaced_node_gets_its_confs_and_its_ending_shows_both_lives(tmp_path, monkeypatch):
-    from worker.errors import ConfigError
+    from worker.api.errors import ConfigError
 
     exp, worker, _ = _experiment(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="the node is running"):
@@ -346,7 +346,7 @@ def test_a_replaced_node_gets_its_confs_and_its_ending_shows_both_lives(tmp_path
 
 
 def test_membership_rows_merge_the_nodes_and_the_controllers_changes_in_time_order():
-    from controller.results import MEMBERSHIP_COLUMNS, csv_bytes, membership_rows
+    from controller.results.tables import MEMBERSHIP_COLUMNS, csv_bytes, membership_rows
 
     events = {"n1": [{"type": "round", "t": 1.0, "round": 1},
                      {"type": "peer_dropped", "t": 3.0, "round": 2, "peer": "n3", "retry_in_s": 2.0}],
@@ -359,7 +359,7 @@ def test_membership_rows_merge_the_nodes_and_the_controllers_changes_in_time_ord
 
 
 def test_the_progress_line_counts_nodes_that_died_as_expected():
-    from controller.progress import Progress
+    from controller.run.progress import Progress
 
     line = Progress({"a": 3, "b": 3, "c": 3}, lambda m: None).line({"a": "running", "b": "crashed", "c": "done"})
     assert "1 running, 1 done, 1 crashed" in line

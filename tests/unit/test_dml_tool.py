@@ -4,10 +4,10 @@ import json
 import numpy as np
 import pytest
 
-from controller.topology import load_links
-from dml_tool.confs import load_dataset, load_structure, structure_confs
-from dml_tool.datasets import load_digits, split_dirichlet, split_iid, write_shards
-from worker.errors import ConfigError
+from controller.model.topology import load_links
+from controller.confs.confs import load_dataset, load_structure, structure_confs
+from controller.confs.datasets import load_digits, split_dirichlet, split_iid, write_shards
+from worker.api.errors import ConfigError
 
 
 def test_iid_split_covers_everything_once():
@@ -89,7 +89,7 @@ def _idx(path, array):
 
 
 def test_mnist_like_from_idx_and_npz(tmp_path):
-    from dml_tool.datasets import load_mnist_like
+    from controller.confs.datasets import load_mnist_like
 
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (6, 28, 28)), rng.integers(0, 10, 6)
@@ -117,7 +117,7 @@ def test_digits_read_from_the_packaged_file_equal_scikit_learns():
     import numpy as np
     from sklearn.datasets import load_digits as sk_digits
 
-    from dml_tool.datasets import digits_arrays
+    from controller.confs.datasets import digits_arrays
 
     pixels, labels = digits_arrays()
     reference = sk_digits()

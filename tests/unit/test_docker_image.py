@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from worker import runtime_docker
+from worker.nodes import docker as runtime_docker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,7 +21,7 @@ def test_build_script_dockerfile_and_runtime_agree_on_the_image_tag():
 
 
 def test_netns_users_need_no_docker_sdk():
-    code = ("import sys, worker.host, worker.agent, controller.cli, worker.runtime_docker\n"
+    code = ("import sys, worker.host, worker.agent, controller.cli, worker.nodes.docker\n"
             "assert 'docker' not in sys.modules, 'docker imported'\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -62,7 +62,7 @@ class EndpointsApi:
 
 
 def test_network_removal_waits_out_the_engines_endpoint_count(tmp_path):
-    from worker.errors import NodeRuntimeError
+    from worker.api.errors import NodeRuntimeError
     from worker.state import StateStore
 
     runtime = runtime_docker.DockerRuntime(StateStore("t1", str(tmp_path)), "10.77.0.0/16")

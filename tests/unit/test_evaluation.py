@@ -8,7 +8,7 @@ import pytest
 from safetensors.numpy import load_file
 from sklearn.datasets import load_digits
 
-from controller import evaluate
+from controller.results import evaluate
 from dml_app import weights as wire
 from dml_app.events import EventLog, read_events
 from dml_app.model_numpy import NumpyMLP

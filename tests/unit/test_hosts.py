@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from controller.cluster import Cluster
-from controller.deploy import node_requests, planned_ips
-from controller.hosts import Host, Hosts, check_placement, load_hosts, plan_routes
-from controller.topology import Topology
-from worker.errors import ConfigError, NotFound, TopologyError
+from controller.workers.cluster import Cluster
+from controller.workers.deploy import node_requests, planned_ips
+from controller.model.hosts import Host, Hosts, check_placement, load_hosts, plan_routes
+from controller.model.topology import Topology
+from worker.api.errors import ConfigError, NotFound, TopologyError
 
 
 def write(tmp_path, data) -> str:

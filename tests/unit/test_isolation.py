@@ -10,13 +10,13 @@ from typing import Any, Optional
 
 import pytest
 
-from controller import deploy
-from controller.topology import Topology
-from worker import netlink as nl
-from worker.errors import ConfigError
-from worker.shape import Shape
-from worker.tc_apply import Observed, mismatches
-from worker.tc_plan import DROP_MINOR, DROP_PRIO, Isolation, Target, make_plan
+from controller.workers import deploy
+from controller.model.topology import Topology
+from worker.kernel import netlink as nl
+from worker.api.errors import ConfigError
+from worker.api.shape import Shape
+from worker.shaping.apply import Observed, mismatches
+from worker.shaping.plan import DROP_MINOR, DROP_PRIO, Isolation, Target, make_plan
 
 
 def topo(*links: tuple[str, str], physical: Optional[dict[str, str]] = None) -> Topology:
@@ -154,7 +154,7 @@ def test_merge_of_both_directions_asks_nothing():
 # --- the cluster passes isolation to every host ------------------------------------------------------
 
 def test_cluster_splits_unshaped_by_host_and_passes_isolation():
-    from controller.cluster import Cluster
+    from controller.workers.cluster import Cluster
 
     w1, w2 = FakeWorker({}), FakeWorker({})
     cluster = Cluster.__new__(Cluster)
@@ -277,8 +277,8 @@ def test_dry_run_drops_ipv6_on_emulated_nodes_only():
 def test_a_kept_address_a_link_reaches_is_kept_when_that_link_goes():
     """An update without new isolation keeps the plan's own: a gateway reached by a link while
     the link lasts must get its pass filter back once the link is removed."""
-    from worker.shape import Shape
-    from worker.tc_plan import Plan
+    from worker.api.shape import Shape
+    from worker.shaping.plan import Plan
 
     isolation = Isolation(("10.77.0.0/16",), ("10.77.0.1",))
     linked = make_plan("eth0", [Target("gw", "10.77.0.1", Shape(rate_bps=10**6))], isolation=isolation)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.lock import DirectoryLock, Holder, TestbedLock, check_testbed_id
-from worker.errors import ConfigError, TestbedInUse
-from worker.procs import start_ticks
+from controller.workers.lock import DirectoryLock, Holder, TestbedLock, check_testbed_id
+from worker.api.errors import ConfigError, TestbedInUse
+from worker.kernel.procs import start_ticks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,7 +108,7 @@ def test_bad_ids_are_refused(tmp_path, bad):
 HOLD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from controller.lock import Holder, TestbedLock
+    from controller.workers.lock import Holder, TestbedLock
     lock = TestbedLock("u6", {state!r})
     lock.take(Holder.this_process("run-child"))
     print("held", flush=True)

@@ -12,7 +12,7 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from worker import netlink as nl
+from worker.kernel import netlink as nl
 
 NLMSG_HDR = 16
 TCMSG = 20

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import requests
 
-from controller.node_auth import RunKeys, talking_pairs
+from controller.run.node_auth import RunKeys, talking_pairs
 from dml_app import auth
 from dml_app import weights as wire
 from dml_app.http import Router, json_response
-from worker.errors import AuthError, ConfigError
+from worker.api.errors import AuthError, ConfigError
 
 RUN = bytes(range(32))
 

@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from controller.progress import Progress
-from controller.run_record import seeds, topology_doc
-from controller.safe_fs import RunDir
-from controller.topology import Topology
-from worker.errors import ConfigError
+from controller.run.progress import Progress
+from controller.results.run_record import seeds, topology_doc
+from controller.results.safe_fs import RunDir
+from controller.model.topology import Topology
+from worker.api.errors import ConfigError
 
 
 def test_files_land_atomically_beneath_the_run_dir(tmp_path):
@@ -103,7 +103,7 @@ class _Worker:
 
 
 def _experiment(tmp_path):
-    from controller.experiment import Experiment
+    from controller.run.experiment import Experiment
 
     topo = Topology()
     for name in ("n1", "n2"):
@@ -116,7 +116,7 @@ def _experiment(tmp_path):
 
 
 def test_an_oversized_log_fails_its_node_and_the_monitor_goes_on(tmp_path, monkeypatch):
-    from controller import experiment
+    from controller.run import experiment
 
     exp = _experiment(tmp_path)
     monkeypatch.setattr(exp, "_health", lambda name: {"state": "done"})
@@ -144,7 +144,7 @@ def test_the_monitor_loop_outlives_an_unexpected_error(tmp_path, monkeypatch):
         exp.phase = "finished"  # the second pass ends the run
 
     monkeypatch.setattr(exp, "_watch_once", boom)
-    monkeypatch.setattr("controller.experiment.time.sleep", lambda s: None)
+    monkeypatch.setattr("controller.run.experiment.time.sleep", lambda s: None)
     exp._watch()
     assert len(calls) == 2
 
@@ -156,8 +156,8 @@ def test_a_node_trickling_its_log_is_given_up_after_the_deadline(tmp_path, monke
     import threading
     import time
 
-    from controller import experiment
-    from worker.errors import TestbedTimeout
+    from controller.run import experiment
+    from worker.api.errors import TestbedTimeout
 
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()

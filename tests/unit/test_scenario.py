@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from controller.scenario import cdf_inverse, load_scenario, resolve
-from controller.scenario_runner import ScenarioRunner
-from controller.topology import Topology
+from controller.model.scenario import cdf_inverse, load_scenario, resolve
+from controller.run.scenario_runner import ScenarioRunner
+from controller.model.topology import Topology
 from worker import faults
-from worker.errors import CapabilityError, ConfigError
+from worker.api.errors import CapabilityError, ConfigError
 
 
 def topology() -> Topology:
@@ -339,7 +339,7 @@ def test_worker_fault_validation():
 
 
 def test_effects_speed_before_after_and_recovery(tmp_path):
-    from controller import results
+    from controller.results import tables
 
     # n1 does a round every 2 s all along; n2 every 2 s until revoked at 20 s, replaced at 30 s, first round at 33 s
     rows = [{"node": "n1", "time_s": float(t)} for t in range(2, 61, 2)]
@@ -347,14 +347,14 @@ def test_effects_speed_before_after_and_recovery(tmp_path):
             [{"node": "n2", "time_s": float(t)} for t in range(33, 61, 2)]
     applied = [{"planned_s": 20.0, "applied_s": 20.0, "event": "revoke", "target": "n2"},
                {"planned_s": 30.0, "applied_s": 30.0, "event": "replace", "target": "n2"}]
-    revoke, replace = results.scenario_effects(rows, applied, window_s=10)
+    revoke, replace = tables.scenario_effects(rows, applied, window_s=10)
     assert revoke["recovery_s"] == 13.0 and replace["recovery_s"] is None
     assert revoke["rounds_per_min_before"] == 30.0  # both nodes, a round per 2 s
     assert revoke["rounds_per_min_after"] == 15.0   # n2 gone: half the rounds per node
     (tmp_path / "scenario.csv").write_text(
         "planned_s,applied_s,skew_ms,event,target,detail,outcome\n"
         "20,20.004,4,revoke,n2,x,applied\n30,30.001,1,replace,n2,x,applied\n40,40.2,200,crash,n1,x,failed: gone\n")
-    got = results.read_scenario(str(tmp_path))
+    got = tables.read_scenario(str(tmp_path))
     assert [(e["event"], e["applied_s"]) for e in got] == [("revoke", 20.004), ("replace", 30.001)]
 
 

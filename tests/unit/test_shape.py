@@ -1,8 +1,8 @@
 """The Shape wire format: ranges, types, the netem decision and its short forms."""
 import pytest
 
-from worker.errors import ConfigError, TestbedError
-from worker.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, format_rate, shape_problems
+from worker.api.errors import ConfigError, TestbedError
+from worker.api.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, format_rate, shape_problems
 
 MBIT = 10**6
 

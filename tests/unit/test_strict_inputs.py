@@ -16,12 +16,12 @@ import subprocess
 import numpy as np
 import pytest
 
-from controller.hosts import load_hosts
+from controller.model.hosts import load_hosts
 from controller.runner import _parser, prepare
-from controller.schema import Field, Schema, suggestion
-from controller.topology import load_links
-from dml_tool.confs import dataset_confs, load_dataset, load_structure
-from worker.errors import ConfigError, TestbedError, TopologyError
+from worker.api.schema import Field, Schema, suggestion
+from controller.model.topology import load_links
+from controller.confs.confs import dataset_confs, load_dataset, load_structure
+from worker.api.errors import ConfigError, TestbedError, TopologyError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALGORITHMS = {"gl": "gossip", "fl": "fl", "el": "etree", "ra": "ring"}
@@ -282,7 +282,7 @@ def test_tls_fingerprint(tmp_path):
 
 
 def test_link_rates_in_bits_per_second():
-    from controller.topology import Topology
+    from controller.model.topology import Topology
 
     t = Topology()
     for n in "abc":
@@ -296,7 +296,7 @@ def test_link_rates_in_bits_per_second():
 
 # EdgeTB's per-node dataset format ---------------------------------------------------------------
 def test_edgetb_windows_pick_consecutive_one_based_shards(tmp_path):
-    from dml_tool.datasets import load_digits
+    from controller.confs.datasets import load_digits
 
     data = {"a": {"train_len": 2, "train_start_index": 1, "test_len": 1, "test_start_index": 1, "batch_size": 8},
             "b": {"train_len": 3, "train_start_index": 2, "test_len": 2, "test_start_index": 1},
@@ -345,7 +345,7 @@ def test_edgetb_shard_files_used_as_they_are(tmp_path):
 def test_settings_format_global_test_is_the_held_out_split(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps({"dataset": "digits", "global_test_size": 1000}))
     confs = dataset_confs(load_dataset(str(tmp_path / "d.json")), ["a", "b"], str(tmp_path))
-    from dml_tool.datasets import load_digits
+    from controller.confs.datasets import load_digits
 
     with np.load(tmp_path / confs["b"]["global_test"], allow_pickle=False) as g:
         assert len(g["y"]) == 359  # the whole test split: smaller than the cap

@@ -13,9 +13,9 @@ import pytest
 from flask import Flask, jsonify, request
 from werkzeug.serving import make_server
 
-from controller import files
+from controller.workers import files
 from worker import sync
-from worker.errors import (AgentUnreachable, AuthError, CapabilityError, ConfigError, NodeRuntimeError,
+from worker.api.errors import (AgentUnreachable, AuthError, CapabilityError, ConfigError, NodeRuntimeError,
                            TestbedError)
 from worker.serving import bearer_matches, json_errors
 
@@ -96,7 +96,7 @@ def src(tmp_path):
     return root
 
 
-# --- controller/files.py -------------------------------------------------------------------
+# --- controller/workers/files.py -------------------------------------------------------------------
 
 def test_manifest_lists_regular_files_and_skips_caches_and_links(src):
     doc = files.manifest(str(src), ["dml_app", "dataset"])

@@ -1,9 +1,9 @@
 """Shaping plans as tables: minors, leaves, diffs and the tc lines they render to."""
 import pytest
 
-from worker.errors import ConfigError
-from worker.shape import Shape
-from worker.tc_plan import (DEFAULT_MINOR, FIRST_MINOR, MAX_MINOR, Change, Plan, Rule, Target, diff, netem_limit_pkts,
+from worker.api.errors import ConfigError
+from worker.api.shape import Shape
+from worker.shaping.plan import (DEFAULT_MINOR, FIRST_MINOR, MAX_MINOR, Change, Plan, Rule, Target, diff, netem_limit_pkts,
                             make_plan, render, render_diff, rule_commands)
 
 MBIT = 10**6
@@ -269,7 +269,7 @@ def test_render_diff_deletes_a_leaf_that_changes_kind():
 
 # --- isolation (no link, no path) ----------------------------------------------------------------
 
-from worker.tc_plan import (DROP_MINOR, DROP_PRIO, Isolation, Pass, pass_diff,  # noqa: E402
+from worker.shaping.plan import (DROP_MINOR, DROP_PRIO, Isolation, Pass, pass_diff,  # noqa: E402
                             render_update)
 
 SPACE = Isolation(("10.0.0.0/16", "192.168.1.9/32"), ("10.0.0.1",))
@@ -410,7 +410,7 @@ def test_isolation_wire_form(data, error):
 
 
 def test_ipv6_drop_only_with_isolation():
-    from worker.tc_plan import IPV6_DROP_PRIO
+    from worker.shaping.plan import IPV6_DROP_PRIO
 
     assert make_plan("eth0", [], isolation=SPACE, drop_ipv6=True).drop_ipv6 is True
     assert make_plan("eth0", [], drop_ipv6=True).drop_ipv6 is False  # open: nothing dropped

@@ -8,16 +8,16 @@ from array import array
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import telemetry_conf
-from controller.safe_fs import RunDir
-from controller.telemetry import (HEARTBEAT_S, HOSTS_HEADER, LINKS_HEADER, NODES_HEADER, ChangedRows, Collector,
+from controller.model import telemetry_conf
+from controller.results.safe_fs import RunDir
+from controller.telemetry.collector import (HEARTBEAT_S, HOSTS_HEADER, LINKS_HEADER, NODES_HEADER, ChangedRows, Collector,
                                   Counters, prometheus_text, render_table)
-from controller.telemetry_conf import TelemetryConf
-from worker import netlink as nl
-from worker.cgroups import CounterReader
-from worker.errors import ConfigError
-from worker.stats_socket import ClassDecoder
-from worker.telemetry import Ring, check_period_ms, ring_capacity
+from controller.model.telemetry_conf import TelemetryConf
+from worker.kernel import netlink as nl
+from worker.nodes.cgroups import CounterReader
+from worker.api.errors import ConfigError
+from worker.observe.stats import ClassDecoder
+from worker.observe.telemetry import Ring, check_period_ms, ring_capacity
 
 
 # --- ring -------------------------------------------------------------------------------------
@@ -216,7 +216,7 @@ def test_collector_writes_the_three_csv_files(tmp_path):
 
 def test_collector_pulls_in_pages_from_its_cursor(tmp_path, monkeypatch):
     import time
-    import controller.telemetry as tm
+    import controller.telemetry.collector as tm
     monkeypatch.setattr(tm, "PULL_LIMIT", 3)
     worker = ReplayWorker(_samples(time.monotonic()))
     col = Collector(worker, TelemetryConf(), None)
@@ -229,7 +229,7 @@ def test_collector_pulls_in_pages_from_its_cursor(tmp_path, monkeypatch):
 
 
 def test_collector_names_a_host_that_does_not_answer(tmp_path):
-    from worker.errors import AgentUnreachable
+    from worker.api.errors import AgentUnreachable
 
     class Down(ReplayWorker):
         def telemetry_read(self, cursor, limit=None):
@@ -247,7 +247,7 @@ def test_collector_names_a_host_that_does_not_answer(tmp_path):
 
 
 def test_collector_refuses_a_worker_without_telemetry():
-    from worker.errors import CapabilityError
+    from worker.api.errors import CapabilityError
 
     with pytest.raises(CapabilityError, match="offers no telemetry"):
         Collector(object(), TelemetryConf()).start()
@@ -330,8 +330,8 @@ def test_flags_override_the_file():
 
 
 def test_structure_loader_leaves_the_telemetry_key_to_the_controller(tmp_path):
-    from controller.topology import Topology
-    from dml_tool.structures import load_structure_file
+    from controller.model.topology import Topology
+    from controller.confs.structures import load_structure_file
 
     topo = Topology()
     topo.add_node("n1", "emulated", "local", None, None, source="test")

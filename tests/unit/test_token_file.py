@@ -4,7 +4,7 @@ import os
 import pytest
 
 from worker.agent import read_token_file
-from worker.errors import ConfigError
+from worker.api.errors import ConfigError
 
 TOKEN = "t" * 32
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.topology import Link, Topology, load_links, load_nodes
-from worker.errors import TopologyError
-from worker.shape import Shape
+from controller.model.topology import Link, Topology, load_links, load_nodes
+from worker.api.errors import TopologyError
+from worker.api.shape import Shape
 
 
 def write(tmp_path, name, data):

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from controller.units import parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
-from worker.errors import ConfigError
+from controller.model.units import parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
+from worker.api.errors import ConfigError
 
 
 @pytest.mark.parametrize("text,bps", [

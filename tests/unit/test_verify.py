@@ -3,9 +3,9 @@ import copy
 
 import pytest
 
-from worker.shape import Shape
-from worker.tc_apply import Observed, mismatches
-from worker.tc_plan import Plan, Target, make_plan
+from worker.api.shape import Shape
+from worker.shaping.apply import Observed, mismatches
+from worker.shaping.plan import Plan, Target, make_plan
 
 # b: plain class (kernel default leaf), c: pfifo leaf, d: netem leaf
 PLAN = make_plan("eth0", [

@@ -1,8 +1,8 @@
 """The guest is what the vm tier claims: a stock kernel with sch_netem and cgroup v2 only."""
 import os
 
-from worker.cgroups import detect_version
-from worker.tc_apply import netem_available
+from worker.nodes.cgroups import detect_version
+from worker.shaping.apply import netem_available
 
 
 def test_guest_kernel_has_netem_and_a_unified_cgroup_hierarchy():

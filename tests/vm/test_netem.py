@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from controller.scenario import resolve
-from controller.scenario_runner import ScenarioRunner
-from controller.topology import Topology
+from controller.model.scenario import resolve
+from controller.run.scenario_runner import ScenarioRunner
+from controller.model.topology import Topology
 from tests.netns.conftest import (IPERF_PORT, goodput_bps, iperf_json, iperf_server, links, need_iperf3,
                                   nodes_body, report)
-from worker.shape import Shape
-from worker.tc_plan import netem_limit_pkts
+from worker.api.shape import Shape
+from worker.shaping.plan import netem_limit_pkts
 
 MBIT = 10**6
 # run as ``python -c``: a node's uid may not reach the checkout (one under /root, mode 0700)

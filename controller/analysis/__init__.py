@@ -1,4 +1,0 @@
-"""The traffic and burst metrics of a run (see TELEMETRY.md): ``analyze(run_dir)``."""
-from controller.analysis.report import AnalysisConfig, analyze
-
-__all__ = ["AnalysisConfig", "analyze"]

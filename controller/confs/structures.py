@@ -1,0 +1,295 @@
+"""The structure JSON of each algorithm (EdgeTB shapes), validated into per-node confs.
+
+Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
+``epoch`` (the default of the entries that set none, else 1) at the top; a
+``node_list`` entry may set its own ``"seed"`` for the model's initial weights. Per algorithm:
+
+- gossip (gl_structure.json): ``sync``, ``wait_s``; entries ``{"name", "epoch"}``.
+- federated (fl_structure.json): the first entry is the aggregator,
+  ``{"name", "sync", "trainer_fraction", "selection": "uniform"|"speed",
+  "deadline_s", "quorum"}``; the rest are trainers ``{"name", "epoch"}``.
+- E-tree (el_structure.json): ``deadline_s`` (a layer-2 round's; a higher layer's
+  round waits for its children's rounds plus this), ``quorum``; entries in
+  breadth-first order, the root first;
+  an aggregator entry is ``{"name", "layer", "sync", "child_num"}`` and its
+  children are the next ``child_num`` entries not yet taken, one layer down; a
+  trainer is ``{"name", "layer": 1, "epoch"}``. A node may appear on several
+  layers (and be its own child), but once per layer.
+- ring all-reduce (ra_structure.json): ``sync``, ``step_timeout_s``,
+  ``join_wait_s`` (how long a ring formation waits for the last one's members);
+  entries ``{"name", "epoch"}`` in ring order.
+
+Each conf lists in ``talks_to`` the nodes it sends to; ``controller.confs.confs``
+turns that into next hops over the links (relays where two nodes have no link).
+
+Strict: the fields are declared below (``worker.api.schema``); an unknown field
+(``"epochs"``), a wrong type or a value out of range is an error naming the
+file, the entry and the field, with the nearest valid name. Upper bounds:
+``sync`` <= 100000 rounds, ``epoch`` <= 1000, ``wait_s``/``deadline_s``/
+``step_timeout_s`` <= 86400 s, ``hidden`` at most 16 layers of <= 65536 units,
+``learning_rate`` in (0, 10], ``trainer_fraction`` and ``quorum`` in (0, 1].
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from worker.api.schema import (MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS, MAX_LEARNING_RATE,
+                               MAX_ROUNDS, MAX_SECONDS, SEED, Field, Place, Schema, read_object)
+from controller.model.topology import Topology
+from worker.api.errors import ConfigError
+
+ALGORITHMS = ("gossip", "fl", "etree", "ring")
+PREFIXES = {"gl": "gossip", "fl": "fl", "el": "etree", "ra": "ring"}  # EdgeTB's file names
+
+# The declared fields of every structure file (upper bounds: a larger value is a typo) ---------
+MODEL = Schema({
+    "kind": Field(str, "numpy MLP or Keras MLP", default="numpy", choices=("numpy", "tf")),
+    "hidden": Field(list, "units of each hidden layer", default=[64], max_items=MAX_HIDDEN_LAYERS,
+                    items=Field(int, low=1, high=MAX_HIDDEN_UNITS)),
+    "learning_rate": Field(float, default=0.005, low=0, high=MAX_LEARNING_RATE, low_open=True),
+    "optimizer": Field(str, default="adam", choices=("adam", "sgd")),
+    "seed": Field(int, "initial weights' seed (the same on every node)", default=0, low=0, high=SEED.high),
+})
+MODEL_FIELD = Field(dict, "the model every node trains", schema=MODEL)
+NODE_LIST = Field(list, "the nodes taking part", required=True)
+SYNC = Field(int, "rounds", low=1, high=MAX_ROUNDS)
+EPOCH = Field(int, "local epochs per round (default: the top-level epoch, else 1)", low=0, high=MAX_EPOCHS)
+TOP_EPOCH = Field(int, "local epochs per round of entries that set none", default=1, low=0, high=MAX_EPOCHS)
+NAME = Field(str, "a node of links.json", required=True, max_len=64)
+TRAINER = Schema({"name": NAME, "epoch": EPOCH, "seed": SEED})
+
+GOSSIP = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
+                 "wait_s": Field(float, "longest wait for peers' models per round", default=10.0, low=0,
+                                 high=MAX_SECONDS, low_open=True),
+                 "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
+FL = Schema({"sync": SYNC, "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
+FL_AGGREGATOR = Schema({
+    "name": NAME, "seed": SEED, "sync": SYNC,
+    "trainer_fraction": Field(float, "share of trainers picked per round", default=1.0, low=0, high=1,
+                              low_open=True),
+    "selection": Field(str, default="uniform", choices=("uniform", "speed")),
+    "deadline_s": Field(float, "longest wait for a round's updates", default=60.0, low=0, high=MAX_SECONDS,
+                        low_open=True),
+    "quorum": Field(float, "share of the picked trainers a round needs", default=0.5, low=0, high=1,
+                    low_open=True)})
+ETREE = Schema({"epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST,
+                "deadline_s": Field(float, "longest wait for a layer-2 round's answers (higher layers: their "
+                                           "children's rounds plus this)", default=60.0, low=0, high=MAX_SECONDS,
+                                    low_open=True),
+                "quorum": Field(float, "share of the asked children a round needs", default=0.5, low=0, high=1,
+                                low_open=True)})
+LAYER = Field(int, "1 for trainers, higher for aggregators", required=True, low=1, high=64)
+ETREE_AGGREGATOR = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
+                           "child_num": Field(int, "how many of the following entries are its children",
+                                              required=True, low=1, high=100_000)})
+ETREE_TRAINER = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "epoch": EPOCH})
+RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
+               "step_timeout_s": Field(float, "longest wait for one step of the ring", default=120.0, low=0,
+                                       high=MAX_SECONDS, low_open=True),
+               "join_wait_s": Field(float, "longest wait for the last ring's members to join the next one "
+                                           "(a lost member costs this once)", default=30.0, low=0, high=MAX_SECONDS,
+                                    low_open=True),
+               "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
+SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
+
+
+def guess_algorithm(path: str) -> str:
+    """The algorithm a structure file is for, by EdgeTB's naming (``fl_structure.json``: fl)."""
+    return PREFIXES.get(os.path.basename(path).split("_", 1)[0], "gossip")
+
+
+def _model(top: dict[str, Any]) -> dict[str, Any]:
+    model = top["model"]
+    if model is None:
+        model = MODEL.validate({}, "defaults")
+    return model
+
+
+class _Entries:
+    """Walks ``node_list``: each entry checked against its schema, its name known, and where it is."""
+
+    def __init__(self, top: dict[str, Any], path: str, topology: Topology) -> None:
+        self.path, self.topology = path, topology
+        self.items = top["node_list"]
+        if not self.items:
+            raise ConfigError(f"{path}: field 'node_list': lists no node")
+
+    def entry(self, i: int, schema: Schema) -> tuple[dict[str, Any], str, str]:
+        """(validated entry, name, where) of ``node_list[i]``."""
+        raw = self.items[i]
+        place = Place(self.path, (f"node_list[{i}]",))
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{place}: expected an object like {{\"name\": \"n1\", \"epoch\": 1}}")
+        name = raw.get("name")
+        if isinstance(name, str):
+            place = Place(self.path, (f"node_list[{i}] ({name})",))
+        entry = schema.validate(raw, place, ConfigError)
+        name = entry["name"]
+        where = str(place)
+        if name not in self.topology.nodes:
+            raise ConfigError(f"{where}: unknown node {name!r} (not in links.json)")
+        return entry, name, where
+
+
+def _epoch(entry: dict[str, Any], top: dict[str, Any]) -> int:
+    return entry["epoch"] if entry.get("epoch") is not None else top["epoch"]
+
+
+def _base(entry: dict[str, Any], role: str, model: dict[str, Any], sync: int, epoch: int = 1) -> dict[str, Any]:
+    seed = entry.get("seed")
+    return {"role": role, "sync": sync, "epoch": epoch,
+            "model": model if seed is None else {**model, "seed": seed}}
+
+
+def _unique(confs: dict[str, Any], name: str, where: str) -> None:
+    if name in confs:
+        raise ConfigError(f"{where}: node {name!r} is listed twice")
+
+
+def load_gossip(data: dict[str, Any], path: str, topology: Topology) -> dict[str, dict[str, Any]]:
+    top = GOSSIP.validate(data, path)
+    model, entries = _model(top), _Entries(top, path, topology)
+    confs: dict[str, dict[str, Any]] = {}
+    for i in range(len(entries.items)):
+        entry, name, where = entries.entry(i, TRAINER)
+        _unique(confs, name, where)
+        confs[name] = {**_base(entry, "gossip", model, top["sync"], _epoch(entry, top)), "wait_s": top["wait_s"]}
+    for name, conf in confs.items():
+        conf["talks_to"] = [p for p in topology.out_neighbours(name) if p in confs]
+    return confs
+
+
+def load_fl(data: dict[str, Any], path: str, topology: Topology) -> dict[str, dict[str, Any]]:
+    top = FL.validate(data, path)
+    model, entries = _model(top), _Entries(top, path, topology)
+    if len(entries.items) < 2:
+        raise ConfigError(f"{path}: field 'node_list': needs the aggregator first, then at least one trainer")
+    agg, aggregator, where = entries.entry(0, FL_AGGREGATOR)
+    sync = agg["sync"] if agg["sync"] is not None else top["sync"]
+    if sync is None:
+        raise ConfigError(f"{where}: missing field 'sync' (the aggregator's rounds; or set it at the top)")
+    deadline_s = agg["deadline_s"]
+    confs: dict[str, dict[str, Any]] = {}
+    for i in range(1, len(entries.items)):
+        entry, name, where_t = entries.entry(i, TRAINER)
+        _unique(confs, name, where_t)
+        if name == aggregator:
+            raise ConfigError(f"{where_t}: the aggregator cannot also be a trainer")
+        confs[name] = {**_base(entry, "fl_trainer", model, sync, _epoch(entry, top)), "aggregator": aggregator,
+                       "talks_to": [aggregator], "idle_timeout_s": deadline_s * (sync + 1) + 60}
+    trainers = list(confs)
+    confs[aggregator] = {**_base(agg, "fl_aggregator", model, sync), "trainers": trainers,
+                         "trainer_fraction": agg["trainer_fraction"], "selection": agg["selection"],
+                         "deadline_s": deadline_s, "quorum": agg["quorum"], "talks_to": trainers}
+    return {aggregator: confs.pop(aggregator), **confs}
+
+
+def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str, dict[str, Any]]:
+    top = ETREE.validate(data, path)
+    model, entries = _model(top), _Entries(top, path, topology)
+    positions: list[dict[str, Any]] = []  # node_list order, with parent links
+    checked: list[dict[str, Any]] = []
+    next_child = 1
+    for i in range(len(entries.items)):
+        raw = entries.items[i]
+        layer = raw.get("layer") if isinstance(raw, dict) else None
+        if isinstance(raw, dict) and "layer" in raw and (isinstance(layer, bool) or not isinstance(layer, int)):
+            name = raw.get("name")
+            LAYER.check(layer, Place(path, (f"node_list[{i}]" + (f" ({name})" if isinstance(name, str) else ""),)),
+                        "layer", ConfigError)
+        schema = ETREE_TRAINER if layer == 1 else ETREE_AGGREGATOR
+        entry, name, where = entries.entry(i, schema)
+        layer = entry["layer"]
+        if i == 0:
+            parent = None
+        else:
+            parent = next((p for p in positions if i in p["child_index"]), None)
+            if parent is None:
+                raise ConfigError(f"{where}: no aggregator above takes this entry as a child "
+                                  f"(check the child_num of the entries before it)")
+            if layer != parent["layer"] - 1:
+                raise ConfigError(f"{where}, field 'layer': a child of {parent['name']!r} (layer {parent['layer']}) "
+                                  f"must be on layer {parent['layer'] - 1}, got {layer}")
+        pos: dict[str, Any] = {"name": name, "layer": layer, "parent": parent and parent["name"], "where": where,
+                               "child_index": [], "epoch": 1}
+        if layer == 1:
+            pos["epoch"] = _epoch(entry, top)
+        else:
+            pos["sync"] = entry["sync"]
+            pos["child_index"] = list(range(next_child, next_child + entry["child_num"]))
+            next_child += entry["child_num"]
+        if any(p["name"] == name and p["layer"] == layer for p in positions):
+            raise ConfigError(f"{where}: node {name!r} is already on layer {layer}")
+        positions.append(pos)
+        checked.append(entry)
+    if next_child != len(positions):
+        raise ConfigError(f"{path}: field 'node_list': the child_num values ask for {next_child - 1} children, "
+                          f"but {len(positions) - 1} entries follow the root")
+    if positions[0]["layer"] < 2:
+        raise ConfigError(f"{path}: node_list[0]: the root aggregates, so its layer must be >= 2")
+    deadlines: dict[int, float] = {}  # by position: its round's deadline
+
+    def deadline(i: int) -> float:
+        if i not in deadlines:
+            pos = positions[i]
+            below = [positions[c]["sync"] * deadline(c) for c in pos["child_index"] if positions[c]["layer"] > 1]
+            deadlines[i] = max(below, default=0.0) + top["deadline_s"]
+        return deadlines[i]
+
+    confs: dict[str, dict[str, Any]] = {}
+    root_sync = positions[0]["sync"]
+    for pos, entry in zip(positions, checked):
+        conf = confs.setdefault(pos["name"], {**_base({"seed": entry.get("seed")}, "etree", model, root_sync),
+                                              "positions": [], "talks_to": []})
+        if entry.get("seed") is not None:
+            conf["model"] = {**model, "seed": entry["seed"]}
+        children = [positions[c]["name"] for c in pos["child_index"]]
+        conf["positions"].append({"layer": pos["layer"], "parent": pos["parent"], "children": children,
+                                  "sync": pos.get("sync", 1), "epoch": pos["epoch"]})
+        if pos["layer"] > 1:
+            conf["positions"][-1].update(deadline_s=deadline(positions.index(pos)), quorum=top["quorum"])
+        if pos["layer"] == 1:
+            conf["epoch"] = pos["epoch"]
+        for peer in [*children, pos["parent"]]:
+            if peer is not None and peer != pos["name"] and peer not in conf["talks_to"]:
+                conf["talks_to"].append(peer)
+    root = positions[0]["name"]
+    for name, conf in confs.items():
+        conf["positions"].sort(key=lambda p: -p["layer"])
+        conf["root"] = root  # the root tells every node the run is done (a dead aggregator cannot)
+    confs[root]["members"] = [n for n in confs if n != root]
+    confs[root]["talks_to"] += [n for n in confs[root]["members"] if n not in confs[root]["talks_to"]]
+    return confs
+
+
+def load_ring(data: dict[str, Any], path: str, topology: Topology) -> dict[str, dict[str, Any]]:
+    top = RING.validate(data, path)
+    model, entries = _model(top), _Entries(top, path, topology)
+    confs: dict[str, dict[str, Any]] = {}
+    for i in range(len(entries.items)):
+        entry, name, where = entries.entry(i, TRAINER)
+        _unique(confs, name, where)
+        confs[name] = {**_base(entry, "ring", model, top["sync"], _epoch(entry, top)),
+                       "step_timeout_s": top["step_timeout_s"], "join_wait_s": top["join_wait_s"]}
+    if len(confs) < 2:
+        raise ConfigError(f"{path}: field 'node_list': a ring needs at least 2 nodes")
+    ring = list(confs)
+    for i, name in enumerate(ring):
+        # any member may become another's successor, or coordinate a formation: keys and routes to all
+        confs[name].update(ring=ring, talks_to=[ring[(i + 1) % len(ring)]] + [m for m in ring if m != name
+                                                                             and m != ring[(i + 1) % len(ring)]])
+    return confs
+
+
+def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[str, dict[str, Any]]:
+    """Read and validate ``path`` as ``algorithm``'s structure file."""
+    if algorithm not in LOADERS:
+        raise ConfigError(f"unknown algorithm {algorithm!r}; known: {', '.join(LOADERS)}")
+    data = read_object(path, ConfigError, '{"sync": 10, "node_list": [{"name": "n1"}]}')
+    data.pop("telemetry", None)  # the run's sampling settings: controller.model.telemetry_conf reads them
+    return LOADERS[algorithm](data, path, topology)
+
+
+LOADERS: dict[str, Callable[[dict[str, Any], str, Topology], dict[str, dict[str, Any]]]] = {
+    "gossip": load_gossip, "fl": load_fl, "etree": load_etree, "ring": load_ring}

@@ -1,0 +1,481 @@
+"""The scenario: how the network and the nodes change while a run goes on (pure model).
+
+A ``scenario.json`` lists events, each with one trigger (``"at": seconds`` since the run's
+``/start``, or ``"at_round": {"node", "round"}``: when that node reports that round) and one
+kind::
+
+    {"seed": 1, "time_scale": 1.0, "events": [
+      {"at": 20, "link": {"src": "n1", "dst": "n2", "bw": "1mbit", "both_ways": true}},
+      {"at": 30, "link_down": ["n3", "n4"], "for": 20},
+      {"at_round": {"node": "n1", "round": 5}, "crash": "n5"}]}
+
+``load_scenario`` checks it against the topology (``worker.api.schema``: unknown fields with
+a did-you-mean, unknown nodes, bad times, units, models) and ``resolve`` turns it into a
+``Timeline``: a list of ``Step`` with every random draw made from ``seed`` (revocation
+lifetimes, replacement delays), ``for`` expanded into a step that undoes the event, traces
+expanded into one bandwidth step per row. Nothing here does I/O but reading the scenario
+and its trace files; the runner (``controller.run.scenario_runner``) applies the steps.
+
+``time_scale`` multiplies the lifetimes drawn from a model in minutes: with 1/60 a
+CM-DARE lifetime of 50 minutes becomes 50 seconds of experiment. Explicit times in seconds
+(``at``, ``for``, ``{"at": [...]}`` lifetimes, replacement delays) are not scaled.
+"""
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
+from controller.model.topology import Topology
+from controller.model.units import format_rate, parse_percent, parse_rate_bps, parse_time_ms, parse_size_bytes
+from worker.api.errors import ConfigError
+
+MAX_EVENTS = 10_000
+MAX_TRACE_ROWS = 100_000
+MAX_ROUND = 100_000
+NAME = Field(str, "a node name", max_len=64)
+SECONDS = Field(float, "seconds", low=0, high=MAX_SECONDS)
+POSITIVE_SECONDS = Field(float, "seconds", low=0, low_open=True, high=MAX_SECONDS)
+
+KINDS = ("link", "link_down", "partition", "loss", "crash", "pause", "resume", "cpu", "memory", "revocation",
+         "background", "trace", "access")
+TRIGGERS = ("at", "at_round")
+UNDOABLE = ("link", "link_down", "partition", "loss", "pause", "cpu", "memory")
+
+AT_ROUND = Schema({"node": Field(str, "the node whose round triggers the event", required=True, max_len=64),
+                   "round": Field(int, "the round number", required=True, low=1, high=MAX_ROUND)})
+LINK = Schema({"src": Field(str, required=True, max_len=64), "dst": Field(str, required=True, max_len=64),
+               "bw": Field(str, "the new rate, such as '1mbit'", required=True, max_len=32),
+               "both_ways": Field(bool, default=False),
+               "delay": Field(str, "needs sch_netem", max_len=32), "jitter": Field(str, "needs sch_netem", max_len=32),
+               "loss": Field((str, float), "netem loss on the link, e.g. '1%', needs sch_netem")})
+LOSS = Schema({"src": Field(str, required=True, max_len=64),
+               "dst": Field(str, "a node, or '*' for every other node", required=True, max_len=64),
+               "percent": Field(float, "percent of packets dropped", required=True, low=0, high=100),
+               "both_ways": Field(bool, default=False)})
+CPU = Schema({"node": Field(str, required=True, max_len=64),
+              "cores": Field(float, "CPU cores", required=True, low=0, low_open=True, high=1024)})
+MEMORY = Schema({"node": Field(str, required=True, max_len=64),
+                 "mem": Field((str, int), "a size such as '256M'", required=True)})
+REVOCATION = Schema({"nodes": Field(list, "the nodes revoked", required=True, items=NAME, min_items=1,
+                                    max_items=10_000),
+                     "lifetime": Field(dict, "a lifetime model", required=True),
+                     "notice_s": Field(float, "seconds between SIGTERM and SIGKILL", default=0.0, low=0,
+                                       high=3600),
+                     "replace_after_s": Field(dict, "a delay model; absent: not replaced")})
+BACKGROUND = Schema({"src": Field(str, required=True, max_len=64), "dst": Field(str, required=True, max_len=64),
+                     "rate": Field(str, "the flow's rate, such as '5mbit'", required=True, max_len=32),
+                     "on_s": Field(float, "seconds on (with off_s: ON/OFF)", low=0, low_open=True, high=MAX_SECONDS),
+                     "off_s": Field(float, "seconds off", low=0, low_open=True, high=MAX_SECONDS),
+                     "for": Field(float, "seconds the flow lasts", required=True, low=0, low_open=True,
+                                  high=MAX_SECONDS),
+                     "protocol": Field(str, default="tcp", choices=("tcp", "udp"))})
+TRACE = Schema({"src": Field(str, required=True, max_len=64), "dst": Field(str, required=True, max_len=64),
+                "file": Field(str, "a CSV of time_s,rate beside the scenario", required=True, max_len=255),
+                "both_ways": Field(bool, default=False)})
+ACCESS = Schema({"node": Field(str, required=True, max_len=64), "uplink": Field(str, max_len=32),
+                 "downlink": Field(str, max_len=32)})
+TOP = Schema({"seed": SEED, "time_scale": Field(float, "multiplies lifetimes drawn in minutes", default=1.0,
+                                                low=0, low_open=True, high=1e6),
+              "events": Field(list, "the timeline", required=True, max_items=MAX_EVENTS)})
+
+
+@dataclass(frozen=True)
+class Step:
+    """One change to apply: ``at_s`` seconds after its trigger (the run's start, or the round
+    ``after_round`` = (node, round) once reported). ``params`` is what the runner needs."""
+
+    at_s: float
+    kind: str            # link, block, unblock, loss, crash, pause, resume, limits, revoke, replace,
+    #                      background, access
+    target: str          # what it acts on, for people: "n1->n2", "n5", "n1,n2|n3,n4"
+    detail: str          # the change, for people: "1 Mbit/s", "SIGTERM, SIGKILL after 2s"
+    params: dict[str, Any] = field(default_factory=dict)
+    after_round: Optional[tuple[str, int]] = None
+    event: int = 0       # index of the scenario event it comes from
+
+    def planned(self) -> str:
+        when = f"{self.at_s:.3f}s"
+        return f"round {self.after_round[1]} of {self.after_round[0]} + {when}" if self.after_round else when
+
+
+@dataclass
+class Timeline:
+    """Every step of a scenario, resolved, in trigger order."""
+
+    steps: list[Step]
+    seed: int
+    time_scale: float
+    source: str = "scenario"
+    notes: list[str] = field(default_factory=list)  # draws that make no step (a lifetime past a day)
+
+    def timed(self) -> list[Step]:
+        return sorted((s for s in self.steps if s.after_round is None), key=lambda s: (s.at_s, s.event))
+
+    def by_round(self) -> dict[tuple[str, int], list[Step]]:
+        out: dict[tuple[str, int], list[Step]] = {}
+        for s in sorted((s for s in self.steps if s.after_round), key=lambda s: (s.at_s, s.event)):
+            out.setdefault(s.after_round, []).append(s)  # type: ignore[arg-type]
+        return out
+
+    def render(self) -> list[str]:
+        """The timeline as lines (``--dry-run``)."""
+        lines = [f"{self.source}: {len(self.steps)} steps (seed {self.seed}, time_scale {self.time_scale:g})"]
+        for s in self.timed() + [s for steps in self.by_round().values() for s in steps]:
+            lines.append(f"  {s.planned():>28}  {s.kind:<10} {s.target:<20} {s.detail}")
+        return lines + [f"  note: {n}" for n in self.notes]
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [{"at_s": s.at_s, "after_round": list(s.after_round) if s.after_round else None, "kind": s.kind,
+                 "target": s.target, "detail": s.detail, "event": s.event} for s in self.steps]
+
+
+# lifetime and delay models -----------------------------------------------------------------
+def check_lifetime(model: Any, place: Place, nodes: int) -> dict[str, Any]:
+    """``{"exponential": {"rate_per_min": r}}``, ``{"cdf": [[minutes, fraction], ...]}`` or
+    ``{"at": [seconds, ...]}`` (one per node)."""
+    name = _one_key(model, ("exponential", "cdf", "at"), place)
+    value = model[name]
+    here = place.at(name)
+    if name == "exponential":
+        return {"exponential": Schema({"rate_per_min": Field(float, "revocations per minute", required=True, low=0,
+                                                             low_open=True, high=1e6)}).validate(value, here)}
+    if name == "at":
+        times = Field(list, items=SECONDS, min_items=nodes, max_items=nodes).check(value, place, "at", ConfigError)
+        return {"at": times}
+    rows = Field(list, items=Field(list, items=Field(float, low=0, high=1e9), min_items=2, max_items=2),
+                 min_items=1, max_items=10_000).check(value, place, "cdf", ConfigError)
+    last_m, last_f = 0.0, 0.0
+    for i, (minutes, fraction) in enumerate(rows):
+        if fraction > 1:
+            raise ConfigError(f"{here}, row {i}: fraction {fraction:g} is above 1")
+        if minutes < last_m or fraction < last_f or (i and minutes == last_m):
+            raise ConfigError(f"{here}, row {i}: minutes must increase and fractions must not decrease")
+        last_m, last_f = minutes, fraction
+    if last_f != 1:
+        raise ConfigError(f"{here}: the last fraction must be 1 (every server is revoked by then), got {last_f:g}")
+    return {"cdf": rows}
+
+
+def check_delay(model: Any, place: Place) -> dict[str, Any]:
+    """``{"fixed": s}``, ``{"uniform": [a, b]}`` or ``{"exponential": {"mean_s": m}}``."""
+    name = _one_key(model, ("fixed", "uniform", "exponential"), place)
+    if name == "fixed":
+        return {"fixed": SECONDS.check(model[name], place, "fixed", ConfigError)}
+    if name == "uniform":
+        pair = Field(list, items=SECONDS, min_items=2, max_items=2).check(model[name], place, "uniform", ConfigError)
+        if pair[0] > pair[1]:
+            raise ConfigError(f"{place.field('uniform')}: [a, b] needs a <= b, got {pair}")
+        return {"uniform": pair}
+    return {"exponential": Schema({"mean_s": Field(float, "mean seconds", required=True, low=0, low_open=True,
+                                                   high=MAX_SECONDS)}).validate(model[name], place.at(name))}
+
+
+def draw_lifetime_s(model: dict[str, Any], rng: random.Random, index: int, time_scale: float) -> float:
+    """A lifetime in seconds of experiment (models in minutes are multiplied by ``time_scale``)."""
+    if "at" in model:
+        return float(model["at"][index])
+    if "exponential" in model:
+        minutes = rng.expovariate(model["exponential"]["rate_per_min"])
+    else:
+        minutes = cdf_inverse(model["cdf"], rng.random())
+    return minutes * 60.0 * time_scale
+
+
+def cdf_inverse(rows: list[list[float]], u: float) -> float:
+    """The minutes at which the empirical CDF (linear between rows, from (0, 0)) reaches ``u``."""
+    points = [(0.0, 0.0)] + [(float(m), float(f)) for m, f in rows]
+    fractions = [f for _, f in points]
+    i = max(1, bisect.bisect_left(fractions, u))
+    (m0, f0), (m1, f1) = points[i - 1], points[min(i, len(points) - 1)]
+    return m1 if f1 == f0 else m0 + (m1 - m0) * (u - f0) / (f1 - f0)
+
+
+def draw_delay_s(model: dict[str, Any], rng: random.Random) -> float:
+    if "fixed" in model:
+        return float(model["fixed"])
+    if "uniform" in model:
+        a, b = model["uniform"]
+        return rng.uniform(a, b)
+    return rng.expovariate(1.0 / model["exponential"]["mean_s"])
+
+
+# loading and resolving -------------------------------------------------------------------------
+def load_scenario(path: str, topology: Topology) -> Timeline:
+    """``path`` read, checked against ``topology`` and resolved; any problem: ``ConfigError``
+    naming the file and the event."""
+    data = read_object(path, ConfigError, '{"seed": 1, "events": [...]}')
+    return resolve(data, topology, path, os.path.dirname(os.path.abspath(path)))
+
+
+def resolve(data: Any, topology: Topology, source: str = "scenario", base_dir: Optional[str] = None) -> Timeline:
+    """The scenario document checked and turned into steps (every draw made from its seed)."""
+    top = TOP.validate(data, Place(source))
+    seed = top["seed"] if top["seed"] is not None else 0
+    rng = random.Random(seed)
+    steps: list[Step] = []
+    notes: list[str] = []
+    for i, event in enumerate(top["events"]):
+        place = Place(source).at(f"events[{i}]")
+        steps += _event_steps(event, i, place, topology, rng, top["time_scale"], base_dir, notes)
+    return Timeline(steps, seed, top["time_scale"], source, notes)
+
+
+def _one_key(data: Any, names: tuple[str, ...], place: Place) -> str:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{place}: expected an object with one of {', '.join(names)}, got {describe(data)}")
+    refuse_unknown(data, names, place)
+    if len(data) != 1:
+        raise ConfigError(f"{place}: needs exactly one of {', '.join(names)}, got {len(data)}")
+    return next(iter(data))
+
+
+def _node(topology: Topology, name: Any, place: Place, label: str) -> str:
+    if name not in topology.nodes:
+        from worker.api.schema import suggestion
+
+        hint = suggestion(name, topology.nodes) if isinstance(name, str) else ""
+        raise ConfigError(f"{place.field(label)}: unknown node {name!r}{hint.replace('valid fields', 'nodes')}")
+    return name
+
+
+def _rate(text: str, place: Place, label: str) -> int:
+    try:
+        return parse_rate_bps(text)
+    except ConfigError as e:
+        raise ConfigError(f"{place.field(label)}: {e}") from None
+
+
+def _link_pair(topology: Topology, src: str, dst: str, place: Place) -> None:
+    if src == dst:
+        raise ConfigError(f"{place}: a link needs two different nodes, got {src!r} twice")
+    if (src, dst) not in topology.links:
+        raise ConfigError(f"{place}: there is no link {src} -> {dst} in the topology")
+
+
+def _base_shapes(topology: Topology, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The topology's shape of each pair, which a link event changes and its undo restores."""
+    return [topology.links[p].shape.to_dict() for p in pairs]
+
+
+def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: random.Random, time_scale: float,
+                 base_dir: Optional[str], notes: list[str]) -> list[Step]:
+    if not isinstance(event, dict):
+        raise ConfigError(f"{place}: expected an event object, got {describe(event)}")
+    refuse_unknown(event, (*TRIGGERS, *KINDS, "for"), place)
+    triggers = [k for k in TRIGGERS if k in event]
+    kinds = [k for k in KINDS if k in event]
+    if len(triggers) != 1:
+        raise ConfigError(f"{place}: needs exactly one trigger, 'at' (seconds since /start) or 'at_round', "
+                          f"got {len(triggers)}")
+    if len(kinds) != 1:
+        raise ConfigError(f"{place}: needs exactly one event kind ({', '.join(KINDS)}), got "
+                          f"{', '.join(kinds) or 'none'}")
+    kind = kinds[0]
+    after_round = None
+    at_s = 0.0
+    if "at" in event:
+        at_s = SECONDS.check(event["at"], place, "at", ConfigError)
+    else:
+        r = AT_ROUND.validate(event["at_round"], place.at("at_round"))
+        after_round = (_node(topology, r["node"], place.at("at_round"), "node"), r["round"])
+    duration = None
+    if "for" in event:
+        if kind not in UNDOABLE:
+            raise ConfigError(f"{place.field('for')}: a {kind} event cannot be undone; 'for' is for "
+                              f"{', '.join(UNDOABLE)}")
+        duration = POSITIVE_SECONDS.check(event["for"], place, "for", ConfigError)
+    value = event[kind]
+    here = place.at(kind)
+    make = lambda dt, k, target, detail, params: Step(at_s + dt, k, target, detail, params, after_round, index)  # noqa
+
+    def undo(steps: list[Step], k: str, detail: str, params: dict[str, Any]) -> list[Step]:
+        if duration is not None:
+            steps.append(make(duration, k, steps[0].target, detail, params))
+        return steps
+
+    if kind in ("link",):
+        v = LINK.validate(value, here)
+        src, dst = _node(topology, v["src"], here, "src"), _node(topology, v["dst"], here, "dst")
+        pairs = [(src, dst)] + ([(dst, src)] if v["both_ways"] else [])
+        for a, b in pairs:
+            _link_pair(topology, a, b, here)
+        rate = _rate(v["bw"], here, "bw")
+        extra = {}
+        for k in ("delay", "jitter"):
+            if v[k] is not None:
+                try:
+                    extra[f"{k}_ms"] = parse_time_ms(v[k])
+                except ConfigError as e:
+                    raise ConfigError(f"{here.field(k)}: {e}") from None
+        if v["loss"] is not None:
+            try:
+                extra["loss_pct"] = parse_percent(v["loss"])
+            except ConfigError as e:
+                raise ConfigError(f"{here.field('loss')}: {e}") from None
+        target = f"{src}{'<->' if v['both_ways'] else '->'}{dst}"
+        base = _base_shapes(topology, pairs)
+        steps = [make(0, "link", target, format_rate(rate) + "".join(f", {k} {x}" for k, x in extra.items()),
+                      {"pairs": pairs, "rate_bps": rate, "base": base, **extra})]
+        return undo(steps, "link", "as in the topology", {"pairs": pairs, "rate_bps": None, "base": base})
+    if kind == "link_down":
+        pair = Field(list, items=NAME, min_items=2, max_items=2).check(value, place, kind, ConfigError)
+        a, b = (_node(topology, n, place, kind) for n in pair)
+        if a == b:
+            raise ConfigError(f"{place.field(kind)}: needs two different nodes, got {a!r} twice")
+        key = f"e{index}"
+        steps = [make(0, "block", f"{a}<->{b}", "link down", {"groups": [[a], [b]], "key": key})]
+        return undo(steps, "unblock", "link up", {"groups": [[a], [b]], "key": key})
+    if kind == "partition":
+        groups = Field(list, items=Field(list, items=NAME, min_items=1, max_items=10_000), min_items=2,
+                       max_items=1000).check(value, place, kind, ConfigError)
+        seen: set[str] = set()
+        for g in groups:
+            for n in g:
+                _node(topology, n, place, kind)
+                if n in seen:
+                    raise ConfigError(f"{place.field(kind)}: node {n!r} is in two groups")
+                seen.add(n)
+        key = f"e{index}"
+        target = "|".join(",".join(g) for g in groups)
+        steps = [make(0, "block", target, f"partition into {len(groups)} groups", {"groups": groups, "key": key})]
+        return undo(steps, "unblock", "healed", {"groups": groups, "key": key})
+    if kind == "loss":
+        v = LOSS.validate(value, here)
+        src = _node(topology, v["src"], here, "src")
+        dsts = ([n for n in topology.nodes if n != src] if v["dst"] == "*"
+                else [_node(topology, v["dst"], here, "dst")])
+        if src in dsts:
+            raise ConfigError(f"{here.field('dst')}: loss needs two different nodes")
+        flows = [(src, d) for d in dsts] + ([(d, src) for d in dsts] if v["both_ways"] else [])
+        key = f"e{index}"
+        target = f"{src}{'<->' if v['both_ways'] else '->'}{v['dst']}"
+        steps = [make(0, "loss", target, f"{v['percent']:g}%", {"flows": flows, "percent": v["percent"], "key": key})]
+        return undo(steps, "loss", "0%", {"flows": flows, "percent": 0.0, "key": key})
+    if kind in ("crash", "pause", "resume"):
+        node = _node(topology, NAME.check(value, place, kind, ConfigError), place, kind)
+        detail = {"crash": "SIGKILL", "pause": "frozen", "resume": "thawed"}[kind]
+        steps = [make(0, kind, node, detail, {"node": node})]
+        return undo(steps, "resume", "thawed", {"node": node})
+    if kind == "cpu":
+        v = CPU.validate(value, here)
+        node = _node(topology, v["node"], here, "node")
+        steps = [make(0, "limits", node, f"cpu {v['cores']:g} cores", {"node": node, "cpu": v["cores"]})]
+        before = topology.nodes[node].cpu
+        return undo(steps, "limits", f"cpu {before:g} cores" if before else "cpu unlimited",
+                    {"node": node, "cpu": before})
+    if kind == "memory":
+        v = MEMORY.validate(value, here)
+        node = _node(topology, v["node"], here, "node")
+        try:
+            mem = parse_size_bytes(v["mem"])
+        except ConfigError as e:
+            raise ConfigError(f"{here.field('mem')}: {e}") from None
+        if mem < 4 * 1024 * 1024:
+            raise ConfigError(f"{here.field('mem')}: at least 4M, got {v['mem']!r}")
+        steps = [make(0, "limits", node, f"memory {mem} bytes", {"node": node, "mem_bytes": mem})]
+        before = topology.nodes[node].mem_bytes
+        return undo(steps, "limits", f"memory {before} bytes" if before else "memory unlimited",
+                    {"node": node, "mem_bytes": before})
+    if kind == "revocation":
+        v = REVOCATION.validate(value, here)
+        nodes = [_node(topology, n, here, "nodes") for n in v["nodes"]]
+        if len(set(nodes)) != len(nodes):
+            raise ConfigError(f"{here.field('nodes')}: a node is listed twice")
+        lifetime = check_lifetime(v["lifetime"], here.at("lifetime"), len(nodes))
+        replace = check_delay(v["replace_after_s"], here.at("replace_after_s")) if v["replace_after_s"] else None
+        steps = []
+        for i, node in enumerate(nodes):
+            life = draw_lifetime_s(lifetime, rng, i, time_scale)
+            if life > MAX_SECONDS:  # outlives any run: never revoked
+                notes.append(f"events[{index}]: {node} drew a lifetime of {life:.0f} s, past one day: not revoked "
+                             f"(time_scale {time_scale:g} multiplies lifetimes in minutes)")
+                continue
+            notice = v["notice_s"]
+            steps.append(make(life, "revoke", node, f"SIGTERM, SIGKILL after {notice:g}s (lifetime {life:.3f}s)",
+                              {"node": node, "notice_s": notice}))
+            if replace is not None:
+                delay = draw_delay_s(replace, rng)
+                steps.append(make(life + notice + delay, "replace", node, f"after {delay:.3f}s",
+                                  {"node": node, "revoked_at_s": at_s + life}))
+        return steps
+    if kind == "background":
+        v = BACKGROUND.validate(value, here)
+        src, dst = _node(topology, v["src"], here, "src"), _node(topology, v["dst"], here, "dst")
+        if src == dst:
+            raise ConfigError(f"{here}: a flow needs two different nodes")
+        if (v["on_s"] is None) != (v["off_s"] is None):
+            raise ConfigError(f"{here}: on_s and off_s go together (ON/OFF), or neither (constant)")
+        rate = _rate(v["rate"], here, "rate")
+        shape = f"on {v['on_s']:g}s / off {v['off_s']:g}s" if v["on_s"] else "constant"
+        return [make(0, "background", f"{src}->{dst}", f"{format_rate(rate)} {v['protocol']} {shape} for "
+                     f"{v['for']:g}s", {"src": src, "dst": dst, "rate_bps": rate, "on_s": v["on_s"],
+                                        "off_s": v["off_s"], "duration_s": v["for"], "protocol": v["protocol"],
+                                        "key": f"e{index}"})]
+    if kind == "trace":
+        v = TRACE.validate(value, here)
+        src, dst = _node(topology, v["src"], here, "src"), _node(topology, v["dst"], here, "dst")
+        pairs = [(src, dst)] + ([(dst, src)] if v["both_ways"] else [])
+        for a, b in pairs:
+            _link_pair(topology, a, b, here)
+        rows = read_trace(v["file"], base_dir, here)
+        target = f"{src}{'<->' if v['both_ways'] else '->'}{dst}"
+        base = _base_shapes(topology, pairs)
+        return [make(t, "link", target, f"{format_rate(r)} (trace {v['file']})",
+                     {"pairs": pairs, "rate_bps": r, "base": base}) for t, r in rows]
+    v = ACCESS.validate(value, here)
+    node = _node(topology, v["node"], here, "node")
+    if v["uplink"] is None and v["downlink"] is None:
+        raise ConfigError(f"{here}: needs an uplink, a downlink or both")
+    parts = {k: _rate(v[k], here, k) for k in ("uplink", "downlink") if v[k] is not None}
+    return [make(0, "access", node, ", ".join(f"{k} {format_rate(r)}" for k, r in parts.items()),
+                 {"node": node, **parts})]
+
+
+def read_trace(file: str, base_dir: Optional[str], place: Place) -> list[tuple[float, int]]:
+    """The rows (time_s, rate_bps) of a trace CSV beside the scenario (``time_s,rate``; a header
+    row is allowed; times must not decrease)."""
+    if base_dir is None:
+        raise ConfigError(f"{place.field('file')}: a trace needs a scenario file to be read beside")
+    root = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(root, file))
+    if os.path.commonpath([root, path]) != root:
+        raise ConfigError(f"{place.field('file')}: {file!r} is outside the scenario's directory")
+    label = f"{place.field('file')} ({file})"
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{label}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if rows and [c.strip() for c in rows[0]] == ["time_s", "rate"]:
+        rows = rows[1:]
+    out: list[tuple[float, int]] = []
+    for n, row in enumerate(rows, 1):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != 2:
+            raise ConfigError(f"{label}, row {n}: expected time_s,rate, got {len(row)} columns")
+        try:
+            t = float(row[0])
+        except ValueError:
+            raise ConfigError(f"{label}, row {n}: time_s {row[0]!r} is not a number") from None
+        if not math.isfinite(t) or not 0 <= t <= MAX_SECONDS:
+            raise ConfigError(f"{label}, row {n}: time_s must be in [0, {MAX_SECONDS}], got {row[0]!r}")
+        if out and t < out[-1][0]:
+            raise ConfigError(f"{label}, row {n}: time_s goes back ({t:g} after {out[-1][0]:g})")
+        try:
+            rate = parse_rate_bps(row[1].strip())
+        except ConfigError as e:
+            raise ConfigError(f"{label}, row {n}: {e}") from None
+        out.append((t, rate))
+        if len(out) > MAX_TRACE_ROWS:
+            raise ConfigError(f"{label}: more than {MAX_TRACE_ROWS} rows")
+    if not out:
+        raise ConfigError(f"{label}: no rows")
+    return out
+

@@ -1,0 +1,491 @@
+"""The experiment's network: nodes and directed, shaped links (pure model, no root).
+
+Built from links.json (EdgeTB's shape), an optional nodes file, or the Python
+API. Everything else reads a ``Topology``; nothing else parses links.json.
+Loading creates nothing: the loaders only read their file.
+
+links.json maps each source node to its outgoing links (one direction each)::
+
+    {"n1": [{"dest": "n2", "bw": "5mbit", "delay": "20ms", "jitter": "5ms", "loss": "0.5%", "queue": 100}],
+     "n2": [{"dest": "n1", "bw": "5mbps"}]}
+
+``bw`` is required and uses tc's units (``5mbps`` is 5 MBYTES/s, see
+``controller.model.units``); ``delay``/``jitter`` are times in [0, 60s], ``jitter``
+needs a ``delay``; ``loss`` is a percentage (``"0.5%"`` or a JSON number);
+``queue`` a positive number of packets.
+
+nodes file (optional; ``kind`` defaults to emulated, ``host`` to local; a
+physical node needs an IPv4 ``ip`` and takes no cpu/mem/pids limits; an emulated
+node without ``mem`` or ``pids`` gets the worker's defaults, see ``worker.nodes.confine``)::
+
+    {"nodes": [{"name": "n1", "kind": "emulated", "host": "local", "cpu": 0.5, "mem": "256M", "pids": 256},
+               {"name": "pi1", "kind": "physical", "ip": "192.168.1.20"}]}
+
+Both files are strict (``LINK_SCHEMA``, ``NODE_SCHEMA``, checked by
+``worker.api.schema``): an unknown field is refused with the nearest valid name
+(``field 'dleay': unknown field; did you mean 'delay'?``), as are wrong types.
+
+Node names match ``[A-Za-z0-9][A-Za-z0-9_-]{0,14}``: they end up in interface,
+namespace and cgroup names, never in a shell. Every validation error is a
+``TopologyError`` naming the file, the node and the field, e.g.
+``links.json: node 'n1', link 2 (to 'n9'), field 'dest': unknown node 'n9'``
+(link numbers count from 0 within the node's list).
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Union
+
+from worker.api.schema import Field, Schema, describe, read_json, refuse_unknown
+from controller.model.units import format_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
+from worker.nodes.confine import MAX_PIDS_MAX, MIN_PIDS_MAX
+from worker.api.errors import ConfigError, TopologyError
+from worker.api.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, shape_problems
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
+NODE_KINDS = ("emulated", "physical")
+MAX_CPU = 1024
+MIN_MEM_BYTES = 4 * 1024 * 1024
+TOPOLOGY_VERSION = 1
+
+# What links.json and the nodes file may hold (values are checked further by make_shape and _check_node).
+LINK_SCHEMA = Schema({
+    "dest": Field(str, "the node the link leads to", required=True),
+    "bw": Field(str, "rate with tc's unit, e.g. '10mbit' ('10mbps' is BYTES/s)", required=True, max_len=32),
+    "delay": Field(str, "e.g. '20ms', at most 60s", max_len=32),
+    "jitter": Field(str, "e.g. '5ms', needs a delay", max_len=32),
+    "loss": Field((str, float), "percentage, e.g. '0.5%'"),
+    "queue": Field(int, "packets", low=1, high=MAX_QUEUE_PKTS)})
+NODE_SCHEMA = Schema({
+    "name": Field(str, required=True),
+    "kind": Field(str, default="emulated", choices=NODE_KINDS),
+    "host": Field(str, "a host of hosts.json", default="local", max_len=15),
+    "cpu": Field(float, "cores", low=0, high=MAX_CPU, low_open=True),
+    "mem": Field((str, int), "e.g. '256M', at least 4M"),
+    "pids": Field(int, "processes and threads", low=MIN_PIDS_MAX, high=MAX_PIDS_MAX),
+    "ip": Field(str, "a physical node's IPv4 address", max_len=15),
+    "uplink": Field(str, "the node's access link out, shared by all its peers, e.g. '10mbit'", max_len=32),
+    "downlink": Field(str, "the node's access link in, shared by all its peers, e.g. '10mbit'", max_len=32)})
+ACCESS_SCHEMA = Schema({"uplink": NODE_SCHEMA.fields["uplink"], "downlink": NODE_SCHEMA.fields["downlink"]})
+NODES_FILE_SCHEMA = Schema({"version": Field(int, default=TOPOLOGY_VERSION, choices=(TOPOLOGY_VERSION,)),
+                            "defaults": Field(dict, "access links of every node that names none", schema=ACCESS_SCHEMA),
+                            "nodes": Field(list, required=True)})
+
+
+@dataclass
+class Node:
+    """One node; ``cpu`` None means unlimited, ``mem_bytes`` and ``pids_max`` None the worker's
+    defaults; ``ip`` only for physical nodes."""
+
+    name: str
+    kind: str = "emulated"
+    host: str = "local"
+    cpu: Optional[float] = None
+    mem_bytes: Optional[int] = None
+    ip: Optional[str] = None
+    index: int = 0
+    uplink_bps: Optional[int] = None  # access links: shared by all the node's peers (None: none)
+    downlink_bps: Optional[int] = None
+    pids_max: Optional[int] = None  # processes and threads
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "host": self.host, "cpu": self.cpu,
+                "mem_bytes": self.mem_bytes, "ip": self.ip, "uplink_bps": self.uplink_bps,
+                "downlink_bps": self.downlink_bps, "pids_max": self.pids_max}
+
+
+@dataclass(frozen=True)
+class Link:
+    """The directed link src -> dst and how it is shaped."""
+
+    src: str
+    dst: str
+    shape: Shape
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"src": self.src, "dst": self.dst, "shape": self.shape.to_dict()}
+
+
+def _where(source: str, node: Optional[str] = None, detail: str = "") -> str:
+    """'links.json: node 'a', link 0' -- the place an error message starts with."""
+    parts = ([f"node {node!r}"] if node is not None else []) + ([detail] if detail else [])
+    return f"{source}: {', '.join(parts)}" if parts else source
+
+
+def valid_name(name: object) -> bool:
+    return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
+
+
+def check_name(name: object, where: str) -> str:
+    """``name`` when it is a valid node name, else a TopologyError starting with ``where``."""
+    if not valid_name(name):
+        raise TopologyError(f"{where}: node name {name!r} is not allowed: use 1-15 letters, digits, '_' "
+                            "or '-', starting with a letter or digit")
+    return name  # type: ignore[return-value]
+
+
+def make_shape(where: str, bw: object, delay: object = None, jitter: object = None, loss: object = None,
+               queue: object = None) -> Shape:
+    """A Shape from links.json values; errors name ``where`` and the field."""
+    def field(name: str, parse: Any, value: object) -> Any:
+        try:
+            return parse(value)
+        except ConfigError as e:
+            raise TopologyError(f"{where}, field {name!r}: {e.message}") from None
+
+    rate = field("bw", parse_rate_bps, bw)
+    if rate > MAX_RATE_BPS:
+        raise TopologyError(f"{where}, field 'bw': {bw!r} is more than the maximum {MAX_RATE_BPS // 10**9}gbit")
+    delay_ms = field("delay", parse_time_ms, delay) if delay is not None else 0.0
+    jitter_ms = field("jitter", parse_time_ms, jitter) if jitter is not None else 0.0
+    loss_pct = field("loss", parse_percent, loss) if loss is not None else 0.0
+    for name, text, value in (("delay", delay, delay_ms), ("jitter", jitter, jitter_ms)):
+        if value > MAX_DELAY_MS:
+            raise TopologyError(f"{where}, field {name!r}: {text!r} is more than {MAX_DELAY_MS / 1000:g}s")
+    if jitter_ms and not delay_ms:
+        raise TopologyError(f"{where}, field 'jitter': jitter {jitter!r} needs a non-zero 'delay'")
+    if queue is not None and (isinstance(queue, bool) or not isinstance(queue, int)
+                              or not 0 < queue <= MAX_QUEUE_PKTS):
+        raise TopologyError(f"{where}, field 'queue': must be a whole number of packets in [1, {MAX_QUEUE_PKTS}], "
+                            f"got {queue!r}")
+    try:
+        return Shape(rate_bps=rate, delay_ms=delay_ms, jitter_ms=jitter_ms, loss_pct=loss_pct, queue_pkts=queue)
+    except ConfigError as e:  # not reached while the checks above mirror shape_problems
+        raise TopologyError(f"{where}: {e.message}") from None
+
+
+def access_rate(value: Union[str, int, None], where: str) -> Optional[int]:
+    """An access link's rate in bit/s from a rate in links.json's units (or bit/s); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TopologyError(f"{where}: expected a rate like '10mbit', got {describe(value)}")
+    try:
+        rate = value if isinstance(value, int) else parse_rate_bps(value)
+    except ConfigError as e:
+        raise TopologyError(f"{where}: {e.message}") from None
+    if not 8 <= rate <= MAX_RATE_BPS:
+        raise TopologyError(f"{where}: {value!r} is not in [8bit, {MAX_RATE_BPS // 10**9}gbit]")
+    return rate
+
+
+def _check_node(node: Node, where: str) -> None:
+    """Raise a TopologyError (``where``, field) for the first invalid field of a resolved node."""
+    def bad(field: str, text: str) -> TopologyError:
+        return TopologyError(f"{where}, field {field!r}: {text}")
+
+    if node.kind not in NODE_KINDS:
+        raise bad("kind", f"{node.kind!r} is not one of {', '.join(NODE_KINDS)}")
+    if not valid_name(node.host):
+        raise bad("host", f"{node.host!r} is not a valid host name (1-15 letters, digits, '_' or '-')")
+    cpu = node.cpu
+    if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0 < cpu <= MAX_CPU):
+        raise bad("cpu", f"must be a number of cores in (0, {MAX_CPU}], got {cpu!r}")
+    mem = node.mem_bytes
+    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem < MIN_MEM_BYTES):
+        raise bad("mem", f"must be at least 4M, got {mem!r} bytes")
+    pids = node.pids_max
+    if pids is not None and (isinstance(pids, bool) or not isinstance(pids, int)
+                             or not MIN_PIDS_MAX <= pids <= MAX_PIDS_MAX):
+        raise bad("pids", f"must be an integer in [{MIN_PIDS_MAX}, {MAX_PIDS_MAX}], got {pids!r}")
+    if node.kind == "physical":
+        if node.ip is None:
+            raise bad("ip", "a physical node needs its IPv4 address")
+        if node.downlink_bps is not None:
+            raise bad("downlink", "a downlink is emulated for emulated nodes only, not for a physical device")
+        for field, value in (("cpu", cpu), ("mem", mem), ("pids", pids)):
+            if value is not None:
+                raise bad(field, "limits apply to emulated nodes only, not to a physical device")
+    elif node.ip is not None:
+        raise bad("ip", "only physical nodes take an ip; emulated nodes get theirs from the testbed's subnet")
+    if node.ip is not None:
+        try:
+            if not isinstance(node.ip, str):
+                raise ValueError
+            address = ipaddress.IPv4Address(node.ip)
+        except ValueError:
+            raise bad("ip", f"{node.ip!r} is not an IPv4 address such as '192.168.1.20'") from None
+        if address.is_unspecified or address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+            raise bad("ip", f"{node.ip!r} cannot be a device's address")
+
+
+def _names(names: Iterable[str], limit: int = 10) -> str:
+    names = list(names)
+    return ", ".join(names[:limit]) + (f" ... ({len(names)} in all)" if len(names) > limit else "") or "none"
+
+
+class Topology:
+    """Nodes by name (in declaration order) and directed links by (src, dst)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.links: dict[tuple[str, str], Link] = {}
+
+    def copy(self) -> "Topology":
+        """An independent copy (nodes are copied, links and shapes are immutable)."""
+        other = Topology()
+        other.nodes = {name: dataclasses.replace(node) for name, node in self.nodes.items()}
+        other.links = dict(self.links)
+        return other
+
+    # nodes -----------------------------------------------------------------
+    def add_node(self, name: str, kind: str = "emulated", host: str = "local", cpu: Optional[float] = None,
+                 mem: Union[str, int, None] = None, ip: Optional[str] = None, source: str = "topology",
+                 uplink: Union[str, int, None] = None, downlink: Union[str, int, None] = None,
+                 pids: Optional[int] = None) -> Node:
+        """Declare a node; ``mem`` is a size like '256M' or bytes; ``uplink`` and ``downlink``
+        rates like '10mbit' or bit/s; ``pids`` its processes and threads at most; ``source``
+        starts error messages."""
+        check_name(name, source)
+        where = _where(source, name)
+        if name in self.nodes:
+            raise TopologyError(f"{where}: declared twice")
+        mem_bytes = None
+        if mem is not None:
+            try:
+                mem_bytes = parse_size_bytes(mem)
+            except ConfigError as e:
+                raise TopologyError(f"{where}, field 'mem': {e.message}") from None
+        node = Node(name, kind, host, cpu, mem_bytes, ip, len(self.nodes),
+                    access_rate(uplink, f"{where}, field 'uplink'"),
+                    access_rate(downlink, f"{where}, field 'downlink'"), pids)
+        _check_node(node, where)
+        node.cpu = float(cpu) if cpu is not None else None
+        node.ip = str(ipaddress.IPv4Address(ip)) if ip is not None else None
+        twin = next((n.name for n in self.nodes.values() if node.ip and n.ip == node.ip), None)
+        if twin:
+            raise TopologyError(f"{where}, field 'ip': {node.ip} is already the address of node {twin!r}")
+        self.nodes[name] = node
+        return node
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``; a TopologyError listing the known nodes if there is none."""
+        try:
+            return self.nodes[name]
+        except (KeyError, TypeError):
+            raise TopologyError(f"unknown node {name!r}; nodes: {_names(self.nodes)}") from None
+
+    # links -----------------------------------------------------------------
+    def _check_new_link(self, src: str, dst: str, place: str) -> None:
+        if src not in self.nodes:
+            raise TopologyError(f"{place}: unknown source node {src!r}; declared nodes: {_names(self.nodes)}")
+        if dst not in self.nodes:
+            raise TopologyError(f"{place}, field 'dest': unknown node {dst!r}; declared nodes: {_names(self.nodes)}")
+        if src == dst:
+            raise TopologyError(f"{place}, field 'dest': a node cannot link to itself")
+        if (src, dst) in self.links:
+            raise TopologyError(f"{place}: duplicate link {src} -> {dst} (each direction is declared once)")
+
+    def add_link(self, src: str, dst: str, bw: object, delay: object = None, jitter: object = None,
+                 loss: object = None, queue: object = None, source: str = "topology", where: str = "") -> Link:
+        """Add the directed link src -> dst with links.json values (``bw="10mbit"``, ``delay="20ms"``...)."""
+        place = where or _where(source, src, f"link to {dst!r}")
+        self._check_new_link(src, dst, place)
+        link = Link(src, dst, make_shape(place, bw, delay, jitter, loss, queue))
+        self.links[(src, dst)] = link
+        return link
+
+    def add_symmetric_link(self, a: str, b: str, bw: object, delay: object = None, jitter: object = None,
+                           loss: object = None, queue: object = None, source: str = "topology") -> tuple[Link, Link]:
+        """Declare a -> b and b -> a with the same shape; neither is added if either is invalid."""
+        place = _where(source, a, f"link to {b!r}")
+        self._check_new_link(a, b, place)
+        self._check_new_link(b, a, _where(source, b, f"link to {a!r}"))
+        shape = make_shape(place, bw, delay, jitter, loss, queue)
+        forward, backward = Link(a, b, shape), Link(b, a, shape)
+        self.links[(a, b)], self.links[(b, a)] = forward, backward
+        return forward, backward
+
+    def links_from(self, src: str) -> list[Link]:
+        """The links leaving ``src``, in declaration order."""
+        return [link for (s, _), link in self.links.items() if s == src]
+
+    def out_neighbours(self, name: str) -> list[str]:
+        """The nodes ``name`` has a link to, in declaration order."""
+        self.node(name)
+        return [d for (s, d) in self.links if s == name]
+
+    def rates_text(self, limit: int = 16) -> str:
+        """Each link's rate in bit/s (``n1->n2 80 Mbit/s, ...``), or, past ``limit`` links, how
+        many links have each rate (their range, past 6 rates); so that '10mbps' (BYTES/s, as in
+        tc) shows as 80 Mbit/s."""
+        if not self.links:
+            return "no links"
+        if len(self.links) <= limit:
+            return ", ".join(f"{s}->{d} {format_rate(link.shape.rate_bps)}" for (s, d), link in self.links.items())
+        counts: dict[int, int] = {}
+        for link in self.links.values():
+            counts[link.shape.rate_bps] = counts.get(link.shape.rate_bps, 0) + 1
+        if len(counts) > 6:  # many rates: their range, so the line stays a line
+            rates = sorted(counts)
+            return f"{len(counts)} rates from {format_rate(rates[0])} to {format_rate(rates[-1])}"
+        return ", ".join(f"{n} at {format_rate(bps)}" for bps, n in sorted(counts.items()))
+
+    # checks ------------------------------------------------------------------
+    def validate(self, source: str = "topology") -> None:
+        """Re-check the whole model (after direct edits or from_dict); raise the first problem found."""
+        if not self.nodes:
+            raise TopologyError(f"{source}: no nodes")
+        ips: dict[str, str] = {}
+        for i, (name, node) in enumerate(self.nodes.items()):
+            check_name(name, source)
+            where = _where(source, name)
+            if node.name != name or node.index != i:
+                raise TopologyError(f"{where}: stored as {node.name!r} at index {node.index}, expected index {i}")
+            _check_node(node, where)
+            if node.ip is not None:
+                if node.ip in ips:
+                    raise TopologyError(f"{where}, field 'ip': {node.ip} is already the address of node "
+                                        f"{ips[node.ip]!r}")
+                ips[node.ip] = name
+        for (src, dst), link in self.links.items():
+            place = _where(source, src, f"link to {dst!r}")
+            if not isinstance(link, Link) or (link.src, link.dst) != (src, dst):
+                raise TopologyError(f"{place}: stored under the wrong key or not a Link: {link!r}")
+            if src not in self.nodes:
+                raise TopologyError(f"{place}: unknown source node {src!r}")
+            if dst not in self.nodes:
+                raise TopologyError(f"{place}, field 'dest': unknown node {dst!r}")
+            if src == dst:
+                raise TopologyError(f"{place}, field 'dest': a node cannot link to itself")
+            problems = shape_problems(link.shape)
+            if problems:
+                raise TopologyError(f"{place}: {'; '.join(problems)}")
+
+    # serialisation -----------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved form (units in field names), JSON-serialisable; node order is their index."""
+        return {"version": TOPOLOGY_VERSION, "nodes": [n.to_dict() for n in self.nodes.values()],
+                "links": [link.to_dict() for link in self.links.values()]}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "topology document") -> "Topology":
+        """Inverse of ``to_dict``; anything malformed is a TopologyError."""
+        if not isinstance(data, dict) or data.get("version") != TOPOLOGY_VERSION:
+            raise TopologyError(f"{source}: expected an object with \"version\": {TOPOLOGY_VERSION}")
+        _only_fields(data, ("version", "nodes", "links"), (), source)
+        topo = cls()
+        for i, entry in enumerate(_list(data.get("nodes", []), f"{source}: field 'nodes'")):
+            where = f"{source}: nodes[{i}]"
+            _only_fields(entry, ("name", "kind", "host", "cpu", "mem_bytes", "ip", "uplink_bps", "downlink_bps",
+                                 "pids_max"), ("name",), where)
+            topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
+                          entry.get("mem_bytes"), entry.get("ip"), source=source, uplink=entry.get("uplink_bps"),
+                          downlink=entry.get("downlink_bps"), pids=entry.get("pids_max"))
+        for i, entry in enumerate(_list(data.get("links", []), f"{source}: field 'links'")):
+            where = f"{source}: links[{i}]"
+            _only_fields(entry, ("src", "dst", "shape"), ("src", "dst", "shape"), where)
+            src, dst = entry["src"], entry["dst"]
+            if not isinstance(src, str) or not isinstance(dst, str):
+                raise TopologyError(f"{where}: fields 'src' and 'dst' must be node names, got {src!r} -> {dst!r}")
+            place = _where(source, src, f"link to {dst!r}")
+            topo._check_new_link(src, dst, place)
+            try:
+                shape = Shape.from_dict(entry["shape"])
+            except ConfigError as e:
+                raise TopologyError(f"{place}, field 'shape': {e.message}") from None
+            topo.links[(src, dst)] = Link(src, dst, shape)
+        return topo
+
+
+def _list(value: object, where: str) -> list:
+    if not isinstance(value, list):
+        raise TopologyError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _only_fields(entry: object, allowed: tuple[str, ...], required: tuple[str, ...], where: str) -> None:
+    """Check that ``entry`` is an object with only ``allowed`` (else: the nearest allowed name)
+    and all ``required`` fields."""
+    if not isinstance(entry, dict):
+        raise TopologyError(f"{where}: expected an object, got {describe(entry)}")
+    refuse_unknown(entry, allowed, where, TopologyError)
+    for key in required:
+        if key not in entry:
+            raise TopologyError(f"{where}: missing field {key!r}")
+
+
+def _read_json(path: str) -> Any:
+    return read_json(path, TopologyError)
+
+
+def load_nodes(path: str) -> Topology:
+    """A Topology holding the nodes declared in a nodes file (format in the module docstring)."""
+    data = _read_json(path)
+    if not isinstance(data, dict) or "nodes" not in data:
+        raise TopologyError(f"{path}: expected an object like {{\"nodes\": [{{\"name\": \"n1\", \"cpu\": 0.5}}]}}")
+    NODES_FILE_SCHEMA.validate(data, path, TopologyError)
+    entries = _list(data["nodes"], f"{path}: field 'nodes'")
+    if not entries:
+        raise TopologyError(f"{path}: field 'nodes': declares no nodes")
+    defaults = data.get("defaults") or {}
+    topo = Topology()
+    for i, entry in enumerate(entries):
+        where = f"{path}: nodes[{i}]"
+        _only_fields(entry, tuple(NODE_SCHEMA.fields), ("name",), where)
+        check_name(entry["name"], f"{where}, field 'name'")
+        NODE_SCHEMA.validate(entry, _where(path, entry["name"]), TopologyError)
+        kind = entry.get("kind", "emulated")
+        uplink = entry.get("uplink", defaults.get("uplink"))
+        downlink = entry.get("downlink", defaults.get("downlink") if kind != "physical" else None)
+        topo.add_node(entry["name"], kind, entry.get("host", "local"), entry.get("cpu"), entry.get("mem"),
+                      entry.get("ip"), source=path, uplink=uplink, downlink=downlink, pids=entry.get("pids"))
+    return topo
+
+
+def load_links(path: str, topology: Optional[Topology] = None, nodes_declared: bool = False) -> Topology:
+    """Add links.json's links to ``topology`` (a new one by default) and return it.
+
+    Unless ``nodes_declared``, every node links.json names and ``topology`` lacks
+    becomes an emulated node with default limits (sources in file order, then
+    destinations as first seen); with it, naming an undeclared node is an error.
+    All or nothing: on error ``topology`` is left unchanged.
+    """
+    return links_from_data(_read_json(path), path, topology, nodes_declared)
+
+
+def links_from_data(data: Any, path: str, topology: Optional[Topology] = None,
+                    nodes_declared: bool = False) -> Topology:
+    """``load_links`` of links.json's content ``data``; errors name ``path``."""
+    if not isinstance(data, dict):
+        raise TopologyError(f"{path}: expected an object mapping each source node to its list of links, "
+                            f"like {{\"n1\": [{{\"dest\": \"n2\", \"bw\": \"10mbit\"}}]}}")
+    for src, links in data.items():
+        check_name(src, path)
+        if not isinstance(links, list):
+            raise TopologyError(f"{_where(path, src)}: expected a list of links, got {type(links).__name__}")
+        for i, link in enumerate(links):
+            where = _where(path, src, f"link {i}")
+            if not isinstance(link, dict):
+                raise TopologyError(f"{where}: expected an object like {{\"dest\": \"n2\", \"bw\": \"10mbit\"}}, "
+                                    f"got {link!r}")
+            _only_fields(link, tuple(LINK_SCHEMA.fields), ("dest", "bw"), where)
+            check_name(link["dest"], f"{where}, field 'dest'")
+            LINK_SCHEMA.validate(link, f"{where} (to {link['dest']!r})", TopologyError)
+    work = topology.copy() if topology is not None else Topology()
+    if nodes_declared:
+        for src in data:
+            if src not in work.nodes:
+                raise TopologyError(f"{_where(path, src)}: unknown node {src!r}: it is not declared; "
+                                    f"declared nodes: {_names(work.nodes)}")
+    else:
+        names = list(data) + [link["dest"] for links in data.values() for link in links]
+        for name in names:
+            if name not in work.nodes:
+                work.add_node(name, source=path)
+    if not work.nodes:
+        raise TopologyError(f"{path}: no nodes: the file lists no links")
+    for src, links in data.items():
+        for i, link in enumerate(links):
+            where = _where(path, src, f"link {i} (to {link['dest']!r})")
+            work.add_link(src, link["dest"], link["bw"], link.get("delay"), link.get("jitter"), link.get("loss"),
+                          link.get("queue"), where=where)
+    if topology is None:
+        return work
+    for name, node in work.nodes.items():
+        topology.nodes.setdefault(name, node)
+    topology.links.update(work.links)
+    return topology

@@ -1,0 +1,1 @@
+"""The run folder: its layout, what a run writes, what is derived from it."""

@@ -1,0 +1,145 @@
+"""After a run: every node's final model, evaluated on the run's global test set and saved
+as safetensors.
+
+A node leaves its final weights in ``dml_file/node/<name>/<run id>.weights``
+(the weights wire format of ``dml_app.weights``). Those files are written by
+nodes, so they are untrusted: read without following links, opened non-blocking
+and only when a regular file of one link owned by the node's uid, refused above a
+size limit, parsed without pickle (JSON header nesting bounded), checked against the model the node's conf
+describes (layer count, shapes) and for finite values. The model is rebuilt with
+the nodes' own code (``dml_app.models.make_model``), so the controller measures
+exactly what the nodes measured. Each model is written to
+``<run dir>/models/<node>.safetensors``: tensors ``layers.<k>.kernel`` (fan-in x
+fan-out) and ``layers.<k>.bias`` for the MLP, metadata with the node, run id,
+layer sizes and model conf.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from controller.results.tables import Writer, local_writer
+from controller.results.safe_fs import NodeFileError, read_node_file
+from dml_app import weights as wire
+from dml_app.models import load_global_test, make_model
+from worker.api.errors import ConfigError
+
+MAX_WEIGHTS_BYTES = 256 * 1024 * 1024  # a final model larger than this is refused
+
+
+class ModelFileError(ConfigError):
+    """A node's final weights file is missing, oversized or malformed."""
+
+
+def weights_path(workdir: str, node: str, run_id: str) -> str:
+    return os.path.join(workdir, "dml_file", "node", node, f"{run_id}.weights")
+
+
+def read_weights(workdir: str, node: str, run_id: str, max_bytes: int = MAX_WEIGHTS_BYTES,
+                 uid: Optional[int] = None) -> list[np.ndarray]:
+    """The arrays of the final weights file node ``node`` wrote (``controller.results.safe_fs.read_node_file``:
+    no link followed, a regular file of one link, owned by ``uid`` when given, at most
+    ``max_bytes``), in the wire format (no pickle). Raises ModelFileError naming the file."""
+    path = weights_path(workdir, node, run_id)
+    try:
+        data = read_node_file(workdir, node, f"{run_id}.weights", max_bytes, uid)
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: no final weights (the node did not save a model)") from None
+    except NodeFileError as e:
+        raise ModelFileError(e.message) from None
+    try:
+        arrays, _ = wire.decode(data)
+    except wire.WeightsFormatError as e:
+        raise ModelFileError(f"{path}: not a valid weights file: {e}") from None
+    return arrays
+
+
+def tensor_names(arrays: list[np.ndarray]) -> list[str]:
+    """``layers.<k>.kernel`` / ``layers.<k>.bias`` for (matrix, vector) pairs, else ``arrays.<i>``."""
+    pairs = len(arrays) % 2 == 0 and all(a.ndim == 2 and b.ndim == 1 for a, b in zip(arrays[::2], arrays[1::2]))
+    if pairs:
+        return [f"layers.{i // 2}.{'kernel' if i % 2 == 0 else 'bias'}" for i in range(len(arrays))]
+    return [f"arrays.{i}" for i in range(len(arrays))]
+
+
+def safetensors_bytes(arrays: list[np.ndarray], metadata: dict[str, str]) -> bytes:
+    """``arrays`` as a safetensors file (names from ``tensor_names``; their order in metadata)."""
+    from safetensors.numpy import save
+
+    names = tensor_names(arrays)
+    return save({n: np.ascontiguousarray(a) for n, a in zip(names, arrays)},
+                metadata={**metadata, "tensor_order": json.dumps(names)})
+
+
+def load_safetensors(path: str) -> tuple[list[np.ndarray], dict[str, str]]:
+    """The arrays of a file ``final_models`` wrote, in their order, and its metadata."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="numpy") as f:
+        metadata = f.metadata() or {}
+        names = json.loads(metadata["tensor_order"]) if "tensor_order" in metadata else sorted(f.keys())
+        return [f.get_tensor(n) for n in names], metadata
+
+
+def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, dict[str, Any]],
+                 dataset_confs: dict[str, dict[str, Any]], max_bytes: int = MAX_WEIGHTS_BYTES,
+                 write: Optional[Writer] = None, uids: Optional[dict[str, int]] = None) -> dict[str, dict[str, Any]]:
+    """Evaluate and save every node's final model.
+
+    ``structure``: each node's structure conf (its ``model`` entry builds the model);
+    ``dataset_confs``: each node's dataset conf (``n_classes``, and ``global_test``: the
+    global set's path relative to ``workdir``). Returns, per node of ``structure``:
+    ``{"global_accuracy", "global_loss", "model": <safetensors path>, "error"}`` (accuracy
+    and loss None without a global set; ``model`` None and ``error`` set when the node's
+    file is missing or refused). Never raises for one node's bad file. ``write`` (relative
+    path, bytes) writes ``models/<node>.safetensors``; by default into ``run_dir``. ``uids``: each
+    node's uid where known (its file must be its own)."""
+    write = write or local_writer(run_dir)
+    test_sets: dict[tuple[str, int, int], Any] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for node in sorted(structure):
+        entry: dict[str, Any] = {"global_accuracy": None, "global_loss": None, "model": None, "error": None}
+        out[node] = entry
+        try:
+            arrays = read_weights(workdir, node, run_id, max_bytes, (uids or {}).get(node))
+            if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
+                raise ModelFileError(f"{node}: the final weights hold NaN or infinite values")
+            model_conf = dict(structure[node].get("model") or {})
+            dconf = dataset_confs.get(node) or {}
+            if not arrays or arrays[0].ndim != 2:
+                raise ModelFileError(f"{node}: the final weights do not start with a weight matrix")
+            n_features = int(arrays[0].shape[0])
+            n_classes = int(dconf.get("n_classes") or arrays[-1].shape[-1])
+            model = make_model(model_conf, n_features, n_classes)
+            try:
+                model.set_weights(arrays)
+            except ValueError as e:
+                raise ModelFileError(f"{node}: the final weights do not fit the model of its conf: {e}") from None
+            relative = f"models/{node}.safetensors"
+            sizes = [n_features, *(int(a.shape[1]) for a in arrays[::2] if a.ndim == 2)]
+            write(relative, safetensors_bytes(arrays, {"format": "edgetb-mlp", "node": node, "run_id": run_id,
+                                                       "sizes": json.dumps(sizes), "model": json.dumps(model_conf)}))
+            entry["model"] = os.path.join(run_dir, relative)
+            if dconf.get("global_test"):
+                key = (str(dconf["global_test"]), n_features, n_classes)
+                if key not in test_sets:
+                    test_sets[key] = _global_set(workdir, *key)
+                x, y = test_sets[key]
+                loss, accuracy = model.evaluate(x, y)
+                entry["global_loss"], entry["global_accuracy"] = round(float(loss), 6), round(float(accuracy), 6)
+        except (ModelFileError, ValueError) as e:
+            entry["error"] = str(e)
+        except Exception as e:  # noqa: BLE001 - one node's file never stops the others' models
+            entry["error"] = f"{node}: {type(e).__name__}: {e}"
+    return out
+
+
+def _global_set(workdir: str, relative: str, n_features: int, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    root = os.path.realpath(workdir)
+    path = os.path.realpath(os.path.join(root, relative))
+    if os.path.commonpath([root, path]) != root:
+        raise ModelFileError(f"global test set {relative!r} is outside the experiment directory")
+    return load_global_test(path, n_features, n_classes)

@@ -1,0 +1,1 @@
+"""Pulling the hosts' samplers into the run folder's telemetry tables."""

@@ -1,0 +1,602 @@
+"""Pulling the worker hosts' telemetry during a run and writing it as CSV files.
+
+Each worker host samples its nodes and links (``worker.observe.telemetry``); ``Collector`` starts
+the samplers, pulls every host with a cursor (about once a second, and once more at the
+end, until nothing is left), and writes, beneath the run folder, gzip-compressed CSV:
+
+- ``telemetry/links.csv.gz``: ``time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes``
+- ``telemetry/nodes.csv.gz``: ``time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops``
+- ``telemetry/hosts.csv.gz``: ``time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes``
+- ``telemetry/rates.csv.gz``: ``time_s,src,dst,rate_bps`` (each link's configured rate when it is set)
+
+A link's or node's row is written when a value changed since its last sample, and at least
+every ``HEARTBEAT_S`` (so a reader knows it was sampled); the last sample of an unchanged run
+is written before the next change, and at the end. Interpolating a series between its rows
+therefore gives every sample back exactly: nothing is lost, and idle links cost one row a
+second instead of one per sample.
+
+Counters are cumulative since the run's start (the value of the sampler's first sample,
+taken just before the run's start, is subtracted; a counter that appears later, such as
+a link added during the run, counts from zero; a counter that goes back, such as a class
+re-made, continues from where it was). ``mem_bytes`` and ``backlog_bytes`` are values as
+sampled. An empty field is a counter that could not be read in that sample.
+
+Time: ``time_s`` is seconds since the run's start on the controller's ``time.monotonic()``
+clock. A host's sample times are its own ``time.monotonic()``; the controller estimates
+each host's offset from every pull (the midpoint of the request against the host's
+``now_s``, keeping the estimate of the fastest round trip). The in-process host shares the
+controller's clock (offset 0).
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import threading
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+from controller.results.safe_fs import RunDir
+from controller.model.telemetry_conf import TelemetryConf
+from worker.api.errors import CapabilityError, TestbedError
+
+LINKS_HEADER = "time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes"
+NODES_HEADER = "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops"
+HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
+RATES_HEADER = "time_s,src,dst,rate_bps"
+FILES = {"links": ("telemetry/links.csv.gz", LINKS_HEADER), "nodes": ("telemetry/nodes.csv.gz", NODES_HEADER),
+         "hosts": ("telemetry/hosts.csv.gz", HOSTS_HEADER), "rates": ("telemetry/rates.csv.gz", RATES_HEADER)}
+GZIP_LEVEL = 3  # 6 compresses a fifth better at a third more CPU
+HEARTBEAT_S = 1.0  # an unchanged series still gets a row this often
+PULL_INTERVAL_S = 1.0
+PULL_LIMIT = 100  # samples per request
+# which raw fields are counters (made cumulative since the start) and which are gauges
+LINK_COUNTER = (True, True, True, True, False)
+NODE_COUNTER = (True, False, True, True, True, True, True)
+HOST_COUNTER = (True, False, True, True)
+MISSING = -1
+log = logging.getLogger("edgetb.telemetry")
+
+
+def workers_by_host(worker: Any) -> dict[str, Any]:
+    """The worker hosts behind ``worker``: a cluster's by name, else the one host."""
+    workers = getattr(worker, "workers", None)
+    if isinstance(workers, dict):
+        return dict(workers)
+    return {getattr(worker, "name", None) or "local": worker}
+
+
+def shares_clock(worker: Any) -> bool:
+    """True for a worker host in this process (same monotonic clock)."""
+    return getattr(worker, "store", None) is not None
+
+
+class Counters:
+    """Raw counters made cumulative since the start, per key (see the module's text)."""
+
+    def __init__(self, counter: tuple[bool, ...]) -> None:
+        self.counter = counter
+        self._state: dict[Any, list[list[int]]] = {}  # key -> [base, last raw, carried]
+
+    def cumulative(self, key: Any, raw: list[int], first: bool) -> list[Optional[int]]:
+        """``raw`` as cumulative values (None for missing); ``first``: a key of the first sample."""
+        state = self._state.get(key)
+        n = len(raw)
+        if state is None:
+            state = [[(v if first else 0) for v in raw], list(raw), [0] * n]
+            self._state[key] = state
+        base, last, carried = state
+        out: list[Optional[int]] = []
+        for i in range(n):
+            v = raw[i]
+            if v == MISSING:
+                out.append(None)
+                continue
+            if not self.counter[i]:
+                out.append(v)
+                continue
+            if base[i] == MISSING:  # missing in the first sample: counted from its first reading
+                base[i] = v
+            elif last[i] != MISSING and v < last[i]:  # the counter was re-made: carry on from its last value
+                carried[i] += last[i]
+            last[i] = v
+            out.append(v - base[i] + carried[i])
+        return out
+
+
+class ChangedRows:
+    """One host's rows of one table (links or nodes), written only where a series changed (see
+    the module's text). A sample's values are compared with the previous sample's at once; only
+    the series that changed, or whose heartbeat is due, are formatted."""
+
+    def __init__(self, counters: Counters, width: int, ns_first: bool = False) -> None:
+        self.counters, self.width, self.ns_first = counters, width, ns_first
+        self.layout: Optional[int] = None
+        self.cums: list[list[Optional[int]]] = []  # per series: its cumulative values
+        self.texts: list[str] = []  # per series: its last row after the time
+        self.prev: Optional[np.ndarray] = None  # the previous sample's raw values, one row per series
+        self.prev_ts = ""
+        self.written_s = np.zeros(0)  # per series: the time of its last row
+        self.skipped = np.zeros(0, bool)  # per series: the previous sample was not written
+
+    def take(self, layout: int, keys: list[Any], labels: list[str], values: list[int], ts: str, time_s: float,
+             first: bool, rows: list[str]) -> list[list[Optional[int]]]:
+        """One sample of the series ``keys`` of ``layout`` (``labels``: their name fields;
+        ``values``: ``width`` raw values each) at ``ts``: appends the rows it makes to ``rows``,
+        returns every series' cumulative values."""
+        if layout != self.layout:  # a new layout: the old one's series end, the new one's start
+            rows += self.flush()
+            self.layout, self.prev = layout, None
+            self.cums, self.texts = [[] for _ in keys], [""] * len(keys)
+        n, w = len(keys), self.width
+        raw = np.asarray(values, np.int64).reshape(n, w)
+        changed = np.ones(n, bool) if self.prev is None else (raw != self.prev).any(axis=1)
+        due = ~changed & (time_s - self.written_s >= HEARTBEAT_S) if self.prev is not None else np.zeros(n, bool)
+        prev_ts, texts, cums = self.prev_ts, self.texts, self.cums
+        for i in np.flatnonzero(changed).tolist():
+            if self.prev is not None and self.skipped[i]:
+                rows.append(f"{prev_ts},{texts[i]}\n")
+            cums[i] = cum = self.counters.cumulative(keys[i], values[w * i:w * i + w], first)
+            texts[i] = text = f"{labels[i]},{_fmt(cum, self.ns_first)}"
+            rows.append(f"{ts},{text}\n")
+        for i in np.flatnonzero(due).tolist():
+            rows.append(f"{ts},{texts[i]}\n")
+        written = changed | due
+        if self.prev is None:
+            self.written_s = np.full(n, time_s)
+        else:
+            self.written_s[written] = time_s
+        self.skipped = ~written
+        self.prev, self.prev_ts = raw, ts
+        return cums
+
+    def flush(self) -> list[str]:
+        """Each series' last sample, where it was not written (at the end, and before a new layout)."""
+        if self.prev is None:
+            return []
+        rows = [f"{self.prev_ts},{self.texts[i]}\n" for i in np.flatnonzero(self.skipped).tolist()]
+        self.skipped[:] = False
+        return rows
+
+
+class _CsvFile:
+    """One gzip-compressed CSV file written as rows come, beneath the run folder (no link
+    followed), under a hidden name until ``close`` renames it into place."""
+
+    def __init__(self, out: RunDir, relative: str, header: str) -> None:
+        self.relative = relative
+        self.dir_fd, self.name = out._dir_of(relative)
+        self.partial = f".{self.name}.partial"
+        try:
+            os.unlink(self.partial, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=self.dir_fd)
+        self.raw = os.fdopen(fd, "wb")
+        self.file = gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self.raw, mtime=0)
+        self.file.write(header.encode() + b"\n")
+        self.rows = 0
+
+    def write(self, text: str, rows: int) -> None:
+        if rows:
+            self.file.write(text.encode())
+            self.rows += rows
+
+    def discard(self) -> None:
+        self.file.close()
+        self.raw.close()
+        try:
+            os.unlink(self.partial, dir_fd=self.dir_fd)
+        except OSError:
+            pass
+        os.close(self.dir_fd)
+
+    def close(self) -> None:
+        if self.raw.closed:
+            return
+        self.file.close()
+        self.raw.flush()
+        os.fsync(self.raw.fileno())
+        self.raw.close()
+        os.rename(self.partial, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        os.close(self.dir_fd)
+
+
+def _fmt(values: list[Optional[int]], ns_first: bool = False) -> str:
+    """Values as CSV fields; with ``ns_first`` the first (nanoseconds) as seconds."""
+    fields = []
+    for i, v in enumerate(values):
+        if v is None:
+            fields.append("")
+        elif ns_first and i == 0:
+            fields.append(f"{v / 1e9:.6f}")
+        else:
+            fields.append(str(v))
+    return ",".join(fields)
+
+
+class _Host:
+    def __init__(self, name: str, worker: Any) -> None:
+        self.name = name
+        self.worker = worker
+        self.cursor = 0
+        self.offset_s = 0.0
+        self.best_rtt_s = 0.0 if shares_clock(worker) else float("inf")
+        self.seen_first = False
+        self.first_layout: Optional[int] = None
+        self.layouts: dict[int, dict[str, Any]] = {}
+        self.layout_seen: Optional[int] = None  # the layout of the last sample taken
+        self.rates_bps: dict[tuple[str, str], Optional[int]] = {}  # its links' configured rates
+        self.lost = 0
+        self.last: dict[str, Any] = {}
+        self.problem = ""
+        self.started_s: Optional[float] = None
+        self.link_rows: Optional[ChangedRows] = None  # this host's rows of links.csv.gz and nodes.csv.gz
+        self.node_rows: Optional[ChangedRows] = None
+        self.link_keys: dict[int, tuple[list[tuple[str, str]], list[str]]] = {}  # per layout: (src, dst), "src,dst"
+
+    def observe_clock(self, sent: float, received: float, now_s: float) -> None:
+        rtt = received - sent
+        if rtt < self.best_rtt_s:
+            self.best_rtt_s = rtt
+            self.offset_s = (sent + received) / 2 - now_s
+
+
+class Collector:
+    """Starts the samplers of every host, pulls them, writes the CSV files (``out``: the run
+    folder; None keeps only the latest values, for ``/metrics`` and ``edgetb monitor``)."""
+
+    def __init__(self, worker: Any, conf: TelemetryConf, out: Optional[RunDir] = None,
+                 rates_bps: Optional[dict[tuple[str, str], int]] = None,
+                 pull_interval_s: float = PULL_INTERVAL_S) -> None:
+        self.hosts = {name: _Host(name, w) for name, w in workers_by_host(worker).items()}
+        self.conf = conf
+        self.out = out
+        self.rates_bps = dict(rates_bps or {})
+        self.pull_interval_s = pull_interval_s
+        self.t0: Optional[float] = None  # the run's start, controller monotonic
+        self.files: dict[str, _CsvFile] = {}
+        self.links = Counters(LINK_COUNTER)
+        self.nodes = Counters(NODE_COUNTER)
+        self.host_counters = Counters(HOST_COUNTER)
+        for host in self.hosts.values():
+            host.link_rows = ChangedRows(self.links, len(LINK_COUNTER))
+            host.node_rows = ChangedRows(self.nodes, len(NODE_COUNTER), ns_first=True)
+        # latest values, for /metrics and the live table: key -> (time_s, cumulative values, rate values)
+        self.latest_links: dict[tuple[str, str], dict[str, Any]] = {}
+        self.latest_nodes: dict[str, dict[str, Any]] = {}
+        self.latest_hosts: dict[str, dict[str, Any]] = {}
+        self.collector_cpu_s = 0.0
+        self.pulls = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.summary: Optional[dict[str, Any]] = None
+
+    # start -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every host's sampler (its first sample is the baseline); call ``mark_start``
+        at the run's start, then ``run_in_thread`` or ``pull``."""
+        body = {"version": 1, "period_ms": self.conf.period_ms, "restart": True}
+        lacking = [h.name for h in self.hosts.values() if not hasattr(h.worker, "telemetry_start")]
+        if lacking:
+            raise CapabilityError(f"host {', '.join(lacking)} offers no telemetry")
+        for host in self.hosts.values():
+            sent = time.monotonic()
+            answer = host.worker.telemetry_start(body)
+            host.observe_clock(sent, time.monotonic(), answer["now_s"])
+            host.started_s = answer.get("started_s")
+        if self.out is not None:
+            self.files = {kind: _CsvFile(self.out, rel, header) for kind, (rel, header) in FILES.items()}
+
+    def mark_start(self, t0: Optional[float] = None) -> None:
+        self.t0 = time.monotonic() if t0 is None else t0
+
+    def run_in_thread(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="edgetb-telemetry-pull", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.pull_interval_s):
+            try:
+                self.pull()
+            except Exception:  # noqa: BLE001 - the pull loop must outlive any one bad answer
+                log.exception("telemetry pull failed, carrying on")
+
+    # pull --------------------------------------------------------------------------------------
+    def pull(self) -> int:
+        """Read every host's samples since its cursor (until none is left); the rows written."""
+        with self._lock:
+            cpu0 = time.thread_time()
+            rows = 0
+            for host in self.hosts.values():
+                rows += self._pull_host(host)
+            self.pulls += 1
+            self.collector_cpu_s += time.thread_time() - cpu0
+        return rows
+
+    def _pull_host(self, host: _Host) -> int:
+        rows = 0
+        while True:
+            sent = time.monotonic()
+            try:
+                answer = host.worker.telemetry_read(host.cursor, PULL_LIMIT)
+            except TestbedError as e:
+                host.problem = e.message
+                return rows
+            host.observe_clock(sent, time.monotonic(), answer["now_s"])
+            host.problem = ""
+            host.last = answer
+            host.lost += int(answer.get("lost", 0))
+            for key, layout in answer.get("layouts", {}).items():
+                host.layouts[int(key)] = layout
+            last = len(answer["samples"]) - 1
+            for i, sample in enumerate(answer["samples"]):
+                rows += self._take(host, sample, latest=i >= last - 1)  # the last two: a rate over one period
+            host.cursor = int(answer["cursor"])
+            if len(answer["samples"]) < PULL_LIMIT:
+                return rows
+
+    def _take(self, host: _Host, sample: dict[str, Any], latest: bool = True) -> int:
+        """Write one sample's rows; with ``latest`` also keep its values (and the rates since the
+        previous kept ones) for /metrics and the live table."""
+        t0 = self.t0 if self.t0 is not None else (host.started_s or sample["t"]) + host.offset_s
+        time_s = sample["t"] + host.offset_s - t0
+        ts = f"{time_s:.4f}"
+        first = not host.seen_first
+        host.seen_first = True
+        layout_id = int(sample["layout"])
+        layout = host.layouts[layout_id]
+        if layout_id != host.layout_seen:
+            host.layout_seen = layout_id
+            self._rates_changed(host, layout, ts)
+        if layout_id not in host.link_keys:
+            keys = [(str(src), str(dst)) for src, dst in layout["links"]]
+            host.link_keys[layout_id] = keys, [f"{src},{dst}" for src, dst in keys]
+        (link_keys, labels), node_names = host.link_keys[layout_id], layout["nodes"]
+        link_rows: list[str] = []
+        node_rows: list[str] = []
+        assert host.link_rows is not None and host.node_rows is not None
+        cums = host.link_rows.take(layout_id, link_keys, labels, sample["links"], ts, time_s, first, link_rows)
+        if latest:
+            for key, cum in zip(link_keys, cums):
+                self._latest(self.latest_links, key, time_s, cum, ("tx_bytes", "tx_packets", "drops", "overlimits",
+                                                               "backlog_bytes"))
+        cums = host.node_rows.take(layout_id, node_names, node_names, sample["nodes"], ts, time_s, first, node_rows)
+        if latest:
+            for name, cum in zip(node_names, cums):
+                self._latest(self.latest_nodes, name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes",
+                                                                "tx_packets", "rx_packets", "drops"))
+        cum = self.host_counters.cumulative(host.name, sample["host"], first)  # one row a sample: always written
+        self._latest(self.latest_hosts, host.name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes"))
+        if self.files:
+            self.files["links"].write("".join(link_rows), len(link_rows))
+            self.files["nodes"].write("".join(node_rows), len(node_rows))
+            self.files["hosts"].write(f"{ts},{host.name},{_fmt(cum, ns_first=True)}\n", 1)
+        return len(link_rows) + len(node_rows) + 1
+
+    def _rates_changed(self, host: _Host, layout: dict[str, Any], ts: str) -> None:
+        """Write each link whose configured rate a new layout sets or changes, and each link it
+        no longer has (an empty rate); keep the rates for /metrics and the live views."""
+        if "rates_bps" not in layout:
+            return
+        now = {(src, dst): rate for (src, dst), rate in zip(layout["links"], layout["rates_bps"])}
+        rows = [f"{ts},{src},{dst},{'' if rate is None else int(rate)}\n"
+                for (src, dst), rate in sorted(now.items()) if host.rates_bps.get((src, dst), "new") != rate]
+        rows += [f"{ts},{src},{dst},\n" for src, dst in sorted(host.rates_bps.keys() - now.keys())]
+        for key, rate in now.items():
+            if rate is not None:
+                self.rates_bps[key] = int(rate)
+        host.rates_bps = now
+        if self.files and rows:
+            self.files["rates"].write("".join(rows), len(rows))
+
+    @staticmethod
+    def _latest(table: dict[Any, dict[str, Any]], key: Any, time_s: float, cum: list[Optional[int]],
+                names: tuple[str, ...]) -> None:
+        """Keep the newest values and the rates per second since the previous sample."""
+        previous = table.get(key)
+        entry: dict[str, Any] = {"time_s": time_s, **dict(zip(names, cum))}
+        if previous is not None and time_s > previous["time_s"]:
+            dt = time_s - previous["time_s"]
+            for name, value in zip(names, cum):
+                before = previous.get(name)
+                if value is not None and before is not None:
+                    entry[name + "_per_s"] = (value - before) / dt
+        table[key] = entry
+
+    # finish ------------------------------------------------------------------------------------
+    def finish(self) -> dict[str, Any]:
+        """Stop pulling, pull what is left, stop the samplers, close the files; the summary for
+        run.json (never raises for a host that does not answer: it is named in the summary)."""
+        if self.summary is not None:
+            return self.summary
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        # the nodes have stopped: wait for a sample taken after their last bytes, so the series
+        # ends with the run's whole traffic (a sample is taken every period; one and a half is safe)
+        time.sleep(self.conf.period_ms / 1000 * 1.5)
+        try:
+            self.pull()
+        except Exception as e:  # noqa: BLE001 - the run's other results come first
+            log.exception("final telemetry pull failed")
+            for host in self.hosts.values():
+                host.problem = host.problem or str(e)
+        if self.files:
+            for host in self.hosts.values():
+                for kind, table in (("links", host.link_rows), ("nodes", host.node_rows)):
+                    rows = table.flush() if table is not None else []
+                    self.files[kind].write("".join(rows), len(rows))
+        hosts: dict[str, Any] = {}
+        for host in self.hosts.values():
+            try:
+                stopped = host.worker.telemetry_stop()
+            except TestbedError as e:
+                stopped = {}
+                host.problem = host.problem or e.message
+            last = host.last
+            wall = (last.get("now_s", 0) - last.get("started_s", 0)) if last.get("started_s") else None
+            cpu = stopped.get("sampler_cpu_s", last.get("sampler_cpu_s"))
+            hosts[host.name] = {"sampler_cpu_s": cpu, "sampled_s": round(wall, 3) if wall else None,
+                                "sampler_cpu_share": round(cpu / wall, 5) if cpu is not None and wall else None,
+                                "samples": stopped.get("samples_taken", last.get("samples_taken")),
+                                "lost": host.lost, "late": last.get("late"), "errors": last.get("errors"),
+                                "last_error": last.get("last_error") or None, "clock_offset_s": host.offset_s,
+                                "clock_rtt_s": None if host.best_rtt_s == float("inf") else host.best_rtt_s,
+                                "problem": host.problem or None}
+        for f in self.files.values():
+            f.close()
+        total = sum(h["sampler_cpu_s"] or 0 for h in hosts.values())
+        self.summary = {"period_ms": self.conf.period_ms, "sampler_cpu_s": round(total, 4),
+                        "collector_cpu_s": round(self.collector_cpu_s, 4), "pulls": self.pulls,
+                        "rows": {kind: f.rows for kind, f in self.files.items()},
+                        "files": sorted(rel for rel, _ in FILES.values()) if self.files else [],
+                        "hosts": hosts}
+        return self.summary
+
+    def abandon(self) -> None:
+        """Stop pulling and the samplers without writing (a run that never started)."""
+        self._stop.set()
+        for host in self.hosts.values():
+            try:
+                host.worker.telemetry_stop()
+            except TestbedError:
+                pass
+        for f in self.files.values():
+            f.discard()
+        self.files = {}
+
+
+def configured_rates(worker: Any) -> dict[tuple[str, str], int]:
+    """Every shaped link's rate in bit/s, (src, dst) -> rate, from the hosts' plans."""
+    rates: dict[tuple[str, str], int] = {}
+    for w in workers_by_host(worker).values():
+        store = getattr(w, "store", None)
+        if store is not None:
+            plans = store.read()["plans"]
+        else:
+            plans = {n["name"]: w.shaping(n["name"]).get("plan") for n in w.status()["nodes"] if n.get("shaped")}
+        for src, plan in plans.items():
+            for rule in (plan or {}).get("rules", []):
+                rates[(src, rule["dest"])] = int(rule["shape"]["rate_bps"])
+    return rates
+
+
+def _si(value: Optional[float], unit: str) -> str:
+    if value is None:
+        return "-"
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.1f}{prefix}{unit}"
+    return f"{value:.0f}{unit}"
+
+
+def render_table(collector: Collector, top: int = 10) -> str:
+    """The live view of ``edgetb monitor``: every node's CPU, memory and traffic rates, and the
+    ``top`` busiest links with their use of the configured rate and their drops."""
+    lines = [f"{'node':<16} {'cpu':>7} {'mem':>9} {'tx':>10} {'rx':>10} {'drops':>7}"]
+    for name in sorted(collector.latest_nodes):
+        n = collector.latest_nodes[name]
+        cpu = n.get("cpu_ns_per_s")
+        lines.append(f"{name[:16]:<16} {'-' if cpu is None else f'{cpu / 1e7:.1f}%':>7} "
+                     f"{_si(n.get('mem_bytes'), 'B'):>9} {_si(_bits(n.get('tx_bytes_per_s')), 'b/s'):>10} "
+                     f"{_si(_bits(n.get('rx_bytes_per_s')), 'b/s'):>10} {n.get('drops') or 0:>7}")
+    busy = sorted(collector.latest_links.items(), key=lambda kv: -(kv[1].get("tx_bytes_per_s") or 0))[:top]
+    if busy:
+        lines += ["", f"{'link':<24} {'throughput':>11} {'of rate':>8} {'drops':>7} {'backlog':>9}"]
+    for (src, dst), entry in busy:
+        rate = collector.rates_bps.get((src, dst))
+        bps = _bits(entry.get("tx_bytes_per_s"))
+        share = f"{100 * bps / rate:.0f}%" if rate and bps is not None else "-"
+        lines.append(f"{(src + '->' + dst)[:24]:<24} {_si(bps, 'b/s'):>11} {share:>8} {entry.get('drops') or 0:>7} "
+                     f"{_si(entry.get('backlog_bytes'), 'B'):>9}")
+    for name, h in sorted(collector.latest_hosts.items()):
+        cpu = h.get("cpu_ns_per_s")
+        lines.append(f"host {name}: cpu {'-' if cpu is None else f'{cpu / 1e7:.0f}%'} (100% = one core), "
+                     f"mem {_si(h.get('mem_bytes'), 'B')}")
+    return "\n".join(lines)
+
+
+def _bits(bytes_per_s: Optional[float]) -> Optional[float]:
+    return None if bytes_per_s is None else bytes_per_s * 8
+
+
+def prometheus_text(run_id: str, nodes: list[dict[str, Any]], collector: Optional[Collector]) -> bytes:
+    """The Prometheus exposition of a run: per node its round, accuracy, loss and model bytes
+    (as the node reports them) and, while sampled, its CPU, memory and traffic; per link its
+    bytes, throughput, drops and utilisation of the configured rate; per host the sampler's CPU.
+    ``nodes``: dicts with name, round, accuracy, loss, bytes_sent."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    node_labels, link_labels = ["run", "node"], ["run", "link", "src", "dst"]
+
+    class _Metrics:
+        def collect(self) -> Any:
+            gauges = {
+                "round": GaugeMetricFamily("edgetb_node_round", "Last round the node reported", labels=node_labels),
+                "accuracy": GaugeMetricFamily("edgetb_node_accuracy", "Last accuracy the node reported",
+                                              labels=node_labels),
+                "loss": GaugeMetricFamily("edgetb_node_loss", "Last loss the node reported", labels=node_labels),
+            }
+            sent = CounterMetricFamily("edgetb_node_model_sent_bytes", "Bytes of model data the node reported sending",
+                                       labels=node_labels)
+            for n in nodes:
+                for key, family in gauges.items():
+                    if n.get(key) is not None:
+                        family.add_metric([run_id, n["name"]], float(n[key]))
+                sent.add_metric([run_id, n["name"]], float(n.get("bytes_sent") or 0))
+            yield from gauges.values()
+            yield sent
+            if collector is None:
+                return
+            cpu = CounterMetricFamily("edgetb_node_cpu_seconds", "CPU time of the node's cgroup since the run's start",
+                                      labels=node_labels)
+            mem = GaugeMetricFamily("edgetb_node_memory_bytes", "Memory of the node's cgroup", labels=node_labels)
+            tx = CounterMetricFamily("edgetb_node_transmit_bytes", "Bytes the node's interface sent",
+                                     labels=node_labels)
+            rx = CounterMetricFamily("edgetb_node_receive_bytes", "Bytes the node's interface received",
+                                     labels=node_labels)
+            for name, e in sorted(collector.latest_nodes.items()):
+                for family, key, scale in ((cpu, "cpu_ns", 1e-9), (mem, "mem_bytes", 1), (tx, "tx_bytes", 1),
+                                           (rx, "rx_bytes", 1)):
+                    if e.get(key) is not None:
+                        family.add_metric([run_id, name], e[key] * scale)
+            yield from (cpu, mem, tx, rx)
+            lbytes = CounterMetricFamily("edgetb_link_transmit_bytes", "Bytes sent through the link's HTB class",
+                                         labels=link_labels)
+            drops = CounterMetricFamily("edgetb_link_drops", "Packets the link's class dropped", labels=link_labels)
+            thr = GaugeMetricFamily("edgetb_link_throughput_bps", "Throughput over the last sampling period, bit/s",
+                                    labels=link_labels)
+            util = GaugeMetricFamily("edgetb_link_utilisation_ratio", "Throughput / the link's configured rate",
+                                     labels=link_labels)
+            rate = GaugeMetricFamily("edgetb_link_rate_bps", "The link's configured rate, bit/s", labels=link_labels)
+            for (src, dst), e in sorted(collector.latest_links.items()):
+                labels = [run_id, f"{src}->{dst}", src, dst]
+                if e.get("tx_bytes") is not None:
+                    lbytes.add_metric(labels, e["tx_bytes"])
+                if e.get("drops") is not None:
+                    drops.add_metric(labels, e["drops"])
+                bps = _bits(e.get("tx_bytes_per_s"))
+                configured = collector.rates_bps.get((src, dst))
+                if bps is not None:
+                    thr.add_metric(labels, bps)
+                if configured:
+                    rate.add_metric(labels, configured)
+                    if bps is not None:
+                        util.add_metric(labels, bps / configured)
+            yield from (lbytes, drops, thr, util, rate)
+            sampler = CounterMetricFamily("edgetb_telemetry_sampler_cpu_seconds", "CPU time of the host's sampler",
+                                          labels=["run", "host"])
+            for host in collector.hosts.values():
+                if host.last.get("sampler_cpu_s") is not None:
+                    sampler.add_metric([run_id, host.name], host.last["sampler_cpu_s"])
+            yield sampler
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Metrics())
+    return generate_latest(registry)

@@ -1,0 +1,1 @@
+"""The controller's HTTP faces: the API app, caller checks, the dashboard and its views."""

@@ -1,0 +1,1 @@
+"""Reaching worker hosts: the agent client, the cluster of several hosts, deploy, served files, the testbed lock."""

@@ -1,0 +1,317 @@
+"""Several worker hosts driven as one ``Worker``: every call goes to the hosts holding its nodes.
+
+Bring-up order on top of ``deploy``: code is synced to the agents, every host
+creates its nodes (in parallel), then every network stack (each host's and the
+controller's) gets routes to the other hosts' node subnets, so that every node
+reaches every other by its own IP; links are shaped on their source's host.
+"""
+from __future__ import annotations
+
+import ipaddress
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from controller.workers.agent_client import AgentClient, Worker
+from controller.model.hosts import Host, Hosts, plan_routes
+from worker.api.errors import ConfigError, NotFound, TestbedError
+
+Progress = Callable[[str], None]
+
+
+def controller_address(towards: str) -> str:
+    """The source address this machine uses to reach ``towards``."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        routes = ipr.route("get", dst=towards)
+    source = routes[0].get_attr("RTA_PREFSRC") if routes else None
+    if not source:
+        raise ConfigError(f"no route from the controller to {towards}: set 'controller_ip' in the hosts file")
+    return source
+
+
+def gateway(subnet: Optional[str]) -> Optional[str]:
+    """The first address of a node subnet: its bridge's, where its nodes reach this machine."""
+    return str(next(ipaddress.IPv4Network(subnet).hosts())) if subnet else None
+
+
+def agent_tokens(hosts: Hosts) -> dict[str, str]:
+    """Each agent's own token, by host name: from its ``token_file``; a host without one uses
+    $EDGETB_TOKEN (or this machine's agent token file) only when it is the one agent, or this
+    machine's own agent file when it is the local agent. Two agents with one token are refused:
+    root on one host must not be root on another."""
+    from worker.agent import default_token_file, load_token, read_token_file
+
+    agents = [h for h in hosts.hosts.values() if h.agent is not None]
+    tokens: dict[str, str] = {}
+    for host in agents:
+        if host.token_file:
+            tokens[host.name] = read_token_file(host.token_file)
+        elif len(agents) == 1:
+            tokens[host.name] = load_token(None, create=False)
+        elif host.local:
+            tokens[host.name] = read_token_file(default_token_file())
+        else:
+            raise ConfigError(f"hosts file, host {host.name}: give its 'token_file' (each agent has its own token; "
+                              "$EDGETB_TOKEN serves a single agent only)")
+    seen: dict[str, str] = {}
+    for name, token in tokens.items():
+        if token in seen:
+            raise ConfigError(f"hosts file: the agents of {seen[token]} and {name} have the same token: give each "
+                              "agent its own (root on one host must not open the other)")
+        seen[token] = name
+    return tokens
+
+
+class Cluster:
+    """The worker hosts of one experiment, as one Worker."""
+
+    def __init__(self, hosts: Hosts, placement: dict[str, str], workers: dict[str, Worker],
+                 controller_stack: Worker, controller_ip: str) -> None:
+        """``workers`` by host name; ``controller_stack`` installs the controller's own routes
+        (the worker of the host sharing its machine, when there is one)."""
+        self.hosts = hosts
+        self.placement = placement
+        self.workers = workers
+        self.controller_stack = controller_stack
+        self.controller_ip = controller_ip
+        self._subnets: dict[str, str] = {}
+        # where the controller serves dml_app/ and dataset/ from (controller.workers.files): the manifest
+        # of what agents fetch is computed here and sent to them over their own (pinned) channel
+        self.trees: Optional[dict[str, str]] = None
+        self.tokens: dict[str, str] = {}  # each agent's, by host name
+
+    @classmethod
+    def connect(cls, hosts: Hosts, placement: dict[str, str], testbed_id: str, subnet: str, workdir: str,
+                code_root: str, runtime_options: Optional[dict[str, Any]] = None) -> "Cluster":
+        """Workers for ``hosts``: agents over HTTP, the in-process host (if any) on this machine."""
+        from worker.host import WorkerHost
+
+        workers: dict[str, Worker] = {}
+        in_process: Optional[WorkerHost] = None
+        tokens = agent_tokens(hosts)
+        for host in hosts.hosts.values():
+            if host.agent is None:
+                in_process = WorkerHost(testbed_id, subnet, runtime=host.runtime, workdir=workdir,
+                                        code_root=code_root,
+                                        runtime_options=runtime_options if host.runtime == "docker" else None)
+                workers[host.name] = in_process
+            else:
+                workers[host.name] = AgentClient(host.agent, tokens[host.name], name=host.name,
+                                                 fingerprint=host.tls_fingerprint)
+        local = next((h.name for h in hosts.hosts.values() if h.local), None)
+        remote = [h.ip for h in hosts.hosts.values() if not h.local and h.ip]
+        controller_ip = hosts.controller_ip or (controller_address(remote[0]) if remote else None)
+        if controller_ip is None and local is not None and in_process is None:
+            controller_ip = gateway(workers[local].capabilities().get("subnet"))  # only a loopback agent
+        if controller_ip is None and in_process is not None and len(workers) == 1:
+            raise ConfigError("no host has an agent: run single-host (without a hosts file) instead")
+        if controller_ip is None:
+            raise ConfigError("cannot tell the address nodes reach the controller by: set 'controller_ip' in the "
+                              "hosts file")
+        stack = workers[local] if local else WorkerHost(testbed_id, subnet)
+        cluster = cls(hosts, placement, workers, stack, controller_ip)
+        cluster.tokens = tokens
+        cluster.trees = {"dml_app": code_root, "dataset": workdir}
+        return cluster
+
+    # fan-out ---------------------------------------------------------------------------------
+    def _each(self, fn: Callable[[str, Worker], Any], names: Optional[list[str]] = None) -> dict[str, Any]:
+        """``fn(host, worker)`` on every (listed) host in parallel; the first error is raised
+        after all have finished."""
+        names = list(self.workers) if names is None else names
+        results: dict[str, Any] = {}
+        errors: dict[str, BaseException] = {}
+        lock = threading.Lock()
+
+        def one(name: str) -> None:
+            try:
+                value = fn(name, self.workers[name])
+                with lock:
+                    results[name] = value
+            except Exception as e:
+                with lock:
+                    errors[name] = e
+
+        if names:
+            with ThreadPoolExecutor(max_workers=len(names)) as pool:
+                list(pool.map(one, names))
+        if errors:
+            name, error = next(iter(errors.items()))
+            if isinstance(error, TestbedError):
+                if error.message.startswith(f"agent {name} ("):  # the agent client named the host
+                    raise error
+                raise type(error)(f"host {name}: {error.message}", detail=error.detail)
+            raise error
+        return results
+
+    def _worker_of(self, node: str) -> Worker:
+        try:
+            return self.workers[self.placement[node]]
+        except KeyError:
+            raise NotFound(f"no node {node!r} in this experiment") from None
+
+    def _split(self, items: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
+        per_host: dict[str, list[dict[str, Any]]] = {}
+        for item in items:
+            if item.get(key) not in self.placement:
+                raise NotFound(f"no node {item.get(key)!r} in this experiment")
+            per_host.setdefault(self.placement[item[key]], []).append(item)
+        return per_host
+
+    # bring-up ----------------------------------------------------------------------------------
+    def check_hosts(self) -> dict[str, dict[str, Any]]:
+        """Every host's capabilities; each agent must run the runtime the hosts file says."""
+        caps = self._each(lambda name, w: w.capabilities())
+        for name, cap in caps.items():
+            want = self.hosts.hosts[name].runtime
+            if cap.get("runtime") != want:
+                raise ConfigError(f"host {name}: its agent makes {cap.get('runtime')} nodes, the hosts file says "
+                                  f"{want}: restart it with --runtime {want}")
+            if want != "physical" and cap.get("subnet"):
+                self._subnets[name] = cap["subnet"]
+        seen: dict[str, str] = {}
+        for name, subnet in self._subnets.items():
+            for other, taken in seen.items():
+                if ipaddress.IPv4Network(subnet).overlaps(ipaddress.IPv4Network(taken)):
+                    raise ConfigError(f"hosts {other} and {name} use overlapping node subnets {taken} and {subnet}: "
+                                      "give each agent its own --subnet")
+            seen[name] = subnet
+        return caps
+
+    def sync_code(self, url: str, token: str, progress: Progress) -> None:
+        """Give every agent the controller's dml_app/ and dataset/ (NFS mount or HTTP fetch); a
+        loopback agent fetches from the loopback address (its nodes' bridge is not up yet).
+        The manifest (each file's sha256) goes to the agent in the sync call itself, over its
+        pinned TLS channel: a file fetched from ``url``, or copied out of an NFS share, is kept
+        only if it matches, and the agent checks its code against it again before importing it
+        as root."""
+        from controller.workers.files import manifest
+        from worker.sync import TREES
+
+        agents = [h.name for h in self.hosts.hosts.values() if h.agent is not None]
+        loopback = urlunsplit(urlsplit(url)._replace(netloc=f"127.0.0.1:{urlsplit(url).port}"))
+        # an NFS host gets the hashes too: it copies the code out of its share, checked
+        files = manifest(self.trees, TREES) if self.trees is not None and agents else None
+
+        def one(name: str, worker: Worker) -> Any:
+            host = self.hosts.hosts[name]
+            if host.nfs:
+                return worker.sync({"version": 1, "nfs": host.nfs, "manifest": files})
+            return worker.sync({"version": 1, "url": loopback if host.local else url, "token": token,
+                                "manifest": files})
+
+        for name, result in self._each(one, agents).items():
+            how = f"mounted {result.get('export')}" if result["method"] == "nfs" else \
+                f"{result['fetched']} files fetched ({result['bytes']} bytes), {result['unchanged']} unchanged"
+            progress(f"host {name}: code and data synced: {how}")
+
+    def install_routes(self) -> None:
+        lan = {h.name: self.controller_ip if h.local else h.ip or self.controller_ip for h in self.hosts.hosts.values()}
+        local = next((h.name for h in self.hosts.hosts.values() if h.local), None)
+        requests = plan_routes(self._subnets, lan, self.controller_ip, local)
+        self._each(lambda name, w: w.set_routes(requests[name]), [h for h in requests if h is not None])
+        if None in requests:
+            self.controller_stack.set_routes(requests[None])
+
+    # the Worker protocol --------------------------------------------------------------------------
+    def capabilities(self) -> dict[str, Any]:
+        caps = self.check_hosts()
+        versions = [c.get("cgroup_version") for n, c in caps.items() if self.hosts.hosts[n].emulator]
+        return {"version": 1, "netem": all(c.get("netem") for c in caps.values()),
+                "cgroup_version": min(versions) if versions and all(versions) else None,
+                "kernel": ", ".join(sorted({str(c.get("kernel")) for c in caps.values()})), "hosts": caps}
+
+    def create_nodes(self, body: Any) -> dict[str, Any]:
+        """Create every host's nodes in parallel, then route between the hosts."""
+        per_host = self._split(body["nodes"], "name")
+        created = self._each(lambda name, w: w.create_nodes({"version": 1, "nodes": per_host[name]}), list(per_host))
+        self.install_routes()
+        by_name = {n["name"]: {**n, "host": host} for host, r in created.items() for n in r["nodes"]}
+        return {"version": 1, "nodes": [by_name[n["name"]] for n in body["nodes"]]}
+
+    def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
+        per_host = self._split(body["links"], "src")
+        unshaped = self._split([{"node": n, "peers": p} for n, p in body.get("unshaped", {}).items()], "node")
+        access = self._split([{"node": n, "sides": a} for n, a in body.get("access", {}).items()], "node")
+        extra = {"isolation": body["isolation"]} if "isolation" in body else {}
+
+        def one(name: str, w: Worker) -> Any:
+            mine = {u["node"]: u["peers"] for u in unshaped.get(name, [])}
+            my_access = {a["node"]: a["sides"] for a in access.get(name, [])}
+            return w.set_links({"version": 1, "links": per_host.get(name, []), **extra,
+                                **({"unshaped": mine} if mine else {}),
+                                **({"access": my_access} if my_access else {})}, merge)
+
+        done = self._each(one, list(dict.fromkeys([*per_host, *unshaped, *access])))
+        return {"version": 1, "nodes": [n for r in done.values() for n in r["nodes"]],
+                "seconds": max((r.get("seconds", 0) for r in done.values()), default=0)}
+
+    def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
+        if node is not None:
+            return self._worker_of(node).clear_links(node)
+        done = self._each(lambda name, w: w.clear_links())
+        return {"version": 1, "cleared": [n for r in done.values() for n in r["cleared"]]}
+
+    def shaping(self, node: str) -> dict[str, Any]:
+        return self._worker_of(node).shaping(node)
+
+    def exec(self, node: str, body: Any) -> dict[str, Any]:
+        return self._worker_of(node).exec(node, body)
+
+    def start_process(self, node: str, body: Any) -> dict[str, Any]:
+        return self._worker_of(node).start_process(node, body)
+
+    def start_node(self, node: str, body: Any) -> dict[str, Any]:
+        return self._worker_of(node).start_node(node, body)
+
+    def fault(self, body: Any) -> dict[str, Any]:
+        """Scenario changes, each sent to its node's host."""
+        per_host = self._split(body["faults"], "node")
+        done = self._each(lambda name, w: w.fault({"version": 1, "faults": per_host[name]}), list(per_host))
+        return {"version": 1, "results": [x for r in done.values() for x in r["results"]]}
+
+    def processes(self) -> dict[str, Any]:
+        done = self._each(lambda name, w: w.processes())
+        return {"version": 1, "processes": [p for r in done.values() for p in r["processes"]]}
+
+    def stop_process(self, node: str, proc_id: str) -> dict[str, Any]:
+        return self._worker_of(node).stop_process(node, proc_id)
+
+    def start_capture(self, node: str, body: Any) -> dict[str, Any]:
+        return self._worker_of(node).start_capture(node, body)
+
+    def stop_capture(self, node: str) -> dict[str, Any]:
+        return self._worker_of(node).stop_capture(node)
+
+    def capture_chunks(self, node: str) -> Any:
+        return self._worker_of(node).capture_chunks(node)
+
+    def remove_capture(self, node: str) -> dict[str, Any]:
+        return self._worker_of(node).remove_capture(node)
+
+    def status(self) -> dict[str, Any]:
+        done = self._each(lambda name, w: w.status())
+        return {"version": 1, "bridge_ip": self.controller_ip,
+                "nodes": [{**n, "host": host} for host, r in done.items() for n in r["nodes"]],
+                "hosts": {host: {k: r.get(k) for k in ("runtime", "subnet", "routes", "testbed_id")}
+                          for host, r in done.items()}}
+
+    def reset(self) -> dict[str, Any]:
+        """Reset every host (all are tried, even when one fails) and the controller's routes."""
+        removed: dict[str, Any] = {}
+        failed: dict[str, TestbedError] = {}
+        for name, worker in self.workers.items():
+            try:
+                removed[name] = worker.reset().get("removed")
+            except TestbedError as e:
+                removed[name], failed[name] = {"error": e.message}, e
+        if self.controller_stack not in self.workers.values():
+            removed["controller"] = self.controller_stack.reset().get("removed")
+        if failed:  # the others were reset; the caller can retry for these
+            first = next(iter(failed.values()))
+            raise type(first)("reset failed on " + "; ".join(f"{n}: {e.message}" for n, e in failed.items()),
+                              detail={"removed": removed})
+        return {"version": 1, "removed": removed}

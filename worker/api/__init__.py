@@ -1,0 +1,1 @@
+"""What controller and worker both speak: errors, link shapes, the validation schema."""

@@ -1,0 +1,1 @@
+"""System-call and netlink primitives: netlink messages, namespace files, /proc."""

@@ -1,0 +1,1 @@
+"""Node runtimes (netns, Docker, physical) and the processes in them: privilege, zygote, cgroups, confinement."""

@@ -1,0 +1,590 @@
+"""Emulated nodes as Docker containers on one user-defined bridge network per testbed.
+
+The only module that imports ``docker`` (the Docker SDK for Python), and only when a
+Docker runtime is used or probed, so netns-only users need neither the SDK nor an engine.
+
+- The network ``etb-<id>-net`` (bridge ``etb-<id>-dbr``) holds the testbed's subnet; its
+  gateway is the subnet's first address, as the netns runtime's bridge. Containers
+  ``etb-<id>-<node>`` get the same addresses a netns testbed would give (``node_address``),
+  are reached by those addresses (no published ports) and are started in parallel.
+- Limits: ``nano_cpus`` from ``cpu`` (a CFS quota), ``mem_limit`` (= memory+swap) from ``mem_bytes``,
+  ``pids_limit`` from ``pids_max`` (memory and pids: ``worker.nodes.confine``'s defaults when unset), the
+  nodes' rlimits; a read-only root file system with a private tmpfs on ``/tmp``, ``/var/tmp``, ``/run/lock``.
+- Inside every container the node's files sit at fixed paths of their own, whatever the host's
+  (a checkout in root's home, a path with spaces): ``/opt/edgetb/dml_app`` (the code root's) and
+  ``/opt/edgetb/dataset`` (the experiment directory's, else the code root's), read-only, and
+  ``/opt/edgetb/dml_file/node/<name>/`` (the node's own, read-write); ``/opt/edgetb`` is the
+  working directory, ``PYTHONPATH`` and the node's ``--workdir``. Each source must be one the
+  node's uid can list: else the deploy fails naming it and the fix.
+- Shaping: each container's network namespace is bind-mounted on /run/netns/etb-<id>-<node>,
+  where a netns node's would be, so shaping reaches it from the host with netlink, with no
+  ``docker exec tc`` and no NET_ADMIN in the container.
+- Processes run inside the container through the engine's exec API (its namespaces and
+  cgroups, so its CPU and memory limits hold); ``ExecProcess`` gives them Popen's interface,
+  with the process's host pid (a session leader, so the worker can signal its group).
+- Everything is labelled ``edgetb.testbed=<id>``; reset removes by that label only.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+from worker.nodes import confine, privilege
+
+from worker.kernel import nsfs
+from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
+from worker.kernel.procs import start_ticks
+from worker.nodes.netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, emulated_only,
+                                  new_specs, node_address, parse_subnet)
+from worker.state import StateStore
+
+DOCKER_TMPFS = ("/tmp", "/var/tmp", "/run/lock")  # a node's writable places besides its own (and the engine's /dev/shm)
+DEFAULT_IMAGE = "edgetb-node:bookworm-1"  # scripts/build_node_image.sh and worker/Dockerfile build this tag
+LABEL = "edgetb.testbed"
+NODE_LABEL = "edgetb.node"
+START_THREADS = 8
+API_TIMEOUT_S = 120
+PROBE_TIMEOUT_S = 3
+BUILD_HINT = ("build it with 'bash scripts/build_node_image.sh' (offline, from Debian packages), or "
+              "'docker build -t {image} -f worker/Dockerfile worker' where Docker Hub is reachable")
+ENGINE_HINT = "start one with 'bash scripts/docker_setup.sh' (installs docker.io and starts dockerd)"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NODE_ROOT = "/opt/edgetb"  # inside a container: code, data and the node's own directory (no host path)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host directory shown in a container at ``target`` (read-only unless ``writable``)."""
+
+    source: str
+    target: str
+    writable: bool = False
+
+
+def node_image() -> str:
+    return os.environ.get("EDGETB_NODE_IMAGE", DEFAULT_IMAGE)
+
+
+def _sdk() -> Any:
+    try:
+        import docker
+    except ImportError:
+        raise CapabilityError("the Docker SDK for Python is not installed: pip install 'edgetb[docker]' "
+                              "(bash scripts/setup.sh with EDGETB_EXTRAS=test,docker)") from None
+    return docker
+
+
+def connect(timeout_s: float = API_TIMEOUT_S) -> Any:
+    """A low-level client of the local engine (``DOCKER_HOST`` or the default socket) that answers."""
+    docker = _sdk()
+    try:
+        api = docker.APIClient(base_url=os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
+                               version="auto", timeout=timeout_s, max_pool_size=64)
+        api.ping()
+    except Exception as e:  # connection refused, no socket, version negotiation failed
+        raise CapabilityError(f"no Docker engine answers ({_short(e)}); {ENGINE_HINT}") from None
+    return api
+
+
+def require_image(api: Any, image: str) -> None:
+    docker = _sdk()
+    try:
+        api.inspect_image(image)
+    except docker.errors.ImageNotFound:
+        raise CapabilityError(f"the node image {image} does not exist; {BUILD_HINT.format(image=image)}") from None
+    except docker.errors.APIError as e:
+        raise NodeRuntimeError(f"cannot inspect image {image}: {_short(e)}") from None
+
+
+def probe(image: Optional[str] = None) -> Optional[str]:
+    """Why Docker nodes cannot be created here (None when they can: SDK, engine and image are there)."""
+    try:
+        api = connect(PROBE_TIMEOUT_S)
+        try:
+            require_image(api, image or node_image())
+        finally:
+            api.close()
+    except (CapabilityError, NodeRuntimeError) as e:
+        return e.message
+    return None
+
+
+def _short(e: BaseException) -> str:
+    explanation = getattr(e, "explanation", None)
+    return str(explanation or e).strip().splitlines()[0] if str(explanation or e).strip() else type(e).__name__
+
+
+class DockerRuntime:
+    """Creates, runs commands in, and removes the Docker nodes of one testbed."""
+
+    kind = "docker"
+
+    def __init__(self, store: StateStore, subnet: str = DEFAULT_SUBNET, image: Optional[str] = None,
+                 code_root: str = REPO_ROOT, workdir: Optional[str] = None) -> None:
+        """Nodes get ``dml_app/`` of ``code_root``; with ``workdir`` (the experiment directory),
+        its ``dataset/`` and each node its own ``dml_file/node/<name>/``, else ``code_root``'s
+        ``dataset/`` (``mounts``)."""
+        self.workdir = os.path.abspath(workdir) if workdir else None
+        self.store = store
+        self.names = Naming(store.testbed_id)
+        self.subnet = parse_subnet(subnet)
+        self.image = image or node_image()
+        self.set_code_root(code_root)
+        self.network = f"etb-{self.names.id}-net"
+        self.bridge = f"etb-{self.names.id}-dbr"
+        self._api: Optional[Any] = None
+        self._api_lock = threading.Lock()
+
+    def set_code_root(self, code_root: str) -> None:
+        """Containers made from now on mount ``dml_app/`` of ``code_root``."""
+        self.code_root = os.path.abspath(code_root)
+
+    def mounts(self, node: Optional[str] = None) -> list[Mount]:
+        """What a container shows at ``NODE_ROOT``; with ``node``, its own directory too (made by
+        ``privilege.prepare_node_dir`` with no link on its way; the shared ones are resolved)."""
+        data = self.workdir or self.code_root
+        found = [Mount(os.path.realpath(os.path.join(self.code_root, "dml_app")), f"{NODE_ROOT}/dml_app"),
+                 Mount(os.path.realpath(os.path.join(data, "dataset")), f"{NODE_ROOT}/dataset")]
+        if node is not None and self.workdir:
+            found.append(Mount(privilege.node_dir(self.workdir, node), privilege.node_dir(NODE_ROOT, node), True))
+        return found
+
+    def _check_mounts(self, records: Sequence[dict[str, Any]]) -> None:
+        """Each shared source exists and each node's uid can list it: else an error naming it."""
+        sources = [m.source for m in self.mounts()]
+        missing = [p for p in sources if not os.path.isdir(p)]
+        if missing:
+            raise ConfigError(f"cannot mount into the nodes: {', '.join(missing)} does not exist")
+        view = privilege.View(read=tuple(sources))
+        for rec in records:
+            privilege.check_readable(view, privilege.Identity.of_node(self.names.id, rec["index"]))
+
+    @property
+    def api(self) -> Any:
+        """The engine's client, connected on first use (CapabilityError when there is no engine)."""
+        with self._api_lock:
+            if self._api is None:
+                self._api = connect()
+            return self._api
+
+    # addresses and names -----------------------------------------------------------
+    @property
+    def bridge_ip(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+    def node_ip(self, index: int) -> str:
+        return node_address(self.subnet, index)
+
+    def container(self, node: str) -> str:
+        return f"etb-{self.names.id}-{node}"
+
+    def _labels(self, node: Optional[str] = None) -> dict[str, str]:
+        return {LABEL: self.names.id, **({NODE_LABEL: node} if node else {})}
+
+    # bring-up ------------------------------------------------------------------------
+    def create_nodes(self, specs: Sequence[NodeSpec]) -> list[dict[str, Any]]:
+        """Create and start a container per spec, in parallel (all or nothing); existing ones are kept."""
+        emulated_only(specs, self.kind)
+        with self.store.locked() as state:
+            if state["nodes"] and state.get("subnet", str(self.subnet)) != str(self.subnet):
+                raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {self.subnet}")
+            todo = new_specs(state, specs)
+            if todo:
+                require_image(self.api, self.image)
+            next_index = max((n["index"] for n in state["nodes"].values()), default=-1) + 1
+            records = [{"name": s.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
+                        "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(s.name),
+                        "ifname": NODE_IFNAME, "container": self.container(s.name), "cpu": s.cpu,
+                        "mem_bytes": s.mem_bytes, "pids_max": s.pids_max, "runtime": self.kind}
+                       for i, s in enumerate(todo)]
+            if records:
+                self._check_mounts(records)
+            claim_runtime(state, self.kind, self.names.id)
+            state["subnet"] = str(self.subnet)
+            created: list[str] = []
+            try:
+                if records:
+                    self._ensure_network(state)
+                    self._start_all(records, created)
+                for rec in records:
+                    state["nodes"][rec["name"]] = rec
+            except BaseException:
+                self._remove_containers(created)
+                if not state["nodes"]:
+                    self._remove_network(state)
+                    state.pop("subnet", None)
+                    state.pop("runtime", None)
+                raise
+            return [state["nodes"][s.name] for s in specs]
+
+    def _ensure_network(self, state: dict[str, Any]) -> None:
+        docker = _sdk()
+        try:
+            self.api.inspect_network(self.network)
+        except docker.errors.NotFound:
+            self._check_subnet_free()
+            ipam = docker.types.IPAMConfig(pool_configs=[
+                docker.types.IPAMPool(subnet=str(self.subnet), gateway=self.bridge_ip)])
+            try:
+                self.api.create_network(self.network, driver="bridge", ipam=ipam, labels=self._labels(),
+                                        options={"com.docker.network.bridge.name": self.bridge,
+                                                 # nodes keep their own source address on the way to other hosts
+                                                 "com.docker.network.bridge.enable_ip_masquerade": "false"},
+                                        check_duplicate=True)
+            except docker.errors.APIError as e:
+                raise NodeRuntimeError(f"cannot create network {self.network} ({self.subnet}): {_short(e)}") from None
+        state["network"] = self.network
+        state["bridge"] = self.bridge
+
+    def _check_subnet_free(self) -> None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            for msg in ipr.get_addr(family=2):
+                addr = ipaddress.IPv4Interface(f"{msg.get_attr('IFA_ADDRESS')}/{msg['prefixlen']}")
+                if addr.network.overlaps(self.subnet):
+                    raise ConfigError(f"subnet {self.subnet} overlaps {addr} on {msg.get_attr('IFA_LABEL')}; "
+                                      "choose another subnet")
+
+    def _start_all(self, records: list[dict[str, Any]], created: list[str]) -> None:
+        lock = threading.Lock()
+        errors: list[str] = []
+
+        def one(rec: dict[str, Any]) -> None:
+            if errors:
+                return  # something failed already: start no more
+            try:
+                self._start_one(rec, lambda: _locked_append(lock, created, rec["name"]))
+            except Exception as e:
+                with lock:
+                    errors.append(f"node {rec['name']}: {e.message if hasattr(e, 'message') else _short(e)}")
+
+        with ThreadPoolExecutor(max_workers=min(START_THREADS, len(records))) as pool:
+            list(pool.map(one, records))
+        if errors:
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise NodeRuntimeError(f"starting containers failed: {errors[0]}{more}", detail=errors)
+
+    def identity(self, name: str) -> privilege.Identity:
+        """The uid and gid the node's container runs as (this testbed's block + the node's index)."""
+        return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
+
+    def container_config(self, rec: dict[str, Any], ident: privilege.Identity) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The container's create arguments and host config (pure): a non-root user without
+        capabilities nor new privileges; the code and data read-only, and of ``dml_file`` only
+        the node's own directory, read-write; all at ``NODE_ROOT``, whatever their host paths."""
+        docker = _sdk()
+        mounts = [docker.types.Mount(m.target, m.source, type="bind", read_only=not m.writable)
+                  for m in self.mounts(rec["name"])]
+        env = {"PYTHONPATH": NODE_ROOT, "EDGETB_NODE": rec["name"]}
+        if self.workdir:
+            env["HOME"] = privilege.node_dir(NODE_ROOT, rec["name"])
+        mem = rec["mem_bytes"] or confine.default_mem_bytes()
+        host = {"network_mode": self.network, "mounts": mounts, "init": True,
+                "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
+                "nano_cpus": int(round(rec["cpu"] * 1e9)) if rec["cpu"] else None,
+                "mem_limit": mem, "memswap_limit": mem, "pids_limit": rec.get("pids_max") or confine.DEFAULT_PIDS_MAX,
+                "ulimits": confine.docker_ulimits(rec.get("pids_max")), "read_only": True,
+                "tmpfs": {path: "rw,exec,nosuid,nodev,size=256m,mode=1777" for path in DOCKER_TMPFS}}
+        create = {"command": ["sleep", "infinity"], "name": rec["container"], "hostname": rec["name"],
+                  "labels": self._labels(rec["name"]), "working_dir": NODE_ROOT,
+                  "user": f"{ident.uid}:{ident.gid}", "environment": env}
+        return create, host
+
+    def _start_one(self, rec: dict[str, Any], on_created: Any) -> None:
+        docker = _sdk()
+        api = self.api
+        ident = privilege.Identity.of_node(self.names.id, rec["index"])
+        if self.workdir:
+            privilege.prepare_node_dir(self.workdir, rec["name"], ident)
+        create, host = self.container_config(rec, ident)
+        host_config = api.create_host_config(**host)
+        networking = api.create_networking_config({self.network: api.create_endpoint_config(ipv4_address=rec["ip"])})
+        try:
+            made = api.create_container(self.image, host_config=host_config, networking_config=networking,
+                                        **create)
+            on_created()
+            api.start(made["Id"])
+            pid = api.inspect_container(made["Id"])["State"]["Pid"]
+        except docker.errors.APIError as e:
+            raise NodeRuntimeError(_short(e)) from None
+        if not pid:
+            raise NodeRuntimeError(f"container {rec['container']} is not running after start")
+        rec["container_id"] = made["Id"]
+        nsfs.attach(rec["netns"], pid)
+
+    # processes -------------------------------------------------------------------------
+    def node(self, name: str) -> dict[str, Any]:
+        rec = self.store.read()["nodes"].get(name)
+        if rec is None:
+            raise NotFound(f"no node {name!r} in testbed {self.names.id}")
+        return rec
+
+    def popen(self, name: str, argv: Sequence[str], stdin: Any = None, stdout: Any = None, stderr: Any = None,
+              env: Optional[dict[str, str]] = None, **_ignored: Any) -> "ExecProcess":
+        """Start ``argv`` inside the node's container (no shell involved). ``env`` is added to the
+        image's environment; each process gets its own session (as ``start_new_session``)."""
+        rec = self.node(name)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ConfigError("a command must be a non-empty list of strings")
+        return ExecProcess(self.api, rec["container"], list(argv), env or {}, NODE_ROOT,
+                           stdin=stdin, stdout=stdout, stderr=stderr)
+
+    # teardown ---------------------------------------------------------------------------
+    def _remove_containers(self, names: Sequence[str]) -> None:
+        """Remove these nodes' containers and namespace names (in parallel; missing ones are fine)."""
+        for name in names:
+            nsfs.remove(self.names.netns(name))
+        if not names:
+            return
+        docker = _sdk()
+
+        def one(name: str) -> None:
+            try:
+                self.api.remove_container(self.container(name), force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+
+        with ThreadPoolExecutor(max_workers=min(START_THREADS, len(names))) as pool:
+            list(pool.map(one, names))
+
+    def _remove_network(self, state: dict[str, Any], timeout_s: float = 10.0) -> None:
+        """Remove the testbed's networks; the engine may still count endpoints of containers it has
+        just removed for a moment, so "active endpoints" is retried until ``timeout_s``."""
+        docker = _sdk()
+        deadline = time.monotonic() + timeout_s
+        for net in self.api.networks(filters={"label": f"{LABEL}={self.names.id}"}):
+            while True:
+                try:
+                    self.api.remove_network(net["Id"])
+                    break
+                except docker.errors.NotFound:
+                    break
+                except docker.errors.APIError as e:
+                    if "active endpoints" not in str(e):
+                        raise NodeRuntimeError(f"cannot remove network {net['Name']}: {_short(e)}") from None
+                    if time.monotonic() > deadline:
+                        raise NodeRuntimeError(
+                            f"cannot remove network {net['Name']}: the engine still counts endpoints on it with "
+                            "its containers gone (a Docker engine bug, moby/moby#42119); restart dockerd and "
+                            "reset again") from None
+                    time.sleep(0.2)
+        state.pop("network", None)
+        state.pop("bridge", None)
+
+    def _our_containers(self) -> list[dict[str, Any]]:
+        return self.api.containers(all=True, filters={"label": f"{LABEL}={self.names.id}"})
+
+    def reset(self) -> dict[str, int]:
+        """Remove every container and network labelled with this testbed's id, and their namespace names."""
+        docker = _sdk()
+        with self.store.locked() as state:
+            for netns in nsfs.list_netns():  # first: these need no engine
+                if self.names.owns_netns(netns):
+                    nsfs.remove(netns)
+            found = self._our_containers()
+            names = {c["Labels"].get(NODE_LABEL) or c["Names"][0].lstrip("/") for c in found}
+
+            def one(container: dict[str, Any]) -> None:
+                try:
+                    self.api.remove_container(container["Id"], force=True, v=True)
+                except docker.errors.NotFound:
+                    pass
+
+            if found:
+                with ThreadPoolExecutor(max_workers=min(START_THREADS, len(found))) as pool:
+                    list(pool.map(one, found))
+            self._remove_network(state)
+            removed = len(names | set(state["nodes"]))
+            state.update(nodes={}, plans={}, processes={})
+            state.pop("subnet", None)
+            state.pop("runtime", None)
+            privilege.release_uid_base(self.names.id)
+            return {"nodes": removed}
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Everything that carries the testbed id (empty after a clean reset)."""
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            links = [m.get_attr("IFLA_IFNAME") for m in ipr.get_links()]
+        return {"containers": sorted(c["Names"][0].lstrip("/") for c in self._our_containers()),
+                "networks": sorted(n["Name"] for n in self.api.networks(filters={"label": f"{LABEL}={self.names.id}"})),
+                "netns": [n for n in nsfs.list_netns() if self.names.owns_netns(n)],
+                "links": [n for n in links if n == self.bridge]}
+
+
+def _locked_append(lock: threading.Lock, items: list[str], item: str) -> None:
+    with lock:
+        items.append(item)
+
+
+class _Sink:
+    """Where one output stream of an exec goes: like Popen's stdout/stderr arguments."""
+
+    def __init__(self, target: Any, inherit_fd: int) -> None:
+        self.fd: Optional[int] = None
+        self.chunks: Optional[list[bytes]] = None
+        if target is None:
+            self.fd = os.dup(inherit_fd)
+        elif target == subprocess.PIPE:
+            self.chunks = []
+        elif target == subprocess.DEVNULL:
+            pass
+        elif isinstance(target, int) and target >= 0:
+            self.fd = os.dup(target)
+        elif hasattr(target, "fileno"):
+            target.flush()
+            self.fd = os.dup(target.fileno())
+        else:
+            raise ConfigError(f"unsupported output target {target!r}")
+
+    def write(self, data: bytes) -> None:
+        if self.chunks is not None:
+            self.chunks.append(data)
+        elif self.fd is not None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def value(self) -> Optional[bytes]:
+        return b"".join(self.chunks) if self.chunks is not None else None
+
+
+class ExecProcess:
+    """A command running in a container through the exec API, with the interface of
+    ``subprocess.Popen`` that the worker uses: ``pid`` (the host pid, a session leader),
+    ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate``, ``kill``, ``returncode``.
+    Output is copied to the given targets by a thread; stdin is not attached."""
+
+    PID_TIMEOUT_S = 30.0
+
+    def __init__(self, api: Any, container: str, argv: list[str], env: dict[str, str], workdir: str,
+                 stdin: Any = None, stdout: Any = None, stderr: Any = None) -> None:
+        docker = _sdk()
+        if stdin not in (None, subprocess.DEVNULL):
+            raise ConfigError("processes in Docker nodes take no input (stdin must be None or DEVNULL)")
+        self.args = argv
+        self.returncode: Optional[int] = None
+        self._api = api
+        self._out = _Sink(stdout, 1)
+        self._err = self._out if stderr == subprocess.STDOUT else _Sink(stderr, 2)
+        try:
+            self._exec_id = api.exec_create(container, argv, stdout=True, stderr=True, stdin=False, tty=False,
+                                            environment=env, workdir=workdir)["Id"]
+            stream = api.exec_start(self._exec_id, stream=True, demux=True)
+        except docker.errors.NotFound:
+            self._close_sinks()
+            raise NotFound(f"container {container} does not exist") from None
+        except docker.errors.APIError as e:
+            self._close_sinks()
+            raise NodeRuntimeError(f"cannot run {argv[0]!r} in {container}: {_short(e)}") from None
+        self._pump = threading.Thread(target=self._drain, args=(stream,), daemon=True,
+                                      name=f"exec-{container}")
+        self._pump.start()
+        self.pid, self._ticks = self._wait_pid(container)
+
+    def _drain(self, stream: Iterator[tuple[Optional[bytes], Optional[bytes]]]) -> None:
+        try:
+            for out, err in stream:
+                if out:
+                    self._out.write(out)
+                if err:
+                    self._err.write(err)
+        except Exception:  # the engine closed the stream (container removed): the output ends here
+            pass
+        finally:
+            self._close_sinks()
+
+    def _close_sinks(self) -> None:
+        self._out.close()
+        self._err.close()
+
+    def _wait_pid(self, container: str) -> tuple[int, Optional[int]]:
+        """The host pid, once the engine reports it; a command that could not start is an error."""
+        deadline = time.monotonic() + self.PID_TIMEOUT_S
+        while True:
+            info = self._api.exec_inspect(self._exec_id)
+            if info.get("Pid"):
+                return info["Pid"], start_ticks(info["Pid"])
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                self._pump.join(5)
+                self.returncode = info["ExitCode"]
+                message = (self._err.value() or self._out.value() or b"").decode(errors="replace").strip()
+                if info["ExitCode"] in (126, 127):
+                    raise NotFound(f"command not found or not executable in {container}: {self.args[0]!r}"
+                                   + (f" ({message.splitlines()[-1]})" if message else ""))
+                raise NodeRuntimeError(f"{self.args[0]!r} could not start in {container} "
+                                       f"(exit code {info['ExitCode']})")
+            if time.monotonic() > deadline:
+                raise TestbedTimeout(f"{self.args[0]!r} in {container} did not start within {self.PID_TIMEOUT_S:g}s")
+            time.sleep(0.005)
+
+    def _alive(self) -> bool:
+        return self._ticks is not None and start_ticks(self.pid) == self._ticks
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is not None:
+            return self.returncode
+        if self._alive():
+            return None
+        docker = _sdk()
+        try:
+            info = self._api.exec_inspect(self._exec_id)
+        except docker.errors.NotFound:  # its container was removed, and the process with it
+            self.returncode = -9
+            return self.returncode
+        if info.get("Running") or info.get("ExitCode") is None:
+            return None
+        self.returncode = int(info["ExitCode"])
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.005
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        self._pump.join(2.0)  # let the last output reach its target (bounded: a daemon may hold the stream)
+        return code
+
+    def communicate(self, input: Optional[bytes] = None, timeout: Optional[float] = None
+                    ) -> tuple[Optional[bytes], Optional[bytes]]:
+        if input:
+            raise ConfigError("processes in Docker nodes take no input")
+        started = time.monotonic()
+        self._pump.join(timeout)
+        if self._pump.is_alive():
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if timeout is None else max(0.0, timeout - (time.monotonic() - started)))
+        return self._out.value(), (None if self._err is self._out else self._err.value())
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)

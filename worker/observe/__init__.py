@@ -1,0 +1,1 @@
+"""Observation on a worker host: the telemetry sampler, socket statistics, packet capture."""

@@ -1,0 +1,1 @@
+"""Link shaping: a pure plan, its application by netlink, the access downlinks."""
