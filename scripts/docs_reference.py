@@ -83,7 +83,7 @@ COMMANDS = {
 }
 
 
-def _public(module: str, name: str) -> Any:
+def lookup(module: str, name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
@@ -104,7 +104,7 @@ def schema(name: str) -> Any:
     if name not in SCHEMAS:
         raise KeyError(f"unknown schema {name!r}: one of {', '.join(SCHEMAS)}")
     where = SCHEMAS[name]
-    return globals()[where]() if isinstance(where, str) else _public(*where)
+    return globals()[where]() if isinstance(where, str) else lookup(*where)
 
 
 def _code(value: Any) -> str:
@@ -142,7 +142,7 @@ def schema_table(s: Any) -> str:
 
 
 def scenario_kinds() -> str:
-    declared = _public("controller.model.scenario", "KINDS")
+    declared = lookup("controller.model.scenario", "KINDS")
     missing = [k for k in declared if k not in SCENARIO_KINDS]
     stale = [k for k in SCENARIO_KINDS if k not in declared]
     if missing or stale:
@@ -151,7 +151,7 @@ def scenario_kinds() -> str:
     for kind in declared:
         value = SCENARIO_KINDS[kind]
         out.append(f"### `{kind}`\n")
-        out.append(schema_table(_public(*value)) if isinstance(value, tuple) else f"Its value: {value}.\n")
+        out.append(schema_table(lookup(*value)) if isinstance(value, tuple) else f"Its value: {value}.\n")
     return "\n".join(out)
 
 
@@ -176,7 +176,7 @@ def parser_of(main: Callable[..., Any], **kwargs: Any) -> argparse.ArgumentParse
     raise RuntimeError(f"{main.__module__}.main parsed no arguments")
 
 
-def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in p._actions:  # argparse keeps its actions there; no public accessor exists
         if isinstance(getattr(action, "choices", None), dict):
             return dict(action.choices)
@@ -193,7 +193,7 @@ def cli_section(name: str) -> str:
     if name not in COMMANDS:
         raise KeyError(f"unknown command {name!r}: one of {', '.join(COMMANDS)}")
     module, entry, prog, kwargs = COMMANDS[name]
-    parser = parser_of(_public(module, entry), **kwargs)
+    parser = parser_of(lookup(module, entry), **kwargs)
     parser.prog = prog
     out: list[str] = []
 
@@ -201,7 +201,7 @@ def cli_section(name: str) -> str:
         if level > 3:
             out.append(f"{'#' * level} `{title}`\n")
         out.append("```text\n" + _help(p).rstrip() + "\n```\n")
-        for sub, child in _subcommands(p).items():
+        for sub, child in subcommands(p).items():
             child.prog = f"{title} {sub}"
             walk(child, f"{title} {sub}", level + 1)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (with TensorFlow, for the TF model's test, the Docker SDK and selenium), then run every test
 # tier (unit, netns, docker, e2e, security, browser). Run as root.
+# Without arguments it also builds the documentation site strictly (scripts/docs.sh: the docs extra).
 # The docker tier needs an engine and the node image: this script installs docker.io, starts dockerd
 # (scripts/docker_setup.sh) and builds the images offline (scripts/build_node_image.sh, reused by
 # tag; scripts/build_testbed_image.sh for docker-compose.yml), then requires the tier to run.
@@ -9,7 +10,7 @@
 # Debian's stock kernel, with sch_netem and cgroup v2); EDGETB_VM=0 leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EDGETB_EXTRAS=${EDGETB_EXTRAS:-test,tf,docker,browser} bash scripts/setup.sh
+EDGETB_EXTRAS=${EDGETB_EXTRAS:-test,tf,docker,browser,docs} bash scripts/setup.sh
 # the browser tier drives Debian's chromium (scripts/browser_setup.sh); EDGETB_BROWSER=0 lets it skip
 if [ "${EDGETB_BROWSER:-1}" != 0 ]; then
   bash scripts/browser_setup.sh
@@ -23,6 +24,10 @@ if [ "${EDGETB_DOCKER:-1}" != 0 ]; then
 fi
 rc=0
 .venv/bin/python -m pytest -ra "$@" || rc=$?
+# the documentation site, built offline and strictly (a broken link or a missing page fails)
+if [ $# -eq 0 ]; then
+  bash scripts/docs.sh || { docs_rc=$?; [ "$rc" -ne 0 ] || rc=$docs_rc; }
+fi
 # the vm tier (tests/vm) on Debian's stock kernel in qemu: once, when the whole suite runs
 if [ "${EDGETB_VM:-1}" != 0 ] && [ $# -eq 0 ]; then
   bash scripts/vm_test.sh || { vm_rc=$?; [ "$rc" -ne 0 ] || rc=$vm_rc; }

@@ -1,12 +1,14 @@
-"""README's command blocks, run verbatim from the checkout, so README and code cannot drift apart.
+"""The command blocks of README.md and of the documentation (docs/**/*.md), run verbatim from
+the checkout, so the pages and the code cannot drift apart.
 
 Every ```sh and ```python block runs, line by line, as a user would type it, unless
 the line before its fence says why not (``<!-- not run: REASON -->``: another
-machine, or the command that runs these tests). ```json blocks must load with the
-loader of the file they show. In a sh block, a ``*_run.py`` line without ``--auto``
+machine, the command that runs these tests, or ``same as FILE``: a block shown on
+another page too, which must then hold the same lines). ```json blocks must load
+with the loader of the file they show. In a sh block, a ``*_run.py`` line without ``--auto``
 serves until reset: it runs in the background and the next line waits until the
 controller is ready; a ``curl`` line must answer JSON without an error. These use
-the defaults (testbed 0, port 3333), as README's readers do.
+the defaults (testbed 0, port 3333), as the pages' readers do.
 """
 from __future__ import annotations
 
@@ -27,13 +29,24 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="nee
 
 FENCE = re.compile(r"^```(\w*)\s*$")
 NOT_RUN = re.compile(r"^<!-- not run: (.+) -->$")
+SAME_AS = re.compile(r"^same as (\S+\.md)\b")
 SERVER = re.compile(r"^\S*_run\.py$")
 CONTROLLER = "http://127.0.0.1:3333"
 
 
-def blocks() -> list[tuple[int, str, list[str], str]]:
-    """(line number, language, lines, reason not run or '') of every fenced block."""
-    out, lines = [], (ROOT / "README.md").read_text().splitlines()
+def pages() -> list[Path]:
+    """README.md, then every page of the documentation, in a stable order."""
+    return [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+
+
+def page_name(path: Path) -> str:
+    """How a page is named in a ``same as`` reason: README.md, or its path under docs/."""
+    return "README.md" if path == ROOT / "README.md" else str(path.relative_to(ROOT / "docs"))
+
+
+def blocks(path: Path = ROOT / "README.md") -> list[tuple[int, str, list[str], str]]:
+    """(line number, language, lines, reason not run or '') of every fenced block of ``path``."""
+    out, lines = [], path.read_text().splitlines()
     i = 0
     while i < len(lines):
         m = FENCE.match(lines[i])
@@ -48,17 +61,42 @@ def blocks() -> list[tuple[int, str, list[str], str]]:
     return out
 
 
-def runnable(lang: str) -> list[tuple[int, list[str]]]:
-    return [(n, body) for n, kind, body, reason in blocks() if kind == lang and not reason]
+def all_blocks() -> list[tuple[str, int, str, list[str], str]]:
+    """(page, line number, language, lines, reason not run or '') of every block of every page."""
+    return [(page_name(p), n, lang, body, reason) for p in pages() for n, lang, body, reason in blocks(p)]
+
+
+def runnable(lang: str) -> list[tuple[str, int, list[str]]]:
+    return [(page, n, body) for page, n, kind, body, reason in all_blocks() if kind == lang and not reason]
+
+
+def _id(value: object) -> str:
+    return value.replace("/", "-") if isinstance(value, str) else f"line{value}" if isinstance(value, int) else ""
 
 
 def test_every_block_not_run_says_why():
-    found = blocks()
+    found = all_blocks()
     assert len(found) >= 10
-    for line, lang, _, reason in found:
-        assert lang in ("sh", "python", "json", "text"), f"README line {line}: block language {lang!r}: " \
+    assert len(blocks()) >= 3  # README: the two commands of its quick start and EdgeTB's experiment
+    for page, line, lang, _, reason in found:
+        assert lang in ("sh", "python", "json", "text"), f"{page} line {line}: block language {lang!r}: " \
                                                           "sh, python, json or text"
-        assert not reason or lang in ("sh", "python"), f"README line {line}: only commands may be left unrun"
+        assert not reason or lang in ("sh", "python"), f"{page} line {line}: only commands may be left unrun"
+
+
+def test_a_block_shown_twice_holds_the_same_lines():
+    """``same as FILE``: every command of the block is a command of a block of FILE, in the same language."""
+    by_name = {page_name(p): p for p in pages()}
+    for page, line, lang, body, reason in all_blocks():
+        m = SAME_AS.match(reason)
+        if m is None:
+            continue
+        assert m.group(1) in by_name, f"{page} line {line}: 'same as {m.group(1)}': no such page"
+        words = lambda lines: {tuple(shlex.split(c, comments=True)) for c in _commands(lines)}  # noqa: E731
+        mine = words(body)
+        theirs = [words(b) for _, kind, b, _ in blocks(by_name[m.group(1)]) if kind == lang]
+        assert any(mine <= t for t in theirs), \
+            f"{page} line {line}: not the same as a {lang} block of {m.group(1)}: {mine}"
 
 
 def _wait_ready(server: subprocess.Popen, timeout_s: float = 300) -> None:
@@ -78,20 +116,20 @@ def _commands(body: list[str]) -> list[str]:
     return [line for line in body if line.strip() and not line.lstrip().startswith("#")]
 
 
-@pytest.mark.parametrize("line,body", runnable("sh"), ids=lambda v: f"line{v}" if isinstance(v, int) else "")
-def test_sh_block_runs_verbatim(line, body):
+@pytest.mark.parametrize("page,line,body", runnable("sh"), ids=_id)
+def test_sh_block_runs_verbatim(page, line, body):
     server = None
     try:
         for command in _commands(body):
             words = shlex.split(command, comments=True)
             if any(SERVER.match(w) for w in words) and "--auto" not in words:
-                assert server is None, f"README line {line}: two servers in one block"
+                assert server is None, f"{page} line {line}: two servers in one block"
                 server = subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True)
                 _wait_ready(server)
                 continue
             done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=900)
-            assert done.returncode == 0, f"README line {line}: {command!r} exited {done.returncode}:\n" \
+            assert done.returncode == 0, f"{page} line {line}: {command!r} exited {done.returncode}:\n" \
                                          f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
             if command.startswith("curl "):
                 answer = json.loads(done.stdout)
@@ -110,20 +148,22 @@ def test_sh_block_runs_verbatim(line, body):
             server.wait(timeout=60)
 
 
-@pytest.mark.parametrize("line,body", runnable("python"), ids=lambda v: f"line{v}" if isinstance(v, int) else "")
-def test_python_block_runs_verbatim(line, body):
-    script = ROOT / f".readme_line{line}.py"  # beside the code, as a user's script would be
+@pytest.mark.parametrize("page,line,body", runnable("python"), ids=_id)
+def test_python_block_runs_verbatim(page, line, body):
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", page.removesuffix(".md"))
+    script = ROOT / f".docs_{slug}_line{line}.py"  # beside the code, as a user's script would be
     script.write_text("\n".join(body) + "\n")
     try:
         done = subprocess.run(["python3", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     finally:
         script.unlink()
-    assert done.returncode == 0, f"README line {line}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{page} line {line}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("line,body", [(n, b) for n, kind, b, _ in blocks() if kind == "json"],
-                         ids=lambda v: f"line{v}" if isinstance(v, int) else "")
-def test_json_block_loads(line, body, tmp_path):
+@pytest.mark.parametrize("page,line,body", [(p, n, b) for p, n, kind, b, _ in all_blocks() if kind == "json"],
+                         ids=_id)
+def test_json_block_loads(page, line, body, tmp_path):
+    from controller.confs.confs import load_dataset
     from controller.model.hosts import load_hosts
     from controller.model.topology import load_links, load_nodes
 
@@ -138,10 +178,12 @@ def test_json_block_loads(line, body, tmp_path):
         from controller.model.scenario import resolve
 
         resolve(data, load_links(str(ROOT / "links.json")), "scenario.json", str(tmp_path))
+    elif "_settings" in data or "dataset" in data:
+        load_dataset(str(path))
     elif all(isinstance(v, list) for v in data.values()):
         load_links(str(path))
     else:
-        pytest.fail(f"README line {line}: which file does this block show?")
+        pytest.fail(f"{page} line {line}: which file does this block show?")
 
 
 def test_readme_blocks_leave_no_testbed():
