@@ -170,7 +170,7 @@ class Field:
             if self.max_len is not None and len(value) > self.max_len:
                 raise error(f"{where}: longer than {self.max_len} characters")
             if self.pattern is not None and not self.pattern.fullmatch(value):
-                raise error(f"{where}: {value!r} is not {self.hint or 'of the expected form'}")
+                raise error(f"{where}: {value!r:.60} is not {self.hint or 'of the expected form'}")
         if isinstance(value, list):
             if len(value) < self.min_items or self.max_items is not None and len(value) > self.max_items:
                 most = f" and at most {self.max_items}" if self.max_items is not None else ""
