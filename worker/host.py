@@ -22,9 +22,9 @@ from worker.nodes import privilege, zygote
 from worker.shaping import apply as tc_apply
 from worker.observe.capture import SNAP_BYTES, Captures
 from worker.nodes.cgroups import detect_version
-from worker.api import requests
+from worker.api import bodies
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
-from worker.api.requests import REQUEST
+from worker.api.bodies import REQUEST
 from worker.kernel.procs import start_ticks
 from worker.routes import Routes, parse_routes
 from worker.nodes.netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
@@ -122,7 +122,7 @@ class WorkerHost:
                 "kernel": os.uname().release}
 
     def create_nodes(self, body: Any) -> dict[str, Any]:
-        body = requests.CREATE_NODES.validate(check_version(body), REQUEST)
+        body = bodies.CREATE_NODES.validate(check_version(body), REQUEST)
         specs = [NodeSpec.from_dict(n, f"{REQUEST}: nodes[{i}]") for i, n in enumerate(body["nodes"])]
         return {"version": API_VERSION, "nodes": self.runtime.create_nodes(specs)}
 
@@ -139,7 +139,7 @@ class WorkerHost:
         (re)planned even with no link of its own. ``"access": {node: {"uplink_bps": R,
         "downlink_bps": R}}`` sets the listed nodes' access links (null removes one, a key left
         out keeps it; see worker.shaping.plan and worker.shaping.downlink)."""
-        body = requests.SET_LINKS.validate(check_version(body), REQUEST)
+        body = bodies.SET_LINKS.validate(check_version(body), REQUEST)
         links = body["links"]
         isolation: Any = Isolation.from_dict(body["isolation"]) if "isolation" in body else KEEP
         state = self._state()
@@ -149,7 +149,8 @@ class WorkerHost:
         for i, link in enumerate(links):
             if link["src"] not in state["nodes"]:
                 raise NotFound(f"link {i}: no node {link['src']!r} on this host")
-            shape = None if link["shape"] is None and merge else Shape.from_dict(link["shape"], f"{REQUEST}: links[{i}], shape")
+            removed = link["shape"] is None and merge
+            shape = None if removed else Shape.from_dict(link["shape"], f"{REQUEST}: links[{i}], shape")
             per_src = wanted.setdefault(link["src"], {})
             if link["dst"] in per_src:
                 raise ConfigError(f"link {i}: {link['src']}->{link['dst']} listed twice")
@@ -203,7 +204,7 @@ class WorkerHost:
         """Change one node's access links in place: ``{"node", "uplink", "downlink"}`` with rates
         in bit/s (null removes that side, a key left out keeps it); its links' classes stay
         (their counters and minors too)."""
-        body = requests.SET_ACCESS.validate(check_version(body), REQUEST)
+        body = bodies.SET_ACCESS.validate(check_version(body), REQUEST)
         wanted = {f"{side}_bps": body[side] for side in ("uplink", "downlink") if side in body}
         return self.set_links({"version": API_VERSION, "links": [], "access": {body["node"]: wanted}}, merge=True)
 
@@ -272,7 +273,7 @@ class WorkerHost:
     # processes -------------------------------------------------------------------------
     def start_process(self, node: str, body: Any) -> dict[str, Any]:
         """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.nodes.privilege``)."""
-        body = requests.START_PROCESS.validate(check_version(body), REQUEST)
+        body = bodies.START_PROCESS.validate(check_version(body), REQUEST)
         return self._start(node, body["argv"], body["env"] or {})
 
     def _start(self, node: str, argv: list[str], env: dict[str, str],
@@ -414,7 +415,7 @@ class WorkerHost:
 
     def exec(self, node: str, body: Any) -> dict[str, Any]:
         """Run a command in a node to completion; its output is captured (1 MiB each at most)."""
-        body = requests.EXEC.validate(check_version(body), REQUEST)
+        body = bodies.EXEC.validate(check_version(body), REQUEST)
         argv, timeout_s = body["argv"], body["timeout_s"]
         child = self._popen(node, argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -435,7 +436,7 @@ class WorkerHost:
     def start_node(self, node: str, body: Any) -> dict[str, Any]:
         """Start a node's DML process (``python -m dml_app.node ARGS``) from this host's code
         root with this host's experiment directory, in the node's runtime."""
-        body = requests.START_NODE.validate(check_version(body), REQUEST)
+        body = bodies.START_NODE.validate(check_version(body), REQUEST)
         args, env = body["args"], body["env"] or {}
         if any(a.startswith("--workdir") for a in args):
             raise ConfigError("--workdir is the host's to choose")
@@ -456,7 +457,7 @@ class WorkerHost:
     def start_capture(self, node: str, body: Any) -> dict[str, Any]:
         """Capture the node's egress (tcpdump in its namespace, snap length ``snap_bytes``,
         default 128) into this testbed's state directory (``worker.observe.capture``)."""
-        body = requests.START_CAPTURE.validate(check_version(body), REQUEST)
+        body = bodies.START_CAPTURE.validate(check_version(body), REQUEST)
         snap = body.get("snap_bytes", SNAP_BYTES)
         rec = self.runtime.node(node)
         return self.captures.start(node, rec, _ifname(rec), snap)
@@ -684,7 +685,8 @@ KEEP = object()  # set_links without "isolation": each node keeps its own
 
 
 def _unshaped(value: dict[str, Any], state: dict[str, Any]) -> dict[str, list[tuple[str, str]]]:
-    """The body's ``unshaped`` map (checked by requests.SET_LINKS) of this host's nodes: node -> [(peer, peer ip)]."""
+    """The body's ``unshaped`` map (checked by bodies.SET_LINKS) of this host's nodes:
+    node -> [(peer, peer ip)]."""
     for node in value:
         if node not in state["nodes"]:
             raise NotFound(f"unshaped: no node {node!r} on this host")
@@ -692,7 +694,7 @@ def _unshaped(value: dict[str, Any], state: dict[str, Any]) -> dict[str, list[tu
 
 
 def _access(value: dict[str, Any], state: dict[str, Any]) -> dict[str, dict[str, Optional[int]]]:
-    """The body's ``access`` map (checked by requests.SET_LINKS) of this host's nodes:
+    """The body's ``access`` map (checked by bodies.SET_LINKS) of this host's nodes:
     node -> {"uplink_bps"?, "downlink_bps"?}."""
     for node in value:
         if node not in state["nodes"]:

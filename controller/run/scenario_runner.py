@@ -69,7 +69,7 @@ class ScenarioRunner:
         self._pending = 0
         self._pool = ThreadPoolExecutor(max_workers=APPLY_THREADS, thread_name_prefix="edgetb-scenario-apply")
         self._chains: dict[str, Future] = {}  # the last step handed to the pool, by target
-        self._steps: dict[StepKind, Callable[[dict[str, Any]], Optional[str]]] = {
+        self.handlers: dict[StepKind, Callable[[dict[str, Any]], Optional[str]]] = {
             "link": self._link,
             "block": self._block,
             "unblock": self._unblock,
@@ -207,7 +207,7 @@ class ScenarioRunner:
 
     def apply_step(self, step: Step) -> Optional[str]:
         """Apply one step now; returns None, or a note for the outcome column."""
-        apply = self._steps.get(step.kind)
+        apply = self.handlers.get(step.kind)
         if apply is None:
             raise ConfigError(f"unknown step kind {step.kind!r}")
         return apply(step.params)

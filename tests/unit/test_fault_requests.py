@@ -43,7 +43,7 @@ def test_every_step_kind_is_one_runner_row():
 
     runner = ScenarioRunner(Timeline([], 0, 1.0), Worker(), {}, progress=lambda _: None)
     try:
-        assert set(runner._steps) == set(STEP_KINDS)
+        assert set(runner.handlers) == set(STEP_KINDS)
     finally:
         runner.stop()
 
