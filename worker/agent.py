@@ -20,6 +20,7 @@ import argparse
 import errno
 import logging
 import os
+import re
 import secrets
 import stat
 import sys
@@ -29,6 +30,7 @@ from flask import Flask, Response, jsonify, request
 
 from worker import tls
 from worker.api.errors import AuthError, ConfigError, TestbedError
+from worker.api.schema import Field, Place
 from worker.host import API_VERSION, WorkerHost
 from worker.nodes.netns import DEFAULT_SUBNET
 from worker.serving import (bearer_matches, check_token, is_loopback, json_errors, request_limits, run_blocking,
@@ -114,14 +116,16 @@ def load_token(path: Optional[str] = None, create: bool = True) -> str:
     return read_token_file(path)
 
 
+QUERY_INT = Field(str, "a non-negative integer", pattern=re.compile(r"[0-9]{1,18}"), hint="a non-negative integer",
+                  parse=int)
+
+
 def _int_arg(name: str, default: Optional[int]) -> Optional[int]:
     """A non-negative integer query argument."""
     value = request.args.get(name)
     if value is None:
         return default
-    if not value.isdigit() or len(value) > 18:
-        raise ConfigError(f"query argument {name} must be a non-negative integer, got {value[:40]!r}")
-    return int(value)
+    return QUERY_INT.check(value, Place("query"), name, ConfigError)
 
 
 def create_app(host: WorkerHost, token: str) -> Flask:

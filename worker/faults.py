@@ -21,33 +21,30 @@
 - **Background flows**: iperf3 server and client in the nodes, constant or ON/OFF (a client
   per ON period), each interval recorded from iperf3's JSON.
 
-``drop_lines`` and ``validate`` are pure; ``Faults`` does the rest for one ``WorkerHost``.
+The requests are ``worker.api.faults``'s classes, one per kind; ``Faults`` applies each by a
+table of kind -> method. ``drop_lines`` is pure; ``Faults`` does the rest for one ``WorkerHost``.
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
-import re
 import signal
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from worker.nodes import cgroups
 
 from worker.kernel import nsfs
-from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
+from worker.api.errors import CapabilityError, NodeRuntimeError, NotFound
+from worker.api.schema import ABSENT
+from worker.api.faults import (Background, BackgroundResult, Clear, Drop, FaultKind, Freeze,
+                               IperfServer, Kill, Limits, Prepare, Restart, Terminate, Thaw, Undrop, parse_faults)
 
-KEY_RE = re.compile(r"[a-z0-9]{1,16}")
 FREEZER_V1 = "/sys/fs/cgroup/freezer"
 CGROUP2_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
-KINDS = ("drop", "undrop", "kill", "terminate", "freeze", "thaw", "limits", "restart", "iperf_server",
-         "background", "background_result", "clear", "prepare")
-PREPARED = ("freeze", "limits")
-MAX_FLOW_S = 86_400.0
 IPERF_INTERVAL_S = 0.2
 PARALLEL_NODES = 8
 
@@ -80,75 +77,6 @@ def delete_lines(saved: str, testbed_id: str, key: str = "") -> list[str]:
     return out + ["COMMIT", ""] if len(out) > 1 else []
 
 
-def _ipv4(value: Any, where: str) -> str:
-    try:
-        return str(ipaddress.IPv4Address(value))
-    except (ValueError, TypeError):
-        raise ConfigError(f"{where}: {value!r} is not an IPv4 address") from None
-
-
-def _number(value: Any, where: str, low: float, high: float, allow_none: bool = False) -> Optional[float]:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ConfigError(f"{where}: must be a number in [{low:g}, {high:g}], got {value!r}")
-    return float(value)
-
-
-def validate(fault: Any, i: int = 0) -> dict[str, Any]:
-    """One fault request checked (every value that reaches a command line or a file)."""
-    where = f"faults[{i}]"
-    if not isinstance(fault, dict) or fault.get("kind") not in KINDS or not isinstance(fault.get("node"), str):
-        raise ConfigError(f"{where}: needs 'kind' (one of {', '.join(KINDS)}) and a 'node'")
-    kind = fault["kind"]
-    allowed = {"kind", "node", "key", "src_ips", "percent", "notice_s", "cpu", "mem_bytes", "dst_ip", "port",
-               "rate_bps", "on_s", "off_s", "duration_s", "protocol", "for"}
-    unknown = set(fault) - allowed
-    if unknown:
-        raise ConfigError(f"{where}: unknown fields {sorted(unknown)}")
-    out = dict(fault)
-    if kind in ("drop", "undrop", "iperf_server", "background", "background_result"):
-        if not isinstance(fault.get("key"), str) or not KEY_RE.fullmatch(fault["key"]):
-            raise ConfigError(f"{where}: 'key' must match {KEY_RE.pattern}")
-    if kind == "drop":
-        ips = fault.get("src_ips")
-        if not isinstance(ips, list) or not ips or len(ips) > 60_000:
-            raise ConfigError(f"{where}: 'src_ips' (the senders whose packets are dropped) must be a non-empty "
-                              "list of IPv4 addresses")
-        out["src_ips"] = [_ipv4(ip, f"{where}.src_ips") for ip in ips]
-        out["percent"] = _number(fault.get("percent", 100), f"{where}.percent", 0, 100)
-    if kind == "prepare" and fault.get("for") not in PREPARED:
-        raise ConfigError(f"{where}: prepare needs 'for': one of {', '.join(PREPARED)}")
-    if kind == "terminate":
-        out["notice_s"] = _number(fault.get("notice_s", 0), f"{where}.notice_s", 0, 3600)
-    if kind == "limits":
-        if "cpu" not in fault and "mem_bytes" not in fault:
-            raise ConfigError(f"{where}: limits needs 'cpu' or 'mem_bytes' (null: unlimited CPU, the default memory)")
-        if "cpu" in fault:
-            out["cpu"] = _number(fault["cpu"], f"{where}.cpu", 0.001, 1024, allow_none=True)
-        if "mem_bytes" in fault:
-            m = fault["mem_bytes"]
-            if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 4 * 1024 * 1024):
-                raise ConfigError(f"{where}.mem_bytes: an integer >= 4 MiB or null, got {m!r}")
-    if kind in ("iperf_server", "background"):
-        port = fault.get("port")
-        if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
-            raise ConfigError(f"{where}.port: an integer in [1024, 65535], got {port!r}")
-    if kind == "background":
-        out["dst_ip"] = _ipv4(fault.get("dst_ip"), f"{where}.dst_ip")
-        rate = fault.get("rate_bps")
-        if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= 10**11:
-            raise ConfigError(f"{where}.rate_bps: a positive integer, got {rate!r}")
-        out["duration_s"] = _number(fault.get("duration_s"), f"{where}.duration_s", 0.1, MAX_FLOW_S)
-        out["on_s"] = _number(fault.get("on_s"), f"{where}.on_s", 0.1, MAX_FLOW_S, allow_none=True)
-        out["off_s"] = _number(fault.get("off_s"), f"{where}.off_s", 0.1, MAX_FLOW_S, allow_none=True)
-        if (out["on_s"] is None) != (out["off_s"] is None):
-            raise ConfigError(f"{where}: on_s and off_s go together")
-        if fault.get("protocol", "tcp") not in ("tcp", "udp"):
-            raise ConfigError(f"{where}.protocol: tcp or udp")
-    return out
-
-
 def iperf_client_argv(dst_ip: str, port: int, rate_bps: int, seconds: float, protocol: str) -> list[str]:
     argv = ["iperf3", "-c", dst_ip, "-p", str(port), "-J", "-i", str(IPERF_INTERVAL_S), "-b", str(rate_bps),
             "-t", f"{max(1, round(seconds))}"]
@@ -176,20 +104,37 @@ class Faults:
         self._keys: dict[tuple[str, str], list[str]] = {}  # the drop lines this worker added, by (node, key)
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self.handlers: dict[FaultKind, Callable[[Any], dict[str, Any]]] = {
+            "drop": self._drop,
+            "undrop": self._undrop,
+            "kill": self._kill,
+            "terminate": self._terminate,
+            "freeze": self._freeze,
+            "thaw": self._thaw,
+            "limits": self._limits,
+            "restart": self._restart,
+            "iperf_server": self._iperf_server,
+            "background": self._background,
+            "background_result": self._background_result,
+            "clear": self._clear,
+            "prepare": self._prepare,
+        }
 
     # dispatch -----------------------------------------------------------------------------
-    def apply(self, faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        checked = [validate(f, i) for i, f in enumerate(faults)]
+    def apply(self, faults: Any) -> list[dict[str, Any]]:
+        """The request's ``faults`` list, every one checked (``worker.api.faults``) and every node
+        known before anything changes; then applied in order within a node, nodes in parallel."""
+        checked = parse_faults(faults)
         for f in checked:
-            self._netns(f["node"])  # every node known before anything changes
+            self._netns(f.node)
         by_node: dict[str, list[int]] = {}
         for i, f in enumerate(checked):
-            by_node.setdefault(f["node"], []).append(i)
+            by_node.setdefault(f.node, []).append(i)
         results: list[Any] = [None] * len(checked)
 
-        def node_faults(indices: list[int]) -> None:  # in order within a node, nodes in parallel
+        def node_faults(indices: list[int]) -> None:
             for i in indices:
-                results[i] = getattr(self, f"_{checked[i]['kind']}")(checked[i])
+                results[i] = self.handlers[checked[i].kind](checked[i])
 
         if len(by_node) == 1:
             node_faults(next(iter(by_node.values())))
@@ -220,26 +165,30 @@ class Faults:
         return done.stdout
 
     # drops ----------------------------------------------------------------------------------
-    def _drop(self, f: dict[str, Any]) -> dict[str, Any]:
-        if (f["node"], f["key"]) in self._keys:
-            self._undrop(f)  # the same key again replaces its rules
-        if f["percent"] > 0:
-            lines = drop_lines(self.id, f["key"], f["src_ips"], f["percent"])
-            self._in_netns(f["node"], ["iptables-restore", "-w", "--noflush"], "\n".join(lines))
-            self._keys[(f["node"], f["key"])] = lines
-        return {"node": f["node"], "kind": "drop", "rules": len(f["src_ips"]) if f["percent"] > 0 else 0}
+    def _drop(self, f: Drop) -> dict[str, Any]:
+        if (f.node, f.key) in self._keys:
+            self._remove_drops(f.node, f.key)  # the same key again replaces its rules
+        if f.percent > 0:
+            lines = drop_lines(self.id, f.key, f.src_ips, f.percent)
+            self._in_netns(f.node, ["iptables-restore", "-w", "--noflush"], "\n".join(lines))
+            self._keys[(f.node, f.key)] = lines
+        return {"node": f.node, "kind": "drop", "rules": len(f.src_ips) if f.percent > 0 else 0}
 
-    def _undrop(self, f: dict[str, Any]) -> dict[str, Any]:
-        added = self._keys.pop((f["node"], f["key"]), None) if f.get("key") else None
+    def _undrop(self, f: Undrop) -> dict[str, Any]:
+        return {"node": f.node, "kind": "undrop", "removed": self._remove_drops(f.node, f.key)}
+
+    def _remove_drops(self, node: str, key: str = "") -> int:
+        """Remove the node's drops of ``key`` (every scenario drop of the node without one); how many."""
+        added = self._keys.pop((node, key), None) if key else None
         if added is not None:  # made by this worker: its own lines, deleted (one process, no listing)
             lines = [("-D" + line[2:]) if line.startswith("-A ") else line for line in added]
         else:  # another process made them, or every rule of the node: as the kernel lists them
-            saved = self._in_netns(f["node"], ["iptables-save", "-t", "filter"])
-            lines = delete_lines(saved, self.id, f.get("key", ""))
-            self._keys = {k: v for k, v in self._keys.items() if k[0] != f["node"]}
+            saved = self._in_netns(node, ["iptables-save", "-t", "filter"])
+            lines = delete_lines(saved, self.id, key)
+            self._keys = {k: v for k, v in self._keys.items() if k[0] != node}
         if lines:
-            self._in_netns(f["node"], ["iptables-restore", "-w", "--noflush"], "\n".join(lines))
-        return {"node": f["node"], "kind": "undrop", "removed": len(lines) - 3 if lines else 0}
+            self._in_netns(node, ["iptables-restore", "-w", "--noflush"], "\n".join(lines))
+        return len(lines) - 3 if lines else 0
 
     def rules(self, node: str) -> list[str]:
         """The node's scenario rules as iptables-save lists them."""
@@ -260,28 +209,28 @@ class Faults:
                 pass
         return pids
 
-    def _kill(self, f: dict[str, Any]) -> dict[str, Any]:
-        killed = self._signal(f["node"], signal.SIGKILL)
-        self._thaw(f)  # a frozen process dies only once thawed
-        return {"node": f["node"], "kind": "kill", "processes": len(killed)}
+    def _kill(self, f: Kill) -> dict[str, Any]:
+        killed = self._signal(f.node, signal.SIGKILL)
+        self._thaw_node(f.node)  # a frozen process dies only once thawed
+        return {"node": f.node, "kind": "kill", "processes": len(killed)}
 
-    def _terminate(self, f: dict[str, Any]) -> dict[str, Any]:
-        node = f["node"]
-        self._thaw(f)
+    def _terminate(self, f: Terminate) -> dict[str, Any]:
+        node = f.node
+        self._thaw_node(node)
         pids = self._signal(node, signal.SIGTERM)
-        if f["notice_s"] <= 0:
+        if f.notice_s <= 0:
             self._signal(node, signal.SIGKILL, pids)
         else:
-            timer = threading.Timer(f["notice_s"], lambda: self._signal(node, signal.SIGKILL))
+            timer = threading.Timer(f.notice_s, lambda: self._signal(node, signal.SIGKILL))
             timer.daemon = True
             with self._lock:
                 self._timers.append(timer)
             timer.start()
-        return {"node": node, "kind": "terminate", "processes": len(pids), "kill_after_s": f["notice_s"]}
+        return {"node": node, "kind": "terminate", "processes": len(pids), "kill_after_s": f.notice_s}
 
-    def _restart(self, f: dict[str, Any]) -> dict[str, Any]:
-        started = self.host.restart_processes(f["node"])
-        return {"node": f["node"], "kind": "restart", "started": started}
+    def _restart(self, f: Restart) -> dict[str, Any]:
+        started = self.host.restart_processes(f.node)
+        return {"node": f.node, "kind": "restart", "started": started}
 
     # freezer -----------------------------------------------------------------------------------
     def freezer_base(self) -> tuple[str, int]:
@@ -308,24 +257,29 @@ class Faults:
         path = groups.dirs(node)[0]
         return path if os.path.isdir(path) else None
 
-    def _freeze(self, f: dict[str, Any]) -> dict[str, Any]:
-        path, version = self.freezer_dir(f["node"])
+    def _freeze(self, f: Freeze) -> dict[str, Any]:
+        path, version = self.freezer_dir(f.node)
         os.makedirs(path, exist_ok=True)
-        pids = self._pids(f["node"])
+        pids = self._pids(f.node)
         _join(os.path.join(path, "cgroup.procs"), pids)
         state_file, value = ("freezer.state", "FROZEN") if version == 1 else ("cgroup.freeze", "1")
         with open(os.path.join(path, state_file), "w") as fh:
             fh.write(value)
-        return {"node": f["node"], "kind": "freeze", "processes": len(pids)}
+        return {"node": f.node, "kind": "freeze", "processes": len(pids)}
 
-    def _thaw(self, f: dict[str, Any]) -> dict[str, Any]:
-        path, version = self.freezer_dir(f["node"])
+    def _thaw(self, f: Thaw) -> dict[str, Any]:
+        thawed = self._thaw_node(f.node)
+        return {"node": f.node, "kind": "thaw"} if thawed else {"node": f.node, "kind": "thaw", "processes": 0}
+
+    def _thaw_node(self, node: str) -> bool:
+        """Thaw the node's freezer group; False when it has none."""
+        path, version = self.freezer_dir(node)
         if not os.path.isdir(path):
-            return {"node": f["node"], "kind": "thaw", "processes": 0}
+            return False
         state_file, value = ("freezer.state", "THAWED") if version == 1 else ("cgroup.freeze", "0")
         with open(os.path.join(path, state_file), "w") as fh:
             fh.write(value)
-        return {"node": f["node"], "kind": "thaw"}
+        return True
 
     def frozen(self, node: str) -> bool:
         path, version = self.freezer_dir(node)
@@ -363,12 +317,12 @@ class Faults:
             pass
 
     # limits -----------------------------------------------------------------------------------
-    def _limits(self, f: dict[str, Any]) -> dict[str, Any]:
-        node = f["node"]
+    def _limits(self, f: Limits) -> dict[str, Any]:
+        node = f.node
         with self.host.store.locked() as state:
             rec = state["nodes"][node]
-            cpu = f["cpu"] if "cpu" in f else rec.get("cpu")
-            mem = f["mem_bytes"] if "mem_bytes" in f else rec.get("mem_bytes")
+            cpu = rec.get("cpu") if f.cpu is ABSENT else f.cpu
+            mem = rec.get("mem_bytes") if f.mem_bytes is ABSENT else f.mem_bytes
             groups: cgroups.Cgroups = self.host.runtime.cgroups
             groups.require()
             if groups.version == 1:  # the swap limit may not be below the memory limit: lift it first
@@ -382,11 +336,11 @@ class Faults:
             rec["cpu"], rec["mem_bytes"] = cpu, mem
         return {"node": node, "kind": "limits", "cpu": cpu, "mem_bytes": mem}
 
-    def _prepare(self, f: dict[str, Any]) -> dict[str, Any]:
+    def _prepare(self, f: Prepare) -> dict[str, Any]:
         """The groups of a coming pause or limits change made, the node's processes moved in."""
-        node = f["node"]
+        node = f.node
         pids = self._pids(node)
-        if f["for"] == "freeze":
+        if f.for_ == "freeze":
             path, _ = self.freezer_dir(node)
             os.makedirs(path, exist_ok=True)
             files = [os.path.join(path, "cgroup.procs")]
@@ -398,28 +352,27 @@ class Faults:
                 groups.create(node, rec.get("cpu"), rec.get("mem_bytes"), rec.get("pids_max"))
             files = groups.procs_files(node)
         moved = sum(_join(procs, pids) for procs in files)
-        return {"node": node, "kind": "prepare", "for": f["for"], "moved": moved}
+        return {"node": node, "kind": "prepare", "for": f.for_, "moved": moved}
 
     # background flows --------------------------------------------------------------------------
-    def _iperf_server(self, f: dict[str, Any]) -> dict[str, Any]:
-        proc = self.host.start_process(f["node"], {"version": 1, "argv": ["iperf3", "-s", "-p", str(f["port"])]})
+    def _iperf_server(self, f: IperfServer) -> dict[str, Any]:
+        proc = self.host.start_process(f.node, {"version": 1, "argv": ["iperf3", "-s", "-p", str(f.port)]})
         with self._lock:
-            self._flows.setdefault(f["key"], {"samples": [], "runs": [], "done": False})["server"] = \
-                (f["node"], proc["id"])
-        return {"node": f["node"], "kind": "iperf_server", "process": proc["id"]}
+            self._flows.setdefault(f.key, {"samples": [], "runs": [], "done": False})["server"] = (f.node, proc["id"])
+        return {"node": f.node, "kind": "iperf_server", "process": proc["id"]}
 
-    def _background(self, f: dict[str, Any]) -> dict[str, Any]:
+    def _background(self, f: Background) -> dict[str, Any]:
         with self._lock:
-            flow = self._flows.setdefault(f["key"], {"samples": [], "runs": [], "done": False})
+            flow = self._flows.setdefault(f.key, {"samples": [], "runs": [], "done": False})
         thread = threading.Thread(target=self._run_flow, args=(f, flow, self._stop), daemon=True,
-                                  name=f"flow-{f['key']}")
+                                  name=f"flow-{f.key}")
         thread.start()
-        return {"node": f["node"], "kind": "background", "key": f["key"]}
+        return {"node": f.node, "kind": "background", "key": f.key}
 
-    def _run_flow(self, f: dict[str, Any], flow: dict[str, Any], stop: threading.Event) -> None:
+    def _run_flow(self, f: Background, flow: dict[str, Any], stop: threading.Event) -> None:
         started = time.monotonic()
-        end = started + f["duration_s"]
-        on_s = f["on_s"] or f["duration_s"]
+        end = started + f.duration_s
+        on_s = f.on_s or f.duration_s
         try:
             time.sleep(0.2)  # the server listens
             while not stop.is_set():
@@ -427,8 +380,8 @@ class Faults:
                 seconds = min(on_s, end - begin)
                 if seconds < 0.5:
                     break
-                argv = iperf_client_argv(f["dst_ip"], f["port"], f["rate_bps"], seconds, f["protocol"])
-                child = self.host._popen(f["node"], argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                argv = iperf_client_argv(f.dst_ip, f.port, f.rate_bps, seconds, f.protocol)
+                child = self.host._popen(f.node, argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE)
                 out, err = child.communicate(timeout=seconds + 30)
                 try:
@@ -437,9 +390,9 @@ class Faults:
                     report = {"error": (err or out)[:300].decode(errors="replace")}
                 flow["runs"].append({"start_s": round(begin - started, 4), "error": report.get("error")})
                 flow["samples"] += flow_samples(report, begin - started)
-                if not f["off_s"]:
+                if not f.off_s:
                     break
-                rest = begin + on_s + f["off_s"] - time.monotonic()
+                rest = begin + on_s + f.off_s - time.monotonic()
                 if rest > 0 and stop.wait(rest):
                     break
                 if time.monotonic() >= end:
@@ -453,18 +406,18 @@ class Faults:
                 except NotFound:
                     pass
 
-    def _background_result(self, f: dict[str, Any]) -> dict[str, Any]:
-        flow = self._flows.get(f["key"])
+    def _background_result(self, f: BackgroundResult) -> dict[str, Any]:
+        flow = self._flows.get(f.key)
         if flow is None:
-            raise NotFound(f"no background flow {f['key']!r}")
-        return {"node": f["node"], "kind": "background_result", "key": f["key"], "done": flow["done"],
+            raise NotFound(f"no background flow {f.key!r}")
+        return {"node": f.node, "kind": "background_result", "key": f.key, "done": flow["done"],
                 "runs": list(flow["runs"]), "samples": list(flow["samples"])}
 
     # cleanup --------------------------------------------------------------------------------------
-    def _clear(self, f: dict[str, Any]) -> dict[str, Any]:
-        self._undrop({"node": f["node"]})
-        self._thaw(f)
-        return {"node": f["node"], "kind": "clear"}
+    def _clear(self, f: Clear) -> dict[str, Any]:
+        self._remove_drops(f.node)
+        self._thaw_node(f.node)
+        return {"node": f.node, "kind": "clear"}
 
     def reset(self) -> None:
         """Stop flows and timers, thaw and remove the freezer groups (rules go with the namespaces)."""

@@ -7,7 +7,6 @@ versioned JSON documents of the agent's REST API.
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import subprocess
@@ -23,11 +22,13 @@ from worker.nodes import privilege, zygote
 from worker.shaping import apply as tc_apply
 from worker.observe.capture import SNAP_BYTES, Captures
 from worker.nodes.cgroups import detect_version
+from worker.api import bodies
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
+from worker.api.bodies import REQUEST
 from worker.kernel.procs import start_ticks
 from worker.routes import Routes, parse_routes
 from worker.nodes.netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
-from worker.api.shape import MAX_RATE_BPS, Shape
+from worker.api.shape import Shape
 from worker.state import StateStore, state_root
 from worker.shaping.plan import Isolation, Plan, Target, make_plan
 
@@ -45,12 +46,6 @@ def check_version(body: Any) -> dict[str, Any]:
     if body.get("version") != API_VERSION:
         raise ConfigError(f"request version must be {API_VERSION}, got {body.get('version')!r}")
     return body
-
-
-def _argv(value: Any) -> list[str]:
-    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
-        raise ConfigError("argv must be a non-empty list of strings")
-    return value
 
 
 RUNTIMES = ("netns", "docker", "physical")
@@ -127,10 +122,8 @@ class WorkerHost:
                 "kernel": os.uname().release}
 
     def create_nodes(self, body: Any) -> dict[str, Any]:
-        body = check_version(body)
-        if not isinstance(body.get("nodes"), list):
-            raise ConfigError("'nodes' must be a list")
-        specs = [NodeSpec.from_dict(n) for n in body["nodes"]]
+        body = bodies.CREATE_NODES.validate(check_version(body), REQUEST)
+        specs = [NodeSpec.from_dict(n, f"{REQUEST}: nodes[{i}]") for i, n in enumerate(body["nodes"])]
         return {"version": API_VERSION, "nodes": self.runtime.create_nodes(specs)}
 
     # shaping -----------------------------------------------------------------------
@@ -146,25 +139,22 @@ class WorkerHost:
         (re)planned even with no link of its own. ``"access": {node: {"uplink_bps": R,
         "downlink_bps": R}}`` sets the listed nodes' access links (null removes one, a key left
         out keeps it; see worker.shaping.plan and worker.shaping.downlink)."""
-        body = check_version(body)
-        links = body.get("links")
-        if not isinstance(links, list):
-            raise ConfigError("'links' must be a list")
+        body = bodies.SET_LINKS.validate(check_version(body), REQUEST)
+        links = body["links"]
         isolation: Any = Isolation.from_dict(body["isolation"]) if "isolation" in body else KEEP
         state = self._state()
-        unshaped = _unshaped(body.get("unshaped", {}), state)
-        access = _access(body.get("access", {}), state)
+        unshaped = _unshaped(body["unshaped"], state)
+        access = _access(body["access"], state)
         wanted: dict[str, dict[str, Optional[Target]]] = {node: {} for node in [*unshaped, *access]}
         for i, link in enumerate(links):
-            if not isinstance(link, dict) or not {"src", "dst", "dst_ip"} <= set(link):
-                raise ConfigError(f"link {i}: needs src, dst, dst_ip and shape")
             if link["src"] not in state["nodes"]:
                 raise NotFound(f"link {i}: no node {link['src']!r} on this host")
-            shape = None if link.get("shape") is None and merge else Shape.from_dict(link.get("shape"))
+            removed = link["shape"] is None and merge
+            shape = None if removed else Shape.from_dict(link["shape"], f"{REQUEST}: links[{i}], shape")
             per_src = wanted.setdefault(link["src"], {})
             if link["dst"] in per_src:
                 raise ConfigError(f"link {i}: {link['src']}->{link['dst']} listed twice")
-            per_src[link["dst"]] = Target(link["dst"], str(link["dst_ip"]), shape) if shape else None
+            per_src[link["dst"]] = Target(link["dst"], link["dst_ip"], shape) if shape else None
         plans = {src: self._plan_for(state, src, dests, merge, isolation, unshaped.get(src), access.get(src, {}))
                  for src, dests in wanted.items()}
         tc_apply.require_netem(plans)
@@ -214,14 +204,8 @@ class WorkerHost:
         """Change one node's access links in place: ``{"node", "uplink", "downlink"}`` with rates
         in bit/s (null removes that side, a key left out keeps it); its links' classes stay
         (their counters and minors too)."""
-        body = check_version(body)
-        if not isinstance(body.get("node"), str):
-            raise ConfigError("access: 'node' must be a node name")
-        unknown = set(body) - {"version", "node", "uplink", "downlink"}
-        if unknown:
-            raise ConfigError(f"access: unknown fields {sorted(unknown)} (expected node, uplink, downlink)")
-        wanted = {f"{side}_bps": _access_rate(body[side], f"access of {body['node']}, {side}")
-                  for side in ("uplink", "downlink") if side in body}
+        body = bodies.SET_ACCESS.validate(check_version(body), REQUEST)
+        wanted = {f"{side}_bps": body[side] for side in ("uplink", "downlink") if side in body}
         return self.set_links({"version": API_VERSION, "links": [], "access": {body["node"]: wanted}}, merge=True)
 
     def _shape_node(self, state: dict[str, Any], src: str, plan: Plan) -> dict[str, Any]:
@@ -289,12 +273,8 @@ class WorkerHost:
     # processes -------------------------------------------------------------------------
     def start_process(self, node: str, body: Any) -> dict[str, Any]:
         """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.nodes.privilege``)."""
-        body = check_version(body)
-        argv = _argv(body.get("argv"))
-        env = body.get("env") or {}
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise ConfigError("env must map strings to strings")
-        return self._start(node, argv, env)
+        body = bodies.START_PROCESS.validate(check_version(body), REQUEST)
+        return self._start(node, body["argv"], body["env"] or {})
 
     def _start(self, node: str, argv: list[str], env: dict[str, str],
                node_args: Optional[list[str]] = None) -> dict[str, Any]:
@@ -416,10 +396,8 @@ class WorkerHost:
         """Apply a scenario's changes to nodes (``worker.faults``): ``{"version": 1, "faults":
         [{"kind", "node", ...}, ...]}``; every one checked before any is applied."""
         body = check_version(body)
-        if not isinstance(body.get("faults"), list) or not body["faults"]:
-            raise ConfigError("'faults' must be a non-empty list")
         started = time.monotonic()
-        results = self.faults.apply(body["faults"])
+        results = self.faults.apply(body.get("faults"))  # checked there (worker.api.faults)
         return {"version": API_VERSION, "results": results, "seconds": round(time.monotonic() - started, 4)}
 
     def restart_processes(self, node: str) -> list[str]:
@@ -437,9 +415,8 @@ class WorkerHost:
 
     def exec(self, node: str, body: Any) -> dict[str, Any]:
         """Run a command in a node to completion; its output is captured (1 MiB each at most)."""
-        body = check_version(body)
-        argv = _argv(body.get("argv"))
-        timeout_s = float(body.get("timeout_s", 60))
+        body = bodies.EXEC.validate(check_version(body), REQUEST)
+        argv, timeout_s = body["argv"], body["timeout_s"]
         child = self._popen(node, argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             out, err = child.communicate(timeout=timeout_s)
@@ -459,21 +436,14 @@ class WorkerHost:
     def start_node(self, node: str, body: Any) -> dict[str, Any]:
         """Start a node's DML process (``python -m dml_app.node ARGS``) from this host's code
         root with this host's experiment directory, in the node's runtime."""
-        body = check_version(body)
-        args = body.get("args")
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise ConfigError("args must be a list of strings")
+        body = bodies.START_NODE.validate(check_version(body), REQUEST)
+        args, env = body["args"], body["env"] or {}
         if any(a.startswith("--workdir") for a in args):
             raise ConfigError("--workdir is the host's to choose")
-        env = body.get("env") or {}
-        if not isinstance(env, dict):
-            raise ConfigError("env must map strings to strings")
         if not os.path.isdir(os.path.join(self.code_root, "dml_app")):
             raise ConfigError(f"no dml_app in {self.code_root}: sync the code to this host first")
         if not os.path.isdir(os.path.join(self.workdir, "dml_file")):  # (mkdir takes the directory lock)
             os.makedirs(os.path.join(self.workdir, "dml_file"), exist_ok=True)
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise ConfigError("env must map strings to strings")
         python, workdir, code_root = sys.executable, self.workdir, self.code_root
         if self.runtime.kind == "docker":  # the container's own paths of the same directories
             from worker.nodes.docker import NODE_ROOT
@@ -487,10 +457,8 @@ class WorkerHost:
     def start_capture(self, node: str, body: Any) -> dict[str, Any]:
         """Capture the node's egress (tcpdump in its namespace, snap length ``snap_bytes``,
         default 128) into this testbed's state directory (``worker.observe.capture``)."""
-        body = check_version(body)
+        body = bodies.START_CAPTURE.validate(check_version(body), REQUEST)
         snap = body.get("snap_bytes", SNAP_BYTES)
-        if not isinstance(snap, int) or isinstance(snap, bool):
-            raise ConfigError("snap_bytes must be an integer")
         rec = self.runtime.node(node)
         return self.captures.start(node, rec, _ifname(rec), snap)
 
@@ -716,47 +684,22 @@ def bridge_address(bridge: str, subnet: Optional[str]) -> Optional[str]:
 KEEP = object()  # set_links without "isolation": each node keeps its own
 
 
-def _unshaped(value: Any, state: dict[str, Any]) -> dict[str, list[tuple[str, str]]]:
-    """The body's ``unshaped`` map, checked: node -> [(peer, peer ip)]."""
-    if not isinstance(value, dict):
-        raise ConfigError("'unshaped' must map node names to lists of {dst, dst_ip}")
-    out: dict[str, list[tuple[str, str]]] = {}
-    for node, peers in value.items():
+def _unshaped(value: dict[str, Any], state: dict[str, Any]) -> dict[str, list[tuple[str, str]]]:
+    """The body's ``unshaped`` map (checked by bodies.SET_LINKS) of this host's nodes:
+    node -> [(peer, peer ip)]."""
+    for node in value:
         if node not in state["nodes"]:
             raise NotFound(f"unshaped: no node {node!r} on this host")
-        if not isinstance(peers, list) or not all(isinstance(p, dict) and set(p) == {"dst", "dst_ip"}
-                                                  and all(isinstance(v, str) for v in p.values()) for p in peers):
-            raise ConfigError(f"unshaped.{node} must be a list of {{dst, dst_ip}} (strings)")
-        for p in peers:
-            try:
-                ipaddress.IPv4Address(p["dst_ip"])
-            except ValueError:
-                raise ConfigError(f"unshaped.{node}: {p['dst_ip']!r} ({p['dst']}) is not an IPv4 address") from None
-        out[node] = [(p["dst"], p["dst_ip"]) for p in peers]
-    return out
+    return {node: [(p["dst"], p["dst_ip"]) for p in peers] for node, peers in value.items()}
 
 
-def _access_rate(value: Any, where: str) -> Optional[int]:
-    """An access rate: None, or bit/s as an integer (the controller parses links.json's units)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 8 <= value <= MAX_RATE_BPS:
-        raise ConfigError(f"{where}: {value!r} is not a rate in [8, {MAX_RATE_BPS}] bit/s")
-    return value
-
-
-def _access(value: Any, state: dict[str, Any]) -> dict[str, dict[str, Optional[int]]]:
-    """The body's ``access`` map, checked: node -> {"uplink_bps"?, "downlink_bps"?}."""
-    if not isinstance(value, dict):
-        raise ConfigError("'access' must map node names to {uplink_bps, downlink_bps}")
-    out: dict[str, dict[str, Optional[int]]] = {}
-    for node, sides in value.items():
+def _access(value: dict[str, Any], state: dict[str, Any]) -> dict[str, dict[str, Optional[int]]]:
+    """The body's ``access`` map (checked by bodies.SET_LINKS) of this host's nodes:
+    node -> {"uplink_bps"?, "downlink_bps"?}."""
+    for node in value:
         if node not in state["nodes"]:
             raise NotFound(f"access: no node {node!r} on this host")
-        if not isinstance(sides, dict) or not set(sides) <= {"uplink_bps", "downlink_bps"}:
-            raise ConfigError(f"access.{node} must be an object with uplink_bps and/or downlink_bps")
-        out[node] = {k: _access_rate(v, f"access.{node}.{k}") for k, v in sides.items()}
-    return out
+    return value
 
 
 def _peer_ips(plan: Optional[Plan]) -> set[str]:

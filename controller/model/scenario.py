@@ -28,7 +28,7 @@ import math
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
 from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
 from controller.model.topology import Topology
@@ -42,10 +42,14 @@ NAME = Field(str, "a node name", max_len=64)
 SECONDS = Field(float, "seconds", low=0, high=MAX_SECONDS)
 POSITIVE_SECONDS = Field(float, "seconds", low=0, low_open=True, high=MAX_SECONDS)
 
-KINDS = ("link", "link_down", "partition", "loss", "crash", "pause", "resume", "cpu", "memory", "revocation",
-         "background", "trace", "access")
+EventKind = Literal["link", "link_down", "partition", "loss", "crash", "pause", "resume", "cpu", "memory",
+                    "revocation", "background", "trace", "access"]
+KINDS: tuple[EventKind, ...] = get_args(EventKind)  # what scenario.json's events say
 TRIGGERS = ("at", "at_round")
 UNDOABLE = ("link", "link_down", "partition", "loss", "pause", "cpu", "memory")
+StepKind = Literal["link", "block", "unblock", "loss", "crash", "pause", "resume", "limits", "revoke", "replace",
+                   "background", "access"]
+STEP_KINDS: tuple[StepKind, ...] = get_args(StepKind)  # what the runner applies (scenario.csv's event column)
 
 AT_ROUND = Schema({"node": Field(str, "the node whose round triggers the event", required=True, max_len=64),
                    "round": Field(int, "the round number", required=True, low=1, high=MAX_ROUND)})
@@ -91,8 +95,7 @@ class Step:
     ``after_round`` = (node, round) once reported). ``params`` is what the runner needs."""
 
     at_s: float
-    kind: str            # link, block, unblock, loss, crash, pause, resume, limits, revoke, replace,
-    #                      background, access
+    kind: StepKind
     target: str          # what it acts on, for people: "n1->n2", "n5", "n1,n2|n3,n4"
     detail: str          # the change, for people: "1 Mbit/s", "SIGTERM, SIGKILL after 2s"
     params: dict[str, Any] = field(default_factory=dict)
@@ -294,7 +297,7 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
     here = place.at(kind)
     make = lambda dt, k, target, detail, params: Step(at_s + dt, k, target, detail, params, after_round, index)  # noqa
 
-    def undo(steps: list[Step], k: str, detail: str, params: dict[str, Any]) -> list[Step]:
+    def undo(steps: list[Step], k: StepKind, detail: str, params: dict[str, Any]) -> list[Step]:
         if duration is not None:
             steps.append(make(duration, k, steps[0].target, detail, params))
         return steps

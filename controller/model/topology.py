@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
-from worker.api.schema import Field, Schema, describe, read_json, refuse_unknown
+from worker.api.schema import Field, Schema, describe, read_json
 from controller.model.units import format_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
 from worker.nodes.confine import MAX_PIDS_MAX, MIN_PIDS_MAX
 from worker.api.errors import ConfigError, TopologyError
@@ -70,6 +70,17 @@ NODE_SCHEMA = Schema({
     "uplink": Field(str, "the node's access link out, shared by all its peers, e.g. '10mbit'", max_len=32),
     "downlink": Field(str, "the node's access link in, shared by all its peers, e.g. '10mbit'", max_len=32)})
 ACCESS_SCHEMA = Schema({"uplink": NODE_SCHEMA.fields["uplink"], "downlink": NODE_SCHEMA.fields["downlink"]})
+# What Topology.to_dict writes (topology.json) and from_dict reads back.
+TOPOLOGY_DICT_SCHEMA = Schema({"version": Field(int, required=True, choices=(TOPOLOGY_VERSION,)),
+                               "nodes": Field(list, default=[]), "links": Field(list, default=[])})
+NODE_DICT_SCHEMA = Schema({
+    "name": Field(str, required=True), "kind": Field(str), "host": Field(str),
+    "cpu": Field(float, nullable=True), "mem_bytes": Field(int, nullable=True), "ip": Field(str, nullable=True),
+    "uplink_bps": Field(int, nullable=True), "downlink_bps": Field(int, nullable=True),
+    "pids_max": Field(int, nullable=True)})  # values checked further by add_node
+LINK_DICT_SCHEMA = Schema({"src": Field(str, "a node name", required=True),
+                           "dst": Field(str, "a node name", required=True),
+                           "shape": Field(dict, "how the link is shaped", required=True)})
 NODES_FILE_SCHEMA = Schema({"version": Field(int, default=TOPOLOGY_VERSION, choices=(TOPOLOGY_VERSION,)),
                             "defaults": Field(dict, "access links of every node that names none", schema=ACCESS_SCHEMA),
                             "nodes": Field(list, required=True)})
@@ -366,46 +377,21 @@ class Topology:
         """Inverse of ``to_dict``; anything malformed is a TopologyError."""
         if not isinstance(data, dict) or data.get("version") != TOPOLOGY_VERSION:
             raise TopologyError(f"{source}: expected an object with \"version\": {TOPOLOGY_VERSION}")
-        _only_fields(data, ("version", "nodes", "links"), (), source)
+        data = TOPOLOGY_DICT_SCHEMA.validate(data, source, TopologyError)
         topo = cls()
-        for i, entry in enumerate(_list(data.get("nodes", []), f"{source}: field 'nodes'")):
-            where = f"{source}: nodes[{i}]"
-            _only_fields(entry, ("name", "kind", "host", "cpu", "mem_bytes", "ip", "uplink_bps", "downlink_bps",
-                                 "pids_max"), ("name",), where)
+        for i, entry in enumerate(data["nodes"]):
+            NODE_DICT_SCHEMA.validate(entry, f"{source}: nodes[{i}]", TopologyError)
             topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
                           entry.get("mem_bytes"), entry.get("ip"), source=source, uplink=entry.get("uplink_bps"),
                           downlink=entry.get("downlink_bps"), pids=entry.get("pids_max"))
-        for i, entry in enumerate(_list(data.get("links", []), f"{source}: field 'links'")):
-            where = f"{source}: links[{i}]"
-            _only_fields(entry, ("src", "dst", "shape"), ("src", "dst", "shape"), where)
+        for i, entry in enumerate(data["links"]):
+            LINK_DICT_SCHEMA.validate(entry, f"{source}: links[{i}]", TopologyError)
             src, dst = entry["src"], entry["dst"]
-            if not isinstance(src, str) or not isinstance(dst, str):
-                raise TopologyError(f"{where}: fields 'src' and 'dst' must be node names, got {src!r} -> {dst!r}")
             place = _where(source, src, f"link to {dst!r}")
             topo._check_new_link(src, dst, place)
-            try:
-                shape = Shape.from_dict(entry["shape"])
-            except ConfigError as e:
-                raise TopologyError(f"{place}, field 'shape': {e.message}") from None
+            shape = Shape.from_dict(entry["shape"], f"{place}, field 'shape'", TopologyError)
             topo.links[(src, dst)] = Link(src, dst, shape)
         return topo
-
-
-def _list(value: object, where: str) -> list:
-    if not isinstance(value, list):
-        raise TopologyError(f"{where}: expected a list, got {type(value).__name__}")
-    return value
-
-
-def _only_fields(entry: object, allowed: tuple[str, ...], required: tuple[str, ...], where: str) -> None:
-    """Check that ``entry`` is an object with only ``allowed`` (else: the nearest allowed name)
-    and all ``required`` fields."""
-    if not isinstance(entry, dict):
-        raise TopologyError(f"{where}: expected an object, got {describe(entry)}")
-    refuse_unknown(entry, allowed, where, TopologyError)
-    for key in required:
-        if key not in entry:
-            raise TopologyError(f"{where}: missing field {key!r}")
 
 
 def _read_json(path: str) -> Any:
@@ -418,14 +404,14 @@ def load_nodes(path: str) -> Topology:
     if not isinstance(data, dict) or "nodes" not in data:
         raise TopologyError(f"{path}: expected an object like {{\"nodes\": [{{\"name\": \"n1\", \"cpu\": 0.5}}]}}")
     NODES_FILE_SCHEMA.validate(data, path, TopologyError)
-    entries = _list(data["nodes"], f"{path}: field 'nodes'")
+    entries = data["nodes"]
     if not entries:
         raise TopologyError(f"{path}: field 'nodes': declares no nodes")
     defaults = data.get("defaults") or {}
     topo = Topology()
     for i, entry in enumerate(entries):
         where = f"{path}: nodes[{i}]"
-        _only_fields(entry, tuple(NODE_SCHEMA.fields), ("name",), where)
+        NODE_SCHEMA.check_keys(entry, where, TopologyError)
         check_name(entry["name"], f"{where}, field 'name'")
         NODE_SCHEMA.validate(entry, _where(path, entry["name"]), TopologyError)
         kind = entry.get("kind", "emulated")
@@ -462,7 +448,7 @@ def links_from_data(data: Any, path: str, topology: Optional[Topology] = None,
             if not isinstance(link, dict):
                 raise TopologyError(f"{where}: expected an object like {{\"dest\": \"n2\", \"bw\": \"10mbit\"}}, "
                                     f"got {link!r}")
-            _only_fields(link, tuple(LINK_SCHEMA.fields), ("dest", "bw"), where)
+            LINK_SCHEMA.check_keys(link, where, TopologyError)
             check_name(link["dest"], f"{where}, field 'dest'")
             LINK_SCHEMA.validate(link, f"{where} (to {link['dest']!r})", TopologyError)
     work = topology.copy() if topology is not None else Topology()

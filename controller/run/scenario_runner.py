@@ -30,14 +30,16 @@ from concurrent.futures import wait as wait_futures
 from typing import Any, Callable, Optional
 
 from controller.workers import deploy
-from controller.model.scenario import Step, Timeline
+from controller.model.scenario import Step, StepKind, Timeline
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
+from worker.api.faults import (Background, BackgroundResult, Drop, Fault, Freeze, IperfServer, Kill, Limits, Prepare,
+                               PreparedKind, Restart, Terminate, Thaw, Undrop)
 
 CSV_FIELDS = ("planned_s", "applied_s", "skew_ms", "event", "target", "detail", "outcome")
 FLOW_PORT_BASE = 5301
 APPLY_THREADS = 8
 PREPARE_LEAD_S = 1.0  # a pause or a limits change is made ready this long before its time
-PREPARED_KINDS = {"pause": "freeze", "limits": "limits"}  # step kind -> what the worker prepares
+PREPARED_KINDS: dict[StepKind, PreparedKind] = {"pause": "freeze", "limits": "limits"}  # what the worker prepares
 
 
 class ScenarioRunner:
@@ -67,6 +69,20 @@ class ScenarioRunner:
         self._pending = 0
         self._pool = ThreadPoolExecutor(max_workers=APPLY_THREADS, thread_name_prefix="edgetb-scenario-apply")
         self._chains: dict[str, Future] = {}  # the last step handed to the pool, by target
+        self.handlers: dict[StepKind, Callable[[dict[str, Any]], Optional[str]]] = {
+            "link": self._link,
+            "block": self._block,
+            "unblock": self._unblock,
+            "loss": self._loss,
+            "crash": self._crash,
+            "revoke": self._revoke,
+            "pause": self._pause,
+            "resume": self._resume,
+            "limits": self._limits,
+            "replace": self._replace,
+            "background": self._background,
+            "access": self._access,
+        }
         self._check_capabilities()
 
     def _check_capabilities(self) -> None:
@@ -181,66 +197,22 @@ class ScenarioRunner:
 
     def _prepare(self, step: Step) -> None:
         try:
-            self.worker.fault({"version": 1, "faults": [{"kind": "prepare", "node": step.params["node"],
-                                                         "for": PREPARED_KINDS[step.kind]}]})
+            self._faults(Prepare(step.params["node"], for_=PREPARED_KINDS[step.kind]))
         except TestbedError:
             pass  # the step itself does all of it at its time, only later
 
+    def _faults(self, *faults: Fault) -> dict[str, Any]:
+        """One ``POST /faults`` request (``worker.api.faults``): the worker's answer."""
+        return self.worker.fault({"version": 1, "faults": [f.to_dict() for f in faults]})
+
     def apply_step(self, step: Step) -> Optional[str]:
         """Apply one step now; returns None, or a note for the outcome column."""
-        p = step.params
-        kind = step.kind
-        if kind == "link":
-            return self._link(p)
-        if kind in ("block", "unblock"):
-            faults = []
-            for i, group in enumerate(p["groups"]):
-                others = [self.ips[n] for j, g in enumerate(p["groups"]) if j != i for n in g]
-                for node in group:
-                    faults.append({"kind": "drop", "node": node, "key": p["key"], "src_ips": others, "percent": 100}
-                                  if kind == "block" else {"kind": "undrop", "node": node, "key": p["key"]})
-            self.worker.fault({"version": 1, "faults": faults})
-            if kind == "block":
-                self.blocked[p["key"]] = p["groups"]
-            else:
-                self.blocked.pop(p["key"], None)
-            return None
-        if kind == "loss":
-            by_dst: dict[str, list[str]] = {}  # dropped where they arrive: a loss on the wire
-            for src, dst in p["flows"]:
-                by_dst.setdefault(dst, []).append(self.ips[src])
-            self.worker.fault({"version": 1, "faults": [
-                {"kind": "drop", "node": dst, "key": p["key"], "src_ips": ips, "percent": p["percent"]}
-                for dst, ips in by_dst.items()]})
-            return None
-        if kind in ("crash", "revoke"):
-            self._expect_death(p["node"], "crashed by the scenario" if kind == "crash" else "revoked by the scenario")
-            fault = {"kind": "kill", "node": p["node"]} if kind == "crash" else \
-                {"kind": "terminate", "node": p["node"], "notice_s": p["notice_s"]}
-            self.worker.fault({"version": 1, "faults": [fault]})
-            return None
-        if kind in ("pause", "resume"):
-            self.worker.fault({"version": 1, "faults": [{"kind": "freeze" if kind == "pause" else "thaw",
-                                                         "node": p["node"]}]})
-            (self.paused.add if kind == "pause" else self.paused.discard)(p["node"])
-            return None
-        if kind == "limits":
-            self.worker.fault({"version": 1, "faults": [{"kind": "limits", **p}]})
-            return None
-        if kind == "replace":
-            replace = getattr(self.experiment, "replace_node", None)
-            if callable(replace):
-                replace(p["node"])
-                return None
-            started = self.worker.fault({"version": 1, "faults": [{"kind": "restart", "node": p["node"]}]})
-            count = sum(len(r.get("started", [])) for r in started["results"])
-            return "applied" if count else "applied: no process to start again"
-        if kind == "background":
-            return self._background(p)
-        if kind == "access":
-            return self._access(p)
-        raise ConfigError(f"unknown step kind {kind!r}")
+        apply = self.handlers.get(step.kind)
+        if apply is None:
+            raise ConfigError(f"unknown step kind {step.kind!r}")
+        return apply(step.params)
 
+    # one method per step kind (the table ``_steps``); ``p`` is the step's params ----------------
     def _link(self, p: dict[str, Any]) -> None:
         links = []
         for (src, dst), base in zip(p["pairs"], p["base"]):
@@ -252,14 +224,59 @@ class ScenarioRunner:
         self.worker.set_links({"version": 1, "links": links}, merge=True)
         return None
 
+    def _block(self, p: dict[str, Any]) -> None:
+        """Each group's nodes drop what the other groups send."""
+        faults = []
+        for i, group in enumerate(p["groups"]):
+            others = [self.ips[n] for j, g in enumerate(p["groups"]) if j != i for n in g]
+            faults += [Drop(node, key=p["key"], src_ips=others, percent=100) for node in group]
+        self._faults(*faults)
+        self.blocked[p["key"]] = p["groups"]
+
+    def _unblock(self, p: dict[str, Any]) -> None:
+        self._faults(*(Undrop(node, key=p["key"]) for group in p["groups"] for node in group))
+        self.blocked.pop(p["key"], None)
+
+    def _loss(self, p: dict[str, Any]) -> None:
+        by_dst: dict[str, list[str]] = {}  # dropped where they arrive: a loss on the wire
+        for src, dst in p["flows"]:
+            by_dst.setdefault(dst, []).append(self.ips[src])
+        self._faults(*(Drop(dst, key=p["key"], src_ips=ips, percent=p["percent"]) for dst, ips in by_dst.items()))
+
+    def _crash(self, p: dict[str, Any]) -> None:
+        self._expect_death(p["node"], "crashed by the scenario")
+        self._faults(Kill(p["node"]))
+
+    def _revoke(self, p: dict[str, Any]) -> None:
+        self._expect_death(p["node"], "revoked by the scenario")
+        self._faults(Terminate(p["node"], notice_s=p["notice_s"]))
+
+    def _pause(self, p: dict[str, Any]) -> None:
+        self._faults(Freeze(p["node"]))
+        self.paused.add(p["node"])
+
+    def _resume(self, p: dict[str, Any]) -> None:
+        self._faults(Thaw(p["node"]))
+        self.paused.discard(p["node"])
+
+    def _limits(self, p: dict[str, Any]) -> None:
+        self._faults(Limits(**p))  # {"node", "cpu"} or {"node", "mem_bytes"}: the other one is kept
+
+    def _replace(self, p: dict[str, Any]) -> Optional[str]:
+        replace = getattr(self.experiment, "replace_node", None)
+        if callable(replace):
+            replace(p["node"])
+            return None
+        started = self._faults(Restart(p["node"]))
+        count = sum(len(r.get("started", [])) for r in started["results"])
+        return "applied" if count else "applied: no process to start again"
+
     def _background(self, p: dict[str, Any]) -> None:
         port = FLOW_PORT_BASE + int(p["key"][1:]) % 1000
-        self.worker.fault({"version": 1, "faults": [{"kind": "iperf_server", "node": p["dst"], "key": p["key"],
-                                                     "port": port}]})
-        self.worker.fault({"version": 1, "faults": [{
-            "kind": "background", "node": p["src"], "key": p["key"], "dst_ip": self.ips[p["dst"]], "port": port,
-            "rate_bps": p["rate_bps"], "on_s": p["on_s"], "off_s": p["off_s"], "duration_s": p["duration_s"],
-            "protocol": p["protocol"]}]})
+        self._faults(IperfServer(p["dst"], key=p["key"], port=port))
+        self._faults(Background(p["src"], key=p["key"], dst_ip=self.ips[p["dst"]], port=port, rate_bps=p["rate_bps"],
+                                duration_s=p["duration_s"], on_s=p["on_s"], off_s=p["off_s"],
+                                protocol=p["protocol"]))
         self.flows[p["key"]] = p["src"]
         return None
 
@@ -281,8 +298,7 @@ class ScenarioRunner:
         out: dict[str, dict[str, Any]] = {}
         for key, src in self.flows.items():
             while True:
-                res = self.worker.fault({"version": 1, "faults": [{"kind": "background_result", "node": src,
-                                                                   "key": key}]})["results"][0]
+                res = self._faults(BackgroundResult(src, key=key))["results"][0]
                 if res["done"] or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)

@@ -9,6 +9,7 @@ from controller.model.scenario import cdf_inverse, load_scenario, resolve
 from controller.run.scenario_runner import ScenarioRunner
 from controller.model.topology import Topology
 from worker import faults
+from worker.api.faults import FAULTS, KINDS, parse_fault, parse_faults
 from worker.api.errors import CapabilityError, ConfigError
 
 
@@ -167,6 +168,7 @@ class RecordingWorker:
         return {"version": 1, "nodes": []}
 
     def fault(self, body):
+        parse_faults(body["faults"])  # what a worker accepts
         self.calls.append(("fault", body["faults"]))
         return {"version": 1, "results": [{"started": ["p1"]} for _ in body["faults"]]}
 
@@ -323,13 +325,13 @@ def test_round_trigger_fires_once_from_the_round_on():
 
 def test_worker_fault_validation():
     with pytest.raises(ConfigError, match="src_ips"):
-        faults.validate({"kind": "drop", "node": "a", "key": "e1", "src_ips": ["1.2.3.4; reboot"]})
+        parse_fault({"kind": "drop", "node": "a", "key": "e1", "src_ips": ["1.2.3.4; reboot"]})
     with pytest.raises(ConfigError, match="key"):
-        faults.validate({"kind": "drop", "node": "a", "key": "E 1", "src_ips": ["1.2.3.4"]})
-    with pytest.raises(ConfigError, match="unknown fields"):
-        faults.validate({"kind": "kill", "node": "a", "argv": ["sh"]})
+        parse_fault({"kind": "drop", "node": "a", "key": "E 1", "src_ips": ["1.2.3.4"]})
+    with pytest.raises(ConfigError, match="field 'argv': unknown field"):
+        parse_fault({"kind": "kill", "node": "a", "argv": ["sh"]})
     with pytest.raises(ConfigError, match="kind"):
-        faults.validate({"kind": "format_disk", "node": "a"})
+        parse_fault({"kind": "format_disk", "node": "a"})
     lines = faults.drop_lines("tb1", "e3", ["10.0.0.2"], 10)
     assert lines[1] == ("-A INPUT -s 10.0.0.2/32 -m comment --comment edgetb-tb1-scn-e3 -m statistic --mode random "
                         "--probability 0.100000 -j DROP")
@@ -418,8 +420,8 @@ def test_a_failed_preparation_leaves_the_step_to_do_it_all():
 
 
 def test_prepare_fault_names_what_it_prepares():
-    assert faults.validate({"kind": "prepare", "node": "a", "for": "freeze"})["for"] == "freeze"
-    with pytest.raises(ConfigError, match="prepare needs 'for'"):
-        faults.validate({"kind": "prepare", "node": "a", "for": "reboot"})
-    with pytest.raises(ConfigError, match="prepare needs 'for'"):
-        faults.validate({"kind": "prepare", "node": "a"})
+    assert parse_fault({"kind": "prepare", "node": "a", "for": "freeze"}).to_dict()["for"] == "freeze"
+    with pytest.raises(ConfigError, match="field 'for': 'reboot' is not one of 'freeze', 'limits'"):
+        parse_fault({"kind": "prepare", "node": "a", "for": "reboot"})
+    with pytest.raises(ConfigError, match="missing field 'for'"):
+        parse_fault({"kind": "prepare", "node": "a"})

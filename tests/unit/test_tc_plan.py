@@ -389,14 +389,15 @@ def test_isolated_plan_round_trip_and_old_state_files():
     ({"open": True}, None),
     ({"drop": ["10.0.0.0/16"]}, None),
     ({"drop": ["10.0.0.0/16"], "keep": ["10.0.0.1"]}, None),
-    ({"open": False}, "unknown fields: \\['open'\\]"),
-    ({"open": True, "drop": ["10.0.0.0/16"]}, "unknown fields"),
+    ({"open": False}, "isolation: field 'open': unknown field"),
+    ({"open": True, "drop": ["10.0.0.0/16"]}, "field 'open': unknown field"),
     ({"drop": []}, "at least one prefix"),
-    ({"drop": "10.0.0.0/16"}, "isolation.drop must be a list"),
-    ({"drop": ["10.0.0.1/16"]}, "isolation.drop: '10.0.0.1/16' is not an IPv4 prefix"),
-    ({"drop": ["10.0.0.0/16"], "keep": ["10.0.0"]}, "isolation.keep: '10.0.0' is not an IPv4 address"),
-    ({"drop": ["10.0.0.0/16"], "kept": []}, "unknown fields: \\['kept'\\]"),
-    ([], "isolation must be an object"),
+    ({"drop": "10.0.0.0/16"}, "isolation: field 'drop': expected a list"),
+    ({"drop": ["10.0.0.1/16"]}, "isolation: field 'drop\\[0\\]': '10.0.0.1/16' is not an IPv4 prefix"),
+    ({"drop": ["10.0.0.0/16"], "keep": ["10.0.0"]}, "isolation: field 'keep\\[0\\]': '10.0.0' is not an IPv4 address"),
+    ({"drop": ["10.0.0.0/16"], "kept": []}, "field 'kept': unknown field; did you mean 'keep'"),
+    ({"keep": []}, "isolation: missing field 'drop'"),
+    ([], "isolation: expected an object"),
 ])
 def test_isolation_wire_form(data, error):
     if error is None:

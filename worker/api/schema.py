@@ -1,9 +1,11 @@
-"""One way to check every JSON file a user writes (structure, dataset, hosts, nodes, links).
+"""One way to check every JSON document: the files a user writes (structure, dataset, hosts,
+nodes, links, scenario) and the requests a worker receives (nodes, links, faults, processes).
 
 A ``Schema`` declares an object's fields: each ``Field`` its JSON type, whether it is
 required, its default, its bounds (upper bounds included: a ``sync`` of 10**9 is a typo,
-not an experiment), its allowed values, the items of a list or the schema of a nested
-object. ``Schema.validate`` refuses, with the file and the place named:
+not an experiment), its allowed values, whether null is allowed, the items of a list, the
+values of a map, the schema of a nested object, or a ``parse`` function for a textual form
+(an IPv4 address). ``Schema.validate`` refuses, with the file (or request) and the place named:
 
 - an unknown field, with the nearest valid name::
 
@@ -14,7 +16,8 @@ object. ``Schema.validate`` refuses, with the file and the place named:
 - a missing required field.
 
 It returns a copy holding every declared field (defaults filled in, integers given to a
-float field turned into floats). Files are read by ``read_json``: duplicate keys, NaN and
+float field turned into floats; a field whose default is ``ABSENT`` is left out when absent,
+for requests where a key left out keeps what is there). Files are read by ``read_json``: duplicate keys, NaN and
 Infinity are refused too. The error class is the caller's (``ConfigError`` by default,
 ``TopologyError`` for the network files), so callers keep their error hierarchy.
 """
@@ -22,11 +25,12 @@ from __future__ import annotations
 
 import copy
 import difflib
+import ipaddress
 import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from worker.api.errors import ConfigError
 
@@ -81,6 +85,19 @@ def suggestion(key: object, valid: Iterable[str]) -> str:
     return f"; valid fields: {', '.join(valid)}" if valid else "; no field is allowed here"
 
 
+class _Absent:
+    """The default of a field that is left out of ``Schema.validate``'s copy when absent."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __deepcopy__(self, memo: dict) -> "_Absent":
+        return self
+
+
+ABSENT: Any = _Absent()
+
+
 def _bound(x: float) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
@@ -103,7 +120,10 @@ class Field:
     schema: Optional["Schema"] = None  # what a nested object must be
     max_len: Optional[int] = None     # strings
     pattern: Optional[re.Pattern] = None  # strings, matched in full
-    hint: str = ""                    # the expected form, for pattern errors
+    hint: str = ""                    # the expected form, for pattern and parse errors
+    nullable: bool = False            # null is allowed (and kept as None)
+    values: Optional["Field"] = None  # what each value of a map (an object of any keys) must be
+    parse: Optional[Callable[[Any], Any]] = None  # normalises a value; ValueError: not ``hint``
 
     def kinds(self) -> tuple:
         return self.kind if isinstance(self.kind, tuple) else (self.kind,)
@@ -113,22 +133,25 @@ class Field:
         names = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in self.kinds())
         if self.choices is not None:
             return f"one of {', '.join(map(repr, self.choices))}"
+        null = " or null" if self.nullable else ""
         if self.low is not None and self.high is not None:
-            return f"{names} in {'(' if self.low_open else '['}{_bound(self.low)}, {_bound(self.high)}]"
+            return f"{names} in {'(' if self.low_open else '['}{_bound(self.low)}, {_bound(self.high)}]{null}"
         if self.low is not None:
-            return f"{names} {'>' if self.low_open else '>='} {_bound(self.low)}"
+            return f"{names} {'>' if self.low_open else '>='} {_bound(self.low)}{null}"
         if self.high is not None:
-            return f"{names} <= {_bound(self.high)}"
-        return names
+            return f"{names} <= {_bound(self.high)}{null}"
+        return names + null
 
     def check(self, value: Any, place: Place, name: str, error: type) -> Any:
         """``value`` checked (and normalised: int -> float for float fields); ``name`` is its label."""
         where = place.field(name)
+        if value is None and self.nullable:
+            return None
         kinds = self.kinds()
         ok = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool)
                  or (k is float and isinstance(value, int) and not isinstance(value, bool)) for k in kinds)
         if not ok:
-            names = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+            names = " or ".join([_TYPE_NAMES.get(k, k.__name__) for k in kinds] + ["null"] * self.nullable)
             raise error(f"{where}: expected {self.rule() if self.choices is None else names}, got {describe(value)}")
         if isinstance(value, float) and not math.isfinite(value):
             raise error(f"{where}: must be a finite number, got {value!r}")
@@ -147,15 +170,24 @@ class Field:
             if self.max_len is not None and len(value) > self.max_len:
                 raise error(f"{where}: longer than {self.max_len} characters")
             if self.pattern is not None and not self.pattern.fullmatch(value):
-                raise error(f"{where}: {value!r} is not {self.hint or 'of the expected form'}")
+                raise error(f"{where}: {value!r:.60} is not {self.hint or 'of the expected form'}")
         if isinstance(value, list):
             if len(value) < self.min_items or self.max_items is not None and len(value) > self.max_items:
                 most = f" and at most {self.max_items}" if self.max_items is not None else ""
                 raise error(f"{where}: must hold at least {self.min_items}{most} items, got {len(value)}")
             if self.items is not None:
                 value = [self.items.check(v, place, f"{name}[{i}]", error) for i, v in enumerate(value)]
+        if isinstance(value, dict) and self.values is not None:
+            if self.max_items is not None and len(value) > self.max_items:
+                raise error(f"{where}: must hold at most {self.max_items} entries, got {len(value)}")
+            value = {k: self.values.check(v, place.at(name), str(k), error) for k, v in value.items()}
         if isinstance(value, dict) and self.schema is not None:
             value = self.schema.validate(value, place.at(name), error)
+        if self.parse is not None:
+            try:
+                value = self.parse(value)
+            except (ValueError, TypeError) as e:
+                raise error(f"{where}: {value!r:.60} is not {self.hint or 'of the expected form'} ({e})") from None
         return value
 
 
@@ -177,19 +209,28 @@ class Schema:
         """Refuse the first key that is not declared, naming the nearest declared one."""
         refuse_unknown(data, self.fields, place, error)
 
-    def validate(self, data: Any, place: Union[Place, str], error: type = ConfigError) -> dict[str, Any]:
-        """``data`` checked field by field; a copy with every declared field (None when absent
-        and without default)."""
+    def check_keys(self, data: Any, place: Union[Place, str], error: type = ConfigError) -> dict[str, Any]:
+        """``data`` is an object with only declared fields and every required one; the values are
+        left to ``validate`` (a first pass, when a field such as a name is needed to name the place)."""
         place = Place.of(place)
         if not isinstance(data, dict):
             raise error(f"{place}: expected an object, got {describe(data)}")
         self.unknown(data, place, error)
+        for name, f in self.fields.items():
+            if f.required and name not in data:
+                raise error(f"{place}: missing field {name!r}" + (f" ({f.doc})" if f.doc else ""))
+        return data
+
+    def validate(self, data: Any, place: Union[Place, str], error: type = ConfigError) -> dict[str, Any]:
+        """``data`` checked field by field; a copy with every declared field (None when absent
+        and without default; left out when absent with the default ``ABSENT``)."""
+        place = Place.of(place)
+        self.check_keys(data, place, error)
         out: dict[str, Any] = {}
         for name, f in self.fields.items():
             if name not in data:
-                if f.required:
-                    raise error(f"{place}: missing field {name!r}" + (f" ({f.doc})" if f.doc else ""))
-                out[name] = copy.deepcopy(f.default)
+                if f.default is not ABSENT:
+                    out[name] = copy.deepcopy(f.default)
                 continue
             out[name] = f.check(data[name], place, name, error)
         return out
@@ -248,3 +289,7 @@ MAX_HIDDEN_LAYERS = 16
 MAX_LEARNING_RATE = 10.0
 
 SEED = Field(int, "random seed", low=0, high=MAX_SEED)
+IPV4_ADDRESS = Field(str, "an IPv4 address", hint="an IPv4 address",
+                     parse=lambda v: str(ipaddress.IPv4Address(v)))
+IPV4_PREFIX = Field(str, "an IPv4 prefix", hint="an IPv4 prefix",
+                    parse=lambda v: str(ipaddress.IPv4Network(v)))

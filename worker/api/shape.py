@@ -6,13 +6,20 @@ Units live in the field names: ``rate_bps`` is bits per second, ``delay_ms`` and
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from worker.api.errors import ConfigError
+from worker.api.schema import Field, Place, Schema
 
 MAX_RATE_BPS = 100 * 10**9
 MAX_DELAY_MS = 60_000.0
 MAX_QUEUE_PKTS = 1_000_000
+# the wire form's types; the ranges are ``shape_problems``'s (a Shape made in code is checked too)
+SHAPE_SCHEMA = Schema({"rate_bps": Field(int, "bits per second", required=True),
+                       "delay_ms": Field(float, "milliseconds", default=0.0),
+                       "jitter_ms": Field(float, "milliseconds", default=0.0),
+                       "loss_pct": Field(float, "percent", default=0.0),
+                       "queue_pkts": Field(int, "packets", nullable=True)})
 
 
 @dataclass(frozen=True)
@@ -39,24 +46,14 @@ class Shape:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Shape":
-        """Build from a wire dict; unknown or mistyped fields are a ConfigError."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"shape must be an object, got {type(data).__name__}")
-        unknown = set(data) - {"rate_bps", "delay_ms", "jitter_ms", "loss_pct", "queue_pkts"}
-        if unknown:
-            raise ConfigError(f"shape has unknown fields: {sorted(unknown)}")
-        if "rate_bps" not in data:
-            raise ConfigError("shape needs rate_bps")
-        for key in ("rate_bps", "queue_pkts"):
-            value = data.get(key)
-            if (value is not None or key == "rate_bps") and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ConfigError(f"shape field {key} must be an integer, got {value!r}")
-        for key in ("delay_ms", "jitter_ms", "loss_pct"):
-            value = data.get(key, 0.0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"shape field {key} must be a number, got {value!r}")
-        return cls(**data)
+    def from_dict(cls, data: Any, place: Union[Place, str] = "shape", error: type = ConfigError) -> "Shape":
+        """Build from a wire dict; unknown, mistyped or out-of-range fields are ``error``
+        naming ``place``."""
+        values = SHAPE_SCHEMA.validate(data, place, error)
+        try:
+            return cls(**values)
+        except ConfigError as e:
+            raise error(f"{Place.of(place)}: {e.message}") from None
 
     def describe(self) -> str:
         """Short human form, e.g. ``10mbit delay 20ms loss 1%``."""

@@ -15,13 +15,14 @@ import re
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
 from worker.nodes import cgroups, confine, neighbours, privilege
 
 from worker.kernel import netlink as nl, nsfs
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
+from worker.api.schema import IPV4_ADDRESS, Field, Schema
 from worker.state import StateStore
 
 TESTBED_ID_RE = re.compile(r"[a-z0-9]{1,5}")
@@ -87,35 +88,34 @@ class NodeSpec:
     pids_max: Optional[int] = None
 
     @classmethod
-    def from_dict(cls, data: Any) -> "NodeSpec":
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            raise ConfigError(f"a node needs a string 'name', got {data!r}")
-        unknown = set(data) - {"name", "cpu", "mem_bytes", "ip", "pids_max"}
-        if unknown:
-            raise ConfigError(f"node {data['name']!r}: unknown fields {sorted(unknown)}")
-        spec = cls(data["name"], data.get("cpu"), data.get("mem_bytes"), data.get("ip"), data.get("pids_max"))
-        spec.check()
-        return spec
+    def from_dict(cls, data: Any, place: Optional[str] = None) -> "NodeSpec":
+        """A node of a request (``place``: where it sits, e.g. ``nodes[3]``); anything malformed
+        is a ConfigError naming the node and the field."""
+        name = data.get("name") if isinstance(data, dict) else None
+        return cls(**NODE_SPEC_SCHEMA.validate(data, _node_place(place, name)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
     def check(self) -> None:
-        if not NODE_NAME_RE.fullmatch(self.name):
-            raise ConfigError(f"node name {self.name!r} must match {NODE_NAME_RE.pattern}")
-        if self.cpu is not None and (isinstance(self.cpu, bool) or not isinstance(self.cpu, (int, float))
-                                     or not 0 < self.cpu <= 1024):
-            raise ConfigError(f"node {self.name}: cpu must be a number of cores in (0, 1024], got {self.cpu!r}")
-        if self.mem_bytes is not None and (isinstance(self.mem_bytes, bool) or not isinstance(self.mem_bytes, int)
-                                           or self.mem_bytes < 4 * 1024 * 1024):
-            raise ConfigError(f"node {self.name}: mem_bytes must be an integer >= 4 MiB, got {self.mem_bytes!r}")
-        low, high = confine.MIN_PIDS_MAX, confine.MAX_PIDS_MAX
-        if self.pids_max is not None and (isinstance(self.pids_max, bool) or not isinstance(self.pids_max, int)
-                                          or not low <= self.pids_max <= high):
-            raise ConfigError(f"node {self.name}: pids_max must be an integer in [{low}, {high}], "
-                              f"got {self.pids_max!r}")
-        if self.ip is not None:
-            try:
-                ipaddress.IPv4Address(self.ip)
-            except ValueError:
-                raise ConfigError(f"node {self.name}: ip {self.ip!r} is not an IPv4 address") from None
+        """A spec made in code checked as a request's would be."""
+        NODE_SPEC_SCHEMA.validate(self.to_dict(), _node_place(None, self.name))
+
+
+NODE_SPEC_SCHEMA = Schema({
+    "name": Field(str, "the node's name", required=True, pattern=NODE_NAME_RE,
+                  hint=f"a node name ({NODE_NAME_RE.pattern})"),
+    "cpu": Field(float, "CPU cores", nullable=True, low=0, low_open=True, high=1024),
+    "mem_bytes": Field(int, "memory limit in bytes", nullable=True, low=4 * 1024 * 1024),
+    "ip": replace(IPV4_ADDRESS, nullable=True, doc="a physical device's address"),
+    "pids_max": Field(int, "most processes", nullable=True, low=confine.MIN_PIDS_MAX, high=confine.MAX_PIDS_MAX)})
+
+
+def _node_place(place: Optional[str], name: Any) -> str:
+    """``node 'a'``, or ``nodes[3] (a)`` for a node of a request's list."""
+    if not isinstance(name, str):
+        return place or "node"
+    return f"{place} ({name[:20]})" if place else f"node {name[:20]!r}"
 
 
 def emulated_only(specs: Sequence[NodeSpec], kind: str) -> None:

@@ -50,9 +50,10 @@ from __future__ import annotations
 import ipaddress
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Union
 
 from worker.api.errors import ConfigError
+from worker.api.schema import IPV4_ADDRESS, IPV4_PREFIX, Field, Place, Schema
 from worker.api.shape import Shape, format_rate
 
 DEFAULT_MINOR = 1
@@ -125,39 +126,19 @@ class Isolation:
         return {"drop": list(self.drop), "keep": list(self.keep)}
 
     @classmethod
-    def from_dict(cls, data: Any) -> Optional["Isolation"]:
+    def from_dict(cls, data: Any, place: Union[Place, str] = "isolation") -> Optional["Isolation"]:
         """``{"drop": [prefix, ...], "keep": [address, ...]}``, or ``{"open": true}`` (None: open)."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"isolation must be an object, got {type(data).__name__}")
-        if data.get("open") is True and set(data) == {"open"}:
+        if isinstance(data, dict) and data == {"open": True}:
             return None
-        unknown = set(data) - {"drop", "keep"}
-        if unknown:
-            raise ConfigError(f"isolation has unknown fields: {sorted(unknown)} (expected drop and keep, "
-                              f"or open: true)")
-        return cls(tuple(_prefixes(data.get("drop"), "isolation.drop")),
-                   tuple(_addresses(data.get("keep", []), "isolation.keep")))
+        values = ISOLATION_SCHEMA.validate(data, place)
+        return cls(tuple(values["drop"]), tuple(values["keep"]))
 
 
-def _ipv4_list(value: Any, where: str, parse: Any, what: str) -> list[str]:
-    """``value`` as a list of IPv4 items in their normal form (``parse``: IPv4Network or IPv4Address)."""
-    if not isinstance(value, list):
-        raise ConfigError(f"{where} must be a list of IPv4 {what}es")
-    out = []
-    for item in value:
-        try:
-            out.append(str(parse(item)))
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"{where}: {item!r} is not an IPv4 {what} ({e})") from None
-    return out
-
-
-def _prefixes(value: Any, where: str) -> list[str]:
-    return _ipv4_list(value, where, ipaddress.IPv4Network, "prefix")
-
-
-def _addresses(value: Any, where: str) -> list[str]:
-    return _ipv4_list(value, where, ipaddress.IPv4Address, "address")
+ISOLATION_SCHEMA = Schema({"drop": Field(list, "the node address space (IPv4 prefixes)", required=True,
+                                         items=IPV4_PREFIX),
+                           "keep": Field(list, "addresses inside it reached without a link", default=[],
+                                         items=IPV4_ADDRESS)},
+                          doc='or {"open": true}, the open network')
 
 
 @dataclass(frozen=True)
