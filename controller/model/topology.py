@@ -71,16 +71,16 @@ NODE_SCHEMA = Schema({
     "downlink": Field(str, "the node's access link in, shared by all its peers, e.g. '10mbit'", max_len=32)})
 ACCESS_SCHEMA = Schema({"uplink": NODE_SCHEMA.fields["uplink"], "downlink": NODE_SCHEMA.fields["downlink"]})
 # What Topology.to_dict writes (topology.json) and from_dict reads back.
-TOPOLOGY_DICT_SCHEMA = Schema({"version": Field(int, required=True, choices=(TOPOLOGY_VERSION,)),
-                               "nodes": Field(list, default=[]), "links": Field(list, default=[])})
-NODE_DICT_SCHEMA = Schema({
+_TOPOLOGY_DICT = Schema({"version": Field(int, required=True, choices=(TOPOLOGY_VERSION,)),
+                         "nodes": Field(list, default=[]), "links": Field(list, default=[])})
+_NODE_DICT = Schema({
     "name": Field(str, required=True), "kind": Field(str), "host": Field(str),
     "cpu": Field(float, nullable=True), "mem_bytes": Field(int, nullable=True), "ip": Field(str, nullable=True),
     "uplink_bps": Field(int, nullable=True), "downlink_bps": Field(int, nullable=True),
     "pids_max": Field(int, nullable=True)})  # values checked further by add_node
-LINK_DICT_SCHEMA = Schema({"src": Field(str, "a node name", required=True),
-                           "dst": Field(str, "a node name", required=True),
-                           "shape": Field(dict, "how the link is shaped", required=True)})
+_LINK_DICT = Schema({"src": Field(str, "a node name", required=True),
+                     "dst": Field(str, "a node name", required=True),
+                     "shape": Field(dict, "how the link is shaped", required=True)})
 NODES_FILE_SCHEMA = Schema({"version": Field(int, default=TOPOLOGY_VERSION, choices=(TOPOLOGY_VERSION,)),
                             "defaults": Field(dict, "access links of every node that names none", schema=ACCESS_SCHEMA),
                             "nodes": Field(list, required=True)})
@@ -377,15 +377,15 @@ class Topology:
         """Inverse of ``to_dict``; anything malformed is a TopologyError."""
         if not isinstance(data, dict) or data.get("version") != TOPOLOGY_VERSION:
             raise TopologyError(f"{source}: expected an object with \"version\": {TOPOLOGY_VERSION}")
-        data = TOPOLOGY_DICT_SCHEMA.validate(data, source, TopologyError)
+        data = _TOPOLOGY_DICT.validate(data, source, TopologyError)
         topo = cls()
         for i, entry in enumerate(data["nodes"]):
-            NODE_DICT_SCHEMA.validate(entry, f"{source}: nodes[{i}]", TopologyError)
+            _NODE_DICT.validate(entry, f"{source}: nodes[{i}]", TopologyError)
             topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
                           entry.get("mem_bytes"), entry.get("ip"), source=source, uplink=entry.get("uplink_bps"),
                           downlink=entry.get("downlink_bps"), pids=entry.get("pids_max"))
         for i, entry in enumerate(data["links"]):
-            LINK_DICT_SCHEMA.validate(entry, f"{source}: links[{i}]", TopologyError)
+            _LINK_DICT.validate(entry, f"{source}: links[{i}]", TopologyError)
             src, dst = entry["src"], entry["dst"]
             place = _where(source, src, f"link to {dst!r}")
             topo._check_new_link(src, dst, place)

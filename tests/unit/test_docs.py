@@ -82,7 +82,7 @@ def test_every_schema_of_the_input_files_is_in_the_reference():
     modules = {module for module, _ in (v for v in ref.SCHEMAS.values() if isinstance(v, tuple))}
     for module in sorted(modules):
         for name, value in vars(importlib.import_module(module)).items():
-            if isinstance(value, Schema):
+            if isinstance(value, Schema) and not name.startswith("_"):  # _NAME: a stored or wire form
                 assert id(value) in documented, f"{module}.{name}: a schema no reference page shows " \
                                                 "(scripts/docs_reference.py SCHEMAS)"
 
