@@ -28,7 +28,7 @@ from worker.kernel.procs import start_ticks
 from worker.routes import Routes, parse_routes
 from worker.nodes.netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
 from worker.api.shape import MAX_RATE_BPS, Shape
-from worker.state import StateStore, state_root
+from worker.state import StateStore, host_run_dir, state_root
 from worker.shaping.plan import Isolation, Plan, Target, make_plan
 
 API_VERSION = 1
@@ -370,7 +370,7 @@ class WorkerHost:
         ident = ident or self.runtime.identity(node)
         home = privilege.prepare_node_dir(self.workdir, node, ident)
         real = os.path.realpath
-        hide = [real(state_root()), real(os.path.dirname(self.store.dir)), real(privilege.host_run_dir()),
+        hide = [real(state_root()), real(os.path.dirname(self.store.dir)), real(host_run_dir()),
                 real(os.path.join(self.workdir, "dml_file")), real(os.path.join(self.code_root, "dml_file"))]
         read = [*privilege.python_dirs(), real(os.path.join(self.code_root, "dml_app")), real(self.workdir)]
         return privilege.View(read=tuple(dict.fromkeys(read)), write=(real(home),), hide=tuple(dict.fromkeys(hide)),

@@ -17,8 +17,9 @@ import signal
 import time
 from typing import Any, Callable, Optional
 
-from worker.nodes import confine, privilege
+from worker.nodes import confine
 from worker.api.errors import CapabilityError, NodeRuntimeError
+from worker.state import host_record
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("cpu", "memory")
@@ -348,14 +349,14 @@ def enable_v2_controllers(root: str) -> list[str]:
     except OSError:
         available = set(V2_CONTROLLERS)
     wanted = [c for c in V2_CONTROLLERS if c in available or c != "pids"]
-    with privilege.host_locked("cgroup2") as path:
-        record = privilege.read_json(path, {})
+    with host_record("cgroup2") as host:
+        record = host.read({})
         with open(control) as f:
             enabled = set(f.read().split())
         added = [c for c in wanted if c not in enabled]
         if added:
             record[root] = sorted(set(record.get(root, [])) | set(added))
-            privilege.write_json(path, record)
+            host.write(record)
             _write(control, " ".join(f"+{c}" for c in added))
     return wanted
 
@@ -364,8 +365,8 @@ def restore_v2_controllers(root: str) -> None:
     """When no testbed's group is left under ``root``, take back the controllers that
     ``enable_v2_controllers`` delegated (one another user started using in the meantime stays)."""
     control = os.path.join(root, "cgroup.subtree_control")
-    with privilege.host_locked("cgroup2") as path:
-        record = privilege.read_json(path, {})
+    with host_record("cgroup2") as host:
+        record = host.read({})
         added = record.get(root)
         if not added or any(e.startswith(GROUP_PREFIX) and os.path.isdir(os.path.join(root, e))
                             for e in os.listdir(root)):
@@ -377,7 +378,7 @@ def restore_v2_controllers(root: str) -> None:
             except OSError:
                 pass  # busy: a group of someone else's now uses it
         del record[root]
-        privilege.write_json(path, record)
+        host.write(record)
 
 
 def self_join_target(procs_file: str) -> tuple[str, bool]:
