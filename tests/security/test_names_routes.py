@@ -243,14 +243,14 @@ def test_uid_blocks_are_distinct_and_released(run_dir):
 
 
 def test_child_env_is_an_allow_list(monkeypatch):
-    from worker.host import _child_env
+    from worker.nodes.processes import child_env
 
     monkeypatch.setenv("EDGETB_TOKEN", "t" * 20)
     monkeypatch.setenv("EDGETB_TOKEN_FILE", "/x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     monkeypatch.setenv("LD_PRELOAD", "/evil.so")
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
-    env = _child_env({"EDGETB_NODE_TOKEN": "node"})
+    env = child_env({"EDGETB_NODE_TOKEN": "node"})
     assert set(env) <= {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LC_ALL", "EDGETB_NODE_TOKEN"} | {
         k for k in os.environ if k.startswith("LC_")}
     assert env["EDGETB_NODE_TOKEN"] == "node" and env["LC_ALL"] == "C.UTF-8" and "PATH" in env
