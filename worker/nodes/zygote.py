@@ -6,12 +6,13 @@ page it touches. The zygote does that once: it is started (``exec``, so it holds
 worker's memory) with an environment of harmless variables only (and ``dml_app.compute.THREAD_ENV``:
 numpy's BLAS sizes its thread pool when it loads, and each forked node would inherit it), patches
 gevent, imports numpy and ``dml_app.node``, freezes the garbage collector's generations (so collections in a child do
-not write to the pages it shares), and then forks a child per request. The child sets itself up
-exactly as ``worker.nodes.privilege.launch`` sets up a node process before ``exec``: its cgroups, its
-network namespace, its own mount and IPC namespaces with the node's view and a ``/proc`` of its
-own, no file descriptor of the zygote's, the node's rlimits, its uid and gid with no capabilities
-and ``no_new_privs``, the parent-death signal, the seccomp filter (built once, by the zygote:
-each child installs it with one system call); then it runs ``dml_app.node.main``.
+not write to the pages it shares), and then forks a child per request. The child becomes the
+node by ``worker.nodes.privilege.become_node``, as ``privilege.launch``'s children do before
+``exec``: its cgroups, its network namespace, its own mount and IPC namespaces with the node's
+view and a ``/proc`` of its own, no file descriptor of the zygote's, the node's rlimits, its uid
+and gid with no capabilities and ``no_new_privs``, the parent-death signal, the seccomp filter
+(built once, by the zygote: each child installs it with one system call); then it runs
+``dml_app.node.main``.
 
 Secrets never pass through the zygote's memory: a node's environment (its secret) comes as a
 pipe the worker filled, passed as a file descriptor, and only the child reads it. So a node
