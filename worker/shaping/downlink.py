@@ -116,17 +116,6 @@ def redirect_target(options: bytes) -> Optional[int]:
     return None
 
 
-def _ifb_index(netns: Optional[str]) -> Optional[int]:
-    """The IFB's index in ``netns`` (None: there is none)."""
-    try:
-        if netns is None:
-            return socket.if_nametoindex(IFB_NAME)
-        with nsfs.entered(netns):
-            return socket.if_nametoindex(IFB_NAME)
-    except OSError:
-        return None
-
-
 def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], previous_bps: Optional[int],
                  peers: tuple[str, ...] = (), previous_peers: tuple[str, ...] = ()) -> None:
     """Make the downlink of the node's interface ``ifindex`` ``rate_bps`` (None: remove it),
@@ -137,7 +126,7 @@ def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], pr
         if rate_bps is None:
             sock.run([delete_ingress(ifindex), nl.delete_link(IFB_NAME)])  # absent is fine
             return
-        ifb_now = _ifb_index(netns) if previous_bps is not None else None
+        ifb_now = nsfs.ifindex(netns, IFB_NAME) if previous_bps is not None else None
         if ifb_now is not None and tuple(peers) == tuple(previous_peers):
             if not sock.run(tree_messages(ifb_now, rate_bps, peers_list, flags=0)):
                 return  # else the tree is not the one expected (made by an older version): made anew
@@ -149,7 +138,7 @@ def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], pr
         sock.run([delete_ingress(ifindex), nl.delete_link(IFB_NAME)])
         failures = sock.run([ifb_link(IFB_NAME)])
         _raise(netns, failures, f"creating the downlink device {IFB_NAME}")
-        ifb = _ifb_index(netns)
+        ifb = nsfs.ifindex(netns, IFB_NAME)
         if ifb is None:
             raise ShapingError(f"creating the downlink device {IFB_NAME} in {netns or 'the host'}: it is not there")
         failures = sock.run([nl.htb_root(ifb, IFB_DEFAULT_MINOR), *tree_messages(ifb, rate_bps, peers_list),
@@ -182,7 +171,7 @@ class Downlink:
 def read_downlink(sock: nl.RtnlSocket, netns: Optional[str], ifindex: int) -> Downlink:
     """The downlink of the interface ``ifindex``, read on ``sock`` (open in ``netns``)."""
     seen = Downlink()
-    ifb = _ifb_index(netns)
+    ifb = nsfs.ifindex(netns, IFB_NAME)
     if ifb is None:
         return seen
     rates: dict[int, int] = {}
