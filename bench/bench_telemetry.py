@@ -93,7 +93,7 @@ def run_sampler(host: Any, period_ms: int, seconds: float, with_collector: bool,
             collector.run_in_thread()
         else:
             host.telemetry_start({"version": 1, "period_ms": period_ms, "restart": True})
-        sampler = host._sampler
+        sampler = host.telemetry.sampler
         for node in sampler._nodes:  # the worst case: every class read at every sample, as if all were busy
             if node.sock is not None:
                 node.sock.always_dump = always_dump
@@ -119,7 +119,7 @@ def syscalls_alone(host: Any, period_ms: int, seconds: float) -> dict[str, Any]:
     of its own: per node, the counters-and-classes request, its answers up to the dump's end
     and the two cgroup reads. Its CPU share is what no decoding could go under."""
     host.telemetry_start({"version": 1, "period_ms": 10_000, "restart": True})  # opens the sockets
-    sampler = host._sampler
+    sampler = host.telemetry.sampler
     sampler._stop.set()  # the sockets stay open; this thread uses them alone
     sampler._thread.join()
     reads = [(n.sock.sock, n.sock._stats_and_dump, n.cgroup._cpu_fd if n.cgroup else -1,

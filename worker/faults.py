@@ -324,12 +324,7 @@ class Faults:
             cpu = rec.get("cpu") if f.cpu is ABSENT else f.cpu
             mem = rec.get("mem_bytes") if f.mem_bytes is ABSENT else f.mem_bytes
             groups: cgroups.Cgroups = self.host.runtime.cgroups
-            groups.require()
-            if groups.version == 1:  # the swap limit may not be below the memory limit: lift it first
-                memsw = os.path.join(groups.root, "memory", groups.group, node, "memory.memsw.limit_in_bytes")
-                if os.path.exists(memsw):
-                    cgroups._write(memsw, "-1", optional=True)
-            groups.create(node, cpu, mem, rec.get("pids_max"))  # (memory None: the default limit)
+            groups.set_limits(node, cpu, mem, rec.get("pids_max"))  # (memory None: the default limit)
             pids = self._pids(node)
             for procs in groups.procs_files(node):
                 _join(procs, pids)
@@ -381,7 +376,7 @@ class Faults:
                 if seconds < 0.5:
                     break
                 argv = iperf_client_argv(f.dst_ip, f.port, f.rate_bps, seconds, f.protocol)
-                child = self.host._popen(f.node, argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                child = self.host.popen(f.node, argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE)
                 out, err = child.communicate(timeout=seconds + 30)
                 try:

@@ -23,10 +23,9 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from worker.nodes import privilege
 from worker.api.errors import ConfigError, NodeRuntimeError
 from worker.nodes.netns import Naming, remove_forward_rules
-from worker.state import StateStore
+from worker.state import StateStore, host_record
 
 FORWARD_SYSCTL = "/proc/sys/net/ipv4/ip_forward"
 MAX_ROUTES = 4096
@@ -194,23 +193,23 @@ def _taken_networks(ipr: Any, ours: list[Route]) -> dict[str, str]:
 def hold_forwarding(testbed_id: str) -> None:
     """Count ``testbed_id`` among those that need IP forwarding; the first one switches it on and
     remembers what the host had."""
-    with privilege.host_locked("ip_forward") as path:
-        record = privilege.read_json(path, {})
+    with host_record("ip_forward") as host:
+        record = host.read({})
         holders = set(record.get("holders", []))
         if not holders:
             record["was"] = _read_forwarding()
         if testbed_id not in holders:
             holders.add(testbed_id)
             record["holders"] = sorted(holders)
-            privilege.write_json(path, record)
+            host.write(record)
         if _read_forwarding() != "1":
             _write_forwarding("1")
 
 
 def release_forwarding(testbed_id: str, legacy_was: Optional[str] = None) -> None:
     """``testbed_id`` no longer needs forwarding; the last one to leave restores what the host had."""
-    with privilege.host_locked("ip_forward") as path:
-        record = privilege.read_json(path, {})
+    with host_record("ip_forward") as host:
+        record = host.read({})
         holders = set(record.get("holders", []))
         if testbed_id not in holders:
             if not holders and legacy_was is not None and _read_forwarding() != legacy_was:
@@ -218,11 +217,11 @@ def release_forwarding(testbed_id: str, legacy_was: Optional[str] = None) -> Non
             return
         holders.discard(testbed_id)
         if holders:
-            privilege.write_json(path, {**record, "holders": sorted(holders)})
+            host.write({**record, "holders": sorted(holders)})
             return
         if record.get("was") in ("0", "1") and _read_forwarding() != record["was"]:
             _write_forwarding(record["was"])
-        os.unlink(path)
+        os.unlink(host.path)
 
 
 def _read_forwarding() -> str:

@@ -13,12 +13,24 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from worker.api.errors import NodeRuntimeError
+
 STATE_VERSION = 1
 DEFAULT_STATE_ROOT = "/var/lib/edgetb"
+DEFAULT_RUN_DIR = "/run/edgetb"  # host-wide, cleared at boot like the kernel state it describes
 
 
 def state_root() -> str:
     return os.environ.get("EDGETB_STATE_DIR", DEFAULT_STATE_ROOT)
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON (keys sorted), atomically: a reader sees the old
+    document or the new one, never part of one."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:  # one string from the C encoder: json.dump's pieces are 10x slower
+        f.write(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def empty_state(testbed_id: str) -> dict[str, Any]:
@@ -84,13 +96,51 @@ class StateStore:
         return cached[1]
 
     def _save(self, state: dict[str, Any]) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:  # one string from the C encoder: json.dump's pieces are 10x slower
-            f.write(json.dumps(state, sort_keys=True))
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, state)
 
     def logs_dir(self) -> str:
         path = os.path.join(self.dir, "logs")
         if not os.path.isdir(path):
             os.makedirs(path, exist_ok=True)
         return path
+
+
+# host-wide records (every testbed on this host, whatever its state root) ---------------------------
+def host_run_dir() -> str:
+    return os.environ.get("EDGETB_RUN_DIR", DEFAULT_RUN_DIR)
+
+
+class HostRecord:
+    """One host-wide JSON document, read and written while its lock is held (``host_record``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def read(self, default: Any) -> Any:
+        """The document, or ``default`` when there is none."""
+        return read_host_json(self.path, default)
+
+    def write(self, data: Any) -> None:
+        write_json_atomic(self.path, data)
+
+
+@contextmanager
+def host_record(name: str) -> Iterator[HostRecord]:
+    """Hold the host-wide lock ``name`` and yield its JSON document (``<run dir>/<name>.json``)."""
+    root = host_run_dir()
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    with open(os.path.join(root, f"{name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield HostRecord(os.path.join(root, f"{name}.json"))
+
+
+def read_host_json(path: str, default: Any) -> Any:
+    """A host-wide JSON document, or ``default`` when there is none (a damaged one is an error
+    that says what to do)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return default
+    except ValueError:
+        raise NodeRuntimeError(f"{path} is not valid JSON: remove it if no testbed runs on this host") from None

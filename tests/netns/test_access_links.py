@@ -4,7 +4,7 @@ import time
 
 from tests.netns.conftest import (IPERF_PORT, NETNS, iperf_json, links, need_iperf3, need_tools, nodes_body, report,
                                   wait_listening)
-from worker.shaping.downlink import IFB_DEFAULT_MINOR, IFB_NAME, peer_minor
+from worker.shaping.plan import IFB_DEFAULT_MINOR, IFB_NAME, peer_minor
 
 pytestmark = NETNS
 

@@ -12,6 +12,7 @@ from tests.netns.conftest import nodes_body, root_skip_reason
 from worker.nodes import cgroups, privilege
 from worker.kernel import nsfs
 from worker import routes
+from worker.state import read_host_json
 from worker.api.errors import ConfigError
 from worker.nodes.netns import Naming, NodeSpec
 from worker.routes import Route, overlaps, parse_routes
@@ -179,7 +180,7 @@ def test_cgroup_v2_subtree_control_restored_when_the_last_group_goes(tmp_path, r
     (root / "edgetb-tb").rmdir()
     cgroups.restore_v2_controllers(str(root))
     assert (root / "cgroup.subtree_control").read_text() == "-pids"  # the last write: -cpu, -memory, then -pids
-    assert privilege.read_json(str(run_dir / "cgroup2.json"), None) == {}
+    assert read_host_json(str(run_dir / "cgroup2.json"), None) == {}
 
 
 def test_cgroup_v2_controllers_enabled_before_are_left(tmp_path, run_dir):
@@ -236,20 +237,20 @@ def test_uid_blocks_are_distinct_and_released(run_dir):
     assert privilege.uid_base("ta") == bases["ta"]  # stable
     assert privilege.Identity.of_node("ta", 5).uid == bases["ta"] + 5
     privilege.release_uid_base("ta")
-    assert "ta" not in privilege.read_json(str(run_dir / "uids.json"), {})
+    assert "ta" not in read_host_json(str(run_dir / "uids.json"), {})
     with pytest.raises(ConfigError):
         privilege.Identity.of_node("tb", privilege.UID_SLOT)
 
 
 def test_child_env_is_an_allow_list(monkeypatch):
-    from worker.host import _child_env
+    from worker.nodes.processes import child_env
 
     monkeypatch.setenv("EDGETB_TOKEN", "t" * 20)
     monkeypatch.setenv("EDGETB_TOKEN_FILE", "/x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     monkeypatch.setenv("LD_PRELOAD", "/evil.so")
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
-    env = _child_env({"EDGETB_NODE_TOKEN": "node"})
+    env = child_env({"EDGETB_NODE_TOKEN": "node"})
     assert set(env) <= {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LC_ALL", "EDGETB_NODE_TOKEN"} | {
         k for k in os.environ if k.startswith("LC_")}
     assert env["EDGETB_NODE_TOKEN"] == "node" and env["LC_ALL"] == "C.UTF-8" and "PATH" in env

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from worker.host import _ProcessBook
+from worker.nodes.processes import ProcessBook
 from worker.state import StateStore
 
 
@@ -32,7 +32,7 @@ def test_process_records_include_changes_not_yet_saved(tmp_path: Path) -> None:
     store = StateStore("t2", str(tmp_path))
     with store.locked() as state:
         state["processes"] = {"p1": {"id": "p1", "node": "a"}, "p2": {"id": "p2", "node": "b"}}
-    book = _ProcessBook(store)
+    book = ProcessBook(store)
     book.add({"id": "p3", "node": "a"})
     book.remove("p1")
     assert sorted(r["id"] for r in book.records()) == ["p2", "p3"]

@@ -68,7 +68,7 @@ CHUNK_BYTES = 64 * 1024
 
 HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
-_IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
+IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _RATESPEC = struct.Struct("=BBHhHI")  # cell_log, linklayer, overhead, cell_align, mpu, rate
@@ -265,23 +265,23 @@ def veth_into_netns(host_ifname: str, bridge_index: int, peer_ifname: str, netns
     then H up without IPv6 addresses (``addrgenmode none``): a bridge port needs none, and each
     one's duplicate address and router solicitations would be flooded to every other port (at
     1,000 nodes, millions of deliveries that slowed the shaping after creation by half)."""
-    peer = _IFINFO.pack(0, 0, peer_index, 0, 0) + attr_str(IFLA_IFNAME, peer_ifname)
+    peer = IFINFO.pack(0, 0, peer_index, 0, 0) + attr_str(IFLA_IFNAME, peer_ifname)
     peer += attr_u32(IFLA_NET_NS_FD, netns_fd)
     linkinfo = attr_str(IFLA_INFO_KIND, "veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer))
-    body = _IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, host_ifname)
+    body = IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, host_ifname)
     body += attr_u32(IFLA_MASTER, bridge_index) + attr(IFLA_LINKINFO, linkinfo)
     no_ipv6 = attr(IFLA_AF_SPEC, attr(socket.AF_INET6, attr(IFLA_INET6_ADDR_GEN_MODE, bytes([IN6_ADDR_GEN_MODE_NONE]))))
-    named = _IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, host_ifname)
-    up = _IFINFO.pack(0, 0, 0, IFF_UP, IFF_UP) + attr_str(IFLA_IFNAME, host_ifname)
+    named = IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, host_ifname)
+    up = IFINFO.pack(0, 0, 0, IFF_UP, IFF_UP) + attr_str(IFLA_IFNAME, host_ifname)
     return [message(RTM_NEWLINK, CREATE, body), message(RTM_NEWLINK, 0, named + no_ipv6), message(RTM_NEWLINK, 0, up)]
 
 
 def delete_link(ifname: str) -> bytes:
-    return message(RTM_DELLINK, 0, _IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, ifname))
+    return message(RTM_DELLINK, 0, IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, ifname))
 
 
 def link_up(index: int, txqlen: Optional[int] = None) -> bytes:
-    body = _IFINFO.pack(0, 0, index, IFF_UP, IFF_UP)
+    body = IFINFO.pack(0, 0, index, IFF_UP, IFF_UP)
     if txqlen is not None:
         body += attr_u32(IFLA_TXQLEN, txqlen)
     return message(RTM_NEWLINK, 0, body)
@@ -519,7 +519,7 @@ def _get_request(kind: int, flags: int, body: bytes, seq: int) -> bytes:
 
 def link_by_name_request(ifname: str, seq: int = 1) -> bytes:
     """``RTM_GETLINK`` of one interface by its name (its index and counters come back)."""
-    return _get_request(RTM_GETLINK, 0, _IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, ifname), seq)
+    return _get_request(RTM_GETLINK, 0, IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, ifname), seq)
 
 
 def stats_values(msg: bytes, offset: int, end: int) -> Optional[tuple[int, ...]]:
@@ -583,7 +583,7 @@ def link_stats_request(ifindex: int, seq: int = 1) -> bytes:
 
 def link_index(msg: bytes, offset: int = 0) -> int:
     """The interface index of an RTM_NEWLINK message."""
-    return _IFINFO.unpack_from(msg, offset + HDR.size)[2]
+    return IFINFO.unpack_from(msg, offset + HDR.size)[2]
 
 
 def root_qdisc_request(ifindex: int, seq: int = 1) -> bytes:

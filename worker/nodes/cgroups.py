@@ -17,8 +17,9 @@ import signal
 import time
 from typing import Any, Callable, Optional
 
-from worker.nodes import confine, privilege
+from worker.nodes import confine
 from worker.api.errors import CapabilityError, NodeRuntimeError
+from worker.state import host_record
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("cpu", "memory")
@@ -83,7 +84,8 @@ class Cgroups:
             raise CapabilityError(f"no cgroup v1 (cpu, memory) or v2 hierarchy under {self.root}: "
                                   "CPU and memory limits cannot be set")
 
-    def _bases(self) -> list[str]:
+    def bases(self) -> list[str]:
+        """The testbed's group in each hierarchy (they may not exist yet)."""
         if self.version == 1:
             return [os.path.join(self.root, c, self.group) for c in v1_hierarchies(self.root)]
         if self.version == 2:
@@ -91,17 +93,17 @@ class Cgroups:
         return []
 
     def dirs(self, node: str) -> list[str]:
-        return [os.path.join(base, node) for base in self._bases()]
+        return [os.path.join(base, node) for base in self.bases()]
 
     def create(self, node: str, cpu: Optional[float], mem_bytes: Optional[int], pids_max: Optional[int] = None
                ) -> None:
         """Make the node's group(s) and set its limits (memory and pids None: ``worker.nodes.confine``'s
         defaults; cpu None: unlimited)."""
         self.require()
-        if self.version == 2 and not (self._v2_ready and os.path.isdir(self._bases()[0])):
+        if self.version == 2 and not (self._v2_ready and os.path.isdir(self.bases()[0])):
             added = enable_v2_controllers(self.root)
-            os.makedirs(self._bases()[0], exist_ok=True)
-            _write(os.path.join(self._bases()[0], "cgroup.subtree_control"), " ".join(f"+{c}" for c in added))
+            os.makedirs(self.bases()[0], exist_ok=True)
+            _write(os.path.join(self.bases()[0], "cgroup.subtree_control"), " ".join(f"+{c}" for c in added))
             self._v2_ready = True
         for d in self.dirs(node):
             os.makedirs(d, exist_ok=True)
@@ -114,6 +116,17 @@ class Cgroups:
             optional = name.startswith("memory.memsw") or name.endswith("swap.max") or \
                 (self.version == 2 and name == "pids.max")
             _write(os.path.join(base, name), value, optional=optional)
+
+    def set_limits(self, node: str, cpu: Optional[float], mem_bytes: Optional[int],
+                   pids_max: Optional[int] = None) -> None:
+        """Change the limits of an existing node's group(s) (``create``'s defaults). On v1 the
+        swap limit is lifted first: the kernel refuses a memory limit above it."""
+        self.require()
+        if self.version == 1:
+            memsw = os.path.join(self.root, "memory", self.group, node, "memory.memsw.limit_in_bytes")
+            if os.path.exists(memsw):
+                _write(memsw, "-1", optional=True)
+        self.create(node, cpu, mem_bytes, pids_max)
 
     def reader(self, node: str) -> "CounterReader":
         """A reader of the node's CPU and memory counters."""
@@ -135,7 +148,7 @@ class Cgroups:
     def nodes(self) -> set[str]:
         """Every node group of this testbed that exists now."""
         found: set[str] = set()
-        for base in self._bases():
+        for base in self.bases():
             if os.path.isdir(base):
                 found.update(e for e in os.listdir(base) if os.path.isdir(os.path.join(base, e)))
         return found
@@ -193,7 +206,7 @@ class Cgroups:
     def remove_all(self) -> None:
         for node in self.nodes():
             self.remove(node)
-        for base in self._bases():
+        for base in self.bases():
             if os.path.isdir(base):
                 try:
                     os.rmdir(base)
@@ -348,14 +361,14 @@ def enable_v2_controllers(root: str) -> list[str]:
     except OSError:
         available = set(V2_CONTROLLERS)
     wanted = [c for c in V2_CONTROLLERS if c in available or c != "pids"]
-    with privilege.host_locked("cgroup2") as path:
-        record = privilege.read_json(path, {})
+    with host_record("cgroup2") as host:
+        record = host.read({})
         with open(control) as f:
             enabled = set(f.read().split())
         added = [c for c in wanted if c not in enabled]
         if added:
             record[root] = sorted(set(record.get(root, [])) | set(added))
-            privilege.write_json(path, record)
+            host.write(record)
             _write(control, " ".join(f"+{c}" for c in added))
     return wanted
 
@@ -364,8 +377,8 @@ def restore_v2_controllers(root: str) -> None:
     """When no testbed's group is left under ``root``, take back the controllers that
     ``enable_v2_controllers`` delegated (one another user started using in the meantime stays)."""
     control = os.path.join(root, "cgroup.subtree_control")
-    with privilege.host_locked("cgroup2") as path:
-        record = privilege.read_json(path, {})
+    with host_record("cgroup2") as host:
+        record = host.read({})
         added = record.get(root)
         if not added or any(e.startswith(GROUP_PREFIX) and os.path.isdir(os.path.join(root, e))
                             for e in os.listdir(root)):
@@ -377,7 +390,7 @@ def restore_v2_controllers(root: str) -> None:
             except OSError:
                 pass  # busy: a group of someone else's now uses it
         del record[root]
-        privilege.write_json(path, record)
+        host.write(record)
 
 
 def self_join_target(procs_file: str) -> tuple[str, bool]:

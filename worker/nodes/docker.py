@@ -20,28 +20,28 @@ Docker runtime is used or probed, so netns-only users need neither the SDK nor a
   where a netns node's would be, so shaping reaches it from the host with netlink, with no
   ``docker exec tc`` and no NET_ADMIN in the container.
 - Processes run inside the container through the engine's exec API (its namespaces and
-  cgroups, so its CPU and memory limits hold); ``ExecProcess`` gives them Popen's interface,
-  with the process's host pid (a session leader, so the worker can signal its group).
+  cgroups, so its CPU and memory limits hold); ``worker.nodes.docker_exec.ExecProcess`` gives
+  them Popen's interface, with the process's host pid (a session leader, so the worker can signal
+  its group).
 - Everything is labelled ``edgetb.testbed=<id>``; reset removes by that label only.
 """
 from __future__ import annotations
 
 import ipaddress
 import os
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from worker.nodes import confine, privilege
 
 from worker.kernel import nsfs
-from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
-from worker.kernel.procs import start_ticks
+from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
 from worker.nodes.netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, emulated_only,
                                   new_specs, node_address, parse_subnet)
+from worker.nodes.docker_exec import ExecProcess, sdk, short_error
 from worker.state import StateStore
 
 DOCKER_TMPFS = ("/tmp", "/var/tmp", "/run/lock")  # a node's writable places besides its own (and the engine's /dev/shm)
@@ -71,35 +71,26 @@ def node_image() -> str:
     return os.environ.get("EDGETB_NODE_IMAGE", DEFAULT_IMAGE)
 
 
-def _sdk() -> Any:
-    try:
-        import docker
-    except ImportError:
-        raise CapabilityError("the Docker SDK for Python is not installed: pip install 'edgetb[docker]' "
-                              "(bash scripts/setup.sh with EDGETB_EXTRAS=test,docker)") from None
-    return docker
-
-
 def connect(timeout_s: float = API_TIMEOUT_S) -> Any:
     """A low-level client of the local engine (``DOCKER_HOST`` or the default socket) that answers."""
-    docker = _sdk()
+    docker = sdk()
     try:
         api = docker.APIClient(base_url=os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
                                version="auto", timeout=timeout_s, max_pool_size=64)
         api.ping()
     except Exception as e:  # connection refused, no socket, version negotiation failed
-        raise CapabilityError(f"no Docker engine answers ({_short(e)}); {ENGINE_HINT}") from None
+        raise CapabilityError(f"no Docker engine answers ({short_error(e)}); {ENGINE_HINT}") from None
     return api
 
 
 def require_image(api: Any, image: str) -> None:
-    docker = _sdk()
+    docker = sdk()
     try:
         api.inspect_image(image)
     except docker.errors.ImageNotFound:
         raise CapabilityError(f"the node image {image} does not exist; {BUILD_HINT.format(image=image)}") from None
     except docker.errors.APIError as e:
-        raise NodeRuntimeError(f"cannot inspect image {image}: {_short(e)}") from None
+        raise NodeRuntimeError(f"cannot inspect image {image}: {short_error(e)}") from None
 
 
 def probe(image: Optional[str] = None) -> Optional[str]:
@@ -113,11 +104,6 @@ def probe(image: Optional[str] = None) -> Optional[str]:
     except (CapabilityError, NodeRuntimeError) as e:
         return e.message
     return None
-
-
-def _short(e: BaseException) -> str:
-    explanation = getattr(e, "explanation", None)
-    return str(explanation or e).strip().splitlines()[0] if str(explanation or e).strip() else type(e).__name__
 
 
 class DockerRuntime:
@@ -224,7 +210,7 @@ class DockerRuntime:
             return [state["nodes"][s.name] for s in specs]
 
     def _ensure_network(self, state: dict[str, Any]) -> None:
-        docker = _sdk()
+        docker = sdk()
         try:
             self.api.inspect_network(self.network)
         except docker.errors.NotFound:
@@ -238,7 +224,7 @@ class DockerRuntime:
                                                  "com.docker.network.bridge.enable_ip_masquerade": "false"},
                                         check_duplicate=True)
             except docker.errors.APIError as e:
-                raise NodeRuntimeError(f"cannot create network {self.network} ({self.subnet}): {_short(e)}") from None
+                raise NodeRuntimeError(f"cannot create network {self.network} ({self.subnet}): {short_error(e)}") from None
         state["network"] = self.network
         state["bridge"] = self.bridge
 
@@ -263,7 +249,7 @@ class DockerRuntime:
                 self._start_one(rec, lambda: _locked_append(lock, created, rec["name"]))
             except Exception as e:
                 with lock:
-                    errors.append(f"node {rec['name']}: {e.message if hasattr(e, 'message') else _short(e)}")
+                    errors.append(f"node {rec['name']}: {e.message if hasattr(e, 'message') else short_error(e)}")
 
         with ThreadPoolExecutor(max_workers=min(START_THREADS, len(records))) as pool:
             list(pool.map(one, records))
@@ -279,7 +265,7 @@ class DockerRuntime:
         """The container's create arguments and host config (pure): a non-root user without
         capabilities nor new privileges; the code and data read-only, and of ``dml_file`` only
         the node's own directory, read-write; all at ``NODE_ROOT``, whatever their host paths."""
-        docker = _sdk()
+        docker = sdk()
         mounts = [docker.types.Mount(m.target, m.source, type="bind", read_only=not m.writable)
                   for m in self.mounts(rec["name"])]
         env = {"PYTHONPATH": NODE_ROOT, "EDGETB_NODE": rec["name"]}
@@ -298,7 +284,7 @@ class DockerRuntime:
         return create, host
 
     def _start_one(self, rec: dict[str, Any], on_created: Any) -> None:
-        docker = _sdk()
+        docker = sdk()
         api = self.api
         ident = privilege.Identity.of_node(self.names.id, rec["index"])
         if self.workdir:
@@ -313,7 +299,7 @@ class DockerRuntime:
             api.start(made["Id"])
             pid = api.inspect_container(made["Id"])["State"]["Pid"]
         except docker.errors.APIError as e:
-            raise NodeRuntimeError(_short(e)) from None
+            raise NodeRuntimeError(short_error(e)) from None
         if not pid:
             raise NodeRuntimeError(f"container {rec['container']} is not running after start")
         rec["container_id"] = made["Id"]
@@ -343,7 +329,7 @@ class DockerRuntime:
             nsfs.remove(self.names.netns(name))
         if not names:
             return
-        docker = _sdk()
+        docker = sdk()
 
         def one(name: str) -> None:
             try:
@@ -357,7 +343,7 @@ class DockerRuntime:
     def _remove_network(self, state: dict[str, Any], timeout_s: float = 10.0) -> None:
         """Remove the testbed's networks; the engine may still count endpoints of containers it has
         just removed for a moment, so "active endpoints" is retried until ``timeout_s``."""
-        docker = _sdk()
+        docker = sdk()
         deadline = time.monotonic() + timeout_s
         for net in self.api.networks(filters={"label": f"{LABEL}={self.names.id}"}):
             while True:
@@ -368,7 +354,7 @@ class DockerRuntime:
                     break
                 except docker.errors.APIError as e:
                     if "active endpoints" not in str(e):
-                        raise NodeRuntimeError(f"cannot remove network {net['Name']}: {_short(e)}") from None
+                        raise NodeRuntimeError(f"cannot remove network {net['Name']}: {short_error(e)}") from None
                     if time.monotonic() > deadline:
                         raise NodeRuntimeError(
                             f"cannot remove network {net['Name']}: the engine still counts endpoints on it with "
@@ -383,7 +369,7 @@ class DockerRuntime:
 
     def reset(self) -> dict[str, int]:
         """Remove every container and network labelled with this testbed's id, and their namespace names."""
-        docker = _sdk()
+        docker = sdk()
         with self.store.locked() as state:
             for netns in nsfs.list_netns():  # first: these need no engine
                 if self.names.owns_netns(netns):
@@ -423,168 +409,3 @@ class DockerRuntime:
 def _locked_append(lock: threading.Lock, items: list[str], item: str) -> None:
     with lock:
         items.append(item)
-
-
-class _Sink:
-    """Where one output stream of an exec goes: like Popen's stdout/stderr arguments."""
-
-    def __init__(self, target: Any, inherit_fd: int) -> None:
-        self.fd: Optional[int] = None
-        self.chunks: Optional[list[bytes]] = None
-        if target is None:
-            self.fd = os.dup(inherit_fd)
-        elif target == subprocess.PIPE:
-            self.chunks = []
-        elif target == subprocess.DEVNULL:
-            pass
-        elif isinstance(target, int) and target >= 0:
-            self.fd = os.dup(target)
-        elif hasattr(target, "fileno"):
-            target.flush()
-            self.fd = os.dup(target.fileno())
-        else:
-            raise ConfigError(f"unsupported output target {target!r}")
-
-    def write(self, data: bytes) -> None:
-        if self.chunks is not None:
-            self.chunks.append(data)
-        elif self.fd is not None:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view):]
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def value(self) -> Optional[bytes]:
-        return b"".join(self.chunks) if self.chunks is not None else None
-
-
-class ExecProcess:
-    """A command running in a container through the exec API, with the interface of
-    ``subprocess.Popen`` that the worker uses: ``pid`` (the host pid, a session leader),
-    ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate``, ``kill``, ``returncode``.
-    Output is copied to the given targets by a thread; stdin is not attached."""
-
-    PID_TIMEOUT_S = 30.0
-
-    def __init__(self, api: Any, container: str, argv: list[str], env: dict[str, str], workdir: str,
-                 stdin: Any = None, stdout: Any = None, stderr: Any = None) -> None:
-        docker = _sdk()
-        if stdin not in (None, subprocess.DEVNULL):
-            raise ConfigError("processes in Docker nodes take no input (stdin must be None or DEVNULL)")
-        self.args = argv
-        self.returncode: Optional[int] = None
-        self._api = api
-        self._out = _Sink(stdout, 1)
-        self._err = self._out if stderr == subprocess.STDOUT else _Sink(stderr, 2)
-        try:
-            self._exec_id = api.exec_create(container, argv, stdout=True, stderr=True, stdin=False, tty=False,
-                                            environment=env, workdir=workdir)["Id"]
-            stream = api.exec_start(self._exec_id, stream=True, demux=True)
-        except docker.errors.NotFound:
-            self._close_sinks()
-            raise NotFound(f"container {container} does not exist") from None
-        except docker.errors.APIError as e:
-            self._close_sinks()
-            raise NodeRuntimeError(f"cannot run {argv[0]!r} in {container}: {_short(e)}") from None
-        self._pump = threading.Thread(target=self._drain, args=(stream,), daemon=True,
-                                      name=f"exec-{container}")
-        self._pump.start()
-        self.pid, self._ticks = self._wait_pid(container)
-
-    def _drain(self, stream: Iterator[tuple[Optional[bytes], Optional[bytes]]]) -> None:
-        try:
-            for out, err in stream:
-                if out:
-                    self._out.write(out)
-                if err:
-                    self._err.write(err)
-        except Exception:  # the engine closed the stream (container removed): the output ends here
-            pass
-        finally:
-            self._close_sinks()
-
-    def _close_sinks(self) -> None:
-        self._out.close()
-        self._err.close()
-
-    def _wait_pid(self, container: str) -> tuple[int, Optional[int]]:
-        """The host pid, once the engine reports it; a command that could not start is an error."""
-        deadline = time.monotonic() + self.PID_TIMEOUT_S
-        while True:
-            info = self._api.exec_inspect(self._exec_id)
-            if info.get("Pid"):
-                return info["Pid"], start_ticks(info["Pid"])
-            if not info.get("Running") and info.get("ExitCode") is not None:
-                self._pump.join(5)
-                self.returncode = info["ExitCode"]
-                message = (self._err.value() or self._out.value() or b"").decode(errors="replace").strip()
-                if info["ExitCode"] in (126, 127):
-                    raise NotFound(f"command not found or not executable in {container}: {self.args[0]!r}"
-                                   + (f" ({message.splitlines()[-1]})" if message else ""))
-                raise NodeRuntimeError(f"{self.args[0]!r} could not start in {container} "
-                                       f"(exit code {info['ExitCode']})")
-            if time.monotonic() > deadline:
-                raise TestbedTimeout(f"{self.args[0]!r} in {container} did not start within {self.PID_TIMEOUT_S:g}s")
-            time.sleep(0.005)
-
-    def _alive(self) -> bool:
-        return self._ticks is not None and start_ticks(self.pid) == self._ticks
-
-    def poll(self) -> Optional[int]:
-        if self.returncode is not None:
-            return self.returncode
-        if self._alive():
-            return None
-        docker = _sdk()
-        try:
-            info = self._api.exec_inspect(self._exec_id)
-        except docker.errors.NotFound:  # its container was removed, and the process with it
-            self.returncode = -9
-            return self.returncode
-        if info.get("Running") or info.get("ExitCode") is None:
-            return None
-        self.returncode = int(info["ExitCode"])
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.005
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-        self._pump.join(2.0)  # let the last output reach its target (bounded: a daemon may hold the stream)
-        return code
-
-    def communicate(self, input: Optional[bytes] = None, timeout: Optional[float] = None
-                    ) -> tuple[Optional[bytes], Optional[bytes]]:
-        if input:
-            raise ConfigError("processes in Docker nodes take no input")
-        started = time.monotonic()
-        self._pump.join(timeout)
-        if self._pump.is_alive():
-            raise subprocess.TimeoutExpired(self.args, timeout or 0)
-        self.wait(None if timeout is None else max(0.0, timeout - (time.monotonic() - started)))
-        return self._out.value(), (None if self._err is self._out else self._err.value())
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        import signal
-
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        import signal
-
-        self.send_signal(signal.SIGKILL)

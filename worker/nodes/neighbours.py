@@ -43,7 +43,7 @@ def _mac_bytes(mac: str) -> bytes:
 
 def set_mac(ifindex: int, mac: str) -> bytes:
     """``ip link set dev <ifindex> address <mac>``."""
-    body = nl._IFINFO.pack(0, 0, ifindex, 0, 0) + nl.attr(IFLA_ADDRESS, _mac_bytes(mac))
+    body = nl.IFINFO.pack(0, 0, ifindex, 0, 0) + nl.attr(IFLA_ADDRESS, _mac_bytes(mac))
     return nl.message(nl.RTM_NEWLINK, 0, body)
 
 

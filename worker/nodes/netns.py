@@ -423,7 +423,7 @@ class NetnsRuntime:
             rules = [line for line in out.splitlines() if self.names.iptables_comment in line.split()]
         return {"netns": [n for n in nsfs.list_netns() if self.names.owns_netns(n)],
                 "links": [n for n in links if n and self.names.owns_link(n)],
-                "cgroups": sorted(self.cgroups.nodes()) + [b for b in self.cgroups._bases() if os.path.isdir(b)],
+                "cgroups": sorted(self.cgroups.nodes()) + [b for b in self.cgroups.bases() if os.path.isdir(b)],
                 "iptables": rules}
 
 

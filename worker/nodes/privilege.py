@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
-import json
 import os
 import queue
 import resource
@@ -51,19 +49,18 @@ import sys
 import threading
 import zlib
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from worker.nodes import confine
+from worker.nodes import cgroups, confine
 
-from worker.kernel import nsfs
+from worker.kernel import dirs, nsfs
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
+from worker.state import host_record
 
 NODE_UID_BASE = 1_000_000_000
 UID_SLOT = 65_536  # uids per testbed: more than MAX_NODES
 UID_SLOTS = 16_384  # NODE_UID_BASE + UID_SLOTS * UID_SLOT stays below 2**31
-DEFAULT_RUN_DIR = "/run/edgetb"  # host-wide, cleared at boot like the kernel state it describes
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")  # the world-writable places
 PRIVATE_TMPFS_OPTIONS = b"mode=1777,size=256m"
 SMALL_TMPFS = {"/dev/mqueue": b"mode=1777,size=1m", "/run/lock": b"mode=1777,size=1m"}  # lock files only
@@ -84,45 +81,12 @@ MNT_DETACH = 2
 _libc = nsfs.libc
 
 
-# the host-wide directory and its locks -------------------------------------------------------
-def host_run_dir() -> str:
-    return os.environ.get("EDGETB_RUN_DIR", DEFAULT_RUN_DIR)
-
-
-@contextmanager
-def host_locked(name: str) -> Iterator[str]:
-    """Hold the host-wide lock ``name``; yields the path of its JSON document (shared by every
-    testbed on this host, whatever its state root)."""
-    root = host_run_dir()
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    with open(os.path.join(root, f"{name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield os.path.join(root, f"{name}.json")
-
-
-def read_json(path: str, default: Any) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return default
-    except ValueError:
-        raise NodeRuntimeError(f"{path} is not valid JSON: remove it if no testbed runs on this host") from None
-
-
-def write_json(path: str, data: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, sort_keys=True)
-    os.replace(tmp, path)
-
-
 # identities ------------------------------------------------------------------------------------
 def uid_base(testbed_id: str) -> int:
     """The first uid of the testbed's nodes: one block of ``UID_SLOT`` uids per testbed on this
     host, recorded host-wide so two testbeds never share a uid."""
-    with host_locked("uids") as path:
-        slots: dict[str, int] = read_json(path, {})
+    with host_record("uids") as record:
+        slots: dict[str, int] = record.read({})
         if testbed_id not in slots:
             taken = set(slots.values())
             start = zlib.crc32(testbed_id.encode()) % UID_SLOTS
@@ -131,18 +95,18 @@ def uid_base(testbed_id: str) -> int:
                 if slot not in taken:
                     break
             else:
-                raise NodeRuntimeError(f"no free block of node uids on this host ({path} lists {len(slots)})")
+                raise NodeRuntimeError(f"no free block of node uids on this host ({record.path} lists {len(slots)})")
             slots[testbed_id] = slot
-            write_json(path, slots)
+            record.write(slots)
         return NODE_UID_BASE + slots[testbed_id] * UID_SLOT
 
 
 def release_uid_base(testbed_id: str) -> None:
     """Give the testbed's uid block back (its nodes are gone)."""
-    with host_locked("uids") as path:
-        slots = read_json(path, {})
+    with host_record("uids") as record:
+        slots = record.read({})
         if slots.pop(testbed_id, None) is not None:
-            write_json(path, slots)
+            record.write(slots)
 
 
 @dataclass(frozen=True)
@@ -165,27 +129,12 @@ def node_dir(workdir: str, name: str) -> str:
     return os.path.join(workdir, "dml_file", "node", name)
 
 
-def _open_dir(parent_fd: Optional[int], name: str, mode: int) -> int:
-    """Open (making it when missing) directory ``name`` under ``parent_fd``, never through a link.
-    An existing one is only opened: ``mkdir`` takes the parent's lock exclusively, which node
-    processes setting up their views hold for their mounts (0.5 ms a call with 1,000 starting)."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+def _open_dir(parent_fd: int, name: str, mode: int) -> int:
+    """``dirs.open_dir`` in the experiment directory: a link or a file there is a ``ConfigError``."""
     try:
-        return os.open(name, flags, dir_fd=parent_fd)
-    except FileNotFoundError:
-        pass
+        return dirs.open_dir(name, parent_fd, mode)
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise ConfigError(f"{name!r} in the experiment directory is a link or a file, not a directory") from None
-        raise
-    try:
-        os.mkdir(name, mode, dir_fd=parent_fd)
-    except FileExistsError:
-        pass
-    try:
-        return os.open(name, flags, dir_fd=parent_fd)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        if dirs.not_a_dir(e):
             raise ConfigError(f"{name!r} in the experiment directory is a link or a file, not a directory") from None
         raise
 
@@ -430,6 +379,65 @@ class _Spawner:
 _spawner = _Spawner()
 
 
+@dataclass(frozen=True)
+class Confinement:
+    """What confines every node on this host, found once: the highest capability to drop, whether
+    a node gets a ``/proc`` of its own (``hidepid``), and the seccomp filter."""
+
+    last_cap: int
+    hide_pids: bool
+    seccomp: confine.Filter
+
+    @classmethod
+    def here(cls) -> "Confinement":
+        """This host's (a ``CapabilityError`` on a machine whose filter is not known)."""
+        return cls(_last_cap(), per_mount_proc(), confine.node_filter())
+
+
+def become_node(ident: Identity, ops: Sequence[Op], rlimits: confine.Rlimits, confinement: Confinement,
+                starter: int, cgroup_fds: Sequence[tuple[int, bool]] = (), netns_fd: Optional[int] = None,
+                keep_fds: Optional[Sequence[int]] = None) -> None:
+    """In a just-forked child, system calls only: become the node. Joins its cgroups
+    (``cgroup_fds``, from ``cgroups.join_fds``) and network namespace (``netns_fd``), enters mount
+    and IPC namespaces of its own with the mounts of ``ops`` and a ``/proc`` of its own, closes
+    every descriptor above 2 but ``keep_fds`` (when given: a child that will not ``exec``), sets
+    ``rlimits``, becomes ``ident`` without capabilities and with ``no_new_privs``, dies with its
+    parent (and leaves, exit 125, when ``starter``, its parent, is already gone), enters ``/``
+    and installs the seccomp filter, last. An error is an ``OSError`` naming what failed."""
+    cgroups.join_in_child(list(cgroup_fds))
+    if netns_fd is not None:
+        nsfs.setns_fd(netns_fd)
+    _apply_view(list(ops))
+    if confinement.hide_pids:
+        _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
+    if keep_fds is not None:  # nothing of the parent's (what the view's set-up held open) stays open
+        low = 3
+        for fd in sorted(set(keep_fds)):
+            if fd >= low:
+                os.closerange(low, fd)
+                low = fd + 1
+        os.closerange(low, 1 << 16)
+    confine.set_rlimits(rlimits)
+    _drop_privileges(ident, confinement.last_cap)
+    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:  # after the uid change
+        raise _oserror("set the parent-death signal of uid", str(ident.uid))
+    if os.getppid() != starter:  # the starter died before the line above
+        os._exit(125)
+    os.chdir("/")  # (a directory entered before the view would lead out of it)
+    confinement.seccomp.install()  # last: after no_new_privs, and before the node runs anything
+
+
+def die_with_parent() -> None:
+    """In a just-forked child: be killed when the thread that forked it ends (see ``spawn``)."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def spawn(start: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+    """Run ``start`` (a ``Popen``) on the one long-lived thread that forks every node process,
+    so a child's death signal fires only when this process dies."""
+    return _spawner.run(start)
+
+
 @dataclass
 class Launch:
     """How to start one process in a node (see ``launch``)."""
@@ -446,15 +454,14 @@ class Launch:
 def launch(spec: Launch) -> subprocess.Popen:
     """Start ``spec.argv`` in the node (no shell): in its cgroups and network namespace, in a
     mount namespace of its own with ``spec.view``, as its uid without capabilities, with its
-    rlimits and seccomp filter. Errors name what failed."""
+    rlimits and seccomp filter (``become_node``). Errors name what failed."""
     if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
         raise ConfigError("a command must be a non-empty list of strings")
     check_readable(spec.view, spec.ident)
     ops = plan_view(spec.view)
-    ident, last_cap, hide_pids, rlimits = spec.ident, _last_cap(), per_mount_proc(), list(spec.rlimits)
-    seccomp = confine.node_filter()  # (a CapabilityError on a machine it does not know)
+    ident, rlimits = spec.ident, list(spec.rlimits)
+    confinement = Confinement.here()  # (a CapabilityError on a machine it does not know)
     starter = os.getpid()
-    from worker.nodes import cgroups  # (it imports this module)
 
     fds: list[int] = []
     try:
@@ -466,19 +473,7 @@ def launch(spec: Launch) -> subprocess.Popen:
 
         def enter() -> None:  # in the child, between fork and exec: system calls only
             try:
-                cgroups.join_in_child(cg_fds)
-                if ns_fd is not None:
-                    nsfs.setns_fd(ns_fd)
-                _apply_view(ops)
-                if hide_pids:
-                    _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
-                confine.set_rlimits(rlimits)
-                _drop_privileges(ident, last_cap)
-                if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:  # after the uid change
-                    raise _oserror("set the parent-death signal of uid", str(ident.uid))
-                if os.getppid() != starter:  # the starter died before the line above
-                    os._exit(125)
-                seccomp.install()  # last: after no_new_privs, and before exec
+                become_node(ident, ops, rlimits, confinement, starter, cg_fds, ns_fd)
             except OSError as e:
                 os.write(2, f"edgetb: cannot start a node process: {e}\n".encode())
                 raise

@@ -6,12 +6,13 @@ page it touches. The zygote does that once: it is started (``exec``, so it holds
 worker's memory) with an environment of harmless variables only (and ``dml_app.compute.THREAD_ENV``:
 numpy's BLAS sizes its thread pool when it loads, and each forked node would inherit it), patches
 gevent, imports numpy and ``dml_app.node``, freezes the garbage collector's generations (so collections in a child do
-not write to the pages it shares), and then forks a child per request. The child sets itself up
-exactly as ``worker.nodes.privilege.launch`` sets up a node process before ``exec``: its cgroups, its
-network namespace, its own mount and IPC namespaces with the node's view and a ``/proc`` of its
-own, no file descriptor of the zygote's, the node's rlimits, its uid and gid with no capabilities
-and ``no_new_privs``, the parent-death signal, the seccomp filter (built once, by the zygote:
-each child installs it with one system call); then it runs ``dml_app.node.main``.
+not write to the pages it shares), and then forks a child per request. The child becomes the
+node by ``worker.nodes.privilege.become_node``, as ``privilege.launch``'s children do before
+``exec``: its cgroups, its network namespace, its own mount and IPC namespaces with the node's
+view and a ``/proc`` of its own, no file descriptor of the zygote's, the node's rlimits, its uid
+and gid with no capabilities and ``no_new_privs``, the parent-death signal, the seccomp filter
+(built once, by the zygote: each child installs it with one system call); then it runs
+``dml_app.node.main``.
 
 Secrets never pass through the zygote's memory: a node's environment (its secret) comes as a
 pipe the worker filled, passed as a file descriptor, and only the child reads it. So a node
@@ -160,7 +161,7 @@ class Zygote:
                     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                             env=env, cwd="/", pass_fds=(theirs.fileno(),), close_fds=True,
                                             preexec_fn=_die_with_parent)
-                self._proc = privilege._spawner.run(start)
+                self._proc = privilege.spawn(start)
         finally:
             theirs.close()
         ours.settimeout(READY_TIMEOUT_S)
@@ -302,9 +303,9 @@ def zygote_env() -> dict[str, str]:
 
 
 def _die_with_parent() -> None:
-    from worker.nodes.privilege import PR_SET_PDEATHSIG, _libc
+    from worker.nodes.privilege import die_with_parent
 
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent()
 
 
 # the zygote's side -------------------------------------------------------------------------------
@@ -379,7 +380,7 @@ def serve(argv: list[str]) -> None:
     import _socket
 
     sock = _socket.socket(fileno=fd)
-    ctx = {"last_cap": privilege._last_cap(), "hide_pids": privilege.per_mount_proc(), "seccomp": confine.node_filter()}
+    ctx = {"confinement": privilege.Confinement.here(), "pid": os.getpid()}
     # a child's end wakes the loop at once (the handler only makes SIGCHLD write to the pipe)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -525,8 +526,8 @@ def _read_setup(status_r: int, poll: Any) -> str:
 
 
 def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_w: int, ctx: dict[str, Any]) -> None:
-    """In the forked child: become the node, then run it. Never returns."""
-    from worker.nodes import cgroups, confine, privilege
+    """In the forked child: become the node (``privilege.become_node``), then run it. Never returns."""
+    from worker.nodes import cgroups, privilege
 
     try:
         signal.set_wakeup_fd(-1)  # the zygote's: closed below, and not this process's business
@@ -540,30 +541,15 @@ def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_
         os.dup2(null, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        cgroups.join_self(msg["cgroup_procs"])  # (its one thread: see cgroups.self_join_target)
-        if netns_fd >= 0 and privilege._libc.setns(netns_fd, 0x40000000) != 0:
-            raise privilege._oserror("setns into", "the node's network namespace")
-        privilege._apply_view([privilege.Op(kind, path, bool(writable)) for kind, path, writable in msg["ops"]])
-        if ctx["hide_pids"]:
-            privilege._mount(b"proc", "/proc", b"proc", privilege.MS_NOSUID | privilege.MS_NODEV | privilege.MS_NOEXEC,
-                             b"hidepid=invisible")
-        # nothing of the zygote's (its control socket, what the view's set-up held open) stays open
-        os.closerange(3, status_w)
-        os.closerange(status_w + 1, 1 << 16)
-        ident = privilege.Identity(int(msg["uid"]), int(msg["gid"]))
-        confine.set_rlimits([(int(r), int(soft), int(hard)) for r, soft, hard in msg["rlimits"]])
-        privilege._drop_privileges(ident, ctx["last_cap"])
-        if privilege._libc.prctl(privilege.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise privilege._oserror("set the parent-death signal of uid", str(ident.uid))
-        parent = os.getppid()
-        os.chdir("/")
         os.environ.clear()
         os.environ.update(env)
-        ctx["seccomp"].install()
+        cgroup_fds = cgroups.join_fds(msg["cgroup_procs"])  # (its one thread: see cgroups.self_join_target)
+        ops = [privilege.Op(kind, path, bool(writable)) for kind, path, writable in msg["ops"]]
+        rlimits = [(int(r), int(soft), int(hard)) for r, soft, hard in msg["rlimits"]]
+        privilege.become_node(privilege.Identity(int(msg["uid"]), int(msg["gid"])), ops, rlimits, ctx["confinement"],
+                              ctx["pid"], cgroup_fds, netns_fd if netns_fd >= 0 else None, keep_fds=(status_w,))
         os.write(status_w, b"ok")
         _close(status_w)
-        if parent == 1:  # the zygote died before the death signal was set
-            os._exit(125)
     except BaseException as e:  # noqa: BLE001 - reported to the zygote (and in the log), then out
         try:
             why = f"{type(e).__name__}: {e}".encode()[:4000]

@@ -30,13 +30,10 @@ _netem_available: Optional[bool] = None
 
 def ifindex_in(netns: Optional[str], ifname: str) -> int:
     """The index of ``ifname`` inside ``netns`` (host namespace when None)."""
-    try:
-        if netns is None:
-            return socket.if_nametoindex(ifname)
-        with nsfs.entered(netns):
-            return socket.if_nametoindex(ifname)
-    except OSError:
-        raise ShapingError(f"no interface {ifname!r} in namespace {netns or 'host'}") from None
+    index = nsfs.ifindex(netns, ifname)
+    if index is None:
+        raise ShapingError(f"no interface {ifname!r} in namespace {netns or 'host'}")
+    return index
 
 
 def netem_available() -> bool:

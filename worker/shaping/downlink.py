@@ -43,8 +43,8 @@ from typing import Any, Optional
 from worker.kernel import netlink as nl
 from worker.kernel import nsfs
 from worker.api.errors import ShapingError
+from worker.shaping.plan import IFB_DEFAULT_MINOR, IFB_NAME, IFB_ROOT_MINOR, LEAF_LIMIT_PKTS, peer_minor, share_bps
 
-IFB_NAME = "edgetb-down"
 TC_H_INGRESS = 0xFFFFFFF1
 INGRESS_HANDLE = nl.tc_handle(0xFFFF, 0)
 ETH_P_ALL = 0x0003
@@ -54,28 +54,15 @@ TCA_MIRRED_PARMS = 2
 TC_ACT_STOLEN = 4
 TCA_EGRESS_REDIR = 1
 _MIRRED = struct.Struct("=IIiiiiI")  # tc_gen (index, capab, action, refcnt, bindcnt), eaction, ifindex
-_IFB_ROOT_MINOR = 1
-IFB_DEFAULT_MINOR = 2
-IFB_FIRST_PEER_MINOR = 0x10
-LEAF_LIMIT_PKTS = 100  # per class: 120 ms at 10 Mbit/s
-
-
-def peer_minor(i: int) -> int:
-    return IFB_FIRST_PEER_MINOR + i
-
-
-def share_bps(downlink_bps: int, peers: int) -> int:
-    """Each class's guaranteed rate: the downlink split between the peers and the default class."""
-    return max(8, downlink_bps // (peers + 1))
 
 
 def tree_messages(ifb: int, rate_bps: int, peers: list[str], flags: int = nl.CREATE) -> list[bytes]:
     """The IFB's classes (and, when made, their leaves and filters) for ``rate_bps`` and ``peers``;
     ``flags`` 0 changes the classes' rates in place."""
     share = share_bps(rate_bps, len(peers))
-    msgs = [nl.htb_class(ifb, _IFB_ROOT_MINOR, rate_bps, flags=flags),
-            nl.htb_class(ifb, IFB_DEFAULT_MINOR, share, flags=flags, ceil_bps=rate_bps, parent_minor=_IFB_ROOT_MINOR)]
-    msgs += [nl.htb_class(ifb, peer_minor(i), share, flags=flags, ceil_bps=rate_bps, parent_minor=_IFB_ROOT_MINOR)
+    msgs = [nl.htb_class(ifb, IFB_ROOT_MINOR, rate_bps, flags=flags),
+            nl.htb_class(ifb, IFB_DEFAULT_MINOR, share, flags=flags, ceil_bps=rate_bps, parent_minor=IFB_ROOT_MINOR)]
+    msgs += [nl.htb_class(ifb, peer_minor(i), share, flags=flags, ceil_bps=rate_bps, parent_minor=IFB_ROOT_MINOR)
              for i in range(len(peers))]
     if flags:
         for minor in [IFB_DEFAULT_MINOR, *(peer_minor(i) for i in range(len(peers)))]:
@@ -129,17 +116,6 @@ def redirect_target(options: bytes) -> Optional[int]:
     return None
 
 
-def _ifb_index(netns: Optional[str]) -> Optional[int]:
-    """The IFB's index in ``netns`` (None: there is none)."""
-    try:
-        if netns is None:
-            return socket.if_nametoindex(IFB_NAME)
-        with nsfs.entered(netns):
-            return socket.if_nametoindex(IFB_NAME)
-    except OSError:
-        return None
-
-
 def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], previous_bps: Optional[int],
                  peers: tuple[str, ...] = (), previous_peers: tuple[str, ...] = ()) -> None:
     """Make the downlink of the node's interface ``ifindex`` ``rate_bps`` (None: remove it),
@@ -150,7 +126,7 @@ def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], pr
         if rate_bps is None:
             sock.run([delete_ingress(ifindex), nl.delete_link(IFB_NAME)])  # absent is fine
             return
-        ifb_now = _ifb_index(netns) if previous_bps is not None else None
+        ifb_now = nsfs.ifindex(netns, IFB_NAME) if previous_bps is not None else None
         if ifb_now is not None and tuple(peers) == tuple(previous_peers):
             if not sock.run(tree_messages(ifb_now, rate_bps, peers_list, flags=0)):
                 return  # else the tree is not the one expected (made by an older version): made anew
@@ -162,7 +138,7 @@ def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], pr
         sock.run([delete_ingress(ifindex), nl.delete_link(IFB_NAME)])
         failures = sock.run([ifb_link(IFB_NAME)])
         _raise(netns, failures, f"creating the downlink device {IFB_NAME}")
-        ifb = _ifb_index(netns)
+        ifb = nsfs.ifindex(netns, IFB_NAME)
         if ifb is None:
             raise ShapingError(f"creating the downlink device {IFB_NAME} in {netns or 'the host'}: it is not there")
         failures = sock.run([nl.htb_root(ifb, IFB_DEFAULT_MINOR), *tree_messages(ifb, rate_bps, peers_list),
@@ -195,7 +171,7 @@ class Downlink:
 def read_downlink(sock: nl.RtnlSocket, netns: Optional[str], ifindex: int) -> Downlink:
     """The downlink of the interface ``ifindex``, read on ``sock`` (open in ``netns``)."""
     seen = Downlink()
-    ifb = _ifb_index(netns)
+    ifb = nsfs.ifindex(netns, IFB_NAME)
     if ifb is None:
         return seen
     rates: dict[int, int] = {}
@@ -203,7 +179,7 @@ def read_downlink(sock: nl.RtnlSocket, netns: Optional[str], ifindex: int) -> Do
         rate = nl.htb_rate_bytes(c.options) if c.kind == "htb" else None
         if rate is not None:
             rates[c.handle & 0xFFFF] = rate * 8
-    seen.rate_bps = rates.get(_IFB_ROOT_MINOR)
+    seen.rate_bps = rates.get(IFB_ROOT_MINOR)
     seen.default_bps = rates.get(IFB_DEFAULT_MINOR)
     for f in nl.tc_dump(sock, nl.RTM_GETTFILTER, ifb, nl.tc_handle(1, 0)):
         if f.kind != "u32":

@@ -67,6 +67,12 @@ MAX_MINOR = 0xFFF  # u32 node ids are 12 bits; the filter handle reuses the mino
 DEFAULT_CLASS_RATE_BPS = 10 * 10**9
 NETEM_DEFAULT_LIMIT = 1000  # packets waiting for the link's rate when the link sets no queue
 FRAME_BYTES = 1500  # a full-size frame: what the delay line of a busy link holds
+# the downlink's IFB device and its HTB tree (worker.shaping.downlink makes it)
+IFB_NAME = "edgetb-down"
+IFB_ROOT_MINOR = 1
+IFB_DEFAULT_MINOR = 2
+IFB_FIRST_PEER_MINOR = 0x10
+LEAF_LIMIT_PKTS = 100  # per class: 120 ms at 10 Mbit/s
 
 
 @dataclass(frozen=True)
@@ -388,11 +394,19 @@ def access_class_command(dev: str, plan: Plan, verb: str = "add") -> str:
     return f"tc class {verb} dev {dev} parent 1: classid 1:{ACCESS_MINOR:x} htb rate {rate} ceil {rate}"
 
 
+def peer_minor(i: int) -> int:
+    """The class (and filter) minor of the ``i``-th peer of a node's downlink."""
+    return IFB_FIRST_PEER_MINOR + i
+
+
+def share_bps(downlink_bps: int, peers: int) -> int:
+    """Each downlink class's guaranteed rate: the downlink split between the peers and the
+    default class."""
+    return max(8, downlink_bps // (peers + 1))
+
+
 def downlink_commands(dev: str, downlink_bps: Optional[int], peers: tuple[str, ...] = ()) -> list[str]:
     """The downlink as tc lines (worker.shaping.downlink); None: its removal."""
-    from worker.shaping.downlink import (IFB_DEFAULT_MINOR, IFB_NAME, LEAF_LIMIT_PKTS, peer_minor,
-                               share_bps)
-
     if downlink_bps is None:
         return [f"tc qdisc del dev {dev} ingress", f"ip link del {IFB_NAME}"]
     rate, share = format_rate(downlink_bps), format_rate(share_bps(downlink_bps, len(peers)))

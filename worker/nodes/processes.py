@@ -1,0 +1,300 @@
+"""Processes in a testbed's nodes: start, stop, start again, run to completion.
+
+A node's DML process is forked by the host's node zygote on netns nodes (``worker.nodes.zygote``);
+every other process is started by the node's runtime, as the node's unprivileged uid in its view
+(``worker.nodes.privilege``). Process records reach the state file in batches (``ProcessBook``).
+Requests come checked (``worker.host`` with ``worker.api.bodies``); answers come without it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Optional
+
+from worker.api.errors import ConfigError, NotFound, TestbedTimeout
+from worker.kernel.procs import start_ticks
+from worker.nodes import privilege, zygote
+from worker.state import StateStore, host_run_dir, state_root
+
+MAX_OUTPUT_BYTES = 1 << 20
+NODE_MODULE = "dml_app.node"
+CHILD_ENV_KEYS = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """A node process's environment: a few harmless variables of the worker's (an allow-list:
+    none of its secrets) and what the request gives."""
+    env = {k: v for k, v in os.environ.items() if k in CHILD_ENV_KEYS or k.startswith("LC_")}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.update(extra)
+    return env
+
+
+class Processes:
+    """The processes this worker runs in one testbed's nodes. ``code_root`` and ``workdir`` are
+    the host's (``code_root`` changes when the host syncs its code)."""
+
+    def __init__(self, store: StateStore, runtime: Any, workdir: str, code_root: str) -> None:
+        self.store = store
+        self.runtime = runtime
+        self.workdir = workdir
+        self.code_root = code_root
+        self._children: dict[str, Any] = {}  # subprocess.Popen or zygote.ZygoteProcess
+        self._envs: dict[str, dict[str, str]] = {}  # a process's env, in memory only, to start it again
+        self._zygote: Optional[zygote.Zygote] = None
+        self.book = ProcessBook(store)
+        self._lock = threading.Lock()
+
+    @property
+    def zygote(self) -> Optional[zygote.Zygote]:
+        """The host's node zygote, once started."""
+        return self._zygote
+
+    # starting -----------------------------------------------------------------------------
+    def start_process(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.nodes.privilege``)."""
+        return self.start(node, body["argv"], body.get("env") or {})
+
+    def start_node(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Start a node's DML process (``python -m dml_app.node ARGS``) from this host's code
+        root with this host's experiment directory, in the node's runtime."""
+        args, env = body["args"], body.get("env") or {}
+        if any(a.startswith("--workdir") for a in args):
+            raise ConfigError("--workdir is the host's to choose")
+        if not os.path.isdir(os.path.join(self.code_root, "dml_app")):
+            raise ConfigError(f"no dml_app in {self.code_root}: sync the code to this host first")
+        if not os.path.isdir(os.path.join(self.workdir, "dml_file")):  # (mkdir takes the directory lock)
+            os.makedirs(os.path.join(self.workdir, "dml_file"), exist_ok=True)
+        python, workdir, code_root = sys.executable, self.workdir, self.code_root
+        if self.runtime.kind == "docker":  # the container's own paths of the same directories
+            from worker.nodes.docker import NODE_ROOT
+
+            python, workdir, code_root = "python3", NODE_ROOT, NODE_ROOT
+        node_args = [*args, "--workdir", workdir]
+        return self.start(node, [python, "-m", NODE_MODULE, *node_args], {**env, "PYTHONPATH": code_root},
+                          node_args=node_args)
+
+    def start(self, node: str, argv: list[str], env: dict[str, str],
+              node_args: Optional[list[str]] = None) -> dict[str, Any]:
+        """Start a process in the node and record it; with ``node_args`` it is the node's DML
+        process, forked by the zygote on netns nodes (``EDGETB_ZYGOTE=0``: started as ``argv``)."""
+        rec = self._state()["nodes"].get(node) or self.runtime.node(node)  # an unknown node gets no log file
+        proc_id = uuid.uuid4().hex[:12]
+        log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
+        with open(log_path, "ab") as log:
+            if node_args is not None and self._zygote_wanted():
+                child = self._spawn_node(node, rec, node_args, env, log.fileno())
+            else:
+                child = self.popen(node, argv, env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        with self._lock:
+            self._children[proc_id] = child
+            self._envs[proc_id] = dict(env)
+        record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
+                  "started": time.time(), "start_ticks": start_ticks(child.pid)}
+        self.book.add(record)
+        return {**record, "running": True}
+
+    def _state(self) -> dict[str, Any]:
+        """The state as last read (``StateStore.snapshot``): not to be changed."""
+        return self.store.snapshot()
+
+    def _zygote_wanted(self) -> bool:
+        return self.runtime.kind == "netns" and os.environ.get("EDGETB_ZYGOTE", "1") != "0"
+
+    def _spawn_node(self, node: str, rec: dict[str, Any], args: list[str], env: dict[str, str],
+                    log_fd: int) -> zygote.ZygoteProcess:
+        """Fork the node's DML process from this host's zygote (started on first use, and again
+        when the code root changed): in the node's cgroups, namespace and view, as its uid."""
+        ident = self.runtime.identity(node, rec)
+        view = self.node_view(node, ident)
+        privilege.check_readable(view, ident)
+        with self._lock:
+            if self._zygote is None or not self._zygote.alive or self._zygote.code_root != self.code_root:
+                if self._zygote is not None:
+                    self._zygote.close()
+                hashes = self._state().get("code_manifest")
+                if hashes is not None and os.path.realpath(self.code_root) == os.path.realpath(self.workdir):
+                    from worker import sync
+
+                    sync.verify_code(self.code_root, hashes)  # the zygote imports it as root
+                self._zygote = zygote.Zygote(self.code_root, os.path.join(self.store.logs_dir(), "zygote.log"))
+                self._zygote.start()
+            zyg = self._zygote
+        request = {"args": args, "uid": ident.uid, "gid": ident.gid,
+                   "cgroup_procs": self.runtime.procs_files(rec), "rlimits": self.runtime.rlimits(rec),
+                   "ops": [[op.kind, op.path, op.writable] for op in privilege.plan_view(view)]}
+        env_of_child = child_env(env)
+        env_of_child.setdefault("HOME", view.home or "/")
+        netns = self.runtime.netns_path(rec)
+        netns_fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC) if netns else None
+        try:
+            return zyg.spawn(request, log_fd, env_of_child, netns_fd)
+        finally:
+            if netns_fd is not None:
+                os.close(netns_fd)
+
+    def popen(self, node: str, argv: list[str], env: dict[str, str], **kwargs: Any) -> Any:
+        """Start a process in ``node`` (not recorded; ``kwargs`` go to ``Popen``): netns and
+        physical nodes get their least-privilege view and uid; a container's process runs as the
+        container's (non-root) user."""
+        if self.runtime.kind == "docker":
+            return self.runtime.popen(node, argv, env=dict(env), start_new_session=True, **kwargs)
+        view = self.node_view(node)
+        return self.runtime.popen(node, argv, view=view, env=child_env(env), start_new_session=True, **kwargs)
+
+    def node_view(self, node: str, ident: Optional[privilege.Identity] = None) -> privilege.View:
+        """What a node's processes see: Python and the code read-only, the experiment directory
+        read-only but for its own ``dml_file/node/<name>/`` (made its uid's, mode 0700); the
+        worker's state, the rest of ``dml_file/`` and the code root's ``dml_file/`` hidden."""
+        ident = ident or self.runtime.identity(node)
+        home = privilege.prepare_node_dir(self.workdir, node, ident)
+        real = os.path.realpath
+        hide = [real(state_root()), real(os.path.dirname(self.store.dir)), real(host_run_dir()),
+                real(os.path.join(self.workdir, "dml_file")), real(os.path.join(self.code_root, "dml_file"))]
+        read = [*privilege.python_dirs(), real(os.path.join(self.code_root, "dml_app")), real(self.workdir)]
+        return privilege.View(read=tuple(dict.fromkeys(read)), write=(real(home),), hide=tuple(dict.fromkeys(hide)),
+                              home=home)
+
+    # watching and stopping ----------------------------------------------------------------------
+    def processes(self) -> list[dict[str, Any]]:
+        """Every recorded process, with whether it runs and its exit code."""
+        self.book.flush()
+        return [{**rec, **self.process_state(rec)} for rec in self.store.read()["processes"].values()]
+
+    def process_state(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Whether the recorded process runs (a child of this worker, or the same process as
+        recorded: its start time), and its exit code when known."""
+        child = self._children.get(rec["id"])
+        if child is not None:
+            code = child.poll()
+            return {"running": code is None, "returncode": code}
+        ticks = rec.get("start_ticks")
+        return {"running": ticks is not None and start_ticks(rec["pid"]) == ticks, "returncode": None}
+
+    def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
+        rec = self.book.get(proc_id, self._state())
+        if rec is None or rec["node"] != node:
+            raise NotFound(f"no process {proc_id!r} in node {node!r}")
+        if self.process_state(rec)["running"]:
+            try:
+                os.killpg(rec["pid"], signal.SIGTERM)
+                deadline = time.monotonic() + timeout_s
+                while self.process_state(rec)["running"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if self.process_state(rec)["running"]:
+                    os.killpg(rec["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        child = self._children.pop(proc_id, None)
+        code = child.wait(timeout=timeout_s) if child else None
+        self.book.remove(proc_id)
+        return {"id": proc_id, "stopped": True, "returncode": code}
+
+    def restart_processes(self, node: str) -> list[str]:
+        """Start again, with the same argv (and env, when this worker started them), the node's
+        recorded processes that no longer run (a replaced node); their old records go."""
+        started = []
+        for rec in self.book.records():
+            if rec["node"] != node or self.process_state(rec)["running"]:
+                continue
+            env = self._envs.pop(rec["id"], {})
+            self._children.pop(rec["id"], None)
+            self.book.remove(rec["id"])
+            started.append(self.start_process(node, {"argv": rec["argv"], "env": env})["id"])
+        return started
+
+    def exec(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Run a command in a node to completion; its output is captured (1 MiB each at most)."""
+        argv, timeout_s = body["argv"], body["timeout_s"]
+        child = self.popen(node, argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            try:  # its children too: they hold the output pipes open
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.communicate(timeout=5)
+            raise TestbedTimeout(f"{argv[0]} in {node} ran past {timeout_s:g}s and was killed") from None
+        return {"returncode": child.returncode, "stdout": out[:MAX_OUTPUT_BYTES].decode(errors="replace"),
+                "stderr": err[:MAX_OUTPUT_BYTES].decode(errors="replace")}
+
+    def running(self, state: dict[str, Any]) -> int:
+        """How many of the processes recorded in ``state`` run."""
+        return sum(1 for p in state["processes"].values() if self.process_state(p)["running"])
+
+    def forget(self) -> tuple[list[Any], Optional[zygote.Zygote]]:
+        """Drop every child and the zygote (for reset): the children to wait for and the zygote
+        to close (its node processes die with it), once the nodes are gone."""
+        self.book.flush()
+        with self._lock:
+            children = list(self._children.values())
+            self._children.clear()
+            zyg, self._zygote = self._zygote, None
+        return children, zyg
+
+
+class ProcessBook:
+    """Process records on their way to the state file: the starts and stops of hundreds of node
+    processes are saved in a few transactions (each rewrites the whole state), within
+    ``FLUSH_AFTER_S``, and at once before anything reads them from the file."""
+
+    FLUSH_AFTER_S = 2.0  # each save rewrites the whole state: megabytes at 1,000 nodes
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._added: dict[str, dict[str, Any]] = {}
+        self._removed: set[str] = set()
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._timer: Optional[threading.Timer] = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._added[record["id"]] = record
+            self._removed.discard(record["id"])
+            self._schedule()
+
+    def remove(self, proc_id: str) -> None:
+        with self._lock:
+            self._added.pop(proc_id, None)
+            self._removed.add(proc_id)
+            self._schedule()
+
+    def get(self, proc_id: str, state: dict[str, Any]) -> Optional[dict[str, Any]]:
+        with self._lock:
+            if proc_id in self._removed:
+                return None
+            return self._added.get(proc_id) or state["processes"].get(proc_id)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every process record: the file's with the changes not yet saved (none is in flight:
+        a flush holds ``_flushing`` from taking the changes until they are in the file)."""
+        with self._flushing, self._lock:
+            state = self.store.snapshot()
+            kept = [rec for proc_id, rec in state["processes"].items()
+                    if proc_id not in self._removed and proc_id not in self._added]
+            return kept + list(self._added.values())
+
+    def _schedule(self) -> None:
+        if self._timer is None or not self._timer.is_alive():
+            self._timer = threading.Timer(self.FLUSH_AFTER_S, self.flush)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def flush(self) -> None:
+        with self._flushing:
+            with self._lock:
+                added, removed = self._added, self._removed
+                self._added, self._removed = {}, set()
+            if added or removed:
+                with self.store.locked() as state:
+                    state["processes"].update(added)
+                    for proc_id in removed:
+                        state["processes"].pop(proc_id, None)
