@@ -26,25 +26,17 @@ from worker.nodes.cgroups import detect_version
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.kernel.procs import start_ticks
 from worker.routes import Routes, parse_routes
-from worker.nodes.netns import DEFAULT_SUBNET, NODE_IFNAME, NetnsRuntime, NodeSpec
+from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, NODE_IFNAME, check_version
+from worker.nodes.netns import NetnsRuntime, NodeSpec
 from worker.api.shape import MAX_RATE_BPS, Shape
 from worker.state import StateStore, state_root
 from worker.shaping.plan import Isolation, Plan, Target, make_plan
 
-API_VERSION = 1
 MAX_OUTPUT_BYTES = 1 << 20
 # nodes shaped at once: the kernel takes one lock (RTNL) for every tc change, and threads waiting
 # for it spin; at 1,000 nodes and 10,000 links one thread took 2.5-3.8 s, two 3.2 s, four 4.4 s
 SHAPING_THREADS = 1
 TELEMETRY_READ_LIMIT, TELEMETRY_READ_MAX = 100, 1000  # samples per telemetry read
-
-
-def check_version(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise ConfigError("request body must be a JSON object")
-    if body.get("version") != API_VERSION:
-        raise ConfigError(f"request version must be {API_VERSION}, got {body.get('version')!r}")
-    return body
 
 
 def _argv(value: Any) -> list[str]:
@@ -107,6 +99,16 @@ class WorkerHost:
     @property
     def testbed_id(self) -> str:
         return self.store.testbed_id
+
+    # as the controller's worker (controller.workers.api.Worker) ----------------------
+    is_local = True  # in the controller's process: its state, runtime and clock are this machine's
+
+    @property
+    def workers(self) -> dict[str, "WorkerHost"]:
+        return {"local": self}
+
+    def sync_code(self, url: str, token: str, progress: Any) -> None:
+        """Nothing to fetch: in the controller's process, nodes run its own code (``code_root``)."""
 
     # capabilities and nodes ------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
@@ -209,20 +211,6 @@ class WorkerHost:
                               f"receive path is its own)")
         return make_plan(_ifname(state["nodes"][src]), targets, previous, isolation, unshaped, drop_ipv6=emulated,
                          uplink_bps=uplink, downlink_bps=downlink)
-
-    def set_access(self, body: Any) -> dict[str, Any]:
-        """Change one node's access links in place: ``{"node", "uplink", "downlink"}`` with rates
-        in bit/s (null removes that side, a key left out keeps it); its links' classes stay
-        (their counters and minors too)."""
-        body = check_version(body)
-        if not isinstance(body.get("node"), str):
-            raise ConfigError("access: 'node' must be a node name")
-        unknown = set(body) - {"version", "node", "uplink", "downlink"}
-        if unknown:
-            raise ConfigError(f"access: unknown fields {sorted(unknown)} (expected node, uplink, downlink)")
-        wanted = {f"{side}_bps": _access_rate(body[side], f"access of {body['node']}, {side}")
-                  for side in ("uplink", "downlink") if side in body}
-        return self.set_links({"version": API_VERSION, "links": [], "access": {body["node"]: wanted}}, merge=True)
 
     def _shape_node(self, state: dict[str, Any], src: str, plan: Plan) -> dict[str, Any]:
         netns = state["nodes"][src]["netns"]
