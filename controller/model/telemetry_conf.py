@@ -114,8 +114,3 @@ def resolve(base: TelemetryConf, period_ms: Optional[int] = None, no_telemetry: 
     return TelemetryConf(base.period_ms if period_ms is None else period_ms,
                          base.capture if capture is None else tuple(capture),
                          base.enabled and not no_telemetry)
-
-
-def from_args(args: argparse.Namespace, structure_path: Optional[str]) -> TelemetryConf:
-    base = from_structure_file(structure_path) if structure_path else TelemetryConf()
-    return resolve(base, args.telemetry_period_ms, args.no_telemetry, args.capture)

@@ -1,8 +1,8 @@
-"""Talking to worker agents: over HTTPS, or in-process on a single host.
+"""Talking to a worker agent over HTTPS (or loopback HTTP).
 
-``AgentClient`` has the same methods as ``worker.host.WorkerHost`` (the in-process
-worker), so the CLI and the controller drive either one. HTTP errors become the
-testbed's exceptions here, in one place, with messages that name the host and the call.
+``AgentClient`` is a ``Worker`` (controller.workers.api), like ``worker.host.WorkerHost``
+(the in-process worker), so the CLI and the controller drive either one. HTTP errors become
+the testbed's exceptions here, in one place, with messages that name the host and the call.
 
 Transport: an agent on another machine is reached over HTTPS, its certificate pinned by
 its SHA-256 fingerprint (hosts.json ``tls_fingerprint``); plain ``http://`` is refused but on
