@@ -97,7 +97,9 @@ def _on_node_host(name: str) -> Callable[..., Any]:
 class Cluster:
     """The worker hosts of one experiment, as one Worker (made by controller.workers.api.connect).
     The per-node operations of worker.api.protocol.OPERATIONS go to their node's host; the
-    others are fanned out to every host, and their answers joined."""
+    others go to every host, their answers joined, but for those each host needs its own
+    request for (``set_routes``: ``install_routes``; ``sync``: ``sync_code``; ``telemetry_read``:
+    read each of ``workers``), which a cluster refuses."""
 
     is_local = False  # its hosts are its ``workers``, each local or not
     workers: dict[str, Worker]
@@ -307,6 +309,7 @@ class Cluster:
         return {"version": API_VERSION, "hosts": done}
 
 
-for _op in OPERATIONS.values():  # the per-node operations, by the table
+for _op in OPERATIONS.values():  # the per-node operations (shaping, exec, processes, captures), by the table
     if _op.per_node:
         setattr(Cluster, _op.name, _on_node_host(_op.name))
+del _op
