@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from bench_netns import fresh_testbed_id, log, secs, table  # noqa: E402
 from controller.workers import deploy, files  # noqa: E402
-from controller.workers.cluster import Cluster  # noqa: E402
+from controller.workers.api import connect  # noqa: E402
 from controller.model.hosts import Host, Hosts, check_placement  # noqa: E402
 from controller.model.topology import Topology  # noqa: E402
 from tests.e2e.lan import Lan  # noqa: E402
@@ -110,8 +110,8 @@ def main() -> int:
             topo = topology(host_names, args.nodes, args.degree, random.Random(SEED + run))
             cross = sum(1 for l in topo.links.values() if topo.nodes[l.src].host != topo.nodes[l.dst].host)
             tid = fresh_testbed_id()
-            cluster = Cluster.connect(hosts, check_placement(topo, hosts), tid, f"10.{lan.octet}.128.0/20",
-                                      str(workdir), ROOT)
+            cluster = connect(tid, f"10.{lan.octet}.128.0/20", workdir=str(workdir), code_root=ROOT, hosts=hosts,
+                              placement=check_placement(topo, hosts))
             try:
                 log(f"run {run}: {len(topo.nodes)} nodes on {len(host_names)} hosts, {len(topo.links)} links "
                     f"({cross} across hosts)")

@@ -32,10 +32,10 @@ import time
 from typing import Any, Optional
 
 from controller.workers import deploy
-from controller.workers.agent_client import AgentClient, Worker
+from controller.workers.api import Worker, connect, reset_stale
 from controller.model.topology import Topology, access_rate, load_links, load_nodes
 from worker.api.errors import ConfigError, TestbedError
-from worker.nodes.netns import DEFAULT_SUBNET
+from worker.api.protocol import DEFAULT_SUBNET
 from worker.api.shape import format_rate
 from worker.shaping.plan import render
 
@@ -192,16 +192,15 @@ def _worker(args: argparse.Namespace) -> Worker:
     if args.agent:
         from worker.agent import load_token
 
-        client = AgentClient(args.agent, load_token(args.token_file, create=False), fingerprint=args.agent_fingerprint)
+        client = connect(agent=args.agent, token=load_token(args.token_file, create=False),
+                         fingerprint=args.agent_fingerprint)
         wanted = getattr(args, "runtime", None)
         if wanted and (kind := client.capabilities().get("runtime", "netns")) != wanted:
             raise ConfigError(f"the agent at {args.agent} makes {kind} nodes; start it with --runtime {wanted}")
         return client
     if os.geteuid() != 0:
         raise ConfigError("driving this host needs root (sudo), or use --dry-run / --agent URL")
-    from worker.host import WorkerHost
-
-    return WorkerHost(args.id, args.subnet, runtime=getattr(args, "runtime", None))
+    return connect(args.id, args.subnet, runtime=getattr(args, "runtime", None))
 
 
 def _topology(links: str, nodes: Optional[str]) -> Topology:
@@ -240,7 +239,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         try:
             if found.state == "stale":
                 _progress(f"{found.stale_message()}: removing its namespaces, links and node processes")
-                _stale_worker(args, found).reset()
+                reset_stale(args.id, args.subnet, found)
             worker = _worker(args)
             result = deploy.deploy(topology, worker, _progress, open_network=args.open_network)  # all or nothing
             lock.mark_kept()
@@ -264,15 +263,6 @@ def _local_lock(args: argparse.Namespace) -> Any:
     from controller.workers.lock import TestbedLock
 
     return TestbedLock(args.id)
-
-
-def _stale_worker(args: argparse.Namespace, found: Any) -> Any:
-    """This host's worker for what a dead holder left: its recorded subnet, the state's runtime."""
-    from worker.host import WorkerHost
-
-    recorded = (found.holder.details if found.holder else {}).get("subnet") or args.subnet
-    runtime = getattr(args, "runtime", None) if args.command == "down" else None
-    return WorkerHost(args.id, str(recorded), runtime=runtime)
 
 
 def _print_status(status: dict[str, Any]) -> None:
@@ -308,12 +298,14 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not argv:
         raise ConfigError("give a command after the node: edgetb exec NODE -- CMD ...")
     worker = _worker(args)
-    if args.agent:
+    from worker.host import WorkerHost
+
+    if not isinstance(worker, WorkerHost):
         result = worker.exec(args.node, {"version": 1, "argv": argv})
         sys.stdout.write(result["stdout"])
         sys.stderr.write(result["stderr"])
         return int(result["returncode"])
-    child = worker.runtime.popen(args.node, argv)  # type: ignore[attr-defined]
+    child = worker.runtime.popen(args.node, argv)  # this terminal's, attached
     while True:
         try:
             code = child.wait()
@@ -464,8 +456,10 @@ def cmd_down(args: argparse.Namespace) -> int:
                               f"with 'edgetb --agent URL --id {args.id} down' for each host")
             elif found.holder is not None:
                 _progress(f"removing testbed {args.id}, brought up by {found.holder.describe()}")
-            worker = _worker(args) if found.state != "stale" else _stale_worker(args, found)
-            removed = worker.reset()["removed"]
+            if found.state == "stale":
+                removed = reset_stale(args.id, args.subnet, found, runtime=args.runtime)
+            else:
+                removed = _worker(args).reset()["removed"]
             clean = True
         finally:
             lock.release(forget=clean)

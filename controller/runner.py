@@ -1,5 +1,9 @@
-"""What ``gl_run.py`` (and later ``fl_run.py`` ...) do: validate, make confs, deploy,
+"""What ``gl_run.py`` (and ``fl_run.py`` ...) do: validate, make confs, deploy,
 serve the controller on :3333 until reset; with ``--auto``, drive the whole run.
+
+The command line is parsed into ``RunOptions`` (``parse_options``; the Testbed API builds them
+directly), ``prepare`` resolves them into a ``RunSpec`` (controller/model/spec.py) and ``run``
+runs it.
 """
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ from controller.results import tables
 from controller.web.app import create_app
 from controller.run.experiment import Experiment
 from controller.model.hosts import Hosts, check_placement, load_hosts
-from controller.model.topology import Topology, load_links, load_nodes
+from controller.model.spec import RunOptions, RunSpec
+from controller.model.topology import load_links, load_nodes
+from controller.workers.api import Worker, connect, reset_stale
 from worker.api.errors import ConfigError, TestbedError
-from worker.nodes.netns import DEFAULT_SUBNET
+from worker.api.protocol import DEFAULT_SUBNET
 from worker.serving import Servers, run_blocking
 
 
@@ -62,54 +68,65 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     return p
 
 
-def prepare(args: argparse.Namespace, algorithm: str, topology: Optional[Topology] = None) -> tuple[Any, dict[str, Any]]:
+def parse_options(argv: Optional[list[str]], algorithm: str, structure_default: str,
+                  dataset_default: str) -> RunOptions:
+    """A run script's command line (``argv``, default sys.argv) as RunOptions."""
+    args = _parser(algorithm, structure_default, dataset_default).parse_args(argv)
+    return RunOptions(algorithm=algorithm, workdir=os.path.realpath(args.workdir), links=args.links, nodes=args.nodes,
+                      structure=args.structure, dataset=args.dataset, port=args.port,
+                      admin_token_file=args.admin_token_file, listen=tuple(args.listen), testbed_id=args.id,
+                      subnet=args.subnet, runtime=args.runtime, hosts=args.hosts, auto=args.auto,
+                      timeout_s=args.timeout, verbose=args.verbose, scenario=args.scenario,
+                      open_network=args.open_network, telemetry_period_ms=args.telemetry_period_ms,
+                      telemetry=not args.no_telemetry, capture=args.capture)
+
+
+def prepare(options: RunOptions) -> RunSpec:
     """Load and validate everything, write shards and confs; nothing is created on the network."""
     from controller.workers.deploy import planned_ips
     from controller.confs.confs import dataset_confs, load_dataset, load_structure, structure_confs, write_confs
+    from controller.model.telemetry_conf import from_structure_file, resolve
 
-    path = lambda name: os.path.join(args.workdir, name)  # noqa: E731
+    o, path = options, options.path
+    topology = o.topology
     if topology is None:
-        declared = load_nodes(path(args.nodes)) if args.nodes else None
-        topology = load_links(path(args.links), declared, nodes_declared=declared is not None)
-    hosts = load_hosts(path(args.hosts)) if args.hosts else Hosts.single(args.runtime, topology)
-    args.placement = check_placement(topology, hosts, args.hosts or "the single-host default (use --hosts for "
-                                                                    "physical nodes and other hosts)")
-    args.host_list = hosts
-    structure = load_structure(path(args.structure), topology, algorithm)
-    settings = load_dataset(path(args.dataset))
-    s_confs = structure_confs(structure, topology, planned_ips(topology, args.subnet))
-    d_confs = dataset_confs(settings, list(structure), args.workdir)  # checks everything before writing shards
-    write_confs(args.workdir, "structure", s_confs)
-    write_confs(args.workdir, "dataset", d_confs)
-    args.node_confs = {n: {"structure": s_confs[n], "dataset": d_confs[n]} for n in structure}
-    args.dataset_settings = settings
-    args.timeline = None
-    if getattr(args, "scenario", None):
+        declared = load_nodes(path(o.nodes)) if o.nodes else None
+        topology = load_links(path(o.links), declared, nodes_declared=declared is not None)
+    hosts = load_hosts(path(o.hosts)) if o.hosts else Hosts.single(o.runtime, topology)
+    placement = check_placement(topology, hosts, o.hosts or "the single-host default (use --hosts for "
+                                                           "physical nodes and other hosts)")
+    structure = load_structure(path(o.structure), topology, o.algorithm)
+    settings = load_dataset(path(o.dataset))
+    s_confs = structure_confs(structure, topology, planned_ips(topology, o.subnet))
+    d_confs = dataset_confs(settings, list(structure), o.workdir)  # checks everything before writing shards
+    write_confs(o.workdir, "structure", s_confs)
+    write_confs(o.workdir, "dataset", d_confs)
+    timeline = None
+    if o.scenario:
         from controller.model.scenario import load_scenario
 
-        args.timeline = load_scenario(path(args.scenario), topology)
-    from controller.model.telemetry_conf import from_args
-
-    args.telemetry_conf = from_args(args, path(args.structure))
-    args.inputs = {role: path(getattr(args, role))
-                   for role in ("links", "nodes", "structure", "dataset", "hosts", "scenario")
-                   if getattr(args, role, None)}
-    return topology, structure
+        timeline = load_scenario(path(o.scenario), topology)
+    telemetry = resolve(from_structure_file(path(o.structure)), o.telemetry_period_ms, not o.telemetry, o.capture)
+    return RunSpec(options=o, topology=topology, structure=structure, placement=placement, host_list=hosts,
+                   node_confs={n: {"structure": s_confs[n], "dataset": d_confs[n]} for n in structure},
+                   dataset_settings=settings, timeline=timeline, telemetry_conf=telemetry, inputs=o.inputs)
 
 
 def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_default: str = "gl_structure.json",
-         dataset_default: str = "gl_dataset.json", topology: Optional[Topology] = None,
-         experiments: Optional[list[Experiment]] = None) -> int:
-    """gl_run.py's flow; ``topology`` comes from the Testbed API instead of links.json when given;
-    the experiment is appended to ``experiments`` when given (the Testbed API reports on it).
+         dataset_default: str = "gl_dataset.json") -> int:
+    """gl_run.py's flow (and fl_run.py's ...): ``argv`` parsed, then ``run``."""
+    return run(parse_options(argv, algorithm, structure_default, dataset_default))
+
+
+def run(options: RunOptions, experiments: Optional[list[Experiment]] = None) -> int:
+    """Run what ``options`` ask for; the experiment is appended to ``experiments`` when given
+    (the Testbed API reports on it). Returns the exit code.
 
     The experiment directory is taken first (``DirectoryLock``: another live testbed's is refused,
     that testbed named), then the testbed id (controller/workers/lock.py): in use by a live process, kept by
     ``edgetb up`` or holding nodes nobody recorded, the run stops with the holder named and
     touches nothing. What a dead holder left is removed, loudly. At the end this process removes
     only what it created itself."""
-    args = _parser(algorithm, structure_default, dataset_default).parse_args(argv)
-    args.workdir = os.path.realpath(args.workdir)
     logging.basicConfig(level=logging.WARNING)
     if os.geteuid() != 0:
         print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
@@ -120,30 +137,29 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     run_id = new_run_id()
     for sig in (signal.SIGINT, *STOP_SIGNALS):  # a kill or a closed terminal cleans up like Ctrl-C
         signal.signal(sig, _interrupt)
-    directory = DirectoryLock(args.workdir)
+    directory = DirectoryLock(options.workdir)
     try:
-        directory.take(args.id, port=args.port, run_id=run_id)  # another live testbed's directory: refused
+        directory.take(options.testbed_id, port=options.port, run_id=run_id)  # another live testbed's: refused
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     try:
-        return _main(args, algorithm, topology, experiments, run_id)
+        return _main(options, experiments, run_id)
     finally:
         directory.release()
 
 
-def _main(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
-          experiments: Optional[list[Experiment]], run_id: str) -> int:
-    """main's flow once the experiment directory is this run's: the testbed id, then the run."""
+def _main(options: RunOptions, experiments: Optional[list[Experiment]], run_id: str) -> int:
+    """run's flow once the experiment directory is this run's: the testbed id, then the run."""
     from controller.workers.lock import Holder, TestbedLock
 
     try:
-        lock = TestbedLock(args.id)
-        hosts_file = os.path.join(args.workdir, args.hosts) if args.hosts else None
-        found = lock.take(Holder.this_process(run_id, runtime=args.runtime, subnet=args.subnet, port=args.port,
-                                              hosts=hosts_file, workdir=args.workdir))
+        lock = TestbedLock(options.testbed_id)
+        hosts_file = options.path(options.hosts) if options.hosts else None
+        found = lock.take(Holder.this_process(run_id, runtime=options.runtime, subnet=options.subnet,
+                                              port=options.port, hosts=hosts_file, workdir=options.workdir))
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
@@ -151,12 +167,12 @@ def _main(args: argparse.Namespace, algorithm: str, topology: Optional[Topology]
         return 130
     owned = Ownership(clean=found.state != "stale")
     try:
-        return _run(args, algorithm, topology, run_id, found, owned, experiments)
+        return _run(options, run_id, found, owned, experiments)
     except KeyboardInterrupt as e:
         _say(f"interrupted{f' ({e})' if str(e) else ''}")
         return 130
     finally:
-        _teardown(args, owned)
+        _teardown(options.testbed_id, owned)
         if not owned.clean and not owned.touched and found.holder is not None:
             lock.record(found.holder)  # a dead holder's testbed left as it was: still its own
         lock.release(forget=owned.clean)
@@ -183,39 +199,40 @@ class Ownership:
         self.worker, self.clean = None, True
 
 
-def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology], run_id: str, found: Any,
-         owned: Ownership, experiments: Optional[list[Experiment]]) -> int:
+def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
+         experiments: Optional[list[Experiment]]) -> int:
     try:
-        topology, structure = prepare(args, algorithm, topology)
+        spec = prepare(options)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         if found.state == "stale":
-            _say(f"{found.stale_message()}; remove what it left with: edgetb --id {args.id} down")
+            _say(f"{found.stale_message()}; remove what it left with: edgetb --id {options.testbed_id} down")
         return 2
     import gevent
 
     hub = gevent.get_hub()
     hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)  # an interrupt is the main flow's to report
     try:
-        worker = _workers(args)
+        worker = _workers(spec)
         if found.state == "stale":
-            remove_stale(args, found, worker, owned)
+            remove_stale(options, found, worker, owned)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    exp = Experiment(args.workdir, topology, worker, structure, run_id=run_id, controller_port=args.port,
-                     progress=_say, algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
-                     dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose,
-                     open_network=args.open_network, telemetry_conf=args.telemetry_conf)
+    exp = Experiment(options.workdir, spec.topology, worker, spec.structure, run_id=run_id,
+                     controller_port=options.port, progress=_say, algorithm=options.algorithm,
+                     node_confs=spec.node_confs, inputs=spec.inputs, dataset=spec.dataset_settings,
+                     testbed_id=options.testbed_id, verbose=options.verbose, open_network=options.open_network,
+                     telemetry_conf=spec.telemetry_conf)
     if experiments is not None:
         experiments.append(exp)
-    if args.timeline is not None:
+    if spec.timeline is not None:
         from controller.workers.deploy import planned_ips
         from controller.run.scenario_runner import ScenarioRunner
 
         try:  # what this testbed cannot apply is refused before anything is created
-            exp.scenario = ScenarioRunner(args.timeline, worker, planned_ips(topology, args.subnet), progress=_say,
-                                          experiment=exp)
+            exp.scenario = ScenarioRunner(spec.timeline, worker, planned_ips(spec.topology, options.subnet),
+                                          progress=_say, experiment=exp)
         except TestbedError as e:
             print(f"error: {e.message}", file=sys.stderr)
             return 2
@@ -228,35 +245,36 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
         __import__("gevent").spawn(stop)
 
     try:
-        admin_token = admin_token_of(args, worker)
+        admin_token = admin_token_of(options, worker)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
     app = create_app(exp, admin_token=admin_token, on_reset=on_reset)
     try:
-        server = owned.server = Servers([(a, args.port) for a in listen_addresses(args, worker)], app)
+        server = owned.server = Servers([(a, options.port) for a in listen_addresses(options, worker)], app)
         server.start()
     except (OSError, ValueError) as e:
-        print(f"error: cannot listen on port {args.port}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        print(f"error: cannot listen on port {options.port}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return 2
     code = 0
+    port = options.port
     try:
         owned.created(worker)
         run_blocking(exp.sync_code)  # in a thread: other hosts fetch the code from this server meanwhile
         exp.deploy()
-        _say(f"dashboard: http://localhost:{args.port}/ (live while the run goes on; stored runs too)")
-        if exp.scenario is not None:
+        _say(f"dashboard: http://localhost:{port}/ (live while the run goes on; stored runs too)")
+        if exp.scenario is not None and spec.timeline is not None:
             exp.scenario.ips = {n.name: n.ip for n in exp.nodes.values()}
-            _say(f"scenario {args.scenario}: {len(args.timeline.steps)} steps, applied from /start")
-        if args.auto:
-            runner = gevent.spawn(_auto, exp, args.timeout)
+            _say(f"scenario {options.scenario}: {len(spec.timeline.steps)} steps, applied from /start")
+        if options.auto:
+            runner = gevent.spawn(_auto, exp, options.timeout_s)
             runner.link(lambda g: stop())
             server.serve_forever()
             code = runner.value if runner.dead and runner.value is not None else 1
         else:
-            _say(f"controller on :{args.port}, testbed {args.id}, run {run_id}. Next: "
-                 f"curl localhost:{args.port}/start ; curl localhost:{args.port}/status ; "
-                 f"curl localhost:{args.port}/finish ; curl localhost:{args.port}/emulated/reset")
+            _say(f"controller on :{port}, testbed {options.testbed_id}, run {run_id}. Next: "
+                 f"curl localhost:{port}/start ; curl localhost:{port}/status ; "
+                 f"curl localhost:{port}/finish ; curl localhost:{port}/emulated/reset")
             server.serve_forever()
     except KeyboardInterrupt:
         exp.close("interrupted")  # the run folder first; the teardown follows
@@ -267,19 +285,28 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
     return code
 
 
-def admin_token_of(args: argparse.Namespace, worker: Any) -> Optional[str]:
+def _cluster(worker: Worker) -> Any:
+    """``worker`` when it is a cluster of hosts, else None."""
+    from controller.workers.cluster import Cluster
+
+    return worker if isinstance(worker, Cluster) else None
+
+
+def admin_token_of(options: RunOptions, worker: Worker) -> Optional[str]:
     """The controller's admin token, from ``--admin-token-file`` (never an agent's token)."""
-    if not args.admin_token_file:
+    if not options.admin_token_file:
         return None
     from worker.agent import read_token_file
 
-    token = read_token_file(os.path.join(args.workdir, args.admin_token_file))
-    if token in getattr(worker, "tokens", {}).values():
-        raise ConfigError(f"{args.admin_token_file}: the admin token is an agent's token; give the controller its own")
+    token = read_token_file(options.path(options.admin_token_file))
+    cluster = _cluster(worker)
+    if cluster is not None and token in cluster.tokens.values():
+        raise ConfigError(f"{options.admin_token_file}: the admin token is an agent's token; give the controller "
+                          "its own")
     return token
 
 
-def listen_addresses(args: argparse.Namespace, worker: Any) -> list[str]:
+def listen_addresses(options: RunOptions, worker: Worker) -> list[str]:
     """Where the controller listens: loopback (the user's curl), the address its nodes and
     agents reach it by (the bridge's, made later by deploy; a cluster's controller_ip), and
     every ``--listen`` address; never every address of the host."""
@@ -287,32 +314,29 @@ def listen_addresses(args: argparse.Namespace, worker: Any) -> list[str]:
 
     from controller.workers.cluster import gateway
 
-    nodes_side = getattr(worker, "controller_ip", None) or gateway(args.subnet)
-    found = ["127.0.0.1", *([nodes_side] if nodes_side else []), *args.listen]
+    cluster = _cluster(worker)
+    nodes_side = (cluster.controller_ip if cluster is not None else None) or gateway(options.subnet)
+    found = ["127.0.0.1", *([nodes_side] if nodes_side else []), *options.listen]
     for addr in found:
         ipaddress.ip_address(addr)  # ValueError names it
     return found
 
 
-def remove_stale(args: argparse.Namespace, found: Any, worker: Any, owned: Ownership) -> None:
+def remove_stale(options: RunOptions, found: Any, worker: Worker, owned: Ownership) -> None:
     """Remove what a dead holder of the id left on this host (and on this run's other hosts)."""
-    from worker.host import WorkerHost
-
     _say(f"{found.stale_message()}: removing its namespaces, links and node processes")
     owned.created(worker)
-    recorded = (found.holder.details if found.holder else {}).get("subnet") or args.subnet
-    local = WorkerHost(args.id, str(recorded))  # the runtime the state file records
-    removed = local.reset()["removed"]
-    if args.hosts:
+    removed = reset_stale(options.testbed_id, options.subnet, found)  # the runtime the state file records
+    if options.hosts:
         worker.reset()
     elif found.holder and found.holder.details.get("hosts"):
         _say(f"it also ran nodes on the hosts of {found.holder.details['hosts']}: remove those with "
-             f"'edgetb --agent URL --id {args.id} down' for each host, or run with that --hosts file")
+             f"'edgetb --agent URL --id {options.testbed_id} down' for each host, or run with that --hosts file")
     owned.removed()
     _say(f"removed {removed['nodes']} nodes left by the dead run; going on")
 
 
-def _teardown(args: argparse.Namespace, owned: Ownership) -> None:
+def _teardown(testbed_id: str, owned: Ownership) -> None:
     """Remove what this process created, whatever stopped it; signals wait until it is done."""
     for sig in (signal.SIGINT, *STOP_SIGNALS):
         signal.signal(sig, _during_teardown)
@@ -328,22 +352,23 @@ def _teardown(args: argparse.Namespace, owned: Ownership) -> None:
         owned.worker.reset()
         owned.removed()
     except TestbedError as e:
-        _say(f"error: could not remove testbed {args.id}: {e.message}. Remove it with: edgetb --id {args.id} down")
+        _say(f"error: could not remove testbed {testbed_id}: {e.message}. Remove it with: "
+             f"edgetb --id {testbed_id} down")
 
 
 def _during_teardown(signum: int, frame: Any) -> None:
     _say("removing the testbed; wait until it is done")
 
 
-def _workers(args: argparse.Namespace) -> Any:
+def _workers(spec: RunSpec) -> Worker:
     """This host's worker, or with a hosts file the cluster of every host's."""
-    from worker.host import REPO_ROOT, WorkerHost
+    from worker.host import REPO_ROOT
 
-    if not args.hosts:
-        return WorkerHost(args.id, args.subnet, runtime=args.runtime, workdir=args.workdir, code_root=REPO_ROOT)
-    from controller.workers.cluster import Cluster
-
-    return Cluster.connect(args.host_list, args.placement, args.id, args.subnet, args.workdir, REPO_ROOT)
+    o = spec.options
+    if not o.hosts:
+        return connect(o.testbed_id, o.subnet, runtime=o.runtime, workdir=o.workdir, code_root=REPO_ROOT)
+    return connect(o.testbed_id, o.subnet, workdir=o.workdir, code_root=REPO_ROOT, hosts=spec.host_list,
+                   placement=spec.placement)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -28,7 +28,7 @@ use_venv(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.argv[0
 
 from controller.model.topology import Topology, load_links  # noqa: E402
 from worker.api.errors import ConfigError  # noqa: E402
-from worker.nodes.netns import DEFAULT_SUBNET  # noqa: E402
+from worker.api.protocol import DEFAULT_SUBNET  # noqa: E402
 
 
 @dataclass
@@ -141,28 +141,28 @@ class Testbed:
     def start(self, auto: bool = False) -> Run:
         """Validate, make confs, deploy and serve on the port until reset (``auto``: run to
         completion); returns the ``Run``."""
-        from controller.runner import main
+        from controller.model.spec import RunOptions
+        from controller.runner import run
 
         if not self._links_loaded:
             raise ConfigError("call load_link() before start()")
-        argv = ["--workdir", self.workdir, "-s", self.structure, "-d", self.dataset, "--port", str(self.port),
-                "--id", self.testbed_id, "--subnet", self.subnet] + (["--auto"] if auto else [])
-        argv += ["--open-network"] if self.open_network else []
-        argv += ["--scenario", self.scenario] if self.scenario else []
         period_ms, telemetry, capture = self.telemetry_args
-        argv += ["--telemetry-period-ms", str(period_ms)] if period_ms is not None else []
-        argv += [] if telemetry else ["--no-telemetry"]
-        argv += ["--capture", capture if isinstance(capture, str) else ",".join(capture)] if capture else []
+        hosts: Optional[str] = None
         if any("agent" in host for host in self.emulators.values()):
-            path = os.path.join(self.workdir, "dml_file", "hosts.json")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
+            hosts = os.path.join(self.workdir, "dml_file", "hosts.json")
+            os.makedirs(os.path.dirname(hosts), exist_ok=True)
+            with open(hosts, "w") as f:
                 json.dump({"version": 1, "hosts": list(self.emulators.values())}, f, indent=1)
-            argv += ["--hosts", path]
-        elif any(host["runtime"] == "docker" for host in self.emulators.values()):
-            argv += ["--runtime", "docker"]
+        docker = hosts is None and any(host["runtime"] == "docker" for host in self.emulators.values())
+        options = RunOptions(algorithm=self.algorithm, workdir=self.workdir, structure=self.structure,
+                             dataset=self.dataset, port=self.port, testbed_id=self.testbed_id, subnet=self.subnet,
+                             runtime="docker" if docker else "netns", hosts=hosts, auto=auto,
+                             scenario=self.scenario, open_network=self.open_network,
+                             telemetry_period_ms=period_ms, telemetry=telemetry,
+                             capture=(capture if isinstance(capture, str) else ",".join(capture)) if capture else None,
+                             topology=self.topology)
         made: list[Any] = []
-        code = main(argv, algorithm=self.algorithm, topology=self.topology, experiments=made)
+        code = run(options, experiments=made)
         if not made:
             raise ConfigError(f"the experiment did not start (exit code {code}): see the messages above")
         exp = made[0]

@@ -27,7 +27,7 @@ from controller.workers.deploy import planned_ips  # noqa: E402
 from controller.model.topology import load_links  # noqa: E402
 from controller.confs.confs import load_structure, structure_confs, write_confs  # noqa: E402
 from worker.api.errors import TestbedError  # noqa: E402
-from worker.nodes.netns import DEFAULT_SUBNET  # noqa: E402
+from worker.api.protocol import DEFAULT_SUBNET  # noqa: E402
 
 
 def main(argv: list[str] | None = None, algorithm: str = "gossip") -> int:

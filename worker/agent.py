@@ -24,33 +24,25 @@ import re
 import secrets
 import stat
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from flask import Flask, Response, jsonify, request
 
 from worker import tls
 from worker.api.errors import AuthError, ConfigError, TestbedError
+from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, OPERATIONS, SMALL_REQUEST_BYTES
 from worker.api.schema import Field, Place
-from worker.host import API_VERSION, WorkerHost
-from worker.nodes.netns import DEFAULT_SUBNET
+from worker.host import WorkerHost
 from worker.serving import (bearer_matches, check_token, is_loopback, json_errors, request_limits, run_blocking,
                             serve)
 from worker.state import state_root
 
 DEFAULT_PORT = 3333
 DEFAULT_LISTEN = "127.0.0.1"
-MAX_REQUEST_BYTES = 16 * 1024 * 1024
-SMALL_REQUEST_BYTES = 64 * 1024
-# body limits by route (endpoint name); every other route takes SMALL_REQUEST_BYTES
-REQUEST_LIMITS = {"create_nodes": MAX_REQUEST_BYTES, "put_links": MAX_REQUEST_BYTES, "patch_links": MAX_REQUEST_BYTES,
-                  "sync": MAX_REQUEST_BYTES, "set_routes": 1024 * 1024, "exec_in": 1024 * 1024,
-                  "start_process": 1024 * 1024, "start_node": 1024 * 1024}
+# body limits by route (endpoint name: the operation's); every other route takes SMALL_REQUEST_BYTES
+REQUEST_LIMITS = {op.name: op.limit_bytes for op in OPERATIONS.values() if op.limit_bytes != SMALL_REQUEST_BYTES}
 # the calls a client may repeat after a connection error: they leave the same state however often they run
-IDEMPOTENT = frozenset({("PUT", "/links"), ("PATCH", "/links"), ("DELETE", "/links"), ("PUT", "/routes"),
-                        ("POST", "/nodes"), ("POST", "/sync"), ("POST", "/reset"),
-                        ("GET", "/telemetry"), ("POST", "/telemetry/stop"),
-                        ("DELETE", "/nodes/<name>/processes/<proc_id>"), ("DELETE", "/nodes/<name>/capture"),
-                        ("DELETE", "/nodes/<name>/capture.pcap")})
+IDEMPOTENT = frozenset((op.method, op.path) for op in OPERATIONS.values() if op.idempotent)
 log = logging.getLogger("edgetb.agent")
 
 
@@ -149,101 +141,121 @@ def create_app(host: WorkerHost, token: str) -> Flask:
 
     json_errors(app, log)
 
-    @app.get("/health")
+    def route(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Serve operation ``name`` of the table (worker.api.protocol) by the function: its
+        method and path, its answer (JSON, or a streamed Response) with its status."""
+        op = OPERATIONS[name]
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def view(**params: str) -> Any:
+                answer = fn(**params)
+                return answer if isinstance(answer, Response) else (jsonify(answer), op.status)
+
+            app.add_url_rule(op.path, endpoint=op.name, view_func=view, methods=[op.method])
+            return fn
+
+        return register
+
+    @route("health")
     def health() -> Any:
-        return jsonify({"version": API_VERSION, "ok": True, "testbed_id": host.testbed_id})
+        return {"version": API_VERSION, "ok": True, "testbed_id": host.testbed_id}
 
-    @app.get("/capabilities")
+    @route("capabilities")
     def capabilities() -> Any:
-        return jsonify(run_blocking(host.capabilities))
+        return run_blocking(host.capabilities)
 
-    @app.get("/status")
+    @route("status")
     def status() -> Any:
-        return jsonify(run_blocking(host.status))
+        return run_blocking(host.status)
 
-    @app.post("/nodes")
-    def create_nodes() -> Any:
-        return jsonify(run_blocking(host.create_nodes, body())), 201
+    @route("reset")
+    def reset() -> Any:
+        return run_blocking(host.reset)
 
-    @app.put("/links")
-    def put_links() -> Any:
-        return jsonify(run_blocking(host.set_links, body()))
-
-    @app.patch("/links")
-    def patch_links() -> Any:
-        return jsonify(run_blocking(host.set_links, body(), True))
-
-    @app.delete("/links")
-    def delete_links() -> Any:
-        return jsonify(run_blocking(host.clear_links, request.args.get("node")))
-
-    @app.get("/nodes/<name>/shaping")
-    def shaping(name: str) -> Any:
-        return jsonify(run_blocking(host.shaping, name))
-
-    @app.post("/nodes/<name>/exec")
-    def exec_in(name: str) -> Any:
-        return jsonify(run_blocking(host.exec, name, body()))
-
-    @app.post("/nodes/<name>/processes")
-    def start_process(name: str) -> Any:
-        return jsonify(run_blocking(host.start_process, name, body())), 201
-
-    @app.post("/nodes/<name>/app")
-    def start_node(name: str) -> Any:
-        return jsonify(run_blocking(host.start_node, name, body())), 201
-
-    @app.put("/routes")
-    def set_routes() -> Any:
-        return jsonify(run_blocking(host.set_routes, body()))
-
-    @app.post("/sync")
+    @route("sync")
     def sync() -> Any:
-        return jsonify(run_blocking(host.sync, body()))
+        return run_blocking(host.sync, body())
 
-    @app.get("/processes")
+    @route("set_routes")
+    def set_routes() -> Any:
+        return run_blocking(host.set_routes, body())
+
+    @route("create_nodes")
+    def create_nodes() -> Any:
+        return run_blocking(host.create_nodes, body())
+
+    @route("set_links")
+    def set_links() -> Any:
+        return run_blocking(host.set_links, body())
+
+    @route("merge_links")
+    def merge_links() -> Any:
+        return run_blocking(host.set_links, body(), True)
+
+    @route("clear_links")
+    def clear_links() -> Any:
+        return run_blocking(host.clear_links, request.args.get("node"))
+
+    @route("shaping")
+    def shaping(name: str) -> Any:
+        return run_blocking(host.shaping, name)
+
+    @route("fault")
+    def fault() -> Any:
+        return run_blocking(host.fault, body())
+
+    @route("exec")
+    def exec_in(name: str) -> Any:
+        return run_blocking(host.exec, name, body())
+
+    @route("start_process")
+    def start_process(name: str) -> Any:
+        return run_blocking(host.start_process, name, body())
+
+    @route("start_node")
+    def start_node(name: str) -> Any:
+        return run_blocking(host.start_node, name, body())
+
+    @route("processes")
     def processes() -> Any:
-        return jsonify(run_blocking(host.processes))
+        return run_blocking(host.processes)
 
-    @app.delete("/nodes/<name>/processes/<proc_id>")
+    @route("stop_process")
     def stop_process(name: str, proc_id: str) -> Any:
-        return jsonify(run_blocking(host.stop_process, name, proc_id))
+        return run_blocking(host.stop_process, name, proc_id)
 
-    @app.post("/faults")
-    def faults() -> Any:
-        return jsonify(run_blocking(host.fault, body()))
-    @app.post("/telemetry/start")
+    @route("telemetry_start")
     def telemetry_start() -> Any:
-        return jsonify(run_blocking(host.telemetry_start, body()))
+        return run_blocking(host.telemetry_start, body())
 
-    @app.get("/telemetry")
+    @route("telemetry_read")
     def telemetry_read() -> Any:
-        return jsonify(run_blocking(host.telemetry_read, _int_arg("cursor", 0), _int_arg("limit", None)))
+        return run_blocking(host.telemetry_read, _int_arg("cursor", 0), _int_arg("limit", None))
 
-    @app.post("/telemetry/stop")
+    @route("telemetry_stop")
     def telemetry_stop() -> Any:
-        return jsonify(run_blocking(host.telemetry_stop))
-    @app.post("/nodes/<name>/capture")
+        return run_blocking(host.telemetry_stop)
+
+    @route("start_capture")
     def start_capture(name: str) -> Any:
-        return jsonify(run_blocking(host.start_capture, name, body())), 201
+        return run_blocking(host.start_capture, name, body())
 
-    @app.delete("/nodes/<name>/capture")
+    @route("stop_capture")
     def stop_capture(name: str) -> Any:
-        return jsonify(run_blocking(host.stop_capture, name))
+        return run_blocking(host.stop_capture, name)
 
-    @app.delete("/nodes/<name>/capture.pcap")
+    @route("remove_capture")
     def remove_capture(name: str) -> Any:
-        return jsonify(run_blocking(host.remove_capture, name))
+        return run_blocking(host.remove_capture, name)
 
-    @app.get("/nodes/<name>/capture.pcap")
-    def capture_file(name: str) -> Any:
+    @route("capture_chunks")
+    def capture_chunks(name: str) -> Any:
         chunks = run_blocking(host.capture_chunks, name)
         return Response(chunks, mimetype="application/vnd.tcpdump.pcap")
 
-    @app.post("/reset")
-    def reset() -> Any:
-        return jsonify(run_blocking(host.reset))
-
+    unserved = set(OPERATIONS) - set(app.view_functions)
+    if unserved:  # the table and the routes are one API
+        raise RuntimeError(f"the agent serves no route for {sorted(unserved)}")
     return app
 
 

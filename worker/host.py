@@ -21,7 +21,8 @@ from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, TestbedError
 from worker.nodes import zygote
 from worker.nodes.cgroups import detect_version
-from worker.nodes.netns import DEFAULT_SUBNET, NetnsRuntime, NodeSpec
+from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, check_version
+from worker.nodes.netns import NetnsRuntime, NodeSpec
 from worker.nodes.processes import Processes
 from worker.observe.capture import SNAP_BYTES, Captures
 from worker.observe.sampling import Telemetry
@@ -29,17 +30,6 @@ from worker.routes import Routes, parse_routes
 from worker.shaping import apply as tc_apply
 from worker.shaping.links import Links, ifname
 from worker.state import StateStore
-
-API_VERSION = 1
-
-
-def check_version(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise ConfigError("request body must be a JSON object")
-    if body.get("version") != API_VERSION:
-        raise ConfigError(f"request version must be {API_VERSION}, got {body.get('version')!r}")
-    return body
-
 
 def versioned(answer: dict[str, Any]) -> dict[str, Any]:
     """An answer of the API: ``answer`` with its version first."""
@@ -106,6 +96,16 @@ class WorkerHost:
     def code_root(self, path: str) -> None:
         self.procs.code_root = path
 
+    # as the controller's worker (controller.workers.api.Worker) ----------------------
+    is_local = True  # in the controller's process: its state, runtime and clock are this machine's
+
+    @property
+    def workers(self) -> dict[str, "WorkerHost"]:
+        return {"local": self}
+
+    def sync_code(self, url: str, token: str, progress: Any) -> None:
+        """Nothing to fetch: in the controller's process, nodes run its own code (``code_root``)."""
+
     @property
     def _zygote(self) -> Optional[zygote.Zygote]:
         """This host's node zygote, once started (``worker.nodes.processes``)."""
@@ -138,10 +138,6 @@ class WorkerHost:
     def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
         """Shape the listed links (``worker.shaping.links.Links.set_links``)."""
         return versioned(self.links.set_links(bodies.SET_LINKS.validate(check_version(body), REQUEST), merge))
-
-    def set_access(self, body: Any) -> dict[str, Any]:
-        """Change one node's access links in place (``worker.shaping.links.Links.set_access``)."""
-        return versioned(self.links.set_access(bodies.SET_ACCESS.validate(check_version(body), REQUEST)))
 
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         return versioned(self.links.clear_links(node))

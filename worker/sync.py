@@ -20,9 +20,9 @@ import requests
 
 from worker.api.errors import (AgentUnreachable, CapabilityError, ConfigError, NodeRuntimeError,
                            TestbedTimeout)
+from worker.api.protocol import TREES  # noqa: F401 - its name too
 
 VERSION = 1
-TREES = ("dml_app", "dataset")
 CHUNK = 1 << 20
 SHA256_RE = re.compile(r"[0-9a-fA-F]{64}")
 EXPORT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:/[A-Za-z0-9._/-]*")

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional, Union
 
 from worker.api.schema import Field, Place, Schema, read_object
 from worker.api.errors import ConfigError
-from worker.observe.telemetry import DEFAULT_PERIOD_MS, MAX_PERIOD_MS, MIN_PERIOD_MS
+from worker.api.protocol import DEFAULT_PERIOD_MS, MAX_PERIOD_MS, MIN_PERIOD_MS
 
 NODE_NAME = Field(str, "a node's name", max_len=64)
 TELEMETRY_SCHEMA = Schema({
@@ -114,8 +114,3 @@ def resolve(base: TelemetryConf, period_ms: Optional[int] = None, no_telemetry: 
     return TelemetryConf(base.period_ms if period_ms is None else period_ms,
                          base.capture if capture is None else tuple(capture),
                          base.enabled and not no_telemetry)
-
-
-def from_args(args: argparse.Namespace, structure_path: Optional[str]) -> TelemetryConf:
-    base = from_structure_file(structure_path) if structure_path else TelemetryConf()
-    return resolve(base, args.telemetry_period_ms, args.no_telemetry, args.capture)

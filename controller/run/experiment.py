@@ -44,7 +44,7 @@ from controller.workers import deploy
 from controller.results import evaluate, tables, run_record
 
 from controller.run import node_auth, probe
-from controller.workers.agent_client import Worker
+from controller.workers.api import Worker
 from controller.web.live import LiveFeed
 from controller.run.progress import Progress
 from controller.results.safe_fs import NodeFileError, RunDir, read_node_file
@@ -260,14 +260,14 @@ class Experiment:
     def sync_code(self) -> None:
         """Hosts other than this one fetch the code and shards from the controller (so it must
         be serving): a step before ``deploy`` when the worker is a cluster."""
-        sync = getattr(self.worker, "sync_code", None)
-        if sync is not None:
-            try:
-                sync(f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}", self.node_token,
-                     self.progress)
-            except BaseException as e:
-                self.phase, self.error = "failed", str(e)
-                raise
+        if self.worker.is_local:
+            return  # its nodes run this process's code
+        try:
+            self.worker.sync_code(f"http://{self.worker.status()['bridge_ip']}:{self.controller_port}",
+                                  self.node_token, self.progress)
+        except BaseException as e:
+            self.phase, self.error = "failed", str(e)
+            raise
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -701,9 +701,12 @@ class Experiment:
 
     def _node_uid(self, name: str) -> Optional[int]:
         """The node's uid on this machine (its files must be its own); None when not known here."""
-        runtime = getattr(self.worker, "runtime", None) if self._is_local() else None
+        from worker.host import WorkerHost
+
+        if not isinstance(self.worker, WorkerHost):
+            return None
         try:
-            return int(runtime.identity(name).uid)  # type: ignore[union-attr]
+            return int(self.worker.runtime.identity(name).uid)
         except (AttributeError, TestbedError):
             return None
 
@@ -883,7 +886,7 @@ class Experiment:
         self._each_node(collect, list(self.nodes))
 
     def _is_local(self) -> bool:
-        return getattr(self.worker, "store", None) is not None  # a WorkerHost of this machine
+        return self.worker.is_local  # a WorkerHost of this machine
 
     def _settle_rest(self, how: str) -> None:
         """The ending of every node not settled yet."""

@@ -39,6 +39,7 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.results.safe_fs import RunDir
+from controller.workers.api import TelemetrySource, Worker, recorded_plans
 from controller.model.telemetry_conf import TelemetryConf
 from worker.api.errors import CapabilityError, TestbedError
 
@@ -60,17 +61,14 @@ MISSING = -1
 log = logging.getLogger("edgetb.telemetry")
 
 
-def workers_by_host(worker: Any) -> dict[str, Any]:
+def workers_by_host(worker: Worker) -> dict[str, Worker]:
     """The worker hosts behind ``worker``: a cluster's by name, else the one host."""
-    workers = getattr(worker, "workers", None)
-    if isinstance(workers, dict):
-        return dict(workers)
-    return {getattr(worker, "name", None) or "local": worker}
+    return dict(worker.workers)
 
 
-def shares_clock(worker: Any) -> bool:
+def shares_clock(worker: Worker) -> bool:
     """True for a worker host in this process (same monotonic clock)."""
-    return getattr(worker, "store", None) is not None
+    return worker.is_local
 
 
 class Counters:
@@ -281,7 +279,7 @@ class Collector:
         """Start every host's sampler (its first sample is the baseline); call ``mark_start``
         at the run's start, then ``run_in_thread`` or ``pull``."""
         body = {"version": 1, "period_ms": self.conf.period_ms, "restart": True}
-        lacking = [h.name for h in self.hosts.values() if not hasattr(h.worker, "telemetry_start")]
+        lacking = [h.name for h in self.hosts.values() if not isinstance(h.worker, TelemetrySource)]
         if lacking:
             raise CapabilityError(f"host {', '.join(lacking)} offers no telemetry")
         for host in self.hosts.values():
@@ -471,18 +469,12 @@ class Collector:
         self.files = {}
 
 
-def configured_rates(worker: Any) -> dict[tuple[str, str], int]:
+def configured_rates(worker: Worker) -> dict[tuple[str, str], int]:
     """Every shaped link's rate in bit/s, (src, dst) -> rate, from the hosts' plans."""
     rates: dict[tuple[str, str], int] = {}
-    for w in workers_by_host(worker).values():
-        store = getattr(w, "store", None)
-        if store is not None:
-            plans = store.read()["plans"]
-        else:
-            plans = {n["name"]: w.shaping(n["name"]).get("plan") for n in w.status()["nodes"] if n.get("shaped")}
-        for src, plan in plans.items():
-            for rule in (plan or {}).get("rules", []):
-                rates[(src, rule["dest"])] = int(rule["shape"]["rate_bps"])
+    for src, plan in recorded_plans(worker).items():
+        for rule in (plan or {}).get("rules", []):
+            rates[(src, rule["dest"])] = int(rule["shape"]["rate_bps"])
     return rates
 
 

@@ -1,15 +1,15 @@
-"""Talking to worker agents: over HTTPS, or in-process on a single host.
+"""Talking to a worker agent over HTTPS (or loopback HTTP).
 
-``AgentClient`` has the same methods as ``worker.host.WorkerHost`` (the in-process
-worker), so the CLI and the controller drive either one. HTTP errors become the
-testbed's exceptions here, in one place, with messages that name the host and the call.
+``AgentClient`` is a ``Worker`` (controller.workers.api), like ``worker.host.WorkerHost``
+(the in-process worker), so the CLI and the controller drive either one. HTTP errors become
+the testbed's exceptions here, in one place, with messages that name the host and the call.
 
 Transport: an agent on another machine is reached over HTTPS, its certificate pinned by
 its SHA-256 fingerprint (hosts.json ``tls_fingerprint``); plain ``http://`` is refused but on
 loopback. On loopback the listening socket must belong to root (read from the kernel's
 socket table) before the token is sent: another local user cannot pose as the agent.
-Calls the agent declares idempotent (``worker.agent.IDEMPOTENT``, and every GET) are
-retried on connection errors, with backoff.
+Every call is an operation of ``worker.api.protocol.OPERATIONS``; those it declares idempotent
+(every GET too) are retried on connection errors, with backoff.
 """
 from __future__ import annotations
 
@@ -20,13 +20,14 @@ import socket
 import ssl
 import time
 import warnings
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
 
 from worker.api import errors
+from worker.api.protocol import API_VERSION, OPERATIONS
 
 # a loopback agent without a pinned certificate is authenticated by who owns its socket instead
 warnings.filterwarnings("ignore", message=r"Unverified HTTPS request is being made to host "
@@ -45,30 +46,6 @@ _ERRNO_REASONS = {errno.ECONNREFUSED: "connection refused", errno.ECONNRESET: "c
 DEFAULT_TRIES = 3
 DEFAULT_BACKOFF_S = 0.5
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
-
-
-class Worker(Protocol):
-    """What the controller needs of a worker host (WorkerHost or AgentClient)."""
-
-    def capabilities(self) -> dict[str, Any]: ...
-    def create_nodes(self, body: Any) -> dict[str, Any]: ...
-    def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]: ...
-    def clear_links(self, node: Optional[str] = None) -> dict[str, Any]: ...
-    def shaping(self, node: str) -> dict[str, Any]: ...
-    def exec(self, node: str, body: Any) -> dict[str, Any]: ...
-    def start_process(self, node: str, body: Any) -> dict[str, Any]: ...
-    def start_node(self, node: str, body: Any) -> dict[str, Any]: ...
-    def set_routes(self, body: Any) -> dict[str, Any]: ...
-    def sync(self, body: Any) -> dict[str, Any]: ...
-    def processes(self) -> dict[str, Any]: ...
-    def stop_process(self, node: str, proc_id: str) -> dict[str, Any]: ...
-    def status(self) -> dict[str, Any]: ...
-    def reset(self) -> dict[str, Any]: ...
-    def fault(self, body: Any) -> dict[str, Any]: ...
-    def start_capture(self, node: str, body: Any) -> dict[str, Any]: ...
-    def stop_capture(self, node: str) -> dict[str, Any]: ...
-    def capture_chunks(self, node: str) -> Iterator[bytes]: ...
-    def remove_capture(self, node: str) -> dict[str, Any]: ...
 
 
 class _PinnedAdapter(HTTPAdapter):
@@ -129,6 +106,9 @@ def _route(path: str) -> re.Pattern:
     return re.compile(re.sub(r"<[^>/]+>", "[^/]+", path))
 
 
+_IDEMPOTENT = [(op.method, _route(op.path)) for op in OPERATIONS.values() if op.idempotent]
+
+
 class AgentClient:
     """A worker agent reached over HTTPS (pinned) or loopback HTTP, with its bearer token."""
 
@@ -138,7 +118,6 @@ class AgentClient:
         """``timeout_s`` bounds the wait for an answer, ``connect_timeout_s`` each connection
         attempt; an idempotent call is tried ``tries`` times, waiting ``backoff_s``, then twice
         that, ... between tries."""
-        from worker.agent import IDEMPOTENT
         from worker.serving import check_token, is_loopback
         from worker.tls import normalize_fingerprint
 
@@ -169,10 +148,16 @@ class AgentClient:
             self.session.verify = False
         if self.fingerprint:
             self.session.mount("https://", _PinnedAdapter(self.fingerprint))
-        self._idempotent = [(method, _route(path)) for method, path in IDEMPOTENT]
+
+    is_local = False  # the agent's host is reached over the network: its state and clock are its own
+
+    @property
+    def workers(self) -> dict[str, "AgentClient"]:
+        return {self.name: self}
 
     def idempotent(self, method: str, path: str) -> bool:
-        return method in ("GET", "HEAD") or any(m == method and r.fullmatch(path) for m, r in self._idempotent)
+        """Whether the agent declares the call ``method path`` idempotent (every GET is)."""
+        return method in ("GET", "HEAD") or any(m == method and r.fullmatch(path) for m, r in _IDEMPOTENT)
 
     def _check_listener(self) -> None:
         """On loopback, the agent's port must be held by root before the token goes there."""
@@ -208,8 +193,17 @@ class AgentClient:
             if "WRONG_VERSION_NUMBER" in reason.upper() else ""
         return errors.AgentUnreachable(f"{where}: TLS handshake failed: {reason}{hint}")
 
-    def _call(self, method: str, path: str, body: Any = None, params: Optional[dict] = None) -> dict[str, Any]:
-        tries = self.tries if self.idempotent(method, path) else 1
+    def _op(self, operation: str, /, body: Any = None, params: Optional[dict] = None,
+            **segments: str) -> dict[str, Any]:
+        """``operation`` of the worker API (worker.api.protocol), its path filled with ``segments``."""
+        op = OPERATIONS[operation]
+        return self._call(op.method, op.url_path(**segments), body, params, op.idempotent)
+
+    def _call(self, method: str, path: str, body: Any = None, params: Optional[dict] = None,
+              idempotent: Optional[bool] = None) -> dict[str, Any]:
+        if idempotent is None:
+            idempotent = self.idempotent(method, path)
+        tries = self.tries if idempotent else 1
         where = f"{self.label}: {method} {path}"
         for attempt in range(1, tries + 1):
             self._check_listener()
@@ -246,75 +240,82 @@ class AgentClient:
             raise cls(f"{where}: {message}", detail=data.get("detail"))
         return data
 
+    # the worker API, one operation each (worker.api.protocol.OPERATIONS) -----------------------------
     def health(self) -> dict[str, Any]:
-        return self._call("GET", "/health")
+        return self._op("health")
 
     def capabilities(self) -> dict[str, Any]:
-        return self._call("GET", "/capabilities")
-
-    def create_nodes(self, body: Any) -> dict[str, Any]:
-        return self._call("POST", "/nodes", body)
-
-    def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
-        return self._call("PATCH" if merge else "PUT", "/links", body)
-
-    def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
-        return self._call("DELETE", "/links", params={"node": node} if node else None)
-
-    def shaping(self, node: str) -> dict[str, Any]:
-        return self._call("GET", f"/nodes/{node}/shaping")
-
-    def exec(self, node: str, body: Any) -> dict[str, Any]:
-        return self._call("POST", f"/nodes/{node}/exec", body)
-
-    def start_process(self, node: str, body: Any) -> dict[str, Any]:
-        return self._call("POST", f"/nodes/{node}/processes", body)
-
-    def start_node(self, node: str, body: Any) -> dict[str, Any]:
-        return self._call("POST", f"/nodes/{node}/app", body)
-
-    def set_routes(self, body: Any) -> dict[str, Any]:
-        return self._call("PUT", "/routes", body)
-
-    def sync(self, body: Any) -> dict[str, Any]:
-        return self._call("POST", "/sync", body)
-
-    def processes(self) -> dict[str, Any]:
-        return self._call("GET", "/processes")
-
-    def stop_process(self, node: str, proc_id: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/nodes/{node}/processes/{proc_id}")
+        return self._op("capabilities")
 
     def status(self) -> dict[str, Any]:
-        return self._call("GET", "/status")
+        return self._op("status")
 
     def reset(self) -> dict[str, Any]:
-        return self._call("POST", "/reset", {"version": 1})
+        return self._op("reset", {"version": API_VERSION})
+
+    def sync(self, body: Any) -> dict[str, Any]:
+        return self._op("sync", body)
+
+    def set_routes(self, body: Any) -> dict[str, Any]:
+        return self._op("set_routes", body)
+
+    def create_nodes(self, body: Any) -> dict[str, Any]:
+        return self._op("create_nodes", body)
+
+    def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
+        return self._op("merge_links" if merge else "set_links", body)
+
+    def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
+        return self._op("clear_links", params={"node": node} if node else None)
+
+    def shaping(self, node: str) -> dict[str, Any]:
+        return self._op("shaping", name=node)
 
     def fault(self, body: Any) -> dict[str, Any]:
         """Scenario changes to nodes (``worker.faults``)."""
-        return self._call("POST", "/faults", body)
+        return self._op("fault", body)
+
+    def exec(self, node: str, body: Any) -> dict[str, Any]:
+        return self._op("exec", body, name=node)
+
+    def start_process(self, node: str, body: Any) -> dict[str, Any]:
+        return self._op("start_process", body, name=node)
+
+    def start_node(self, node: str, body: Any) -> dict[str, Any]:
+        return self._op("start_node", body, name=node)
+
+    def processes(self) -> dict[str, Any]:
+        return self._op("processes")
+
+    def stop_process(self, node: str, proc_id: str) -> dict[str, Any]:
+        return self._op("stop_process", name=node, proc_id=proc_id)
+
     def telemetry_start(self, body: Any) -> dict[str, Any]:
-        return self._call("POST", "/telemetry/start", body)
+        return self._op("telemetry_start", body)
 
     def telemetry_read(self, cursor: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
         params = {"cursor": str(cursor)} | ({"limit": str(limit)} if limit is not None else {})
-        return self._call("GET", "/telemetry", params=params)
+        return self._op("telemetry_read", params=params)
 
     def telemetry_stop(self) -> dict[str, Any]:
-        return self._call("POST", "/telemetry/stop", {"version": 1})
+        return self._op("telemetry_stop", {"version": API_VERSION})
+
     def start_capture(self, node: str, body: Any) -> dict[str, Any]:
-        return self._call("POST", f"/nodes/{_node_segment(node)}/capture", body)
+        return self._op("start_capture", body, name=node)
 
     def stop_capture(self, node: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/nodes/{_node_segment(node)}/capture")
+        return self._op("stop_capture", name=node)
 
     def remove_capture(self, node: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/nodes/{_node_segment(node)}/capture.pcap")
+        return self._op("remove_capture", name=node)
+
+    def sync_code(self, url: str, token: str, progress: Callable[[str], None]) -> None:
+        """Nothing to do for one agent driven on its own: its nodes run the code it has (a
+        cluster syncs its agents, ``controller.workers.cluster``)."""
 
     def capture_chunks(self, node: str) -> Iterator[bytes]:
         """The node's capture file, streamed from the agent in pieces."""
-        path = f"/nodes/{_node_segment(node)}/capture.pcap"
+        path = OPERATIONS["capture_chunks"].url_path(name=node)
         where = f"{self.label}: GET {path}"
         self._check_listener()
         try:
@@ -344,9 +345,3 @@ class AgentClient:
 
         return stream()
 
-
-def _node_segment(node: str) -> str:
-    """A node name as one path segment (refused when it could be more)."""
-    if not isinstance(node, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", node):
-        raise errors.ConfigError(f"{node!r} is not a node name")
-    return node

@@ -13,9 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit, urlunsplit
 
-from controller.workers.agent_client import AgentClient, Worker
-from controller.model.hosts import Host, Hosts, plan_routes
+from controller.model.hosts import Hosts, plan_routes
+from controller.workers.api import Worker
 from worker.api.errors import ConfigError, NotFound, TestbedError
+from worker.api.protocol import API_VERSION, OPERATIONS, TREES
 
 Progress = Callable[[str], None]
 
@@ -65,8 +66,43 @@ def agent_tokens(hosts: Hosts) -> dict[str, str]:
     return tokens
 
 
+def controller_ip_of(hosts: Hosts, workers: dict[str, Worker], in_process: bool) -> str:
+    """The address the nodes of ``hosts`` reach the controller by: the hosts file's
+    ``controller_ip``, else this machine's source address towards the first remote host, else
+    (a loopback agent only) its node subnet's gateway. ``in_process``: a host is this one."""
+    local = next((h.name for h in hosts.hosts.values() if h.local), None)
+    remote = [h.ip for h in hosts.hosts.values() if not h.local and h.ip]
+    controller_ip = hosts.controller_ip or (controller_address(remote[0]) if remote else None)
+    if controller_ip is None and local is not None and not in_process:
+        controller_ip = gateway(workers[local].capabilities().get("subnet"))  # only a loopback agent
+    if controller_ip is None and in_process and len(workers) == 1:
+        raise ConfigError("no host has an agent: run single-host (without a hosts file) instead")
+    if controller_ip is None:
+        raise ConfigError("cannot tell the address nodes reach the controller by: set 'controller_ip' in the "
+                          "hosts file")
+    return controller_ip
+
+
+def _on_node_host(name: str) -> Callable[..., Any]:
+    """Operation ``name`` (a per-node one) as a Cluster method: sent to the host of its node."""
+
+    def forward(self: "Cluster", node: str, *args: Any) -> Any:
+        return getattr(self._worker_of(node), name)(node, *args)
+
+    forward.__name__ = forward.__qualname__ = name
+    forward.__doc__ = f"``{name}`` on the host of ``node``."
+    return forward
+
+
 class Cluster:
-    """The worker hosts of one experiment, as one Worker."""
+    """The worker hosts of one experiment, as one Worker (made by controller.workers.api.connect).
+    The per-node operations of worker.api.protocol.OPERATIONS go to their node's host; the
+    others go to every host, their answers joined, but for those each host needs its own
+    request for (``set_routes``: ``install_routes``; ``sync``: ``sync_code``; ``telemetry_read``:
+    read each of ``workers``), which a cluster refuses."""
+
+    is_local = False  # its hosts are its ``workers``, each local or not
+    workers: dict[str, Worker]
 
     def __init__(self, hosts: Hosts, placement: dict[str, str], workers: dict[str, Worker],
                  controller_stack: Worker, controller_ip: str) -> None:
@@ -82,40 +118,6 @@ class Cluster:
         # of what agents fetch is computed here and sent to them over their own (pinned) channel
         self.trees: Optional[dict[str, str]] = None
         self.tokens: dict[str, str] = {}  # each agent's, by host name
-
-    @classmethod
-    def connect(cls, hosts: Hosts, placement: dict[str, str], testbed_id: str, subnet: str, workdir: str,
-                code_root: str, runtime_options: Optional[dict[str, Any]] = None) -> "Cluster":
-        """Workers for ``hosts``: agents over HTTP, the in-process host (if any) on this machine."""
-        from worker.host import WorkerHost
-
-        workers: dict[str, Worker] = {}
-        in_process: Optional[WorkerHost] = None
-        tokens = agent_tokens(hosts)
-        for host in hosts.hosts.values():
-            if host.agent is None:
-                in_process = WorkerHost(testbed_id, subnet, runtime=host.runtime, workdir=workdir,
-                                        code_root=code_root,
-                                        runtime_options=runtime_options if host.runtime == "docker" else None)
-                workers[host.name] = in_process
-            else:
-                workers[host.name] = AgentClient(host.agent, tokens[host.name], name=host.name,
-                                                 fingerprint=host.tls_fingerprint)
-        local = next((h.name for h in hosts.hosts.values() if h.local), None)
-        remote = [h.ip for h in hosts.hosts.values() if not h.local and h.ip]
-        controller_ip = hosts.controller_ip or (controller_address(remote[0]) if remote else None)
-        if controller_ip is None and local is not None and in_process is None:
-            controller_ip = gateway(workers[local].capabilities().get("subnet"))  # only a loopback agent
-        if controller_ip is None and in_process is not None and len(workers) == 1:
-            raise ConfigError("no host has an agent: run single-host (without a hosts file) instead")
-        if controller_ip is None:
-            raise ConfigError("cannot tell the address nodes reach the controller by: set 'controller_ip' in the "
-                              "hosts file")
-        stack = workers[local] if local else WorkerHost(testbed_id, subnet)
-        cluster = cls(hosts, placement, workers, stack, controller_ip)
-        cluster.tokens = tokens
-        cluster.trees = {"dml_app": code_root, "dataset": workdir}
-        return cluster
 
     # fan-out ---------------------------------------------------------------------------------
     def _each(self, fn: Callable[[str, Worker], Any], names: Optional[list[str]] = None) -> dict[str, Any]:
@@ -189,7 +191,6 @@ class Cluster:
         only if it matches, and the agent checks its code against it again before importing it
         as root."""
         from controller.workers.files import manifest
-        from worker.sync import TREES
 
         agents = [h.name for h in self.hosts.hosts.values() if h.agent is not None]
         loopback = urlunsplit(urlsplit(url)._replace(netloc=f"127.0.0.1:{urlsplit(url).port}"))
@@ -255,18 +256,6 @@ class Cluster:
         done = self._each(lambda name, w: w.clear_links())
         return {"version": 1, "cleared": [n for r in done.values() for n in r["cleared"]]}
 
-    def shaping(self, node: str) -> dict[str, Any]:
-        return self._worker_of(node).shaping(node)
-
-    def exec(self, node: str, body: Any) -> dict[str, Any]:
-        return self._worker_of(node).exec(node, body)
-
-    def start_process(self, node: str, body: Any) -> dict[str, Any]:
-        return self._worker_of(node).start_process(node, body)
-
-    def start_node(self, node: str, body: Any) -> dict[str, Any]:
-        return self._worker_of(node).start_node(node, body)
-
     def fault(self, body: Any) -> dict[str, Any]:
         """Scenario changes, each sent to its node's host."""
         per_host = self._split(body["faults"], "node")
@@ -276,21 +265,6 @@ class Cluster:
     def processes(self) -> dict[str, Any]:
         done = self._each(lambda name, w: w.processes())
         return {"version": 1, "processes": [p for r in done.values() for p in r["processes"]]}
-
-    def stop_process(self, node: str, proc_id: str) -> dict[str, Any]:
-        return self._worker_of(node).stop_process(node, proc_id)
-
-    def start_capture(self, node: str, body: Any) -> dict[str, Any]:
-        return self._worker_of(node).start_capture(node, body)
-
-    def stop_capture(self, node: str) -> dict[str, Any]:
-        return self._worker_of(node).stop_capture(node)
-
-    def capture_chunks(self, node: str) -> Any:
-        return self._worker_of(node).capture_chunks(node)
-
-    def remove_capture(self, node: str) -> dict[str, Any]:
-        return self._worker_of(node).remove_capture(node)
 
     def status(self) -> dict[str, Any]:
         done = self._each(lambda name, w: w.status())
@@ -315,3 +289,27 @@ class Cluster:
             raise type(first)("reset failed on " + "; ".join(f"{n}: {e.message}" for n, e in failed.items()),
                               detail={"removed": removed})
         return {"version": 1, "removed": removed}
+
+    def set_routes(self, body: Any) -> dict[str, Any]:
+        raise ConfigError("a cluster routes between its hosts itself (install_routes): give each host its own routes")
+
+    def sync(self, body: Any) -> dict[str, Any]:
+        raise ConfigError("a cluster syncs each host with its own request (sync_code)")
+
+    def telemetry_start(self, body: Any) -> dict[str, Any]:
+        """Start every host's sampler; the samples are read host by host (``workers``)."""
+        done = self._each(lambda name, w: w.telemetry_start(body))
+        return {"version": API_VERSION, "hosts": done}
+
+    def telemetry_read(self, cursor: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
+        raise ConfigError("a cluster's telemetry is read host by host, each from its own cursor: read its workers")
+
+    def telemetry_stop(self) -> dict[str, Any]:
+        done = self._each(lambda name, w: w.telemetry_stop())
+        return {"version": API_VERSION, "hosts": done}
+
+
+for _op in OPERATIONS.values():  # the per-node operations (shaping, exec, processes, captures), by the table
+    if _op.per_node:
+        setattr(Cluster, _op.name, _on_node_host(_op.name))
+del _op

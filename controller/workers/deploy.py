@@ -19,10 +19,10 @@ import ipaddress
 import time
 from typing import Any, Callable, Optional
 
-from controller.workers.agent_client import Worker
 from controller.model.topology import Topology
+from controller.workers.api import Worker, recorded_plans
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
-from worker.nodes.netns import NODE_IFNAME, node_address
+from worker.api.protocol import NODE_IFNAME, node_address
 from worker.shaping.plan import Isolation, Plan, Target, make_plan
 
 Progress = Callable[[str], None]
@@ -53,7 +53,8 @@ def link_requests(topology: Topology, ips: dict[str, str]) -> dict[str, Any]:
 
 def set_access(worker: Worker, node: str, sides: dict[str, Optional[int]]) -> dict[str, Any]:
     """Change one node's access links in place (``uplink_bps``/``downlink_bps``: None removes
-    one, a key left out keeps it): a merging links update, through any worker."""
+    one, a key left out keeps it): a merging links update, through any worker. Its links'
+    classes stay (their counters and minors too)."""
     return worker.set_links({"version": 1, "links": [], "access": {node: sides}}, merge=True)
 
 
@@ -264,12 +265,11 @@ def live_topology(worker: Worker) -> Topology:
     status = worker.status()
     if not status["nodes"]:
         raise ConfigError(f"testbed {status['testbed_id']} has no nodes: bring it up first (edgetb up links.json)")
-    store = getattr(worker, "store", None)  # this host's worker reads its own state, an agent is asked
-    recorded = store.read()["plans"] if store is not None else None
+    recorded = recorded_plans(worker)  # this host's worker reads its own state, an agent is asked
     topology = Topology()
     plans: dict[str, Plan] = {}
     for n in status["nodes"]:
-        data = recorded.get(n["name"]) if recorded is not None else worker.shaping(n["name"])["plan"]
+        data = recorded.get(n["name"])
         plan = Plan.from_dict(data) if data else None
         physical = n.get("runtime") == "physical"
         topology.add_node(n["name"], "physical" if physical else "emulated", cpu=n["cpu"], mem=n["mem_bytes"],

@@ -11,7 +11,8 @@ import stat
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from worker.api.errors import ConfigError, NotFound
-from worker.sync import TREES, file_sha256, skipped
+from worker.api.protocol import TREES
+from worker.sync import file_sha256, skipped
 
 MANIFEST_VERSION = 1
 

@@ -71,7 +71,9 @@ def _together(host, flows: list[tuple[str, str, int]], seconds: int = 5) -> list
 
 
 def _access(host, node: str, **sides) -> dict:
-    return host.set_access({"version": 1, "node": node, **sides})
+    from controller.workers.deploy import set_access
+
+    return set_access(host, node, {f"{side}_bps": rate for side, rate in sides.items()})
 
 
 def test_two_senders_share_a_downlink(host, request):

@@ -124,7 +124,7 @@ def test_the_cli_reference_lists_every_subcommand_and_option():
 
 
 def _routes() -> set[str]:
-    """Every Flask route of the controller and the worker agent, as the reference writes it."""
+    """Every HTTP route of the controller and the worker agent, as the reference writes it."""
     names = {"<name>": "N", "<proc_id>": "ID", "<run_id>": "<id>", "<path:relpath>": "PATH"}
     found = set()
     for source in list((ROOT / "controller").rglob("*.py")) + list((ROOT / "worker").rglob("*.py")):
@@ -132,6 +132,13 @@ def _routes() -> set[str]:
             for k, v in names.items():
                 path = path.replace(k, v)
             found.add(path)
+    from worker.api.protocol import OPERATIONS  # the agent's routes are made from this table
+
+    for op in OPERATIONS.values():
+        path = op.path
+        for k, v in names.items():
+            path = path.replace(k, v)
+        found.add(path)
     return found
 
 

@@ -48,8 +48,9 @@ def test_bad_links_updates_name_the_field(body, says):
     (bodies.EXEC, {"version": 1, "argv": ["true"], "timeout_s": "soon"}, "field 'timeout_s': expected a number"),
     (bodies.EXEC, {"version": 1, "argv": ["true"], "timeout_s": 0}, "field 'timeout_s': must be a number in \\(0,"),
     (bodies.START_CAPTURE, {"version": 1, "snap_bytes": True}, "field 'snap_bytes': expected an integer"),
-    (bodies.SET_ACCESS, {"version": 1, "node": "a", "uplink": "1mbit"}, "field 'uplink': expected an integer"),
-    (bodies.SET_ACCESS, {"version": 1, "node": "a", "up": 10**6}, "field 'up': unknown field"),
+    (bodies.SET_LINKS, {"version": 1, "links": [], "access": {"a": {"uplink_bps": "1mbit"}}},
+     "access, a, field 'uplink_bps': expected an integer"),
+    (bodies.SET_LINKS, {"version": 1, "links": [], "access": {"a": {"up": 10**6}}}, "access, a, field 'up': unknown field"),
     (bodies.CREATE_NODES, {"version": 1, "nodes": {}}, "field 'nodes': expected a list"),
 ])
 def test_bad_requests_name_the_field(schema, body, says):

@@ -368,7 +368,7 @@ def test_agent_faults_route_is_authenticated_and_checks_its_body():
         seen = []
 
         def fault(self, body):
-            from worker.host import check_version
+            from worker.api.protocol import check_version
 
             check_version(body)
             self.seen.append(body)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from controller.model.hosts import load_hosts
-from controller.runner import _parser, prepare
+from controller.runner import parse_options, prepare
 from worker.api.schema import Field, Schema, suggestion
 from controller.model.topology import load_links
 from controller.confs.confs import dataset_confs, load_dataset, load_structure
@@ -50,10 +50,10 @@ def _base_files() -> dict[str, object]:
 
 
 def _prepare(workdir: str, prefix: str = "gl", dataset: str | None = None) -> None:
-    args = _parser(ALGORITHMS[prefix], f"{prefix}_structure.json", f"{prefix}_dataset.json").parse_args(
+    options = parse_options(
         ["--workdir", workdir, "--nodes", "nodes.json", "--hosts", "hosts.json", "--subnet", "10.211.0.0/16"]
-        + (["-d", dataset] if dataset else []))
-    prepare(args, ALGORITHMS[prefix])
+        + (["-d", dataset] if dataset else []), ALGORITHMS[prefix], f"{prefix}_structure.json", f"{prefix}_dataset.json")
+    prepare(options)
 
 
 def _experiment(tmp_path, change=None) -> str:

@@ -114,6 +114,12 @@ def test_changed_rows_give_every_sample_back_by_interpolation():
 class ReplayWorker:
     """A worker host whose clock runs ``skew_s`` ahead of the controller's (pure data)."""
 
+    is_local = False
+
+    @property
+    def workers(self):
+        return {self.name: self}
+
     def __init__(self, samples, skew_s=0.0, name="h1", layouts=None):
         self.samples = samples
         self.layouts = layouts or {"1": {"links": [["a", "b"], ["b", "a"]], "nodes": ["a", "b"]}}
@@ -249,8 +255,15 @@ def test_collector_names_a_host_that_does_not_answer(tmp_path):
 def test_collector_refuses_a_worker_without_telemetry():
     from worker.api.errors import CapabilityError
 
-    with pytest.raises(CapabilityError, match="offers no telemetry"):
-        Collector(object(), TelemetryConf()).start()
+    class Silent:  # a host without the telemetry operations
+        is_local = False
+
+        @property
+        def workers(self):
+            return {"h1": self}
+
+    with pytest.raises(CapabilityError, match="host h1 offers no telemetry"):
+        Collector(Silent(), TelemetryConf()).start()
 
 
 # --- prometheus and the live table ------------------------------------------------------------

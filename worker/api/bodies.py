@@ -41,9 +41,6 @@ SET_LINKS = Schema({
                       values=Field(list, items=Field(dict, schema=PEER))),
     "access": Field(dict, "node -> its access links (a key left out keeps it)", default={},
                     values=Field(dict, schema=ACCESS))})
-SET_ACCESS = Schema({"version": VERSION, "node": NAME,
-                     "uplink": dataclasses.replace(ACCESS_BPS, doc="the uplink in bits per second"),
-                     "downlink": dataclasses.replace(ACCESS_BPS, doc="the downlink in bits per second")})
 
 START_PROCESS = Schema({"version": VERSION, "argv": ARGV, "env": ENV})
 EXEC = Schema({"version": VERSION, "argv": ARGV,

@@ -23,21 +23,13 @@ from worker.nodes import cgroups, confine, neighbours, privilege
 from worker.kernel import netlink as nl, nsfs
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.api.schema import IPV4_ADDRESS, Field, Schema
+from worker.api.protocol import DEFAULT_SUBNET, NODE_IFNAME, node_address  # noqa: F401 - its names too
 from worker.state import StateStore
 
 TESTBED_ID_RE = re.compile(r"[a-z0-9]{1,5}")
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
-DEFAULT_SUBNET = "10.77.0.0/16"
-NODE_IFNAME = "eth0"
 NODE_IFINDEX = 2
 MAX_NODES = 60_000
-
-
-def node_address(subnet: ipaddress.IPv4Network, index: int) -> str:
-    """The address of the node created ``index``-th (0-based): the bridge has the first one."""
-    if index + 2 >= subnet.num_addresses - 1:
-        raise ConfigError(f"subnet {subnet} has no room for node number {index + 1}")
-    return str(subnet.network_address + 2 + index)
 
 
 def parse_subnet(subnet: str) -> ipaddress.IPv4Network:

@@ -34,11 +34,9 @@ from worker.kernel import netlink as nl
 from worker.kernel import nsfs
 from worker.nodes.cgroups import Cgroups, CounterReader, process_groups
 from worker.api.errors import ConfigError
+from worker.api.protocol import DEFAULT_PERIOD_MS, MAX_PERIOD_MS, MIN_PERIOD_MS  # noqa: F401 - its names too
 from worker.observe.stats import StatsSocket
 
-MIN_PERIOD_MS = 10
-MAX_PERIOD_MS = 10_000
-DEFAULT_PERIOD_MS = 100
 RING_VALUES = 8_000_000  # counters held at most (8 bytes each): the ring's memory bound
 RING_MAX_SECONDS = 120.0  # and never more than this much history
 RING_MIN_SAMPLES = 16

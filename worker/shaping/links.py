@@ -1,6 +1,6 @@
 """The shaping service of one testbed: its requests checked, plans made, nodes shaped and recorded.
 
-``Links`` is what ``worker.host`` delegates to for ``set_links``, ``set_access``, ``clear_links``
+``Links`` is what ``worker.host`` delegates to for ``set_links``, ``clear_links``
 and ``shaping``: it parses a request into per-node ``Target``s, makes each node's plan
 (``worker.shaping.plan``), programs and verifies it (``worker.shaping.apply``) and records it in
 the state. Requests come checked (``worker.host`` with ``worker.api.bodies``); answers come without it.
@@ -103,13 +103,6 @@ class Links:
                               f"receive path is its own)")
         return make_plan(ifname(state["nodes"][src]), targets, previous, isolation, unshaped, drop_ipv6=emulated,
                          uplink_bps=uplink, downlink_bps=downlink)
-
-    def set_access(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Change one node's access links in place: ``{"node", "uplink", "downlink"}`` with rates
-        in bit/s (null removes that side, a key left out keeps it); its links' classes stay
-        (their counters and minors too)."""
-        wanted = {f"{side}_bps": body[side] for side in ("uplink", "downlink") if side in body}
-        return self.set_links({"links": [], "access": {body["node"]: wanted}}, merge=True)
 
     def _shape_node(self, state: dict[str, Any], src: str, plan: Plan) -> dict[str, Any]:
         netns = state["nodes"][src]["netns"]
