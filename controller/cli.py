@@ -478,6 +478,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     Times in the CSV files are seconds since the monitor started."""
     import time
 
+    from controller.results.rates import LinkRates
     from controller.results.safe_fs import RunDir
     from controller.telemetry.collector import Collector, configured_rates, render_table
     from controller.model.telemetry_conf import TelemetryConf
@@ -489,7 +490,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     if not worker.status()["nodes"]:
         raise ConfigError(f"testbed {args.id} has no nodes: bring it up first (edgetb up links.json)")
     out = RunDir(args.csv) if args.csv else None
-    collector = Collector(worker, conf, out, configured_rates(worker), pull_interval_s=args.interval)
+    collector = Collector(worker, conf, out, LinkRates(configured_rates(worker)), pull_interval_s=args.interval)
     collector.start()
     collector.mark_start()
     tty = sys.stdout.isatty()

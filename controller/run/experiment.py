@@ -34,7 +34,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import requests
 import urllib3
@@ -49,9 +49,10 @@ from controller.web.live import LiveFeed
 from controller.run.progress import Progress
 from controller.results.safe_fs import NodeFileError, RunDir, read_node_file
 from controller.telemetry.collector import Collector
+from controller.results.rates import FROM_START, LinkRates
 from controller.model.telemetry_conf import TelemetryConf
 from controller.run.terminal import clip
-from controller.model.topology import Topology, links_from_data, load_links
+from controller.model.topology import Link, Topology, links_from_data, load_links
 from dml_app import bounded_json
 from dml_app.compute import THREAD_ENV
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
@@ -165,6 +166,7 @@ class Experiment:
         self.open_network = open_network
         self.workdir = os.path.realpath(workdir)
         self.topology = topology
+        self.rates = LinkRates.of_topology(topology)  # every link's configured rate over the run
         self.worker = worker
         self.structure = structure
         self.algorithm = algorithm
@@ -401,7 +403,7 @@ class Experiment:
             self.t_start = time.time()
             t0 = self.t_start_monotonic = time.monotonic()
             if self.telemetry is not None:
-                self.telemetry.mark_start()
+                self.telemetry.mark_start(t0)
                 self.telemetry.run_in_thread()
             self.record["started_at"] = self.t_start
             for name, node in self.nodes.items():
@@ -420,8 +422,7 @@ class Experiment:
         """Start every host's sampler (the run goes on without telemetry if a host cannot)."""
         if not self.telemetry_conf.enabled:
             return
-        rates = {key: link.shape.rate_bps for key, link in self.topology.links.items()}
-        collector = Collector(self.worker, self.telemetry_conf, self.out, rates)
+        collector = Collector(self.worker, self.telemetry_conf, self.out, self.rates)
         try:
             collector.start()
         except (TestbedError, OSError) as e:
@@ -942,13 +943,19 @@ class Experiment:
         ips = {n.name: n.ip for n in self.nodes.values()}
         ips.update({n["name"]: n["ip"] for n in self.worker.status()["nodes"]})
         result = deploy.merge_links(changed, self.worker, ips)
-        for (src, dst), link in changed.links.items():
-            before = self.topology.links.get((src, dst))
-            self.topology.links[(src, dst)] = link
-            if self.telemetry is not None:
-                self.telemetry.rates_bps[(src, dst)] = link.shape.rate_bps
-            self.live.link_changed(src, dst, before.shape.rate_bps if before else None, link.shape)
+        self.links_reshaped(changed.links.values())
+        for link in changed.links.values():
+            self.live.link_changed(link.src, link.dst, link.shape)
         return result
+
+    def links_reshaped(self, links: Iterable[Link]) -> None:
+        """``links`` were re-shaped in place just now (the worker confirmed): the topology and
+        the run's rates follow (/update/tc, /update/link and a scenario's link steps)."""
+        start = self.t_start_monotonic
+        t_s = FROM_START if start is None else time.monotonic() - start
+        for link in links:
+            self.topology.links[(link.src, link.dst)] = link
+            self.rates.set((link.src, link.dst), link.shape.rate_bps, t_s)
 
     def close(self, how: str) -> None:
         """Write the run folder if the run was started and is not written yet (Ctrl-C, a signal)."""

@@ -31,7 +31,9 @@ from typing import Any, Callable, Optional
 
 from controller.workers import deploy
 from controller.model.scenario import Step, Timeline
+from controller.model.topology import Link
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
+from worker.api.shape import Shape
 
 CSV_FIELDS = ("planned_s", "applied_s", "skew_ms", "event", "target", "detail", "outcome")
 FLOW_PORT_BASE = 5301
@@ -250,6 +252,9 @@ class ScenarioRunner:
                 shape.update({k: p[k] for k in ("delay_ms", "jitter_ms", "loss_pct") if k in p})
             links.append({"src": src, "dst": dst, "dst_ip": self.ips[dst], "shape": shape})
         self.worker.set_links({"version": 1, "links": links}, merge=True)
+        reshaped = getattr(self.experiment, "links_reshaped", None)  # the topology and the run's rates follow
+        if callable(reshaped):
+            reshaped([Link(link["src"], link["dst"], Shape.from_dict(link["shape"])) for link in links])
         return None
 
     def _background(self, p: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from controller.results.rates import RATES_HEADER, LinkRates
 from controller.results.safe_fs import RunDir
 from controller.model.telemetry_conf import TelemetryConf
 from worker.api.errors import CapabilityError, TestbedError
@@ -45,7 +46,6 @@ from worker.api.errors import CapabilityError, TestbedError
 LINKS_HEADER = "time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes"
 NODES_HEADER = "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops"
 HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
-RATES_HEADER = "time_s,src,dst,rate_bps"
 FILES = {"links": ("telemetry/links.csv.gz", LINKS_HEADER), "nodes": ("telemetry/nodes.csv.gz", NODES_HEADER),
          "hosts": ("telemetry/hosts.csv.gz", HOSTS_HEADER), "rates": ("telemetry/rates.csv.gz", RATES_HEADER)}
 GZIP_LEVEL = 3  # 6 compresses a fifth better at a third more CPU
@@ -229,7 +229,7 @@ class _Host:
         self.first_layout: Optional[int] = None
         self.layouts: dict[int, dict[str, Any]] = {}
         self.layout_seen: Optional[int] = None  # the layout of the last sample taken
-        self.rates_bps: dict[tuple[str, str], Optional[int]] = {}  # its links' configured rates
+        self.rate_links: set[tuple[str, str]] = set()  # the links its last layout carried
         self.lost = 0
         self.last: dict[str, Any] = {}
         self.problem = ""
@@ -247,15 +247,16 @@ class _Host:
 
 class Collector:
     """Starts the samplers of every host, pulls them, writes the CSV files (``out``: the run
-    folder; None keeps only the latest values, for ``/metrics`` and ``edgetb monitor``)."""
+    folder; None keeps only the latest values, for ``/metrics`` and ``edgetb monitor``).
+    ``rates``: the run's configured rates, which the hosts' layouts keep up to date."""
 
     def __init__(self, worker: Any, conf: TelemetryConf, out: Optional[RunDir] = None,
-                 rates_bps: Optional[dict[tuple[str, str], int]] = None,
-                 pull_interval_s: float = PULL_INTERVAL_S) -> None:
+                 rates: Optional[LinkRates] = None, pull_interval_s: float = PULL_INTERVAL_S) -> None:
         self.hosts = {name: _Host(name, w) for name, w in workers_by_host(worker).items()}
         self.conf = conf
         self.out = out
-        self.rates_bps = dict(rates_bps or {})
+        self.rates = rates if rates is not None else LinkRates()
+        self.first_s: Optional[float] = None  # the time of the first sample taken
         self.pull_interval_s = pull_interval_s
         self.t0: Optional[float] = None  # the run's start, controller monotonic
         self.files: dict[str, _CsvFile] = {}
@@ -348,11 +349,13 @@ class Collector:
         ts = f"{time_s:.4f}"
         first = not host.seen_first
         host.seen_first = True
+        if self.first_s is None or time_s < self.first_s:
+            self.first_s = time_s
         layout_id = int(sample["layout"])
         layout = host.layouts[layout_id]
         if layout_id != host.layout_seen:
             host.layout_seen = layout_id
-            self._rates_changed(host, layout, ts)
+            self._rates_changed(host, layout, time_s)
         if layout_id not in host.link_keys:
             keys = [(str(src), str(dst)) for src, dst in layout["links"]]
             host.link_keys[layout_id] = keys, [f"{src},{dst}" for src, dst in keys]
@@ -378,21 +381,17 @@ class Collector:
             self.files["hosts"].write(f"{ts},{host.name},{_fmt(cum, ns_first=True)}\n", 1)
         return len(link_rows) + len(node_rows) + 1
 
-    def _rates_changed(self, host: _Host, layout: dict[str, Any], ts: str) -> None:
-        """Write each link whose configured rate a new layout sets or changes, and each link it
-        no longer has (an empty rate); keep the rates for /metrics and the live views."""
+    def _rates_changed(self, host: _Host, layout: dict[str, Any], time_s: float) -> None:
+        """A new layout: each link's configured rate it carries, and each link it no longer has
+        (no rate from now), go into the run's rates (written as ``telemetry/rates.csv.gz``)."""
         if "rates_bps" not in layout:
             return
-        now = {(src, dst): rate for (src, dst), rate in zip(layout["links"], layout["rates_bps"])}
-        rows = [f"{ts},{src},{dst},{'' if rate is None else int(rate)}\n"
-                for (src, dst), rate in sorted(now.items()) if host.rates_bps.get((src, dst), "new") != rate]
-        rows += [f"{ts},{src},{dst},\n" for src, dst in sorted(host.rates_bps.keys() - now.keys())]
-        for key, rate in now.items():
-            if rate is not None:
-                self.rates_bps[key] = int(rate)
-        host.rates_bps = now
-        if self.files and rows:
-            self.files["rates"].write("".join(rows), len(rows))
+        now = {(str(src), str(dst)): rate for (src, dst), rate in zip(layout["links"], layout["rates_bps"])}
+        for key, rate in sorted(now.items()):
+            self.rates.set(key, rate, time_s)
+        for key in sorted(host.rate_links - now.keys()):
+            self.rates.set(key, None, time_s)
+        host.rate_links = set(now)
 
     @staticmethod
     def _latest(table: dict[Any, dict[str, Any]], key: Any, time_s: float, cum: list[Optional[int]],
@@ -431,6 +430,8 @@ class Collector:
                 for kind, table in (("links", host.link_rows), ("nodes", host.node_rows)):
                     rows = table.flush() if table is not None else []
                     self.files[kind].write("".join(rows), len(rows))
+            rows = self.rates.rows(self.first_s) if self.first_s is not None else []
+            self.files["rates"].write("".join(rows), len(rows))
         hosts: dict[str, Any] = {}
         for host in self.hosts.values():
             try:
@@ -509,7 +510,7 @@ def render_table(collector: Collector, top: int = 10) -> str:
     if busy:
         lines += ["", f"{'link':<24} {'throughput':>11} {'of rate':>8} {'drops':>7} {'backlog':>9}"]
     for (src, dst), entry in busy:
-        rate = collector.rates_bps.get((src, dst))
+        rate = collector.rates.now((src, dst))
         bps = _bits(entry.get("tx_bytes_per_s"))
         share = f"{100 * bps / rate:.0f}%" if rate and bps is not None else "-"
         lines.append(f"{(src + '->' + dst)[:24]:<24} {_si(bps, 'b/s'):>11} {share:>8} {entry.get('drops') or 0:>7} "
@@ -582,7 +583,7 @@ def prometheus_text(run_id: str, nodes: list[dict[str, Any]], collector: Optiona
                 if e.get("drops") is not None:
                     drops.add_metric(labels, e["drops"])
                 bps = _bits(e.get("tx_bytes_per_s"))
-                configured = collector.rates_bps.get((src, dst))
+                configured = collector.rates.now((src, dst))
                 if bps is not None:
                     thr.add_metric(labels, bps)
                 if configured:

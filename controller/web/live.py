@@ -102,7 +102,6 @@ class LiveFeed:
         self._history = np.full((LINK_HISTORY, len(self.link_keys)), np.nan, np.float32)
         self._history_t = np.full(LINK_HISTORY, np.nan)
         self._samples = 0
-        self._rates: dict[tuple[str, str], list[tuple[float, int]]] = {}  # link -> (t_s, rate from then), changes
         self._lock = threading.Lock()
 
     def _node_meta(self, name: str) -> dict[str, Any]:
@@ -139,30 +138,9 @@ class LiveFeed:
                               "target": target, "detail": detail})
         del self.timeline[:-TIMELINE_MAX]
 
-    def link_changed(self, src: str, dst: str, before_bps: Optional[int], shape: Any) -> None:
-        """Link ``src -> dst`` was re-shaped now (from ``before_bps``): a timeline entry, and the
-        rate the link chart draws from now on."""
-        with self._lock:
-            now = self.t_s()
-            changes = self._rates.setdefault((src, dst), [(float("-inf"), before_bps)] if before_bps else [])
-            changes.append((now, shape.rate_bps))
-            self._event("link", f"{src}->{dst}", shape.describe(), now)
-
-    def _rate(self, key: tuple[str, str]) -> Optional[int]:
-        """The link's configured rate now: its last change, else the topology's."""
-        changes = self._rates.get(key)
-        if changes:
-            return changes[-1][1]
-        link = self.exp.topology.links.get(key)
-        return link.shape.rate_bps if link else None
-
-    def _follow_rates(self, configured: dict[tuple[str, str], int], now: float) -> None:
-        """Rates the telemetry saw change since the last sample (a scenario's link events, or
-        anything else that re-shaped a link): the link chart draws them from now on."""
-        for key in self.link_keys:
-            rate, before = configured.get(key), self._rate(key)
-            if rate is not None and rate != before:
-                self._rates.setdefault(key, [(float("-inf"), before)] if before else []).append((now, rate))
+    def link_changed(self, src: str, dst: str, shape: Any) -> None:
+        """Link ``src -> dst`` was re-shaped now: a timeline entry (its rate is in ``exp.rates``)."""
+        self.event("link", f"{src}->{dst}", shape.describe())
 
     # sampling ----------------------------------------------------------------------------------
     def sample(self) -> None:
@@ -172,9 +150,7 @@ class LiveFeed:
         telemetry = self.exp.telemetry
         latest_links = dict(telemetry.latest_links) if telemetry is not None else {}
         latest_nodes = dict(telemetry.latest_nodes) if telemetry is not None else {}
-        configured = dict(getattr(telemetry, "rates_bps", None) or {})
         with self._lock:
-            self._follow_rates(configured, now)
             self._sample_links(latest_links)
             self._sample_nodes(latest_nodes)
             self._sample_events()
@@ -250,7 +226,7 @@ class LiveFeed:
                              for n, t in zip(nodes, tele)],
                 "rx_bytes": [t.get("rx_bytes") for t in tele],
                 "link_bps": [round(float(x), 1) for x in self._link_bps],
-                "link_rate_bps": [self._rate(k) for k in self.link_keys],
+                "link_rate_bps": [self.exp.rates.now(k) for k in self.link_keys],
                 "link_down": down_links(self.link_keys, blocks)}
 
     # reading -----------------------------------------------------------------------------------
@@ -307,13 +283,11 @@ class LiveFeed:
         with self._lock:
             n = min(self._samples, LINK_HISTORY)
             order = [(self._samples - n + k) % LINK_HISTORY for k in range(n)]
-            link = self.exp.topology.links.get((src, dst))
-            rate = link.shape.rate_bps if link else None
-            changes = self._rates.get((src, dst), [])
+            rates = self.exp.rates
             times = [float(self._history_t[k]) for k in order]
-            rates = [next((r for t0, r in reversed(changes) if t0 <= t), rate) if changes else rate for t in times]
             return {"src": src, "dst": dst, "t_s": [_r(t, 3) for t in times],
-                    "bps": [_r(self._history[k, i], 1) for k in order], "rate_bps": rate, "rates": rates}
+                    "bps": [_r(self._history[k, i], 1) for k in order], "rate_bps": rates.now((src, dst)),
+                    "rates": [rates.at((src, dst), t) for t in times]}
 
 
 def _pick(global_accuracy: Optional[float], accuracy: Optional[float]) -> Optional[float]:

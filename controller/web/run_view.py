@@ -12,7 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.results.analysis.inputs import read_run
-from controller.results.analysis.series import counter_at, step_at
+from controller.results.analysis.series import counter_at
 from controller.web.live import TIME_SERIES, _r, band, round_series
 from controller.results.tables import read_scenario
 from worker.api.errors import NotFound
@@ -172,7 +172,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
             losses.append(r["loss"])
         if r["layer"] is not None:
             layers[r["node"]] = r["layer"]
-    link_keys = sorted(set(inp.links) | {k for k in inp.rate_changes if k[0] in inp.nodes and k[1] in inp.nodes})
+    link_keys = sorted(set(inp.links) | {k for k in inp.rates.keys() if k[0] in inp.nodes and k[1] in inp.nodes})
     kinds = {n.get("name"): str(n.get("kind") or "") for n in _json(os.path.join(run_dir, "topology.json")).get(
         "nodes", []) if isinstance(n, dict)}
     finals = {n.get("node"): n for n in summary.get("nodes", []) if isinstance(n, dict)}
@@ -206,7 +206,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
                 "tx_bytes": [counter_last(n, "tx_bytes") for n in names],
                 "rx_bytes": [counter_last(n, "rx_bytes") for n in names],
                 "link_bps": link_bps,
-                "link_rate_bps": [step_at(inp.rate_steps(k), end_s) for k in link_keys], "link_down": []}
+                "link_rate_bps": [inp.rates.at(k, end_s) for k in link_keys], "link_down": []}
     return {"version": 1, "live": False, "run_id": inp.run_id, "algorithm": record.get("algorithm"),
             "phase": "finished", "ended": record.get("ended"), "started_at": record.get("started_at"),
             "nodes": [{"name": n, "host": inp.nodes[n].get("host") or "", "kind": kinds.get(n, ""),
@@ -250,7 +250,7 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
     """Link ``src -> dst``'s throughput over the stored run (on the view's time grid), and its rate."""
     inp = read_run(run_dir, captures=False, counters=("links",))
     key = (src, dst)
-    if key not in inp.links and key not in inp.rate_changes:  # (a link added during the run)
+    if key not in inp.links and key not in inp.rates:  # (a link added during the run)
         raise NotFound(f"no link {src}->{dst} in run {inp.run_id}")
     grid = _grid(inp.ended_s or 1.0)
     bps: list[Optional[float]] = [None] * grid.size
@@ -259,7 +259,6 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
         cum = counter_at(links.times[key], links.values[key]["tx_bytes"], grid)
         rate = np.maximum(np.diff(cum, prepend=0.0), 0) * 8 / np.diff(grid, prepend=grid[0] - 1.0)
         bps = [_r(x, 1) for x in rate]
-    steps = inp.rate_steps(key)  # as configured over time (a scenario may change it)
     return {"src": src, "dst": dst, "t_s": [round(float(t), 3) for t in grid], "bps": bps,
-            "rate_bps": inp.links.get(key, {}).get("rate_bps"), "rates": [step_at(steps, float(t)) for t in grid]}
+            "rate_bps": inp.links.get(key, {}).get("rate_bps"), "rates": [inp.rates.at(key, float(t)) for t in grid]}  # as configured over time
 

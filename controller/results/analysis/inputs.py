@@ -12,6 +12,7 @@ import numpy as np
 
 from controller.results.analysis.pcap import Packets, ip_int, read_pcap
 from controller.results.analysis.table import Counters, open_text, read_counters, table_path
+from controller.results.rates import LinkRates
 from dml_app.events import read_events
 from worker.api.errors import ConfigError
 
@@ -43,16 +44,11 @@ class RunInputs:
     node_counters: Optional[Counters] = None
     host_counters: Optional[Counters] = None
     captures: dict[str, Packets] = field(default_factory=dict)  # node -> its egress packets (times from t0)
-    # (src, dst) -> [(time_s, rate_bps or None: no link)] from telemetry/rates.csv, in time order
-    rate_changes: dict[tuple[str, str], list[tuple[float, Optional[float]]]] = field(default_factory=dict)
+    # every link's configured rate over time: telemetry/rates.csv, else the topology's from the start
+    rates: LinkRates = field(default_factory=LinkRates)
     ended_s: Optional[float] = None  # the run's end (run.json's ended_at) from its start
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-
-    def rate_steps(self, key: tuple[str, str]) -> list[tuple[float, Optional[float]]]:
-        """The link's configured rate over time, [(from time_s, rate_bps or None)]: its changes
-        as sampled (``telemetry/rates.csv``), else the topology's rate from the start."""
-        return self.rate_changes.get(key) or [(-np.inf, self.links.get(key, {}).get("rate_bps"))]
 
     def ip_to_node(self) -> dict[int, str]:
         return {ip_int(n["ip"]): name for name, n in self.nodes.items() if n.get("ip")}
@@ -173,7 +169,7 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
         if period_ms:
             table.sampled_every_s = period_ms / 1000
         setattr(out, attr, table)
-    out.rate_changes = _rate_changes(table_path(tele, "rates"))
+    out.rates = _rates(table_path(tele, "rates"), {key: link["rate_bps"] for key, link in links.items()})
     pcaps = sorted(glob.glob(os.path.join(tele, "pcap", "*.pcap"))) if captures else []
     if not pcaps and captures:
         missing.append("telemetry/pcap")
@@ -195,24 +191,13 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     return out
 
 
-def _rate_changes(path: Optional[str]) -> dict[tuple[str, str], list[tuple[float, Optional[float]]]]:
-    """``telemetry/rates.csv.gz``: each link's configured rate from the time it was set (empty:
-    the link was removed; a link first seen after the first sample had none before); {} without
-    the file (runs before it was written)."""
-    changes: dict[tuple[str, str], list[tuple[float, Optional[float]]]] = {}
+def _rates(path: Optional[str], deployed: dict[tuple[str, str], Optional[float]]) -> LinkRates:
+    """The configured rates of ``telemetry/rates.csv.gz`` (``controller.results.rates``); the
+    topology's without the file (runs before it was written)."""
     if path is None:
-        return {}
+        return LinkRates(deployed)
     try:
         with open_text(path) as f:
-            for r in csv.DictReader(f):
-                t = _num(r.get("time_s"))
-                if t is not None and r.get("src") and r.get("dst"):
-                    changes.setdefault((r["src"], r["dst"]), []).append((t, _num(r.get("rate_bps"))))
+            return LinkRates.from_rows(csv.DictReader(f), deployed)
     except FileNotFoundError:
-        return {}
-    first = min((t for steps in changes.values() for t, _ in steps), default=0.0)  # the first sample
-    for steps in changes.values():
-        steps.sort(key=lambda step: step[0])
-        if steps[0][0] > first:  # a link added during the run: none before
-            steps.insert(0, (-np.inf, None))
-    return changes
+        return LinkRates(deployed)

@@ -9,7 +9,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from controller.results.analysis.inputs import RunInputs
-from controller.results.analysis.series import bin_edges, counter_at, counter_bins, event_bins, step_at, throughput_bps
+from controller.results.analysis.series import bin_edges, counter_at, counter_bins, event_bins, throughput_bps
+from controller.results.rates import rate_at
 
 AGGREGATE_ABOVE_NODES = 20
 
@@ -59,9 +60,9 @@ def link_throughput(inp: RunInputs, config: Any, links_table: list[dict[str, Any
         else:
             continue
         line, = ax.plot(edges[:-1], y / 1e6, linewidth=0.8, label=label)
-        steps = inp.rate_steps((src, dst))  # as configured over time (a scenario may change it)
+        steps = inp.rates.steps((src, dst))  # as configured over time (a scenario may change it)
         times = [span[0]] + [t for t, _ in steps[1:] if span[0] < t < span[1]] + [span[1]]
-        rates = [step_at(steps, t) for t in times]
+        rates = [rate_at(steps, t) for t in times]
         ax.step(times, [np.nan if r is None else r / 1e6 for r in rates], where="post", color=line.get_color(),
                 linestyle="--", linewidth=0.8)
     ax.set_xlabel("time since the run's start (s)")

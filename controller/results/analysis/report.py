@@ -21,8 +21,9 @@ from controller.results.analysis import bursts as B
 from controller.results.analysis.flows import flow_summary, flows
 from controller.results.analysis.inputs import RunInputs, read_run
 from controller.results.analysis.pcap import Packets, ip_str
-from controller.results.analysis.series import (bin_edges, counter_at, counter_bins, event_bins, mean_ci95, step_at,
+from controller.results.analysis.series import (bin_edges, counter_at, counter_bins, event_bins, mean_ci95,
                                         step_integral, throughput_bps)
+from controller.results.rates import rate_at
 
 CAPTURE_BIN_S = 0.010
 FINE_BIN_S = 0.001
@@ -198,13 +199,13 @@ def link_rows(inp: RunInputs, span: tuple[float, float], pairs: dict[tuple[str, 
     rows, per_1s = [], {}
     edges_1s = bin_edges(span[0], span[1], TABLE_BIN_S)
     c = inp.link_counters
-    keys = set(inp.links) | set(inp.rate_changes)  # (links added during the run too)
+    keys = set(inp.links) | set(inp.rates.keys())  # (links added during the run too)
     if c is not None:
         keys |= {(k[0], k[1]) for k in c.keys}
     else:
         keys |= set(pairs)
     for key in sorted(keys):
-        steps = inp.rate_steps(key)  # a scenario or /update/tc may have changed it during the run
+        steps = inp.rates.steps(key)  # a scenario or /update/tc may have changed it during the run
         capacity_bits, rated_s = step_integral(steps, span[0], span[1])
         rate = capacity_bits / rated_s if rated_s > 0 else None  # its mean over the run, by time
         row: dict[str, Any] = {"src": key[0], "dst": key[1], "rate_bps": rate}
@@ -239,7 +240,7 @@ def link_rows(inp: RunInputs, span: tuple[float, float], pairs: dict[tuple[str, 
             row["utilisation"] = row["bytes"] * 8.0 / capacity_bits
             # the first bin at the peak (equal peaks differ in rounding only)
             at_peak = int(np.argmax(fine >= fine.max() * (1 - 1e-9))) if fine.size else None
-            peak_rate = step_at(steps, float(fine_edges[at_peak])) if at_peak is not None else None
+            peak_rate = rate_at(steps, float(fine_edges[at_peak])) if at_peak is not None else None
             row["peak_utilisation"] = row["peak_bps"] / peak_rate if peak_rate else None
         rows.append(row)
     return rows, per_1s, edges_1s
