@@ -46,7 +46,7 @@ sys.path.insert(0, ROOT)
 
 from bench.bench_netns import BenchError, checkpoint, log, scratch_host, table  # noqa: E402
 from controller.results.rates import LinkRates  # noqa: E402
-from controller.results.safe_fs import RunDir  # noqa: E402
+from controller.results.run_dir import RunDir  # noqa: E402
 from controller.telemetry.collector import Collector, configured_rates  # noqa: E402
 from controller.model.telemetry_conf import TelemetryConf  # noqa: E402
 from worker.kernel.netlink import NLMSG_DONE  # noqa: E402

@@ -479,7 +479,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     import time
 
     from controller.results.rates import LinkRates
-    from controller.results.safe_fs import RunDir
+    from controller.results.run_dir import RunDir
     from controller.telemetry.collector import Collector, configured_rates, render_table
     from controller.model.telemetry_conf import TelemetryConf
 

@@ -19,6 +19,8 @@ import math
 import threading
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
+from controller.results.run_dir import csv_fields, finite_float
+
 Key = tuple[str, str]  # (src, dst)
 Rate = Optional[float]  # bit/s, or None: no link
 Steps = list[tuple[float, Rate]]  # [(from time_s, rate)], in time order
@@ -34,14 +36,6 @@ def rate_at(steps: Steps, t_s: float) -> Rate:
             break
         value = v
     return value
-
-
-def _finite(text: Any) -> Optional[float]:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
 
 
 class LinkRates:
@@ -114,7 +108,8 @@ class LinkRates:
                     out.append((first_s, key, at_first))
                 out += [(t, key, rate) for t, rate in steps if t > first_s]
         out.sort(key=lambda row: (row[0], row[1]))
-        return [f"{t:.4f},{src},{dst},{'' if rate is None else int(rate)}\n" for t, (src, dst), rate in out]
+        return [csv_fields((f"{t:.4f}", src, dst, None if rate is None else int(rate))) + "\n"
+                for t, (src, dst), rate in out]
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]], deployed: Optional[Mapping[Key, Rate]] = None) -> "LinkRates":
@@ -122,9 +117,9 @@ class LinkRates:
         rows keeps its ``deployed`` rate (runs from before the file was written)."""
         changes: dict[Key, Steps] = {}
         for r in rows:
-            t = _finite(r.get("time_s"))
+            t = finite_float(r.get("time_s"))
             if t is not None and r.get("src") and r.get("dst"):
-                changes.setdefault((str(r["src"]), str(r["dst"])), []).append((t, _finite(r.get("rate_bps"))))
+                changes.setdefault((str(r["src"]), str(r["dst"])), []).append((t, finite_float(r.get("rate_bps"))))
         first = min((t for steps in changes.values() for t, _ in steps), default=0.0)  # the first sample
         for steps in changes.values():
             steps.sort(key=lambda step: step[0])

@@ -25,24 +25,21 @@ its ``round`` events. Files are written atomically (a temporary file renamed).
 from __future__ import annotations
 
 import csv
-import glob
 import io
 import json
-import logging
-import math
 import os
 import statistics
 from typing import Any, Callable, Iterable, Optional
 
-from controller.results.safe_fs import RunDir
-from dml_app.events import MEMBERSHIP, read_events
-from worker.api.errors import ConfigError, TestbedError  # noqa: F401 - ConfigError: what a refused write raises (RunDir)
+from controller.results.run_dir import (METRICS_CSV, RUN, SCENARIO_CSV, SCENARIO_EFFECTS_CSV, TRAFFIC_CSV, Problems,
+                                        RunDir, attempt, csv_bytes, finite_number, read_run_events)
+from dml_app.events import MEMBERSHIP
+from worker.api.errors import ConfigError  # noqa: F401 - what a refused write raises (RunDir)
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
                   "received_models"]
 TRAFFIC_COLUMNS = ["run_id", "node", "round", "peer", "direction", "bytes"]
-log = logging.getLogger("edgetb.results")
 AGGREGATE_ABOVE_NODES = 20  # more curves than this: median, interquartile band, min and max instead
 
 
@@ -55,49 +52,14 @@ def algorithm_of(roles: Iterable[str]) -> str:
     return "+".join(found)
 
 
-# problems --------------------------------------------------------------------------------------
-Problems = dict[str, list[str]]  # who (a node, or "run") -> what went wrong while its results were written
-RUN = "run"
-
-
-def attempt(problems: Problems, who: str, what: str, fn: Callable[[], Any], default: Any = None) -> Any:
-    """``fn()``; whatever it raises is recorded as ``who``'s problem with ``what`` (a file, a
-    step) and ``default`` returned, so that one bad node or file never stops the others."""
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001 - recorded, and the run's other results are written
-        log.warning("%s: %s failed", who, what, exc_info=True)
-        message = e.message if isinstance(e, TestbedError) else f"{type(e).__name__}: {e}"
-        problems.setdefault(who, []).append(f"{what}: {message}"[:500])
-        return default
-
-
 # reading ---------------------------------------------------------------------------------------
-def read_run_events(run_dir: str, problems: Optional[Problems] = None) -> dict[str, list[dict[str, Any]]]:
-    """Each node's events, by node name; a file that cannot be read counts as no events, and is
-    that node's problem in ``problems``."""
-    problems = {} if problems is None else problems
-    out = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "events", "*.jsonl"))):
-        node = os.path.basename(path)[: -len(".jsonl")]
-        out[node] = attempt(problems, node, f"events/{node}.jsonl", lambda p=path: read_events(p), [])
-    return out
-
-
-def _number(value: Any) -> Optional[float]:
-    """A finite number, else None (NaN and missing values become empty cells)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return value
-
-
 def _int(value: Any) -> Optional[int]:
     """An integer (a layer, a byte count) from a node's event, else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _rounded(value: Any, digits: int) -> Optional[float]:
-    v = _number(value)
+    v = finite_number(value)
     return None if v is None else round(v, digits)
 
 
@@ -114,14 +76,14 @@ def metric_rows(events: dict[str, list[dict[str, Any]]], t0: float, algorithm: s
         for e in node_events:
             if e.get("type") != "round":
                 continue
-            t_end = _number(e.get("t_end"))
+            t_end = finite_number(e.get("t_end"))
             rows.append({"run_id": e.get("run_id"), "algorithm": algorithm, "node": node, "role": role,
                          "layer": _int(e.get("layer")), "round": e.get("round"),
                          "time_s": None if t_end is None else round(t_end - t0, 3),
-                         "loss": _number(e.get("loss")), "accuracy": _number(e.get("accuracy")),
-                         "global_loss": _number(e.get("global_loss")),
-                         "global_accuracy": _number(e.get("global_accuracy")),
-                         "train_loss": _number(e.get("train_loss")),
+                         "loss": finite_number(e.get("loss")), "accuracy": finite_number(e.get("accuracy")),
+                         "global_loss": finite_number(e.get("global_loss")),
+                         "global_accuracy": finite_number(e.get("global_accuracy")),
+                         "train_loss": finite_number(e.get("train_loss")),
                          "bytes_sent": e.get("bytes_sent", 0), "bytes_recv": e.get("bytes_recv", 0),
                          "train_s": _rounded(e.get("train_s"), 4), "send_s": _rounded(e.get("send_s"), 4),
                          "received_models": e.get("received_models", 0)})
@@ -158,13 +120,6 @@ def local_writer(run_dir: str) -> Writer:
     run directory open passes its own Writer instead."""
     return RunDir(run_dir).write_bytes
 
-
-def csv_bytes(columns: list[str], rows: Iterable[dict[str, Any]]) -> bytes:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue().encode()
 
 
 # plots ------------------------------------------------------------------------------------------
@@ -264,23 +219,16 @@ SPEED_WINDOW_S = 30.0
 def read_scenario(run_dir: str) -> list[dict[str, Any]]:
     """The applied events of ``scenario.csv`` (empty when the run had no scenario)."""
     try:
-        with open(os.path.join(run_dir, "scenario.csv"), newline="", encoding="utf-8") as f:
+        with open(os.path.join(run_dir, SCENARIO_CSV), newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
     except (OSError, UnicodeDecodeError, csv.Error):
         return []
     out = []
     for r in rows:
-        applied = _number(_float_or_none(r.get("applied_s")))
+        applied = finite_number(r.get("applied_s"))
         if applied is not None and str(r.get("outcome", "")).startswith("applied"):
-            out.append({**r, "applied_s": applied, "planned_s": _float_or_none(r.get("planned_s"))})
+            out.append({**r, "applied_s": applied, "planned_s": finite_number(r.get("planned_s"))})
     return out
-
-
-def _float_or_none(text: Any) -> Optional[float]:
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return None
 
 
 def rounds_per_min(rows: list[dict[str, Any]], start_s: float, end_s: float) -> Optional[float]:
@@ -423,9 +371,9 @@ def summary(events: dict[str, list[dict[str, Any]]], endings: Optional[dict[str,
         mine = final.get(node, {})
         ended = endings.get(node) or ending_from_events(node_events)
         entry = {"node": node, "role": role_of(node_events), "ended": ended,
-                 "rounds": len(rounds), "accuracy": _number(last.get("accuracy")), "loss": _number(last.get("loss")),
-                 "global_accuracy": _number(last.get("global_accuracy")),
-                 "global_loss": _number(last.get("global_loss")),
+                 "rounds": len(rounds), "accuracy": finite_number(last.get("accuracy")), "loss": finite_number(last.get("loss")),
+                 "global_accuracy": finite_number(last.get("global_accuracy")),
+                 "global_loss": finite_number(last.get("global_loss")),
                  "final_global_accuracy": mine.get("global_accuracy"), "final_global_loss": mine.get("global_loss"),
                  "model": mine.get("model"),
                  "bytes_sent": sum(_int(e.get("bytes_sent")) or 0 for e in counted),
@@ -465,13 +413,13 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
     events = read_run_events(run_dir, problems)
     rows = metric_rows(events, t_start, algorithm)
     run_id = next((r["run_id"] for r in rows if r["run_id"]), os.path.basename(os.path.normpath(run_dir)))
-    metrics_path = os.path.join(run_dir, "metrics.csv")
-    traffic_path = os.path.join(run_dir, "traffic.csv")
+    metrics_path = os.path.join(run_dir, METRICS_CSV)
+    traffic_path = os.path.join(run_dir, TRAFFIC_CSV)
     write = write or local_writer(run_dir)
-    attempt(problems, RUN, "metrics.csv", lambda: write("metrics.csv", csv_bytes(METRIC_COLUMNS, rows)))
-    attempt(problems, RUN, "traffic.csv", lambda: write("traffic.csv", csv_bytes(TRAFFIC_COLUMNS,
+    attempt(problems, RUN, METRICS_CSV, lambda: write(METRICS_CSV, csv_bytes(METRIC_COLUMNS, rows)))
+    attempt(problems, RUN, TRAFFIC_CSV, lambda: write(TRAFFIC_CSV, csv_bytes(TRAFFIC_COLUMNS,
                                                                                  traffic_rows(events))))
-    applied = attempt(problems, RUN, "scenario.csv", lambda: read_scenario(run_dir), [])
+    applied = attempt(problems, RUN, SCENARIO_CSV, lambda: read_scenario(run_dir), [])
     plotted = (attempt(problems, RUN, "plots", lambda: write_plots(run_dir, rows, algorithm, run_id, write, applied),
                        None) if rows else None) or {"plots": [], "mode": None}
     nodes = summary(events, endings, final)
@@ -483,9 +431,9 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
              "models": sorted(n["model"] for n in nodes if n.get("model"))}
     if applied:
         effects = scenario_effects(rows, applied)
-        attempt(problems, RUN, "scenario_effects.csv",
-                lambda: write("scenario_effects.csv", csv_bytes(SCENARIO_EFFECT_COLUMNS, effects)))
-        built["scenario"] = {"events": len(applied), "effects": os.path.join(run_dir, "scenario_effects.csv"),
+        attempt(problems, RUN, SCENARIO_EFFECTS_CSV,
+                lambda: write(SCENARIO_EFFECTS_CSV, csv_bytes(SCENARIO_EFFECT_COLUMNS, effects)))
+        built["scenario"] = {"events": len(applied), "effects": os.path.join(run_dir, SCENARIO_EFFECTS_CSV),
                              "recovery_s": [e["recovery_s"] for e in effects if e["recovery_s"] is not None]}
     return built
 
@@ -502,11 +450,11 @@ def membership_rows(events: dict[str, list[dict[str, Any]]],
         for e in node_events:
             if e.get("type") in MEMBERSHIP:
                 detail = {k: v for k, v in e.items() if k not in ("v", "run_id", "node", "type", "t", "peer", "round")}
-                rows.append({"t": _number(e.get("t")), "node": node, "event": e["type"], "peer": e.get("peer", ""),
+                rows.append({"t": finite_number(e.get("t")), "node": node, "event": e["type"], "peer": e.get("peer", ""),
                              "round": _int(e.get("round")), "detail": json.dumps(detail, sort_keys=True)})
     for e in controller:
         detail = {k: v for k, v in e.items() if k not in ("t", "node", "type")}
-        rows.append({"t": _number(e.get("t")), "node": "controller", "event": e.get("type"), "peer": e.get("node"),
+        rows.append({"t": finite_number(e.get("t")), "node": "controller", "event": e.get("type"), "peer": e.get("node"),
                      "round": None, "detail": json.dumps(detail, sort_keys=True)})
     return sorted(rows, key=lambda r: r["t"] or 0.0)
 

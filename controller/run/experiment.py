@@ -41,13 +41,14 @@ import urllib3
 
 from controller.workers import deploy
 
-from controller.results import evaluate, tables, run_record
+from controller.results import evaluate, tables
+from controller.results import run_dir as run_folder
 
 from controller.run import node_auth, probe
 from controller.workers.agent_client import Worker
 from controller.web.live import LiveFeed
 from controller.run.progress import Progress
-from controller.results.safe_fs import NodeFileError, RunDir, read_node_file
+from controller.results.run_dir import NodeFileError, RunDir, read_node_file
 from controller.telemetry.collector import Collector
 from controller.results.rates import FROM_START, LinkRates
 from controller.model.telemetry_conf import TelemetryConf
@@ -188,12 +189,12 @@ class Experiment:
         self.rounds = Progress({n: s.rounds for n, s in self.nodes.items()}, progress)
         self.max_round, self.layers = round_bounds(structure)  # what a /print may report
         self.phase = "created"
-        self.ended = ""  # how the run ended (run_record.ENDINGS)
+        self.ended = ""  # how the run ended (run_folder.ENDINGS)
         self.error = ""
         self.t_start: Optional[float] = None
         self.t_start_monotonic: Optional[float] = None
         self.summary: Optional[dict[str, Any]] = None
-        self.record = run_record.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
+        self.record = run_folder.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
         self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
         self.telemetry_conf = telemetry_conf or TelemetryConf()
         self.telemetry: Optional[Collector] = None  # pulls the hosts' samplers while the run goes on
@@ -232,8 +233,8 @@ class Experiment:
             for name, node in self.nodes.items():
                 node.ip = result["ips"][name]
                 node.shaping_verified = True
-            self.out.write_json("topology.json", run_record.topology_doc(self.topology, result["ips"]))
-            run_record.copy_inputs(self.out, self.inputs)
+            self.out.write_json("topology.json", run_folder.topology_doc(self.topology, result["ips"]))
+            run_folder.copy_inputs(self.out, self.inputs)
             self._write_record()
             self.progress(f"starting {len(self.nodes)} node processes")
             self._controller_url = controller
@@ -690,7 +691,7 @@ class Experiment:
 
     def _local_log(self, name: str) -> Optional[bytes]:
         """The events a node wrote on this machine's disk (a node that died cannot be asked):
-        read as ``safe_fs.read_node_file`` reads what a node wrote (a FIFO, a link, another's
+        read as ``run_dir.read_node_file`` reads what a node wrote (a FIFO, a link, another's
         file are refused, and are the node's problem)."""
         try:
             return read_node_file(self.workdir, name, f"{self.run_id}.jsonl", MAX_LOG_BYTES, self._node_uid(name))
@@ -726,7 +727,7 @@ class Experiment:
     # finish and reset -----------------------------------------------------------------------------
     def finish(self, how: str = "finished") -> dict[str, Any]:
         """Stop what still runs, collect every log once, write every result from those same
-        events. ``how`` the run ended (run_record.ENDINGS). Safe to call twice."""
+        events. ``how`` the run ended (run_folder.ENDINGS). Safe to call twice."""
         with self._finish_lock:
             if self.summary is not None:
                 return self.summary

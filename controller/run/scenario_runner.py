@@ -18,10 +18,8 @@ again.
 """
 from __future__ import annotations
 
-import csv
 import gc
 import heapq
-import io
 import itertools
 import threading
 import time
@@ -32,6 +30,7 @@ from typing import Any, Callable, Optional
 from controller.workers import deploy
 from controller.model.scenario import Step, Timeline
 from controller.model.topology import Link
+from controller.results.run_dir import SCENARIO_CSV, SCENARIO_FLOWS_JSON, csv_bytes
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
 from worker.api.shape import Shape
 
@@ -295,19 +294,15 @@ class ScenarioRunner:
         return out
 
     def csv_text(self) -> str:
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
-        writer.writeheader()
-        for row in sorted(self.rows, key=lambda r: r["applied_s"]):
-            writer.writerow(row)
-        return buf.getvalue()
+        """``scenario.csv``: the rows in the order they were applied."""
+        return csv_bytes(list(CSV_FIELDS), sorted(self.rows, key=lambda r: r["applied_s"])).decode()
 
     def write(self, out: Any, flows_timeout_s: float = 0.0) -> None:
         """``scenario.csv`` (and ``scenario_flows.json`` when there were flows) into the run folder."""
-        out.write_bytes("scenario.csv", self.csv_text().encode())
+        out.write_bytes(SCENARIO_CSV, self.csv_text().encode())
         if self.flows:
             try:
-                out.write_json("scenario_flows.json", self.wait_flows(flows_timeout_s))
+                out.write_json(SCENARIO_FLOWS_JSON, self.wait_flows(flows_timeout_s))
             except TestbedError as e:
                 self.progress(f"scenario: background flows not recorded: {e.message}")
 

@@ -29,9 +29,7 @@ controller's clock (offset 0).
 """
 from __future__ import annotations
 
-import gzip
 import logging
-import os
 import threading
 import time
 from typing import Any, Optional
@@ -39,7 +37,7 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.results.rates import RATES_HEADER, LinkRates
-from controller.results.safe_fs import RunDir
+from controller.results.run_dir import CsvStream, RunDir, csv_fields
 from controller.model.telemetry_conf import TelemetryConf
 from worker.api.errors import CapabilityError, TestbedError
 
@@ -48,7 +46,6 @@ NODES_HEADER = "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_pack
 HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
 FILES = {"links": ("telemetry/links.csv.gz", LINKS_HEADER), "nodes": ("telemetry/nodes.csv.gz", NODES_HEADER),
          "hosts": ("telemetry/hosts.csv.gz", HOSTS_HEADER), "rates": ("telemetry/rates.csv.gz", RATES_HEADER)}
-GZIP_LEVEL = 3  # 6 compresses a fifth better at a third more CPU
 HEARTBEAT_S = 1.0  # an unchanged series still gets a row this often
 PULL_INTERVAL_S = 1.0
 PULL_LIMIT = 100  # samples per request
@@ -139,7 +136,7 @@ class ChangedRows:
             if self.prev is not None and self.skipped[i]:
                 rows.append(f"{prev_ts},{texts[i]}\n")
             cums[i] = cum = self.counters.cumulative(keys[i], values[w * i:w * i + w], first)
-            texts[i] = text = f"{labels[i]},{_fmt(cum, self.ns_first)}"
+            texts[i] = text = f"{labels[i]},{_fields(cum, self.ns_first)}"
             rows.append(f"{ts},{text}\n")
         for i in np.flatnonzero(due).tolist():
             rows.append(f"{ts},{texts[i]}\n")
@@ -161,61 +158,9 @@ class ChangedRows:
         return rows
 
 
-class _CsvFile:
-    """One gzip-compressed CSV file written as rows come, beneath the run folder (no link
-    followed), under a hidden name until ``close`` renames it into place."""
-
-    def __init__(self, out: RunDir, relative: str, header: str) -> None:
-        self.relative = relative
-        self.dir_fd, self.name = out._dir_of(relative)
-        self.partial = f".{self.name}.partial"
-        try:
-            os.unlink(self.partial, dir_fd=self.dir_fd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=self.dir_fd)
-        self.raw = os.fdopen(fd, "wb")
-        self.file = gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self.raw, mtime=0)
-        self.file.write(header.encode() + b"\n")
-        self.rows = 0
-
-    def write(self, text: str, rows: int) -> None:
-        if rows:
-            self.file.write(text.encode())
-            self.rows += rows
-
-    def discard(self) -> None:
-        self.file.close()
-        self.raw.close()
-        try:
-            os.unlink(self.partial, dir_fd=self.dir_fd)
-        except OSError:
-            pass
-        os.close(self.dir_fd)
-
-    def close(self) -> None:
-        if self.raw.closed:
-            return
-        self.file.close()
-        self.raw.flush()
-        os.fsync(self.raw.fileno())
-        self.raw.close()
-        os.rename(self.partial, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
-        os.close(self.dir_fd)
-
-
-def _fmt(values: list[Optional[int]], ns_first: bool = False) -> str:
+def _fields(values: list[Optional[int]], ns_first: bool = False) -> str:
     """Values as CSV fields; with ``ns_first`` the first (nanoseconds) as seconds."""
-    fields = []
-    for i, v in enumerate(values):
-        if v is None:
-            fields.append("")
-        elif ns_first and i == 0:
-            fields.append(f"{v / 1e9:.6f}")
-        else:
-            fields.append(str(v))
-    return ",".join(fields)
+    return csv_fields(f"{v / 1e9:.6f}" if ns_first and i == 0 and v is not None else v for i, v in enumerate(values))
 
 
 class _Host:
@@ -259,7 +204,7 @@ class Collector:
         self.first_s: Optional[float] = None  # the time of the first sample taken
         self.pull_interval_s = pull_interval_s
         self.t0: Optional[float] = None  # the run's start, controller monotonic
-        self.files: dict[str, _CsvFile] = {}
+        self.files: dict[str, CsvStream] = {}
         self.links = Counters(LINK_COUNTER)
         self.nodes = Counters(NODE_COUNTER)
         self.host_counters = Counters(HOST_COUNTER)
@@ -291,7 +236,7 @@ class Collector:
             host.observe_clock(sent, time.monotonic(), answer["now_s"])
             host.started_s = answer.get("started_s")
         if self.out is not None:
-            self.files = {kind: _CsvFile(self.out, rel, header) for kind, (rel, header) in FILES.items()}
+            self.files = {kind: self.out.open_stream(rel, header) for kind, (rel, header) in FILES.items()}
 
     def mark_start(self, t0: Optional[float] = None) -> None:
         self.t0 = time.monotonic() if t0 is None else t0
@@ -378,7 +323,7 @@ class Collector:
         if self.files:
             self.files["links"].write("".join(link_rows), len(link_rows))
             self.files["nodes"].write("".join(node_rows), len(node_rows))
-            self.files["hosts"].write(f"{ts},{host.name},{_fmt(cum, ns_first=True)}\n", 1)
+            self.files["hosts"].write(f"{ts},{host.name},{_fields(cum, ns_first=True)}\n", 1)
         return len(link_rows) + len(node_rows) + 1
 
     def _rates_changed(self, host: _Host, layout: dict[str, Any], time_s: float) -> None:

@@ -14,6 +14,8 @@ import numpy as np
 from controller.results.analysis.inputs import read_run
 from controller.results.analysis.series import counter_at
 from controller.web.live import TIME_SERIES, _r, band, round_series
+from controller.results.run_dir import (MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
+                                        TOPOLOGY_JSON, finite_float)
 from controller.results.tables import read_scenario
 from worker.api.errors import NotFound
 
@@ -55,9 +57,9 @@ def list_runs(workdir: str) -> list[dict[str, Any]]:
     runs = []
     for name in names:
         path = os.path.join(root, name)
-        if not RUN_ID_RE.fullmatch(name) or not os.path.isfile(os.path.join(path, "run.json")):
+        if not RUN_ID_RE.fullmatch(name) or not os.path.isfile(os.path.join(path, RUN_JSON)):
             continue
-        record, summary = _json(os.path.join(path, "run.json")), _json(os.path.join(path, "summary.json"))
+        record, summary = _json(os.path.join(path, RUN_JSON)), _json(os.path.join(path, SUMMARY_JSON))
         started, ended = record.get("started_at"), record.get("ended_at")
         accs = [n.get("final_global_accuracy") if n.get("final_global_accuracy") is not None else n.get("accuracy")
                 for n in summary.get("nodes", []) if isinstance(n, dict)]
@@ -71,16 +73,10 @@ def list_runs(workdir: str) -> list[dict[str, Any]]:
 
 
 def _metric_rows(run_dir: str) -> list[dict[str, Any]]:
-    def num(text: Any) -> Optional[float]:
-        try:
-            value = float(text)
-        except (TypeError, ValueError):
-            return None
-        return value if math.isfinite(value) else None
-
+    num = finite_float
     rows = []
     try:
-        with open(os.path.join(run_dir, "metrics.csv"), newline="", encoding="utf-8") as f:
+        with open(os.path.join(run_dir, METRICS_CSV), newline="", encoding="utf-8") as f:
             for r in csv.DictReader(f):
                 acc = num(r.get("global_accuracy"))
                 loss = num(r.get("global_loss"))
@@ -122,8 +118,8 @@ def _bands(matrix: np.ndarray) -> tuple[list, list, list]:
 def stored_view(run_dir: str) -> dict[str, Any]:
     """The view of the finished run in ``run_dir``."""
     inp = read_run(run_dir, captures=False, counters=("links", "nodes"))
-    record = _json(os.path.join(run_dir, "run.json"))
-    summary = _json(os.path.join(run_dir, "summary.json"))
+    record = _json(os.path.join(run_dir, RUN_JSON))
+    summary = _json(os.path.join(run_dir, SUMMARY_JSON))
     rows = _metric_rows(run_dir)
     names = list(inp.nodes)
     by_node: dict[str, list[dict[str, Any]]] = {}
@@ -173,7 +169,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
         if r["layer"] is not None:
             layers[r["node"]] = r["layer"]
     link_keys = sorted(set(inp.links) | {k for k in inp.rates.keys() if k[0] in inp.nodes and k[1] in inp.nodes})
-    kinds = {n.get("name"): str(n.get("kind") or "") for n in _json(os.path.join(run_dir, "topology.json")).get(
+    kinds = {n.get("name"): str(n.get("kind") or "") for n in _json(os.path.join(run_dir, TOPOLOGY_JSON)).get(
         "nodes", []) if isinstance(n, dict)}
     finals = {n.get("node"): n for n in summary.get("nodes", []) if isinstance(n, dict)}
     endings = record.get("nodes") or {}
@@ -220,14 +216,14 @@ def stored_view(run_dir: str) -> dict[str, Any]:
 def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s: float) -> list[dict[str, Any]]:
     """The run's ``timeline.json`` (what the live page showed), else the timeline rebuilt from
     scenario.csv, membership.csv and the nodes' endings."""
-    stored = _json(os.path.join(run_dir, "timeline.json")).get("entries")
+    stored = _json(os.path.join(run_dir, TIMELINE_JSON)).get("entries")
     if isinstance(stored, list) and all(isinstance(e, dict) for e in stored):
         return stored
     entries = []
     for r in read_scenario(run_dir):
         entries.append((r["applied_s"], str(r.get("event", "")), str(r.get("target", "")), str(r.get("detail", ""))))
     try:
-        with open(os.path.join(run_dir, "membership.csv"), newline="", encoding="utf-8") as f:
+        with open(os.path.join(run_dir, MEMBERSHIP_CSV), newline="", encoding="utf-8") as f:
             for r in csv.DictReader(f):
                 try:
                     t = float(r.get("t") or "nan") - (t0 or 0.0)

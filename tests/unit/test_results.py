@@ -5,6 +5,7 @@ import json
 import pytest
 
 from controller.results import tables
+from controller.results.run_dir import read_run_events
 
 
 def _events(tmp_path, node, rounds, ended="done", role="gossip", glob_acc=True, layer=None, t0=100.0, acc0=0.5):
@@ -104,7 +105,7 @@ def test_ring_and_etree_plots(tmp_path):
         _events(ring, f"r{i}", 3, role="ring")
     built = tables.build(str(ring), 100.0, "ra", {})
     assert len(built["plots"]) == 4 and all(open(p, "rb").read(4) == b"\x89PNG" for p in built["plots"])
-    assert tables._shared_curve(tables.metric_rows(tables.read_run_events(str(ring)), 100.0), "round",
+    assert tables._shared_curve(tables.metric_rows(read_run_events(str(ring)), 100.0), "round",
                                  "global_accuracy") == [(1, 0.55), (2, 0.6), (3, 0.65)]
     etree = tmp_path / "etree"
     _events(etree, "root", 2, role="etree", layer=3)
@@ -115,7 +116,7 @@ def test_ring_and_etree_plots(tmp_path):
     assert {r["layer"] for r in rows} == {"1", "2", "3"}
     mid = next(n for n in built["nodes"] if n["node"] == "mid")
     assert mid["rounds_by_layer"] == {"1": 3, "2": 3}
-    ranked = tables._layer_rounds(tables.metric_rows(tables.read_run_events(str(etree)), 100.0))
+    ranked = tables._layer_rounds(tables.metric_rows(read_run_events(str(etree)), 100.0))
     assert [r["layer_round"] for r in ranked if r["node"] == "mid"] == [1, 1, 2, 2, 3, 3]
     assert all((etree / name).exists() for name in ("accuracy_vs_round.png", "loss_vs_time.png"))
 

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.model import telemetry_conf
 from controller.results.rates import LinkRates
-from controller.results.safe_fs import RunDir
+from controller.results.run_dir import RunDir
 from controller.telemetry.collector import (HEARTBEAT_S, HOSTS_HEADER, LINKS_HEADER, NODES_HEADER, ChangedRows, Collector,
                                   Counters, prometheus_text, render_table)
 from controller.model.telemetry_conf import TelemetryConf
