@@ -12,7 +12,8 @@ from controller.model import telemetry_conf
 from controller.results.rates import LinkRates
 from controller.results.run_dir import RunDir
 from controller.telemetry.collector import (HEARTBEAT_S, HOSTS_HEADER, LINKS_HEADER, NODES_HEADER, ChangedRows, Collector,
-                                  Counters, prometheus_text, render_table)
+                                            Counters)
+from controller.telemetry.export import prometheus_text, render_table
 from controller.model.telemetry_conf import TelemetryConf
 from worker.kernel import netlink as nl
 from worker.nodes.cgroups import CounterReader
