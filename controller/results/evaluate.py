@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from controller.results.tables import Writer, local_writer
+from controller.results.run_dir import Writer, local_writer
 from controller.results.run_dir import NodeFileError, read_node_file
 from dml_app import weights as wire
 from dml_app.models import load_global_test, make_model

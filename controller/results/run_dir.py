@@ -29,7 +29,8 @@ share of one core, samples taken, samples lost (ring overwritten before a pull) 
 ``ended`` is ``running`` while the run goes on, then one of ``completed`` (every
 node settled by itself), ``finished`` (``/finish`` before that), ``timeout``,
 ``interrupted`` (Ctrl-C, SIGTERM, SIGHUP), ``reset`` (``/emulated/reset``) or
-``failed``. ``network`` is ``isolated`` (no link, no path) or ``open`` (``--open-network``). ``inputs/`` holds the files the user wrote, verbatim.
+``failed``. ``network`` is ``isolated`` (no link, no path) or ``open`` (``--open-network``).
+``inputs/`` holds the files the user wrote, verbatim.
 """
 from __future__ import annotations
 
@@ -193,6 +194,15 @@ class RunDir:
         if len(data) > limit:
             raise ConfigError(f"{relative} in {self.path} is larger than {limit} bytes")
         return data
+
+
+Writer = Callable[[str, bytes], Any]  # writes bytes to a path relative to the run directory
+
+
+def local_writer(run_dir: str) -> Writer:
+    """A Writer into ``run_dir`` (``RunDir``: atomic, no link followed). A caller holding the
+    run directory open passes its own Writer instead."""
+    return RunDir(run_dir).write_bytes
 
 
 class CsvStream:

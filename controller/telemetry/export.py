@@ -49,8 +49,8 @@ def render_table(collector: Collector, top: int = 10) -> str:
         rate = collector.rates.now((src, dst))
         bps = _bits(entry.get("tx_bytes_per_s"))
         share = f"{100 * bps / rate:.0f}%" if rate and bps is not None else "-"
-        lines.append(f"{(src + '->' + dst)[:24]:<24} {_compact(bps, 'b/s'):>11} {share:>8} {entry.get('drops') or 0:>7} "
-                     f"{_compact(entry.get('backlog_bytes'), 'B'):>9}")
+        lines.append(f"{(src + '->' + dst)[:24]:<24} {_compact(bps, 'b/s'):>11} {share:>8} "
+                     f"{entry.get('drops') or 0:>7} {_compact(entry.get('backlog_bytes'), 'B'):>9}")
     for name, h in sorted(collector.latest_hosts.items()):
         cpu = h.get("cpu_ns_per_s")
         lines.append(f"host {name}: cpu {'-' if cpu is None else f'{cpu / 1e7:.0f}%'} (100% = one core), "

@@ -14,10 +14,10 @@ A *view* is a JSON object:
 - ``timeline``: ``[{seq, t_s, kind, target, detail}]`` (scenario events, node failures and
   endings, deaths and replacements, link changes).
 
-The band is the 10th to 90th percentile over the nodes; a node's accuracy is its global
-accuracy when the role evaluates one, else its local accuracy. ``LiveFeed`` builds the view
-of the run under way: the experiment reports each node's rounds (``report``) and its monitor
-calls ``sample`` about once a second, which adds a point to the series.
+The band is the 10th to 90th percentile over the nodes (``controller.results.bands``); a
+node's accuracy is its global accuracy when the role evaluates one, else its local accuracy.
+``LiveFeed`` builds the view of the run under way: the experiment reports each node's rounds
+(``report``) and its monitor calls ``sample`` about once a second, which adds a point to the series.
 """
 from __future__ import annotations
 
@@ -27,26 +27,14 @@ from typing import Any, Optional
 
 import numpy as np
 
-BAND = (10.0, 90.0)  # percentiles of the band drawn around the median
+from controller.results.bands import finite_round as _r
+from controller.results.bands import median_10_90 as band  # the 10-90 band over the nodes
+
 LINK_HISTORY = 600  # samples of every link's throughput kept for the link chart (10 min at 1 Hz)
 TIMELINE_MAX = 5000  # timeline entries kept (the oldest go first)
 TIME_SERIES = ("t_s", "acc_med", "acc_lo", "acc_hi", "loss_med", "loss_lo", "loss_hi", "throughput_bps",
                "cpu_med", "cpu_lo", "cpu_hi", "mem_med", "mem_lo", "mem_hi")
 ROUND_SERIES = ("round", "acc_med", "acc_lo", "acc_hi", "loss_med", "loss_lo", "loss_hi")
-
-
-def band(values: list[float] | np.ndarray) -> tuple[Optional[float], Optional[float], Optional[float]]:
-    """Median, 10th and 90th percentile of the finite ``values`` (None when there is none)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return None, None, None
-    lo, med, hi = np.percentile(v, [BAND[0], 50.0, BAND[1]])
-    return _r(med), _r(lo), _r(hi)
-
-
-def _r(x: Any, digits: int = 6) -> Optional[float]:
-    return None if x is None or not np.isfinite(x) else round(float(x), digits)
 
 
 def round_series(by_round: dict[int, tuple[list[float], list[float]]]) -> dict[str, list]:

@@ -13,7 +13,8 @@ import numpy as np
 
 from controller.results.analysis.inputs import read_run
 from controller.results.analysis.series import counter_at
-from controller.web.live import TIME_SERIES, _r, band, round_series
+from controller.results.bands import finite_round, median_10_90
+from controller.web.live import TIME_SERIES, round_series
 from controller.results.run_dir import (MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
                                         TOPOLOGY_JSON, finite_float)
 from controller.results.tables import read_scenario
@@ -68,7 +69,7 @@ def list_runs(workdir: str) -> list[dict[str, Any]]:
                      "started_at": started, "nodes": len(record.get("nodes") or {}),
                      "duration_s": round(ended - started, 1) if isinstance(started, (int, float))
                      and isinstance(ended, (int, float)) else None,
-                     "accuracy_median": band(accs)[0] if accs else None})
+                     "accuracy_median": median_10_90(accs)[0] if accs else None})
     return runs
 
 
@@ -108,7 +109,7 @@ def _bands(matrix: np.ndarray) -> tuple[list, list, list]:
     """Median, 10th and 90th percentile per column of ``matrix`` (rows: nodes), NaN columns as None."""
     meds, los, his = [], [], []
     for column in matrix.T:
-        med, lo, hi = band(column)
+        med, lo, hi = median_10_90(column)
         meds.append(med)
         los.append(lo)
         his.append(hi)
@@ -142,7 +143,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
         for key in links.keys:
             total += counter_at(links.times[key], links.values[key]["tx_bytes"], grid)
     rate = np.diff(total, prepend=0.0) * 8 / np.diff(grid, prepend=grid[0] - 1.0)
-    series["throughput_bps"] = [_r(x, 1) if links is not None else None for x in np.maximum(rate, 0)]
+    series["throughput_bps"] = [finite_round(x, 1) if links is not None else None for x in np.maximum(rate, 0)]
     node_counters = inp.node_counters
     cpu_rows, mem_rows = [], []
     if node_counters is not None:
@@ -184,7 +185,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
 
     def final(name: str, field: str) -> Optional[float]:
         value = finals.get(name, {}).get(field)
-        return _r(value) if isinstance(value, (int, float)) else None
+        return finite_round(value) if isinstance(value, (int, float)) else None
 
     def counter_last(name: str, column: str) -> Optional[int]:
         if node_counters is None or (name,) not in node_counters.values:
@@ -238,7 +239,7 @@ def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s:
         if ending != "done":
             entries.append((end_s, "ended", name, str(ending)))
     entries.sort(key=lambda e: e[0] if math.isfinite(e[0]) else 0.0)
-    return [{"seq": i + 1, "t_s": _r(t, 3), "kind": k, "target": target, "detail": d}
+    return [{"seq": i + 1, "t_s": finite_round(t, 3), "kind": k, "target": target, "detail": d}
             for i, (t, k, target, d) in enumerate(entries)]
 
 
@@ -254,7 +255,8 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
     if links is not None and key in links.times:
         cum = counter_at(links.times[key], links.values[key]["tx_bytes"], grid)
         rate = np.maximum(np.diff(cum, prepend=0.0), 0) * 8 / np.diff(grid, prepend=grid[0] - 1.0)
-        bps = [_r(x, 1) for x in rate]
+        bps = [finite_round(x, 1) for x in rate]
     return {"src": src, "dst": dst, "t_s": [round(float(t), 3) for t in grid], "bps": bps,
-            "rate_bps": inp.links.get(key, {}).get("rate_bps"), "rates": [inp.rates.at(key, float(t)) for t in grid]}  # as configured over time
+            "rate_bps": inp.links.get(key, {}).get("rate_bps"),
+            "rates": [inp.rates.at(key, float(t)) for t in grid]}  # as configured over time
 

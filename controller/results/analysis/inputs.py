@@ -90,7 +90,8 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     nodes: dict[str, dict[str, Any]] = {}
     for n in topo.get("nodes", []):
         if isinstance(n, dict) and n.get("name"):
-            nodes[str(n["name"])] = {"ip": n.get("ip"), "cpu": finite_float(n.get("cpu")), "host": n.get("host"), "role": ""}
+            nodes[str(n["name"])] = {"ip": n.get("ip"), "cpu": finite_float(n.get("cpu")), "host": n.get("host"),
+                                     "role": ""}
     links = {(str(l["src"]), str(l["dst"])): {"rate_bps": finite_float(l.get("rate_bps"))}
              for l in topo.get("links", []) if isinstance(l, dict) and "src" in l and "dst" in l}
     rounds: dict[str, list[Round]] = {}
@@ -114,9 +115,9 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
                 nodes.setdefault(r["node"], {"ip": None, "cpu": None, "host": None, "role": ""})
                 nodes[r["node"]]["role"] = nodes[r["node"]]["role"] or r.get("role", "")
                 dur = sum(finite_float(r.get(k)) or 0.0 for k in ("train_s", "send_s"))
-                rounds.setdefault(r["node"], []).append(Round(int(finite_float(r.get("round")) or 0), end - dur if dur else None,
-                                                              end, int(finite_float(r.get("bytes_sent")) or 0),
-                                                              finite_float(r.get("global_accuracy"))))
+                rounds.setdefault(r["node"], []).append(Round(
+                    int(finite_float(r.get("round")) or 0), end - dur if dur else None, end,
+                    int(finite_float(r.get("bytes_sent")) or 0), finite_float(r.get("global_accuracy"))))
     if not rounds:
         missing.append("rounds (events/ or metrics.csv)")
     for rs in rounds.values():

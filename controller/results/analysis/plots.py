@@ -10,9 +10,9 @@ import numpy as np
 
 from controller.results.analysis.inputs import RunInputs
 from controller.results.analysis.series import bin_edges, counter_at, counter_bins, event_bins, throughput_bps
+from controller.results.bands import AGGREGATE_ABOVE_NODES, quartiles_by_column
 from controller.results.rates import rate_at
 
-AGGREGATE_ABOVE_NODES = 20
 
 
 def _png(fig: Any) -> bytes:
@@ -105,7 +105,7 @@ def cpu_memory(inp: RunInputs, span: tuple[float, float]) -> bytes:
                 for k, row in zip(c.keys, data):
                     ax.plot(x, row, linewidth=0.8, label=k[0])
             else:
-                q = np.percentile(data, [0, 25, 50, 75, 100], axis=0)
+                q = quartiles_by_column(data)
                 line, = ax.plot(x, q[2], linewidth=1.5, label=f"median of {len(c.keys)} nodes")
                 ax.fill_between(x, q[1], q[3], color=line.get_color(), alpha=0.3, label="interquartile range")
                 ax.fill_between(x, q[0], q[4], color=line.get_color(), alpha=0.1, label="min to max")

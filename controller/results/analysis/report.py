@@ -23,7 +23,7 @@ from controller.results.analysis.pcap import Packets, ip_str
 from controller.results.analysis.series import (bin_edges, counter_at, counter_bins, event_bins, mean_ci95,
                                         step_integral, throughput_bps)
 from controller.results.rates import rate_at
-from controller.results.run_dir import RunDir, csv_bytes, short_cell
+from controller.results.run_dir import RunDir, Writer, csv_bytes, short_cell
 
 CAPTURE_BIN_S = 0.010
 FINE_BIN_S = 0.001
@@ -38,7 +38,6 @@ LINK_COLUMNS = ["src", "dst", "rate_bps", "bytes", "packets", "mean_bps", "mean_
                 "peak_bin_s", "utilisation", "peak_utilisation", "drops", "overlimits", "source"]
 FLOW_COLUMNS = ["proto", "src", "dst", "src_node", "dst_node", "sport", "dport", "packets", "bytes", "arrival_s",
                 "departure_s", "duration_s"]
-Writer = Callable[[str, bytes], Any]
 
 
 @dataclass
