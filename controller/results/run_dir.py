@@ -10,7 +10,8 @@ writer of every table of the folder. ``read_node_file`` reads, just as carefully
 node wrote in its own directory.
 
 Reading. ``read_run_events`` reads the nodes' events (``events/<node>.jsonl``) and
-``finite_number`` a number or a CSV cell, the way every reader of the folder does.
+``finite_number`` a number or a CSV cell, ``read_json`` a document, the way every reader of the
+folder does.
 
 What makes a run folder describe itself: ``run.json``, ``inputs/`` and ``topology.json``.
 
@@ -317,6 +318,27 @@ def attempt(problems: Problems, who: str, what: str, fn: Callable[[], Any], defa
         message = e.message if isinstance(e, TestbedError) else f"{type(e).__name__}: {e}"
         problems.setdefault(who, []).append(f"{what}: {message}"[:500])
         return default
+
+
+def read_json(path: str) -> Optional[Any]:
+    """The JSON document at ``path`` (a file of the run folder); None when it is absent, a
+    ``ConfigError`` naming it when it is not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not JSON: {e}") from None
+
+
+def read_json_object(path: str) -> dict[str, Any]:
+    """The JSON object at ``path``, else {} (absent, unreadable, not JSON or not an object)."""
+    try:
+        doc = read_json(path)
+    except (OSError, ConfigError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def read_run_events(run_dir: str, problems: Optional[Problems] = None) -> dict[str, list[dict[str, Any]]]:

@@ -37,15 +37,15 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.results.rates import RATES_HEADER, LinkRates
-from controller.results.run_dir import CsvStream, RunDir, csv_fields
+from controller.results.run_dir import TELEMETRY_DIR, CsvStream, RunDir, csv_fields
 from controller.model.telemetry_conf import TelemetryConf
 from worker.api.errors import CapabilityError, TestbedError
 
 LINKS_HEADER = "time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes"
 NODES_HEADER = "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops"
 HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
-FILES = {"links": ("telemetry/links.csv.gz", LINKS_HEADER), "nodes": ("telemetry/nodes.csv.gz", NODES_HEADER),
-         "hosts": ("telemetry/hosts.csv.gz", HOSTS_HEADER), "rates": ("telemetry/rates.csv.gz", RATES_HEADER)}
+FILES = {kind: (f"{TELEMETRY_DIR}/{kind}.csv.gz", header) for kind, header in (
+    ("links", LINKS_HEADER), ("nodes", NODES_HEADER), ("hosts", HOSTS_HEADER), ("rates", RATES_HEADER))}
 HEARTBEAT_S = 1.0  # an unchanged series still gets a row this often
 PULL_INTERVAL_S = 1.0
 PULL_LIMIT = 100  # samples per request

@@ -3,7 +3,6 @@ runs in an experiment's ``dml_file/log/``, read from the run folders' files only
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import re
@@ -16,7 +15,7 @@ from controller.results.analysis.series import counter_at
 from controller.results.bands import finite_round, median_10_90
 from controller.web.live import TIME_SERIES, round_series
 from controller.results.run_dir import (MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
-                                        TOPOLOGY_JSON, finite_float)
+                                        TOPOLOGY_JSON, finite_float, read_json_object)
 from controller.results.tables import read_scenario
 from worker.api.errors import NotFound
 
@@ -39,15 +38,6 @@ def run_dir_of(workdir: str, run_id: Any) -> str:
     return path
 
 
-def _json(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        return doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def list_runs(workdir: str) -> list[dict[str, Any]]:
     """The runs of ``workdir``, newest first, each with what its run.json and summary.json say."""
     root = log_root(workdir)
@@ -60,7 +50,7 @@ def list_runs(workdir: str) -> list[dict[str, Any]]:
         path = os.path.join(root, name)
         if not RUN_ID_RE.fullmatch(name) or not os.path.isfile(os.path.join(path, RUN_JSON)):
             continue
-        record, summary = _json(os.path.join(path, RUN_JSON)), _json(os.path.join(path, SUMMARY_JSON))
+        record, summary = read_json_object(os.path.join(path, RUN_JSON)), read_json_object(os.path.join(path, SUMMARY_JSON))
         started, ended = record.get("started_at"), record.get("ended_at")
         accs = [n.get("final_global_accuracy") if n.get("final_global_accuracy") is not None else n.get("accuracy")
                 for n in summary.get("nodes", []) if isinstance(n, dict)]
@@ -119,8 +109,8 @@ def _bands(matrix: np.ndarray) -> tuple[list, list, list]:
 def stored_view(run_dir: str) -> dict[str, Any]:
     """The view of the finished run in ``run_dir``."""
     inp = read_run(run_dir, captures=False, counters=("links", "nodes"))
-    record = _json(os.path.join(run_dir, RUN_JSON))
-    summary = _json(os.path.join(run_dir, SUMMARY_JSON))
+    record = read_json_object(os.path.join(run_dir, RUN_JSON))
+    summary = read_json_object(os.path.join(run_dir, SUMMARY_JSON))
     rows = _metric_rows(run_dir)
     names = list(inp.nodes)
     by_node: dict[str, list[dict[str, Any]]] = {}
@@ -170,7 +160,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
         if r["layer"] is not None:
             layers[r["node"]] = r["layer"]
     link_keys = sorted(set(inp.links) | {k for k in inp.rates.keys() if k[0] in inp.nodes and k[1] in inp.nodes})
-    kinds = {n.get("name"): str(n.get("kind") or "") for n in _json(os.path.join(run_dir, TOPOLOGY_JSON)).get(
+    kinds = {n.get("name"): str(n.get("kind") or "") for n in read_json_object(os.path.join(run_dir, TOPOLOGY_JSON)).get(
         "nodes", []) if isinstance(n, dict)}
     finals = {n.get("node"): n for n in summary.get("nodes", []) if isinstance(n, dict)}
     endings = record.get("nodes") or {}
@@ -217,7 +207,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
 def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s: float) -> list[dict[str, Any]]:
     """The run's ``timeline.json`` (what the live page showed), else the timeline rebuilt from
     scenario.csv, membership.csv and the nodes' endings."""
-    stored = _json(os.path.join(run_dir, TIMELINE_JSON)).get("entries")
+    stored = read_json_object(os.path.join(run_dir, TIMELINE_JSON)).get("entries")
     if isinstance(stored, list) and all(isinstance(e, dict) for e in stored):
         return stored
     entries = []

@@ -230,3 +230,16 @@ def test_the_run_events_are_read_once_for_every_reader(tmp_path):
     assert events["a"][0]["role"] == "gossip" and events["b"] == [] and list(problems) == ["b"]
     with pytest.raises(OSError):
         read_run_events(str(tmp_path))
+
+
+def test_json_documents_of_the_folder_are_read_strictly_or_as_an_object(tmp_path):
+    from controller.results.run_dir import read_json, read_json_object
+
+    (tmp_path / "run.json").write_text('{"run_id": "r1"}')
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1]")
+    assert read_json(str(tmp_path / "run.json")) == {"run_id": "r1"} and read_json(str(tmp_path / "none.json")) is None
+    with pytest.raises(ConfigError, match="bad.json: not JSON"):
+        read_json(str(tmp_path / "bad.json"))
+    assert [read_json_object(str(tmp_path / n)) for n in ("run.json", "bad.json", "list.json", "none.json")] == \
+        [{"run_id": "r1"}, {}, {}, {}]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -13,7 +12,7 @@ from controller.results.analysis.pcap import Packets, ip_int, read_pcap
 from controller.results.analysis.table import Counters, open_text, read_counters, table_path
 from controller.results.rates import LinkRates
 from controller.results.run_dir import (EVENTS_DIR, METRICS_CSV, RUN_JSON, TELEMETRY_DIR, TOPOLOGY_JSON, TRAFFIC_CSV,
-                                        finite_float, read_run_events)
+                                        finite_float, read_json, read_run_events)
 from worker.api.errors import ConfigError
 
 LINK_COLUMNS = ["tx_bytes", "tx_packets", "drops", "overlimits"]  # backlog_bytes: not used here
@@ -58,16 +57,6 @@ def is_run_dir(path: str) -> bool:
     return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in RUN_MARKERS)
 
 
-def _json(path: str) -> Optional[Any]:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except ValueError as e:
-        raise ConfigError(f"{path}: not JSON: {e}") from None
-
-
 def read_run(run_dir: str, progress: Any = None, captures: bool = True,
              counters: tuple[str, ...] = ("links", "nodes", "hosts")) -> RunInputs:
     """Everything the analysis uses from ``run_dir``; what is absent is listed in ``missing``.
@@ -76,8 +65,8 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     if not is_run_dir(run_dir):
         raise ConfigError(f"{run_dir} is not a run folder (none of {', '.join(RUN_MARKERS)} in it)")
     missing: list[str] = []
-    record = _json(os.path.join(run_dir, RUN_JSON)) or {}
-    topo = _json(os.path.join(run_dir, TOPOLOGY_JSON)) or {}
+    record = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    topo = read_json(os.path.join(run_dir, TOPOLOGY_JSON)) or {}
     for name, doc in ((RUN_JSON, record), (TOPOLOGY_JSON, topo)):
         if not doc:
             missing.append(name)
