@@ -14,10 +14,10 @@ A *view* is a JSON object:
 - ``timeline``: ``[{seq, t_s, kind, target, detail}]`` (scenario events, node failures and
   endings, deaths and replacements, link changes).
 
-The band is the 10th to 90th percentile over the nodes (``controller.results.bands``); a
-node's accuracy is its global accuracy when the role evaluates one, else its local accuracy.
-``LiveFeed`` builds the view of the run under way: the experiment reports each node's rounds
-(``report``) and its monitor calls ``sample`` about once a second, which adds a point to the series.
+The band is the 10th to 90th percentile over the nodes; a node's accuracy is its global
+accuracy when the role evaluates one, else its local accuracy. ``LiveFeed`` builds the view
+of the run under way: the experiment reports each node's rounds (``report``) and its monitor
+calls ``sample`` about once a second, which adds a point to the series.
 """
 from __future__ import annotations
 
