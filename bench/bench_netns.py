@@ -47,7 +47,7 @@ from worker.api.errors import ShapingError  # noqa: E402
 from worker.host import WorkerHost  # noqa: E402
 from worker.shaping.links import SHAPING_THREADS  # noqa: E402
 from worker.nodes.netns import NODE_IFNAME  # noqa: E402
-from worker.api.shape import Shape, format_rate  # noqa: E402
+from worker.api.shape import Shape, tc_rate  # noqa: E402
 from worker.shaping.plan import DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, Plan, Target, make_plan, render  # noqa: E402
 
 SEED = 20261122
@@ -304,10 +304,10 @@ def rules_1000(reps: int, subnet: str, per_process_rules: int = 100) -> list[lis
         def pyroute2_sync() -> None:
             with IPRoute(netns=ns, flags=0) as ipr:
                 ipr.tc("add", "htb", ifindex, 0x10000, default=DEFAULT_MINOR)
-                rate = format_rate(DEFAULT_CLASS_RATE_BPS)
+                rate = tc_rate(DEFAULT_CLASS_RATE_BPS)
                 ipr.tc("add-class", "htb", ifindex, 0x10000 | DEFAULT_MINOR, parent=0x10000, rate=rate, ceil=rate)
                 for rule in plan.rules:
-                    rate = format_rate(rule.shape.rate_bps)
+                    rate = tc_rate(rule.shape.rate_bps)
                     ipr.tc("add-class", "htb", ifindex, 0x10000 | rule.minor, parent=0x10000, rate=rate, ceil=rate)
                     ipr.tc("add-filter", "u32", ifindex, (0x800 << 20) | rule.minor, parent=0x10000, prio=1,
                            protocol=0x0800, target=0x10000 | rule.minor,

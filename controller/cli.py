@@ -36,7 +36,7 @@ from controller.workers.api import Worker, connect, reset_stale
 from controller.model.topology import Topology, access_rate, load_links, load_nodes
 from worker.api.errors import ConfigError, TestbedError
 from worker.api.protocol import DEFAULT_SUBNET
-from worker.api.shape import format_rate
+from worker.api.shape import tc_rate
 from worker.shaping.plan import render
 
 
@@ -404,10 +404,10 @@ def _print_shaping(info: dict[str, Any]) -> None:
         for cls, data in kernel["classes"].items():
             leaf = kernel["leaves"].get(cls)
             leaf_text = f"  leaf {json.dumps(leaf, sort_keys=True)}" if leaf else ""
-            ceil = f" ceil {format_rate(data['ceil_bps'])}" if data.get("ceil_bps") not in (None, data["rate_bps"]) else ""
+            ceil = f" ceil {tc_rate(data['ceil_bps'])}" if data.get("ceil_bps") not in (None, data["rate_bps"]) else ""
             parent = f" parent {data['parent']}" if data.get("parent") else ""
             name = "  (access: the uplink)" if cls == "1:3" else ""
-            print(f"class {cls}{parent} rate {format_rate(data['rate_bps'])}{ceil}{leaf_text}{name}")
+            print(f"class {cls}{parent} rate {tc_rate(data['rate_bps'])}{ceil}{leaf_text}{name}")
         for handle, f in kernel["filters"].items():
             print(f"filter {handle} match ip dst {f['dest_ip']}/32 -> class 1:{f['minor']:x}")
         for prefix, f in kernel.get("drops", {}).items():
@@ -416,11 +416,11 @@ def _print_shaping(info: dict[str, Any]) -> None:
             print(f"filter prio 3 protocol ipv6 -> class 1:{kernel['ipv6_drop']['minor']:x} (isolation: dropped)")
     down = kernel.get("downlink") or {}
     if down.get("rate_bps") or down.get("redirect"):
-        rate = format_rate(down["rate_bps"]) if down.get("rate_bps") else "none"
+        rate = tc_rate(down["rate_bps"]) if down.get("rate_bps") else "none"
         print(f"downlink {rate}: ingress redirected to an IFB: {'yes' if down.get('redirect') else 'NO'}")
         peers = down.get("peers") or {}
         if peers or down.get("default_bps"):
-            share = format_rate(down["default_bps"]) if down.get("default_bps") else "none"
+            share = tc_rate(down["default_bps"]) if down.get("default_bps") else "none"
             print(f"  shared by {len(peers)} peers and the default class, each guaranteed {share}")
     if info["plan"]:
         print(f"# plan ({len(info['plan']['rules'])} links):")
@@ -472,8 +472,10 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     Times in the CSV files are seconds since the monitor started."""
     import time
 
-    from controller.results.safe_fs import RunDir
-    from controller.telemetry.collector import Collector, configured_rates, render_table
+    from controller.results.rates import LinkRates
+    from controller.results.run_dir import RunDir
+    from controller.telemetry.collector import Collector
+    from controller.telemetry.export import configured_rates, render_table
     from controller.model.telemetry_conf import TelemetryConf
 
     conf = TelemetryConf(period_ms=args.period_ms)
@@ -483,7 +485,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     if not worker.status()["nodes"]:
         raise ConfigError(f"testbed {args.id} has no nodes: bring it up first (edgetb up links.json)")
     out = RunDir(args.csv) if args.csv else None
-    collector = Collector(worker, conf, out, configured_rates(worker), pull_interval_s=args.interval)
+    collector = Collector(worker, conf, out, LinkRates(configured_rates(worker)), pull_interval_s=args.interval)
     collector.start()
     collector.mark_start()
     tty = sys.stdout.isatty()

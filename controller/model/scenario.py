@@ -32,7 +32,7 @@ from typing import Any, Literal, Optional, get_args
 
 from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
 from controller.model.topology import Topology
-from controller.model.units import format_rate, parse_percent, parse_rate_bps, parse_time_ms, parse_size_bytes
+from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_time_ms, parse_size_bytes
 from worker.api.errors import ConfigError
 
 MAX_EVENTS = 10_000
@@ -323,7 +323,7 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
                 raise ConfigError(f"{here.field('loss')}: {e}") from None
         target = f"{src}{'<->' if v['both_ways'] else '->'}{dst}"
         base = _base_shapes(topology, pairs)
-        steps = [make(0, "link", target, format_rate(rate) + "".join(f", {k} {x}" for k, x in extra.items()),
+        steps = [make(0, "link", target, human_rate(rate) + "".join(f", {k} {x}" for k, x in extra.items()),
                       {"pairs": pairs, "rate_bps": rate, "base": base, **extra})]
         return undo(steps, "link", "as in the topology", {"pairs": pairs, "rate_bps": None, "base": base})
     if kind == "link_down":
@@ -416,7 +416,7 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
             raise ConfigError(f"{here}: on_s and off_s go together (ON/OFF), or neither (constant)")
         rate = _rate(v["rate"], here, "rate")
         shape = f"on {v['on_s']:g}s / off {v['off_s']:g}s" if v["on_s"] else "constant"
-        return [make(0, "background", f"{src}->{dst}", f"{format_rate(rate)} {v['protocol']} {shape} for "
+        return [make(0, "background", f"{src}->{dst}", f"{human_rate(rate)} {v['protocol']} {shape} for "
                      f"{v['for']:g}s", {"src": src, "dst": dst, "rate_bps": rate, "on_s": v["on_s"],
                                         "off_s": v["off_s"], "duration_s": v["for"], "protocol": v["protocol"],
                                         "key": f"e{index}"})]
@@ -429,14 +429,14 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
         rows = read_trace(v["file"], base_dir, here)
         target = f"{src}{'<->' if v['both_ways'] else '->'}{dst}"
         base = _base_shapes(topology, pairs)
-        return [make(t, "link", target, f"{format_rate(r)} (trace {v['file']})",
+        return [make(t, "link", target, f"{human_rate(r)} (trace {v['file']})",
                      {"pairs": pairs, "rate_bps": r, "base": base}) for t, r in rows]
     v = ACCESS.validate(value, here)
     node = _node(topology, v["node"], here, "node")
     if v["uplink"] is None and v["downlink"] is None:
         raise ConfigError(f"{here}: needs an uplink, a downlink or both")
     parts = {k: _rate(v[k], here, k) for k in ("uplink", "downlink") if v[k] is not None}
-    return [make(0, "access", node, ", ".join(f"{k} {format_rate(r)}" for k, r in parts.items()),
+    return [make(0, "access", node, ", ".join(f"{k} {human_rate(r)}" for k, r in parts.items()),
                  {"node": node, **parts})]
 
 

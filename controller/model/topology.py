@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
 from worker.api.schema import Field, Schema, describe, read_json
-from controller.model.units import format_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
+from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
 from worker.nodes.confine import MAX_PIDS_MAX, MIN_PIDS_MAX
 from worker.api.errors import ConfigError, TopologyError
 from worker.api.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, shape_problems
@@ -326,14 +326,14 @@ class Topology:
         if not self.links:
             return "no links"
         if len(self.links) <= limit:
-            return ", ".join(f"{s}->{d} {format_rate(link.shape.rate_bps)}" for (s, d), link in self.links.items())
+            return ", ".join(f"{s}->{d} {human_rate(link.shape.rate_bps)}" for (s, d), link in self.links.items())
         counts: dict[int, int] = {}
         for link in self.links.values():
             counts[link.shape.rate_bps] = counts.get(link.shape.rate_bps, 0) + 1
         if len(counts) > 6:  # many rates: their range, so the line stays a line
             rates = sorted(counts)
-            return f"{len(counts)} rates from {format_rate(rates[0])} to {format_rate(rates[-1])}"
-        return ", ".join(f"{n} at {format_rate(bps)}" for bps, n in sorted(counts.items()))
+            return f"{len(counts)} rates from {human_rate(rates[0])} to {human_rate(rates[-1])}"
+        return ", ".join(f"{n} at {human_rate(bps)}" for bps, n in sorted(counts.items()))
 
     # checks ------------------------------------------------------------------
     def validate(self, source: str = "topology") -> None:

@@ -105,7 +105,7 @@ def parse_size_bytes(value: object) -> int:
     return size
 
 
-def format_rate(bps: float) -> str:
+def human_rate(bps: float) -> str:
     """A rate in bit/s for people: 80000000 -> '80 Mbit/s' (decimal prefixes)."""
     for scale, unit in ((10**12, "Tbit/s"), (10**9, "Gbit/s"), (10**6, "Mbit/s"), (10**3, "kbit/s")):
         if bps >= scale:

@@ -21,8 +21,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from controller.results.tables import Writer, local_writer
-from controller.results.safe_fs import NodeFileError, read_node_file
+from controller.results.run_dir import Writer, local_writer
+from controller.results.run_dir import NodeFileError, read_node_file
 from dml_app import weights as wire
 from dml_app.models import load_global_test, make_model
 from worker.api.errors import ConfigError
@@ -40,7 +40,7 @@ def weights_path(workdir: str, node: str, run_id: str) -> str:
 
 def read_weights(workdir: str, node: str, run_id: str, max_bytes: int = MAX_WEIGHTS_BYTES,
                  uid: Optional[int] = None) -> list[np.ndarray]:
-    """The arrays of the final weights file node ``node`` wrote (``controller.results.safe_fs.read_node_file``:
+    """The arrays of the final weights file node ``node`` wrote (``controller.results.run_dir.read_node_file``:
     no link followed, a regular file of one link, owned by ``uid`` when given, at most
     ``max_bytes``), in the wire format (no pickle). Raises ModelFileError naming the file."""
     path = weights_path(workdir, node, run_id)

@@ -34,24 +34,26 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import requests
 import urllib3
 
 from controller.workers import deploy
 
-from controller.results import evaluate, tables, run_record
+from controller.results import evaluate, tables
+from controller.results import run_dir as run_folder
 
 from controller.run import node_auth, probe
 from controller.workers.api import Worker
 from controller.web.live import LiveFeed
 from controller.run.progress import Progress
-from controller.results.safe_fs import NodeFileError, RunDir, read_node_file
+from controller.results.run_dir import NodeFileError, RunDir, read_node_file
 from controller.telemetry.collector import Collector
+from controller.results.rates import FROM_START, LinkRates
 from controller.model.telemetry_conf import TelemetryConf
 from controller.run.terminal import clip
-from controller.model.topology import Topology, links_from_data, load_links
+from controller.model.topology import Link, Topology, links_from_data, load_links
 from dml_app import bounded_json
 from dml_app.compute import THREAD_ENV
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
@@ -165,6 +167,7 @@ class Experiment:
         self.open_network = open_network
         self.workdir = os.path.realpath(workdir)
         self.topology = topology
+        self.rates = LinkRates.of_topology(topology)  # every link's configured rate over the run
         self.worker = worker
         self.structure = structure
         self.algorithm = algorithm
@@ -186,12 +189,12 @@ class Experiment:
         self.rounds = Progress({n: s.rounds for n, s in self.nodes.items()}, progress)
         self.max_round, self.layers = round_bounds(structure)  # what a /print may report
         self.phase = "created"
-        self.ended = ""  # how the run ended (run_record.ENDINGS)
+        self.ended = ""  # how the run ended (run_folder.ENDINGS)
         self.error = ""
         self.t_start: Optional[float] = None
         self.t_start_monotonic: Optional[float] = None
         self.summary: Optional[dict[str, Any]] = None
-        self.record = run_record.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
+        self.record = run_folder.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
         self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
         self.telemetry_conf = telemetry_conf or TelemetryConf()
         self.telemetry: Optional[Collector] = None  # pulls the hosts' samplers while the run goes on
@@ -230,8 +233,8 @@ class Experiment:
             for name, node in self.nodes.items():
                 node.ip = result["ips"][name]
                 node.shaping_verified = True
-            self.out.write_json("topology.json", run_record.topology_doc(self.topology, result["ips"]))
-            run_record.copy_inputs(self.out, self.inputs)
+            self.out.write_json("topology.json", run_folder.topology_doc(self.topology, result["ips"]))
+            run_folder.copy_inputs(self.out, self.inputs)
             self._write_record()
             self.progress(f"starting {len(self.nodes)} node processes")
             self._controller_url = controller
@@ -401,7 +404,7 @@ class Experiment:
             self.t_start = time.time()
             t0 = self.t_start_monotonic = time.monotonic()
             if self.telemetry is not None:
-                self.telemetry.mark_start()
+                self.telemetry.mark_start(t0)
                 self.telemetry.run_in_thread()
             self.record["started_at"] = self.t_start
             for name, node in self.nodes.items():
@@ -420,8 +423,7 @@ class Experiment:
         """Start every host's sampler (the run goes on without telemetry if a host cannot)."""
         if not self.telemetry_conf.enabled:
             return
-        rates = {key: link.shape.rate_bps for key, link in self.topology.links.items()}
-        collector = Collector(self.worker, self.telemetry_conf, self.out, rates)
+        collector = Collector(self.worker, self.telemetry_conf, self.out, self.rates)
         try:
             collector.start()
         except (TestbedError, OSError) as e:
@@ -689,7 +691,7 @@ class Experiment:
 
     def _local_log(self, name: str) -> Optional[bytes]:
         """The events a node wrote on this machine's disk (a node that died cannot be asked):
-        read as ``safe_fs.read_node_file`` reads what a node wrote (a FIFO, a link, another's
+        read as ``run_dir.read_node_file`` reads what a node wrote (a FIFO, a link, another's
         file are refused, and are the node's problem)."""
         try:
             return read_node_file(self.workdir, name, f"{self.run_id}.jsonl", MAX_LOG_BYTES, self._node_uid(name))
@@ -728,7 +730,7 @@ class Experiment:
     # finish and reset -----------------------------------------------------------------------------
     def finish(self, how: str = "finished") -> dict[str, Any]:
         """Stop what still runs, collect every log once, write every result from those same
-        events. ``how`` the run ended (run_record.ENDINGS). Safe to call twice."""
+        events. ``how`` the run ended (run_folder.ENDINGS). Safe to call twice."""
         with self._finish_lock:
             if self.summary is not None:
                 return self.summary
@@ -945,13 +947,19 @@ class Experiment:
         ips = {n.name: n.ip for n in self.nodes.values()}
         ips.update({n["name"]: n["ip"] for n in self.worker.status()["nodes"]})
         result = deploy.merge_links(changed, self.worker, ips)
-        for (src, dst), link in changed.links.items():
-            before = self.topology.links.get((src, dst))
-            self.topology.links[(src, dst)] = link
-            if self.telemetry is not None:
-                self.telemetry.rates_bps[(src, dst)] = link.shape.rate_bps
-            self.live.link_changed(src, dst, before.shape.rate_bps if before else None, link.shape)
+        self.links_reshaped(changed.links.values())
+        for link in changed.links.values():
+            self.live.link_changed(link.src, link.dst, link.shape)
         return result
+
+    def links_reshaped(self, links: Iterable[Link]) -> None:
+        """``links`` were re-shaped in place just now (the worker confirmed): the topology and
+        the run's rates follow (/update/tc, /update/link and a scenario's link steps)."""
+        start = self.t_start_monotonic
+        t_s = FROM_START if start is None else time.monotonic() - start
+        for link in links:
+            self.topology.links[(link.src, link.dst)] = link
+            self.rates.set((link.src, link.dst), link.shape.rate_bps, t_s)
 
     def close(self, how: str) -> None:
         """Write the run folder if the run was started and is not written yet (Ctrl-C, a signal)."""

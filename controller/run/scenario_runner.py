@@ -18,10 +18,8 @@ again.
 """
 from __future__ import annotations
 
-import csv
 import gc
 import heapq
-import io
 import itertools
 import threading
 import time
@@ -31,9 +29,12 @@ from typing import Any, Callable, Optional
 
 from controller.workers import deploy
 from controller.model.scenario import Step, StepKind, Timeline
+from controller.model.topology import Link
+from controller.results.run_dir import SCENARIO_CSV, SCENARIO_FLOWS_JSON, csv_bytes
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
 from worker.api.faults import (Background, BackgroundResult, Drop, Fault, Freeze, IperfServer, Kill, Limits, Prepare,
                                PreparedKind, Restart, Terminate, Thaw, Undrop)
+from worker.api.shape import Shape
 
 CSV_FIELDS = ("planned_s", "applied_s", "skew_ms", "event", "target", "detail", "outcome")
 FLOW_PORT_BASE = 5301
@@ -222,6 +223,9 @@ class ScenarioRunner:
                 shape.update({k: p[k] for k in ("delay_ms", "jitter_ms", "loss_pct") if k in p})
             links.append({"src": src, "dst": dst, "dst_ip": self.ips[dst], "shape": shape})
         self.worker.set_links({"version": 1, "links": links}, merge=True)
+        reshaped = getattr(self.experiment, "links_reshaped", None)  # the topology and the run's rates follow
+        if callable(reshaped):
+            reshaped([Link(link["src"], link["dst"], Shape.from_dict(link["shape"])) for link in links])
         return None
 
     def _block(self, p: dict[str, Any]) -> None:
@@ -306,19 +310,15 @@ class ScenarioRunner:
         return out
 
     def csv_text(self) -> str:
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
-        writer.writeheader()
-        for row in sorted(self.rows, key=lambda r: r["applied_s"]):
-            writer.writerow(row)
-        return buf.getvalue()
+        """``scenario.csv``: the rows in the order they were applied."""
+        return csv_bytes(list(CSV_FIELDS), sorted(self.rows, key=lambda r: r["applied_s"])).decode()
 
     def write(self, out: Any, flows_timeout_s: float = 0.0) -> None:
         """``scenario.csv`` (and ``scenario_flows.json`` when there were flows) into the run folder."""
-        out.write_bytes("scenario.csv", self.csv_text().encode())
+        out.write_bytes(SCENARIO_CSV, self.csv_text().encode())
         if self.flows:
             try:
-                out.write_json("scenario_flows.json", self.wait_flows(flows_timeout_s))
+                out.write_json(SCENARIO_FLOWS_JSON, self.wait_flows(flows_timeout_s))
             except TestbedError as e:
                 self.progress(f"scenario: background flows not recorded: {e.message}")
 

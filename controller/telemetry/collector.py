@@ -29,27 +29,24 @@ controller's clock (offset 0).
 """
 from __future__ import annotations
 
-import gzip
 import logging
-import os
 import threading
 import time
 from typing import Any, Optional
 
 import numpy as np
 
-from controller.results.safe_fs import RunDir
-from controller.workers.api import TelemetrySource, Worker, recorded_plans
+from controller.results.rates import RATES_HEADER, LinkRates
+from controller.results.run_dir import TELEMETRY_DIR, CsvStream, RunDir, csv_fields
 from controller.model.telemetry_conf import TelemetryConf
+from controller.workers.api import TelemetrySource, Worker
 from worker.api.errors import CapabilityError, TestbedError
 
 LINKS_HEADER = "time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes"
 NODES_HEADER = "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops"
 HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
-RATES_HEADER = "time_s,src,dst,rate_bps"
-FILES = {"links": ("telemetry/links.csv.gz", LINKS_HEADER), "nodes": ("telemetry/nodes.csv.gz", NODES_HEADER),
-         "hosts": ("telemetry/hosts.csv.gz", HOSTS_HEADER), "rates": ("telemetry/rates.csv.gz", RATES_HEADER)}
-GZIP_LEVEL = 3  # 6 compresses a fifth better at a third more CPU
+FILES = {kind: (f"{TELEMETRY_DIR}/{kind}.csv.gz", header) for kind, header in (
+    ("links", LINKS_HEADER), ("nodes", NODES_HEADER), ("hosts", HOSTS_HEADER), ("rates", RATES_HEADER))}
 HEARTBEAT_S = 1.0  # an unchanged series still gets a row this often
 PULL_INTERVAL_S = 1.0
 PULL_LIMIT = 100  # samples per request
@@ -137,7 +134,7 @@ class ChangedRows:
             if self.prev is not None and self.skipped[i]:
                 rows.append(f"{prev_ts},{texts[i]}\n")
             cums[i] = cum = self.counters.cumulative(keys[i], values[w * i:w * i + w], first)
-            texts[i] = text = f"{labels[i]},{_fmt(cum, self.ns_first)}"
+            texts[i] = text = f"{labels[i]},{_fields(cum, self.ns_first)}"
             rows.append(f"{ts},{text}\n")
         for i in np.flatnonzero(due).tolist():
             rows.append(f"{ts},{texts[i]}\n")
@@ -159,61 +156,9 @@ class ChangedRows:
         return rows
 
 
-class _CsvFile:
-    """One gzip-compressed CSV file written as rows come, beneath the run folder (no link
-    followed), under a hidden name until ``close`` renames it into place."""
-
-    def __init__(self, out: RunDir, relative: str, header: str) -> None:
-        self.relative = relative
-        self.dir_fd, self.name = out._dir_of(relative)
-        self.partial = f".{self.name}.partial"
-        try:
-            os.unlink(self.partial, dir_fd=self.dir_fd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=self.dir_fd)
-        self.raw = os.fdopen(fd, "wb")
-        self.file = gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self.raw, mtime=0)
-        self.file.write(header.encode() + b"\n")
-        self.rows = 0
-
-    def write(self, text: str, rows: int) -> None:
-        if rows:
-            self.file.write(text.encode())
-            self.rows += rows
-
-    def discard(self) -> None:
-        self.file.close()
-        self.raw.close()
-        try:
-            os.unlink(self.partial, dir_fd=self.dir_fd)
-        except OSError:
-            pass
-        os.close(self.dir_fd)
-
-    def close(self) -> None:
-        if self.raw.closed:
-            return
-        self.file.close()
-        self.raw.flush()
-        os.fsync(self.raw.fileno())
-        self.raw.close()
-        os.rename(self.partial, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
-        os.close(self.dir_fd)
-
-
-def _fmt(values: list[Optional[int]], ns_first: bool = False) -> str:
+def _fields(values: list[Optional[int]], ns_first: bool = False) -> str:
     """Values as CSV fields; with ``ns_first`` the first (nanoseconds) as seconds."""
-    fields = []
-    for i, v in enumerate(values):
-        if v is None:
-            fields.append("")
-        elif ns_first and i == 0:
-            fields.append(f"{v / 1e9:.6f}")
-        else:
-            fields.append(str(v))
-    return ",".join(fields)
+    return csv_fields(f"{v / 1e9:.6f}" if ns_first and i == 0 and v is not None else v for i, v in enumerate(values))
 
 
 class _Host:
@@ -227,7 +172,7 @@ class _Host:
         self.first_layout: Optional[int] = None
         self.layouts: dict[int, dict[str, Any]] = {}
         self.layout_seen: Optional[int] = None  # the layout of the last sample taken
-        self.rates_bps: dict[tuple[str, str], Optional[int]] = {}  # its links' configured rates
+        self.rate_links: set[tuple[str, str]] = set()  # the links its last layout carried
         self.lost = 0
         self.last: dict[str, Any] = {}
         self.problem = ""
@@ -245,18 +190,19 @@ class _Host:
 
 class Collector:
     """Starts the samplers of every host, pulls them, writes the CSV files (``out``: the run
-    folder; None keeps only the latest values, for ``/metrics`` and ``edgetb monitor``)."""
+    folder; None keeps only the latest values, for ``/metrics`` and ``edgetb monitor``).
+    ``rates``: the run's configured rates, which the hosts' layouts keep up to date."""
 
     def __init__(self, worker: Any, conf: TelemetryConf, out: Optional[RunDir] = None,
-                 rates_bps: Optional[dict[tuple[str, str], int]] = None,
-                 pull_interval_s: float = PULL_INTERVAL_S) -> None:
+                 rates: Optional[LinkRates] = None, pull_interval_s: float = PULL_INTERVAL_S) -> None:
         self.hosts = {name: _Host(name, w) for name, w in workers_by_host(worker).items()}
         self.conf = conf
         self.out = out
-        self.rates_bps = dict(rates_bps or {})
+        self.rates = rates if rates is not None else LinkRates()
+        self.first_s: Optional[float] = None  # the time of the first sample taken
         self.pull_interval_s = pull_interval_s
         self.t0: Optional[float] = None  # the run's start, controller monotonic
-        self.files: dict[str, _CsvFile] = {}
+        self.files: dict[str, CsvStream] = {}
         self.links = Counters(LINK_COUNTER)
         self.nodes = Counters(NODE_COUNTER)
         self.host_counters = Counters(HOST_COUNTER)
@@ -288,7 +234,7 @@ class Collector:
             host.observe_clock(sent, time.monotonic(), answer["now_s"])
             host.started_s = answer.get("started_s")
         if self.out is not None:
-            self.files = {kind: _CsvFile(self.out, rel, header) for kind, (rel, header) in FILES.items()}
+            self.files = {kind: self.out.open_stream(rel, header) for kind, (rel, header) in FILES.items()}
 
     def mark_start(self, t0: Optional[float] = None) -> None:
         self.t0 = time.monotonic() if t0 is None else t0
@@ -346,11 +292,13 @@ class Collector:
         ts = f"{time_s:.4f}"
         first = not host.seen_first
         host.seen_first = True
+        if self.first_s is None or time_s < self.first_s:
+            self.first_s = time_s
         layout_id = int(sample["layout"])
         layout = host.layouts[layout_id]
         if layout_id != host.layout_seen:
             host.layout_seen = layout_id
-            self._rates_changed(host, layout, ts)
+            self._rates_changed(host, layout, time_s)
         if layout_id not in host.link_keys:
             keys = [(str(src), str(dst)) for src, dst in layout["links"]]
             host.link_keys[layout_id] = keys, [f"{src},{dst}" for src, dst in keys]
@@ -373,24 +321,20 @@ class Collector:
         if self.files:
             self.files["links"].write("".join(link_rows), len(link_rows))
             self.files["nodes"].write("".join(node_rows), len(node_rows))
-            self.files["hosts"].write(f"{ts},{host.name},{_fmt(cum, ns_first=True)}\n", 1)
+            self.files["hosts"].write(f"{ts},{host.name},{_fields(cum, ns_first=True)}\n", 1)
         return len(link_rows) + len(node_rows) + 1
 
-    def _rates_changed(self, host: _Host, layout: dict[str, Any], ts: str) -> None:
-        """Write each link whose configured rate a new layout sets or changes, and each link it
-        no longer has (an empty rate); keep the rates for /metrics and the live views."""
+    def _rates_changed(self, host: _Host, layout: dict[str, Any], time_s: float) -> None:
+        """A new layout: each link's configured rate it carries, and each link it no longer has
+        (no rate from now), go into the run's rates (written as ``telemetry/rates.csv.gz``)."""
         if "rates_bps" not in layout:
             return
-        now = {(src, dst): rate for (src, dst), rate in zip(layout["links"], layout["rates_bps"])}
-        rows = [f"{ts},{src},{dst},{'' if rate is None else int(rate)}\n"
-                for (src, dst), rate in sorted(now.items()) if host.rates_bps.get((src, dst), "new") != rate]
-        rows += [f"{ts},{src},{dst},\n" for src, dst in sorted(host.rates_bps.keys() - now.keys())]
-        for key, rate in now.items():
-            if rate is not None:
-                self.rates_bps[key] = int(rate)
-        host.rates_bps = now
-        if self.files and rows:
-            self.files["rates"].write("".join(rows), len(rows))
+        now = {(str(src), str(dst)): rate for (src, dst), rate in zip(layout["links"], layout["rates_bps"])}
+        for key, rate in sorted(now.items()):
+            self.rates.set(key, rate, time_s)
+        for key in sorted(host.rate_links - now.keys()):
+            self.rates.set(key, None, time_s)
+        host.rate_links = set(now)
 
     @staticmethod
     def _latest(table: dict[Any, dict[str, Any]], key: Any, time_s: float, cum: list[Optional[int]],
@@ -429,6 +373,8 @@ class Collector:
                 for kind, table in (("links", host.link_rows), ("nodes", host.node_rows)):
                     rows = table.flush() if table is not None else []
                     self.files[kind].write("".join(rows), len(rows))
+            rows = self.rates.rows(self.first_s) if self.first_s is not None else []
+            self.files["rates"].write("".join(rows), len(rows))
         hosts: dict[str, Any] = {}
         for host in self.hosts.values():
             try:
@@ -467,128 +413,3 @@ class Collector:
         for f in self.files.values():
             f.discard()
         self.files = {}
-
-
-def configured_rates(worker: Worker) -> dict[tuple[str, str], int]:
-    """Every shaped link's rate in bit/s, (src, dst) -> rate, from the hosts' plans."""
-    rates: dict[tuple[str, str], int] = {}
-    for src, plan in recorded_plans(worker).items():
-        for rule in (plan or {}).get("rules", []):
-            rates[(src, rule["dest"])] = int(rule["shape"]["rate_bps"])
-    return rates
-
-
-def _si(value: Optional[float], unit: str) -> str:
-    if value is None:
-        return "-"
-    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.1f}{prefix}{unit}"
-    return f"{value:.0f}{unit}"
-
-
-def render_table(collector: Collector, top: int = 10) -> str:
-    """The live view of ``edgetb monitor``: every node's CPU, memory and traffic rates, and the
-    ``top`` busiest links with their use of the configured rate and their drops."""
-    lines = [f"{'node':<16} {'cpu':>7} {'mem':>9} {'tx':>10} {'rx':>10} {'drops':>7}"]
-    for name in sorted(collector.latest_nodes):
-        n = collector.latest_nodes[name]
-        cpu = n.get("cpu_ns_per_s")
-        lines.append(f"{name[:16]:<16} {'-' if cpu is None else f'{cpu / 1e7:.1f}%':>7} "
-                     f"{_si(n.get('mem_bytes'), 'B'):>9} {_si(_bits(n.get('tx_bytes_per_s')), 'b/s'):>10} "
-                     f"{_si(_bits(n.get('rx_bytes_per_s')), 'b/s'):>10} {n.get('drops') or 0:>7}")
-    busy = sorted(collector.latest_links.items(), key=lambda kv: -(kv[1].get("tx_bytes_per_s") or 0))[:top]
-    if busy:
-        lines += ["", f"{'link':<24} {'throughput':>11} {'of rate':>8} {'drops':>7} {'backlog':>9}"]
-    for (src, dst), entry in busy:
-        rate = collector.rates_bps.get((src, dst))
-        bps = _bits(entry.get("tx_bytes_per_s"))
-        share = f"{100 * bps / rate:.0f}%" if rate and bps is not None else "-"
-        lines.append(f"{(src + '->' + dst)[:24]:<24} {_si(bps, 'b/s'):>11} {share:>8} {entry.get('drops') or 0:>7} "
-                     f"{_si(entry.get('backlog_bytes'), 'B'):>9}")
-    for name, h in sorted(collector.latest_hosts.items()):
-        cpu = h.get("cpu_ns_per_s")
-        lines.append(f"host {name}: cpu {'-' if cpu is None else f'{cpu / 1e7:.0f}%'} (100% = one core), "
-                     f"mem {_si(h.get('mem_bytes'), 'B')}")
-    return "\n".join(lines)
-
-
-def _bits(bytes_per_s: Optional[float]) -> Optional[float]:
-    return None if bytes_per_s is None else bytes_per_s * 8
-
-
-def prometheus_text(run_id: str, nodes: list[dict[str, Any]], collector: Optional[Collector]) -> bytes:
-    """The Prometheus exposition of a run: per node its round, accuracy, loss and model bytes
-    (as the node reports them) and, while sampled, its CPU, memory and traffic; per link its
-    bytes, throughput, drops and utilisation of the configured rate; per host the sampler's CPU.
-    ``nodes``: dicts with name, round, accuracy, loss, bytes_sent."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    node_labels, link_labels = ["run", "node"], ["run", "link", "src", "dst"]
-
-    class _Metrics:
-        def collect(self) -> Any:
-            gauges = {
-                "round": GaugeMetricFamily("edgetb_node_round", "Last round the node reported", labels=node_labels),
-                "accuracy": GaugeMetricFamily("edgetb_node_accuracy", "Last accuracy the node reported",
-                                              labels=node_labels),
-                "loss": GaugeMetricFamily("edgetb_node_loss", "Last loss the node reported", labels=node_labels),
-            }
-            sent = CounterMetricFamily("edgetb_node_model_sent_bytes", "Bytes of model data the node reported sending",
-                                       labels=node_labels)
-            for n in nodes:
-                for key, family in gauges.items():
-                    if n.get(key) is not None:
-                        family.add_metric([run_id, n["name"]], float(n[key]))
-                sent.add_metric([run_id, n["name"]], float(n.get("bytes_sent") or 0))
-            yield from gauges.values()
-            yield sent
-            if collector is None:
-                return
-            cpu = CounterMetricFamily("edgetb_node_cpu_seconds", "CPU time of the node's cgroup since the run's start",
-                                      labels=node_labels)
-            mem = GaugeMetricFamily("edgetb_node_memory_bytes", "Memory of the node's cgroup", labels=node_labels)
-            tx = CounterMetricFamily("edgetb_node_transmit_bytes", "Bytes the node's interface sent",
-                                     labels=node_labels)
-            rx = CounterMetricFamily("edgetb_node_receive_bytes", "Bytes the node's interface received",
-                                     labels=node_labels)
-            for name, e in sorted(collector.latest_nodes.items()):
-                for family, key, scale in ((cpu, "cpu_ns", 1e-9), (mem, "mem_bytes", 1), (tx, "tx_bytes", 1),
-                                           (rx, "rx_bytes", 1)):
-                    if e.get(key) is not None:
-                        family.add_metric([run_id, name], e[key] * scale)
-            yield from (cpu, mem, tx, rx)
-            lbytes = CounterMetricFamily("edgetb_link_transmit_bytes", "Bytes sent through the link's HTB class",
-                                         labels=link_labels)
-            drops = CounterMetricFamily("edgetb_link_drops", "Packets the link's class dropped", labels=link_labels)
-            thr = GaugeMetricFamily("edgetb_link_throughput_bps", "Throughput over the last sampling period, bit/s",
-                                    labels=link_labels)
-            util = GaugeMetricFamily("edgetb_link_utilisation_ratio", "Throughput / the link's configured rate",
-                                     labels=link_labels)
-            rate = GaugeMetricFamily("edgetb_link_rate_bps", "The link's configured rate, bit/s", labels=link_labels)
-            for (src, dst), e in sorted(collector.latest_links.items()):
-                labels = [run_id, f"{src}->{dst}", src, dst]
-                if e.get("tx_bytes") is not None:
-                    lbytes.add_metric(labels, e["tx_bytes"])
-                if e.get("drops") is not None:
-                    drops.add_metric(labels, e["drops"])
-                bps = _bits(e.get("tx_bytes_per_s"))
-                configured = collector.rates_bps.get((src, dst))
-                if bps is not None:
-                    thr.add_metric(labels, bps)
-                if configured:
-                    rate.add_metric(labels, configured)
-                    if bps is not None:
-                        util.add_metric(labels, bps / configured)
-            yield from (lbytes, drops, thr, util, rate)
-            sampler = CounterMetricFamily("edgetb_telemetry_sampler_cpu_seconds", "CPU time of the host's sampler",
-                                          labels=["run", "host"])
-            for host in collector.hosts.values():
-                if host.last.get("sampler_cpu_s") is not None:
-                    sampler.add_metric([run_id, host.name], host.last["sampler_cpu_s"])
-            yield sampler
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Metrics())
-    return generate_latest(registry)

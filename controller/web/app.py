@@ -101,7 +101,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
     def metrics() -> Any:
         """Prometheus exposition of the run (read-only; as /status: loopback or the admin token)."""
         reader()
-        from controller.telemetry.collector import prometheus_text
+        from controller.telemetry.export import prometheus_text
 
         body = prometheus_text(exp.run_id, exp.metrics_nodes(), exp.telemetry)
         return body, 200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}

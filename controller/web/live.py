@@ -27,26 +27,14 @@ from typing import Any, Optional
 
 import numpy as np
 
-BAND = (10.0, 90.0)  # percentiles of the band drawn around the median
+from controller.results.bands import finite_round as _r
+from controller.results.bands import median_10_90 as band  # the 10-90 band over the nodes
+
 LINK_HISTORY = 600  # samples of every link's throughput kept for the link chart (10 min at 1 Hz)
 TIMELINE_MAX = 5000  # timeline entries kept (the oldest go first)
 TIME_SERIES = ("t_s", "acc_med", "acc_lo", "acc_hi", "loss_med", "loss_lo", "loss_hi", "throughput_bps",
                "cpu_med", "cpu_lo", "cpu_hi", "mem_med", "mem_lo", "mem_hi")
 ROUND_SERIES = ("round", "acc_med", "acc_lo", "acc_hi", "loss_med", "loss_lo", "loss_hi")
-
-
-def band(values: list[float] | np.ndarray) -> tuple[Optional[float], Optional[float], Optional[float]]:
-    """Median, 10th and 90th percentile of the finite ``values`` (None when there is none)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return None, None, None
-    lo, med, hi = np.percentile(v, [BAND[0], 50.0, BAND[1]])
-    return _r(med), _r(lo), _r(hi)
-
-
-def _r(x: Any, digits: int = 6) -> Optional[float]:
-    return None if x is None or not np.isfinite(x) else round(float(x), digits)
 
 
 def round_series(by_round: dict[int, tuple[list[float], list[float]]]) -> dict[str, list]:
@@ -102,7 +90,6 @@ class LiveFeed:
         self._history = np.full((LINK_HISTORY, len(self.link_keys)), np.nan, np.float32)
         self._history_t = np.full(LINK_HISTORY, np.nan)
         self._samples = 0
-        self._rates: dict[tuple[str, str], list[tuple[float, int]]] = {}  # link -> (t_s, rate from then), changes
         self._lock = threading.Lock()
 
     def _node_meta(self, name: str) -> dict[str, Any]:
@@ -139,30 +126,9 @@ class LiveFeed:
                               "target": target, "detail": detail})
         del self.timeline[:-TIMELINE_MAX]
 
-    def link_changed(self, src: str, dst: str, before_bps: Optional[int], shape: Any) -> None:
-        """Link ``src -> dst`` was re-shaped now (from ``before_bps``): a timeline entry, and the
-        rate the link chart draws from now on."""
-        with self._lock:
-            now = self.t_s()
-            changes = self._rates.setdefault((src, dst), [(float("-inf"), before_bps)] if before_bps else [])
-            changes.append((now, shape.rate_bps))
-            self._event("link", f"{src}->{dst}", shape.describe(), now)
-
-    def _rate(self, key: tuple[str, str]) -> Optional[int]:
-        """The link's configured rate now: its last change, else the topology's."""
-        changes = self._rates.get(key)
-        if changes:
-            return changes[-1][1]
-        link = self.exp.topology.links.get(key)
-        return link.shape.rate_bps if link else None
-
-    def _follow_rates(self, configured: dict[tuple[str, str], int], now: float) -> None:
-        """Rates the telemetry saw change since the last sample (a scenario's link events, or
-        anything else that re-shaped a link): the link chart draws them from now on."""
-        for key in self.link_keys:
-            rate, before = configured.get(key), self._rate(key)
-            if rate is not None and rate != before:
-                self._rates.setdefault(key, [(float("-inf"), before)] if before else []).append((now, rate))
+    def link_changed(self, src: str, dst: str, shape: Any) -> None:
+        """Link ``src -> dst`` was re-shaped now: a timeline entry (its rate is in ``exp.rates``)."""
+        self.event("link", f"{src}->{dst}", shape.describe())
 
     # sampling ----------------------------------------------------------------------------------
     def sample(self) -> None:
@@ -172,9 +138,7 @@ class LiveFeed:
         telemetry = self.exp.telemetry
         latest_links = dict(telemetry.latest_links) if telemetry is not None else {}
         latest_nodes = dict(telemetry.latest_nodes) if telemetry is not None else {}
-        configured = dict(getattr(telemetry, "rates_bps", None) or {})
         with self._lock:
-            self._follow_rates(configured, now)
             self._sample_links(latest_links)
             self._sample_nodes(latest_nodes)
             self._sample_events()
@@ -250,7 +214,7 @@ class LiveFeed:
                              for n, t in zip(nodes, tele)],
                 "rx_bytes": [t.get("rx_bytes") for t in tele],
                 "link_bps": [round(float(x), 1) for x in self._link_bps],
-                "link_rate_bps": [self._rate(k) for k in self.link_keys],
+                "link_rate_bps": [self.exp.rates.now(k) for k in self.link_keys],
                 "link_down": down_links(self.link_keys, blocks)}
 
     # reading -----------------------------------------------------------------------------------
@@ -307,13 +271,11 @@ class LiveFeed:
         with self._lock:
             n = min(self._samples, LINK_HISTORY)
             order = [(self._samples - n + k) % LINK_HISTORY for k in range(n)]
-            link = self.exp.topology.links.get((src, dst))
-            rate = link.shape.rate_bps if link else None
-            changes = self._rates.get((src, dst), [])
+            rates = self.exp.rates
             times = [float(self._history_t[k]) for k in order]
-            rates = [next((r for t0, r in reversed(changes) if t0 <= t), rate) if changes else rate for t in times]
             return {"src": src, "dst": dst, "t_s": [_r(t, 3) for t in times],
-                    "bps": [_r(self._history[k, i], 1) for k in order], "rate_bps": rate, "rates": rates}
+                    "bps": [_r(self._history[k, i], 1) for k in order], "rate_bps": rates.now((src, dst)),
+                    "rates": [rates.at((src, dst), t) for t in times]}
 
 
 def _pick(global_accuracy: Optional[float], accuracy: Optional[float]) -> Optional[float]:

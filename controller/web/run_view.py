@@ -3,7 +3,6 @@ runs in an experiment's ``dml_file/log/``, read from the run folders' files only
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import re
@@ -12,8 +11,11 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.results.analysis.inputs import read_run
-from controller.results.analysis.series import counter_at, step_at
-from controller.web.live import TIME_SERIES, _r, band, round_series
+from controller.results.analysis.series import counter_at
+from controller.results.bands import finite_round, median_10_90
+from controller.web.live import TIME_SERIES, round_series
+from controller.results.run_dir import (MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
+                                        TOPOLOGY_JSON, finite_float, read_json_object)
 from controller.results.tables import read_scenario
 from worker.api.errors import NotFound
 
@@ -36,15 +38,6 @@ def run_dir_of(workdir: str, run_id: Any) -> str:
     return path
 
 
-def _json(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        return doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def list_runs(workdir: str) -> list[dict[str, Any]]:
     """The runs of ``workdir``, newest first, each with what its run.json and summary.json say."""
     root = log_root(workdir)
@@ -55,9 +48,9 @@ def list_runs(workdir: str) -> list[dict[str, Any]]:
     runs = []
     for name in names:
         path = os.path.join(root, name)
-        if not RUN_ID_RE.fullmatch(name) or not os.path.isfile(os.path.join(path, "run.json")):
+        if not RUN_ID_RE.fullmatch(name) or not os.path.isfile(os.path.join(path, RUN_JSON)):
             continue
-        record, summary = _json(os.path.join(path, "run.json")), _json(os.path.join(path, "summary.json"))
+        record, summary = read_json_object(os.path.join(path, RUN_JSON)), read_json_object(os.path.join(path, SUMMARY_JSON))
         started, ended = record.get("started_at"), record.get("ended_at")
         accs = [n.get("final_global_accuracy") if n.get("final_global_accuracy") is not None else n.get("accuracy")
                 for n in summary.get("nodes", []) if isinstance(n, dict)]
@@ -66,21 +59,15 @@ def list_runs(workdir: str) -> list[dict[str, Any]]:
                      "started_at": started, "nodes": len(record.get("nodes") or {}),
                      "duration_s": round(ended - started, 1) if isinstance(started, (int, float))
                      and isinstance(ended, (int, float)) else None,
-                     "accuracy_median": band(accs)[0] if accs else None})
+                     "accuracy_median": median_10_90(accs)[0] if accs else None})
     return runs
 
 
 def _metric_rows(run_dir: str) -> list[dict[str, Any]]:
-    def num(text: Any) -> Optional[float]:
-        try:
-            value = float(text)
-        except (TypeError, ValueError):
-            return None
-        return value if math.isfinite(value) else None
-
+    num = finite_float
     rows = []
     try:
-        with open(os.path.join(run_dir, "metrics.csv"), newline="", encoding="utf-8") as f:
+        with open(os.path.join(run_dir, METRICS_CSV), newline="", encoding="utf-8") as f:
             for r in csv.DictReader(f):
                 acc = num(r.get("global_accuracy"))
                 loss = num(r.get("global_loss"))
@@ -112,7 +99,7 @@ def _bands(matrix: np.ndarray) -> tuple[list, list, list]:
     """Median, 10th and 90th percentile per column of ``matrix`` (rows: nodes), NaN columns as None."""
     meds, los, his = [], [], []
     for column in matrix.T:
-        med, lo, hi = band(column)
+        med, lo, hi = median_10_90(column)
         meds.append(med)
         los.append(lo)
         his.append(hi)
@@ -122,8 +109,8 @@ def _bands(matrix: np.ndarray) -> tuple[list, list, list]:
 def stored_view(run_dir: str) -> dict[str, Any]:
     """The view of the finished run in ``run_dir``."""
     inp = read_run(run_dir, captures=False, counters=("links", "nodes"))
-    record = _json(os.path.join(run_dir, "run.json"))
-    summary = _json(os.path.join(run_dir, "summary.json"))
+    record = read_json_object(os.path.join(run_dir, RUN_JSON))
+    summary = read_json_object(os.path.join(run_dir, SUMMARY_JSON))
     rows = _metric_rows(run_dir)
     names = list(inp.nodes)
     by_node: dict[str, list[dict[str, Any]]] = {}
@@ -146,7 +133,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
         for key in links.keys:
             total += counter_at(links.times[key], links.values[key]["tx_bytes"], grid)
     rate = np.diff(total, prepend=0.0) * 8 / np.diff(grid, prepend=grid[0] - 1.0)
-    series["throughput_bps"] = [_r(x, 1) if links is not None else None for x in np.maximum(rate, 0)]
+    series["throughput_bps"] = [finite_round(x, 1) if links is not None else None for x in np.maximum(rate, 0)]
     node_counters = inp.node_counters
     cpu_rows, mem_rows = [], []
     if node_counters is not None:
@@ -172,8 +159,8 @@ def stored_view(run_dir: str) -> dict[str, Any]:
             losses.append(r["loss"])
         if r["layer"] is not None:
             layers[r["node"]] = r["layer"]
-    link_keys = sorted(set(inp.links) | {k for k in inp.rate_changes if k[0] in inp.nodes and k[1] in inp.nodes})
-    kinds = {n.get("name"): str(n.get("kind") or "") for n in _json(os.path.join(run_dir, "topology.json")).get(
+    link_keys = sorted(set(inp.links) | {k for k in inp.rates.keys() if k[0] in inp.nodes and k[1] in inp.nodes})
+    kinds = {n.get("name"): str(n.get("kind") or "") for n in read_json_object(os.path.join(run_dir, TOPOLOGY_JSON)).get(
         "nodes", []) if isinstance(n, dict)}
     finals = {n.get("node"): n for n in summary.get("nodes", []) if isinstance(n, dict)}
     endings = record.get("nodes") or {}
@@ -188,7 +175,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
 
     def final(name: str, field: str) -> Optional[float]:
         value = finals.get(name, {}).get(field)
-        return _r(value) if isinstance(value, (int, float)) else None
+        return finite_round(value) if isinstance(value, (int, float)) else None
 
     def counter_last(name: str, column: str) -> Optional[int]:
         if node_counters is None or (name,) not in node_counters.values:
@@ -206,7 +193,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
                 "tx_bytes": [counter_last(n, "tx_bytes") for n in names],
                 "rx_bytes": [counter_last(n, "rx_bytes") for n in names],
                 "link_bps": link_bps,
-                "link_rate_bps": [step_at(inp.rate_steps(k), end_s) for k in link_keys], "link_down": []}
+                "link_rate_bps": [inp.rates.at(k, end_s) for k in link_keys], "link_down": []}
     return {"version": 1, "live": False, "run_id": inp.run_id, "algorithm": record.get("algorithm"),
             "phase": "finished", "ended": record.get("ended"), "started_at": record.get("started_at"),
             "nodes": [{"name": n, "host": inp.nodes[n].get("host") or "", "kind": kinds.get(n, ""),
@@ -220,14 +207,14 @@ def stored_view(run_dir: str) -> dict[str, Any]:
 def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s: float) -> list[dict[str, Any]]:
     """The run's ``timeline.json`` (what the live page showed), else the timeline rebuilt from
     scenario.csv, membership.csv and the nodes' endings."""
-    stored = _json(os.path.join(run_dir, "timeline.json")).get("entries")
+    stored = read_json_object(os.path.join(run_dir, TIMELINE_JSON)).get("entries")
     if isinstance(stored, list) and all(isinstance(e, dict) for e in stored):
         return stored
     entries = []
     for r in read_scenario(run_dir):
         entries.append((r["applied_s"], str(r.get("event", "")), str(r.get("target", "")), str(r.get("detail", ""))))
     try:
-        with open(os.path.join(run_dir, "membership.csv"), newline="", encoding="utf-8") as f:
+        with open(os.path.join(run_dir, MEMBERSHIP_CSV), newline="", encoding="utf-8") as f:
             for r in csv.DictReader(f):
                 try:
                     t = float(r.get("t") or "nan") - (t0 or 0.0)
@@ -242,7 +229,7 @@ def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s:
         if ending != "done":
             entries.append((end_s, "ended", name, str(ending)))
     entries.sort(key=lambda e: e[0] if math.isfinite(e[0]) else 0.0)
-    return [{"seq": i + 1, "t_s": _r(t, 3), "kind": k, "target": target, "detail": d}
+    return [{"seq": i + 1, "t_s": finite_round(t, 3), "kind": k, "target": target, "detail": d}
             for i, (t, k, target, d) in enumerate(entries)]
 
 
@@ -250,7 +237,7 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
     """Link ``src -> dst``'s throughput over the stored run (on the view's time grid), and its rate."""
     inp = read_run(run_dir, captures=False, counters=("links",))
     key = (src, dst)
-    if key not in inp.links and key not in inp.rate_changes:  # (a link added during the run)
+    if key not in inp.links and key not in inp.rates:  # (a link added during the run)
         raise NotFound(f"no link {src}->{dst} in run {inp.run_id}")
     grid = _grid(inp.ended_s or 1.0)
     bps: list[Optional[float]] = [None] * grid.size
@@ -258,8 +245,8 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
     if links is not None and key in links.times:
         cum = counter_at(links.times[key], links.values[key]["tx_bytes"], grid)
         rate = np.maximum(np.diff(cum, prepend=0.0), 0) * 8 / np.diff(grid, prepend=grid[0] - 1.0)
-        bps = [_r(x, 1) for x in rate]
-    steps = inp.rate_steps(key)  # as configured over time (a scenario may change it)
+        bps = [finite_round(x, 1) for x in rate]
     return {"src": src, "dst": dst, "t_s": [round(float(t), 3) for t in grid], "bps": bps,
-            "rate_bps": inp.links.get(key, {}).get("rate_bps"), "rates": [step_at(steps, float(t)) for t in grid]}
+            "rate_bps": inp.links.get(key, {}).get("rate_bps"),
+            "rates": [inp.rates.at(key, float(t)) for t in grid]}  # as configured over time
 

@@ -11,8 +11,10 @@ from array import array
 import pytest
 
 from controller.results.analysis.table import open_text
-from controller.results.safe_fs import RunDir
-from controller.telemetry.collector import Collector, configured_rates
+from controller.results.rates import LinkRates
+from controller.results.run_dir import RunDir
+from controller.telemetry.collector import Collector
+from controller.telemetry.export import configured_rates
 from controller.model.telemetry_conf import TelemetryConf
 from tests.netns.conftest import NETNS, IPERF_PORT, iperf_server, links, need_iperf3, nodes_body, report
 from worker.kernel import netlink as nl
@@ -36,7 +38,7 @@ def _series(rows, key_fields, key, value):
 
 
 def _collect(host, out_dir, period_ms=PERIOD_MS):
-    collector = Collector(host, TelemetryConf(period_ms=period_ms), RunDir(out_dir), configured_rates(host))
+    collector = Collector(host, TelemetryConf(period_ms=period_ms), RunDir(out_dir), LinkRates(configured_rates(host)))
     collector.start()
     collector.mark_start()
     collector.run_in_thread()
@@ -225,7 +227,7 @@ def test_a_rate_changed_during_a_run_is_written_at_its_time(host, tmp_path):
     assert [r[1:] for r in rows] == [("a", "b", str(10 * MBIT)), ("b", "a", str(10 * MBIT)),
                                      ("a", "b", str(4 * MBIT)), ("b", "a", "")]
     assert rows[0][0] < before and before <= rows[2][0] == rows[3][0] <= after + 2 * PERIOD_MS / 1000
-    assert collector.rates_bps[("a", "b")] == 4 * MBIT
+    assert collector.rates.now(("a", "b")) == 4 * MBIT
 
 
 def test_stats_socket_dumps_the_classes_only_while_they_move(host):

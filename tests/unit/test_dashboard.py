@@ -105,7 +105,8 @@ def test_the_live_feed_follows_a_rate_the_telemetry_saw_change(experiment):
     for k, rates in enumerate(({}, {("a", "b"): 8_000_000}, {("a", "b"): 4_000_000, ("b", "a"): 8_000_000})):
         clock[0] = 100.0 + k  # at 102 s a scenario halved a->b: the sampler's layouts carry the rate
         exp.telemetry = _telemetry(float(k), 500_000 * k, 0)
-        exp.telemetry.rates_bps = rates
+        for key, rate in rates.items():  # as the collector records what the layouts say
+            exp.rates.set(key, rate, float(k))
         feed.sample()
     assert feed.view()["snapshot"]["link_rate_bps"] == [4_000_000, 8_000_000]
     assert feed.link_series("a", "b")["rates"] == [8_000_000, 8_000_000, 4_000_000]
@@ -240,8 +241,9 @@ def test_the_link_chart_draws_the_rate_each_sample_had(experiment):
     exp.phase, exp.t_start_monotonic = "running", 0.0
     for k in range(4):
         feed.clock = lambda k=k: float(k)
-        if k == 2:
-            feed.link_changed("a", "b", 8_000_000, Shape(rate_bps=1_000_000))
+        if k == 2:  # what Experiment.links_reshaped and _update_links do
+            exp.rates.set(("a", "b"), 1_000_000, feed.t_s())
+            feed.link_changed("a", "b", Shape(rate_bps=1_000_000))
         exp.telemetry = _telemetry(float(k), 1000 * k, 0)
         feed.sample()
     series = feed.link_series("a", "b")

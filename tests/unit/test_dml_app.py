@@ -346,7 +346,8 @@ def test_a_replaced_node_gets_its_confs_and_its_ending_shows_both_lives(tmp_path
 
 
 def test_membership_rows_merge_the_nodes_and_the_controllers_changes_in_time_order():
-    from controller.results.tables import MEMBERSHIP_COLUMNS, csv_bytes, membership_rows
+    from controller.results.run_dir import csv_bytes
+    from controller.results.tables import MEMBERSHIP_COLUMNS, membership_rows
 
     events = {"n1": [{"type": "round", "t": 1.0, "round": 1},
                      {"type": "peer_dropped", "t": 3.0, "round": 2, "peer": "n3", "retry_in_s": 2.0}],

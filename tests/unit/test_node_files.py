@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from controller.results.safe_fs import NodeFileError, read_node_file
+from controller.results.run_dir import NodeFileError, read_node_file
 
 
 @pytest.fixture

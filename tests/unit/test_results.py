@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from controller.results import tables
+from controller.results import plots, tables
+from controller.results.run_dir import read_run_events
 
 
 def _events(tmp_path, node, rounds, ended="done", role="gossip", glob_acc=True, layer=None, t0=100.0, acc0=0.5):
@@ -93,7 +94,7 @@ def test_plots_choose_aggregate_above_20_nodes(tmp_path, n_nodes, mode):
 
 
 def test_aggregate_median_quartiles_min_max():
-    agg = tables.aggregate({"a": [(1, 0.1), (2, 0.5)], "b": [(1, 0.2)], "c": [(1, 0.3)], "d": [(1, 0.4)]})
+    agg = plots.aggregate({"a": [(1, 0.1), (2, 0.5)], "b": [(1, 0.2)], "c": [(1, 0.3)], "d": [(1, 0.4)]})
     assert agg[0] == pytest.approx({"x": 1, "median": 0.25, "q1": 0.175, "q3": 0.325, "min": 0.1, "max": 0.4, "n": 4})
     assert agg[1] == {"x": 2, "median": 0.5, "q1": 0.5, "q3": 0.5, "min": 0.5, "max": 0.5, "n": 1}
 
@@ -104,7 +105,7 @@ def test_ring_and_etree_plots(tmp_path):
         _events(ring, f"r{i}", 3, role="ring")
     built = tables.build(str(ring), 100.0, "ra", {})
     assert len(built["plots"]) == 4 and all(open(p, "rb").read(4) == b"\x89PNG" for p in built["plots"])
-    assert tables._shared_curve(tables.metric_rows(tables.read_run_events(str(ring)), 100.0), "round",
+    assert plots._shared_curve(tables.metric_rows(read_run_events(str(ring)), 100.0), "round",
                                  "global_accuracy") == [(1, 0.55), (2, 0.6), (3, 0.65)]
     etree = tmp_path / "etree"
     _events(etree, "root", 2, role="etree", layer=3)
@@ -115,7 +116,7 @@ def test_ring_and_etree_plots(tmp_path):
     assert {r["layer"] for r in rows} == {"1", "2", "3"}
     mid = next(n for n in built["nodes"] if n["node"] == "mid")
     assert mid["rounds_by_layer"] == {"1": 3, "2": 3}
-    ranked = tables._layer_rounds(tables.metric_rows(tables.read_run_events(str(etree)), 100.0))
+    ranked = plots._layer_rounds(tables.metric_rows(read_run_events(str(etree)), 100.0))
     assert [r["layer_round"] for r in ranked if r["node"] == "mid"] == [1, 1, 2, 2, 3, 3]
     assert all((etree / name).exists() for name in ("accuracy_vs_round.png", "loss_vs_time.png"))
 
@@ -198,3 +199,16 @@ def test_a_line_of_deep_brackets_is_skipped_and_an_unreadable_file_is_that_nodes
     assert "events/c.jsonl" in problems["c"][0] and nodes["c"]["problems"] == problems["c"]
     assert set(problems) == {"c"}
     assert len(list(csv.DictReader(open(built["metrics"])))) == 5 and len(built["plots"]) == 4
+
+
+def test_the_bands_over_nodes_are_named_for_what_they_span():
+    import numpy as np
+
+    from controller.results.bands import median_10_90, quartiles, quartiles_by_column
+
+    values = [0.1, 0.2, 0.3, 0.4, 0.9]
+    q = quartiles(values)
+    by_column = quartiles_by_column(np.array([[v] for v in values]))[:, 0]
+    assert [q["min"], q["q1"], q["median"], q["q3"], q["max"]] == pytest.approx(list(by_column))  # one definition
+    assert quartiles([0.7]) == {"median": 0.7, "q1": 0.7, "q3": 0.7, "min": 0.7, "max": 0.7, "n": 1}
+    assert median_10_90(list(range(11))) == (5.0, 1.0, 9.0) and median_10_90([]) == (None, None, None)

@@ -7,8 +7,7 @@ import os
 import pytest
 
 from controller.run.progress import Progress
-from controller.results.run_record import seeds, topology_doc
-from controller.results.safe_fs import RunDir
+from controller.results.run_dir import RunDir, seeds, topology_doc
 from controller.model.topology import Topology
 from worker.api.errors import ConfigError
 
@@ -186,3 +185,61 @@ def test_a_node_trickling_its_log_is_given_up_after_the_deadline(tmp_path, monke
         stop.set()
         listener.close()
     assert time.monotonic() - started < 5
+
+
+def test_csv_bytes_is_the_one_writer_of_the_folders_tables():
+    from controller.results.run_dir import csv_bytes, short_cell
+
+    rows = [{"a": 1, "b": None, "c": 0.5, "extra": "ignored"}, {"a": "x,y", "c": float("nan")}]
+    assert csv_bytes(["a", "b", "c"], rows) == b'a,b,c\n1,,0.5\n"x,y",,nan\n'
+    assert csv_bytes(["a", "b", "c"], rows, cell=short_cell) == b'a,b,c\n1,,0.5\n"x,y",,\n'
+    assert [short_cell(v) for v in (1 / 3, 2e15, None, 7, float("inf"))] == ["0.333333", "2000000000000000", "", "7", ""]
+
+
+def test_finite_number_keeps_numbers_and_parses_cells():
+    from controller.results.run_dir import finite_float, finite_number
+
+    assert [finite_number(v) for v in (3, 0.5, "2.5", " 4 ", "", "x", None, True, float("nan"), "inf", [1])] == \
+        [3, 0.5, 2.5, 4.0, None, None, None, None, None, None, None]
+    assert isinstance(finite_number(3), int) and finite_float(3) == 3.0 and isinstance(finite_float(3), float)
+
+
+def test_a_stream_is_hidden_until_closed_and_discarded_without_a_trace(tmp_path):
+    import gzip
+
+    out = RunDir(str(tmp_path / "run"))
+    stream = out.open_stream("telemetry/x.csv.gz", "t,v")
+    stream.write("0,1\n1,2\n", 2)
+    assert not (tmp_path / "run/telemetry/x.csv.gz").exists()
+    assert (tmp_path / "run/telemetry/.x.csv.gz.partial").exists()
+    stream.close()
+    assert gzip.open(tmp_path / "run/telemetry/x.csv.gz", "rt").read() == "t,v\n0,1\n1,2\n" and stream.rows == 2
+    gone = out.open_stream("telemetry/y.csv.gz", "t")
+    gone.discard()
+    assert sorted(p.name for p in (tmp_path / "run/telemetry").iterdir()) == ["x.csv.gz"]
+
+
+def test_the_run_events_are_read_once_for_every_reader(tmp_path):
+    from controller.results.run_dir import read_run_events
+
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "a.jsonl").write_text('{"v": 1, "type": "started", "t": 1.0, "role": "gossip"}\n')
+    (tmp_path / "events" / "b.jsonl").mkdir()  # cannot be read
+    problems: dict = {}
+    events = read_run_events(str(tmp_path), problems)
+    assert events["a"][0]["role"] == "gossip" and events["b"] == [] and list(problems) == ["b"]
+    with pytest.raises(OSError):
+        read_run_events(str(tmp_path))
+
+
+def test_json_documents_of_the_folder_are_read_strictly_or_as_an_object(tmp_path):
+    from controller.results.run_dir import read_json, read_json_object
+
+    (tmp_path / "run.json").write_text('{"run_id": "r1"}')
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1]")
+    assert read_json(str(tmp_path / "run.json")) == {"run_id": "r1"} and read_json(str(tmp_path / "none.json")) is None
+    with pytest.raises(ConfigError, match="bad.json: not JSON"):
+        read_json(str(tmp_path / "bad.json"))
+    assert [read_json_object(str(tmp_path / n)) for n in ("run.json", "bad.json", "list.json", "none.json")] == \
+        [{"run_id": "r1"}, {}, {}, {}]

@@ -425,3 +425,21 @@ def test_prepare_fault_names_what_it_prepares():
         parse_fault({"kind": "prepare", "node": "a", "for": "reboot"})
     with pytest.raises(ConfigError, match="missing field 'for'"):
         parse_fault({"kind": "prepare", "node": "a"})
+
+
+def test_a_link_step_moves_the_runs_topology_and_rates(tmp_path):
+    from controller.run.experiment import Experiment
+
+    topo = topology()
+    exp = Experiment(str(tmp_path), topo, worker=None, structure={"n1": {"sync": 1}, "n2": {"sync": 1}},
+                     progress=lambda _: None)
+    exp.t_start_monotonic = 0.0  # started long ago: the change is at "now"
+    timeline = resolve(ev(at=0, link={"src": "n1", "dst": "n2", "bw": "1mbit"}, **{"for": 2}), topo)
+    runner = ScenarioRunner(timeline, RecordingWorker(), ips(), progress=lambda _: None, experiment=exp)
+    change, undo = timeline.steps
+    runner.apply_step(change)
+    assert exp.topology.links[("n1", "n2")].shape.rate_bps == 1_000_000 == exp.rates.now(("n1", "n2"))
+    assert exp.rates.at(("n1", "n2"), 0.0) == 10_000_000  # from the start until the step
+    runner.apply_step(undo)
+    assert exp.topology.links[("n1", "n2")].shape.rate_bps == 10_000_000 == exp.rates.now(("n1", "n2"))
+    assert [rate for _, rate in exp.rates.steps(("n1", "n2"))] == [10_000_000, 1_000_000, 10_000_000]

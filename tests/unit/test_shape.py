@@ -2,7 +2,7 @@
 import pytest
 
 from worker.api.errors import ConfigError, TestbedError
-from worker.api.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, format_rate, shape_problems
+from worker.api.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, tc_rate, shape_problems
 
 MBIT = 10**6
 
@@ -133,8 +133,8 @@ def test_from_dict_rejects(data, problem):
     (2_500_000_000, "2500mbit"),
     (MAX_RATE_BPS, "100gbit"),
 ])
-def test_format_rate(bps, text):
-    assert format_rate(bps) == text
+def test_tc_rate(bps, text):
+    assert tc_rate(bps) == text
 
 
 @pytest.mark.parametrize("shape,text", [

@@ -9,9 +9,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.model import telemetry_conf
-from controller.results.safe_fs import RunDir
+from controller.results.rates import LinkRates
+from controller.results.run_dir import RunDir
 from controller.telemetry.collector import (HEARTBEAT_S, HOSTS_HEADER, LINKS_HEADER, NODES_HEADER, ChangedRows, Collector,
-                                  Counters, prometheus_text, render_table)
+                                            Counters)
+from controller.telemetry.export import prometheus_text, render_table
 from controller.model.telemetry_conf import TelemetryConf
 from worker.kernel import netlink as nl
 from worker.nodes.cgroups import CounterReader
@@ -172,7 +174,7 @@ def test_collector_writes_each_change_of_a_configured_rate(tmp_path):
     worker = ReplayWorker(samples, layouts={
         "1": {"links": [["a", "b"], ["b", "a"]], "nodes": ["a", "b"], "rates_bps": [8000, 9000]},
         "2": {"links": [["a", "b"]], "nodes": ["a", "b"], "rates_bps": [4000]}})
-    col = Collector(worker, TelemetryConf(), RunDir(str(tmp_path / "run")), {("a", "b"): 8000})
+    col = Collector(worker, TelemetryConf(), RunDir(str(tmp_path / "run")), LinkRates({("a", "b"): 8000}))
     col.start()
     col.mark_start(samples[0]["t"])
     col.pull()
@@ -181,7 +183,27 @@ def test_collector_writes_each_change_of_a_configured_rate(tmp_path):
     assert rows[0] == ["time_s", "src", "dst", "rate_bps"]
     assert [(round(float(t), 1), s, d, r) for t, s, d, r in rows[1:]] == [
         (0.0, "a", "b", "8000"), (0.0, "b", "a", "9000"), (0.2, "a", "b", "4000"), (0.2, "b", "a", "")]
-    assert col.rates_bps[("a", "b")] == 4000  # what /metrics and the live views divide by
+    assert col.rates.now(("a", "b")) == 4000  # what /metrics and the live views divide by
+
+
+def test_a_rate_the_run_recorded_before_the_pull_is_one_row_at_its_time(tmp_path):
+    import time
+    samples = _samples(time.monotonic())
+    for sample in samples[2:]:
+        sample.update(layout=2, links=sample["links"][:5])
+    worker = ReplayWorker(samples, layouts={
+        "1": {"links": [["a", "b"], ["b", "a"]], "nodes": ["a", "b"], "rates_bps": [8000, 9000]},
+        "2": {"links": [["a", "b"]], "nodes": ["a", "b"], "rates_bps": [4000]}})
+    rates = LinkRates({("a", "b"): 8000, ("b", "a"): 9000})
+    col = Collector(worker, TelemetryConf(), RunDir(str(tmp_path / "run")), rates)
+    col.start()
+    col.mark_start(samples[0]["t"])
+    rates.set(("a", "b"), 4000, 0.15)  # the experiment re-shaped a->b; the samples come a second later
+    col.pull()
+    col.finish()
+    rows = [r.split(",") for r in _csv(tmp_path / "run" / "telemetry" / "rates.csv.gz")]
+    assert [(round(float(t), 2), s, d, r) for t, s, d, r in rows[1:]] == [
+        (0.0, "a", "b", "8000"), (0.0, "b", "a", "9000"), (0.15, "a", "b", "4000"), (0.2, "b", "a", "")]
 
 
 def test_collector_writes_the_three_csv_files(tmp_path):
@@ -189,7 +211,7 @@ def test_collector_writes_the_three_csv_files(tmp_path):
     skew = 1000.0
     worker = ReplayWorker(_samples(time.monotonic() + skew), skew_s=skew)
     out = RunDir(str(tmp_path / "run"))
-    col = Collector(worker, TelemetryConf(), out, {("a", "b"): 8000})
+    col = Collector(worker, TelemetryConf(), out, LinkRates({("a", "b"): 8000}))
     col.start()
     col.mark_start(time.monotonic())
     col.pull()
@@ -270,7 +292,7 @@ def test_collector_refuses_a_worker_without_telemetry():
 
 def test_metrics_parse_and_carry_every_node():
     import time
-    col = Collector(ReplayWorker(_samples(time.monotonic())), TelemetryConf(), None, {("a", "b"): 8000})
+    col = Collector(ReplayWorker(_samples(time.monotonic())), TelemetryConf(), None, LinkRates({("a", "b"): 8000}))
     col.start()
     col.mark_start()
     col.pull()

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from controller.model.units import parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
+from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
 from worker.api.errors import ConfigError
 
 
@@ -74,3 +74,10 @@ def test_bad_sizes(bad):
     with pytest.raises(ConfigError) as err:
         parse_size_bytes(bad)
     assert repr(bad) in str(err.value)
+
+
+def test_human_rate_is_for_people_and_tc_rate_for_tc():
+    from worker.api.shape import tc_rate
+
+    assert human_rate(80_000_000) == "80 Mbit/s" and human_rate(1500) == "1.5 kbit/s" and human_rate(12) == "12 bit/s"
+    assert tc_rate(80_000_000) == "80mbit" and tc_rate(1500) == "1500bit"

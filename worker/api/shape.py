@@ -57,7 +57,7 @@ class Shape:
 
     def describe(self) -> str:
         """Short human form, e.g. ``10mbit delay 20ms loss 1%``."""
-        parts = [format_rate(self.rate_bps)]
+        parts = [tc_rate(self.rate_bps)]
         if self.delay_ms:
             parts.append(f"delay {self.delay_ms:g}ms")
         if self.jitter_ms:
@@ -87,7 +87,7 @@ def shape_problems(shape: Shape) -> list[str]:
     return problems
 
 
-def format_rate(rate_bps: int) -> str:
+def tc_rate(rate_bps: int) -> str:
     """A rate in tc's bit units: 10000000 -> '10mbit', 1500 -> '1500bit'."""
     for unit, factor in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
         if rate_bps % factor == 0:

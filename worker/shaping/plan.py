@@ -54,7 +54,7 @@ from typing import Any, Iterable, Optional, Union
 
 from worker.api.errors import ConfigError
 from worker.api.schema import IPV4_ADDRESS, IPV4_PREFIX, Field, Place, Schema
-from worker.api.shape import Shape, format_rate
+from worker.api.shape import Shape, tc_rate
 
 DEFAULT_MINOR = 1
 DROP_MINOR = 2
@@ -359,7 +359,7 @@ def rule_commands(dev: str, rule: Rule, verb: str = "add", rates: Optional[tuple
     m = rule.minor
     rate, ceil = rates or (rule.shape.rate_bps, rule.shape.rate_bps)
     lines = [f"tc class {verb} dev {dev} parent 1:{ACCESS_MINOR:x} classid 1:{m:x} htb "
-             f"rate {format_rate(rate)} ceil {format_rate(ceil)}"]
+             f"rate {tc_rate(rate)} ceil {tc_rate(ceil)}"]
     if rule.leaf:
         lines.append(f"tc qdisc replace dev {dev} parent 1:{m:x} handle {m:x}: {_leaf_args(rule)}")
     if verb == "add":
@@ -374,7 +374,7 @@ def pass_command(dev: str, p: Pass, verb: str = "add") -> str:
 
 
 def drop_class_commands(dev: str) -> list[str]:
-    rate = format_rate(DEFAULT_CLASS_RATE_BPS)
+    rate = tc_rate(DEFAULT_CLASS_RATE_BPS)
     return [f"tc class add dev {dev} parent 1: classid 1:{DROP_MINOR:x} htb rate {rate} ceil {rate}",
             f"tc qdisc replace dev {dev} parent 1:{DROP_MINOR:x} handle {DROP_MINOR:x}: pfifo limit 0"]
 
@@ -390,7 +390,7 @@ def ipv6_drop_command(dev: str, verb: str = "add") -> str:
 
 
 def access_class_command(dev: str, plan: Plan, verb: str = "add") -> str:
-    rate = format_rate(plan.access_rate_bps)
+    rate = tc_rate(plan.access_rate_bps)
     return f"tc class {verb} dev {dev} parent 1: classid 1:{ACCESS_MINOR:x} htb rate {rate} ceil {rate}"
 
 
@@ -409,7 +409,7 @@ def downlink_commands(dev: str, downlink_bps: Optional[int], peers: tuple[str, .
     """The downlink as tc lines (worker.shaping.downlink); None: its removal."""
     if downlink_bps is None:
         return [f"tc qdisc del dev {dev} ingress", f"ip link del {IFB_NAME}"]
-    rate, share = format_rate(downlink_bps), format_rate(share_bps(downlink_bps, len(peers)))
+    rate, share = tc_rate(downlink_bps), tc_rate(share_bps(downlink_bps, len(peers)))
     lines = [f"ip link add {IFB_NAME} up type ifb",
              f"tc qdisc add dev {IFB_NAME} root handle 1: htb default {IFB_DEFAULT_MINOR:x}",
              f"tc class add dev {IFB_NAME} parent 1: classid 1:1 htb rate {rate} ceil {rate}"]
@@ -430,7 +430,7 @@ def render(plan: Plan, netns: Optional[str] = None) -> list[str]:
     dev = plan.ifname
     lines = [f"tc qdisc replace dev {dev} root handle 1: htb default {DEFAULT_MINOR:x}",
              f"tc class add dev {dev} parent 1: classid 1:{DEFAULT_MINOR:x} htb "
-             f"rate {format_rate(DEFAULT_CLASS_RATE_BPS)} ceil {format_rate(DEFAULT_CLASS_RATE_BPS)}"]
+             f"rate {tc_rate(DEFAULT_CLASS_RATE_BPS)} ceil {tc_rate(DEFAULT_CLASS_RATE_BPS)}"]
     if plan.drops:
         lines += drop_class_commands(dev)
     lines.append(access_class_command(dev, plan))

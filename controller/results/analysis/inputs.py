@@ -3,22 +3,22 @@ from __future__ import annotations
 
 import csv
 import glob
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import numpy as np
 
 from controller.results.analysis.pcap import Packets, ip_int, read_pcap
 from controller.results.analysis.table import Counters, open_text, read_counters, table_path
-from dml_app.events import read_events
+from controller.results.rates import LinkRates
+from controller.results.run_dir import (EVENTS_DIR, METRICS_CSV, RUN_JSON, TELEMETRY_DIR, TOPOLOGY_JSON, TRAFFIC_CSV,
+                                        finite_float, read_json, read_run_events)
 from worker.api.errors import ConfigError
 
 LINK_COLUMNS = ["tx_bytes", "tx_packets", "drops", "overlimits"]  # backlog_bytes: not used here
 NODE_COLUMNS = ["cpu_s", "mem_bytes", "tx_bytes", "rx_bytes"]
 HOST_COLUMNS = ["cpu_s", "mem_bytes"]
-RUN_MARKERS = ("run.json", "topology.json", "metrics.csv", "events")
+RUN_MARKERS = (RUN_JSON, TOPOLOGY_JSON, METRICS_CSV, EVENTS_DIR)
 
 
 @dataclass
@@ -43,16 +43,11 @@ class RunInputs:
     node_counters: Optional[Counters] = None
     host_counters: Optional[Counters] = None
     captures: dict[str, Packets] = field(default_factory=dict)  # node -> its egress packets (times from t0)
-    # (src, dst) -> [(time_s, rate_bps or None: no link)] from telemetry/rates.csv, in time order
-    rate_changes: dict[tuple[str, str], list[tuple[float, Optional[float]]]] = field(default_factory=dict)
+    # every link's configured rate over time: telemetry/rates.csv, else the topology's from the start
+    rates: LinkRates = field(default_factory=LinkRates)
     ended_s: Optional[float] = None  # the run's end (run.json's ended_at) from its start
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-
-    def rate_steps(self, key: tuple[str, str]) -> list[tuple[float, Optional[float]]]:
-        """The link's configured rate over time, [(from time_s, rate_bps or None)]: its changes
-        as sampled (``telemetry/rates.csv``), else the topology's rate from the start."""
-        return self.rate_changes.get(key) or [(-np.inf, self.links.get(key, {}).get("rate_bps"))]
 
     def ip_to_node(self) -> dict[int, str]:
         return {ip_int(n["ip"]): name for name, n in self.nodes.items() if n.get("ip")}
@@ -60,29 +55,6 @@ class RunInputs:
 
 def is_run_dir(path: str) -> bool:
     return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in RUN_MARKERS)
-
-
-def _json(path: str) -> Optional[Any]:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except ValueError as e:
-        raise ConfigError(f"{path}: not JSON: {e}") from None
-
-
-def _events(run_dir: str) -> dict[str, list[dict[str, Any]]]:
-    return {os.path.basename(path)[:-len(".jsonl")]: read_events(path)
-            for path in sorted(glob.glob(os.path.join(run_dir, "events", "*.jsonl")))}
-
-
-def _num(v: Any) -> Optional[float]:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if np.isfinite(f) else None
 
 
 def read_run(run_dir: str, progress: Any = None, captures: bool = True,
@@ -93,22 +65,23 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     if not is_run_dir(run_dir):
         raise ConfigError(f"{run_dir} is not a run folder (none of {', '.join(RUN_MARKERS)} in it)")
     missing: list[str] = []
-    record = _json(os.path.join(run_dir, "run.json")) or {}
-    topo = _json(os.path.join(run_dir, "topology.json")) or {}
-    for name, doc in (("run.json", record), ("topology.json", topo)):
+    record = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    topo = read_json(os.path.join(run_dir, TOPOLOGY_JSON)) or {}
+    for name, doc in ((RUN_JSON, record), (TOPOLOGY_JSON, topo)):
         if not doc:
             missing.append(name)
-    events = _events(run_dir)
-    t0 = _num(record.get("started_at"))
+    events = read_run_events(run_dir)
+    t0 = finite_float(record.get("started_at"))
     if t0 is None:  # the earliest event stands in for the start
-        ts = [_num(e.get("t")) for es in events.values() for e in es]
+        ts = [finite_float(e.get("t")) for es in events.values() for e in es]
         ts = [t for t in ts if t is not None]
         t0 = min(ts) if ts else None
     nodes: dict[str, dict[str, Any]] = {}
     for n in topo.get("nodes", []):
         if isinstance(n, dict) and n.get("name"):
-            nodes[str(n["name"])] = {"ip": n.get("ip"), "cpu": _num(n.get("cpu")), "host": n.get("host"), "role": ""}
-    links = {(str(l["src"]), str(l["dst"])): {"rate_bps": _num(l.get("rate_bps"))}
+            nodes[str(n["name"])] = {"ip": n.get("ip"), "cpu": finite_float(n.get("cpu")), "host": n.get("host"),
+                                     "role": ""}
+    links = {(str(l["src"]), str(l["dst"])): {"rate_bps": finite_float(l.get("rate_bps"))}
              for l in topo.get("links", []) if isinstance(l, dict) and "src" in l and "dst" in l}
     rounds: dict[str, list[Round]] = {}
     for node, es in events.items():
@@ -116,44 +89,44 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
         for e in es:
             if e.get("type") == "started" and e.get("role"):
                 nodes[node]["role"] = str(e["role"])
-            if e.get("type") == "round" and _num(e.get("t_end")) is not None and t0 is not None:
-                start = _num(e.get("t_start"))
+            if e.get("type") == "round" and finite_float(e.get("t_end")) is not None and t0 is not None:
+                start = finite_float(e.get("t_start"))
                 rounds.setdefault(node, []).append(Round(
-                    int(e.get("round") or 0), None if start is None else start - t0, _num(e["t_end"]) - t0,
-                    int(_num(e.get("bytes_sent")) or 0), _num(e.get("global_accuracy"))))
-    metrics = os.path.join(run_dir, "metrics.csv")
+                    int(e.get("round") or 0), None if start is None else start - t0, finite_float(e["t_end"]) - t0,
+                    int(finite_float(e.get("bytes_sent")) or 0), finite_float(e.get("global_accuracy"))))
+    metrics = os.path.join(run_dir, METRICS_CSV)
     if not rounds and os.path.exists(metrics):  # no events: the round ends metrics.csv gives
         with open(metrics, newline="") as f:
             for r in csv.DictReader(f):
-                end = _num(r.get("time_s"))
+                end = finite_float(r.get("time_s"))
                 if end is None or not r.get("node"):
                     continue
                 nodes.setdefault(r["node"], {"ip": None, "cpu": None, "host": None, "role": ""})
                 nodes[r["node"]]["role"] = nodes[r["node"]]["role"] or r.get("role", "")
-                dur = sum(_num(r.get(k)) or 0.0 for k in ("train_s", "send_s"))
-                rounds.setdefault(r["node"], []).append(Round(int(_num(r.get("round")) or 0), end - dur if dur else None,
-                                                              end, int(_num(r.get("bytes_sent")) or 0),
-                                                              _num(r.get("global_accuracy"))))
+                dur = sum(finite_float(r.get(k)) or 0.0 for k in ("train_s", "send_s"))
+                rounds.setdefault(r["node"], []).append(Round(
+                    int(finite_float(r.get("round")) or 0), end - dur if dur else None, end,
+                    int(finite_float(r.get("bytes_sent")) or 0), finite_float(r.get("global_accuracy"))))
     if not rounds:
         missing.append("rounds (events/ or metrics.csv)")
     for rs in rounds.values():
         rs.sort(key=lambda r: r.end_s)
     app_sent: dict[tuple[str, str], int] = {}
-    traffic = os.path.join(run_dir, "traffic.csv")
+    traffic = os.path.join(run_dir, TRAFFIC_CSV)
     if os.path.exists(traffic):
         with open(traffic, newline="") as f:
             for r in csv.DictReader(f):
                 if r.get("direction") == "sent" and r.get("node") and r.get("peer"):
                     key = (r["node"], r["peer"])
-                    app_sent[key] = app_sent.get(key, 0) + int(_num(r.get("bytes")) or 0)
+                    app_sent[key] = app_sent.get(key, 0) + int(finite_float(r.get("bytes")) or 0)
     else:
-        missing.append("traffic.csv")
+        missing.append(TRAFFIC_CSV)
     out = RunInputs(run_dir, str(record.get("run_id") or os.path.basename(os.path.normpath(run_dir))), t0, nodes,
                     links, rounds, app_sent, missing=missing)
-    ended = _num(record.get("ended_at"))
+    ended = finite_float(record.get("ended_at"))
     if ended is not None and t0 is not None and ended > t0:
         out.ended_s = ended - t0
-    tele = os.path.join(run_dir, "telemetry")
+    tele = os.path.join(run_dir, TELEMETRY_DIR)
     for attr, stem, keys, cols in (("link_counters", "links", ["src", "dst"], LINK_COLUMNS),
                                    ("node_counters", "nodes", ["node"], NODE_COLUMNS),
                                    ("host_counters", "hosts", ["host"], HOST_COLUMNS)):
@@ -169,11 +142,11 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
         except ConfigError as e:
             out.problems.append(e.message)
             continue
-        period_ms = _num((record.get("telemetry") or {}).get("period_ms"))
+        period_ms = finite_float((record.get("telemetry") or {}).get("period_ms"))
         if period_ms:
             table.sampled_every_s = period_ms / 1000
         setattr(out, attr, table)
-    out.rate_changes = _rate_changes(table_path(tele, "rates"))
+    out.rates = _rates(table_path(tele, "rates"), {key: link["rate_bps"] for key, link in links.items()})
     pcaps = sorted(glob.glob(os.path.join(tele, "pcap", "*.pcap"))) if captures else []
     if not pcaps and captures:
         missing.append("telemetry/pcap")
@@ -195,24 +168,13 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     return out
 
 
-def _rate_changes(path: Optional[str]) -> dict[tuple[str, str], list[tuple[float, Optional[float]]]]:
-    """``telemetry/rates.csv.gz``: each link's configured rate from the time it was set (empty:
-    the link was removed; a link first seen after the first sample had none before); {} without
-    the file (runs before it was written)."""
-    changes: dict[tuple[str, str], list[tuple[float, Optional[float]]]] = {}
+def _rates(path: Optional[str], deployed: dict[tuple[str, str], Optional[float]]) -> LinkRates:
+    """The configured rates of ``telemetry/rates.csv.gz`` (``controller.results.rates``); the
+    topology's without the file (runs before it was written)."""
     if path is None:
-        return {}
+        return LinkRates(deployed)
     try:
         with open_text(path) as f:
-            for r in csv.DictReader(f):
-                t = _num(r.get("time_s"))
-                if t is not None and r.get("src") and r.get("dst"):
-                    changes.setdefault((r["src"], r["dst"]), []).append((t, _num(r.get("rate_bps"))))
+            return LinkRates.from_rows(csv.DictReader(f), deployed)
     except FileNotFoundError:
-        return {}
-    first = min((t for steps in changes.values() for t, _ in steps), default=0.0)  # the first sample
-    for steps in changes.values():
-        steps.sort(key=lambda step: step[0])
-        if steps[0][0] > first:  # a link added during the run: none before
-            steps.insert(0, (-np.inf, None))
-    return changes
+        return LinkRates(deployed)

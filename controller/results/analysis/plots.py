@@ -9,9 +9,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from controller.results.analysis.inputs import RunInputs
-from controller.results.analysis.series import bin_edges, counter_at, counter_bins, event_bins, step_at, throughput_bps
+from controller.results.analysis.series import bin_edges, counter_at, counter_bins, event_bins, throughput_bps
+from controller.results.bands import AGGREGATE_ABOVE_NODES, quartiles_by_column
+from controller.results.rates import rate_at
 
-AGGREGATE_ABOVE_NODES = 20
 
 
 def _png(fig: Any) -> bytes:
@@ -59,9 +60,9 @@ def link_throughput(inp: RunInputs, config: Any, links_table: list[dict[str, Any
         else:
             continue
         line, = ax.plot(edges[:-1], y / 1e6, linewidth=0.8, label=label)
-        steps = inp.rate_steps((src, dst))  # as configured over time (a scenario may change it)
+        steps = inp.rates.steps((src, dst))  # as configured over time (a scenario may change it)
         times = [span[0]] + [t for t, _ in steps[1:] if span[0] < t < span[1]] + [span[1]]
-        rates = [step_at(steps, t) for t in times]
+        rates = [rate_at(steps, t) for t in times]
         ax.step(times, [np.nan if r is None else r / 1e6 for r in rates], where="post", color=line.get_color(),
                 linestyle="--", linewidth=0.8)
     ax.set_xlabel("time since the run's start (s)")
@@ -104,7 +105,7 @@ def cpu_memory(inp: RunInputs, span: tuple[float, float]) -> bytes:
                 for k, row in zip(c.keys, data):
                     ax.plot(x, row, linewidth=0.8, label=k[0])
             else:
-                q = np.percentile(data, [0, 25, 50, 75, 100], axis=0)
+                q = quartiles_by_column(data)
                 line, = ax.plot(x, q[2], linewidth=1.5, label=f"median of {len(c.keys)} nodes")
                 ax.fill_between(x, q[1], q[3], color=line.get_color(), alpha=0.3, label="interquartile range")
                 ax.fill_between(x, q[0], q[4], color=line.get_color(), alpha=0.1, label="min to max")

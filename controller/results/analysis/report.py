@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,8 +20,10 @@ from controller.results.analysis import bursts as B
 from controller.results.analysis.flows import flow_summary, flows
 from controller.results.analysis.inputs import RunInputs, read_run
 from controller.results.analysis.pcap import Packets, ip_str
-from controller.results.analysis.series import (bin_edges, counter_at, counter_bins, event_bins, mean_ci95, step_at,
+from controller.results.analysis.series import (bin_edges, counter_at, counter_bins, event_bins, mean_ci95,
                                         step_integral, throughput_bps)
+from controller.results.rates import rate_at
+from controller.results.run_dir import RunDir, Writer, csv_bytes, short_cell
 
 CAPTURE_BIN_S = 0.010
 FINE_BIN_S = 0.001
@@ -37,7 +38,6 @@ LINK_COLUMNS = ["src", "dst", "rate_bps", "bytes", "packets", "mean_bps", "mean_
                 "peak_bin_s", "utilisation", "peak_utilisation", "drops", "overlimits", "source"]
 FLOW_COLUMNS = ["proto", "src", "dst", "src_node", "dst_node", "sport", "dport", "packets", "bytes", "arrival_s",
                 "departure_s", "duration_s"]
-Writer = Callable[[str, bytes], Any]
 
 
 @dataclass
@@ -48,22 +48,6 @@ class AnalysisConfig:
     links: list[str] = field(default_factory=list)
     top_links: int = 6
     plots: bool = True
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return ""
-        return f"{v:.6g}" if abs(v) < 1e15 else f"{v:.0f}"
-    return str(v)
-
-
-def csv_text(columns: list[str], rows: list[dict[str, Any]]) -> bytes:
-    lines = [",".join(columns)]
-    lines += [",".join(_fmt(r.get(c)) for c in columns) for r in rows]
-    return ("\n".join(lines) + "\n").encode()
 
 
 # windows --------------------------------------------------------------------------------------
@@ -198,13 +182,13 @@ def link_rows(inp: RunInputs, span: tuple[float, float], pairs: dict[tuple[str, 
     rows, per_1s = [], {}
     edges_1s = bin_edges(span[0], span[1], TABLE_BIN_S)
     c = inp.link_counters
-    keys = set(inp.links) | set(inp.rate_changes)  # (links added during the run too)
+    keys = set(inp.links) | set(inp.rates.keys())  # (links added during the run too)
     if c is not None:
         keys |= {(k[0], k[1]) for k in c.keys}
     else:
         keys |= set(pairs)
     for key in sorted(keys):
-        steps = inp.rate_steps(key)  # a scenario or /update/tc may have changed it during the run
+        steps = inp.rates.steps(key)  # a scenario or /update/tc may have changed it during the run
         capacity_bits, rated_s = step_integral(steps, span[0], span[1])
         rate = capacity_bits / rated_s if rated_s > 0 else None  # its mean over the run, by time
         row: dict[str, Any] = {"src": key[0], "dst": key[1], "rate_bps": rate}
@@ -239,7 +223,7 @@ def link_rows(inp: RunInputs, span: tuple[float, float], pairs: dict[tuple[str, 
             row["utilisation"] = row["bytes"] * 8.0 / capacity_bits
             # the first bin at the peak (equal peaks differ in rounding only)
             at_peak = int(np.argmax(fine >= fine.max() * (1 - 1e-9))) if fine.size else None
-            peak_rate = step_at(steps, float(fine_edges[at_peak])) if at_peak is not None else None
+            peak_rate = rate_at(steps, float(fine_edges[at_peak])) if at_peak is not None else None
             row["peak_utilisation"] = row["peak_bps"] / peak_rate if peak_rate else None
         rows.append(row)
     return rows, per_1s, edges_1s
@@ -427,8 +411,6 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
     config = config or AnalysisConfig()
     say = progress or (lambda _m: None)
     if write is None:
-        from controller.results.safe_fs import RunDir
-
         write = RunDir(run_dir).write_bytes
     started = time.monotonic()
     timings: dict[str, float] = {}
@@ -463,12 +445,12 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
     steady = steady_window(inp)
     say("bursts per node and role")
     burst_rows, raster = burst_table(inp, config)
-    put("bursts.csv", csv_text(BURST_COLUMNS, burst_rows))
+    put("bursts.csv", csv_bytes(BURST_COLUMNS, burst_rows, cell=short_cell))
     lap("bursts")
     say("links, throughput and the traffic matrix")
     pairs = pair_packets(inp)
     links_table, per_1s, edges_1s = link_rows(inp, span, pairs)
-    put("links.csv", csv_text(LINK_COLUMNS, links_table))
+    put("links.csv", csv_bytes(LINK_COLUMNS, links_table, cell=short_cell))
     keys = sorted(per_1s)
     columns = ["time_s", "aggregate_bps", *(f"{s}->{d}" for s, d in keys)]
     table = np.column_stack([edges_1s[:-1], sum(per_1s.values()) if per_1s else np.zeros(len(edges_1s) - 1),
@@ -493,7 +475,7 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
                  "bytes": int(f["bytes"][i]), "arrival_s": float(f["arrival_s"][i]),
                  "departure_s": float(f["departure_s"][i]), "duration_s": float(f["duration_s"][i])}
                 for i in range(f["bytes"].size)]
-        put("flows.csv", csv_text(FLOW_COLUMNS, rows))
+        put("flows.csv", csv_bytes(FLOW_COLUMNS, rows, cell=short_cell))
         flow_info = {**flow_summary(f), "source": "capture"}
     bytes_sent = {n: int(p.length.sum()) for n, p in inp.captures.items()}
     if not bytes_sent and inp.node_counters is not None:

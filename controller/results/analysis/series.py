@@ -66,17 +66,6 @@ def in_window(edges_s: np.ndarray, window: tuple[float, float]) -> np.ndarray:
     return (edges_s[:-1] >= window[0] - 1e-9) & (edges_s[1:] <= window[1] + 1e-9)
 
 
-def step_at(steps: list[tuple[float, Optional[float]]], t_s: float) -> Optional[float]:
-    """The value of a step function [(from time_s, value)] at ``t_s`` (its first value before
-    its first step)."""
-    value = steps[0][1] if steps else None
-    for start, v in steps:
-        if start > t_s:
-            break
-        value = v
-    return value
-
-
 def step_integral(steps: list[tuple[float, Optional[float]]], t0_s: float, t1_s: float) -> tuple[float, float]:
     """(the integral of a step function over ``[t0_s, t1_s]``, the seconds of it where it has a
     value); None values (no link) count in neither."""
