@@ -14,6 +14,7 @@ import numpy as np
 from controller.results.analysis.inputs import read_run
 from controller.results.analysis.series import counter_at, step_at
 from controller.web.live import TIME_SERIES, _r, band, round_series
+from controller.web.structure import places_of
 from controller.results.tables import read_scenario
 from worker.api.errors import NotFound
 
@@ -176,6 +177,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
     kinds = {n.get("name"): str(n.get("kind") or "") for n in _json(os.path.join(run_dir, "topology.json")).get(
         "nodes", []) if isinstance(n, dict)}
     finals = {n.get("node"): n for n in summary.get("nodes", []) if isinstance(n, dict)}
+    places = places_of(_json(os.path.join(run_dir, "confs.json")))
     endings = record.get("nodes") or {}
     last = {name: (rs[-1] if rs else {}) for name, rs in by_node.items()}
     duration = max(end_s, 1e-9)
@@ -211,7 +213,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
             "phase": "finished", "ended": record.get("ended"), "started_at": record.get("started_at"),
             "nodes": [{"name": n, "host": inp.nodes[n].get("host") or "", "kind": kinds.get(n, ""),
                        "role": inp.nodes[n].get("role"),
-                       "layer": layers.get(n)} for n in names],
+                       "layer": layers.get(n), "places": places.get(n, [])} for n in names],
             "links": [{"src": s, "dst": d} for s, d in link_keys], "snapshot": snapshot,
             "series": {"time": series, "round": round_series(by_round)},
             "timeline": _timeline(run_dir, inp.t0, endings, end_s), "samples": grid.size}
