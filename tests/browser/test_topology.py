@@ -56,8 +56,11 @@ def stored_run(log_dir: Path, algorithm: str, n: int, degree: int = 0, aggregato
     ring = {(names[i], names[(i + 1) % n]) for i in range(n)}
     topology = links_from_data(_links(names, degree, star | ring, rng), "links.json")
     confs = LOADERS[algorithm](data, f"{algorithm}_structure.json", topology)
-    talks = {(s, d) for s, c in confs.items() for d in c["talks_to"][:1 if algorithm == "ring" else None]
-             if algorithm != "gossip" or rng.random() < 0.1}
+    from controller.web.structure import places_of
+
+    ups = {(x, p["up"]) for x, ps in places_of(confs).items() for p in ps if p["up"] not in (None, x)}
+    talks = ({(a, b) for a, b in topology.links if rng.random() < 0.1} if algorithm == "gossip"
+             else ups | {(b, a) for a, b in ups})  # the learning structure's links carry its models
     run_id = f"{algorithm}-{n}"
     run = log_dir / run_id
     (run / "telemetry").mkdir(parents=True)

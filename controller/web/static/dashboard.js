@@ -7,6 +7,7 @@
     labelled: 0, view: () => view, apply: (u) => apply(u), drawn: () => drawn()};
   const MAX_ROWS = 300;       // table rows drawn at once (filter to see others)
   const FORCE_UP_TO = 150;    // a force layout up to this many nodes, a grid beyond
+  const LOADS = ["idle", "u1", "u2", "u3", "down"];  // a link's class: idle, < 50, < 90, >= 90 % of its rate, cut
   const BUSY_EDGES_ABOVE = 300;  // beyond this many nodes links are drawn fainter
   const STATE_COLOURS = {running: "#4e79a7", done: "#59a14f", failed: "#e15759", paused: "#b07aa1",
     revoked: "#9c755f", crashed: "#9c755f", pending: "#bab0ac", stopped: "#bab0ac"};
@@ -158,16 +159,18 @@
         label: "data(tag)", "font-size": "data(fs)", "font-family": L.FONT, color: "#333", "text-events": "no"}},
       {selector: "node.agg", style: {"border-width": 2, "border-color": "#1f2933"}},
       {selector: "node.multi", style: {"border-width": 4, "border-style": "double"}},
-      {selector: "node.ls-b", style: {"text-valign": "bottom", "text-halign": "center"}},
-      {selector: "node.ls-t", style: {"text-valign": "top", "text-halign": "center"}},
-      {selector: "node.ls-r", style: {"text-valign": "center", "text-halign": "right"}},
-      {selector: "node.ls-l", style: {"text-valign": "center", "text-halign": "left"}},
+      {selector: "node.ls-b", style: {"text-valign": "bottom", "text-halign": "center", "text-margin-y": "data(gap)"}},
+      {selector: "node.ls-t", style: {"text-valign": "top", "text-halign": "center", "text-margin-y": "data(back)"}},
+      {selector: "node.ls-r", style: {"text-valign": "center", "text-halign": "right", "text-margin-x": "data(gap)"}},
+      {selector: "node.ls-l", style: {"text-valign": "center", "text-halign": "left", "text-margin-x": "data(back)"}},
       {selector: "node.axis", style: {"background-opacity": 0, "border-width": 0, color: "#7b8794", events: "no",
         "text-valign": "center", "text-halign": "center"}},
       {selector: "edge", style: {width: "data(w)", "line-color": "#d0d0d0", "curve-style": n > 100 ? "haystack" : "bezier",
         "target-arrow-shape": n > 100 ? "none" : "triangle", "target-arrow-color": "#d0d0d0", "arrow-scale": 0.6,
         opacity: 0.9}},
       {selector: "edge.idle", style: hideIdle ? {display: "none"} : {opacity: n > BUSY_EDGES_ABOVE ? 0.04 : 0.25, width: 1}},
+      {selector: "edge.link", style: {width: 1, "curve-style": "haystack", "target-arrow-shape": "none", opacity: 0.5}},
+      {selector: "edge.along", style: {display: "none"}},
       {selector: "edge.struct", style: {width: 1.3, "line-color": "#7b8794", "curve-style": "straight",
         "target-arrow-shape": n > BUSY_EDGES_ABOVE ? "none" : "triangle", "target-arrow-color": "#7b8794",
         "arrow-scale": 0.5, opacity: 0.8}},
@@ -176,6 +179,7 @@
       {selector: "edge.u1", style: {"line-color": "#76b7b2", "target-arrow-color": "#76b7b2"}},
       {selector: "edge.u2", style: {"line-color": "#f28e2b", "target-arrow-color": "#f28e2b"}},
       {selector: "edge.u3", style: {"line-color": "#e15759", "target-arrow-color": "#e15759"}},
+      {selector: "edge.struct.u1, edge.struct.u2, edge.struct.u3", style: {width: 2}},
       {selector: "edge.down", style: {"line-color": "#e15759", "line-style": "dashed", opacity: 1}},
       {selector: "edge:selected", style: {"line-color": "#1f2933", "target-arrow-color": "#1f2933", width: 4}},
       {selector: ".faded", style: {opacity: 0.04}},
@@ -209,13 +213,19 @@
       const layers = st.layers.get(node.name) || [];
       const agg = mode === "structure" && st.kind !== "ring" && (children.has(node.name) || (layers[0] || 1) > 1);
       const text = node.name + (mode === "structure" && layers.length > 1 ? " · L" + layers.join(",") : "");
-      return {data: {id: "n:" + node.name, label: node.name, k, text, tag: "", fs: L.LABEL_PX, d: agg ? L.D_AGG : L.D,
+      return {data: {id: "n:" + node.name, label: node.name, k, text, tag: "", fs: L.LABEL_PX, gap: 0, back: 0,
+        d: agg ? L.D_AGG : L.D,
         layers: layers.join(",")}, classes: (agg ? "agg" : "") + (layers.length > 1 && mode === "structure" ? " multi" : "")};
     });
+    // in the structure view a link along a structure edge colours that edge (its load, or down)
+    const along = new Map(mode === "structure" ? st.edges.flatMap(([a, b], k) => [[a + "\u0000" + b, k],
+      [b + "\u0000" + a, k]]) : []);
+    graph.along = view.links.map((l) => along.get(l.src + "\u0000" + l.dst) ?? -1);
     view.links.forEach((l, i) => {
       const rate = view.snapshot.link_rate_bps[i] || 0;
       elements.push({data: {id: "l:" + i, source: "n:" + l.src, target: "n:" + l.dst, i,
-        w: 1 + 3 * Math.log10(1 + 9 * rate / maxRate)}, classes: "idle"});
+        w: 1 + 3 * Math.log10(1 + 9 * rate / maxRate)}, classes: mode === "structure" ?
+        (graph.along[i] >= 0 ? "along" : "link") : ""});
     });
     const box = $("graph"), W = box.clientWidth || 600, H = box.clientHeight || 460;
     const placed = L.layout(st, mode, W, H) || (n > FORCE_UP_TO ? L.grid(st.names, W, H) : null);
@@ -227,7 +237,8 @@
       });
     }
     if (placed) {
-      placed.axis.forEach((a, i) => elements.push({data: {id: "axis:" + i, text: a.label, tag: "", fs: L.LABEL_PX, d: 1},
+      placed.axis.forEach((a, i) => elements.push({data: {id: "axis:" + i, text: a.label, tag: "", fs: L.LABEL_PX, d: 1,
+        gap: 0, back: 0},
         classes: "axis", position: {x: a.x, y: a.y}}));
       for (const el of elements) {
         const p = el.data.id.startsWith("n:") && placed.pos.get(el.data.label);
@@ -248,7 +259,7 @@
       cy.layout({name: "cose", animate: false, randomize: false, numIter: 800, nodeRepulsion: 8000,
         nodeDimensionsIncludeLabels: false}).run();
       graph.nodes.forEach((x, k) => { pts[k] = Object.assign({}, x.position()); });
-      L.separate(pts, L.D + 8);
+      L.separate(pts, L.PX);
       cy.batch(() => graph.nodes.forEach((x, k) => x.position(pts[k])));
     }
     const pad = 12 + Math.min(80, L.maxTextWidth(cy.nodes().map((x) => x.data("text"))));  // room for the labels
@@ -289,10 +300,10 @@
       (x.hasClass("multi") ? 4 : x.hasClass("agg") ? 2 : 0), text: x.data("text"),
       side: x.hasClass("axis") ? "c" : graph.sides.get(x.data("label")) || "b"}));
     const sides = L.labels(items, zoom);
-    const fs = L.LABEL_PX / zoom;
+    const fs = L.LABEL_PX / zoom, gap = L.LABEL_GAP_PX / zoom;
     cy.batch(() => all.forEach((x, k) => {
       const s = sides[k], tag = s ? x.data("text") : "";
-      if (x.data("tag") !== tag || x.data("fs") !== fs) x.data({tag, fs});
+      if (x.data("tag") !== tag || x.data("fs") !== fs) x.data({tag, fs, gap, back: -gap});
       const cls = s && s !== "c" ? "ls-" + s : null, old = x.scratch("_side");
       if (old !== cls) { if (old) x.removeClass(old); if (cls) x.addClass(cls); x.scratch("_side", cls); }
     }));
@@ -325,6 +336,7 @@
     const s = view.snapshot;
     const down = new Set(s.link_down);
     let busy = 0;
+    const worst = graph.st.edges.map(() => 0);  // of the links along each structure edge
     cy.batch(() => {
       graph.nodes.forEach((node) => swap(node, stateClass(s.state[node.data("k")])));
       cy.edges().forEach((edge) => {
@@ -332,9 +344,14 @@
         if (i == null) return;
         const rate = s.link_rate_bps[i], b = s.link_bps[i] || 0;
         const u = rate ? b / rate : 0;
-        const cls = down.has(i) ? "down" : b < 1000 ? "idle" : u < 0.5 ? "u1" : u < 0.9 ? "u2" : "u3";
-        if (cls !== "idle") busy += 1;
-        swap(edge, cls);
+        const load = down.has(i) ? 4 : b < 1000 ? 0 : u < 0.5 ? 1 : u < 0.9 ? 2 : 3;
+        if (load) busy += 1;
+        if (graph.along[i] >= 0) worst[graph.along[i]] = Math.max(worst[graph.along[i]], load);
+        swap(edge, LOADS[load]);
+      });
+      cy.edges(".struct").forEach((edge) => {
+        const load = worst[Number(edge.id().slice(2))];
+        swap(edge, load ? LOADS[load] : null);
       });
     });
     const idle = view.links.length - busy, st = graph.st;

@@ -13,6 +13,7 @@ window.edgetbLayout = (() => {
   const RING_PITCH = 24;        // between neighbours on a large ring (a small one: PX)
   const ZOOM_CAP = 1.6;         // a small run is not blown up beyond this
   const LABEL_PX = 11;          // label font size on screen, at every zoom
+  const LABEL_GAP_PX = 6;       // between a node and its label, on screen
   const FONT = "Helvetica, Arial, sans-serif";
   const SIDES = ["b", "r", "t", "l"];  // label below, right of, above, left of its node
 
@@ -230,7 +231,7 @@ window.edgetbLayout = (() => {
   const maxTextWidth = (texts) => Math.max(0, ...texts.map(textWidth));
 
   function labels(items, zoom) {
-    const f = 1 / zoom, h = LABEL_PX * 1.25 * f, pad = 3 * f, cell = 60 * f;
+    const f = 1 / zoom, h = LABEL_PX * 1.25 * f, pad = 2 * f, cell = 60 * f;
     const grid = new Map();
     const cellsOf = (b) => {
       const out = [];
@@ -244,7 +245,7 @@ window.edgetbLayout = (() => {
       o.owner === b.owner || o.x2 <= b.x1 || b.x2 <= o.x1 || o.y2 <= b.y1 || b.y2 <= o.y1));
     items.forEach((it, i) => { if (it.r > 0) add({x1: it.x - it.r - pad, x2: it.x + it.r + pad, y1: it.y - it.r - pad, y2: it.y + it.r + pad, owner: i}); });
     const box = (it, s, w, i) => {
-      const g = it.r + pad;
+      const g = it.r + LABEL_GAP_PX * f;
       const b = s === "b" ? {x1: it.x - w / 2, x2: it.x + w / 2, y1: it.y + g, y2: it.y + g + h}
         : s === "t" ? {x1: it.x - w / 2, x2: it.x + w / 2, y1: it.y - g - h, y2: it.y - g}
         : s === "r" ? {x1: it.x + g, x2: it.x + g + w, y1: it.y - h / 2, y2: it.y + h / 2}
@@ -269,5 +270,5 @@ window.edgetbLayout = (() => {
     return null;
   }
 
-  return {D, D_AGG, PX, PY, ZOOM_CAP, LABEL_PX, FONT, structure, layout, grid, separate, labels, maxTextWidth};
+  return {D, D_AGG, PX, PY, ZOOM_CAP, LABEL_PX, LABEL_GAP_PX, FONT, structure, layout, grid, separate, labels, maxTextWidth};
 })();
