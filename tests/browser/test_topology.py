@@ -159,6 +159,14 @@ def test_an_etree_is_drawn_by_layer_with_nodes_and_labels_apart(dashboard, brows
     panel = browser.find_element("id", "topology-panel")
     panel.screenshot(str(artifacts_dir() / f"topology_etree_{n}.png"))
 
+    if n > 40:  # zoomed in, more names fit, still apart
+        browser.execute_script("const cy = window.edgetb.graph(); window.edgetb.labelled = 0; cy.zoom({level: "
+                               "cy.zoom() * 2.5, renderedPosition: {x: cy.width() / 2, y: cy.height() / 2}})")
+        wait_for(browser, "return window.edgetb.labelled > 0", what="the labels placed again")
+        zoomed = browser.execute_script("return window.edgetb.drawn()")
+        assert len(check_apart(zoomed)) > len(labels)
+        assert all(x["label"] for x in zoomed["nodes"] if 0 < x["x"] < 560 and 0 < x["y"] < 440)
+
     browser.find_element("id", "graph-network").click()  # the network instead: every node still apart
     wait_for(browser, "return window.edgetb.drawn().mode === 'network'", what="the network view")
     check_apart(browser.execute_script("return window.edgetb.drawn()"))
@@ -190,7 +198,9 @@ def test_fl_ring_and_gossip_keep_nodes_and_labels_apart(dashboard, browser, algo
     browser.find_element("id", "topology-panel").screenshot(str(artifacts_dir() / f"topology_{algorithm}_{n}.png"))
 
 
-def test_a_1000_node_etree_opens_with_nodes_apart(dashboard):
+def test_a_1000_node_etree_opens_with_nodes_apart(dashboard, browser):
     drawn = dashboard("etree", 1000, degree=4, aggregators=20)
     check_layers(drawn, 1000, 20)
     check_apart(drawn)
+    assert console_errors(browser) == []
+    browser.find_element("id", "topology-panel").screenshot(str(artifacts_dir() / "topology_etree_1000.png"))

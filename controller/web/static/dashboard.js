@@ -4,7 +4,7 @@
 "use strict";
 (() => {
   const E = window.edgetb = {updates: 0, lastRenderMs: 0, maxRenderMs: 0, loadMs: null, mode: null, runId: null,
-    labelled: 0, view: () => view, apply: (u) => apply(u), drawn: () => drawn()};
+    labelled: 0, view: () => view, apply: (u) => apply(u), drawn: () => drawn(), graph: () => cy};
   const MAX_ROWS = 300;       // table rows drawn at once (filter to see others)
   const FORCE_UP_TO = 150;    // a force layout up to this many nodes, a grid beyond
   const LOADS = ["idle", "u1", "u2", "u3", "down"];  // a link's class: idle, < 50, < 90, >= 90 % of its rate, cut
@@ -163,8 +163,7 @@
       {selector: "node.ls-t", style: {"text-valign": "top", "text-halign": "center", "text-margin-y": "data(back)"}},
       {selector: "node.ls-r", style: {"text-valign": "center", "text-halign": "right", "text-margin-x": "data(gap)"}},
       {selector: "node.ls-l", style: {"text-valign": "center", "text-halign": "left", "text-margin-x": "data(back)"}},
-      {selector: "node.axis", style: {"background-opacity": 0, "border-width": 0, color: "#7b8794", events: "no",
-        "text-valign": "center", "text-halign": "center"}},
+      {selector: "node.axis", style: {"background-opacity": 0, "border-width": 0, color: "#7b8794", events: "no"}},
       {selector: "edge", style: {width: "data(w)", "line-color": "#d0d0d0", "curve-style": n > 100 ? "haystack" : "bezier",
         "target-arrow-shape": n > 100 ? "none" : "triangle", "target-arrow-color": "#d0d0d0", "arrow-scale": 0.6,
         opacity: 0.9}},
@@ -296,15 +295,15 @@
   function placeLabels() {  // the names that fit at this zoom, on one size on screen; the others on hover
     const L = window.edgetbLayout, zoom = cy.zoom();
     const axis = cy.nodes(".axis"), all = axis.union(graph.nodes.sort((a, b) => b.data("d") - a.data("d")));
-    const items = all.map((x) => ({x: x.position("x"), y: x.position("y"), r: x.hasClass("axis") ? 0 : x.data("d") / 2 +
-      (x.hasClass("multi") ? 4 : x.hasClass("agg") ? 2 : 0), text: x.data("text"),
-      side: x.hasClass("axis") ? "c" : graph.sides.get(x.data("label")) || "b"}));
+    const items = all.map((x) => ({x: x.position("x"), y: x.position("y"), r: x.data("d") / 2 +
+      (x.hasClass("multi") ? 4 : x.hasClass("agg") ? 2 : 0), text: x.data("text"), fixed: x.hasClass("axis"),
+      side: x.hasClass("axis") ? "l" : graph.sides.get(x.data("label")) || "b"}));
     const sides = L.labels(items, zoom);
     const fs = L.LABEL_PX / zoom, gap = L.LABEL_GAP_PX / zoom;
     cy.batch(() => all.forEach((x, k) => {
       const s = sides[k], tag = s ? x.data("text") : "";
       if (x.data("tag") !== tag || x.data("fs") !== fs) x.data({tag, fs, gap, back: -gap});
-      const cls = s && s !== "c" ? "ls-" + s : null, old = x.scratch("_side");
+      const cls = s ? "ls-" + s : null, old = x.scratch("_side");
       if (old !== cls) { if (old) x.removeClass(old); if (cls) x.addClass(cls); x.scratch("_side", cls); }
     }));
     E.labelled += 1;

@@ -135,7 +135,7 @@ window.edgetbLayout = (() => {
       }
     };
     place(ROOT, 0);
-    const left = Math.min(...[...pos.values()].map((p) => p.x)) - PX * 1.6;
+    const left = Math.min(...[...pos.values()].map((p) => p.x)) - D_AGG;  // the layer's name left of this
     const axis = layersUsed.map((l) => ({label: "layer " + l, x: left, y: rowY.get(l)}));
     return {pos, side, axis, comb};
   }
@@ -226,7 +226,8 @@ window.edgetbLayout = (() => {
   const widths = new Map();
   const textWidth = (t) => widths.get(t) ?? (widths.set(t, ctx.measureText(t).width), widths.get(t));
 
-  // items: [{x, y, r, text, side}] in priority order (model units); returns each one's side, or null
+  // items: [{x, y, r, text, side, fixed}] in priority order (model units; fixed: on that side or not at
+  // all); returns each one's side, or null
   // where its label would cover another node or label at this zoom
   const maxTextWidth = (texts) => Math.max(0, ...texts.map(textWidth));
 
@@ -249,13 +250,12 @@ window.edgetbLayout = (() => {
       const b = s === "b" ? {x1: it.x - w / 2, x2: it.x + w / 2, y1: it.y + g, y2: it.y + g + h}
         : s === "t" ? {x1: it.x - w / 2, x2: it.x + w / 2, y1: it.y - g - h, y2: it.y - g}
         : s === "r" ? {x1: it.x + g, x2: it.x + g + w, y1: it.y - h / 2, y2: it.y + h / 2}
-        : s === "l" ? {x1: it.x - g - w, x2: it.x - g, y1: it.y - h / 2, y2: it.y + h / 2}
-        : {x1: it.x - w / 2, x2: it.x + w / 2, y1: it.y - h / 2, y2: it.y + h / 2};
+        : {x1: it.x - g - w, x2: it.x - g, y1: it.y - h / 2, y2: it.y + h / 2};
       return {x1: b.x1 - pad, x2: b.x2 + pad, y1: b.y1 - pad, y2: b.y2 + pad, owner: i};
     };
     return items.map((it, i) => {
       const w = textWidth(it.text) * f;
-      for (const s of it.side === "c" ? ["c"] : [it.side, ...SIDES.filter((x) => x !== it.side)]) {
+      for (const s of it.fixed ? [it.side] : [it.side, ...SIDES.filter((x) => x !== it.side)]) {
         const b = box(it, s, w, i);
         if (free(b)) { add(b); return s; }
       }
