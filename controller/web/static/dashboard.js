@@ -8,7 +8,6 @@
   const MAX_ROWS = 300;       // table rows drawn at once (filter to see others)
   const FORCE_UP_TO = 150;    // a force layout up to this many nodes, a grid beyond
   const LOADS = ["idle", "u1", "u2", "u3", "down"];  // a link's class: idle, < 50, < 90, >= 90 % of its rate, cut
-  const BUSY_EDGES_ABOVE = 300;  // beyond this many nodes links are drawn fainter
   const STATE_COLOURS = {running: "#4e79a7", done: "#59a14f", failed: "#e15759", paused: "#b07aa1",
     revoked: "#9c755f", crashed: "#9c755f", pending: "#bab0ac", stopped: "#bab0ac"};
   const UNMARKED = new Set(["done", "stopped"]);  // timeline kinds not marked on the charts
@@ -152,46 +151,6 @@
   }
 
   // the topology ---------------------------------------------------------------------------------
-  function graphStyle(n, hideIdle) {
-    const L = window.edgetbLayout;
-    const style = [
-      {selector: "node", style: {"background-color": "#bab0ac", width: "data(d)", height: "data(d)",
-        label: "data(tag)", "font-size": "data(fs)", "font-family": L.FONT, color: "#333", "text-events": "no"}},
-      {selector: "node.agg", style: {"border-width": 2, "border-color": "#1f2933"}},
-      {selector: "node.multi", style: {"border-width": 4, "border-style": "double"}},
-      {selector: "node.ls-b", style: {"text-valign": "bottom", "text-halign": "center", "text-margin-y": "data(gap)"}},
-      {selector: "node.ls-t", style: {"text-valign": "top", "text-halign": "center", "text-margin-y": "data(back)"}},
-      {selector: "node.ls-r", style: {"text-valign": "center", "text-halign": "right", "text-margin-x": "data(gap)"}},
-      {selector: "node.ls-l", style: {"text-valign": "center", "text-halign": "left", "text-margin-x": "data(back)"}},
-      {selector: "node.axis", style: {"background-opacity": 0, "border-width": 0, color: "#7b8794", events: "no"}},
-      {selector: "edge", style: {width: "data(w)", "line-color": "#d0d0d0", "curve-style": n > 100 ? "haystack" : "bezier",
-        "target-arrow-shape": n > 100 ? "none" : "triangle", "target-arrow-color": "#d0d0d0", "arrow-scale": 0.6,
-        opacity: 0.9}},
-      {selector: "edge.idle", style: hideIdle ? {display: "none"} : {opacity: n > BUSY_EDGES_ABOVE ? 0.04 : 0.25, width: 1}},
-      {selector: "edge.link", style: {width: 1, "curve-style": "haystack", "target-arrow-shape": "none", opacity: 0.5}},
-      {selector: "edge.along", style: {display: "none"}},
-      {selector: "edge.struct", style: {width: 1.3, "line-color": "#7b8794", "curve-style": "straight",
-        "target-arrow-shape": n > BUSY_EDGES_ABOVE ? "none" : "triangle", "target-arrow-color": "#7b8794",
-        "arrow-scale": 0.5, opacity: 0.8}},
-      {selector: "edge.comb", style: {"curve-style": "taxi", "taxi-direction": "horizontal",
-        "taxi-turn": L.PX / 2 + "px", "taxi-turn-min-distance": 0, "target-arrow-shape": "none"}},
-      {selector: "edge.u1", style: {"line-color": "#76b7b2", "target-arrow-color": "#76b7b2"}},
-      {selector: "edge.u2", style: {"line-color": "#f28e2b", "target-arrow-color": "#f28e2b"}},
-      {selector: "edge.u3", style: {"line-color": "#e15759", "target-arrow-color": "#e15759"}},
-      {selector: "edge.struct.u1, edge.struct.u2, edge.struct.u3", style: {width: 2}},
-      {selector: "edge.down", style: {"line-color": "#e15759", "line-style": "dashed", opacity: 1}},
-      {selector: "edge:selected", style: {"line-color": "#1f2933", "target-arrow-color": "#1f2933", width: 4}},
-      {selector: ".faded", style: {opacity: 0.04}},
-      {selector: "node.focus", style: {"border-width": 3, "border-color": "#1f2933"}},
-    ];
-    if (n > BUSY_EDGES_ABOVE) style.push({selector: "edge.u1", style: {opacity: 0.3}},
-      {selector: "edge.u2, edge.u3", style: {opacity: 0.6}});
-    for (const [k, colour] of Object.entries(STATE_COLOURS)) {
-      style.push({selector: "node." + k, style: {"background-color": colour}});
-    }
-    return style;
-  }
-
   function graphMode() {  // what the panel shows: the learning structure, or the network (links)
     const st = window.edgetbLayout.structure(view);
     const mode = st.kind === "mesh" ? "network" : $("graph-network").checked ? "network" : "structure";
@@ -204,7 +163,7 @@
   function buildGraph() {
     const L = window.edgetbLayout, n = view.nodes.length;
     const {st, mode, hideIdle} = graphMode();
-    graph = {st, mode, hideIdle, busy: 0};
+    graph = {st, mode, hideIdle};
     const maxRate = Math.max(1, ...view.snapshot.link_rate_bps.map((x) => x || 0));
     const children = new Map();
     for (const [child, parent] of st.edges) children.set(parent, (children.get(parent) || 0) + 1);
@@ -213,8 +172,8 @@
       const agg = mode === "structure" && st.kind !== "ring" && (children.has(node.name) || (layers[0] || 1) > 1);
       const text = node.name + (mode === "structure" && layers.length > 1 ? " · L" + layers.join(",") : "");
       return {data: {id: "n:" + node.name, label: node.name, k, text, tag: "", fs: L.LABEL_PX, gap: 0, back: 0,
-        d: agg ? L.D_AGG : L.D,
-        layers: layers.join(",")}, classes: (agg ? "agg" : "") + (layers.length > 1 && mode === "structure" ? " multi" : "")};
+        d: agg ? L.D_AGG : L.D, layers: layers.join(",")},
+        classes: (agg ? "agg" : "") + (layers.length > 1 && mode === "structure" ? " multi" : "")};
     });
     // in the structure view a link along a structure edge colours that edge (its load, or down)
     const along = new Map(mode === "structure" ? st.edges.flatMap(([a, b], k) => [[a + "\u0000" + b, k],
@@ -236,9 +195,8 @@
       });
     }
     if (placed) {
-      placed.axis.forEach((a, i) => elements.push({data: {id: "axis:" + i, text: a.label, tag: "", fs: L.LABEL_PX, d: 1,
-        gap: 0, back: 0},
-        classes: "axis", position: {x: a.x, y: a.y}}));
+      placed.axis.forEach((a, i) => elements.push({data: {id: "axis:" + i, text: a.label, tag: "", fs: L.LABEL_PX,
+        d: 1, gap: 0, back: 0}, classes: "axis", position: {x: a.x, y: a.y}}));
       for (const el of elements) {
         const p = el.data.id.startsWith("n:") && placed.pos.get(el.data.label);
         if (p) el.position = {x: p.x, y: p.y};
@@ -249,7 +207,7 @@
       });
     }
     if (cy) cy.destroy();
-    cy = cytoscape({container: box, elements, style: graphStyle(n, hideIdle), minZoom: 0.02, maxZoom: 8,
+    cy = cytoscape({container: box, elements, style: L.style(n, hideIdle, STATE_COLOURS), minZoom: 0.02, maxZoom: 8,
       textureOnViewport: n > 300, hideEdgesOnViewport: n > 300, layout: {name: "preset"}});
     graph.nodes = cy.nodes().filter((x) => !x.hasClass("axis"));
     graph.sides = placed ? placed.side : new Map();

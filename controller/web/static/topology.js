@@ -16,6 +16,7 @@ window.edgetbLayout = (() => {
   const LABEL_GAP_PX = 6;       // between a node and its label, on screen
   const FONT = "Helvetica, Arial, sans-serif";
   const SIDES = ["b", "r", "t", "l"];  // label below, right of, above, left of its node
+  const BUSY_EDGES_ABOVE = 300; // beyond this many nodes links are drawn fainter
 
   // the structure ---------------------------------------------------------------------------------
   function structure(view) {  // {kind: tree|star|ring|mesh, layers: name -> [layer], up: name -> name, edges}
@@ -263,6 +264,46 @@ window.edgetbLayout = (() => {
     });
   }
 
+  // the panel's cytoscape style: n nodes; idle links hidden or faint; a colour per node state
+  function style(n, hideIdle, stateColours) {
+    const css = [
+      {selector: "node", style: {"background-color": "#bab0ac", width: "data(d)", height: "data(d)",
+        label: "data(tag)", "font-size": "data(fs)", "font-family": FONT, color: "#333", "text-events": "no"}},
+      {selector: "node.agg", style: {"border-width": 2, "border-color": "#1f2933"}},
+      {selector: "node.multi", style: {"border-width": 4, "border-style": "double"}},
+      {selector: "node.ls-b", style: {"text-valign": "bottom", "text-halign": "center", "text-margin-y": "data(gap)"}},
+      {selector: "node.ls-t", style: {"text-valign": "top", "text-halign": "center", "text-margin-y": "data(back)"}},
+      {selector: "node.ls-r", style: {"text-valign": "center", "text-halign": "right", "text-margin-x": "data(gap)"}},
+      {selector: "node.ls-l", style: {"text-valign": "center", "text-halign": "left", "text-margin-x": "data(back)"}},
+      {selector: "node.axis", style: {"background-opacity": 0, "border-width": 0, color: "#7b8794", events: "no"}},
+      {selector: "edge", style: {width: "data(w)", "line-color": "#d0d0d0", "curve-style": n > 100 ? "haystack" : "bezier",
+        "target-arrow-shape": n > 100 ? "none" : "triangle", "target-arrow-color": "#d0d0d0", "arrow-scale": 0.6,
+        opacity: 0.9}},
+      {selector: "edge.idle", style: hideIdle ? {display: "none"} : {opacity: n > BUSY_EDGES_ABOVE ? 0.04 : 0.25, width: 1}},
+      {selector: "edge.link", style: {width: 1, "curve-style": "haystack", "target-arrow-shape": "none", opacity: 0.5}},
+      {selector: "edge.along", style: {display: "none"}},
+      {selector: "edge.struct", style: {width: 1.3, "line-color": "#7b8794", "curve-style": "straight",
+        "target-arrow-shape": n > BUSY_EDGES_ABOVE ? "none" : "triangle", "target-arrow-color": "#7b8794",
+        "arrow-scale": 0.5, opacity: 0.8}},
+      {selector: "edge.comb", style: {"curve-style": "taxi", "taxi-direction": "horizontal",
+        "taxi-turn": PX / 2 + "px", "taxi-turn-min-distance": 0, "target-arrow-shape": "none"}},
+      {selector: "edge.u1", style: {"line-color": "#76b7b2", "target-arrow-color": "#76b7b2"}},
+      {selector: "edge.u2", style: {"line-color": "#f28e2b", "target-arrow-color": "#f28e2b"}},
+      {selector: "edge.u3", style: {"line-color": "#e15759", "target-arrow-color": "#e15759"}},
+      {selector: "edge.struct.u1, edge.struct.u2, edge.struct.u3", style: {width: 2}},
+      {selector: "edge.down", style: {"line-color": "#e15759", "line-style": "dashed", opacity: 1}},
+      {selector: "edge:selected", style: {"line-color": "#1f2933", "target-arrow-color": "#1f2933", width: 4}},
+      {selector: ".faded", style: {opacity: 0.04}},
+      {selector: "node.focus", style: {"border-width": 3, "border-color": "#1f2933"}},
+    ];
+    if (n > BUSY_EDGES_ABOVE) css.push({selector: "edge.u1", style: {opacity: 0.3}},
+      {selector: "edge.u2, edge.u3", style: {opacity: 0.6}});
+    for (const [k, colour] of Object.entries(stateColours)) {
+      css.push({selector: "node." + k, style: {"background-color": colour}});
+    }
+    return css;
+  }
+
   function layout(st, mode, W, H) {  // {pos, side, axis} in model units; null: run the force layout
     if (mode === "structure" && st.kind === "tree") return tree(st, W, H);
     if (mode === "structure" && st.kind === "star") return star(st);
@@ -270,5 +311,5 @@ window.edgetbLayout = (() => {
     return null;
   }
 
-  return {D, D_AGG, PX, PY, ZOOM_CAP, LABEL_PX, LABEL_GAP_PX, FONT, structure, layout, grid, separate, labels, maxTextWidth};
+  return {D, D_AGG, PX, PY, ZOOM_CAP, LABEL_PX, LABEL_GAP_PX, FONT, structure, layout, grid, separate, labels, maxTextWidth, style};
 })();
