@@ -1,7 +1,8 @@
 """The topology panel in headless Chromium (1500 x 1150, as a user opens it): stored runs of
-EdgeTB's shapes (a 3-layer E-tree of 40 nodes on a full mesh of 1,560 links, one of 147 nodes,
-an FL star, a ring all-reduce and a gossip mesh), read back from the drawn graph: no two node
-circles overlap, no two shown labels overlap, and a tree is drawn by layer."""
+EdgeTB's shapes (a 3-layer E-tree of 40 nodes on a full mesh of 1,560 links, of 147 and of
+1,000 nodes, an FL star, a ring all-reduce and a gossip mesh) and a live E-tree run, read back
+from the drawn graph: no two node circles overlap, no two shown labels overlap, and a tree is
+drawn by layer."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import BROWSER, artifacts_dir, console_errors, wait_for
+from tests.e2e.conftest import run  # noqa: F401 - the fixture
 
 pytestmark = BROWSER
 
@@ -204,3 +206,27 @@ def test_a_1000_node_etree_opens_with_nodes_apart(dashboard, browser):
     check_apart(drawn)
     assert console_errors(browser) == []
     browser.find_element("id", "topology-panel").screenshot(str(artifacts_dir() / "topology_etree_1000.png"))
+
+
+def test_a_live_etree_run_is_drawn_by_layer(run, browser):
+    """EdgeTB's el_structure.json (n1 the root and a layer-2 aggregator, n5 the other, both also
+    trainers) on netns nodes: the live page lays it out from the places the feed sends."""
+    r = run(kind="el")
+    r.wait_phase("ready", timeout_s=120)
+    browser.set_window_size(*WINDOW)
+    browser.get(f"http://localhost:{r.port}/")
+    wait_for(browser, "return window.edgetb && window.edgetb.mode === 'live' && window.edgetb.labelled > 0",
+             what="the live view")
+    drawn = browser.execute_script("return window.edgetb.drawn()")
+    assert drawn["kind"] == "tree"
+    check_apart(drawn)
+    y = {x["name"]: x["y"] for x in drawn["nodes"]}
+    layers = {x["name"]: x["layers"] for x in drawn["nodes"]}
+    assert layers["n1"] == "3,2,1" and layers["n5"] == "2,1" and layers["n2"] == "1"
+    assert y["n1"] < y["n5"] < min(y[t] for t in ("n2", "n3", "n4", "n6", "n7", "n8"))
+    assert all(x["label"] for x in drawn["nodes"])
+    browser.find_element("id", "btn-start").click()
+    wait_for(browser, "return window.edgetb.updates >= 2", what="two pushed updates")
+    check_apart(browser.execute_script("return window.edgetb.drawn()"))
+    assert console_errors(browser) == []
+    browser.find_element("id", "topology-panel").screenshot(str(artifacts_dir() / "topology_etree_live.png"))
