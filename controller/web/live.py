@@ -2,7 +2,8 @@
 
 A *view* is a JSON object:
 
-- ``nodes``: ``[{name, host, kind, role, layer}]`` and ``links``: ``[{src, dst, rate_bps}]``, in a
+- ``nodes``: ``[{name, host, kind, role, layer, places}]`` (``places``: where the node sits in the
+  learning structure, ``controller.web.structure``) and ``links``: ``[{src, dst, rate_bps}]``, in a
   fixed order that the arrays below follow;
 - ``snapshot``: the latest values, as arrays in that order: per node ``state``, ``round``,
   ``accuracy`` (local), ``global_accuracy``, ``loss``, ``cpu_cores``, ``mem_bytes``,
@@ -29,6 +30,7 @@ import numpy as np
 
 from controller.results.bands import finite_round as _r
 from controller.results.bands import median_10_90 as band  # the 10-90 band over the nodes
+from controller.web import structure
 
 LINK_HISTORY = 600  # samples of every link's throughput kept for the link chart (10 min at 1 Hz)
 TIMELINE_MAX = 5000  # timeline entries kept (the oldest go first)
@@ -94,9 +96,9 @@ class LiveFeed:
 
     def _node_meta(self, name: str) -> dict[str, Any]:
         node = self.exp.topology.nodes.get(name)
-        role = str(self.exp.structure.get(name, {}).get("role", ""))
+        conf = self.exp.structure.get(name, {})
         return {"name": name, "host": node.host if node else "", "kind": node.kind if node else "",
-                "role": role, "layer": None}
+                "role": str(conf.get("role", "")), "layer": None, "places": structure.places(name, conf)}
 
     def t_s(self) -> float:
         start = getattr(self.exp, "t_start_monotonic", None)

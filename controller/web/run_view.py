@@ -14,7 +14,8 @@ from controller.results.analysis.inputs import read_run
 from controller.results.analysis.series import counter_at
 from controller.results.bands import finite_round, median_10_90
 from controller.web.live import TIME_SERIES, round_series
-from controller.results.run_dir import (MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
+from controller.web.structure import places_of
+from controller.results.run_dir import (CONFS_JSON, MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
                                         TOPOLOGY_JSON, finite_float, read_json_object)
 from controller.results.tables import read_scenario
 from worker.api.errors import NotFound
@@ -163,6 +164,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
     kinds = {n.get("name"): str(n.get("kind") or "") for n in read_json_object(os.path.join(run_dir, TOPOLOGY_JSON)).get(
         "nodes", []) if isinstance(n, dict)}
     finals = {n.get("node"): n for n in summary.get("nodes", []) if isinstance(n, dict)}
+    places = places_of(read_json_object(os.path.join(run_dir, CONFS_JSON)))
     endings = record.get("nodes") or {}
     last = {name: (rs[-1] if rs else {}) for name, rs in by_node.items()}
     duration = max(end_s, 1e-9)
@@ -198,7 +200,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
             "phase": "finished", "ended": record.get("ended"), "started_at": record.get("started_at"),
             "nodes": [{"name": n, "host": inp.nodes[n].get("host") or "", "kind": kinds.get(n, ""),
                        "role": inp.nodes[n].get("role"),
-                       "layer": layers.get(n)} for n in names],
+                       "layer": layers.get(n), "places": places.get(n, [])} for n in names],
             "links": [{"src": s, "dst": d} for s, d in link_keys], "snapshot": snapshot,
             "series": {"time": series, "round": round_series(by_round)},
             "timeline": _timeline(run_dir, inp.t0, endings, end_s), "samples": grid.size}

@@ -216,6 +216,7 @@ def test_the_dashboard_routes(tmp_path, experiment):
     page = client.get("/")
     assert page.status_code == 200 and b"/static/vendor/uplot/uPlot.iife.min.js" in page.data
     assert client.get("/static/vendor/cytoscape/cytoscape.min.js").status_code == 200
+    assert b"/static/topology.js" in page.data and client.get("/static/topology.js").status_code == 200
     assert client.get("/static/../app.py").status_code == 404
     assert client.get("/api/view").get_json()["nodes"][0]["name"] == "a"
     runs = client.get("/api/runs").get_json()
@@ -249,3 +250,49 @@ def test_the_link_chart_draws_the_rate_each_sample_had(experiment):
     series = feed.link_series("a", "b")
     assert series["rates"] == [8_000_000, 8_000_000, 1_000_000, 1_000_000]
     assert feed.timeline[-1]["kind"] == "link" and feed.timeline[-1]["detail"] == "1mbit"
+
+
+def _confs(algorithm: str, node_list: list, **top) -> dict:
+    from controller.confs.structures import LOADERS
+    from controller.model.topology import links_from_data
+
+    names = sorted({e["name"] for e in node_list})
+    topology = links_from_data({a: [{"dest": b, "bw": "1mbit"} for b in names if b != a] for a in names}, "links.json")
+    return LOADERS[algorithm]({"node_list": node_list, **top}, f"{algorithm}_structure.json", topology)
+
+
+def test_each_node_s_places_in_the_learning_structure():
+    from controller.web.structure import places_of
+
+    etree = _confs("etree", json.load(open(os.path.join(ROOT, "el_structure.json")))["node_list"])
+    places = places_of(etree)
+    assert places["n1"] == [{"layer": 3, "up": None}, {"layer": 2, "up": "n1"}, {"layer": 1, "up": "n1"}]
+    assert places["n5"] == [{"layer": 2, "up": "n1"}, {"layer": 1, "up": "n5"}]
+    assert places["n7"] == [{"layer": 1, "up": "n5"}]
+    fl = places_of(_confs("fl", [{"name": "a", "sync": 2}, {"name": "b"}, {"name": "c"}]))
+    assert fl == {"a": [{"layer": 2, "up": None}], "b": [{"layer": 1, "up": "a"}], "c": [{"layer": 1, "up": "a"}]}
+    ring = places_of(_confs("ring", [{"name": "c"}, {"name": "a"}, {"name": "b"}], sync=2))
+    assert ring == {"c": [{"layer": 1, "up": "a"}], "a": [{"layer": 1, "up": "b"}], "b": [{"layer": 1, "up": "c"}]}
+    assert places_of(_confs("gossip", [{"name": "a"}, {"name": "b"}], sync=2)) == {"a": [], "b": []}
+    # confs.json's shape, and what a foreign or damaged file may hold
+    assert places_of({n: {"structure": c} for n, c in etree.items()}) == places
+    assert places_of({"x": {"role": "etree", "positions": [{"layer": "3"}, {"layer": 2, "parent": 7}, 5]},
+                      "y": {"role": "ring", "ring": ["a", "b"]}, "z": None}) == {
+        "x": [{"layer": 2, "up": None}], "y": [], "z": []}
+    assert places_of([1, 2]) == {}
+
+
+def test_the_live_and_the_stored_view_give_each_node_its_places(tmp_path):
+    from controller.web.structure import places_of
+
+    confs = _confs("fl", [{"name": "a", "sync": 2}, {"name": "b"}, {"name": "c"}])
+    (tmp_path / "links.json").write_text(json.dumps({"a": [{"dest": "b", "bw": "8mbit"}]}))
+    exp = Experiment(str(tmp_path), load_links(str(tmp_path / "links.json")), worker=None,
+                     structure=confs, progress=lambda line: None)
+    assert {n["name"]: n["places"] for n in exp.live.view()["nodes"]} == places_of(confs)
+    workdir, run = _stored_run(tmp_path)
+    assert [n["places"] for n in run_view.stored_view(str(run))["nodes"]] == [[], [], []]  # no confs.json
+    ring = _confs("ring", [{"name": "a"}, {"name": "b"}, {"name": "c"}], sync=2)
+    (run / "confs.json").write_text(json.dumps({n: {"structure": c} for n, c in ring.items()}))
+    assert [n["places"] for n in run_view.stored_view(str(run))["nodes"]] == [
+        [{"layer": 1, "up": "b"}], [{"layer": 1, "up": "c"}], [{"layer": 1, "up": "a"}]]

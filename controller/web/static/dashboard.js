@@ -4,16 +4,15 @@
 "use strict";
 (() => {
   const E = window.edgetb = {updates: 0, lastRenderMs: 0, maxRenderMs: 0, loadMs: null, mode: null, runId: null,
-    view: () => view, apply: (u) => apply(u)};
+    labelled: 0, view: () => view, apply: (u) => apply(u), drawn: () => drawn(), graph: () => cy};
   const MAX_ROWS = 300;       // table rows drawn at once (filter to see others)
-  const LABELS_UP_TO = 60;    // node names drawn on the graph up to this many nodes (hover beyond)
   const FORCE_UP_TO = 150;    // a force layout up to this many nodes, a grid beyond
-  const BUSY_EDGES_ABOVE = 300;  // beyond this many nodes idle links are drawn faint
+  const LOADS = ["idle", "u1", "u2", "u3", "down"];  // a link's class: idle, < 50, < 90, >= 90 % of its rate, cut
   const STATE_COLOURS = {running: "#4e79a7", done: "#59a14f", failed: "#e15759", paused: "#b07aa1",
     revoked: "#9c755f", crashed: "#9c755f", pending: "#bab0ac", stopped: "#bab0ac"};
   const UNMARKED = new Set(["done", "stopped"]);  // timeline kinds not marked on the charts
   const $ = (id) => document.getElementById(id);
-  let view = null, stream = null, cy = null, overlay = null, chosen = 0, linkSeries = null;
+  let view = null, stream = null, cy = null, graph = null, overlay = null, chosen = 0, linkSeries = null;
   let sortKey = "name", sortAsc = true, filterText = "";
   const charts = {};
 
@@ -152,56 +151,94 @@
   }
 
   // the topology ---------------------------------------------------------------------------------
+  function graphMode() {  // what the panel shows: the learning structure, or the network (links)
+    const st = window.edgetbLayout.structure(view);
+    const mode = st.kind === "mesh" ? "network" : $("graph-network").checked ? "network" : "structure";
+    const dense = view.links.length > Math.max(100, 4 * view.nodes.length);
+    const hideIdle = !$("graph-idle").checked && (mode === "structure" || dense);
+    $("graph-network").disabled = st.kind === "mesh";
+    return {st, mode, hideIdle};
+  }
+
   function buildGraph() {
-    const n = view.nodes.length;
-    $("graph-note").textContent = n + " nodes, " + view.links.length + " links";
+    const L = window.edgetbLayout, n = view.nodes.length;
+    const {st, mode, hideIdle} = graphMode();
+    graph = {st, mode, hideIdle};
     const maxRate = Math.max(1, ...view.snapshot.link_rate_bps.map((x) => x || 0));
-    const elements = view.nodes.map((node) => ({data: {id: "n:" + node.name, label: node.name}}));
+    const children = new Map();
+    for (const [child, parent] of st.edges) children.set(parent, (children.get(parent) || 0) + 1);
+    const elements = view.nodes.map((node, k) => {
+      const layers = st.layers.get(node.name) || [];
+      const agg = mode === "structure" && st.kind !== "ring" && (children.has(node.name) || (layers[0] || 1) > 1);
+      const text = node.name + (mode === "structure" && layers.length > 1 ? " · L" + layers.join(",") : "");
+      return {data: {id: "n:" + node.name, label: node.name, k, text, tag: "", fs: L.LABEL_PX, gap: 0, back: 0,
+        d: agg ? L.D_AGG : L.D, layers: layers.join(",")},
+        classes: (agg ? "agg" : "") + (layers.length > 1 && mode === "structure" ? " multi" : "")};
+    });
+    // in the structure view a link along a structure edge colours that edge (its load, or down)
+    const along = new Map(mode === "structure" ? st.edges.flatMap(([a, b], k) => [[a + "\u0000" + b, k],
+      [b + "\u0000" + a, k]]) : []);
+    graph.along = view.links.map((l) => along.get(l.src + "\u0000" + l.dst) ?? -1);
     view.links.forEach((l, i) => {
       const rate = view.snapshot.link_rate_bps[i] || 0;
       elements.push({data: {id: "l:" + i, source: "n:" + l.src, target: "n:" + l.dst, i,
-        w: 1 + 3 * Math.log10(1 + 9 * rate / maxRate)}});
+        w: 1 + 3 * Math.log10(1 + 9 * rate / maxRate)}, classes: mode === "structure" ?
+        (graph.along[i] >= 0 ? "along" : "link") : ""});
     });
-    const style = [
-      {selector: "node", style: {"background-color": "#bab0ac", width: n > 300 ? 8 : 16, height: n > 300 ? 8 : 16,
-        label: n <= LABELS_UP_TO ? "data(label)" : "", "font-size": 9, color: "#333"}},
-      {selector: "edge", style: {width: "data(w)", "line-color": "#d0d0d0", "curve-style": n > 100 ? "haystack" : "bezier",
-        "target-arrow-shape": n > 100 ? "none" : "triangle", "target-arrow-color": "#d0d0d0", "arrow-scale": 0.6,
-        opacity: n > 300 ? 0.5 : 0.9}},
-      {selector: "edge.u1", style: {"line-color": "#76b7b2", "target-arrow-color": "#76b7b2"}},
-      {selector: "edge.u2", style: {"line-color": "#f28e2b", "target-arrow-color": "#f28e2b"}},
-      {selector: "edge.u3", style: {"line-color": "#e15759", "target-arrow-color": "#e15759"}},
-      {selector: "edge.down", style: {"line-color": "#e15759", "line-style": "dashed", opacity: 1}},
-      {selector: "edge:selected", style: {"line-color": "#1f2933", "target-arrow-color": "#1f2933", width: 4}},
-      {selector: ".faded", style: {opacity: 0.04}},
-      {selector: "node.focus", style: {"border-width": 3, "border-color": "#1f2933"}},
-    ];
-    if (n > BUSY_EDGES_ABOVE) {  // a hairball otherwise: idle links faint, busy ones clear
-      style.splice(2, 0, {selector: "edge", style: {opacity: 0.04}});
-      style.splice(4, 0, {selector: "edge.u1", style: {opacity: 0.08}});
-      style.push({selector: "edge.u2, edge.u3", style: {opacity: 0.5}});
+    const box = $("graph"), W = box.clientWidth || 600, H = box.clientHeight || 460;
+    const placed = L.layout(st, mode, W, H) || (n > FORCE_UP_TO ? L.grid(st.names, W, H) : null);
+    if (mode === "structure") {  // a leaf of a tree hangs from a comb: no edge across its neighbours
+      st.edges.forEach(([child, parent], i) => {
+        const comb = placed.comb && placed.comb.has(child) && st.up.get(child) === parent;
+        elements.push({data: {id: "s:" + i, source: "n:" + child, target: "n:" + parent},
+          classes: "struct" + (comb ? " comb" : "")});
+      });
     }
-    for (const [k, colour] of Object.entries(STATE_COLOURS)) {
-      style.push({selector: "node." + k, style: {"background-color": colour}});
+    if (placed) {
+      placed.axis.forEach((a, i) => elements.push({data: {id: "axis:" + i, text: a.label, tag: "", fs: L.LABEL_PX,
+        d: 1, gap: 0, back: 0}, classes: "axis", position: {x: a.x, y: a.y}}));
+      for (const el of elements) {
+        const p = el.data.id.startsWith("n:") && placed.pos.get(el.data.label);
+        if (p) el.position = {x: p.x, y: p.y};
+      }
+    } else {  // a force layout starts from a circle
+      elements.forEach((el, k) => {
+        if (el.data.id.startsWith("n:")) el.position = {x: 300 * Math.cos(k), y: 300 * Math.sin(k)};
+      });
     }
     if (cy) cy.destroy();
-    cy = cytoscape({container: $("graph"), elements, style, minZoom: 0.05,
-      textureOnViewport: n > 300, hideEdgesOnViewport: n > 300,
-      layout: n <= FORCE_UP_TO ? {name: "cose", animate: false, randomize: false, numIter: 800, nodeRepulsion: 8000}
-        : {name: "grid", avoidOverlap: false}});
+    cy = cytoscape({container: box, elements, style: L.style(n, hideIdle, STATE_COLOURS), minZoom: 0.02, maxZoom: 8,
+      textureOnViewport: n > 300, hideEdgesOnViewport: n > 300, layout: {name: "preset"}});
+    graph.nodes = cy.nodes().filter((x) => !x.hasClass("axis"));
+    graph.sides = placed ? placed.side : new Map();
+    if (!placed) {
+      const pts = graph.nodes.map((x) => Object.assign({}, x.position()));
+      cy.layout({name: "cose", animate: false, randomize: false, numIter: 800, nodeRepulsion: 8000,
+        nodeDimensionsIncludeLabels: false}).run();
+      graph.nodes.forEach((x, k) => { pts[k] = Object.assign({}, x.position()); });
+      L.separate(pts, L.PX);
+      cy.batch(() => graph.nodes.forEach((x, k) => x.position(pts[k])));
+    }
+    const pad = 12 + Math.min(80, L.maxTextWidth(cy.nodes().map((x) => x.data("text"))));  // room for the labels
+    cy.fit(undefined, pad);
+    if (cy.zoom() > L.ZOOM_CAP) { cy.zoom(L.ZOOM_CAP); cy.center(); }
+    placeLabels();
+    let pending = null;
+    cy.on("zoom", () => { clearTimeout(pending); pending = setTimeout(placeLabels, 120); });
     const tip = document.createElement("div");
     tip.id = "tooltip";
-    $("graph").appendChild(tip);
+    box.appendChild(tip);
     cy.on("mouseover", "node", (ev) => {
-      const i = view.nodes.findIndex((x) => "n:" + x.name === ev.target.id());
-      const s = view.snapshot;
-      tip.textContent = view.nodes[i].name + " · " + s.state[i] + " · round " + s.round[i] +
-        " · acc " + num(s.global_accuracy[i] ?? s.accuracy[i], 3);
+      const i = ev.target.data("k");
+      if (i == null) return;
+      const s = view.snapshot, node = view.nodes[i], layers = ev.target.data("layers");
+      tip.textContent = node.name + (node.role ? " · " + node.role : "") + (layers ? " · layer " + layers : "") +
+        " · " + s.state[i] + " · round " + s.round[i] + " · acc " + num(s.global_accuracy[i] ?? s.accuracy[i], 3);
       const p = ev.renderedPosition;
       tip.style.left = (p.x + 10) + "px"; tip.style.top = (p.y + 10) + "px"; tip.style.display = "block";
     });
     cy.on("mouseout", "node", () => { tip.style.display = "none"; });
-    cy.on("tap", "edge", (ev) => loadLink(ev.target.data("i")));
+    cy.on("tap", "edge", (ev) => { if (ev.target.data("i") != null) loadLink(ev.target.data("i")); });
     cy.on("tap", "node", (ev) => {  // a node's links and neighbours stand out; a tap elsewhere undoes it
       cy.batch(() => {
         cy.elements().addClass("faded").removeClass("focus");
@@ -211,6 +248,37 @@
     });
     cy.on("tap", (ev) => { if (ev.target === cy) cy.elements().removeClass("faded focus"); });
     updateGraph();
+  }
+
+  function placeLabels() {  // the names that fit at this zoom, on one size on screen; the others on hover
+    const L = window.edgetbLayout, zoom = cy.zoom();
+    const axis = cy.nodes(".axis"), all = axis.union(graph.nodes.sort((a, b) => b.data("d") - a.data("d")));
+    const items = all.map((x) => ({x: x.position("x"), y: x.position("y"), r: x.data("d") / 2 +
+      (x.hasClass("multi") ? 4 : x.hasClass("agg") ? 2 : 0), text: x.data("text"), fixed: x.hasClass("axis"),
+      side: x.hasClass("axis") ? "l" : graph.sides.get(x.data("label")) || "b"}));
+    const sides = L.labels(items, zoom);
+    const fs = L.LABEL_PX / zoom, gap = L.LABEL_GAP_PX / zoom;
+    cy.batch(() => all.forEach((x, k) => {
+      const s = sides[k], tag = s ? x.data("text") : "";
+      if (x.data("tag") !== tag || x.data("fs") !== fs) x.data({tag, fs, gap, back: -gap});
+      const cls = s ? "ls-" + s : null, old = x.scratch("_side");
+      if (old !== cls) { if (old) x.removeClass(old); if (cls) x.addClass(cls); x.scratch("_side", cls); }
+    }));
+    E.labelled += 1;
+  }
+
+  function drawn() {  // the topology as drawn, in pixels of the panel (the browser tests read it)
+    if (!cy) return {nodes: [], axis: []};
+    const label = (x) => {
+      if (!x.data("tag")) return null;
+      const b = x.renderedBoundingBox({includeNodes: false, includeEdges: false, includeLabels: true, includeOverlays: false});
+      return {x1: b.x1, y1: b.y1, x2: b.x2, y2: b.y2};
+    };
+    return {mode: graph.mode, kind: graph.st.kind, zoom: cy.zoom(),
+      nodes: graph.nodes.map((x) => ({name: x.data("label"), x: x.renderedPosition("x"), y: x.renderedPosition("y"),
+        r: x.renderedOuterWidth() / 2, layers: x.data("layers"), label: label(x)})),
+      axis: cy.nodes(".axis").map((x) => ({text: x.data("text"), label: label(x)})),
+      edges: cy.edges().filter((e) => e.visible()).length};
   }
 
   function swap(element, cls) {  // the state or load class, leaving the others (faded, focus) alone
@@ -224,18 +292,30 @@
   function updateGraph() {
     const s = view.snapshot;
     const down = new Set(s.link_down);
+    let busy = 0;
+    const worst = graph.st.edges.map(() => 0);  // of the links along each structure edge
     cy.batch(() => {
-      cy.nodes().forEach((node, i) => {
-        const cls = stateClass(s.state[i]);
-        swap(node, cls);
-      });
+      graph.nodes.forEach((node) => swap(node, stateClass(s.state[node.data("k")])));
       cy.edges().forEach((edge) => {
-        const i = edge.data("i"), rate = s.link_rate_bps[i], b = s.link_bps[i] || 0;
+        const i = edge.data("i");
+        if (i == null) return;
+        const rate = s.link_rate_bps[i], b = s.link_bps[i] || 0;
         const u = rate ? b / rate : 0;
-        const cls = down.has(i) ? "down" : b < 1000 ? "" : u < 0.5 ? "u1" : u < 0.9 ? "u2" : "u3";
-        swap(edge, cls);
+        const load = down.has(i) ? 4 : b < 1000 ? 0 : u < 0.5 ? 1 : u < 0.9 ? 2 : 3;
+        if (load) busy += 1;
+        if (graph.along[i] >= 0) worst[graph.along[i]] = Math.max(worst[graph.along[i]], load);
+        swap(edge, LOADS[load]);
+      });
+      cy.edges(".struct").forEach((edge) => {
+        const load = worst[Number(edge.id().slice(2))];
+        swap(edge, load ? LOADS[load] : null);
       });
     });
+    const idle = view.links.length - busy, st = graph.st;
+    const what = st.kind === "mesh" ? "" : graph.mode === "structure" ? {tree: "E-tree by layer", star: "FL: the " +
+      "aggregator in the middle", ring: "ring all-reduce in ring order"}[st.kind] + " · " : "the network · ";
+    $("graph-note").textContent = what + view.nodes.length + " nodes · " + view.links.length + " links, " + busy +
+      " carrying traffic, " + idle + " idle" + (graph.hideIdle && idle ? " (hidden)" : "");
   }
 
   // the nodes table ------------------------------------------------------------------------------
@@ -452,6 +532,7 @@
   });
   $("btn-live").addEventListener("click", () => { history.pushState("", "", location.pathname); route(); });
   window.addEventListener("hashchange", route);
+  for (const id of ["graph-network", "graph-idle"]) $(id).addEventListener("change", () => { if (view) buildGraph(); });
   window.addEventListener("resize", () => { if (view) { buildCharts(); drawCharts(); } });
   loadRuns().then((r) => { runs = r; return route(); });
 })();
