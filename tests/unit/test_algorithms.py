@@ -202,9 +202,9 @@ def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_pa
     victim = roles[2]
     record = victim.record_round
 
-    def dies_after_round_2(round_no, *a, **k):
-        event = record(round_no, *a, **k)
-        if round_no == 2:
+    def dies_after_round_2(out):
+        event = record(out)
+        if out.round == 2:
             net.dead.add("r2")
             victim.ctx.stop.set()
         return event
