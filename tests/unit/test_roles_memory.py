@@ -134,7 +134,7 @@ def test_ring_all_reduce_in_memory_leaves_every_member_with_the_same_model(tmp_p
 def test_ring_in_memory_goes_on_without_a_member_that_is_down(tmp_path):
     net = MemoryNetwork()
     names = ["r0", "r1", "r2"]
-    conf = {"sync": 2, "epoch": 0, "ring": names, "join_wait_s": 0.5, "step_timeout_s": 5}
+    conf = {"sync": 2, "epoch": 0, "ring": names, "join_wait_s": 2, "step_timeout_s": 5}
     roles = [role_of(RingRole, tmp_path, net, n, conf, names, seed=i) for i, n in enumerate(names)]
     net.down.add("r2")  # never joins: the others form a ring of two and average exactly
     before = [r.ctx.model.get_weights() for r in roles[:2]]
