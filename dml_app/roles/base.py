@@ -1,15 +1,16 @@
 """What every role shares: the round loop, sending through next hops, traffic, events.
 
-A round of the default loop: ``gather`` what peers sent, ``combine`` it with the
-local model, train locally, evaluate, ``send`` to peers, and write a ``round``
-event. Roles driven by others (an FL trainer, an E-tree child) override ``run``
-and use the same helpers. Failures are data: a send that fails is an event, and
-the role decides what to do next.
+``Role.run`` owns the loop: ``round(r)`` for each ``r`` that ``rounds()`` yields, each
+``RoundRecord`` it returns written as a ``round`` event (``record_round``), then
+``finish()``. A role says what a round is by overriding these hooks (an E-tree node,
+whose rounds are a recursion down the tree, overrides ``run``). Failures are data: a
+send that fails is an event, and the role decides what to do next.
 
 Messages go to a destination's next hop: the peer itself when the two are
 linked (``connect``), else the hop that ``forward`` names, whose ``/relay``
 passes the body on. Bytes are counted against the next hop, so traffic per peer
-follows the links.
+follows the links. A ``Transport`` delivers them (``dml_app.transport``: signed
+HTTP in a node, calls between roles of one process in tests).
 
 Every message is signed end to end with the pair key of its sender and its
 destination (a relay passes that signature on untouched, so it can neither
@@ -25,20 +26,18 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
-from urllib.parse import quote, urlsplit
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
 from dml_app import weights as wire
-from dml_app.auth import E2E, AuthFailed, NodeKeys, body_hash
+from dml_app.auth import E2E, AuthFailed, NodeKeys
 from dml_app.compute import inline
 from dml_app.events import EventLog
-from dml_app.http import HttpError, Request, Response, json_response, request
+from dml_app.http import HttpError, Request, Response, json_response
+from dml_app.transport import MAX_RELAYS, TTL_HEADER, HttpTransport, Transport
 
 Weights = list[np.ndarray]
-TTL_HEADER = "X-Edgetb-Ttl"  # relays left before a message is dropped (loops cannot live)
-MAX_RELAYS = 16
 SEND_MARGIN = 4.0  # a send may take this many times its time at the link's rate ...
 SEND_BASE_S = 5.0  # ... plus this, before it is given up (a dead, paused or cut-off peer)
 DEFAULT_SEND_TIMEOUT_S = 60.0  # when the link's rate is not known
@@ -61,6 +60,22 @@ class Context:
     stop: threading.Event = field(default_factory=threading.Event)
     auth: Optional[NodeKeys] = None  # signs this node's messages to peers
     compute: Callable[..., Any] = inline  # runs model calls: compute(fn, *args) (a node: off its event loop)
+    transport: Optional[Transport] = None  # delivers messages to peers (None: signed HTTP, with auth)
+
+
+@dataclass
+class RoundRecord:
+    """What a round did, for its ``round`` event: ``trained`` is ``train_local``'s answer,
+    ``received`` the models that went into it, ``extra`` the role's own fields."""
+
+    round: int
+    t_start: float  # time.time() when the round began
+    trained: dict[str, float]
+    loss: float
+    accuracy: float
+    send_s: float
+    received: int
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,8 +125,11 @@ def weighted_average(models: list[Weights], weights: list[float]) -> Weights:
     return out
 
 
+NOT_TRAINED = {"loss": float("nan"), "train_s": 0.0}  # ``trained`` of a round without local training
+
+
 class Role:
-    """Base of every algorithm's role; subclasses override the hooks or ``run``."""
+    """Base of every algorithm's role; subclasses override the hooks (or ``run``)."""
 
     name = "role"
     ROUTES: tuple[tuple[str, str], ...] = ()  # (method, path) of the role's own endpoints
@@ -120,7 +138,7 @@ class Role:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.traffic = Traffic()
-        self.rounds = int(ctx.conf.get("sync", 1))
+        self.sync = int(ctx.conf.get("sync", 1))  # rounds to run
         self.epochs = int(ctx.conf.get("epoch", 1))
         self.batch_size = int(ctx.dataset_conf.get("batch_size", 32))
         self.connect: dict[str, str] = dict(ctx.conf.get("connect", {}))  # linked peer -> "ip:port"
@@ -129,9 +147,11 @@ class Role:
         self.next_hop: dict[str, str] = dict(ctx.conf.get("forward", {}))  # destination -> linked peer
         self.samples = int(len(ctx.data[1]))
         self.round_events = 0
+        self.finished = False  # rounds done (or failed): handlers answer, and drop what comes
+        self.transport: Transport = ctx.transport if ctx.transport is not None else HttpTransport(self.connect,
+                                                                                                 ctx.auth)
         self._traffic_lock = threading.Lock()
         self._global_eval: dict[int, tuple[Any, Any]] = {}  # by thread: E-tree evaluates in several
-        self._layer_rounds: dict[int, int] = {}  # E-tree: rounds recorded per layer
         # what a model message must look like (none without a model: in-memory tests)
         self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
 
@@ -140,29 +160,39 @@ class Role:
         """Handlers of ``ROUTES``."""
         return {}
 
-    def gather(self, round_no: int) -> list[tuple[str, Weights]]:
-        return []
+    def rounds(self) -> Iterator[int]:
+        """The numbers of the rounds to run: 1 to ``sync``, until the node is stopped."""
+        for r in range(1, self.sync + 1):
+            if self.ctx.stop.is_set():
+                return
+            yield r
 
-    def combine(self, round_no: int, received: list[tuple[str, Weights]]) -> None:
-        pass
+    def round(self, round_no: int) -> Optional[RoundRecord]:
+        """Run round ``round_no``; None when it is not one to record (it is run again)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what a round is")
 
-    def send(self, round_no: int) -> None:
-        pass
+    def finish(self, completed: bool) -> None:
+        """After the rounds: ``completed`` when they all ran, False when one raised (the error
+        goes on). By default, stop taking messages (``finished``)."""
+        self.finished = True
+
+    def where(self, record: RoundRecord) -> tuple[Optional[int], int, str]:
+        """(layer, round shown, words) of a round's progress line."""
+        return None, record.round, f"round {record.round}/{self.sync}"
 
     # the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """The rounds, each recorded; the ``done`` event's fields (``result``)."""
         last: dict[str, Any] = {}
-        for r in range(1, self.rounds + 1):
-            if self.ctx.stop.is_set():
-                break
-            t_start = time.time()
-            received = self.gather(r)
-            self.combine(r, received)
-            trained = self.train_local()
-            loss, accuracy = self.evaluate()
-            sent_at = time.perf_counter()
-            self.send(r)
-            last = self.record_round(r, t_start, trained, loss, accuracy, time.perf_counter() - sent_at, len(received))
+        completed = False
+        try:
+            for r in self.rounds():
+                record = self.round(r)
+                if record is not None:
+                    last = self.record_round(record)
+            completed = True
+        finally:
+            self.finish(completed)
         return self.result(last)
 
     # helpers for subclasses -------------------------------------------------------------
@@ -183,28 +213,21 @@ class Role:
             pending[threading.get_ident()] = compute(model.evaluate, *self.ctx.global_test)
         return loss, accuracy
 
-    def record_round(self, round_no: int, t_start: float, trained: dict[str, float], loss: float, accuracy: float,
-                     send_s: float, received: int, **extra: Any) -> dict[str, Any]:
+    def record_round(self, record: RoundRecord) -> dict[str, Any]:
         """Write a ``round`` event (with this round's traffic and, when the node has a global
-        test set, this thread's last ``evaluate`` on it) and report progress (E-tree: the
-        round on the event's ``layer``)."""
+        test set, this thread's last ``evaluate`` on it) and report progress (``where``)."""
         with self._traffic_lock:
             sent_to, recv_from = self.traffic.take()
         global_loss, global_accuracy = self._global_eval.pop(threading.get_ident(), (None, None))
         self.round_events += 1
+        trained, loss, accuracy = record.trained, record.loss, record.accuracy
         event = self.ctx.events.write(
-            "round", round=round_no, t_start=t_start, t_end=time.time(), loss=loss, accuracy=accuracy,
+            "round", round=record.round, t_start=record.t_start, t_end=time.time(), loss=loss, accuracy=accuracy,
             global_loss=global_loss, global_accuracy=global_accuracy,
             train_loss=None if trained["loss"] != trained["loss"] else trained["loss"], train_s=trained["train_s"],
-            send_s=send_s, bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
-            sent_to=sent_to, recv_from=recv_from, received_models=received, **extra)
-        layer = extra.get("layer")
-        if isinstance(layer, int):  # E-tree: rounds are counted per layer
-            per_layer = self._layer_rounds
-            per_layer[layer] = shown = per_layer.get(layer, 0) + 1
-            where = f"layer {layer} round {shown}"
-        else:
-            layer, shown, where = None, round_no, f"round {round_no}/{self.rounds}"
+            send_s=record.send_s, bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
+            sent_to=sent_to, recv_from=recv_from, received_models=record.received, **record.extra)
+        layer, shown, where = self.where(record)
         if global_accuracy is None:
             message = f"{where}: accuracy {accuracy:.3f} loss {loss:.3f}"
         else:
@@ -222,14 +245,12 @@ class Role:
                 "bytes_sent": sum(sent_to.values()), "bytes_recv": sum(recv_from.values()),
                 "sent_to": sent_to, "recv_from": recv_from}
 
-    def url_for(self, dest: str, path: str) -> tuple[str, str]:
-        """(next hop, URL) for ``path`` on ``dest``: direct, or the next hop's ``/relay``."""
+    def hop_to(self, dest: str) -> str:
+        """The linked node a message to ``dest`` goes to: ``dest``, or the one ``forward`` names."""
         hop = self.next_hop.get(dest, dest)
         if hop not in self.connect:
             raise ConnectionError(f"no route from {self.ctx.name} to {dest}")
-        if hop == dest:
-            return hop, f"http://{self.connect[hop]}{path}"
-        return hop, f"http://{self.connect[hop]}/relay?to={quote(dest)}&path={quote(path)}"
+        return hop
 
     def body_limit(self) -> int:
         """The largest body a weights route of this role takes."""
@@ -246,27 +267,15 @@ class Role:
     def post(self, dest: str, path: str, body: bytes, content_type: str, round_no: int,
              timeout_s: Optional[float] = None, retries: int = 1, ttl: int = MAX_RELAYS,
              signed: Optional[dict[str, str]] = None) -> Optional[bytes]:
-        """POST ``body`` to ``dest``; returns the answer, or None after a ``send_failed`` event.
+        """POST ``body`` to ``dest`` through ``transport``; returns the answer, or None after a
+        ``send_failed`` event.
         ``timeout_s``: by default ``send_timeout_s`` (the link's rate and a margin).
         ``signed``: the end-to-end signature of a message this node relays (else it signs)."""
         if timeout_s is None:
             timeout_s = self.send_timeout_s(dest, len(body))
         try:
-            keys = self.ctx.auth
-            if keys is None:
-                raise ConnectionError("this node has no keys to sign with")
-            hop, url = self.url_for(dest, path)
-            parts = urlsplit(url)
-            target = parts.path + (f"?{parts.query}" if parts.query else "")
-            digest = body_hash(body)
-
-            def headers() -> dict[str, str]:  # fresh nonces for each attempt
-                e2e = signed if signed is not None else keys.peer_headers(dest, "POST", path, digest)
-                return {**e2e, **keys.hop_headers(hop, "POST", target, digest), TTL_HEADER: str(ttl)}
-
-            status, answer = request("POST", url, body, content_type, timeout_s, retries, headers=headers)
-            if status >= 400:
-                raise ConnectionError(f"{status}: {answer[:200]!r}")
+            hop = self.hop_to(dest)
+            answer = self.transport.post(hop, dest, path, body, content_type, timeout_s, retries, ttl, signed)
         except (ConnectionError, OSError, AuthFailed) as e:
             self.ctx.events.write("send_failed", round=round_no, peer=dest, error=str(e))
             return None

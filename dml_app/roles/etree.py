@@ -24,6 +24,12 @@ dropped (``peer_dropped``) and not asked for a back-off that doubles
 (``gossip.PeerHealth``; all are asked when all are in one), then asked again and
 taken back once it answers (``peer_rejoined``). Each model sent carries an ``ask``
 number its answer echoes, so a late answer is never taken for a later round's.
+
+A node's rounds are a recursion down the tree, not ``Role``'s loop of numbered rounds:
+``run`` is its own (the root's ``sync`` global rounds, or waiting for the end of the
+run), and every position's round is recorded where it closes. A ``round`` event is
+numbered by the node's count of rounds; the progress line counts the rounds of the
+event's ``layer``.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ import time
 from typing import Any, Callable, Optional
 
 from dml_app.http import JSON, Request, Response
-from dml_app.roles.base import Context, Role, Weights, ok, parallel, weighted_average
+from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel, weighted_average
 from dml_app.roles.fl import quorum_count
 from dml_app.roles.gossip import PeerHealth
 
@@ -61,6 +67,8 @@ class ETreeRole(Role):
         self._cond = threading.Condition()
         self._waiting: set[tuple[str, int, int]] = set()  # (child, layer, ask) this node waits for
         self._answers: dict[tuple[str, int, int], tuple[Weights, int]] = {}
+        self._layer_rounds: dict[int, int] = {}  # rounds recorded per layer
+        self._layer_lock = threading.Lock()
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
         return {("POST", "/etree/model"): self.on_model, ("POST", "/etree/update"): self.on_update,
@@ -163,7 +171,7 @@ class ETreeRole(Role):
                                          f"(quorum {needed})")
         self.ctx.model.set_weights(weights)
         loss, accuracy = self.evaluate()
-        self._record(t_start, {"loss": float("nan"), "train_s": 0.0}, loss, accuracy, send_s, len(got), layer,
+        self._record(t_start, NOT_TRAINED, loss, accuracy, send_s, len(got), layer,
                      missing=missing, skipped=[c for c in children if c not in asked], closed=closed)
         return weights, sum(n for _, n in got)
 
@@ -196,8 +204,17 @@ class ETreeRole(Role):
 
     def _record(self, t_start: float, trained: dict[str, float], loss: float, accuracy: float, send_s: float,
                 received: int, layer: int, **extra: Any) -> None:
-        self.last = self.record_round(self.round_events + 1, t_start, trained, loss, accuracy, send_s, received,
-                                      layer=layer, **extra)
+        self.last = self.record_round(RoundRecord(self.round_events + 1, t_start, trained, loss, accuracy, send_s,
+                                                  received, {"layer": layer, **extra}))
+
+    def where(self, record: RoundRecord) -> tuple[Optional[int], int, str]:
+        """Progress counts the rounds of the event's layer."""
+        layer = record.extra.get("layer")
+        if not isinstance(layer, int):
+            return super().where(record)
+        with self._layer_lock:
+            self._layer_rounds[layer] = shown = self._layer_rounds.get(layer, 0) + 1
+        return layer, shown, f"layer {layer} round {shown}"
 
     def tell_done(self) -> None:
         children = {c for p in self.positions.values() for c in p["children"] if c != self.ctx.name}
@@ -207,6 +224,8 @@ class ETreeRole(Role):
                  sorted(children))
 
     def run(self) -> dict[str, Any]:
+        """The root's global rounds (each recursing down the tree), or a non-root's wait for the
+        end of the run; then tell the tree it is done."""
         if self.is_root:
             weights = self.ctx.model.get_weights()
             for _ in range(int(self.positions[self.top]["sync"])):

@@ -31,11 +31,11 @@ import queue
 import random
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from dml_app import weights as wire
 from dml_app.http import JSON, HttpError, Request, Response
-from dml_app.roles.base import Context, Role, Weights, ok, parallel, weighted_average
+from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel, weighted_average
 from dml_app.roles.gossip import PeerHealth
 
 MAX_UPLOAD_S = 86_400.0  # the longest upload time a model's deadline_s may ask for
@@ -88,6 +88,7 @@ class AggregatorRole(Role):
         self.selection = str(conf.get("selection", "uniform"))
         self.deadline_s = float(conf.get("deadline_s", 60.0))
         self.quorum = float(conf.get("quorum", 0.5))
+        self.k = max(1, round(self.fraction * len(self.trainers)))  # trainers picked per round
         self.rng = random.Random(f"{ctx.name}-{ctx.conf.get('model', {}).get('seed', 0)}")
         self.seconds: dict[str, float] = {}  # trainer -> last train_s + send_s
         self._lock = threading.Lock()
@@ -128,55 +129,56 @@ class AggregatorRole(Role):
             self.ctx.events.write("late_update", round=meta.get("round"), peer=peer, current_round=self._round)
         return ok({"accepted": on_time})
 
-    def run(self) -> dict[str, Any]:
-        last: dict[str, Any] = {}
-        k = max(1, round(self.fraction * len(self.trainers)))
-        for r in range(1, self.rounds + 1):
-            if self.ctx.stop.is_set():
-                break
-            t_start, closes_at = time.time(), time.monotonic() + self.deadline_s
-            pool = candidates(self.trainers, self.health.usable(self.trainers), k)
-            picked = pick(self.rng, pool, k, self.seconds if self.selection == "speed" else None)
-            with self._lock:
-                self._round, self._open, self._expected, self._updates = r, True, set(picked), {}
-                self._complete.clear()
-            body = wire.encode(self.ctx.model.get_weights(), {"from": self.ctx.name, "round": r,
-                                                              "deadline_s": self.deadline_s})
-            sent_at = time.perf_counter()
-            answers = parallel(lambda t: self.post(t, "/fl/train", body, wire.CONTENT_TYPE, r,
-                                                   timeout_s=self.deadline_s, retries=0), picked)
-            send_s = time.perf_counter() - sent_at
-            unreachable = {t for t, a in zip(picked, answers) if a is None}
-            with self._lock:  # no need to wait for trainers that never got the model
-                self._expected -= unreachable
-                if self._expected <= set(self._updates):
-                    self._complete.set()
-            self._complete.wait(timeout=max(0.0, closes_at - time.monotonic()))
-            with self._lock:
-                self._open = False
-                updates = dict(self._updates)
-            missing = sorted(set(picked) - set(updates))
-            self._membership(r, sorted(updates), missing, unreachable)
-            closed_at = time.perf_counter()
-            if len(updates) >= quorum_count(self.quorum, len(picked)):
-                self.ctx.model.set_weights(weighted_average([w for w, _ in updates.values()],
-                                                            [n for _, n in updates.values()]))
-                closed = "all" if not missing else "quorum"
-                if missing:
-                    self.ctx.events.write("quorum_round", round=r, arrived=sorted(updates), missing=missing,
-                                          quorum=quorum_count(self.quorum, len(picked)))
-            else:
-                closed = "no_quorum"
-                self.ctx.events.write("round_failed", round=r, picked=picked, arrived=sorted(updates),
-                                      detail=f"{len(updates)} of {len(picked)} updates by the deadline")
-            loss, accuracy = self.evaluate()
-            last = self.record_round(r, t_start, {"loss": float("nan"), "train_s": 0.0}, loss, accuracy, send_s,
-                                     len(updates), picked=picked, missing=missing, closed=closed,
-                                     samples={t: n for t, (_, n) in updates.items()},
-                                     aggregate_s=time.perf_counter() - closed_at)
-        parallel(lambda t: self.post(t, "/fl/done", b"{}", JSON, self.rounds, timeout_s=10, retries=0),
-                 self.trainers)
-        return self.result(last)
+    def round(self, r: int) -> RoundRecord:
+        """Send the global model to the picked trainers, wait for their updates until all came
+        or the deadline, and average them (FedAvg) when a quorum did."""
+        t_start, closes_at = time.time(), time.monotonic() + self.deadline_s
+        pool = candidates(self.trainers, self.health.usable(self.trainers), self.k)
+        picked = pick(self.rng, pool, self.k, self.seconds if self.selection == "speed" else None)
+        with self._lock:
+            self._round, self._open, self._expected, self._updates = r, True, set(picked), {}
+            self._complete.clear()
+        body = wire.encode(self.ctx.model.get_weights(), {"from": self.ctx.name, "round": r,
+                                                          "deadline_s": self.deadline_s})
+        sent_at = time.perf_counter()
+        answers = parallel(lambda t: self.post(t, "/fl/train", body, wire.CONTENT_TYPE, r,
+                                               timeout_s=self.deadline_s, retries=0), picked)
+        send_s = time.perf_counter() - sent_at
+        unreachable = {t for t, a in zip(picked, answers) if a is None}
+        with self._lock:  # no need to wait for trainers that never got the model
+            self._expected -= unreachable
+            if self._expected <= set(self._updates):
+                self._complete.set()
+        self._complete.wait(timeout=max(0.0, closes_at - time.monotonic()))
+        with self._lock:
+            self._open = False
+            updates = dict(self._updates)
+        missing = sorted(set(picked) - set(updates))
+        self._membership(r, sorted(updates), missing, unreachable)
+        closed_at = time.perf_counter()
+        if len(updates) >= quorum_count(self.quorum, len(picked)):
+            self.ctx.model.set_weights(weighted_average([w for w, _ in updates.values()],
+                                                        [n for _, n in updates.values()]))
+            closed = "all" if not missing else "quorum"
+            if missing:
+                self.ctx.events.write("quorum_round", round=r, arrived=sorted(updates), missing=missing,
+                                      quorum=quorum_count(self.quorum, len(picked)))
+        else:
+            closed = "no_quorum"
+            self.ctx.events.write("round_failed", round=r, picked=picked, arrived=sorted(updates),
+                                  detail=f"{len(updates)} of {len(picked)} updates by the deadline")
+        loss, accuracy = self.evaluate()
+        return RoundRecord(r, t_start, NOT_TRAINED, loss, accuracy, send_s, len(updates),
+                           {"picked": picked, "missing": missing, "closed": closed,
+                            "samples": {t: n for t, (_, n) in updates.items()},
+                            "aggregate_s": time.perf_counter() - closed_at})
+
+    def finish(self, completed: bool) -> None:
+        """Once every round ran, tell every trainer the run is over."""
+        super().finish(completed)
+        if completed:
+            parallel(lambda t: self.post(t, "/fl/done", b"{}", JSON, self.sync, timeout_s=10, retries=0),
+                     self.trainers)
 
     def _membership(self, round_no: int, arrived: list[str], missing: list[str], unreachable: set[str]) -> None:
         """Drop the trainers that missed the round, take back those that contributed again."""
@@ -201,6 +203,7 @@ class TrainerRole(Role):
         self.idle_timeout_s = float(ctx.conf.get("idle_timeout_s", 600.0))
         self.inbox: "queue.Queue[Optional[tuple[Weights, dict[str, Any]]]]" = queue.Queue()
         self.last_send_s = 0.0
+        self.job: Optional[tuple[Weights, dict[str, Any]]] = None  # the model of the round being run, its meta
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
         return {("POST", "/fl/train"): self.on_train, ("POST", "/fl/done"): self.on_done}
@@ -218,9 +221,10 @@ class TrainerRole(Role):
         self.inbox.put(None)
         return ok()
 
-    def run(self) -> dict[str, Any]:
-        last: dict[str, Any] = {}
-        self.post(self.aggregator, "/fl/join", b"{}", JSON, 0, timeout_s=10, retries=2)  # (again) ready to train
+    def rounds(self) -> Iterator[int]:
+        """Say this trainer is (again) ready, then a round for each model the aggregator
+        sends (``job``), until it says the run is over."""
+        self.post(self.aggregator, "/fl/join", b"{}", JSON, 0, timeout_s=10, retries=2)
         while not self.ctx.stop.is_set():
             try:
                 job = self.inbox.get(timeout=self.idle_timeout_s)
@@ -228,19 +232,24 @@ class TrainerRole(Role):
                 raise TimeoutError(f"no word from the aggregator {self.aggregator} "
                                    f"for {self.idle_timeout_s:g}s") from None
             if job is None:
-                break
-            arrays, meta = job
-            r, t_start = int(meta["round"]), time.time()
-            upload_s = upload_timeout_s(meta)
-            self.ctx.model.set_weights(arrays)
-            trained = self.train_local()
-            loss, accuracy = self.evaluate()
-            sent_at = time.perf_counter()
-            self.post_weights(self.aggregator, "/fl/update", r,
-                              meta={"train_s": trained["train_s"], "send_s": self.last_send_s}, timeout_s=upload_s)
-            self.last_send_s = time.perf_counter() - sent_at
-            last = self.record_round(r, t_start, trained, loss, accuracy, self.last_send_s, 1)
-        return self.result(last)
+                return
+            self.job = job
+            yield int(job[1]["round"])
+
+    def round(self, r: int) -> RoundRecord:
+        """Train the model of ``job`` and send it back."""
+        assert self.job is not None
+        arrays, meta = self.job
+        t_start = time.time()
+        upload_s = upload_timeout_s(meta)
+        self.ctx.model.set_weights(arrays)
+        trained = self.train_local()
+        loss, accuracy = self.evaluate()
+        sent_at = time.perf_counter()
+        self.post_weights(self.aggregator, "/fl/update", r,
+                          meta={"train_s": trained["train_s"], "send_s": self.last_send_s}, timeout_s=upload_s)
+        self.last_send_s = time.perf_counter() - sent_at
+        return RoundRecord(r, t_start, trained, loss, accuracy, self.last_send_s, 1)
 
 
 def upload_timeout_s(meta: dict[str, Any]) -> Optional[float]:

@@ -19,12 +19,12 @@ import queue
 import random
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from dml_app.http import Request, Response
-from dml_app.roles.base import Context, Role, Weights, ok
+from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok
 
 FIRST_BACKOFF_S = 2.0
 MAX_BACKOFF_S = 60.0
@@ -74,7 +74,6 @@ class GossipRole(Role):
         self.wait_s = float(ctx.conf.get("wait_s", 10.0))
         self.rng = random.Random(f"{ctx.name}-{ctx.conf.get('seed', 0)}")
         self.health = PeerHealth()
-        self.finished = False  # rounds done: answer, drop what comes
         self.round_no = 0
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
@@ -89,7 +88,19 @@ class GossipRole(Role):
         self.inbox.put((peer, arrays))
         return ok()
 
+    def round(self, round_no: int) -> RoundRecord:
+        """Average what arrived with the local model, train, evaluate, send on."""
+        t_start = time.time()
+        received = self.gather(round_no)
+        self.combine(received)
+        trained = self.train_local()
+        loss, accuracy = self.evaluate()
+        sent_at = time.perf_counter()
+        self.send(round_no)
+        return RoundRecord(round_no, t_start, trained, loss, accuracy, time.perf_counter() - sent_at, len(received))
+
     def gather(self, round_no: int) -> list[tuple[str, Weights]]:
+        """What peers sent: nothing in round 1, else at least one model (or none after ``wait_s``)."""
         self.round_no = round_no
         if round_no == 1:
             return []
@@ -104,13 +115,15 @@ class GossipRole(Role):
             except queue.Empty:
                 return received
 
-    def combine(self, round_no: int, received: list[tuple[str, Weights]]) -> None:
+    def combine(self, received: list[tuple[str, Weights]]) -> None:
+        """The local model and the received ones, averaged."""
         if not received:
             return
         models = [self.ctx.model.get_weights()] + [w for _, w in received]
         self.ctx.model.set_weights([np.mean(layer, axis=0) for layer in zip(*models)])
 
     def send(self, round_no: int) -> None:
+        """The model to one random peer that takes it (one in a back-off is skipped)."""
         peers = list(self.connect)
         self.rng.shuffle(peers)
         for peer in self.health.usable(peers):
@@ -122,12 +135,9 @@ class GossipRole(Role):
             if newly:
                 self.ctx.events.write("peer_dropped", round=round_no, peer=peer, retry_in_s=backoff)
 
-    def run(self) -> dict[str, Any]:
-        try:
-            return super().run()
-        finally:
-            self.finished = True
-            self._drain()
+    def finish(self, completed: bool) -> None:
+        super().finish(completed)
+        self._drain()
 
     def _drain(self) -> None:
         while True:

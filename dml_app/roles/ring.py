@@ -34,13 +34,13 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
 from dml_app import weights as wire
 from dml_app.http import JSON, HttpError, Request, Response
-from dml_app.roles.base import Context, Role, Weights, ok, parallel
+from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok, parallel
 
 MAX_ABORTS = 5  # formations of one round that may fail in a row before the node gives up
 
@@ -112,7 +112,9 @@ class RingRole(Role):
         self.elements = 0 if self.spec is None else sum(int(np.prod(s)) for s, _ in self.spec)
         self.step_timeout_s = float(ctx.conf.get("step_timeout_s", 120.0))
         self.join_wait_s = float(ctx.conf.get("join_wait_s", 30.0))
-        self.finished = False
+        self.want: Optional[int] = None if self.life > 1 else 1  # the round to form next (None: a newcomer's)
+        self.over = False  # the ring ran its last round (or is done)
+        self.aborts = 0  # formations of round ``want`` that failed in a row
         self._formations: dict[int, Formation] = {}
         self._aborted: set[int] = set()
         self._arrived: dict[tuple[int, str, int], tuple[str, np.ndarray]] = {}
@@ -143,7 +145,7 @@ class RingRole(Role):
             raise HttpError(400, "bad_join", "a join needs want (a round or null) and epoch (a whole number)")
         with self._cond:
             if self.finished:
-                return self._answer(req, {"done": True, "epoch": self.epoch, "round": self.rounds + 1,
+                return self._answer(req, {"done": True, "epoch": self.epoch, "round": self.sync + 1,
                                           "members": []})
             self._redirect.discard(peer)
             self._answers.pop(peer, None)
@@ -185,7 +187,7 @@ class RingRole(Role):
             except wire.WeightsFormatError:
                 continue
             if meta.get("done"):
-                return Formation(self.epoch, self.rounds + 1, []), None, True
+                return Formation(self.epoch, self.sync + 1, []), None, True
             if meta.get("redirect"):
                 continue
             members = meta.get("members")
@@ -333,43 +335,44 @@ class RingRole(Role):
         return join(chunks, weights)
 
     # the rounds ------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
-        try:
-            return self._rounds()
-        finally:
-            with self._cond:
-                self.finished = True
-                self._cond.notify_all()
+    def rounds(self) -> Iterator[int]:
+        """The round this node wants next, until the ring's last is done; a round whose
+        formation aborts is wanted again."""
+        while not self.ctx.stop.is_set() and not self.over:
+            yield self.want or 0
 
-    def _rounds(self) -> dict[str, Any]:
-        last: dict[str, Any] = {}
-        want: Optional[int] = None if self.life > 1 else 1
-        aborts = 0
-        while not self.ctx.stop.is_set():
-            t_start = time.time()
-            trained = self.train_local()
-            formation, synced, done = self.form(want)
-            if done or formation.round > self.rounds:
-                break
-            if synced is not None:  # behind: start from the ring's model
-                self.ctx.model.set_weights(synced)
-            reduced_at = time.perf_counter()
-            try:
-                reduced = self.all_reduce(formation, self.ctx.model.get_weights())
-            except RingAborted as e:
-                aborts += 1
-                self._abort(formation, str(e))
-                if aborts > MAX_ABORTS:
-                    raise RingAborted(f"round {formation.round}: {aborts} formations in a row failed ({e})") from None
-                want = formation.round
-                continue
-            aborts = 0
-            self.ctx.model.set_weights(reduced)
-            send_s = time.perf_counter() - reduced_at
-            loss, accuracy = self.evaluate()
-            last = self.record_round(formation.round, t_start, trained, loss, accuracy, send_s,
-                                     len(formation.members) - 1, members=formation.members, epoch=formation.epoch)
-            want = formation.round + 1
-            if want > self.rounds:
-                break
-        return self.result(last)
+    def round(self, want: int) -> Optional[RoundRecord]:
+        """Train, form the ring (for round ``want``: 0 for a newcomer's first), and all-reduce;
+        None when the ring is done, or when this formation aborted (``want`` is formed again)."""
+        t_start = time.time()
+        trained = self.train_local()
+        formation, synced, done = self.form(want or None)
+        if done or formation.round > self.sync:
+            self.over = True
+            return None
+        if synced is not None:  # behind: start from the ring's model
+            self.ctx.model.set_weights(synced)
+        reduced_at = time.perf_counter()
+        try:
+            reduced = self.all_reduce(formation, self.ctx.model.get_weights())
+        except RingAborted as e:
+            self.aborts += 1
+            self._abort(formation, str(e))
+            if self.aborts > MAX_ABORTS:
+                raise RingAborted(f"round {formation.round}: {self.aborts} formations in a row failed ({e})") from None
+            self.want = formation.round
+            return None
+        self.aborts = 0
+        self.ctx.model.set_weights(reduced)
+        send_s = time.perf_counter() - reduced_at
+        loss, accuracy = self.evaluate()
+        self.want = formation.round + 1
+        self.over = self.want > self.sync
+        return RoundRecord(formation.round, t_start, trained, loss, accuracy, send_s, len(formation.members) - 1,
+                           {"members": formation.members, "epoch": formation.epoch})
+
+    def finish(self, completed: bool) -> None:
+        """Answer joins held here (and those to come) with "done"."""
+        with self._cond:
+            self.finished = True
+            self._cond.notify_all()

@@ -13,6 +13,7 @@ from controller.model.topology import Topology, load_links
 from dml_app.roles.base import weighted_average
 from dml_app.roles.fl import pick, quorum_count
 from dml_app.roles.ring import join, split
+from dml_app.transport import MemoryNetwork
 from controller.confs.confs import load_structure, next_hops, structure_confs
 from controller.confs.structures import guess_algorithm
 from worker.api.errors import ConfigError
@@ -90,36 +91,7 @@ def test_split_covers_every_element_even_when_a_layer_is_smaller_than_the_ring()
     assert len(split([np.array([1.0], dtype=np.float32)], 4)) == 4  # empty chunks are fine
 
 
-class MemoryNet:
-    """Roles wired to each other in memory (no network): ``post`` calls the destination's
-    handler with the sender set as the router would; a dead node neither sends nor answers."""
-
-    def __init__(self) -> None:
-        self.roles: dict = {}
-        self.dead: set[str] = set()
-
-    def attach(self, role) -> None:
-        from dml_app.http import HttpError, Request
-
-        def post(dest, path, body, content_type, round_no, timeout_s=None, retries=1, ttl=16, signed=None):
-            me = role.ctx.name
-            target = self.roles.get(dest)
-            if me in self.dead or dest in self.dead or target is None:
-                role.ctx.events.write("send_failed", round=round_no, peer=dest, error="dead")
-                return None
-            req = Request("POST", path, {}, body, content_type, sender=me, hop=me)
-            try:
-                status, _, answer = target.routes()[("POST", path)](req)
-            except HttpError as e:
-                role.ctx.events.write("send_failed", round=round_no, peer=dest, error=e.detail)
-                return None
-            return answer
-
-        role.post = post
-        self.roles[role.ctx.name] = role
-
-
-def ring_role(tmp, name: str, names: list[str], net: MemoryNet, sync: int = 1, life: int = 1, seed: int = 0,
+def ring_role(tmp, name: str, names: list[str], net: MemoryNetwork, sync: int = 1, life: int = 1, seed: int = 0,
               offset: float = 0.0):
     """A RingRole with a tiny numpy model; its 'training' adds ``offset`` to every weight."""
     from dml_app.events import EventLog
@@ -129,7 +101,7 @@ def ring_role(tmp, name: str, names: list[str], net: MemoryNet, sync: int = 1, l
 
     model = make_model({"hidden": [3], "seed": seed}, n_features=2, n_classes=5)
     data = (np.zeros((2, 2)), np.zeros(2, dtype=int), np.zeros((2, 2)), np.zeros(2, dtype=int))
-    conf = {"ring": names, "sync": sync, "epoch": 1, "join_wait_s": 0.5, "step_timeout_s": 5, "life": life}
+    conf = {"connect": {n: "memory" for n in names if n != name}, "ring": names, "sync": sync, "epoch": 1, "join_wait_s": 0.5, "step_timeout_s": 5, "life": life}
     ctx = Context(name, model, data, conf, {}, EventLog(f"{tmp}/{name}-{life}.jsonl", "r", name),
                   lambda *a, **k: None)
     role = RingRole(ctx)
@@ -165,7 +137,7 @@ def events_of(role, kind: str) -> list[dict]:
 
 def test_ring_all_reduce_in_process_gives_the_mean(tmp_path):
     """Four RingRoles in memory, different models: one round leaves each with the exact mean."""
-    net = MemoryNet()
+    net = MemoryNetwork()
     names = ["r0", "r1", "r2", "r3"]
     roles = [ring_role(tmp_path, n, names, net, seed=i) for i, n in enumerate(names)]
     before = [r.ctx.model.get_weights() for r in roles]
@@ -194,7 +166,7 @@ def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_pa
     contributes until the end."""
     import threading
 
-    net = MemoryNet()
+    net = MemoryNetwork()
     names = ["r0", "r1", "r2", "r3"]
     offsets = {"r0": 1.0, "r1": 2.0, "r2": 4.0, "r3": 8.0}
     roles = [ring_role(tmp_path, n, names, net, sync=8, seed=0, offset=offsets[n]) for n in names]
@@ -202,10 +174,10 @@ def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_pa
     victim = roles[2]
     record = victim.record_round
 
-    def dies_after_round_2(round_no, *a, **k):
-        event = record(round_no, *a, **k)
-        if round_no == 2:
-            net.dead.add("r2")
+    def dies_after_round_2(out):
+        event = record(out)
+        if out.round == 2:
+            net.down.add("r2")
             victim.ctx.stop.set()
         return event
 
@@ -215,7 +187,7 @@ def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_pa
     def replace_later():
         while not any(e["round"] >= 3 for e in events_of(roles[0], "round")):
             threading.Event().wait(0.05)
-        net.dead.discard("r2")
+        net.down.discard("r2")
         replaced["role"] = ring_role(tmp_path, "r2", names, net, sync=8, life=2, offset=offsets["r2"])
         replaced["result"] = replaced["role"].run()
 

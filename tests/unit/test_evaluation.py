@@ -13,7 +13,8 @@ from dml_app import weights as wire
 from dml_app.events import EventLog, read_events
 from dml_app.model_numpy import NumpyMLP
 from dml_app.models import load_global_test, make_model
-from dml_app.roles.base import Context, Role
+from dml_app.roles.base import Context, Role, RoundRecord
+from dml_app.roles.etree import ETreeRole
 
 RUN = "20260101-000000-abcd"
 MODEL_CONF = {"kind": "numpy", "hidden": [32], "learning_rate": 0.01, "seed": 3}
@@ -141,18 +142,21 @@ def test_round_events_carry_global_accuracy(tmp_path, digits):
                   global_test=(digits[2], digits[3]))
     role = Role(ctx)
     loss, accuracy = role.evaluate()
-    role.record_round(1, 0.0, {"loss": 0.5, "train_s": 0.1}, loss, accuracy, 0.0, 0)
+    role.record_round(RoundRecord(1, 0.0, {"loss": 0.5, "train_s": 0.1}, loss, accuracy, 0.0, 0))
     ctx.global_test = None  # a node without a global set: nulls
-    role.record_round(2, 0.0, {"loss": 0.5, "train_s": 0.1}, *role.evaluate(), 0.0, 0)
+    role.record_round(RoundRecord(2, 0.0, {"loss": 0.5, "train_s": 0.1}, *role.evaluate(), 0.0, 0))
     first, second = [e for e in read_events(events.path) if e["type"] == "round"]
     g_loss, g_acc = model.evaluate(digits[2], digits[3])
     assert first["global_accuracy"] == g_acc and first["global_loss"] == g_loss and first["accuracy"] == accuracy
     assert second["global_accuracy"] is None and second["global_loss"] is None
     assert "global accuracy" in lines[0][0] and lines[0][1]["global_accuracy"] == g_acc
     assert lines[0][1]["layer"] is None and lines[0][1]["round"] == 1 and lines[0][1]["bytes_sent"] == 0
+    ctx.conf = {"sync": 2, "positions": [{"layer": 2, "parent": None, "children": ["n1"], "sync": 2}]}
+    role = ETreeRole(ctx)
+    role.round_events = 2
     for _ in range(2):  # E-tree: progress counts rounds per layer (the event keeps the node's counter)
-        role.record_round(role.round_events + 1, 0.0, {"loss": 0.5, "train_s": 0.1}, *role.evaluate(), 0.0, 0,
-                          layer=2)
+        role.record_round(RoundRecord(role.round_events + 1, 0.0, {"loss": 0.5, "train_s": 0.1}, *role.evaluate(),
+                                      0.0, 0, {"layer": 2}))
     assert lines[-1][0].startswith("layer 2 round 2:") and lines[-1][1]["round"] == 2 and lines[-1][1]["layer"] == 2
     assert [e["round"] for e in read_events(events.path) if e.get("layer") == 2] == [3, 4]
 

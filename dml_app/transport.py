@@ -1,0 +1,103 @@
+"""How a role's messages reach its peers: a ``Transport`` delivers a POST and returns the answer.
+
+``HttpTransport`` is a node's: a POST to the destination when the two are linked, else to the
+linked node that is its next hop, whose ``/relay`` passes the body on. Every message is signed
+end to end with the pair key of its sender and its destination (a relay passes that signature on
+untouched), and per hop with the pair key of the two linked nodes (``dml_app.auth``).
+
+``MemoryNetwork`` wires roles of one process to each other, for tests of a protocol without a
+network: a message is a call of the destination's handler, with the sender set as a node's
+router sets it once the signatures check out.
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Optional, Protocol
+from urllib.parse import quote
+
+from dml_app.auth import NodeKeys, body_hash
+from dml_app.http import HttpError, Request, request
+
+if TYPE_CHECKING:
+    from dml_app.roles.base import Role
+
+TTL_HEADER = "X-Edgetb-Ttl"  # relays left before a message is dropped (loops cannot live)
+MAX_RELAYS = 16
+
+
+class Transport(Protocol):
+    """Delivers a role's messages."""
+
+    def post(self, hop: str, dest: str, path: str, body: bytes, content_type: str, timeout_s: float,
+             retries: int = 1, ttl: int = MAX_RELAYS, signed: Optional[dict[str, str]] = None) -> bytes:
+        """POST ``body`` to ``path`` on ``dest`` through the linked node ``hop`` (``dest`` itself
+        when linked); returns the answer's body. Raises ``ConnectionError`` (or ``OSError``,
+        ``AuthFailed``) when it is not delivered or is answered with an error.
+        ``ttl``: relays left; ``signed``: the end-to-end signature of a message being relayed."""
+        ...
+
+
+class HttpTransport:
+    """Signed HTTP to linked nodes (``connect``: linked node -> "ip:port")."""
+
+    def __init__(self, connect: dict[str, str], keys: Optional[NodeKeys]) -> None:
+        self.connect, self.keys = connect, keys
+
+    def post(self, hop: str, dest: str, path: str, body: bytes, content_type: str, timeout_s: float,
+             retries: int = 1, ttl: int = MAX_RELAYS, signed: Optional[dict[str, str]] = None) -> bytes:
+        keys = self.keys
+        if keys is None:
+            raise ConnectionError("this node has no keys to sign with")
+        target = path if hop == dest else f"/relay?to={quote(dest)}&path={quote(path)}"
+        digest = body_hash(body)
+
+        def headers() -> dict[str, str]:  # fresh nonces for each attempt
+            e2e = signed if signed is not None else keys.peer_headers(dest, "POST", path, digest)
+            return {**e2e, **keys.hop_headers(hop, "POST", target, digest), TTL_HEADER: str(ttl)}
+
+        status, answer = request("POST", f"http://{self.connect[hop]}{target}", body, content_type, timeout_s,
+                                 retries, headers=headers)
+        if status >= 400:
+            raise ConnectionError(f"{status}: {answer[:200]!r}")
+        return answer
+
+
+class MemoryNetwork:
+    """Roles in one process, each reached by its name; a node in ``down`` neither sends nor answers."""
+
+    def __init__(self) -> None:
+        self.roles: dict[str, Role] = {}
+        self.down: set[str] = set()
+        self._lock = threading.Lock()
+
+    def attach(self, role: Role) -> Role:
+        """Reach ``role`` by its name, and send its messages through this network."""
+        with self._lock:
+            self.roles[role.ctx.name] = role
+        role.transport = MemoryTransport(self, role.ctx.name)
+        return role
+
+    def deliver(self, sender: str, dest: str, path: str, body: bytes, content_type: str) -> bytes:
+        with self._lock:
+            target = self.roles.get(dest)
+            if sender in self.down or dest in self.down or target is None:
+                raise ConnectionError(f"{dest} cannot be reached from {sender}")
+        handler = target.routes().get(("POST", path))
+        if handler is None:
+            raise ConnectionError(f"404: {dest} has no route POST {path}")
+        try:
+            _, _, answer = handler(Request("POST", path, {}, body, content_type, sender=sender, hop=sender))
+        except HttpError as e:
+            raise ConnectionError(f"{e.status}: {e.error}: {e.detail}") from None
+        return answer
+
+
+class MemoryTransport:
+    """One role's side of a ``MemoryNetwork``: every message goes straight to its destination."""
+
+    def __init__(self, network: MemoryNetwork, name: str) -> None:
+        self.network, self.name = network, name
+
+    def post(self, hop: str, dest: str, path: str, body: bytes, content_type: str, timeout_s: float,
+             retries: int = 1, ttl: int = MAX_RELAYS, signed: Optional[dict[str, str]] = None) -> bytes:
+        return self.network.deliver(self.name, dest, path, body, content_type)
