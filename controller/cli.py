@@ -32,7 +32,8 @@ import time
 from typing import Any, Optional
 
 from controller.workers import deploy
-from controller.workers.api import Worker, connect, reset_stale
+from controller.workers.api import Worker
+from controller.workers.connect import connect, reset_stale
 from controller.model.topology import Topology, access_rate, load_links, load_nodes
 from worker.api.errors import ConfigError, TestbedError
 from worker.api.protocol import DEFAULT_SUBNET

@@ -21,7 +21,8 @@ from controller.run.experiment import Experiment
 from controller.model.hosts import Hosts, check_placement, load_hosts
 from controller.model.spec import RunOptions, RunSpec
 from controller.model.topology import load_links, load_nodes
-from controller.workers.api import Worker, connect, reset_stale
+from controller.workers.api import Worker
+from controller.workers.connect import connect, reset_stale
 from worker.api.errors import ConfigError, TestbedError
 from worker.api.protocol import DEFAULT_SUBNET
 from worker.serving import Servers, run_blocking

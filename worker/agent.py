@@ -33,7 +33,8 @@ from worker.api.errors import AuthError, ConfigError, TestbedError
 from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, OPERATIONS, SMALL_REQUEST_BYTES
 from worker.api.schema import Field, Place
 from worker.host import WorkerHost
-from worker.serving import (bearer_matches, check_token, is_loopback, json_errors, request_limits, run_blocking,
+from worker.api.peers import is_loopback_host
+from worker.serving import (bearer_matches, check_token, json_errors, request_limits, run_blocking,
                             serve)
 from worker.state import state_root
 
@@ -287,7 +288,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.print_fingerprint:
             print(tls.pretty(tls.fingerprint_file(tls.ensure_certificate(args.tls_dir)[0])))
             return 0
-        if args.plain_http and not is_loopback(args.listen):
+        if args.plain_http and not is_loopback_host(args.listen):
             raise ConfigError(f"--plain-http is for a loopback address only, not {args.listen}: the token and every "
                               "command would cross the network in clear")
         context, fingerprint = None, None

@@ -5,12 +5,13 @@ threads, so handlers hand blocking calls to gevent's thread pool.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import secrets
 import signal
 import ssl
 from typing import Any, Callable, Mapping, Optional
+
+from worker.api.peers import is_loopback_host
 
 MIN_TOKEN_CHARS = 16
 LOCAL_ADDR_KEY = "edgetb.local_addr"  # WSGI environ: (address, port) the connection was accepted on
@@ -103,7 +104,7 @@ class Servers:
         try:
             for a in self.addresses:
                 self.servers.append(make_server(a, app, pool=connection_pool(pool_size),
-                                                freebind=freebind and not is_loopback(a[0]), **kw))
+                                                freebind=freebind and not is_loopback_host(a[0]), **kw))
         except BaseException:
             self.close()
             raise
@@ -237,13 +238,3 @@ def json_errors(app: Any, log: logging.Logger) -> None:
         log.exception("internal error, reference %s", reference)
         return jsonify({"error": "internal", "reference": reference,
                         "detail": f"internal error (reference {reference}: see the server's log)"}), 500
-
-
-def is_loopback(hostname: str) -> bool:
-    """Whether ``hostname`` (a name or an address) is this machine's loopback."""
-    if hostname == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(hostname).is_loopback
-    except ValueError:
-        return False

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import ssl
 import stat
@@ -22,7 +21,6 @@ from worker.state import state_root
 CERT_FILE = "agent.crt"
 KEY_FILE = "agent.key"
 VALID_DAYS = 3650
-FINGERPRINT_RE = re.compile(r"(?:sha-?256[:=]?\s*)?((?:[0-9a-f]{2}:?){31}[0-9a-f]{2})", re.IGNORECASE)
 
 
 def tls_dir(root: Optional[str] = None) -> str:
@@ -83,16 +81,6 @@ def fingerprint_file(cert_path: str) -> str:
 def pretty(fingerprint: str) -> str:
     """``AB:CD:...`` as ``openssl x509 -fingerprint -sha256`` prints it."""
     return ":".join(fingerprint[i:i + 2] for i in range(0, len(fingerprint), 2)).upper()
-
-
-def normalize_fingerprint(value: object, where: str) -> str:
-    """A SHA-256 fingerprint written as 64 hex digits, with or without colons, optionally
-    prefixed ``sha256:`` (any case) -> 64 lower-case hex digits; else ConfigError naming ``where``."""
-    match = FINGERPRINT_RE.fullmatch(value.strip()) if isinstance(value, str) else None
-    if match is None:
-        raise ConfigError(f"{where}: {value!r} is not a SHA-256 fingerprint (64 hex digits, colons allowed), as "
-                          "'python3 -m worker.agent --print-fingerprint' prints it")
-    return match.group(1).replace(":", "").lower()
 
 
 def server_context(cert: str, key: str) -> ssl.SSLContext:

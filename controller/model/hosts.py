@@ -43,9 +43,9 @@ from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from worker.api.schema import Field, Place, Schema, describe
-from controller.model.topology import Topology, _read_json, valid_name
+from controller.model.topology import Topology, read_topology_json, valid_name
 from worker.api.errors import TopologyError
-from worker.serving import is_loopback
+from worker.api.peers import is_loopback_host, normalize_fingerprint
 
 RUNTIMES = ("netns", "docker", "physical")
 LOCAL = "local"
@@ -85,7 +85,7 @@ class Host:
     @property
     def local(self) -> bool:
         """Whether the host shares the controller's network stack (in-process or a loopback agent)."""
-        return self.agent is None or is_loopback(urlsplit(self.agent).hostname or "")
+        return self.agent is None or is_loopback_host(urlsplit(self.agent).hostname or "")
 
 
 @dataclass
@@ -113,7 +113,7 @@ def _ipv4(value: Any, where: str) -> str:
 
 def load_hosts(path: str) -> Hosts:
     """The hosts declared in ``path`` (format in the module docstring)."""
-    data = _read_json(path)
+    data = read_topology_json(path)
     if not isinstance(data, dict):
         raise TopologyError(f"{path}: expected an object like {{\"hosts\": [{{\"name\": \"local\"}}]}}, "
                             f"got {describe(data)}")
@@ -141,7 +141,7 @@ def load_hosts(path: str) -> Hosts:
             if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
                 raise TopologyError(f"{where}, field 'agent': {agent!r} is not an agent URL such as "
                                     "'http://10.254.0.2:3334'")
-            if ip is None and not is_loopback(parts.hostname):
+            if ip is None and not is_loopback_host(parts.hostname):
                 try:
                     ip = str(ipaddress.IPv4Address(parts.hostname))
                 except ValueError:
@@ -158,8 +158,6 @@ def load_hosts(path: str) -> Hosts:
         token_file = entry.get("token_file")
         fingerprint = entry.get("tls_fingerprint")
         if fingerprint is not None:
-            from worker.tls import normalize_fingerprint
-
             fingerprint = normalize_fingerprint(fingerprint, f"{where}, field 'tls_fingerprint'")
         host = Host(name, runtime, agent, ip, nfs, token_file, fingerprint)
         if host.local and any(h.local for h in hosts.values()):

@@ -41,7 +41,7 @@ from typing import Any, Iterable, Optional, Union
 
 from worker.api.schema import Field, Schema, describe, read_json
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
-from worker.nodes.confine import MAX_PIDS_MAX, MIN_PIDS_MAX
+from worker.api.protocol import MAX_PIDS_MAX, MIN_PIDS_MAX
 from worker.api.errors import ConfigError, TopologyError
 from worker.api.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, shape_problems
 
@@ -394,13 +394,14 @@ class Topology:
         return topo
 
 
-def _read_json(path: str) -> Any:
+def read_topology_json(path: str) -> Any:
+    """The JSON document at ``path``; TopologyError naming the file when it cannot be read."""
     return read_json(path, TopologyError)
 
 
 def load_nodes(path: str) -> Topology:
     """A Topology holding the nodes declared in a nodes file (format in the module docstring)."""
-    data = _read_json(path)
+    data = read_topology_json(path)
     if not isinstance(data, dict) or "nodes" not in data:
         raise TopologyError(f"{path}: expected an object like {{\"nodes\": [{{\"name\": \"n1\", \"cpu\": 0.5}}]}}")
     NODES_FILE_SCHEMA.validate(data, path, TopologyError)
@@ -430,7 +431,7 @@ def load_links(path: str, topology: Optional[Topology] = None, nodes_declared: b
     destinations as first seen); with it, naming an undeclared node is an error.
     All or nothing: on error ``topology`` is left unchanged.
     """
-    return links_from_data(_read_json(path), path, topology, nodes_declared)
+    return links_from_data(read_topology_json(path), path, topology, nodes_declared)
 
 
 def links_from_data(data: Any, path: str, topology: Optional[Topology] = None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from controller.telemetry.collector import Collector
-from controller.workers.api import Worker, recorded_plans
+from controller.workers.api import Worker
+from controller.workers.connect import recorded_plans
 
 
 def configured_rates(worker: Worker) -> dict[tuple[str, str], int]:

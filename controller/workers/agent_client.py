@@ -28,6 +28,7 @@ from requests.adapters import HTTPAdapter
 
 from worker.api import errors
 from worker.api.protocol import API_VERSION, OPERATIONS
+from worker.api.peers import is_loopback_host, normalize_fingerprint
 
 # a loopback agent without a pinned certificate is authenticated by who owns its socket instead
 warnings.filterwarnings("ignore", message=r"Unverified HTTPS request is being made to host "
@@ -118,8 +119,7 @@ class AgentClient:
         """``timeout_s`` bounds the wait for an answer, ``connect_timeout_s`` each connection
         attempt; an idempotent call is tried ``tries`` times, waiting ``backoff_s``, then twice
         that, ... between tries."""
-        from worker.serving import check_token, is_loopback
-        from worker.tls import normalize_fingerprint
+        from worker.serving import check_token
 
         self.url = url.rstrip("/")
         parts = urlsplit(self.url)
@@ -131,7 +131,7 @@ class AgentClient:
         self.connect_timeout_s = min(connect_timeout_s, timeout_s)
         self.tries = max(1, tries)
         self.backoff_s = backoff_s
-        self.loopback = is_loopback(parts.hostname or "")
+        self.loopback = is_loopback_host(parts.hostname or "")
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.fingerprint = normalize_fingerprint(fingerprint, f"{self.label}: tls_fingerprint") if fingerprint else None
         if parts.scheme == "http" and not self.loopback:

@@ -95,7 +95,7 @@ def _on_node_host(name: str) -> Callable[..., Any]:
 
 
 class Cluster:
-    """The worker hosts of one experiment, as one Worker (made by controller.workers.api.connect).
+    """The worker hosts of one experiment, as one Worker (made by controller.workers.connect.connect).
     The per-node operations of worker.api.protocol.OPERATIONS go to their node's host; the
     others go to every host, their answers joined, but for those each host needs its own
     request for (``set_routes``: ``install_routes``; ``sync``: ``sync_code``; ``telemetry_read``:

@@ -20,7 +20,8 @@ import time
 from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology
-from controller.workers.api import Worker, recorded_plans
+from controller.workers.api import Worker
+from controller.workers.connect import recorded_plans
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
 from worker.api.protocol import NODE_IFNAME, node_address
 from worker.shaping.plan import Isolation, Plan, Target, make_plan

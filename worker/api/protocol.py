@@ -38,6 +38,8 @@ def node_address(subnet: ipaddress.IPv4Network, index: int) -> str:
 MIN_PERIOD_MS = 10  # telemetry sampling period bounds
 MAX_PERIOD_MS = 10_000
 DEFAULT_PERIOD_MS = 100
+MIN_PIDS_MAX = 16  # bounds of a node's process and thread limit
+MAX_PIDS_MAX = 4_194_304  # the kernel's largest pid
 TREES = ("dml_app", "dataset")  # the directories a worker syncs from the controller
 
 # request bodies ------------------------------------------------------------------------------------

@@ -29,10 +29,9 @@ from functools import lru_cache
 from typing import Optional, Sequence
 
 from worker.api.errors import CapabilityError
+from worker.api.protocol import MAX_PIDS_MAX, MIN_PIDS_MAX  # noqa: F401 - its names too
 
 DEFAULT_PIDS_MAX = 1024  # processes and threads of a node: an idle numpy node has 2, TensorFlow 2 per core + ~20
-MIN_PIDS_MAX = 16
-MAX_PIDS_MAX = 4_194_304  # the kernel's largest pid
 DEFAULT_MEM_BYTES = 4 << 30  # at most half the host's memory (``default_mem_bytes``)
 NOFILE = 8192  # open files of each process (an idle node has 7, one in a 147-node run a few hundred)
 FSIZE_BYTES = 4 << 30  # the largest file a node process may write
