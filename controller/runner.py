@@ -14,6 +14,8 @@ from typing import Any, Optional
 from controller.results import tables
 from controller.web.app import create_app
 from controller.run.experiment import Experiment
+from controller.run.nodes import Nodes
+from controller.web.live import LiveFeed
 from controller.model.hosts import Hosts, check_placement, load_hosts
 from controller.model.topology import Topology, load_links, load_nodes
 from worker.api.errors import ConfigError, TestbedError
@@ -114,7 +116,7 @@ def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_
     if os.geteuid() != 0:
         print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
         return 2
-    from controller.run.experiment import new_run_id
+    from controller.run.nodes import new_run_id
     from controller.workers.lock import DirectoryLock
 
     run_id = new_run_id()
@@ -203,10 +205,11 @@ def _run(args: argparse.Namespace, algorithm: str, topology: Optional[Topology],
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    exp = Experiment(args.workdir, topology, worker, structure, run_id=run_id, controller_port=args.port,
-                     progress=_say, algorithm=algorithm, node_confs=args.node_confs, inputs=args.inputs,
-                     dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose,
+    exp = Experiment(topology, Nodes(args.workdir, worker, structure, run_id=run_id), structure,
+                     controller_port=args.port, progress=_say, algorithm=algorithm, node_confs=args.node_confs,
+                     inputs=args.inputs, dataset=args.dataset_settings, testbed_id=args.id, verbose=args.verbose,
                      open_network=args.open_network, telemetry_conf=args.telemetry_conf)
+    exp.live = LiveFeed(exp)  # what the dashboard shows
     if experiments is not None:
         experiments.append(exp)
     if args.timeline is not None:
