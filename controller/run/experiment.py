@@ -30,22 +30,21 @@ import os
 import secrets
 import threading
 import time
-from dataclasses import asdict
 from enum import StrEnum
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 from controller.model.telemetry_conf import TelemetryConf
 from controller.model.topology import Topology, links_from_data, load_links
 from controller.results import finish as results, run_record, tables
 from controller.results.safe_fs import RunDir
 from controller.run.membership import Membership, check_why
-from controller.run.nodes import MAX_LOG_BYTES, SETTLED, NodeConfs, Nodes, State
+from controller.run.nodes import MAX_LOG_BYTES, NodeConfs, Nodes, State
 from controller.run.progress import Progress, clip, read_report, round_bounds
-from controller.run.recording import Recording, capture_list
+from controller.run.recording import NoWatcher, Recording, RunWatcher, capture_list
+from controller.run.scenario_runner import ScenarioRunner
 from controller.telemetry.collector import Collector
 from controller.workers import deploy
 from worker.api.errors import ConfigError, NotFound, TestbedError
-from worker.api.shape import Shape
 
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 log = logging.getLogger("edgetb.controller")
@@ -61,36 +60,6 @@ class Phase(StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     RESET = "reset"
-
-
-class RunWatcher(Protocol):
-    """What the experiment tells a live view of the run (``controller.web.live.LiveFeed``)."""
-
-    def report(self, name: str, round_no: int, accuracy: Optional[float], loss: Optional[float],
-               layer: Optional[int]) -> None: ...
-
-    def sample(self) -> None: ...
-
-    def link_changed(self, src: str, dst: str, before_bps: Optional[int], shape: Shape) -> None: ...
-
-    def timeline_now(self) -> list[dict[str, Any]]: ...
-
-
-class NoWatcher:
-    """No live view: what it is told is dropped, and its timeline is empty."""
-
-    def report(self, name: str, round_no: int, accuracy: Optional[float], loss: Optional[float],
-               layer: Optional[int]) -> None:
-        pass
-
-    def sample(self) -> None:
-        pass
-
-    def link_changed(self, src: str, dst: str, before_bps: Optional[int], shape: Shape) -> None:
-        pass
-
-    def timeline_now(self) -> list[dict[str, Any]]:
-        return []
 
 
 class Experiment:
@@ -125,8 +94,7 @@ class Experiment:
         self.verbose = verbose
         self.node_token = secrets.token_urlsafe(24)
         conf = telemetry_conf or TelemetryConf()
-        self.recording = Recording(nodes.worker, conf, capture_list(capture, list(nodes)) if capture is not None
-                                   else conf.capture_nodes(list(nodes)), progress)
+        self.recording = Recording(nodes.worker, conf, capture_list(capture, list(nodes), conf), progress)
         self.rounds = Progress({n: s.rounds for n, s in nodes.items()}, progress)
         self.max_round, self.layers = round_bounds(structure)  # what a /print may report
         self.phase = Phase.CREATED
@@ -139,7 +107,7 @@ class Experiment:
         self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
         self.record["telemetry"] = conf.to_dict()
         self._out: Optional[RunDir] = None
-        self.scenario: Any = None  # a controller.run.scenario_runner.ScenarioRunner: started with the run
+        self.scenario: Optional[ScenarioRunner] = None  # the run's timeline of steps: started with the run
         self.live: RunWatcher = NoWatcher()  # what the dashboard shows: attached by whoever serves it
         self._collecting = False  # set once finish collects: later uploads change nothing
         self._finishing = False  # a finish of the settled run was started (once)
@@ -257,22 +225,13 @@ class Experiment:
         """A progress line from node ``name`` (as its signature proved)."""
         if name not in self.nodes or not isinstance(data, dict):
             raise NotFound(f"/print from an unknown node, or not a JSON object: {clip(str(data), 100)}")
-        node = self.nodes[name]
         report = read_report(name, data, self.max_round, self.layers.get(name, set()))
+        self.nodes[name].take(report)
         if report.round is not None:
-            node.round = report.round
             self.rounds.report(name, report.round, report.best_accuracy, report.layer, int(report.bytes_sent or 0))
             self.live.report(name, report.round, report.best_accuracy, report.best_loss, report.layer)
             if self.scenario is not None:
                 self.scenario.on_round(name, report.round)
-        if report.accuracy is not None:
-            node.accuracy = float(report.accuracy)
-        if report.global_accuracy is not None:
-            node.global_accuracy = float(report.global_accuracy)
-        if report.loss is not None:
-            node.loss = float(report.loss)
-        if report.round is not None and report.bytes_sent is not None:
-            node.bytes_sent += int(report.bytes_sent)  # the round's bytes
         if self.verbose:
             self.progress(f"{name}: {report.msg}")
 
@@ -325,18 +284,12 @@ class Experiment:
     def check_nodes(self, poll_health: bool) -> None:
         """One pass of the monitor: dead processes (an expected death, else a failure); with
         ``poll_health``, the running nodes' /health."""
-        try:
-            procs = {p["id"]: p for p in self.worker.processes()["processes"]}
-        except TestbedError:
-            procs = {}
-        for node in self.nodes.values():
-            proc = procs.get(node.process_id)
-            if node.state == State.RUNNING and proc is not None and not proc["running"]:
-                if node.expected_death:
-                    self.membership.died(node)
-                else:
-                    node.state, node.detail = State.FAILED, f"process exited (code {proc.get('returncode')})"
-                    self.progress(f"{node.name}: failed: {node.detail}")
+        for node, code in self.nodes.exited():
+            if node.expected_death:
+                self.membership.died(node)
+            else:
+                node.state, node.detail = State.FAILED, f"process exited (code {code})"
+                self.progress(f"{node.name}: failed: {node.detail}")
         if poll_health:
             for node in [n for n in self.nodes.values() if n.state == State.RUNNING and not n.expected_death]:
                 try:
@@ -507,21 +460,16 @@ class Experiment:
     def unfinished(self) -> list[str]:
         """The nodes whose last life did not finish: not ``done``, and not a death the run was
         told to expect (a scenario's crash or revocation, replaced or not)."""
-        return [n.name for n in self.nodes.values() if n.state in SETTLED and n.state != State.DONE]
+        return self.nodes.unfinished()
 
     def metrics_nodes(self) -> list[dict[str, Any]]:
         """Each node's last reported round, accuracy, loss and model bytes (for /metrics)."""
-        return [{"name": n.name, "round": n.round, "accuracy": n.accuracy, "loss": n.loss, "bytes_sent": n.bytes_sent}
-                for n in self.nodes.values()]
+        return self.nodes.metrics_rows()
 
     def status(self) -> dict[str, Any]:
-        nodes = [{**asdict(n), "ending": n.ending if n.settled else None} for n in self.nodes.values()]
         return {"version": 1, "run_id": self.run_id, "phase": self.phase, "ended": self.ended or None,
                 "error": self.error, "algorithm": self.algorithm, "run_dir": self.run_dir,
-                "started_at": self.t_start, "nodes": nodes,
-                "done": sum(n.state == State.DONE for n in self.nodes.values()),
-                "failed": sum(n.state == State.FAILED for n in self.nodes.values()),
-                "settled": sum(n.settled for n in self.nodes.values())}
+                "started_at": self.t_start, **self.nodes.status()}
 
 
 def _code_root() -> str:

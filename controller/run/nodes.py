@@ -20,7 +20,7 @@ import selectors
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
@@ -29,7 +29,7 @@ import urllib3
 
 from controller.results.safe_fs import NodeFileError, read_node_file
 from controller.run import node_auth
-from controller.run.progress import clip
+from controller.run.progress import Report, clip
 from controller.workers import deploy
 from controller.workers.agent_client import Worker
 from controller.model.topology import Topology
@@ -105,6 +105,19 @@ class NodeState:
         """How the node ended, every life: ``revoked, replaced, done``."""
         return ", replaced, ".join([*(life["ended"] for life in self.lives), self.life_ending])
 
+    def take(self, report: Report) -> None:
+        """What a /print said: its round, accuracies, loss and the round's model bytes."""
+        if report.round is not None:
+            self.round = report.round
+        if report.accuracy is not None:
+            self.accuracy = float(report.accuracy)
+        if report.global_accuracy is not None:
+            self.global_accuracy = float(report.global_accuracy)
+        if report.loss is not None:
+            self.loss = float(report.loss)
+        if report.round is not None and report.bytes_sent is not None:
+            self.bytes_sent += int(report.bytes_sent)  # the round's bytes
+
     def settle_from_events(self, body: bytes) -> None:
         """Settled when its events (JSON lines) say it ended: done, or failed and why."""
         ended, detail = None, ""
@@ -175,6 +188,33 @@ class Nodes(Mapping[str, NodeState]):
     def waiting_on(self) -> list[str]:
         """The nodes the run still waits for: not settled, and not about to die."""
         return [n.name for n in self.states.values() if not n.settled and not n.expected_death]
+
+    def exited(self) -> list[tuple[NodeState, Any]]:
+        """The running nodes whose process has exited, each with its return code (none when the
+        worker cannot say which processes run)."""
+        try:
+            procs = {p["id"]: p for p in self.worker.processes()["processes"]}
+        except TestbedError:
+            return []
+        return [(n, procs[n.process_id].get("returncode")) for n in self.states.values()
+                if n.state == State.RUNNING and n.process_id in procs and not procs[n.process_id]["running"]]
+
+    def unfinished(self) -> list[str]:
+        """The nodes whose last life ended other than ``done`` (an expected death is not one)."""
+        return [n.name for n in self.states.values() if n.state in SETTLED and n.state != State.DONE]
+
+    def metrics_rows(self) -> list[dict[str, Any]]:
+        """Each node's last reported round, accuracy, loss and model bytes."""
+        return [{"name": n.name, "round": n.round, "accuracy": n.accuracy, "loss": n.loss, "bytes_sent": n.bytes_sent}
+                for n in self.states.values()]
+
+    def status(self) -> dict[str, Any]:
+        """Every node's state and ending, and how many are done, failed, settled (for /status)."""
+        nodes = self.states.values()
+        return {"nodes": [{**asdict(n), "ending": n.ending if n.settled else None} for n in nodes],
+                "done": sum(n.state == State.DONE for n in nodes),
+                "failed": sum(n.state == State.FAILED for n in nodes),
+                "settled": sum(n.settled for n in nodes)}
 
     # the signed client ------------------------------------------------------------------------
     def url(self, name: str, path: str) -> str:

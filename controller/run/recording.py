@@ -1,26 +1,32 @@
-"""What a run records besides the nodes' events: the hosts' telemetry and packet captures.
+"""What a run records besides the nodes' events: the hosts' telemetry, packet captures, a live view.
 
 Both start before any role starts and end before the run's results are written: the telemetry
 collector (``controller.telemetry.collector``) pulls every host's sampler into ``telemetry/``
 of the run folder; each capture asked for is copied into ``telemetry/pcap/<node>.pcap``. Neither
-stops the run when it cannot be had: the problem is recorded instead.
+stops the run when it cannot be had: the problem is recorded instead. A live view of the run
+(``RunWatcher``, e.g. ``controller.web.live.LiveFeed``) is told of each round and link change.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from controller.model.telemetry_conf import TelemetryConf
 from controller.results.safe_fs import RunDir
 from controller.telemetry.collector import Collector
 from controller.workers.agent_client import Worker
 from worker.api.errors import ConfigError, TestbedError
+from worker.api.shape import Shape
 
 log = logging.getLogger("edgetb.controller")
 
 
-def capture_list(capture: Optional[list[str] | str], nodes: list[str]) -> list[str]:
-    """The nodes to capture: none, ``"all"``, or names of this run's nodes (an unknown one is refused)."""
+def capture_list(capture: Optional[list[str] | str], nodes: list[str],
+                 conf: Optional[TelemetryConf] = None) -> list[str]:
+    """The nodes to capture: none, ``"all"``, or names of this run's nodes (an unknown one is refused);
+    when ``capture`` is None, those of ``conf`` (none without it)."""
+    if capture is None and conf is not None:
+        return conf.capture_nodes(list(nodes))
     if not capture:
         return []
     if capture == "all":
@@ -31,6 +37,36 @@ def capture_list(capture: Optional[list[str] | str], nodes: list[str]) -> list[s
     if unknown:
         raise ConfigError(f"capture: no node {', '.join(repr(n) for n in unknown)} in this run")
     return list(dict.fromkeys(capture))
+
+
+class RunWatcher(Protocol):
+    """What the experiment tells a live view of the run (``controller.web.live.LiveFeed``)."""
+
+    def report(self, name: str, round_no: int, accuracy: Optional[float], loss: Optional[float],
+               layer: Optional[int]) -> None: ...
+
+    def sample(self) -> None: ...
+
+    def link_changed(self, src: str, dst: str, before_bps: Optional[int], shape: Shape) -> None: ...
+
+    def timeline_now(self) -> list[dict[str, Any]]: ...
+
+
+class NoWatcher:
+    """No live view: what it is told is dropped, and its timeline is empty."""
+
+    def report(self, name: str, round_no: int, accuracy: Optional[float], loss: Optional[float],
+               layer: Optional[int]) -> None:
+        pass
+
+    def sample(self) -> None:
+        pass
+
+    def link_changed(self, src: str, dst: str, before_bps: Optional[int], shape: Shape) -> None:
+        pass
+
+    def timeline_now(self) -> list[dict[str, Any]]:
+        return []
 
 
 class Recording:
