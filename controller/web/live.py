@@ -30,7 +30,6 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 import numpy as np
 
 from controller.model.topology import Topology
-from controller.run.membership import Membership
 from controller.run.nodes import NodeState
 from worker.api.shape import Shape
 
@@ -99,6 +98,12 @@ class ScenarioView(Protocol):
     paused: set[str]
 
 
+class MembershipView(Protocol):
+    """The membership changes the controller saw (``controller.run.membership.Membership``)."""
+
+    rows: list[dict[str, Any]]
+
+
 class RunSource(Protocol):
     """What the live view reads of the run under way."""
 
@@ -107,7 +112,7 @@ class RunSource(Protocol):
     topology: Topology
     structure: dict[str, dict[str, Any]]
     nodes: Mapping[str, NodeState]
-    membership: Membership
+    membership: MembershipView
     phase: str
     ended: str
     t_start: Optional[float]  # time.time() at the start, None before it
