@@ -90,11 +90,14 @@ def synthetic_run(log_dir: str, n: int, degree: int, rng: random.Random) -> tupl
 def live_server_cost(workdir: str, links: dict[str, list[dict]]) -> tuple[float, float, int]:
     """(median ms of ``sample()``, ms of an update, bytes of one update) for a live run of these links."""
     from controller.run.experiment import Experiment
+    from controller.run.nodes import Nodes
     from controller.model.topology import links_from_data
+    from controller.web.live import LiveFeed
 
     topology = links_from_data(links, "bench")
-    exp = Experiment(workdir, topology, worker=None, structure={x: {"sync": ROUNDS, "role": "gossip"}
-                                                                 for x in topology.nodes}, progress=lambda m: None)
+    structure = {x: {"sync": ROUNDS, "role": "gossip"} for x in topology.nodes}
+    exp = Experiment(topology, Nodes(workdir, None, structure), structure, progress=lambda m: None)
+    exp.live = LiveFeed(exp)
     exp.phase, exp.t_start, exp.t_start_monotonic = "running", time.time(), time.monotonic()
     for node in exp.nodes.values():
         node.state = "running"

@@ -18,6 +18,8 @@ from typing import Any, Optional
 from controller.results import tables
 from controller.web.app import create_app
 from controller.run.experiment import Experiment
+from controller.run.nodes import Nodes
+from controller.web.live import LiveFeed
 from controller.model.hosts import Hosts, check_placement, load_hosts
 from controller.model.spec import RunOptions, RunSpec
 from controller.model.topology import load_links, load_nodes
@@ -132,7 +134,7 @@ def run(options: RunOptions, experiments: Optional[list[Experiment]] = None) -> 
     if os.geteuid() != 0:
         print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
         return 2
-    from controller.run.experiment import new_run_id
+    from controller.run.nodes import new_run_id
     from controller.workers.lock import DirectoryLock
 
     run_id = new_run_id()
@@ -220,11 +222,12 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    exp = Experiment(options.workdir, spec.topology, worker, spec.structure, run_id=run_id,
+    exp = Experiment(spec.topology, Nodes(options.workdir, worker, spec.structure, run_id=run_id), spec.structure,
                      controller_port=options.port, progress=_say, algorithm=options.algorithm,
                      node_confs=spec.node_confs, inputs=spec.inputs, dataset=spec.dataset_settings,
                      testbed_id=options.testbed_id, verbose=options.verbose, open_network=options.open_network,
                      telemetry_conf=spec.telemetry_conf)
+    exp.live = LiveFeed(exp)  # what the dashboard shows
     if experiments is not None:
         experiments.append(exp)
     if spec.timeline is not None:

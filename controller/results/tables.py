@@ -34,7 +34,6 @@ from controller.results.plots import write_plots
 from controller.results.run_dir import (METRICS_CSV, RUN, SCENARIO_CSV, SCENARIO_EFFECTS_CSV, TRAFFIC_CSV, Problems,
                                         Writer, attempt, csv_bytes, finite_number, local_writer, read_run_events)
 from dml_app.events import MEMBERSHIP
-from worker.api.errors import ConfigError  # noqa: F401 - what a refused write raises (RunDir)
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",

@@ -5,16 +5,104 @@
 Nodes report each round (``/print``, with ``round``, ``accuracy``, ``global_accuracy``,
 ``bytes_sent`` and for E-tree ``layer``); the aggregate uses the global accuracy when
 the nodes have it. E-tree rounds are counted per layer. Per-node lines are printed only
-when ``verbose``.
+when ``verbose``. ``read_report`` checks a node's /print; ``round_bounds`` what it may report.
+
+Text from nodes on its way to the operator's terminal goes through ``printable`` (or ``clip``):
+no escape sequences, no controls.
 """
 from __future__ import annotations
 
+import math
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
+
+from worker.api.errors import ConfigError
 
 PERIOD_S = 5.0
+# terminal escape sequences (CSI, OSC, two-character escapes), then every other C0 and C1
+# control but tab, and DEL
+ESCAPE_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]"
+                              r"|\x9b[0-?]*[ -/]*[@-~]")
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(value: Any) -> Any:
+    """``value`` with escape sequences and control characters removed from every string in it."""
+    if isinstance(value, str):
+        return CONTROL_CHARS.sub("", ESCAPE_SEQUENCES.sub("", value))
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable(v) for v in value]
+    return value
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """``text`` made printable and cut to ``limit`` characters."""
+    return printable(text)[:limit]
+
+
+def round_bounds(structure: dict[str, dict[str, Any]]) -> tuple[int, dict[str, set[int]]]:
+    """(the highest round any node of the run can report, each node's E-tree layers): a round
+    is at most the run's ``sync``; an E-tree layer's rounds at most the product of the syncs of
+    the layers above it (each parent round asks its children once per child round)."""
+    layers = {n: {int(p["layer"]) for p in c.get("positions", [])} for n, c in structure.items()}
+    per_layer: dict[int, int] = {}
+    for conf in structure.values():
+        for pos in conf.get("positions", []):
+            per_layer[int(pos["layer"])] = max(per_layer.get(int(pos["layer"]), 1), int(pos.get("sync", 1)))
+    highest = max([int(c.get("sync", 0) or 0) for c in structure.values()] + [1])
+    product = math.prod(sync for layer, sync in per_layer.items() if layer > 1)
+    return max(highest, product), layers
+
+
+@dataclass(frozen=True)
+class Report:
+    """A node's /print, checked: its round and layer are the run's, its numbers finite or None."""
+
+    round: Optional[int]
+    layer: Optional[int]
+    accuracy: Optional[float]  # local
+    global_accuracy: Optional[float]
+    loss: Optional[float]
+    global_loss: Optional[float]
+    bytes_sent: Optional[float]  # the round's model bytes
+    msg: str  # printable, clipped
+
+    @property
+    def best_accuracy(self) -> Optional[float]:
+        """The global accuracy when the node has one, else its local accuracy."""
+        return self.accuracy if self.global_accuracy is None else self.global_accuracy
+
+    @property
+    def best_loss(self) -> Optional[float]:
+        return self.loss if self.global_loss is None else self.global_loss
+
+
+def read_report(name: str, data: dict[str, Any], max_round: int, layers: set[int]) -> Report:
+    """Node ``name``'s /print ``data``; ConfigError unless its ``round`` is one of the run's
+    (0 .. ``max_round``) and its ``layer``, when given, one of the node's E-tree ``layers``:
+    each is a series the controller keeps. NaN, infinities and non-numbers are dropped."""
+    def number(key: str) -> Optional[float]:
+        value = data.get(key)
+        ok = isinstance(value, float) and math.isfinite(value) or isinstance(value, int) and not isinstance(
+            value, bool) and abs(value) < 2 ** 63
+        return value if ok else None  # type: ignore[return-value]
+
+    round_no, layer = data.get("round"), data.get("layer")
+    if isinstance(round_no, bool) or not isinstance(round_no, (int, type(None))):
+        raise ConfigError(f"/print from {name}: 'round' must be a whole number, got {clip(str(round_no), 40)}")
+    if round_no is not None and not 0 <= round_no <= max_round:
+        raise ConfigError(f"/print from {name}: round {clip(str(round_no), 40)} is not one of this run's "
+                          f"(0 to {max_round})")
+    if layer is not None and (isinstance(layer, bool) or layer not in layers):
+        raise ConfigError(f"/print from {name}: layer {clip(str(layer), 40)} is not one of the node's "
+                          f"({', '.join(map(str, sorted(layers))) or 'none'})")
+    return Report(round_no, layer if isinstance(layer, int) else None, number("accuracy"), number("global_accuracy"),
+                  number("loss"), number("global_loss"), number("bytes_sent"), clip(str(data.get("msg", ""))))
 
 
 @dataclass

@@ -17,20 +17,26 @@ A *view* is a JSON object:
 
 The band is the 10th to 90th percentile over the nodes; a node's accuracy is its global
 accuracy when the role evaluates one, else its local accuracy. ``LiveFeed`` builds the view
-of the run under way: the experiment reports each node's rounds (``report``) and its monitor
-calls ``sample`` about once a second, which adds a point to the series.
+of the run under way from what it reads of the run (``RunSource``, which
+``controller.run.experiment.Experiment`` is): the experiment reports each node's rounds
+(``report``) and its monitor calls ``sample`` about once a second, which adds a point to the
+series. Whoever serves the view attaches it to the run (``exp.live = LiveFeed(exp)``).
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 import numpy as np
 
+from controller.model.topology import Topology
 from controller.results.bands import finite_round as _r
 from controller.results.bands import median_10_90 as band  # the 10-90 band over the nodes
+from controller.results.rates import LinkRates
+from controller.run.nodes import NodeState
 from controller.web import structure
+from worker.api.shape import Shape
 
 LINK_HISTORY = 600  # samples of every link's throughput kept for the link chart (10 min at 1 Hz)
 TIMELINE_MAX = 5000  # timeline entries kept (the oldest go first)
@@ -67,10 +73,49 @@ def down_links(links: list[tuple[str, str]], blocks: list[list[list[str]]]) -> l
     return cut
 
 
-class LiveFeed:
-    """The view of a run under way (``exp``: a ``controller.run.experiment.Experiment``)."""
+class TelemetryView(Protocol):
+    """The telemetry's latest counters (``controller.telemetry.collector.Collector``)."""
 
-    def __init__(self, exp: Any, clock: Any = time.monotonic) -> None:
+    latest_links: dict[tuple[str, str], dict[str, Any]]
+    latest_nodes: dict[str, dict[str, Any]]
+
+
+class ScenarioView(Protocol):
+    """The scenario's applied steps and what is in force (``controller.run.scenario_runner``)."""
+
+    rows: list[dict[str, Any]]
+    blocked: dict[str, list[list[str]]]
+    paused: set[str]
+
+
+class MembershipView(Protocol):
+    """The membership changes the controller saw (``controller.run.membership.Membership``)."""
+
+    rows: list[dict[str, Any]]
+
+
+class RunSource(Protocol):
+    """What the live view reads of the run under way."""
+
+    run_id: str
+    algorithm: str
+    topology: Topology
+    structure: dict[str, dict[str, Any]]
+    rates: LinkRates  # every link's configured rate over the run
+    nodes: Mapping[str, NodeState]
+    membership: MembershipView
+    phase: str
+    ended: str
+    t_start: Optional[float]  # time.time() at the start, None before it
+    t_start_monotonic: Optional[float]
+    telemetry: Optional[TelemetryView]
+    scenario: Optional[ScenarioView]
+
+
+class LiveFeed:
+    """The view of the run under way ``exp``."""
+
+    def __init__(self, exp: RunSource, clock: Callable[[], float] = time.monotonic) -> None:
         self.exp = exp
         self.clock = clock
         self.nodes = [self._node_meta(name) for name in exp.nodes]
@@ -101,7 +146,7 @@ class LiveFeed:
                 "role": str(conf.get("role", "")), "layer": None, "places": structure.places(name, conf)}
 
     def t_s(self) -> float:
-        start = getattr(self.exp, "t_start_monotonic", None)
+        start = self.exp.t_start_monotonic
         return 0.0 if start is None else self.clock() - start
 
     # what the experiment reports ---------------------------------------------------------------
@@ -128,7 +173,7 @@ class LiveFeed:
                               "target": target, "detail": detail})
         del self.timeline[:-TIMELINE_MAX]
 
-    def link_changed(self, src: str, dst: str, shape: Any) -> None:
+    def link_changed(self, src: str, dst: str, shape: Shape) -> None:
         """Link ``src -> dst`` was re-shaped now: a timeline entry (its rate is in ``exp.rates``)."""
         self.event("link", f"{src}->{dst}", shape.describe())
 
@@ -187,8 +232,8 @@ class LiveFeed:
             if before is not None and before != node.state and node.state not in ("pending", "running"):
                 self._event(node.state, name, node.detail, None)
             self._states[name] = node.state
-        membership = self.exp.membership
-        t_start = getattr(self.exp, "t_start", None) or 0.0
+        membership = self.exp.membership.rows
+        t_start = self.exp.t_start or 0.0
         for m in membership[self._membership_seen:]:
             self._event(m["type"], m["node"], str(m.get("why", m.get("detail", ""))), m["t"] - t_start)
         self._membership_seen = len(membership)
@@ -202,8 +247,8 @@ class LiveFeed:
     def _snapshot(self, latest_nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
         nodes = [self.exp.nodes[n["name"]] for n in self.nodes]
         scenario = self.exp.scenario
-        blocks = list(getattr(scenario, "blocked", {}).values()) if scenario is not None else []
-        paused = set(getattr(scenario, "paused", ())) if scenario is not None else set()
+        blocks = list(scenario.blocked.values()) if scenario is not None else []
+        paused = set(scenario.paused) if scenario is not None else set()
         tele = [latest_nodes.get(n.name) or {} for n in nodes]
         return {"t_s": round(self.t_s(), 3), "phase": self.exp.phase,
                 "state": ["paused" if n.state == "running" and n.name in paused else n.state for n in nodes],

@@ -20,7 +20,9 @@ import requests
 from controller.web import callers
 from controller.web.app import create_app
 from controller.run.experiment import Experiment
+from controller.run.nodes import Nodes
 from controller.model.topology import load_links
+from controller.web.live import LiveFeed
 from tests.netns.conftest import free_subnet, new_testbed_id
 from tests.security.callers_fixtures import NOBODY_UID, Served, curl_as, need_root
 from worker.api.errors import ConfigError
@@ -45,8 +47,10 @@ def make_controller(tmp_path, monkeypatch):
         (tmp_path / "links.json").write_text(json.dumps(LINKS))
         worker = WorkerHost(new_testbed_id(), free_subnet(), state_root=str(tmp_path / "state"))
         lines: list[str] = []
-        exp = Experiment(str(tmp_path), load_links(str(tmp_path / "links.json")), worker,
-                         {"n1": {"sync": 2}, "n2": {"sync": 2}}, progress=progress or lines.append)
+        structure = {"n1": {"sync": 2}, "n2": {"sync": 2}}
+        exp = Experiment(load_links(str(tmp_path / "links.json")), Nodes(str(tmp_path), worker, structure), structure,
+                         progress=progress or lines.append)
+        exp.live = LiveFeed(exp)
         app = create_app(exp, admin_token=kw.pop("admin_token", ADMIN_TOKEN), **kw)
         served = Served(app if record is None else recording(app, record), pool_size)
         made.append((served, worker))

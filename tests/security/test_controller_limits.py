@@ -79,18 +79,18 @@ def bad_node():
 
 def test_a_node_answer_is_read_raw_and_capped(make_controller, bad_node):
     exp, _, _ = make_controller()
-    exp.nodes["n1"].ip, exp.node_port = "127.0.0.1", bad_node
-    assert exp._post("n1", "/ok", {}) == {"ok": True}
-    assert exp._health("n1") is None  # a compressed answer is not a health report
+    exp.nodes["n1"].ip, exp.nodes.port = "127.0.0.1", bad_node
+    assert exp.nodes.post("n1", "/ok", {}) == {"ok": True}
+    assert exp.nodes.health("n1") is None  # a compressed answer is not a health report
     with pytest.raises(ConfigError, match="Content-Encoding 'gzip'"):
-        exp._post("n1", "/gzip", {})
+        exp.nodes.post("n1", "/gzip", {})
     with pytest.raises(ConfigError, match="larger than 1048576 bytes"):
-        exp._post("n1", "/big", {})
+        exp.nodes.post("n1", "/big", {})
     with pytest.raises(ConfigError, match="no JSON"):  # nested past the bound: malformed, not a crash
-        exp._post("n1", "/deep", {})
+        exp.nodes.post("n1", "/deep", {})
     started = time.monotonic()
     with pytest.raises(TestbedError, match="took longer than 2s"):  # a trickle holds the call no longer
-        exp._node_call("n1", "GET", "/trickle", 2)
+        exp.nodes.call("n1", "GET", "/trickle", 2)
     assert time.monotonic() - started < 5
     assert BadNode.seen and set(BadNode.seen) == {"identity"}, BadNode.seen
 

@@ -419,7 +419,7 @@ def test_capture_path_stays_in_the_state_directory(tmp_path):
 
 
 def test_experiment_capture_list():
-    from controller.run.experiment import capture_list
+    from controller.run.recording import capture_list
 
     assert capture_list(None, ["a", "b"]) == [] and capture_list("all", ["a", "b"]) == ["a", "b"]
     assert capture_list(["b", "b"], ["a", "b"]) == ["b"]

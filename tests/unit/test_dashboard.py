@@ -14,7 +14,8 @@ import pytest
 from controller.web import run_view
 from controller.web.app import create_app
 from controller.run.experiment import Experiment
-from controller.web.live import LINK_HISTORY, band, down_links, round_series
+from controller.run.nodes import Nodes
+from controller.web.live import LINK_HISTORY, LiveFeed, band, down_links, round_series
 from controller.model.topology import load_links
 from tests.unit.test_analysis import make_run
 from worker.api.errors import NotFound
@@ -47,9 +48,10 @@ def test_links_cut_by_a_partition_or_a_link_down():
 def experiment(tmp_path):
     (tmp_path / "links.json").write_text(json.dumps({"a": [{"dest": "b", "bw": "8mbit"}],
                                                      "b": [{"dest": "a", "bw": "8mbit"}]}))
-    exp = Experiment(str(tmp_path), load_links(str(tmp_path / "links.json")), worker=None,
-                     structure={"a": {"sync": 3, "role": "gossip"}, "b": {"sync": 3, "role": "gossip"}},
+    structure = {"a": {"sync": 3, "role": "gossip"}, "b": {"sync": 3, "role": "gossip"}}
+    exp = Experiment(load_links(str(tmp_path / "links.json")), Nodes(str(tmp_path), None, structure), structure,
                      progress=lambda line: None)
+    exp.live = LiveFeed(exp)
     return exp
 
 
@@ -287,8 +289,9 @@ def test_the_live_and_the_stored_view_give_each_node_its_places(tmp_path):
 
     confs = _confs("fl", [{"name": "a", "sync": 2}, {"name": "b"}, {"name": "c"}])
     (tmp_path / "links.json").write_text(json.dumps({"a": [{"dest": "b", "bw": "8mbit"}]}))
-    exp = Experiment(str(tmp_path), load_links(str(tmp_path / "links.json")), worker=None,
-                     structure=confs, progress=lambda line: None)
+    exp = Experiment(load_links(str(tmp_path / "links.json")), Nodes(str(tmp_path), None, confs), confs,
+                     progress=lambda line: None)
+    exp.live = LiveFeed(exp)
     assert {n["name"]: n["places"] for n in exp.live.view()["nodes"]} == places_of(confs)
     workdir, run = _stored_run(tmp_path)
     assert [n["places"] for n in run_view.stored_view(str(run))["nodes"]] == [[], [], []]  # no confs.json

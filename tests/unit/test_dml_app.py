@@ -263,16 +263,18 @@ class _Worker:
 
 def _experiment(tmp_path, monkeypatch):
     from controller.run.experiment import Experiment
+    from controller.run.nodes import Nodes
     from controller.model.topology import Topology
 
     topo = Topology()
     for name in ("n1", "n2"):
         topo.add_node(name)
     worker = _Worker()
-    exp = Experiment(str(tmp_path), topo, worker, {"n1": {"sync": 3}, "n2": {"sync": 3}}, progress=lambda m: None)
-    exp._controller_url = "http://c"
+    structure = {"n1": {"sync": 3}, "n2": {"sync": 3}}
+    exp = Experiment(topo, Nodes(str(tmp_path), worker, structure), structure, progress=lambda m: None)
+    exp.nodes.controller_url = "http://c"
     for name in exp.nodes:
-        exp._start_process(name)
+        exp.nodes.start_process(name)
         exp.nodes[name].state = "running"
     exp.phase = "running"
     finishes = []
@@ -290,26 +292,26 @@ def test_an_expected_death_is_the_nodes_ending_and_the_run_does_not_wait_for_it(
     with pytest.raises(NotFound, match="no node 'n9'"):
         exp.expect_death("n9", "crashed")
     exp.expect_death("n1", "crashed  by the scenario")  # (as the scenario runner says it)
-    assert exp._waiting_on() == ["n2"] and exp.nodes["n1"].state == "running"
+    assert exp.waiting_on() == ["n2"] and exp.nodes["n1"].state == "running"
     worker.running[exp.nodes["n1"].process_id] = False
-    exp._watch_once(poll_health=False)
+    exp.check_nodes(poll_health=False)
     assert exp.nodes["n1"].state == "crashed by the scenario" and exp.nodes["n1"].ending == "crashed by the scenario"
     assert not finishes  # n2 still runs
     exp.nodes["n2"].state = "done"
-    exp._check_all_settled()
+    exp.check_all_settled()
     for _ in range(50):
         if finishes:
             break
         import time
         time.sleep(0.02)
     assert finishes == ["completed"]
-    assert [e["type"] for e in exp.membership] == ["death_expected", "node_died"]
+    assert [e["type"] for e in exp.membership.rows] == ["death_expected", "node_died"]
 
 
 def test_an_unexpected_death_is_still_a_failure(tmp_path, monkeypatch):
     exp, worker, _ = _experiment(tmp_path, monkeypatch)
     worker.running[exp.nodes["n2"].process_id] = False
-    exp._watch_once(poll_health=False)
+    exp.check_nodes(poll_health=False)
     assert exp.nodes["n2"].state == "failed" and "process exited" in exp.nodes["n2"].detail
 
 
@@ -320,21 +322,21 @@ def test_a_replaced_node_gets_its_confs_and_its_ending_shows_both_lives(tmp_path
     with pytest.raises(ConfigError, match="the node is running"):
         exp.replace_node("n1")
     calls = []
-    monkeypatch.setattr(exp, "_health", lambda name: {"state": "waiting"})
-    monkeypatch.setattr(exp, "_conf", lambda name, kind: {"shard": "s.npz"})
-    monkeypatch.setattr(exp, "_structure_confs", lambda: {"n1": {"role": "ring"}, "n2": {"role": "ring"}})
-    monkeypatch.setattr(exp, "_post", lambda name, path, body: calls.append((name, path, body)) or {})
+    monkeypatch.setattr(exp.nodes, "health", lambda name: {"state": "waiting"})
+    monkeypatch.setattr(exp.confs, "get", lambda name, kind: {"shard": "s.npz"})
+    monkeypatch.setattr(exp.confs, "structures", lambda: {"n1": {"role": "ring"}, "n2": {"role": "ring"}})
+    monkeypatch.setattr(exp.nodes, "post", lambda name, path, body: calls.append((name, path, body)) or {})
     first = exp.nodes["n1"].process_id
     exp.expect_death("n1", "revoked")
     worker.running[first] = False
-    exp._watch_once(poll_health=False)
+    exp.check_nodes(poll_health=False)
     life = exp.replace_node("n1")
     assert life["life"] == 2 and life["lives"][0]["ended"] == "revoked"
     assert worker.stopped == [first] and exp.nodes["n1"].process_id != first
     assert [p for _, p, _ in calls] == ["/conf/dataset", "/conf/structure", "/prepare", "/start"]
     assert calls[1][2] == {"role": "ring", "life": 2}  # a replacement knows it is one
     node = exp.nodes["n1"]
-    assert node.state == "running" and not node.expected_death and "n1" in exp._waiting_on()
+    assert node.state == "running" and not node.expected_death and "n1" in exp.waiting_on()
     node.state = "done"
     assert node.ending == "revoked, replaced, done"
     lives = exp.lives()

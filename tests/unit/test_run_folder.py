@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -103,11 +102,13 @@ class _Worker:
 
 def _experiment(tmp_path):
     from controller.run.experiment import Experiment
+    from controller.run.nodes import Nodes
 
     topo = Topology()
     for name in ("n1", "n2"):
         topo.add_node(name)
-    exp = Experiment(str(tmp_path), topo, _Worker(), {"n1": {"sync": 3}, "n2": {"sync": 3}}, progress=lambda m: None)
+    structure = {"n1": {"sync": 3}, "n2": {"sync": 3}}
+    exp = Experiment(topo, Nodes(str(tmp_path), _Worker(), structure), structure, progress=lambda m: None)
     exp.phase = "running"
     for node in exp.nodes.values():
         node.state, node.up = "running", True
@@ -115,19 +116,19 @@ def _experiment(tmp_path):
 
 
 def test_an_oversized_log_fails_its_node_and_the_monitor_goes_on(tmp_path, monkeypatch):
-    from controller.run import experiment
+    from controller.run import nodes
 
     exp = _experiment(tmp_path)
-    monkeypatch.setattr(exp, "_health", lambda name: {"state": "done"})
+    monkeypatch.setattr(exp.nodes, "health", lambda name: {"state": "done"})
 
     def fetch(name: str):
         if name == "n1":
-            raise ConfigError(f"log of n1 is larger than {experiment.MAX_LOG_BYTES} bytes")
+            raise ConfigError(f"log of n1 is larger than {nodes.MAX_LOG_BYTES} bytes")
         return b'{"v":1,"type":"done","node":"n2","run_id":"r","t":0}\n'
 
-    monkeypatch.setattr(exp, "_fetch_log", fetch)
-    monkeypatch.setattr(exp, "_check_all_settled", lambda: None)
-    exp._watch_once(poll_health=True)
+    monkeypatch.setattr(exp.nodes, "fetch_log", fetch)
+    monkeypatch.setattr(exp, "check_all_settled", lambda: None)
+    exp.check_nodes(poll_health=True)
     assert exp.nodes["n1"].state == "failed" and "larger than" in exp.nodes["n1"].detail
     assert exp.nodes["n2"].state == "done"
 
@@ -142,9 +143,9 @@ def test_the_monitor_loop_outlives_an_unexpected_error(tmp_path, monkeypatch):
             raise RuntimeError("a bug in one pass")
         exp.phase = "finished"  # the second pass ends the run
 
-    monkeypatch.setattr(exp, "_watch_once", boom)
+    monkeypatch.setattr(exp, "check_nodes", boom)
     monkeypatch.setattr("controller.run.experiment.time.sleep", lambda s: None)
-    exp._watch()
+    exp.watch()
     assert len(calls) == 2
 
 
@@ -155,7 +156,7 @@ def test_a_node_trickling_its_log_is_given_up_after_the_deadline(tmp_path, monke
     import threading
     import time
 
-    from controller.run import experiment
+    from controller.run import nodes
     from worker.api.errors import TestbedTimeout
 
     listener = socket.create_server(("127.0.0.1", 0))
@@ -174,13 +175,13 @@ def test_a_node_trickling_its_log_is_given_up_after_the_deadline(tmp_path, monke
         conn.close()
 
     threading.Thread(target=trickle, daemon=True).start()
-    monkeypatch.setattr(experiment, "LOG_FETCH_S", 1.5, raising=False)
+    monkeypatch.setattr(nodes, "LOG_FETCH_S", 1.5)
     exp = _experiment(tmp_path)
-    exp.nodes["n1"].ip, exp.node_port = "127.0.0.1", listener.getsockname()[1]
+    exp.nodes["n1"].ip, exp.nodes.port = "127.0.0.1", listener.getsockname()[1]
     started = time.monotonic()
     try:
         with pytest.raises(TestbedTimeout, match="n1's answer to /log took longer than 1.5s"):
-            exp._fetch_log("n1")
+            exp.nodes.fetch_log("n1")
     finally:
         stop.set()
         listener.close()

@@ -9,7 +9,7 @@ from controller.model.scenario import cdf_inverse, load_scenario, resolve
 from controller.run.scenario_runner import ScenarioRunner
 from controller.model.topology import Topology
 from worker import faults
-from worker.api.faults import FAULTS, KINDS, parse_fault, parse_faults
+from worker.api.faults import parse_fault, parse_faults
 from worker.api.errors import CapabilityError, ConfigError
 
 
@@ -429,10 +429,11 @@ def test_prepare_fault_names_what_it_prepares():
 
 def test_a_link_step_moves_the_runs_topology_and_rates(tmp_path):
     from controller.run.experiment import Experiment
+    from controller.run.nodes import Nodes
 
     topo = topology()
-    exp = Experiment(str(tmp_path), topo, worker=None, structure={"n1": {"sync": 1}, "n2": {"sync": 1}},
-                     progress=lambda _: None)
+    structure = {"n1": {"sync": 1}, "n2": {"sync": 1}}
+    exp = Experiment(topo, Nodes(str(tmp_path), None, structure), structure, progress=lambda _: None)
     exp.t_start_monotonic = 0.0  # started long ago: the change is at "now"
     timeline = resolve(ev(at=0, link={"src": "n1", "dst": "n2", "bw": "1mbit"}, **{"for": 2}), topo)
     runner = ScenarioRunner(timeline, RecordingWorker(), ips(), progress=lambda _: None, experiment=exp)

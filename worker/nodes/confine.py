@@ -29,7 +29,6 @@ from functools import lru_cache
 from typing import Optional, Sequence
 
 from worker.api.errors import CapabilityError
-from worker.api.protocol import MAX_PIDS_MAX, MIN_PIDS_MAX  # noqa: F401 - its names too
 
 DEFAULT_PIDS_MAX = 1024  # processes and threads of a node: an idle numpy node has 2, TensorFlow 2 per core + ~20
 DEFAULT_MEM_BYTES = 4 << 30  # at most half the host's memory (``default_mem_bytes``)

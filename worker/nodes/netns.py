@@ -23,7 +23,8 @@ from worker.nodes import cgroups, confine, neighbours, privilege
 from worker.kernel import netlink as nl, nsfs
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.api.schema import IPV4_ADDRESS, Field, Schema
-from worker.api.protocol import DEFAULT_SUBNET, NODE_IFNAME, node_address  # noqa: F401 - its names too
+from worker.api.protocol import (DEFAULT_SUBNET, MAX_PIDS_MAX, MIN_PIDS_MAX, NODE_IFNAME,  # noqa: F401 - its names too
+                                 node_address)
 from worker.state import StateStore
 
 TESTBED_ID_RE = re.compile(r"[a-z0-9]{1,5}")
@@ -100,7 +101,7 @@ NODE_SPEC_SCHEMA = Schema({
     "cpu": Field(float, "CPU cores", nullable=True, low=0, low_open=True, high=1024),
     "mem_bytes": Field(int, "memory limit in bytes", nullable=True, low=4 * 1024 * 1024),
     "ip": replace(IPV4_ADDRESS, nullable=True, doc="a physical device's address"),
-    "pids_max": Field(int, "most processes", nullable=True, low=confine.MIN_PIDS_MAX, high=confine.MAX_PIDS_MAX)})
+    "pids_max": Field(int, "most processes", nullable=True, low=MIN_PIDS_MAX, high=MAX_PIDS_MAX)})
 
 
 def _node_place(place: Optional[str], name: Any) -> str:

@@ -1,0 +1,94 @@
+"""Writing the derived files of a run once its nodes have settled and their events are in.
+
+``write_results`` writes, in this order, each step on its own (a failure is one of the run's
+``problems``, and the rest goes on): ``confs.json``, ``lives.json``, ``timeline.json``,
+``membership.csv``, the final models' evaluation, metrics and plots (``tables.build``),
+``summary.json``, the analysis (``analysis/``), ``summary.json`` again with the analysis.
+``write_record`` ends ``run.json``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from controller.results import evaluate, tables
+from controller.results.run_dir import (MEMBERSHIP_CSV, RUN, RUN_JSON, Problems, RunDir, attempt, csv_bytes,
+                                        read_run_events)
+
+log = logging.getLogger("edgetb.controller")
+
+
+@dataclass
+class RunResults:
+    """What a run's results are written from."""
+
+    out: RunDir  # the run folder
+    run_dir: str  # its path, as the run names it
+    workdir: str  # the experiment directory
+    run_id: str
+    algorithm: str
+    structure: dict[str, dict[str, Any]]  # each node's structure conf, as generated
+    ended: str  # how the run ended (run_dir.ENDINGS)
+    endings: dict[str, str]  # each node's ending
+    t_start: Optional[float] = None  # when the roles started (time.time())
+    dataset_confs: dict[str, Any] = field(default_factory=dict)  # each node's dataset conf ({} when none)
+    uids: dict[str, int] = field(default_factory=dict)  # each node's uid on this machine, when known
+    lives: dict[str, Any] = field(default_factory=dict)  # Membership.lives()
+    timeline: Optional[list[dict[str, Any]]] = None  # the live view's timeline (None: not written)
+    membership: list[dict[str, Any]] = field(default_factory=list)  # the controller's membership rows
+    captured: dict[str, Any] = field(default_factory=dict)  # each capture's account
+
+
+def write_results(run: RunResults, problems: Problems,
+                  progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every derived file of ``run``; the run's summary (as ``summary.json`` has it)."""
+    out, run_dir = run.out, run.run_dir
+
+    def step(what: str, fn: Callable[[], Any], default: Any = None) -> Any:
+        return attempt(problems, RUN, what, fn, default)
+
+    step("confs.json", lambda: out.write_json("confs.json", {n: {"structure": c} for n, c in run.structure.items()}))
+    step("lives.json", lambda: out.write_json("lives.json", run.lives))
+    if run.timeline is not None:
+        step("timeline.json", lambda: out.write_json("timeline.json", {"version": 1, "entries": run.timeline}))
+    step(MEMBERSHIP_CSV, lambda: out.write_bytes(MEMBERSHIP_CSV, csv_bytes(
+        tables.MEMBERSHIP_COLUMNS, tables.membership_rows(read_run_events(run_dir, {}), run.membership))))
+    final = step("models", lambda: evaluate.final_models(
+        run.workdir, run_dir, run.run_id, run.structure, run.dataset_confs, write=out.write_bytes,
+        uids=run.uids), {})
+    built = step("metrics and plots", lambda: tables.build(
+        run_dir, run.t_start or time.time(), run.algorithm, run.endings, final, write=out.write_bytes,
+        problems=problems), {"algorithm": run.algorithm, "nodes": [], "plots": [], "models": []})
+    summary = {"run_id": run.run_id, "run_dir": run_dir, "ended": run.ended, "endings": run.endings, **built}
+    if run.captured:
+        summary["captures"] = run.captured
+    summary["problems"] = problems
+    step("summary.json", lambda: out.write_json("summary.json", summary))
+    summary["analysis"] = analyze(out, run_dir, run.run_id, progress)
+    step("summary.json", lambda: out.write_json("summary.json", summary))
+    return summary
+
+
+def analyze(out: RunDir, run_dir: str, run_id: str, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """The run's analysis (``controller.results.analysis``) into ``analysis/``; a failure is recorded."""
+    try:
+        from controller.results.analysis import analyze as run_analysis
+
+        done = run_analysis(run_dir, progress=progress, write=out.write_bytes)
+        return {"dir": os.path.join(run_dir, "analysis"), "seconds": done["seconds"],
+                "missing": done["missing"], "fidelity_ok": done["fidelity"]["ok"]}
+    except Exception as e:  # noqa: BLE001 - the run's other files stand without it
+        log.exception("analysis of %s failed", run_id)
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def write_record(out: RunDir, record: dict[str, Any], ended: str, detail: str, endings: dict[str, str],
+                 problems: Problems) -> None:
+    """``run.json`` completed with how the run ended, each node's ending and the problems."""
+    record.update(ended=ended, ended_at=time.time(), detail=detail, nodes=endings)
+    if problems:
+        record["problems"] = problems
+    attempt(problems, RUN, RUN_JSON, lambda: out.write_json(RUN_JSON, record))
