@@ -377,7 +377,9 @@ def _workers(spec: RunSpec) -> Worker:
 
 def _interrupt(signum: int, frame: Any) -> None:
     """SIGTERM, SIGHUP (and Ctrl-C's SIGINT, by Python's default) stop the run; the main flow
-    takes the interrupt, whichever greenlet it landed in, and removes the testbed."""
+    takes the interrupt, whichever greenlet it landed in, and removes the testbed. A request (or
+    the --auto runner) it landed in goes on until it yields: switched away from here, it would
+    stay parked for good, holding whatever lock it held (the live view's, and the run's)."""
     interrupt = KeyboardInterrupt(signal.Signals(signum).name)
     if "gevent" in sys.modules:
         import gevent
@@ -386,7 +388,8 @@ def _interrupt(signum: int, frame: Any) -> None:
         hub = gevent.get_hub()
         current = greenlet.getcurrent()
         if current is not hub and current is not hub.parent:  # a request or the --auto runner
-            hub.parent.throw(interrupt)
+            hub.loop.run_callback(hub.parent.throw, interrupt)
+            return
     raise interrupt
 
 
