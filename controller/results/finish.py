@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from controller.results import evaluate, tables
-from controller.results.run_dir import (MEMBERSHIP_CSV, RUN, RUN_JSON, Problems, RunDir, attempt, csv_bytes,
+from controller.results.run_dir import (ANALYSIS_DIR, CONFS_JSON, LIVES_JSON, MEMBERSHIP_CSV, RUN, RUN_JSON,
+                                        SUMMARY_JSON, TIMELINE_JSON, Problems, RunDir, attempt, csv_bytes,
                                         read_run_events)
 
 log = logging.getLogger("edgetb.controller")
@@ -50,10 +51,10 @@ def write_results(run: RunResults, problems: Problems,
     def step(what: str, fn: Callable[[], Any], default: Any = None) -> Any:
         return attempt(problems, RUN, what, fn, default)
 
-    step("confs.json", lambda: out.write_json("confs.json", {n: {"structure": c} for n, c in run.structure.items()}))
-    step("lives.json", lambda: out.write_json("lives.json", run.lives))
+    step(CONFS_JSON, lambda: out.write_json(CONFS_JSON, {n: {"structure": c} for n, c in run.structure.items()}))
+    step(LIVES_JSON, lambda: out.write_json(LIVES_JSON, run.lives))
     if run.timeline is not None:
-        step("timeline.json", lambda: out.write_json("timeline.json", {"version": 1, "entries": run.timeline}))
+        step(TIMELINE_JSON, lambda: out.write_json(TIMELINE_JSON, {"version": 1, "entries": run.timeline}))
     step(MEMBERSHIP_CSV, lambda: out.write_bytes(MEMBERSHIP_CSV, csv_bytes(
         tables.MEMBERSHIP_COLUMNS, tables.membership_rows(read_run_events(run_dir, {}), run.membership))))
     final = step("models", lambda: evaluate.final_models(
@@ -66,9 +67,9 @@ def write_results(run: RunResults, problems: Problems,
     if run.captured:
         summary["captures"] = run.captured
     summary["problems"] = problems
-    step("summary.json", lambda: out.write_json("summary.json", summary))
+    step(SUMMARY_JSON, lambda: out.write_json(SUMMARY_JSON, summary))
     summary["analysis"] = analyze(out, run_dir, run.run_id, progress)
-    step("summary.json", lambda: out.write_json("summary.json", summary))
+    step(SUMMARY_JSON, lambda: out.write_json(SUMMARY_JSON, summary))
     return summary
 
 
@@ -78,7 +79,7 @@ def analyze(out: RunDir, run_dir: str, run_id: str, progress: Callable[[str], No
         from controller.results.analysis import analyze as run_analysis
 
         done = run_analysis(run_dir, progress=progress, write=out.write_bytes)
-        return {"dir": os.path.join(run_dir, "analysis"), "seconds": done["seconds"],
+        return {"dir": os.path.join(run_dir, ANALYSIS_DIR), "seconds": done["seconds"],
                 "missing": done["missing"], "fidelity_ok": done["fidelity"]["ok"]}
     except Exception as e:  # noqa: BLE001 - the run's other files stand without it
         log.exception("analysis of %s failed", run_id)

@@ -8,9 +8,9 @@ a step function ``[(from time_s, rate_bps or None)]`` (None: no link then), in t
 are seconds since the run's start, ``-inf`` for "from the start". A link first set after the
 start had no rate before (its history begins with ``(-inf, None)``).
 
-``telemetry/rates.csv.gz`` (``time_s,src,dst,rate_bps``) is this history as the telemetry saw
-it: each link's rate at the first sample, then each change (an empty rate: the link was
-removed). ``rows`` writes those rows, ``from_rows`` reads them back.
+``telemetry/rates.csv.gz`` (``time_s,src,dst,rate_bps``) is this history, written when the run
+finishes: each link's rate at the first sample, then each change at the time the controller
+made it or the telemetry saw it, whichever came first (an empty rate: the link was removed). ``rows`` writes those rows, ``from_rows`` reads them back.
 """
 from __future__ import annotations
 

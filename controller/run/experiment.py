@@ -30,7 +30,7 @@ import os
 import secrets
 import threading
 import time
-from enum import StrEnum
+from enum import Enum
 from typing import Any, Callable, Iterable, Optional
 
 from controller.model.telemetry_conf import TelemetryConf
@@ -52,7 +52,7 @@ HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 log = logging.getLogger("edgetb.controller")
 
 
-class Phase(StrEnum):
+class Phase(str, Enum):
     """Where the run is (``status()["phase"]``)."""
 
     CREATED = "created"
@@ -62,6 +62,9 @@ class Phase(StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     RESET = "reset"
+
+    def __str__(self) -> str:  # the value in text, as in JSON (StrEnum's, which needs Python 3.11)
+        return str(self.value)
 
 
 class Experiment:
@@ -146,7 +149,7 @@ class Experiment:
             for name, node in self.nodes.items():
                 node.ip = result["ips"][name]
                 node.shaping_verified = True
-            self.out.write_json("topology.json", run_folder.topology_doc(self.topology, result["ips"]))
+            self.out.write_json(run_folder.TOPOLOGY_JSON, run_folder.topology_doc(self.topology, result["ips"]))
             run_folder.copy_inputs(self.out, self.inputs)
             self._write_record()
             self.nodes.controller_url = f"http://{result['bridge_ip']}:{self.controller_port}"
@@ -376,9 +379,10 @@ class Experiment:
             endings = {n.name: n.ending for n in self.nodes.values()}
             run = results.RunResults(
                 self.out, self.run_dir, self.workdir, self.run_id, self.algorithm, self.structure, how, endings,
-                t_start=self.t_start, dataset_confs=self.confs.datasets(), uids=self.nodes.uids(), lives=self.lives(),
-                timeline=self._step("timeline.json", self.live.timeline_now), membership=self.membership.rows,
-                captured=captured)
+                t_start=self.t_start, dataset_confs=self.confs.datasets(), membership=self.membership.rows,
+                uids=self._step("node uids", self.nodes.uids, {}),
+                lives=self._step(run_folder.LIVES_JSON, self.lives, {}),
+                timeline=self._step(run_folder.TIMELINE_JSON, self.live.timeline_now), captured=captured)
             self.summary = results.write_results(run, self.problems, self.progress)
             for row in self.summary.get("nodes", []):
                 node = self.nodes.get(row.get("node"))
@@ -395,7 +399,7 @@ class Experiment:
         return run_folder.attempt(self.problems, run_folder.RUN, what, fn, default)
 
     def _write_record(self) -> None:
-        self.out.write_json("run.json", self.record)
+        self.out.write_json(run_folder.RUN_JSON, self.record)
 
     # live link changes ----------------------------------------------------------------------------
     def update_tc(self, file: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from enum import Enum
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import requests
@@ -51,7 +51,7 @@ START_THREADS = 4  # node processes started at once (each waits for its fork by 
 PROBE_BATCH = 256  # connects in flight at once (well under the default limit of 1,024 descriptors)
 
 
-class State(StrEnum):
+class State(str, Enum):
     """A node's state; an expected death's why (``crashed``, ``revoked``...) is an ending too."""
 
     PENDING = "pending"
@@ -61,6 +61,9 @@ class State(StrEnum):
     FAILED = "failed"
     TIMEOUT = "timeout"
     LOST = "lost"
+
+    def __str__(self) -> str:  # the value in text, as in JSON (StrEnum's, which needs Python 3.11)
+        return str(self.value)
 
 
 SETTLED = (State.DONE, State.STOPPED, State.FAILED, State.TIMEOUT, State.LOST)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from controller.model.telemetry_conf import TelemetryConf
 from controller.results.rates import LinkRates
-from controller.results.run_dir import RunDir
+from controller.results.run_dir import PCAP_DIR, RunDir
 from controller.telemetry.collector import Collector
 from controller.workers.api import Worker
 from worker.api.errors import ConfigError, TestbedError
@@ -132,7 +132,7 @@ class Recording:
         for name in list(self.capturing):
             try:
                 stopped = self.worker.stop_capture(name)
-                out.write_chunks(f"telemetry/pcap/{name}.pcap", self.worker.capture_chunks(name))
+                out.write_chunks(f"{PCAP_DIR}/{name}.pcap", self.worker.capture_chunks(name))
                 found[name] = {"bytes": stopped.get("bytes"), "kernel_drops": stopped.get("kernel_drops")}
                 self.worker.remove_capture(name)  # the run folder has it now
             except Exception as e:  # noqa: BLE001 - one capture never stops the others

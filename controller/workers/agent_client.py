@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import http.client
-import re
 import socket
 import ssl
 import time
@@ -103,13 +102,6 @@ def _ssl_reason(exc: BaseException) -> Optional[str]:
     return None
 
 
-def _route(path: str) -> re.Pattern:
-    return re.compile(re.sub(r"<[^>/]+>", "[^/]+", path))
-
-
-_IDEMPOTENT = [(op.method, _route(op.path)) for op in OPERATIONS.values() if op.idempotent]
-
-
 class AgentClient:
     """A worker agent reached over HTTPS (pinned) or loopback HTTP, with its bearer token."""
 
@@ -155,10 +147,6 @@ class AgentClient:
     def workers(self) -> dict[str, "AgentClient"]:
         return {self.name: self}
 
-    def idempotent(self, method: str, path: str) -> bool:
-        """Whether the agent declares the call ``method path`` idempotent (every GET is)."""
-        return method in ("GET", "HEAD") or any(m == method and r.fullmatch(path) for m, r in _IDEMPOTENT)
-
     def _check_listener(self) -> None:
         """On loopback, the agent's port must be held by root before the token goes there."""
         if not self.loopback or self.fingerprint:
@@ -199,10 +187,9 @@ class AgentClient:
         op = OPERATIONS[operation]
         return self._call(op.method, op.url_path(**segments), body, params, op.idempotent)
 
-    def _call(self, method: str, path: str, body: Any = None, params: Optional[dict] = None,
-              idempotent: Optional[bool] = None) -> dict[str, Any]:
-        if idempotent is None:
-            idempotent = self.idempotent(method, path)
+    def _call(self, method: str, path: str, body: Any, params: Optional[dict], idempotent: bool) -> dict[str, Any]:
+        """One call; an idempotent one (the operation table says which) is tried again when the
+        agent cannot be reached."""
         tries = self.tries if idempotent else 1
         where = f"{self.label}: {method} {path}"
         for attempt in range(1, tries + 1):

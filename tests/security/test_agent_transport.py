@@ -26,6 +26,7 @@ from controller.workers.agent_client import AgentClient
 from tests.netns.conftest import free_subnet, new_testbed_id
 from tests.security.callers_fixtures import NOBODY_UID, free_port, need_root
 from worker.api import errors
+from worker.api.protocol import OPERATIONS
 from worker.serving import bearer_matches, json_errors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,8 +217,8 @@ def test_idempotent_calls_are_retried_with_backoff_and_name_the_host(agents):
     with pytest.raises(errors.AgentUnreachable) as caught:  # not idempotent: tried once
         client.exec("n1", {"version": 1, "argv": ["true"]})
     assert caught.value.message == f"agent e1 ({url}): POST /nodes/n1/exec: connection refused"
-    assert client.idempotent("PUT", "/links") and client.idempotent("DELETE", "/nodes/a/processes/p1")
-    assert not client.idempotent("POST", "/nodes/a/processes") and not client.idempotent("POST", "/nodes/a/app")
+    assert OPERATIONS["set_links"].idempotent and OPERATIONS["stop_process"].idempotent
+    assert not OPERATIONS["start_process"].idempotent and not OPERATIONS["start_node"].idempotent
 
     # the agent comes back while the client waits: the call succeeds
     patient = AgentClient(url, TOKEN, name="e1", fingerprint=fp, tries=6, backoff_s=0.5)

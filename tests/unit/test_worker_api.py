@@ -12,7 +12,7 @@ from controller.model.spec import RunOptions
 from controller.workers.agent_client import AgentClient
 from controller.workers.api import Worker
 from controller.workers.cluster import Cluster
-from worker.agent import IDEMPOTENT, REQUEST_LIMITS, create_app
+from worker.agent import REQUEST_LIMITS, create_app
 from worker.api.errors import ConfigError, NotFound
 from worker.api.protocol import OPERATIONS, SMALL_REQUEST_BYTES, check_version
 from worker.host import WorkerHost
@@ -31,13 +31,35 @@ def test_the_agent_serves_every_operation_of_the_table_and_nothing_else():
     assert served == {(op.name, op.method, op.path) for op in OPERATIONS.values()}
 
 
+class _Untouchable:
+    """A host no call may reach: every attribute read fails the test."""
+
+    testbed_id = "0"
+
+    def __getattr__(self, name: str) -> None:
+        raise AssertionError(f"an unauthenticated call reached the host's {name}")
+
+
+def test_every_operation_but_health_needs_the_token():
+    client = create_app(_Untouchable(), TOKEN).test_client()  # type: ignore[arg-type]
+    for op in OPERATIONS.values():
+        if op.name == "health":
+            continue
+        path = op.path.replace("<name>", "n1").replace("<proc_id>", "p1")
+        for headers in ({}, {"Authorization": "Bearer " + "x" * 32}):
+            body = {"json": {"version": 1}} if op.method in ("POST", "PUT", "PATCH") else {}
+            answer = client.open(path, method=op.method, headers=headers, **body)
+            assert answer.status_code == 401, (op.name, headers, answer.status_code)
+
+
 def test_limits_and_idempotent_calls_come_from_the_table():
     assert REQUEST_LIMITS == {"create_nodes": 16 << 20, "set_links": 16 << 20, "merge_links": 16 << 20,
                               "sync": 16 << 20, "set_routes": 1 << 20, "exec": 1 << 20, "start_process": 1 << 20,
                               "start_node": 1 << 20}
     assert all(op.limit_bytes == SMALL_REQUEST_BYTES for name, op in OPERATIONS.items() if name not in REQUEST_LIMITS)
     # the state-changing calls a client may repeat, as before the table
-    assert {(m, p) for m, p in IDEMPOTENT if m != "GET"} == {
+    idempotent = {(op.method, op.path) for op in OPERATIONS.values() if op.idempotent}
+    assert {(m, p) for m, p in idempotent if m != "GET"} == {
         ("PUT", "/links"), ("PATCH", "/links"), ("DELETE", "/links"), ("PUT", "/routes"), ("POST", "/nodes"),
         ("POST", "/sync"), ("POST", "/reset"), ("POST", "/telemetry/stop"),
         ("DELETE", "/nodes/<name>/processes/<proc_id>"), ("DELETE", "/nodes/<name>/capture"),

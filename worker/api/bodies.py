@@ -2,7 +2,7 @@
 files and requests): an unknown field, a wrong type or a value out of range is a ConfigError
 naming the request and the field.
 
-The worker checks a body's ``version`` first (``worker.host.check_version``), then its schema
+The worker checks a body's ``version`` first (``worker.api.protocol.check_version``), then its schema
 here; what needs the host's state (does the node exist?) is checked where the request is
 served. The nodes of ``POST /nodes`` are ``worker.nodes.netns.NodeSpec``, a link's shape is
 ``worker.api.shape.Shape``, isolation ``worker.shaping.plan.Isolation`` and the faults of

@@ -4,7 +4,7 @@
 ``Worker`` method that performs it, and the agent's endpoint), HTTP method and path, the
 largest request body it takes, whether a client may repeat it after a connection error
 (idempotent: it leaves the same state however often it runs) and its success status.
-``worker.agent`` builds its routes, body limits and ``IDEMPOTENT`` from it;
+``worker.agent`` builds its routes and body limits from it (a client retries the idempotent ones);
 ``controller.workers.agent_client`` builds its calls from it; ``controller.workers.cluster``
 forwards the per-node operations by it.
 

@@ -402,12 +402,6 @@ def self_join_target(procs_file: str) -> tuple[str, bool]:
     return (tasks, True) if os.path.exists(tasks) else (procs_file, False)
 
 
-def join_self(procs_files: list[str]) -> None:
-    """Move the calling process (one thread: just forked) into the groups of ``procs_files``."""
-    join_in_child([(os.open(path, os.O_WRONLY | os.O_CLOEXEC), zero)
-                   for path, zero in map(self_join_target, procs_files)], close=True)
-
-
 def join_fds(procs_files: list[str]) -> list[tuple[int, bool]]:
     """Open a node's groups' files before a fork, for ``join_in_child`` (descriptor, write "0")."""
     return [(os.open(path, os.O_WRONLY | os.O_CLOEXEC), zero) for path, zero in map(self_join_target, procs_files)]
