@@ -13,7 +13,7 @@ only the change itself is applied; a preparation is best effort and is not a row
 
 A crash or a revocation is announced to the experiment first (``expect_death``) so the run
 records the death as the scenario's event, not a failure; a replacement goes through the
-experiment's ``replace_node`` when it has one, else the worker starts the node's processes
+experiment's ``replace_node`` in a run, else (no run) the worker starts the node's processes
 again.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 from controller.workers import deploy
 from controller.model.scenario import Step, StepKind, Timeline
@@ -43,11 +43,21 @@ PREPARE_LEAD_S = 1.0  # a pause or a limits change is made ready this long befor
 PREPARED_KINDS: dict[StepKind, PreparedKind] = {"pause": "freeze", "limits": "limits"}  # what the worker prepares
 
 
+class RunHooks(Protocol):
+    """What a scenario tells the run it plays in (``controller.run.experiment.Experiment``)."""
+
+    def expect_death(self, name: str, why: str) -> None: ...
+    def replace_node(self, name: str) -> Any: ...
+    def links_reshaped(self, links: Iterable[Link]) -> None: ...
+
+
 class ScenarioRunner:
-    """The timeline of one run; ``ips`` maps every node to its address."""
+    """The timeline of one run; ``ips`` maps every node to its address. Without a run
+    (``experiment`` None: ``edgetb scenario`` on a network brought up by ``edgetb up``), a
+    replacement starts the node's processes again through the worker."""
 
     def __init__(self, timeline: Timeline, worker: Any, ips: dict[str, str], progress: Callable[[str], None] = print,
-                 experiment: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 experiment: Optional[RunHooks] = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeline = timeline
         self.worker = worker
         self.ips = ips
@@ -223,9 +233,8 @@ class ScenarioRunner:
                 shape.update({k: p[k] for k in ("delay_ms", "jitter_ms", "loss_pct") if k in p})
             links.append({"src": src, "dst": dst, "dst_ip": self.ips[dst], "shape": shape})
         self.worker.set_links({"version": 1, "links": links}, merge=True)
-        reshaped = getattr(self.experiment, "links_reshaped", None)  # the topology and the run's rates follow
-        if callable(reshaped):
-            reshaped([Link(link["src"], link["dst"], Shape.from_dict(link["shape"])) for link in links])
+        if self.experiment is not None:  # the run's topology and rates follow
+            self.experiment.links_reshaped([Link(link["src"], link["dst"], Shape.from_dict(link["shape"])) for link in links])
         return None
 
     def _block(self, p: dict[str, Any]) -> None:
@@ -267,9 +276,8 @@ class ScenarioRunner:
         self._faults(Limits(**p))  # {"node", "cpu"} or {"node", "mem_bytes"}: the other one is kept
 
     def _replace(self, p: dict[str, Any]) -> Optional[str]:
-        replace = getattr(self.experiment, "replace_node", None)
-        if callable(replace):
-            replace(p["node"])
+        if self.experiment is not None:
+            self.experiment.replace_node(p["node"])
             return None
         started = self._faults(Restart(p["node"]))
         count = sum(len(r.get("started", [])) for r in started["results"])
@@ -291,9 +299,8 @@ class ScenarioRunner:
         return None
 
     def _expect_death(self, node: str, why: str) -> None:
-        expect = getattr(self.experiment, "expect_death", None)
-        if callable(expect):
-            expect(node, why)
+        if self.experiment is not None:
+            self.experiment.expect_death(node, why)
 
     # results ---------------------------------------------------------------------------------------
     def wait_flows(self, timeout_s: float) -> dict[str, dict[str, Any]]:

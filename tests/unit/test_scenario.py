@@ -264,15 +264,24 @@ def test_runner_dispatch_as_worker_calls():
                                  "replace_after_s": {"fixed": 0}}}]}
     timeline = resolve(doc, topology())
     worker = RecordingWorker()
-    deaths = []
+    deaths, replaced, reshaped = [], [], []
 
-    class Exp:
+    class Exp:  # the run the scenario plays in
         def expect_death(self, name, why):
             deaths.append((name, why, len(worker.calls)))
+
+        def replace_node(self, name):
+            replaced.append(name)
+
+        def links_reshaped(self, links):
+            reshaped.extend((link.src, link.dst, link.shape.rate_bps) for link in links)
 
     runner = ScenarioRunner(timeline, worker, ips(), progress=lambda _: None, experiment=Exp())
     for step in timeline.steps:
         runner.apply_step(step)
+    assert replaced == ["n5"] and reshaped == [("n1", "n2", 1_000_000), ("n2", "n1", 1_000_000)]
+    bare = ScenarioRunner(timeline, worker, ips(), progress=lambda _: None)  # no run: edgetb scenario
+    bare.apply_step(timeline.steps[-1])
     link, block, loss, crash, memory, revoke, replace = worker.calls
     assert link == ("set_links", {"version": 1, "links": [
         {"src": "n1", "dst": "n2", "dst_ip": "10.9.0.3", "shape": {**_shape(), "rate_bps": 1_000_000}},
