@@ -30,11 +30,11 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from bench_netns import (BenchError, _on_signal, checkpoint, fresh_testbed_id, free_subnet, log, secs,  # noqa: E402
                          shielded, table, teardown)
-from controller.workers import deploy  # noqa: E402
 from controller.model.topology import Topology  # noqa: E402
+from controller.workers import deploy  # noqa: E402
+from worker.host import WorkerHost  # noqa: E402
 from worker.nodes import docker as runtime_docker  # noqa: E402
 from worker.shaping import apply
-from worker.host import WorkerHost  # noqa: E402
 from worker.shaping.plan import Plan  # noqa: E402
 
 SEED = 20261122

@@ -32,10 +32,10 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from bench_netns import fresh_testbed_id, log, secs, table  # noqa: E402
-from controller.workers import deploy, files  # noqa: E402
-from controller.workers.connect import connect  # noqa: E402
 from controller.model.hosts import Host, Hosts, check_placement  # noqa: E402
 from controller.model.topology import Topology  # noqa: E402
+from controller.workers import deploy, files  # noqa: E402
+from controller.workers.connect import connect  # noqa: E402
 from tests.e2e.lan import Lan  # noqa: E402
 from worker.kernel import nsfs  # noqa: E402
 

@@ -35,8 +35,8 @@ from bench_netns import (BenchError, free_port, free_subnet, fresh_testbed_id, l
                          shielded, table, teardown)
 
 from controller.model.scenario import resolve  # noqa: E402
-from controller.run.scenario_runner import ScenarioRunner  # noqa: E402
 from controller.model.topology import Topology  # noqa: E402
+from controller.run.scenario_runner import ScenarioRunner  # noqa: E402
 from worker.host import WorkerHost  # noqa: E402
 
 SEED = 20261123

@@ -45,11 +45,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.bench_netns import BenchError, checkpoint, log, scratch_host, table  # noqa: E402
+from controller.model.telemetry_conf import TelemetryConf  # noqa: E402
 from controller.results.rates import LinkRates  # noqa: E402
 from controller.results.run_dir import RunDir  # noqa: E402
 from controller.telemetry.collector import Collector  # noqa: E402
 from controller.telemetry.export import configured_rates  # noqa: E402
-from controller.model.telemetry_conf import TelemetryConf  # noqa: E402
 from worker.kernel.netlink import NLMSG_DONE  # noqa: E402
 from worker.observe.stats import RECV_BYTES  # noqa: E402
 

@@ -31,10 +31,10 @@ import threading
 import time
 from typing import Any, Optional
 
+from controller.model.topology import Topology, access_rate, load_links, load_nodes
 from controller.workers import deploy
 from controller.workers.api import Worker
 from controller.workers.connect import connect, reset_stale
-from controller.model.topology import Topology, access_rate, load_links, load_nodes
 from worker.api.errors import ConfigError, TestbedError
 from worker.api.protocol import DEFAULT_SUBNET
 from worker.api.shape import tc_rate

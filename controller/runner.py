@@ -15,14 +15,14 @@ import sys
 import time
 from typing import Any, Optional
 
-from controller.results import tables
-from controller.web.app import create_app
-from controller.run.experiment import Experiment
-from controller.run.nodes import Nodes
-from controller.web.live import LiveFeed
 from controller.model.hosts import Hosts, check_placement, load_hosts
 from controller.model.spec import RunOptions, RunSpec
 from controller.model.topology import load_links, load_nodes
+from controller.results import tables
+from controller.run.experiment import Experiment
+from controller.run.nodes import Nodes
+from controller.web.app import create_app
+from controller.web.live import LiveFeed
 from controller.workers.api import Worker
 from controller.workers.connect import connect, reset_stale
 from worker.api.errors import ConfigError, TestbedError

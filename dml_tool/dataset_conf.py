@@ -17,9 +17,9 @@ from controller.bootstrap import use_venv  # noqa: E402
 if __name__ == "__main__":
     use_venv(REPO, "dataset_conf.py", ("numpy", "sklearn"))
 
-from controller.model.topology import load_links  # noqa: E402
 from controller.confs.confs import dataset_confs, load_dataset, load_structure, write_confs  # noqa: E402
 from controller.confs.structures import ALGORITHMS, PREFIXES, guess_algorithm  # noqa: E402
+from controller.model.topology import load_links  # noqa: E402
 from worker.api.errors import TestbedError  # noqa: E402
 
 DATASET_FILES = {algorithm: f"{prefix}_dataset.json" for prefix, algorithm in PREFIXES.items()}

@@ -23,9 +23,9 @@ from controller.bootstrap import use_venv  # noqa: E402
 if __name__ == "__main__":
     use_venv(REPO, "gl_structure_conf.py", ("numpy", "requests"))
 
-from controller.workers.deploy import planned_ips  # noqa: E402
-from controller.model.topology import load_links  # noqa: E402
 from controller.confs.confs import load_structure, structure_confs, write_confs  # noqa: E402
+from controller.model.topology import load_links  # noqa: E402
+from controller.workers.deploy import planned_ips  # noqa: E402
 from worker.api.errors import TestbedError  # noqa: E402
 from worker.api.protocol import DEFAULT_SUBNET  # noqa: E402
 

@@ -30,10 +30,10 @@ from flask import Flask, Response, jsonify, request
 
 from worker import tls
 from worker.api.errors import AuthError, ConfigError, TestbedError
+from worker.api.peers import is_loopback_host
 from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, OPERATIONS, SMALL_REQUEST_BYTES
 from worker.api.schema import Field, Place
 from worker.host import WorkerHost
-from worker.api.peers import is_loopback_host
 from worker.serving import (bearer_matches, check_token, json_errors, request_limits, run_blocking,
                             serve)
 from worker.state import state_root

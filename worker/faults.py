@@ -37,11 +37,11 @@ from typing import Any, Callable, Optional
 
 from worker.nodes import cgroups
 
-from worker.kernel import nsfs
 from worker.api.errors import CapabilityError, NodeRuntimeError, NotFound
-from worker.api.schema import ABSENT
 from worker.api.faults import (Background, BackgroundResult, Clear, Drop, FaultKind, Freeze,
                                IperfServer, Kill, Limits, Prepare, Restart, Terminate, Thaw, Undrop, parse_faults)
+from worker.api.schema import ABSENT
+from worker.kernel import nsfs
 
 FREEZER_V1 = "/sys/fs/cgroup/freezer"
 CGROUP2_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")

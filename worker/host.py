@@ -19,9 +19,9 @@ from typing import Any, Optional
 from worker.api import bodies
 from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, TestbedError
+from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, check_version
 from worker.nodes import zygote
 from worker.nodes.cgroups import detect_version
-from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, check_version
 from worker.nodes.netns import NetnsRuntime, NodeSpec
 from worker.nodes.processes import Processes
 from worker.observe.capture import SNAP_BYTES, Captures

@@ -19,7 +19,7 @@ from urllib.parse import quote
 import requests
 
 from worker.api.errors import (AgentUnreachable, CapabilityError, ConfigError, NodeRuntimeError,
-                           TestbedTimeout)
+                               TestbedTimeout)
 from worker.api.protocol import TREES  # noqa: F401 - its name too
 
 VERSION = 1

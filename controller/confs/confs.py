@@ -49,10 +49,10 @@ import os
 import re
 from typing import Any, Optional
 
-from worker.api.schema import MAX_BATCH, Field, Place, Schema, read_object
-from controller.model.topology import Topology
 from controller.confs.structures import SEED, load_structure_file
+from controller.model.topology import Topology
 from worker.api.errors import ConfigError
+from worker.api.schema import MAX_BATCH, Field, Place, Schema, read_object
 
 NODE_PORT = 4444
 CONF_DIR = os.path.join("dml_file", "conf")

@@ -34,10 +34,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from worker.api.schema import (MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS, MAX_LEARNING_RATE,
-                               MAX_ROUNDS, MAX_SECONDS, SEED, Field, Place, Schema, read_object)
 from controller.model.topology import Topology
 from worker.api.errors import ConfigError
+from worker.api.schema import (MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS, MAX_LEARNING_RATE,
+                               MAX_ROUNDS, MAX_SECONDS, SEED, Field, Place, Schema, read_object)
 
 ALGORITHMS = ("gossip", "fl", "etree", "ring")
 PREFIXES = {"gl": "gossip", "fl": "fl", "el": "etree", "ra": "ring"}  # EdgeTB's file names

@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from worker.api.schema import Field, Place, Schema, describe
 from controller.model.topology import Topology, read_topology_json, valid_name
 from worker.api.errors import TopologyError
 from worker.api.peers import is_loopback_host, normalize_fingerprint
+from worker.api.schema import Field, Place, Schema, describe
 
 RUNTIMES = ("netns", "docker", "physical")
 LOCAL = "local"

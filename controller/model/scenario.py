@@ -30,10 +30,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, get_args
 
-from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
 from controller.model.topology import Topology
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_time_ms, parse_size_bytes
 from worker.api.errors import ConfigError
+from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
 
 MAX_EVENTS = 10_000
 MAX_TRACE_ROWS = 100_000

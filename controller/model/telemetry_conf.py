@@ -15,9 +15,9 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
-from worker.api.schema import Field, Place, Schema, read_object
 from worker.api.errors import ConfigError
 from worker.api.protocol import DEFAULT_PERIOD_MS, MAX_PERIOD_MS, MIN_PERIOD_MS
+from worker.api.schema import Field, Place, Schema, read_object
 
 NODE_NAME = Field(str, "a node's name", max_len=64)
 TELEMETRY_SCHEMA = Schema({

@@ -39,10 +39,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
-from worker.api.schema import Field, Schema, describe, read_json
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
-from worker.api.protocol import MAX_PIDS_MAX, MIN_PIDS_MAX
 from worker.api.errors import ConfigError, TopologyError
+from worker.api.protocol import MAX_PIDS_MAX, MIN_PIDS_MAX
+from worker.api.schema import Field, Schema, describe, read_json
 from worker.api.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, shape_problems
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")

@@ -27,12 +27,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 import requests
 import urllib3
 
+from controller.model.topology import Topology
 from controller.results.run_dir import NodeFileError, read_node_file
 from controller.run import node_auth
 from controller.run.progress import Report, clip
 from controller.workers import deploy
 from controller.workers.api import Worker
-from controller.model.topology import Topology
 from dml_app import bounded_json
 from dml_app.compute import THREAD_ENV
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout

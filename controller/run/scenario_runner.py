@@ -27,10 +27,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, Callable, Iterable, Optional, Protocol
 
-from controller.workers import deploy
 from controller.model.scenario import Step, StepKind, Timeline
 from controller.model.topology import Link
 from controller.results.run_dir import SCENARIO_CSV, SCENARIO_FLOWS_JSON, csv_bytes
+from controller.workers import deploy
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
 from worker.api.faults import (Background, BackgroundResult, Drop, Fault, Freeze, IperfServer, Kill, Limits, Prepare,
                                PreparedKind, Restart, Terminate, Thaw, Undrop)

@@ -36,9 +36,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from controller.model.telemetry_conf import TelemetryConf
 from controller.results.rates import RATES_HEADER, LinkRates
 from controller.results.run_dir import TELEMETRY_DIR, CsvStream, RunDir, csv_fields
-from controller.model.telemetry_conf import TelemetryConf
 from controller.workers.api import TelemetrySource, Worker
 from worker.api.errors import CapabilityError, TestbedError
 

@@ -30,9 +30,9 @@ from flask import Flask, jsonify, request
 
 from controller.web import callers, dashboard
 
-from controller.workers import files
 from controller.run.experiment import MAX_LOG_BYTES, Experiment
 from controller.run.progress import printable
+from controller.workers import files
 from dml_app import bounded_json
 from worker.api.errors import AuthError, ConfigError
 from worker.serving import bearer_matches, check_token, json_errors, request_limits, run_blocking

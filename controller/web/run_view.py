@@ -13,11 +13,11 @@ import numpy as np
 from controller.results.analysis.inputs import read_run
 from controller.results.analysis.series import counter_at
 from controller.results.bands import finite_round, median_10_90
-from controller.web.live import TIME_SERIES, round_series
-from controller.web.structure import places_of
 from controller.results.run_dir import (CONFS_JSON, MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
                                         TOPOLOGY_JSON, finite_float, read_json_object)
 from controller.results.tables import read_scenario
+from controller.web.live import TIME_SERIES, round_series
+from controller.web.structure import places_of
 from worker.api.errors import NotFound
 
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}")

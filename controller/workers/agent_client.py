@@ -26,8 +26,8 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from worker.api import errors
-from worker.api.protocol import API_VERSION, OPERATIONS
 from worker.api.peers import is_loopback_host, normalize_fingerprint
+from worker.api.protocol import API_VERSION, OPERATIONS
 
 # a loopback agent without a pinned certificate is authenticated by who owns its socket instead
 warnings.filterwarnings("ignore", message=r"Unverified HTTPS request is being made to host "

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from tests.docker.conftest import DOCKER, run
-from worker.kernel import nsfs
 from worker.api.errors import CapabilityError, NodeRuntimeError, NotFound, TestbedTimeout
 from worker.host import WorkerHost
+from worker.kernel import nsfs
 from worker.nodes.netns import node_address
 
 pytestmark = DOCKER

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 from controller.workers.agent_client import AgentClient
-from worker.kernel import nsfs
 from worker.api.errors import TestbedError
+from worker.kernel import nsfs
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT_PORT = 3334

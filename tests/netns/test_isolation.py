@@ -15,11 +15,11 @@ from typing import Iterator
 
 import pytest
 
-from controller.workers import deploy
 from controller.model.topology import Topology
+from controller.workers import deploy
 from tests.netns.conftest import NETNS, need_tools, wait_listening
-from worker.shaping import apply
 from worker.api.errors import ShapingError
+from worker.shaping import apply
 from worker.shaping.plan import DROP_MINOR, Plan
 
 pytestmark = NETNS

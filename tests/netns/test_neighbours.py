@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 from tests.netns.conftest import NETNS, links, nodes_body
-from worker.nodes import neighbours
 from worker.host import WorkerHost
+from worker.nodes import neighbours
 
 pytestmark = NETNS
 

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from controller.model.scenario import resolve
-from controller.run.scenario_runner import ScenarioRunner
 from controller.model.topology import Topology
-from worker.api.errors import TestbedTimeout
+from controller.run.scenario_runner import ScenarioRunner
 from tests.netns.conftest import (IPERF_PORT, NETNS, iperf_json, iperf_server, links, need_iperf3, nodes_body,
                                   report)
+from worker.api.errors import TestbedTimeout
 
 pytestmark = NETNS
 

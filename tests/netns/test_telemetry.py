@@ -10,12 +10,12 @@ from array import array
 
 import pytest
 
+from controller.model.telemetry_conf import TelemetryConf
 from controller.results.analysis.table import open_text
 from controller.results.rates import LinkRates
 from controller.results.run_dir import RunDir
 from controller.telemetry.collector import Collector
 from controller.telemetry.export import configured_rates
-from controller.model.telemetry_conf import TelemetryConf
 from tests.netns.conftest import NETNS, IPERF_PORT, iperf_server, links, need_iperf3, nodes_body, report
 from worker.kernel import netlink as nl
 from worker.nodes.cgroups import CounterReader, detect_version

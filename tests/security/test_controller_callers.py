@@ -17,11 +17,11 @@ import time
 import pytest
 import requests
 
-from controller.web import callers
-from controller.web.app import create_app
+from controller.model.topology import load_links
 from controller.run.experiment import Experiment
 from controller.run.nodes import Nodes
-from controller.model.topology import load_links
+from controller.web import callers
+from controller.web.app import create_app
 from controller.web.live import LiveFeed
 from tests.netns.conftest import free_subnet, new_testbed_id
 from tests.security.callers_fixtures import NOBODY_UID, Served, curl_as, need_root

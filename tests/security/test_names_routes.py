@@ -9,13 +9,13 @@ import threading
 import pytest
 
 from tests.netns.conftest import nodes_body, root_skip_reason
-from worker.nodes import cgroups, privilege
-from worker.kernel import nsfs
 from worker import routes
-from worker.state import read_host_json
 from worker.api.errors import ConfigError
+from worker.kernel import nsfs
+from worker.nodes import cgroups, privilege
 from worker.nodes.netns import Naming, NodeSpec
 from worker.routes import Route, overlaps, parse_routes
+from worker.state import read_host_json
 
 pytestmark = pytest.mark.security
 needs_root = pytest.mark.skipif(root_skip_reason() is not None, reason=root_skip_reason() or "")

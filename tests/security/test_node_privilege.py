@@ -15,9 +15,9 @@ import pytest
 
 from tests.netns.conftest import nodes_body
 from tests.security.conftest import SECURITY
+from worker.host import WorkerHost
 from worker.kernel import nsfs
 from worker.nodes import privilege
-from worker.host import WorkerHost
 
 pytestmark = SECURITY
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -17,10 +17,10 @@ import time
 import pytest
 import requests
 
+from controller.model.hosts import load_hosts
 from controller.workers import files
 from controller.workers.agent_client import AgentClient
 from controller.workers.cluster import agent_tokens
-from controller.model.hosts import load_hosts
 from tests.e2e.harness import Run
 from tests.netns.conftest import nodes_body
 from tests.security.callers_fixtures import NOBODY_UID, curl_as, need_root

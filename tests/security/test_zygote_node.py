@@ -14,8 +14,8 @@ from dml_app.compute import THREAD_ENV
 from tests.netns.conftest import nodes_body
 from tests.security.conftest import SECURITY
 from tests.security.test_node_privilege import status_fields, wait_for
-from worker.nodes import privilege
 from worker.host import WorkerHost
+from worker.nodes import privilege
 
 pytestmark = SECURITY
 PORT = 4444

@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from controller.workers.deploy import access_request, link_requests
 from controller.model.topology import load_nodes
-from worker.shaping import downlink as access
+from controller.workers.deploy import access_request, link_requests
 from worker.api.errors import TopologyError
 from worker.api.shape import Shape
+from worker.shaping import downlink as access
 from worker.shaping.apply import Observed, mismatches
 from worker.shaping.plan import ACCESS_MINOR, make_plan, render, render_update, Target
 

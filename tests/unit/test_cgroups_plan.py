@@ -3,9 +3,9 @@ import os
 
 import pytest
 
+from worker.api.errors import CapabilityError, NodeRuntimeError
 from worker.nodes.cgroups import CFS_PERIOD_US, Cgroups, detect_version, limit_writes
 from worker.nodes.confine import DEFAULT_PIDS_MAX, default_mem_bytes
-from worker.api.errors import CapabilityError, NodeRuntimeError
 
 MIB = 2**20
 

@@ -6,10 +6,10 @@ import struct
 
 import pytest
 
-from controller.workers.deploy import node_requests
 from controller.model.topology import Topology, load_nodes
-from worker.nodes import confine
+from controller.workers.deploy import node_requests
 from worker.api.errors import CapabilityError, ConfigError, TopologyError
+from worker.nodes import confine
 from worker.nodes.netns import NodeSpec
 
 

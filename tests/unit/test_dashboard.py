@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from controller.web import run_view
-from controller.web.app import create_app
+from controller.model.topology import load_links
 from controller.run.experiment import Experiment
 from controller.run.nodes import Nodes
+from controller.web import run_view
+from controller.web.app import create_app
 from controller.web.live import LINK_HISTORY, LiveFeed, band, down_links, round_series
-from controller.model.topology import load_links
 from tests.unit.test_analysis import make_run
 from worker.api.errors import NotFound
 

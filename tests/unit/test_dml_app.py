@@ -1,6 +1,6 @@
 """Node-side pure logic: the weights format (never pickle), the numpy model, path confinement, events."""
-import os
 import json
+import os
 import struct
 
 import numpy as np

@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from controller.model.topology import load_links
 from controller.confs.confs import load_dataset, load_structure, structure_confs
 from controller.confs.datasets import load_digits, split_dirichlet, split_iid, write_shards
+from controller.model.topology import load_links
 from worker.api.errors import ConfigError
 
 

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from controller.workers.cluster import Cluster
-from controller.workers.deploy import node_requests, planned_ips
 from controller.model.hosts import Host, Hosts, check_placement, load_hosts, plan_routes
 from controller.model.topology import Topology
+from controller.workers.cluster import Cluster
+from controller.workers.deploy import node_requests, planned_ips
 from worker.api.errors import ConfigError, NotFound, TopologyError
 
 

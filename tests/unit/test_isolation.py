@@ -10,11 +10,11 @@ from typing import Any, Optional
 
 import pytest
 
-from controller.workers import deploy
 from controller.model.topology import Topology
-from worker.kernel import netlink as nl
+from controller.workers import deploy
 from worker.api.errors import ConfigError
 from worker.api.shape import Shape
+from worker.kernel import netlink as nl
 from worker.shaping.apply import Observed, mismatches
 from worker.shaping.plan import DROP_MINOR, DROP_PRIO, Isolation, Target, make_plan
 

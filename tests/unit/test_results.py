@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from worker.api.errors import ConfigError
 from controller.results import plots, tables
 from controller.results.run_dir import read_run_events
+from worker.api.errors import ConfigError
 
 
 def _events(tmp_path, node, rounds, ended="done", role="gossip", glob_acc=True, layer=None, t0=100.0, acc0=0.5):

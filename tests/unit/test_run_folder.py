@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from controller.run.progress import Progress
-from controller.results.run_dir import RunDir, seeds, topology_doc
 from controller.model.topology import Topology
+from controller.results.run_dir import RunDir, seeds, topology_doc
+from controller.run.progress import Progress
 from worker.api.errors import ConfigError
 
 

@@ -6,11 +6,11 @@ import random
 import pytest
 
 from controller.model.scenario import cdf_inverse, load_scenario, resolve
-from controller.run.scenario_runner import ScenarioRunner
 from controller.model.topology import Topology
+from controller.run.scenario_runner import ScenarioRunner
 from worker import faults
-from worker.api.faults import parse_fault, parse_faults
 from worker.api.errors import CapabilityError, ConfigError
+from worker.api.faults import parse_fault, parse_faults
 
 
 def topology() -> Topology:

@@ -16,12 +16,12 @@ import subprocess
 import numpy as np
 import pytest
 
-from controller.model.hosts import load_hosts
-from controller.runner import parse_options, prepare
-from worker.api.schema import Field, Schema, suggestion
-from controller.model.topology import load_links
 from controller.confs.confs import dataset_confs, load_dataset, load_structure
+from controller.model.hosts import load_hosts
+from controller.model.topology import load_links
+from controller.runner import parse_options, prepare
 from worker.api.errors import ConfigError, TestbedError, TopologyError
+from worker.api.schema import Field, Schema, suggestion
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALGORITHMS = {"gl": "gossip", "fl": "fl", "el": "etree", "ra": "ring"}

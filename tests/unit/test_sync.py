@@ -16,7 +16,7 @@ from werkzeug.serving import make_server
 from controller.workers import files
 from worker import sync
 from worker.api.errors import (AgentUnreachable, AuthError, CapabilityError, ConfigError, NodeRuntimeError,
-                           TestbedError)
+                               TestbedError)
 from worker.serving import bearer_matches, json_errors
 
 TOKEN = "node-token"

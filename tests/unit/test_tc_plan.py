@@ -3,8 +3,8 @@ import pytest
 
 from worker.api.errors import ConfigError
 from worker.api.shape import Shape
-from worker.shaping.plan import (DEFAULT_MINOR, FIRST_MINOR, MAX_MINOR, Change, Plan, Rule, Target, diff, netem_limit_pkts,
-                            make_plan, render, render_diff, rule_commands)
+from worker.shaping.plan import (DEFAULT_MINOR, FIRST_MINOR, MAX_MINOR, Change, Plan, Rule, Target, diff,
+                                 make_plan, netem_limit_pkts, render, render_diff, rule_commands)
 
 MBIT = 10**6
 

@@ -9,15 +9,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.model import telemetry_conf
+from controller.model.telemetry_conf import TelemetryConf
 from controller.results.rates import LinkRates
 from controller.results.run_dir import RunDir
-from controller.telemetry.collector import (HEARTBEAT_S, HOSTS_HEADER, LINKS_HEADER, NODES_HEADER, ChangedRows, Collector,
-                                            Counters)
+from controller.telemetry.collector import (HEARTBEAT_S, HOSTS_HEADER, LINKS_HEADER, NODES_HEADER, ChangedRows,
+                                            Collector, Counters)
 from controller.telemetry.export import prometheus_text, render_table
-from controller.model.telemetry_conf import TelemetryConf
+from worker.api.errors import ConfigError
 from worker.kernel import netlink as nl
 from worker.nodes.cgroups import CounterReader
-from worker.api.errors import ConfigError
 from worker.observe.stats import ClassDecoder
 from worker.observe.telemetry import Ring, check_period_ms, ring_capacity
 

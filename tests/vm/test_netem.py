@@ -10,8 +10,8 @@ import time
 import pytest
 
 from controller.model.scenario import resolve
-from controller.run.scenario_runner import ScenarioRunner
 from controller.model.topology import Topology
+from controller.run.scenario_runner import ScenarioRunner
 from tests.netns.conftest import (IPERF_PORT, goodput_bps, iperf_json, iperf_server, links, need_iperf3,
                                   nodes_body, report)
 from worker.api.shape import Shape

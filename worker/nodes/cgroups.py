@@ -17,8 +17,8 @@ import signal
 import time
 from typing import Any, Callable, Optional
 
-from worker.nodes import confine
 from worker.api.errors import CapabilityError, NodeRuntimeError
+from worker.nodes import confine
 from worker.state import host_record
 
 CFS_PERIOD_US = 100_000

@@ -37,11 +37,11 @@ from typing import Any, Optional, Sequence
 
 from worker.nodes import confine, privilege
 
-from worker.kernel import nsfs
 from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
-from worker.nodes.netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, emulated_only,
-                                  new_specs, node_address, parse_subnet)
+from worker.kernel import nsfs
 from worker.nodes.docker_exec import ExecProcess, sdk, short_error
+from worker.nodes.netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, emulated_only,
+                                new_specs, node_address, parse_subnet)
 from worker.state import StateStore
 
 DOCKER_TMPFS = ("/tmp", "/var/tmp", "/run/lock")  # a node's writable places besides its own (and the engine's /dev/shm)

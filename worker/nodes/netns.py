@@ -20,11 +20,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from worker.nodes import cgroups, confine, neighbours, privilege
 
-from worker.kernel import netlink as nl, nsfs
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
-from worker.api.schema import IPV4_ADDRESS, Field, Schema
 from worker.api.protocol import (DEFAULT_SUBNET, MAX_PIDS_MAX, MIN_PIDS_MAX, NODE_IFNAME,  # noqa: F401 - its names too
                                  node_address)
+from worker.api.schema import IPV4_ADDRESS, Field, Schema
+from worker.kernel import netlink as nl, nsfs
 from worker.state import StateStore
 
 TESTBED_ID_RE = re.compile(r"[a-z0-9]{1,5}")

@@ -14,10 +14,10 @@ from typing import Any, Optional, Sequence
 
 from worker.nodes import privilege
 
-from worker.shaping import apply
 from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.kernel.procs import kill_group
 from worker.nodes.netns import Naming, NodeSpec, claim_runtime, new_specs
+from worker.shaping import apply
 from worker.state import StateStore
 
 

@@ -54,8 +54,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from worker.nodes import cgroups, confine
 
-from worker.kernel import dirs, nsfs
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
+from worker.kernel import dirs, nsfs
 from worker.state import host_record
 
 NODE_UID_BASE = 1_000_000_000

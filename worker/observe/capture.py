@@ -22,8 +22,8 @@ import subprocess
 import time
 from typing import Any, Iterator, Optional
 
-from worker.kernel import nsfs
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
+from worker.kernel import nsfs
 from worker.kernel.procs import start_ticks
 from worker.state import StateStore
 

@@ -32,10 +32,10 @@ from typing import Callable, Optional
 
 from worker.kernel import nsfs
 from worker.kernel.netlink import (
-    CLASS_HEAD, HANDLE_AT, HDR, NETLINK_ROUTE, NLMSG_DONE, NLMSG_ERROR, RTM_NEWSTATS, RTM_NEWTCLASS,
-    SO_RCVBUFFORCE, class_dump_request, class_stats, link_by_name_request, link_index, link_stats_request,
-    root_qdisc_request, stats2_offsets, stats_values,
-)
+                                   CLASS_HEAD, HANDLE_AT, HDR, NETLINK_ROUTE, NLMSG_DONE, NLMSG_ERROR, RTM_NEWSTATS, RTM_NEWTCLASS,
+                                   SO_RCVBUFFORCE, class_dump_request, class_stats, link_by_name_request, link_index, link_stats_request,
+                                   root_qdisc_request, stats2_offsets, stats_values,
+                                   )
 
 # The kernel fills a dump buffer up to the larger of a page (less its overhead, at most 8 KiB)
 # and the largest read so far: reading a page at most keeps its allocations small.

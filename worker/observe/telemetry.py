@@ -30,11 +30,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from worker.api.errors import ConfigError
+from worker.api.protocol import DEFAULT_PERIOD_MS, MAX_PERIOD_MS, MIN_PERIOD_MS  # noqa: F401 - its names too
 from worker.kernel import netlink as nl
 from worker.kernel import nsfs
 from worker.nodes.cgroups import Cgroups, CounterReader, process_groups
-from worker.api.errors import ConfigError
-from worker.api.protocol import DEFAULT_PERIOD_MS, MAX_PERIOD_MS, MIN_PERIOD_MS  # noqa: F401 - its names too
 from worker.observe.stats import StatsSocket
 
 RING_VALUES = 8_000_000  # counters held at most (8 bytes each): the ring's memory bound

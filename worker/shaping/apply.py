@@ -16,13 +16,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from worker.shaping import downlink as access
+from worker.api.errors import CapabilityError, ShapingError
 from worker.kernel import netlink as nl
 from worker.kernel import nsfs
-from worker.api.errors import CapabilityError, ShapingError
+from worker.shaping import downlink as access
 from worker.shaping.plan import (ACCESS_MINOR, DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, DROP_MINOR, DROP_PRIO,
-                            IPV6_DROP_PRIO, RULE_PRIO, Plan, Rule, diff, downlink_changed, pass_diff,
-                            netem_limit_pkts, render_update, reshared)
+                                 IPV6_DROP_PRIO, RULE_PRIO, Plan, Rule, diff, downlink_changed, pass_diff,
+                                 netem_limit_pkts, render_update, reshared)
 
 _netem_lock = threading.Lock()
 _netem_available: Optional[bool] = None

@@ -40,9 +40,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from worker.api.errors import ShapingError
 from worker.kernel import netlink as nl
 from worker.kernel import nsfs
-from worker.api.errors import ShapingError
 from worker.shaping.plan import IFB_DEFAULT_MINOR, IFB_NAME, IFB_ROOT_MINOR, LEAF_LIMIT_PKTS, peer_minor, share_bps
 
 TC_H_INGRESS = 0xFFFFFFF1

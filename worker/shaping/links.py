@@ -11,8 +11,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
-from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.api.bodies import REQUEST
+from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.api.shape import Shape
 from worker.nodes.netns import NODE_IFNAME
 from worker.shaping import apply as tc_apply

@@ -21,7 +21,7 @@ from controller.results.analysis.flows import flow_summary, flows
 from controller.results.analysis.inputs import RunInputs, read_run
 from controller.results.analysis.pcap import Packets, ip_str
 from controller.results.analysis.series import (bin_edges, counter_at, counter_bins, event_bins, mean_ci95,
-                                        step_integral, throughput_bps)
+                                                step_integral, throughput_bps)
 from controller.results.rates import rate_at
 from controller.results.run_dir import RunDir, Writer, csv_bytes, short_cell
 

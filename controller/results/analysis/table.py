@@ -15,8 +15,8 @@ import gzip
 import io
 import os
 import tempfile
-import zlib
 import warnings
+import zlib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
