@@ -10,7 +10,10 @@ at once.
 
 ``THREAD_ENV`` keeps numeric libraries to one thread each. It must be in a process's environment
 before numpy is imported (OpenBLAS sizes its pool once, at load): hundreds of nodes share a few
-cores, and a pool per node of a thread per core would spin against each other.
+cores, and a pool per node of a thread per core would spin against each other. ``NODE_ENV`` adds
+two malloc arenas at most (glibc makes up to 8 per core, each holding freed memory: a node has
+two threads). Both are read once, when a process starts: a node forked by the zygote has the
+zygote's, so the zygote starts with ``NODE_ENV`` too.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ T = TypeVar("T")
 
 THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMEXPR_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+NODE_ENV = {**THREAD_ENV, "MALLOC_ARENA_MAX": "2"}  # what every node process starts with
 
 
 def inline(fn: Callable[..., T], *args: Any) -> T:

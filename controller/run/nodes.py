@@ -34,12 +34,11 @@ from controller.run.progress import Report, clip
 from controller.workers import deploy
 from controller.workers.api import Worker
 from dml_app import bounded_json
-from dml_app.compute import THREAD_ENV
+from dml_app.compute import NODE_ENV
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
 NODE_PORT = 4444
 # one thread per numeric library and two malloc arenas per node: hundreds of nodes share two cores
-NODE_ENV = {**THREAD_ENV, "MALLOC_ARENA_MAX": "2"}
 MAX_LOG_BYTES = 64 * 1024 * 1024
 LOG_FETCH_S = 120.0  # the longest a node's log may take to arrive when asked for (64 MiB at 4.5 Mbit/s)
 LOG_CHUNK_BYTES = 1 << 20

@@ -10,7 +10,7 @@ import time
 
 from controller.run.node_auth import RunKeys
 from dml_app import auth
-from dml_app.compute import THREAD_ENV
+from dml_app.compute import NODE_ENV
 from tests.netns.conftest import nodes_body
 from tests.security.conftest import SECURITY
 from tests.security.test_node_privilege import status_fields, wait_for
@@ -102,8 +102,9 @@ def test_zygote_node_is_unprivileged_and_isolated(host: WorkerHost, monkeypatch)
         env = environ(pid)
         assert not [k for k in env if k.startswith("EDGETB_TOKEN") or "SECRET" in k], env
     zygote_env = environ(zyg.pid)
-    assert set(zygote_env) <= {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", *THREAD_ENV} | {
+    assert set(zygote_env) <= {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", *NODE_ENV} | {
         k for k in zygote_env if k.startswith("LC_")}, zygote_env
+    assert zygote_env["MALLOC_ARENA_MAX"] == "2"  # read once at start: its nodes have it
 
 
 def test_no_node_secret_in_the_zygote_nor_in_another_node(host: WorkerHost) -> None:

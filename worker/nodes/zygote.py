@@ -3,8 +3,9 @@
 Starting a netns node as a fresh ``python -m dml_app.node`` costs each node the interpreter's
 start and its imports (numpy, gevent, the roles: about 0.3 s of CPU) and its own copy of every
 page it touches. The zygote does that once: it is started (``exec``, so it holds nothing of the
-worker's memory) with an environment of harmless variables only (and ``dml_app.compute.THREAD_ENV``:
-numpy's BLAS sizes its thread pool when it loads, and each forked node would inherit it), patches
+worker's memory) with an environment of harmless variables only (and ``dml_app.compute.NODE_ENV``:
+numpy's BLAS sizes its thread pool and glibc its malloc arenas when they load, and each forked node
+would inherit them), patches
 gevent, imports numpy and ``dml_app.node``, freezes the garbage collector's generations (so collections in a child do
 not write to the pages it shares), and then forks a child per request. The child becomes the
 node by ``worker.nodes.privilege.become_node``, as ``privilege.launch``'s children do before
@@ -58,7 +59,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Optional, Sequence
 
-from dml_app.compute import THREAD_ENV
+from dml_app.compute import NODE_ENV
 from worker.api.errors import NodeRuntimeError
 
 SPAWN_TIMEOUT_S = 60.0
@@ -295,11 +296,12 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def zygote_env() -> dict[str, str]:
-    """The zygote's environment: harmless variables of the worker's only (an allow-list), and one
-    thread per numeric library (the zygote imports numpy before any node's environment applies)."""
+    """The zygote's environment: harmless variables of the worker's only (an allow-list), and a
+    node's (``dml_app.compute.NODE_ENV``: the zygote imports numpy and sets up malloc before any
+    node's environment applies)."""
     env = {k: v for k, v in os.environ.items() if k in ZYGOTE_ENV_KEYS or k.startswith("LC_")}
     env.setdefault("PATH", DEFAULT_PATH)
-    return {**env, **THREAD_ENV}
+    return {**env, **NODE_ENV}
 
 
 def _die_with_parent() -> None:
