@@ -12,7 +12,7 @@ from tests.netns.conftest import nodes_body, root_skip_reason
 from worker import routes
 from worker.api.errors import ConfigError
 from worker.kernel import nsfs
-from worker.nodes import cgroups, privilege
+from worker.nodes import cgroups, fsview, privilege, uids
 from worker.nodes.netns import Naming, NodeSpec
 from worker.routes import Route, overlaps, parse_routes
 from worker.state import read_host_json
@@ -213,11 +213,11 @@ def test_throwaway_namespace_leaves_nothing(tmp_path):
 # the plans behind least-privilege nodes ------------------------------------------------------------------
 def test_view_covers_closed_directories_and_binds_back_what_a_node_needs():
     closed = {"/root", "/var/lib/edgetb/t1", "/tmp/pytest-of-root"}
-    view = privilege.View(read=("/root/.pyenv/versions/3.11", "/usr/lib/python3", "/var/lib/edgetb/t1/work"),
+    view = fsview.View(read=("/root/.pyenv/versions/3.11", "/usr/lib/python3", "/var/lib/edgetb/t1/work"),
                           write=("/var/lib/edgetb/t1/work/dml_file/node/n1",),
                           hide=("/var/lib/edgetb", "/var/lib/edgetb/t1/work/dml_file", "/missing"),
                           private=("/tmp",), home=None)
-    ops = privilege.plan_view(view, traversable=lambda p: p not in closed, exists=lambda p: p != "/missing")
+    ops = fsview.plan_view(view, traversable=lambda p: p not in closed, exists=lambda p: p != "/missing")
     assert [(o.kind, o.path, o.writable) for o in ops] == [
         ("cover", "/root", False),
         ("private", "/tmp", False),
@@ -231,15 +231,15 @@ def test_view_covers_closed_directories_and_binds_back_what_a_node_needs():
 
 
 def test_uid_blocks_are_distinct_and_released(run_dir):
-    bases = {tb: privilege.uid_base(tb) for tb in ("ta", "tb", "tc")}
+    bases = {tb: uids.uid_base(tb) for tb in ("ta", "tb", "tc")}
     assert len(set(bases.values())) == 3
-    assert all(privilege.NODE_UID_BASE <= b < 2 ** 31 - privilege.UID_SLOT for b in bases.values())
-    assert privilege.uid_base("ta") == bases["ta"]  # stable
-    assert privilege.Identity.of_node("ta", 5).uid == bases["ta"] + 5
-    privilege.release_uid_base("ta")
+    assert all(uids.NODE_UID_BASE <= b < 2 ** 31 - uids.UID_SLOT for b in bases.values())
+    assert uids.uid_base("ta") == bases["ta"]  # stable
+    assert uids.Identity.of_node("ta", 5).uid == bases["ta"] + 5
+    uids.release_uid_base("ta")
     assert "ta" not in read_host_json(str(run_dir / "uids.json"), {})
     with pytest.raises(ConfigError):
-        privilege.Identity.of_node("tb", privilege.UID_SLOT)
+        uids.Identity.of_node("tb", uids.UID_SLOT)
 
 
 def test_child_env_is_an_allow_list(monkeypatch):
@@ -266,7 +266,7 @@ def test_docker_nodes_run_unprivileged_with_only_their_own_directory_writable(tm
     rt = DockerRuntime(StateStore("tq", str(tmp_path / "state")), "10.231.0.0/16", image="edgetb-node:test",
                        code_root=str(code), workdir=str(work))
     rec = {"name": "n1", "index": 3, "container": "etb-tq-n1", "cpu": 0.5, "mem_bytes": 64 << 20}
-    ident = privilege.Identity.of_node("tq", 3)
+    ident = uids.Identity.of_node("tq", 3)
     create, host = rt.container_config(rec, ident)
     assert create["user"] == f"{ident.uid}:{ident.gid}" and ident.uid != 0
     assert host["cap_drop"] == ["ALL"] and host["security_opt"] == ["no-new-privileges"]

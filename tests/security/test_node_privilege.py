@@ -17,7 +17,7 @@ from tests.netns.conftest import nodes_body
 from tests.security.conftest import SECURITY
 from worker.host import WorkerHost
 from worker.kernel import nsfs
-from worker.nodes import privilege
+from worker.nodes import privilege, uids
 
 pytestmark = SECURITY
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,7 +61,7 @@ def test_node_runs_as_its_own_uid_without_capabilities(host: WorkerHost) -> None
     procs = {n: host.start_process(n, {"version": 1, "argv": [sys.executable, "-c", "import time; time.sleep(60)"]})
              for n in ("a", "b")}
     idents = {n: host.runtime.identity(n) for n in ("a", "b")}
-    assert idents["a"].uid != idents["b"].uid and min(idents["a"].uid, idents["b"].uid) >= privilege.NODE_UID_BASE
+    assert idents["a"].uid != idents["b"].uid and min(idents["a"].uid, idents["b"].uid) >= uids.NODE_UID_BASE
     for n in ("a", "b"):
         wait_for(lambda: node_pids(host, n), what=f"a process of node {n}")
         for pid in node_pids(host, n):
@@ -111,7 +111,7 @@ def test_node_cannot_read_the_workers_secrets(host: WorkerHost, monkeypatch) -> 
     assert seen["state_dir"] in ("['work']", "FileNotFoundError", "PermissionError")
     assert seen["state_root"] in (f"[{host.testbed_id!r}]", "FileNotFoundError", "PermissionError")
     assert not [k for k in seen["env"] if k.startswith("EDGETB_TOKEN") or "SECRET" in k], seen["env"]
-    assert seen["env"]["HOME"] == privilege.node_dir(host.workdir, "a")
+    assert seen["env"]["HOME"] == uids.node_dir(host.workdir, "a")
 
 
 def test_node_cannot_enter_other_namespaces_nor_reach_host_loopback(host: WorkerHost) -> None:
@@ -152,7 +152,7 @@ def test_node_writes_only_its_own_directory(host: WorkerHost) -> None:
     os.makedirs(os.path.join(host.workdir, "dataset"), exist_ok=True)
     with open(os.path.join(host.workdir, "dataset", "shard.txt"), "w") as f:
         f.write("shard-bytes")
-    b_dir = privilege.node_dir(host.workdir, "b")
+    b_dir = uids.node_dir(host.workdir, "b")
     host.exec("b", {"version": 1, "argv": ["touch", os.path.join(b_dir, "mine")]})
     with open(os.path.join(host.workdir, "dml_file", "hosts.json"), "w") as f:
         f.write('{"token": "x"}')
@@ -182,7 +182,7 @@ def test_node_writes_only_its_own_directory(host: WorkerHost) -> None:
     assert seen["nodes_seen"] == ["a"]
     assert seen["hosts_json"] != "ok"
     assert seen["workdir"] != "ok" and seen["dataset"] != "ok"
-    a_dir = privilege.node_dir(host.workdir, "a")
+    a_dir = uids.node_dir(host.workdir, "a")
     st = os.stat(a_dir)
     assert (st.st_uid, st.st_mode & 0o777) == (host.runtime.identity("a").uid, 0o700)
     assert os.stat(os.path.join(a_dir, "events.jsonl")).st_uid == host.runtime.identity("a").uid
@@ -282,7 +282,7 @@ def test_physical_node_runs_unprivileged_too(tmp_path) -> None:
             print(json.dumps({{"uid": os.getuid(), "cap": status["CapEff"], "bnd": status["CapBnd"],
                               "state": attempt(lambda: os.listdir({host.store.dir!r})),
                               "pids": len([p for p in os.listdir("/proc") if p.isdigit()])}}))""")
-        assert seen["uid"] == host.runtime.identity("dev").uid >= privilege.NODE_UID_BASE
+        assert seen["uid"] == host.runtime.identity("dev").uid >= uids.NODE_UID_BASE
         assert int(seen["cap"], 16) == 0 and int(seen["bnd"], 16) == 0
         assert seen["state"] in ("['work']", "FileNotFoundError", "PermissionError")
         if privilege.per_mount_proc():
@@ -318,7 +318,7 @@ def test_dml_node_serves_reads_its_shard_and_writes_its_events(host: WorkerHost)
     assert ok.status_code == 200, ok.text
     missing = session.post(f"{url}/conf/dataset", json={"shard": "dataset/d/b.npz"}, timeout=5)
     assert missing.status_code == 400
-    events = os.path.join(privilege.node_dir(host.workdir, "a"), "r1.jsonl")
+    events = os.path.join(uids.node_dir(host.workdir, "a"), "r1.jsonl")
     assert os.stat(events).st_uid == host.runtime.identity("a").uid
 
 

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from worker.nodes import confine, privilege
+from worker.nodes import confine, fsview, uids
 
 from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
 from worker.kernel import nsfs
@@ -133,12 +133,12 @@ class DockerRuntime:
 
     def mounts(self, node: Optional[str] = None) -> list[Mount]:
         """What a container shows at ``NODE_ROOT``; with ``node``, its own directory too (made by
-        ``privilege.prepare_node_dir`` with no link on its way; the shared ones are resolved)."""
+        ``uids.prepare_node_dir`` with no link on its way; the shared ones are resolved)."""
         data = self.workdir or self.code_root
         found = [Mount(os.path.realpath(os.path.join(self.code_root, "dml_app")), f"{NODE_ROOT}/dml_app"),
                  Mount(os.path.realpath(os.path.join(data, "dataset")), f"{NODE_ROOT}/dataset")]
         if node is not None and self.workdir:
-            found.append(Mount(privilege.node_dir(self.workdir, node), privilege.node_dir(NODE_ROOT, node), True))
+            found.append(Mount(uids.node_dir(self.workdir, node), uids.node_dir(NODE_ROOT, node), True))
         return found
 
     def _check_mounts(self, records: Sequence[dict[str, Any]]) -> None:
@@ -147,9 +147,9 @@ class DockerRuntime:
         missing = [p for p in sources if not os.path.isdir(p)]
         if missing:
             raise ConfigError(f"cannot mount into the nodes: {', '.join(missing)} does not exist")
-        view = privilege.View(read=tuple(sources))
+        view = fsview.View(read=tuple(sources))
         for rec in records:
-            privilege.check_readable(view, privilege.Identity.of_node(self.names.id, rec["index"]))
+            fsview.check_readable(view, uids.Identity.of_node(self.names.id, rec["index"]))
 
     @property
     def api(self) -> Any:
@@ -257,11 +257,11 @@ class DockerRuntime:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             raise NodeRuntimeError(f"starting containers failed: {errors[0]}{more}", detail=errors)
 
-    def identity(self, name: str) -> privilege.Identity:
+    def identity(self, name: str) -> uids.Identity:
         """The uid and gid the node's container runs as (this testbed's block + the node's index)."""
-        return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
+        return uids.Identity.of_node(self.names.id, self.node(name)["index"])
 
-    def container_config(self, rec: dict[str, Any], ident: privilege.Identity) -> tuple[dict[str, Any], dict[str, Any]]:
+    def container_config(self, rec: dict[str, Any], ident: uids.Identity) -> tuple[dict[str, Any], dict[str, Any]]:
         """The container's create arguments and host config (pure): a non-root user without
         capabilities nor new privileges; the code and data read-only, and of ``dml_file`` only
         the node's own directory, read-write; all at ``NODE_ROOT``, whatever their host paths."""
@@ -270,7 +270,7 @@ class DockerRuntime:
                   for m in self.mounts(rec["name"])]
         env = {"PYTHONPATH": NODE_ROOT, "EDGETB_NODE": rec["name"]}
         if self.workdir:
-            env["HOME"] = privilege.node_dir(NODE_ROOT, rec["name"])
+            env["HOME"] = uids.node_dir(NODE_ROOT, rec["name"])
         mem = rec["mem_bytes"] or confine.default_mem_bytes()
         host = {"network_mode": self.network, "mounts": mounts, "init": True,
                 "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
@@ -286,9 +286,9 @@ class DockerRuntime:
     def _start_one(self, rec: dict[str, Any], on_created: Any) -> None:
         docker = sdk()
         api = self.api
-        ident = privilege.Identity.of_node(self.names.id, rec["index"])
+        ident = uids.Identity.of_node(self.names.id, rec["index"])
         if self.workdir:
-            privilege.prepare_node_dir(self.workdir, rec["name"], ident)
+            uids.prepare_node_dir(self.workdir, rec["name"], ident)
         create, host = self.container_config(rec, ident)
         host_config = api.create_host_config(**host)
         networking = api.create_networking_config({self.network: api.create_endpoint_config(ipv4_address=rec["ip"])})
@@ -391,7 +391,7 @@ class DockerRuntime:
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)
             state.pop("runtime", None)
-            privilege.release_uid_base(self.names.id)
+            uids.release_uid_base(self.names.id)
             return {"nodes": removed}
 
     def leftovers(self) -> dict[str, list[str]]:

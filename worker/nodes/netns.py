@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
-from worker.nodes import cgroups, confine, neighbours, privilege
+from worker.nodes import cgroups, confine, fsview, neighbours, privilege, uids
 
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.api.protocol import (DEFAULT_SUBNET, MAX_PIDS_MAX, MIN_PIDS_MAX, NODE_IFNAME,  # noqa: F401 - its names too
@@ -296,16 +296,16 @@ class NetnsRuntime:
             raise NotFound(f"no node {name!r} in testbed {self.names.id}")
         return dict(rec)
 
-    def identity(self, name: str, rec: Optional[dict[str, Any]] = None) -> privilege.Identity:
+    def identity(self, name: str, rec: Optional[dict[str, Any]] = None) -> uids.Identity:
         """The node's own uid and gid (this testbed's block + the node's index); ``rec`` is the
         node's record when the caller has read it already."""
         index = (rec or self.node(name))["index"]
-        if not 0 <= index < privilege.UID_SLOT:
-            raise ConfigError(f"node index {index} is outside 0..{privilege.UID_SLOT - 1}")
+        if not 0 <= index < uids.UID_SLOT:
+            raise ConfigError(f"node index {index} is outside 0..{uids.UID_SLOT - 1}")
         if self._uid_base is None:  # the testbed's block is fixed until reset gives it back
-            self._uid_base = privilege.uid_base(self.names.id)
+            self._uid_base = uids.uid_base(self.names.id)
         uid = self._uid_base + index
-        return privilege.Identity(uid, uid)
+        return uids.Identity(uid, uid)
 
     def netns_path(self, rec: dict[str, Any]) -> str:
         return nsfs.netns_path(rec["netns"])
@@ -319,7 +319,7 @@ class NetnsRuntime:
         """The rlimits of the node's processes (``worker.nodes.confine``)."""
         return confine.node_rlimits(rec.get("pids_max"))
 
-    def popen(self, name: str, argv: Sequence[str], view: Optional[privilege.View] = None,
+    def popen(self, name: str, argv: Sequence[str], view: Optional[fsview.View] = None,
               **kwargs: Any) -> subprocess.Popen:
         """Start ``argv`` inside the node's namespace and cgroups (no shell involved): as the node's
         unprivileged uid with ``view`` as its file system (every process the worker starts), or,
@@ -400,7 +400,7 @@ class NetnsRuntime:
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)
             state.pop("runtime", None)
-            privilege.release_uid_base(self.names.id)
+            uids.release_uid_base(self.names.id)
             self._uid_base = None
             return {"nodes": len(names)}
 

@@ -12,7 +12,7 @@ import ipaddress
 import subprocess
 from typing import Any, Optional, Sequence
 
-from worker.nodes import privilege
+from worker.nodes import fsview, privilege, uids
 
 from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.kernel.procs import kill_group
@@ -74,11 +74,11 @@ class PhysicalRuntime:
             raise NotFound(f"no node {name!r} on this device (testbed {self.names.id})")
         return rec
 
-    def identity(self, name: str) -> privilege.Identity:
+    def identity(self, name: str) -> uids.Identity:
         """The unprivileged uid and gid the node's processes run as on the device."""
-        return privilege.Identity.of_node(self.names.id, self.node(name)["index"])
+        return uids.Identity.of_node(self.names.id, self.node(name)["index"])
 
-    def popen(self, name: str, argv: Sequence[str], view: Optional[privilege.View] = None,
+    def popen(self, name: str, argv: Sequence[str], view: Optional[fsview.View] = None,
               **kwargs: Any) -> subprocess.Popen:
         """Start ``argv`` on the device itself (its network; no shell involved): as the node's
         unprivileged uid in its own mount namespace with ``view`` as its file system, or, without
@@ -106,5 +106,5 @@ class PhysicalRuntime:
             count = len(state["nodes"])
             state.update(nodes={}, plans={}, processes={})
             state.pop("runtime", None)
-            privilege.release_uid_base(self.names.id)
+            uids.release_uid_base(self.names.id)
             return {"nodes": count}

@@ -31,6 +31,9 @@ kills the node when that process dies, ``kill -9`` included. (A node's own
 children are not covered; they stay in its network namespace and cgroup, which
 reset empties.)
 
+Who a node is (its uid, its directory) is ``worker.nodes.uids``; what it sees of the file system
+is ``worker.nodes.fsview``; this module starts processes as the node.
+
 Everything happens in the forked child before ``exec``, by system calls:
 cgroups, network namespace, mount namespace and view, ``/proc``, rlimits, bounding set,
 groups, gid, uid, inheritable and ambient sets, ``no_new_privs``, death signal, seccomp.
@@ -43,257 +46,23 @@ import os
 import queue
 import resource
 import signal
-import stat
 import subprocess
 import sys
 import threading
-import zlib
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from worker.nodes import cgroups, confine
-
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
-from worker.kernel import dirs, nsfs
-from worker.state import host_record
+from worker.kernel import nsfs
+from worker.nodes import cgroups, confine
+from worker.nodes.fsview import (MS_NODEV, MS_NOEXEC, MS_NOSUID, Op, View, apply_view, check_readable, mount,
+                                 oserror, plan_view, under)
+from worker.nodes.uids import Identity
 
-NODE_UID_BASE = 1_000_000_000
-UID_SLOT = 65_536  # uids per testbed: more than MAX_NODES
-UID_SLOTS = 16_384  # NODE_UID_BASE + UID_SLOTS * UID_SLOT stays below 2**31
-PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")  # the world-writable places
-PRIVATE_TMPFS_OPTIONS = b"mode=1777,size=256m"
-SMALL_TMPFS = {"/dev/mqueue": b"mode=1777,size=1m", "/run/lock": b"mode=1777,size=1m"}  # lock files only
-
-CLONE_NEWNS = 0x00020000
-CLONE_NEWIPC = 0x08000000
-MS_RDONLY = 1
-MS_NOSUID = 2
-MS_NODEV = 4
-MS_REMOUNT = 32
-MS_BIND = 4096
-MS_REC = 16384
-MS_PRIVATE = 1 << 18
-MS_SLAVE = 1 << 19
 PR_SET_PDEATHSIG = 1
-MNT_DETACH = 2
 
 _libc = nsfs.libc
-
-
-# identities ------------------------------------------------------------------------------------
-def uid_base(testbed_id: str) -> int:
-    """The first uid of the testbed's nodes: one block of ``UID_SLOT`` uids per testbed on this
-    host, recorded host-wide so two testbeds never share a uid."""
-    with host_record("uids") as record:
-        slots: dict[str, int] = record.read({})
-        if testbed_id not in slots:
-            taken = set(slots.values())
-            start = zlib.crc32(testbed_id.encode()) % UID_SLOTS
-            for k in range(UID_SLOTS):
-                slot = (start + k) % UID_SLOTS
-                if slot not in taken:
-                    break
-            else:
-                raise NodeRuntimeError(f"no free block of node uids on this host ({record.path} lists {len(slots)})")
-            slots[testbed_id] = slot
-            record.write(slots)
-        return NODE_UID_BASE + slots[testbed_id] * UID_SLOT
-
-
-def release_uid_base(testbed_id: str) -> None:
-    """Give the testbed's uid block back (its nodes are gone)."""
-    with host_record("uids") as record:
-        slots = record.read({})
-        if slots.pop(testbed_id, None) is not None:
-            record.write(slots)
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who a node's processes are."""
-
-    uid: int
-    gid: int
-
-    @classmethod
-    def of_node(cls, testbed_id: str, index: int) -> "Identity":
-        if not 0 <= index < UID_SLOT:
-            raise ConfigError(f"node index {index} is outside 0..{UID_SLOT - 1}")
-        uid = uid_base(testbed_id) + index
-        return cls(uid, uid)
-
-
-# the node's own directory ------------------------------------------------------------------------
-def node_dir(workdir: str, name: str) -> str:
-    return os.path.join(workdir, "dml_file", "node", name)
-
-
-def _open_dir(parent_fd: int, name: str, mode: int) -> int:
-    """``dirs.open_dir`` in the experiment directory: a link or a file there is a ``ConfigError``."""
-    try:
-        return dirs.open_dir(name, parent_fd, mode)
-    except OSError as e:
-        if dirs.not_a_dir(e):
-            raise ConfigError(f"{name!r} in the experiment directory is a link or a file, not a directory") from None
-        raise
-
-
-def prepare_node_dir(workdir: str, name: str, ident: Identity) -> str:
-    """Make ``<workdir>/dml_file/node/<name>/`` the node's own: owned by its uid, mode 0700,
-    reached without following any link. Returns its path."""
-    try:
-        root = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        os.makedirs(workdir, exist_ok=True)
-        root = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fds = [root]
-    try:
-        fds.append(_open_dir(root, "dml_file", 0o755))
-        fds.append(_open_dir(fds[-1], "node", 0o755))
-        own = _open_dir(fds[-1], name, 0o700)
-        fds.append(own)
-        st = os.fstat(own)
-        if (st.st_uid, st.st_gid) != (ident.uid, ident.gid):
-            os.fchown(own, ident.uid, ident.gid)
-        if stat.S_IMODE(st.st_mode) != 0o700:
-            os.fchmod(own, 0o700)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return node_dir(workdir, name)
-
-
-# the node's view of the file system ---------------------------------------------------------------
-@dataclass(frozen=True)
-class Op:
-    """One mount in a node's view: ``cover`` (empty read-only tmpfs), ``private`` (a writable
-    tmpfs of its own) or ``bind`` (``path`` from the host, read-only unless ``writable``)."""
-
-    kind: str
-    path: str
-    writable: bool = False
-
-
-@dataclass(frozen=True)
-class View:
-    """What a node sees: ``read`` and ``write`` directories (shown as they are), ``hide``
-    directories (covered), ``private`` directories (a fresh tmpfs each)."""
-
-    read: tuple[str, ...] = ()
-    write: tuple[str, ...] = ()
-    hide: tuple[str, ...] = ()
-    private: tuple[str, ...] = PRIVATE_TMPFS
-    home: Optional[str] = None
-
-
-def _depth(path: str) -> int:
-    return len([p for p in path.split("/") if p])
-
-
-def _ancestors(path: str) -> list[str]:
-    parts = [p for p in path.split("/") if p]
-    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
-
-
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def traversable_by_others(path: str) -> bool:
-    try:
-        return bool(os.stat(path).st_mode & stat.S_IXOTH)
-    except OSError:
-        return False
-
-
-def plan_view(view: View, traversable: Callable[[str], bool] = traversable_by_others,
-              exists: Callable[[str], bool] = os.path.isdir) -> list[Op]:
-    """The mounts that make ``view``, in order (pure: ``traversable`` tells which directories
-    others may enter). Covers go on hidden directories and on closed ones that lead to something
-    shown; shown directories beneath a cover (or a private tmpfs) are bound back, and writable
-    ones always (a bind mount of their own, nosuid and nodev)."""
-    covers = {os.path.normpath(h) for h in view.hide if exists(h)}  # a missing one hides nothing
-    privates = {os.path.normpath(p) for p in view.private if exists(p)}
-    shown = [(os.path.normpath(p), False) for p in view.read] + [(os.path.normpath(p), True) for p in view.write]
-    for path, _ in shown:
-        for parent in _ancestors(path):
-            if not traversable(parent):
-                covers.add(parent)
-    mounted = covers | privates
-    ops = [Op("cover", p) for p in covers] + [Op("private", p) for p in privates]
-    for path, writable in shown:
-        beneath = any(_under(path, m) for m in mounted)
-        if writable or beneath or not traversable(path):
-            ops.append(Op("bind", path, writable))
-    order = {"cover": 0, "private": 0, "bind": 1}
-    return sorted(set(ops), key=lambda op: (_depth(op.path), order[op.kind], op.path))
-
-
-def check_readable(view: View, ident: Identity) -> None:
-    """A directory shown to the node must be one it can list: else a clear error naming it."""
-    for path in view.read:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise ConfigError(f"{path} does not exist (a node needs it)") from None
-        if not (st.st_mode & stat.S_IROTH and st.st_mode & stat.S_IXOTH) and st.st_uid != ident.uid:
-            raise ConfigError(f"node processes run as uid {ident.uid} and cannot read {path} "
-                              f"(mode {stat.S_IMODE(st.st_mode):04o}, owner {st.st_uid}): make it readable by "
-                              f"others (chmod o+rx) or move it")
-
-
-def _oserror(what: str, path: str) -> OSError:
-    code = ctypes.get_errno()
-    return OSError(code, f"{what} {path}: {os.strerror(code)}")
-
-
-def _mount(source: Optional[bytes], target: str, fstype: Optional[bytes], flags: int, data: Optional[bytes] = None
-           ) -> None:
-    if _libc.mount(source, target.encode(), fstype, flags, data) != 0:
-        raise _oserror("mount", target)
-
-
-def leave_netns_handles() -> None:
-    """Move this process into a mount namespace of its own, a slave of the host's, without the
-    host's ``/run/netns`` handles (the node zygote: its children copy a short mount table)."""
-    if _libc.unshare(CLONE_NEWNS) != 0:
-        raise _oserror("unshare the mount namespace of", "the node zygote")
-    _mount(None, "/", None, MS_REC | MS_SLAVE)  # the host's new mounts still arrive; none of ours leave
-    _unmount_netns_handles()
-
-
-def _unmount_netns_handles() -> None:
-    # (os.path.ismount cannot tell: /run/netns is a bind mount of itself, as iproute2 makes it)
-    if _libc.umount2(nsfs.NETNS_DIR.encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
-        raise _oserror("unmount in a node", nsfs.NETNS_DIR)
-
-
-def _apply_view(ops: list[Op]) -> None:
-    """In the new child: enter mount and IPC namespaces of its own and make the mounts of ``ops``."""
-    if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
-        raise _oserror("unshare the mount and IPC namespaces of", "a node")
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing of ours propagates to the host
-    # the host's handles on every node's network namespace: none is the node's business, and each
-    # copy would keep a namespace alive and cost kernel memory (n nodes: n^2 copies)
-    _unmount_netns_handles()
-    # what is shown, held before anything covers it (and in this namespace: bind sources must be)
-    sources = {op.path: os.open(op.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for op in ops if op.kind == "bind"}
-    covers = []
-    for op in ops:
-        if not os.path.isdir(op.path):
-            os.makedirs(op.path, 0o755)  # inside a cover: the real one is hidden beneath
-        if op.kind == "cover":
-            _mount(b"tmpfs", op.path, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=1m")
-            covers.append(op.path)
-        elif op.kind == "private":
-            _mount(b"tmpfs", op.path, b"tmpfs", MS_NOSUID | MS_NODEV, SMALL_TMPFS.get(op.path, PRIVATE_TMPFS_OPTIONS))
-        else:
-            _mount(f"/proc/self/fd/{sources[op.path]}".encode(), op.path, None, MS_BIND | MS_REC)
-            flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if op.writable else MS_RDONLY)
-            _mount(None, op.path, None, flags)
-    for path in covers:
-        _mount(None, path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, b"mode=0755,size=1m")
 
 
 # launching ----------------------------------------------------------------------------------------
@@ -302,7 +71,6 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 CAPABILITY_VERSION_3 = 0x20080522
-MS_NOEXEC = 8
 
 
 class _CapHeader(ctypes.Structure):
@@ -335,16 +103,16 @@ def _drop_privileges(ident: Identity, last_cap: int) -> None:
     """In the child: become ``ident`` with no capability left and none to gain."""
     for cap in range(last_cap + 1):
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
-            raise _oserror("drop from the bounding set capability", str(cap))
+            raise oserror("drop from the bounding set capability", str(cap))
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL before 4.3: none to clear
     os.setgroups([])
     os.setresgid(ident.gid, ident.gid, ident.gid)
     os.setresuid(ident.uid, ident.uid, ident.uid)  # clears effective, permitted and ambient
     header, data = _CapHeader(CAPABILITY_VERSION_3, 0), (_CapData * 2)()
     if _libc.capset(ctypes.byref(header), data) != 0:  # and inheritable
-        raise _oserror("clear the capabilities of uid", str(ident.uid))
+        raise oserror("clear the capabilities of uid", str(ident.uid))
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise _oserror("set no_new_privs for uid", str(ident.uid))
+        raise oserror("set no_new_privs for uid", str(ident.uid))
 
 
 class _Spawner:
@@ -407,9 +175,9 @@ def become_node(ident: Identity, ops: Sequence[Op], rlimits: confine.Rlimits, co
     cgroups.join_in_child(list(cgroup_fds))
     if netns_fd is not None:
         nsfs.setns_fd(netns_fd)
-    _apply_view(list(ops))
+    apply_view(list(ops))
     if confinement.hide_pids:
-        _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
+        mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
     if keep_fds is not None:  # nothing of the parent's (what the view's set-up held open) stays open
         low = 3
         for fd in sorted(set(keep_fds)):
@@ -420,7 +188,7 @@ def become_node(ident: Identity, ops: Sequence[Op], rlimits: confine.Rlimits, co
     confine.set_rlimits(rlimits)
     _drop_privileges(ident, confinement.last_cap)
     if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:  # after the uid change
-        raise _oserror("set the parent-death signal of uid", str(ident.uid))
+        raise oserror("set the parent-death signal of uid", str(ident.uid))
     if os.getppid() != starter:  # the starter died before the line above
         os._exit(125)
     os.chdir("/")  # (a directory entered before the view would lead out of it)
@@ -510,6 +278,6 @@ def python_dirs() -> list[str]:
     dirs = []
     for p in (sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))):
         real = os.path.realpath(p)
-        if not any(_under(real, d) for d in dirs):
-            dirs = [d for d in dirs if not _under(d, real)] + [real]
+        if not any(under(real, d) for d in dirs):
+            dirs = [d for d in dirs if not under(d, real)] + [real]
     return dirs

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from worker.api.errors import ConfigError, NotFound, TestbedTimeout
 from worker.kernel.procs import start_ticks
-from worker.nodes import privilege, zygote
+from worker.nodes import fsview, privilege, uids, zygote
 from worker.state import StateStore, host_run_dir, state_root
 
 MAX_OUTPUT_BYTES = 1 << 20
@@ -113,7 +113,7 @@ class Processes:
         when the code root changed): in the node's cgroups, namespace and view, as its uid."""
         ident = self.runtime.identity(node, rec)
         view = self.node_view(node, ident)
-        privilege.check_readable(view, ident)
+        fsview.check_readable(view, ident)
         with self._lock:
             if self._zygote is None or not self._zygote.alive or self._zygote.code_root != self.code_root:
                 if self._zygote is not None:
@@ -128,7 +128,7 @@ class Processes:
             zyg = self._zygote
         request = {"args": args, "uid": ident.uid, "gid": ident.gid,
                    "cgroup_procs": self.runtime.procs_files(rec), "rlimits": self.runtime.rlimits(rec),
-                   "ops": [[op.kind, op.path, op.writable] for op in privilege.plan_view(view)]}
+                   "ops": [[op.kind, op.path, op.writable] for op in fsview.plan_view(view)]}
         env_of_child = child_env(env)
         env_of_child.setdefault("HOME", view.home or "/")
         netns = self.runtime.netns_path(rec)
@@ -148,17 +148,17 @@ class Processes:
         view = self.node_view(node)
         return self.runtime.popen(node, argv, view=view, env=child_env(env), start_new_session=True, **kwargs)
 
-    def node_view(self, node: str, ident: Optional[privilege.Identity] = None) -> privilege.View:
+    def node_view(self, node: str, ident: Optional[uids.Identity] = None) -> fsview.View:
         """What a node's processes see: Python and the code read-only, the experiment directory
         read-only but for its own ``dml_file/node/<name>/`` (made its uid's, mode 0700); the
         worker's state, the rest of ``dml_file/`` and the code root's ``dml_file/`` hidden."""
         ident = ident or self.runtime.identity(node)
-        home = privilege.prepare_node_dir(self.workdir, node, ident)
+        home = uids.prepare_node_dir(self.workdir, node, ident)
         real = os.path.realpath
         hide = [real(state_root()), real(os.path.dirname(self.store.dir)), real(host_run_dir()),
                 real(os.path.join(self.workdir, "dml_file")), real(os.path.join(self.code_root, "dml_file"))]
         read = [*privilege.python_dirs(), real(os.path.join(self.code_root, "dml_app")), real(self.workdir)]
-        return privilege.View(read=tuple(dict.fromkeys(read)), write=(real(home),), hide=tuple(dict.fromkeys(hide)),
+        return fsview.View(read=tuple(dict.fromkeys(read)), write=(real(home),), hide=tuple(dict.fromkeys(hide)),
                               home=home)
 
     # watching and stopping ----------------------------------------------------------------------

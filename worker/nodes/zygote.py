@@ -354,10 +354,10 @@ def serve(argv: list[str]) -> None:
     if os.getppid() != starter:  # the starter died before the death signal was set
         os._exit(1)
     # before gevent's patches: their locks and queue stay the kernel's
-    from worker.nodes import cgroups, confine, privilege  # noqa: F401
+    from worker.nodes import cgroups, confine, fsview, privilege, uids  # noqa: F401
 
     _preload()
-    privilege.leave_netns_handles()
+    fsview.leave_netns_handles()
     # ahead of the nodes it forks: hundreds of them starting on a few cores would otherwise hold up
     # the next fork (each child takes the default priority back before it runs anything)
     os.setpriority(os.PRIO_PROCESS, 0, ZYGOTE_NICE)
@@ -529,7 +529,7 @@ def _read_setup(status_r: int, poll: Any) -> str:
 
 def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_w: int, ctx: dict[str, Any]) -> None:
     """In the forked child: become the node (``privilege.become_node``), then run it. Never returns."""
-    from worker.nodes import cgroups, privilege
+    from worker.nodes import cgroups, fsview, privilege, uids
 
     try:
         signal.set_wakeup_fd(-1)  # the zygote's: closed below, and not this process's business
@@ -546,9 +546,9 @@ def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_
         os.environ.clear()
         os.environ.update(env)
         cgroup_fds = cgroups.join_fds(msg["cgroup_procs"])  # (its one thread: see cgroups.self_join_target)
-        ops = [privilege.Op(kind, path, bool(writable)) for kind, path, writable in msg["ops"]]
+        ops = [fsview.Op(kind, path, bool(writable)) for kind, path, writable in msg["ops"]]
         rlimits = [(int(r), int(soft), int(hard)) for r, soft, hard in msg["rlimits"]]
-        privilege.become_node(privilege.Identity(int(msg["uid"]), int(msg["gid"])), ops, rlimits, ctx["confinement"],
+        privilege.become_node(uids.Identity(int(msg["uid"]), int(msg["gid"])), ops, rlimits, ctx["confinement"],
                               ctx["pid"], cgroup_fds, netns_fd if netns_fd >= 0 else None, keep_fds=(status_w,))
         os.write(status_w, b"ok")
         _close(status_w)
