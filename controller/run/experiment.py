@@ -30,7 +30,6 @@ import os
 import secrets
 import threading
 import time
-from enum import Enum
 from typing import Any, Callable, Iterable, Optional
 
 from controller.model.telemetry_conf import TelemetryConf
@@ -40,7 +39,7 @@ from controller.results import run_dir as run_folder
 from controller.results.rates import FROM_START, LinkRates
 from controller.results.run_dir import RunDir
 from controller.run.membership import Membership, check_why
-from controller.run.nodes import MAX_LOG_BYTES, NodeConfs, Nodes, State
+from controller.run.nodes import MAX_LOG_BYTES, NodeConfs, Nodes, State, TextEnum
 from controller.run.progress import Progress, clip, read_report, round_bounds
 from controller.run.recording import NoWatcher, Recording, RunWatcher, capture_list
 from controller.run.scenario_runner import ScenarioRunner
@@ -52,7 +51,7 @@ HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 log = logging.getLogger("edgetb.controller")
 
 
-class Phase(str, Enum):
+class Phase(TextEnum):
     """Where the run is (``status()["phase"]``)."""
 
     CREATED = "created"
@@ -62,9 +61,6 @@ class Phase(str, Enum):
     FINISHED = "finished"
     FAILED = "failed"
     RESET = "reset"
-
-    def __str__(self) -> str:  # the value in text, as in JSON (StrEnum's, which needs Python 3.11)
-        return str(self.value)
 
 
 class Experiment:

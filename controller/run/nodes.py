@@ -50,7 +50,14 @@ START_THREADS = 4  # node processes started at once (each waits for its fork by 
 PROBE_BATCH = 256  # connects in flight at once (well under the default limit of 1,024 descriptors)
 
 
-class State(str, Enum):
+class TextEnum(str, Enum):
+    """A str enum whose text is its value, in f-strings as in JSON (StrEnum, on Python 3.9)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class State(TextEnum):
     """A node's state; an expected death's why (``crashed``, ``revoked``...) is an ending too."""
 
     PENDING = "pending"
@@ -60,9 +67,6 @@ class State(str, Enum):
     FAILED = "failed"
     TIMEOUT = "timeout"
     LOST = "lost"
-
-    def __str__(self) -> str:  # the value in text, as in JSON (StrEnum's, which needs Python 3.11)
-        return str(self.value)
 
 
 SETTLED = (State.DONE, State.STOPPED, State.FAILED, State.TIMEOUT, State.LOST)
