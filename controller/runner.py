@@ -112,7 +112,7 @@ def prepare(options: RunOptions) -> RunSpec:
     telemetry = resolve(from_structure_file(path(o.structure)), o.telemetry_period_ms, not o.telemetry, o.capture)
     return RunSpec(options=o, topology=topology, structure=structure, placement=placement, host_list=hosts,
                    node_confs={n: {"structure": s_confs[n], "dataset": d_confs[n]} for n in structure},
-                   dataset_settings=settings, timeline=timeline, telemetry_conf=telemetry, inputs=o.inputs)
+                   dataset_settings=settings, timeline=timeline, telemetry_conf=telemetry)
 
 
 def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_default: str = "gl_structure.json",
@@ -224,7 +224,7 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
         return 2
     exp = Experiment(spec.topology, Nodes(options.workdir, worker, spec.structure, run_id=run_id), spec.structure,
                      controller_port=options.port, progress=_say, algorithm=options.algorithm,
-                     node_confs=spec.node_confs, inputs=spec.inputs, dataset=spec.dataset_settings,
+                     node_confs=spec.node_confs, inputs=options.inputs, dataset=spec.dataset_settings,
                      testbed_id=options.testbed_id, verbose=options.verbose, open_network=options.open_network,
                      telemetry_conf=spec.telemetry_conf)
     exp.live = LiveFeed(exp)  # what the dashboard shows
@@ -369,10 +369,8 @@ def _workers(spec: RunSpec) -> Worker:
     from worker.host import REPO_ROOT
 
     o = spec.options
-    if not o.hosts:
-        return connect(o.testbed_id, o.subnet, runtime=o.runtime, workdir=o.workdir, code_root=REPO_ROOT)
-    return connect(o.testbed_id, o.subnet, workdir=o.workdir, code_root=REPO_ROOT, hosts=spec.host_list,
-                   placement=spec.placement)
+    return connect(o.testbed_id, o.subnet, runtime=o.runtime, workdir=o.workdir, code_root=REPO_ROOT,
+                   hosts=spec.host_list if o.hosts else None, placement=spec.placement)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -42,7 +42,6 @@ DEFAULT_PORT = 3333
 DEFAULT_LISTEN = "127.0.0.1"
 # body limits by route (endpoint name: the operation's); every other route takes SMALL_REQUEST_BYTES
 REQUEST_LIMITS = {op.name: op.limit_bytes for op in OPERATIONS.values() if op.limit_bytes != SMALL_REQUEST_BYTES}
-# the calls a client may repeat after a connection error: they leave the same state however often they run
 log = logging.getLogger("edgetb.agent")
 
 

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from worker.api import bodies
 from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, TestbedError
-from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, check_version
+from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, check_version, ifname
 from worker.nodes import zygote
 from worker.nodes.cgroups import detect_version
 from worker.nodes.netns import NetnsRuntime, NodeSpec
@@ -28,7 +28,7 @@ from worker.observe.capture import SNAP_BYTES, Captures
 from worker.observe.sampling import Telemetry
 from worker.routes import Routes, parse_routes
 from worker.shaping import apply as tc_apply
-from worker.shaping.links import Links, ifname
+from worker.shaping.links import Links
 from worker.state import StateStore
 
 def versioned(answer: dict[str, Any]) -> dict[str, Any]:
@@ -130,14 +130,14 @@ class WorkerHost:
                 "kernel": os.uname().release}
 
     def create_nodes(self, body: Any) -> dict[str, Any]:
-        body = bodies.CREATE_NODES.validate(check_version(body), REQUEST)
+        body = bodies.checked(bodies.CREATE_NODES, body)
         specs = [NodeSpec.from_dict(n, f"{REQUEST}: nodes[{i}]") for i, n in enumerate(body["nodes"])]
         return {"version": API_VERSION, "nodes": self.runtime.create_nodes(specs)}
 
     # shaping (worker.shaping.links) ------------------------------------------------------
     def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
         """Shape the listed links (``worker.shaping.links.Links.set_links``)."""
-        return versioned(self.links.set_links(bodies.SET_LINKS.validate(check_version(body), REQUEST), merge))
+        return versioned(self.links.set_links(bodies.checked(bodies.SET_LINKS, body), merge))
 
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         return versioned(self.links.clear_links(node))
@@ -149,12 +149,12 @@ class WorkerHost:
     # processes (worker.nodes.processes) ---------------------------------------------------
     def start_process(self, node: str, body: Any) -> dict[str, Any]:
         """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.nodes.privilege``)."""
-        return versioned(self.procs.start_process(node, bodies.START_PROCESS.validate(check_version(body), REQUEST)))
+        return versioned(self.procs.start_process(node, bodies.checked(bodies.START_PROCESS, body)))
 
     def start_node(self, node: str, body: Any) -> dict[str, Any]:
         """Start a node's DML process (``python -m dml_app.node ARGS``) from this host's code
         root with this host's experiment directory, in the node's runtime."""
-        return versioned(self.procs.start_node(node, bodies.START_NODE.validate(check_version(body), REQUEST)))
+        return versioned(self.procs.start_node(node, bodies.checked(bodies.START_NODE, body)))
 
     def popen(self, node: str, argv: list[str], env: dict[str, str], **kwargs: Any) -> Any:
         """Start a process in ``node``, not recorded (``worker.nodes.processes.Processes.popen``)."""
@@ -172,7 +172,7 @@ class WorkerHost:
 
     def exec(self, node: str, body: Any) -> dict[str, Any]:
         """Run a command in a node to completion; its output is captured (1 MiB each at most)."""
-        return versioned(self.procs.exec(node, bodies.EXEC.validate(check_version(body), REQUEST)))
+        return versioned(self.procs.exec(node, bodies.checked(bodies.EXEC, body)))
 
     def fault(self, body: Any) -> dict[str, Any]:
         """Apply a scenario's changes to nodes (``worker.faults``): ``{"version": 1, "faults":
@@ -186,7 +186,7 @@ class WorkerHost:
     def start_capture(self, node: str, body: Any) -> dict[str, Any]:
         """Capture the node's egress (tcpdump in its namespace, snap length ``snap_bytes``,
         default 128) into this testbed's state directory (``worker.observe.capture``)."""
-        body = bodies.START_CAPTURE.validate(check_version(body), REQUEST)
+        body = bodies.checked(bodies.START_CAPTURE, body)
         snap = body.get("snap_bytes", SNAP_BYTES)
         rec = self.runtime.node(node)
         return self.captures.start(node, rec, ifname(rec), snap)

@@ -70,4 +70,3 @@ class RunSpec:
     dataset_settings: Any
     timeline: Optional[Timeline]
     telemetry_conf: TelemetryConf
-    inputs: dict[str, str]

@@ -91,6 +91,11 @@ class LinkRates:
         """The link's rate at ``t_s`` (seconds since the start)."""
         return rate_at(self.steps(key), t_s)
 
+    def over(self, key: Key, times_s: Iterable[float]) -> list[Rate]:
+        """The link's rate at each of ``times_s`` (its history read once)."""
+        steps = self.steps(key)
+        return [rate_at(steps, t) for t in times_s]
+
     def steps(self, key: Key) -> Steps:
         """A copy of the link's history ([] for a link never known)."""
         with self._lock:

@@ -74,7 +74,6 @@ INPUTS_DIR = "inputs"  # the files the user wrote, verbatim
 TELEMETRY_DIR = "telemetry"  # links, nodes, hosts and rates .csv.gz; pcap/<node>.pcap
 PCAP_DIR = "telemetry/pcap"
 ANALYSIS_DIR = "analysis"
-MODELS_DIR = "models"
 
 RUN_VERSION = 1
 MAX_INPUT_BYTES = 64 * 1024 * 1024

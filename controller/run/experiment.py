@@ -46,6 +46,7 @@ from controller.run.scenario_runner import ScenarioRunner
 from controller.telemetry.collector import Collector
 from controller.workers import deploy
 from worker.api.errors import ConfigError, NotFound, TestbedError
+from worker.host import REPO_ROOT
 
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
 log = logging.getLogger("edgetb.controller")
@@ -105,7 +106,7 @@ class Experiment:
         self.t_start: Optional[float] = None
         self.t_start_monotonic: Optional[float] = None
         self.summary: Optional[dict[str, Any]] = None
-        self.record = run_folder.describe(self.run_id, algorithm, testbed_id, _code_root(), structure, dataset)
+        self.record = run_folder.describe(self.run_id, algorithm, testbed_id, REPO_ROOT, structure, dataset)
         self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
         self.record["telemetry"] = conf.to_dict()
         self._out: Optional[RunDir] = None
@@ -478,7 +479,3 @@ class Experiment:
         return {"version": 1, "run_id": self.run_id, "phase": self.phase, "ended": self.ended or None,
                 "error": self.error, "algorithm": self.algorithm, "run_dir": self.run_dir,
                 "started_at": self.t_start, **self.nodes.status()}
-
-
-def _code_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

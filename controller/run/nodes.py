@@ -290,10 +290,6 @@ class Nodes(Mapping[str, NodeState]):
         return body if status < 400 else None
 
     # this machine's view of the nodes ----------------------------------------------------------
-    def is_local(self) -> bool:
-        """Whether the nodes run on this machine (a WorkerHost of this process)."""
-        return self.worker.is_local
-
     def local_log(self, name: str, problems: dict[str, list[str]]) -> Optional[bytes]:
         """The events a node wrote on this machine's disk (a node that died cannot be asked):
         read as ``run_dir.read_node_file`` reads what a node wrote (a FIFO, a link, another's
@@ -419,7 +415,7 @@ class Nodes(Mapping[str, NodeState]):
             except TestbedError as e:
                 node.state, node.detail = State.FAILED, clip(e.message)
                 body = None
-            if body is None and self.is_local():
+            if body is None and self.worker.is_local:  # its file is on this machine
                 body = self.local_log(name, problems)
             if body is not None:
                 store(name, body)

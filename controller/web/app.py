@@ -23,7 +23,6 @@ Who may do what (``controller.web.callers`` reads the identities):
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable, Iterable, Optional
 
 from flask import Flask, jsonify, request
@@ -35,10 +34,10 @@ from controller.run.progress import printable
 from controller.workers import files
 from dml_app import bounded_json
 from worker.api.errors import AuthError, ConfigError
+from worker.host import REPO_ROOT
 from worker.serving import bearer_matches, check_token, json_errors, request_limits, run_blocking
 
 log = logging.getLogger("edgetb.controller")
-CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 USER_BODY_BYTES = 64 * 1024
 PRINT_BODY_BYTES = 16 * 1024
 
@@ -88,7 +87,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
 
     json_errors(app, log)
     # agents of other hosts fetch this checkout's code and the experiment's shards, with the run's token
-    files.register(app, {"dml_app": CODE_ROOT, "dataset": exp.workdir}, agent)
+    files.register(app, {"dml_app": REPO_ROOT, "dataset": exp.workdir}, agent)
 
     dashboard.register(app, exp.workdir, reader, user, exp)
 

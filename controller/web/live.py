@@ -246,6 +246,7 @@ class LiveFeed:
 
     def _snapshot(self, latest_nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
         nodes = [self.exp.nodes[n["name"]] for n in self.nodes]
+        rates = self.exp.rates.current()  # one read of every link's rate now
         scenario = self.exp.scenario
         blocks = list(scenario.blocked.values()) if scenario is not None else []
         paused = set(scenario.paused) if scenario is not None else set()
@@ -261,7 +262,7 @@ class LiveFeed:
                              for n, t in zip(nodes, tele)],
                 "rx_bytes": [t.get("rx_bytes") for t in tele],
                 "link_bps": [round(float(x), 1) for x in self._link_bps],
-                "link_rate_bps": [self.exp.rates.now(k) for k in self.link_keys],
+                "link_rate_bps": [rates.get(k) for k in self.link_keys],
                 "link_down": down_links(self.link_keys, blocks)}
 
     # reading -----------------------------------------------------------------------------------
@@ -322,7 +323,7 @@ class LiveFeed:
             times = [float(self._history_t[k]) for k in order]
             return {"src": src, "dst": dst, "t_s": [_r(t, 3) for t in times],
                     "bps": [_r(self._history[k, i], 1) for k in order], "rate_bps": rates.now((src, dst)),
-                    "rates": [rates.at((src, dst), t) for t in times]}
+                    "rates": rates.over((src, dst), times)}
 
 
 def _pick(global_accuracy: Optional[float], accuracy: Optional[float]) -> Optional[float]:

@@ -250,5 +250,5 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
         bps = [finite_round(x, 1) for x in rate]
     return {"src": src, "dst": dst, "t_s": [round(float(t), 3) for t in grid], "bps": bps,
             "rate_bps": inp.links.get(key, {}).get("rate_bps"),
-            "rates": [inp.rates.at(key, float(t)) for t in grid]}  # as configured over time
+            "rates": inp.rates.over(key, (float(t) for t in grid))}  # as configured over time
 

@@ -75,8 +75,8 @@ def recorded_plans(worker: Worker) -> dict[str, Optional[dict[str, Any]]]:
     plans: dict[str, Optional[dict[str, Any]]] = {}
     for w in worker.workers.values():
         if isinstance(w, WorkerHost):
-            recorded = w.store.read()["plans"]
-            plans.update({n["name"]: recorded.get(n["name"]) for n in w.status()["nodes"]})
+            state = w.store.read()  # (what its status() reads, without asking after its processes)
+            plans.update({name: state["plans"].get(name) for name in state["nodes"]})
         else:
             plans.update({n["name"]: w.shaping(n["name"])["plan"] if n.get("shaped") else None
                           for n in w.status()["nodes"]})

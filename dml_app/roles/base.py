@@ -199,7 +199,7 @@ class Role:
     def train_local(self) -> dict[str, float]:
         """``epoch`` epochs on the local shard (none when ``epoch`` is 0)."""
         if self.epochs <= 0:
-            return {"loss": float("nan"), "train_s": 0.0}
+            return NOT_TRAINED
         x_train, y_train = self.ctx.data[0], self.ctx.data[1]
         return self.ctx.compute(self.ctx.model.train, x_train, y_train, self.epochs, self.batch_size)
 

@@ -100,6 +100,14 @@ def kill_9(r: Run) -> str:
     return r.proc.stdout.read()
 
 
+def refused(r: Run, timeout_s: float) -> str:
+    """Start ``r`` (--auto) while another run holds what it needs: it must exit 2; its output."""
+    r.start("--nodes", "nodes.json", "--auto")
+    out, _ = r.proc.communicate(timeout=timeout_s)
+    assert r.proc.returncode == 2, out
+    return out
+
+
 def test_a_second_run_is_refused_and_the_first_finishes(tmp_path, runs):
     first = make_run(tmp_path, sync=4)
     runs.append(first)
@@ -108,9 +116,7 @@ def test_a_second_run_is_refused_and_the_first_finishes(tmp_path, runs):
 
     second = make_run(tmp_path, like=first, start=False)
     runs.append(second)
-    second.start("--nodes", "nodes.json", "--auto")
-    out, _ = second.proc.communicate(timeout=60)
-    assert second.proc.returncode == 2, out
+    out = refused(second, timeout_s=60)
     assert f"testbed {first.id} is in use by pid {first.proc.pid} (gl_run.py" in out, out
     assert f"run {ready['run_id']}, since 20" in out and "nothing was changed" in out, out
     assert "removing" not in out, out
@@ -141,9 +147,7 @@ def test_a_second_testbed_in_the_same_directory_is_refused_and_the_first_finishe
     second = make_run(tmp_path, start=False)  # its own id, subnet and port
     second.workdir, second.state = first.workdir, first.state
     runs.append(second)
-    second.start("--nodes", "nodes.json", "--auto")
-    out, _ = second.proc.communicate(timeout=120)
-    assert second.proc.returncode == 2, out
+    out = refused(second, timeout_s=120)
     assert f"experiment directory {first.workdir} is in use by testbed {first.id} (pid {first.proc.pid}" in out, out
     assert f"curl localhost:{first.port}/emulated/reset" in out and "nothing was changed" in out, out
     assert not [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -366,3 +366,27 @@ def test_the_progress_line_counts_nodes_that_died_as_expected():
 
     line = Progress({"a": 3, "b": 3, "c": 3}, lambda m: None).line({"a": "running", "b": "crashed", "c": "done"})
     assert "1 running, 1 done, 1 crashed" in line
+
+
+def test_the_compute_thread_runs_off_the_event_loop_and_in_order():
+    """A node's training runs on a thread of its own: the event loop serves meanwhile, and the
+    calls keep their order (one thread)."""
+    import threading
+    import time
+
+    import gevent
+
+    from dml_app.compute import ComputeThread
+
+    compute, ran, ticks = ComputeThread(), [], []
+
+    def train(i: int) -> int:
+        time.sleep(0.3)  # the real sleep: a call that holds its thread
+        ran.append((i, threading.get_ident()))
+        return i * 2
+
+    ticker = gevent.spawn(lambda: [ticks.append(gevent.sleep(0.02)) for _ in range(10)])
+    assert [compute.run(train, 1), compute.run(train, 2)] == [2, 4]
+    assert len(ticks) == 10  # the loop went on while the calls held their thread
+    ticker.join()
+    assert [i for i, _ in ran] == [1, 2] and {t for _, t in ran} != {threading.get_ident()}

@@ -12,6 +12,7 @@ import pytest
 
 from controller.model.topology import Topology
 from controller.results.finish import RunResults, write_record, write_results
+from controller.results.rates import LinkRates
 from controller.results.run_dir import RunDir
 from controller.run.experiment import Phase
 from controller.run.membership import Membership, check_why
@@ -129,7 +130,10 @@ def test_the_results_pipeline_writes_its_files_from_explicit_inputs(tmp_path):
     summary = write_results(run, problems, progress=lambda m: None)
     assert json.loads((run_dir / "confs.json").read_text()) == {"n1": {"structure": {"sync": 1}}}
     assert json.loads((run_dir / "timeline.json").read_text())["entries"][0]["target"] == "n1"
-    assert (run_dir / "membership.csv").read_text().splitlines()[0] == "t,node,event,peer,round,detail"
+    membership = (run_dir / "membership.csv").read_text().splitlines()
+    assert membership[0] == "t,node,event,peer,round,detail"
+    assert len(membership) == 2 and "node_died" in membership[1] and "crashed" in membership[1], membership
+    assert json.loads((run_dir / "lives.json").read_text()) == {"version": 1, "events": [], "nodes": {}}
     assert summary["ended"] == "completed" and summary["endings"] == {"n1": "done"} and "analysis" in summary
     assert json.loads((run_dir / "summary.json").read_text())["run_id"] == "r1"
     record: dict = {"run_id": "r1"}
@@ -144,7 +148,8 @@ def test_the_live_view_reads_only_its_narrow_source(tmp_path):
     nodes = Nodes(str(tmp_path), None, {"a": {"sync": 2}, "b": {"sync": 2}})
     source = SimpleNamespace(run_id="r1", algorithm="gossip", topology=topo, structure={"a": {"role": "gossip"}},
                              nodes=nodes, membership=SimpleNamespace(rows=[]), phase=Phase.RUNNING, ended="",
-                             t_start=1000.0, t_start_monotonic=0.0, telemetry=None, scenario=None)
+                             t_start=1000.0, t_start_monotonic=0.0, telemetry=None, scenario=None,
+                             rates=LinkRates.of_topology(topo))
     feed = LiveFeed(source, clock=lambda: 1.0)
     nodes["a"].state = State.RUNNING
     feed.sample()

@@ -11,7 +11,9 @@ served. The nodes of ``POST /nodes`` are ``worker.nodes.netns.NodeSpec``, a link
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+from worker.api.protocol import check_version
 from worker.api.schema import ABSENT, IPV4_ADDRESS, MAX_SECONDS, Field, Schema
 from worker.api.shape import MAX_RATE_BPS
 
@@ -49,3 +51,8 @@ EXEC = Schema({"version": VERSION, "argv": ARGV,
 START_NODE = Schema({"version": VERSION, "args": Field(list, "dml_app.node's arguments", required=True,
                                                        items=Field(str)), "env": ENV})
 START_CAPTURE = Schema({"version": VERSION, "snap_bytes": Field(int, "bytes kept of each packet", default=ABSENT)})
+
+
+def checked(schema: Schema, body: Any) -> dict[str, Any]:
+    """A request body of this API's version that ``schema`` accepts (ConfigError otherwise)."""
+    return schema.validate(check_version(body), REQUEST)

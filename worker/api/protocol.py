@@ -48,6 +48,11 @@ MEDIUM_REQUEST_BYTES = 1024 * 1024  # a command line with its environment, a rou
 SMALL_REQUEST_BYTES = 64 * 1024  # every other operation
 
 
+def ifname(node: dict[str, Any]) -> str:
+    """The interface a node's links leave by (recorded by its runtime, else ``NODE_IFNAME``)."""
+    return node.get("ifname") or NODE_IFNAME
+
+
 def check_version(body: Any) -> dict[str, Any]:
     """A request body: a JSON object of this API's version (ConfigError otherwise)."""
     if not isinstance(body, dict):

@@ -23,17 +23,12 @@ from worker.state import StateStore, host_run_dir, state_root
 
 MAX_OUTPUT_BYTES = 1 << 20
 NODE_MODULE = "dml_app.node"
-CHILD_ENV_KEYS = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM")
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
-    """A node process's environment: a few harmless variables of the worker's (an allow-list:
-    none of its secrets) and what the request gives."""
-    env = {k: v for k, v in os.environ.items() if k in CHILD_ENV_KEYS or k.startswith("LC_")}
-    env.setdefault("PATH", DEFAULT_PATH)
-    env.update(extra)
-    return env
+    """A node process's environment: the worker's harmless variables (``zygote.harmless_env``)
+    and what the request gives."""
+    return {**zygote.harmless_env(), **extra}
 
 
 class Processes:

@@ -291,17 +291,22 @@ class Zygote:
             self._sock = None
 
 
-ZYGOTE_ENV_KEYS = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM")
+HARMLESS_ENV_KEYS = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def zygote_env() -> dict[str, str]:
-    """The zygote's environment: harmless variables of the worker's only (an allow-list), and a
-    node's (``dml_app.compute.NODE_ENV``: the zygote imports numpy and sets up malloc before any
-    node's environment applies)."""
-    env = {k: v for k, v in os.environ.items() if k in ZYGOTE_ENV_KEYS or k.startswith("LC_")}
+def harmless_env() -> dict[str, str]:
+    """A few harmless variables of the worker's (an allow-list: none of its secrets), for the
+    zygote and for every process started in a node."""
+    env = {k: v for k, v in os.environ.items() if k in HARMLESS_ENV_KEYS or k.startswith("LC_")}
     env.setdefault("PATH", DEFAULT_PATH)
-    return {**env, **NODE_ENV}
+    return env
+
+
+def zygote_env() -> dict[str, str]:
+    """The zygote's environment: harmless variables, and a node's (``dml_app.compute.NODE_ENV``:
+    the zygote imports numpy and sets up malloc before any node's environment applies)."""
+    return {**harmless_env(), **NODE_ENV}
 
 
 def _die_with_parent() -> None:

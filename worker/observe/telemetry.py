@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from worker.api.errors import ConfigError
 from worker.api.protocol import DEFAULT_PERIOD_MS, MAX_PERIOD_MS, MIN_PERIOD_MS  # noqa: F401 - its names too
+from worker.api.protocol import ifname as node_ifname
 from worker.kernel import netlink as nl
 from worker.kernel import nsfs
 from worker.nodes.cgroups import Cgroups, CounterReader, process_groups
@@ -219,7 +220,7 @@ class Sampler:
             rules = plan["rules"] if plan else []
             links = [(r["dest"], nl.tc_handle(1, int(r["minor"]))) for r in rules]
             rates += [r["shape"].get("rate_bps") for r in rules]
-            ifname = rec.get("ifname") or "eth0"
+            ifname = node_ifname(rec)
             node = old.pop(name, None)
             if node is None or node.netns != rec.get("netns") or node.ifname != ifname:
                 if node is not None:

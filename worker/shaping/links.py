@@ -13,8 +13,8 @@ from typing import Any, Callable, Optional
 
 from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, NotFound, TestbedError
+from worker.api.protocol import ifname
 from worker.api.shape import Shape
-from worker.nodes.netns import NODE_IFNAME
 from worker.shaping import apply as tc_apply
 from worker.shaping.plan import Isolation, Plan, Target, make_plan, render
 from worker.state import StateStore
@@ -189,8 +189,3 @@ def peer_ips(plan: Optional[Plan]) -> set[str]:
     if plan is None:
         return set()
     return {r.dest_ip for r in plan.rules} | {ip for _, ip in plan.unshaped()}
-
-
-def ifname(node: dict[str, Any]) -> str:
-    """The interface a node's links leave by (recorded by its runtime)."""
-    return node.get("ifname") or NODE_IFNAME
