@@ -87,6 +87,7 @@ def parse_options(argv: Optional[list[str]], algorithm: str, structure_default: 
 def prepare(options: RunOptions) -> RunSpec:
     """Load and validate everything, write shards and confs; nothing is created on the network."""
     from controller.workers.deploy import planned_ips
+    from controller.confs import usercode
     from controller.confs.confs import dataset_confs, load_dataset, load_structure, structure_confs, write_confs
     from controller.model.telemetry_conf import from_structure_file, resolve
 
@@ -100,8 +101,10 @@ def prepare(options: RunOptions) -> RunSpec:
                                                            "physical nodes and other hosts)")
     structure = load_structure(path(o.structure), topology, o.algorithm)
     settings = load_dataset(path(o.dataset))
+    user_files = usercode.stage(o.workdir, structure, path(o.structure))
     s_confs = structure_confs(structure, topology, planned_ips(topology, o.subnet))
     d_confs = dataset_confs(settings, list(structure), o.workdir)  # checks everything before writing shards
+    usercode.check(o.workdir, structure, d_confs, path(o.structure))
     write_confs(o.workdir, "structure", s_confs)
     write_confs(o.workdir, "dataset", d_confs)
     timeline = None
@@ -112,7 +115,7 @@ def prepare(options: RunOptions) -> RunSpec:
     telemetry = resolve(from_structure_file(path(o.structure)), o.telemetry_period_ms, not o.telemetry, o.capture)
     return RunSpec(options=o, topology=topology, structure=structure, placement=placement, host_list=hosts,
                    node_confs={n: {"structure": s_confs[n], "dataset": d_confs[n]} for n in structure},
-                   dataset_settings=settings, timeline=timeline, telemetry_conf=telemetry)
+                   dataset_settings=settings, timeline=timeline, telemetry_conf=telemetry, user_files=user_files)
 
 
 def main(argv: Optional[list[str]] = None, algorithm: str = "gossip", structure_default: str = "gl_structure.json",
@@ -224,7 +227,7 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
         return 2
     exp = Experiment(spec.topology, Nodes(options.workdir, worker, spec.structure, run_id=run_id), spec.structure,
                      controller_port=options.port, progress=_say, algorithm=options.algorithm,
-                     node_confs=spec.node_confs, inputs=options.inputs, dataset=spec.dataset_settings,
+                     node_confs=spec.node_confs, inputs=spec.inputs, dataset=spec.dataset_settings,
                      testbed_id=options.testbed_id, verbose=options.verbose, open_network=options.open_network,
                      telemetry_conf=spec.telemetry_conf)
     exp.live = LiveFeed(exp)  # what the dashboard shows

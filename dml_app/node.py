@@ -57,6 +57,7 @@ from dml_app.roles.etree import ETreeRole  # noqa: E402
 from dml_app.roles.fl import AggregatorRole, TrainerRole  # noqa: E402
 from dml_app.roles.gossip import GossipRole  # noqa: E402
 from dml_app.roles.ring import RingRole  # noqa: E402
+from dml_app.usercode import UserCodeError, attribute, load_file  # noqa: E402
 from dml_app.weights import encode as encode_weights  # noqa: E402
 
 if __name__ == "__main__" and sys.modules.get("ssl", 0) is None:
@@ -88,6 +89,7 @@ class NodeService:
         self.dataset_conf: Optional[dict[str, Any]] = None
         self.structure_conf: Optional[dict[str, Any]] = None
         self.role: Optional[Role] = None
+        self.role_class: type[Role] = Role
         self.role_ready = gevent.event.Event()
         self.state = "waiting"
         self.router = Router(lambda: self.keys, name)
@@ -126,8 +128,11 @@ class NodeService:
             self.keys.set_peer_keys(peer_keys)
         except ValueError as e:
             raise HttpError(400, "bad_conf", f"peer_keys: {e}") from None
-        self.structure_conf = conf
-        role = ROLES[conf["role"]]
+        try:
+            role = role_class(conf, self.workdir)
+        except ValueError as e:
+            raise HttpError(400, "bad_conf", str(e)) from None
+        self.structure_conf, self.role_class = conf, role
         for method, path in role.ROUTES:  # peers may call before this node starts
             limit = 64 * 1024 if path in role.SMALL_ROUTES else self._weights_limit
             self.router.add(method, path, lambda req, key=(method, path): self._role_call(key, req), "peer", limit)
@@ -154,19 +159,19 @@ class NodeService:
                 raise HttpError(409, "not_ready", "the node needs its dataset and structure confs first")
             with np.load(confined(self.workdir, self.dataset_conf["shard"]), allow_pickle=False) as shard:
                 data = (shard["x_train"], shard["y_train"], shard["x_test"], shard["y_test"])
-            n_features = int(np.prod(data[0].shape[1:]))
+            input_shape = tuple(data[0].shape[1:])
             n_classes = int(self.dataset_conf.get("n_classes", int(data[1].max()) + 1))
-            model = make_model(self.structure_conf.get("model", {}), n_features=n_features, n_classes=n_classes)
             global_test = None
-            if self.dataset_conf.get("global_test"):  # the run's common test set, the same for every node
-                try:
+            try:
+                model = make_model(self.structure_conf.get("model", {}), input_shape, n_classes, self.workdir)
+                if self.dataset_conf.get("global_test"):  # the run's common test set, the same for every node
                     global_test = load_global_test(confined(self.workdir, str(self.dataset_conf["global_test"])),
-                                                   n_features, n_classes)
-                except ValueError as e:
-                    raise HttpError(400, "bad_conf", str(e)) from None
+                                                   input_shape, n_classes)
+            except ValueError as e:
+                raise HttpError(400, "bad_conf", str(e)) from None
             ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress,
                           self.port, auth=self.keys, global_test=global_test, compute=ComputeThread().run)
-            self.role = ROLES[self.structure_conf["role"]](ctx)
+            self.role = self.role_class(ctx)
             self.role_ready.set()
             self.state = "prepared"
         return ok({"state": self.state})
@@ -239,6 +244,28 @@ class NodeService:
             except ConnectionError:
                 pass
         gevent.spawn(send)
+
+
+def role_class(conf: dict[str, Any], workdir: str) -> type[Role]:
+    """The class of the conf's role: the built-in one, or the user's ``algorithm`` class that
+    subclasses it (``{"module": "usercode/algos/x.py", "classes": ["FedProxTrainer"], ...}``)."""
+    builtin = ROLES[conf["role"]]
+    algorithm = conf.get("algorithm")
+    if not algorithm:
+        return builtin
+    if not isinstance(algorithm, dict):
+        raise UserCodeError("algorithm must be an object naming a module and its classes")
+    relative = str(algorithm.get("module"))
+    module = load_file(workdir, relative)
+    chosen = builtin
+    for name in algorithm.get("classes") or []:
+        cls = attribute(module, relative, name, "class")
+        if not isinstance(cls, type) or not issubclass(cls, Role) or cls.name not in ROLES:
+            raise UserCodeError(f"{relative}: {name} must subclass one of the built-in roles "
+                                f"({', '.join(r.__name__ for r in ROLES.values())})")
+        if cls.name == conf["role"]:
+            chosen = cls
+    return chosen
 
 
 def _conf(req: Request, required: tuple[str, ...]) -> dict[str, Any]:

@@ -28,6 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from worker.api.schema import ABSENT  # noqa: E402
+
 MARKER = re.compile(r"^<!-- (schema|cli|include): (\S+) -->$|^<!-- (scenario-kinds) -->$", re.M)
 
 # marker name -> (module, public name) of a Schema, or the name of a function here that builds one
@@ -39,6 +41,7 @@ SCHEMAS = {
     "hosts-file": ("controller.model.hosts", "HOSTS_SCHEMA"),
     "host": ("controller.model.hosts", "HOST_SCHEMA"),
     "model": ("controller.confs.structures", "MODEL"),
+    "algorithm": ("controller.confs.structures", "ALGORITHM"),
     "gossip": ("controller.confs.structures", "GOSSIP"),
     "trainer": ("controller.confs.structures", "TRAINER"),
     "fl": ("controller.confs.structures", "FL"),
@@ -134,7 +137,8 @@ def _rule(f: Any) -> str:
 def schema_table(s: Any) -> str:
     rows = ["| field | type and bounds | default | what |", "|---|---|---|---|"]
     for name, f in s.fields.items():
-        default = "required" if f.required else (_code(f.default) if f.default not in (None, [], {}) else "—")
+        unset = f.default is None or f.default is ABSENT or f.default in ([], {})
+        default = "required" if f.required else ("—" if unset else _code(f.default))
         if not f.required and f.default in ([], {}):
             default = _code(f.default)
         rows.append(f"| `{name}` | {_rule(f).replace('|', '&#124;')} | {default} | {f.doc.replace('|', '&#124;')} |")

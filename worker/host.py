@@ -16,6 +16,7 @@ import subprocess
 import time
 from typing import Any, Optional
 
+from dml_app.usercode import USERCODE_DIR
 from worker.api import bodies
 from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, TestbedError
@@ -63,7 +64,8 @@ class WorkerHost:
         if runtime == "docker":
             from worker.nodes.docker import DockerRuntime  # the Docker SDK only when asked for
 
-            os.makedirs(os.path.join(self.workdir, "dataset"), exist_ok=True)  # mounted into every node
+            for tree in ("dataset", USERCODE_DIR):  # mounted into every node
+                os.makedirs(os.path.join(self.workdir, tree), exist_ok=True)
             self.runtime = DockerRuntime(self.store, subnet, code_root=code_root, workdir=self.workdir,
                                          **(runtime_options or {}))
         elif runtime_options:
@@ -227,11 +229,12 @@ class WorkerHost:
                 result = {"version": API_VERSION, "method": "nfs", "dest": share, "export": body["nfs"]}
             # the code is copied out of the share, checked (root imports it); the data stays there
             result["code"] = sync.copy_verified(share, self.workdir, "dml_app", files)
-            link = os.path.join(self.workdir, "dataset")
-            if not os.path.islink(link):
-                if os.path.isdir(link):  # an earlier HTTP copy
-                    shutil.rmtree(link)
-                os.symlink(os.path.join("nfs", "dataset"), link)
+            for tree in ("dataset", USERCODE_DIR):
+                link = os.path.join(self.workdir, tree)
+                if not os.path.islink(link):
+                    if os.path.isdir(link):  # an earlier HTTP copy
+                        shutil.rmtree(link)
+                    os.symlink(os.path.join("nfs", tree), link)
         else:
             url, token = body.get("url"), body.get("token")
             if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not isinstance(token, str):

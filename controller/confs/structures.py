@@ -31,25 +31,46 @@ file, the entry and the field, with the nearest valid name. Upper bounds:
 """
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Callable
+import re
+from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology
 from worker.api.errors import ConfigError
-from worker.api.schema import (MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS, MAX_LEARNING_RATE,
+from dml_app.models import BUILTIN_NAMES
+from worker.api.schema import (ABSENT, MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS, MAX_LEARNING_RATE,
                                MAX_ROUNDS, MAX_SECONDS, SEED, Field, Place, Schema, read_object)
 
 ALGORITHMS = ("gossip", "fl", "etree", "ring")
 PREFIXES = {"gl": "gossip", "fl": "fl", "el": "etree", "ra": "ring"}  # EdgeTB's file names
 
 # The declared fields of every structure file (upper bounds: a larger value is a typo) ---------
+USER_FILE = re.compile(r"(?!/)(?!.*(?:^|/)\.\.(?:/|$))[A-Za-z0-9_./-]{1,200}\.py")
+USER_FILE_HINT = "a .py file relative to the experiment directory, e.g. nns/my_model.py"
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 MODEL = Schema({
-    "kind": Field(str, "numpy MLP or Keras MLP", default="numpy", choices=("numpy", "tf")),
-    "hidden": Field(list, "units of each hidden layer", default=[64], max_items=MAX_HIDDEN_LAYERS,
+    "kind": Field(str, "numpy, or keras (TensorFlow; 'tf' is its older name)", default="numpy",
+                  choices=("numpy", "keras", "tf")),
+    "name": Field(str, "a built-in model", default=ABSENT, choices=BUILTIN_NAMES),
+    "module": Field(str, "your own model: a Python file whose build(input_shape, n_classes, conf) returns it; "
+                         "the entry's other keys reach build as conf", default=ABSENT, pattern=USER_FILE,
+                    hint=USER_FILE_HINT),
+    "build": Field(str, "the module's function that builds the model", default=ABSENT, pattern=IDENTIFIER,
+                   hint="a Python name"),
+    "hidden": Field(list, "units of each hidden layer (the MLP)", default=[64], max_items=MAX_HIDDEN_LAYERS,
                     items=Field(int, low=1, high=MAX_HIDDEN_UNITS)),
-    "learning_rate": Field(float, default=0.005, low=0, high=MAX_LEARNING_RATE, low_open=True),
+    "learning_rate": Field(float, "default: 0.005 for the MLP, 0.001 for the CNNs", default=ABSENT, low=0,
+                           high=MAX_LEARNING_RATE, low_open=True),
     "optimizer": Field(str, default="adam", choices=("adam", "sgd")),
     "seed": Field(int, "initial weights' seed (the same on every node)", default=0, low=0, high=SEED.high),
+})
+MAX_MODEL_CONF_BYTES = 64 * 1024  # a module model's own keys, as JSON
+ALGORITHM = Schema({
+    "module": Field(str, "a Python file with your role classes", required=True, pattern=USER_FILE,
+                    hint="a .py file relative to the experiment directory, e.g. algos/fedprox.py"),
+    "role": Field((str, list), "the class (or classes) to use: each subclasses a built-in role and replaces it",
+                  required=True),
 })
 MODEL_FIELD = Field(dict, "the model every node trains", schema=MODEL)
 NODE_LIST = Field(list, "the nodes taking part", required=True)
@@ -288,7 +309,50 @@ def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[s
         raise ConfigError(f"unknown algorithm {algorithm!r}; known: {', '.join(LOADERS)}")
     data = read_object(path, ConfigError, '{"sync": 10, "node_list": [{"name": "n1"}]}')
     data.pop("telemetry", None)  # the run's sampling settings: controller.model.telemetry_conf reads them
-    return LOADERS[algorithm](data, path, topology)
+    own_keys = _module_model_keys(data, path)
+    user_algorithm = _algorithm(data.pop("algorithm", None), path)
+    confs = LOADERS[algorithm](data, path, topology)
+    for conf in confs.values():
+        if own_keys and "model" in conf:
+            conf["model"] = {**conf["model"], **own_keys}
+        if user_algorithm:
+            conf["algorithm"] = user_algorithm
+    return confs
+
+
+def _module_model_keys(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """A module model's own keys (they reach its ``build``), taken out of ``data["model"]`` so that
+    the declared ones are checked as usual. Without ``module``, every key must be declared."""
+    model = data.get("model")
+    if not isinstance(model, dict) or model.get("module") is None:
+        return {}
+    own = {k: v for k, v in model.items() if k not in MODEL.fields}
+    if len(json.dumps(own)) > MAX_MODEL_CONF_BYTES:
+        raise ConfigError(f"{path}: field 'model': its own keys take more than {MAX_MODEL_CONF_BYTES} bytes")
+    if model.get("name") is not None:
+        raise ConfigError(f"{path}: field 'model': a model is either built-in ('name') or your own ('module'), "
+                          "not both")
+    data["model"] = {k: v for k, v in model.items() if k in MODEL.fields}
+    return own
+
+
+def _algorithm(raw: Any, path: str) -> Optional[dict[str, Any]]:
+    """The user's algorithm: ``{"module", "classes": [...], <its own keys>}``, or None."""
+    if raw is None:
+        return None
+    place = Place(path, ("algorithm",))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{place}: expected an object like {{\"module\": \"algos/fedprox.py\", "
+                          f"\"role\": \"FedProxTrainer\"}}")
+    own = {k: v for k, v in raw.items() if k not in ALGORITHM.fields}
+    if len(json.dumps(own)) > MAX_MODEL_CONF_BYTES:
+        raise ConfigError(f"{place}: its own keys take more than {MAX_MODEL_CONF_BYTES} bytes")
+    checked = ALGORITHM.validate({k: v for k, v in raw.items() if k in ALGORITHM.fields}, place, ConfigError)
+    classes = [checked["role"]] if isinstance(checked["role"], str) else checked["role"]
+    if not 1 <= len(classes) <= 8 or not all(isinstance(c, str) and IDENTIFIER.fullmatch(c) for c in classes):
+        raise ConfigError(f"{place}: field 'role': expected a class name or a list of 1 to 8 class names, "
+                          f"got {checked['role']!r}")
+    return {**own, "module": checked["module"], "classes": list(dict.fromkeys(classes))}
 
 
 LOADERS: dict[str, Callable[[dict[str, Any], str, Topology], dict[str, dict[str, Any]]]] = {

@@ -57,6 +57,9 @@ class RunOptions:
         return {role: self.path(getattr(self, role)) for role in INPUT_ROLES if getattr(self, role)}
 
 
+USER_INPUT = "user:"  # the role of a user's code file among a run's inputs
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """A run resolved and validated: nothing is left to read or decide before it starts."""
@@ -70,3 +73,9 @@ class RunSpec:
     dataset_settings: Any
     timeline: Optional[Timeline]
     telemetry_conf: TelemetryConf
+    user_files: dict[str, str] = field(default_factory=dict)  # the user's code: relative path -> file
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """The files this run reads (``RunOptions.inputs``), and the user's code as ``user:<path>``."""
+        return {**self.options.inputs, **{f"{USER_INPUT}{rel}": p for rel, p in self.user_files.items()}}

@@ -63,7 +63,7 @@ def _cluster(hosts: "Hosts", placement: dict[str, str], testbed_id: str, subnet:
     stack = workers[local] if local else connect(testbed_id, subnet)
     cluster = Cluster(hosts, placement, workers, stack, controller_ip)
     cluster.tokens = tokens
-    cluster.trees = {"dml_app": code_root, "dataset": workdir or ""}
+    cluster.trees = {"dml_app": code_root, "dataset": workdir or "", "dml_user": workdir or ""}
     return cluster
 
 

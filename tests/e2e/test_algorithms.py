@@ -146,7 +146,7 @@ def test_ring_all_reduce_leaves_exactly_the_mean(run):
     r = run(kind="ra", structure=structure, links=ring_links(names))
     summary, _ = run_to_end(r)
     assert all(n["ended"] == "done" for n in summary["nodes"])
-    initial = [make_model({**model, "seed": 100 + i}, n_features=64, n_classes=10).get_weights()
+    initial = [make_model({**model, "seed": 100 + i}, input_shape=64, n_classes=10).get_weights()
                for i in range(len(names))]
     assert min(w.size for w in initial[0]) < len(names)
     expected = [np.mean(np.stack(layer).astype(np.float64), axis=0) for layer in zip(*initial)]

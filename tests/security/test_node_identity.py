@@ -128,7 +128,7 @@ def test_node_b_cannot_stop_forge_or_impersonate_and_bad_payloads_are_refused(fl
     train_samples = {n: json.loads((r.workdir / "dml_file" / "conf" / f"{n}_dataset.json").read_text())["train_samples"]
                      for n in NAMES[1:]}
     shard = np.load(r.workdir / json.loads((r.workdir / "dml_file" / "conf" / "n1_dataset.json").read_text())["shard"])
-    model = make_model(MODEL, n_features=int(np.prod(shard["x_train"].shape[1:])), n_classes=10).get_weights()
+    model = make_model(MODEL, input_shape=int(np.prod(shard["x_train"].shape[1:])), n_classes=10).get_weights()
 
     # a GET with a large body: refused before it is read, the node's memory does not grow
     pid4 = nodes["n4"]["pid"]
@@ -247,7 +247,7 @@ def test_nan_and_wrong_shape_gossip_is_refused_and_learning_goes_on(tmp_path):
         structure = json.loads((r.workdir / "gl_structure.json").read_text())
         shard = np.load(r.workdir / json.loads((r.workdir / "dml_file" / "conf" / "n1_dataset.json").read_text())
                         ["shard"])
-        model = make_model(structure["model"], n_features=int(np.prod(shard["x_train"].shape[1:])),
+        model = make_model(structure["model"], input_shape=int(np.prod(shard["x_train"].shape[1:])),
                            n_classes=10).get_weights()
         b = auth.NodeKeys(B, keys.node_secret(B), {v: keys.pair_key(B, v) for v in victims})
         nan = [np.full_like(w, np.nan) for w in model]

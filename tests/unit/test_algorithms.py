@@ -99,7 +99,7 @@ def ring_role(tmp, name: str, names: list[str], net: MemoryNetwork, sync: int = 
     from dml_app.roles.base import Context
     from dml_app.roles.ring import RingRole
 
-    model = make_model({"hidden": [3], "seed": seed}, n_features=2, n_classes=5)
+    model = make_model({"hidden": [3], "seed": seed}, input_shape=2, n_classes=5)
     data = (np.zeros((2, 2)), np.zeros(2, dtype=int), np.zeros((2, 2)), np.zeros(2, dtype=int))
     conf = {"connect": {n: "memory" for n in names if n != name}, "ring": names, "sync": sync, "epoch": 1, "join_wait_s": 0.5, "step_timeout_s": 5, "life": life}
     ctx = Context(name, model, data, conf, {}, EventLog(f"{tmp}/{name}-{life}.jsonl", "r", name),

@@ -134,7 +134,7 @@ def _role_ctx(tmp_path, name: str, conf: dict):
     from dml_app.models import make_model
     from dml_app.roles.base import Context
 
-    model = make_model({"hidden": [3], "seed": 0}, n_features=2, n_classes=3)
+    model = make_model({"hidden": [3], "seed": 0}, input_shape=2, n_classes=3)
     data = (np.zeros((4, 2)), np.array([0, 1, 2, 0]), np.zeros((2, 2)), np.array([0, 1]))
     return Context(name, model, data, conf, {}, EventLog(str(tmp_path / f"{name}.jsonl"), "r", name),
                    lambda *a, **k: None)

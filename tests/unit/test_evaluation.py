@@ -123,7 +123,7 @@ def test_load_global_test_refuses_what_does_not_fit(tmp_path, digits):
     cases = {"no_y.npz": dict(x=digits[2]), "features.npz": dict(x=digits[2][:, :10], y=digits[3]),
              "labels.npz": dict(x=digits[2], y=digits[3] + 5), "counts.npz": dict(x=digits[2], y=digits[3][:5]),
              "objects.npz": dict(x=np.array([{"a": 1}] * 3, dtype=object), y=np.zeros(3, dtype=np.int64))}
-    words = {"no_y.npz": "needs arrays x and y", "features.npz": "10 features", "labels.npz": "labels",
+    words = {"no_y.npz": "needs arrays x and y", "features.npz": r"samples of shape \(10,\)", "labels.npz": "labels",
              "counts.npz": "the same count", "objects.npz": "cannot be read"}
     for name, arrays in cases.items():
         with pytest.raises(ValueError, match=words[name]):

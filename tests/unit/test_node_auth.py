@@ -289,7 +289,7 @@ def role_ctx(tmp_path, name: str, conf: dict):
 
     data = (np.zeros((4, 6), dtype=np.float32), np.zeros(4, dtype=np.int64), np.zeros((2, 6), dtype=np.float32),
             np.zeros(2, dtype=np.int64))
-    model = make_model({"hidden": [5], "seed": 0}, n_features=6, n_classes=3)
+    model = make_model({"hidden": [5], "seed": 0}, input_shape=6, n_classes=3)
     return Context(name, model, data, conf, {}, EventLog(str(tmp_path / f"{name}.jsonl"), "run", name),
                    lambda *a, **k: None)
 

@@ -31,7 +31,7 @@ def role_of(cls: type, tmp_path, net: MemoryNetwork, name: str, conf: dict, peer
     """A role with a small numpy model and its own shard, linked to ``peers`` in ``net``."""
     x, y = blobs(100 + len(name) * 7 + sum(map(ord, name)), samples)
     x_test, y_test = blobs(1, 60)
-    model = make_model({"hidden": [8], "seed": seed, "learning_rate": 0.05}, n_features=N_FEATURES,
+    model = make_model({"hidden": [8], "seed": seed, "learning_rate": 0.05}, input_shape=N_FEATURES,
                        n_classes=N_CLASSES)
     conf = {"connect": {p: "memory" for p in peers if p != name}, **conf}
     def report(msg: str, **fields) -> None:

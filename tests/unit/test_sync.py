@@ -374,7 +374,7 @@ def test_sync_http_sends_the_bearer_token(tmp_path, serve):
         return jsonify({"version": 1, "files": {}})
 
     sync.sync_http(serve(app) + "/", "t0k", str(tmp_path / "dest"))
-    assert seen == [("Bearer t0k", "dml_app,dataset")]
+    assert seen == [("Bearer t0k", "dml_app,dataset,dml_user")]
 
 
 # --- worker/sync.py: NFS ---------------------------------------------------------------------

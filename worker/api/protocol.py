@@ -40,7 +40,8 @@ MAX_PERIOD_MS = 10_000
 DEFAULT_PERIOD_MS = 100
 MIN_PIDS_MAX = 16  # bounds of a node's process and thread limit
 MAX_PIDS_MAX = 4_194_304  # the kernel's largest pid
-TREES = ("dml_app", "dataset")  # the directories a worker syncs from the controller
+TREES = ("dml_app", "dataset", "dml_user")  # the directories a worker syncs from the controller (dml_user: the
+#                                             user's own code, staged by the controller)
 
 # request bodies ------------------------------------------------------------------------------------
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # whole networks: nodes, links, code manifests

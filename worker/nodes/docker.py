@@ -12,7 +12,8 @@ Docker runtime is used or probed, so netns-only users need neither the SDK nor a
   nodes' rlimits; a read-only root file system with a private tmpfs on ``/tmp``, ``/var/tmp``, ``/run/lock``.
 - Inside every container the node's files sit at fixed paths of their own, whatever the host's
   (a checkout in root's home, a path with spaces): ``/opt/edgetb/dml_app`` (the code root's) and
-  ``/opt/edgetb/dataset`` (the experiment directory's, else the code root's), read-only, and
+  ``/opt/edgetb/dataset`` and ``/opt/edgetb/dml_user`` (the user's code) (the experiment directory's,
+  else the code root's), read-only, and
   ``/opt/edgetb/dml_file/node/<name>/`` (the node's own, read-write); ``/opt/edgetb`` is the
   working directory, ``PYTHONPATH`` and the node's ``--workdir``. Each source must be one the
   node's uid can list: else the deploy fails naming it and the fix.
@@ -37,6 +38,7 @@ from typing import Any, Optional, Sequence
 
 from worker.nodes import confine, fsview, uids
 
+from dml_app.usercode import USERCODE_DIR
 from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
 from worker.kernel import nsfs
 from worker.nodes.docker_exec import ExecProcess, sdk, short_error
@@ -136,7 +138,8 @@ class DockerRuntime:
         ``uids.prepare_node_dir`` with no link on its way; the shared ones are resolved)."""
         data = self.workdir or self.code_root
         found = [Mount(os.path.realpath(os.path.join(self.code_root, "dml_app")), f"{NODE_ROOT}/dml_app"),
-                 Mount(os.path.realpath(os.path.join(data, "dataset")), f"{NODE_ROOT}/dataset")]
+                 Mount(os.path.realpath(os.path.join(data, "dataset")), f"{NODE_ROOT}/dataset"),
+                 Mount(os.path.realpath(os.path.join(data, USERCODE_DIR)), f"{NODE_ROOT}/{USERCODE_DIR}")]
         if node is not None and self.workdir:
             found.append(Mount(uids.node_dir(self.workdir, node), uids.node_dir(NODE_ROOT, node), True))
         return found

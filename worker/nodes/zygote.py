@@ -341,7 +341,7 @@ def _preload() -> None:
     from dml_app import models
 
     try:
-        models.make_model({"kind": "numpy"}, n_features=4, n_classes=2)  # the model's lazy imports
+        models.make_model({"kind": "numpy"}, input_shape=4, n_classes=2)  # the model's lazy imports
     except Exception:  # noqa: BLE001 - only a warm-up
         pass
     if sys.modules.get("ssl", 0) is None:

@@ -1,0 +1,118 @@
+"""The user's own files (a model, an algorithm) staged for the nodes and tried before a run.
+
+``stage`` copies each file a structure names into ``dml_user/`` of the experiment directory (a
+snapshot: editing the file during a run changes nothing; the directory is synced to other hosts
+like the code) and points the nodes' confs at the copy. ``check`` tries them in the probe
+sandbox (``controller.sandbox``): a model that does not build, breaks the contract or builds
+different arrays with different seeds, and an algorithm class that is not a role, are refused
+with the file and the reason before anything is created. Built-in models are checked too: a
+numpy one is built here (it is the project's own code), a Keras one needs TensorFlow.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from typing import Any
+
+import numpy as np
+
+from dml_app.models import kind_of, make_model
+from dml_app.usercode import USERCODE_DIR
+from worker.api.errors import ConfigError
+
+MAX_USER_FILE_BYTES = 1 << 20
+
+
+def user_files(structure: dict[str, dict[str, Any]]) -> list[str]:
+    """The user's files the confs name (relative to the experiment directory), each once."""
+    found = []
+    for conf in structure.values():
+        for entry in (conf.get("model") or {}, conf.get("algorithm") or {}):
+            if entry.get("module"):
+                found.append(str(entry["module"]))
+    return list(dict.fromkeys(found))
+
+
+def stage(workdir: str, structure: dict[str, dict[str, Any]], source: str) -> dict[str, str]:
+    """Copy the user's files into ``dml_user/`` and point ``structure``'s confs at the copies;
+    returns {relative path: the user's file}. ``source``: the structure file, for errors."""
+    root = os.path.realpath(workdir)
+    files = {}
+    for relative in user_files(structure):
+        path = os.path.realpath(os.path.join(root, relative))
+        if os.path.commonpath([root, path]) != root:
+            raise ConfigError(f"{source}: {relative!r} is outside the experiment directory {root}")
+        if not os.path.isfile(path):
+            raise ConfigError(f"{source}: {relative}: no such file in the experiment directory {root}")
+        if os.path.getsize(path) > MAX_USER_FILE_BYTES:
+            raise ConfigError(f"{source}: {relative}: larger than {MAX_USER_FILE_BYTES} bytes")
+        files[relative] = path
+    staged_root = os.path.join(root, USERCODE_DIR)
+    if files:
+        os.makedirs(staged_root, mode=0o755, exist_ok=True)
+    if os.path.isdir(staged_root):  # the directory is kept (a container mounts it), the last run's files not
+        for entry in os.scandir(staged_root):
+            shutil.rmtree(entry.path) if entry.is_dir(follow_symlinks=False) else os.unlink(entry.path)
+    for relative, path in files.items():
+        target = os.path.join(staged_root, relative)
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        shutil.copyfile(path, target)
+        os.chmod(target, 0o644)
+    for conf in structure.values():
+        for key in ("model", "algorithm"):
+            entry = conf.get(key)
+            if entry and entry.get("module") and not str(entry["module"]).startswith(USERCODE_DIR + "/"):
+                conf[key] = {**entry, "module": f"{USERCODE_DIR}/{entry['module']}"}
+    return files
+
+
+def sample_shape(workdir: str, dataset_conf: dict[str, Any]) -> tuple[tuple[int, ...], int]:
+    """(a sample's shape, classes) of a node's shard."""
+    with np.load(os.path.join(workdir, dataset_conf["shard"]), allow_pickle=False) as shard:
+        x, y = shard["x_train"], shard["y_train"]
+        shape = tuple(int(d) for d in x.shape[1:])
+        return shape, int(dataset_conf.get("n_classes") or int(y.max(initial=0)) + 1)
+
+
+def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dict[str, dict[str, Any]],
+          source: str) -> dict[str, Any]:
+    """Try every model and algorithm of ``structure`` (staged) on the nodes' sample shape; returns
+    each distinct model's description (arrays, params, bytes). A refusal is a ConfigError."""
+    from controller import sandbox
+
+    described: dict[str, Any] = {}
+    tried: set[str] = set()
+    for node, conf in structure.items():
+        model = dict(conf.get("model") or {})
+        shape, n_classes = sample_shape(workdir, dataset_confs[node])
+        key = json.dumps([{k: v for k, v in model.items() if k != "seed"}, shape, n_classes], sort_keys=True)
+        if key in tried:
+            continue
+        tried.add(key)
+        where = f"{source}: field 'model'"
+        if model.get("module"):
+            seed = int(model.get("seed") or 0)
+            described[node] = sandbox.check_model(model, workdir, shape, n_classes, (seed, seed + 1))
+        elif kind_of(model) == "keras":
+            if importlib.util.find_spec("tensorflow") is None:
+                raise ConfigError(f"{where}: a model of kind 'keras' needs TensorFlow: pip install '.[tf]'")
+        else:
+            try:
+                weights = make_model(model, shape, n_classes).get_weights()
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e} (samples of shape {shape}, {n_classes} classes)") from None
+            described[node] = {"params": int(sum(w.size for w in weights)),
+                               "bytes": int(sum(w.nbytes for w in weights))}
+    algorithms = {json.dumps(c["algorithm"], sort_keys=True): c["algorithm"] for c in structure.values()
+                  if c.get("algorithm")}
+    roles = {c["role"] for c in structure.values()}
+    for algorithm in algorithms.values():
+        replaces = sandbox.check_algorithm(algorithm["module"], algorithm["classes"], workdir)
+        unused = sorted(name for name, role in replaces.items() if role not in roles)
+        if unused:
+            raise ConfigError(f"{source}: field 'algorithm': {', '.join(unused)} replace "
+                              f"{', '.join(sorted({replaces[n] for n in unused}))}, a role no node of this "
+                              f"structure has ({', '.join(sorted(roles))})")
+    return described

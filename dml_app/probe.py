@@ -1,0 +1,120 @@
+"""The probe: a user's file tried once, in a node-like sandbox, before a run starts.
+
+    python3 -m dml_app.probe < request.json      (one JSON object in, one JSON object out)
+
+Requests (paths relative to ``workdir``, the experiment directory):
+
+- ``{"task": "model", "workdir", "conf", "input_shape", "n_classes", "seeds": [0, 1]}``: build the
+  model once per seed, check the contract, and answer each build's arrays (name, shape, dtype),
+  parameter count and bytes; builds whose arrays differ are refused.
+- ``{"task": "algorithm", "workdir", "module", "classes", "roles"}``: import the file and check that
+  each class subclasses a built-in role; answers which role each replaces.
+- ``{"task": "data", "workdir", "module", "function", "out"}``: call the data module's function and
+  save its four arrays to ``out`` (an npz, no pickle) for the controller to check and split.
+
+The answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "<file>: <what went wrong>"}``. The
+controller runs this as an unprivileged uid (``controller.sandbox``): the user's code never runs as root.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from dml_app import usercode
+from dml_app.models import check_contract, make_model
+
+DATA_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def probe_model(req: dict[str, Any]) -> dict[str, Any]:
+    """Each seed's build, described; refused when the builds' arrays differ."""
+    conf, shape, n_classes = dict(req["conf"]), tuple(req["input_shape"]), int(req["n_classes"])
+    what = conf.get("module") or conf.get("name") or "the model"
+    layouts = []
+    for seed in req.get("seeds") or [int(conf.get("seed") or 0)]:
+        model = make_model({**conf, "seed": int(seed)}, shape, n_classes, req["workdir"])
+        weights = check_contract(model, str(what))
+        names_of = getattr(model, "weight_names", None)
+        names = list(names_of()) if callable(names_of) else [f"{i:04d}" for i in range(len(weights))]
+        layouts.append([[n, list(w.shape), w.dtype.str] for n, w in zip(names, weights)])
+        x = np.zeros((2, *shape), dtype=np.float32)
+        y = np.zeros(2, dtype=np.int64)
+        try:
+            loss, accuracy = model.evaluate(x, y)
+            float(loss), float(accuracy)
+        except Exception as e:  # the user's code
+            raise usercode.UserCodeError(f"{what}: evaluate(x, y) on two samples of shape {shape} failed: "
+                                         f"{type(e).__name__}: {e}") from None
+    for layout in layouts[1:]:
+        if [a[1:] for a in layout] != [a[1:] for a in layouts[0]]:
+            raise usercode.UserCodeError(f"{what}: the weights' shapes differ between builds with different "
+                                         "seeds; every node must build the same arrays")
+    shapes = layouts[0]
+    return {"arrays": shapes, "params": sum(math.prod(s) for _, s, _ in shapes),
+            "bytes": sum(math.prod(s) * np.dtype(d).itemsize for _, s, d in shapes)}
+
+
+def probe_algorithm(req: dict[str, Any]) -> dict[str, Any]:
+    """Which built-in role each of the user's classes replaces."""
+    from dml_app.roles.base import Role
+    from dml_app.node import ROLES
+
+    relative = str(req["module"])
+    module = usercode.load_file(req["workdir"], relative)
+    replaces = {}
+    for name in req["classes"]:
+        cls = usercode.attribute(module, relative, name, "class")
+        if not isinstance(cls, type) or not issubclass(cls, Role) or getattr(cls, "name", None) not in ROLES:
+            raise usercode.UserCodeError(f"{relative}: {name} must subclass one of the built-in roles "
+                                         f"({', '.join(r.__name__ for r in ROLES.values())})")
+        replaces[name] = cls.name
+    return {"replaces": replaces}
+
+
+def probe_data(req: dict[str, Any]) -> dict[str, Any]:
+    """The data module's four arrays, saved to ``out``."""
+    relative, function = str(req["module"]), str(req.get("function") or "load")
+    module = usercode.load_file(req["workdir"], relative)
+    load = usercode.attribute(module, relative, function, "function")
+    try:
+        arrays = load()
+    except Exception as e:  # the user's code
+        raise usercode.UserCodeError(f"{relative}: {function}() failed: "
+                                     f"{usercode.where_in(e, usercode.resolve(req['workdir'], relative))}") from None
+    if not isinstance(arrays, (tuple, list)) or len(arrays) != 4:
+        raise usercode.UserCodeError(f"{relative}: {function}() must return four arrays "
+                                     f"({', '.join(DATA_ARRAYS)}), got {type(arrays).__name__}")
+    try:
+        named = {k: np.asarray(a) for k, a in zip(DATA_ARRAYS, arrays)}
+    except Exception as e:
+        raise usercode.UserCodeError(f"{relative}: {function}() returned something that is not arrays: {e}") from None
+    bad = [k for k, a in named.items() if a.dtype.kind not in "biuf"]
+    if bad:
+        raise usercode.UserCodeError(f"{relative}: {function}() returned {bad[0]} of dtype {named[bad[0]].dtype}, "
+                                     "not numbers")
+    np.savez(req["out"], **named)
+    return {"shapes": {k: list(a.shape) for k, a in named.items()}}
+
+
+TASKS = {"model": probe_model, "algorithm": probe_algorithm, "data": probe_data}
+
+
+def main() -> int:
+    answer_to, sys.stdout = sys.stdout, sys.stderr  # what the user's code prints goes to stderr
+    try:
+        req = json.loads(sys.stdin.read())
+        answer = {"ok": True, **TASKS[req["task"]](req)}
+    except (ValueError, KeyError, TypeError) as e:
+        answer = {"ok": False, "error": str(e) if isinstance(e, ValueError) else f"bad probe request: {e!r}"}
+    except Exception as e:  # noqa: BLE001 - whatever the user's code raised, said as data
+        answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    answer_to.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
