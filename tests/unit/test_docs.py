@@ -28,7 +28,7 @@ def features() -> dict[str, list[str]]:
     text = README.read_text()
     section = text.split("## What it does", 1)[1].split("\n## ", 1)[0]
     out = {}
-    for line in section.splitlines():
+    for line in re.sub(r"\n  +", " ", section).splitlines():  # an item's continued lines joined
         m = re.match(r"- \*\*(.+?)\*\*: (.*)", line)
         if m:
             out[m.group(1)] = re.findall(r"`([^`]+)`", m.group(2))
@@ -50,7 +50,8 @@ def test_readme_opening_is_current():
 
 @pytest.mark.parametrize("label,expected", [
     ("Algorithms", lambda: set(importlib.import_module("controller.confs.structures").ALGORITHMS)),
-    ("Models", lambda: set(importlib.import_module("controller.confs.structures").MODEL.fields["kind"].choices)),
+    ("Models", lambda: {*importlib.import_module("controller.confs.structures").MODEL.fields["kind"].choices,
+                        *importlib.import_module("controller.confs.structures").MODEL.fields["name"].choices}),
     ("Nodes", lambda: set(importlib.import_module("controller.model.hosts").RUNTIMES)),
     ("Scenario events", lambda: set(importlib.import_module("controller.model.scenario").KINDS)),
 ])
