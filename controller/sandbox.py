@@ -122,3 +122,17 @@ def check_algorithm(module: str, classes: Sequence[str], workdir: str) -> dict[s
     with Scratch() as scratch:
         return run_probe({"task": "algorithm", "module": module, "classes": list(classes)}, workdir,
                          scratch)["replaces"]
+
+
+def evaluate_models(conf: dict[str, Any], workdir: str, input_shape: Sequence[int], n_classes: int, test: str,
+                    models: Sequence[Sequence[np.ndarray]]) -> list[dict[str, Any]]:
+    """Each of ``models`` (its arrays) evaluated on the global test set ``test`` in the sandbox:
+    ``{"loss", "accuracy"}`` or ``{"error"}`` each."""
+    with Scratch() as scratch:
+        paths = []
+        for i, arrays in enumerate(models):
+            path = os.path.join(scratch, f"model{i}.npz")
+            np.savez(path, **{f"{k:04d}": a for k, a in enumerate(arrays)})
+            paths.append(path)
+        return run_probe({"task": "evaluate", "conf": conf, "input_shape": list(input_shape), "n_classes": n_classes,
+                          "test": test, "weights": paths}, workdir, scratch)["results"]

@@ -11,6 +11,8 @@ Requests (paths relative to ``workdir``, the experiment directory):
   each class subclasses a built-in role; answers which role each replaces.
 - ``{"task": "data", "workdir", "module", "function", "out"}``: call the data module's function and
   save its four arrays to ``out`` (an npz, no pickle) for the controller to check and split.
+- ``{"task": "evaluate", "workdir", "conf", "input_shape", "n_classes", "test", "weights"}``: each
+  final model (an npz of its arrays) evaluated on the global test set ``test``.
 
 The answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "<file>: <what went wrong>"}``. The
 controller runs this as an unprivileged uid (``controller.sandbox``): the user's code never runs as root.
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from dml_app import usercode
-from dml_app.models import check_contract, make_model
+from dml_app.models import check_contract, load_global_test, make_model
 
 DATA_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -100,7 +102,24 @@ def probe_data(req: dict[str, Any]) -> dict[str, Any]:
     return {"shapes": {k: list(a.shape) for k, a in named.items()}}
 
 
-TASKS = {"model": probe_model, "algorithm": probe_algorithm, "data": probe_data}
+def probe_evaluate(req: dict[str, Any]) -> dict[str, Any]:
+    """Final models (``weights``: npz files of arrays ``0000``...) evaluated on the global test set."""
+    shape, n_classes = tuple(req["input_shape"]), int(req["n_classes"])
+    model = make_model(dict(req["conf"]), shape, n_classes, req["workdir"])
+    x, y = load_global_test(usercode.resolve_data(req["workdir"], str(req["test"])), shape, n_classes)
+    results = []
+    for path in req["weights"]:
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                model.set_weights([f[k] for k in sorted(f.files)])
+            loss, accuracy = model.evaluate(x, y)
+            results.append({"loss": float(loss), "accuracy": float(accuracy)})
+        except Exception as e:  # noqa: BLE001 - one node's model never stops the others'
+            results.append({"error": f"{type(e).__name__}: {e}"})
+    return {"results": results}
+
+
+TASKS = {"model": probe_model, "algorithm": probe_algorithm, "data": probe_data, "evaluate": probe_evaluate}
 
 
 def main() -> int:

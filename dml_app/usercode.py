@@ -43,6 +43,15 @@ def resolve(workdir: str, relative: str) -> str:
     return path
 
 
+def resolve_data(workdir: str, relative: str) -> str:
+    """A data file ``relative`` resolved inside ``workdir``; anything that escapes it is refused."""
+    root = os.path.realpath(workdir)
+    path = os.path.realpath(os.path.join(root, relative))
+    if os.path.commonpath([root, path]) != root:
+        raise UserCodeError(f"{relative!r} is outside the experiment directory")
+    return path
+
+
 def load_file(workdir: str, relative: str) -> ModuleType:
     """Import the user's file ``relative`` (once per process)."""
     path = resolve(workdir, relative)

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import shutil
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -69,11 +70,28 @@ def stage(workdir: str, structure: dict[str, dict[str, Any]], source: str) -> di
 
 
 def sample_shape(workdir: str, dataset_conf: dict[str, Any]) -> tuple[tuple[int, ...], int]:
-    """(a sample's shape, classes) of a node's shard."""
-    with np.load(os.path.join(workdir, dataset_conf["shard"]), allow_pickle=False) as shard:
-        x, y = shard["x_train"], shard["y_train"]
-        shape = tuple(int(d) for d in x.shape[1:])
-        return shape, int(dataset_conf.get("n_classes") or int(y.max(initial=0)) + 1)
+    """(a sample's shape, classes) of a node's shard (or of the global test set, when it has one),
+    from the arrays' headers (no data read)."""
+    if dataset_conf.get("global_test") and dataset_conf.get("n_classes"):
+        relative, member = str(dataset_conf["global_test"]), "x.npy"
+    else:
+        relative, member = str(dataset_conf.get("shard")), "x_train.npy"
+    root = os.path.realpath(workdir)
+    path = os.path.realpath(os.path.join(root, relative))
+    if os.path.commonpath([root, path]) != root:
+        raise ConfigError(f"{relative!r} is outside the experiment directory")
+    try:
+        with zipfile.ZipFile(path) as z, z.open(member) as f:
+            major, _ = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape = read_header(f)[0]
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"{path}: cannot read the shard: {e}") from None
+    n_classes = dataset_conf.get("n_classes")
+    if not n_classes:
+        with np.load(path, allow_pickle=False) as shard:
+            n_classes = int(shard["y_train"].max(initial=0)) + 1
+    return tuple(int(d) for d in shape[1:]), int(n_classes)
 
 
 def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dict[str, dict[str, Any]],

@@ -8,10 +8,11 @@ and only when a regular file of one link owned by the node's uid, refused above 
 size limit, parsed without pickle (JSON header nesting bounded), checked against the model the node's conf
 describes (layer count, shapes) and for finite values. The model is rebuilt with
 the nodes' own code (``dml_app.models.make_model``), so the controller measures
-exactly what the nodes measured. Each model is written to
+exactly what the nodes measured: a numpy built-in here, a Keras or user model in the
+probe sandbox (``controller.sandbox``). Each model is written to
 ``<run dir>/models/<node>.safetensors``: tensors ``layers.<k>.kernel`` (fan-in x
-fan-out) and ``layers.<k>.bias`` for the MLP, metadata with the node, run id,
-layer sizes and model conf.
+fan-out) and ``layers.<k>.bias`` for the MLP (``arrays.<i>`` for other models), metadata
+with the node, run id, model conf, input shape (and the MLP's layer sizes).
 """
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ import numpy as np
 from controller.results.run_dir import Writer, local_writer
 from controller.results.run_dir import NodeFileError, read_node_file
 from dml_app import weights as wire
-from dml_app.models import load_global_test, make_model
+from controller import sandbox
+from controller.confs.usercode import sample_shape
+from dml_app.model_numpy import NumpyMLP
+from dml_app.models import kind_of, load_global_test, make_model
 from worker.api.errors import ConfigError
 
 MAX_WEIGHTS_BYTES = 256 * 1024 * 1024  # a final model larger than this is refused
@@ -90,16 +94,18 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
     """Evaluate and save every node's final model.
 
     ``structure``: each node's structure conf (its ``model`` entry builds the model);
-    ``dataset_confs``: each node's dataset conf (``n_classes``, and ``global_test``: the
+    ``dataset_confs``: each node's dataset conf (``shard``, ``n_classes``, and ``global_test``: the
     global set's path relative to ``workdir``). Returns, per node of ``structure``:
     ``{"global_accuracy", "global_loss", "model": <safetensors path>, "error"}`` (accuracy
     and loss None without a global set; ``model`` None and ``error`` set when the node's
     file is missing or refused). Never raises for one node's bad file. ``write`` (relative
     path, bytes) writes ``models/<node>.safetensors``; by default into ``run_dir``. ``uids``: each
-    node's uid where known (its file must be its own)."""
+    node's uid where known (its file must be its own). A numpy built-in model is rebuilt here;
+    a Keras or user model (code the controller does not run as root) in the probe sandbox."""
     write = write or local_writer(run_dir)
-    test_sets: dict[tuple[str, int, int], Any] = {}
+    test_sets: dict[tuple[str, tuple[int, ...], int], Any] = {}
     out: dict[str, dict[str, Any]] = {}
+    elsewhere: dict[str, list[tuple[str, list[np.ndarray]]]] = {}  # (model, shape, classes, test) -> nodes
     for node in sorted(structure):
         entry: dict[str, Any] = {"global_accuracy": None, "global_loss": None, "model": None, "error": None}
         out[node] = entry
@@ -109,37 +115,63 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
                 raise ModelFileError(f"{node}: the final weights hold NaN or infinite values")
             model_conf = dict(structure[node].get("model") or {})
             dconf = dataset_confs.get(node) or {}
-            if not arrays or arrays[0].ndim != 2:
-                raise ModelFileError(f"{node}: the final weights do not start with a weight matrix")
-            n_features = int(arrays[0].shape[0])
-            n_classes = int(dconf.get("n_classes") or arrays[-1].shape[-1])
-            model = make_model(model_conf, n_features, n_classes)
+            if dconf.get("shard") or dconf.get("global_test"):
+                input_shape, n_classes = sample_shape(workdir, dconf)
+            elif arrays[0].ndim == 2:  # an MLP's, without its data: its first layer says
+                input_shape, n_classes = (int(arrays[0].shape[0]),), int(dconf.get("n_classes") or arrays[-1].shape[-1])
+            else:
+                raise ModelFileError(f"{node}: its dataset conf names no data to take the model's input shape from")
+            meta = {"format": "edgetb-model", "node": node, "run_id": run_id, "model": json.dumps(model_conf),
+                    "input_shape": json.dumps(list(input_shape))}
+            if model_conf.get("module") or kind_of(model_conf) != "numpy":
+                relative = f"models/{node}.safetensors"
+                write(relative, safetensors_bytes(arrays, meta))
+                entry["model"] = os.path.join(run_dir, relative)
+                if dconf.get("global_test"):
+                    key = json.dumps([model_conf, input_shape, n_classes, str(dconf["global_test"])])
+                    elsewhere.setdefault(key, []).append((node, arrays))
+                continue
+            model = make_model(model_conf, input_shape, n_classes)
             try:
                 model.set_weights(arrays)
             except ValueError as e:
                 raise ModelFileError(f"{node}: the final weights do not fit the model of its conf: {e}") from None
+            if isinstance(model, NumpyMLP):
+                meta.update(format="edgetb-mlp", sizes=json.dumps(model.sizes))
             relative = f"models/{node}.safetensors"
-            sizes = [n_features, *(int(a.shape[1]) for a in arrays[::2] if a.ndim == 2)]
-            write(relative, safetensors_bytes(arrays, {"format": "edgetb-mlp", "node": node, "run_id": run_id,
-                                                       "sizes": json.dumps(sizes), "model": json.dumps(model_conf)}))
+            write(relative, safetensors_bytes(arrays, meta))
             entry["model"] = os.path.join(run_dir, relative)
             if dconf.get("global_test"):
-                key = (str(dconf["global_test"]), n_features, n_classes)
-                if key not in test_sets:
-                    test_sets[key] = _global_set(workdir, *key)
-                x, y = test_sets[key]
+                key2 = (str(dconf["global_test"]), input_shape, n_classes)
+                if key2 not in test_sets:
+                    test_sets[key2] = _global_set(workdir, *key2)
+                x, y = test_sets[key2]
                 loss, accuracy = model.evaluate(x, y)
                 entry["global_loss"], entry["global_accuracy"] = round(float(loss), 6), round(float(accuracy), 6)
-        except (ModelFileError, ValueError) as e:
-            entry["error"] = str(e)
+        except (ModelFileError, ValueError, ConfigError) as e:
+            entry["error"] = str(e) if not isinstance(e, ConfigError) else e.message
         except Exception as e:  # noqa: BLE001 - one node's file never stops the others' models
             entry["error"] = f"{node}: {type(e).__name__}: {e}"
+    for key, nodes in elsewhere.items():
+        model_conf, input_shape, n_classes, test = json.loads(key)
+        try:
+            results = sandbox.evaluate_models(model_conf, workdir, input_shape, n_classes, test,
+                                              [arrays for _, arrays in nodes])
+        except ConfigError as e:
+            results = [{"error": e.message}] * len(nodes)
+        for (node, _), result in zip(nodes, results):
+            if result.get("error"):
+                out[node]["error"] = f"{node}: {result['error']}"
+            else:
+                out[node]["global_loss"] = round(float(result["loss"]), 6)
+                out[node]["global_accuracy"] = round(float(result["accuracy"]), 6)
     return out
 
 
-def _global_set(workdir: str, relative: str, n_features: int, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def _global_set(workdir: str, relative: str, input_shape: tuple[int, ...], n_classes: int
+                ) -> tuple[np.ndarray, np.ndarray]:
     root = os.path.realpath(workdir)
     path = os.path.realpath(os.path.join(root, relative))
     if os.path.commonpath([root, path]) != root:
         raise ModelFileError(f"global test set {relative!r} is outside the experiment directory")
-    return load_global_test(path, n_features, n_classes)
+    return load_global_test(path, input_shape, n_classes)
