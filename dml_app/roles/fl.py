@@ -14,8 +14,8 @@ without a quorum keeps the old model (``round_failed``). A trainer trains
 
 A user algorithm subclasses a role and overrides its hooks: the aggregator's
 ``aggregation`` (an object with ``aggregation.Aggregator``'s ``combine`` and ``rule``),
-the trainer's ``local_update`` (what it makes of the global model) and ``round_fields``
-(its own fields of the round event).
+the trainer's ``local_update`` (what it makes of the global model); its own fields of
+the round event go into the ``extra`` of the record ``round`` returns.
 
 Trainers die and come back: one that cannot be reached or sends no update by the
 deadline is dropped (``peer_dropped``) and, while others are enough to pick from,
@@ -258,7 +258,7 @@ class TrainerRole(Role):
         self.post_weights(self.aggregator, "/fl/update", r,
                           meta={"train_s": trained["train_s"], "send_s": self.last_send_s}, timeout_s=upload_s)
         self.last_send_s = time.perf_counter() - sent_at
-        return RoundRecord(r, t_start, trained, loss, accuracy, self.last_send_s, 1, self.round_fields())
+        return RoundRecord(r, t_start, trained, loss, accuracy, self.last_send_s, 1)
 
     def local_update(self, arrays: Weights, meta: dict[str, Any]) -> dict[str, float]:
         """Leave the model holding this trainer's update of the global model ``arrays`` (the
@@ -266,10 +266,6 @@ class TrainerRole(Role):
         ``epoch`` epochs from the global model."""
         self.ctx.model.set_weights(arrays)
         return self.train_local()
-
-    def round_fields(self) -> dict[str, Any]:
-        """The trainer's own fields of the round event just run (none by default)."""
-        return {}
 
 
 def upload_timeout_s(meta: dict[str, Any]) -> Optional[float]:
