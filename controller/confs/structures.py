@@ -85,10 +85,10 @@ AGGREGATION = Schema({  # dml_app.aggregation's rules and their parameters
                   choices=aggregation.RULES),
     "server_lr": Field(float, "fedavgm: the server's step", default=aggregation.DEFAULTS["server_lr"], low=0,
                        high=aggregation.MAX_SERVER_LR, low_open=True),
-    "momentum": Field(float, "fedavgm: the server's momentum", default=aggregation.DEFAULTS["momentum"], low=0,
-                      parse=_below(1.0), hint="a number in [0, 1)"),
-    "trim_fraction": Field(float, "trimmed_mean: share of the largest and of the smallest values dropped",
-                           default=aggregation.DEFAULTS["trim_fraction"], low=0,
+    "momentum": Field(float, "fedavgm: the server's momentum (below 1)", default=aggregation.DEFAULTS["momentum"],
+                      low=0, parse=_below(1.0), hint="a number in [0, 1)"),
+    "trim_fraction": Field(float, "trimmed_mean: share of the largest and of the smallest values dropped "
+                                  "(below 0.5)", default=aggregation.DEFAULTS["trim_fraction"], low=0,
                            parse=_below(aggregation.MAX_TRIM_FRACTION), hint="a number in [0, 0.5)")})
 AGGREGATION_FIELD = Field(dict, "the aggregation rule: {\"rule\": \"fedavg\"|\"fedavgm\"|\"trimmed_mean\"|"
                                 "\"median\", ...} (default fedavg)", schema=AGGREGATION)
