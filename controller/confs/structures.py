@@ -7,9 +7,12 @@ Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
 - gossip (gl_structure.json): ``sync``, ``wait_s``; entries ``{"name", "epoch"}``.
 - federated (fl_structure.json): the first entry is the aggregator,
   ``{"name", "sync", "trainer_fraction", "selection": "uniform"|"speed",
-  "deadline_s", "quorum"}``; the rest are trainers ``{"name", "epoch"}``.
+  "deadline_s", "quorum", "aggregation"}``; the rest are trainers ``{"name", "epoch"}``.
+  ``aggregation``: ``{"rule": "fedavg"|"fedavgm"|"trimmed_mean"|"median",
+  "server_lr", "momentum", "trim_fraction"}`` (``dml_app.aggregation``; default fedavg).
 - E-tree (el_structure.json): ``deadline_s`` (a layer-2 round's; a higher layer's
-  round waits for its children's rounds plus this), ``quorum``; entries in
+  round waits for its children's rounds plus this), ``quorum``, ``aggregation``
+  (every aggregator's rule, as in fl); entries in
   breadth-first order, the root first;
   an aggregator entry is ``{"name", "layer", "sync", "child_num"}`` and its
   children are the next ``child_num`` entries not yet taken, one layer down; a
@@ -37,6 +40,7 @@ import re
 from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology
+from dml_app import aggregation
 from worker.api.errors import ConfigError
 from dml_app.models import BUILTIN_NAMES
 from worker.api.schema import (ABSENT, MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS, MAX_LEARNING_RATE,
@@ -85,6 +89,37 @@ GOSSIP = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROU
                                  high=MAX_SECONDS, low_open=True),
                  "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 FL = Schema({"sync": SYNC, "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
+
+
+def _below(high: float) -> Callable[[float], float]:
+    """A parse function refusing a value of ``high`` or more (the upper bound of an interval open
+    at the top, which ``Field``'s bounds cannot say)."""
+    def check(value: float) -> float:
+        if value >= high:
+            raise ValueError(f"must be below {high:g}")
+        return value
+    return check
+
+
+AGGREGATION = Schema({  # dml_app.aggregation's rules and their parameters
+    "rule": Field(str, "how the updates make the next model", default=aggregation.DEFAULTS["rule"],
+                  choices=aggregation.RULES),
+    "server_lr": Field(float, "fedavgm: the server's step", default=aggregation.DEFAULTS["server_lr"], low=0,
+                       high=aggregation.MAX_SERVER_LR, low_open=True),
+    "momentum": Field(float, "fedavgm: the server's momentum (below 1)", default=aggregation.DEFAULTS["momentum"],
+                      low=0, parse=_below(1.0), hint="a number in [0, 1)"),
+    "trim_fraction": Field(float, "trimmed_mean: share of the largest and of the smallest values dropped "
+                                  "(below 0.5)", default=aggregation.DEFAULTS["trim_fraction"], low=0,
+                           parse=_below(aggregation.MAX_TRIM_FRACTION), hint="a number in [0, 0.5)")})
+AGGREGATION_FIELD = Field(dict, "the aggregation rule: {\"rule\": \"fedavg\"|\"fedavgm\"|\"trimmed_mean\"|"
+                                "\"median\", ...} (default fedavg)", schema=AGGREGATION)
+
+
+def _aggregation(value: Any, where: str) -> dict[str, Any]:
+    """The validated ``aggregation`` object with every key (FedAvg's when absent)."""
+    return value if value is not None else AGGREGATION.validate({}, where)
+
+
 FL_AGGREGATOR = Schema({
     "name": NAME, "seed": SEED, "sync": SYNC,
     "trainer_fraction": Field(float, "share of trainers picked per round", default=1.0, low=0, high=1,
@@ -93,13 +128,15 @@ FL_AGGREGATOR = Schema({
     "deadline_s": Field(float, "longest wait for a round's updates", default=60.0, low=0, high=MAX_SECONDS,
                         low_open=True),
     "quorum": Field(float, "share of the picked trainers a round needs", default=0.5, low=0, high=1,
-                    low_open=True)})
+                    low_open=True),
+    "aggregation": AGGREGATION_FIELD})
 ETREE = Schema({"epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST,
                 "deadline_s": Field(float, "longest wait for a layer-2 round's answers (higher layers: their "
                                            "children's rounds plus this)", default=60.0, low=0, high=MAX_SECONDS,
                                     low_open=True),
                 "quorum": Field(float, "share of the asked children a round needs", default=0.5, low=0, high=1,
-                                low_open=True)})
+                                low_open=True),
+                "aggregation": AGGREGATION_FIELD})
 LAYER = Field(int, "1 for trainers, higher for aggregators", required=True, low=1, high=64)
 ETREE_AGGREGATOR = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                            "child_num": Field(int, "how many of the following entries are its children",
@@ -202,7 +239,8 @@ def load_fl(data: dict[str, Any], path: str, topology: Topology) -> dict[str, di
     trainers = list(confs)
     confs[aggregator] = {**_base(agg, "fl_aggregator", model, sync), "trainers": trainers,
                          "trainer_fraction": agg["trainer_fraction"], "selection": agg["selection"],
-                         "deadline_s": deadline_s, "quorum": agg["quorum"], "talks_to": trainers}
+                         "deadline_s": deadline_s, "quorum": agg["quorum"], "talks_to": trainers,
+                         "aggregation": _aggregation(agg["aggregation"], where)}
     return {aggregator: confs.pop(aggregator), **confs}
 
 
@@ -270,6 +308,7 @@ def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str,
                                   "sync": pos.get("sync", 1), "epoch": pos["epoch"]})
         if pos["layer"] > 1:
             conf["positions"][-1].update(deadline_s=deadline(positions.index(pos)), quorum=top["quorum"])
+            conf["aggregation"] = _aggregation(top["aggregation"], path)
         if pos["layer"] == 1:
             conf["epoch"] = pos["epoch"]
         for peer in [*children, pos["parent"]]:

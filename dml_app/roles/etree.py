@@ -3,8 +3,10 @@
 A node holds one position per layer it appears on (``positions``: layer,
 parent, children, ``sync``, ``epoch``). An aggregator position runs ``sync``
 rounds: it sends its model to its children in parallel, each child answers with
-its own result and sample count, and it takes their average weighted by
-samples. A trainer position (layer 1) answers with the model trained ``epoch``
+its own result and sample count, and it combines them by the structure's
+``aggregation`` rule (``dml_app.aggregation``; by default their average weighted
+by samples; one ``Aggregator`` per position, so FedAvgM's momentum is a
+position's own). A trainer position (layer 1) answers with the model trained ``epoch``
 epochs on its shard; an inner position answers with what its own ``sync``
 rounds made of the model. Answers are messages of their own (child to parent,
 over the child's links), and a child that is the node itself is called directly.
@@ -37,8 +39,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from dml_app.aggregation import Aggregator
 from dml_app.http import JSON, Request, Response
-from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel, weighted_average
+from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel
 from dml_app.roles.fl import quorum_count
 from dml_app.roles.gossip import PeerHealth
 
@@ -59,6 +62,8 @@ class ETreeRole(Role):
         self.deadline_s = float(ctx.conf.get("deadline_s", 60.0))  # a position's round, when it gives none
         self.quorum = float(ctx.conf.get("quorum", 0.5))
         self.health = PeerHealth()
+        self.aggregations = {layer: Aggregator(ctx.conf.get("aggregation"))  # by aggregating position
+                             for layer in self.positions if layer > 1}
         self._asks = 0
         self.run_timeout_s = float(ctx.conf.get("run_timeout_s", 3600.0))  # a non-root waits for done
         self.root = ctx.conf.get("root")
@@ -139,7 +144,7 @@ class ETreeRole(Role):
 
     def aggregate(self, layer: int, weights: Weights) -> tuple[Weights, int]:
         """One round at an aggregator position: the children asked answer by the deadline,
-        weighted average when a quorum did."""
+        combined (``aggregations``) when a quorum did."""
         pos, t_start, sent_at = self.positions[layer], time.time(), time.perf_counter()
         deadline_s = float(pos.get("deadline_s", self.deadline_s))
         closes_at = time.monotonic() + deadline_s
@@ -159,7 +164,7 @@ class ETreeRole(Role):
                                           retry_in_s=backoff)
         needed = quorum_count(float(pos.get("quorum", self.quorum)), len(asked))
         if len(got) >= needed:
-            weights = weighted_average([w for w, _ in got], [n for _, n in got])
+            weights = self.aggregations[layer].combine(weights, [w for w, _ in got], [n for _, n in got])
             closed = "all" if not missing else "quorum"
             if missing:
                 self.ctx.events.write("quorum_round", layer=layer, round=self.round_events + 1, missing=missing,
@@ -172,7 +177,8 @@ class ETreeRole(Role):
         self.ctx.model.set_weights(weights)
         loss, accuracy = self.evaluate()
         self._record(t_start, NOT_TRAINED, loss, accuracy, send_s, len(got), layer,
-                     missing=missing, skipped=[c for c in children if c not in asked], closed=closed)
+                     missing=missing, skipped=[c for c in children if c not in asked], closed=closed,
+                     aggregation=self.aggregations[layer].rule)
         return weights, sum(n for _, n in got)
 
     def ask(self, child: str, layer: int, weights: Weights, closes_at: float) -> Optional[tuple[Weights, int]]:

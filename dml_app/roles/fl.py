@@ -5,10 +5,17 @@ or by speed: EdgeTB's probability, inversely proportional to a trainer's last
 measured train plus send time), sends them the global model in parallel, and
 closes the round when every picked trainer has answered, or at ``deadline_s``
 if at least a ``quorum`` (a fraction of the picked) did. The new global model
-is FedAvg: the updates averaged, weighted by each trainer's sample count.
+is the updates combined by the structure's ``aggregation`` rule
+(``dml_app.aggregation``; by default FedAvg: averaged, weighted by each trainer's
+sample count), which the round event names (``aggregation``).
 Updates for a closed round are discarded and logged (``late_update``); a round
 without a quorum keeps the old model (``round_failed``). A trainer trains
 ``epoch`` epochs on each model it gets and sends the result back.
+
+A user algorithm subclasses a role and overrides its hooks: the aggregator's
+``aggregation`` (an object with ``aggregation.Aggregator``'s ``combine`` and ``rule``),
+the trainer's ``local_update`` (what it makes of the global model); its own fields of
+the round event go into the ``extra`` of the record ``round`` returns.
 
 Trainers die and come back: one that cannot be reached or sends no update by the
 deadline is dropped (``peer_dropped``) and, while others are enough to pick from,
@@ -34,8 +41,9 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from dml_app import weights as wire
+from dml_app.aggregation import Aggregator
 from dml_app.http import JSON, HttpError, Request, Response
-from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel, weighted_average
+from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel
 from dml_app.roles.gossip import PeerHealth
 
 MAX_UPLOAD_S = 86_400.0  # the longest upload time a model's deadline_s may ask for
@@ -98,6 +106,7 @@ class AggregatorRole(Role):
         self._updates: dict[str, tuple[Weights, int]] = {}
         self._complete = threading.Event()
         self.health = PeerHealth()
+        self.aggregation = Aggregator(conf.get("aggregation"))  # the rule, and its state between rounds
         given = conf.get("trainer_samples") or {}
         self.trainer_samples: dict[str, int] = {t: int(given.get(t, 1)) for t in self.trainers}
         bad = [t for t, n in self.trainer_samples.items() if n <= 0]
@@ -131,7 +140,7 @@ class AggregatorRole(Role):
 
     def round(self, r: int) -> RoundRecord:
         """Send the global model to the picked trainers, wait for their updates until all came
-        or the deadline, and average them (FedAvg) when a quorum did."""
+        or the deadline, and combine them (``aggregation``) when a quorum did."""
         t_start, closes_at = time.time(), time.monotonic() + self.deadline_s
         pool = candidates(self.trainers, self.health.usable(self.trainers), self.k)
         picked = pick(self.rng, pool, self.k, self.seconds if self.selection == "speed" else None)
@@ -157,8 +166,9 @@ class AggregatorRole(Role):
         self._membership(r, sorted(updates), missing, unreachable)
         closed_at = time.perf_counter()
         if len(updates) >= quorum_count(self.quorum, len(picked)):
-            self.ctx.model.set_weights(weighted_average([w for w, _ in updates.values()],
-                                                        [n for _, n in updates.values()]))
+            self.ctx.model.set_weights(self.aggregation.combine(self.ctx.model.get_weights(),
+                                                               [w for w, _ in updates.values()],
+                                                               [n for _, n in updates.values()]))
             closed = "all" if not missing else "quorum"
             if missing:
                 self.ctx.events.write("quorum_round", round=r, arrived=sorted(updates), missing=missing,
@@ -171,7 +181,7 @@ class AggregatorRole(Role):
         return RoundRecord(r, t_start, NOT_TRAINED, loss, accuracy, send_s, len(updates),
                            {"picked": picked, "missing": missing, "closed": closed,
                             "samples": {t: n for t, (_, n) in updates.items()},
-                            "aggregate_s": time.perf_counter() - closed_at})
+                            "aggregate_s": time.perf_counter() - closed_at, "aggregation": self.aggregation.rule})
 
     def finish(self, completed: bool) -> None:
         """Once every round ran, tell every trainer the run is over."""
@@ -237,19 +247,25 @@ class TrainerRole(Role):
             yield int(job[1]["round"])
 
     def round(self, r: int) -> RoundRecord:
-        """Train the model of ``job`` and send it back."""
+        """Make the update of ``job``'s model (``local_update``) and send it back."""
         assert self.job is not None
         arrays, meta = self.job
         t_start = time.time()
         upload_s = upload_timeout_s(meta)
-        self.ctx.model.set_weights(arrays)
-        trained = self.train_local()
+        trained = self.local_update(arrays, meta)
         loss, accuracy = self.evaluate()
         sent_at = time.perf_counter()
         self.post_weights(self.aggregator, "/fl/update", r,
                           meta={"train_s": trained["train_s"], "send_s": self.last_send_s}, timeout_s=upload_s)
         self.last_send_s = time.perf_counter() - sent_at
         return RoundRecord(r, t_start, trained, loss, accuracy, self.last_send_s, 1)
+
+    def local_update(self, arrays: Weights, meta: dict[str, Any]) -> dict[str, float]:
+        """Leave the model holding this trainer's update of the global model ``arrays`` (the
+        round's ``meta`` as the aggregator sent it); ``train_local``'s kind of answer. By default:
+        ``epoch`` epochs from the global model."""
+        self.ctx.model.set_weights(arrays)
+        return self.train_local()
 
 
 def upload_timeout_s(meta: dict[str, Any]) -> Optional[float]:
