@@ -42,6 +42,7 @@ SCHEMAS = {
     "host": ("controller.model.hosts", "HOST_SCHEMA"),
     "model": ("controller.confs.structures", "MODEL"),
     "algorithm": ("controller.confs.structures", "ALGORITHM"),
+    "aggregation": ("controller.confs.structures", "AGGREGATION"),
     "gossip": ("controller.confs.structures", "GOSSIP"),
     "trainer": ("controller.confs.structures", "TRAINER"),
     "fl": ("controller.confs.structures", "FL"),

@@ -108,23 +108,6 @@ def parallel(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
     return results
 
 
-def weighted_average(models: list[Weights], weights: list[float]) -> Weights:
-    """Layer-wise average of ``models`` weighted by ``weights`` (FedAvg: sample counts),
-    summed in float64 and returned in each layer's dtype."""
-    if not models or len(models) != len(weights):
-        raise ValueError("need one weight per model, and at least one model")
-    total = float(sum(weights))
-    if total <= 0:
-        raise ValueError(f"weights must sum to a positive number, got {weights}")
-    out = []
-    for layers in zip(*models):
-        acc = np.zeros(layers[0].shape, dtype=np.float64)
-        for layer, w in zip(layers, weights):
-            acc += np.asarray(layer, dtype=np.float64) * (float(w) / total)
-        out.append(acc.astype(layers[0].dtype))
-    return out
-
-
 NOT_TRAINED = {"loss": float("nan"), "train_s": 0.0}  # ``trained`` of a round without local training
 
 

@@ -9,7 +9,7 @@ import pytest
 from controller.confs.confs import load_structure
 from dml_app.aggregation import (AggregationConfError, Aggregator, checked_conf, fedavg, median, trim_count,
                                  trimmed_mean)
-from dml_app.roles.base import weighted_average
+from dml_app.aggregation import fedavg as weighted_average
 from dml_app.roles.etree import ETreeRole
 from dml_app.roles.fl import AggregatorRole, TrainerRole
 from dml_app.transport import MemoryNetwork

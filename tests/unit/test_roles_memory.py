@@ -8,7 +8,8 @@ import pytest
 from dml_app import auth
 from dml_app.events import EventLog, read_events
 from dml_app.models import make_model
-from dml_app.roles.base import Context, Role, weighted_average
+from dml_app.aggregation import fedavg as weighted_average
+from dml_app.roles.base import Context, Role
 from dml_app.roles.etree import ETreeRole
 from dml_app.roles.fl import AggregatorRole, TrainerRole
 from dml_app.roles.gossip import GossipRole
