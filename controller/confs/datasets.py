@@ -134,13 +134,13 @@ def as_labels(value: Any, what: str, key: str) -> np.ndarray:
         raise ConfigError(f"{what}: {key}: expected one label per sample (n,) or one-hot rows (n, classes), "
                           f"got shape {a.shape}")
     if a.dtype.kind == "f" and (a != np.round(a)).any():
-        raise ConfigError(f"{what}: {key}: labels must be whole numbers, got {a[a != np.round(a)][0]!r} "
+        raise ConfigError(f"{what}: {key}: labels must be whole numbers, got {a[a != np.round(a)][0].item()!r} "
                           f"at sample {int(np.flatnonzero(a != np.round(a))[0])}")
     if (a < 0).any():
         i = int(np.flatnonzero(a < 0)[0])
-        raise ConfigError(f"{what}: {key}: negative label {a[i]!r} at sample {i}; labels are classes 0, 1, ...")
+        raise ConfigError(f"{what}: {key}: negative label {a[i].item()!r} at sample {i}; labels are classes 0, 1, ...")
     if a.max() >= MAX_CLASSES:
-        raise ConfigError(f"{what}: {key}: label {a.max()!r}: at most {MAX_CLASSES} classes")
+        raise ConfigError(f"{what}: {key}: label {a.max().item()!r}: at most {MAX_CLASSES} classes")
     return a.astype(np.int64)
 
 
