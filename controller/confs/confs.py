@@ -106,7 +106,9 @@ def dataset_source(value: Any, shard_dirs: bool = False) -> Any:
 
 
 SETTINGS = Schema({
-    "dataset": Field((str, dict), "which data", default="digits", schema=DATA_MODULE, parse=dataset_source,
+    "dataset": Field((str, dict), "digits, mnist, fashion_mnist, cifar10, an .npz file or a data module "
+                     "(an object: its fields below); files relative to the experiment directory", default="digits",
+                     schema=DATA_MODULE, parse=dataset_source,
                      hint=SOURCE_HINT),
     "split": Field(str, default="iid", choices=("iid", "dirichlet")),
     "alpha": Field(float, "Dirichlet concentration (lower: more skewed)", default=0.5, low=0, high=1000,

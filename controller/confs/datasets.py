@@ -249,20 +249,16 @@ def unknown_name_hint(name: str) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _sandbox_loader(path: str, function: str) -> Any:
-    """The default ``module_loader``: the data module run unprivileged by ``controller.sandbox``."""
-    from controller.sandbox import load_data_module
-
-    return load_data_module(path, function)
-
-
 def load_module_data(workdir: str, module: Mapping[str, str], module_loader: Optional[ModuleLoader]) -> Dataset:
-    """The four arrays ``module_loader`` returns for the user's data module, checked like an .npz."""
+    """The four arrays ``module_loader`` returns for the user's data module, checked like an .npz
+    (default loader: ``controller.sandbox.load_data_module``, which runs the module unprivileged)."""
     rel, function = module["module"], module.get("function") or "load"
     path = confined(workdir, rel, "data module")
     what = f"data module {rel} ({function}())"
+    if module_loader is None:
+        from controller.sandbox import load_data_module as module_loader
     try:
-        result = (module_loader or _sandbox_loader)(path, function)
+        result = module_loader(path, function)
     except ConfigError:
         raise
     except Exception as e:  # user code: whatever it raised is the user's to read

@@ -85,6 +85,20 @@ def test_npz_dirichlet_split_of_colour_images(tmp_path):
     assert total == 160
 
 
+def test_npz_in_edgetb_windows(tmp_path):
+    x, y = _images(50, seed=3)
+    _npz(tmp_path / "data" / "e.npz", x_train=x[:40], y_train=y[:40], x_test=x[40:], y_test=y[40:])
+    data = {"n1": {"train_len": 1, "train_start_index": 4, "test_len": 2, "test_start_index": 1},
+            "_settings": {"dataset": "data/e.npz", "shard_size": 5}}
+    confs = dataset_confs(_settings(tmp_path, data), ["n1"], str(tmp_path))
+    assert confs["n1"]["shard"] == "dataset/e/n1.npz"
+    with np.load(tmp_path / confs["n1"]["shard"], allow_pickle=False) as s:
+        np.testing.assert_allclose(s["x_train"][..., 0], x[15:20] / 255.0, rtol=1e-6)  # shard 4
+        np.testing.assert_array_equal(s["y_test"], y[40:50])
+    manifest = json.loads((tmp_path / "dataset" / "e" / "manifest.json").read_text())
+    assert manifest["input_shape"] == [5, 4, 1] and manifest["n_features"] == 20
+
+
 @pytest.mark.parametrize("arrays,words", [
     (lambda x, y: {"x_train": x, "y_train": y}, "missing arrays x_test, y_test"),
     (lambda x, y: {"x_train": x, "y_train": y, "x_test": x}, "missing array y_test"),
