@@ -8,7 +8,13 @@ Settings format: how to split a dataset over the structure's nodes::
     {"dataset": "digits", "split": "iid", "alpha": 0.5, "seed": 0, "batch_size": 32,
      "global_test_size": 500}
 
-``dataset``: digits (bundled), mnist or fashion_mnist (files under dataset/<name>/);
+``dataset``: digits (bundled), mnist or fashion_mnist (IDX files or ``<name>.npz`` under
+dataset/<name>/), cifar10 (CIFAR-10's binary files under dataset/cifar10/), the user's own
+``.npz`` (``"data/mine.npz"``: x_train, y_train, x_test, y_test) or a data module
+(``{"module": "my_data.py", "function": "load"}``: ``load()`` returns those four arrays; it
+is run unprivileged, never imported by the controller); files of the user are relative to
+the experiment directory and may not leave it. Nothing is downloaded at run time. See
+``controller.confs.datasets`` for the arrays' checks and shapes;
 ``split``: iid, or dirichlet with concentration ``alpha`` in (0, 1000] (lower: more
 skewed labels); ``batch_size`` in [1, 65536].
 
@@ -24,7 +30,8 @@ samples numbered from 1 (the remainder unused), and a node trains on shards
 shards from the test split the same way. Windows of different nodes may overlap.
 ``batch_size`` is per node (default: ``_settings``' batch_size, else 32). The optional
 ``_settings`` entry (not a node name: node names cannot start with '_') names the
-dataset (default digits) and ``shard_size`` (default 100 samples). When
+dataset (default digits; any of the settings format's, or a directory of shard files) and
+``shard_size`` (default 100 samples). When
 ``dataset/<dataset>/train_data/images_<i>.npy`` and ``labels_<i>.npy`` (EdgeTB's shard
 files, i = 1, 2, ...) exist, they are the shards as they are (``shard_size`` unused),
 with ``test_data/`` for the test shards (without it, the same files serve both). Every
@@ -47,7 +54,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from controller.confs.structures import SEED, load_structure_file
 from controller.model.topology import Topology
@@ -56,7 +63,7 @@ from worker.api.schema import MAX_BATCH, Field, Place, Schema, read_object
 
 NODE_PORT = 4444
 CONF_DIR = os.path.join("dml_file", "conf")
-BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "fashion-mnist")
+BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "fashion-mnist", "cifar10", "cifar-10")
 SETTINGS_KEY = "_settings"
 DEFAULT_SHARD_SIZE = 100
 DEFAULT_GLOBAL_TEST_SIZE = 500
@@ -65,8 +72,44 @@ MAX_SHARDS = 1_000_000
 BATCH_SIZE = Field(int, "samples per training step", low=1, high=MAX_BATCH)
 GLOBAL_TEST_SIZE = Field(int, "samples of the global test set", default=DEFAULT_GLOBAL_TEST_SIZE, low=1,
                          high=1_000_000)
+SHARD_DIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+DATA_MODULE = Schema({
+    "module": Field(str, "a Python file relative to the experiment directory", required=True, max_len=4096),
+    "function": Field(str, "the function returning (x_train, y_train, x_test, y_test)", default="load",
+                      pattern=re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}"), hint="a Python function name")})
+SOURCE_HINT = ("digits, mnist, fashion_mnist, cifar10, a path ending in .npz or "
+               '{"module": "my_data.py", "function": "load"}')
+
+
+def dataset_source(value: Any, shard_dirs: bool = False) -> Any:
+    """A dataset file's ``dataset`` value, checked as text: a dataset's name, a relative .npz path,
+    a data module (already validated by DATA_MODULE); with ``shard_dirs``, the name of a directory
+    of EdgeTB shard files too. ValueError says what is wrong."""
+    from controller.confs.datasets import relative_path_problem, unknown_name_hint
+
+    if isinstance(value, dict):
+        module = value["module"]
+        if not module.endswith(".py"):
+            raise ValueError(f"the data module {module!r} must be a .py file")
+        problem = relative_path_problem(module)
+        if problem:
+            raise ValueError(f"the data module {module!r} is {problem}")
+        return value
+    if value.endswith(".npz"):
+        problem = relative_path_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+    if value in BUILTIN_DATASETS or shard_dirs and SHARD_DIR_NAME.fullmatch(value):
+        return value
+    raise ValueError(f"unknown dataset{unknown_name_hint(value)}")
+
+
 SETTINGS = Schema({
-    "dataset": Field(str, default="digits", choices=BUILTIN_DATASETS),
+    "dataset": Field((str, dict), "digits, mnist, fashion_mnist, cifar10, an .npz file or a data module "
+                     "(an object: its fields below); files relative to the experiment directory", default="digits",
+                     schema=DATA_MODULE, parse=dataset_source,
+                     hint=SOURCE_HINT),
     "split": Field(str, default="iid", choices=("iid", "dirichlet")),
     "alpha": Field(float, "Dirichlet concentration (lower: more skewed)", default=0.5, low=0, high=1000,
                    low_open=True),
@@ -74,9 +117,10 @@ SETTINGS = Schema({
     "batch_size": Field(int, "samples per training step", default=32, low=1, high=MAX_BATCH),
     "global_test_size": GLOBAL_TEST_SIZE})
 EDGETB_SETTINGS = Schema({
-    "dataset": Field(str, "a bundled dataset or a directory of EdgeTB shard files under dataset/",
-                     default="digits", pattern=re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"),
-                     hint="a dataset name (letters, digits, '_' or '-')"),
+    "dataset": Field((str, dict), "a dataset (as in the settings format) or a directory of EdgeTB shard files "
+                     "under dataset/", default="digits", schema=DATA_MODULE,
+                     parse=lambda v: dataset_source(v, shard_dirs=True),
+                     hint=SOURCE_HINT + " or a directory name under dataset/ (letters, digits, '_' or '-')"),
     "shard_size": Field(int, "samples per shard", default=DEFAULT_SHARD_SIZE, low=1, high=1_000_000),
     "batch_size": Field(int, "samples per training step", default=32, low=1, high=MAX_BATCH),
     "global_test_size": GLOBAL_TEST_SIZE})
@@ -94,8 +138,14 @@ def load_structure(path: str, topology: Topology, algorithm: str = "gossip") -> 
 
 
 def is_edgetb_format(data: dict[str, Any]) -> bool:
-    """EdgeTB's per-node format: some entry (besides ``_settings``) is an object."""
-    return any(isinstance(v, dict) for k, v in data.items() if k != SETTINGS_KEY)
+    """EdgeTB's per-node format: some entry (besides ``_settings``, and a ``dataset`` object
+    without windows: the settings format's data module) is an object."""
+    def node_entry(key: str, value: Any) -> bool:
+        if key == "dataset" and isinstance(value, dict):
+            return any(k in EDGETB_NODE.fields for k in value)
+        return isinstance(value, dict) and key != SETTINGS_KEY
+
+    return any(node_entry(k, v) for k, v in data.items())
 
 
 def load_dataset(path: str) -> dict[str, Any]:
@@ -193,32 +243,35 @@ def _check_windows(settings: dict[str, Any], train: Any, test: Any) -> None:
                                   f"asked, but there are {shards.count()} ({shards.description})")
 
 
-def dataset_confs(settings: dict[str, Any], nodes: list[str], workdir: str) -> dict[str, dict[str, Any]]:
+def dataset_confs(settings: dict[str, Any], nodes: list[str], workdir: str,
+                  module_loader: Optional[Callable[[str, str], Any]] = None) -> dict[str, dict[str, Any]]:
     """Check, then write the shards and the global test set under ``dataset/<name>/``; return
-    each node's dataset conf. Nothing is written when a check fails."""
+    each node's dataset conf. Nothing is written when a check fails. ``module_loader(path,
+    function)`` runs a data module (default: ``controller.sandbox.load_data_module``)."""
     from controller.confs import datasets
 
     data_dir = os.path.join(workdir, "dataset")
     cap = settings.get("global_test_size") or DEFAULT_GLOBAL_TEST_SIZE
+    source = settings["dataset"]
+    out_dir = os.path.join("dataset", datasets.source_name(source))
     if settings.get("format") == "edgetb":
         _check_members(settings, nodes)
-        name = settings["dataset"]
-        if name not in BUILTIN_DATASETS and not any(datasets.FileShards.present(os.path.join(data_dir, name, sub))
-                                                    for sub in ("train_data", "")):
-            raise ConfigError(f"{Place(settings['source'], (SETTINGS_KEY,)).field('dataset')}: {name!r} is neither "
-                              f"{', '.join(BUILTIN_DATASETS[:3])} nor a directory of EdgeTB shard files "
-                              f"(dataset/{name}/train_data/images_1.npy)")
-        train, test, n_classes = datasets.edgetb_sources(name, data_dir, settings["shard_size"])
+        named = isinstance(source, str) and not datasets.is_npz(source)
+        if named and source not in BUILTIN_DATASETS and not any(
+                datasets.FileShards.present(os.path.join(data_dir, source, sub)) for sub in ("train_data", "")):
+            raise ConfigError(f"{Place(settings['source'], (SETTINGS_KEY,)).field('dataset')}: {source!r} is neither "
+                              f"{', '.join(BUILTIN_DATASETS[:3])}, cifar10 nor a directory of EdgeTB shard files "
+                              f"(dataset/{source}/train_data/images_1.npy)")
+        train, test, n_classes = datasets.edgetb_sources(source, data_dir, settings["shard_size"], workdir,
+                                                         module_loader)
         _check_windows(settings, train, test)
         global_x, global_y = _held_out(train, test, settings, cap)
-        out_dir = os.path.join("dataset", name.replace("-", "_"))
         windows = {n: {k: v for k, v in settings["nodes"][n].items() if k != "batch_size"} for n in nodes}
-        manifest = datasets.write_windows(train, test, windows, os.path.join(workdir, out_dir), n_classes, name,
-                                          settings["shard_size"])
+        manifest = datasets.write_windows(train, test, windows, os.path.join(workdir, out_dir), n_classes,
+                                          datasets.source_name(source), settings["shard_size"])
         batch = {n: settings["nodes"][n]["batch_size"] for n in nodes}
     else:
-        dataset = datasets.load(settings["dataset"], data_dir)
-        out_dir = os.path.join("dataset", dataset.name)
+        dataset = datasets.load(source, data_dir, workdir, module_loader)
         global_x, global_y = dataset.x_test[:cap], dataset.y_test[:cap]
         manifest = datasets.write_shards(dataset, nodes, os.path.join(workdir, out_dir), settings["split"],
                                          settings["alpha"], settings["seed"])

@@ -52,10 +52,10 @@ def test_gossip_on_edgetb_shard_files(run):
         assert confs[n]["global_test"] == "dataset/EDGE_DIGITS/global_test.npz"
         with np.load(r.workdir / confs[n]["shard"], allow_pickle=False) as s:
             first = np.load(r.workdir / "dataset/EDGE_DIGITS/train_data" / f"images_{start}.npy")
-            np.testing.assert_allclose(s["x_train"][:SHARD], first.reshape(SHARD, -1) / 255.0, rtol=1e-6)
+            np.testing.assert_allclose(s["x_train"][:SHARD], first[..., None] / 255.0, rtol=1e-6)
             assert len(s["y_test"]) == t_len * SHARD
     with np.load(r.workdir / "dataset/EDGE_DIGITS/global_test.npz", allow_pickle=False) as g:
-        assert g["x"].shape == (150, 64) and sorted(g.files) == ["x", "y"]
+        assert g["x"].shape == (150, 8, 8, 1) and sorted(g.files) == ["x", "y"]
     run_dirs = sorted(d for d in (r.workdir / "dml_file" / "log").iterdir() if (d / "events").is_dir())
     assert run_dirs, f"no run folder:\n{out}"
     events_dir = run_dirs[-1] / "events"

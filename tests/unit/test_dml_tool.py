@@ -30,11 +30,11 @@ def test_dirichlet_is_seeded_skewed_and_complete():
 
 def test_shards_and_manifest(tmp_path):
     manifest = write_shards(load_digits(), ["a", "b", "c"], str(tmp_path), seed=3)
-    assert manifest["n_features"] == 64 and manifest["n_classes"] == 10
+    assert manifest["n_features"] == 64 and manifest["n_classes"] == 10 and manifest["input_shape"] == [8, 8, 1]
     total = sum(s["train_samples"] for s in manifest["shards"].values())
     assert total == len(load_digits().x_train)
     with np.load(tmp_path / "a.npz", allow_pickle=False) as f:
-        assert f["x_train"].shape[1] == 64 and f["x_train"].max() <= 1.0
+        assert f["x_train"].shape[1:] == (8, 8, 1) and f["x_train"].max() <= 1.0
     assert json.loads((tmp_path / "manifest.json").read_text())["shards"]["b"]["sha256"]
 
 
@@ -97,13 +97,14 @@ def test_mnist_like_from_idx_and_npz(tmp_path):
                       ("t10k-images-idx3-ubyte", images[:2]), ("t10k-labels-idx1-ubyte", labels[:2])):
         _idx(tmp_path / f"{stem}.gz", arr)
     d = load_mnist_like("mnist", str(tmp_path))
-    assert d.x_train.shape == (6, 784) and d.x_train.max() <= 1.0 and list(d.y_train) == list(labels)
-    assert d.x_test.shape == (2, 784)
+    assert d.x_train.shape == (6, 28, 28, 1) and d.x_train.max() <= 1.0 and list(d.y_train) == list(labels)
+    np.testing.assert_allclose(d.x_train[..., 0], images / 255.0, rtol=1e-6)
+    assert d.x_test.shape == (2, 28, 28, 1)
 
     other = tmp_path / "npz"
     other.mkdir()
     np.savez(other / "fashion_mnist.npz", x_train=images, y_train=labels, x_test=images[:1], y_test=labels[:1])
-    assert load_mnist_like("fashion_mnist", str(other)).x_test.shape == (1, 784)
+    assert load_mnist_like("fashion_mnist", str(other)).x_test.shape == (1, 28, 28, 1)
 
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x09\x01" + b"\x00" * 8)

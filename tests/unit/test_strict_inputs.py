@@ -334,7 +334,8 @@ def test_edgetb_shard_files_used_as_they_are(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps(data))
     confs = dataset_confs(load_dataset(str(tmp_path / "d.json")), ["n1"], str(tmp_path))
     with np.load(tmp_path / confs["n1"]["shard"]) as s:
-        want = np.concatenate([shards[("train_data", 3)][0], shards[("train_data", 4)][0]]).reshape(14, -1) / 255.0
+        want = np.concatenate([shards[("train_data", 3)][0], shards[("train_data", 4)][0]])[..., None] / 255.0
+        assert s["x_train"].shape == (14, 28, 28, 1)
         np.testing.assert_allclose(s["x_train"], want, rtol=1e-6)
         np.testing.assert_array_equal(s["y_test"], shards[("test_data", 2)][1])
     with np.load(tmp_path / confs["n1"]["global_test"]) as g:  # the test shards, capped at 10 samples
