@@ -52,6 +52,7 @@ SCHEMAS = {
     "etree-trainer": ("controller.confs.structures", "ETREE_TRAINER"),
     "ring": ("controller.confs.structures", "RING"),
     "dataset-settings": ("controller.confs.confs", "SETTINGS"),
+    "dataset-module": ("controller.confs.confs", "DATA_MODULE"),
     "edgetb-settings": ("controller.confs.confs", "EDGETB_SETTINGS"),
     "edgetb-node": ("controller.confs.confs", "EDGETB_NODE"),
     "scenario": ("controller.model.scenario", "TOP"),
