@@ -43,18 +43,16 @@ def probe_model(req: dict[str, Any]) -> dict[str, Any]:
         names_of = getattr(model, "weight_names", None)
         names = list(names_of()) if callable(names_of) else [f"{i:04d}" for i in range(len(weights))]
         layouts.append([[n, list(w.shape), w.dtype.str] for n, w in zip(names, weights)])
-        x = np.zeros((2, *shape), dtype=np.float32)
-        y = np.zeros(2, dtype=np.int64)
-        try:
-            loss, accuracy = model.evaluate(x, y)
-            float(loss), float(accuracy)
-        except Exception as e:  # the user's code
-            raise usercode.UserCodeError(f"{what}: evaluate(x, y) on two samples of shape {shape} failed: "
-                                         f"{type(e).__name__}: {e}") from None
     for layout in layouts[1:]:
         if [a[1:] for a in layout] != [a[1:] for a in layouts[0]]:
             raise usercode.UserCodeError(f"{what}: the weights' shapes differ between builds with different "
                                          "seeds; every node must build the same arrays")
+    try:
+        loss, accuracy = model.evaluate(np.zeros((2, *shape), dtype=np.float32), np.zeros(2, dtype=np.int64))
+        float(loss), float(accuracy)
+    except Exception as e:  # the user's code
+        raise usercode.UserCodeError(f"{what}: evaluate(x, y) on two samples of shape {shape} failed: "
+                                     f"{type(e).__name__}: {e}") from None
     shapes = layouts[0]
     return {"arrays": shapes, "params": sum(math.prod(s) for _, s, _ in shapes),
             "bytes": sum(math.prod(s) * np.dtype(d).itemsize for _, s, d in shapes)}
