@@ -1,0 +1,82 @@
+"""The probe sandbox (``controller.sandbox``): the user's code tried before a run runs as nobody,
+without network, seeing the experiment directory read-only and not the testbed's own files."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from controller import sandbox
+
+pytestmark = [pytest.mark.security, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+SPY = '''
+import os, socket
+def build(input_shape, n_classes, conf):
+    seen = {"uid": os.getuid(), "gid": os.getgid()}
+    try:
+        socket.create_connection(("127.0.0.1", conf["port"]), timeout=2).close()
+        seen["net"] = "reached"
+    except OSError as e:
+        seen["net"] = type(e).__name__
+    for name, path in (("secret", conf["secret"]), ("root", "/root"), ("dml_file", conf["dml_file"])):
+        try:
+            os.listdir(path) if os.path.isdir(path) else open(path).read()
+            seen[name] = "read"
+        except OSError as e:
+            seen[name] = type(e).__name__
+    try:
+        open(os.path.join(conf["workdir"], "planted.txt"), "w").write("x")
+        seen["write"] = "wrote"
+    except OSError as e:
+        seen["write"] = type(e).__name__
+    raise RuntimeError(repr(sorted(seen.items())))
+'''
+
+
+def test_the_probe_runs_as_nobody_without_network_and_sees_little(tmp_path):
+    workdir = tmp_path / "exp"
+    (workdir / "nns").mkdir(parents=True)
+    (workdir / "nns" / "spy.py").write_text(SPY)
+    (workdir / "dml_file").mkdir()
+    (workdir / "dml_file" / "token").write_text("secret")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s")
+    os.chmod(tmp_path, 0o755)
+    server = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=lambda: server.accept(), daemon=True).start()
+    conf = {"module": "nns/spy.py", "port": server.getsockname()[1], "secret": str(secret),
+            "dml_file": str(workdir / "dml_file" / "token"), "workdir": str(workdir)}
+    os.chmod(secret, 0o600)
+    with pytest.raises(sandbox.ProbeError) as refused:
+        sandbox.check_model(conf, str(workdir), (4,), 2)
+    seen = dict(eval(str(refused.value).split("RuntimeError: ", 1)[1].rsplit(" (line", 1)[0]))  # noqa: S307
+    server.close()
+    assert seen["uid"] == 65534 and seen["gid"] == 65534, seen
+    assert seen["net"] != "reached", seen  # a network namespace of its own: loopback is down
+    hidden = ("PermissionError", "FileNotFoundError")  # outside its view, or closed to it
+    assert seen["secret"] in hidden and seen["root"] in hidden, seen
+    assert seen["dml_file"] == "FileNotFoundError", seen  # the testbed's tokens and logs are covered
+    assert seen["write"] in ("OSError", "PermissionError"), seen  # the experiment directory is read-only
+    assert not (workdir / "planted.txt").exists()
+
+
+def test_a_data_module_runs_in_the_sandbox_and_comes_back_as_arrays(tmp_path):
+    (tmp_path / "data.py").write_text(
+        "import os, numpy as np\n"
+        "def load():\n"
+        "    n = os.getuid() % 1000\n"  # 65534 -> 534: proves who ran it
+        "    return np.full((n, 3), 1.0), np.zeros(n, int), np.ones((2, 3)), np.zeros(2, int)\n")
+    os.chmod(tmp_path, 0o755)
+    x_train, y_train, x_test, y_test = sandbox.load_data_module(str(tmp_path / "data.py"))
+    assert x_train.shape == (534, 3) and y_train.shape == (534,) and x_test.shape == (2, 3)
+
+
+def test_a_probe_that_hangs_is_stopped(tmp_path):
+    (tmp_path / "slow.py").write_text("import time\ndef build(input_shape, n_classes, conf):\n    time.sleep(60)\n")
+    os.chmod(tmp_path, 0o755)
+    with pytest.raises(sandbox.ProbeError, match="longer than 2 s"):
+        sandbox.run_probe({"task": "model", "conf": {"module": "slow.py"}, "input_shape": [4], "n_classes": 2},
+                          str(tmp_path), timeout_s=2)
