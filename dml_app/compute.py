@@ -23,7 +23,8 @@ T = TypeVar("T")
 
 THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMEXPR_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
-NODE_ENV = {**THREAD_ENV, "MALLOC_ARENA_MAX": "2"}  # what every node process starts with
+NODE_ENV = {**THREAD_ENV, "MALLOC_ARENA_MAX": "2",  # what every node process starts with
+            "TF_CPP_MIN_LOG_LEVEL": "2"}  # (TensorFlow: warnings and errors only)
 
 
 def inline(fn: Callable[..., T], *args: Any) -> T:

@@ -93,6 +93,11 @@ def seed_keras(seed: int) -> None:
     except ImportError:
         raise ModelError("a model of kind 'keras' needs TensorFlow: pip install '.[tf]'") from None
     tf.keras.utils.set_random_seed(seed)
+    try:  # one thread per pool, as numpy's BLAS: hundreds of nodes share a few cores
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:  # the runtime is already up (a second model in one process): as it is
+        pass
 
 
 def _user_model(conf: dict[str, Any], input_shape: tuple[int, ...], n_classes: int, workdir: str,

@@ -35,7 +35,9 @@ from controller.workers import deploy
 from controller.workers.api import Worker
 from dml_app import bounded_json
 from dml_app.compute import NODE_ENV
+from dml_app.models import kind_of
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
+from worker.nodes.zygote import PRELOAD_ENV
 
 NODE_PORT = 4444
 # one thread per numeric library and two malloc arenas per node: hundreds of nodes share two cores
@@ -169,6 +171,8 @@ class Nodes(Mapping[str, NodeState]):
         self.auth = auth or node_auth.RunKeys()
         self.controller_url = ""  # what nodes call back (set at deploy)
         self.states = {n: NodeState(n, rounds=int(c.get("sync", 0))) for n, c in structure.items()}
+        # a Keras model: the hosts' zygotes import TensorFlow once, for every node they fork
+        self.preload = {n: "tensorflow" for n, c in structure.items() if kind_of(c.get("model") or {}) == "keras"}
         self._session = requests.Session()
         self._session.headers["Accept-Encoding"] = "identity"  # a node's answer is never decompressed
         self._session.auth = self.auth.signer(lambda: {f"{n.ip}:{self.port}": n.name for n in self.states.values()})
@@ -321,7 +325,8 @@ class Nodes(Mapping[str, NodeState]):
         """Start node ``name``'s process (its own secret in its environment)."""
         started = self.worker.start_node(name, {"version": 1, "args": [
             "--name", name, "--port", str(self.port), "--controller", self.controller_url,
-            "--run-id", self.run_id], "env": NODE_ENV | self.auth.env_for(name)})
+            "--run-id", self.run_id], "env": NODE_ENV | self.auth.env_for(name) |
+            ({PRELOAD_ENV: self.preload[name]} if name in self.preload else {})})
         node = self.states[name]
         node.process_id, node.pid, node.started_at = started["id"], started["pid"], time.time()
 

@@ -109,8 +109,13 @@ class Processes:
         ident = self.runtime.identity(node, rec)
         view = self.node_view(node, ident)
         fsview.check_readable(view, ident)
+        asked = tuple(p for p in env.get(zygote.PRELOAD_ENV, "").split(",") if p in zygote.PRELOADS)
         with self._lock:
-            if self._zygote is None or not self._zygote.alive or self._zygote.code_root != self.code_root:
+            lacks = set(asked) - set(self._zygote.preload) if self._zygote is not None else set()
+            idle = not any(c.poll() is None for c in self._children.values())
+            if self._zygote is None or not self._zygote.alive or self._zygote.code_root != self.code_root \
+                    or (lacks and idle):  # (a busy zygote keeps serving: its nodes only share less)
+                preload = tuple(sorted(set(asked) | set(self._zygote.preload if self._zygote else ())))
                 if self._zygote is not None:
                     self._zygote.close()
                 hashes = self._state().get("code_manifest")
@@ -118,7 +123,8 @@ class Processes:
                     from worker import sync
 
                     sync.verify_code(self.code_root, hashes)  # the zygote imports it as root
-                self._zygote = zygote.Zygote(self.code_root, os.path.join(self.store.logs_dir(), "zygote.log"))
+                self._zygote = zygote.Zygote(self.code_root, os.path.join(self.store.logs_dir(), "zygote.log"),
+                                             preload=preload)
                 self._zygote.start()
             zyg = self._zygote
         request = {"args": args, "uid": ident.uid, "gid": ident.gid,

@@ -46,6 +46,7 @@ pickle), with file descriptors as ``SCM_RIGHTS``:
 from __future__ import annotations
 
 import array
+import importlib
 import itertools
 import json
 import os
@@ -66,6 +67,8 @@ SPAWN_TIMEOUT_S = 60.0
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_FDS = 4
 READY_TIMEOUT_S = 120.0
+PRELOAD_ENV = "EDGETB_PRELOAD"  # a node's start request asks its host's zygote to preload these (comma-separated)
+PRELOADS = ("tensorflow",)  # what a zygote may preload beyond the node runtime
 ZYGOTE_NICE = -10
 
 
@@ -124,8 +127,10 @@ class ZygoteProcess:
 class Zygote:
     """The worker's handle on its zygote: started on first use, forks node processes on request."""
 
-    def __init__(self, code_root: str, log_path: str, python: str = sys.executable) -> None:
+    def __init__(self, code_root: str, log_path: str, python: str = sys.executable,
+                 preload: tuple[str, ...] = ()) -> None:
         self.code_root = code_root
+        self.preload = preload  # what it imports ahead of the nodes beyond the runtime (``PRELOADS``)
         self.log_path = log_path
         self.python = python
         self._sock: Optional[socket.socket] = None
@@ -154,7 +159,8 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         code = "import sys; sys.path[:0] = sys.argv[1:3]; from worker.nodes.zygote import serve; serve(sys.argv[3:])"
-        argv = [self.python, "-I", "-c", code, self.code_root, repo_root, str(theirs.fileno()), str(os.getpid())]
+        argv = [self.python, "-I", "-c", code, self.code_root, repo_root, str(theirs.fileno()), str(os.getpid()),
+                *self.preload]
         env = zygote_env()
         try:
             with open(self.log_path, "ab") as log:
@@ -316,8 +322,9 @@ def _die_with_parent() -> None:
 
 
 # the zygote's side -------------------------------------------------------------------------------
-def _preload() -> None:
-    """Import what every node runs, once, as a node process would (gevent patched first)."""
+def _preload(extra: tuple[str, ...] = ()) -> None:
+    """Import what every node runs, once, as a node process would (gevent patched first), and
+    ``extra`` (``PRELOADS``: what the run's model kind needs, shared by every node it forks)."""
     sys.modules["ssl"] = None  # type: ignore[assignment]  # as dml_app.node: no libssl in the nodes
     import gevent.events
 
@@ -346,10 +353,16 @@ def _preload() -> None:
         pass
     if sys.modules.get("ssl", 0) is None:
         del sys.modules["ssl"]
+    for name in extra:  # importing TensorFlow starts no thread (making a model does): safe to fork
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            print(f"edgetb zygote: cannot preload {name}: {e}", file=sys.stderr, flush=True)
 
 
 def serve(argv: list[str]) -> None:
-    """The zygote's main loop (``argv``: the control socket's fd and the starter's pid)."""
+    """The zygote's main loop (``argv``: the control socket's fd, the starter's pid, then what to
+    preload beyond the node runtime)."""
     import gc
     import select
 
@@ -361,7 +374,7 @@ def serve(argv: list[str]) -> None:
     # before gevent's patches: their locks and queue stay the kernel's
     from worker.nodes import cgroups, confine, fsview, privilege, uids  # noqa: F401
 
-    _preload()
+    _preload(tuple(a for a in argv[2:] if a in PRELOADS))
     fsview.leave_netns_handles()
     # ahead of the nodes it forks: hundreds of them starting on a few cores would otherwise hold up
     # the next fork (each child takes the default priority back before it runs anything)
