@@ -13,7 +13,14 @@ import argparse
 import os
 import sys
 
-import numpy as np
+if __name__ == "__main__":
+    REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, REPO)
+    from controller.bootstrap import use_venv
+
+    use_venv(REPO, "shapes_dataset.py", ("numpy",))
+
+import numpy as np  # noqa: E402
 
 CLASSES = ("horizontal bar", "vertical bar", "plus", "square outline")
 
@@ -74,5 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.exit(main())

@@ -7,7 +7,8 @@ replaced by what the code declares:
   ``Schema``, the very objects the loaders check files against), with type, bounds, default;
 - ``<!-- scenario-kinds -->``: every kind of scenario event, with its value;
 - ``<!-- cli: NAME -->``: the options of one command of ``COMMANDS``, from its argparse parser;
-- ``<!-- include: PATH -->``: a file of the checkout (BENCHMARKS.md), as it is.
+- ``<!-- include: PATH -->``: a file of the checkout (BENCHMARKS.md), as it is; an example of
+  ``examples/`` (a ``.py`` file) in a code block.
 
 An unknown marker, schema or command fails the build. ``python3 scripts/docs_reference.py``
 prints every table (a quick look without MkDocs).
@@ -217,9 +218,12 @@ def cli_section(name: str) -> str:
 
 def include(path: str) -> str:
     full = os.path.realpath(os.path.join(ROOT, path))
-    if os.path.dirname(full) != ROOT:
-        raise KeyError(f"include: {path!r} is not a file at the top of the checkout")
+    examples = os.path.join(ROOT, "examples")
+    if os.path.dirname(full) != ROOT and os.path.commonpath([examples, full]) != examples:
+        raise KeyError(f"include: {path!r} is neither a file at the top of the checkout nor under examples/")
     text = open(full, encoding="utf-8").read()
+    if full.endswith(".py"):  # an example, shown whole (the tests run it as it is)
+        return f"`{path}`:\n\n```python\n{text}```\n"
     return re.sub(r"\A# .*\n", "", text)  # the page has its own title
 
 
