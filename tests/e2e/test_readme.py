@@ -178,6 +178,10 @@ def test_json_block_loads(page, line, body, tmp_path):
         from controller.model.scenario import resolve
 
         resolve(data, load_links(str(ROOT / "links.json")), "scenario.json", str(tmp_path))
+    elif "node_list" in data:
+        from controller.confs.structures import load_structure_file
+
+        load_structure_file(str(path), load_links(str(ROOT / "links.json")), "gossip")
     elif "_settings" in data or "dataset" in data:
         load_dataset(str(path))
     elif all(isinstance(v, list) for v in data.values()):
