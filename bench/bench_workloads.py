@@ -1,0 +1,207 @@
+"""EdgeTB's 147-node gossip shape with EdgeTB's Fashion-MNIST CNN, in numpy and in Keras.
+
+Run as root: ``.venv/bin/python bench/bench_workloads.py [--nodes 147] [--rounds 5] [--mnist-subset]``.
+
+The shape of ``bench/bench_gossip_edgetb.py`` (random symmetric links of 200-500 KB/s, at most 10
+a node, EdgeTB's per-node dataset format in shards of 100 samples), with the model
+``edgetb_fashion_cnn`` (about 0.23 M parameters) of each kind. The data: Fashion-MNIST when
+``dataset/fashion_mnist/`` holds its files, else the MNIST subset that ``--mnist-subset``
+writes (the same shape: 28x28x1, 10 classes). Each node trains ``--train-shards`` shards a round.
+
+Each variant runs ``gl_run.py`` in a scratch directory, driven over HTTP like a user: the time to
+``ready`` (nodes made, processes started, confs pushed: the model built on every node), the
+memory of every node process once all have run a round (USS: the pages only that process holds;
+PSS), rounds per minute of the run phase, the median ``train_s``, the mean final global
+accuracy. Before the Keras variant at full size, a small run measures a Keras node's USS and the
+variant is skipped when the machine's available memory could not hold ``--nodes`` of them.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+import os
+import random
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+import requests
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_gossip_edgetb import MNIST_NPZ, free_port, log, symmetric_links, write_mnist_subset  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION_DIR = os.path.join(ROOT, "dataset", "fashion_mnist")
+SHARD = 100
+MEM_SHARE = 0.8  # of the available memory, the most a variant's nodes may need
+
+
+def dataset_source() -> tuple[str, str]:
+    """(dataset name, directory to copy) for the run: Fashion-MNIST's files, else the MNIST subset."""
+    if glob.glob(os.path.join(FASHION_DIR, "*")):
+        return "fashion_mnist", FASHION_DIR
+    if os.path.exists(MNIST_NPZ):
+        return "mnist", os.path.dirname(MNIST_NPZ)
+    raise SystemExit("bench: no Fashion-MNIST files in dataset/fashion_mnist/ and no MNIST subset: "
+                     "run with --mnist-subset")
+
+
+def experiment(workdir: str, n: int, rounds: int, kind: str, dataset: str, train_shards: int) -> None:
+    rng = random.Random(0)
+    names = [f"n{i}" for i in range(1, n + 1)]
+    with open(os.path.join(workdir, "links.json"), "w") as f:
+        json.dump(symmetric_links(names, 10, rng), f)
+    with open(os.path.join(workdir, "gl_structure.json"), "w") as f:
+        json.dump({"sync": rounds, "wait_s": 5, "model": {"kind": kind, "name": "edgetb_fashion_cnn", "seed": 0},
+                   "node_list": [{"name": x, "epoch": 1} for x in names]}, f)
+    train_total, test_total = (40, 10) if dataset == "mnist" else (600, 100)  # shards of 100
+    per_node = {x: {"train_len": train_shards, "train_start_index": rng.randint(1, train_total - train_shards + 1),
+                    "test_len": 1, "test_start_index": rng.randint(1, test_total), "batch_size": 32} for x in names}
+    with open(os.path.join(workdir, "gl_dataset.json"), "w") as f:
+        json.dump({**per_node, "_settings": {"dataset": dataset, "shard_size": SHARD, "global_test_size": 500}}, f)
+
+
+def memory_kib(pid: int) -> Optional[tuple[int, int]]:
+    """(USS, PSS) of a process in KiB, from /proc/<pid>/smaps_rollup; None when it is gone."""
+    fields: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
+                    fields[parts[0][:-1]] = int(parts[1])
+    except OSError:
+        return None
+    return fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0), fields.get("Pss", 0)
+
+
+def available_kib() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+
+
+def run(n: int, rounds: int, kind: str, train_shards: int, timeout_s: float) -> dict[str, Any]:
+    dataset, source = dataset_source()
+    workdir = tempfile.mkdtemp(prefix=f"edgetb-workloads-{kind}-{n}-")
+    os.chmod(workdir, 0o755)  # node processes run as their own uids and read it
+    shutil.copytree(source, os.path.join(workdir, "dataset", dataset))
+    experiment(workdir, n, rounds, kind, dataset, train_shards)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"))
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "gl_run.py"), "--quiet-nodes", "--workdir", workdir,
+                             "--port", str(port), "--id", "bw" + secrets.token_hex(1), "--subnet", "10.242.0.0/16"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result: dict[str, Any] = {"variant": kind, "nodes": n}
+    try:
+        status = wait(url, ("ready",), timeout_s, proc)
+        result["ready_s"] = time.monotonic() - started
+        requests.get(url + "/start", timeout=120)
+        uss, pss = [], []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:  # the nodes' memory once every node has run a round
+            status = requests.get(url + "/status", timeout=120).json()
+            if status["phase"] in ("finished", "failed") or all(x.get("round", 0) >= 1 for x in status["nodes"]):
+                found = [memory_kib(x["pid"]) for x in status["nodes"] if x.get("pid")]
+                uss = [u for u, _ in filter(None, found)]
+                pss = [p for _, p in filter(None, found)]
+                break
+            time.sleep(1)
+        wait(url, ("finished", "failed"), timeout_s, proc)
+        summary = requests.get(url + "/finish", timeout=600).json()
+        run_dir = summary["run_dir"]
+        with open(os.path.join(run_dir, "run.json")) as f:
+            record = json.load(f)
+        with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+            train_s = [float(r["train_s"]) for r in csv.DictReader(f) if r.get("train_s")]
+        run_s = float(record["ended_at"]) - float(record["started_at"])
+        accuracies = [x["final_global_accuracy"] for x in summary["nodes"] if x.get("final_global_accuracy") is not None]
+        done = sum(1 for x in summary["nodes"] if x["ended"] == "done")
+        result.update(run_s=run_s, rounds_per_min=rounds / (run_s / 60), done=f"{done}/{n}",
+                      train_s=statistics.median(train_s) if train_s else None,
+                      accuracy=statistics.mean(accuracies) if accuracies else None,
+                      uss_mib=statistics.median(uss) / 1024 if uss else None,
+                      uss_max_mib=max(uss) / 1024 if uss else None,
+                      pss_mib=statistics.median(pss) / 1024 if pss else None, dataset=dataset)
+    finally:
+        try:
+            requests.get(url + "/emulated/reset", timeout=300)
+        except requests.RequestException:
+            pass
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        if "done" not in result:
+            log(out[-3000:])
+        shutil.rmtree(workdir, ignore_errors=True)
+    result["wall_s"] = time.monotonic() - started
+    return result
+
+
+def wait(url: str, phases: tuple[str, ...], timeout_s: float, proc: subprocess.Popen) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"bench: gl_run.py exited {proc.returncode}:\n{proc.stdout.read()[-3000:]}")
+        try:
+            status = requests.get(url + "/status", timeout=120).json()
+            if status["phase"] in phases:
+                return status
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise SystemExit(f"bench: the run never reached {phases}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=147)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--train-shards", type=int, default=1, help="shards of 100 samples a node trains a round")
+    parser.add_argument("--variants", nargs="+", choices=("numpy", "keras"), default=["numpy", "keras"])
+    parser.add_argument("--probe-nodes", type=int, default=8, help="the small Keras run that sizes a node")
+    parser.add_argument("--mnist-subset", action="store_true", help="write the MNIST subset if missing")
+    parser.add_argument("--timeout", type=float, default=3600)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench: run as root")
+    if args.mnist_subset and not os.path.exists(MNIST_NPZ):
+        write_mnist_subset()
+    results = []
+    for kind in args.variants:
+        if kind == "keras" and args.nodes > args.probe_nodes:
+            log(f"sizing a Keras node: {args.probe_nodes} nodes, 2 rounds")
+            probe = run(args.probe_nodes, 2, kind, args.train_shards, args.timeout)
+            results.append({**probe, "variant": "keras (sizing)"})
+            need = (probe.get("uss_max_mib") or 0) * 1024 * args.nodes
+            if need > MEM_SHARE * available_kib():
+                log(f"skipping {args.nodes} Keras nodes: about {need / 2**20:.1f} GiB of private memory, "
+                    f"{available_kib() / 2**20:.1f} GiB available")
+                continue
+        log(f"{args.nodes} gossip nodes, {args.rounds} rounds, edgetb_fashion_cnn in {kind}")
+        results.append(run(args.nodes, args.rounds, kind, args.train_shards, args.timeout))
+        log(json.dumps(results[-1]))
+    print(f"EdgeTB's gossip shape with its Fashion-MNIST CNN: {args.rounds} rounds, "
+          f"{args.train_shards * SHARD} training samples a node, {results[0].get('dataset') if results else '-'}\n")
+    columns = [("variant", "{}"), ("nodes", "{}"), ("done", "{}"), ("ready_s", "{:.0f}"), ("run_s", "{:.0f}"),
+               ("rounds_per_min", "{:.2f}"), ("train_s", "{:.2f}"), ("uss_mib", "{:.0f}"), ("uss_max_mib", "{:.0f}"),
+               ("pss_mib", "{:.0f}"), ("accuracy", "{:.3f}"), ("wall_s", "{:.0f}")]
+    print("| " + " | ".join(name for name, _ in columns) + " |")
+    print("|" + "---|" * len(columns))
+    for r in results:
+        print("| " + " | ".join("-" if r.get(k) is None else fmt.format(r[k]) for k, fmt in columns) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
