@@ -20,7 +20,7 @@ def _tf() -> Any:
     try:
         import tensorflow as tf
     except ImportError:
-        raise ValueError("Keras models need TensorFlow: pip install '.[tf]'") from None
+        raise ValueError("a Keras model needs TensorFlow: pip install '.[tf]'") from None
     return tf
 
 

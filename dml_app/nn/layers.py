@@ -217,31 +217,32 @@ class BatchNormalization(Layer):
         if not training:
             self._xhat = None
             return (x - moving_mean) * (gamma / np.sqrt(moving_var + self.epsilon)) + beta
-        axes = tuple(range(x.ndim - 1))
-        mean = x.mean(axis=axes)
-        var = x.var(axis=axes)
-        m = x.dtype.type(self.momentum)
-        moving_mean *= m
-        moving_mean += (1 - m) * mean
-        moving_var *= m
-        moving_var += (1 - m) * var
-        self._inv_std = 1.0 / np.sqrt(var + self.epsilon)
-        self._xhat = (x - mean) * self._inv_std
+        x2 = x.reshape(-1, x.shape[-1])
+        mean = x2.mean(axis=0, dtype=np.float64)  # float64 sums: a float32 running sum over
+        centred = x2 - mean.astype(x.dtype)        # thousands of pixels loses digits BN then magnifies
+        var = np.einsum("ij,ij->j", centred, centred, dtype=np.float64) / len(x2)
+        m = self.momentum
+        moving_mean[:] = moving_mean * m + mean * (1 - m)
+        moving_var[:] = moving_var * m + var * (1 - m)
+        self._inv_std = (1.0 / np.sqrt(var + self.epsilon)).astype(x.dtype)
+        self._xhat = (centred * self._inv_std).reshape(x.shape)
         return self._xhat * gamma + beta
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
         if self._xhat is None:
             raise ValueError(f"{self.name}: backward needs a forward pass in training mode")
-        axes = tuple(range(dy.ndim - 1))
-        xhat = self._xhat
-        dgamma = (dy * xhat).sum(axis=axes)
-        dbeta = dy.sum(axis=axes)
-        self.grads = [dgamma, dbeta, None, None]
+        c = dy.shape[-1]
+        dy2, xhat = dy.reshape(-1, c), self._xhat.reshape(-1, c)
+        dgamma = np.einsum("ij,ij->j", dy2, xhat, dtype=np.float64)
+        dbeta = dy2.sum(axis=0, dtype=np.float64)
+        self.grads = [dgamma.astype(dy.dtype), dbeta.astype(dy.dtype), None, None]
         if not need_dx:
             return None
-        count = dy.size // dy.shape[-1]
+        count = len(dy2)
         gamma = self.params[0]
-        return (gamma * self._inv_std / count) * (count * dy - dbeta - xhat * dgamma)
+        # dx = gamma / std * (dy - mean(dy) - xhat * mean(dy * xhat))
+        mean_dy, mean_dyx = (dbeta / count).astype(dy.dtype), (dgamma / count).astype(dy.dtype)
+        return ((gamma * self._inv_std) * (dy2 - mean_dy - xhat * mean_dyx)).reshape(dy.shape)
 
 
 class MaxPool2D(Layer):
