@@ -2,7 +2,9 @@
 
 ReLU hidden layers, a softmax output with cross-entropy loss, minibatch SGD or
 Adam. Weights are a list of float32 arrays ``[W1, b1, W2, b2, ...]``, the form
-gossip, FedAvg and all-reduce combine.
+gossip, FedAvg and all-reduce combine, named ``dense/kernel``, ``dense/bias``,
+``dense_1/kernel``... as Keras names the same MLP's. Inputs of any per-sample
+shape (images included) are flattened.
 """
 from __future__ import annotations
 
@@ -47,6 +49,17 @@ class NumpyMLP:
             if tuple(w.shape) != p.shape:
                 raise ValueError(f"array {i}: shape {tuple(w.shape)}, expected {p.shape}")
         self.params = [np.asarray(w, dtype=np.float32).copy() for w in weights]
+
+    def weight_names(self) -> list[str]:
+        """One name per array, by layer: ``dense/kernel``, ``dense/bias``, ``dense_1/kernel``, ..."""
+        layers = [("dense" if i == 0 else f"dense_{i}") for i in range(len(self.params) // 2)]
+        return [f"{layer}/{part}" for layer in layers for part in ("kernel", "bias")]
+
+    @staticmethod
+    def _flat(x: np.ndarray) -> np.ndarray:
+        """``x`` as (samples, features) float32, whatever its per-sample shape."""
+        x = np.asarray(x, dtype=np.float32)
+        return x.reshape(len(x), -1) if x.ndim != 2 else x
 
     # forward / backward ----------------------------------------------------------
     def _forward(self, x: np.ndarray) -> list[np.ndarray]:
@@ -97,7 +110,7 @@ class NumpyMLP:
     def train(self, x: np.ndarray, y: np.ndarray, epochs: int = 1, batch_size: int = 32) -> dict[str, float]:
         """Minibatch training; returns the mean loss of the last epoch and the seconds spent."""
         started = time.perf_counter()
-        x = np.asarray(x, dtype=np.float32)
+        x = self._flat(x)
         y = np.asarray(y, dtype=np.int64)
         last = 0.0
         for _ in range(int(epochs)):
@@ -113,7 +126,7 @@ class NumpyMLP:
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """(mean cross-entropy loss, accuracy) on ``x, y``."""
-        x = np.asarray(x, dtype=np.float32)
+        x = self._flat(x)
         y = np.asarray(y, dtype=np.int64)
         probs = self._softmax(self._forward(x)[-1])
         loss = float(-np.log(probs[np.arange(len(x)), y] + 1e-12).mean())

@@ -8,7 +8,10 @@ order, little-endian)::
     {"__metadata__": {"format": "edgetb-weights", "version": "2", "meta": "{\\"from\\": \\"n1\\", ...}"},
      "0000": {"dtype": "F32", "shape": [64, 32], "data_offsets": [0, 8192]}, "0001": ...}
 
-Arrays are named by their position (``0000``, ``0001``, ...); ``meta`` (a small
+Arrays are keyed by their position (``0000``, ``0001``, ...), optionally
+followed by a dot and the array's name by layer (``0003.batch_normalization/moving_mean``:
+characters ``[A-Za-z0-9_./-]``, at most 96), so other tools see what each
+array is; the position alone decides the order. ``meta`` (a small
 JSON object: sender, round, samples...) travels as one JSON string, since
 safetensors metadata holds strings only. This module reads and writes the
 layout with numpy alone: a node does not import the ``safetensors`` package
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from typing import Any, Sequence
 
@@ -34,6 +38,9 @@ NUMPY_DTYPES = {name: np.dtype(code) for code, name in ALLOWED_DTYPES.items()}
 MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAYS = 4096
 CONTENT_TYPE = "application/x-edgetb-weights"
+MAX_NAME_CHARS = 96
+_KEY = re.compile(r"([0-9]{4})(?:\.([A-Za-z0-9_./-]{1,%d}))?" % MAX_NAME_CHARS)
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_./-]")
 
 
 class WeightsFormatError(ValueError):
@@ -44,10 +51,19 @@ def _name(i: int) -> str:
     return f"{i:04d}"
 
 
-def encode(arrays: Sequence[np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
-    """Pack arrays (and a small JSON-able ``meta``) into one safetensors buffer."""
+def sanitised(name: str) -> str:
+    """``name`` as a key suffix: characters outside ``[A-Za-z0-9_./-]`` become ``_``, at most 96."""
+    return _NOT_NAME.sub("_", str(name))[:MAX_NAME_CHARS] or "_"
+
+
+def encode(arrays: Sequence[np.ndarray], meta: dict[str, Any] | None = None,
+           names: Sequence[str] | None = None) -> bytes:
+    """Pack arrays (and a small JSON-able ``meta``) into one safetensors buffer; with ``names``
+    (one per array, e.g. a model's ``weight_names()``) the keys are ``f"{i:04d}.{name}"``."""
     if len(arrays) > MAX_ARRAYS:
         raise WeightsFormatError(f"{len(arrays)} arrays, at most {MAX_ARRAYS} can be sent")
+    if names is not None and len(names) != len(arrays):
+        raise WeightsFormatError(f"{len(names)} names for {len(arrays)} arrays")
     header: dict[str, Any] = {"__metadata__": {"format": FORMAT, "version": str(WIRE_VERSION),
                                                "meta": json.dumps(meta or {}, separators=(",", ":"))}}
     buffers: list[np.ndarray] = []
@@ -60,8 +76,9 @@ def encode(arrays: Sequence[np.ndarray], meta: dict[str, Any] | None = None) -> 
             a = a.astype(a.dtype.newbyteorder("<"))
         if a.dtype.str not in ALLOWED_DTYPES:
             raise WeightsFormatError(f"dtype {a.dtype.str} cannot be sent")
-        header[_name(i)] = {"dtype": ALLOWED_DTYPES[a.dtype.str], "shape": list(a.shape),
-                            "data_offsets": [offset, offset + a.nbytes]}
+        key = _name(i) if names is None else f"{_name(i)}.{sanitised(names[i])}"
+        header[key] = {"dtype": ALLOWED_DTYPES[a.dtype.str], "shape": list(a.shape),
+                       "data_offsets": [offset, offset + a.nbytes]}
         offset += a.nbytes
         buffers.append(a.reshape(-1).view(np.uint8))  # a view: the one copy is the join below
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -71,6 +88,30 @@ def encode(arrays: Sequence[np.ndarray], meta: dict[str, Any] | None = None) -> 
 
 def decode(data: bytes) -> tuple[list[np.ndarray], dict[str, Any]]:
     """Unpack a buffer made by ``encode``; anything malformed raises WeightsFormatError."""
+    arrays, meta, _ = decode_named(data)
+    return arrays, meta
+
+
+def _keys_in_order(header: dict[str, Any]) -> tuple[list[str], list[str | None]]:
+    """The header's keys ordered by their index, and each array's name (None when unnamed);
+    the indices must be exactly 0000, 0001, ... (no gap, no duplicate)."""
+    by_index: dict[int, str] = {}
+    for key in header if len(header) <= MAX_ARRAYS else ():
+        match = _KEY.fullmatch(key) if isinstance(key, str) else None
+        index = int(match.group(1)) if match else -1
+        if index < 0 or index in by_index:
+            by_index = {}
+            break
+        by_index[index] = key
+    if len(header) > MAX_ARRAYS or set(by_index) != set(range(len(header))):
+        raise WeightsFormatError(f"arrays must be named 0000.. in order (optionally 0000.<name>), at most "
+                                 f"{MAX_ARRAYS}; got {sorted(header)[:5]}")
+    keys = [by_index[i] for i in range(len(header))]
+    return keys, [_KEY.fullmatch(k).group(2) for k in keys]
+
+
+def decode_named(data: bytes) -> tuple[list[np.ndarray], dict[str, Any], list[str | None]]:
+    """``decode``, with each array's name from its key (None for a plain ``0000`` key)."""
     view = memoryview(data)
     if len(view) < 8:
         raise WeightsFormatError("message shorter than its length prefix")
@@ -87,13 +128,11 @@ def decode(data: bytes) -> tuple[list[np.ndarray], dict[str, Any]]:
     if not isinstance(info, dict) or info.get("format") != FORMAT or info.get("version") != str(WIRE_VERSION):
         version = info.get("version") if isinstance(info, dict) else None
         raise WeightsFormatError(f"not an {FORMAT} message of version {WIRE_VERSION} (version {version!r})")
-    if len(header) > MAX_ARRAYS or set(header) != {_name(i) for i in range(len(header))}:
-        raise WeightsFormatError(f"arrays must be named 0000.. in order, at most {MAX_ARRAYS}; "
-                                 f"got {sorted(header)[:5]}")
+    keys, names = _keys_in_order(header)
     base, size = 8 + hlen, len(view) - 8 - hlen
     specs = []
     for i in range(len(header)):
-        spec = header[_name(i)]
+        spec = header[keys[i]]
         try:
             dtype = NUMPY_DTYPES[spec["dtype"]]
             shape = tuple(spec["shape"])
@@ -121,7 +160,7 @@ def decode(data: bytes) -> tuple[list[np.ndarray], dict[str, Any]]:
         meta = bounded_json.loads(info.get("meta", "{}"))
     except (TypeError, ValueError):
         raise WeightsFormatError("meta is not a JSON string") from None
-    return arrays, meta if isinstance(meta, dict) else {}
+    return arrays, meta if isinstance(meta, dict) else {}, names
 
 
 Spec = list[tuple[tuple[int, ...], str]]  # per array: (shape, dtype string such as "<f4")

@@ -1,0 +1,294 @@
+"""Numpy layers with forward and backward passes, laid out as Keras lays them out.
+
+Images are NHWC (samples, height, width, channels). Every layer keeps its
+arrays in ``params`` in Keras' order (a Conv2D: kernel ``(kh, kw, C_in, C_out)``
+then bias; a BatchNormalization: gamma, beta, moving_mean, moving_variance), so
+the same weight list can be set in a Keras model and in a numpy one. After
+``backward`` a layer's ``grads`` holds one gradient per trainable array (None
+for the moving statistics, which ``forward`` updates in training mode).
+
+Convolutions are im2col: the windows of the padded input (a strided view) are
+copied once into a ``(samples * H_out * W_out, kh * kw * C_in)`` matrix and
+multiplied by the kernel in one matmul; the backward pass is two matmuls and
+``kh * kw`` strided additions (no Python loop over pixels).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from dml_app.rand import Rng
+
+Shape = tuple[int, ...]
+
+
+def glorot_uniform(rng: Rng, shape: Sequence[int], fan_in: int, fan_out: int, dtype: np.dtype) -> np.ndarray:
+    """Keras' default kernel initialiser: uniform in +-sqrt(6 / (fan_in + fan_out))."""
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    n = math.prod(shape)
+    return ((rng.uniform(n) * 2.0 - 1.0) * limit).reshape(tuple(shape)).astype(dtype)
+
+
+class Layer:
+    """A layer: ``build`` for an input shape (per sample), then ``forward`` and ``backward``."""
+
+    keras_name = "layer"  # the prefix Keras gives layers of this class ("conv2d", "dense", ...)
+    param_names: tuple[str, ...] = ()
+    trainable: tuple[bool, ...] = ()
+
+    def __init__(self) -> None:
+        self.params: list[np.ndarray] = []
+        self.grads: list[Optional[np.ndarray]] = []
+        self.name = self.keras_name
+
+    def build(self, input_shape: Shape, rng: Rng, dtype: np.dtype) -> Shape:
+        """Create the arrays for inputs of ``input_shape``; return the output shape."""
+        return input_shape
+
+    def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
+        raise NotImplementedError
+
+    def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
+        """Gradients of the loss: store the parameters' in ``grads``, return the input's."""
+        raise NotImplementedError
+
+
+class ReLU(Layer):
+    """max(x, 0); its gradient at 0 is 0 (as TensorFlow's)."""
+
+    keras_name = "re_lu"
+
+    def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
+        self._mask = x > 0
+        return np.where(self._mask, x, x.dtype.type(0))
+
+    def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
+        return np.where(self._mask, dy, dy.dtype.type(0))
+
+
+def _activation(activation: Optional[str]) -> Optional[ReLU]:
+    if activation is None:
+        return None
+    if activation != "relu":
+        raise ValueError(f"activation must be 'relu' or None, got {activation!r}")
+    return ReLU()
+
+
+class Dense(Layer):
+    """``x @ kernel + bias`` over the last axis, optionally followed by ReLU."""
+
+    keras_name = "dense"
+    param_names = ("kernel", "bias")
+    trainable = (True, True)
+
+    def __init__(self, units: int, activation: Optional[str] = None) -> None:
+        super().__init__()
+        self.units = int(units)
+        self.act = _activation(activation)
+
+    def build(self, input_shape: Shape, rng: Rng, dtype: np.dtype) -> Shape:
+        if len(input_shape) != 1:
+            raise ValueError(f"{self.name}: Dense takes (features,) inputs, got {input_shape} (add a Flatten)")
+        fan_in = input_shape[0]
+        self.params = [glorot_uniform(rng, (fan_in, self.units), fan_in, self.units, dtype),
+                       np.zeros(self.units, dtype)]
+        return (self.units,)
+
+    def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
+        self._x = x
+        y = x @ self.params[0] + self.params[1]
+        return self.act.forward(y, training) if self.act else y
+
+    def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
+        if self.act:
+            dy = self.act.backward(dy)
+        self.grads = [self._x.T @ dy, dy.sum(axis=0)]
+        return dy @ self.params[0].T if need_dx else None
+
+
+def _windows(xp: np.ndarray, kh: int, kw: int) -> np.ndarray:
+    """The ``kh x kw`` windows (stride 1) of a padded NHWC array: a view of shape
+    ``(n, H_out, W_out, kh, kw, C)``."""
+    n, hp, wp, c = xp.shape
+    s0, s1, s2, s3 = xp.strides
+    return as_strided(xp, (n, hp - kh + 1, wp - kw + 1, kh, kw, c), (s0, s1, s2, s1, s2, s3), writeable=False)
+
+
+class Conv2D(Layer):
+    """2-D convolution (cross-correlation, as Keras), stride 1, 'same' or 'valid' padding,
+    optionally followed by ReLU."""
+
+    keras_name = "conv2d"
+    param_names = ("kernel", "bias")
+    trainable = (True, True)
+
+    def __init__(self, filters: int, kernel_size: int, padding: str = "same",
+                 activation: Optional[str] = None) -> None:
+        super().__init__()
+        if padding not in ("same", "valid"):
+            raise ValueError(f"padding must be 'same' or 'valid', got {padding!r}")
+        self.filters = int(filters)
+        self.k = int(kernel_size)
+        self.padding = padding
+        self.act = _activation(activation)
+
+    def build(self, input_shape: Shape, rng: Rng, dtype: np.dtype) -> Shape:
+        if len(input_shape) != 3:
+            raise ValueError(f"{self.name}: Conv2D takes (H, W, C) inputs, got {input_shape}")
+        h, w, c = input_shape
+        k = self.k
+        if self.padding == "same":  # as TensorFlow: the extra row/column of an even kernel goes after
+            total = k - 1
+            self.pad = ((total // 2, total - total // 2), (total // 2, total - total // 2))
+            out = (h, w)
+        else:
+            self.pad = ((0, 0), (0, 0))
+            out = (h - k + 1, w - k + 1)
+        if min(out) < 1:
+            raise ValueError(f"{self.name}: a {k}x{k} 'valid' convolution does not fit inputs of {h}x{w}")
+        self.params = [glorot_uniform(rng, (k, k, c, self.filters), k * k * c, k * k * self.filters, dtype),
+                       np.zeros(self.filters, dtype)]
+        return (*out, self.filters)
+
+    def _padded(self, x: np.ndarray) -> np.ndarray:
+        (t, b), (l, r) = self.pad
+        return np.pad(x, ((0, 0), (t, b), (l, r), (0, 0))) if t or b or l or r else x
+
+    def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
+        n = x.shape[0]
+        k, c = self.k, x.shape[3]
+        win = _windows(self._padded(x), k, k)
+        ho, wo = win.shape[1], win.shape[2]
+        self._cols = win.reshape(n * ho * wo, k * k * c)  # the one copy (im2col)
+        self._in_shape = x.shape
+        y = (self._cols @ self.params[0].reshape(k * k * c, self.filters)).reshape(n, ho, wo, self.filters)
+        y += self.params[1]
+        return self.act.forward(y, training) if self.act else y
+
+    def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
+        if self.act:
+            dy = self.act.backward(dy)
+        n, ho, wo, f = dy.shape
+        k = self.k
+        c = self._in_shape[3]
+        dy2 = dy.reshape(-1, f)
+        kernel = self.params[0]
+        self.grads = [(self._cols.T @ dy2).reshape(kernel.shape), dy2.sum(axis=0)]
+        self._cols = None
+        if not need_dx:
+            return None
+        dcols = (dy2 @ kernel.reshape(k * k * c, f).T).reshape(n, ho, wo, k, k, c)
+        (t, b), (l, r) = self.pad
+        h, w = self._in_shape[1], self._in_shape[2]
+        dxp = np.zeros((n, h + t + b, w + l + r, c), dy.dtype)
+        for i in range(k):  # col2im: kh * kw strided additions
+            for j in range(k):
+                dxp[:, i:i + ho, j:j + wo, :] += dcols[:, :, :, i, j, :]
+        return dxp[:, t:t + h, l:l + w, :]
+
+
+class BatchNormalization(Layer):
+    """Keras' BatchNormalization over the last axis (momentum 0.99, epsilon 1e-3).
+
+    Training: normalises with the batch's mean and (biased) variance and moves
+    the moving statistics toward them; evaluation: normalises with the moving
+    statistics. All four arrays are weights, so the statistics travel and are
+    averaged with the rest of the model."""
+
+    keras_name = "batch_normalization"
+    param_names = ("gamma", "beta", "moving_mean", "moving_variance")
+    trainable = (True, True, False, False)
+
+    def __init__(self, momentum: float = 0.99, epsilon: float = 1e-3) -> None:
+        super().__init__()
+        self.momentum = float(momentum)
+        self.epsilon = float(epsilon)
+
+    def build(self, input_shape: Shape, rng: Rng, dtype: np.dtype) -> Shape:
+        c = input_shape[-1]
+        self.params = [np.ones(c, dtype), np.zeros(c, dtype), np.zeros(c, dtype), np.ones(c, dtype)]
+        return input_shape
+
+    def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
+        gamma, beta, moving_mean, moving_var = self.params
+        if not training:
+            self._xhat = None
+            return (x - moving_mean) * (gamma / np.sqrt(moving_var + self.epsilon)) + beta
+        x2 = x.reshape(-1, x.shape[-1])
+        mean = x2.mean(axis=0, dtype=np.float64)  # float64 sums: a float32 running sum over
+        centred = x2 - mean.astype(x.dtype)        # thousands of pixels loses digits BN then magnifies
+        var = np.einsum("ij,ij->j", centred, centred, dtype=np.float64) / len(x2)
+        m = self.momentum
+        moving_mean[:] = moving_mean * m + mean * (1 - m)
+        moving_var[:] = moving_var * m + var * (1 - m)
+        self._inv_std = (1.0 / np.sqrt(var + self.epsilon)).astype(x.dtype)
+        self._xhat = (centred * self._inv_std).reshape(x.shape)
+        return self._xhat * gamma + beta
+
+    def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
+        if self._xhat is None:
+            raise ValueError(f"{self.name}: backward needs a forward pass in training mode")
+        c = dy.shape[-1]
+        dy2, xhat = dy.reshape(-1, c), self._xhat.reshape(-1, c)
+        dgamma = np.einsum("ij,ij->j", dy2, xhat, dtype=np.float64)
+        dbeta = dy2.sum(axis=0, dtype=np.float64)
+        self.grads = [dgamma.astype(dy.dtype), dbeta.astype(dy.dtype), None, None]
+        if not need_dx:
+            return None
+        count = len(dy2)
+        gamma = self.params[0]
+        # dx = gamma / std * (dy - mean(dy) - xhat * mean(dy * xhat))
+        mean_dy, mean_dyx = (dbeta / count).astype(dy.dtype), (dgamma / count).astype(dy.dtype)
+        return ((gamma * self._inv_std) * (dy2 - mean_dy - xhat * mean_dyx)).reshape(dy.shape)
+
+
+class MaxPool2D(Layer):
+    """2x2 max pooling, stride 2, 'valid' (an odd last row or column is dropped, as Keras).
+    The gradient goes to the first maximum of each window (row-major), as TensorFlow's."""
+
+    keras_name = "max_pooling2d"
+
+    def build(self, input_shape: Shape, rng: Rng, dtype: np.dtype) -> Shape:
+        h, w, c = input_shape
+        if h < 2 or w < 2:
+            raise ValueError(f"{self.name}: 2x2 pooling needs inputs of at least 2x2, got {h}x{w}")
+        return (h // 2, w // 2, c)
+
+    def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
+        n, h, w, c = x.shape
+        h2, w2 = h // 2, w // 2
+        self._in_shape = x.shape
+        blocks = x[:, :2 * h2, :2 * w2, :].reshape(n, h2, 2, w2, 2, c).transpose(0, 1, 3, 5, 2, 4)
+        blocks = blocks.reshape(n, h2, w2, c, 4)
+        self._arg = blocks.argmax(axis=-1)
+        return np.take_along_axis(blocks, self._arg[..., None], axis=-1)[..., 0]
+
+    def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
+        n, h, w, c = self._in_shape
+        h2, w2 = h // 2, w // 2
+        onehot = (self._arg[..., None] == np.arange(4)).astype(dy.dtype) * dy[..., None]
+        blocks = onehot.reshape(n, h2, w2, c, 2, 2).transpose(0, 1, 4, 2, 5, 3).reshape(n, 2 * h2, 2 * w2, c)
+        if (2 * h2, 2 * w2) == (h, w):
+            return blocks
+        dx = np.zeros(self._in_shape, dy.dtype)
+        dx[:, :2 * h2, :2 * w2, :] = blocks
+        return dx
+
+
+class Flatten(Layer):
+    """(n, ...) -> (n, features), in C order (as Keras' Flatten on NHWC)."""
+
+    keras_name = "flatten"
+
+    def build(self, input_shape: Shape, rng: Rng, dtype: np.dtype) -> Shape:
+        return (math.prod(input_shape),)
+
+    def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
+        self._in_shape = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
+        return dy.reshape(self._in_shape)
