@@ -212,7 +212,8 @@ class NodeService:
     def save_weights(self) -> None:
         """The final model, next to the events (weights wire format)."""
         assert self.role is not None
-        body = encode_weights(self.role.ctx.model.get_weights(), {"from": self.name, "run_id": self.run_id})
+        body = encode_weights(self.role.ctx.model.get_weights(), {"from": self.name, "run_id": self.run_id},
+                              self.role.weight_names)
         with open(self.weights_path + ".tmp", "wb") as f:
             f.write(body)
         os.replace(self.weights_path + ".tmp", self.weights_path)

@@ -137,6 +137,7 @@ class Role:
         self._global_eval: dict[int, tuple[Any, Any]] = {}  # by thread: E-tree evaluates in several
         # what a model message must look like (none without a model: in-memory tests)
         self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
+        self.weight_names = model_names(ctx.model)  # the arrays' names on the wire (by layer), if the model has them
 
     # hooks -------------------------------------------------------------------------
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
@@ -271,7 +272,8 @@ class Role:
                      retries: int = 1) -> bool:
         """Send weights (the model's by default) to ``peer``; False after a ``send_failed`` event."""
         arrays = self.ctx.model.get_weights() if weights is None else weights
-        body = wire.encode(arrays, {"from": self.ctx.name, "round": round_no, "samples": self.samples, **(meta or {})})
+        body = wire.encode(arrays, {"from": self.ctx.name, "round": round_no, "samples": self.samples, **(meta or {})},
+                           self.weight_names if len(arrays) == len(self.weight_names or ()) else None)
         return self.post(peer, path, body, wire.CONTENT_TYPE, round_no, timeout_s, retries) is not None
 
     def count_received(self, req: Request, fallback: str) -> None:
@@ -342,6 +344,12 @@ class Role:
             self.traffic.recv[self.next_hop.get(dest, dest)] += len(answer)
         self.count_sent_answer(req, answer)
         return 200, "application/octet-stream", answer
+
+
+def model_names(model: Any) -> Optional[list[str]]:
+    """The model's ``weight_names()``, when it has them (optional in the model contract)."""
+    names = getattr(model, "weight_names", None)
+    return list(names()) if callable(names) else None
 
 
 def ok(data: Optional[dict[str, Any]] = None) -> Response:

@@ -148,7 +148,7 @@ class AggregatorRole(Role):
             self._round, self._open, self._expected, self._updates = r, True, set(picked), {}
             self._complete.clear()
         body = wire.encode(self.ctx.model.get_weights(), {"from": self.ctx.name, "round": r,
-                                                          "deadline_s": self.deadline_s})
+                                                          "deadline_s": self.deadline_s}, self.weight_names)
         sent_at = time.perf_counter()
         answers = parallel(lambda t: self.post(t, "/fl/train", body, wire.CONTENT_TYPE, r,
                                                timeout_s=self.deadline_s, retries=0), picked)

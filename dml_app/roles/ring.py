@@ -165,7 +165,7 @@ class RingRole(Role):
         return self._answer(req, {**formation.to_dict(), "behind": behind}, weights)
 
     def _answer(self, req: Request, meta: dict[str, Any], weights: Optional[Weights] = None) -> Response:
-        body = wire.encode(weights or [], {"from": self.ctx.name, **meta})
+        body = wire.encode(weights or [], {"from": self.ctx.name, **meta}, self.weight_names if weights else None)
         if weights:  # a model for a node behind (a formation alone is a small reply on its connection)
             self.count_sent_answer(req, body)
         return 200, wire.CONTENT_TYPE, body
