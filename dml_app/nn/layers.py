@@ -9,8 +9,10 @@ for the moving statistics, which ``forward`` updates in training mode).
 
 Convolutions are im2col: the windows of the padded input (a strided view) are
 copied once into a ``(samples * H_out * W_out, kh * kw * C_in)`` matrix and
-multiplied by the kernel in one matmul; the backward pass is two matmuls and
-``kh * kw`` strided additions (no Python loop over pixels).
+multiplied by the kernel in one matmul. Backward, the kernel's gradient is one
+matmul with that matrix, and the input's a convolution of the padded output
+gradient with the flipped kernel (im2col and one matmul again): no Python loop
+over pixels.
 """
 from __future__ import annotations
 
@@ -57,16 +59,22 @@ class Layer:
 
 
 class ReLU(Layer):
-    """max(x, 0); its gradient at 0 is 0 (as TensorFlow's)."""
+    """max(x, 0); its gradient at 0 is 0 (as TensorFlow's). Inside Conv2D and Dense it works in
+    place on their fresh outputs (layers never change their inputs, so outputs can be kept)."""
 
     keras_name = "re_lu"
 
+    def __init__(self, in_place: bool = False) -> None:
+        super().__init__()
+        self.in_place = in_place
+
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
-        self._mask = x > 0
-        return np.where(self._mask, x, x.dtype.type(0))
+        self._out = np.maximum(x, 0, out=x if self.in_place else None)
+        return self._out
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
-        return np.where(self._mask, dy, dy.dtype.type(0))
+        out, self._out = self._out, None
+        return np.where(out > 0, dy, dy.dtype.type(0))
 
 
 def _activation(activation: Optional[str]) -> Optional[ReLU]:
@@ -74,7 +82,7 @@ def _activation(activation: Optional[str]) -> Optional[ReLU]:
         return None
     if activation != "relu":
         raise ValueError(f"activation must be 'relu' or None, got {activation!r}")
-    return ReLU()
+    return ReLU(in_place=True)
 
 
 class Dense(Layer):
@@ -180,14 +188,16 @@ class Conv2D(Layer):
         self._cols = None
         if not need_dx:
             return None
-        dcols = (dy2 @ kernel.reshape(k * k * c, f).T).reshape(n, ho, wo, k, k, c)
-        (t, b), (l, r) = self.pad
+        # dx[h, w] = sum over (i, j) of dy[h + t - i, w + l - j] @ kernel[i, j].T: a stride-1
+        # convolution of dy, padded to keep every term, with the flipped, transposed kernel
+        (t, _), (l, _) = self.pad
         h, w = self._in_shape[1], self._in_shape[2]
-        dxp = np.zeros((n, h + t + b, w + l + r, c), dy.dtype)
-        for i in range(k):  # col2im: kh * kw strided additions
-            for j in range(k):
-                dxp[:, i:i + ho, j:j + wo, :] += dcols[:, :, :, i, j, :]
-        return dxp[:, t:t + h, l:l + w, :]
+        top, left = k - 1 - t, k - 1 - l
+        dyp = np.zeros((n, top + h + t, left + w + l, f), dy.dtype)
+        dyp[:, top:top + ho, left:left + wo, :] = dy
+        flipped = kernel[::-1, ::-1].transpose(0, 1, 3, 2).reshape(k * k * f, c)
+        cols = _windows(dyp, k, k).reshape(n * h * w, k * k * f)
+        return (cols @ flipped).reshape(n, h, w, c)
 
 
 class BatchNormalization(Layer):
@@ -220,12 +230,13 @@ class BatchNormalization(Layer):
         x2 = x.reshape(-1, x.shape[-1])
         mean = x2.mean(axis=0, dtype=np.float64)  # float64 sums: a float32 running sum over
         centred = x2 - mean.astype(x.dtype)        # thousands of pixels loses digits BN then magnifies
-        var = np.einsum("ij,ij->j", centred, centred, dtype=np.float64) / len(x2)
+        var = (centred * centred).sum(axis=0, dtype=np.float64) / len(x2)
         m = self.momentum
         moving_mean[:] = moving_mean * m + mean * (1 - m)
         moving_var[:] = moving_var * m + var * (1 - m)
         self._inv_std = (1.0 / np.sqrt(var + self.epsilon)).astype(x.dtype)
-        self._xhat = (centred * self._inv_std).reshape(x.shape)
+        centred *= self._inv_std
+        self._xhat = centred.reshape(x.shape)
         return self._xhat * gamma + beta
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
@@ -233,7 +244,7 @@ class BatchNormalization(Layer):
             raise ValueError(f"{self.name}: backward needs a forward pass in training mode")
         c = dy.shape[-1]
         dy2, xhat = dy.reshape(-1, c), self._xhat.reshape(-1, c)
-        dgamma = np.einsum("ij,ij->j", dy2, xhat, dtype=np.float64)
+        dgamma = (dy2 * xhat).sum(axis=0, dtype=np.float64)
         dbeta = dy2.sum(axis=0, dtype=np.float64)
         self.grads = [dgamma.astype(dy.dtype), dbeta.astype(dy.dtype), None, None]
         if not need_dx:
@@ -258,23 +269,26 @@ class MaxPool2D(Layer):
         return (h // 2, w // 2, c)
 
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
-        n, h, w, c = x.shape
-        h2, w2 = h // 2, w // 2
+        h2, w2 = x.shape[1] // 2, x.shape[2] // 2
         self._in_shape = x.shape
-        blocks = x[:, :2 * h2, :2 * w2, :].reshape(n, h2, 2, w2, 2, c).transpose(0, 1, 3, 5, 2, 4)
-        blocks = blocks.reshape(n, h2, w2, c, 4)
-        self._arg = blocks.argmax(axis=-1)
-        return np.take_along_axis(blocks, self._arg[..., None], axis=-1)[..., 0]
+        corners = [x[:, a:2 * h2:2, b:2 * w2:2, :] for a in (0, 1) for b in (0, 1)]  # row-major in the window
+        out = np.maximum(np.maximum(corners[0], corners[1]), np.maximum(corners[2], corners[3]))
+        if not training:
+            return out
+        # which corner holds the maximum, the first one on ties
+        self._arg = np.full(out.shape, 3, np.int8)
+        for k in (2, 1, 0):
+            self._arg[corners[k] == out] = k
+        return out
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
-        n, h, w, c = self._in_shape
+        _, h, w, _ = self._in_shape
         h2, w2 = h // 2, w // 2
-        onehot = (self._arg[..., None] == np.arange(4)).astype(dy.dtype) * dy[..., None]
-        blocks = onehot.reshape(n, h2, w2, c, 2, 2).transpose(0, 1, 4, 2, 5, 3).reshape(n, 2 * h2, 2 * w2, c)
-        if (2 * h2, 2 * w2) == (h, w):
-            return blocks
         dx = np.zeros(self._in_shape, dy.dtype)
-        dx[:, :2 * h2, :2 * w2, :] = blocks
+        zero = dy.dtype.type(0)
+        for k, (a, b) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+            dx[:, a:2 * h2:2, b:2 * w2:2, :] = np.where(self._arg == k, dy, zero)
+        self._arg = None
         return dx
 
 
