@@ -9,7 +9,8 @@ for the moving statistics, which ``forward`` updates in training mode).
 
 Convolutions are im2col: the windows of the padded input (a strided view) are
 copied once into a ``(samples * H_out * W_out, kh * kw * C_in)`` matrix and
-multiplied by the kernel in one matmul. Backward, the kernel's gradient is one
+multiplied by the kernel in one matmul, a few samples at a time so that the
+matrix stays near 4 MiB (a node's memory stays low, the matrix in cache). Backward, the kernel's gradient is one
 matmul with that matrix, and the input's a convolution of the padded output
 gradient with the flipped kernel (im2col and one matmul again): no Python loop
 over pixels.
@@ -25,6 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 from dml_app.rand import Rng
 
 Shape = tuple[int, ...]
+COLS_ELEMENTS = 1 << 20  # numbers per im2col matrix (4 MiB in float32): convolutions go by chunks of samples
 
 
 def glorot_uniform(rng: Rng, shape: Sequence[int], fan_in: int, fan_out: int, dtype: np.dtype) -> np.ndarray:
@@ -165,15 +167,24 @@ class Conv2D(Layer):
         (t, b), (l, r) = self.pad
         return np.pad(x, ((0, 0), (t, b), (l, r), (0, 0))) if t or b or l or r else x
 
+    def _chunks(self, n: int, rows_per_sample: int, width: int) -> list[slice]:
+        """Sample ranges whose im2col matrices hold about COLS_ELEMENTS numbers (at least one sample)."""
+        step = max(1, COLS_ELEMENTS // max(1, rows_per_sample * width))
+        return [slice(start, min(n, start + step)) for start in range(0, n, step)]
+
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
-        n = x.shape[0]
-        k, c = self.k, x.shape[3]
-        win = _windows(self._padded(x), k, k)
-        ho, wo = win.shape[1], win.shape[2]
-        self._cols = win.reshape(n * ho * wo, k * k * c)  # the one copy (im2col)
-        self._in_shape = x.shape
-        y = (self._cols @ self.params[0].reshape(k * k * c, self.filters)).reshape(n, ho, wo, self.filters)
+        n, _, _, c = x.shape
+        k, f = self.k, self.filters
+        xp = self._padded(x)
+        ho, wo = xp.shape[1] - k + 1, xp.shape[2] - k + 1
+        kernel = self.params[0].reshape(k * k * c, f)
+        y = np.empty((n, ho, wo, f), x.dtype)
+        for part in self._chunks(n, ho * wo, k * k * c):  # im2col: one copy of the windows, one matmul
+            cols = _windows(xp[part], k, k).reshape(-1, k * k * c)
+            np.matmul(cols, kernel, out=y[part].reshape(-1, f))
         y += self.params[1]
+        self._xp = xp if training else None  # backward makes the windows again, chunk by chunk
+        self._in_shape = x.shape
         return self.act.forward(y, training) if self.act else y
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
@@ -181,23 +192,30 @@ class Conv2D(Layer):
             dy = self.act.backward(dy)
         n, ho, wo, f = dy.shape
         k = self.k
-        c = self._in_shape[3]
-        dy2 = dy.reshape(-1, f)
+        _, h, w, c = self._in_shape
+        xp, self._xp = self._xp, None
+        if xp is None:
+            raise ValueError(f"{self.name}: backward needs a forward pass in training mode")
         kernel = self.params[0]
-        self.grads = [(self._cols.T @ dy2).reshape(kernel.shape), dy2.sum(axis=0)]
-        self._cols = None
+        dkernel = np.zeros((k * k * c, f), dy.dtype)
+        for part in self._chunks(n, ho * wo, k * k * c):
+            cols = _windows(xp[part], k, k).reshape(-1, k * k * c)
+            dkernel += cols.T @ dy[part].reshape(-1, f)
+        self.grads = [dkernel.reshape(kernel.shape), dy.reshape(-1, f).sum(axis=0)]
         if not need_dx:
             return None
         # dx[h, w] = sum over (i, j) of dy[h + t - i, w + l - j] @ kernel[i, j].T: a stride-1
         # convolution of dy, padded to keep every term, with the flipped, transposed kernel
         (t, _), (l, _) = self.pad
-        h, w = self._in_shape[1], self._in_shape[2]
         top, left = k - 1 - t, k - 1 - l
         dyp = np.zeros((n, top + h + t, left + w + l, f), dy.dtype)
         dyp[:, top:top + ho, left:left + wo, :] = dy
         flipped = kernel[::-1, ::-1].transpose(0, 1, 3, 2).reshape(k * k * f, c)
-        cols = _windows(dyp, k, k).reshape(n * h * w, k * k * f)
-        return (cols @ flipped).reshape(n, h, w, c)
+        dx = np.empty(self._in_shape, dy.dtype)
+        for part in self._chunks(n, h * w, k * k * f):
+            cols = _windows(dyp[part], k, k).reshape(-1, k * k * f)
+            np.matmul(cols, flipped, out=dx[part].reshape(-1, c))
+        return dx
 
 
 class BatchNormalization(Layer):
