@@ -10,10 +10,10 @@ for the moving statistics, which ``forward`` updates in training mode).
 Convolutions are im2col: the windows of the padded input (a strided view) are
 copied once into a ``(samples * H_out * W_out, kh * kw * C_in)`` matrix and
 multiplied by the kernel in one matmul, a few samples at a time so that the
-matrix stays near 4 MiB (a node's memory stays low, the matrix in cache). Backward, the kernel's gradient is one
-matmul with that matrix, and the input's a convolution of the padded output
-gradient with the flipped kernel (im2col and one matmul again): no Python loop
-over pixels.
+matrix stays near 4 MiB (a node's memory stays low, the matrix in cache).
+Backward, the kernel's gradient is one matmul with the same windows, and the
+input's a convolution of the padded output gradient with the flipped kernel
+(im2col and one matmul again): no Python loop over pixels.
 """
 from __future__ import annotations
 
@@ -262,6 +262,7 @@ class BatchNormalization(Layer):
             raise ValueError(f"{self.name}: backward needs a forward pass in training mode")
         c = dy.shape[-1]
         dy2, xhat = dy.reshape(-1, c), self._xhat.reshape(-1, c)
+        self._xhat = None
         dgamma = (dy2 * xhat).sum(axis=0, dtype=np.float64)
         dbeta = dy2.sum(axis=0, dtype=np.float64)
         self.grads = [dgamma.astype(dy.dtype), dbeta.astype(dy.dtype), None, None]
