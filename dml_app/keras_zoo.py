@@ -8,6 +8,7 @@ uses Keras does not load it.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Sequence
 
@@ -90,7 +91,7 @@ class KerasModel:
         """``x`` as ``(n, *input_shape)`` float32."""
         x = np.asarray(x, dtype=np.float32)
         if tuple(x.shape[1:]) != self.input_shape:
-            if x.ndim < 1 or x[:1].size != int(np.prod(self.input_shape)) and len(x):
+            if x.ndim < 1 or math.prod(x.shape[1:]) != math.prod(self.input_shape):
                 raise ValueError(f"inputs of shape {list(x.shape[1:])} per sample do not fit the model's "
                                  f"input shape {list(self.input_shape)}")
             x = x.reshape(len(x), *self.input_shape)

@@ -9,8 +9,11 @@ for the moving statistics, which ``forward`` updates in training mode).
 
 Convolutions are im2col: the windows of the padded input (a strided view) are
 copied once into a ``(samples * H_out * W_out, kh * kw * C_in)`` matrix and
-multiplied by the kernel in one matmul; the backward pass is two matmuls and
-``kh * kw`` strided additions (no Python loop over pixels).
+multiplied by the kernel in one matmul, a few samples at a time so that the
+matrix stays near 4 MiB (a node's memory stays low, the matrix in cache).
+Backward, the kernel's gradient is one matmul with the same windows, and the
+input's a convolution of the padded output gradient with the flipped kernel
+(im2col and one matmul again): no Python loop over pixels.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 from dml_app.rand import Rng
 
 Shape = tuple[int, ...]
+COLS_ELEMENTS = 1 << 20  # numbers per im2col matrix (4 MiB in float32): convolutions go by chunks of samples
 
 
 def glorot_uniform(rng: Rng, shape: Sequence[int], fan_in: int, fan_out: int, dtype: np.dtype) -> np.ndarray:
@@ -57,16 +61,22 @@ class Layer:
 
 
 class ReLU(Layer):
-    """max(x, 0); its gradient at 0 is 0 (as TensorFlow's)."""
+    """max(x, 0); its gradient at 0 is 0 (as TensorFlow's). Inside Conv2D and Dense it works in
+    place on their fresh outputs (layers never change their inputs, so outputs can be kept)."""
 
     keras_name = "re_lu"
 
+    def __init__(self, in_place: bool = False) -> None:
+        super().__init__()
+        self.in_place = in_place
+
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
-        self._mask = x > 0
-        return np.where(self._mask, x, x.dtype.type(0))
+        self._out = np.maximum(x, 0, out=x if self.in_place else None)
+        return self._out
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
-        return np.where(self._mask, dy, dy.dtype.type(0))
+        out, self._out = self._out, None
+        return np.where(out > 0, dy, dy.dtype.type(0))
 
 
 def _activation(activation: Optional[str]) -> Optional[ReLU]:
@@ -74,7 +84,7 @@ def _activation(activation: Optional[str]) -> Optional[ReLU]:
         return None
     if activation != "relu":
         raise ValueError(f"activation must be 'relu' or None, got {activation!r}")
-    return ReLU()
+    return ReLU(in_place=True)
 
 
 class Dense(Layer):
@@ -157,15 +167,24 @@ class Conv2D(Layer):
         (t, b), (l, r) = self.pad
         return np.pad(x, ((0, 0), (t, b), (l, r), (0, 0))) if t or b or l or r else x
 
+    def _chunks(self, n: int, rows_per_sample: int, width: int) -> list[slice]:
+        """Sample ranges whose im2col matrices hold about COLS_ELEMENTS numbers (at least one sample)."""
+        step = max(1, COLS_ELEMENTS // max(1, rows_per_sample * width))
+        return [slice(start, min(n, start + step)) for start in range(0, n, step)]
+
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
-        n = x.shape[0]
-        k, c = self.k, x.shape[3]
-        win = _windows(self._padded(x), k, k)
-        ho, wo = win.shape[1], win.shape[2]
-        self._cols = win.reshape(n * ho * wo, k * k * c)  # the one copy (im2col)
-        self._in_shape = x.shape
-        y = (self._cols @ self.params[0].reshape(k * k * c, self.filters)).reshape(n, ho, wo, self.filters)
+        n, _, _, c = x.shape
+        k, f = self.k, self.filters
+        xp = self._padded(x)
+        ho, wo = xp.shape[1] - k + 1, xp.shape[2] - k + 1
+        kernel = self.params[0].reshape(k * k * c, f)
+        y = np.empty((n, ho, wo, f), x.dtype)
+        for part in self._chunks(n, ho * wo, k * k * c):  # im2col: one copy of the windows, one matmul
+            cols = _windows(xp[part], k, k).reshape(-1, k * k * c)
+            np.matmul(cols, kernel, out=y[part].reshape(-1, f))
         y += self.params[1]
+        self._xp = xp if training else None  # backward makes the windows again, chunk by chunk
+        self._in_shape = x.shape
         return self.act.forward(y, training) if self.act else y
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
@@ -173,21 +192,30 @@ class Conv2D(Layer):
             dy = self.act.backward(dy)
         n, ho, wo, f = dy.shape
         k = self.k
-        c = self._in_shape[3]
-        dy2 = dy.reshape(-1, f)
+        _, h, w, c = self._in_shape
+        xp, self._xp = self._xp, None
+        if xp is None:
+            raise ValueError(f"{self.name}: backward needs a forward pass in training mode")
         kernel = self.params[0]
-        self.grads = [(self._cols.T @ dy2).reshape(kernel.shape), dy2.sum(axis=0)]
-        self._cols = None
+        dkernel = np.zeros((k * k * c, f), dy.dtype)
+        for part in self._chunks(n, ho * wo, k * k * c):
+            cols = _windows(xp[part], k, k).reshape(-1, k * k * c)
+            dkernel += cols.T @ dy[part].reshape(-1, f)
+        self.grads = [dkernel.reshape(kernel.shape), dy.reshape(-1, f).sum(axis=0)]
         if not need_dx:
             return None
-        dcols = (dy2 @ kernel.reshape(k * k * c, f).T).reshape(n, ho, wo, k, k, c)
-        (t, b), (l, r) = self.pad
-        h, w = self._in_shape[1], self._in_shape[2]
-        dxp = np.zeros((n, h + t + b, w + l + r, c), dy.dtype)
-        for i in range(k):  # col2im: kh * kw strided additions
-            for j in range(k):
-                dxp[:, i:i + ho, j:j + wo, :] += dcols[:, :, :, i, j, :]
-        return dxp[:, t:t + h, l:l + w, :]
+        # dx[h, w] = sum over (i, j) of dy[h + t - i, w + l - j] @ kernel[i, j].T: a stride-1
+        # convolution of dy, padded to keep every term, with the flipped, transposed kernel
+        (t, _), (l, _) = self.pad
+        top, left = k - 1 - t, k - 1 - l
+        dyp = np.zeros((n, top + h + t, left + w + l, f), dy.dtype)
+        dyp[:, top:top + ho, left:left + wo, :] = dy
+        flipped = kernel[::-1, ::-1].transpose(0, 1, 3, 2).reshape(k * k * f, c)
+        dx = np.empty(self._in_shape, dy.dtype)
+        for part in self._chunks(n, h * w, k * k * f):
+            cols = _windows(dyp[part], k, k).reshape(-1, k * k * f)
+            np.matmul(cols, flipped, out=dx[part].reshape(-1, c))
+        return dx
 
 
 class BatchNormalization(Layer):
@@ -220,12 +248,13 @@ class BatchNormalization(Layer):
         x2 = x.reshape(-1, x.shape[-1])
         mean = x2.mean(axis=0, dtype=np.float64)  # float64 sums: a float32 running sum over
         centred = x2 - mean.astype(x.dtype)        # thousands of pixels loses digits BN then magnifies
-        var = np.einsum("ij,ij->j", centred, centred, dtype=np.float64) / len(x2)
+        var = (centred * centred).sum(axis=0, dtype=np.float64) / len(x2)
         m = self.momentum
         moving_mean[:] = moving_mean * m + mean * (1 - m)
         moving_var[:] = moving_var * m + var * (1 - m)
         self._inv_std = (1.0 / np.sqrt(var + self.epsilon)).astype(x.dtype)
-        self._xhat = (centred * self._inv_std).reshape(x.shape)
+        centred *= self._inv_std
+        self._xhat = centred.reshape(x.shape)
         return self._xhat * gamma + beta
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
@@ -233,7 +262,8 @@ class BatchNormalization(Layer):
             raise ValueError(f"{self.name}: backward needs a forward pass in training mode")
         c = dy.shape[-1]
         dy2, xhat = dy.reshape(-1, c), self._xhat.reshape(-1, c)
-        dgamma = np.einsum("ij,ij->j", dy2, xhat, dtype=np.float64)
+        self._xhat = None
+        dgamma = (dy2 * xhat).sum(axis=0, dtype=np.float64)
         dbeta = dy2.sum(axis=0, dtype=np.float64)
         self.grads = [dgamma.astype(dy.dtype), dbeta.astype(dy.dtype), None, None]
         if not need_dx:
@@ -258,23 +288,26 @@ class MaxPool2D(Layer):
         return (h // 2, w // 2, c)
 
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
-        n, h, w, c = x.shape
-        h2, w2 = h // 2, w // 2
+        h2, w2 = x.shape[1] // 2, x.shape[2] // 2
         self._in_shape = x.shape
-        blocks = x[:, :2 * h2, :2 * w2, :].reshape(n, h2, 2, w2, 2, c).transpose(0, 1, 3, 5, 2, 4)
-        blocks = blocks.reshape(n, h2, w2, c, 4)
-        self._arg = blocks.argmax(axis=-1)
-        return np.take_along_axis(blocks, self._arg[..., None], axis=-1)[..., 0]
+        corners = [x[:, a:2 * h2:2, b:2 * w2:2, :] for a in (0, 1) for b in (0, 1)]  # row-major in the window
+        out = np.maximum(np.maximum(corners[0], corners[1]), np.maximum(corners[2], corners[3]))
+        if not training:
+            return out
+        # which corner holds the maximum, the first one on ties
+        self._arg = np.full(out.shape, 3, np.int8)
+        for k in (2, 1, 0):
+            self._arg[corners[k] == out] = k
+        return out
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
-        n, h, w, c = self._in_shape
+        _, h, w, _ = self._in_shape
         h2, w2 = h // 2, w // 2
-        onehot = (self._arg[..., None] == np.arange(4)).astype(dy.dtype) * dy[..., None]
-        blocks = onehot.reshape(n, h2, w2, c, 2, 2).transpose(0, 1, 4, 2, 5, 3).reshape(n, 2 * h2, 2 * w2, c)
-        if (2 * h2, 2 * w2) == (h, w):
-            return blocks
         dx = np.zeros(self._in_shape, dy.dtype)
-        dx[:, :2 * h2, :2 * w2, :] = blocks
+        zero = dy.dtype.type(0)
+        for k, (a, b) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+            dx[:, a:2 * h2:2, b:2 * w2:2, :] = np.where(self._arg == k, dy, zero)
+        self._arg = None
         return dx
 
 

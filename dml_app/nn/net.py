@@ -18,7 +18,7 @@ import numpy as np
 from dml_app.nn.layers import Layer
 from dml_app.rand import Rng
 
-EVAL_BATCH = 256  # samples per forward pass when evaluating (bounds the im2col matrices)
+EVAL_BATCH = 32  # samples per forward pass when evaluating: small im2col matrices stay in cache and memory stays low
 
 
 class Sequential:
