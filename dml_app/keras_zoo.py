@@ -38,8 +38,8 @@ def build_keras(name: str, input_shape: Sequence[int], n_classes: int, conf: dic
     tf.keras.utils.set_random_seed(int(conf.get("seed", 0)))
     made = {"conv2d": lambda o, n: tf.keras.layers.Conv2D(o["filters"], o["kernel_size"], padding=o["padding"],
                                                           activation=o["activation"], name=n),
-            "batch_normalization": lambda o, n: tf.keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3,
-                                                                                   name=n),
+            "batch_normalization": lambda o, n: tf.keras.layers.BatchNormalization(
+                momentum=o.get("momentum", zoo.BN_MOMENTUM), epsilon=1e-3, name=n),
             "max_pooling2d": lambda o, n: tf.keras.layers.MaxPooling2D(2, name=n),
             "flatten": lambda o, n: tf.keras.layers.Flatten(name=n),
             "dense": lambda o, n: tf.keras.layers.Dense(o["units"], activation=o["activation"], name=n)}

@@ -67,6 +67,9 @@ MODEL = Schema({
     "learning_rate": Field(float, "default: 0.005 for the MLP, 0.001 for the CNNs", default=ABSENT, low=0,
                            high=MAX_LEARNING_RATE, low_open=True),
     "optimizer": Field(str, default="adam", choices=("adam", "sgd")),
+    "bn_momentum": Field(float, "batch normalisation's moving-average momentum (default 0.99, as Keras and "
+                                "EdgeTB; lower, e.g. 0.9, when nodes take few training steps)", default=ABSENT,
+                         low=0, high=1),
     "seed": Field(int, "initial weights' seed (the same on every node)", default=0, low=0, high=SEED.high),
 })
 MAX_MODEL_CONF_BYTES = 64 * 1024  # a module model's own keys, as JSON

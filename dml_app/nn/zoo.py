@@ -42,7 +42,15 @@ def _dense(units: int, activation: str | None = "relu") -> Step:
     return "dense", {"units": units, "activation": activation}
 
 
-BN: Step = ("batch_normalization", {})
+BN_MOMENTUM = 0.99  # Keras' (and so EdgeTB's) default
+
+
+def _bn(conf: dict[str, Any]) -> Step:
+    """Batch normalisation; conf ``bn_momentum``: its moving averages' momentum (lower when nodes take
+    few steps a run: the moving statistics, which evaluation uses, otherwise lag behind)."""
+    return "batch_normalization", {"momentum": float(conf.get("bn_momentum", BN_MOMENTUM))}
+
+
 POOL: Step = ("max_pooling2d", {})
 FLAT: Step = ("flatten", {})
 
@@ -67,7 +75,8 @@ def architecture(name: str, input_shape: Sequence[int], n_classes: int, conf: di
     if name == "edgetb_fashion_cnn":
         if min(h, w) < 4:
             raise ValueError(f"network {name}: needs images of at least 4x4, got {h}x{w}")
-        return [_conv(32), BN, _conv(32), BN, POOL, _conv(64), BN, POOL,
+        bn = _bn(conf)
+        return [_conv(32), bn, _conv(32), bn, POOL, _conv(64), bn, POOL,
                 FLAT, _dense(64), _dense(int(n_classes), None)]
     if name == "lenet5":
         if min(h, w) < 4:

@@ -358,6 +358,11 @@ def _preload(extra: tuple[str, ...] = ()) -> None:
             importlib.import_module(name)
         except ImportError as e:
             print(f"edgetb zygote: cannot preload {name}: {e}", file=sys.stderr, flush=True)
+    from gevent._hub_local import get_hub_if_exists
+
+    hub = get_hub_if_exists()
+    if extra and hub is not None:  # TensorFlow's import made one (a patched sleep): no child may inherit it
+        hub.destroy(destroy_loop=True)
 
 
 def serve(argv: list[str]) -> None:
