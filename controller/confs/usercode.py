@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import zipfile
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -95,9 +95,10 @@ def sample_shape(workdir: str, dataset_conf: dict[str, Any]) -> tuple[tuple[int,
 
 
 def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dict[str, dict[str, Any]],
-          source: str) -> dict[str, Any]:
+          source: str, runtimes: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """Try every model and algorithm of ``structure`` (staged) on the nodes' sample shape; returns
-    each distinct model's description (arrays, params, bytes). A refusal is a ConfigError."""
+    each distinct model's description (arrays, params, bytes). A refusal is a ConfigError.
+    ``runtimes``: each node's (netns, docker, physical), where known."""
     from controller import sandbox
 
     described: dict[str, Any] = {}
@@ -110,10 +111,16 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
             continue
         tried.add(key)
         where = f"{source}: field 'model'"
+        keras = kind_of(model) == "keras"
+        docker = sorted(n for n, r in (runtimes or {}).items() if r == "docker")
+        if keras and docker:
+            raise ConfigError(f"{where}: a model of kind 'keras' needs TensorFlow in the nodes, and the Docker "
+                              f"node image has numpy only ({', '.join(docker[:3])}{' ...' if len(docker) > 3 else ''}"
+                              "): use a numpy model, or netns nodes")
         if model.get("module"):
             seed = int(model.get("seed") or 0)
             described[node] = sandbox.check_model(model, workdir, shape, n_classes, (seed, seed + 1))
-        elif kind_of(model) == "keras":
+        elif keras:
             if importlib.util.find_spec("tensorflow") is None:
                 raise ConfigError(f"{where}: a model of kind 'keras' needs TensorFlow: pip install '.[tf]'")
         else:
