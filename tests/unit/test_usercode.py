@@ -1,0 +1,139 @@
+"""The user's files: the structure file's model and algorithm fields, staging into dml_user/, the
+deploy-time checks that need no sandbox, and the node loading the user's role classes."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from controller.confs import usercode
+from controller.confs.structures import load_structure_file
+from controller.model.topology import load_links
+from dml_app import node as node_module
+from dml_app.roles.fl import TrainerRole
+from dml_app.roles.gossip import GossipRole
+from dml_app.usercode import UserCodeError, load_file
+from worker.api.errors import ConfigError
+
+LINKS = {"n1": [{"dest": "n2", "bw": "10mbit"}], "n2": [{"dest": "n1", "bw": "10mbit"}]}
+
+
+@pytest.fixture
+def exp(tmp_path):
+    (tmp_path / "links.json").write_text(json.dumps(LINKS))
+    return tmp_path
+
+
+def structure(exp, **top) -> dict:
+    path = exp / "gl_structure.json"
+    path.write_text(json.dumps({"sync": 2, "node_list": [{"name": "n1"}, {"name": "n2"}], **top}))
+    return load_structure_file(str(path), load_links(str(exp / "links.json")), "gossip")
+
+
+def test_a_module_model_keeps_its_own_keys_and_a_builtin_refuses_unknown_ones(exp):
+    confs = structure(exp, model={"module": "nns/m.py", "width": 16, "layers": [3, 4], "seed": 5})
+    assert confs["n1"]["model"] == {"kind": "numpy", "module": "nns/m.py", "hidden": [64], "optimizer": "adam",
+                                    "seed": 5, "width": 16, "layers": [3, 4]}
+    with pytest.raises(ConfigError, match="'widht'"):
+        structure(exp, model={"name": "lenet5", "widht": 16})
+    with pytest.raises(ConfigError, match="either built-in .'name'. or your own .'module'."):
+        structure(exp, model={"name": "lenet5", "module": "nns/m.py"})
+    for bad in ("/etc/x.py", "../x.py", "nns/../../x.py", "m.txt"):
+        with pytest.raises(ConfigError, match="'module'"):
+            structure(exp, model={"module": bad})
+
+
+def test_the_algorithm_field_names_a_file_and_its_classes(exp):
+    confs = structure(exp, algorithm={"module": "algos/a.py", "role": "Mine", "beta": 0.5})
+    assert confs["n2"]["algorithm"] == {"module": "algos/a.py", "classes": ["Mine"], "beta": 0.5}
+    assert structure(exp, algorithm={"module": "a.py", "role": ["A", "B", "A"]})["n1"]["algorithm"]["classes"] == \
+        ["A", "B"]
+    for bad, words in (({"role": "A"}, "missing field 'module'"), ({"module": "a.py"}, "missing field 'role'"),
+                       ({"module": "a.py", "role": "not a name"}, "class name"), ({"module": "a.py", "role": []},
+                                                                                   "class name"),
+                       ("a.py", "expected an object")):
+        with pytest.raises(ConfigError, match=words):
+            structure(exp, algorithm=bad)
+
+
+def test_stage_copies_the_files_points_the_confs_at_them_and_clears_the_last_runs(exp):
+    (exp / "nns").mkdir()
+    (exp / "nns" / "m.py").write_text("def build(s, n, c): pass\n")
+    (exp / "dml_user" / "old").mkdir(parents=True)
+    (exp / "dml_user" / "old" / "stale.py").write_text("")
+    confs = structure(exp, model={"module": "nns/m.py"})
+    files = usercode.stage(str(exp), confs, "gl_structure.json")
+    assert files == {"nns/m.py": os.path.realpath(exp / "nns" / "m.py")}
+    assert confs["n1"]["model"]["module"] == "dml_user/nns/m.py"
+    assert (exp / "dml_user" / "nns" / "m.py").read_text() == "def build(s, n, c): pass\n"
+    assert oct((exp / "dml_user" / "nns" / "m.py").stat().st_mode & 0o777) == "0o644"
+    assert not (exp / "dml_user" / "old").exists()
+
+
+def test_stage_refuses_a_missing_file_or_a_link_out_of_the_experiment(exp, tmp_path_factory):
+    with pytest.raises(ConfigError, match="nns/m.py: no such file"):
+        usercode.stage(str(exp), structure(exp, model={"module": "nns/m.py"}), "gl_structure.json")
+    outside = tmp_path_factory.mktemp("outside") / "evil.py"
+    outside.write_text("")
+    os.symlink(outside, exp / "evil.py")
+    with pytest.raises(ConfigError, match="outside the experiment directory"):
+        usercode.stage(str(exp), structure(exp, model={"module": "evil.py"}), "gl_structure.json")
+    assert not (exp / "dml_user").exists()  # nothing written
+
+
+def test_check_builds_numpy_builtins_and_refuses_keras_on_docker_nodes(exp):
+    os.makedirs(exp / "dataset")
+    np.savez(exp / "dataset" / "n.npz", x_train=np.zeros((3, 8, 8, 1), np.float32), y_train=np.arange(3))
+    dconfs = {n: {"shard": "dataset/n.npz", "n_classes": 10} for n in ("n1", "n2")}
+    confs = structure(exp, model={"name": "edgetb_fashion_cnn"})
+    described = usercode.check(str(exp), confs, dconfs, "gl_structure.json")
+    assert described["n1"]["params"] == 45_674  # the 8x8x1 net, built once for both nodes
+    assert list(described) == ["n1"]
+    with pytest.raises(ConfigError, match="Docker node image has numpy only"):
+        usercode.check(str(exp), structure(exp, model={"kind": "keras", "name": "lenet5"}), dconfs,
+                       "gl_structure.json", {"n1": "netns", "n2": "docker"})
+    with pytest.raises(ConfigError, match="needs images of at least 4x4"):
+        np.savez(exp / "dataset" / "n.npz", x_train=np.zeros((3, 2, 2, 1), np.float32), y_train=np.arange(3))
+        usercode.check(str(exp), confs, dconfs, "gl_structure.json")
+
+
+ROLES_FILE = '''
+from dml_app.roles.gossip import GossipRole
+from dml_app.roles.fl import TrainerRole
+
+class Mine(GossipRole):
+    pass
+
+class Prox(TrainerRole):
+    pass
+
+class NotARole:
+    name = "gossip"
+'''
+
+
+def test_the_node_uses_the_users_class_for_its_role_only(tmp_path):
+    (tmp_path / "dml_user").mkdir()
+    (tmp_path / "dml_user" / "r.py").write_text(ROLES_FILE)
+    algorithm = {"module": "dml_user/r.py", "classes": ["Mine", "Prox"]}
+    gossip = node_module.role_class({"role": "gossip", "algorithm": algorithm}, str(tmp_path))
+    assert gossip.__name__ == "Mine" and issubclass(gossip, GossipRole)
+    trainer = node_module.role_class({"role": "fl_trainer", "algorithm": algorithm}, str(tmp_path))
+    assert trainer.__name__ == "Prox" and issubclass(trainer, TrainerRole)
+    assert node_module.role_class({"role": "fl_aggregator", "algorithm": algorithm}, str(tmp_path)).__name__ == \
+        "AggregatorRole"
+    with pytest.raises(UserCodeError, match="NotARole must subclass one of the built-in roles"):
+        node_module.role_class({"role": "gossip", "algorithm": {**algorithm, "classes": ["NotARole"]}}, str(tmp_path))
+    with pytest.raises(UserCodeError, match="defines no class 'Nope'"):
+        node_module.role_class({"role": "gossip", "algorithm": {**algorithm, "classes": ["Nope"]}}, str(tmp_path))
+
+
+def test_load_file_stays_in_the_experiment_directory_and_names_the_failing_line(tmp_path):
+    (tmp_path / "bad.py").write_text("x = 1\nraise RuntimeError('no')\n")
+    with pytest.raises(UserCodeError, match=r"bad.py: importing it failed: RuntimeError: no \(line 2\)"):
+        load_file(str(tmp_path), "bad.py")
+    for escape in ("../x.py", "/etc/passwd.py", "x.txt"):
+        with pytest.raises(UserCodeError):
+            load_file(str(tmp_path), escape)
