@@ -256,17 +256,28 @@ def role_class(conf: dict[str, Any], workdir: str) -> type[Role]:
         return builtin
     if not isinstance(algorithm, dict):
         raise UserCodeError("algorithm must be an object naming a module and its classes")
-    relative = str(algorithm.get("module"))
+    return user_roles(workdir, str(algorithm.get("module")), algorithm.get("classes") or []).get(conf["role"], builtin)
+
+
+def user_roles(workdir: str, relative: str, classes: list[str]) -> dict[str, type[Role]]:
+    """The user's classes of file ``relative`` by the built-in role each replaces: the built-in
+    role it subclasses (its ``name`` must stay that role's); two for one role are refused."""
     module = load_file(workdir, relative)
-    chosen = builtin
-    for name in algorithm.get("classes") or []:
+    found: dict[str, type[Role]] = {}
+    for name in classes:
         cls = attribute(module, relative, name, "class")
-        if not isinstance(cls, type) or not issubclass(cls, Role) or cls.name not in ROLES:
+        builtin = next((b for b in cls.__mro__ if b in ROLES.values()), None) if isinstance(cls, type) else None
+        if builtin is None:
             raise UserCodeError(f"{relative}: {name} must subclass one of the built-in roles "
                                 f"({', '.join(r.__name__ for r in ROLES.values())})")
-        if cls.name == conf["role"]:
-            chosen = cls
-    return chosen
+        if cls.name != builtin.name:
+            raise UserCodeError(f"{relative}: {name} subclasses {builtin.__name__} but names itself {cls.name!r}: "
+                                f"a role's name stays its built-in's ({builtin.name!r})")
+        if builtin.name in found:
+            raise UserCodeError(f"{relative}: {found[builtin.name].__name__} and {name} both replace "
+                                f"{builtin.__name__}: name one class per role")
+        found[builtin.name] = cls
+    return found
 
 
 def _conf(req: Request, required: tuple[str, ...]) -> dict[str, Any]:

@@ -7,12 +7,13 @@ Requests (paths relative to ``workdir``, the experiment directory):
 - ``{"task": "model", "workdir", "conf", "input_shape", "n_classes", "seeds": [0, 1]}``: build the
   model once per seed, check the contract, and answer each build's arrays (name, shape, dtype),
   parameter count and bytes; builds whose arrays differ are refused.
-- ``{"task": "algorithm", "workdir", "module", "classes", "roles"}``: import the file and check that
-  each class subclasses a built-in role; answers which role each replaces.
+- ``{"task": "algorithm", "workdir", "module", "classes"}``: import the file and check that each
+  class subclasses a built-in role (one class a role); answers which role each replaces.
 - ``{"task": "data", "workdir", "module", "function", "out"}``: call the data module's function and
   save its four arrays to ``out`` (an npz, no pickle) for the controller to check and split.
 - ``{"task": "evaluate", "workdir", "conf", "input_shape", "n_classes", "test", "weights"}``: each
-  final model (an npz of its arrays) evaluated on the global test set ``test``.
+  final model (an npz of its arrays) set into the model and, with a global test set ``test``,
+  evaluated on it.
 
 The answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "<file>: <what went wrong>"}``. The
 controller runs this as an unprivileged uid (``controller.sandbox``): the user's code never runs as root.
@@ -59,20 +60,11 @@ def probe_model(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe_algorithm(req: dict[str, Any]) -> dict[str, Any]:
-    """Which built-in role each of the user's classes replaces."""
-    from dml_app.roles.base import Role
-    from dml_app.node import ROLES
+    """Which built-in role each of the user's classes replaces (``dml_app.node.user_roles``)."""
+    from dml_app.node import user_roles
 
-    relative = str(req["module"])
-    module = usercode.load_file(req["workdir"], relative)
-    replaces = {}
-    for name in req["classes"]:
-        cls = usercode.attribute(module, relative, name, "class")
-        if not isinstance(cls, type) or not issubclass(cls, Role) or getattr(cls, "name", None) not in ROLES:
-            raise usercode.UserCodeError(f"{relative}: {name} must subclass one of the built-in roles "
-                                         f"({', '.join(r.__name__ for r in ROLES.values())})")
-        replaces[name] = cls.name
-    return {"replaces": replaces}
+    found = user_roles(req["workdir"], str(req["module"]), list(req["classes"]))
+    return {"replaces": {cls.__name__: role for role, cls in found.items()}}
 
 
 def probe_data(req: dict[str, Any]) -> dict[str, Any]:
@@ -101,17 +93,21 @@ def probe_data(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe_evaluate(req: dict[str, Any]) -> dict[str, Any]:
-    """Final models (``weights``: npz files of arrays ``0000``...) evaluated on the global test set."""
+    """Final models (``weights``: npz files of arrays ``0000``...) set into the model (refused when
+    they do not fit) and evaluated on the global test set ``test``, when there is one."""
     shape, n_classes = tuple(req["input_shape"]), int(req["n_classes"])
     model = make_model(dict(req["conf"]), shape, n_classes, req["workdir"])
-    x, y = load_global_test(usercode.resolve_data(req["workdir"], str(req["test"])), shape, n_classes)
-    results = []
+    test = None
+    if req.get("test"):
+        test = load_global_test(usercode.resolve_data(req["workdir"], str(req["test"])), shape, n_classes)
+    results: list[dict[str, Any]] = []
     for path in req["weights"]:
         try:
             with np.load(path, allow_pickle=False) as f:
                 model.set_weights([f[k] for k in sorted(f.files)])
-            loss, accuracy = model.evaluate(x, y)
-            results.append({"loss": float(loss), "accuracy": float(accuracy)})
+            loss, accuracy = model.evaluate(*test) if test is not None else (None, None)
+            results.append({"loss": loss if loss is None else float(loss),
+                            "accuracy": accuracy if accuracy is None else float(accuracy)})
         except Exception as e:  # noqa: BLE001 - one node's model never stops the others'
             results.append({"error": f"{type(e).__name__}: {e}"})
     return {"results": results}

@@ -27,9 +27,11 @@ from __future__ import annotations
 import difflib
 import gzip
 import hashlib
+import io
 import json
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
@@ -207,6 +209,9 @@ def confined(workdir: str, path: str, what: str) -> str:
     if os.path.commonpath([root, real]) != root:
         raise ConfigError(f"{what} {path!r}: leads out of the experiment directory {root} "
                           f"(through a symbolic link, to {real})")
+    if any(os.path.commonpath([os.path.join(root, own), real]) == os.path.join(root, own)
+           for own in ("dml_file", "dml_user")):
+        raise ConfigError(f"{what} {path!r}: in the testbed's own dml_file/ or dml_user/")
     if not os.path.exists(real):
         raise ConfigError(f"{what} {path!r}: no such file in the experiment directory {root}")
     if not os.path.isfile(real):
@@ -233,13 +238,13 @@ def builtin_name(source: Source) -> Optional[str]:
 def source_name(source: Source) -> str:
     """The directory under ``dataset/`` where the shards of ``source`` go: a dataset's name, or
     the stem of the user's .npz or data module (characters other than letters, digits, '_',
-    '-' become '_')."""
+    '-' become '_') and a hash of its path."""
     if builtin_name(source):
         return builtin_name(source)  # type: ignore[return-value]
-    if is_npz(source) or is_module(source):
-        path = source["module"] if is_module(source) else source  # type: ignore[index]
-        stem = os.path.splitext(os.path.basename(str(path)))[0]
-        return re.sub(r"[^A-Za-z0-9_-]", "_", stem)[:64] or "data"
+    if is_npz(source) or is_module(source):  # (the path's hash: a/x.npz and b/x.npz, data/cifar10.npz apart)
+        path = str(source["module"] if is_module(source) else source)  # type: ignore[index]
+        stem = re.sub(r"[^A-Za-z0-9_-]", "_", os.path.splitext(os.path.basename(path))[0])[:48] or "data"
+        return f"{stem}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
     return str(source).replace("-", "_")
 
 
@@ -256,7 +261,10 @@ def load_module_data(workdir: str, module: Mapping[str, str], module_loader: Opt
     path = confined(workdir, rel, "data module")
     what = f"data module {rel} ({function}())"
     if module_loader is None:
-        from controller.sandbox import load_data_module as module_loader
+        from controller.sandbox import load_data_module
+
+        def module_loader(path: str, function: str) -> Any:  # the sandbox sees the experiment directory
+            return load_data_module(path, function, workdir)
     try:
         result = module_loader(path, function)
     except ConfigError:
@@ -302,11 +310,32 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     return Dataset("digits", x[train], y[train], x[test], y[test])
 
 
-def _read_idx(path: str) -> np.ndarray:
-    opener = gzip.open if path.endswith(".gz") else open
+MAX_DATA_FILE_BYTES = 4 << 30  # a data set's file (IDX, CIFAR-10 batch) larger than this is refused
+
+
+def read_bounded(path: str, max_bytes: int = MAX_DATA_FILE_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (a link to a device or a pipe is refused, not read),
+    at most ``max_bytes``; a ConfigError naming it otherwise."""
     try:
-        with opener(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: not a regular file")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ConfigError(f"{path}: larger than {max_bytes} bytes")
+    return data
+
+
+def _read_idx(path: str) -> np.ndarray:
+    try:
+        data = read_bounded(path)
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+                data = f.read(MAX_DATA_FILE_BYTES + 1)
     except (OSError, EOFError) as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 8:
@@ -352,11 +381,7 @@ def load_mnist_like(name: str, directory: str) -> Dataset:
 def read_cifar10_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     """One file of CIFAR-10's binary version: records of 1 label byte and 3072 pixel bytes
     (1024 red, 1024 green, 1024 blue, each 32x32 row-major) -> (n, 32, 32, 3) float32 / 255, labels."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    data = read_bounded(path, 4 * 10_000 * CIFAR10_RECORD_BYTES)  # (a batch file holds 10,000)
     if not data or len(data) % CIFAR10_RECORD_BYTES:
         raise ConfigError(f"{path}: {len(data)} bytes, not a positive multiple of {CIFAR10_RECORD_BYTES} "
                           f"(CIFAR-10 records: 1 label byte and 3072 pixel bytes)")

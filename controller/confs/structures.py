@@ -50,8 +50,10 @@ ALGORITHMS = ("gossip", "fl", "etree", "ring")
 PREFIXES = {"gl": "gossip", "fl": "fl", "el": "etree", "ra": "ring"}  # EdgeTB's file names
 
 # The declared fields of every structure file (upper bounds: a larger value is a typo) ---------
-USER_FILE = re.compile(r"(?!/)(?!.*(?:^|/)\.\.(?:/|$))[A-Za-z0-9_./-]{1,200}\.py")
-USER_FILE_HINT = "a .py file relative to the experiment directory, e.g. nns/my_model.py"
+USER_FILE = re.compile(r"(?!(?:dml_user|dml_file)/)(?!(?:.*/)?__pycache__/)"
+                       r"(?:[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}/){0,8}[A-Za-z0-9_-][A-Za-z0-9_.-]{0,60}\.py")
+USER_FILE_HINT = ("a .py file relative to the experiment directory, e.g. nns/my_model.py (not under dml_user/ or "
+                  "dml_file/)")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 MODEL = Schema({
     "kind": Field(str, "numpy, or keras (TensorFlow; 'tf' is its older name)", default="numpy",

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import shutil
+import stat
 import zipfile
 from typing import Any, Optional
 
@@ -38,35 +39,55 @@ def user_files(structure: dict[str, dict[str, Any]]) -> list[str]:
 
 def stage(workdir: str, structure: dict[str, dict[str, Any]], source: str) -> dict[str, str]:
     """Copy the user's files into ``dml_user/`` and point ``structure``'s confs at the copies;
-    returns {relative path: the user's file}. ``source``: the structure file, for errors."""
+    returns {relative path: the staged copy}. ``source``: the structure file, for errors. A file
+    must lie in the experiment directory, outside the testbed's own ``dml_user/`` and ``dml_file/``;
+    ``dml_user/`` must be a directory, not a link (root writes there)."""
     root = os.path.realpath(workdir)
-    files = {}
+    sources = {}
     for relative in user_files(structure):
         path = os.path.realpath(os.path.join(root, relative))
         if os.path.commonpath([root, path]) != root:
             raise ConfigError(f"{source}: {relative!r} is outside the experiment directory {root}")
-        if not os.path.isfile(path):
-            raise ConfigError(f"{source}: {relative}: no such file in the experiment directory {root}")
-        if os.path.getsize(path) > MAX_USER_FILE_BYTES:
+        if any(os.path.commonpath([os.path.join(root, own), path]) == os.path.join(root, own)
+               for own in (USERCODE_DIR, "dml_file")):
+            raise ConfigError(f"{source}: {relative!r} is in the testbed's own {USERCODE_DIR}/ or dml_file/")
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_USER_FILE_BYTES + 1)
+        except (FileNotFoundError, IsADirectoryError):
+            raise ConfigError(f"{source}: {relative}: no such file in the experiment directory {root}") from None
+        except OSError as e:
+            raise ConfigError(f"{source}: {relative}: cannot be read: {e.strerror}") from None
+        if len(data) > MAX_USER_FILE_BYTES:
             raise ConfigError(f"{source}: {relative}: larger than {MAX_USER_FILE_BYTES} bytes")
-        files[relative] = path
+        sources[relative] = data
     staged_root = os.path.join(root, USERCODE_DIR)
-    if files:
-        os.makedirs(staged_root, mode=0o755, exist_ok=True)
-    if os.path.isdir(staged_root):  # the directory is kept (a container mounts it), the last run's files not
+    try:
+        st = os.lstat(staged_root)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{staged_root} is not a directory: remove it (the testbed stages the user's code there)")
+    if st is None and sources:
+        os.mkdir(staged_root, 0o755)
+    if st is not None:  # the directory is kept (a container mounts it), the last run's files not
         for entry in os.scandir(staged_root):
             shutil.rmtree(entry.path) if entry.is_dir(follow_symlinks=False) else os.unlink(entry.path)
-    for relative, path in files.items():
+    staged = {}
+    for relative, data in sources.items():
         target = os.path.join(staged_root, relative)
         os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
-        shutil.copyfile(path, target)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.chmod(target, 0o644)
+        staged[relative] = target
     for conf in structure.values():
         for key in ("model", "algorithm"):
             entry = conf.get(key)
-            if entry and entry.get("module") and not str(entry["module"]).startswith(USERCODE_DIR + "/"):
+            if entry and entry.get("module"):
                 conf[key] = {**entry, "module": f"{USERCODE_DIR}/{entry['module']}"}
-    return files
+    return staged
 
 
 def sample_shape(workdir: str, dataset_conf: dict[str, Any]) -> tuple[tuple[int, ...], int]:

@@ -65,7 +65,8 @@ def test_gossip_with_edgetb_fashion_cnn_beats_the_mlp(run, kind):
     r.start()
     summary, events = run_to_end(r, timeout_s=600)
     assert all(n["ended"] == "done" and n["rounds"] == 5 for n in summary["nodes"]), summary["nodes"]
-    with np.load(r.workdir / "dataset" / "shapes" / "n1.npz", allow_pickle=False) as shard:
+    with np.load(r.workdir / json.loads((r.workdir / "dml_file/conf/n1_dataset.json").read_text())["shard"],
+                 allow_pickle=False) as shard:
         assert shard["x_train"].shape[1:] == (16, 16, 1)  # images keep their shape
     final = final_accuracies(summary)
     bar = mlp_accuracy(epochs=10)  # the MLP sees all the data, for more epochs

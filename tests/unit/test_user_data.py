@@ -10,6 +10,7 @@ import types
 import numpy as np
 import pytest
 
+from controller.confs import datasets
 from controller.confs.confs import dataset_confs, load_dataset
 from controller.confs.datasets import FileShards, load, load_cifar10, load_digits, read_cifar10_batch
 from worker.api.errors import ConfigError
@@ -38,9 +39,11 @@ def test_npz_images_keep_their_shape_through_shards_and_global_test(tmp_path):
     _npz(tmp_path / "data" / "mine.npz", x_train=x[:24], y_train=y[:24], x_test=x[24:], y_test=y[24:])
     confs = dataset_confs(_settings(tmp_path, {"dataset": "data/mine.npz", "global_test_size": 4}), ["a", "b"],
                           str(tmp_path))
-    assert confs["a"]["shard"] == "dataset/mine/a.npz" and confs["a"]["n_classes"] == 3
-    manifest = json.loads((tmp_path / "dataset" / "mine" / "manifest.json").read_text())
-    assert manifest["input_shape"] == [5, 4, 1] and manifest["n_features"] == 20 and manifest["dataset"] == "mine"
+    shards = f"dataset/{datasets.source_name('data/mine.npz')}"
+    assert shards.startswith("dataset/mine-") and datasets.source_name("other/mine.npz") not in shards
+    assert confs["a"]["shard"] == f"{shards}/a.npz" and confs["a"]["n_classes"] == 3
+    manifest = json.loads((tmp_path / shards / "manifest.json").read_text())
+    assert manifest["input_shape"] == [5, 4, 1] and manifest["n_features"] == 20 and manifest["dataset"].startswith("mine-")
     seen = []
     for node in ("a", "b"):
         with np.load(tmp_path / confs[node]["shard"], allow_pickle=False) as s:
@@ -91,11 +94,11 @@ def test_npz_in_edgetb_windows(tmp_path):
     data = {"n1": {"train_len": 1, "train_start_index": 4, "test_len": 2, "test_start_index": 1},
             "_settings": {"dataset": "data/e.npz", "shard_size": 5}}
     confs = dataset_confs(_settings(tmp_path, data), ["n1"], str(tmp_path))
-    assert confs["n1"]["shard"] == "dataset/e/n1.npz"
+    assert confs["n1"]["shard"] == f"dataset/{datasets.source_name('data/e.npz')}/n1.npz"
     with np.load(tmp_path / confs["n1"]["shard"], allow_pickle=False) as s:
         np.testing.assert_allclose(s["x_train"][..., 0], x[15:20] / 255.0, rtol=1e-6)  # shard 4
         np.testing.assert_array_equal(s["y_test"], y[40:50])
-    manifest = json.loads((tmp_path / "dataset" / "e" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / os.path.dirname(confs["n1"]["shard"]) / "manifest.json").read_text())
     assert manifest["input_shape"] == [5, 4, 1] and manifest["n_features"] == 20
 
 
@@ -171,7 +174,8 @@ def test_data_module_runs_through_the_loader_never_imported(tmp_path):
     confs = dataset_confs(settings, ["a", "b"], str(tmp_path), module_loader=loader)
     assert calls == [(os.path.realpath(tmp_path / "my_data.py"), "load")]
     assert not (tmp_path / "IMPORTED").exists() and "my_data" not in sys.modules
-    assert confs["a"]["shard"] == "dataset/my_data/a.npz" and confs["a"]["batch_size"] == 4
+    assert confs["a"]["shard"] == f"dataset/{datasets.source_name({'module': 'my_data.py'})}/a.npz"
+    assert confs["a"]["shard"].startswith("dataset/my_data-") and confs["a"]["batch_size"] == 4
     with np.load(tmp_path / confs["b"]["global_test"], allow_pickle=False) as g:
         np.testing.assert_allclose(g["x"][..., 0], x[9:] / 255.0, rtol=1e-6)
         np.testing.assert_array_equal(g["y"], y[9:])
@@ -223,10 +227,10 @@ def test_default_loader_is_the_sandbox_one_imported_lazily(tmp_path, monkeypatch
     x, y = _images(4)
     calls = []
     fake = types.ModuleType("controller.sandbox")
-    fake.load_data_module = lambda path, function: calls.append((path, function)) or (x, y, x, y)
+    fake.load_data_module = lambda path, function, workdir: calls.append((path, function, workdir)) or (x, y, x, y)
     monkeypatch.setitem(sys.modules, "controller.sandbox", fake)
     dataset_confs(_settings(tmp_path, {"dataset": {"module": "m.py", "function": "get"}}), ["a"], str(tmp_path))
-    assert calls == [(os.path.realpath(tmp_path / "m.py"), "get")]
+    assert calls == [(os.path.realpath(tmp_path / "m.py"), "get", str(tmp_path))]  # the experiment directory
 
 
 def test_data_module_in_edgetb_windows(tmp_path):

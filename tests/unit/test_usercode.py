@@ -65,7 +65,7 @@ def test_stage_copies_the_files_points_the_confs_at_them_and_clears_the_last_run
     (exp / "dml_user" / "old" / "stale.py").write_text("")
     confs = structure(exp, model={"module": "nns/m.py"})
     files = usercode.stage(str(exp), confs, "gl_structure.json")
-    assert files == {"nns/m.py": os.path.realpath(exp / "nns" / "m.py")}
+    assert files == {"nns/m.py": os.path.join(os.path.realpath(exp), "dml_user", "nns", "m.py")}
     assert confs["n1"]["model"]["module"] == "dml_user/nns/m.py"
     assert (exp / "dml_user" / "nns" / "m.py").read_text() == "def build(s, n, c): pass\n"
     assert oct((exp / "dml_user" / "nns" / "m.py").stat().st_mode & 0o777) == "0o644"
