@@ -104,8 +104,9 @@ def prepare(options: RunOptions) -> RunSpec:
     user_files = usercode.stage(o.workdir, structure, path(o.structure))
     s_confs = structure_confs(structure, topology, planned_ips(topology, o.subnet))
     d_confs = dataset_confs(settings, list(structure), o.workdir)  # checks everything before writing shards
-    usercode.check(o.workdir, structure, d_confs, path(o.structure),
-                   {n: hosts.hosts[h].runtime for n, h in placement.items()})
+    for model in usercode.check(o.workdir, structure, d_confs, path(o.structure),
+                                {n: hosts.hosts[h].runtime for n, h in placement.items()}).values():
+        _say(f"model: {model['params']:,} parameters, {model['bytes'] / 1e6:.2f} MB of weights a copy")
     write_confs(o.workdir, "structure", s_confs)
     write_confs(o.workdir, "dataset", d_confs)
     timeline = None

@@ -9,9 +9,10 @@ Conf (a structure file's ``model``)::
 
     {"kind": "numpy" | "keras", "name": "mlp" | "edgetb_fashion_cnn" | "lenet5" | "edgetb_cifar10_cnn",
      "hidden": [64], "learning_rate": 0.005, "optimizer": "adam", "seed": 0}
-    {"module": "usercode/nns/my_model.py", "build": "build", "kind": "numpy" | "keras", ...}
+    {"module": "dml_user/nns/my_model.py", "build": "build", "kind": "numpy" | "keras", ...}
 
-``kind`` "tf" is the older name of "keras". A ``module`` is the user's file: its ``build(input_shape,
+``kind`` "tf" is the older name of "keras". A ``module`` is the user's file (as staged by the
+controller under ``dml_user/``): its ``build(input_shape,
 n_classes, conf)`` returns a model with the contract, or (``"kind": "keras"``) a compiled
 ``tf.keras.Model`` that ``dml_app.keras_zoo.KerasModel`` wraps; ``conf`` holds the model entry's
 other keys. Every node of a run uses the same seed, so all start from the same weights (averaging

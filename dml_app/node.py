@@ -249,7 +249,7 @@ class NodeService:
 
 def role_class(conf: dict[str, Any], workdir: str) -> type[Role]:
     """The class of the conf's role: the built-in one, or the user's ``algorithm`` class that
-    subclasses it (``{"module": "usercode/algos/x.py", "classes": ["FedProxTrainer"], ...}``)."""
+    subclasses it (``{"module": "dml_user/algos/x.py", "classes": ["FedProxTrainer"], ...}``)."""
     builtin = ROLES[conf["role"]]
     algorithm = conf.get("algorithm")
     if not algorithm:

@@ -4,7 +4,7 @@
 snapshot: editing the file during a run changes nothing; the directory is synced to other hosts
 like the code) and points the nodes' confs at the copy. ``check`` tries them in the probe
 sandbox (``controller.sandbox``): a model that does not build, breaks the contract or builds
-different arrays with different seeds, and an algorithm class that is not a role, are refused
+arrays of different shapes with different seeds, and an algorithm class that is not a role, are refused
 with the file and the reason before anything is created. Built-in models are checked too: a
 numpy one is built here (it is the project's own code), a Keras one needs TensorFlow.
 """
@@ -21,6 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from dml_app.models import kind_of, make_model
+from dml_app.nn import zoo
 from dml_app.usercode import USERCODE_DIR
 from worker.api.errors import ConfigError
 
@@ -144,6 +145,10 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
         elif keras:
             if importlib.util.find_spec("tensorflow") is None:
                 raise ConfigError(f"{where}: a model of kind 'keras' needs TensorFlow: pip install '.[tf]'")
+            try:  # the layers fit the samples (the same description builds the numpy net): no TensorFlow here
+                zoo.architecture(str(model.get("name") or "mlp"), shape, n_classes, model)
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e} (samples of shape {shape}, {n_classes} classes)") from None
         else:
             try:
                 weights = make_model(model, shape, n_classes).get_weights()

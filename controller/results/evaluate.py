@@ -10,9 +10,11 @@ describes (layer count, shapes) and for finite values. The model is rebuilt with
 the nodes' own code (``dml_app.models.make_model``), so the controller measures
 exactly what the nodes measured: a numpy built-in here, a Keras or user model in the
 probe sandbox (``controller.sandbox``). Each model is written to
-``<run dir>/models/<node>.safetensors``: tensors ``layers.<k>.kernel`` (fan-in x
-fan-out) and ``layers.<k>.bias`` for the MLP (``arrays.<i>`` for other models), metadata
-with the node, run id, model conf, input shape (and the MLP's layer sizes).
+``<run dir>/models/<node>.safetensors``: tensors named by layer as the node sent them
+(``conv2d/kernel``...; else ``layers.<k>.kernel`` and ``layers.<k>.bias`` for an MLP's,
+``arrays.<i>``), metadata with the node, run id, model conf, input shape (and the MLP's
+layer sizes). A Keras or user model's weights are set into its model in the sandbox before
+they are saved (those that do not fit are refused), with or without a global test set.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def weights_path(workdir: str, node: str, run_id: str) -> str:
 
 
 def read_weights(workdir: str, node: str, run_id: str, max_bytes: int = MAX_WEIGHTS_BYTES,
-                 uid: Optional[int] = None) -> list[np.ndarray]:
+                 uid: Optional[int] = None) -> tuple[list[np.ndarray], list[Optional[str]]]:
     """The arrays of the final weights file node ``node`` wrote (``controller.results.run_dir.read_node_file``:
     no link followed, a regular file of one link, owned by ``uid`` when given, at most
     ``max_bytes``), in the wire format (no pickle). Raises ModelFileError naming the file."""
@@ -55,25 +57,31 @@ def read_weights(workdir: str, node: str, run_id: str, max_bytes: int = MAX_WEIG
     except NodeFileError as e:
         raise ModelFileError(e.message) from None
     try:
-        arrays, _ = wire.decode(data)
+        arrays, _, names = wire.decode_named(data)
     except wire.WeightsFormatError as e:
         raise ModelFileError(f"{path}: not a valid weights file: {e}") from None
-    return arrays
+    if not arrays:
+        raise ModelFileError(f"{path}: holds no arrays")
+    return arrays, names
 
 
-def tensor_names(arrays: list[np.ndarray]) -> list[str]:
-    """``layers.<k>.kernel`` / ``layers.<k>.bias`` for (matrix, vector) pairs, else ``arrays.<i>``."""
+def tensor_names(arrays: list[np.ndarray], names: Optional[list[Optional[str]]] = None) -> list[str]:
+    """The layer names the node sent (``names``: each array's, when all are given and distinct), else
+    ``layers.<k>.kernel`` / ``layers.<k>.bias`` for (matrix, vector) pairs, else ``arrays.<i>``."""
+    if names and all(names) and len(set(names)) == len(arrays):
+        return [str(n) for n in names]
     pairs = len(arrays) % 2 == 0 and all(a.ndim == 2 and b.ndim == 1 for a, b in zip(arrays[::2], arrays[1::2]))
     if pairs:
         return [f"layers.{i // 2}.{'kernel' if i % 2 == 0 else 'bias'}" for i in range(len(arrays))]
     return [f"arrays.{i}" for i in range(len(arrays))]
 
 
-def safetensors_bytes(arrays: list[np.ndarray], metadata: dict[str, str]) -> bytes:
+def safetensors_bytes(arrays: list[np.ndarray], metadata: dict[str, str],
+                      layer_names: Optional[list[Optional[str]]] = None) -> bytes:
     """``arrays`` as a safetensors file (names from ``tensor_names``; their order in metadata)."""
     from safetensors.numpy import save
 
-    names = tensor_names(arrays)
+    names = tensor_names(arrays, layer_names)
     return save({n: np.ascontiguousarray(a) for n, a in zip(names, arrays)},
                 metadata={**metadata, "tensor_order": json.dumps(names)})
 
@@ -105,12 +113,13 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
     write = write or local_writer(run_dir)
     test_sets: dict[tuple[str, tuple[int, ...], int], Any] = {}
     out: dict[str, dict[str, Any]] = {}
-    elsewhere: dict[str, list[tuple[str, list[np.ndarray]]]] = {}  # (model, shape, classes, test) -> nodes
+    # a Keras or user model's nodes, by their model, shape, classes and test set (as JSON): their arrays
+    elsewhere: dict[str, list[tuple[str, list[np.ndarray], list[Optional[str]], dict[str, str]]]] = {}
     for node in sorted(structure):
         entry: dict[str, Any] = {"global_accuracy": None, "global_loss": None, "model": None, "error": None}
         out[node] = entry
         try:
-            arrays = read_weights(workdir, node, run_id, max_bytes, (uids or {}).get(node))
+            arrays, layer_names = read_weights(workdir, node, run_id, max_bytes, (uids or {}).get(node))
             if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
                 raise ModelFileError(f"{node}: the final weights hold NaN or infinite values")
             model_conf = dict(structure[node].get("model") or {})
@@ -123,13 +132,9 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
                 raise ModelFileError(f"{node}: its dataset conf names no data to take the model's input shape from")
             meta = {"format": "edgetb-model", "node": node, "run_id": run_id, "model": json.dumps(model_conf),
                     "input_shape": json.dumps(list(input_shape))}
-            if model_conf.get("module") or kind_of(model_conf) != "numpy":
-                relative = f"models/{node}.safetensors"
-                write(relative, safetensors_bytes(arrays, meta))
-                entry["model"] = os.path.join(run_dir, relative)
-                if dconf.get("global_test"):
-                    key = json.dumps([model_conf, input_shape, n_classes, str(dconf["global_test"])])
-                    elsewhere.setdefault(key, []).append((node, arrays))
+            if model_conf.get("module") or kind_of(model_conf) != "numpy":  # checked and evaluated in the sandbox
+                key = json.dumps([model_conf, input_shape, n_classes, str(dconf.get("global_test") or "")])
+                elsewhere.setdefault(key, []).append((node, arrays, layer_names, meta))
                 continue
             model = make_model(model_conf, input_shape, n_classes)
             try:
@@ -139,7 +144,7 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
             if isinstance(model, NumpyMLP):
                 meta.update(format="edgetb-mlp", sizes=json.dumps(model.sizes))
             relative = f"models/{node}.safetensors"
-            write(relative, safetensors_bytes(arrays, meta))
+            write(relative, safetensors_bytes(arrays, meta, layer_names))
             entry["model"] = os.path.join(run_dir, relative)
             if dconf.get("global_test"):
                 key2 = (str(dconf["global_test"]), input_shape, n_classes)
@@ -156,13 +161,17 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
         model_conf, input_shape, n_classes, test = json.loads(key)
         try:
             results = sandbox.evaluate_models(model_conf, workdir, input_shape, n_classes, test,
-                                              [arrays for _, arrays in nodes])
+                                              [arrays for _, arrays, _, _ in nodes])
         except ConfigError as e:
             results = [{"error": e.message}] * len(nodes)
-        for (node, _), result in zip(nodes, results):
+        for (node, arrays, layer_names, meta), result in zip(nodes, results):
             if result.get("error"):
-                out[node]["error"] = f"{node}: {result['error']}"
-            else:
+                out[node]["error"] = f"{node}: the final weights do not fit the model of its conf: {result['error']}"
+                continue
+            relative = f"models/{node}.safetensors"
+            write(relative, safetensors_bytes(arrays, meta, layer_names))
+            out[node]["model"] = os.path.join(run_dir, relative)
+            if result.get("accuracy") is not None:
                 out[node]["global_loss"] = round(float(result["loss"]), 6)
                 out[node]["global_accuracy"] = round(float(result["accuracy"]), 6)
     return out

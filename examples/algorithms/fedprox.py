@@ -4,7 +4,7 @@ Each trainer minimises its loss plus a proximal term, ``f(w) + mu/2 ||w - w_g||^
 ``w_g`` is the global model of the round: with uneven (non-IID) shards the trainers then drift
 less from each other. The aggregator is the built-in one.
 
-Use: copy this file into the experiment directory and name it in every trainer's conf, with
+Use: copy this file into the experiment directory and name it in the structure file, with
 ``mu`` (default 0.01) and, optionally, ``prox_lr`` (the proximal step; default the model's
 ``learning_rate``)::
 

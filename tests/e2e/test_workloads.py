@@ -77,6 +77,9 @@ def test_gossip_with_edgetb_fashion_cnn_beats_the_mlp(run, kind):
     # 3 x (conv kernel and bias, BN gamma, beta, moving mean and variance), 2 x (dense kernel and bias)
     assert len(arrays) == 22 and json.loads(meta["input_shape"]) == [16, 16, 1], meta
     assert [a.shape for a in arrays[4:6]] == [(32,), (32,)]  # BN statistics travel with the weights
+    names = json.loads(meta["tensor_order"])  # named by layer, whatever the framework
+    assert names[:2] == ["conv2d/kernel", "conv2d/bias"] and names[4:6] == ["batch_normalization/moving_mean",
+                                                                           "batch_normalization/moving_variance"]
 
 
 @pytest.mark.parametrize("kind", ["numpy", pytest.param("keras", marks=pytest.mark.skipif(not HAS_TF,

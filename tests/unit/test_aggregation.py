@@ -9,7 +9,6 @@ import pytest
 from controller.confs.confs import load_structure
 from dml_app.aggregation import (AggregationConfError, Aggregator, checked_conf, fedavg, median, trim_count,
                                  trimmed_mean)
-from dml_app.aggregation import fedavg as weighted_average
 from dml_app.roles.etree import ETreeRole
 from dml_app.roles.fl import AggregatorRole, TrainerRole
 from dml_app.transport import MemoryNetwork
@@ -36,8 +35,14 @@ def test_fedavg_weights_by_samples_and_is_the_weighted_average_bit_for_bit():
     rng = np.random.default_rng(3)
     updates = [[rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=4).astype(np.float32)] for _ in range(7)]
     counts = [int(n) for n in rng.integers(1, 500, 7)]
-    for got, old in zip(Aggregator().combine(updates[0], updates, counts), weighted_average(updates, counts)):
-        assert got.dtype == old.dtype and got.tobytes() == old.tobytes()
+    by_hand = []  # each layer summed in float64, weighted by count / total, back to float32
+    for i in range(2):
+        acc = np.zeros(updates[0][i].shape, dtype=np.float64)
+        for u, n in zip(updates, counts):
+            acc += u[i].astype(np.float64) * (n / sum(counts))
+        by_hand.append(acc.astype(np.float32))
+    for got, want in zip(Aggregator().combine(updates[0], updates, counts), by_hand):
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
 
 
 def test_median_per_coordinate():
@@ -172,19 +177,21 @@ def test_fl_aggregator_combines_by_its_rule_and_names_it(tmp_path):
 
 def test_etree_aggregators_combine_by_their_rule(tmp_path):
     net = MemoryNetwork()
-    names = ["a", "b", "c"]
+    names = ["a", "b", "c", "d"]
     leaf = {"layer": 1, "parent": "a", "children": [], "sync": 1, "epoch": 1}
-    root = {"sync": 1, "epoch": 1, "root": "a", "members": ["b", "c"], "aggregation": {"rule": "median"},
-            "positions": [{"layer": 2, "parent": None, "children": ["b", "c"], "sync": 1, "epoch": 1,
+    root = {"sync": 1, "epoch": 1, "root": "a", "members": ["b", "c", "d"], "aggregation": {"rule": "median"},
+            "positions": [{"layer": 2, "parent": None, "children": ["b", "c", "d"], "sync": 1, "epoch": 1,
                            "deadline_s": 20, "quorum": 1.0}]}
     roles = [role_of(ETreeRole, tmp_path, net, "a", root, names)]
     roles += [role_of(ETreeRole, tmp_path, net, n, {"sync": 1, "epoch": 1, "root": "a", "positions": [leaf]},
-                      names) for n in ("b", "c")]
+                      names, samples=s) for n, s in (("b", 10), ("c", 20), ("d", 40))]
     run_all(roles)
     top = [e for e in events_of(roles[0], "round") if e["layer"] == 2]
-    assert [(e["aggregation"], e["received_models"]) for e in top] == [("median", 2)]
-    expected = median([r.ctx.model.get_weights() for r in roles[1:]])  # of two: their mean, unweighted
-    assert all(np.array_equal(a, b) for a, b in zip(roles[0].ctx.model.get_weights(), expected))
+    assert [(e["aggregation"], e["received_models"]) for e in top] == [("median", 3)]
+    children = [r.ctx.model.get_weights() for r in roles[1:]]
+    got = roles[0].ctx.model.get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(got, median(children)))
+    assert not all(np.allclose(a, b) for a, b in zip(got, fedavg(children, [10, 20, 40])))  # not FedAvg's
 
 
 def test_fl_structure_file_in_the_repository_still_loads(tmp_path):

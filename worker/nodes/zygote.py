@@ -356,8 +356,8 @@ def _preload(extra: tuple[str, ...] = ()) -> None:
     for name in extra:  # importing TensorFlow starts no thread (making a model does): safe to fork
         try:
             importlib.import_module(name)
-        except ImportError as e:
-            print(f"edgetb zygote: cannot preload {name}: {e}", file=sys.stderr, flush=True)
+        except Exception as e:  # noqa: BLE001 - the nodes import it themselves (and say what fails)
+            print(f"edgetb zygote: cannot preload {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     from gevent._hub_local import get_hub_if_exists
 
     hub = get_hub_if_exists()
@@ -380,6 +380,10 @@ def serve(argv: list[str]) -> None:
     from worker.nodes import cgroups, confine, fsview, privilege, uids  # noqa: F401
 
     _preload(tuple(a for a in argv[2:] if a in PRELOADS))
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:  # a fork copies only the thread that forks: another's locks would stay held
+        print(f"edgetb zygote: {threads} threads after the preload, 1 expected", file=sys.stderr, flush=True)
+        os._exit(1)
     fsview.leave_netns_handles()
     # ahead of the nodes it forks: hundreds of them starting on a few cores would otherwise hold up
     # the next fork (each child takes the default priority back before it runs anything)
