@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 import pytest
 
@@ -77,6 +78,42 @@ def test_a_data_module_runs_in_the_sandbox_and_comes_back_as_arrays(tmp_path):
 def test_a_probe_that_hangs_is_stopped(tmp_path):
     (tmp_path / "slow.py").write_text("import time\ndef build(input_shape, n_classes, conf):\n    time.sleep(60)\n")
     os.chmod(tmp_path, 0o755)
-    with pytest.raises(sandbox.ProbeError, match="longer than 2 s"):
+    with pytest.raises(sandbox.ProbeError, match="longer than 2 s"), sandbox.Scratch() as scratch:
         sandbox.run_probe({"task": "model", "conf": {"module": "slow.py"}, "input_shape": [4], "n_classes": 2},
-                          str(tmp_path), timeout_s=2)
+                          str(tmp_path), scratch, timeout_s=2)
+
+
+def test_a_probe_that_leaves_a_child_holding_its_output_does_not_hold_up_the_controller(tmp_path):
+    (tmp_path / "fork.py").write_text(
+        "import subprocess, sys\n"
+        "from dml_app.model_numpy import NumpyMLP\n"
+        "def build(input_shape, n_classes, conf):\n"
+        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"  # inherits stdout, stderr
+        "    return NumpyMLP([4, 3, n_classes])\n")
+    os.chmod(tmp_path, 0o755)
+    started = time.monotonic()
+    answer = sandbox.check_model({"module": "fork.py"}, str(tmp_path), (4,), 2)
+    assert answer["params"] == 4 * 3 + 3 + 3 * 2 + 2
+    assert time.monotonic() - started < 20  # not the child's 120 s
+
+
+def test_a_probe_that_floods_its_output_is_read_bounded(tmp_path):
+    (tmp_path / "loud.py").write_text(
+        "import os\n"
+        "def build(input_shape, n_classes, conf):\n"
+        "    os.write(2, b'x' * (64 << 20))\n"
+        "    raise ValueError('the last words')\n")
+    os.chmod(tmp_path, 0o755)
+    with pytest.raises(sandbox.ProbeError, match="the last words"):
+        sandbox.check_model({"module": "loud.py"}, str(tmp_path), (4,), 2)
+
+
+def test_the_probe_cannot_plant_a_link_for_root_to_follow(tmp_path):
+    (tmp_path / "data.py").write_text(
+        "import os\n"
+        "def load():\n"
+        "    os.symlink('/etc/shadow', os.path.join(os.environ['HOME'], 'data.npz'))\n"
+        "    raise SystemExit(0)\n")
+    os.chmod(tmp_path, 0o755)
+    with pytest.raises(sandbox.ProbeError):
+        sandbox.load_data_module(str(tmp_path / "data.py"))

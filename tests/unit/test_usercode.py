@@ -137,3 +137,47 @@ def test_load_file_stays_in_the_experiment_directory_and_names_the_failing_line(
     for escape in ("../x.py", "/etc/passwd.py", "x.txt"):
         with pytest.raises(UserCodeError):
             load_file(str(tmp_path), escape)
+
+
+def test_stage_refuses_a_linked_dml_user_and_files_in_the_testbeds_own_directories(exp, tmp_path_factory):
+    (exp / "m.py").write_text("")
+    victim = tmp_path_factory.mktemp("victim")
+    (victim / "important").write_text("keep")
+    os.symlink(victim, exp / "dml_user")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        usercode.stage(str(exp), structure(exp, model={"module": "m.py"}), "gl_structure.json")
+    assert (victim / "important").read_text() == "keep" and not (victim / "m.py").exists()
+    os.unlink(exp / "dml_user")
+    (exp / "dml_file").mkdir()
+    (exp / "dml_file" / "x.py").write_text("")
+    os.symlink(exp / "dml_file" / "x.py", exp / "linked.py")
+    with pytest.raises(ConfigError, match="in the testbed's own"):
+        usercode.stage(str(exp), structure(exp, model={"module": "linked.py"}), "gl_structure.json")
+    for own in ("dml_user/m.py", "dml_file/x.py", "./m.py", "a//m.py", "__pycache__/m.py"):
+        with pytest.raises(ConfigError, match="'module'"):
+            structure(exp, model={"module": own})
+
+
+NAMED_ROLES = '''
+from dml_app.roles.fl import TrainerRole
+from dml_app.roles.gossip import GossipRole
+
+class Sneaky(TrainerRole):
+    name = "gossip"
+
+class One(GossipRole):
+    pass
+
+class Two(GossipRole):
+    pass
+'''
+
+
+def test_a_class_replaces_the_role_it_subclasses_one_class_a_role(tmp_path):
+    (tmp_path / "r.py").write_text(NAMED_ROLES)
+    with pytest.raises(UserCodeError, match="Sneaky subclasses TrainerRole but names itself 'gossip'"):
+        node_module.role_class({"role": "gossip", "algorithm": {"module": "r.py", "classes": ["Sneaky"]}},
+                               str(tmp_path))
+    with pytest.raises(UserCodeError, match="One and Two both replace GossipRole"):
+        node_module.role_class({"role": "gossip", "algorithm": {"module": "r.py", "classes": ["One", "Two"]}},
+                               str(tmp_path))
