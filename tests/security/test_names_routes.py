@@ -274,6 +274,7 @@ def test_docker_nodes_run_unprivileged_with_only_their_own_directory_writable(tm
     mounts = {m["Target"]: (m["Source"], m["ReadOnly"]) for m in host["mounts"]}
     assert mounts == {f"{NODE_ROOT}/dml_app": (str(code / "dml_app"), True),
                       f"{NODE_ROOT}/dataset": (str(work / "dataset"), True),
+                      f"{NODE_ROOT}/dml_user": (str(work / "dml_user"), True),  # the user's code, staged
                       f"{NODE_ROOT}/dml_file/node/n1": (str(work / "dml_file" / "node" / "n1"), False)}
     assert all(m["Type"] == "bind" for m in host["mounts"]) and "binds" not in host
     assert create["working_dir"] == NODE_ROOT and create["environment"]["PYTHONPATH"] == NODE_ROOT
@@ -287,4 +288,4 @@ def test_worker_host_gives_docker_no_writable_dml_file(tmp_path, run_dir):
     host = WorkerHost("tq", "10.231.0.0/16", state_root=str(tmp_path / "state"), runtime="docker",
                       workdir=str(tmp_path / "work"))
     assert all(not m.writable for m in host.runtime.mounts()), host.runtime.mounts()
-    assert [m.writable for m in host.runtime.mounts("n1")] == [False, False, True]
+    assert [m.writable for m in host.runtime.mounts("n1")] == [False, False, False, True]
