@@ -8,11 +8,11 @@ shape (images included) are flattened.
 """
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
 
+from dml_app.minibatch import train_epochs
 from dml_app.rand import Rng
 
 
@@ -109,20 +109,12 @@ class NumpyMLP:
     # training and evaluation ----------------------------------------------------------
     def train(self, x: np.ndarray, y: np.ndarray, epochs: int = 1, batch_size: int = 32) -> dict[str, float]:
         """Minibatch training; returns the mean loss of the last epoch and the seconds spent."""
-        started = time.perf_counter()
-        x = self._flat(x)
-        y = np.asarray(y, dtype=np.int64)
-        last = 0.0
-        for _ in range(int(epochs)):
-            order = self.rng.permutation(len(x))
-            losses = []
-            for start in range(0, len(x), batch_size):
-                idx = order[start:start + batch_size]
-                loss, grads = self._gradients(x[idx], y[idx])
-                self._apply(grads)
-                losses.append(loss)
-            last = float(np.mean(losses)) if losses else 0.0
-        return {"loss": last, "train_s": time.perf_counter() - started}
+        return train_epochs(self.rng, self._flat(x), np.asarray(y, dtype=np.int64), epochs, batch_size, self._step_on)
+
+    def _step_on(self, x: np.ndarray, y: np.ndarray) -> float:
+        loss, grads = self._gradients(x, y)
+        self._apply(grads)
+        return loss
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """(mean cross-entropy loss, accuracy) on ``x, y``."""

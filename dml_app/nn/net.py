@@ -10,11 +10,11 @@ gives ``"<layer>/<array>"`` per array, in ``get_weights`` order.
 from __future__ import annotations
 
 import math
-import time
 from typing import Optional, Sequence
 
 import numpy as np
 
+from dml_app.minibatch import train_epochs
 from dml_app.nn.layers import Layer
 from dml_app.rand import Rng
 
@@ -144,19 +144,8 @@ class Sequential:
     # the node model contract ----------------------------------------------------------------
     def train(self, x: np.ndarray, y: np.ndarray, epochs: int = 1, batch_size: int = 32) -> dict[str, float]:
         """Minibatch training in a seeded order; returns the mean loss of the last epoch and the seconds spent."""
-        started = time.perf_counter()
-        x = self.shaped(x)
-        y = np.asarray(y, dtype=np.int64)
-        batch_size = max(1, int(batch_size))
-        last = 0.0
-        for _ in range(int(epochs)):
-            order = self.rng.permutation(len(x))
-            losses = []
-            for start in range(0, len(x), batch_size):
-                idx = order[start:start + batch_size]
-                losses.append(self.train_step(x[idx], y[idx]))
-            last = float(np.mean(losses)) if losses else 0.0
-        return {"loss": last, "train_s": time.perf_counter() - started}
+        return train_epochs(self.rng, self.shaped(x), np.asarray(y, dtype=np.int64), epochs, batch_size,
+                            self.train_step)
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """(mean cross-entropy loss, accuracy) on ``x, y``, BatchNormalization on its moving statistics."""
