@@ -53,19 +53,22 @@ def dataset_source() -> tuple[str, str]:
                      "run with --mnist-subset")
 
 
-def experiment(workdir: str, n: int, rounds: int, kind: str, dataset: str, train_shards: int) -> None:
+def experiment(workdir: str, n: int, rounds: int, kind: str, dataset: str, train_shards: int, bn_momentum: float,
+               global_test: int) -> None:
     rng = random.Random(0)
     names = [f"n{i}" for i in range(1, n + 1)]
     with open(os.path.join(workdir, "links.json"), "w") as f:
         json.dump(symmetric_links(names, 10, rng), f)
     with open(os.path.join(workdir, "gl_structure.json"), "w") as f:
-        json.dump({"sync": rounds, "wait_s": 5, "model": {"kind": kind, "name": "edgetb_fashion_cnn", "seed": 0},
+        json.dump({"sync": rounds, "wait_s": 5, "model": {"kind": kind, "name": "edgetb_fashion_cnn", "seed": 0,
+                                                          "bn_momentum": bn_momentum},
                    "node_list": [{"name": x, "epoch": 1} for x in names]}, f)
     train_total, test_total = (40, 10) if dataset == "mnist" else (600, 100)  # shards of 100
     per_node = {x: {"train_len": train_shards, "train_start_index": rng.randint(1, train_total - train_shards + 1),
                     "test_len": 1, "test_start_index": rng.randint(1, test_total), "batch_size": 32} for x in names}
     with open(os.path.join(workdir, "gl_dataset.json"), "w") as f:
-        json.dump({**per_node, "_settings": {"dataset": dataset, "shard_size": SHARD, "global_test_size": 500}}, f)
+        json.dump({**per_node, "_settings": {"dataset": dataset, "shard_size": SHARD, "global_test_size": global_test}},
+                  f)
 
 
 def memory_kib(pid: int) -> Optional[tuple[int, int]]:
@@ -87,12 +90,13 @@ def available_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
 
 
-def run(n: int, rounds: int, kind: str, train_shards: int, timeout_s: float) -> dict[str, Any]:
+def run(n: int, rounds: int, kind: str, train_shards: int, timeout_s: float, bn_momentum: float = 0.99,
+        global_test: int = 500) -> dict[str, Any]:
     dataset, source = dataset_source()
     workdir = tempfile.mkdtemp(prefix=f"edgetb-workloads-{kind}-{n}-")
     os.chmod(workdir, 0o755)  # node processes run as their own uids and read it
     shutil.copytree(source, os.path.join(workdir, "dataset", dataset))
-    experiment(workdir, n, rounds, kind, dataset, train_shards)
+    experiment(workdir, n, rounds, kind, dataset, train_shards, bn_momentum, global_test)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"))
@@ -172,6 +176,9 @@ def main() -> int:
     parser.add_argument("--probe-nodes", type=int, default=8, help="the small Keras run that sizes a node")
     parser.add_argument("--mnist-subset", action="store_true", help="write the MNIST subset if missing")
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--bn-momentum", type=float, default=0.99, help="the model's bn_momentum (EdgeTB's: 0.99)")
+    parser.add_argument("--global-test", type=int, default=500,
+                        help="global test samples every node evaluates every round (EdgeTB: none)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench: run as root")
@@ -181,18 +188,22 @@ def main() -> int:
     for kind in args.variants:
         if kind == "keras" and args.nodes > args.probe_nodes:
             log(f"sizing a Keras node: {args.probe_nodes} nodes, 2 rounds")
-            probe = run(args.probe_nodes, 2, kind, args.train_shards, args.timeout)
+            probe = run(args.probe_nodes, 2, kind, args.train_shards, args.timeout, args.bn_momentum, args.global_test)
             results.append({**probe, "variant": "keras (sizing)"})
-            need = (probe.get("uss_max_mib") or 0) * 1024 * args.nodes
-            if need > MEM_SHARE * available_kib():
-                log(f"skipping {args.nodes} Keras nodes: about {need / 2**20:.1f} GiB of private memory, "
-                    f"{available_kib() / 2**20:.1f} GiB available")
-                continue
-        log(f"{args.nodes} gossip nodes, {args.rounds} rounds, edgetb_fashion_cnn in {kind}")
-        results.append(run(args.nodes, args.rounds, kind, args.train_shards, args.timeout))
+            per_node_kib = max(probe.get("uss_max_mib") or 0, probe.get("pss_mib") or 0) * 1024
+            fit = int(MEM_SHARE * available_kib() / per_node_kib) if per_node_kib else args.nodes
+            if fit < args.nodes:
+                log(f"{args.nodes} Keras nodes need about {per_node_kib * args.nodes / 2**20:.1f} GiB, "
+                    f"{available_kib() / 2**20:.1f} GiB available: running the {fit} that fit")
+            n = min(fit, args.nodes)
+        else:
+            n = args.nodes
+        log(f"{n} gossip nodes, {args.rounds} rounds, edgetb_fashion_cnn in {kind}")
+        results.append(run(n, args.rounds, kind, args.train_shards, args.timeout, args.bn_momentum, args.global_test))
         log(json.dumps(results[-1]))
     print(f"EdgeTB's gossip shape with its Fashion-MNIST CNN: {args.rounds} rounds, "
-          f"{args.train_shards * SHARD} training samples a node, {results[0].get('dataset') if results else '-'}\n")
+          f"{args.train_shards * SHARD} training samples a node, bn_momentum {args.bn_momentum}, "
+          f"{args.global_test} global test samples, {results[0].get('dataset') if results else '-'}\n")
     columns = [("variant", "{}"), ("nodes", "{}"), ("done", "{}"), ("ready_s", "{:.0f}"), ("run_s", "{:.0f}"),
                ("rounds_per_min", "{:.2f}"), ("train_s", "{:.2f}"), ("uss_mib", "{:.0f}"), ("uss_max_mib", "{:.0f}"),
                ("pss_mib", "{:.0f}"), ("accuracy", "{:.3f}"), ("wall_s", "{:.0f}")]
