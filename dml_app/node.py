@@ -167,11 +167,12 @@ class NodeService:
                 if self.dataset_conf.get("global_test"):  # the run's common test set, the same for every node
                     global_test = load_global_test(confined(self.workdir, str(self.dataset_conf["global_test"])),
                                                    input_shape, n_classes)
+                ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events,
+                              self.progress, self.port, auth=self.keys, global_test=global_test,
+                              compute=ComputeThread().run)
+                self.role = self.role_class(ctx)  # (a user's class may refuse its parameters: ValueError)
             except ValueError as e:
                 raise HttpError(400, "bad_conf", str(e)) from None
-            ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events, self.progress,
-                          self.port, auth=self.keys, global_test=global_test, compute=ComputeThread().run)
-            self.role = self.role_class(ctx)
             self.role_ready.set()
             self.state = "prepared"
         return ok({"state": self.state})
