@@ -115,7 +115,8 @@ def test_a_zygote_node_runs_with_its_limits_and_filter(host: WorkerHost) -> None
     keys = RunKeys()
     procs = {n: start(host, n, keys) for n in ("a", "b")}
     for node, proc in procs.items():
-        wait_for(lambda: answers(host, node), what=f"{node}'s /health")  # it works under all of it
+        # it works under all of it (60 s: in the vm tier, a guest without KVM emulates its CPU)
+        wait_for(lambda: answers(host, node), timeout_s=60, what=f"{node}'s /health")
         fields = status_fields(proc["pid"])
         assert fields["Seccomp"].strip() == "2" and int(fields["Seccomp_filters"]) >= 1, fields
         with open(f"/proc/{proc['pid']}/limits") as f:
