@@ -34,12 +34,9 @@ def resolve(workdir: str, relative: str) -> str:
     """``relative`` (a ``.py`` file) resolved inside ``workdir``; anything else is refused."""
     if not isinstance(relative, str) or not relative.endswith(".py") or relative.startswith("/") or "\x00" in relative:
         raise UserCodeError(f"{relative!r}: a user file is a .py path relative to the experiment directory")
-    root = os.path.realpath(workdir)
-    path = os.path.realpath(os.path.join(root, relative))
-    if os.path.commonpath([root, path]) != root:
-        raise UserCodeError(f"{relative!r} is outside the experiment directory")
+    path = resolve_data(workdir, relative)
     if not os.path.isfile(path):
-        raise UserCodeError(f"{relative}: no such file in the experiment directory {root}")
+        raise UserCodeError(f"{relative}: no such file in the experiment directory {os.path.realpath(workdir)}")
     return path
 
 

@@ -24,6 +24,7 @@ from dml_app.models import kind_of, make_model
 from dml_app.nn import zoo
 from dml_app.usercode import USERCODE_DIR
 from worker.api.errors import ConfigError
+from worker.nodes.fsview import under
 
 MAX_USER_FILE_BYTES = 1 << 20
 
@@ -47,10 +48,9 @@ def stage(workdir: str, structure: dict[str, dict[str, Any]], source: str) -> di
     sources = {}
     for relative in user_files(structure):
         path = os.path.realpath(os.path.join(root, relative))
-        if os.path.commonpath([root, path]) != root:
+        if not under(path, root):
             raise ConfigError(f"{source}: {relative!r} is outside the experiment directory {root}")
-        if any(os.path.commonpath([os.path.join(root, own), path]) == os.path.join(root, own)
-               for own in (USERCODE_DIR, "dml_file")):
+        if any(under(path, os.path.join(root, own)) for own in (USERCODE_DIR, "dml_file")):
             raise ConfigError(f"{source}: {relative!r} is in the testbed's own {USERCODE_DIR}/ or dml_file/")
         try:
             with open(path, "rb") as f:
@@ -100,7 +100,7 @@ def sample_shape(workdir: str, dataset_conf: dict[str, Any]) -> tuple[tuple[int,
         relative, member = str(dataset_conf.get("shard")), "x_train.npy"
     root = os.path.realpath(workdir)
     path = os.path.realpath(os.path.join(root, relative))
-    if os.path.commonpath([root, path]) != root:
+    if not under(path, root):
         raise ConfigError(f"{relative!r} is outside the experiment directory")
     try:
         with zipfile.ZipFile(path) as z, z.open(member) as f:
@@ -125,6 +125,7 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
 
     described: dict[str, Any] = {}
     tried: set[str] = set()
+    docker = sorted(n for n, r in (runtimes or {}).items() if r == "docker")
     for node, conf in structure.items():
         model = dict(conf.get("model") or {})
         shape, n_classes = sample_shape(workdir, dataset_confs[node])
@@ -134,7 +135,6 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
         tried.add(key)
         where = f"{source}: field 'model'"
         keras = kind_of(model) == "keras"
-        docker = sorted(n for n, r in (runtimes or {}).items() if r == "docker")
         if keras and docker:
             raise ConfigError(f"{where}: a model of kind 'keras' needs TensorFlow in the nodes, and the Docker "
                               f"node image has numpy only ({', '.join(docker[:3])}{' ...' if len(docker) > 3 else ''}"
