@@ -30,7 +30,7 @@ MBIT = 10**6
 ON_OFF_SENDER = """
 import socket, sys, time
 dst, cycles, rate_bps = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-LEAD_S, FRAME = 0.15, 1000 + 8 + 20 + 14
+LEAD_S, FRAME = 0.5, 1000 + 8 + 20 + 14
 per_s = rate_bps / 8 / FRAME
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 payload = b"x" * 1000
