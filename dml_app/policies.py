@@ -1,0 +1,301 @@
+"""Adaptation policies: code that watches the training and changes how it runs.
+
+A policy sees each round's metrics (``after_round``) and answers with its *vote*: a small JSON
+object of this node's inputs. ``decide`` turns the votes of the nodes that decide together into
+an *action* (``{"strategy": "star:n3"}``, ``{"batch_size": 64}``) or None. Who decides: every
+ring member, on the votes of every member of the next formation (each member decides the same
+way, as in KungFu: the votes travel with the ring's formation, so every member sees the same
+ones); a gossip node, the FL aggregator and an E-tree parent each on their own vote.
+
+Every decision that acts is a ``policy_decision`` event (round, policy, inputs, votes, action).
+
+Policies of the structure file's ``policies`` list: the built-in kinds (``KINDS``) or the
+user's own class (``{"module": "policies/mine.py", "class": "Mine", ...}``), a subclass of
+``Policy`` built with its conf (every key of its entry) and a ``PolicyView`` of the node.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from dml_app.usercode import UserCodeError, attribute, load_file
+
+Vote = Optional[dict[str, Any]]
+Action = Optional[dict[str, Any]]
+MAX_VOTE_BYTES = 4096  # one policy's vote, as JSON
+ACTIONS = ("strategy", "batch_size")  # what an action may change
+
+
+class PolicyError(ValueError):
+    """A policy's conf, vote or action cannot be used."""
+
+
+@dataclass
+class PolicyView:
+    """What a policy may read of its node: its name, the members it decides with, the
+    all-reduce strategy and batch size in use, the nominal rate of its links."""
+
+    name: str
+    role: str
+    members: list[str] = field(default_factory=list)
+    strategy: Optional[str] = None
+    batch_size: int = 32
+    link_bps: dict[str, int] = field(default_factory=dict)
+    sites: dict[str, str] = field(default_factory=dict)
+
+
+class Policy:
+    """Base of every policy; override the hooks you need. ``conf``: the policy's entry."""
+
+    kind = "policy"
+
+    def __init__(self, conf: dict[str, Any], view: PolicyView) -> None:
+        self.conf = conf
+        self.view = view
+
+    def before_run(self) -> None:
+        """Once, before the first round."""
+
+    def before_round(self, round_no: int) -> None:
+        """Before round ``round_no`` trains."""
+
+    def after_round(self, metrics: dict[str, Any]) -> Vote:
+        """After a round: its metrics (the ``round`` event's fields); this node's vote."""
+        return None
+
+    def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
+        """The action for the round about to run, from the votes of the nodes deciding
+        together (by node name, in member order); None to change nothing."""
+        return None
+
+    def on_membership_change(self, members: list[str]) -> None:
+        """The members deciding together changed (a ring's formation)."""
+
+    def after_run(self) -> None:
+        """Once, after the last round."""
+
+
+def median(values: list[float]) -> Optional[float]:
+    """The median of ``values`` (None when empty)."""
+    return statistics.median(values) if values else None
+
+
+class AdaptiveStrategy(Policy):
+    """Switch the all-reduce strategy when the communication goodput drops (ring only).
+
+    ``kungfu``: the reference is the goodput of the first round after ``warmup_rounds``; a node
+    votes when its goodput is below ``threshold`` x the reference; the ring switches to
+    ``alternative`` when more than half the members vote, once.
+    ``robust``: the reference is the median goodput of the first ``reference_rounds`` rounds, the
+    decision uses the median of the last ``window_rounds``; after a switch, ``cooldown_rounds``
+    rounds pass before the next; the candidate is the strategy whose estimated round time over the
+    measured (else nominal) link rates is least, the starting strategy when the goodput is back.
+    """
+
+    kind = "adaptive_strategy"
+
+    def __init__(self, conf: dict[str, Any], view: PolicyView) -> None:
+        super().__init__(conf, view)
+        self.mode = str(conf.get("mode", "robust"))
+        self.threshold = float(conf.get("threshold", 0.8))
+        self.warmup_rounds = int(conf.get("warmup_rounds", 1))
+        self.reference_rounds = int(conf.get("reference_rounds", 5))
+        self.window_rounds = int(conf.get("window_rounds", 3))
+        self.cooldown_rounds = int(conf.get("cooldown_rounds", 5))
+        self.alternative = conf.get("alternative")
+        self.goodputs: list[float] = []  # this node's goodput of every round so far
+        self.reference: Optional[float] = None
+        self.switches = 0
+        self.last_switch: Optional[int] = None
+        self.first_strategy = view.strategy
+        self.rates: dict[str, float] = {}  # peer -> measured rate (b/s) of this node's sends, last window
+
+    def after_round(self, metrics: dict[str, Any]) -> Vote:
+        goodput = metrics.get("comm_goodput_bps")
+        if not isinstance(goodput, (int, float)) or goodput <= 0:
+            return None
+        self.goodputs.append(float(goodput))
+        for peer, bps in (metrics.get("send_bps") or {}).items():
+            self.rates[peer] = float(bps)
+        if self.mode == "kungfu":
+            if self.reference is None and len(self.goodputs) > self.warmup_rounds:
+                self.reference = self.goodputs[self.warmup_rounds]
+            low = self.reference is not None and goodput < self.threshold * self.reference
+            return {"goodput_bps": round(goodput), "vote": bool(low)}
+        if self.reference is None and len(self.goodputs) >= self.reference_rounds:
+            self.reference = median(self.goodputs[:self.reference_rounds])
+        recent = median(self.goodputs[-self.window_rounds:]) if len(self.goodputs) >= self.window_rounds else None
+        low = self.reference is not None and recent is not None and recent < self.threshold * self.reference
+        back = self.reference is not None and recent is not None and recent >= self.threshold * self.reference
+        return {"goodput_bps": round(goodput), "vote": bool(low), "recovered": bool(back),
+                "send_bps": {p: round(r) for p, r in sorted(self.rates.items())}}
+
+    def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
+        from dml_app.allreduce import best_strategy  # (the structures import no policy)
+
+        members = list(votes)
+        yes = sum(1 for v in votes.values() if v and v.get("vote"))
+        if self.mode == "kungfu":
+            if self.switches or not self.alternative or 2 * yes <= len(members):
+                return None
+            self.switches += 1
+            return {"strategy": str(self.alternative), "reason": f"{yes} of {len(members)} members voted"}
+        if self.last_switch is not None and round_no - self.last_switch < self.cooldown_rounds:
+            return None
+        if 2 * yes > len(members):
+            candidate = best_strategy(members, measured_rates(votes), self.view.sites)
+            if candidate == self.view.strategy:
+                return None
+            reason = f"{yes} of {len(members)} members saw goodput below {self.threshold:g} x the reference"
+        else:
+            return None
+        self.switches += 1
+        self.last_switch = round_no
+        self.goodputs.clear()  # a new reference under the new strategy; measurements of now-unused edges expire
+        self.reference = None
+        self.rates.clear()
+        return {"strategy": candidate, "reason": reason}
+
+
+def measured_rates(votes: dict[str, Vote]) -> dict[tuple[str, str], float]:
+    """(sender, receiver) -> the rate the votes report for that edge."""
+    out: dict[tuple[str, str], float] = {}
+    for sender, vote in votes.items():
+        for peer, bps in ((vote or {}).get("send_bps") or {}).items():
+            if isinstance(bps, (int, float)) and bps > 0:
+                out[(sender, str(peer))] = float(bps)
+    return out
+
+
+class AdaptiveBatch(Policy):
+    """Grow the batch with the gradient noise scale (KungFu's rule): the new batch is the moving
+    average of the noise scale, at most ``max_growth`` times the current one and at most
+    ``max_batch``; it never shrinks. The members decide on the mean of their estimates."""
+
+    kind = "adaptive_batch"
+
+    def __init__(self, conf: dict[str, Any], view: PolicyView) -> None:
+        super().__init__(conf, view)
+        self.max_batch = int(conf.get("max_batch", 1024))
+        self.max_growth = float(conf.get("max_growth", 2.0))
+        self.ema = float(conf.get("ema", 0.5))  # weight of the newest estimate
+        self.every = int(conf.get("every_rounds", 1))
+        self.average: Optional[float] = None
+
+    def after_round(self, metrics: dict[str, Any]) -> Vote:
+        gns = metrics.get("gns")
+        if not isinstance(gns, (int, float)) or not gns > 0:
+            return None
+        return {"gns": float(gns)}
+
+    def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
+        estimates = [float(v["gns"]) for v in votes.values() if v and isinstance(v.get("gns"), (int, float))]
+        if not estimates:
+            return None
+        mean = sum(estimates) / len(estimates)
+        self.average = mean if self.average is None else self.ema * mean + (1 - self.ema) * self.average
+        if round_no % self.every:
+            return None
+        current = self.view.batch_size
+        target = int(min(self.max_batch, current * self.max_growth, self.average))
+        if target <= current:
+            return None
+        return {"batch_size": target, "reason": f"noise scale {self.average:.1f}"}
+
+
+KINDS: dict[str, type[Policy]] = {AdaptiveStrategy.kind: AdaptiveStrategy, AdaptiveBatch.kind: AdaptiveBatch}
+
+
+def build(entries: list[dict[str, Any]], view: PolicyView, workdir: str) -> list[Policy]:
+    """The node's policies from the structure's ``policies`` entries (already validated)."""
+    out: list[Policy] = []
+    for entry in entries or []:
+        if "module" in entry:
+            relative = entry["module"]
+            cls = attribute(load_file(workdir, relative), relative, entry.get("class", ""), "policy class")
+            if not (isinstance(cls, type) and issubclass(cls, Policy)):
+                raise UserCodeError(f"{relative}: {entry.get('class')!r} is not a subclass of dml_app.policies.Policy")
+        elif entry.get("kind") in KINDS:
+            cls = KINDS[entry["kind"]]
+        else:
+            raise PolicyError(f"unknown policy {entry!r}; known kinds: {', '.join(KINDS)}")
+        out.append(cls(dict(entry), view))
+    return out
+
+
+def policy_id(policy: Policy, index: int) -> str:
+    """The policy's name in votes and events: its kind (or class), and its index when needed."""
+    name = policy.kind if type(policy) in KINDS.values() else type(policy).__name__
+    return f"{index}:{name}"
+
+
+def check_vote(vote: Any, who: str) -> Vote:
+    """``vote`` when it is a JSON object of at most ``MAX_VOTE_BYTES``; PolicyError otherwise."""
+    if vote is None:
+        return None
+    if not isinstance(vote, dict):
+        raise PolicyError(f"{who}: a vote is a JSON object or None, not {type(vote).__name__}")
+    try:
+        size = len(json.dumps(vote, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise PolicyError(f"{who}: a vote must be plain JSON ({e})") from None
+    if size > MAX_VOTE_BYTES:
+        raise PolicyError(f"{who}: a vote takes {size} bytes, more than {MAX_VOTE_BYTES}")
+    return vote
+
+
+def check_action(action: Any, who: str) -> Action:
+    """``action`` when it changes only what ``ACTIONS`` names (plus a ``reason``)."""
+    if action is None:
+        return None
+    if not isinstance(action, dict) or not set(action) - {"reason"} <= set(ACTIONS):
+        raise PolicyError(f"{who}: an action is an object of {', '.join(ACTIONS)} (and a reason), "
+                          f"not {action!r}")
+    if "batch_size" in action and not (isinstance(action["batch_size"], int) and action["batch_size"] >= 1):
+        raise PolicyError(f"{who}: batch_size must be a whole number >= 1, not {action['batch_size']!r}")
+    if "strategy" in action and not isinstance(action["strategy"], str):
+        raise PolicyError(f"{who}: strategy must be a string, not {action['strategy']!r}")
+    return action
+
+
+class Policies:
+    """A node's policies, run together: the votes of all, and the actions they take."""
+
+    def __init__(self, policies: list[Policy], events: Any, apply: Callable[[dict[str, Any]], None]) -> None:
+        self.policies = policies
+        self.events = events
+        self.apply = apply  # the role's: takes an action (strategy, batch size)
+
+    def __bool__(self) -> bool:
+        return bool(self.policies)
+
+    def each(self, hook: str, *args: Any) -> None:
+        for p in self.policies:
+            getattr(p, hook)(*args)
+
+    def votes(self, metrics: dict[str, Any]) -> dict[str, Vote]:
+        """Every policy's vote on this round's ``metrics``, by policy id."""
+        return {policy_id(p, i): check_vote(p.after_round(dict(metrics)), policy_id(p, i))
+                for i, p in enumerate(self.policies)}
+
+    def decide(self, round_no: int, votes: dict[str, dict[str, Vote]]) -> list[dict[str, Any]]:
+        """Each policy decides on the members' votes (``votes[member][policy id]``); every
+        action is applied and written as a ``policy_decision`` event; the actions, in order."""
+        taken = []
+        for i, p in enumerate(self.policies):
+            pid = policy_id(p, i)
+            mine = {m: (v or {}).get(pid) for m, v in votes.items()}
+            action = check_action(p.decide(round_no, mine), pid)
+            if action is None:
+                continue
+            self.events.write("policy_decision", round=round_no, policy=pid, inputs=mine.get(self.view_name(p)),
+                              votes=mine, action=action)
+            self.apply(action)
+            taken.append(action)
+        return taken
+
+    @staticmethod
+    def view_name(p: Policy) -> str:
+        return p.view.name
