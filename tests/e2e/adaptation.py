@@ -1,0 +1,152 @@
+"""The interference experiment of the adaptation tests and of ``bench/bench_adaptation.py``.
+
+``examples/adaptation/``: 8 nodes, every pair linked at 10 Mbit/s, a ring all-reduce of a numpy
+MLP on digits averaged over ``star:n1``; ``scenario.json`` starts UDP flows of 8 Mbit/s from n1 to
+n2..n6 once n1 reports round 10. The star's broadcast then crawls to five of its seven leaves,
+while a star rooted elsewhere (n7, n8) moves only n1's own model over a clean link: an exact
+all-reduce that avoids n1's loaded links can recover.
+
+``analyse`` reads a finished run folder (``metrics.csv``, the nodes' events): the cluster's
+goodput each round (the median over the members of ``comm_goodput_bps``), the strategy each
+round ran, the switches, and the figures KungFu reports (goodput at the drop and after the
+switch, against the mean before the interference).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from dml_app.events import read_events
+from tests.e2e.harness import ROOT, Run
+
+EXAMPLE = ROOT / "examples" / "adaptation"
+NODES = [f"n{i}" for i in range(1, 9)]
+START_STRATEGY = "star:n1"
+TRIGGER_ROUND = 10  # scenario.json starts its flows once n1 reports this round
+DROP_ROUND = TRIGGER_ROUND + 1  # the first round that runs under the flows
+AFTER_ROUNDS = (3, 6)  # rounds drop + 3 .. drop + 6: the recovery window (KungFu: 4 iterations after)
+LOADED = ["n2", "n3", "n4", "n5", "n6"]  # n1's links carrying a background flow
+CLEAN_ROOTS = ["n7", "n8"]  # stars rooted here avoid every loaded link
+
+
+def example(name: str) -> Any:
+    return json.loads((EXAMPLE / name).read_text())
+
+
+def structure(policies: Optional[list[dict[str, Any]]], rounds: int, hidden: Optional[int] = None,
+              strategy: str = START_STRATEGY) -> dict[str, Any]:
+    """The example's structure with ``policies`` (None: none), ``rounds`` and the model's ``hidden`` width."""
+    s = example("ra_structure.json")
+    s.update(sync=rounds, strategy=strategy)
+    if policies is None:
+        s.pop("policies", None)
+    else:
+        s["policies"] = policies
+    if hidden is not None:
+        s["model"] = {**s["model"], "hidden": [hidden]}
+    return s
+
+
+def make_run(make: Any, policies: Optional[list[dict[str, Any]]], rounds: int, interference: bool = True,
+             hidden: Optional[int] = None) -> Run:
+    """The experiment as a ``Run`` (``make``: the e2e ``run`` fixture or ``Run`` bound to a folder), started."""
+    r: Run = make(kind="ra", structure=structure(policies, rounds, hidden), links=example("links.json"),
+                  dataset=example("ra_dataset.json"), defer=True)
+    if interference:
+        (r.workdir / "scenario.json").write_text((EXAMPLE / "scenario.json").read_text())
+        r.start("--scenario", "scenario.json")
+    else:
+        r.start()
+    return r
+
+
+def number(text: Optional[str]) -> Optional[float]:
+    return float(text) if text not in (None, "") else None
+
+
+def median(values: list[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
+
+
+@dataclass
+class Outcome:
+    """What one run of the experiment did, round by round."""
+
+    goodput_bps: dict[int, float]  # round -> the median over the members of comm_goodput_bps
+    strategy: dict[int, str]  # round -> the strategy it ran (the first member's row)
+    switches: list[dict[str, Any]]  # the strategy_changed events of n1
+    decisions: list[dict[str, Any]]  # the policy_decision events of n1
+    rows: list[dict[str, str]] = field(repr=False, default_factory=list)
+    drop_round: int = DROP_ROUND
+
+    @property
+    def rounds(self) -> int:
+        return max(self.goodput_bps, default=0)
+
+    @property
+    def before_bps(self) -> Optional[float]:
+        """The median goodput of the rounds before the interference (round 1, the connections' first, left out)."""
+        return median([g for r, g in self.goodput_bps.items() if 2 <= r < self.drop_round])
+
+    @property
+    def before_mean_bps(self) -> Optional[float]:
+        """The mean of the same rounds (KungFu's reference)."""
+        values = [g for r, g in self.goodput_bps.items() if 2 <= r < self.drop_round]
+        return statistics.mean(values) if values else None
+
+    @property
+    def at_drop_bps(self) -> Optional[float]:
+        return self.goodput_bps.get(self.drop_round)
+
+    @property
+    def after_bps(self) -> Optional[float]:
+        """The median goodput over every member's rows of rounds drop + 3 .. drop + 6."""
+        low, high = self.drop_round + AFTER_ROUNDS[0], self.drop_round + AFTER_ROUNDS[1]
+        return median([g for r, g in self.node_goodputs() if low <= r <= high])
+
+    @property
+    def recovery(self) -> Optional[float]:
+        """after_bps / before_bps."""
+        return self.after_bps / self.before_bps if self.after_bps and self.before_bps else None
+
+    @property
+    def switch_round(self) -> Optional[int]:
+        """The first round that ran a strategy other than the starting one."""
+        return next((r for r in sorted(self.strategy) if self.strategy[r] != START_STRATEGY), None)
+
+    def node_goodputs(self) -> list[tuple[int, float]]:
+        out = []
+        for row in self.rows:
+            g = number(row.get("comm_goodput_bps"))
+            if g is not None:
+                out.append((int(row["round"]), g))
+        return out
+
+
+def analyse(run_dir: Path, drop_round: int = DROP_ROUND) -> Outcome:
+    """The outcome of a finished run of the experiment (its run folder)."""
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    by_round: dict[int, list[float]] = {}
+    strategy: dict[int, str] = {}
+    for row in rows:
+        r = int(row["round"])
+        g = number(row.get("comm_goodput_bps"))
+        if g is not None:
+            by_round.setdefault(r, []).append(g)
+        if row["node"] == NODES[0] and row.get("strategy"):
+            strategy[r] = row["strategy"]
+    events = read_events(str(run_dir / "events" / f"{NODES[0]}.jsonl"))
+    return Outcome(goodput_bps={r: statistics.median(v) for r, v in sorted(by_round.items())}, strategy=strategy,
+                   switches=[e for e in events if e["type"] == "strategy_changed"],
+                   decisions=[e for e in events if e["type"] == "policy_decision"], rows=rows, drop_round=drop_round)
+
+
+def traffic_matrix(run_dir: Path) -> dict[tuple[str, str], int]:
+    """analysis/traffic_matrix.csv as (src, dst) -> bytes."""
+    with (run_dir / "analysis" / "traffic_matrix.csv").open(newline="") as f:
+        return {(row["src"], dst): int(row[dst]) for row in csv.DictReader(f) for dst in row if dst != "src"}
