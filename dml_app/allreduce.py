@@ -181,6 +181,6 @@ def best_strategy(members: list[str], measured_bps: dict[tuple[str, str], float]
     for strategy in candidates(members, sites):
         s = build(strategy, members, sites)
         t = estimated_time_s(s, model_bytes, {e: rate(e) for e in s.edges()})
-        if t < best_t - 1e-12 * best_t:
+        if t < best_t * (1 - 1e-9) or best_t == float("inf"):
             best, best_t = strategy, t
     return best

@@ -169,7 +169,7 @@ class NodeService:
                                                    input_shape, n_classes)
                 ctx = Context(self.name, model, data, self.structure_conf, self.dataset_conf, self.events,
                               self.progress, self.port, auth=self.keys, global_test=global_test,
-                              compute=ComputeThread().run)
+                              compute=ComputeThread().run, workdir=self.workdir)
                 self.role = self.role_class(ctx)  # (a user's class may refuse its parameters: ValueError)
             except ValueError as e:
                 raise HttpError(400, "bad_conf", str(e)) from None

@@ -227,7 +227,7 @@ def build(entries: list[dict[str, Any]], view: PolicyView, workdir: str) -> list
 
 def policy_id(policy: Policy, index: int) -> str:
     """The policy's name in votes and events: its kind (or class), and its index when needed."""
-    name = policy.kind if type(policy) in KINDS.values() else type(policy).__name__
+    name = policy.kind if policy.kind != Policy.kind else type(policy).__name__
     return f"{index}:{name}"
 
 

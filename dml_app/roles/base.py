@@ -35,6 +35,7 @@ from dml_app.auth import E2E, AuthFailed, NodeKeys
 from dml_app.compute import inline
 from dml_app.events import EventLog
 from dml_app.http import HttpError, Request, Response, json_response
+from dml_app.policies import Policies, PolicyView, build as build_policies
 from dml_app.transport import MAX_RELAYS, TTL_HEADER, HttpTransport, Transport
 
 Weights = list[np.ndarray]
@@ -61,6 +62,7 @@ class Context:
     auth: Optional[NodeKeys] = None  # signs this node's messages to peers
     compute: Callable[..., Any] = inline  # runs model calls: compute(fn, *args) (a node: off its event loop)
     transport: Optional[Transport] = None  # delivers messages to peers (None: signed HTTP, with auth)
+    workdir: str = "."  # the experiment directory (a user's policy file is found there)
 
 
 @dataclass
@@ -138,6 +140,10 @@ class Role:
         # what a model message must look like (none without a model: in-memory tests)
         self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
         self.weight_names = model_names(ctx.model)  # the arrays' names on the wire (by layer), if the model has them
+        self.view = PolicyView(ctx.name, self.name, [ctx.name], ctx.conf.get("strategy"), self.batch_size,
+                               dict(self.link_bps), dict(ctx.conf.get("sites") or {}))
+        self.policies = Policies(build_policies(ctx.conf.get("policies") or [], self.view, ctx.workdir),
+                                 ctx.events, self.apply)
 
     # hooks -------------------------------------------------------------------------
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
@@ -160,6 +166,17 @@ class Role:
         goes on). By default, stop taking messages (``finished``)."""
         self.finished = True
 
+    def apply(self, action: dict[str, Any]) -> None:
+        """Take a policy's action: a new batch size (the next round's training uses it)."""
+        if "batch_size" in action:
+            self.batch_size = self.view.batch_size = int(action["batch_size"])
+
+    def adapt(self, event: dict[str, Any]) -> None:
+        """After a recorded round: the policies vote on its ``event`` and this node decides
+        alone (a ring overrides this: its members decide together at the next formation)."""
+        if self.policies:
+            self.policies.decide(int(event["round"]) + 1, {self.ctx.name: self.policies.votes(event)})
+
     def where(self, record: RoundRecord) -> tuple[Optional[int], int, str]:
         """(layer, round shown, words) of a round's progress line."""
         return None, record.round, f"round {record.round}/{self.sync}"
@@ -169,14 +186,18 @@ class Role:
         """The rounds, each recorded; the ``done`` event's fields (``result``)."""
         last: dict[str, Any] = {}
         completed = False
+        self.policies.each("before_run")
         try:
             for r in self.rounds():
+                self.policies.each("before_round", r)
                 record = self.round(r)
                 if record is not None:
                     last = self.record_round(record)
+                    self.adapt(last)
             completed = True
         finally:
             self.finish(completed)
+        self.policies.each("after_run")
         return self.result(last)
 
     # helpers for subclasses -------------------------------------------------------------
@@ -210,7 +231,8 @@ class Role:
             global_loss=global_loss, global_accuracy=global_accuracy,
             train_loss=None if trained["loss"] != trained["loss"] else trained["loss"], train_s=trained["train_s"],
             send_s=record.send_s, bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
-            sent_to=sent_to, recv_from=recv_from, received_models=record.received, **record.extra)
+            sent_to=sent_to, recv_from=recv_from, received_models=record.received, batch_size=self.batch_size,
+            **record.extra)
         layer, shown, where = self.where(record)
         if global_accuracy is None:
             message = f"{where}: accuracy {accuracy:.3f} loss {loss:.3f}"

@@ -212,6 +212,7 @@ class ETreeRole(Role):
                 received: int, layer: int, **extra: Any) -> None:
         self.last = self.record_round(RoundRecord(self.round_events + 1, t_start, trained, loss, accuracy, send_s,
                                                   received, {"layer": layer, **extra}))
+        self.adapt(self.last)
 
     def where(self, record: RoundRecord) -> tuple[Optional[int], int, str]:
         """Progress counts the rounds of the event's layer."""
@@ -232,6 +233,7 @@ class ETreeRole(Role):
     def run(self) -> dict[str, Any]:
         """The root's global rounds (each recursing down the tree), or a non-root's wait for the
         end of the run; then tell the tree it is done."""
+        self.policies.each("before_run")
         if self.is_root:
             weights = self.ctx.model.get_weights()
             for _ in range(int(self.positions[self.top]["sync"])):
@@ -246,4 +248,5 @@ class ETreeRole(Role):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the tree did not finish within {self.run_timeout_s:g}s")
         self.tell_done()
+        self.policies.each("after_run")
         return self.result(self.last)

@@ -27,26 +27,49 @@ formation: the node tells the others (``/ring/abort``), and the round is formed
 and run again without the lost member. Every formation that changes the
 members is a ``ring_formed`` event (``dropped``, ``joined``); an aborted one is
 ``ring_aborted``. A node whose rounds are done answers joins with "done".
+
+Strategies (``dml_app.allreduce``): the conf's ``strategy`` (``ring`` by default) may be a
+tree instead, ``star:<node>``, ``binary_tree`` or ``site_tree``: each member adds its
+children's partial sums (float64) to its own model and sends the sum up; the root divides
+by the member count, rounds once, and the mean goes back down. Every formation carries its
+strategy and the structure's digest.
+
+Adaptation (``dml_app.policies``): after a round, this node's policies vote; the votes go
+with the next join, and the formation's answer carries every member's, so each member runs
+the same decisions on the same votes. The coordinator puts the strategy it decided in the
+formation; a member whose own decision has another digest refuses the formation (it is
+aborted). A strategy that changes is a ``strategy_changed`` event. Monitors: each round
+event has the ring's ``strategy``, ``cluster_size``, ``comm_goodput_bps`` (the model's
+bytes over the time of this node's all-reduce), ``gns`` (``dml_app.monitors``) and, every
+``monitor_every`` rounds, ``grad_var``.
 """
 from __future__ import annotations
 
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from dml_app import allreduce
 from dml_app import weights as wire
 from dml_app.http import JSON, HttpError, Request, Response
+from dml_app.monitors import NoiseScale, delta, grad_var
+from dml_app.policies import PolicyError, check_vote
 from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok, parallel
 
 MAX_ABORTS = 5  # formations of one round that may fail in a row before the node gives up
+MAX_POLICIES = 16  # votes of at most this many policies in one join
 
 
 class RingAborted(RuntimeError):
     """The ring lost a member: this formation cannot finish its round."""
+
+
+class StrategyRefused(RingAborted):
+    """This node decided another structure than the formation's (a different digest)."""
 
 
 def split(weights: Weights, n: int) -> list[np.ndarray]:
@@ -67,14 +90,19 @@ def join(chunks: list[np.ndarray], like: Weights) -> Weights:
 
 @dataclass
 class Formation:
-    """One ring: its number, the round it runs, its members in ring order."""
+    """One ring: its number, the round it runs, its members in ring order, the strategy they
+    all-reduce with, and the members' votes it was decided on."""
 
     epoch: int
     round: int
     members: list[str]
+    strategy: str = allreduce.DEFAULT
+    votes: dict[str, Any] = field(default_factory=dict)
+    digest: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "round": self.round, "members": self.members}
+        return {"epoch": self.epoch, "round": self.round, "members": self.members, "strategy": self.strategy,
+                "digest": self.digest, "votes": self.votes}
 
 
 def decide(order: list[str], me: str, my_want: Optional[int], my_epoch: int,
@@ -122,6 +150,18 @@ class RingRole(Role):
         self._answers: dict[str, tuple[Formation, bool]] = {}  # peer -> (formation, behind)
         self._redirect: set[str] = set()
         self._cond = threading.Condition()
+        self.strategy = str(ctx.conf.get("strategy") or allreduce.DEFAULT)  # the one decided for the next formation
+        allreduce.parse(self.strategy, self.order)
+        self.sites: dict[str, str] = {str(k): str(v) for k, v in (ctx.conf.get("sites") or {}).items()}
+        self.installed = self.strategy  # the strategy of the last formation this node ran
+        self.reason = "the structure file's"  # why ``strategy`` is what it is
+        self._structures: dict[int, allreduce.Structure] = {}
+        self.votes_out: dict[str, Any] = {}  # this node's votes on its last round, sent with its next join
+        self.noise = NoiseScale()
+        self.monitor_every = int(ctx.conf.get("monitor_every", 0))
+        self._sends: dict[str, list[float]] = {}
+        self._decided = 0  # the last formation whose votes this node decided on  # peer -> [bytes, seconds] of this round's all-reduce sends
+        self.view.strategy, self.view.members = self.strategy, list(self.order)
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
         return {("POST", "/ring/chunk"): self.on_chunk, ("POST", "/ring/join"): self.on_join,
@@ -139,17 +179,23 @@ class RingRole(Role):
         body = req.json()
         if not isinstance(body, dict):
             raise HttpError(400, "bad_join", "a join is a JSON object")
-        want, epoch = body.get("want"), body.get("epoch", 0)
+        want, epoch, votes = body.get("want"), body.get("epoch", 0), body.get("votes") or {}
         if want is not None and (not isinstance(want, int) or isinstance(want, bool) or want < 1) \
                 or not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise HttpError(400, "bad_join", "a join needs want (a round or null) and epoch (a whole number)")
+        try:
+            if not isinstance(votes, dict) or len(votes) > MAX_POLICIES:
+                raise PolicyError(f"votes are an object of at most {MAX_POLICIES} policies' votes")
+            votes = {str(k): check_vote(v, f"{peer}'s vote of {k}") for k, v in votes.items()}
+        except PolicyError as e:
+            raise HttpError(400, "bad_join", str(e)) from None
         with self._cond:
             if self.finished:
                 return self._answer(req, {"done": True, "epoch": self.epoch, "round": self.sync + 1,
                                           "members": []})
             self._redirect.discard(peer)
             self._answers.pop(peer, None)
-            self._joins[peer] = {"want": want, "epoch": epoch}
+            self._joins[peer] = {"want": want, "epoch": epoch, "votes": votes}
             self._cond.notify_all()
             self._cond.wait_for(lambda: peer in self._answers or peer in self._redirect or self.finished,
                                 timeout=self.hold_s())
@@ -178,7 +224,7 @@ class RingRole(Role):
                 if self.life > 1 and self.epoch == 0:
                     continue  # a replacement joins a running ring first
                 return self._coordinate(want) + (False,)
-            body = json.dumps({"want": want, "epoch": self.epoch}).encode()
+            body = json.dumps({"want": want, "epoch": self.epoch, "votes": self.votes_out}).encode()
             answer = self.post(cand, "/ring/join", body, JSON, want or 0, timeout_s=self.hold_s() + 10, retries=0)
             if answer is None:
                 continue
@@ -194,7 +240,13 @@ class RingRole(Role):
             if not isinstance(members, list) or self.ctx.name not in members \
                     or any(m not in self.order for m in members):
                 continue
-            formation = Formation(int(meta["epoch"]), int(meta["round"]), [str(m) for m in members])
+            votes = meta.get("votes") if isinstance(meta.get("votes"), dict) else {}
+            try:
+                allreduce.parse(str(meta.get("strategy") or allreduce.DEFAULT), self.order)
+            except allreduce.StructureError:
+                continue
+            formation = Formation(int(meta["epoch"]), int(meta["round"]), [str(m) for m in members],
+                                  str(meta.get("strategy") or allreduce.DEFAULT), votes, str(meta.get("digest", "")))
             if arrays and self.spec is not None and wire.problem(arrays, self.spec):
                 arrays = []
             self._adopt(formation)
@@ -213,6 +265,12 @@ class RingRole(Role):
                                 timeout=self.join_wait_s)
             joins = dict(self._joins)
             formation, behind = decide(self.order, self.ctx.name, want, self.epoch, joins)
+            formation.votes = {m: (self.votes_out if m == self.ctx.name else joins[m].get("votes") or {})
+                               for m in formation.members}
+            self._decide(formation)
+            self._decided = formation.epoch
+            formation.strategy = self.strategy
+            formation.digest = allreduce.build(self.strategy, formation.members, self.sites).digest()
             for peer in joins:
                 self._answers[peer] = (formation, peer in behind)
                 del self._joins[peer]
@@ -220,16 +278,53 @@ class RingRole(Role):
         self._adopt(formation)
         return formation, None
 
+    def _decide(self, formation: Formation) -> None:
+        """The policies' decisions on the formation's votes (every member runs the same)."""
+        if self.policies and any(formation.votes.values()):
+            self.view.members = list(formation.members)
+            self.policies.decide(formation.round, formation.votes)
+
+    def apply(self, action: dict[str, Any]) -> None:
+        """A policy's action: the batch size, or the strategy of the formations to come."""
+        super().apply(action)
+        if "strategy" in action:
+            allreduce.parse(action["strategy"], self.order)
+            self.strategy = self.view.strategy = str(action["strategy"])
+            self.reason = str(action.get("reason") or "a policy's decision")
+
+    def install(self, formation: Formation, behind: bool) -> None:
+        """Agree on the formation's structure: a node behind takes it; the others decide on its
+        votes and refuse (``StrategyRefused``) when their structure has another digest."""
+        if behind:
+            self.strategy = self.view.strategy = formation.strategy
+        elif self._decided != formation.epoch:  # (the coordinator decided when it made the formation)
+            self._decide(formation)
+            self._decided = formation.epoch
+        structure = self._structures[formation.epoch]
+        mine = allreduce.build(self.strategy, formation.members, self.sites).digest()
+        if mine != structure.digest() or mine != formation.digest:
+            self.ctx.events.write("strategy_refused", round=formation.round, epoch=formation.epoch,
+                                  strategy=self.strategy, formation_strategy=formation.strategy,
+                                  digest=mine, formation_digest=formation.digest)
+            raise StrategyRefused(f"formation {formation.epoch} uses {formation.strategy} "
+                                  f"({formation.digest}); this node decided {self.strategy} ({mine})")
+
     def _adopt(self, formation: Formation) -> None:
         """Take ``formation`` as this node's ring; a ``ring_formed`` event when its members changed."""
         before = self.members
+        structure = allreduce.build(formation.strategy, formation.members, self.sites)
         with self._cond:
+            self._structures[formation.epoch] = structure
+            for old in [e for e in self._structures if e < formation.epoch - 2]:
+                del self._structures[old]
             self._formations[formation.epoch] = formation
             self.epoch = max(self.epoch, formation.epoch)
             for key in [k for k in self._arrived if k[0] < formation.epoch]:
                 del self._arrived[key]
             self._cond.notify_all()
         self.members = list(formation.members)
+        if self.members != before:
+            self.policies.each("on_membership_change", list(self.members))
         if self.members != before or self.epoch == formation.epoch == 1:
             self.ctx.events.write("ring_formed", round=formation.round, epoch=formation.epoch,
                                   members=formation.members, dropped=[m for m in before if m not in formation.members],
@@ -283,10 +378,12 @@ class RingRole(Role):
         that formation, one 1-D array, float64 partial sums in reduce-scatter, the model's
         dtype in all-gather."""
         phase, step, epoch = meta.get("phase"), meta.get("step"), meta.get("epoch")
-        if phase not in ("reduce", "gather") or not isinstance(step, int) or not isinstance(epoch, int):
-            raise HttpError(400, "bad_chunk", "a chunk needs epoch, phase (reduce or gather) and step")
+        if phase not in ("reduce", "gather", "up", "down") or not isinstance(step, int) or not isinstance(epoch, int):
+            raise HttpError(400, "bad_chunk", "a chunk needs epoch, phase (reduce, gather, up or down) and step")
         formation = self._formation(epoch)
         n, me = len(formation.members), self.ctx.name
+        if phase in ("up", "down"):
+            return self.tree_spec(formation, sender, phase, step)
         if me not in formation.members or not 0 <= step < n - 1:
             raise HttpError(400, "bad_chunk", f"no step {step} for {me} in formation {epoch}")
         pos = formation.members.index(me)
@@ -298,6 +395,27 @@ class RingRole(Role):
         size = len(np.array_split(np.empty(self.elements, dtype=np.uint8), n)[chunk_index(pos, n, phase, step)])
         dtype = "<f8" if phase == "reduce" else np.result_type(*[np.dtype(d) for _, d in self.spec]).str
         return [((size,), dtype)]
+
+    def tree_spec(self, formation: Formation, sender: str, phase: str,
+                  step: int) -> Optional[list[tuple[tuple[int, ...], str]]]:
+        """What a tree message must be: ``up`` from a child of this node (``step``: the child's
+        place in the formation), the whole float64 partial sum; ``down`` from its parent, the mean
+        in the model's dtype."""
+        with self._cond:
+            structure = self._structures.get(formation.epoch)
+        me = self.ctx.name
+        if structure is None or structure.is_ring or me not in formation.members:
+            raise HttpError(400, "bad_chunk", f"formation {formation.epoch} of {me} is no tree")
+        if phase == "up":
+            if not (0 <= step < len(formation.members) and formation.members[step] == sender
+                    and structure.parent_of(sender) == me):
+                raise HttpError(403, "forbidden", f"{sender} is not {me}'s child in formation {formation.epoch}")
+        elif step != 0 or structure.parent_of(me) != sender:
+            raise HttpError(403, "forbidden", f"{sender} is not {me}'s parent in formation {formation.epoch}")
+        if self.spec is None:
+            return None
+        dtype = "<f8" if phase == "up" else np.result_type(*[np.dtype(d) for _, d in self.spec]).str
+        return [((self.elements,), dtype)]
 
     def _take(self, formation: Formation, phase: str, step: int) -> np.ndarray:
         key = (formation.epoch, phase, step)
@@ -312,16 +430,28 @@ class RingRole(Role):
                           f"{self.step_timeout_s:g}s")
 
     def _pass(self, formation: Formation, successor: str, phase: str, step: int, chunk: np.ndarray) -> None:
+        began = time.perf_counter()
         if not self.post_weights(successor, "/ring/chunk", formation.round, weights=[chunk],
                                  meta={"phase": phase, "step": step, "epoch": formation.epoch}, retries=0):
             raise RingAborted(f"could not pass the {phase} chunk of step {step} to {successor}")
+        sent = self._sends.setdefault(successor, [0.0, 0.0])
+        sent[0] += chunk.nbytes
+        sent[1] += time.perf_counter() - began
+
+    def send_bps(self) -> dict[str, float]:
+        """The rate of this round's sends to each peer (bits over the seconds its posts took)."""
+        return {p: b * 8 / s for p, (b, s) in sorted(self._sends.items()) if s > 0}
 
     def all_reduce(self, formation: Formation, weights: Weights) -> Weights:
-        """The elementwise mean of the ``weights`` of every member of ``formation``."""
+        """The elementwise mean of the ``weights`` of every member of ``formation``, over the
+        formation's structure."""
         members = formation.members
         n, i = len(members), members.index(self.ctx.name)
         if n == 1:
             return [w.copy() for w in weights]
+        structure = self._structures[formation.epoch]
+        if not structure.is_ring:
+            return self.tree_reduce(formation, structure, weights)
         successor = members[(i + 1) % n]
         chunks = split(weights, n)
         for step in range(n - 1):  # reduce-scatter: partial sums in float64
@@ -334,6 +464,32 @@ class RingRole(Role):
             chunks[(i - step) % n] = self._take(formation, "gather", step)
         return join(chunks, weights)
 
+    def tree_reduce(self, formation: Formation, structure: allreduce.Structure, weights: Weights) -> Weights:
+        """The mean over a tree: the children's partial sums added to this node's, sent up; the
+        root's mean (rounded once) sent down to every child."""
+        me, members = self.ctx.name, formation.members
+        total = split(weights, 1)[0]
+        for child in structure.children(me):
+            total += self._take(formation, "up", members.index(child))
+        parent = structure.parent_of(me)
+        if parent is None:
+            mean = (total / len(members)).astype(np.result_type(*weights))
+        else:
+            self._pass(formation, parent, "up", members.index(me), total)
+            mean = self._take(formation, "down", 0)
+        children = structure.children(me)
+        failed = [c for c, e in zip(children, parallel(lambda c: self._try_pass(formation, c, mean), children)) if e]
+        if failed:
+            raise RingAborted(f"could not pass the mean down to {', '.join(failed)}")
+        return join([mean], weights)
+
+    def _try_pass(self, formation: Formation, child: str, mean: np.ndarray) -> Optional[str]:
+        try:
+            self._pass(formation, child, "down", 0, mean)
+        except RingAborted as e:
+            return str(e)
+        return None
+
     # the rounds ------------------------------------------------------------------------------
     def rounds(self) -> Iterator[int]:
         """The round this node wants next, until the ring's last is done; a round whose
@@ -345,6 +501,7 @@ class RingRole(Role):
         """Train, form the ring (for round ``want``: 0 for a newcomer's first), and all-reduce;
         None when the ring is done, or when this formation aborted (``want`` is formed again)."""
         t_start = time.time()
+        start = self.ctx.model.get_weights() if self.ctx.model is not None else []
         trained = self.train_local()
         formation, synced, done = self.form(want or None)
         if done or formation.round > self.sync:
@@ -353,8 +510,11 @@ class RingRole(Role):
         if synced is not None:  # behind: start from the ring's model
             self.ctx.model.set_weights(synced)
         reduced_at = time.perf_counter()
+        self._sends = {}
         try:
-            reduced = self.all_reduce(formation, self.ctx.model.get_weights())
+            self.install(formation, synced is not None or not want)
+            local = self.ctx.model.get_weights()
+            reduced = self.all_reduce(formation, local)
         except RingAborted as e:
             self.aborts += 1
             self._abort(formation, str(e))
@@ -365,11 +525,41 @@ class RingRole(Role):
         self.aborts = 0
         self.ctx.model.set_weights(reduced)
         send_s = time.perf_counter() - reduced_at
+        if formation.strategy != self.installed:
+            self.ctx.events.write("strategy_changed", round=formation.round, strategy=formation.strategy,
+                                  previous=self.installed, reason=self.reason, digest=formation.digest)
+            self.installed = formation.strategy
+        monitors = self.monitors(formation, start if synced is None else None, local, reduced, send_s)
         loss, accuracy = self.evaluate()
         self.want = formation.round + 1
         self.over = self.want > self.sync
         return RoundRecord(formation.round, t_start, trained, loss, accuracy, send_s, len(formation.members) - 1,
-                           {"members": formation.members, "epoch": formation.epoch})
+                           {"members": formation.members, "epoch": formation.epoch, **monitors})
+
+    def monitors(self, formation: Formation, start: Optional[Weights], local: Weights, reduced: Weights,
+                 collective_s: float) -> dict[str, Any]:
+        """The round's monitor fields: strategy, cluster size, goodput (the model's payload over the
+        all-reduce's time), the noise scale and (every ``monitor_every`` rounds) the variance of the
+        deltas. ``start``: the model the round trained from (None: this node was behind)."""
+        n = len(formation.members)
+        payload_bytes = sum(int(w.nbytes) for w in local)
+        out: dict[str, Any] = {"strategy": formation.strategy, "cluster_size": n,
+                               "comm_goodput_bps": payload_bytes * 8 / collective_s if n > 1 and collective_s > 0
+                               else None, "gns": None, "grad_var": None}
+        if start is None or n < 2 or not start:
+            return out
+        mine, mean = delta(local, start), delta(reduced, start)
+        samples = max(1, self.samples * max(self.epochs, 1))
+        out["gns"] = self.noise.update(mine, mean, samples, samples * n)
+        if self.monitor_every and formation.round % self.monitor_every == 0:
+            out["grad_var"] = grad_var(mine, mean)
+        return out
+
+    def adapt(self, event: dict[str, Any]) -> None:
+        """This node's policies vote on the round; the votes go with the next join (the members
+        decide together when the next formation is made)."""
+        if self.policies:
+            self.votes_out = self.policies.votes({**event, "send_bps": self.send_bps()})
 
     def finish(self, completed: bool) -> None:
         """Answer joins held here (and those to come) with "done"."""

@@ -1,0 +1,146 @@
+"""Adaptation policies: the built-in rules on hand-made votes, the noise-scale estimator on
+gradients of a known noise scale, and policies deciding together in a ring run in memory."""
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dml_app.monitors import NoiseScale, grad_var
+from dml_app.policies import (AdaptiveBatch, AdaptiveStrategy, Policy, PolicyError, PolicyView, check_action,
+                              check_vote)
+from dml_app.roles.ring import Formation, RingRole, StrategyRefused
+from dml_app.transport import MemoryNetwork
+from tests.unit.test_roles_memory import events_of, role_of, run_all
+
+MEMBERS = ["a", "b", "c", "d"]
+
+
+def view(strategy: str = "star:a", batch: int = 32) -> PolicyView:
+    return PolicyView("a", "ring", list(MEMBERS), strategy, batch)
+
+
+def votes_of(flags: list[bool], **extra: Any) -> dict[str, dict]:
+    return {m: {"vote": f, **extra} for m, f in zip(MEMBERS, flags)}
+
+
+def test_kungfu_mode_switches_once_when_more_than_half_vote_and_a_tie_is_no_majority():
+    p = AdaptiveStrategy({"mode": "kungfu", "alternative": "ring", "warmup_rounds": 1}, view())
+    assert [p.after_round({"comm_goodput_bps": g})["vote"] for g in (50.0, 100.0, 90.0, 79.0)] == \
+        [False, False, False, True]  # the reference is round 2's 100 (the first after the warm-up)
+    assert p.decide(5, votes_of([True, True, False, False])) is None  # 2 of 4: a tie is no majority
+    assert p.decide(5, votes_of([True, True, True, False]))["strategy"] == "ring"
+    assert p.decide(6, votes_of([True] * 4)) is None  # at most once
+
+
+def test_robust_mode_uses_medians_a_cooldown_and_the_measured_edges():
+    p = AdaptiveStrategy({"mode": "robust", "reference_rounds": 5, "window_rounds": 3, "cooldown_rounds": 5},
+                         view("star:a"))
+    for g in (100, 100, 100, 100, 100, 40):  # one slow round: the median of the last 3 is still 100
+        vote = p.after_round({"comm_goodput_bps": g, "send_bps": {"b": 8e6}})
+    assert p.reference == 100 and vote["vote"] is False
+    for g in (40, 40):
+        vote = p.after_round({"comm_goodput_bps": g, "send_bps": {"b": 1e6, "c": 1e6}})
+    assert vote["vote"] is True and vote["send_bps"] == {"b": 1000000, "c": 1000000}
+    slow = {m: {"vote": True, "send_bps": {"a": 8e6}} for m in MEMBERS}  # the leaves' sends to the root: fast
+    slow["a"] = vote  # a's sends to b and c are slow: a star rooted at a, b or c, the ring, the tree all use one
+    action = p.decide(9, slow)
+    assert action["strategy"] == "star:d" and "4 of 4" in action["reason"]
+    p.view.strategy = "star:d"
+    assert p.decide(10, slow) is None  # cooling down
+    assert p.reference is None and p.goodputs == []  # a new reference under the new strategy
+
+
+def test_robust_mode_without_a_drop_never_switches():
+    p = AdaptiveStrategy({}, view("ring"))
+    rng = np.random.default_rng(1)
+    for r in range(1, 51):
+        vote = p.after_round({"comm_goodput_bps": float(rng.normal(1e6, 5e4))})
+        assert p.decide(r + 1, {m: vote for m in MEMBERS}) is None
+
+
+def test_adaptive_batch_grows_at_most_twice_never_shrinks_and_stays_under_its_cap():
+    p = AdaptiveBatch({"max_batch": 200, "ema": 1.0}, view(batch=32))
+    sizes = []
+    for gns in (1000, 1000, 1000, 10, 1000):
+        action = p.decide(len(sizes) + 2, {m: {"gns": gns} for m in MEMBERS})
+        if action:
+            p.view.batch_size = action["batch_size"]
+        sizes.append(p.view.batch_size)
+    assert sizes == [64, 128, 200, 200, 200]
+    assert p.decide(9, {"a": None}) is None
+
+
+def test_votes_and_actions_are_checked():
+    with pytest.raises(PolicyError, match="plain JSON"):
+        check_vote({"x": float("nan")}, "p")
+    with pytest.raises(PolicyError, match="more than 4096"):
+        check_vote({"x": "y" * 5000}, "p")
+    with pytest.raises(PolicyError, match="an action is an object of strategy, batch_size"):
+        check_action({"members": ["a"]}, "p")
+    with pytest.raises(PolicyError, match="batch_size must be a whole number"):
+        check_action({"batch_size": 0}, "p")
+
+
+def test_the_noise_scale_of_gradients_with_a_known_one_is_found_within_ten_percent():
+    rng = np.random.default_rng(0)
+    dim, sigma = 2000, 1.0
+    g = rng.normal(size=dim) * 0.05
+    true = dim * sigma ** 2 / float(g @ g)  # tr(covariance) / |G|^2
+    for b_small, n in ((32, 4), (300, 8)):
+        est = NoiseScale(ema=None)
+        for _ in range(200):
+            small = g + rng.normal(size=dim) * sigma / np.sqrt(b_small)
+            big = g + rng.normal(size=dim) * sigma / np.sqrt(b_small * n)
+            value = est.update([small], [big], b_small, b_small * n)
+        assert abs(value / true - 1) < 0.10, (b_small, value, true)
+    assert NoiseScale().update([np.ones(3)], [np.ones(3)], 4, 4) is None  # no big batch: nothing to tell
+    assert grad_var([np.array([1.0, 3.0])], [np.array([0.0, 1.0])]) == pytest.approx(2.5)
+
+
+def test_a_member_that_decided_another_structure_refuses_the_formation(tmp_path):
+    net = MemoryNetwork()
+    conf = {"sync": 1, "epoch": 0, "ring": ["r0", "r1"], "strategy": "star:r0"}
+    role = role_of(RingRole, tmp_path, net, "r0", conf, ["r0", "r1"])
+    formation = Formation(1, 1, ["r0", "r1"], "star:r1", {}, "0" * 16)
+    role._adopt(formation)
+    with pytest.raises(StrategyRefused, match="this node decided star:r0"):
+        role.install(formation, behind=False)
+    assert events_of(role, "strategy_refused")[0]["formation_strategy"] == "star:r1"
+    formation.digest = role._structures[1].digest()
+    role.install(formation, behind=True)
+    assert role.strategy == "star:r1"
+
+
+class SwitchAtThree(Policy):
+    """Votes its round; at round 3 the members move to a binary tree."""
+
+    def after_round(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {"round": metrics["round"]}
+
+    def decide(self, round_no: int, votes: dict[str, Any]) -> dict[str, Any] | None:
+        if round_no == 3:
+            return {"strategy": "binary_tree", "reason": f"round 3, votes of {len(votes)}"}
+        return None
+
+
+def test_ring_members_decide_together_and_switch_at_the_same_round(tmp_path, monkeypatch):
+    from dml_app import policies
+    monkeypatch.setitem(policies.KINDS, "switch_at_three", SwitchAtThree)
+    net = MemoryNetwork()
+    names = ["r0", "r1", "r2", "r3"]
+    conf = {"sync": 4, "epoch": 1, "ring": names, "join_wait_s": 5, "step_timeout_s": 10, "strategy": "star:r1",
+            "policies": [{"kind": "switch_at_three"}, {"kind": "adaptive_batch", "max_batch": 64}]}
+    roles = [role_of(RingRole, tmp_path, net, n, conf, names, seed=i) for i, n in enumerate(names)]
+    run_all(roles)
+    held = [r.ctx.model.get_weights() for r in roles]
+    assert all(np.array_equal(a, b) for other in held[1:] for a, b in zip(held[0], other))
+    for r in roles:
+        rounds = events_of(r, "round")
+        assert [e["strategy"] for e in rounds] == ["star:r1", "star:r1", "binary_tree", "binary_tree"]
+        changed = events_of(r, "strategy_changed")
+        assert [(e["round"], e["previous"], e["strategy"]) for e in changed] == [(3, "star:r1", "binary_tree")]
+        assert "votes of 4" in changed[0]["reason"]
+        decisions = [e for e in events_of(r, "policy_decision") if e["policy"] == "0:SwitchAtThree"]
+        assert [d["round"] for d in decisions] == [3] and set(decisions[0]["votes"]) == set(names)
+        sizes = [e["batch_size"] for e in rounds]
+        assert sizes == sorted(sizes) and max(sizes) <= 64
