@@ -29,8 +29,9 @@ EXAMPLE = ROOT / "examples" / "adaptation"
 NODES = [f"n{i}" for i in range(1, 9)]
 START_STRATEGY = "star:n1"
 TRIGGER_ROUND = 10  # scenario.json starts its flows once n1 reports this round
-DROP_ROUND = TRIGGER_ROUND + 1  # the first round that runs under the flows
+DROP_SHARE = 0.8  # a round below this share of the goodput before is the drop
 AFTER_ROUNDS = (3, 6)  # rounds drop + 3 .. drop + 6: the recovery window (KungFu: 4 iterations after)
+ROUNDS = TRIGGER_ROUND + 2 + AFTER_ROUNDS[1]  # room for a drop in round 11 or 12 and its window
 LOADED = ["n2", "n3", "n4", "n5", "n6", "n7"]  # n1's links carrying a background flow
 CLEAN_ROOTS = ["n8"]  # a star rooted here avoids every loaded link
 
@@ -76,37 +77,49 @@ def median(values: list[float]) -> Optional[float]:
 
 @dataclass
 class Outcome:
-    """What one run of the experiment did, round by round."""
+    """What one run of the experiment did, round by round. The drop is measured: the first round
+    after the trigger whose goodput is below ``DROP_SHARE`` x the goodput before (the flows start
+    while round 11 runs, so they may spare most of it)."""
 
     goodput_bps: dict[int, float]  # round -> the median over the members of comm_goodput_bps
     strategy: dict[int, str]  # round -> the strategy it ran (the first member's row)
     switches: list[dict[str, Any]]  # the strategy_changed events of n1
     decisions: list[dict[str, Any]]  # the policy_decision events of n1
     rows: list[dict[str, str]] = field(repr=False, default_factory=list)
-    drop_round: int = DROP_ROUND
 
     @property
     def rounds(self) -> int:
         return max(self.goodput_bps, default=0)
 
+    def _before(self) -> list[float]:  # round 1, the connections' first, left out
+        return [g for r, g in self.goodput_bps.items() if 2 <= r <= TRIGGER_ROUND]
+
     @property
     def before_bps(self) -> Optional[float]:
-        """The median goodput of the rounds before the interference (round 1, the connections' first, left out)."""
-        return median([g for r, g in self.goodput_bps.items() if 2 <= r < self.drop_round])
+        """The median goodput of the rounds before the interference."""
+        return median(self._before())
 
     @property
     def before_mean_bps(self) -> Optional[float]:
         """The mean of the same rounds (KungFu's reference)."""
-        values = [g for r, g in self.goodput_bps.items() if 2 <= r < self.drop_round]
-        return statistics.mean(values) if values else None
+        return statistics.mean(self._before()) if self._before() else None
+
+    @property
+    def drop_round(self) -> Optional[int]:
+        """The first round after the trigger below DROP_SHARE x before (None: no drop)."""
+        before = self.before_bps or 0.0
+        return next((r for r in sorted(self.goodput_bps) if r > TRIGGER_ROUND
+                     and self.goodput_bps[r] < DROP_SHARE * before), None)
 
     @property
     def at_drop_bps(self) -> Optional[float]:
-        return self.goodput_bps.get(self.drop_round)
+        return self.goodput_bps.get(self.drop_round) if self.drop_round else None
 
     @property
     def after_bps(self) -> Optional[float]:
         """The median goodput over every member's rows of rounds drop + 3 .. drop + 6."""
+        if self.drop_round is None:
+            return None
         low, high = self.drop_round + AFTER_ROUNDS[0], self.drop_round + AFTER_ROUNDS[1]
         return median([g for r, g in self.node_goodputs() if low <= r <= high])
 
@@ -121,6 +134,7 @@ class Outcome:
         return next((r for r in sorted(self.strategy) if self.strategy[r] != START_STRATEGY), None)
 
     def node_goodputs(self) -> list[tuple[int, float]]:
+        """(round, goodput) of every member's row."""
         out = []
         for row in self.rows:
             g = number(row.get("comm_goodput_bps"))
@@ -129,7 +143,7 @@ class Outcome:
         return out
 
 
-def analyse(run_dir: Path, drop_round: int = DROP_ROUND) -> Outcome:
+def analyse(run_dir: Path) -> Outcome:
     """The outcome of a finished run of the experiment (its run folder)."""
     with (run_dir / "metrics.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -145,7 +159,7 @@ def analyse(run_dir: Path, drop_round: int = DROP_ROUND) -> Outcome:
     events = read_events(str(run_dir / "events" / f"{NODES[0]}.jsonl"))
     return Outcome(goodput_bps={r: statistics.median(v) for r, v in sorted(by_round.items())}, strategy=strategy,
                    switches=[e for e in events if e["type"] == "strategy_changed"],
-                   decisions=[e for e in events if e["type"] == "policy_decision"], rows=rows, drop_round=drop_round)
+                   decisions=[e for e in events if e["type"] == "policy_decision"], rows=rows)
 
 
 def traffic_matrix(run_dir: Path) -> dict[tuple[str, str], int]:
