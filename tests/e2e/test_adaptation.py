@@ -106,18 +106,19 @@ def test_robust_makes_no_switch_over_50_quiet_rounds(run):
 
 
 BATCH_NODES = NODES[:4]
-MAX_BATCH = 256
+BATCH_ROUNDS = 20
+MAX_BATCH = 128  # (the noise scale of digits passes it within a few rounds: the bound is met)
 
 
 def batch_run(run, policies: list[dict]) -> tuple[dict, list[dict[str, str]], dict]:
     links = {a: [link for link in out if link["dest"] in BATCH_NODES]
              for a, out in example("links.json").items() if a in BATCH_NODES}
-    s = {"sync": 12, "model": {"kind": "numpy", "hidden": [64], "learning_rate": 0.005, "seed": 0},
+    s = {"sync": BATCH_ROUNDS, "model": {"kind": "numpy", "hidden": [64], "learning_rate": 0.005, "seed": 0},
          "node_list": [{"name": n, "epoch": 2} for n in BATCH_NODES], **({"policies": policies} if policies else {})}
     r = run(kind="ra", structure=s, links=links, dataset=example("ra_dataset.json"), defer=True)
     r.start()
     summary, events = run_to_end(r, timeout_s=TIMEOUT_S)
-    assert all(n["ended"] == "done" and n["rounds"] == 12 for n in summary["nodes"]), summary["nodes"]
+    assert all(n["ended"] == "done" and n["rounds"] == BATCH_ROUNDS for n in summary["nodes"]), summary["nodes"]
     with (Path(summary["run_dir"]) / "metrics.csv").open(newline="") as f:
         return summary, list(csv.DictReader(f)), events
 
@@ -128,9 +129,10 @@ def test_adaptive_batch_grows_within_its_bound_and_keeps_the_accuracy(run):
     assert {int(r["batch_size"]) for r in fixed_rows} == {32}
     for node in BATCH_NODES:
         sizes = [int(r["batch_size"]) for r in sorted(rows, key=lambda r: int(r["round"])) if r["node"] == node]
-        assert len(sizes) == 12 and sizes[0] == 32, sizes
-        assert all(b <= a for b, a in zip(sizes, sizes[1:])) and max(sizes) <= MAX_BATCH, (node, sizes)
-        assert max(sizes) > 32, (node, sizes)  # it grew
+        assert len(sizes) == BATCH_ROUNDS and sizes[0] == 32, sizes
+        assert all(b >= a for a, b in zip(sizes, sizes[1:])), (node, sizes)  # never shrinks
+        assert max(sizes) == MAX_BATCH and sizes[-1] == MAX_BATCH, (node, sizes)  # grew, up to the bound
+        assert all(b <= 2 * a for a, b in zip(sizes, sizes[1:])), (node, sizes)  # at most x2 a step
         decided = [e["action"]["batch_size"] for e in events[node] if e["type"] == "policy_decision"]
         assert set(sizes) - {32} <= set(decided), (node, decided, sizes)  # each size a decision
         gns = [float(r["gns"]) for r in rows if r["node"] == node and r.get("gns")]
