@@ -158,7 +158,7 @@ ETREE_AGGREGATOR = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "sync": F
                            "child_num": Field(int, "how many of the following entries are its children",
                                               required=True, low=1, high=100_000)})
 ETREE_TRAINER = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "epoch": EPOCH})
-STRATEGY_HINT = "ring, star:<node>, binary_tree or site_tree"
+STRATEGY_HINT = "ring, star:NODE (a star around a member), binary_tree or site_tree"
 SITE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 RING_TRAINER = Schema({"name": NAME, "epoch": EPOCH, "seed": SEED,
                        "site": Field(str, "the node's site, for site_tree (default: its worker host)",

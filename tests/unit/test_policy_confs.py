@@ -103,7 +103,7 @@ BAD = [  # (policies, the message's end)
                                                               "[0, 100000], got 2.5"),
     ([{"kind": "adaptive_strategy", "mode": "kungfu"}],
      "policies[0] (adaptive_strategy): missing field 'alternative' (the kungfu mode switches to it: ring, "
-     "star:<node>, binary_tree or site_tree, e.g. 'binary_tree')"),
+     "star:NODE (a star around a member), binary_tree or site_tree, e.g. 'binary_tree')"),
     ([{"kind": "adaptive_strategy", "mode": "kungfu", "alternative": "star:n9"}],
      "policies[0] (adaptive_strategy), field 'alternative': strategy 'star:n9': n9 is not one of the ring's nodes"),
     ([{"kind": "adaptive_strategy", "mode": "kungfu", "alternative": "mesh"}],
