@@ -214,3 +214,10 @@ def test_the_example_doubles_the_batch_every_n_rounds_up_to_the_cap():
     assert sizes == [32, 32, 32, 64, 64, 64, 100, 100, 100, 100, 100, 100, 100]
     with pytest.raises(PolicyError, match="field 'every_rounds': expected a whole number >= 1, got 0"):
         cls({"every_rounds": 0}, PolicyView("n1", "ring"))
+
+
+def test_the_structure_files_kinds_are_the_nodes_kinds():
+    from controller.confs.structures import POLICY_KINDS
+    from dml_app.policies import KINDS
+
+    assert list(POLICY_KINDS) == list(KINDS)
