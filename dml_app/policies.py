@@ -91,8 +91,10 @@ class AdaptiveStrategy(Policy):
     ``alternative`` when more than half the members vote, once.
     ``robust``: the reference is the median goodput of the first ``reference_rounds`` rounds, the
     decision uses the median of the last ``window_rounds``; after a switch, ``cooldown_rounds``
-    rounds pass before the next; the candidate is the strategy whose estimated round time over the
-    measured (else nominal) link rates is least, the starting strategy when the goodput is back.
+    rounds pass before the next, and the reference is measured anew under the new strategy. The
+    candidate is the strategy whose estimated all-reduce time over the link rates the members
+    measured since the last switch is least (an edge not measured counts as the fastest), so a
+    later drop may lead back to the strategy of the start.
     """
 
     kind = "adaptive_strategy"
@@ -129,8 +131,7 @@ class AdaptiveStrategy(Policy):
             self.reference = median(self.goodputs[:self.reference_rounds])
         recent = median(self.goodputs[-self.window_rounds:]) if len(self.goodputs) >= self.window_rounds else None
         low = self.reference is not None and recent is not None and recent < self.threshold * self.reference
-        back = self.reference is not None and recent is not None and recent >= self.threshold * self.reference
-        return {"goodput_bps": round(goodput), "vote": bool(low), "recovered": bool(back),
+        return {"goodput_bps": round(goodput), "vote": bool(low),
                 "send_bps": {p: round(r) for p, r in sorted(self.rates.items())}}
 
     def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:

@@ -172,6 +172,8 @@ RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUND
                                     low_open=True),
                "strategy": Field(str, f"the all-reduce strategy: {STRATEGY_HINT}", default=allreduce.DEFAULT,
                                  max_len=80),
+               "monitor_every": Field(int, "the variance of the model deltas (grad_var) every this many rounds "
+                                           "(0: never)", default=0, low=0, high=MAX_ROUNDS),
                "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
 
@@ -181,7 +183,7 @@ ADAPTIVE_STRATEGY = Schema({
     "kind": Field(str, "adaptive_strategy: switch the ring's all-reduce strategy when the goodput drops",
                   required=True, choices=("adaptive_strategy",)),
     "mode": Field(str, "kungfu: switch once to 'alternative' when most members see the goodput drop; robust: "
-                       "medians, a cool-down, the candidate from the measured link rates, back when it recovers",
+                       "medians, a cool-down, the candidate from the measured link rates",
                   default="robust", choices=("kungfu", "robust")),
     "threshold": Field(float, "a node votes when its goodput is below this share of the reference", default=0.8,
                        low=0, high=1, low_open=True),
@@ -213,7 +215,15 @@ USER_POLICY = Schema({
     "class": Field(str, "the class: a subclass of dml_app.policies.Policy", required=True, pattern=IDENTIFIER,
                    hint="a Python name"),
 })
-POLICY_KINDS = {"adaptive_strategy": ADAPTIVE_STRATEGY, "adaptive_batch": ADAPTIVE_BATCH}
+ELASTIC_SCALING = Schema({
+    "kind": Field(str, "elastic_scaling: add the FL aggregator's standby trainers while the throughput grows "
+                       "enough", required=True, choices=("elastic_scaling",)),
+    "window_rounds": Field(int, "rounds measured with each trainer count", default=3, low=1, high=MAX_ROUNDS),
+    "alpha": Field(float, "one more trainer must add alpha/N to the throughput", default=1 / 3, low=0, high=4,
+                   low_open=True),
+})
+POLICY_KINDS = {"adaptive_strategy": ADAPTIVE_STRATEGY, "adaptive_batch": ADAPTIVE_BATCH,
+                "elastic_scaling": ELASTIC_SCALING}
 POLICY_KIND = Field(str, choices=tuple(POLICY_KINDS))
 POLICY_EXAMPLE = ('[{"kind": "adaptive_strategy", "mode": "robust"}, '
                   '{"module": "policies/mine.py", "class": "Mine"}]')
@@ -307,7 +317,8 @@ def load_fl(data: dict[str, Any], path: str, topology: Topology) -> dict[str, di
     confs[aggregator] = {**_base(agg, "fl_aggregator", model, sync), "trainers": trainers,
                          "trainer_fraction": agg["trainer_fraction"], "selection": agg["selection"],
                          "deadline_s": deadline_s, "quorum": agg["quorum"], "talks_to": trainers,
-                         "aggregation": _aggregation(agg["aggregation"], where)}
+                         "aggregation": _aggregation(agg["aggregation"], where),
+                         "standby": [t for t in trainers if topology.node(t).standby]}
     return {aggregator: confs.pop(aggregator), **confs}
 
 
@@ -399,7 +410,8 @@ def load_ring(data: dict[str, Any], path: str, topology: Topology) -> dict[str, 
         entry, name, where = entries.entry(i, RING_TRAINER)
         _unique(confs, name, where)
         confs[name] = {**_base(entry, "ring", model, top["sync"], _epoch(entry, top)),
-                       "step_timeout_s": top["step_timeout_s"], "join_wait_s": top["join_wait_s"]}
+                       "step_timeout_s": top["step_timeout_s"], "join_wait_s": top["join_wait_s"],
+                       "monitor_every": top["monitor_every"]}
         sites[name] = entry.get("site") or topology.node(name).host
     if len(confs) < 2:
         raise ConfigError(f"{path}: field 'node_list': a ring needs at least 2 nodes")
@@ -427,6 +439,7 @@ def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[s
     raw_policies = data.pop("policies", ABSENT)
     confs = LOADERS[algorithm](data, path, topology)
     policies = None if raw_policies is ABSENT else _policies(raw_policies, path, algorithm, confs)
+    _check_standby(path, algorithm, confs, topology, policies or [])
     for conf in confs.values():
         if own_keys and "model" in conf:
             conf["model"] = {**conf["model"], **own_keys}
@@ -435,6 +448,30 @@ def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[s
         if policies is not None:
             conf["policies"] = [dict(p) for p in policies]
     return confs
+
+
+def _check_standby(path: str, algorithm: str, confs: dict[str, dict[str, Any]], topology: Topology,
+                   policies: list[dict[str, Any]]) -> None:
+    """Standby nodes (nodes.json) are FL trainers that an elastic_scaling policy adds; that
+    policy is the FL aggregator's, and needs standby trainers to add."""
+    standby = [n for n in confs if topology.node(n).standby]
+    elastic = any(p.get("kind") == "elastic_scaling" for p in policies)
+    if elastic and algorithm != "fl":
+        raise ConfigError(f"{path}: field 'policies': elastic_scaling adds trainers to an FL aggregator "
+                          f"(fl_structure.json); the {algorithm} algorithm has none")
+    if not standby:
+        if elastic:
+            raise ConfigError(f"{path}: field 'policies': elastic_scaling needs trainers marked \"standby\": true "
+                              "in nodes.json to add")
+        return
+    wrong = [n for n in standby if confs[n].get("role") != "fl_trainer"]
+    if wrong:
+        raise ConfigError(f"{path}: {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} marked standby in "
+                          "nodes.json, but only an FL trainer can stand by")
+    if not elastic:
+        raise ConfigError(f"{path}: {', '.join(standby)} {'is' if len(standby) == 1 else 'are'} marked standby in "
+                          "nodes.json: add an elastic_scaling policy (\"policies\": [{\"kind\": "
+                          "\"elastic_scaling\"}]) or drop the mark")
 
 
 def _module_model_keys(data: dict[str, Any], path: str) -> dict[str, Any]:
