@@ -55,6 +55,7 @@ SCHEMAS = {
     "ring-trainer": ("controller.confs.structures", "RING_TRAINER"),
     "adaptive-strategy": ("controller.confs.structures", "ADAPTIVE_STRATEGY"),
     "adaptive-batch": ("controller.confs.structures", "ADAPTIVE_BATCH"),
+    "elastic-scaling": ("controller.confs.structures", "ELASTIC_SCALING"),
     "user-policy": ("controller.confs.structures", "USER_POLICY"),
     "dataset-settings": ("controller.confs.confs", "SETTINGS"),
     "dataset-module": ("controller.confs.confs", "DATA_MODULE"),

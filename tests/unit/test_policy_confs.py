@@ -78,9 +78,10 @@ BAD = [  # (policies, the message's end)
     ({"kind": "adaptive_strategy"}, "expected a list like"),
     ([{"kind": "adaptive_batch"}] * 9, "field 'policies': at most 8 policies, got 9"),
     (["adaptive_batch"], "policies[0]: expected an object like"),
-    ([{"max_batch": 4}], "policies[0]: missing field 'kind' (a built-in policy: adaptive_strategy, adaptive_batch)"),
+    ([{"max_batch": 4}], "policies[0]: missing field 'kind' (a built-in policy: adaptive_strategy, adaptive_batch, "
+                         "elastic_scaling)"),
     ([{"kind": "adaptiv_batch"}], "policies[0], field 'kind': 'adaptiv_batch' is not one of 'adaptive_strategy', "
-                                  "'adaptive_batch'; did you mean 'adaptive_batch'?"),
+                                  "'adaptive_batch', 'elastic_scaling'; did you mean 'adaptive_batch'?"),
     ([{"kind": "adaptive_strategy", "treshold": 0.5}],
      "policies[0] (adaptive_strategy), field 'treshold': unknown field; did you mean 'threshold'? "
      "(adaptive_strategy's fields: kind, mode, threshold, warmup_rounds, reference_rounds, window_rounds, "
@@ -221,3 +222,41 @@ def test_the_structure_files_kinds_are_the_nodes_kinds():
     from dml_app.policies import KINDS
 
     assert list(POLICY_KINDS) == list(KINDS)
+
+
+def test_standby_trainers_need_fl_and_an_elastic_scaling_policy(tmp_path, topology):
+    topology.node("n3").standby = True
+    elastic = [{"kind": "elastic_scaling"}]
+    confs = load(tmp_path, topology, "fl", policies=elastic)
+    assert confs["n1"]["standby"] == ["n3"] and confs["n1"]["trainers"] == ["n2", "n3"]
+    assert confs["n1"]["policies"] == [{"kind": "elastic_scaling", "window_rounds": 3, "alpha": 1 / 3}]
+    with pytest.raises(ConfigError, match=r"n3 is marked standby in nodes.json: add an elastic_scaling policy"):
+        load(tmp_path, topology, "fl")
+    with pytest.raises(ConfigError, match="only an FL trainer can stand by"):
+        load(tmp_path, topology, "gossip", policies=[{"kind": "adaptive_batch"}])
+    with pytest.raises(ConfigError, match="elastic_scaling adds trainers to an FL aggregator"):
+        load(tmp_path, topology, "ring", policies=elastic)
+    topology.node("n3").standby = False
+    with pytest.raises(ConfigError, match="elastic_scaling needs trainers marked \"standby\": true"):
+        load(tmp_path, topology, "fl", policies=elastic)
+    with pytest.raises(ConfigError, match=r"policies\[0\] \(elastic_scaling\).*alpha"):
+        load(tmp_path, topology, "fl", policies=[{"kind": "elastic_scaling", "alpha": 0}])
+
+
+def test_nodes_json_marks_standby_nodes(tmp_path):
+    from controller.model.topology import load_nodes
+    path = tmp_path / "nodes.json"
+    path.write_text(json.dumps({"nodes": [{"name": "a"}, {"name": "b", "standby": True}]}))
+    topo = load_nodes(str(path))
+    assert [topo.node(n).standby for n in ("a", "b")] == [False, True]
+    assert Topology.from_dict(topo.to_dict()).node("b").standby
+    path.write_text(json.dumps({"nodes": [{"name": "a", "standby": "yes"}]}))
+    with pytest.raises(Exception, match="standby"):
+        load_nodes(str(path))
+
+
+def test_the_rings_monitor_every_reaches_its_confs(tmp_path, topology):
+    assert load(tmp_path, topology)["n1"]["monitor_every"] == 0
+    assert load(tmp_path, topology, monitor_every=4)["n2"]["monitor_every"] == 4
+    with pytest.raises(ConfigError, match="monitor_every"):
+        load(tmp_path, topology, monitor_every=-1)
