@@ -108,8 +108,10 @@ def timeline_entry(a: dict[str, Any]) -> tuple[float, str, str, str]:
 def with_entries(timeline: list[dict[str, Any]],
                  entries: Iterable[tuple[float, str, str, str]]) -> list[dict[str, Any]]:
     """``timeline`` (``[{seq, t_s, kind, target, detail}]``) with ``entries`` added, all in time
-    order (an entry without a time first; ties keep the timeline's order), ``seq`` renumbered from 1."""
+    order (an entry without a time first; ties keep the timeline's order), ``seq`` renumbered from 1.
+    An entry the timeline has already (same kind, target and detail) is not added twice."""
+    seen = {(e.get("kind"), e.get("target"), e.get("detail")) for e in timeline}
     merged = list(timeline) + [{"seq": 0, "t_s": t, "kind": k, "target": target, "detail": d}
-                               for t, k, target, d in entries]
+                               for t, k, target, d in entries if (k, target, d) not in seen]
     merged.sort(key=lambda e: _number(e.get("t_s")) if _number(e.get("t_s")) is not None else -math.inf)
     return [{**e, "seq": i + 1} for i, e in enumerate(merged)]
