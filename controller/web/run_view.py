@@ -230,7 +230,8 @@ def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s:
     except (OSError, UnicodeDecodeError, csv.Error):
         pass
     if t0 is not None:
-        entries += [adaptation.timeline_entry(a) for a in adaptation.adaptation_events(read_run_events(run_dir, {}), t0)]
+        adapted = adaptation.adaptation_events(read_run_events(run_dir, {}), t0)
+        entries += [adaptation.timeline_entry(a) for a in adapted]
     for name, ending in endings.items():
         if ending != "done":
             entries.append((end_s, "ended", name, str(ending)))
