@@ -13,7 +13,9 @@ A *view* is a JSON object:
   aggregate throughput; CPU cores and memory median and band) and ``round`` (per round
   number: accuracy and loss median and band over the nodes that reported it);
 - ``timeline``: ``[{seq, t_s, kind, target, detail}]`` (scenario events, node failures and
-  endings, deaths and replacements, link changes).
+  endings, deaths and replacements, link changes, and the nodes' policy decisions and strategy
+  changes: ``node_event`` when a node reports one while the run goes on, else added to
+  ``timeline.json`` from the nodes' events at the end, ``controller.results.finish``).
 
 The band is the 10th to 90th percentile over the nodes; a node's accuracy is its global
 accuracy when the role evaluates one, else its local accuracy. ``LiveFeed`` builds the view
@@ -31,6 +33,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 import numpy as np
 
 from controller.model.topology import Topology
+from controller.results import adaptation
 from controller.results.bands import finite_round as _r
 from controller.results.bands import median_10_90 as band  # the 10-90 band over the nodes
 from controller.results.rates import LinkRates
@@ -172,6 +175,15 @@ class LiveFeed:
         self.timeline.append({"seq": self._seq, "t_s": _r(self.t_s() if t_s is None else t_s, 3), "kind": kind,
                               "target": target, "detail": detail})
         del self.timeline[:-TIMELINE_MAX]
+
+    def node_event(self, name: str, event: dict[str, Any]) -> bool:
+        """A node's ``policy_decision`` or ``strategy_changed`` event (its ``t``: Unix seconds) as a
+        timeline entry; False (nothing added) for another type or an event without a time."""
+        t0 = self.exp.t_start
+        adapted = adaptation.adaptation_events({name: [event]}, t0 or 0.0) if t0 is not None else []
+        for a in adapted:
+            self.event(*adaptation.timeline_entry(a)[1:], t_s=a["t_s"])
+        return bool(adapted)
 
     def link_changed(self, src: str, dst: str, shape: Shape) -> None:
         """Link ``src -> dst`` was re-shaped now: a timeline entry (its rate is in ``exp.rates``)."""
