@@ -6,7 +6,8 @@ A *view* is a JSON object:
   learning structure, ``controller.web.structure``) and ``links``: ``[{src, dst, rate_bps}]``, in a
   fixed order that the arrays below follow;
 - ``snapshot``: the latest values, as arrays in that order: per node ``state``, ``round``,
-  ``accuracy`` (local), ``global_accuracy``, ``loss``, ``cpu_cores``, ``mem_bytes``,
+  ``accuracy`` (local), ``global_accuracy``, ``loss``, ``strategy`` (a ring all-reduce's, the
+  last the node reported), ``cpu_cores``, ``mem_bytes``,
   ``tx_bytes``, ``rx_bytes``; per link ``link_bps`` (measured), ``link_rate_bps`` (configured)
   and ``link_down`` (cut by a link-down or partition event);
 - ``series``: ``time`` (one point per sample: ``t_s``; accuracy and loss median and band;
@@ -267,7 +268,7 @@ class LiveFeed:
                 "state": ["paused" if n.state == "running" and n.name in paused else n.state for n in nodes],
                 "round": [n.round for n in nodes],
                 "accuracy": [_r(n.accuracy) for n in nodes], "global_accuracy": [_r(n.global_accuracy) for n in nodes],
-                "loss": [_r(n.loss) for n in nodes],
+                "loss": [_r(n.loss) for n in nodes], "strategy": [n.monitors.get("strategy") for n in nodes],
                 "cpu_cores": [_r(self._cpu.get(n.name), 4) for n in nodes],
                 "mem_bytes": [t.get("mem_bytes") for t in tele],
                 "tx_bytes": [t.get("tx_bytes") if t.get("tx_bytes") is not None else n.bytes_sent

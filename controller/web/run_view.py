@@ -77,7 +77,8 @@ def _metric_rows(run_dir: str) -> list[dict[str, Any]]:
                              "layer": int(num(r.get("layer"))) if num(r.get("layer")) is not None else None,
                              "time_s": num(r.get("time_s")), "accuracy": num(r.get("accuracy")),
                              "value": acc if acc is not None else num(r.get("accuracy")),
-                             "loss": loss if loss is not None else num(r.get("loss"))})
+                             "loss": loss if loss is not None else num(r.get("loss")),
+                             "strategy": adaptation.text(r.get("strategy"))})
     except (OSError, UnicodeDecodeError, csv.Error):
         pass
     return rows
@@ -192,6 +193,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
                 "accuracy": [final(n, "accuracy") for n in names],
                 "global_accuracy": [final(n, "final_global_accuracy") for n in names],
                 "loss": [final(n, "loss") for n in names], "cpu_cores": [None for _ in names],
+                "strategy": [last.get(n, {}).get("strategy") for n in names],
                 "mem_bytes": [counter_last(n, "mem_bytes") for n in names],
                 "tx_bytes": [counter_last(n, "tx_bytes") for n in names],
                 "rx_bytes": [counter_last(n, "rx_bytes") for n in names],
