@@ -538,6 +538,9 @@ def _policies(raw: Any, path: str, algorithm: str, confs: dict[str, dict[str, An
                 raise ConfigError(f"{place.field(key)}: unknown field{hint} ({kind}'s fields: "
                                   f"{', '.join(schema.fields)})")
         checked = schema.validate(entry, place, ConfigError)
+        if kind == "adaptive_batch" and algorithm != "ring":
+            raise ConfigError(f"{place}: adaptive_batch follows the gradient noise scale, which a ring all-reduce "
+                              f"measures (ra_structure.json); the {algorithm} algorithm does not")
         if kind == "adaptive_strategy":
             _check_adaptive_strategy(checked, place, algorithm, confs,
                                      [j for j, p in enumerate(out) if p.get("kind") == kind])

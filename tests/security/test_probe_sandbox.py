@@ -204,7 +204,7 @@ def test_a_users_policy_is_tried_in_the_sandbox_and_its_vote_comes_back(tmp_path
     ("Broken", "ra_structure.json: policies[0]: dml_user/policies/p.py: Broken(conf, view) failed: "
                "KeyError: 'level' (line 21)"),
     ("BadAction", "ra_structure.json: policies[0]: dml_user/policies/p.py: BadAction.decide: an action is an "
-                  "object of strategy, batch_size (and a reason), not {'learning_rate': 0.1}"),
+                  "object of strategy, batch_size, members (and a reason), not {'learning_rate': 0.1}"),
 ])
 def test_a_bad_users_policy_is_refused_with_the_file_and_the_reason(tmp_path, cls, message):
     from controller.confs import usercode

@@ -58,20 +58,23 @@ def test_every_conf_gets_the_policies_with_their_defaults_filled(tmp_path, topol
     assert load(tmp_path, topology, policies=[])["n1"]["policies"] == []
 
 
-def test_every_algorithm_takes_adaptive_batch_and_user_policies_but_only_a_ring_adaptive_strategy(tmp_path,
-                                                                                                 topology):
+def test_every_algorithm_takes_user_policies_but_only_a_ring_adaptive_strategy_or_batch(tmp_path, topology):
     fl_nodes = {"node_list": [{"name": "n2", "sync": 3}, {"name": "n1"}, {"name": "n3"}]}
     for algorithm, extra in (("gossip", {}), ("fl", fl_nodes)):
-        policies = [{"kind": "adaptive_batch"}, {"module": "p.py", "class": "P"}]
+        policies = [{"module": "p.py", "class": "P"}]
         confs = load(tmp_path, topology, algorithm, policies=policies, **extra)
-        assert all(c["policies"] == [BATCH_DEFAULTS, {"module": "p.py", "class": "P"}] for c in confs.values())
+        assert all(c["policies"] == [{"module": "p.py", "class": "P"}] for c in confs.values())
+        file = f"{tmp_path}/{algorithm[:2].replace('go', 'gl')}_structure.json"
         with pytest.raises(ConfigError) as refused:
-            load(tmp_path, topology, algorithm, policies=[{"kind": "adaptive_batch"}, {"kind": "adaptive_strategy"}],
-                 **extra)
+            load(tmp_path, topology, algorithm, policies=[*policies, {"kind": "adaptive_strategy"}], **extra)
         assert str(refused.value) == (
-            f"{tmp_path}/{algorithm[:2].replace('go', 'gl')}_structure.json: policies[1] (adaptive_strategy): "
-            f"adaptive_strategy changes a ring all-reduce's strategy (ra_structure.json); the {algorithm} algorithm "
-            "has no strategy to change")
+            f"{file}: policies[1] (adaptive_strategy): adaptive_strategy changes a ring all-reduce's strategy "
+            f"(ra_structure.json); the {algorithm} algorithm has no strategy to change")
+        with pytest.raises(ConfigError) as refused:
+            load(tmp_path, topology, algorithm, policies=[{"kind": "adaptive_batch"}], **extra)
+        assert str(refused.value) == (
+            f"{file}: policies[0] (adaptive_batch): adaptive_batch follows the gradient noise scale, which a ring "
+            f"all-reduce measures (ra_structure.json); the {algorithm} algorithm does not")
 
 
 BAD = [  # (policies, the message's end)
@@ -233,7 +236,7 @@ def test_standby_trainers_need_fl_and_an_elastic_scaling_policy(tmp_path, topolo
     with pytest.raises(ConfigError, match=r"n3 is marked standby in nodes.json: add an elastic_scaling policy"):
         load(tmp_path, topology, "fl")
     with pytest.raises(ConfigError, match="only an FL trainer can stand by"):
-        load(tmp_path, topology, "gossip", policies=[{"kind": "adaptive_batch"}])
+        load(tmp_path, topology, "gossip", policies=[{"module": "p.py", "class": "P"}])
     with pytest.raises(ConfigError, match="elastic_scaling adds trainers to an FL aggregator"):
         load(tmp_path, topology, "ring", policies=elastic)
     topology.node("n3").standby = False
