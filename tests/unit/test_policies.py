@@ -189,3 +189,20 @@ def test_an_aggregator_picks_its_standby_trainers_only_once_a_policy_adds_them(t
     changed = events_of(roles[0], "trainers_changed")
     assert [(e["added"], e["removed"], e["members"]) for e in changed] == [(["t3"], [], ["t1", "t3"])]
     assert events_of(roles[2], "round") == []  # t2 stood by the whole run
+
+
+@pytest.mark.parametrize("votes,words", [
+    ({"0:p": {"x": float("inf")}}, "r1's vote of 0:p: a vote must be plain JSON"),
+    ({"0:p": ["yes"]}, "r1's vote of 0:p: a vote is a JSON object or None"),
+    ({f"{i}:p": None for i in range(17)}, "r1's votes: an object of at most 16"),
+    ("yes", "r1's votes: an object of at most 16")])
+def test_a_join_with_bad_votes_is_answered_400_and_held_nowhere(tmp_path, votes, words):
+    import json
+
+    from dml_app.http import HttpError, Request
+    net = MemoryNetwork()
+    role = role_of(RingRole, tmp_path, net, "r0", {"sync": 1, "ring": ["r0", "r1"]}, ["r0", "r1"])
+    body = json.dumps({"want": 1, "epoch": 0, "votes": votes}).replace("Infinity", "1e999").encode()
+    with pytest.raises(HttpError) as refused:
+        role.on_join(Request("POST", "/ring/join", {}, body, "application/json", sender="r1"))
+    assert refused.value.status == 400 and words in refused.value.detail and role._joins == {}
