@@ -41,7 +41,7 @@ formation; a member whose own decision has another digest refuses the formation 
 aborted). A strategy that changes is a ``strategy_changed`` event. Monitors: each round
 event has the ring's ``strategy``, ``cluster_size``, ``comm_goodput_bps`` (the model's
 bytes over the time of this node's all-reduce), ``gns`` (``dml_app.monitors``) and, every
-``monitor_every`` rounds, ``grad_var``.
+``monitor_every`` rounds, ``grad_var``; ``monitor_s`` is what computing them took.
 """
 from __future__ import annotations
 
@@ -537,7 +537,9 @@ class RingRole(Role):
             self.ctx.events.write("strategy_changed", round=formation.round, strategy=formation.strategy,
                                   previous=self.installed, reason=self.reason, digest=formation.digest)
             self.installed = formation.strategy
+        began = time.perf_counter()
         monitors = self.monitors(formation, start if synced is None else None, local, reduced, send_s)
+        monitors["monitor_s"] = time.perf_counter() - began  # (their cost, on the round's path)
         loss, accuracy = self.evaluate()
         self.want = formation.round + 1
         self.over = self.want > self.sync
