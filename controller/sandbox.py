@@ -1,15 +1,15 @@
 """Running the user's code before a run, in a node-like sandbox (``dml_app.probe``).
 
-A model file is built, an algorithm file imported, a data module called and the final models
-of a Keras or user model evaluated, so that a mistake is said at deploy time with the file and
-the reason, before anything is created, and the user's code never runs as root. As root, the
-probe runs as ``nobody`` without capabilities, in network, mount and IPC namespaces of its own
-(no network at all), in a session of its own (killed whole when it ends or times out), seeing
-Python, the code and the experiment directory read-only (without ``dml_file/``), the inputs the
-controller wrote for it read-only and one directory of its own to write, under the nodes'
-rlimits and seccomp filter (``worker.nodes.privilege.become_node``). What it writes is read
-back without following links, from regular files only, bounded in size. As another user (tests,
-the Python API without root), it runs as that user, unconfined.
+A model file is built, an algorithm file imported, a policy tried on a sample round, a data module
+called and the final models of a Keras or user model evaluated, so that a mistake is said at deploy
+time with the file and the reason, before anything is created, and the user's code never runs as
+root. As root, the probe runs as ``nobody`` without capabilities, in network, mount and IPC
+namespaces of its own (no network at all), in a session of its own (killed whole when it ends or
+times out), seeing Python, the code and the experiment directory read-only (without ``dml_file/``),
+the inputs the controller wrote for it read-only and one directory of its own to write, under the
+nodes' rlimits and seccomp filter (``worker.nodes.privilege.become_node``). What it writes is read
+back without following links, from regular files only, bounded in size. As another user (tests, the
+Python API without root), it runs as that user, unconfined.
 """
 from __future__ import annotations
 
@@ -186,6 +186,14 @@ def check_algorithm(module: str, classes: Sequence[str], workdir: str) -> dict[s
     with Scratch() as scratch:
         return run_probe({"task": "algorithm", "module": module, "classes": list(classes)}, workdir,
                          scratch)["replaces"]
+
+
+def check_policy(entry: dict[str, Any], view: dict[str, Any], workdir: str) -> dict[str, Any]:
+    """The user's policy (``entry``: its structure entry, ``module`` staged) built with the
+    ``PolicyView`` keywords ``view`` and tried on a sample round: ``{"vote", "action"}``."""
+    with Scratch() as scratch:
+        answer = run_probe({"task": "policy", "entry": entry, "view": view}, workdir, scratch)
+        return {"vote": answer.get("vote"), "action": answer.get("action")}
 
 
 def evaluate_models(conf: dict[str, Any], workdir: str, input_shape: Sequence[int], n_classes: int,

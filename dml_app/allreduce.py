@@ -15,7 +15,6 @@ A structure's ``digest`` names it: the members agree on it before they install i
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Optional
@@ -72,6 +71,8 @@ class Structure:
 
     def digest(self) -> str:
         """A short hash of the structure (strategy, members, parents)."""
+        import hashlib  # (here: a node process starts without _hashlib)
+
         text = json.dumps({"strategy": self.strategy, "members": list(self.members),
                            "parent": [list(e) for e in self.parent]}, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]

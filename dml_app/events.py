@@ -16,7 +16,8 @@ Every event has ``v`` (format version), ``run_id``, ``node``, ``type`` and ``t``
   retry_in_s, why; ``layer`` for E-tree), ``peer_rejoined`` (round, peer, how),
   ``quorum_round`` (round, missing, quorum: a round closed without every
   update), ``round_failed`` (no quorum: the model kept), ``ring_formed`` (round,
-  epoch, members, dropped, joined), ``ring_aborted`` (round, epoch, detail);
+  epoch, members, dropped, joined), ``ring_aborted`` (round, epoch, detail),
+  ``trainers_changed`` (an FL aggregator's policy: round, added, removed, members, reason);
   ``MEMBERSHIP`` lists them. A replaced node appends to the same file: its
   events hold every life, each from its own ``started``.
 
@@ -34,7 +35,8 @@ from typing import Any
 from dml_app import bounded_json
 
 EVENT_VERSION = 1
-MEMBERSHIP = ("peer_dropped", "peer_rejoined", "quorum_round", "round_failed", "ring_formed", "ring_aborted")
+MEMBERSHIP = ("peer_dropped", "peer_rejoined", "quorum_round", "round_failed", "ring_formed", "ring_aborted",
+              "trainers_changed")
 
 
 class EventLog:

@@ -25,7 +25,7 @@ from dml_app.usercode import UserCodeError, attribute, load_file
 Vote = Optional[dict[str, Any]]
 Action = Optional[dict[str, Any]]
 MAX_VOTE_BYTES = 4096  # one policy's vote, as JSON
-ACTIONS = ("strategy", "batch_size")  # what an action may change
+ACTIONS = ("strategy", "batch_size", "members")  # what an action may change
 
 
 class PolicyError(ValueError):
@@ -44,6 +44,7 @@ class PolicyView:
     batch_size: int = 32
     link_bps: dict[str, int] = field(default_factory=dict)
     sites: dict[str, str] = field(default_factory=dict)
+    standby: list[str] = field(default_factory=list)  # FL: trainers not (yet) picked, in the order to add them
 
 
 class Policy:
@@ -90,8 +91,10 @@ class AdaptiveStrategy(Policy):
     ``alternative`` when more than half the members vote, once.
     ``robust``: the reference is the median goodput of the first ``reference_rounds`` rounds, the
     decision uses the median of the last ``window_rounds``; after a switch, ``cooldown_rounds``
-    rounds pass before the next; the candidate is the strategy whose estimated round time over the
-    measured (else nominal) link rates is least, the starting strategy when the goodput is back.
+    rounds pass before the next, and the reference is measured anew under the new strategy. The
+    candidate is the strategy whose estimated all-reduce time over the link rates the members
+    measured since the last switch is least (an edge not measured counts as the fastest), so a
+    later drop may lead back to the strategy of the start.
     """
 
     kind = "adaptive_strategy"
@@ -128,8 +131,7 @@ class AdaptiveStrategy(Policy):
             self.reference = median(self.goodputs[:self.reference_rounds])
         recent = median(self.goodputs[-self.window_rounds:]) if len(self.goodputs) >= self.window_rounds else None
         low = self.reference is not None and recent is not None and recent < self.threshold * self.reference
-        back = self.reference is not None and recent is not None and recent >= self.threshold * self.reference
-        return {"goodput_bps": round(goodput), "vote": bool(low), "recovered": bool(back),
+        return {"goodput_bps": round(goodput), "vote": bool(low),
                 "send_bps": {p: round(r) for p, r in sorted(self.rates.items())}}
 
     def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
@@ -205,7 +207,56 @@ class AdaptiveBatch(Policy):
         return {"batch_size": target, "reason": f"noise scale {self.average:.1f}"}
 
 
-KINDS: dict[str, type[Policy]] = {AdaptiveStrategy.kind: AdaptiveStrategy, AdaptiveBatch.kind: AdaptiveBatch}
+class ElasticScaling(Policy):
+    """Grow the FL aggregator's trainers while it pays (KungFu's rule): every ``window_rounds``
+    rounds, the median throughput T(N) (samples trained per second) with N trainers is compared
+    with T(N-1): while T(N) >= (1 + ``alpha`` / N) T(N-1), the next standby trainer is added;
+    otherwise the last added is removed, and the policy stops."""
+
+    kind = "elastic_scaling"
+
+    def __init__(self, conf: dict[str, Any], view: PolicyView) -> None:
+        super().__init__(conf, view)
+        self.window_rounds = int(conf.get("window_rounds", 3))
+        self.alpha = float(conf.get("alpha", 1 / 3))
+        self.window: list[float] = []
+        self.previous: Optional[float] = None  # T(N - 1)
+        self.added: list[str] = []
+        self.stopped = False
+        self.history: list[tuple[int, float]] = []  # (N, T(N)) as measured
+
+    def after_round(self, metrics: dict[str, Any]) -> Vote:
+        value = metrics.get("throughput_sps")
+        return {"throughput_sps": float(value)} if isinstance(value, (int, float)) and value > 0 else None
+
+    def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
+        if self.stopped:
+            return None
+        self.window += [float(v["throughput_sps"]) for v in votes.values() if v and "throughput_sps" in v]
+        if len(self.window) < self.window_rounds:
+            return None
+        n, t = len(self.view.members), median(self.window)
+        self.window = []
+        self.history.append((n, t))
+        gain = None if self.previous is None else t / self.previous - 1
+        if self.previous is not None and t < (1 + self.alpha / n) * self.previous and self.added:
+            self.stopped = True
+            last = self.added.pop()
+            return {"members": [m for m in self.view.members if m != last],
+                    "reason": f"T({n}) = {t:.1f}/s is only {gain:+.1%} over T({n - 1}); below alpha/N = "
+                              f"{self.alpha / n:.1%}: {last} removed"}
+        left = [m for m in self.view.standby if m not in self.view.members]
+        if not left:
+            self.stopped = True
+            return None
+        self.previous = t
+        self.added.append(left[0])
+        said = "first window" if gain is None else f"{gain:+.1%} over T({n - 1})"
+        return {"members": [*self.view.members, left[0]], "reason": f"T({n}) = {t:.1f}/s ({said}): {left[0]} added"}
+
+
+KINDS: dict[str, type[Policy]] = {AdaptiveStrategy.kind: AdaptiveStrategy, AdaptiveBatch.kind: AdaptiveBatch,
+                                  ElasticScaling.kind: ElasticScaling}
 
 
 def build(entries: list[dict[str, Any]], view: PolicyView, workdir: str) -> list[Policy]:
@@ -257,6 +308,9 @@ def check_action(action: Any, who: str) -> Action:
         raise PolicyError(f"{who}: batch_size must be a whole number >= 1, not {action['batch_size']!r}")
     if "strategy" in action and not isinstance(action["strategy"], str):
         raise PolicyError(f"{who}: strategy must be a string, not {action['strategy']!r}")
+    members = action.get("members", [])
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        raise PolicyError(f"{who}: members must be a list of node names, not {members!r}")
     return action
 
 

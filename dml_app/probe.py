@@ -9,6 +9,11 @@ Requests (paths relative to ``workdir``, the experiment directory):
   parameter count and bytes; builds whose arrays differ are refused.
 - ``{"task": "algorithm", "workdir", "module", "classes"}``: import the file and check that each
   class subclasses a built-in role (one class a role); answers which role each replaces.
+- ``{"task": "policy", "workdir", "entry", "view"}``: import the policy file, check that the class
+  subclasses ``dml_app.policies.Policy``, build it with its entry and a ``PolicyView(**view)``, and
+  try it on a sample round (``before_run``, ``before_round(1)``, ``after_round(SAMPLE_METRICS)``,
+  ``decide(1, ...)`` on that vote from every member): the vote must pass ``check_vote``, the action
+  ``check_action``; answers both.
 - ``{"task": "data", "workdir", "module", "function", "out"}``: call the data module's function and
   save its four arrays to ``out`` (an npz, no pickle) for the controller to check and split.
 - ``{"task": "evaluate", "workdir", "conf", "input_shape", "n_classes", "test", "weights"}``: each
@@ -27,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from dml_app import usercode
+from dml_app import policies, usercode
 from dml_app.models import check_contract, load_global_test, make_model
 
 DATA_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
@@ -65,6 +70,42 @@ def probe_algorithm(req: dict[str, Any]) -> dict[str, Any]:
 
     found = user_roles(req["workdir"], str(req["module"]), list(req["classes"]))
     return {"replaces": {cls.__name__: role for role, cls in found.items()}}
+
+
+SAMPLE_METRICS = {"round": 1, "comm_goodput_bps": 1e6, "gns": 10.0, "batch_size": 32, "strategy": "ring",
+                  "cluster_size": 2}  # a round's metrics, as a policy's after_round sees them
+VIEW_KEYS = ("name", "role", "members", "strategy", "batch_size", "link_bps", "sites")
+
+
+def probe_policy(req: dict[str, Any]) -> dict[str, Any]:
+    """The user's policy built and tried on a sample round: its vote and its action."""
+    entry = dict(req["entry"])
+    relative, name = str(entry["module"]), str(entry.get("class"))
+    path = usercode.resolve(req["workdir"], relative)
+    cls = usercode.attribute(usercode.load_file(req["workdir"], relative), relative, name, "policy class")
+    if not (isinstance(cls, type) and issubclass(cls, policies.Policy)):
+        raise usercode.UserCodeError(f"{relative}: {name} must subclass dml_app.policies.Policy")
+    view = policies.PolicyView(**{k: v for k, v in dict(req["view"]).items() if k in VIEW_KEYS})
+    metrics = {**SAMPLE_METRICS, "strategy": view.strategy or "ring", "batch_size": view.batch_size,
+               "cluster_size": max(2, len(view.members))}
+    step = f"{name}(conf, view)"
+    try:
+        policy = cls(entry, view)
+        step = f"{name}.before_run()"
+        policy.before_run()
+        step = f"{name}.before_round(1)"
+        policy.before_round(1)
+        step = f"{name}.after_round(metrics)"
+        vote = policy.after_round(dict(metrics))
+        policies.check_vote(vote, f"{relative}: {name}.after_round")
+        step = f"{name}.decide(1, votes)"
+        action = policy.decide(1, {m: vote for m in view.members or [view.name]})
+    except policies.PolicyError:
+        raise
+    except Exception as e:  # the user's code
+        raise usercode.UserCodeError(f"{relative}: {step} failed: {usercode.where_in(e, path)}") from None
+    policies.check_action(action, f"{relative}: {name}.decide")
+    return {"vote": vote, "action": action}
 
 
 def probe_data(req: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +154,8 @@ def probe_evaluate(req: dict[str, Any]) -> dict[str, Any]:
     return {"results": results}
 
 
-TASKS = {"model": probe_model, "algorithm": probe_algorithm, "data": probe_data, "evaluate": probe_evaluate}
+TASKS = {"model": probe_model, "algorithm": probe_algorithm, "policy": probe_policy, "data": probe_data,
+         "evaluate": probe_evaluate}
 
 
 def main() -> int:

@@ -19,8 +19,17 @@ Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
   trainer is ``{"name", "layer": 1, "epoch"}``. A node may appear on several
   layers (and be its own child), but once per layer.
 - ring all-reduce (ra_structure.json): ``sync``, ``step_timeout_s``,
-  ``join_wait_s`` (how long a ring formation waits for the last one's members);
-  entries ``{"name", "epoch"}`` in ring order.
+  ``join_wait_s`` (how long a ring formation waits for the last one's members),
+  ``strategy`` (``dml_app.allreduce``: ``ring``, ``star:<node>``, ``binary_tree``,
+  ``site_tree``; default ring); entries ``{"name", "epoch", "site"}`` in ring order
+  (``site``: default the node's host). Each ring conf gets ``strategy`` and ``sites``
+  (member -> site).
+
+Every file may also set ``policies`` (``dml_app.policies``): at most ``MAX_POLICIES``
+entries, each a built-in ``{"kind": "adaptive_strategy"|"adaptive_batch", ...}`` (every
+parameter checked, defaults filled; ``adaptive_strategy`` on a ring only) or the user's
+``{"module": "policies/mine.py", "class": "Mine", <its own keys>}``; every conf then gets
+``policies``, the list of validated entries.
 
 Each conf lists in ``talks_to`` the nodes it sends to; ``controller.confs.confs``
 turns that into next hops over the links (relays where two nodes have no link).
@@ -34,17 +43,19 @@ file, the entry and the field, with the nearest valid name. Upper bounds:
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
 from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology
-from dml_app import aggregation
+from dml_app import aggregation, allreduce
 from worker.api.errors import ConfigError
 from dml_app.models import BUILTIN_NAMES
-from worker.api.schema import (ABSENT, MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS, MAX_LEARNING_RATE,
-                               MAX_ROUNDS, MAX_SECONDS, SEED, Field, Place, Schema, read_object)
+from worker.api.schema import (ABSENT, MAX_BATCH, MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS,
+                               MAX_LEARNING_RATE, MAX_ROUNDS, MAX_SECONDS, SEED, Field, Place, Schema, describe,
+                               read_object)
 
 ALGORITHMS = ("gossip", "fl", "etree", "ring")
 PREFIXES = {"gl": "gossip", "fl": "fl", "el": "etree", "ra": "ring"}  # EdgeTB's file names
@@ -147,14 +158,75 @@ ETREE_AGGREGATOR = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "sync": F
                            "child_num": Field(int, "how many of the following entries are its children",
                                               required=True, low=1, high=100_000)})
 ETREE_TRAINER = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "epoch": EPOCH})
+STRATEGY_HINT = "ring, star:NODE (a star around a member), binary_tree or site_tree"
+SITE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
+RING_TRAINER = Schema({"name": NAME, "epoch": EPOCH, "seed": SEED,
+                       "site": Field(str, "the node's site, for site_tree (default: its worker host)",
+                                     default=ABSENT, pattern=SITE,
+                                     hint="a name of 1 to 64 letters, digits, '_', '-' or '.'")})
 RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                "step_timeout_s": Field(float, "longest wait for one step of the ring", default=120.0, low=0,
                                        high=MAX_SECONDS, low_open=True),
                "join_wait_s": Field(float, "longest wait for the last ring's members to join the next one "
                                            "(a lost member costs this once)", default=30.0, low=0, high=MAX_SECONDS,
                                     low_open=True),
+               "strategy": Field(str, f"the all-reduce strategy: {STRATEGY_HINT}", default=allreduce.DEFAULT,
+                                 max_len=80),
+               "monitor_every": Field(int, "the variance of the model deltas (grad_var) every this many rounds "
+                                           "(0: never)", default=0, low=0, high=MAX_ROUNDS),
                "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
+
+# Adaptation policies (dml_app.policies): the built-in kinds and the user's own ---------------------
+MAX_POLICIES = 8
+ADAPTIVE_STRATEGY = Schema({
+    "kind": Field(str, "adaptive_strategy: switch the ring's all-reduce strategy when the goodput drops",
+                  required=True, choices=("adaptive_strategy",)),
+    "mode": Field(str, "kungfu: switch once to 'alternative' when most members see the goodput drop; robust: "
+                       "medians, a cool-down, the candidate from the measured link rates",
+                  default="robust", choices=("kungfu", "robust")),
+    "threshold": Field(float, "a node votes when its goodput is below this share of the reference", default=0.8,
+                       low=0, high=1, low_open=True),
+    "warmup_rounds": Field(int, "kungfu: rounds before the one whose goodput is the reference", default=1,
+                           low=0, high=MAX_ROUNDS),
+    "reference_rounds": Field(int, "robust: the reference is the median goodput of the first rounds",
+                              default=5, low=1, high=MAX_ROUNDS),
+    "window_rounds": Field(int, "robust: a vote compares the median of the last rounds with the reference",
+                           default=3, low=1, high=MAX_ROUNDS),
+    "cooldown_rounds": Field(int, "robust: rounds after a switch before the next one", default=5, low=0,
+                             high=MAX_ROUNDS),
+    "alternative": Field(str, f"kungfu (required there): the strategy to switch to ({STRATEGY_HINT})",
+                         default=ABSENT, max_len=80),
+})
+ADAPTIVE_BATCH = Schema({
+    "kind": Field(str, "adaptive_batch: grow the batch with the gradient noise scale, never shrink it",
+                  required=True, choices=("adaptive_batch",)),
+    "max_batch": Field(int, "the largest batch size", default=1024, low=1, high=MAX_BATCH),
+    "max_growth": Field(float, "the batch grows at most this many times per decision", default=2.0, low=1,
+                        high=16, low_open=True),
+    "ema": Field(float, "the weight of the newest noise-scale estimate in its moving average", default=0.5,
+                 low=0, high=1, low_open=True),
+    "every_rounds": Field(int, "decide every this many rounds", default=1, low=1, high=MAX_ROUNDS),
+})
+USER_POLICY = Schema({
+    "module": Field(str, "a Python file with your policy class; the entry's other keys reach it as its conf",
+                    required=True, pattern=USER_FILE, hint="a .py file relative to the experiment directory, e.g. "
+                                                           "policies/mine.py (not under dml_user/ or dml_file/)"),
+    "class": Field(str, "the class: a subclass of dml_app.policies.Policy", required=True, pattern=IDENTIFIER,
+                   hint="a Python name"),
+})
+ELASTIC_SCALING = Schema({
+    "kind": Field(str, "elastic_scaling: add the FL aggregator's standby trainers while the throughput grows "
+                       "enough", required=True, choices=("elastic_scaling",)),
+    "window_rounds": Field(int, "rounds measured with each trainer count", default=3, low=1, high=MAX_ROUNDS),
+    "alpha": Field(float, "one more trainer must add alpha/N to the throughput", default=1 / 3, low=0, high=4,
+                   low_open=True),
+})
+POLICY_KINDS = {"adaptive_strategy": ADAPTIVE_STRATEGY, "adaptive_batch": ADAPTIVE_BATCH,
+                "elastic_scaling": ELASTIC_SCALING}
+POLICY_KIND = Field(str, choices=tuple(POLICY_KINDS))
+POLICY_EXAMPLE = ('[{"kind": "adaptive_strategy", "mode": "robust"}, '
+                  '{"module": "policies/mine.py", "class": "Mine"}]')
 
 
 def guess_algorithm(path: str) -> str:
@@ -245,7 +317,8 @@ def load_fl(data: dict[str, Any], path: str, topology: Topology) -> dict[str, di
     confs[aggregator] = {**_base(agg, "fl_aggregator", model, sync), "trainers": trainers,
                          "trainer_fraction": agg["trainer_fraction"], "selection": agg["selection"],
                          "deadline_s": deadline_s, "quorum": agg["quorum"], "talks_to": trainers,
-                         "aggregation": _aggregation(agg["aggregation"], where)}
+                         "aggregation": _aggregation(agg["aggregation"], where),
+                         "standby": [t for t in trainers if topology.node(t).standby]}
     return {aggregator: confs.pop(aggregator), **confs}
 
 
@@ -332,18 +405,26 @@ def load_ring(data: dict[str, Any], path: str, topology: Topology) -> dict[str, 
     top = RING.validate(data, path)
     model, entries = _model(top), _Entries(top, path, topology)
     confs: dict[str, dict[str, Any]] = {}
+    sites: dict[str, str] = {}
     for i in range(len(entries.items)):
-        entry, name, where = entries.entry(i, TRAINER)
+        entry, name, where = entries.entry(i, RING_TRAINER)
         _unique(confs, name, where)
         confs[name] = {**_base(entry, "ring", model, top["sync"], _epoch(entry, top)),
-                       "step_timeout_s": top["step_timeout_s"], "join_wait_s": top["join_wait_s"]}
+                       "step_timeout_s": top["step_timeout_s"], "join_wait_s": top["join_wait_s"],
+                       "monitor_every": top["monitor_every"]}
+        sites[name] = entry.get("site") or topology.node(name).host
     if len(confs) < 2:
         raise ConfigError(f"{path}: field 'node_list': a ring needs at least 2 nodes")
     ring = list(confs)
+    try:
+        allreduce.parse(top["strategy"], ring)
+    except allreduce.StructureError as e:
+        raise ConfigError(f"{path}: field 'strategy': {e}") from None
     for i, name in enumerate(ring):
         # any member may become another's successor, or coordinate a formation: keys and routes to all
         confs[name].update(ring=ring, talks_to=[ring[(i + 1) % len(ring)]] + [m for m in ring if m != name
-                                                                             and m != ring[(i + 1) % len(ring)]])
+                                                                             and m != ring[(i + 1) % len(ring)]],
+                           strategy=top["strategy"], sites=dict(sites))
     return confs
 
 
@@ -355,13 +436,42 @@ def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[s
     data.pop("telemetry", None)  # the run's sampling settings: controller.model.telemetry_conf reads them
     own_keys = _module_model_keys(data, path)
     user_algorithm = _algorithm(data.pop("algorithm", None), path)
+    raw_policies = data.pop("policies", ABSENT)
     confs = LOADERS[algorithm](data, path, topology)
+    policies = None if raw_policies is ABSENT else _policies(raw_policies, path, algorithm, confs)
+    _check_standby(path, algorithm, confs, topology, policies or [])
     for conf in confs.values():
         if own_keys and "model" in conf:
             conf["model"] = {**conf["model"], **own_keys}
         if user_algorithm:
             conf["algorithm"] = user_algorithm
+        if policies is not None:
+            conf["policies"] = [dict(p) for p in policies]
     return confs
+
+
+def _check_standby(path: str, algorithm: str, confs: dict[str, dict[str, Any]], topology: Topology,
+                   policies: list[dict[str, Any]]) -> None:
+    """Standby nodes (nodes.json) are FL trainers that an elastic_scaling policy adds; that
+    policy is the FL aggregator's, and needs standby trainers to add."""
+    standby = [n for n in confs if topology.node(n).standby]
+    elastic = any(p.get("kind") == "elastic_scaling" for p in policies)
+    if elastic and algorithm != "fl":
+        raise ConfigError(f"{path}: field 'policies': elastic_scaling adds trainers to an FL aggregator "
+                          f"(fl_structure.json); the {algorithm} algorithm has none")
+    if not standby:
+        if elastic:
+            raise ConfigError(f"{path}: field 'policies': elastic_scaling needs trainers marked \"standby\": true "
+                              "in nodes.json to add")
+        return
+    wrong = [n for n in standby if confs[n].get("role") != "fl_trainer"]
+    if wrong:
+        raise ConfigError(f"{path}: {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} marked standby in "
+                          "nodes.json, but only an FL trainer can stand by")
+    if not elastic:
+        raise ConfigError(f"{path}: {', '.join(standby)} {'is' if len(standby) == 1 else 'are'} marked standby in "
+                          "nodes.json: add an elastic_scaling policy (\"policies\": [{\"kind\": "
+                          "\"elastic_scaling\"}]) or drop the mark")
 
 
 def _module_model_keys(data: dict[str, Any], path: str) -> dict[str, Any]:
@@ -397,6 +507,88 @@ def _algorithm(raw: Any, path: str) -> Optional[dict[str, Any]]:
         raise ConfigError(f"{place}: field 'role': expected a class name or a list of 1 to 8 class names, "
                           f"got {checked['role']!r}")
     return {**own, "module": checked["module"], "classes": list(dict.fromkeys(classes))}
+
+
+def _policies(raw: Any, path: str, algorithm: str, confs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``policies`` list validated: built-in entries with every parameter (defaults filled),
+    the user's entries as ``{<its own keys>, "module", "class"}``."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: field 'policies': expected a list like {POLICY_EXAMPLE}, got {describe(raw)}")
+    if len(raw) > MAX_POLICIES:
+        raise ConfigError(f"{path}: field 'policies': at most {MAX_POLICIES} policies, got {len(raw)}")
+    out: list[dict[str, Any]] = []
+    for i, entry in enumerate(raw):
+        place = Place(path, (f"policies[{i}]",))
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{place}: expected an object like {{\"kind\": \"adaptive_batch\"}} or "
+                              f"{{\"module\": \"policies/mine.py\", \"class\": \"Mine\"}}, got {describe(entry)}")
+        if "module" in entry or "class" in entry:
+            out.append(_user_policy(entry, place))
+            continue
+        if "kind" not in entry:
+            raise ConfigError(f"{place}: missing field 'kind' (a built-in policy: {', '.join(POLICY_KINDS)}) or "
+                              "'module' and 'class' (your own)")
+        kind = POLICY_KIND.check(entry["kind"], place, "kind", ConfigError)
+        place = Place(path, (f"policies[{i}] ({kind})",))
+        schema = POLICY_KINDS[kind]
+        for key in entry:
+            if key not in schema.fields:
+                close = difflib.get_close_matches(str(key), list(schema.fields), n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{place.field(key)}: unknown field{hint} ({kind}'s fields: "
+                                  f"{', '.join(schema.fields)})")
+        checked = schema.validate(entry, place, ConfigError)
+        if kind == "adaptive_batch" and algorithm != "ring":
+            raise ConfigError(f"{place}: adaptive_batch follows the gradient noise scale, which a ring all-reduce "
+                              f"measures (ra_structure.json); the {algorithm} algorithm does not")
+        if kind == "adaptive_strategy":
+            _check_adaptive_strategy(checked, place, algorithm, confs,
+                                     [j for j, p in enumerate(out) if p.get("kind") == kind])
+        out.append(checked)
+    return out
+
+
+def _user_policy(entry: dict[str, Any], place: Place) -> dict[str, Any]:
+    """The user's policy entry: ``module`` and ``class`` checked, its own keys bounded."""
+    if "kind" in entry:
+        raise ConfigError(f"{place}: a policy is either built-in ('kind') or your own ('module' and 'class'), "
+                          "not both")
+    own = {k: v for k, v in entry.items() if k not in USER_POLICY.fields}
+    if len(json.dumps(own)) > MAX_MODEL_CONF_BYTES:
+        raise ConfigError(f"{place}: its own keys take more than {MAX_MODEL_CONF_BYTES} bytes")
+    checked = USER_POLICY.validate({k: v for k, v in entry.items() if k in USER_POLICY.fields}, place, ConfigError)
+    return {**own, "module": checked["module"], "class": checked["class"]}
+
+
+def _check_adaptive_strategy(checked: dict[str, Any], place: Place, algorithm: str,
+                             confs: dict[str, dict[str, Any]], earlier: list[int]) -> None:
+    """An adaptive_strategy policy fits the structure: a ring, one such policy, and in kungfu mode an
+    alternative strategy over the ring's members that is not the one it starts with."""
+    if algorithm != "ring":
+        raise ConfigError(f"{place}: adaptive_strategy changes a ring all-reduce's strategy (ra_structure.json); "
+                          f"the {algorithm} algorithm has no strategy to change")
+    if earlier:
+        raise ConfigError(f"{place}: policies[{earlier[0]}] is already an adaptive_strategy; a ring has one "
+                          "strategy, so at most one policy changes it")
+    ring = list(confs)
+    start = next(iter(confs.values()))["strategy"]
+    alternative = checked.get("alternative")
+    if checked["mode"] == "robust":
+        if alternative is not None:
+            raise ConfigError(f"{place.field('alternative')}: only the kungfu mode switches to a fixed alternative; "
+                              "the robust mode picks one from the measured link rates (remove it, or set "
+                              "\"mode\": \"kungfu\")")
+        return
+    if alternative is None:
+        raise ConfigError(f"{place}: missing field 'alternative' (the kungfu mode switches to it: {STRATEGY_HINT}, "
+                          "e.g. 'binary_tree')")
+    try:
+        allreduce.parse(alternative, ring)
+    except allreduce.StructureError as e:
+        raise ConfigError(f"{place.field('alternative')}: {e}") from None
+    if alternative == start:
+        raise ConfigError(f"{place.field('alternative')}: {alternative!r} is the strategy the ring starts with "
+                          "(field 'strategy'); name another to switch to")
 
 
 LOADERS: dict[str, Callable[[dict[str, Any], str, Topology], dict[str, dict[str, Any]]]] = {

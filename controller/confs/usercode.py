@@ -4,8 +4,9 @@
 snapshot: editing the file during a run changes nothing; the directory is synced to other hosts
 like the code) and points the nodes' confs at the copy. ``check`` tries them in the probe
 sandbox (``controller.sandbox``): a model that does not build, breaks the contract or builds
-arrays of different shapes with different seeds, and an algorithm class that is not a role, are refused
-with the file and the reason before anything is created. Built-in models are checked too: a
+arrays of different shapes with different seeds, an algorithm class that is not a role, and a policy
+class that is not a ``dml_app.policies.Policy`` or whose first vote is not one, are refused with the
+file and the reason before anything is created. Built-in models are checked too: a
 numpy one is built here (it is the project's own code), a Keras one needs TensorFlow.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ def user_files(structure: dict[str, dict[str, Any]]) -> list[str]:
     """The user's files the confs name (relative to the experiment directory), each once."""
     found = []
     for conf in structure.values():
-        for entry in (conf.get("model") or {}, conf.get("algorithm") or {}):
+        for entry in (conf.get("model") or {}, conf.get("algorithm") or {}, *(conf.get("policies") or [])):
             if entry.get("module"):
                 found.append(str(entry["module"]))
     return list(dict.fromkeys(found))
@@ -88,6 +89,9 @@ def stage(workdir: str, structure: dict[str, dict[str, Any]], source: str) -> di
             entry = conf.get(key)
             if entry and entry.get("module"):
                 conf[key] = {**entry, "module": f"{USERCODE_DIR}/{entry['module']}"}
+        if conf.get("policies"):
+            conf["policies"] = [{**p, "module": f"{USERCODE_DIR}/{p['module']}"} if p.get("module") else p
+                                for p in conf["policies"]]
     return staged
 
 
@@ -166,4 +170,33 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
             raise ConfigError(f"{source}: field 'algorithm': {', '.join(unused)} replace "
                               f"{', '.join(sorted({replaces[n] for n in unused}))}, a role no node of this "
                               f"structure has ({', '.join(sorted(roles))})")
+    check_policies(workdir, structure, source)
     return described
+
+
+def policy_view(node: str, conf: dict[str, Any]) -> dict[str, Any]:
+    """The ``dml_app.policies.PolicyView`` (as keywords) a policy of ``node`` is tried with: the
+    members it decides with (a ring's members, else the node alone), the ring's strategy and sites."""
+    return {"name": "probe", "role": str(conf["role"]), "members": list(conf.get("ring") or [node]),
+            "strategy": conf.get("strategy"), "batch_size": 32, "sites": dict(conf.get("sites") or {})}
+
+
+def check_policies(workdir: str, structure: dict[str, dict[str, Any]], source: str) -> None:
+    """Try each user policy of ``structure`` (staged) in the sandbox, once per role that runs it: the
+    class is a Policy, it builds with its conf, and its vote on a sample round is one."""
+    from controller import sandbox
+
+    tried: set[str] = set()
+    for node, conf in structure.items():
+        for i, entry in enumerate(conf.get("policies") or []):
+            if not entry.get("module"):
+                continue
+            view = policy_view(node, conf)
+            key = json.dumps([entry, view["role"]], sort_keys=True)
+            if key in tried:
+                continue
+            tried.add(key)
+            try:
+                sandbox.check_policy(entry, view, workdir)
+            except sandbox.ProbeError as e:
+                raise sandbox.ProbeError(f"{source}: policies[{i}]: {e}") from None

@@ -68,7 +68,9 @@ NODE_SCHEMA = Schema({
     "pids": Field(int, "processes and threads", low=MIN_PIDS_MAX, high=MAX_PIDS_MAX),
     "ip": Field(str, "a physical node's IPv4 address", max_len=15),
     "uplink": Field(str, "the node's access link out, shared by all its peers, e.g. '10mbit'", max_len=32),
-    "downlink": Field(str, "the node's access link in, shared by all its peers, e.g. '10mbit'", max_len=32)})
+    "downlink": Field(str, "the node's access link in, shared by all its peers, e.g. '10mbit'", max_len=32),
+    "standby": Field(bool, "an FL trainer created idle: an elastic_scaling policy may add it during the run",
+                     default=False)})
 ACCESS_SCHEMA = Schema({"uplink": NODE_SCHEMA.fields["uplink"], "downlink": NODE_SCHEMA.fields["downlink"]})
 # What Topology.to_dict writes (topology.json) and from_dict reads back.
 _TOPOLOGY_DICT = Schema({"version": Field(int, required=True, choices=(TOPOLOGY_VERSION,)),
@@ -77,7 +79,7 @@ _NODE_DICT = Schema({
     "name": Field(str, required=True), "kind": Field(str), "host": Field(str),
     "cpu": Field(float, nullable=True), "mem_bytes": Field(int, nullable=True), "ip": Field(str, nullable=True),
     "uplink_bps": Field(int, nullable=True), "downlink_bps": Field(int, nullable=True),
-    "pids_max": Field(int, nullable=True)})  # values checked further by add_node
+    "pids_max": Field(int, nullable=True), "standby": Field(bool)})  # values checked further by add_node
 _LINK_DICT = Schema({"src": Field(str, "a node name", required=True),
                      "dst": Field(str, "a node name", required=True),
                      "shape": Field(dict, "how the link is shaped", required=True)})
@@ -101,11 +103,12 @@ class Node:
     uplink_bps: Optional[int] = None  # access links: shared by all the node's peers (None: none)
     downlink_bps: Optional[int] = None
     pids_max: Optional[int] = None  # processes and threads
+    standby: bool = False  # an FL trainer idle until an elastic_scaling policy adds it
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "host": self.host, "cpu": self.cpu,
                 "mem_bytes": self.mem_bytes, "ip": self.ip, "uplink_bps": self.uplink_bps,
-                "downlink_bps": self.downlink_bps, "pids_max": self.pids_max}
+                "downlink_bps": self.downlink_bps, "pids_max": self.pids_max, "standby": self.standby}
 
 
 @dataclass(frozen=True)
@@ -383,7 +386,8 @@ class Topology:
             _NODE_DICT.validate(entry, f"{source}: nodes[{i}]", TopologyError)
             topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
                           entry.get("mem_bytes"), entry.get("ip"), source=source, uplink=entry.get("uplink_bps"),
-                          downlink=entry.get("downlink_bps"), pids=entry.get("pids_max"))
+                          downlink=entry.get("downlink_bps"), pids=entry.get("pids_max")).standby = \
+                bool(entry.get("standby", False))
         for i, entry in enumerate(data["links"]):
             _LINK_DICT.validate(entry, f"{source}: links[{i}]", TopologyError)
             src, dst = entry["src"], entry["dst"]
@@ -419,7 +423,8 @@ def load_nodes(path: str) -> Topology:
         uplink = entry.get("uplink", defaults.get("uplink"))
         downlink = entry.get("downlink", defaults.get("downlink") if kind != "physical" else None)
         topo.add_node(entry["name"], kind, entry.get("host", "local"), entry.get("cpu"), entry.get("mem"),
-                      entry.get("ip"), source=path, uplink=uplink, downlink=downlink, pids=entry.get("pids"))
+                      entry.get("ip"), source=path, uplink=uplink, downlink=downlink,
+                      pids=entry.get("pids")).standby = bool(entry.get("standby", False))
     return topo
 
 

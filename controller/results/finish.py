@@ -4,7 +4,8 @@
 ``problems``, and the rest goes on): ``confs.json``, ``lives.json``, ``timeline.json``,
 ``membership.csv``, the final models' evaluation, metrics and plots (``tables.build``),
 ``summary.json``, the analysis (``analysis/``), ``summary.json`` again with the analysis.
-``write_record`` ends ``run.json``.
+``write_record`` ends ``run.json``. The timeline is the live view's with the nodes' adaptation
+events added (``controller.results.adaptation``: they arrive with the nodes' events, at the end).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from controller.results import evaluate, tables
+from controller.results import adaptation, evaluate, tables
 from controller.results.run_dir import (ANALYSIS_DIR, CONFS_JSON, LIVES_JSON, MEMBERSHIP_CSV, RUN, RUN_JSON,
                                         SUMMARY_JSON, TIMELINE_JSON, Problems, RunDir, attempt, csv_bytes,
                                         read_run_events)
@@ -54,7 +55,7 @@ def write_results(run: RunResults, problems: Problems,
     step(CONFS_JSON, lambda: out.write_json(CONFS_JSON, {n: {"structure": c} for n, c in run.structure.items()}))
     step(LIVES_JSON, lambda: out.write_json(LIVES_JSON, run.lives))
     if run.timeline is not None:
-        step(TIMELINE_JSON, lambda: out.write_json(TIMELINE_JSON, {"version": 1, "entries": run.timeline}))
+        step(TIMELINE_JSON, lambda: out.write_json(TIMELINE_JSON, {"version": 1, "entries": full_timeline(run)}))
     step(MEMBERSHIP_CSV, lambda: out.write_bytes(MEMBERSHIP_CSV, csv_bytes(
         tables.MEMBERSHIP_COLUMNS, tables.membership_rows(read_run_events(run_dir, {}), run.membership))))
     final = step("models", lambda: evaluate.final_models(
@@ -71,6 +72,15 @@ def write_results(run: RunResults, problems: Problems,
     summary["analysis"] = analyze(out, run_dir, run.run_id, progress)
     step(SUMMARY_JSON, lambda: out.write_json(SUMMARY_JSON, summary))
     return summary
+
+
+def full_timeline(run: RunResults) -> list[dict[str, Any]]:
+    """The live view's timeline with the nodes' policy decisions and strategy changes added."""
+    timeline = run.timeline or []
+    if run.t_start is None:  # never started: no node acted
+        return timeline
+    adapted = adaptation.adaptation_events(read_run_events(run.run_dir, {}), run.t_start)
+    return adaptation.with_entries(timeline, map(adaptation.timeline_entry, adapted)) if adapted else timeline
 
 
 def analyze(out: RunDir, run_dir: str, run_id: str, progress: Callable[[str], None] = print) -> dict[str, Any]:

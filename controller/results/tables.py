@@ -8,7 +8,9 @@ its ``round`` events. Files are written atomically (a temporary file renamed).
   ``accuracy``/``loss`` are measured on the node's own test shard,
   ``global_accuracy``/``global_loss`` on the run's common global test set
   (empty without one), ``train_loss`` is the last epoch's training loss,
-  ``layer`` is the E-tree layer (empty for other algorithms).
+  ``layer`` is the E-tree layer (empty for other algorithms); the monitors
+  ``comm_goodput_bps``, ``strategy``, ``cluster_size``, ``batch_size``, ``gns``,
+  ``grad_var`` (``controller.results.adaptation``) are empty when the node did not measure them.
 - ``traffic.csv``: ``run_id,node,round,peer,direction,bytes``, one row per
   node, round, next-hop peer and direction (``sent``/``recv``); an empty round
   is traffic after the node's last round (answers sent once it was recorded).
@@ -21,6 +23,10 @@ its ``round`` events. Files are written atomically (a temporary file renamed).
   ``dml_app.events.MEMBERSHIP`` and the controller's (``death_expected``,
   ``node_died``, ``node_replaced``, ``replace_failed``; ``node`` is
   ``controller``, ``peer`` the node concerned).
+- ``scenario_effects.csv`` (``scenario_effects``, when the run had a scenario or its policies
+  acted): per applied scenario event and per adaptation event (a policy's decision, a strategy
+  change), the run's speed before and after it; a revocation's recovery time; an adaptation
+  event's ``round``, ``policy`` and ``action`` (its node is the ``target``).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import os
 import statistics
 from typing import Any, Iterable, Optional
 
+from controller.results.adaptation import MONITOR_FIELDS, action_json, adaptation_events, monitor_fields
 from controller.results.plots import write_plots
 from controller.results.run_dir import (METRICS_CSV, RUN, SCENARIO_CSV, SCENARIO_EFFECTS_CSV, TRAFFIC_CSV, Problems,
                                         Writer, attempt, csv_bytes, finite_number, local_writer, read_run_events)
@@ -37,7 +44,7 @@ from dml_app.events import MEMBERSHIP
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
-                  "received_models"]
+                  "received_models", *MONITOR_FIELDS]
 TRAFFIC_COLUMNS = ["run_id", "node", "round", "peer", "direction", "bytes"]
 ALGORITHM_OF_ROLE = {"gossip": "gossip", "fl_aggregator": "fl", "fl_trainer": "fl", "etree": "etree", "ring": "ring"}
 
@@ -82,7 +89,7 @@ def metric_rows(events: dict[str, list[dict[str, Any]]], t0: float, algorithm: s
                          "train_loss": finite_number(e.get("train_loss")),
                          "bytes_sent": e.get("bytes_sent", 0), "bytes_recv": e.get("bytes_recv", 0),
                          "train_s": _rounded(e.get("train_s"), 4), "send_s": _rounded(e.get("send_s"), 4),
-                         "received_models": e.get("received_models", 0)})
+                         "received_models": e.get("received_models", 0), **monitor_fields(e)})
     rows.sort(key=lambda r: (r["node"], r["round"] if isinstance(r["round"], int) else -1))
     return rows
 
@@ -109,7 +116,7 @@ def traffic_rows(events: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]
 
 # scenario ---------------------------------------------------------------------------------------
 SCENARIO_EFFECT_COLUMNS = ["planned_s", "applied_s", "event", "target", "rounds_per_min_before",
-                           "rounds_per_min_after", "recovery_s"]
+                           "rounds_per_min_after", "recovery_s", "round", "policy", "action"]
 SPEED_WINDOW_S = 30.0
 
 
@@ -138,10 +145,13 @@ def rounds_per_min(rows: list[dict[str, Any]], start_s: float, end_s: float) -> 
 
 
 def scenario_effects(rows: list[dict[str, Any]], applied: list[dict[str, Any]],
-                     window_s: float = SPEED_WINDOW_S) -> list[dict[str, Any]]:
+                     window_s: float = SPEED_WINDOW_S,
+                     adapted: Iterable[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """For each applied event, the run's speed (rounds per minute per node) in the ``window_s``
     before and after it; for a revocation, the recovery time from the revocation to the first
-    round its node (the replacement) finished after being replaced."""
+    round its node (the replacement) finished after being replaced. Each of ``adapted``
+    (``adaptation.adaptation_events``) is a row too, at its time, with its round, policy and
+    action (JSON); all rows in time order (ties: the scenario's first)."""
     times = [r["time_s"] for r in rows if r["time_s"] is not None]
     end = max(times, default=0.0)
     out = []
@@ -161,7 +171,14 @@ def scenario_effects(rows: list[dict[str, Any]], applied: list[dict[str, Any]],
                     "rounds_per_min_before": rounds_per_min(rows, max(0.0, t - window_s), t),
                     "rounds_per_min_after": rounds_per_min(rows, t, min(end, t + window_s)),
                     "recovery_s": recovery})
-    return out
+    for a in adapted:
+        t = a["t_s"]
+        out.append({"planned_s": None, "applied_s": t, "event": a["type"], "target": a["node"],
+                    "rounds_per_min_before": rounds_per_min(rows, max(0.0, t - window_s), t),
+                    "rounds_per_min_after": rounds_per_min(rows, t, min(end, t + window_s)),
+                    "recovery_s": None, "round": a["round"], "policy": a["policy"],
+                    "action": action_json(a["action"])})
+    return sorted(out, key=lambda r: r["applied_s"])
 
 
 # summary -----------------------------------------------------------------------------------------
@@ -248,11 +265,13 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
     built = {"algorithm": algorithm, "nodes": nodes, "accuracy": accuracy_overview(nodes), "metrics": metrics_path,
              "traffic": traffic_path, "plots": plotted["plots"], "plot_mode": plotted["mode"],
              "models": sorted(n["model"] for n in nodes if n.get("model"))}
-    if applied:
-        effects = scenario_effects(rows, applied)
+    adapted = attempt(problems, RUN, "adaptation events", lambda: adaptation_events(events, t_start), [])
+    if applied or adapted:
+        effects = scenario_effects(rows, applied, adapted=adapted)
         attempt(problems, RUN, SCENARIO_EFFECTS_CSV,
                 lambda: write(SCENARIO_EFFECTS_CSV, csv_bytes(SCENARIO_EFFECT_COLUMNS, effects)))
-        built["scenario"] = {"events": len(applied), "effects": os.path.join(run_dir, SCENARIO_EFFECTS_CSV),
+        built["scenario"] = {"events": len(applied), "adaptation_events": len(adapted),
+                             "effects": os.path.join(run_dir, SCENARIO_EFFECTS_CSV),
                              "recovery_s": [e["recovery_s"] for e in effects if e["recovery_s"] is not None]}
     return built
 

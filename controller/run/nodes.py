@@ -98,6 +98,7 @@ class NodeState:
     expected_death: str = ""  # why it is about to die (crashed, revoked...): its ending once it does
     lives: list = field(default_factory=list)  # earlier lives: {"pid", "started_at", "ended", "ended_at"}
     started_at: Optional[float] = None  # this life's start
+    monitors: dict = field(default_factory=dict)  # the last adaptation monitors it reported (strategy, gns...)
 
     @property
     def settled(self) -> bool:
@@ -125,6 +126,7 @@ class NodeState:
             self.loss = float(report.loss)
         if report.round is not None and report.bytes_sent is not None:
             self.bytes_sent += int(report.bytes_sent)  # the round's bytes
+        self.monitors.update(report.monitors)
 
     def settle_from_events(self, body: bytes) -> None:
         """Settled when its events (JSON lines) say it ended: done, or failed and why."""
@@ -215,8 +217,8 @@ class Nodes(Mapping[str, NodeState]):
 
     def metrics_rows(self) -> list[dict[str, Any]]:
         """Each node's last reported round, accuracy, loss and model bytes."""
-        return [{"name": n.name, "round": n.round, "accuracy": n.accuracy, "loss": n.loss, "bytes_sent": n.bytes_sent}
-                for n in self.states.values()]
+        return [{"name": n.name, "round": n.round, "accuracy": n.accuracy, "loss": n.loss, "bytes_sent": n.bytes_sent,
+                 **n.monitors} for n in self.states.values()]
 
     def status(self) -> dict[str, Any]:
         """Every node's state and ending, and how many are done, failed, settled (for /status)."""

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from controller.results.adaptation import monitor_fields
 from worker.api.errors import ConfigError
 
 PERIOD_S = 5.0
@@ -71,6 +72,7 @@ class Report:
     global_loss: Optional[float]
     bytes_sent: Optional[float]  # the round's model bytes
     msg: str  # printable, clipped
+    monitors: dict[str, Any] = field(default_factory=dict)  # the adaptation monitors it reported (checked)
 
     @property
     def best_accuracy(self) -> Optional[float]:
@@ -102,7 +104,8 @@ def read_report(name: str, data: dict[str, Any], max_round: int, layers: set[int
         raise ConfigError(f"/print from {name}: layer {clip(str(layer), 40)} is not one of the node's "
                           f"({', '.join(map(str, sorted(layers))) or 'none'})")
     return Report(round_no, layer if isinstance(layer, int) else None, number("accuracy"), number("global_accuracy"),
-                  number("loss"), number("global_loss"), number("bytes_sent"), clip(str(data.get("msg", ""))))
+                  number("loss"), number("global_loss"), number("bytes_sent"), clip(str(data.get("msg", ""))),
+                  {k: v for k, v in monitor_fields(data).items() if v is not None})
 
 
 @dataclass

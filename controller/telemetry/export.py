@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from controller.results.adaptation import monitor_fields
 from controller.telemetry.collector import Collector
 from controller.workers.api import Worker
 from controller.workers.connect import recorded_plans
@@ -58,11 +59,23 @@ def _bits(bytes_per_s: Optional[float]) -> Optional[float]:
     return None if bytes_per_s is None else bytes_per_s * 8
 
 
+MONITOR_GAUGES = {  # a node's monitor -> (gauge, help)
+    "comm_goodput_bps": ("edgetb_node_comm_goodput_bps",
+                         "Goodput of the node's last collective: payload bits over first chunk sent to last received"),
+    "cluster_size": ("edgetb_node_cluster_size", "Members of the node's cluster in its last round"),
+    "batch_size": ("edgetb_node_batch_size", "The node's batch size in its last round"),
+    "gns": ("edgetb_node_gns", "Gradient noise scale the node estimated in its last round"),
+    "grad_var": ("edgetb_node_grad_var", "Gradient variance the node measured in its last round"),
+}
+
+
 def prometheus_text(run_id: str, nodes: list[dict[str, Any]], collector: Optional[Collector]) -> bytes:
     """The Prometheus exposition of a run: per node its round, accuracy, loss and model bytes
-    (as the node reports them) and, while sampled, its CPU, memory and traffic; per link its
-    bytes, throughput, drops and utilisation of the configured rate; per host the sampler's CPU.
-    ``nodes``: dicts with name, round, accuracy, loss, bytes_sent."""
+    (as the node reports them), its monitors when it reports them (``MONITOR_GAUGES``, and
+    ``edgetb_node_strategy`` labelled with the strategy, value 1) and, while sampled, its CPU,
+    memory and traffic; per link its bytes, throughput, drops and utilisation of the configured
+    rate; per host the sampler's CPU. ``nodes``: dicts with name, round, accuracy, loss,
+    bytes_sent and optionally the monitors (``controller.results.adaptation.monitor_fields``)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -76,14 +89,22 @@ def prometheus_text(run_id: str, nodes: list[dict[str, Any]], collector: Optiona
                                               labels=node_labels),
                 "loss": GaugeMetricFamily("edgetb_node_loss", "Last loss the node reported", labels=node_labels),
             }
+            gauges.update({key: GaugeMetricFamily(name, doc, labels=node_labels)
+                           for key, (name, doc) in MONITOR_GAUGES.items()})
+            strategy = GaugeMetricFamily("edgetb_node_strategy", "The node's all-reduce strategy (value 1)",
+                                         labels=[*node_labels, "strategy"])
             sent = CounterMetricFamily("edgetb_node_model_sent_bytes", "Bytes of model data the node reported sending",
                                        labels=node_labels)
             for n in nodes:
+                values = {**n, **monitor_fields(n)}  # a malformed monitor is not shown
                 for key, family in gauges.items():
-                    if n.get(key) is not None:
-                        family.add_metric([run_id, n["name"]], float(n[key]))
+                    if values.get(key) is not None:
+                        family.add_metric([run_id, n["name"]], float(values[key]))
                 sent.add_metric([run_id, n["name"]], float(n.get("bytes_sent") or 0))
+                if values["strategy"] is not None:
+                    strategy.add_metric([run_id, n["name"], values["strategy"]], 1.0)
             yield from gauges.values()
+            yield strategy
             yield sent
             if collector is None:
                 return

@@ -6,14 +6,17 @@ A *view* is a JSON object:
   learning structure, ``controller.web.structure``) and ``links``: ``[{src, dst, rate_bps}]``, in a
   fixed order that the arrays below follow;
 - ``snapshot``: the latest values, as arrays in that order: per node ``state``, ``round``,
-  ``accuracy`` (local), ``global_accuracy``, ``loss``, ``cpu_cores``, ``mem_bytes``,
+  ``accuracy`` (local), ``global_accuracy``, ``loss``, ``strategy`` (a ring all-reduce's, the
+  last the node reported), ``cpu_cores``, ``mem_bytes``,
   ``tx_bytes``, ``rx_bytes``; per link ``link_bps`` (measured), ``link_rate_bps`` (configured)
   and ``link_down`` (cut by a link-down or partition event);
 - ``series``: ``time`` (one point per sample: ``t_s``; accuracy and loss median and band;
   aggregate throughput; CPU cores and memory median and band) and ``round`` (per round
   number: accuracy and loss median and band over the nodes that reported it);
 - ``timeline``: ``[{seq, t_s, kind, target, detail}]`` (scenario events, node failures and
-  endings, deaths and replacements, link changes).
+  endings, deaths and replacements, link changes, and the nodes' policy decisions and strategy
+  changes: ``node_event`` when a node reports one while the run goes on, else added to
+  ``timeline.json`` from the nodes' events at the end, ``controller.results.finish``).
 
 The band is the 10th to 90th percentile over the nodes; a node's accuracy is its global
 accuracy when the role evaluates one, else its local accuracy. ``LiveFeed`` builds the view
@@ -31,6 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 import numpy as np
 
 from controller.model.topology import Topology
+from controller.results import adaptation
 from controller.results.bands import finite_round as _r
 from controller.results.bands import median_10_90 as band  # the 10-90 band over the nodes
 from controller.results.rates import LinkRates
@@ -173,6 +177,15 @@ class LiveFeed:
                               "target": target, "detail": detail})
         del self.timeline[:-TIMELINE_MAX]
 
+    def node_event(self, name: str, event: dict[str, Any]) -> bool:
+        """A node's ``policy_decision`` or ``strategy_changed`` event (its ``t``: Unix seconds) as a
+        timeline entry; False (nothing added) for another type or an event without a time."""
+        t0 = self.exp.t_start
+        adapted = adaptation.adaptation_events({name: [event]}, t0 or 0.0) if t0 is not None else []
+        for a in adapted:
+            self.event(*adaptation.timeline_entry(a)[1:], t_s=a["t_s"])
+        return bool(adapted)
+
     def link_changed(self, src: str, dst: str, shape: Shape) -> None:
         """Link ``src -> dst`` was re-shaped now: a timeline entry (its rate is in ``exp.rates``)."""
         self.event("link", f"{src}->{dst}", shape.describe())
@@ -255,7 +268,7 @@ class LiveFeed:
                 "state": ["paused" if n.state == "running" and n.name in paused else n.state for n in nodes],
                 "round": [n.round for n in nodes],
                 "accuracy": [_r(n.accuracy) for n in nodes], "global_accuracy": [_r(n.global_accuracy) for n in nodes],
-                "loss": [_r(n.loss) for n in nodes],
+                "loss": [_r(n.loss) for n in nodes], "strategy": [n.monitors.get("strategy") for n in nodes],
                 "cpu_cores": [_r(self._cpu.get(n.name), 4) for n in nodes],
                 "mem_bytes": [t.get("mem_bytes") for t in tele],
                 "tx_bytes": [t.get("tx_bytes") if t.get("tx_bytes") is not None else n.bytes_sent

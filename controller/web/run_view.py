@@ -10,11 +10,12 @@ from typing import Any, Optional
 
 import numpy as np
 
+from controller.results import adaptation
 from controller.results.analysis.inputs import read_run
 from controller.results.analysis.series import counter_at
 from controller.results.bands import finite_round, median_10_90
 from controller.results.run_dir import (CONFS_JSON, MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
-                                        TOPOLOGY_JSON, finite_float, read_json_object)
+                                        TOPOLOGY_JSON, finite_float, read_json_object, read_run_events)
 from controller.results.tables import read_scenario
 from controller.web.live import TIME_SERIES, round_series
 from controller.web.structure import places_of
@@ -76,7 +77,8 @@ def _metric_rows(run_dir: str) -> list[dict[str, Any]]:
                              "layer": int(num(r.get("layer"))) if num(r.get("layer")) is not None else None,
                              "time_s": num(r.get("time_s")), "accuracy": num(r.get("accuracy")),
                              "value": acc if acc is not None else num(r.get("accuracy")),
-                             "loss": loss if loss is not None else num(r.get("loss"))})
+                             "loss": loss if loss is not None else num(r.get("loss")),
+                             "strategy": adaptation.text(r.get("strategy"))})
     except (OSError, UnicodeDecodeError, csv.Error):
         pass
     return rows
@@ -191,6 +193,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
                 "accuracy": [final(n, "accuracy") for n in names],
                 "global_accuracy": [final(n, "final_global_accuracy") for n in names],
                 "loss": [final(n, "loss") for n in names], "cpu_cores": [None for _ in names],
+                "strategy": [last.get(n, {}).get("strategy") for n in names],
                 "mem_bytes": [counter_last(n, "mem_bytes") for n in names],
                 "tx_bytes": [counter_last(n, "tx_bytes") for n in names],
                 "rx_bytes": [counter_last(n, "rx_bytes") for n in names],
@@ -207,8 +210,9 @@ def stored_view(run_dir: str) -> dict[str, Any]:
 
 
 def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s: float) -> list[dict[str, Any]]:
-    """The run's ``timeline.json`` (what the live page showed), else the timeline rebuilt from
-    scenario.csv, membership.csv and the nodes' endings."""
+    """The run's ``timeline.json`` (what the live page showed, with the nodes' adaptation events),
+    else the timeline rebuilt from scenario.csv, membership.csv, the nodes' policy decisions and
+    strategy changes (their events) and the nodes' endings."""
     stored = read_json_object(os.path.join(run_dir, TIMELINE_JSON)).get("entries")
     if isinstance(stored, list) and all(isinstance(e, dict) for e in stored):
         return stored
@@ -227,6 +231,9 @@ def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s:
                 entries.append((t, str(r.get("event", "")), str(who or ""), detail))
     except (OSError, UnicodeDecodeError, csv.Error):
         pass
+    if t0 is not None:
+        adapted = adaptation.adaptation_events(read_run_events(run_dir, {}), t0)
+        entries += [adaptation.timeline_entry(a) for a in adapted]
     for name, ending in endings.items():
         if ending != "done":
             entries.append((end_s, "ended", name, str(ending)))

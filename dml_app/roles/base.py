@@ -42,6 +42,7 @@ Weights = list[np.ndarray]
 SEND_MARGIN = 4.0  # a send may take this many times its time at the link's rate ...
 SEND_BASE_S = 5.0  # ... plus this, before it is given up (a dead, paused or cut-off peer)
 DEFAULT_SEND_TIMEOUT_S = 60.0  # when the link's rate is not known
+MONITORS = ("comm_goodput_bps", "strategy", "cluster_size", "batch_size", "gns", "grad_var")  # (progress reports)
 RELAY_WAIT_S = 600.0  # a relay waits this long for the answer it passes back (a ring join is held)
 
 
@@ -238,8 +239,9 @@ class Role:
             message = f"{where}: accuracy {accuracy:.3f} loss {loss:.3f}"
         else:
             message = f"{where}: global accuracy {global_accuracy:.3f} loss {global_loss:.3f} (local {accuracy:.3f})"
+        monitors = {k: event[k] for k in MONITORS if event.get(k) is not None}
         self.ctx.progress(message, round=shown, layer=layer, accuracy=accuracy, global_accuracy=global_accuracy,
-                          loss=loss, global_loss=global_loss, bytes_sent=event["bytes_sent"])
+                          loss=loss, global_loss=global_loss, bytes_sent=event["bytes_sent"], **monitors)
         return event
 
     def result(self, last: dict[str, Any]) -> dict[str, Any]:

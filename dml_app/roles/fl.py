@@ -26,6 +26,13 @@ the quorum, not by every update, is a ``quorum_round`` event. A trainer's update
 as long as the round stays open (the model it gets says how long: ``deadline_s``): the
 aggregator's downlink may be shared by every trainer, which a trainer's link does not show.
 
+Elastic scaling: trainers listed in ``standby`` are not picked until a policy's action
+(``{"members": [...]}``, ``dml_app.policies.ElasticScaling``) makes them members; a
+``trainers_changed`` event says who came and went, and the first round with the new
+members has ``resize_latency_s`` (from the decision to that round's start). Each round
+event has ``cluster_size`` (the members) and ``throughput_sps`` (the samples of the
+round's updates over the round's seconds).
+
 The aggregator takes an update only from a trainer it asked in the open round
 (the sender proven by the message's signature), weighted by the sample count the
 trainer's dataset conf gives (``trainer_samples`` in the structure conf; the
@@ -96,7 +103,11 @@ class AggregatorRole(Role):
         self.selection = str(conf.get("selection", "uniform"))
         self.deadline_s = float(conf.get("deadline_s", 60.0))
         self.quorum = float(conf.get("quorum", 0.5))
-        self.k = max(1, round(self.fraction * len(self.trainers)))  # trainers picked per round
+        standby = [str(t) for t in conf.get("standby") or [] if t in self.trainers]
+        self.members = [t for t in self.trainers if t not in standby] or standby[:1]  # those picked from
+        self.view.members, self.view.standby = list(self.members), standby
+        self.k = max(1, round(self.fraction * len(self.members)))  # trainers picked per round
+        self._resized_at: Optional[float] = None  # when a policy last changed the members
         self.rng = random.Random(f"{ctx.name}-{ctx.conf.get('model', {}).get('seed', 0)}")
         self.seconds: dict[str, float] = {}  # trainer -> last train_s + send_s
         self._lock = threading.Lock()
@@ -142,7 +153,9 @@ class AggregatorRole(Role):
         """Send the global model to the picked trainers, wait for their updates until all came
         or the deadline, and combine them (``aggregation``) when a quorum did."""
         t_start, closes_at = time.time(), time.monotonic() + self.deadline_s
-        pool = candidates(self.trainers, self.health.usable(self.trainers), self.k)
+        resized = {} if self._resized_at is None else {"resize_latency_s": t_start - self._resized_at}
+        self._resized_at = None
+        pool = candidates(self.members, self.health.usable(self.members), self.k)
         picked = pick(self.rng, pool, self.k, self.seconds if self.selection == "speed" else None)
         with self._lock:
             self._round, self._open, self._expected, self._updates = r, True, set(picked), {}
@@ -177,11 +190,30 @@ class AggregatorRole(Role):
             closed = "no_quorum"
             self.ctx.events.write("round_failed", round=r, picked=picked, arrived=sorted(updates),
                                   detail=f"{len(updates)} of {len(picked)} updates by the deadline")
+        throughput_sps = sum(n for _, n in updates.values()) / max(time.time() - t_start, 1e-6)
         loss, accuracy = self.evaluate()
         return RoundRecord(r, t_start, NOT_TRAINED, loss, accuracy, send_s, len(updates),
                            {"picked": picked, "missing": missing, "closed": closed,
                             "samples": {t: n for t, (_, n) in updates.items()},
-                            "aggregate_s": time.perf_counter() - closed_at, "aggregation": self.aggregation.rule})
+                            "aggregate_s": time.perf_counter() - closed_at, "aggregation": self.aggregation.rule,
+                            "cluster_size": len(self.members), "throughput_sps": throughput_sps, **resized})
+
+    def apply(self, action: dict[str, Any]) -> None:
+        """A policy's action: the batch size, or the trainers picked from (``members``)."""
+        super().apply(action)
+        if "members" not in action:
+            return
+        members = [t for t in self.trainers if t in action["members"]]  # (in the structure's order)
+        unknown = sorted(set(action["members"]) - set(self.trainers))
+        if unknown or not members:
+            raise ValueError(f"a policy's members must be some of the trainers ({', '.join(self.trainers)}), "
+                             f"not {action['members']!r}")
+        added, removed = [t for t in members if t not in self.members], [t for t in self.members if t not in members]
+        self.members, self.view.members = members, list(members)
+        self.k = max(1, round(self.fraction * len(members)))
+        self._resized_at = time.time()
+        self.ctx.events.write("trainers_changed", round=self._round, added=added, removed=removed, members=members,
+                              reason=str(action.get("reason", "")))
 
     def finish(self, completed: bool) -> None:
         """Once every round ran, tell every trainer the run is over."""

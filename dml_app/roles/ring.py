@@ -41,7 +41,7 @@ formation; a member whose own decision has another digest refuses the formation 
 aborted). A strategy that changes is a ``strategy_changed`` event. Monitors: each round
 event has the ring's ``strategy``, ``cluster_size``, ``comm_goodput_bps`` (the model's
 bytes over the time of this node's all-reduce), ``gns`` (``dml_app.monitors``) and, every
-``monitor_every`` rounds, ``grad_var``.
+``monitor_every`` rounds, ``grad_var``; ``monitor_s`` is what computing them took.
 """
 from __future__ import annotations
 
@@ -119,6 +119,13 @@ def decide(order: list[str], me: str, my_want: Optional[int], my_epoch: int,
     return Formation(epoch, round_no, members), behind
 
 
+def checked_votes(votes: Any, who: str) -> dict[str, Any]:
+    """One node's votes (policy id -> vote), each checked; PolicyError otherwise."""
+    if not isinstance(votes, dict) or len(votes) > MAX_POLICIES:
+        raise PolicyError(f"{who}'s votes: an object of at most {MAX_POLICIES} policies' votes")
+    return {str(k): check_vote(v, f"{who}'s vote of {k}") for k, v in votes.items()}
+
+
 def chunk_index(pos: int, n: int, phase: str, step: int) -> int:
     """Which chunk the member at ``pos`` receives from its predecessor at (phase, step)."""
     p = (pos - 1) % n
@@ -159,8 +166,8 @@ class RingRole(Role):
         self.votes_out: dict[str, Any] = {}  # this node's votes on its last round, sent with its next join
         self.noise = NoiseScale()
         self.monitor_every = int(ctx.conf.get("monitor_every", 0))
-        self._sends: dict[str, list[float]] = {}
-        self._decided = 0  # the last formation whose votes this node decided on  # peer -> [bytes, seconds] of this round's all-reduce sends
+        self._sends: dict[str, list[float]] = {}  # peer -> [bytes, seconds] of this round's all-reduce sends
+        self._decided = 0  # the last formation whose votes this node decided on
         self.view.strategy, self.view.members = self.strategy, list(self.order)
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
@@ -184,9 +191,7 @@ class RingRole(Role):
                 or not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise HttpError(400, "bad_join", "a join needs want (a round or null) and epoch (a whole number)")
         try:
-            if not isinstance(votes, dict) or len(votes) > MAX_POLICIES:
-                raise PolicyError(f"votes are an object of at most {MAX_POLICIES} policies' votes")
-            votes = {str(k): check_vote(v, f"{peer}'s vote of {k}") for k, v in votes.items()}
+            votes = checked_votes(votes, peer)
         except PolicyError as e:
             raise HttpError(400, "bad_join", str(e)) from None
         with self._cond:
@@ -240,10 +245,13 @@ class RingRole(Role):
             if not isinstance(members, list) or self.ctx.name not in members \
                     or any(m not in self.order for m in members):
                 continue
-            votes = meta.get("votes") if isinstance(meta.get("votes"), dict) else {}
             try:
                 allreduce.parse(str(meta.get("strategy") or allreduce.DEFAULT), self.order)
-            except allreduce.StructureError:
+                raw = meta.get("votes") or {}
+                if not isinstance(raw, dict) or not set(raw) <= set(members):
+                    raise PolicyError("the votes of a formation are its members'")
+                votes = {m: checked_votes(v, m) for m, v in raw.items()}
+            except (allreduce.StructureError, PolicyError):
                 continue
             formation = Formation(int(meta["epoch"]), int(meta["round"]), [str(m) for m in members],
                                   str(meta.get("strategy") or allreduce.DEFAULT), votes, str(meta.get("digest", "")))
@@ -529,7 +537,9 @@ class RingRole(Role):
             self.ctx.events.write("strategy_changed", round=formation.round, strategy=formation.strategy,
                                   previous=self.installed, reason=self.reason, digest=formation.digest)
             self.installed = formation.strategy
+        began = time.perf_counter()
         monitors = self.monitors(formation, start if synced is None else None, local, reduced, send_s)
+        monitors["monitor_s"] = time.perf_counter() - began  # (their cost, on the round's path)
         loss, accuracy = self.evaluate()
         self.want = formation.round + 1
         self.over = self.want > self.sync

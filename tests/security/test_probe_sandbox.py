@@ -2,7 +2,9 @@
 without network, seeing the experiment directory read-only and not the testbed's own files."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -126,3 +128,91 @@ def test_the_probe_cannot_plant_a_link_for_root_to_follow(tmp_path):
     os.chmod(tmp_path, 0o755)
     with pytest.raises(sandbox.ProbeError):
         sandbox.load_data_module(str(tmp_path / "data.py"))
+
+
+POLICIES = '''
+import os
+from dml_app.policies import Policy
+
+class Spy(Policy):
+    def after_round(self, metrics):
+        return {"uid": os.getuid(), "members": self.view.members, "strategy": self.view.strategy,
+                "conf": self.conf["level"], "goodput": metrics["comm_goodput_bps"]}
+
+class NotAPolicy:
+    def __init__(self, conf, view):
+        pass
+
+class BadVote(Policy):
+    def after_round(self, metrics):
+        return {"seen": {1, 2}}
+
+class Broken(Policy):
+    def __init__(self, conf, view):
+        super().__init__(conf, view)
+        raise KeyError("level")
+
+class BadAction(Policy):
+    def decide(self, round_no, votes):
+        return {"learning_rate": 0.1}
+'''
+
+
+def _ring_with_policies(exp, policies: list) -> dict:
+    """A staged ring of n1, n2 with ``policies`` (loaded from ra_structure.json as a run does)."""
+    from controller.confs import usercode
+    from controller.confs.structures import load_structure_file
+    from controller.model.topology import load_links
+
+    (exp / "links.json").write_text('{"n1": [{"dest": "n2", "bw": "10mbit"}], "n2": [{"dest": "n1", "bw": "10mbit"}]}')
+    (exp / "ra_structure.json").write_text(json.dumps({"sync": 3, "strategy": "star:n2", "policies": policies,
+                                                       "node_list": [{"name": "n1"}, {"name": "n2"}]}))
+    confs = load_structure_file(str(exp / "ra_structure.json"), load_links(str(exp / "links.json")), "ring")
+    usercode.stage(str(exp), confs, "ra_structure.json")
+    return confs
+
+
+def test_a_users_policy_is_tried_in_the_sandbox_and_its_vote_comes_back(tmp_path):
+    from controller.confs import usercode
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.py").write_text(POLICIES)
+    example = os.path.join(sandbox.CODE_ROOT, "examples", "policies", "schedule_batch.py")
+    shutil.copy(example, tmp_path / "policies" / "schedule_batch.py")
+    os.chmod(tmp_path, 0o755)
+    confs = _ring_with_policies(tmp_path, [{"module": "policies/p.py", "class": "Spy", "level": 7},
+                                           {"module": "policies/schedule_batch.py", "class": "ScheduleBatch",
+                                            "every_rounds": 1}])
+    spy, schedule = confs["n1"]["policies"]
+    view = usercode.policy_view("n1", confs["n1"])
+    assert view == {"name": "probe", "role": "ring", "members": ["n1", "n2"], "strategy": "star:n2",
+                    "batch_size": 32, "sites": {"n1": "local", "n2": "local"}}
+    assert sandbox.check_policy(spy, view, str(tmp_path)) == {
+        "vote": {"uid": 65534, "members": ["n1", "n2"], "strategy": "star:n2", "conf": 7, "goodput": 1e6},
+        "action": None}
+    assert sandbox.check_policy(schedule, view, str(tmp_path)) == {"vote": {"batch_size": 32}, "action": None}
+    usercode.check_policies(str(tmp_path), confs, "ra_structure.json")  # both pass
+
+
+@pytest.mark.parametrize("cls,message", [
+    ("NotAPolicy", "ra_structure.json: policies[0]: dml_user/policies/p.py: NotAPolicy must subclass "
+                   "dml_app.policies.Policy"),
+    ("Missing", "ra_structure.json: policies[0]: dml_user/policies/p.py: defines no policy class 'Missing' "
+                "(it defines: BadAction, BadVote, Broken, NotAPolicy, Policy, Spy)"),
+    ("BadVote", "ra_structure.json: policies[0]: dml_user/policies/p.py: BadVote.after_round: a vote must be "
+                "plain JSON (Object of type set is not JSON serializable)"),
+    ("Broken", "ra_structure.json: policies[0]: dml_user/policies/p.py: Broken(conf, view) failed: "
+               "KeyError: 'level' (line 21)"),
+    ("BadAction", "ra_structure.json: policies[0]: dml_user/policies/p.py: BadAction.decide: an action is an "
+                  "object of strategy, batch_size, members (and a reason), not {'learning_rate': 0.1}"),
+])
+def test_a_bad_users_policy_is_refused_with_the_file_and_the_reason(tmp_path, cls, message):
+    from controller.confs import usercode
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.py").write_text(POLICIES)
+    os.chmod(tmp_path, 0o755)
+    confs = _ring_with_policies(tmp_path, [{"module": "policies/p.py", "class": cls}])
+    with pytest.raises(sandbox.ProbeError) as refused:
+        usercode.check_policies(str(tmp_path), confs, "ra_structure.json")
+    assert str(refused.value) == message

@@ -71,8 +71,9 @@ def test_the_live_feed_samples_rates_bands_and_changes(experiment):
         node.state = "running"
     exp.telemetry = _telemetry(0.0, 0, 0)
     feed.sample()  # the first sample: no rate yet
-    exp.on_print("a", {"round": 1, "accuracy": 0.5, "global_accuracy": 0.6, "loss": 1.2})
-    exp.on_print("b", {"round": 1, "accuracy": 0.7, "loss": 0.8})
+    exp.on_print("a", {"round": 1, "accuracy": 0.5, "global_accuracy": 0.6, "loss": 1.2, "strategy": "star:a",
+                       "gns": 12.5})
+    exp.on_print("b", {"round": 1, "accuracy": 0.7, "loss": 0.8, "strategy": ["not", "text"]})
     clock[0] = 101.0
     exp.telemetry = _telemetry(1.0, 1_000_000, 500_000_000)  # 8 Mbit/s and half a core over 1 s
     feed.sample()
@@ -82,6 +83,8 @@ def test_the_live_feed_samples_rates_bands_and_changes(experiment):
     assert [n["name"] for n in view["nodes"]] == ["a", "b"] and view["links"][0] == {"src": "a", "dst": "b"}
     assert snap["link_bps"] == [8_000_000.0, 0.0] and snap["link_rate_bps"] == [8_000_000, 8_000_000]
     assert snap["cpu_cores"] == [0.5, None] and snap["global_accuracy"] == [0.6, None]
+    assert snap["strategy"] == ["star:a", None]  # what a node reported, when it is text
+    assert exp.nodes["a"].monitors == {"strategy": "star:a", "gns": 12.5}
     t = view["series"]["time"]
     assert t["t_s"] == [0.0, 1.0] and t["throughput_bps"][-1] == 8_000_000.0
     assert t["acc_med"][-1] == pytest.approx(0.65)  # a's global accuracy, b's local one
@@ -134,10 +137,11 @@ def _stored_run(tmp_path):
     record.update(algorithm="ring", ended="completed", ended_at=record["started_at"] + 12,
                   nodes={"a": "done", "b": "done", "c": "crashed by the scenario"})
     (run / "run.json").write_text(json.dumps(record))
-    lines = ["run_id,algorithm,node,role,layer,round,time_s,loss,accuracy,global_loss,global_accuracy"]
+    lines = ["run_id,algorithm,node,role,layer,round,time_s,loss,accuracy,global_loss,global_accuracy,strategy"]
     for offset, node in enumerate("abc"):
         for r in range(1, 6):
-            lines.append(f"run1,ring,{node},ring,,{r},{1 + 2 * r},{1 / r},{0.4 + 0.1 * r},,{0.5 + 0.1 * r + 0.01 * offset}")
+            lines.append(f"run1,ring,{node},ring,,{r},{1 + 2 * r},{1 / r},{0.4 + 0.1 * r},,{0.5 + 0.1 * r + 0.01 * offset},"
+                         f"{'star:a' if r < 4 else 'ring'}")
     (run / "metrics.csv").write_text("\n".join(lines) + "\n")
     (run / "summary.json").write_text(json.dumps({"nodes": [
         {"node": n, "rounds": 5, "accuracy": 0.9, "final_global_accuracy": 0.9 + 0.01 * i} for i, n in enumerate("abc")]}))
@@ -155,6 +159,7 @@ def test_a_stored_run_is_viewed_from_its_files(tmp_path):
     snap = view["snapshot"]
     assert snap["state"] == ["done", "done", "crashed by the scenario"] and snap["round"] == [5, 5, 5]
     assert snap["global_accuracy"] == [0.9, 0.91, 0.92]
+    assert snap["strategy"] == ["ring", "ring", "ring"]  # the last round's (a ring all-reduce's strategy column)
     t = view["series"]["time"]
     assert t["t_s"][0] == 0.0 and t["t_s"][-1] >= 12
     k = t["t_s"].index(11.0)  # after every node's 5th round: the median is b's 1.01

@@ -75,8 +75,8 @@ def test_votes_and_actions_are_checked():
         check_vote({"x": float("nan")}, "p")
     with pytest.raises(PolicyError, match="more than 4096"):
         check_vote({"x": "y" * 5000}, "p")
-    with pytest.raises(PolicyError, match="an action is an object of strategy, batch_size"):
-        check_action({"members": ["a"]}, "p")
+    with pytest.raises(PolicyError, match="an action is an object of strategy, batch_size, members"):
+        check_action({"peers": ["a"]}, "p")
     with pytest.raises(PolicyError, match="batch_size must be a whole number"):
         check_action({"batch_size": 0}, "p")
 
@@ -144,3 +144,65 @@ def test_ring_members_decide_together_and_switch_at_the_same_round(tmp_path, mon
         assert [d["round"] for d in decisions] == [3] and set(decisions[0]["votes"]) == set(names)
         sizes = [e["batch_size"] for e in rounds]
         assert sizes == sorted(sizes) and max(sizes) <= 64
+
+
+def test_elastic_scaling_adds_while_the_gain_is_at_least_alpha_over_n_then_removes_the_last():
+    from dml_app.policies import ElasticScaling
+    v = PolicyView("agg", "fl_aggregator", ["t1"], None, 32, standby=["t2", "t3", "t4", "t5"])
+    p = ElasticScaling({"window_rounds": 2, "alpha": 1 / 3}, v)
+    throughput = {1: 100.0, 2: 180.0, 3: 230.0, 4: 240.0}  # gains +80 % (>= 1/6), +28 % (>= 1/9), +4.3 % (< 1/12)
+    decisions = []
+    for r in range(2, 20):
+        action = p.decide(r, {"agg": {"throughput_sps": throughput[len(v.members)]}})
+        if action:
+            decisions.append((r, action["members"]))
+            v.members = action["members"]
+    assert decisions == [(3, ["t1", "t2"]), (5, ["t1", "t2", "t3"]), (7, ["t1", "t2", "t3", "t4"]),
+                         (9, ["t1", "t2", "t3"])]
+    assert p.stopped and p.history == [(1, 100.0), (2, 180.0), (3, 230.0), (4, 240.0)]
+
+
+def test_an_aggregator_picks_its_standby_trainers_only_once_a_policy_adds_them(tmp_path, monkeypatch):
+    from dml_app import policies
+    from dml_app.roles.fl import AggregatorRole, TrainerRole
+
+    class AddAtTwo(Policy):
+        def after_round(self, metrics):
+            return {"t": metrics.get("throughput_sps")}
+
+        def decide(self, round_no, votes):
+            return {"members": [*self.view.members, "t3"]} if round_no == 2 else None
+
+    monkeypatch.setitem(policies.KINDS, "add_at_two", AddAtTwo)
+    net = MemoryNetwork()
+    names = ["agg", "t1", "t2", "t3"]
+    agg_conf = {"sync": 3, "trainers": names[1:], "deadline_s": 10, "standby": ["t2", "t3"],
+                "trainer_samples": {"t1": 40, "t2": 40, "t3": 40}, "policies": [{"kind": "add_at_two"}]}
+    roles = [role_of(AggregatorRole, tmp_path, net, "agg", agg_conf, names)]
+    roles += [role_of(TrainerRole, tmp_path, net, t, {"sync": 3, "epoch": 1, "aggregator": "agg"}, names)
+              for t in names[1:]]
+    run_all(roles)
+    rounds = events_of(roles[0], "round")
+    assert [sorted(e["picked"]) for e in rounds] == [["t1"], ["t1", "t3"], ["t1", "t3"]]
+    assert [e["cluster_size"] for e in rounds] == [1, 2, 2] and all(e["throughput_sps"] > 0 for e in rounds)
+    assert "resize_latency_s" not in rounds[0] and 0 <= rounds[1]["resize_latency_s"] < 3
+    changed = events_of(roles[0], "trainers_changed")
+    assert [(e["added"], e["removed"], e["members"]) for e in changed] == [(["t3"], [], ["t1", "t3"])]
+    assert events_of(roles[2], "round") == []  # t2 stood by the whole run
+
+
+@pytest.mark.parametrize("votes,words", [
+    ({"0:p": {"x": float("inf")}}, "r1's vote of 0:p: a vote must be plain JSON"),
+    ({"0:p": ["yes"]}, "r1's vote of 0:p: a vote is a JSON object or None"),
+    ({f"{i}:p": None for i in range(17)}, "r1's votes: an object of at most 16"),
+    ("yes", "r1's votes: an object of at most 16")])
+def test_a_join_with_bad_votes_is_answered_400_and_held_nowhere(tmp_path, votes, words):
+    import json
+
+    from dml_app.http import HttpError, Request
+    net = MemoryNetwork()
+    role = role_of(RingRole, tmp_path, net, "r0", {"sync": 1, "ring": ["r0", "r1"]}, ["r0", "r1"])
+    body = json.dumps({"want": 1, "epoch": 0, "votes": votes}).replace("Infinity", "1e999").encode()
+    with pytest.raises(HttpError) as refused:
+        role.on_join(Request("POST", "/ring/join", {}, body, "application/json", sender="r1"))
+    assert refused.value.status == 400 and words in refused.value.detail and role._joins == {}

@@ -323,6 +323,7 @@
     const s = view.snapshot;
     return view.nodes.map((n, i) => ({name: n.name, host: n.host, kind: n.kind, role: n.role, layer: n.layer,
       round: s.round[i], accuracy: s.accuracy[i], global_accuracy: s.global_accuracy[i], loss: s.loss[i],
+      strategy: (s.strategy || [])[i],
       cpu_cores: s.cpu_cores[i], mem_bytes: s.mem_bytes[i], tx_bytes: s.tx_bytes[i], rx_bytes: s.rx_bytes[i],
       state: s.state[i]}));
   }
@@ -348,7 +349,7 @@
     $("nodes").tBodies[0].innerHTML = shown.map((r) => "<tr><td>" + esc(r.name) + "</td><td>" + esc(r.host) +
       "</td><td>" + esc(r.kind) + "</td><td>" + esc(r.role) + "</td><td>" + esc(r.layer) + "</td><td>" + esc(r.round) +
       "</td><td>" + num(r.accuracy, 3) + "</td><td>" + num(r.global_accuracy, 3) + "</td><td>" + num(r.loss, 3) +
-      "</td><td>" + num(r.cpu_cores, 2) + "</td><td>" + bytes(r.mem_bytes) + "</td><td>" + bytes(r.tx_bytes) +
+      "</td><td>" + esc(r.strategy ?? "") + "</td><td>" + num(r.cpu_cores, 2) + "</td><td>" + bytes(r.mem_bytes) + "</td><td>" + bytes(r.tx_bytes) +
       "</td><td>" + bytes(r.rx_bytes) + "</td><td class=\"state-" + esc(stateClass(r.state)) + "\">" + esc(r.state) +
       "</td></tr>").join("");
     for (const th of document.querySelectorAll("#nodes th")) {
