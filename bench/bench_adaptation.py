@@ -113,18 +113,18 @@ def plot(outcomes: dict[str, Outcome], path: str, trigger_round: int) -> None:
     for mode, o in outcomes.items():
         color, label = styles.get(mode, (None, mode))
         rounds = sorted(o.goodput_bps)
+        if o.switch_round:
+            label += f", to {o.strategy[o.switch_round]} in round {o.switch_round}"
         ax.plot(rounds, [o.goodput_bps[r] / 1e6 for r in rounds], marker="o", markersize=3, color=color, label=label)
         if o.switch_round:
-            ax.annotate(o.strategy[o.switch_round], (o.switch_round, o.goodput_bps[o.switch_round] / 1e6),
-                        textcoords="offset points", xytext=(4, -14), fontsize=8, color=color)
+            ax.plot([o.switch_round], [o.goodput_bps[o.switch_round] / 1e6], marker="*", markersize=12, color=color)
     ax.axvline(trigger_round + 0.5, color="tab:red", linestyle="--", linewidth=1)
-    ax.text(trigger_round + 0.6, ax.get_ylim()[1] * 0.97, "background TCP on n1's links", color="tab:red",
-            fontsize=8, va="top")
+    ax.text(trigger_round + 0.7, 0.15, "TCP flows of 8 Mbit/s on n1's links to n2..n7", color="tab:red", fontsize=8)
     ax.set_xlabel("round")
     ax.set_ylabel("all-reduce goodput (Mbit/s, median of 8)")
     ax.set_ylim(bottom=0)
     ax.set_title("star:n1 all-reduce under interference, 8 nodes at 10 Mbit/s", fontsize=10)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 0.12))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

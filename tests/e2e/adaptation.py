@@ -10,8 +10,7 @@ the star's sends past their timeout.)
 
 ``analyse`` reads a finished run folder (``metrics.csv``, the nodes' events): the cluster's
 goodput each round (the median over the members of ``comm_goodput_bps``), the strategy each
-round ran, the switches, and the figures KungFu reports (goodput at the drop and after the
-switch, against the mean before the interference).
+round ran, the switches and decisions, the drop and the recovery.
 """
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ CLEAN_ROOTS = ["n8"]  # a star rooted here avoids every loaded link
 
 
 def example(name: str) -> Any:
+    """A JSON file of ``examples/adaptation/``."""
     return json.loads((EXAMPLE / name).read_text())
 
 
@@ -68,10 +68,12 @@ def make_run(make: Any, policies: Optional[list[dict[str, Any]]], rounds: int, i
 
 
 def number(text: Optional[str]) -> Optional[float]:
+    """A CSV cell as a float (None when empty)."""
     return float(text) if text not in (None, "") else None
 
 
 def median(values: list[float]) -> Optional[float]:
+    """The median of ``values`` (None when empty)."""
     return statistics.median(values) if values else None
 
 
@@ -89,6 +91,7 @@ class Outcome:
 
     @property
     def rounds(self) -> int:
+        """The last round measured."""
         return max(self.goodput_bps, default=0)
 
     def _before(self) -> list[float]:  # round 1, the connections' first, left out
@@ -113,6 +116,7 @@ class Outcome:
 
     @property
     def at_drop_bps(self) -> Optional[float]:
+        """The goodput of the drop round."""
         return self.goodput_bps.get(self.drop_round) if self.drop_round else None
 
     @property
