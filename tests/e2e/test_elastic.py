@@ -84,7 +84,7 @@ def test_elastic_scaling_stops_where_a_fixed_sweep_stops_paying(run):
     last = ex.last_paying(t_by_n)
     report = (f"T(N) {({n: round(t) for n, t in t_by_n.items()})}, gains "
               f"{({n: round(g, 3) for n, g in ex.gains(t_by_n).items()})}, sweep's last paying N {last}, "
-              f"policy stopped at {stop_n}, resize latencies {[f"{s * 1e3:.2f}" for s in latencies_s]} ms, "
+              f"policy stopped at {stop_n}, resize latencies {', '.join(f'{s * 1e3:.2f}' for s in latencies_s)} ms, "
               f"{time.monotonic() - started:.0f} s")
     print(report)
     assert abs(stop_n - last) <= 1, report
