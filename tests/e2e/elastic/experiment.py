@@ -108,8 +108,8 @@ def free_subnet() -> str:
     with IPRoute() as ipr:
         used = [ipaddress.IPv4Interface(f"{m.get_attr('IFA_ADDRESS')}/{m['prefixlen']}").network
                 for m in ipr.get_addr(family=socket.AF_INET)]
-    free = [net for b in range(160, 230) if not any((net := ipaddress.IPv4Network(f"10.{b}.0.0/16")).overlaps(u)
-                                                     for u in used)]
+    nets = [ipaddress.IPv4Network(f"10.{b}.0.0/16") for b in range(160, 230)]
+    free = [net for net in nets if not any(net.overlaps(u) for u in used)]
     if not free:
         raise RuntimeError("no free 10.x.0.0/16 subnet on this host")
     return str(random.choice(free))
