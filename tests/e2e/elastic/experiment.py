@@ -70,8 +70,9 @@ def structure(trainers: list[str], rounds: int, policy: bool, hidden: int, epoch
 
 
 def elastic_rounds(window_rounds: int = WINDOW_ROUNDS) -> int:
-    """Rounds enough for the policy to try every trainer count and take one back, plus a few."""
-    return window_rounds * (len(TRAINERS) + 1) + 3
+    """Rounds enough for the policy to measure every trainer count (a window each) and take the
+    last one back, with a few rounds after."""
+    return window_rounds * len(TRAINERS) + 3
 
 
 @dataclass
