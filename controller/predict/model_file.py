@@ -219,6 +219,14 @@ def refusals(group: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _mean_measured(members: Sequence[dict[str, Any]]) -> dict[str, Optional[float]]:
+    out: dict[str, Optional[float]] = {}
+    for target in TARGETS:
+        values = [m["measured"][target] for m in members if m["measured"].get(target) is not None]
+        out[target] = float(np.mean(values)) if values else None
+    return out
+
+
 def predict_rows(doc: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
     """Per node and per role predictions of a configuration's rows, each with its fitted range
     and the features outside it."""
@@ -228,6 +236,8 @@ def predict_rows(doc: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
         group = doc["groups"][r.group]
         nodes.append({"node": r.node, "role": r.role, "predictions": predict_row(doc, r),
                       "outside_range": outside(group, r.features), "features": r.features})
+        if r.targets:
+            nodes[-1]["measured"] = {t: r.targets.get(t) for t in TARGETS}
         by_role.setdefault(r.role, []).append(nodes[-1])
     roles_out = {}
     for role, members in by_role.items():
@@ -239,12 +249,18 @@ def predict_rows(doc: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
                 values = [m["predictions"][target][p] for m in members if m["predictions"][target][p] is not None]
                 summary[target][p] = float(np.mean(values)) if values else None
         roles_out[role] = {"nodes": [m["node"] for m in members], "predictions": summary,
+                           **({"measured": _mean_measured(members)} if "measured" in members[0] else {}),
                            "fitted_range": group["range"], "configs_fitted": len(group["configs"]),
                            "extrapolating": sorted({o["feature"] for m in members for o in m["outside_range"]}),
                            "refused": refusals(group),
                            "unsupported": rows[0].terms.unsupported}
     return {"algorithm": rows[0].algorithm, "config": rows[0].config, "source": rows[0].source,
             "roles": roles_out, "nodes": nodes}
+
+
+def predict_run_dir(doc: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """The predictions for a finished run's configuration, beside what it measured."""
+    return predict_rows(doc, rows_of_run(run_dir))
 
 
 def predict_input_dir(doc: dict[str, Any], input_dir: str, algorithm: Optional[str] = None) -> dict[str, Any]:

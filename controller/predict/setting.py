@@ -145,9 +145,25 @@ def _data(dataset_path: str, nodes: list[str], workdir: str) -> tuple[dict[str, 
             int(data.n_classes))
 
 
+def from_files(structure_path: str, dataset_path: str, topology: Topology, algorithm: str,
+               workdir: str) -> Setting:
+    """The configuration of a structure and a dataset file over ``topology`` (as a run would
+    load them; paths inside the files are relative to ``workdir``)."""
+    from controller.confs.confs import load_structure
+
+    structure = load_structure(structure_path, topology, algorithm)
+    nodes = list(structure)
+    samples, batch, input_shape, n_classes = _data(dataset_path, nodes, workdir)
+    if not n_classes:
+        raise ConfigError(f"{dataset_path}: the model's size needs a dataset in the settings format or a "
+                          "built-in one; predict from a run folder instead")
+    model = next(iter(structure.values()))["model"]
+    params, itemsize = _model_size_from_conf(model, input_shape, n_classes, workdir, structure_path)
+    return Setting(algorithm, structure, topology, samples, batch, params, itemsize, workdir)
+
+
 def from_input_dir(input_dir: str, algorithm: Optional[str] = None) -> Setting:
     """The configuration an input directory describes (structure, dataset, links, optional nodes file)."""
-    from controller.confs.confs import load_structure
     from controller.confs.structures import guess_algorithm
     from controller.model.topology import load_links, load_nodes
 
@@ -159,18 +175,10 @@ def from_input_dir(input_dir: str, algorithm: Optional[str] = None) -> Setting:
     if not os.path.isfile(links_path):
         raise MissingFileError(f"{input_dir}: no links file (links.json)")
     nodes_path = _one(input_dir, "*nodes*.json", "nodes", required=False)
-    algorithm = algorithm or guess_algorithm(structure_path)
     topology = load_nodes(nodes_path) if nodes_path else None
     topology = load_links(links_path, topology, nodes_declared=nodes_path is not None)
-    structure = load_structure(structure_path, topology, algorithm)
-    nodes = list(structure)
-    samples, batch, input_shape, n_classes = _data(dataset_path, nodes, input_dir)
-    if not n_classes:
-        raise ConfigError(f"{dataset_path}: the model's size needs a dataset in the settings format or a "
-                          "built-in one; predict from a run folder instead")
-    model = next(iter(structure.values()))["model"]
-    params, itemsize = _model_size_from_conf(model, input_shape, n_classes, input_dir, structure_path)
-    return Setting(algorithm, structure, topology, samples, batch, params, itemsize, input_dir)
+    return from_files(structure_path, dataset_path, topology, algorithm or guess_algorithm(structure_path),  # type: ignore[arg-type]
+                      input_dir)
 
 
 def _started_samples(run_dir: str) -> dict[str, int]:
