@@ -98,6 +98,12 @@ def _fl_settings(setting: Setting) -> dict[str, float]:
             "deadline_s": float(agg.get("deadline_s") or 0.0)}
 
 
+def _layer(conf: dict[str, Any]) -> float:
+    """The node's highest layer (E-tree: a node may sit in several), 0 without layers."""
+    layers = [p.get("layer") or 0 for p in conf.get("positions") or [] if isinstance(p, dict)]
+    return float(max(layers, default=conf.get("layer") or 0))
+
+
 def node_features(setting: Setting) -> dict[str, dict[str, float]]:
     """Every node's features (the names of ``FEATURES``), in the structure's node order."""
     all_paths = paths(setting)
@@ -113,7 +119,7 @@ def node_features(setting: Setting) -> dict[str, dict[str, float]]:
         mine = all_paths[node]
         rates = [p.rate_bps for p in mine] or [0.0]
         out[node] = {
-            "n_nodes": float(len(setting.structure)), "layer": float(conf.get("layer") or 0),
+            "n_nodes": float(len(setting.structure)), "layer": _layer(conf),
             "out_degree": float(len(mine)), "in_degree": float(indegree[node]),
             "relay_hops": float(max((p.hops - 1 for p in mine), default=0)),
             "rate_min_bps": min(rates), "rate_median_bps": float(statistics.median(rates)), "rate_max_bps": max(rates),

@@ -3,7 +3,8 @@
 From ``metrics.csv`` (one row per node and round): the round time (between the ends of
 consecutive rounds; the first round, which holds the start-up, is left out), its mean and
 95th percentile, the mean ``train_s`` and ``send_s``, bytes sent and received per round and the
-node's total time (its last round's ``time_s``). From ``analysis/bursts.csv`` when present:
+node's total time (its last round's ``time_s``). A node in several layers (E-tree) is timed
+by its lowest layer's rounds, and its bytes of every layer are counted per such round. From ``analysis/bursts.csv`` when present:
 the 12 burst metrics, {cpu, mem, net_tx, net_rx} x {burst_s, idle_s, burst_consumption}
 (an empty cell, e.g. no idle period, is no value).
 """
@@ -55,18 +56,21 @@ def read_metrics(run_dir: str) -> dict[str, dict[str, Optional[float]]]:
         for row in reader:
             rows.setdefault(row["node"], []).append(row)
     out: dict[str, dict[str, Optional[float]]] = {}
-    for node, mine in rows.items():
-        mine.sort(key=lambda r: int(r["round"]))
+    for node, every in rows.items():
+        layers = sorted({r.get("layer") or "" for r in every}, key=lambda v: (v == "", _float(v) or 0.0))
+        mine = sorted((r for r in every if (r.get("layer") or "") == layers[0]), key=lambda r: int(r["round"]))
         ends = [t for t in (_float(r["time_s"]) for r in mine) if t is not None]
         durations = [b - a for a, b in zip(ends, ends[1:]) if b >= a]
-        col = {k: [v for v in (_float(r[k]) for r in mine) if v is not None]
-               for k in ("train_s", "send_s", "bytes_sent", "bytes_recv")}
+        col = {k: [v for v in (_float(r[k]) for r in mine) if v is not None] for k in ("train_s", "send_s")}
+        moved = {k: sum(v for v in (_float(r[k]) for r in every) if v is not None) for k in ("bytes_sent", "bytes_recv")}
         out[node] = {"round_mean_s": _mean(durations),
                      "round_p95_s": float(np.percentile(durations, 95)) if durations else None,
                      "train_s": _mean(col["train_s"]), "send_s": _mean(col["send_s"]),
-                     "total_s": ends[-1] if ends else None,
-                     "bytes_sent_per_round": _mean(col["bytes_sent"]),
-                     "bytes_recv_per_round": _mean(col["bytes_recv"]), "rounds_done": float(len(mine))}
+                     "total_s": max(t for t in (_float(r["time_s"]) for r in every) if t is not None)
+                     if ends else None,
+                     "bytes_sent_per_round": moved["bytes_sent"] / len(mine) if mine else None,
+                     "bytes_recv_per_round": moved["bytes_recv"] / len(mine) if mine else None,
+                     "rounds_done": float(len(mine))}
     return out
 
 
