@@ -23,8 +23,8 @@ models); ``own_send_s`` this node's own sending.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -47,13 +47,11 @@ class Terms:
     transfer_s: float = 0.0
     own_send_s: float = 0.0
     unsupported: Optional[str] = None
+    flows: list[tuple[Path, float, float]] = field(default_factory=list)  # (path, payload bytes, messages)
 
     @property
     def messages(self) -> float:
         return self.messages_sent + self.messages_recv
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _units(setting: Setting, node: str) -> float:
@@ -88,7 +86,8 @@ def _ring(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Ter
         recv = sum(PARTIAL_SUM_BYTES * sizes[(i - s - 1) % n] + item * sizes[(i - s) % n] for s in range(n - 1))
         own = sum(_send_s(PARTIAL_SUM_BYTES * sizes[(i - s) % n], all_paths[m][0])
                   + _send_s(item * sizes[(i + 1 - s) % n], all_paths[m][0]) for s in range(n - 1))
-        out[m] = Terms(sent, recv, 2.0 * (n - 1), 2.0 * (n - 1), _units(setting, m), round_units, transfer, own)
+        out[m] = Terms(sent, recv, 2.0 * (n - 1), 2.0 * (n - 1), _units(setting, m), round_units, transfer, own,
+                       flows=[(all_paths[m][0], sent, 2.0 * (n - 1))])
 
 
 def _fl(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Terms]) -> None:
@@ -104,11 +103,12 @@ def _fl(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Terms
     if spec.downlink_bps:
         in_s = max(in_s, k * model * 8.0 / spec.downlink_bps)
     round_units = max(_units(setting, t) for t in trainers)
-    out[agg] = Terms(k * model, k * model, float(k), float(k), 0.0, round_units, out_s + in_s, out_s)
     share = k / len(trainers)
+    out[agg] = Terms(k * model, k * model, float(k), float(k), 0.0, round_units, out_s + in_s, out_s,
+                     flows=[(p, share * model, share) for p in all_paths[agg]])
     for t in trainers:
         out[t] = Terms(share * model, share * model, share, share, _units(setting, t), round_units,
-                       out_s + in_s, _send_s(model, all_paths[t][0]))
+                       out_s + in_s, _send_s(model, all_paths[t][0]), flows=[(all_paths[t][0], share * model, share)])
     for node in setting.structure:  # standby trainers: idle until a policy adds them
         out.setdefault(node, Terms())
 
@@ -124,7 +124,8 @@ def _gossip(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, T
         send = statistics.fmean([_send_s(model, p) for p in mine]) if mine else 0.0
         sent = 1.0 if mine else 0.0
         units = _units(setting, node)
-        out[node] = Terms(sent * model, recv[node] * model, sent, recv[node], units, units, send, send)
+        out[node] = Terms(sent * model, recv[node] * model, sent, recv[node], units, units, send, send,
+                          flows=[(p, model / len(mine), 1.0 / len(mine)) for p in mine])
 
 
 def terms(setting: Setting) -> dict[str, Terms]:
@@ -144,6 +145,19 @@ def terms(setting: Setting) -> dict[str, Terms]:
             f" with strategy {first.get('strategy')!r}" if roles == {"ring"} else "")
         return {n: Terms(unsupported=why) for n in setting.structure}
     return out
+
+
+def link_bytes(rows_terms: list[tuple[Terms, float]]) -> dict[str, float]:
+    """Bytes per round on every directed link ("src->dst"), from each node's flows and its framing
+    per message (``rows_terms``: (terms, overhead bytes per message sent)); a relayed flow loads
+    every link of its path."""
+    out: dict[str, float] = {}
+    for t, overhead in rows_terms:
+        for p, payload, messages in t.flows:
+            for src, dst in p.links:
+                key = f"{src}->{dst}"
+                out[key] = out.get(key, 0.0) + payload + messages * overhead
+    return dict(sorted(out.items()))
 
 
 def predict(t: Terms, rounds: float, calibration: dict[str, float]) -> dict[str, Optional[float]]:

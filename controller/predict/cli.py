@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from worker.api.errors import ConfigError
 
-UNITS = {"_s": "s", "_per_round": "B", "consumption": ""}
+LINKS_SHOWN = 8
 
 
 def add_parser(sub: Any) -> None:
@@ -75,6 +75,13 @@ def render(result: dict[str, Any]) -> str:
         refused = [k for k in entry["refused"]]
         if refused:
             lines.append(f"  refused: {len(refused)} fit(s), e.g. {entry['refused'][refused[0]]}")
+    links = result.get("links_bytes_per_round") or {}
+    if links:
+        busiest = sorted(links.items(), key=lambda kv: -kv[1])[:LINKS_SHOWN]
+        lines.append("")
+        lines.append("analytic bytes per round on the busiest links: "
+                     + ", ".join(f"{k} {_fmt(v)}" for k, v in busiest)
+                     + (f" (all {len(links)} in the JSON)" if len(links) > LINKS_SHOWN else ""))
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ class Path:
     rate_bps: float
     delay_ms: float
     loss_pct: float
+    links: tuple[tuple[str, str], ...] = ()
 
 
 def send_targets(setting: Setting, node: str) -> list[str]:
@@ -58,6 +59,7 @@ def path(topology: Topology, src: str, dst: str, hops_to: Optional[dict[str, str
     towards ``dst``, computed once per destination by callers that ask often)."""
     hops_to = next_hops(topology, set(topology.nodes), dst) if hops_to is None else hops_to
     rates: list[float] = []
+    links: list[tuple[str, str]] = []
     delay_ms, keep, here, hops = 0.0, 1.0, src, 0
     while here != dst:
         nxt = dst if (here, dst) in topology.links else hops_to.get(here)
@@ -69,12 +71,13 @@ def path(topology: Topology, src: str, dst: str, hops_to: Optional[dict[str, str
         rates.append(float(shape.rate_bps))
         delay_ms += shape.delay_ms
         keep *= 1.0 - shape.loss_pct / 100.0
+        links.append((here, nxt))
         here, hops = nxt, hops + 1
         if hops > len(topology.nodes):
             break
     up, down = topology.nodes[src].uplink_bps, topology.nodes[dst].downlink_bps
     rates += [float(r) for r in (up, down) if r]
-    return Path(dst, hops, min(rates) if rates else UNSHAPED_BPS, delay_ms, 100.0 * (1.0 - keep))
+    return Path(dst, hops, min(rates) if rates else UNSHAPED_BPS, delay_ms, 100.0 * (1.0 - keep), tuple(links))
 
 
 def paths(setting: Setting) -> dict[str, list[Path]]:

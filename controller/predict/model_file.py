@@ -254,8 +254,10 @@ def predict_rows(doc: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
                            "extrapolating": sorted({o["feature"] for m in members for o in m["outside_range"]}),
                            "refused": refusals(group),
                            "unsupported": rows[0].terms.unsupported}
+    overhead = {r.node: doc["groups"][r.group]["calibration"].get("overhead_sent_bytes_per_msg", 0.0) for r in rows}
     return {"algorithm": rows[0].algorithm, "config": rows[0].config, "source": rows[0].source,
-            "roles": roles_out, "nodes": nodes}
+            "roles": roles_out, "nodes": nodes,
+            "links_bytes_per_round": analytic.link_bytes([(r.terms, overhead[r.node]) for r in rows])}
 
 
 def predict_run_dir(doc: dict[str, Any], run_dir: str) -> dict[str, Any]:

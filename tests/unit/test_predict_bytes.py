@@ -65,3 +65,18 @@ def test_analytic_bytes_match_traffic_within_1_percent_after_framing(calibrated_
             worst = max(worst, error)
             assert error < 0.01, (row.node, direction, predicted[target], measured[(row.node, direction)])
     assert worst > 0  # framing is estimated, not copied from the run checked
+
+
+def test_analytic_bytes_per_link_match_traffic_within_1_percent():
+    doc = model_file.fit(model_file.load_runs([os.path.join(DATA, "ring4-h96"), os.path.join(DATA, "fl4-h96")]))
+    for run in ("ring4", "fl4"):
+        links = model_file.predict_input_dir(doc, os.path.join(DATA, run, "inputs"))["links_bytes_per_round"]
+        sent: Counter = Counter()
+        with open(os.path.join(DATA, run, "traffic.csv"), newline="") as f:
+            for row in csv.DictReader(f):
+                if row["direction"] == "sent":
+                    sent[f"{row['node']}->{row['peer']}"] += int(row["bytes"]) / 4  # 4 rounds
+        models = {k: v for k, v in sent.items() if v > 1000}  # the joins of a ring are a few hundred bytes
+        assert set(links) == set(models), run
+        for key, measured in models.items():
+            assert links[key] == pytest.approx(measured, rel=0.01), (run, key)
