@@ -5,7 +5,8 @@ on the others and predict its nodes. A held-out configuration is *interpolation*
 feature of its nodes lies inside the range the others were fitted on, *extrapolation*
 otherwise (e.g. N doubled); the scores are reported for both and together. Scores per target
 and predictor: MAPE and median absolute percentage error (rows measured as 0 are left out),
-R² and n.
+R² and n; the same per algorithm (``results_by_algorithm``), and every held-out node's
+measured and predicted values (``predictions``: for plots of predicted against measured).
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def evaluate(rows: Sequence[Row], by: str = "config") -> dict[str, Any]:
         raise TooFewConfigurations(f"the runs hold {len(configs)} configuration(s): leaving one out needs at least "
                                    f"{MIN_CONFIGS + 1} (runs of the same inputs are one configuration)")
     pairs: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
+    by_algorithm: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
+    predictions: list[dict[str, Any]] = []
     held_out = []
     for config in configs:
         train = [r for r in rows if r.config != config]
@@ -60,21 +63,29 @@ def evaluate(rows: Sequence[Row], by: str = "config") -> dict[str, Any]:
         held_out.append({**entry, "kind": kind, "outside_range": out,
                          "unseen_roles": sorted({r.role for r in test if r.group not in doc["groups"]})})
         for r in known:
-            predictions = predict_row(doc, r)
+            predicted = predict_row(doc, r)
             for target in TARGETS:
                 measured = r.targets.get(target)
                 if measured is None:
                     continue
+                predictions.append({"config": config, "run_id": r.run_id, "node": r.node, "algorithm": r.algorithm,
+                                    "role": r.role, "kind": kind, "target": target, "measured": measured,
+                                    **{p: predicted[target][p] for p in PREDICTORS}})
                 for predictor in PREDICTORS:
-                    value = predictions[target][predictor]
+                    value = predicted[target][predictor]
                     if value is None:
                         continue
-                    for k in ("all", kind):
-                        ys, ps = pairs.setdefault((target, predictor, k), ([], []))
+                    for store, key in ((pairs, (target, predictor, "all")), (pairs, (target, predictor, kind)),
+                                       (by_algorithm, (r.algorithm, target, predictor))):
+                        ys, ps = store.setdefault(key, ([], []))
                         ys.append(measured)
                         ps.append(value)
     results: dict[str, Any] = {}
     for (target, predictor, k), (ys, ps) in sorted(pairs.items()):
         results.setdefault(target, {}).setdefault(predictor, {})[k] = scores(ys, ps)
+    per_algorithm: dict[str, Any] = {}
+    for (algorithm, target, predictor), (ys, ps) in sorted(by_algorithm.items()):
+        per_algorithm.setdefault(algorithm, {}).setdefault(target, {})[predictor] = scores(ys, ps)
     return {"version": 1, "by": "config", "configs": len(configs), "runs": len({(r.source, r.run_id) for r in rows}),
-            "held_out": held_out, "results": results}
+            "held_out": held_out, "results": results, "results_by_algorithm": per_algorithm,
+            "predictions": predictions}

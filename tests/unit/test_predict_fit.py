@@ -110,6 +110,11 @@ def test_leave_one_configuration_out_mape_within_6_percent(runs):
     n_by_kind = sum(grey[k]["n"] for k in ("interpolation", "extrapolation") if k in grey)
     assert n_by_kind == grey["all"]["n"]
     assert report["results"]["bytes_sent_per_round"]["analytic"]["all"]["mape"] < 0.1  # framing 230 B/message
+    assert report["results_by_algorithm"]["ring"]["round_mean_s"]["greybox"] == grey["all"]
+    points = [p for p in report["predictions"] if p["target"] == "round_mean_s"]
+    assert len(points) == grey["all"]["n"]
+    by_hand = 100 * np.mean([abs(p["greybox"] - p["measured"]) / p["measured"] for p in points])
+    assert by_hand == pytest.approx(grey["all"]["mape"])
 
 
 def test_predictions_carry_the_fitted_range_and_flag_what_lies_outside(runs, tmp_path):
