@@ -137,6 +137,20 @@ def node_features(setting: Setting) -> dict[str, dict[str, float]]:
     return out
 
 
+def categories(setting: Setting) -> dict[str, dict[str, str]]:
+    """Each node's settings that are names, not numbers: the model, the dataset, a ring's
+    strategy, FL's selection and aggregation rule. A model refuses names it never saw."""
+    out: dict[str, dict[str, str]] = {}
+    for node, conf in setting.structure.items():
+        model = conf.get("model") or {}
+        name = str(model.get("module") or model.get("name") or "mlp")
+        rule = conf.get("aggregation")
+        out[node] = {"model": f"{model.get('kind') or 'numpy'}:{name}", "dataset": setting.dataset,
+                     "strategy": str(conf.get("strategy") or ""), "selection": str(conf.get("selection") or ""),
+                     "aggregation": str(rule.get("rule") if isinstance(rule, dict) else rule or "")}
+    return out
+
+
 def roles(setting: Setting) -> dict[str, str]:
     """Each node's role, as its structure conf names it."""
     return {node: str(conf.get("role") or setting.algorithm) for node, conf in setting.structure.items()}
@@ -144,7 +158,9 @@ def roles(setting: Setting) -> dict[str, str]:
 
 def config_key(setting: Setting, features: dict[str, dict[str, float]]) -> str:
     """A short digest naming the configuration: runs of the same inputs share it."""
-    doc = [setting.algorithm, sorted((n, roles(setting)[n], sorted(f.items())) for n, f in features.items())]
+    names = categories(setting)
+    doc = [setting.algorithm, sorted((n, roles(setting)[n], sorted(f.items()), sorted(names[n].items()))
+                                     for n, f in features.items())]
     return hashlib.sha256(json.dumps(doc, default=str).encode()).hexdigest()[:12]
 
 

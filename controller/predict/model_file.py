@@ -7,7 +7,7 @@ model.json (never pickle)::
      "calibration": {"compute_s_per_unit": ...},
      "groups": {"<algorithm>/<role>": {
          "algorithm", "role", "configs": [...], "rows": n,
-         "range": {feature: [min, max]},
+         "range": {feature: [min, max]}, "names": {"model"|"dataset"|"strategy"|...: [seen]},
          "calibration": {"overhead_sent_bytes_per_msg", "overhead_recv_bytes_per_msg"},
          "greybox": {target: {"columns": [...], "coef": [...]} | {"refused": "..."}},
          "blackbox": {target: {"x_mean", "x_std", "y_mean", "y_std", "svr": {...}, "linear": {...}}
@@ -29,7 +29,7 @@ import numpy as np
 
 from controller.predict import analytic, blackbox, greybox
 from controller.predict.analytic import Terms
-from controller.predict.features import FEATURES, config_key, node_features, roles, vector
+from controller.predict.features import FEATURES, categories, config_key, node_features, roles, vector
 from controller.predict.setting import Setting, from_input_dir, from_run_dir
 from controller.predict.targets import TARGETS, read_targets
 from worker.api.errors import ConfigError
@@ -53,6 +53,7 @@ class Row:
     features: dict[str, float]
     terms: Terms
     targets: dict[str, Optional[float]] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
 
     @property
     def group(self) -> str:
@@ -64,9 +65,9 @@ class Row:
 
 def rows_of_setting(setting: Setting, run_id: str = "") -> list[Row]:
     """A configuration's rows (no targets)."""
-    feats, role_of, terms = node_features(setting), roles(setting), analytic.terms(setting)
+    feats, role_of, terms, names = node_features(setting), roles(setting), analytic.terms(setting), categories(setting)
     config = config_key(setting, feats)
-    return [Row(setting.source, run_id, config, setting.algorithm, n, role_of[n], feats[n], terms[n])
+    return [Row(setting.source, run_id, config, setting.algorithm, n, role_of[n], feats[n], terms[n], names=names[n])
             for n in setting.structure]
 
 
@@ -116,6 +117,7 @@ def _fit_group(name: str, rows: Sequence[Row]) -> dict[str, Any]:
     group: dict[str, Any] = {
         "algorithm": rows[0].algorithm, "role": rows[0].role, "configs": configs, "rows": len(rows),
         "range": {f: [float(x_all[:, i].min()), float(x_all[:, i].max())] for i, f in enumerate(FEATURES)},
+        "names": {k: sorted({r.names.get(k, "") for r in rows}) for k in rows[0].names},
         "calibration": _overheads(rows), "greybox": {}, "blackbox": {}}
     for target in TARGETS:
         usable = [r for r in rows if r.targets.get(target) is not None]
@@ -185,6 +187,11 @@ def _check_known(doc: dict[str, Any], rows: Sequence[Row]) -> None:
         if r.group not in doc["groups"]:
             raise ConfigError(f"{r.source}: node {r.node!r}: role {r.role!r} of {r.algorithm!r} was never seen in "
                               f"training (the model knows {', '.join(sorted(doc['groups']))})")
+        seen = doc["groups"][r.group].get("names", {})
+        for key, value in r.names.items():
+            if key in seen and value not in seen[key]:
+                raise ConfigError(f"{r.source}: node {r.node!r}: {key} {value!r} was never seen in training for "
+                                  f"{r.group} (the model knows {', '.join(repr(v) for v in seen[key])})")
 
 
 def outside(group: dict[str, Any], features: dict[str, float]) -> list[dict[str, Any]]:

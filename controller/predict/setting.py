@@ -47,6 +47,7 @@ class Setting:
     param_count: int
     itemsize: int
     source: str
+    dataset: str = ""
 
     @property
     def model_bytes(self) -> int:
@@ -145,6 +146,14 @@ def _data(dataset_path: str, nodes: list[str], workdir: str) -> tuple[dict[str, 
             int(data.n_classes))
 
 
+def dataset_name(dataset_path: str) -> str:
+    """The name of the dataset a dataset file uses (as the controller names its shard folder)."""
+    from controller.confs import datasets
+    from controller.confs.confs import load_dataset
+
+    return datasets.source_name(load_dataset(dataset_path)["dataset"])
+
+
 def from_files(structure_path: str, dataset_path: str, topology: Topology, algorithm: str,
                workdir: str) -> Setting:
     """The configuration of a structure and a dataset file over ``topology`` (as a run would
@@ -159,7 +168,8 @@ def from_files(structure_path: str, dataset_path: str, topology: Topology, algor
                           "built-in one; predict from a run folder instead")
     model = next(iter(structure.values()))["model"]
     params, itemsize = _model_size_from_conf(model, input_shape, n_classes, workdir, structure_path)
-    return Setting(algorithm, structure, topology, samples, batch, params, itemsize, workdir)
+    return Setting(algorithm, structure, topology, samples, batch, params, itemsize, workdir,
+                   dataset_name(dataset_path))
 
 
 def from_input_dir(input_dir: str, algorithm: Optional[str] = None) -> Setting:
@@ -249,4 +259,5 @@ def from_run_dir(run_dir: str) -> Setting:
     else:
         raise MissingFileError(f"{run_dir}: neither models/*.safetensors nor a dataset file under inputs/ "
                                f"to tell the model's size{problem}")
-    return Setting(algorithm, structure, topology, samples, batch, params, itemsize, run_dir)
+    return Setting(algorithm, structure, topology, samples, batch, params, itemsize, run_dir,
+                   dataset_name(dataset_path) if dataset_path else "")

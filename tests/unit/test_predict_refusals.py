@@ -114,3 +114,14 @@ def test_the_cli_fits_predicts_and_evaluates_with_clear_exit_codes(two_rings, tm
     assert "algorithm 'fl' was never seen" in capsys.readouterr().err
     assert main(["predict", "eval", *two_rings, "--out", str(tmp_path / "e.json")]) == 2
     assert main(["predict", "fit", RING4]) == 2  # no --out
+
+
+def test_a_setting_never_seen_in_training_is_refused_with_its_name(two_rings, tmp_path):
+    doc = model_file.fit(model_file.load_runs(two_rings))
+    inputs = tmp_path / "tree"
+    shutil.copytree(two_rings[0] + "-inputs", inputs)
+    structure = json.loads((inputs / "ra_structure.json").read_text())
+    (inputs / "ra_structure.json").write_text(json.dumps({**structure, "strategy": "binary_tree"}))
+    with pytest.raises(ConfigError, match=r"strategy 'binary_tree' was never seen in training for ring/ring "
+                                          r"\(the model knows 'ring'\)"):
+        model_file.predict_input_dir(doc, str(inputs))
