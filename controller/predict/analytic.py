@@ -11,8 +11,14 @@ Bytes follow from the protocol (``payload``: the arrays' bytes, without framing)
 - gossip: one model per round to one out-neighbour; a node receives, on average, one model
   from each in-neighbour divided by that neighbour's out-degree.
 
-Other algorithms (E-tree, tree all-reduce strategies) have no analytic terms here: their
-``Terms`` say so in ``unsupported`` and only the black-box predictors serve them.
+- tree all-reduce strategies (``star:<node>``, ``binary_tree``, ``site_tree``): a member sends
+  its float64 partial sum (8 P bytes) to its parent and the mean (itemsize x P) to each child;
+
+A node on the path of another's message (a relay, where two nodes share no link) counts it as
+received and sent, as its role does.
+
+E-tree has no analytic terms here: its ``Terms`` say so in ``unsupported`` and only the
+black-box predictors serve it.
 
 Time: ``own_units`` = epochs x samples x parameters / cpu (this node's training),
 ``round_units`` the same on the round's critical path (a ring waits for its slowest member, an
@@ -28,7 +34,7 @@ from typing import Optional
 
 import numpy as np
 
-from controller.predict.features import Path, paths, send_targets
+from controller.predict.features import Path, paths, ring_structure, send_targets
 from controller.predict.setting import Setting
 
 PARTIAL_SUM_BYTES = 8  # ring reduce-scatter partial sums travel as float64
@@ -90,6 +96,38 @@ def _ring(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Ter
                        flows=[(all_paths[m][0], sent, 2.0 * (n - 1))])
 
 
+def _tree(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Terms]) -> None:
+    """A tree strategy: float64 partial sums up to the parent, the mean in the model's dtype
+    down to every child (in parallel)."""
+    tree = ring_structure(setting)
+    up_bytes, down_bytes = PARTIAL_SUM_BYTES * setting.param_count, float(setting.model_bytes)
+    to = {m: {p.dst: p for p in all_paths[m]} for m in tree.members}
+    round_units = max(_units(setting, m) for m in tree.members)
+    done: dict[str, float] = {}
+
+    def up(m: str) -> float:  # when m's partial sum has reached its parent
+        if m not in done:
+            ready = max([up(c) for c in tree.children(m)], default=0.0)
+            parent = tree.parent_of(m)
+            done[m] = ready + (_send_s(up_bytes, to[m][parent]) if parent else 0.0)
+        return done[m]
+
+    def down(m: str) -> float:  # the longest way from m's mean down to a leaf
+        return max([_send_s(down_bytes, to[m][c]) + down(c) for c in tree.children(m)], default=0.0)
+
+    root = tree.root or tree.members[0]
+    transfer = up(root) + down(root)
+    for m in tree.members:
+        parent, children = tree.parent_of(m), tree.children(m)
+        has_parent = 1.0 if parent else 0.0
+        own = (_send_s(up_bytes, to[m][parent]) if parent else 0.0) + max(
+            [_send_s(down_bytes, to[m][c]) for c in children], default=0.0)
+        flows = ([(to[m][parent], up_bytes, 1.0)] if parent else []) + [(to[m][c], down_bytes, 1.0) for c in children]
+        out[m] = Terms(has_parent * up_bytes + len(children) * down_bytes,
+                       len(children) * up_bytes + has_parent * down_bytes, has_parent + len(children),
+                       has_parent + len(children), _units(setting, m), round_units, transfer, own, flows=flows)
+
+
 def _fl(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Terms]) -> None:
     agg = next(n for n, c in setting.structure.items() if c.get("role") == "fl_aggregator")
     trainers = send_targets(setting, agg)
@@ -133,18 +171,33 @@ def terms(setting: Setting) -> dict[str, Terms]:
     all_paths = paths(setting)
     out: dict[str, Terms] = {}
     roles = {c.get("role") for c in setting.structure.values()}
-    first = next(iter(setting.structure.values()))
-    if roles == {"ring"} and str(first.get("strategy") or "ring") == "ring":
-        _ring(setting, all_paths, out)
+    if roles == {"ring"}:
+        (_ring if ring_structure(setting).is_ring else _tree)(setting, all_paths, out)
     elif "fl_aggregator" in roles:
         _fl(setting, all_paths, out)
     elif roles == {"gossip"}:
         _gossip(setting, all_paths, out)
     else:
-        why = f"no analytic model of {setting.algorithm!r}" + (
-            f" with strategy {first.get('strategy')!r}" if roles == {"ring"} else "")
+        why = f"no analytic model of {setting.algorithm!r}"
         return {n: Terms(unsupported=why) for n in setting.structure}
+    _add_relays(out)
     return out
+
+
+def _add_relays(out: dict[str, Terms]) -> None:
+    """A node on the path of another's message relays it: its role counts those bytes as
+    received and sent."""
+    relayed: list[tuple[str, float, float]] = []
+    for t in out.values():
+        for p, payload, messages in t.flows:
+            relayed += [(src, payload, messages) for src, _ in p.links[1:]]
+    for node, payload, messages in relayed:
+        if node in out:
+            t = out[node]
+            t.payload_sent_bytes += payload
+            t.payload_recv_bytes += payload
+            t.messages_sent += messages
+            t.messages_recv += messages
 
 
 def link_bytes(rows_terms: list[tuple[Terms, float]]) -> dict[str, float]:

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from controller.confs.confs import next_hops
 from controller.model.topology import Topology
 from controller.predict.setting import Setting
+from dml_app import allreduce
 
 UNSHAPED_BPS = 10_000_000_000  # a path with no shaped link (an open network): the bridge's speed
 
@@ -45,13 +46,24 @@ def send_targets(setting: Setting, node: str) -> list[str]:
     role = conf.get("role")
     if role == "ring":
         ring = list(conf.get("ring") or setting.structure)
-        return [ring[(ring.index(node) + 1) % len(ring)]]
+        tree = ring_structure(setting)
+        if tree.is_ring:
+            return [ring[(ring.index(node) + 1) % len(ring)]]
+        parent = tree.parent_of(node)
+        return ([parent] if parent else []) + tree.children(node)
     if role == "fl_aggregator":
         standby = set(conf.get("standby") or [])
         return [t for t in conf.get("trainers", []) if t not in standby]
     if role == "fl_trainer":
         return [str(conf["aggregator"])]
     return [p for p in conf.get("talks_to", []) if p in setting.structure]
+
+
+def ring_structure(setting: Setting) -> allreduce.Structure:
+    """The all-reduce structure of a ring's configured strategy over its members."""
+    first = next(iter(setting.structure.values()))
+    ring = list(first.get("ring") or setting.structure)
+    return allreduce.build(str(first.get("strategy") or "ring"), ring, first.get("sites") or None)
 
 
 def path(topology: Topology, src: str, dst: str, hops_to: Optional[dict[str, str]] = None) -> Path:
