@@ -3,13 +3,15 @@ the framing overhead per message measured once on another configuration's run.""
 from __future__ import annotations
 
 import csv
+import json
 import os
+import shutil
 from collections import Counter
 
 import pytest
 
 from controller.predict import analytic, model_file
-from controller.predict.setting import from_run_dir
+from controller.predict.setting import from_input_dir, from_run_dir
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "predict")
 PAIRS = [("ring4", "ring4-h96"), ("ring4-h96", "ring4"), ("fl4", "fl4-h96"), ("fl4-h96", "fl4")]
@@ -80,3 +82,21 @@ def test_analytic_bytes_per_link_match_traffic_within_1_percent():
         assert set(links) == set(models), run
         for key, measured in models.items():
             assert links[key] == pytest.approx(measured, rel=0.01), (run, key)
+
+
+def test_a_tree_strategy_counts_partial_sums_up_means_down_and_relays(tmp_path):
+    inputs = tmp_path / "tree"
+    shutil.copytree(os.path.join(DATA, "ring4", "inputs"), inputs)
+    structure = json.loads((inputs / "ra_structure.json").read_text())
+    (inputs / "ra_structure.json").write_text(json.dumps({**structure, "strategy": "binary_tree"}))
+    terms = analytic.terms(from_input_dir(str(inputs)))
+    up, down = 8 * 2410, 4 * 2410  # float64 partial sums up, the float32 mean down
+    # binary tree n1 <- n2, n3; n2 <- n4. n4 has no link to n2: its sum and n2's mean pass through n1
+    assert (terms["n1"].payload_sent_bytes, terms["n1"].payload_recv_bytes) == (2 * down + up + down,
+                                                                                 2 * up + up + down)
+    assert (terms["n1"].messages_sent, terms["n1"].messages_recv) == (4, 4)
+    assert (terms["n2"].payload_sent_bytes, terms["n2"].payload_recv_bytes) == (up + down, up + down)
+    assert (terms["n4"].payload_sent_bytes, terms["n4"].payload_recv_bytes) == (up, down)
+    # a recorded run of this configuration: n1 counted 49144 bytes sent and 68408 received per round
+    assert terms["n1"].payload_sent_bytes + 4 * 236 == pytest.approx(49144, rel=0.005)
+    assert terms["n1"].payload_recv_bytes + 4 * 232 == pytest.approx(68408, rel=0.005)
