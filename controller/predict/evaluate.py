@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from controller.predict.greybox import TooFewConfigurations
-from controller.predict.model_file import MIN_CONFIGS, PREDICTORS, Row, fit, outside, predict_row
+from controller.predict.model_file import MIN_CONFIGS, PREDICTORS, Row, fit, outside, predict_row, unseen
 from controller.predict.targets import TARGETS
 
 KINDS = ("all", "interpolation", "extrapolation")
@@ -54,14 +54,15 @@ def evaluate(rows: Sequence[Row], by: str = "config") -> dict[str, Any]:
         except TooFewConfigurations as e:
             held_out.append({**entry, "skipped": e.message})
             continue
-        known = [r for r in test if r.group in doc["groups"]]
+        known = [r for r in test if unseen(doc, r) is None]
         if not known:
-            held_out.append({**entry, "skipped": f"{test[0].algorithm} is in no other configuration"})
+            why = unseen(doc, test[0]) or ""
+            held_out.append({**entry, "skipped": why.split(": ", 1)[-1]})
             continue
         out = sorted({o["feature"] for r in known for o in outside(doc["groups"][r.group], r.features)})
         kind = "extrapolation" if out else "interpolation"
         held_out.append({**entry, "kind": kind, "outside_range": out,
-                         "unseen_roles": sorted({r.role for r in test if r.group not in doc["groups"]})})
+                         "unseen": sorted({why.split(": ", 1)[-1] for r in test for why in [unseen(doc, r)] if why})})
         for r in known:
             predicted = predict_row(doc, r)
             for target in TARGETS:

@@ -178,20 +178,29 @@ def load(path: str) -> dict[str, Any]:
     return doc
 
 
-def _check_known(doc: dict[str, Any], rows: Sequence[Row]) -> None:
+def unseen(doc: dict[str, Any], r: Row) -> Optional[str]:
+    """Why the model cannot predict row ``r`` (its algorithm, role or a named setting never seen
+    in training), None when it can."""
     known = sorted({g["algorithm"] for g in doc["groups"].values()})
+    if r.algorithm not in known:
+        return (f"{r.source}: algorithm {r.algorithm!r} was never seen in training "
+                f"(the model knows {', '.join(known)}); record runs of it and fit again")
+    if r.group not in doc["groups"]:
+        return (f"{r.source}: node {r.node!r}: role {r.role!r} of {r.algorithm!r} was never seen in "
+                f"training (the model knows {', '.join(sorted(doc['groups']))})")
+    seen = doc["groups"][r.group].get("names", {})
+    for key, value in r.names.items():
+        if key in seen and value not in seen[key]:
+            return (f"{r.source}: node {r.node!r}: {key} {value!r} was never seen in training for "
+                    f"{r.group} (the model knows {', '.join(repr(v) for v in seen[key])})")
+    return None
+
+
+def _check_known(doc: dict[str, Any], rows: Sequence[Row]) -> None:
     for r in rows:
-        if r.algorithm not in known:
-            raise ConfigError(f"{r.source}: algorithm {r.algorithm!r} was never seen in training "
-                              f"(the model knows {', '.join(known)}); record runs of it and fit again")
-        if r.group not in doc["groups"]:
-            raise ConfigError(f"{r.source}: node {r.node!r}: role {r.role!r} of {r.algorithm!r} was never seen in "
-                              f"training (the model knows {', '.join(sorted(doc['groups']))})")
-        seen = doc["groups"][r.group].get("names", {})
-        for key, value in r.names.items():
-            if key in seen and value not in seen[key]:
-                raise ConfigError(f"{r.source}: node {r.node!r}: {key} {value!r} was never seen in training for "
-                                  f"{r.group} (the model knows {', '.join(repr(v) for v in seen[key])})")
+        why = unseen(doc, r)
+        if why:
+            raise ConfigError(why)
 
 
 def outside(group: dict[str, Any], features: dict[str, float]) -> list[dict[str, Any]]:
