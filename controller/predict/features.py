@@ -4,7 +4,8 @@ A node's *targets* are the peers it sends its model to each round (ring: its suc
 FL aggregator: its trainers; FL trainer: its aggregator; gossip and others: its linked
 out-neighbours). A target's *path* follows the controller's relays (``next_hops``); its rate is
 the bottleneck of the path's links and of the access links at both ends (``uplink_bps`` of the
-sender, ``downlink_bps`` of the receiver). A node without a CPU limit counts as one core (a
+sender, ``downlink_bps`` of the receiver). ``background_bps`` sums the mean rates of the
+scenario's background flows that share a link with the node's paths. A node without a CPU limit counts as one core (a
 node's Python process uses about one).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ UNSHAPED_BPS = 10_000_000_000  # a path with no shaped link (an open network): t
 FEATURES = ("n_nodes", "layer", "out_degree", "in_degree", "relay_hops", "rate_min_bps", "rate_median_bps",
             "rate_max_bps", "uplink_bps", "downlink_bps", "delay_ms", "loss_pct", "cpu", "mem_bytes",
             "param_count", "model_bytes", "samples", "batch_size", "epochs", "rounds", "trainer_fraction",
-            "quorum", "deadline_s")
+            "quorum", "deadline_s", "background_bps")
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ def node_features(setting: Setting) -> dict[str, dict[str, float]]:
             if dst in indegree:
                 indegree[dst] += 1
     fl = _fl_settings(setting)
+    background = _background(setting, all_paths)
     out: dict[str, dict[str, float]] = {}
     for node, conf in setting.structure.items():
         spec = setting.topology.nodes[node]
@@ -145,7 +147,18 @@ def node_features(setting: Setting) -> dict[str, dict[str, float]]:
             "param_count": float(setting.param_count), "model_bytes": float(setting.model_bytes),
             "samples": float(setting.samples.get(node, 0)), "batch_size": float(setting.batch_size.get(node, 0)),
             "epochs": float(conf.get("epoch") or 0) if conf.get("role") != "fl_aggregator" else 0.0,
-            "rounds": float(conf.get("sync") or 0), **fl}
+            "rounds": float(conf.get("sync") or 0), **fl, "background_bps": background[node]}
+    return out
+
+
+def _background(setting: Setting, all_paths: dict[str, list[Path]]) -> dict[str, float]:
+    """Per node, the mean rate of the background flows that share a link with its paths."""
+    out = {n: 0.0 for n in setting.structure}
+    for src, dst, rate in setting.background:
+        loaded = set(path(setting.topology, src, dst).links)
+        for node, mine in all_paths.items():
+            if any(loaded.intersection(p.links) for p in mine):
+                out[node] += rate
     return out
 
 

@@ -6,9 +6,10 @@ Both ways go through the controller's own loaders, so the same inputs give the s
 - a run folder (``dml_file/log/<run id>``): ``run.json`` (the algorithm), ``confs.json``
   (each node's structure conf), ``topology.json`` (nodes and shaped links), the dataset
   file under ``inputs/``; the model's size from ``models/*.safetensors`` when present,
-  each node's training samples from its ``started`` event when present;
-- an input directory: ``*structure*.json``, ``*dataset*.json``, ``links.json`` and an
-  optional ``*nodes*.json``, as a run takes them (the algorithm from the structure file's
+  each node's training samples from its ``started`` event when present, the background flows
+  of the scenario under ``inputs/`` if any;
+- an input directory: ``*structure*.json``, ``*dataset*.json``, ``links.json``, an optional
+  ``*nodes*.json`` and an optional ``*scenario*.json`` (its background flows), as a run takes them (the algorithm from the structure file's
   name, ``gl_``/``fl_``/``el_``/``ra_``, unless given).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import math
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -48,6 +49,7 @@ class Setting:
     itemsize: int
     source: str
     dataset: str = ""
+    background: list[tuple[str, str, float]] = field(default_factory=list)  # (src, dst, mean bit/s)
 
     @property
     def model_bytes(self) -> int:
@@ -146,6 +148,27 @@ def _data(dataset_path: str, nodes: list[str], workdir: str) -> tuple[dict[str, 
             int(data.n_classes))
 
 
+def background_flows(scenario_path: Optional[str], topology: Topology) -> list[tuple[str, str, float]]:
+    """The scenario's background flows as (src, dst, mean rate in bit/s: an ON/OFF flow's rate
+    times its ON share), checked by the scenario's own loader; its other events are not read."""
+    if not scenario_path:
+        return []
+    from controller.model.scenario import resolve
+
+    doc = _read_json(scenario_path)
+    events = doc.get("events") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise ConfigError(f"{scenario_path}: field 'events': expected a list")
+    kept = {"seed": doc.get("seed"), "events": [e for e in events if isinstance(e, dict) and "background" in e]}
+    out = []
+    for step in resolve(kept, topology, scenario_path).steps:
+        if step.kind == "background":
+            p = step.params
+            duty = p["on_s"] / (p["on_s"] + p["off_s"]) if p.get("on_s") else 1.0
+            out.append((p["src"], p["dst"], float(p["rate_bps"]) * duty))
+    return out
+
+
 def dataset_name(dataset_path: str) -> str:
     """The name of the dataset a dataset file uses (as the controller names its shard folder)."""
     from controller.confs import datasets
@@ -155,9 +178,10 @@ def dataset_name(dataset_path: str) -> str:
 
 
 def from_files(structure_path: str, dataset_path: str, topology: Topology, algorithm: str,
-               workdir: str) -> Setting:
+               workdir: str, scenario_path: Optional[str] = None) -> Setting:
     """The configuration of a structure and a dataset file over ``topology`` (as a run would
-    load them; paths inside the files are relative to ``workdir``)."""
+    load them; paths inside the files are relative to ``workdir``), with the background flows
+    of ``scenario_path`` if given."""
     from controller.confs.confs import load_structure
 
     structure = load_structure(structure_path, topology, algorithm)
@@ -169,7 +193,7 @@ def from_files(structure_path: str, dataset_path: str, topology: Topology, algor
     model = next(iter(structure.values()))["model"]
     params, itemsize = _model_size_from_conf(model, input_shape, n_classes, workdir, structure_path)
     return Setting(algorithm, structure, topology, samples, batch, params, itemsize, workdir,
-                   dataset_name(dataset_path))
+                   dataset_name(dataset_path), background_flows(scenario_path, topology))
 
 
 def from_input_dir(input_dir: str, algorithm: Optional[str] = None) -> Setting:
@@ -185,10 +209,11 @@ def from_input_dir(input_dir: str, algorithm: Optional[str] = None) -> Setting:
     if not os.path.isfile(links_path):
         raise MissingFileError(f"{input_dir}: no links file (links.json)")
     nodes_path = _one(input_dir, "*nodes*.json", "nodes", required=False)
+    scenario_path = _one(input_dir, "*scenario*.json", "scenario", required=False)
     topology = load_nodes(nodes_path) if nodes_path else None
     topology = load_links(links_path, topology, nodes_declared=nodes_path is not None)
     return from_files(structure_path, dataset_path, topology, algorithm or guess_algorithm(structure_path),  # type: ignore[arg-type]
-                      input_dir)
+                      input_dir, scenario_path)
 
 
 def _started_samples(run_dir: str) -> dict[str, int]:
@@ -259,5 +284,6 @@ def from_run_dir(run_dir: str) -> Setting:
     else:
         raise MissingFileError(f"{run_dir}: neither models/*.safetensors nor a dataset file under inputs/ "
                                f"to tell the model's size{problem}")
+    scenario_path = _one(inputs, "*scenario*.json", "scenario", required=False) if os.path.isdir(inputs) else None
     return Setting(algorithm, structure, topology, samples, batch, params, itemsize, run_dir,
-                   dataset_name(dataset_path) if dataset_path else "")
+                   dataset_name(dataset_path) if dataset_path else "", background_flows(scenario_path, topology))
