@@ -148,7 +148,8 @@ class Testbed:
         if not self._links_loaded:
             raise ConfigError("call load_link() before predict()")
         setting = from_files(os.path.join(self.workdir, self.structure), os.path.join(self.workdir, self.dataset),
-                             self.topology, self.algorithm, self.workdir)
+                             self.topology, self.algorithm, self.workdir,
+                             os.path.join(self.workdir, self.scenario) if self.scenario else None)
         return model_file.predict_rows(model_file.load(os.path.join(self.workdir, model)),
                                        model_file.rows_of_setting(setting))
 
