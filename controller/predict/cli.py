@@ -23,11 +23,13 @@ LINKS_SHOWN = 8
 
 def add_parser(sub: Any) -> None:
     """Register ``predict`` on the ``edgetb`` subparsers."""
-    p = sub.add_parser("predict", help="predict round time, traffic and bursts from recorded runs: "
-                                       "'predict fit RUN_DIR... --out model.json', 'predict INPUT_DIR --model "
-                                       "model.json', 'predict eval RUN_DIR...'")
-    p.add_argument("paths", nargs="+", metavar="fit|eval|INPUT_DIR", help="'fit RUN_DIR...', 'eval RUN_DIR...' or "
-                   "an INPUT_DIR (structure, dataset, links and nodes files, as for a run)")
+    p = sub.add_parser("predict", help="predict round time, traffic and bursts from recorded runs",
+                       usage="edgetb predict fit RUN_DIR... --out model.json\n"
+                             "       edgetb predict INPUT_DIR|RUN_DIR --model model.json [--out prediction.json]\n"
+                             "       edgetb predict eval RUN_DIR... [--by config] [--out predict_eval.json]")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="'fit RUN_DIR...', 'eval RUN_DIR...', an INPUT_DIR "
+                   "(structure, dataset, links and optional nodes and scenario files, as for a run) or a finished "
+                   "RUN_DIR (predicted beside measured)")
     p.add_argument("--model", help="the model file to predict with (from 'predict fit')")
     p.add_argument("--out", help="where to write: the model (fit, required), prediction.json (predict) or "
                                  "predict_eval.json (eval)")
