@@ -17,6 +17,7 @@ import numpy as np
 from controller.predict.greybox import TooFewConfigurations
 from controller.predict.model_file import MIN_CONFIGS, PREDICTORS, Row, fit, outside, predict_row, unseen
 from controller.predict.targets import TARGETS
+from worker.api.errors import ConfigError
 
 KINDS = ("all", "interpolation", "extrapolation")
 
@@ -35,7 +36,7 @@ def scores(measured: Sequence[float], predicted: Sequence[float]) -> dict[str, O
 def evaluate(rows: Sequence[Row], by: str = "config") -> dict[str, Any]:
     """Leave-one-configuration-out scores of every predictor on every target."""
     if by != "config":
-        raise TooFewConfigurations(f"--by {by!r}: only 'config' (leave one configuration out) is offered")
+        raise ConfigError(f"--by {by!r}: only 'config' (leave one configuration out) is offered")
     configs = sorted({r.config for r in rows})
     if len(configs) < MIN_CONFIGS + 1:
         raise TooFewConfigurations(f"the runs hold {len(configs)} configuration(s): leaving one out needs at least "

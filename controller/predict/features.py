@@ -1,12 +1,13 @@
 """Each node's features, derived from a ``Setting`` alone (never typed by hand).
 
-A node's *targets* are the peers it sends its model to each round (ring: its successor;
-FL aggregator: its trainers; FL trainer: its aggregator; gossip and others: its linked
-out-neighbours). A target's *path* follows the controller's relays (``next_hops``); its rate is
-the bottleneck of the path's links and of the access links at both ends (``uplink_bps`` of the
-sender, ``downlink_bps`` of the receiver). ``background_bps`` sums the mean rates of the
-scenario's background flows that share a link with the node's paths. A node without a CPU limit counts as one core (a
-node's Python process uses about one).
+A node's *targets* are the peers it sends its model to each round (ring: its successor, or its
+parent and children under a tree strategy; FL aggregator: its trainers; FL trainer: its
+aggregator; gossip and others: its linked out-neighbours). A target's *path* follows the
+controller's relays (``next_hops`` through the experiment's nodes); its rate is the bottleneck
+of the path's links and of the access links at both ends (``uplink_bps`` of the sender,
+``downlink_bps`` of the receiver). ``background_bps`` sums the mean rates of the scenario's
+background flows that share a link with the node's paths. A node without a CPU limit counts as
+one core (a node's Python process uses about one).
 """
 from __future__ import annotations
 
@@ -67,10 +68,13 @@ def ring_structure(setting: Setting) -> allreduce.Structure:
     return allreduce.build(str(first.get("strategy") or "ring"), ring, first.get("sites") or None)
 
 
-def path(topology: Topology, src: str, dst: str, hops_to: Optional[dict[str, str]] = None) -> Path:
-    """The path the controller's relays give from ``src`` to ``dst`` (``hops_to``: ``next_hops``
-    towards ``dst``, computed once per destination by callers that ask often)."""
-    hops_to = next_hops(topology, set(topology.nodes), dst) if hops_to is None else hops_to
+def path(topology: Topology, src: str, dst: str, hops_to: Optional[dict[str, str]] = None,
+         members: Optional[set[str]] = None) -> Path:
+    """The path the controller's relays give from ``src`` to ``dst`` through ``members`` (the
+    experiment's nodes; default: every node); ``hops_to``: ``next_hops`` towards ``dst``,
+    computed once per destination by callers that ask often."""
+    if hops_to is None:
+        hops_to = next_hops(topology, set(topology.nodes) if members is None else members, dst)
     rates: list[float] = []
     links: list[tuple[str, str]] = []
     delay_ms, keep, here, hops = 0.0, 1.0, src, 0
@@ -101,7 +105,7 @@ def paths(setting: Setting) -> dict[str, list[Path]]:
         out[node] = []
         for dst in send_targets(setting, node):
             if dst not in cache:
-                cache[dst] = next_hops(setting.topology, set(setting.topology.nodes), dst)
+                cache[dst] = next_hops(setting.topology, set(setting.structure), dst)
             out[node].append(path(setting.topology, node, dst, cache[dst]))
     return out
 
@@ -155,7 +159,7 @@ def _background(setting: Setting, all_paths: dict[str, list[Path]]) -> dict[str,
     """Per node, the mean rate of the background flows that share a link with its paths."""
     out = {n: 0.0 for n in setting.structure}
     for src, dst, rate in setting.background:
-        loaded = set(path(setting.topology, src, dst).links)
+        loaded = set(path(setting.topology, src, dst, members=set(setting.structure)).links)
         for node, mine in all_paths.items():
             if any(loaded.intersection(p.links) for p in mine):
                 out[node] += rate
