@@ -10,6 +10,9 @@
     edgetb monitor [--period-ms 100] [--interval 1] [--csv DIR] [--duration S] [--top 10]
     edgetb down
     edgetb analyze RUN_DIR [--link SRC->DST] [--threshold cpu=20] [--no-plots] [--json]
+    edgetb predict fit RUN_DIR... --out model.json
+    edgetb predict INPUT_DIR --model model.json
+    edgetb predict eval RUN_DIR... [--by config]
 
 Without ``--agent`` the CLI drives this host directly (as root); with
 ``--agent URL`` it talks to a worker agent using the shared token.
@@ -123,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
                          "the 2-means rule (repeatable)")
     an.add_argument("--no-plots", action="store_true", help="tables and summary only")
     an.add_argument("--json", action="store_true", help="print the summary as JSON")
+    from controller.predict.cli import add_parser as add_predict
+
+    add_predict(sub)
     return p
 
 
@@ -508,8 +514,16 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Fit, predict or cross-validate (controller/predict/cli.py); no root, no testbed."""
+    from controller.predict.cli import run as run_predict
+
+    return run_predict(args)
+
+
 COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "scenario": cmd_scenario,
-            "monitor": cmd_monitor, "analyze": cmd_analyze, "dashboard": cmd_dashboard, "down": cmd_down}
+            "monitor": cmd_monitor, "analyze": cmd_analyze, "dashboard": cmd_dashboard, "down": cmd_down,
+            "predict": cmd_predict}
 
 
 def _interrupt(signum: int, frame: Any) -> None:

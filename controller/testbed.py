@@ -138,6 +138,21 @@ class Testbed:
         self.scenario = path
         return timeline.render()
 
+    def predict(self, model: str = "model.json") -> dict[str, Any]:
+        """Predict round time, traffic and bursts of this experiment without running it, with a
+        model file from ``edgetb predict fit`` (relative to the workdir); the same document as
+        ``edgetb predict INPUT_DIR`` writes in prediction.json (controller/predict/)."""
+        from controller.predict import model_file
+        from controller.predict.setting import from_files
+
+        if not self._links_loaded:
+            raise ConfigError("call load_link() before predict()")
+        setting = from_files(os.path.join(self.workdir, self.structure), os.path.join(self.workdir, self.dataset),
+                             self.topology, self.algorithm, self.workdir,
+                             os.path.join(self.workdir, self.scenario) if self.scenario else None)
+        return model_file.predict_rows(model_file.load(os.path.join(self.workdir, model)),
+                                       model_file.rows_of_setting(setting))
+
     def start(self, auto: bool = False) -> Run:
         """Validate, make confs, deploy and serve on the port until reset (``auto``: run to
         completion); returns the ``Run``."""

@@ -212,8 +212,8 @@ class AggregatorRole(Role):
         self.members, self.view.members = members, list(members)
         self.k = max(1, round(self.fraction * len(members)))
         self._resized_at = time.time()
-        self.ctx.events.write("trainers_changed", round=self._round, added=added, removed=removed, members=members,
-                              reason=str(action.get("reason", "")))
+        self.ctx.events.write("trainers_changed", round=self._round + 1, added=added, removed=removed,
+                              members=members, reason=str(action.get("reason", "")))  # (the round it applies to)
 
     def finish(self, completed: bool) -> None:
         """Once every round ran, tell every trainer the run is over."""

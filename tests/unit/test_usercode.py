@@ -186,13 +186,16 @@ def test_a_class_replaces_the_role_it_subclasses_one_class_a_role(tmp_path):
 def test_stage_copies_the_policy_files_and_points_every_conf_at_them(exp):
     (exp / "policies").mkdir()
     (exp / "policies" / "mine.py").write_text("from dml_app.policies import Policy\n")
-    confs = structure(exp, policies=[{"kind": "adaptive_batch"}, {"module": "policies/mine.py", "class": "Mine",
-                                                                   "level": 2}])
+    confs = structure(exp, policies=[{"module": "policies/other.py", "class": "Other"},
+                                     {"module": "policies/mine.py", "class": "Mine", "level": 2}])
+    (exp / "policies" / "other.py").write_text("from dml_app.policies import Policy\n")
     files = usercode.stage(str(exp), confs, "gl_structure.json")
-    assert files == {"policies/mine.py": os.path.join(os.path.realpath(exp), "dml_user", "policies", "mine.py")}
+    staged = os.path.join(os.path.realpath(exp), "dml_user", "policies")
+    assert files == {"policies/mine.py": os.path.join(staged, "mine.py"),
+                     "policies/other.py": os.path.join(staged, "other.py")}
     for conf in confs.values():
         assert conf["policies"][1] == {"level": 2, "module": "dml_user/policies/mine.py", "class": "Mine"}
-        assert conf["policies"][0]["kind"] == "adaptive_batch" and "module" not in conf["policies"][0]
+        assert conf["policies"][0] == {"module": "dml_user/policies/other.py", "class": "Other"}
     assert (exp / "dml_user" / "policies" / "mine.py").read_text() == "from dml_app.policies import Policy\n"
     with pytest.raises(ConfigError, match="policies/gone.py: no such file"):
         usercode.stage(str(exp), structure(exp, policies=[{"module": "policies/gone.py", "class": "G"}]),

@@ -1,0 +1,286 @@
+"""Fit the three predictors on run folders, store them as plain JSON, predict a configuration.
+
+model.json (never pickle)::
+
+    {"version": 1, "kind": "edgetb-predict-model", "features": [...], "targets": [...],
+     "runs": [{"run_id", "config", "algorithm", "path"}],
+     "calibration": {"compute_s_per_unit": ...},
+     "groups": {"<algorithm>/<role>": {
+         "algorithm", "role", "configs": [...], "rows": n,
+         "range": {feature: [min, max]}, "names": {"model"|"dataset"|"strategy"|...: [seen]},
+         "calibration": {"overhead_sent_bytes_per_msg", "overhead_recv_bytes_per_msg"},
+         "greybox": {target: {"columns": [...], "coef": [...]} | {"refused": "..."}},
+         "blackbox": {target: {"x_mean", "x_std", "y_mean", "y_std", "svr": {...}, "linear": {...}}
+                      | {"refused": "..."}}}}}
+
+The analytic predictor's calibration is measured once from the training runs: the compute
+speed (median train_s per parameter-sample-epoch, over every node that trained) and the
+framing overhead per message (median bytes beyond the payload, per algorithm and role).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from controller.predict import analytic, blackbox, greybox
+from controller.predict.analytic import Terms
+from controller.predict.features import FEATURES, categories, config_key, node_features, roles, vector
+from controller.predict.setting import Setting, from_input_dir, from_run_dir
+from controller.predict.targets import TARGETS, read_targets
+from worker.api.errors import ConfigError
+
+VERSION = 1
+KIND = "edgetb-predict-model"
+MIN_CONFIGS = 2
+PREDICTORS = ("analytic", "greybox", "svr", "linear")
+
+
+@dataclass
+class Row:
+    """One node of one configuration: features, analytic terms and (from a run) measured targets."""
+
+    source: str
+    run_id: str
+    config: str
+    algorithm: str
+    node: str
+    role: str
+    features: dict[str, float]
+    terms: Terms
+    targets: dict[str, Optional[float]] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def group(self) -> str:
+        return f"{self.algorithm}/{self.role}"
+
+    def columns(self) -> dict[str, float]:
+        return greybox.column_values(self.terms, self.features["rounds"])
+
+
+def rows_of_setting(setting: Setting, run_id: str = "") -> list[Row]:
+    """A configuration's rows (no targets)."""
+    feats, role_of, terms, names = node_features(setting), roles(setting), analytic.terms(setting), categories(setting)
+    config = config_key(setting, feats)
+    return [Row(setting.source, run_id, config, setting.algorithm, n, role_of[n], feats[n], terms[n], names=names[n])
+            for n in setting.structure]
+
+
+def rows_of_run(run_dir: str) -> list[Row]:
+    """A finished run's rows, with what it measured (nodes without metrics are left out)."""
+    setting = from_run_dir(run_dir)
+    measured = read_targets(run_dir)
+    run_id = os.path.basename(os.path.normpath(run_dir))
+    rows = [r for r in rows_of_setting(setting, run_id) if r.node in measured]
+    for r in rows:
+        r.targets = measured[r.node]
+    if not rows:
+        raise ConfigError(f"{os.path.join(run_dir, 'metrics.csv')}: no node of confs.json has a row")
+    return rows
+
+
+def load_runs(run_dirs: Sequence[str]) -> list[Row]:
+    """The rows of every run folder."""
+    if not run_dirs:
+        raise ConfigError("no run folder given")
+    return [row for d in run_dirs for row in rows_of_run(d)]
+
+
+def _median(values: list[float], default: float = 0.0) -> float:
+    return float(np.median(values)) if values else default
+
+
+def _calibration(rows: Sequence[Row]) -> dict[str, float]:
+    speeds = [r.targets["train_s"] / r.terms.own_units for r in rows  # type: ignore[operator]
+              if r.terms.own_units > 0 and r.targets.get("train_s")]
+    return {"compute_s_per_unit": _median(speeds)}
+
+
+def _overheads(rows: Sequence[Row]) -> dict[str, float]:
+    out = {}
+    for direction in ("sent", "recv"):
+        per = [(r.targets[f"bytes_{direction}_per_round"] - getattr(r.terms, f"payload_{direction}_bytes"))
+               / getattr(r.terms, f"messages_{direction}") for r in rows
+               if getattr(r.terms, f"messages_{direction}") > 0 and r.targets.get(f"bytes_{direction}_per_round")]
+        out[f"overhead_{direction}_bytes_per_msg"] = _median(per)  # type: ignore[arg-type]
+    return out
+
+
+def _fit_group(name: str, rows: Sequence[Row]) -> dict[str, Any]:
+    configs = sorted({r.config for r in rows})
+    x_all = np.array([vector(r.features) for r in rows])
+    group: dict[str, Any] = {
+        "algorithm": rows[0].algorithm, "role": rows[0].role, "configs": configs, "rows": len(rows),
+        "range": {f: [float(x_all[:, i].min()), float(x_all[:, i].max())] for i, f in enumerate(FEATURES)},
+        "names": {k: sorted({r.names.get(k, "") for r in rows}) for k in rows[0].names},
+        "calibration": _overheads(rows), "greybox": {}, "blackbox": {}}
+    for target in TARGETS:
+        usable = [r for r in rows if r.targets.get(target) is not None]
+        if target in greybox.COLUMNS and not rows[0].terms.unsupported:
+            try:
+                group["greybox"][target] = greybox.fit(target, [r.columns() for r in usable],
+                                                       [r.targets[target] for r in usable],  # type: ignore[misc]
+                                                       [r.config for r in usable], f"{name}: ")
+            except greybox.TooFewConfigurations as e:
+                group["greybox"][target] = {"refused": e.message}
+        n_configs = len({r.config for r in usable})
+        if n_configs < MIN_CONFIGS:
+            group["blackbox"][target] = {"refused": f"{name}: {target}: measured in {n_configs} configuration(s), "
+                                                    f"the black-box fits need {MIN_CONFIGS}"}
+            continue
+        group["blackbox"][target] = blackbox.fit([vector(r.features) for r in usable],
+                                                 [r.targets[target] for r in usable])  # type: ignore[misc]
+    return group
+
+
+def fit(rows: Sequence[Row]) -> dict[str, Any]:
+    """The model document fitted on ``rows`` (of at least ``MIN_CONFIGS`` configurations)."""
+    configs = {r.config for r in rows}
+    if len(configs) < MIN_CONFIGS:
+        raise greybox.TooFewConfigurations(
+            f"the runs hold {len(configs)} configuration(s) ({', '.join(sorted({r.source for r in rows}))}): "
+            f"a model needs at least {MIN_CONFIGS} (runs of the same inputs are one configuration)")
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(r.group, []).append(r)
+    runs = {(r.source, r.run_id): {"run_id": r.run_id, "config": r.config, "algorithm": r.algorithm,
+                                   "path": r.source} for r in rows}
+    return {"version": VERSION, "kind": KIND, "created_at": time.time(), "features": list(FEATURES),
+            "targets": list(TARGETS), "predictors": list(PREDICTORS), "runs": list(runs.values()),
+            "calibration": _calibration(rows),
+            "groups": {name: _fit_group(name, members) for name, members in sorted(groups.items())}}
+
+
+def save(doc: dict[str, Any], path: str) -> None:
+    """Write the model document as JSON."""
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def load(path: str) -> dict[str, Any]:
+    """A model document written by ``save``; a clear error for anything else."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: no such model file (make one with 'edgetb predict fit RUN_DIR... --out {path}')")
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not a JSON model file: {e}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("version") != VERSION:
+        raise ConfigError(f"{path}: expected a model file with \"kind\": \"{KIND}\", \"version\": {VERSION}")
+    if list(doc.get("features", [])) != list(FEATURES):
+        raise ConfigError(f"{path}: made for other features ({len(doc.get('features', []))}); fit it again")
+    return doc
+
+
+def unseen(doc: dict[str, Any], r: Row) -> Optional[str]:
+    """Why the model cannot predict row ``r`` (its algorithm, role or a named setting never seen
+    in training), None when it can."""
+    known = sorted({g["algorithm"] for g in doc["groups"].values()})
+    if r.algorithm not in known:
+        return (f"{r.source}: algorithm {r.algorithm!r} was never seen in training "
+                f"(the model knows {', '.join(known)}); record runs of it and fit again")
+    if r.group not in doc["groups"]:
+        return (f"{r.source}: node {r.node!r}: role {r.role!r} of {r.algorithm!r} was never seen in "
+                f"training (the model knows {', '.join(sorted(doc['groups']))})")
+    seen = doc["groups"][r.group].get("names", {})
+    for key, value in r.names.items():
+        if key in seen and value not in seen[key]:
+            return (f"{r.source}: node {r.node!r}: {key} {value!r} was never seen in training for "
+                    f"{r.group} (the model knows {', '.join(repr(v) for v in seen[key])})")
+    return None
+
+
+def _check_known(doc: dict[str, Any], rows: Sequence[Row]) -> None:
+    for r in rows:
+        why = unseen(doc, r)
+        if why:
+            raise ConfigError(why)
+
+
+def outside(group: dict[str, Any], features: dict[str, float]) -> list[dict[str, Any]]:
+    """The features of a row outside the group's fitted range."""
+    out = []
+    for name, (lo, hi) in group["range"].items():
+        value = features[name]
+        if value < lo - 1e-9 * abs(lo) or value > hi + 1e-9 * abs(hi):
+            out.append({"feature": name, "value": value, "range": [lo, hi]})
+    return out
+
+
+def predict_row(doc: dict[str, Any], row: Row) -> dict[str, dict[str, Optional[float]]]:
+    """Every target's prediction by every predictor for one row (None where a predictor has none)."""
+    group = doc["groups"][row.group]
+    calibration = {**doc["calibration"], **group["calibration"]}
+    ana = analytic.predict(row.terms, row.features["rounds"], calibration)
+    x, cols = vector(row.features), row.columns()
+    out: dict[str, dict[str, Optional[float]]] = {}
+    for target in TARGETS:
+        black = group["blackbox"].get(target) or {}
+        bb = blackbox.predict(None if "refused" in black else black, x)
+        out[target] = {"analytic": ana.get(target), "greybox": greybox.predict(group["greybox"].get(target), cols),
+                       "svr": bb["svr"], "linear": bb["linear"]}
+    return out
+
+
+def refusals(group: dict[str, Any]) -> dict[str, str]:
+    """Why a predictor has no fit for a target, by ``predictor:target``."""
+    out = {f"greybox:{t}": m["refused"] for t, m in group["greybox"].items() if "refused" in m}
+    out.update({f"blackbox:{t}": m["refused"] for t, m in group["blackbox"].items() if "refused" in m})
+    return out
+
+
+def _mean_measured(members: Sequence[dict[str, Any]]) -> dict[str, Optional[float]]:
+    out: dict[str, Optional[float]] = {}
+    for target in TARGETS:
+        values = [m["measured"][target] for m in members if m["measured"].get(target) is not None]
+        out[target] = float(np.mean(values)) if values else None
+    return out
+
+
+def predict_rows(doc: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
+    """Per node and per role predictions of a configuration's rows, each with its fitted range
+    and the features outside it."""
+    _check_known(doc, rows)
+    nodes, by_role = [], {}
+    for r in rows:
+        group = doc["groups"][r.group]
+        nodes.append({"node": r.node, "role": r.role, "predictions": predict_row(doc, r),
+                      "outside_range": outside(group, r.features), "features": r.features})
+        if r.targets:
+            nodes[-1]["measured"] = {t: r.targets.get(t) for t in TARGETS}
+        by_role.setdefault(r.role, []).append(nodes[-1])
+    roles_out = {}
+    for role, members in by_role.items():
+        group = doc["groups"][f"{rows[0].algorithm}/{role}"]
+        summary: dict[str, dict[str, Optional[float]]] = {}
+        for target in TARGETS:
+            summary[target] = {}
+            for p in PREDICTORS:
+                values = [m["predictions"][target][p] for m in members if m["predictions"][target][p] is not None]
+                summary[target][p] = float(np.mean(values)) if values else None
+        roles_out[role] = {"nodes": [m["node"] for m in members], "predictions": summary,
+                           **({"measured": _mean_measured(members)} if "measured" in members[0] else {}),
+                           "fitted_range": group["range"], "configs_fitted": len(group["configs"]),
+                           "extrapolating": sorted({o["feature"] for m in members for o in m["outside_range"]}),
+                           "refused": refusals(group),
+                           "unsupported": rows[0].terms.unsupported}
+    overhead = {r.node: doc["groups"][r.group]["calibration"].get("overhead_sent_bytes_per_msg", 0.0) for r in rows}
+    return {"algorithm": rows[0].algorithm, "config": rows[0].config, "source": rows[0].source,
+            "roles": roles_out, "nodes": nodes,
+            "links_bytes_per_round": analytic.link_bytes([(r.terms, overhead[r.node]) for r in rows])}
+
+
+def predict_run_dir(doc: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """The predictions for a finished run's configuration, beside what it measured."""
+    return predict_rows(doc, rows_of_run(run_dir))
+
+
+def predict_input_dir(doc: dict[str, Any], input_dir: str, algorithm: Optional[str] = None) -> dict[str, Any]:
+    """The predictions for the configuration an input directory describes."""
+    return predict_rows(doc, rows_of_setting(from_input_dir(input_dir, algorithm)))
