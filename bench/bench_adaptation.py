@@ -5,8 +5,8 @@ Run as root: ``.venv/bin/python bench/bench_adaptation.py [--rounds 30] [--modes
 
 The experiment of ``examples/adaptation/`` (``tests/e2e/adaptation.py``): 8 netns nodes, every
 pair linked at 10 Mbit/s, a ring all-reduce of a numpy MLP (0.15 M parameters, 0.6 MB a copy) on
-digits averaged over ``star:n1``; once n1 reports round 10, TCP flows of 8 Mbit/s load n1's links
-to n2..n7. Three runs: no policy, ``adaptive_strategy`` in ``kungfu`` mode (alternative
+digits averaged over ``star:n1``; once n1 reports round 10, two TCP flows of 4 Mbit/s load each of
+n1's links to n2..n7. Three runs: no policy, ``adaptive_strategy`` in ``kungfu`` mode (alternative
 ``star:n8``) and in ``robust`` mode (it picks the strategy from the measured rates).
 
 Goodput is ``comm_goodput_bps`` (the model's bytes over the time of a node's all-reduce), the
@@ -119,7 +119,7 @@ def plot(outcomes: dict[str, Outcome], path: str, trigger_round: int) -> None:
         if o.switch_round:
             ax.plot([o.switch_round], [o.goodput_bps[o.switch_round] / 1e6], marker="*", markersize=12, color=color)
     ax.axvline(trigger_round + 0.5, color="tab:red", linestyle="--", linewidth=1)
-    ax.text(trigger_round + 0.7, 0.15, "TCP flows of 8 Mbit/s on n1's links to n2..n7", color="tab:red", fontsize=8)
+    ax.text(trigger_round + 0.7, 0.15, "2 x 4 Mbit/s of TCP on n1's links to n2..n7", color="tab:red", fontsize=8)
     ax.set_xlabel("round")
     ax.set_ylabel("all-reduce goodput (Mbit/s, median of 8)")
     ax.set_ylim(bottom=0)
@@ -150,8 +150,8 @@ def main() -> int:
     for mode in args.modes:
         log(f"{mode}: 8 nodes, {args.rounds} rounds, flows from round {TRIGGER_ROUND + 1}")
         outcomes[mode] = run_mode(mode, args.rounds, args.hidden, args.timeout)
-    print(f"\nAll-reduce goodput under interference (star:n1, 8 nodes, 10 Mbit/s links, TCP flows of 8 Mbit/s "
-          f"on n1's links to n2..n7 from round {TRIGGER_ROUND + 1}); Mbit/s, median of the members\n")
+    print(f"\nAll-reduce goodput under interference (star:n1, 8 nodes, 10 Mbit/s links, two TCP flows of 4 Mbit/s "
+          f"on each of n1's links to n2..n7 from round {TRIGGER_ROUND + 1}); Mbit/s, median of the members\n")
     headers = ["policy", "rounds", "before", "at the drop", "drop +3..+6", "recovery", "drop round", "switch round",
                "lowest before the switch (% of mean)", f"round {AFTER_SWITCH_ROUND} after the switch (% of mean)"]
     rows = [row(mode, o) for mode, o in outcomes.items()]

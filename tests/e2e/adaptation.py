@@ -1,12 +1,13 @@
 """The interference experiment of the adaptation tests and of ``bench/bench_adaptation.py``.
 
 ``examples/adaptation/``: 8 nodes, every pair linked at 10 Mbit/s, a ring all-reduce of a numpy
-MLP on digits averaged over ``star:n1``; ``scenario.json`` starts TCP flows of 8 Mbit/s from n1 to
-n2..n7 once n1 reports round 10. The star's broadcast then crawls to six of its seven leaves,
-while a star rooted at n8 moves only n1's own model over a clean link: an exact all-reduce that
-avoids n1's loaded links can recover. (TCP flows held to 8 Mbit/s load the links steadily; UDP
-ones at the same rate let every other round through almost unhurt, and unbounded TCP ones starve
-the star's sends past their timeout.)
+MLP on digits averaged over ``star:n1``; ``scenario.json`` starts two TCP flows of 4 Mbit/s on
+each of n1's links to n2..n7 once n1 reports round 10. The star's broadcast then crawls to six of
+its seven leaves, while a star rooted at n8 moves only n1's own model over a clean link: an exact
+all-reduce that avoids n1's loaded links can recover. (Two flows of 4 Mbit/s load a link about as
+steadily as a round needs; one of 8 Mbit/s spares some rounds, iperf3 catching up in bursts; a
+UDP one of 8 Mbit/s spares every other round; one of 9 Mbit/s or more, or flows both ways, slow
+the star's sends past their timeout and abort rounds.)
 
 ``analyse`` reads a finished run folder (``metrics.csv``, the nodes' events): the cluster's
 goodput each round (the median over the members of ``comm_goodput_bps``), the strategy each
