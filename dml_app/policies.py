@@ -15,7 +15,9 @@ user's own class (``{"module": "policies/mine.py", "class": "Mine", ...}``), a s
 """
 from __future__ import annotations
 
+import copy
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -25,6 +27,8 @@ from dml_app.usercode import UserCodeError, attribute, load_file
 Vote = Optional[dict[str, Any]]
 Action = Optional[dict[str, Any]]
 MAX_VOTE_BYTES = 4096  # one policy's vote, as JSON
+MAX_POLICIES = 8  # policies of one structure file (so: votes of one node)
+MAX_NUMBER = 1e300  # a vote's numbers stay below this (a float of any policy's arithmetic)
 ACTIONS = ("strategy", "batch_size", "members")  # what an action may change
 
 
@@ -93,8 +97,11 @@ class AdaptiveStrategy(Policy):
     decision uses the median of the last ``window_rounds``; after a switch, ``cooldown_rounds``
     rounds pass before the next, and the reference is measured anew under the new strategy. The
     candidate is the strategy whose estimated all-reduce time over the link rates the members
-    measured since the last switch is least (an edge not measured counts as the fastest), so a
-    later drop may lead back to the strategy of the start.
+    measured since the last switch is least (an edge not measured counts as the fastest). Away
+    from the strategy of the start, every ``probe_rounds`` rounds the ring tries it again for one
+    round: when most members see its goodput back at ``threshold`` x its first reference, it
+    stays; otherwise the ring returns to the strategy it left.
+    Every decision depends only on the votes and on round numbers, so all members take the same.
     """
 
     kind = "adaptive_strategy"
@@ -108,12 +115,15 @@ class AdaptiveStrategy(Policy):
         self.window_rounds = int(conf.get("window_rounds", 3))
         self.cooldown_rounds = int(conf.get("cooldown_rounds", 5))
         self.alternative = conf.get("alternative")
-        self.goodputs: list[float] = []  # this node's goodput of every round so far
+        self.probe_rounds = int(conf.get("probe_rounds", 20))
+        self.goodputs: list[float] = []  # this node's goodput of every round since the last switch
         self.reference: Optional[float] = None
         self.switches = 0
         self.last_switch: Optional[int] = None
-        self.first_strategy = view.strategy
-        self.rates: dict[str, float] = {}  # peer -> measured rate (b/s) of this node's sends, last window
+        self.home = view.strategy  # the strategy of the start
+        self.home_reference: Optional[float] = None  # this node's first reference, under ``home``
+        self.probing: Optional[str] = None  # trying ``home`` again: the strategy to return to
+        self.rates: dict[str, float] = {}  # peer -> measured rate (b/s) of this node's sends since the last switch
 
     def after_round(self, metrics: dict[str, Any]) -> Vote:
         goodput = metrics.get("comm_goodput_bps")
@@ -122,6 +132,9 @@ class AdaptiveStrategy(Policy):
         self.goodputs.append(float(goodput))
         for peer, bps in (metrics.get("send_bps") or {}).items():
             self.rates[peer] = float(bps)
+        if self.probing is not None:  # this round ran the start's strategy again: is it good?
+            back = self.home_reference is not None and goodput >= self.threshold * self.home_reference
+            return {"goodput_bps": round(goodput), "vote": not back}
         if self.mode == "kungfu":
             if self.reference is None and len(self.goodputs) > self.warmup_rounds:
                 self.reference = self.goodputs[self.warmup_rounds]
@@ -129,6 +142,8 @@ class AdaptiveStrategy(Policy):
             return {"goodput_bps": round(goodput), "vote": bool(low)}
         if self.reference is None and len(self.goodputs) >= self.reference_rounds:
             self.reference = median(self.goodputs[:self.reference_rounds])
+            if self.home_reference is None and self.view.strategy == self.home:
+                self.home_reference = self.reference
         recent = median(self.goodputs[-self.window_rounds:]) if len(self.goodputs) >= self.window_rounds else None
         low = self.reference is not None and recent is not None and recent < self.threshold * self.reference
         return {"goodput_bps": round(goodput), "vote": bool(low),
@@ -144,9 +159,22 @@ class AdaptiveStrategy(Policy):
                 return None
             self.switches += 1
             return {"strategy": str(self.alternative), "reason": f"{yes} of {len(members)} members voted"}
-        if self.last_switch is not None and round_no - self.last_switch < self.cooldown_rounds:
+        if self.probing is not None:  # the votes of the round that tried the start's strategy again
+            left, self.probing = self.probing, None
+            if 2 * yes <= len(members):
+                self.goodputs.clear()
+                self.reference = self.home_reference
+                return None  # back home for good
+            candidate = left
+            reason = f"the start's strategy tried again: {yes} of {len(members)} members still saw its goodput low"
+        elif self.last_switch is not None and round_no - self.last_switch < self.cooldown_rounds:
             return None
-        if 2 * yes > len(members):
+        elif (self.view.strategy != self.home and self.probe_rounds and self.last_switch is not None
+              and round_no - self.last_switch >= self.probe_rounds):
+            self.probing, self.last_switch = self.view.strategy, round_no
+            return {"strategy": str(self.home), "reason": f"trying the start's strategy again after "
+                                                          f"{self.probe_rounds} rounds"}
+        elif 2 * yes > len(members):
             candidate = best_strategy(members, measured_rates(votes), self.view.sites)
             if candidate == self.view.strategy:
                 return None
@@ -165,8 +193,9 @@ def measured_rates(votes: dict[str, Vote]) -> dict[tuple[str, str], float]:
     """(sender, receiver) -> the rate the votes report for that edge."""
     out: dict[tuple[str, str], float] = {}
     for sender, vote in votes.items():
-        for peer, bps in ((vote or {}).get("send_bps") or {}).items():
-            if isinstance(bps, (int, float)) and bps > 0:
+        sent = vote.get("send_bps") if isinstance(vote, dict) else None
+        for peer, bps in (sent.items() if isinstance(sent, dict) else ()):
+            if isinstance(bps, (int, float)) and not isinstance(bps, bool) and 0 < bps < MAX_NUMBER:
                 out[(sender, str(peer))] = float(bps)
     return out
 
@@ -193,7 +222,8 @@ class AdaptiveBatch(Policy):
         return {"gns": float(gns)}
 
     def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
-        estimates = [float(v["gns"]) for v in votes.values() if v and isinstance(v.get("gns"), (int, float))]
+        estimates = [float(v["gns"]) for v in votes.values() if isinstance(v, dict) and isinstance(v.get("gns"), (int, float))
+                     and 0 < v["gns"] < MAX_NUMBER]
         if not estimates:
             return None
         mean = sum(estimates) / len(estimates)
@@ -232,7 +262,8 @@ class ElasticScaling(Policy):
     def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
         if self.stopped:
             return None
-        self.window += [float(v["throughput_sps"]) for v in votes.values() if v and "throughput_sps" in v]
+        self.window += [float(v["throughput_sps"]) for v in votes.values() if isinstance(v, dict)
+                        and isinstance(v.get("throughput_sps"), (int, float)) and 0 < v["throughput_sps"] < MAX_NUMBER]
         if len(self.window) < self.window_rounds:
             return None
         n, t = len(self.view.members), median(self.window)
@@ -294,11 +325,25 @@ def check_vote(vote: Any, who: str) -> Vote:
         raise PolicyError(f"{who}: a vote must be plain JSON ({e})") from None
     if size > MAX_VOTE_BYTES:
         raise PolicyError(f"{who}: a vote takes {size} bytes, more than {MAX_VOTE_BYTES}")
+    if not _bounded(vote):
+        raise PolicyError(f"{who}: a vote's numbers must be below {MAX_NUMBER:g} in size")
     return vote
 
 
-def check_action(action: Any, who: str) -> Action:
-    """``action`` when it changes only what ``ACTIONS`` names (plus a ``reason``)."""
+def _bounded(value: Any) -> bool:
+    """Every number in ``value`` (plain JSON) below ``MAX_NUMBER`` in size."""
+    if isinstance(value, dict):
+        return all(_bounded(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_bounded(v) for v in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return math.isfinite(float(value)) if abs(value) < MAX_NUMBER else False
+    return True
+
+
+def check_action(action: Any, who: str, members: Optional[list[str]] = None) -> Action:
+    """``action`` when it changes only what ``ACTIONS`` names (plus a ``reason``); a strategy is
+    checked against ``members`` (a ring's) when they are given."""
     if action is None:
         return None
     if not isinstance(action, dict) or not set(action) - {"reason"} <= set(ACTIONS):
@@ -308,6 +353,12 @@ def check_action(action: Any, who: str) -> Action:
         raise PolicyError(f"{who}: batch_size must be a whole number >= 1, not {action['batch_size']!r}")
     if "strategy" in action and not isinstance(action["strategy"], str):
         raise PolicyError(f"{who}: strategy must be a string, not {action['strategy']!r}")
+    if "strategy" in action and members is not None:
+        from dml_app.allreduce import StructureError, parse
+        try:
+            parse(action["strategy"], members)
+        except StructureError as e:
+            raise PolicyError(f"{who}: {e}") from None
     members = action.get("members", [])
     if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
         raise PolicyError(f"{who}: members must be a list of node names, not {members!r}")
@@ -321,6 +372,7 @@ class Policies:
         self.policies = policies
         self.events = events
         self.apply = apply  # the role's: takes an action (strategy, batch size)
+        self.recent: list[dict[str, Any]] = []  # decisions not yet reported (``take_recent``)
 
     def __bool__(self) -> bool:
         return bool(self.policies)
@@ -334,22 +386,39 @@ class Policies:
         return {policy_id(p, i): check_vote(p.after_round(dict(metrics)), policy_id(p, i))
                 for i, p in enumerate(self.policies)}
 
-    def decide(self, round_no: int, votes: dict[str, dict[str, Vote]]) -> list[dict[str, Any]]:
+    def decide(self, round_no: int, votes: dict[str, dict[str, Vote]],
+               members: Optional[list[str]] = None) -> list[dict[str, Any]]:
         """Each policy decides on the members' votes (``votes[member][policy id]``); every
-        action is applied and written as a ``policy_decision`` event; the actions, in order."""
+        action is applied and written as a ``policy_decision`` event; the actions, in order.
+        A policy that raises, or whose action cannot be taken, changes nothing: a
+        ``policy_error`` event (every member deciding on the same votes fails the same way)."""
         taken = []
         for i, p in enumerate(self.policies):
             pid = policy_id(p, i)
-            mine = {m: (v or {}).get(pid) for m, v in votes.items()}
-            action = check_action(p.decide(round_no, mine), pid)
-            if action is None:
+            mine = {m: v.get(pid) if isinstance(v, dict) else None for m, v in votes.items()}
+            try:
+                action = check_action(p.decide(round_no, mine), pid, members)
+                if action is None:
+                    continue
+                self.apply(action)
+            except Exception as e:  # a policy's own code (or a peer's odd vote): it acts no more this round
+                self.events.write("policy_error", round=round_no, policy=pid, error=f"{type(e).__name__}: {e}"[:500])
                 continue
-            self.events.write("policy_decision", round=round_no, policy=pid, inputs=mine.get(self.view_name(p)),
-                              votes=mine, action=action)
-            self.apply(action)
+            event = self.events.write("policy_decision", round=round_no, policy=pid, inputs=mine.get(p.view.name),
+                                      votes=mine, action=action)
+            self.recent.append({"t": event["t"], "round": round_no, "policy": pid, "action": action})
             taken.append(action)
         return taken
 
-    @staticmethod
-    def view_name(p: Policy) -> str:
-        return p.view.name
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every policy's state (its attributes but its view), to ``restore`` when a decision is undone."""
+        return [copy.deepcopy({k: v for k, v in vars(p).items() if k != "view"}) for p in self.policies]
+
+    def restore(self, states: list[dict[str, Any]]) -> None:
+        for p, state in zip(self.policies, states):
+            vars(p).update(copy.deepcopy(state))
+
+    def take_recent(self) -> list[dict[str, Any]]:
+        """The decisions since the last call (for the node's progress report)."""
+        out, self.recent = self.recent, []
+        return out

@@ -104,7 +104,8 @@ def probe_policy(req: dict[str, Any]) -> dict[str, Any]:
         raise
     except Exception as e:  # the user's code
         raise usercode.UserCodeError(f"{relative}: {step} failed: {usercode.where_in(e, path)}") from None
-    policies.check_action(action, f"{relative}: {name}.decide")
+    members = list(view.members) if view.role == "ring" else None  # (a strategy names a ring's members)
+    policies.check_action(action, f"{relative}: {name}.decide", members)
     return {"vote": vote, "action": action}
 
 

@@ -50,7 +50,7 @@ import re
 from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology
-from dml_app import aggregation, allreduce
+from dml_app import aggregation, allreduce, policies
 from worker.api.errors import ConfigError
 from dml_app.models import BUILTIN_NAMES
 from worker.api.schema import (ABSENT, MAX_BATCH, MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS,
@@ -178,7 +178,7 @@ RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUND
 SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
 
 # Adaptation policies (dml_app.policies): the built-in kinds and the user's own ---------------------
-MAX_POLICIES = 8
+MAX_POLICIES = policies.MAX_POLICIES
 ADAPTIVE_STRATEGY = Schema({
     "kind": Field(str, "adaptive_strategy: switch the ring's all-reduce strategy when the goodput drops",
                   required=True, choices=("adaptive_strategy",)),
@@ -195,6 +195,8 @@ ADAPTIVE_STRATEGY = Schema({
                            default=3, low=1, high=MAX_ROUNDS),
     "cooldown_rounds": Field(int, "robust: rounds after a switch before the next one", default=5, low=0,
                              high=MAX_ROUNDS),
+    "probe_rounds": Field(int, "robust: away from the strategy of the start, try it again every this many rounds "
+                               "(0: never)", default=20, low=0, high=MAX_ROUNDS),
     "alternative": Field(str, f"kungfu (required there): the strategy to switch to ({STRATEGY_HINT})",
                          default=ABSENT, max_len=80),
 })
@@ -438,15 +440,15 @@ def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[s
     user_algorithm = _algorithm(data.pop("algorithm", None), path)
     raw_policies = data.pop("policies", ABSENT)
     confs = LOADERS[algorithm](data, path, topology)
-    policies = None if raw_policies is ABSENT else _policies(raw_policies, path, algorithm, confs)
-    _check_standby(path, algorithm, confs, topology, policies or [])
+    listed = None if raw_policies is ABSENT else _policies(raw_policies, path, algorithm, confs)
+    _check_standby(path, algorithm, confs, topology, listed or [])
     for conf in confs.values():
         if own_keys and "model" in conf:
             conf["model"] = {**conf["model"], **own_keys}
         if user_algorithm:
             conf["algorithm"] = user_algorithm
-        if policies is not None:
-            conf["policies"] = [dict(p) for p in policies]
+        if listed is not None:
+            conf["policies"] = [dict(p) for p in listed]
     return confs
 
 

@@ -175,6 +175,12 @@ def load(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a model file with \"kind\": \"{KIND}\", \"version\": {VERSION}")
     if list(doc.get("features", [])) != list(FEATURES):
         raise ConfigError(f"{path}: made for other features ({len(doc.get('features', []))}); fit it again")
+    groups = doc.get("groups")
+    if not isinstance(groups, dict) or not groups or not all(
+            isinstance(g, dict) and isinstance(g.get("algorithm"), str) and isinstance(g.get("names", {}), dict)
+            for g in groups.values()):
+        raise ConfigError(f"{path}: its 'groups' are damaged (an object of fitted groups, each with its "
+                          "algorithm); fit it again")
     return doc
 
 

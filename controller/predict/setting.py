@@ -91,13 +91,19 @@ def _model_size_from_file(path: str) -> tuple[int, int]:
             header = json.loads(f.read(length))
         except ValueError as e:
             raise ConfigError(f"{path}: header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{path}: header is not a JSON object")
     count, size = 0, 0
     for key, entry in header.items():
         if key == "__metadata__":
             continue
-        if entry.get("dtype") not in SAFETENSORS_DTYPE_BYTES:
-            raise ConfigError(f"{path}: array {key!r} of dtype {entry.get('dtype')!r}, not a number type")
-        count += math.prod(int(d) for d in entry.get("shape", []))
+        if not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPE_BYTES:
+            raise ConfigError(f"{path}: array {key!r} is not an entry with a number dtype")
+        shape = entry.get("shape", [])
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2 ** 40
+                                                  for d in shape):
+            raise ConfigError(f"{path}: array {key!r} has no shape of whole numbers")
+        count += math.prod(shape)
         size = max(size, SAFETENSORS_DTYPE_BYTES[entry["dtype"]])
     if not count:
         raise ConfigError(f"{path}: holds no arrays")

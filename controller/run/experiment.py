@@ -49,6 +49,7 @@ from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.host import REPO_ROOT
 
 HEALTH_POLL_S = 10.0  # how often the monitor asks running nodes how they are
+MAX_DECISIONS = 16  # policy decisions one progress report may bring to the live timeline
 log = logging.getLogger("edgetb.controller")
 
 
@@ -229,6 +230,10 @@ class Experiment:
             raise NotFound(f"/print from an unknown node, or not a JSON object: {clip(str(data), 100)}")
         report = read_report(name, data, self.max_round, self.layers.get(name, set()))
         self.nodes[name].take(report)
+        decisions = data.get("decisions")
+        for d in decisions[:MAX_DECISIONS] if isinstance(decisions, list) else []:
+            if isinstance(d, dict):  # (adaptation_events keeps what it can read of it)
+                self.live.node_event(name, {**d, "type": "policy_decision"})
         if report.round is not None:
             self.rounds.report(name, report.round, report.best_accuracy, report.layer, int(report.bytes_sent or 0))
             self.live.report(name, report.round, report.best_accuracy, report.best_loss, report.layer)

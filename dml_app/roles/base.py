@@ -240,6 +240,8 @@ class Role:
         else:
             message = f"{where}: global accuracy {global_accuracy:.3f} loss {global_loss:.3f} (local {accuracy:.3f})"
         monitors = {k: event[k] for k in MONITORS if event.get(k) is not None}
+        if self.policies.recent:  # the decisions since the last report: the live timeline shows them
+            monitors["decisions"] = self.policies.take_recent()
         self.ctx.progress(message, round=shown, layer=layer, accuracy=accuracy, global_accuracy=global_accuracy,
                           loss=loss, global_loss=global_loss, bytes_sent=event["bytes_sent"], **monitors)
         return event

@@ -211,6 +211,7 @@ class AggregatorRole(Role):
         added, removed = [t for t in members if t not in self.members], [t for t in self.members if t not in members]
         self.members, self.view.members = members, list(members)
         self.k = max(1, round(self.fraction * len(members)))
+        self.policies.each("on_membership_change", list(members))
         self._resized_at = time.time()
         self.ctx.events.write("trainers_changed", round=self._round + 1, added=added, removed=removed,
                               members=members, reason=str(action.get("reason", "")))  # (the round it applies to)

@@ -57,11 +57,11 @@ from dml_app import allreduce
 from dml_app import weights as wire
 from dml_app.http import JSON, HttpError, Request, Response
 from dml_app.monitors import NoiseScale, delta, grad_var
-from dml_app.policies import PolicyError, check_vote
+from dml_app.policies import MAX_POLICIES, PolicyError, check_vote
 from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok, parallel
 
 MAX_ABORTS = 5  # formations of one round that may fail in a row before the node gives up
-MAX_POLICIES = 16  # votes of at most this many policies in one join
+KEEP_FORMATIONS = 3  # the last formations a node keeps (chunks of older ones are refused)
 
 
 class RingAborted(RuntimeError):
@@ -99,10 +99,11 @@ class Formation:
     strategy: str = allreduce.DEFAULT
     votes: dict[str, Any] = field(default_factory=dict)
     digest: str = ""
+    batch_size: Optional[int] = None  # the coordinator's, for a node behind
 
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "round": self.round, "members": self.members, "strategy": self.strategy,
-                "digest": self.digest, "votes": self.votes}
+                "digest": self.digest, "votes": self.votes, "batch_size": self.batch_size}
 
 
 def decide(order: list[str], me: str, my_want: Optional[int], my_epoch: int,
@@ -167,7 +168,9 @@ class RingRole(Role):
         self.noise = NoiseScale()
         self.monitor_every = int(ctx.conf.get("monitor_every", 0))
         self._sends: dict[str, list[float]] = {}  # peer -> [bytes, seconds] of this round's all-reduce sends
-        self._decided = 0  # the last formation whose votes this node decided on
+        # the last round whose votes this node decided on, and what to restore if its formation aborts
+        self._decided: tuple[int, Optional[list[dict[str, Any]]], str, str, int] = (0, None, self.strategy, "",
+                                                                                     self.batch_size)
         self.view.strategy, self.view.members = self.strategy, list(self.order)
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
@@ -241,20 +244,9 @@ class RingRole(Role):
                 return Formation(self.epoch, self.sync + 1, []), None, True
             if meta.get("redirect"):
                 continue
-            members = meta.get("members")
-            if not isinstance(members, list) or self.ctx.name not in members \
-                    or any(m not in self.order for m in members):
+            formation = self._answered(meta)
+            if formation is None:
                 continue
-            try:
-                allreduce.parse(str(meta.get("strategy") or allreduce.DEFAULT), self.order)
-                raw = meta.get("votes") or {}
-                if not isinstance(raw, dict) or not set(raw) <= set(members):
-                    raise PolicyError("the votes of a formation are its members'")
-                votes = {m: checked_votes(v, m) for m, v in raw.items()}
-            except (allreduce.StructureError, PolicyError):
-                continue
-            formation = Formation(int(meta["epoch"]), int(meta["round"]), [str(m) for m in members],
-                                  str(meta.get("strategy") or allreduce.DEFAULT), votes, str(meta.get("digest", "")))
             if arrays and self.spec is not None and wire.problem(arrays, self.spec):
                 arrays = []
             self._adopt(formation)
@@ -266,31 +258,73 @@ class RingRole(Role):
             return self._coordinate(want) + (False,)
         raise RingAborted("no node of the ring answered")
 
+    def _answered(self, meta: dict[str, Any]) -> Optional[Formation]:
+        """The formation a coordinator answered with, when it is one this node can be in: whole
+        numbers, members of the ring once each (this node among them), a strategy over them, every
+        vote a member's and checked, this node's own vote as it sent it; else None."""
+        members, epoch, round_no = meta.get("members"), meta.get("epoch"), meta.get("round")
+        if not isinstance(members, list) or self.ctx.name not in members or len(set(members)) != len(members) \
+                or any(m not in self.order for m in members):
+            return None
+        if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 62 for x in (epoch, round_no)):
+            return None
+        batch = meta.get("batch_size")
+        try:
+            strategy = str(meta.get("strategy") or allreduce.DEFAULT)
+            allreduce.parse(strategy, self.order)
+            allreduce.build(strategy, members, self.sites)
+            raw = meta.get("votes") or {}
+            if not isinstance(raw, dict) or not set(raw) <= set(members):
+                raise PolicyError("the votes of a formation are its members'")
+            votes = {m: checked_votes(v, m) for m, v in raw.items()}
+            if votes.get(self.ctx.name, {}) != self.votes_out:
+                raise PolicyError("the formation does not carry this node's vote as it sent it")
+        except (allreduce.StructureError, PolicyError):
+            return None
+        return Formation(epoch, round_no, list(members), strategy, votes, str(meta.get("digest", ""))[:64],
+                         batch if isinstance(batch, int) and not isinstance(batch, bool) and 0 < batch <= 2 ** 20
+                         else None)
+
     def _coordinate(self, want: Optional[int]) -> tuple[Formation, Optional[Weights]]:
         expected = set(self.members) - {self.ctx.name}
         with self._cond:
             self._cond.wait_for(lambda: expected <= set(self._joins) or self.ctx.stop.is_set(),
                                 timeout=self.join_wait_s)
             joins = dict(self._joins)
-            formation, behind = decide(self.order, self.ctx.name, want, self.epoch, joins)
-            formation.votes = {m: (self.votes_out if m == self.ctx.name else joins[m].get("votes") or {})
-                               for m in formation.members}
-            self._decide(formation)
-            self._decided = formation.epoch
-            formation.strategy = self.strategy
-            formation.digest = allreduce.build(self.strategy, formation.members, self.sites).digest()
+        formation, behind = decide(self.order, self.ctx.name, want, self.epoch, joins)
+        formation.votes = {m: (self.votes_out if m == self.ctx.name else joins[m].get("votes") or {})
+                           for m in formation.members}
+        self._decide(formation)  # (outside the lock: a user's policy may take its time)
+        formation.strategy, formation.batch_size = self.strategy, self.batch_size
+        formation.digest = allreduce.build(self.strategy, formation.members, self.sites).digest()
+        with self._cond:
             for peer in joins:
                 self._answers[peer] = (formation, peer in behind)
-                del self._joins[peer]
+                if self._joins.get(peer) is joins[peer]:
+                    del self._joins[peer]
             self._cond.notify_all()
         self._adopt(formation)
         return formation, None
 
     def _decide(self, formation: Formation) -> None:
-        """The policies' decisions on the formation's votes (every member runs the same)."""
-        if self.policies and any(formation.votes.values()):
+        """The policies' decisions on the formation's votes (every member runs the same), once per
+        round: the state before is kept, to be restored (``undo``) when the formation aborts."""
+        if not self.policies or formation.round <= self._decided[0]:
+            return
+        self._decided = (formation.round, self.policies.snapshot(), self.strategy, self.reason, self.batch_size)
+        if any(formation.votes.values()):
             self.view.members = list(formation.members)
-            self.policies.decide(formation.round, formation.votes)
+            self.policies.decide(formation.round, formation.votes, list(formation.members))
+
+    def undo(self, formation: Formation) -> None:
+        """The formation aborted: its round's decisions are taken again with the next one's votes."""
+        round_no, states, strategy, reason, batch = self._decided
+        if round_no == formation.round and states is not None:
+            self.policies.restore(states)
+            self.strategy, self.reason = strategy, reason
+            self.batch_size = self.view.batch_size = batch
+            self.view.strategy = strategy
+            self._decided = (round_no - 1, None, strategy, reason, batch)
 
     def apply(self, action: dict[str, Any]) -> None:
         """A policy's action: the batch size, or the strategy of the formations to come."""
@@ -305,9 +339,10 @@ class RingRole(Role):
         votes and refuse (``StrategyRefused``) when their structure has another digest."""
         if behind:
             self.strategy = self.view.strategy = formation.strategy
-        elif self._decided != formation.epoch:  # (the coordinator decided when it made the formation)
-            self._decide(formation)
-            self._decided = formation.epoch
+            if formation.batch_size:
+                self.batch_size = self.view.batch_size = formation.batch_size
+        else:
+            self._decide(formation)  # (once a round: the coordinator decided when it made the formation)
         structure = self._structures[formation.epoch]
         mine = allreduce.build(self.strategy, formation.members, self.sites).digest()
         if mine != structure.digest() or mine != formation.digest:
@@ -323,9 +358,10 @@ class RingRole(Role):
         structure = allreduce.build(formation.strategy, formation.members, self.sites)
         with self._cond:
             self._structures[formation.epoch] = structure
-            for old in [e for e in self._structures if e < formation.epoch - 2]:
-                del self._structures[old]
             self._formations[formation.epoch] = formation
+            for old in [e for e in self._formations if e <= formation.epoch - KEEP_FORMATIONS]:
+                del self._formations[old]
+                self._structures.pop(old, None)
             self.epoch = max(self.epoch, formation.epoch)
             for key in [k for k in self._arrived if k[0] < formation.epoch]:
                 del self._arrived[key]
@@ -377,6 +413,8 @@ class RingRole(Role):
     def _formation(self, epoch: int) -> Formation:
         """Formation ``epoch`` as this node knows it (a chunk may come just before the join's answer)."""
         with self._cond:
+            if epoch not in self._formations and epoch <= self.epoch - KEEP_FORMATIONS + 1:
+                raise HttpError(409, "unknown_formation", f"formation {epoch} is over for {self.ctx.name}")
             if not self._cond.wait_for(lambda: epoch in self._formations, timeout=self.step_timeout_s):
                 raise HttpError(409, "unknown_formation", f"{self.ctx.name} is in no ring formation {epoch}")
             return self._formations[epoch]
@@ -392,6 +430,10 @@ class RingRole(Role):
         n, me = len(formation.members), self.ctx.name
         if phase in ("up", "down"):
             return self.tree_spec(formation, sender, phase, step)
+        with self._cond:
+            structure = self._structures.get(formation.epoch)
+        if structure is None or not structure.is_ring:
+            raise HttpError(400, "bad_chunk", f"formation {epoch} of {me} is no ring")
         if me not in formation.members or not 0 <= step < n - 1:
             raise HttpError(400, "bad_chunk", f"no step {step} for {me} in formation {epoch}")
         pos = formation.members.index(me)
@@ -425,11 +467,11 @@ class RingRole(Role):
         dtype = "<f8" if phase == "up" else np.result_type(*[np.dtype(d) for _, d in self.spec]).str
         return [((self.elements,), dtype)]
 
-    def _take(self, formation: Formation, phase: str, step: int) -> np.ndarray:
+    def _take(self, formation: Formation, phase: str, step: int, wait_s: Optional[float] = None) -> np.ndarray:
         key = (formation.epoch, phase, step)
         with self._cond:
             arrived = self._cond.wait_for(lambda: key in self._arrived or formation.epoch in self._aborted
-                                          or self.ctx.stop.is_set(), timeout=self.step_timeout_s)
+                                          or self.ctx.stop.is_set(), timeout=wait_s or self.step_timeout_s)
             if key in self._arrived:
                 return self._arrived.pop(key)[1]
         if arrived and formation.epoch in self._aborted:
@@ -437,10 +479,15 @@ class RingRole(Role):
         raise RingAborted(f"no {phase} chunk of step {step} in formation {formation.epoch} within "
                           f"{self.step_timeout_s:g}s")
 
-    def _pass(self, formation: Formation, successor: str, phase: str, step: int, chunk: np.ndarray) -> None:
+    def _pass(self, formation: Formation, successor: str, phase: str, step: int, chunk: np.ndarray,
+              sharing: int = 1) -> None:
+        """Send ``chunk`` to ``successor``; ``sharing``: how many such transfers may share a link
+        (a tree's root, or a parent with many children, behind one access link)."""
         began = time.perf_counter()
+        timeout_s = self.send_timeout_s(successor, chunk.nbytes * sharing + 512)
         if not self.post_weights(successor, "/ring/chunk", formation.round, weights=[chunk],
-                                 meta={"phase": phase, "step": step, "epoch": formation.epoch}, retries=0):
+                                 meta={"phase": phase, "step": step, "epoch": formation.epoch}, retries=0,
+                                 timeout_s=timeout_s):
             raise RingAborted(f"could not pass the {phase} chunk of step {step} to {successor}")
         sent = self._sends.setdefault(successor, [0.0, 0.0])
         sent[0] += chunk.nbytes
@@ -482,9 +529,9 @@ class RingRole(Role):
         parent = structure.parent_of(me)
         if parent is None:
             mean = (total / len(members)).astype(np.result_type(*weights))
-        else:
-            self._pass(formation, parent, "up", members.index(me), total)
-            mean = self._take(formation, "down", 0)
+        else:  # (a parent may take every member's sum through one access link; the mean comes after the whole tree's)
+            self._pass(formation, parent, "up", members.index(me), total, sharing=len(members))
+            mean = self._take(formation, "down", 0, wait_s=2 * self.step_timeout_s)
         children = structure.children(me)
         failed = [c for c, e in zip(children, parallel(lambda c: self._try_pass(formation, c, mean), children)) if e]
         if failed:
@@ -493,7 +540,7 @@ class RingRole(Role):
 
     def _try_pass(self, formation: Formation, child: str, mean: np.ndarray) -> Optional[str]:
         try:
-            self._pass(formation, child, "down", 0, mean)
+            self._pass(formation, child, "down", 0, mean, sharing=len(formation.members))
         except RingAborted as e:
             return str(e)
         return None
@@ -525,6 +572,7 @@ class RingRole(Role):
             reduced = self.all_reduce(formation, local)
         except RingAborted as e:
             self.aborts += 1
+            self.undo(formation)
             self._abort(formation, str(e))
             if self.aborts > MAX_ABORTS:
                 raise RingAborted(f"round {formation.round}: {self.aborts} formations in a row failed ({e})") from None
@@ -568,8 +616,8 @@ class RingRole(Role):
     def adapt(self, event: dict[str, Any]) -> None:
         """This node's policies vote on the round; the votes go with the next join (the members
         decide together when the next formation is made)."""
-        if self.policies:
-            self.votes_out = self.policies.votes({**event, "send_bps": self.send_bps()})
+        if self.policies:  # (as JSON reads them back: the formation must carry them unchanged)
+            self.votes_out = json.loads(json.dumps(self.policies.votes({**event, "send_bps": self.send_bps()})))
 
     def finish(self, completed: bool) -> None:
         """Answer joins held here (and those to come) with "done"."""

@@ -73,7 +73,9 @@ def test_the_live_feed_samples_rates_bands_and_changes(experiment):
     feed.sample()  # the first sample: no rate yet
     exp.on_print("a", {"round": 1, "accuracy": 0.5, "global_accuracy": 0.6, "loss": 1.2, "strategy": "star:a",
                        "gns": 12.5})
-    exp.on_print("b", {"round": 1, "accuracy": 0.7, "loss": 0.8, "strategy": ["not", "text"]})
+    exp.on_print("b", {"round": 1, "accuracy": 0.7, "loss": 0.8, "strategy": ["not", "text"],
+                       "decisions": [{"t": 1000.5, "round": 2, "policy": "0:adaptive_batch",
+                                      "action": {"batch_size": 64, "reason": "noise scale 80"}}, "junk"]})
     clock[0] = 101.0
     exp.telemetry = _telemetry(1.0, 1_000_000, 500_000_000)  # 8 Mbit/s and half a core over 1 s
     feed.sample()
@@ -85,6 +87,9 @@ def test_the_live_feed_samples_rates_bands_and_changes(experiment):
     assert snap["cpu_cores"] == [0.5, None] and snap["global_accuracy"] == [0.6, None]
     assert snap["strategy"] == ["star:a", None]  # what a node reported, when it is text
     assert exp.nodes["a"].monitors == {"strategy": "star:a", "gns": 12.5}
+    decided = [e for e in view["timeline"] if e["kind"] == "policy_decision"]
+    assert [(e["t_s"], e["target"], e["detail"]) for e in decided] == [
+        (0.5, "b", "round 2, 0:adaptive_batch: batch_size 64 (noise scale 80)")]
     t = view["series"]["time"]
     assert t["t_s"] == [0.0, 1.0] and t["throughput_bps"][-1] == 8_000_000.0
     assert t["acc_med"][-1] == pytest.approx(0.65)  # a's global accuracy, b's local one
@@ -93,9 +98,10 @@ def test_the_live_feed_samples_rates_bands_and_changes(experiment):
     with pytest.raises(NotFound):
         feed.link_series("a", "zz")
     # a page that has seen everything gets nothing; a state change is a timeline entry
-    assert feed.update(view["samples"], 0, "running") is None
+    seen = view["timeline"][-1]["seq"]
+    assert feed.update(view["samples"], seen, "running") is None
     exp.nodes["b"].state, exp.nodes["b"].detail = "failed", "process exited (code 1)"
-    update = feed.update(view["samples"], 0, "running")
+    update = feed.update(view["samples"], seen, "running")
     assert update["events"][-1]["kind"] == "failed" and update["events"][-1]["target"] == "b"
     assert update["points"]["t_s"] == []
     exp.phase = "finished"

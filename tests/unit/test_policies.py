@@ -194,8 +194,8 @@ def test_an_aggregator_picks_its_standby_trainers_only_once_a_policy_adds_them(t
 @pytest.mark.parametrize("votes,words", [
     ({"0:p": {"x": float("inf")}}, "r1's vote of 0:p: a vote must be plain JSON"),
     ({"0:p": ["yes"]}, "r1's vote of 0:p: a vote is a JSON object or None"),
-    ({f"{i}:p": None for i in range(17)}, "r1's votes: an object of at most 16"),
-    ("yes", "r1's votes: an object of at most 16")])
+    ({f"{i}:p": None for i in range(9)}, "r1's votes: an object of at most 8"),
+    ("yes", "r1's votes: an object of at most 8")])
 def test_a_join_with_bad_votes_is_answered_400_and_held_nowhere(tmp_path, votes, words):
     import json
 
@@ -206,3 +206,79 @@ def test_a_join_with_bad_votes_is_answered_400_and_held_nowhere(tmp_path, votes,
     with pytest.raises(HttpError) as refused:
         role.on_join(Request("POST", "/ring/join", {}, body, "application/json", sender="r1"))
     assert refused.value.status == 400 and words in refused.value.detail and role._joins == {}
+
+
+def test_robust_mode_tries_the_start_again_and_stays_when_it_is_good_or_returns_when_not():
+    for back_good in (True, False):
+        v = view("star:a")
+        p = AdaptiveStrategy({"reference_rounds": 2, "window_rounds": 1, "cooldown_rounds": 2, "probe_rounds": 4}, v)
+        for g in (100, 100):
+            p.after_round({"comm_goodput_bps": g})
+        assert p.home_reference == 100
+        low = p.after_round({"comm_goodput_bps": 10, "send_bps": {"b": 1e6}})
+        fast = {"vote": True, "send_bps": {"a": 8e6}}
+        action = p.decide(4, {"a": low, "b": fast, "c": fast, "d": fast})
+        assert action["strategy"] == "star:c"  # the first star whose root a reaches by an edge not seen slow
+        v.strategy = "star:c"
+        for r in range(5, 8):  # cooling down, then measuring anew: no switch before the probe
+            assert p.decide(r, {m: p.after_round({"comm_goodput_bps": 90}) for m in MEMBERS}) is None
+        probe = p.decide(8, {m: None for m in MEMBERS})
+        assert probe == {"strategy": "star:a", "reason": "trying the start's strategy again after 4 rounds"}
+        v.strategy = "star:a"
+        vote = p.after_round({"comm_goodput_bps": 95 if back_good else 30})
+        assert vote["vote"] is (not back_good)
+        after = p.decide(9, {m: vote for m in MEMBERS})
+        if back_good:
+            assert after is None and p.reference == 100 and p.probing is None
+        else:
+            assert after["strategy"] == "star:c" and "still saw its goodput low" in after["reason"]
+
+
+def test_a_policy_that_raises_or_a_vote_out_of_range_changes_nothing_and_is_an_event(tmp_path):
+    from dml_app.events import EventLog, read_events
+    from dml_app.policies import Policies
+
+    class Broken(Policy):
+        def decide(self, round_no, votes):
+            return {"strategy": votes["b"]["x"]}  # a peer's odd vote makes it raise
+
+    events = EventLog(str(tmp_path / "e.jsonl"), "run", "a")
+    applied = []
+    group = Policies([Broken({}, view()), AdaptiveBatch({"ema": 1.0}, view())], events, applied.append)
+    taken = group.decide(3, {"a": {"1:adaptive_batch": {"gns": 200.0}}, "b": {"0:Broken": {"y": 1}}}, MEMBERS)
+    assert taken == applied == [{"batch_size": 64, "reason": "noise scale 200.0"}]
+    kinds = [(e["type"], e.get("policy")) for e in read_events(events.path)]
+    assert kinds == [("policy_error", "0:Broken"), ("policy_decision", "1:adaptive_batch")]
+    assert group.take_recent()[0]["action"]["batch_size"] == 64 and group.take_recent() == []
+    with pytest.raises(PolicyError, match="numbers must be below"):
+        check_vote({"gns": 10 ** 400}, "p")
+    with pytest.raises(PolicyError, match="not one of the ring's nodes"):
+        check_action({"strategy": "star:zz"}, "p", MEMBERS)
+
+
+def test_a_formation_answer_with_twice_a_member_or_another_vote_for_this_node_is_not_taken(tmp_path):
+    net = MemoryNetwork()
+    role = role_of(RingRole, tmp_path, net, "r0", {"sync": 2, "ring": ["r0", "r1", "r2"]}, ["r0", "r1", "r2"])
+    role.votes_out = {"0:adaptive_batch": {"gns": 5.0}}
+    good = {"epoch": 1, "round": 1, "members": ["r0", "r1"], "strategy": "binary_tree",
+            "votes": {"r0": {"0:adaptive_batch": {"gns": 5.0}}, "r1": {}}, "batch_size": 64}
+    assert role._answered(good).batch_size == 64
+    for bad in ({"members": ["r0", "r1", "r1"]}, {"epoch": "1"}, {"round": True}, {"strategy": "star:r9"},
+                {"votes": {"r0": {"0:adaptive_batch": {"gns": 6.0}}}}, {"votes": {"r2": {}}},
+                {"votes": {"r0": {"0:adaptive_batch": {"gns": 5.0}}, "r1": {"0:x": [1]}}}):
+        assert role._answered({**good, **bad}) is None, bad
+
+
+def test_an_aborted_formation_undoes_its_rounds_decisions(tmp_path):
+    net = MemoryNetwork()
+    conf = {"sync": 3, "ring": ["r0", "r1"], "policies": [{"kind": "adaptive_batch", "ema": 1.0}]}
+    role = role_of(RingRole, tmp_path, net, "r0", conf, ["r0", "r1"])
+    votes = {"r0": {"0:adaptive_batch": {"gns": 500.0}}, "r1": {"0:adaptive_batch": {"gns": 500.0}}}
+    formation = Formation(4, 2, ["r0", "r1"], "ring", votes)
+    role._decide(formation)
+    role._decide(formation)  # once a round
+    assert role.batch_size == 32 and role.policies.policies[0].average == 500.0  # (the shard conf's batch: 16)
+    role.undo(formation)
+    assert role.batch_size == role.view.batch_size == 16 and role.policies.policies[0].average is None
+    role._decide(Formation(5, 2, ["r0", "r1"], "ring", votes))  # the round formed again: decided again
+    assert role.batch_size == 32 and len(events_of(role, "policy_decision")) == 2

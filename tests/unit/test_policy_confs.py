@@ -16,7 +16,7 @@ from worker.api.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STRATEGY_DEFAULTS = {"kind": "adaptive_strategy", "mode": "robust", "threshold": 0.8, "warmup_rounds": 1,
-                     "reference_rounds": 5, "window_rounds": 3, "cooldown_rounds": 5}
+                     "reference_rounds": 5, "window_rounds": 3, "cooldown_rounds": 5, "probe_rounds": 20}
 BATCH_DEFAULTS = {"kind": "adaptive_batch", "max_batch": 1024, "max_growth": 2.0, "ema": 0.5, "every_rounds": 1}
 
 
@@ -88,7 +88,7 @@ BAD = [  # (policies, the message's end)
     ([{"kind": "adaptive_strategy", "treshold": 0.5}],
      "policies[0] (adaptive_strategy), field 'treshold': unknown field; did you mean 'threshold'? "
      "(adaptive_strategy's fields: kind, mode, threshold, warmup_rounds, reference_rounds, window_rounds, "
-     "cooldown_rounds, alternative)"),
+     "cooldown_rounds, probe_rounds, alternative)"),
     ([{"kind": "adaptive_batch", "speed": 2}],
      "policies[0] (adaptive_batch), field 'speed': unknown field (adaptive_batch's fields: kind, max_batch, "
      "max_growth, ema, every_rounds)"),

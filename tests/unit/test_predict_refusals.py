@@ -85,6 +85,21 @@ def test_a_model_file_that_is_missing_or_not_a_model_is_refused(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"version": 1}))
     with pytest.raises(ConfigError, match="edgetb-predict-model"):
         model_file.load(str(tmp_path / "other.json"))
+    good = {"kind": model_file.KIND, "version": model_file.VERSION, "features": list(model_file.FEATURES)}
+    for groups in ({}, {"ring/ring": []}, {"ring/ring": {"names": {}}}, "x"):
+        (tmp_path / "damaged.json").write_text(json.dumps({**good, "groups": groups}))
+        with pytest.raises(ConfigError, match="'groups' are damaged"):
+            model_file.load(str(tmp_path / "damaged.json"))
+
+
+@pytest.mark.parametrize("header", [[1, 2], {"w": "F32"}, {"w": {"dtype": "F32", "shape": ["3"]}},
+                                    {"w": {"dtype": "F32", "shape": 3}}])
+def test_a_model_file_of_a_run_with_a_bad_header_is_a_clear_error(tmp_path, header):
+    from controller.predict.setting import _model_size_from_file
+    body = json.dumps(header).encode()
+    (tmp_path / "m.safetensors").write_bytes(len(body).to_bytes(8, "little") + body)
+    with pytest.raises(ConfigError, match="m.safetensors: "):
+        _model_size_from_file(str(tmp_path / "m.safetensors"))
 
 
 def test_a_run_folder_and_its_inputs_give_the_same_features():
