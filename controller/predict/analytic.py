@@ -23,8 +23,9 @@ black-box predictors serve it.
 Time: ``own_units`` = epochs x samples x parameters / cpu (this node's training),
 ``round_units`` the same on the round's critical path (a ring waits for its slowest member, an
 FL round for its slowest trainer); ``transfer_s`` the critical path's transfers at the
-configured rates plus the paths' delays (an FL aggregator's access links shared by its K
-models); ``own_send_s`` this node's own sending.
+configured rates, the TCP/IP and Ethernet headers the shaper counts included, plus the paths'
+delays (an FL aggregator's access links shared by its K models); ``own_send_s`` this node's
+own sending.
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ from controller.predict.features import Path, paths, ring_structure, send_target
 from controller.predict.setting import Setting
 
 PARTIAL_SUM_BYTES = 8  # ring reduce-scatter partial sums travel as float64
+# What a shaped link carries per payload byte: a full TCP segment holds 1448 bytes (MTU 1500 less
+# the IP and TCP headers with timestamps) and the shaper counts 1514 (the Ethernet header too).
+WIRE_BYTES_PER_PAYLOAD_BYTE = 1514 / 1448
 
 
 @dataclass
@@ -68,8 +72,13 @@ def _units(setting: Setting, node: str) -> float:
     return float(conf.get("epoch") or 0) * setting.samples.get(node, 0) * setting.param_count / cpu
 
 
+def wire_s(nbytes: float, rate_bps: float) -> float:
+    """Seconds a shaped link at ``rate_bps`` takes to carry ``nbytes`` of payload, headers included."""
+    return nbytes * WIRE_BYTES_PER_PAYLOAD_BYTE * 8.0 / rate_bps
+
+
 def _send_s(nbytes: float, p: Path) -> float:
-    return nbytes * 8.0 / p.rate_bps + p.delay_ms / 1000.0
+    return wire_s(nbytes, p.rate_bps) + p.delay_ms / 1000.0
 
 
 def ring_chunk_sizes(param_count: int, n: int) -> list[int]:
@@ -137,9 +146,9 @@ def _fl(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Terms
     out_s = max(_send_s(model, p) for p in all_paths[agg])
     in_s = max(_send_s(model, all_paths[t][0]) for t in trainers)
     if spec.uplink_bps:
-        out_s = max(out_s, k * model * 8.0 / spec.uplink_bps)
+        out_s = max(out_s, wire_s(k * model, spec.uplink_bps))
     if spec.downlink_bps:
-        in_s = max(in_s, k * model * 8.0 / spec.downlink_bps)
+        in_s = max(in_s, wire_s(k * model, spec.downlink_bps))
     round_units = max(_units(setting, t) for t in trainers)
     share = k / len(trainers)
     out[agg] = Terms(k * model, k * model, float(k), float(k), 0.0, round_units, out_s + in_s, out_s,
