@@ -220,6 +220,9 @@ def table(loco: list[dict[str, Any]], extra: list[dict[str, Any]], small: int, b
     duties = [f"{r}_duty_cycle" for r in BURST_RESOURCES]
     lines_spec = [
         ("bytes per round (sent and received)", pick(loco, BYTE_TARGETS), "≤ 2 %", "-"),
+        ("  sent", pick(loco, ("bytes_sent_per_round",)), "", ""),
+        *[(f"  received, {a}", pick(loco, ("bytes_recv_per_round",), algorithm=a), "", "")
+          for a in sorted({r["algorithm"] for r in loco})],
         ("round time, inside the fitted range", pick(loco, ("round_mean_s",), "interpolation"), "≤ 10 %", CM_DARE),
         *[(f"  {a}", pick(loco, ("round_mean_s",), "interpolation", a), "", "")
           for a in sorted({r["algorithm"] for r in loco})],
@@ -243,9 +246,24 @@ def table(loco: list[dict[str, Any]], extra: list[dict[str, Any]], small: int, b
     return "\n".join(out)
 
 
+def per_role(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` averaged over the nodes of each configuration's role: measured and predicted."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["config"], r["role"], r["target"]), []).append(r)
+    out = []
+    for members in groups.values():
+        mean = {**members[0], "measured": sum(m["measured"] for m in members) / len(members)}
+        for p in PREDICTORS:
+            values = [m[p] for m in members if m.get(p) is not None]
+            mean[p] = sum(values) / len(values) if values else None
+        out.append(mean)
+    return out
+
+
 def plot(loco: list[dict[str, Any]], extra: list[dict[str, Any]], small: int, big: int, path: str) -> None:
-    """Predicted against measured mean round time, one point per node: left the held-out
-    configurations, right N x 2."""
+    """Predicted against measured mean round time, one point per configuration and role: left
+    the held-out configurations, right N x 2."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -254,8 +272,9 @@ def plot(loco: list[dict[str, Any]], extra: list[dict[str, Any]], small: int, bi
     colors = {"analytic": "tab:blue", "greybox": "tab:orange", "svr": "tab:green", "linear": "tab:gray"}
     markers = {"ring": "o", "fl": "s", "gossip": "^", "etree": "D"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
-    for ax, rows, title in ((axes[0], pick(loco, ("round_mean_s",)), "leave one configuration out"),
-                            (axes[1], pick(extra, ("round_mean_s",)), f"fit on N = {small}, predict N = {big}")):
+    for ax, rows, title in ((axes[0], per_role(pick(loco, ("round_mean_s",))), "leave one configuration out"),
+                            (axes[1], per_role(pick(extra, ("round_mean_s",))),
+                             f"fit on N = {small}, predict N = {big}")):
         top = max([r["measured"] for r in rows] + [r[p] for r in rows for p in PREDICTORS if r.get(p)] + [1.0])
         for p in PREDICTORS:
             for algorithm, marker in markers.items():
@@ -316,7 +335,8 @@ def main() -> None:
         loco = with_duty_cycles(report["predictions"])
         extra = with_duty_cycles(extra)
         kinds = [h.get("kind", "skipped") for h in report["held_out"]]
-        print(f"\n{report['configs']} configurations, {report['runs']} runs, {args.rounds} rounds each; "
+        print(f"\n{report['configs']} configurations, {report['runs']} runs"
+              + ("" if args.eval_only else f", {args.rounds} rounds each") + "; "
               f"{kinds.count('interpolation')} held-out configurations inside the fitted range, "
               f"{kinds.count('extrapolation')} outside, {kinds.count('skipped')} skipped\n")
         print(table(loco, extra, small, big))
