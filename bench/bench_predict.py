@@ -26,7 +26,8 @@ only and predicts the runs of twice that N (round time extrapolating N x 2). The
 per target, the MAPE of the four predictors (analytic, grey-box, CM-DARE's SVR, linear)
 beside the targets and CM-DARE's published figures (10-14 % MAPE per setting; its README
 claims 3.4 %); duty cycle = burst / (burst + idle), from the predicted burst and idle
-durations. ``--plot`` (default docs/img/predict.png) draws predicted against measured round
+durations. Burst metrics are pooled over cpu, net tx and net rx, the resources whose bursts
+follow the rounds; memory, which does not, has its own line. ``--plot`` (default docs/img/predict.png) draws predicted against measured round
 time.
 """
 from __future__ import annotations
@@ -52,6 +53,7 @@ SCRIPTS = {"ring": ("ra_run.py", "ra"), "fl": ("fl_run.py", "fl"), "gossip": ("g
 PREDICTORS = ("analytic", "greybox", "svr", "linear")
 BYTE_TARGETS = ("bytes_sent_per_round", "bytes_recv_per_round")
 BURST_RESOURCES = ("cpu", "mem", "net_tx", "net_rx")
+ROUND_RESOURCES = ("cpu", "net_tx", "net_rx")  # the resources whose bursts follow the rounds (not memory)
 CM_DARE = "10-14 % (README: 3.4 %)"
 
 
@@ -215,9 +217,10 @@ def fmt(value: Optional[float]) -> str:
 
 def table(loco: list[dict[str, Any]], extra: list[dict[str, Any]], small: int, big: int) -> str:
     """The Markdown table: MAPE per target and predictor, beside the targets and CM-DARE."""
-    bursts = [f"{r}_burst_s" for r in BURST_RESOURCES]
-    idles = [f"{r}_idle_s" for r in BURST_RESOURCES]
-    duties = [f"{r}_duty_cycle" for r in BURST_RESOURCES]
+    def per_resource(field: str) -> dict[str, list[str]]:
+        return {"pooled": [f"{r}_{field}" for r in ROUND_RESOURCES], **{r: [f"{r}_{field}"] for r in BURST_RESOURCES}}
+
+    bursts, idles, duties = per_resource("burst_s"), per_resource("idle_s"), per_resource("duty_cycle")
     lines_spec = [
         ("bytes per round (sent and received)", pick(loco, BYTE_TARGETS), "≤ 2 %", "-"),
         ("  sent", pick(loco, ("bytes_sent_per_round",)), "", ""),
@@ -230,12 +233,9 @@ def table(loco: list[dict[str, Any]], extra: list[dict[str, Any]], small: int, b
         *[(f"  {a}", pick(extra, ("round_mean_s",), algorithm=a), "", "")
           for a in sorted({r["algorithm"] for r in extra})],
         ("round time p95, inside the fitted range", pick(loco, ("round_p95_s",), "interpolation"), "-", "-"),
-        ("burst duration (cpu, mem, net tx, net rx)", pick(loco, bursts), "≤ 20 %", "-"),
-        *[(f"  {b.replace('_burst_s', '')}", pick(loco, (b,)), "", "") for b in bursts],
-        ("idle duration", pick(loco, idles), "≤ 20 %", "-"),
-        *[(f"  {b.replace('_idle_s', '')}", pick(loco, (b,)), "", "") for b in idles],
-        ("duty cycle", pick(loco, duties), "≤ 20 %", "-"),
-        *[(f"  {b.replace('_duty_cycle', '')}", pick(loco, (b,)), "", "") for b in duties],
+        *[row for name, targets in (("burst duration", bursts), ("idle duration", idles), ("duty cycle", duties))
+          for row in [(f"{name} (cpu, net tx, net rx)", pick(loco, targets["pooled"]), "≤ 20 %", "-")]
+          + [(f"  {r}", pick(loco, targets[r]), "", "") for r in BURST_RESOURCES]],
     ]
     out = ["| target (MAPE, leave one configuration out) | analytic | grey-box | SVR (CM-DARE's) | linear | n "
            "| issue's target | CM-DARE |", "|---|---|---|---|---|---|---|---|"]
@@ -268,29 +268,40 @@ def plot(loco: list[dict[str, Any]], extra: list[dict[str, Any]], small: int, bi
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 
     colors = {"analytic": "tab:blue", "greybox": "tab:orange", "svr": "tab:green", "linear": "tab:gray"}
     markers = {"ring": "o", "fl": "s", "gossip": "^", "etree": "D"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.6))
     for ax, rows, title in ((axes[0], per_role(pick(loco, ("round_mean_s",))), "leave one configuration out"),
                             (axes[1], per_role(pick(extra, ("round_mean_s",))),
                              f"fit on N = {small}, predict N = {big}")):
-        top = max([r["measured"] for r in rows] + [r[p] for r in rows for p in PREDICTORS if r.get(p)] + [1.0])
+        values = [r["measured"] for r in rows] + [r[p] for r in rows for p in PREDICTORS if r.get(p)]
+        positive = [v for v in values if v > 0] or [1.0]
+        lo, hi = 0.8 * min(positive), 1.25 * max(positive)
         for p in PREDICTORS:
             for algorithm, marker in markers.items():
                 pts = [(r["measured"], r[p]) for r in rows if r["algorithm"] == algorithm and r.get(p) is not None]
                 if pts:
-                    ax.scatter(*zip(*pts), s=14, marker=marker, color=colors[p], alpha=0.6,
+                    ax.scatter(*zip(*pts), s=16, marker=marker, color=colors[p], alpha=0.6,
                                label=f"{p}, {algorithm}")
-        ax.plot([0, top], [0, top], "k-", lw=0.8)
-        ax.fill_between([0, top], [0, 0.9 * top], [0, 1.1 * top], color="k", alpha=0.07, label="±10 %")
-        ax.set_xlim(0, top * 1.02)
-        ax.set_ylim(0, top * 1.02)
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.fill_between([lo, hi], [0.9 * lo, 0.9 * hi], [1.1 * lo, 1.1 * hi], color="k", alpha=0.08, label="±10 %")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ticks = [t for t in (0.2, 0.3, 0.5, 1, 2, 3, 5, 10, 20) if lo <= t <= hi]
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(FixedLocator(ticks))
+            axis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("measured mean round time (s)")
         ax.set_ylabel("predicted (s)")
         ax.set_title(title)
-    axes[1].legend(fontsize=7, ncol=2, loc="upper left")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, ncol=7, loc="lower center")
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
