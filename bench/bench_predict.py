@@ -12,10 +12,10 @@ aggregator n1, which picks every trainer every round (quorum 1).
 
 The model: a numpy MLP 64-2048-10 (153,610 parameters, 0.61 MB of float32 weights). The size
 is chosen so that every round is dominated by its transfers and lasts about 0.5 to 3 s at
-these rates: a ring node moves (N - 1)/N x 12 bytes x P a round (0.55 s at 20 Mbit/s for N =
-4, 2.6 s at 5 Mbit/s for N = 8), an FL round the model down and up (0.5 s to 2 s), a gossip
-round one model (0.25 s to 1 s), while one epoch on a node's share of digits costs tens of
-milliseconds. Smaller models give rounds of 20 to 300 ms, where the CPU noise of a busy
+these rates: a ring node moves (N - 1)/N x 12 bytes x P a round, an FL round the model down
+and up, a gossip round one model, while one epoch on a node's share of digits costs tens of
+milliseconds (measured mean rounds: ring 0.69 to 2.98 s, FL 0.55 to 2.12 s, gossip 0.31 to
+1.11 s; the grid takes about 11 minutes). Smaller models give rounds of 20 to 300 ms, where the CPU noise of a busy
 2-core host is as large as the differences between configurations.
 
 Each run folder is kept under ``--keep`` (default: a temporary directory, removed at the end),
