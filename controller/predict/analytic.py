@@ -23,8 +23,12 @@ black-box predictors serve it.
 Time: ``own_units`` = epochs x samples x parameters / cpu (this node's training),
 ``round_units`` the same on the round's critical path (a ring waits for its slowest member, an
 FL round for its slowest trainer); ``transfer_s`` the critical path's transfers at the
-configured rates plus the paths' delays (an FL aggregator's access links shared by its K
-models); ``own_send_s`` this node's own sending.
+configured rates, the TCP/IP and Ethernet headers the shaper counts included, plus the paths'
+delays (an FL aggregator's access links shared by its K models); ``own_send_s`` this node's
+own sending; ``steps`` the transfers one after another on the critical path (a ring's 2(N - 1)
+steps, a tree's way up and down, FL's model out and back, gossip's one send), each of which
+also costs a latency (the request, the handling, the wait for the slowest) that the
+calibration measures once.
 """
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ from controller.predict.features import Path, paths, ring_structure, send_target
 from controller.predict.setting import Setting
 
 PARTIAL_SUM_BYTES = 8  # ring reduce-scatter partial sums travel as float64
+# What a shaped link carries per payload byte: a full TCP segment holds 1448 bytes (MTU 1500 less
+# the IP and TCP headers with timestamps) and the shaper counts 1514 (the Ethernet header too).
+WIRE_BYTES_PER_PAYLOAD_BYTE = 1514 / 1448
 
 
 @dataclass
@@ -52,6 +59,7 @@ class Terms:
     round_units: float = 0.0
     transfer_s: float = 0.0
     own_send_s: float = 0.0
+    steps: float = 0.0  # transfers one after another on the round's critical path
     unsupported: Optional[str] = None
     flows: list[tuple[Path, float, float]] = field(default_factory=list)  # (path, payload bytes, messages)
 
@@ -68,8 +76,13 @@ def _units(setting: Setting, node: str) -> float:
     return float(conf.get("epoch") or 0) * setting.samples.get(node, 0) * setting.param_count / cpu
 
 
+def wire_s(nbytes: float, rate_bps: float) -> float:
+    """Seconds a shaped link at ``rate_bps`` takes to carry ``nbytes`` of payload, headers included."""
+    return nbytes * WIRE_BYTES_PER_PAYLOAD_BYTE * 8.0 / rate_bps
+
+
 def _send_s(nbytes: float, p: Path) -> float:
-    return nbytes * 8.0 / p.rate_bps + p.delay_ms / 1000.0
+    return wire_s(nbytes, p.rate_bps) + p.delay_ms / 1000.0
 
 
 def ring_chunk_sizes(param_count: int, n: int) -> list[int]:
@@ -93,7 +106,7 @@ def _ring(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Ter
         own = sum(_send_s(PARTIAL_SUM_BYTES * sizes[(i - s) % n], all_paths[m][0])
                   + _send_s(item * sizes[(i + 1 - s) % n], all_paths[m][0]) for s in range(n - 1))
         out[m] = Terms(sent, recv, 2.0 * (n - 1), 2.0 * (n - 1), _units(setting, m), round_units, transfer, own,
-                       flows=[(all_paths[m][0], sent, 2.0 * (n - 1))])
+                       steps=2.0 * (n - 1), flows=[(all_paths[m][0], sent, 2.0 * (n - 1))])
 
 
 def _tree(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Terms]) -> None:
@@ -115,6 +128,9 @@ def _tree(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Ter
     def down(m: str) -> float:  # the longest way from m's mean down to a leaf
         return max([_send_s(down_bytes, to[m][c]) + down(c) for c in tree.children(m)], default=0.0)
 
+    def depth(m: str) -> int:
+        return 1 + max([depth(c) for c in tree.children(m)], default=-1)
+
     root = tree.root or tree.members[0]
     transfer = up(root) + down(root)
     for m in tree.members:
@@ -125,7 +141,8 @@ def _tree(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Ter
         flows = ([(to[m][parent], up_bytes, 1.0)] if parent else []) + [(to[m][c], down_bytes, 1.0) for c in children]
         out[m] = Terms(has_parent * up_bytes + len(children) * down_bytes,
                        len(children) * up_bytes + has_parent * down_bytes, has_parent + len(children),
-                       has_parent + len(children), _units(setting, m), round_units, transfer, own, flows=flows)
+                       has_parent + len(children), _units(setting, m), round_units, transfer, own,
+                       steps=2.0 * depth(root), flows=flows)
 
 
 def _fl(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Terms]) -> None:
@@ -137,16 +154,16 @@ def _fl(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, Terms
     out_s = max(_send_s(model, p) for p in all_paths[agg])
     in_s = max(_send_s(model, all_paths[t][0]) for t in trainers)
     if spec.uplink_bps:
-        out_s = max(out_s, k * model * 8.0 / spec.uplink_bps)
+        out_s = max(out_s, wire_s(k * model, spec.uplink_bps))
     if spec.downlink_bps:
-        in_s = max(in_s, k * model * 8.0 / spec.downlink_bps)
+        in_s = max(in_s, wire_s(k * model, spec.downlink_bps))
     round_units = max(_units(setting, t) for t in trainers)
     share = k / len(trainers)
-    out[agg] = Terms(k * model, k * model, float(k), float(k), 0.0, round_units, out_s + in_s, out_s,
+    out[agg] = Terms(k * model, k * model, float(k), float(k), 0.0, round_units, out_s + in_s, out_s, steps=2.0,
                      flows=[(p, share * model, share) for p in all_paths[agg]])
     for t in trainers:
         out[t] = Terms(share * model, share * model, share, share, _units(setting, t), round_units,
-                       out_s + in_s, _send_s(model, all_paths[t][0]), flows=[(all_paths[t][0], share * model, share)])
+                       out_s + in_s, _send_s(model, all_paths[t][0]), steps=2.0, flows=[(all_paths[t][0], share * model, share)])
     for node in setting.structure:  # standby trainers: idle until a policy adds them
         out.setdefault(node, Terms())
 
@@ -162,7 +179,7 @@ def _gossip(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, T
         send = statistics.fmean([_send_s(model, p) for p in mine]) if mine else 0.0
         sent = 1.0 if mine else 0.0
         units = _units(setting, node)
-        out[node] = Terms(sent * model, recv[node] * model, sent, recv[node], units, units, send, send,
+        out[node] = Terms(sent * model, recv[node] * model, sent, recv[node], units, units, send, send, steps=sent,
                           flows=[(p, model / len(mine), 1.0 / len(mine)) for p in mine])
 
 
@@ -215,11 +232,12 @@ def link_bytes(rows_terms: list[tuple[Terms, float]]) -> dict[str, float]:
 
 def predict(t: Terms, rounds: float, calibration: dict[str, float]) -> dict[str, Optional[float]]:
     """The analytic predictions of one node from its terms, with the calibration measured once
-    (``compute_s_per_unit``, ``overhead_sent_bytes_per_msg``, ``overhead_recv_bytes_per_msg``)."""
+    (``compute_s_per_unit``, ``latency_s_per_step``, ``overhead_sent_bytes_per_msg``,
+    ``overhead_recv_bytes_per_msg``)."""
     if t.unsupported:
         return {}
     compute = calibration.get("compute_s_per_unit", 0.0)
-    round_s = compute * t.round_units + t.transfer_s
+    round_s = compute * t.round_units + t.transfer_s + t.steps * calibration.get("latency_s_per_step", 0.0)
     return {"round_mean_s": round_s, "round_p95_s": round_s, "train_s": compute * t.own_units,
             "send_s": t.own_send_s, "total_s": rounds * round_s,
             "bytes_sent_per_round": t.payload_sent_bytes + t.messages_sent * calibration.get(

@@ -8,14 +8,17 @@ model.json (never pickle)::
      "groups": {"<algorithm>/<role>": {
          "algorithm", "role", "configs": [...], "rows": n,
          "range": {feature: [min, max]}, "names": {"model"|"dataset"|"strategy"|...: [seen]},
-         "calibration": {"overhead_sent_bytes_per_msg", "overhead_recv_bytes_per_msg"},
+         "calibration": {"overhead_sent_bytes_per_msg", "overhead_recv_bytes_per_msg",
+                         "latency_s_per_step"},
          "greybox": {target: {"columns": [...], "coef": [...]} | {"refused": "..."}},
          "blackbox": {target: {"x_mean", "x_std", "y_mean", "y_std", "svr": {...}, "linear": {...}}
                       | {"refused": "..."}}}}}
 
 The analytic predictor's calibration is measured once from the training runs: the compute
-speed (median train_s per parameter-sample-epoch, over every node that trained) and the
-framing overhead per message (median bytes beyond the payload, per algorithm and role).
+speed (median train_s per parameter-sample-epoch, over every node that trained), the
+framing overhead per message (median bytes beyond the payload, per algorithm and role) and the
+latency per step of the critical path (median round time beyond the compute and the
+transfers, per algorithm and role).
 """
 from __future__ import annotations
 
@@ -101,8 +104,12 @@ def _calibration(rows: Sequence[Row]) -> dict[str, float]:
     return {"compute_s_per_unit": _median(speeds)}
 
 
-def _overheads(rows: Sequence[Row]) -> dict[str, float]:
-    out = {}
+def _overheads(rows: Sequence[Row], compute_s_per_unit: float = 0.0) -> dict[str, float]:
+    """The framing per message and the latency per step of a group's rows: the medians of what
+    the runs measured beyond the analytic payload and the analytic compute and transfers."""
+    latency = [(r.targets["round_mean_s"] - compute_s_per_unit * r.terms.round_units - r.terms.transfer_s)
+               / r.terms.steps for r in rows if r.terms.steps > 0 and r.targets.get("round_mean_s") is not None]
+    out = {"latency_s_per_step": max(0.0, _median(latency))}
     for direction in ("sent", "recv"):
         per = [(r.targets[f"bytes_{direction}_per_round"] - getattr(r.terms, f"payload_{direction}_bytes"))
                / getattr(r.terms, f"messages_{direction}") for r in rows
@@ -111,14 +118,14 @@ def _overheads(rows: Sequence[Row]) -> dict[str, float]:
     return out
 
 
-def _fit_group(name: str, rows: Sequence[Row]) -> dict[str, Any]:
+def _fit_group(name: str, rows: Sequence[Row], compute_s_per_unit: float = 0.0) -> dict[str, Any]:
     configs = sorted({r.config for r in rows})
     x_all = np.array([vector(r.features) for r in rows])
     group: dict[str, Any] = {
         "algorithm": rows[0].algorithm, "role": rows[0].role, "configs": configs, "rows": len(rows),
         "range": {f: [float(x_all[:, i].min()), float(x_all[:, i].max())] for i, f in enumerate(FEATURES)},
         "names": {k: sorted({r.names.get(k, "") for r in rows}) for k in rows[0].names},
-        "calibration": _overheads(rows), "greybox": {}, "blackbox": {}}
+        "calibration": _overheads(rows, compute_s_per_unit), "greybox": {}, "blackbox": {}}
     for target in TARGETS:
         usable = [r for r in rows if r.targets.get(target) is not None]
         if target in greybox.COLUMNS and not rows[0].terms.unsupported:
@@ -150,10 +157,12 @@ def fit(rows: Sequence[Row]) -> dict[str, Any]:
         groups.setdefault(r.group, []).append(r)
     runs = {(r.source, r.run_id): {"run_id": r.run_id, "config": r.config, "algorithm": r.algorithm,
                                    "path": r.source} for r in rows}
+    calibration = _calibration(rows)
     return {"version": VERSION, "kind": KIND, "created_at": time.time(), "features": list(FEATURES),
             "targets": list(TARGETS), "predictors": list(PREDICTORS), "runs": list(runs.values()),
-            "calibration": _calibration(rows),
-            "groups": {name: _fit_group(name, members) for name, members in sorted(groups.items())}}
+            "calibration": calibration,
+            "groups": {name: _fit_group(name, members, calibration["compute_s_per_unit"])
+                       for name, members in sorted(groups.items())}}
 
 
 def save(doc: dict[str, Any], path: str) -> None:
