@@ -30,21 +30,13 @@ from typing import Any, Optional
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_netns import log, table  # noqa: E402
 from controller.model.units import parse_rate_bps  # noqa: E402
 from tests.e2e.elastic import experiment as ex  # noqa: E402
 from tests.e2e.harness import Run  # noqa: E402
 
 RESIZE_GOAL_S = 3.0
-
-
-def log(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def one_run(scratch: Path, n: Optional[int], rounds: int) -> ex.Result:
