@@ -181,7 +181,8 @@ def test_json_block_loads(page, line, body, tmp_path):
     elif "node_list" in data:
         from controller.confs.structures import load_structure_file
 
-        load_structure_file(str(path), load_links(str(ROOT / "links.json")), "gossip")
+        ring = "strategy" in data  # (only a ring all-reduce's file has one)
+        load_structure_file(str(path), load_links(str(ROOT / "links.json")), "ring" if ring else "gossip")
     elif "_settings" in data or "dataset" in data:
         load_dataset(str(path))
     elif all(isinstance(v, list) for v in data.values()):
