@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+MONITOR_FIELDS = ("comm_goodput_bps", "strategy", "cluster_size", "batch_size", "gns", "grad_var")  # of round events
+
 
 def sq_norm(arrays: Sequence[np.ndarray]) -> float:
     """The squared L2 norm of the arrays taken as one vector (float64)."""

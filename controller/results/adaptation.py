@@ -18,10 +18,11 @@ import json
 import math
 from typing import Any, Iterable, Optional
 
+from dml_app.monitors import MONITOR_FIELDS
+
 ADAPTATION_EVENTS = ("policy_decision", "strategy_changed")
 NUMBER_MONITORS = ("comm_goodput_bps", "gns", "grad_var")
 COUNT_MONITORS = ("cluster_size", "batch_size")
-MONITOR_FIELDS = ("comm_goodput_bps", "strategy", "cluster_size", "batch_size", "gns", "grad_var")
 TEXT_MAX = 80  # characters kept of a strategy, a policy name
 DETAIL_MAX = 300  # characters kept of a timeline entry's detail
 

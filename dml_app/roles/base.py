@@ -35,6 +35,7 @@ from dml_app.auth import E2E, AuthFailed, NodeKeys
 from dml_app.compute import inline
 from dml_app.events import EventLog
 from dml_app.http import HttpError, Request, Response, json_response
+from dml_app.monitors import MONITOR_FIELDS
 from dml_app.policies import Policies, PolicyView, build as build_policies
 from dml_app.transport import MAX_RELAYS, TTL_HEADER, HttpTransport, Transport
 
@@ -42,7 +43,6 @@ Weights = list[np.ndarray]
 SEND_MARGIN = 4.0  # a send may take this many times its time at the link's rate ...
 SEND_BASE_S = 5.0  # ... plus this, before it is given up (a dead, paused or cut-off peer)
 DEFAULT_SEND_TIMEOUT_S = 60.0  # when the link's rate is not known
-MONITORS = ("comm_goodput_bps", "strategy", "cluster_size", "batch_size", "gns", "grad_var")  # (progress reports)
 RELAY_WAIT_S = 600.0  # a relay waits this long for the answer it passes back (a ring join is held)
 
 
@@ -239,7 +239,7 @@ class Role:
             message = f"{where}: accuracy {accuracy:.3f} loss {loss:.3f}"
         else:
             message = f"{where}: global accuracy {global_accuracy:.3f} loss {global_loss:.3f} (local {accuracy:.3f})"
-        monitors = {k: event[k] for k in MONITORS if event.get(k) is not None}
+        monitors = {k: event[k] for k in MONITOR_FIELDS if event.get(k) is not None}
         if self.policies.recent:  # the decisions since the last report: the live timeline shows them
             monitors["decisions"] = self.policies.take_recent()
         self.ctx.progress(message, round=shown, layer=layer, accuracy=accuracy, global_accuracy=global_accuracy,

@@ -343,9 +343,9 @@ class RingRole(Role):
                 self.batch_size = self.view.batch_size = formation.batch_size
         else:
             self._decide(formation)  # (once a round: the coordinator decided when it made the formation)
-        structure = self._structures[formation.epoch]
-        mine = allreduce.build(self.strategy, formation.members, self.sites).digest()
-        if mine != structure.digest() or mine != formation.digest:
+        structure = self._structures[formation.epoch]  # (built from the formation's strategy by _adopt)
+        if self.strategy != formation.strategy or structure.digest() != formation.digest:
+            mine = allreduce.build(self.strategy, formation.members, self.sites).digest()
             self.ctx.events.write("strategy_refused", round=formation.round, epoch=formation.epoch,
                                   strategy=self.strategy, formation_strategy=formation.strategy,
                                   digest=mine, formation_digest=formation.digest)
