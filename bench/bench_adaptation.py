@@ -31,6 +31,8 @@ from typing import Any, Optional
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_netns import log, table  # noqa: E402
 from tests.e2e.adaptation import Outcome, analyse, make_run  # noqa: E402
 from tests.e2e.harness import Run  # noqa: E402
 from tests.e2e.test_algorithms import run_to_end  # noqa: E402
@@ -43,10 +45,6 @@ MODES: dict[str, Optional[list[dict[str, Any]]]] = {
 KUNGFU_DROP_PCT = 67.0  # KungFu (OSDI'20) artifact: throughput at the interference, % of the mean before
 KUNGFU_BACK_PCT = 94.0  # ... four iterations after the policy switched strategy
 AFTER_SWITCH_ROUND = 4  # the fourth round under the new strategy
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def run_mode(mode: str, rounds: int, hidden: Optional[int], timeout_s: float) -> Outcome:
@@ -157,10 +155,7 @@ def main() -> int:
     rows = [row(mode, o) for mode, o in outcomes.items()]
     rows.append(["KungFu (OSDI'20 artifact)", "-", "-", "-", "-", "-", "-", "-", f"{KUNGFU_DROP_PCT:.0f} %",
                  f"{KUNGFU_BACK_PCT:.0f} %"])
-    print("| " + " | ".join(headers) + " |")
-    print("|" + "---|" * len(headers))
-    for r in rows:
-        print("| " + " | ".join(str(c) for c in r) + " |")
+    print(table(headers, rows))
     if args.plot:
         plot(outcomes, args.plot, TRIGGER_ROUND)
         print(f"\nplot: {os.path.relpath(args.plot, ROOT)}")

@@ -47,12 +47,11 @@ from typing import Any, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from controller.predict.model_file import PREDICTORS  # noqa: E402
+from controller.predict.targets import BURST_RESOURCES, BYTE_TARGETS  # noqa: E402
 
 HIDDEN = 2048  # 64-2048-10: 153,610 parameters (see the module docstring)
 SCRIPTS = {"ring": ("ra_run.py", "ra"), "fl": ("fl_run.py", "fl"), "gossip": ("gl_run.py", "gl")}
-PREDICTORS = ("analytic", "greybox", "svr", "linear")
-BYTE_TARGETS = ("bytes_sent_per_round", "bytes_recv_per_round")
-BURST_RESOURCES = ("cpu", "mem", "net_tx", "net_rx")
 ROUND_RESOURCES = ("cpu", "net_tx", "net_rx")  # the resources whose bursts follow the rounds (not memory)
 CM_DARE = "10-14 % (README: 3.4 %)"
 

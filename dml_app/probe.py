@@ -25,6 +25,7 @@ controller runs this as an unprivileged uid (``controller.sandbox``): the user's
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -74,7 +75,7 @@ def probe_algorithm(req: dict[str, Any]) -> dict[str, Any]:
 
 SAMPLE_METRICS = {"round": 1, "comm_goodput_bps": 1e6, "gns": 10.0, "batch_size": 32, "strategy": "ring",
                   "cluster_size": 2}  # a round's metrics, as a policy's after_round sees them
-VIEW_KEYS = ("name", "role", "members", "strategy", "batch_size", "link_bps", "sites")
+VIEW_KEYS = tuple(f.name for f in dataclasses.fields(policies.PolicyView))
 
 
 def probe_policy(req: dict[str, Any]) -> dict[str, Any]:

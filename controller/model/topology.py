@@ -249,10 +249,10 @@ class Topology:
     def add_node(self, name: str, kind: str = "emulated", host: str = "local", cpu: Optional[float] = None,
                  mem: Union[str, int, None] = None, ip: Optional[str] = None, source: str = "topology",
                  uplink: Union[str, int, None] = None, downlink: Union[str, int, None] = None,
-                 pids: Optional[int] = None) -> Node:
+                 pids: Optional[int] = None, standby: bool = False) -> Node:
         """Declare a node; ``mem`` is a size like '256M' or bytes; ``uplink`` and ``downlink``
-        rates like '10mbit' or bit/s; ``pids`` its processes and threads at most; ``source``
-        starts error messages."""
+        rates like '10mbit' or bit/s; ``pids`` its processes and threads at most; ``standby`` an FL
+        trainer idle until a policy adds it; ``source`` starts error messages."""
         check_name(name, source)
         where = _where(source, name)
         if name in self.nodes:
@@ -265,7 +265,7 @@ class Topology:
                 raise TopologyError(f"{where}, field 'mem': {e.message}") from None
         node = Node(name, kind, host, cpu, mem_bytes, ip, len(self.nodes),
                     access_rate(uplink, f"{where}, field 'uplink'"),
-                    access_rate(downlink, f"{where}, field 'downlink'"), pids)
+                    access_rate(downlink, f"{where}, field 'downlink'"), pids, standby)
         _check_node(node, where)
         node.cpu = float(cpu) if cpu is not None else None
         node.ip = str(ipaddress.IPv4Address(ip)) if ip is not None else None
@@ -386,8 +386,8 @@ class Topology:
             _NODE_DICT.validate(entry, f"{source}: nodes[{i}]", TopologyError)
             topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
                           entry.get("mem_bytes"), entry.get("ip"), source=source, uplink=entry.get("uplink_bps"),
-                          downlink=entry.get("downlink_bps"), pids=entry.get("pids_max")).standby = \
-                bool(entry.get("standby", False))
+                          downlink=entry.get("downlink_bps"), pids=entry.get("pids_max"),
+                          standby=bool(entry.get("standby", False)))
         for i, entry in enumerate(data["links"]):
             _LINK_DICT.validate(entry, f"{source}: links[{i}]", TopologyError)
             src, dst = entry["src"], entry["dst"]
@@ -423,8 +423,8 @@ def load_nodes(path: str) -> Topology:
         uplink = entry.get("uplink", defaults.get("uplink"))
         downlink = entry.get("downlink", defaults.get("downlink") if kind != "physical" else None)
         topo.add_node(entry["name"], kind, entry.get("host", "local"), entry.get("cpu"), entry.get("mem"),
-                      entry.get("ip"), source=path, uplink=uplink, downlink=downlink,
-                      pids=entry.get("pids")).standby = bool(entry.get("standby", False))
+                      entry.get("ip"), source=path, uplink=uplink, downlink=downlink, pids=entry.get("pids"),
+                      standby=bool(entry.get("standby", False)))
     return topo
 
 

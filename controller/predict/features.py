@@ -197,7 +197,3 @@ def vector(features: dict[str, float], names: tuple[str, ...] = FEATURES) -> lis
     """The features in ``names`` order."""
     return [float(features[name]) for name in names]
 
-
-def as_json(features: dict[str, Any]) -> dict[str, Any]:
-    """Features rounded for a JSON file."""
-    return {k: round(v, 6) if isinstance(v, float) else v for k, v in features.items()}

@@ -11,13 +11,13 @@ the 12 burst metrics, {cpu, mem, net_tx, net_rx} x {burst_s, idle_s, burst_consu
 from __future__ import annotations
 
 import csv
-import math
 import os
 from typing import Optional
 
 import numpy as np
 
 from controller.predict.setting import MissingFileError
+from controller.results.run_dir import finite_float
 from worker.api.errors import ConfigError
 
 TIME_TARGETS = ("round_mean_s", "round_p95_s", "train_s", "send_s", "total_s")
@@ -26,16 +26,6 @@ BURST_RESOURCES = ("cpu", "mem", "net_tx", "net_rx")
 BURST_FIELDS = ("burst_s", "idle_s", "burst_consumption")
 BURST_TARGETS = tuple(f"{r}_{f}" for r in BURST_RESOURCES for f in BURST_FIELDS)
 TARGETS = TIME_TARGETS + BYTE_TARGETS + BURST_TARGETS
-
-
-def _float(value: Optional[str]) -> Optional[float]:
-    if value in (None, ""):
-        return None
-    try:
-        out = float(value)  # type: ignore[arg-type]
-    except ValueError:
-        return None
-    return out if math.isfinite(out) else None
 
 
 def _mean(values: list[float]) -> Optional[float]:
@@ -57,16 +47,17 @@ def read_metrics(run_dir: str) -> dict[str, dict[str, Optional[float]]]:
             rows.setdefault(row["node"], []).append(row)
     out: dict[str, dict[str, Optional[float]]] = {}
     for node, every in rows.items():
-        layers = sorted({r.get("layer") or "" for r in every}, key=lambda v: (v == "", _float(v) or 0.0))
+        layers = sorted({r.get("layer") or "" for r in every}, key=lambda v: (v == "", finite_float(v) or 0.0))
         mine = sorted((r for r in every if (r.get("layer") or "") == layers[0]), key=lambda r: int(r["round"]))
-        ends = [t for t in (_float(r["time_s"]) for r in mine) if t is not None]
+        ends = [t for t in (finite_float(r["time_s"]) for r in mine) if t is not None]
         durations = [b - a for a, b in zip(ends, ends[1:]) if b >= a]
-        col = {k: [v for v in (_float(r[k]) for r in mine) if v is not None] for k in ("train_s", "send_s")}
-        moved = {k: sum(v for v in (_float(r[k]) for r in every) if v is not None) for k in ("bytes_sent", "bytes_recv")}
+        col = {k: [v for v in (finite_float(r[k]) for r in mine) if v is not None] for k in ("train_s", "send_s")}
+        moved = {k: sum(v for v in (finite_float(r[k]) for r in every) if v is not None)
+                 for k in ("bytes_sent", "bytes_recv")}
         out[node] = {"round_mean_s": _mean(durations),
                      "round_p95_s": float(np.percentile(durations, 95)) if durations else None,
                      "train_s": _mean(col["train_s"]), "send_s": _mean(col["send_s"]),
-                     "total_s": max(t for t in (_float(r["time_s"]) for r in every) if t is not None)
+                     "total_s": max(t for t in (finite_float(r["time_s"]) for r in every) if t is not None)
                      if ends else None,
                      "bytes_sent_per_round": moved["bytes_sent"] / len(mine) if mine else None,
                      "bytes_recv_per_round": moved["bytes_recv"] / len(mine) if mine else None,
@@ -86,7 +77,7 @@ def read_bursts(run_dir: str) -> dict[str, dict[str, Optional[float]]]:
                 continue
             node = out.setdefault(row.get("node", ""), {})
             for field in BURST_FIELDS:
-                node[f"{row['resource']}_{field}"] = _float(row.get(field))
+                node[f"{row['resource']}_{field}"] = finite_float(row.get(field))
     return out
 
 

@@ -52,18 +52,20 @@ def write_results(run: RunResults, problems: Problems,
     def step(what: str, fn: Callable[[], Any], default: Any = None) -> Any:
         return attempt(problems, RUN, what, fn, default)
 
+    events = read_run_events(run_dir, problems)  # (read once: the timeline, membership.csv and the tables)
     step(CONFS_JSON, lambda: out.write_json(CONFS_JSON, {n: {"structure": c} for n, c in run.structure.items()}))
     step(LIVES_JSON, lambda: out.write_json(LIVES_JSON, run.lives))
     if run.timeline is not None:
-        step(TIMELINE_JSON, lambda: out.write_json(TIMELINE_JSON, {"version": 1, "entries": full_timeline(run)}))
+        step(TIMELINE_JSON, lambda: out.write_json(TIMELINE_JSON,
+                                                   {"version": 1, "entries": full_timeline(run, events)}))
     step(MEMBERSHIP_CSV, lambda: out.write_bytes(MEMBERSHIP_CSV, csv_bytes(
-        tables.MEMBERSHIP_COLUMNS, tables.membership_rows(read_run_events(run_dir, {}), run.membership))))
+        tables.MEMBERSHIP_COLUMNS, tables.membership_rows(events, run.membership))))
     final = step("models", lambda: evaluate.final_models(
         run.workdir, run_dir, run.run_id, run.structure, run.dataset_confs, write=out.write_bytes,
         uids=run.uids), {})
     built = step("metrics and plots", lambda: tables.build(
         run_dir, run.t_start or time.time(), run.algorithm, run.endings, final, write=out.write_bytes,
-        problems=problems), {"algorithm": run.algorithm, "nodes": [], "plots": [], "models": []})
+        problems=problems, events=events), {"algorithm": run.algorithm, "nodes": [], "plots": [], "models": []})
     summary = {"run_id": run.run_id, "run_dir": run_dir, "ended": run.ended, "endings": run.endings, **built}
     if run.captured:
         summary["captures"] = run.captured
@@ -74,12 +76,14 @@ def write_results(run: RunResults, problems: Problems,
     return summary
 
 
-def full_timeline(run: RunResults) -> list[dict[str, Any]]:
-    """The live view's timeline with the nodes' policy decisions and strategy changes added."""
+def full_timeline(run: RunResults, events: Optional[dict[str, list[dict[str, Any]]]] = None) -> list[dict[str, Any]]:
+    """The live view's timeline with the nodes' policy decisions and strategy changes added
+    (``events``: the nodes', when read already)."""
     timeline = run.timeline or []
     if run.t_start is None:  # never started: no node acted
         return timeline
-    adapted = adaptation.adaptation_events(read_run_events(run.run_dir, {}), run.t_start)
+    events = read_run_events(run.run_dir, {}) if events is None else events
+    adapted = adaptation.adaptation_events(events, run.t_start)
     return adaptation.with_entries(timeline, map(adaptation.timeline_entry, adapted)) if adapted else timeline
 
 

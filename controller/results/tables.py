@@ -236,7 +236,8 @@ def accuracy_overview(nodes: list[dict[str, Any]]) -> dict[str, Any]:
 
 def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
           final: Optional[dict[str, dict[str, Any]]] = None, write: Optional[Writer] = None,
-          problems: Optional[Problems] = None) -> dict[str, Any]:
+          problems: Optional[Problems] = None,
+          events: Optional[dict[str, list[dict[str, Any]]]] = None) -> dict[str, Any]:
     """Write metrics.csv, traffic.csv and the plots of a run directory; return the summary.
 
     ``endings`` maps each node to how it ended (``done``, ``stopped``, ``failed: <why>``,
@@ -244,9 +245,10 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
     what ``controller.results.evaluate.final_models`` returned (the final models on the global set).
     ``write`` (relative path, bytes) writes each file; by default ``local_writer(run_dir)``.
     Each node's events and each file are done on their own: what fails is recorded in
-    ``problems`` (by node, or ``"run"``) and the rest is written."""
+    ``problems`` (by node, or ``"run"``) and the rest is written. ``events``: the nodes' events,
+    when the caller read them already (``read_run_events``)."""
     problems = {} if problems is None else problems
-    events = read_run_events(run_dir, problems)
+    events = read_run_events(run_dir, problems) if events is None else events
     rows = metric_rows(events, t_start, algorithm)
     run_id = next((r["run_id"] for r in rows if r["run_id"]), os.path.basename(os.path.normpath(run_dir)))
     metrics_path = os.path.join(run_dir, METRICS_CSV)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from controller.results.run_dir import finite_float
 from dml_app.events import read_events
 from tests.e2e.harness import ROOT, Run
 
@@ -66,11 +67,6 @@ def make_run(make: Any, policies: Optional[list[dict[str, Any]]], rounds: int, i
     else:
         r.start()
     return r
-
-
-def number(text: Optional[str]) -> Optional[float]:
-    """A CSV cell as a float (None when empty)."""
-    return float(text) if text not in (None, "") else None
 
 
 def median(values: list[float]) -> Optional[float]:
@@ -142,7 +138,7 @@ class Outcome:
         """(round, goodput) of every member's row."""
         out = []
         for row in self.rows:
-            g = number(row.get("comm_goodput_bps"))
+            g = finite_float(row.get("comm_goodput_bps"))
             if g is not None:
                 out.append((int(row["round"]), g))
         return out
@@ -156,7 +152,7 @@ def analyse(run_dir: Path) -> Outcome:
     strategy: dict[int, str] = {}
     for row in rows:
         r = int(row["round"])
-        g = number(row.get("comm_goodput_bps"))
+        g = finite_float(row.get("comm_goodput_bps"))
         if g is not None:
             by_round.setdefault(r, []).append(g)
         if row["node"] == NODES[0] and row.get("strategy"):
