@@ -212,6 +212,12 @@ class WorkerHost:
         routes, peers = parse_routes(check_version(body))
         return self.routes.set(routes, peers)
 
+    def set_fabric(self, body: Any) -> dict[str, Any]:
+        """Join the testbed's swarm and put the nodes made from now on on its overlay (Docker hosts)."""
+        if self.runtime.kind != "docker":
+            raise ConfigError(f"the swarm fabric joins Docker hosts; this host makes {self.runtime.kind} nodes")
+        return self.runtime.set_fabric(body)
+
     def sync(self, body: Any) -> dict[str, Any]:
         """Fill this host's experiment directory with the controller's ``dml_app/`` and ``dataset/``:
         mounted over NFS when ``nfs`` names an export, else fetched over HTTP (changed files only)."""

@@ -31,6 +31,11 @@ hosts.json lists the worker hosts; a node's ``host`` (nodes file) names one::
   required for an ``https://`` agent on another machine (a plain ``http://`` agent is accepted
   on loopback only). ``Host.tls_fingerprint`` holds it as 64 lower-case hex digits.
 
+Fabric (``engine``): ``routed`` (the default) routes between the hosts' node subnets as above;
+``swarm`` puts the Docker hosts' nodes on one Docker Swarm overlay network instead
+(``controller.workers.swarm``): ``overlay_subnet`` (default ``10.80.0.0/20``) holds every Docker
+node's address, ``overlay_mtu`` (default 1450) is its MTU. netns and physical hosts stay routed.
+
 The file is strict (``HOSTS_SCHEMA``, ``HOST_SCHEMA``): an unknown field is refused with the
 nearest valid name, as are wrong types.
 """
@@ -48,6 +53,10 @@ from worker.api.peers import is_loopback_host, normalize_fingerprint
 from worker.api.schema import Field, Place, Schema, describe
 
 RUNTIMES = ("netns", "docker", "physical")
+ENGINES = ("routed", "swarm")
+DEFAULT_OVERLAY_SUBNET = "10.80.0.0/20"
+DEFAULT_OVERLAY_MTU = 1450
+MIN_OVERLAY_MTU, MAX_OVERLAY_MTU = 1280, 8950  # IPv6's minimum; a 9000-byte underlay less VXLAN's 50
 LOCAL = "local"
 NFS_RE = re.compile(r"^[A-Za-z0-9.-]+:/[A-Za-z0-9._/-]*$")
 FINGERPRINT_RE = re.compile(r"[0-9A-Fa-f]{64}|[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){31}")
@@ -63,7 +72,12 @@ HOST_SCHEMA = Schema({
 HOST_FIELDS = tuple(HOST_SCHEMA.fields)
 HOSTS_SCHEMA = Schema({"version": Field(int, default=1, choices=(1,)),
                        "hosts": Field(list, "the worker hosts", required=True, min_items=1, max_items=4096),
-                       "controller_ip": Field(str, "how nodes and agents reach the controller", max_len=15)})
+                       "controller_ip": Field(str, "how nodes and agents reach the controller", max_len=15),
+                       "engine": Field(str, "how the hosts' nodes reach each other", default="routed",
+                                       choices=ENGINES),
+                       "overlay_subnet": Field(str, "the swarm overlay's subnet, e.g. '10.80.0.0/20'", max_len=18),
+                       "overlay_mtu": Field(int, "the swarm overlay's MTU in bytes", low=MIN_OVERLAY_MTU,
+                                            high=MAX_OVERLAY_MTU)})
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,14 @@ class Host:
 class Hosts:
     hosts: dict[str, Host]
     controller_ip: Optional[str] = None
+    engine: str = "routed"
+    overlay_subnet: str = DEFAULT_OVERLAY_SUBNET
+    overlay_mtu: int = DEFAULT_OVERLAY_MTU
+
+    @property
+    def swarm(self) -> list[str]:
+        """The hosts whose nodes share the swarm overlay (none in routed mode)."""
+        return [h.name for h in self.hosts.values() if self.engine == "swarm" and h.runtime == "docker"]
 
     @classmethod
     def single(cls, runtime: str = "netns", topology: Optional[Topology] = None) -> "Hosts":
@@ -164,7 +186,50 @@ def load_hosts(path: str) -> Hosts:
             raise TopologyError(f"{where}, field 'agent': only one host can share the controller's machine (no "
                                 "'agent', or an agent at a loopback address)")
         hosts[name] = host
-    return Hosts(hosts, controller_ip)
+    engine = data.get("engine", "routed")
+    overlay = _overlay_subnet(data.get("overlay_subnet", DEFAULT_OVERLAY_SUBNET), f"{path}, field 'overlay_subnet'")
+    found = Hosts(hosts, controller_ip, engine, overlay, data.get("overlay_mtu", DEFAULT_OVERLAY_MTU))
+    if engine == "swarm":
+        if not found.swarm:
+            raise TopologyError(f"{path}, field 'engine': 'swarm' joins Docker hosts, and no host has runtime 'docker'")
+        for name, ip in [("controller_ip", controller_ip)] + [(f"host {h.name!r}, field 'ip'", h.ip)
+                                                             for h in hosts.values()]:
+            if ip and ipaddress.IPv4Address(ip) in ipaddress.IPv4Network(overlay):
+                raise TopologyError(f"{path}: overlay_subnet {overlay} holds {name} {ip}; choose a subnet no host "
+                                    "address is in")
+    elif "overlay_subnet" in data or "overlay_mtu" in data:
+        raise TopologyError(f"{path}: 'overlay_subnet' and 'overlay_mtu' are for \"engine\": \"swarm\"")
+    return found
+
+
+def _overlay_subnet(value: Any, where: str) -> str:
+    """An overlay subnet: an IPv4 network of /8 to /28."""
+    try:
+        net = ipaddress.IPv4Network(value)
+    except (ValueError, TypeError):
+        raise TopologyError(f"{where}: {value!r} is not an IPv4 network such as '10.80.0.0/20'") from None
+    if not 8 <= net.prefixlen <= 28:
+        raise TopologyError(f"{where}: {net} must be a /8 to /28 network")
+    return str(net)
+
+
+def docker_range(subnet: str) -> ipaddress.IPv4Network:
+    """The top of an overlay subnet, where Docker allocates the addresses it picks itself (each
+    host's load-balancer endpoint): a /26, or the last quarter of a smaller subnet."""
+    net = ipaddress.IPv4Network(subnet)
+    return list(net.subnets(new_prefix=max(net.prefixlen + 2, 26)))[-1]
+
+
+def overlay_gateway(subnet: str) -> str:
+    """The testbed's gateway on the overlay: the address below Docker's range."""
+    return str(docker_range(subnet).network_address - 1)
+
+
+def overlay_capacity(subnet: str) -> int:
+    """How many nodes an overlay subnet holds: from its third address (Docker holds the
+    second) up to the gateway's."""
+    net = ipaddress.IPv4Network(subnet)
+    return int(ipaddress.IPv4Address(overlay_gateway(subnet))) - int(net.network_address) - 2
 
 
 def check_placement(topology: Topology, hosts: Hosts, source: str = "hosts") -> dict[str, str]:

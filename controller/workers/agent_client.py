@@ -246,6 +246,9 @@ class AgentClient:
     def set_routes(self, body: Any) -> dict[str, Any]:
         return self._op("set_routes", body)
 
+    def set_fabric(self, body: Any) -> dict[str, Any]:
+        return self._op("set_fabric", body)
+
     def create_nodes(self, body: Any) -> dict[str, Any]:
         return self._op("create_nodes", body)
 

@@ -3,7 +3,10 @@
 Bring-up order on top of ``deploy``: code is synced to the agents, every host
 creates its nodes (in parallel), then every network stack (each host's and the
 controller's) gets routes to the other hosts' node subnets, so that every node
-reaches every other by its own IP; links are shaped on their source's host.
+reaches every other by its own IP; links are shaped on their source's host. With
+``"engine": "swarm"`` the Docker hosts' nodes share a swarm overlay instead
+(``controller.workers.swarm``, made before the nodes): they are given its addresses, and the
+routed hosts reach the overlay via the controller's machine.
 """
 from __future__ import annotations
 
@@ -118,6 +121,8 @@ class Cluster:
         # of what agents fetch is computed here and sent to them over their own (pinned) channel
         self.trees: Optional[dict[str, str]] = None
         self.tokens: dict[str, str] = {}  # each agent's, by host name
+        self.fabric: Optional[Any] = None  # controller.workers.swarm.SwarmFabric, for "engine": "swarm"
+        self.progress: Progress = lambda _: None
 
     # fan-out ---------------------------------------------------------------------------------
     def _each(self, fn: Callable[[str, Worker], Any], names: Optional[list[str]] = None) -> dict[str, Any]:
@@ -172,7 +177,11 @@ class Cluster:
             if cap.get("runtime") != want:
                 raise ConfigError(f"host {name}: its agent makes {cap.get('runtime')} nodes, the hosts file says "
                                   f"{want}: restart it with --runtime {want}")
-            if want != "physical" and cap.get("subnet"):
+            if name in self.hosts.swarm:
+                if not (cap.get("docker") or {}).get("available"):
+                    raise ConfigError(f"host {name}: its agent has no usable Docker engine: "
+                                      f"{(cap.get('docker') or {}).get('problem')}")
+            elif want != "physical" and cap.get("subnet"):
                 self._subnets[name] = cap["subnet"]
         seen: dict[str, str] = {}
         for name, subnet in self._subnets.items():
@@ -210,16 +219,34 @@ class Cluster:
             progress(f"host {name}: code and data synced: {how}")
 
     def install_routes(self) -> None:
-        lan = {h.name: self.controller_ip if h.local else h.ip or self.controller_ip for h in self.hosts.hosts.values()}
+        """Routes between the routed hosts' node subnets; with a swarm fabric, the routed hosts
+        reach the overlay via the controller's machine, which forwards to its gateway."""
+        swarm = set(self.hosts.swarm)
+        lan = {h.name: self.controller_ip if h.local else h.ip or self.controller_ip for h in self.hosts.hosts.values()
+               if h.name not in swarm or h.local}
         local = next((h.name for h in self.hosts.hosts.values() if h.local), None)
         requests = plan_routes(self._subnets, lan, self.controller_ip, local)
+        if self.fabric is not None:
+            if not self._subnets and not any(self.hosts.hosts[h].runtime == "physical" for h in lan):
+                return  # every node is on the overlay
+            for stack, request in requests.items():
+                if stack == local or stack is None:
+                    request["peers"].append(self.subnet_overlay)
+                else:
+                    request["routes"].append({"subnet": self.subnet_overlay, "via": self.controller_ip})
         self._each(lambda name, w: w.set_routes(requests[name]), [h for h in requests if h is not None])
         if None in requests:
             self.controller_stack.set_routes(requests[None])
 
+    @property
+    def subnet_overlay(self) -> str:
+        return self.hosts.overlay_subnet
+
     # the Worker protocol --------------------------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
         caps = self.check_hosts()
+        for name in self.hosts.swarm:  # their nodes live in the overlay (isolation drops it whole)
+            caps[name] = {**caps[name], "subnet": self.hosts.overlay_subnet}
         versions = [c.get("cgroup_version") for n, c in caps.items() if self.hosts.hosts[n].emulator]
         return {"version": 1, "netem": all(c.get("netem") for c in caps.values()),
                 "cgroup_version": min(versions) if versions and all(versions) else None,
@@ -227,6 +254,13 @@ class Cluster:
 
     def create_nodes(self, body: Any) -> dict[str, Any]:
         """Create every host's nodes in parallel, then route between the hosts."""
+        if self.fabric is not None:
+            from controller.workers.swarm import node_addresses
+
+            on_overlay = [n["name"] for n in body["nodes"] if self.placement.get(n["name"]) in self.hosts.swarm]
+            ips = node_addresses(on_overlay, self.hosts.overlay_subnet)
+            body = {**body, "nodes": [{**n, "ip": ips[n["name"]]} if n["name"] in ips else n for n in body["nodes"]]}
+            self.fabric.up(self.workers, sorted(self._subnets.values()), self.progress)
         per_host = self._split(body["nodes"], "name")
         created = self._each(lambda name, w: w.create_nodes({"version": 1, "nodes": per_host[name]}), list(per_host))
         self.install_routes()
@@ -284,6 +318,11 @@ class Cluster:
                 removed[name], failed[name] = {"error": e.message}, e
         if self.controller_stack not in self.workers.values():
             removed["controller"] = self.controller_stack.reset().get("removed")
+        if self.fabric is not None:
+            try:
+                removed["swarm"] = self.fabric.down()
+            except TestbedError as e:
+                removed["swarm"], failed["swarm"] = {"error": e.message}, e
         if failed:  # the others were reset; the caller can retry for these
             first = next(iter(failed.values()))
             raise type(first)("reset failed on " + "; ".join(f"{n}: {e.message}" for n, e in failed.items()),
@@ -292,6 +331,9 @@ class Cluster:
 
     def set_routes(self, body: Any) -> dict[str, Any]:
         raise ConfigError("a cluster routes between its hosts itself (install_routes): give each host its own routes")
+
+    def set_fabric(self, body: Any) -> dict[str, Any]:
+        raise ConfigError("a cluster joins each Docker host to its swarm itself (controller.workers.swarm)")
 
     def sync(self, body: Any) -> dict[str, Any]:
         raise ConfigError("a cluster syncs each host with its own request (sync_code)")

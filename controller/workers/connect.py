@@ -63,6 +63,10 @@ def _cluster(hosts: "Hosts", placement: dict[str, str], testbed_id: str, subnet:
     stack = workers[local] if local else connect(testbed_id, subnet)
     cluster = Cluster(hosts, placement, workers, stack, controller_ip)
     cluster.tokens = tokens
+    if hosts.engine == "swarm":
+        from controller.workers.swarm import SwarmFabric
+
+        cluster.fabric = SwarmFabric(hosts, testbed_id, controller_ip)
     cluster.trees = {"dml_app": code_root, "dataset": workdir or "", "dml_user": workdir or ""}
     return cluster
 

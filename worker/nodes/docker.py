@@ -24,6 +24,10 @@ Docker runtime is used or probed, so netns-only users need neither the SDK nor a
   cgroups, so its CPU and memory limits hold); ``worker.nodes.docker_exec.ExecProcess`` gives
   them Popen's interface, with the process's host pid (a session leader, so the worker can signal
   its group).
+- Swarm fabric (``worker.nodes.swarm``): after a ``set_fabric`` request the engine is in the
+  testbed's swarm and containers join its overlay network instead of the bridge, each at the
+  address the controller planned (``ip`` of the node's spec), with routes to the controller via
+  the overlay's gateway; reset leaves a swarm joined for the testbed.
 - Everything is labelled ``edgetb.testbed=<id>``; reset removes by that label only.
 """
 from __future__ import annotations
@@ -36,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from worker.nodes import confine, fsview, uids
+from worker.nodes import confine, fsview, swarm, uids
 
 from dml_app.usercode import USERCODE_DIR
 from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
@@ -178,29 +182,40 @@ class DockerRuntime:
 
     # bring-up ------------------------------------------------------------------------
     def create_nodes(self, specs: Sequence[NodeSpec]) -> list[dict[str, Any]]:
-        """Create and start a container per spec, in parallel (all or nothing); existing ones are kept."""
-        emulated_only(specs, self.kind)
+        """Create and start a container per spec, in parallel (all or nothing); existing ones are kept.
+        On a swarm fabric each spec carries its planned overlay address."""
         with self.store.locked() as state:
-            if state["nodes"] and state.get("subnet", str(self.subnet)) != str(self.subnet):
-                raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {self.subnet}")
+            fabric = swarm.Fabric.from_dict(state["fabric"]) if state.get("fabric") else None
+            if fabric is None:
+                emulated_only(specs, self.kind)
+            subnet = ipaddress.IPv4Network(fabric.subnet) if fabric else self.subnet
+            if state["nodes"] and state.get("subnet", str(subnet)) != str(subnet):
+                raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {subnet}")
             todo = new_specs(state, specs)
             if todo:
                 require_image(self.api, self.image)
             next_index = max((n["index"] for n in state["nodes"].values()), default=-1) + 1
-            records = [{"name": s.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
-                        "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(s.name),
+            records = [{"name": s.name, "index": next_index + i, "prefixlen": subnet.prefixlen,
+                        "ip": fabric.check_address(s.name, s.ip) if fabric else self.node_ip(next_index + i),
+                        "netns": self.names.netns(s.name), "network": fabric.network if fabric else self.network,
                         "ifname": NODE_IFNAME, "container": self.container(s.name), "cpu": s.cpu,
                         "mem_bytes": s.mem_bytes, "pids_max": s.pids_max, "runtime": self.kind}
                        for i, s in enumerate(todo)]
+            taken = {n["ip"] for n in state["nodes"].values()}
+            for rec in records:
+                if rec["ip"] in taken:
+                    raise ConfigError(f"node {rec['name']}: address {rec['ip']} is taken")
+                taken.add(rec["ip"])
             if records:
                 self._check_mounts(records)
             claim_runtime(state, self.kind, self.names.id)
-            state["subnet"] = str(self.subnet)
+            state["subnet"] = str(subnet)
             created: list[str] = []
             try:
                 if records:
-                    self._ensure_network(state)
-                    self._start_all(records, created)
+                    if fabric is None:
+                        self._ensure_network(state)
+                    self._start_all(records, created, fabric)
                 for rec in records:
                     state["nodes"][rec["name"]] = rec
             except BaseException:
@@ -241,7 +256,8 @@ class DockerRuntime:
                     raise ConfigError(f"subnet {self.subnet} overlaps {addr} on {msg.get_attr('IFA_LABEL')}; "
                                       "choose another subnet")
 
-    def _start_all(self, records: list[dict[str, Any]], created: list[str]) -> None:
+    def _start_all(self, records: list[dict[str, Any]], created: list[str],
+                   fabric: Optional[swarm.Fabric] = None) -> None:
         lock = threading.Lock()
         errors: list[str] = []
 
@@ -250,12 +266,18 @@ class DockerRuntime:
                 return  # something failed already: start no more
             try:
                 self._start_one(rec, lambda: _locked_append(lock, created, rec["name"]))
+                if fabric is not None:
+                    swarm.route_node(rec["netns"], fabric)
             except Exception as e:
                 with lock:
                     errors.append(f"node {rec['name']}: {e.message if hasattr(e, 'message') else short_error(e)}")
 
-        with ThreadPoolExecutor(max_workers=min(START_THREADS, len(records))) as pool:
-            list(pool.map(one, records))
+        if fabric is not None:  # the first attachment brings the overlay to this engine: concurrent
+            one(records[0])     # first ones can wait on each other past the engine's deadline
+            records = records[1:]
+        if records:
+            with ThreadPoolExecutor(max_workers=min(START_THREADS, len(records))) as pool:
+                list(pool.map(one, records))
         if errors:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             raise NodeRuntimeError(f"starting containers failed: {errors[0]}{more}", detail=errors)
@@ -275,7 +297,7 @@ class DockerRuntime:
         if self.workdir:
             env["HOME"] = uids.node_dir(NODE_ROOT, rec["name"])
         mem = rec["mem_bytes"] or confine.default_mem_bytes()
-        host = {"network_mode": self.network, "mounts": mounts, "init": True,
+        host = {"network_mode": rec.get("network", self.network), "mounts": mounts, "init": True,
                 "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
                 "nano_cpus": int(round(rec["cpu"] * 1e9)) if rec["cpu"] else None,
                 "mem_limit": mem, "memswap_limit": mem, "pids_limit": rec.get("pids_max") or confine.DEFAULT_PIDS_MAX,
@@ -294,7 +316,8 @@ class DockerRuntime:
             uids.prepare_node_dir(self.workdir, rec["name"], ident)
         create, host = self.container_config(rec, ident)
         host_config = api.create_host_config(**host)
-        networking = api.create_networking_config({self.network: api.create_endpoint_config(ipv4_address=rec["ip"])})
+        network = rec.get("network", self.network)
+        networking = api.create_networking_config({network: api.create_endpoint_config(ipv4_address=rec["ip"])})
         try:
             made = api.create_container(self.image, host_config=host_config, networking_config=networking,
                                         **create)
@@ -307,6 +330,22 @@ class DockerRuntime:
             raise NodeRuntimeError(f"container {rec['container']} is not running after start")
         rec["container_id"] = made["Id"]
         nsfs.attach(rec["netns"], pid)
+
+    # swarm fabric ------------------------------------------------------------------------
+    def set_fabric(self, body: Any) -> dict[str, Any]:
+        """Join the testbed's swarm (unless this engine is in it already) and put the nodes made
+        from now on on its overlay (``worker.nodes.swarm``)."""
+        fabric, token, advertise = swarm.Fabric.from_request(body)
+        with self.store.locked() as state:
+            old = state.get("fabric")
+            if state["nodes"] and (old is None or swarm.Fabric.from_dict(old).network != fabric.network):
+                raise ConfigError(f"testbed {self.names.id} has nodes on another network; reset it first")
+            joined = swarm.join(self.api, fabric.manager, token, advertise)
+            fabric = swarm.Fabric(**{**fabric.to_dict(), "routes": fabric.routes,
+                                     "joined": joined or bool(old and old.get("joined"))})
+            state["fabric"] = fabric.to_dict()
+            return {"version": 1, "joined": joined, "node_id": swarm.swarm_of(self.api)["node_id"],
+                    "network": fabric.network}
 
     # processes -------------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any]:
@@ -349,6 +388,8 @@ class DockerRuntime:
         docker = sdk()
         deadline = time.monotonic() + timeout_s
         for net in self.api.networks(filters={"label": f"{LABEL}={self.names.id}"}):
+            if net.get("Scope") == "swarm":
+                continue  # the swarm's overlay: its manager removes it (controller.workers.swarm)
             while True:
                 try:
                     self.api.remove_network(net["Id"])
@@ -390,6 +431,9 @@ class DockerRuntime:
                 with ThreadPoolExecutor(max_workers=min(START_THREADS, len(found))) as pool:
                     list(pool.map(one, found))
             self._remove_network(state)
+            fabric = state.pop("fabric", None)
+            if fabric and fabric.get("joined"):
+                swarm.leave(self.api)
             removed = len(names | set(state["nodes"]))
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)

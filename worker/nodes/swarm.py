@@ -1,0 +1,137 @@
+"""A Docker host's part of the swarm fabric: joining the testbed's swarm, and what it sets up in each node.
+
+The controller's machine is the swarm's manager (``controller.workers.swarm``); it sends every Docker
+host's agent a ``set_fabric`` request over the agent's pinned HTTPS channel: the manager's address,
+the worker join token (never on a command line, never in a file), this host's advertised address and
+the overlay (``Fabric``). The agent's engine joins the swarm unless it is a member already (of that
+swarm: another is refused); a swarm joined for the testbed is recorded in its state and left at reset.
+The Docker runtime then puts its containers on the overlay at the planned addresses and routes, inside
+each node's namespace, the controller's address (and any routed node subnets) via the overlay's
+gateway, which the controller's machine runs.
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from worker.api.bodies import VERSION
+from worker.api.errors import ConfigError, NodeRuntimeError
+from worker.api.schema import Field, Schema
+from worker.nodes.docker_exec import sdk, short_error
+
+MANAGER_PORT = 2377
+MAX_FABRIC_ROUTES = 1024
+FABRIC_SCHEMA = Schema({
+    "version": VERSION,
+    "manager": Field(str, "the manager's address and port, e.g. '10.254.0.1:2377'", required=True, max_len=21),
+    "token": Field(str, "the swarm's worker join token", required=True, max_len=256),
+    "advertise_addr": Field(str, "this host's LAN address", required=True, max_len=15),
+    "network": Field(str, "the overlay network's name", required=True, max_len=64),
+    "subnet": Field(str, "the overlay's subnet", required=True, max_len=18),
+    "mtu": Field(int, "the overlay's MTU in bytes", required=True, low=1280, high=8950),
+    "gateway": Field(str, "the overlay address of the controller's gateway", required=True, max_len=15),
+    "routes": Field(list, "networks the nodes reach via the gateway", required=True, max_items=MAX_FABRIC_ROUTES,
+                    items=Field(str, max_len=18))})
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The overlay a Docker host's nodes join (what the state keeps of a ``set_fabric`` request: no token)."""
+
+    network: str
+    subnet: str
+    mtu: int
+    gateway: str
+    routes: tuple[str, ...]
+    manager: str
+    joined: bool = False  # whether this host's engine joined the swarm for the testbed (left at reset)
+
+    @classmethod
+    def from_request(cls, body: Any) -> tuple["Fabric", str, str]:
+        """The fabric, the join token and the advertised address of a request, validated."""
+        body = FABRIC_SCHEMA.validate(body, "set_fabric request", ConfigError)
+        where = "set_fabric request"
+        try:
+            subnet = ipaddress.IPv4Network(body["subnet"])
+            gateway = ipaddress.IPv4Address(body["gateway"])
+            ipaddress.IPv4Address(body["advertise_addr"])
+            host, _, port = body["manager"].rpartition(":")
+            ipaddress.IPv4Address(host)
+            if not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{body['manager']!r} has no port")
+            routes = tuple(str(ipaddress.IPv4Network(r)) for r in body["routes"])
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if gateway not in subnet:
+            raise ConfigError(f"{where}: gateway {gateway} is not in the overlay {subnet}")
+        if not body["network"].startswith("etb-") or not body["network"].replace("-", "").isalnum():
+            raise ConfigError(f"{where}: {body['network']!r} is not a testbed's overlay network (etb-<id>-ov)")
+        return cls(body["network"], str(subnet), body["mtu"], str(gateway), routes, body["manager"]), \
+            body["token"], body["advertise_addr"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "routes": list(self.routes)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Fabric":
+        return cls(**{**data, "routes": tuple(data["routes"])})
+
+    def check_address(self, node: str, ip: Any) -> str:
+        """A node's planned overlay address: in the subnet, and neither Docker's gateway nor ours."""
+        net = ipaddress.IPv4Network(self.subnet)
+        try:
+            addr = ipaddress.IPv4Address(ip)
+        except ValueError:
+            raise ConfigError(f"node {node}: {ip!r} is not an IPv4 address") from None
+        if addr not in net or addr in (net.network_address, net.broadcast_address, net.network_address + 1,
+                                       ipaddress.IPv4Address(self.gateway)):
+            raise ConfigError(f"node {node}: {addr} is not a node address of the overlay {net}")
+        return str(addr)
+
+
+def swarm_of(api: Any) -> dict[str, Any]:
+    """The engine's swarm membership: ``state`` (inactive, active, ...), ``node_id``, ``managers``."""
+    info = api.info().get("Swarm") or {}
+    return {"state": info.get("LocalNodeState", "inactive"), "node_id": info.get("NodeID") or None,
+            "managers": sorted(m.get("Addr", "") for m in info.get("RemoteManagers") or []),
+            "control": bool(info.get("ControlAvailable"))}
+
+
+def join(api: Any, manager: str, token: str, advertise_addr: str) -> bool:
+    """Join the swarm managed at ``manager`` (True), or find the engine already in it (False);
+    an engine in another swarm is refused: leaving it is the user's call."""
+    member = swarm_of(api)
+    if member["state"] == "active":
+        if manager in member["managers"]:
+            return False
+        raise ConfigError(f"this host's Docker engine is in another swarm (managers {', '.join(member['managers'])}); "
+                          f"leave it ('docker swarm leave') or make {manager.rpartition(':')[0]} its manager")
+    if member["state"] != "inactive":
+        raise NodeRuntimeError(f"this host's Docker engine is {member['state']} in a swarm; wait or leave it")
+    try:
+        api.join_swarm([manager], token, listen_addr=f"0.0.0.0:{MANAGER_PORT}", advertise_addr=advertise_addr,
+                       data_path_addr=advertise_addr)
+    except sdk().errors.APIError as e:
+        raise NodeRuntimeError(f"joining the swarm at {manager} failed: {short_error(e)} (is {MANAGER_PORT}/tcp "
+                               "open towards it, and 7946/tcp+udp and 4789/udp between the hosts?)") from None
+    return True
+
+
+def leave(api: Any) -> None:
+    """Leave the swarm (a worker's leave; forced, since its tasks are the testbed's)."""
+    try:
+        api.leave_swarm(force=True)
+    except sdk().errors.APIError as e:
+        if "not part of a swarm" not in str(e):
+            raise NodeRuntimeError(f"leaving the swarm failed: {short_error(e)}") from None
+
+
+def route_node(netns: str, fabric: Fabric) -> None:
+    """Inside a node's namespace: each of the fabric's networks via the overlay's gateway."""
+    from pyroute2 import NetNS
+
+    with NetNS(netns, flags=0) as ns:
+        for dst in fabric.routes:
+            net = ipaddress.IPv4Network(dst)
+            ns.route("replace", dst=str(net.network_address), dst_len=net.prefixlen, gateway=fabric.gateway)
