@@ -137,7 +137,7 @@ def worker_subnets(caps: dict[str, Any]) -> list[str]:
     """The node subnets of a worker's hosts, from its capabilities (one host, or a cluster's)."""
     hosts = caps.get("hosts")
     found = [c.get("subnet") for c in hosts.values()] if isinstance(hosts, dict) else [caps.get("subnet")]
-    return [s for s in found if s]
+    return list(dict.fromkeys(s for s in found if s))  # a swarm's hosts share one overlay
 
 
 def unshaped_peers(topology: Topology, ips: dict[str, str],
