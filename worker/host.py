@@ -212,6 +212,12 @@ class WorkerHost:
         routes, peers = parse_routes(check_version(body))
         return self.routes.set(routes, peers)
 
+    def swarm_probe(self, body: Any) -> dict[str, Any]:
+        """What this host offers a swarm overlay, read-only (``worker.swarm_probe``)."""
+        from worker import swarm_probe
+
+        return swarm_probe.probe(body)
+
     def sync(self, body: Any) -> dict[str, Any]:
         """Fill this host's experiment directory with the controller's ``dml_app/`` and ``dataset/``:
         mounted over NFS when ``nfs`` names an export, else fetched over HTTP (changed files only)."""

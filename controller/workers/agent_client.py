@@ -246,6 +246,10 @@ class AgentClient:
     def set_routes(self, body: Any) -> dict[str, Any]:
         return self._op("set_routes", body)
 
+    def swarm_probe(self, body: Any) -> dict[str, Any]:
+        """The host's facts for a swarm overlay (``worker.swarm_probe``); changes nothing."""
+        return self._op("swarm_probe", body)
+
     def create_nodes(self, body: Any) -> dict[str, Any]:
         return self._op("create_nodes", body)
 
