@@ -177,14 +177,18 @@ def mtu_rows(name: str, facts: dict[str, Any], overlay_mtu: int) -> list[Row]:
 
 def port_rows(name: str, facts: dict[str, Any], swarm_by_ip: dict[str, bool], controller_ip: str,
               manager_listening: bool) -> list[Row]:
-    """TCP reachability from ``name``: the manager's 2377, and 7946 of each peer in a swarm."""
+    """TCP reachability from ``name``: the manager's 2377, and 7946 of each peer in a swarm
+    (``swarm_by_ip``: whether each address's engine is in one; a peer not there is unknown)."""
     rows = []
     for probe in facts.get("tcp") or []:
         address, port = probe["address"], probe["port"]
         target = f"{address}:{port}/tcp"
-        listening = manager_listening if port == 2377 else swarm_by_ip.get(address, False)
+        listening = manager_listening if port == 2377 else swarm_by_ip.get(address)
         if probe["open"]:
             rows.append(Row(name, f"tcp {target}", OK, "connects"))
+        elif listening is None:
+            rows.append(Row(name, f"tcp {target}", WARN, f"{probe['problem']}: the swarm state of {address} is "
+                            "unknown (its agent did not answer)", f"check again once {address}'s agent answers"))
         elif not listening:
             who = "the manager" if address == controller_ip else address
             rows.append(Row(name, f"tcp {target}", WARN, f"{probe['problem']}: {who} is in no swarm, not listening "

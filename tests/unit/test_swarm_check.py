@@ -118,6 +118,8 @@ def test_ports_fail_only_where_something_should_listen():
     assert rows[3].detail.startswith("udp: open 4789/udp and 7946/udp in the firewall")
     rows = sc.port_rows("h0", facts, in_swarm, "10.254.0.1", manager_listening=True)
     assert rows[0].status == sc.FAIL and "open 2377/tcp" in rows[0].fix
+    rows = sc.port_rows("h0", facts, {"10.254.0.4": True}, "10.254.0.1", manager_listening=True)
+    assert [r.status for r in rows] == [sc.FAIL, sc.WARN, sc.OK, sc.INFO] and "unknown" in rows[1].detail
 
 
 def test_kernel_rows_fail_missing_modules_and_warn_without_ipvs():
