@@ -9,6 +9,7 @@
     edgetb shape access NODE [--uplink RATE|none] [--downlink RATE|none]
     edgetb monitor [--period-ms 100] [--interval 1] [--csv DIR] [--duration S] [--top 10]
     edgetb down
+    edgetb swarm check --hosts hosts.json [--nodes N|nodes.json|links.json]
     edgetb analyze RUN_DIR [--link SRC->DST] [--threshold cpu=20] [--no-plots] [--json]
     edgetb predict fit RUN_DIR... --out model.json
     edgetb predict INPUT_DIR --model model.json
@@ -114,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     down = sub.add_parser("down", help="remove every node, link and rule of this testbed")
     down.add_argument("--runtime", choices=("netns", "docker"), default=None,
                       help="the kind of nodes to look for when the state file is lost (default: as recorded)")
+    sw = sub.add_parser("swarm", help="the swarm fabric of a hosts file")
+    sws = sw.add_subparsers(dest="swarm_command", required=True)
+    swc = sws.add_parser("check", help="can the hosts form the swarm overlay? read-only: changes nothing")
+    swc.add_argument("--hosts", required=True, help="hosts.json (engine, overlay_subnet, overlay_mtu, hosts)")
+    swc.add_argument("--nodes", help="the number of nodes, or a nodes or links file to count them from")
     dash = sub.add_parser("dashboard", help="serve the dashboard of the stored runs in WORKDIR/dml_file/log/")
     dash.add_argument("--workdir", default=".", help="the experiment directory (default: here)")
     dash.add_argument("--port", type=int, default=3333, help="port on 127.0.0.1 (default 3333)")
@@ -521,9 +527,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return run_predict(args)
 
 
+def cmd_swarm(args: argparse.Namespace) -> int:
+    """Check that the hosts can form the swarm fabric (controller/swarm_check.py): 0 when every
+    check passes, 2 when one fails."""
+    from controller import swarm_check
+
+    rows = swarm_check.check(args.hosts, args.nodes)
+    print(swarm_check.render(rows))
+    return swarm_check.exit_code(rows)
+
+
 COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "scenario": cmd_scenario,
             "monitor": cmd_monitor, "analyze": cmd_analyze, "dashboard": cmd_dashboard, "down": cmd_down,
-            "predict": cmd_predict}
+            "predict": cmd_predict, "swarm": cmd_swarm}
 
 
 def _interrupt(signum: int, frame: Any) -> None:

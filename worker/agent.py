@@ -183,6 +183,10 @@ def create_app(host: WorkerHost, token: str) -> Flask:
     def set_fabric() -> Any:
         return run_blocking(host.set_fabric, body())
 
+    @route("swarm_probe")
+    def swarm_probe() -> Any:
+        return run_blocking(host.swarm_probe, body())
+
     @route("create_nodes")
     def create_nodes() -> Any:
         return run_blocking(host.create_nodes, body())

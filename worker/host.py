@@ -218,6 +218,12 @@ class WorkerHost:
             raise ConfigError(f"the swarm fabric joins Docker hosts; this host makes {self.runtime.kind} nodes")
         return self.runtime.set_fabric(body)
 
+    def swarm_probe(self, body: Any) -> dict[str, Any]:
+        """What this host offers a swarm overlay, read-only (``worker.swarm_probe``)."""
+        from worker import swarm_probe
+
+        return swarm_probe.probe(body)
+
     def sync(self, body: Any) -> dict[str, Any]:
         """Fill this host's experiment directory with the controller's ``dml_app/`` and ``dataset/``:
         mounted over NFS when ``nfs`` names an export, else fetched over HTTP (changed files only)."""

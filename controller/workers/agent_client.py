@@ -249,6 +249,10 @@ class AgentClient:
     def set_fabric(self, body: Any) -> dict[str, Any]:
         return self._op("set_fabric", body)
 
+    def swarm_probe(self, body: Any) -> dict[str, Any]:
+        """The host's facts for a swarm overlay (``worker.swarm_probe``); changes nothing."""
+        return self._op("swarm_probe", body)
+
     def create_nodes(self, body: Any) -> dict[str, Any]:
         return self._op("create_nodes", body)
 

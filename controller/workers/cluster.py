@@ -335,6 +335,10 @@ class Cluster:
     def set_fabric(self, body: Any) -> dict[str, Any]:
         raise ConfigError("a cluster joins each Docker host to its swarm itself (controller.workers.swarm)")
 
+    def swarm_probe(self, body: Any) -> dict[str, Any]:
+        """Each host's swarm facts (``worker.swarm_probe``), by host name; read-only."""
+        return {"version": 1, "hosts": self._each(lambda name, w: w.swarm_probe(body))}
+
     def sync(self, body: Any) -> dict[str, Any]:
         raise ConfigError("a cluster syncs each host with its own request (sync_code)")
 

@@ -62,6 +62,7 @@ def test_limits_and_idempotent_calls_come_from_the_table():
     assert {(m, p) for m, p in idempotent if m != "GET"} == {
         ("PUT", "/links"), ("PATCH", "/links"), ("DELETE", "/links"), ("PUT", "/routes"), ("POST", "/nodes"),
         ("PUT", "/fabric"),
+        ("POST", "/swarm/probe"),
         ("POST", "/sync"), ("POST", "/reset"), ("POST", "/telemetry/stop"),
         ("DELETE", "/nodes/<name>/processes/<proc_id>"), ("DELETE", "/nodes/<name>/capture"),
         ("DELETE", "/nodes/<name>/capture.pcap")}
