@@ -14,30 +14,21 @@ addresses, and the number of nodes; encrypted overlays refused.
 from __future__ import annotations
 
 import ipaddress
-import json
-import os
 import re
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from worker.api.errors import ConfigError, TestbedError, TopologyError
 from worker.api.protocol import API_VERSION
-from worker.api.schema import Field, Schema, read_json
+from controller.model.hosts import ENCRYPTED_REFUSAL, load_hosts, overlay_capacity
+from worker.api.schema import read_json
 
 MIN_ENGINE = (20, 10)
 MTU_OVERHEAD_BYTES = 50  # VXLAN's outer Ethernet, IPv4, UDP and VXLAN headers
-DEFAULT_OVERLAY_SUBNET = "10.80.0.0/20"
-DEFAULT_OVERLAY_MTU = 1450
 CONTROLLER = "controller"
 OK, FAIL, WARN, INFO = "ok", "FAIL", "warn", "info"
 REQUIRED_MODULES = ("vxlan", "ifb", "sch_htb")
-SWARM_FIELDS = Schema({
-    "engine": Field(str, "routed or swarm", default="routed", choices=("routed", "swarm")),
-    "overlay_subnet": Field(str, "the overlay's IPv4 prefix", default=DEFAULT_OVERLAY_SUBNET, max_len=18),
-    "overlay_mtu": Field(int, "the overlay's MTU", default=DEFAULT_OVERLAY_MTU, low=1280, high=8950),
-    "overlay_encrypted": Field(bool, "IPsec on the overlay (refused)", default=False)})
 
 
 @dataclass(frozen=True)
@@ -66,11 +57,6 @@ def version_ok(text: Optional[str]) -> bool:
 def mtu_ok(underlay_mtu: int, overlay_mtu: int) -> bool:
     """The underlay carries an overlay packet with VXLAN's 50 bytes around it."""
     return underlay_mtu >= overlay_mtu + MTU_OVERHEAD_BYTES
-
-
-def usable_addresses(subnet: ipaddress.IPv4Network) -> int:
-    """Node addresses of an overlay: all but network, broadcast, Docker's .1 and the gateway (last)."""
-    return max(0, subnet.num_addresses - 4)
 
 
 def overlaps(subnet: ipaddress.IPv4Network, prefixes: list[str]) -> list[str]:
@@ -220,12 +206,12 @@ def subnet_rows(subnet: ipaddress.IPv4Network, facts_by_host: dict[str, dict[str
     if inside:
         rows.append(Row("hosts file", "overlay subnet", FAIL, f"{subnet} holds {', '.join(inside)}",
                         "choose an overlay_subnet apart from the LAN"))
-    usable = usable_addresses(subnet)
+    usable = overlay_capacity(str(subnet))
     if nodes is None:
         rows.append(Row("hosts file", "overlay size", INFO, f"{subnet}: room for {usable} nodes"))
     elif nodes > usable:
         rows.append(Row("hosts file", "overlay size", FAIL, f"{subnet}: room for {usable} nodes, {nodes} needed",
-                        "a larger overlay_subnet (a /20 holds 4092 nodes)"))
+                        f"a larger overlay_subnet (a /20 holds {overlay_capacity('10.80.0.0/20')} nodes)"))
     else:
         rows.append(Row("hosts file", "overlay size", OK, f"{subnet}: room for {usable} nodes, {nodes} needed"))
     return rows
@@ -235,8 +221,7 @@ def encryption_rows(encrypted: bool) -> list[Row]:
     if not encrypted:
         return []
     return [Row("hosts file", "overlay_encrypted", FAIL,
-                "encrypted overlays are refused: IPsec needs xfrm/ESP in every kernel, and the emulated links would "
-                "be shaped on ciphertext whose overhead distorts the rates",
+                ENCRYPTED_REFUSAL,
                 "remove overlay_encrypted (or set it false)")]
 
 
@@ -254,40 +239,6 @@ def render(rows: list[Row]) -> str:
 
 
 # reading the files -----------------------------------------------------------------------------------
-def swarm_fields(path: str) -> dict[str, Any]:
-    """The swarm fields of a hosts file (engine, overlay_subnet, overlay_mtu, overlay_encrypted)."""
-    data = read_json(path, TopologyError)
-    if not isinstance(data, dict):
-        raise TopologyError(f"{path}: expected an object like {{\"hosts\": [...]}}")
-    fields = SWARM_FIELDS.validate({k: data[k] for k in SWARM_FIELDS.fields if k in data}, path, TopologyError)
-    try:
-        subnet = ipaddress.IPv4Network(fields["overlay_subnet"])
-    except ValueError as e:
-        raise TopologyError(f"{path}, field 'overlay_subnet': {fields['overlay_subnet']!r} is not an IPv4 prefix "
-                            f"such as '10.80.0.0/20' ({e})") from None
-    fields["overlay_subnet"] = subnet
-    return fields
-
-
-def load_swarm_hosts(path: str) -> tuple[Any, dict[str, Any]]:
-    """The ``Hosts`` of ``path`` and its swarm fields: ``load_hosts`` reads the rest of the file
-    (a copy without the swarm fields, which it does not declare)."""
-    from controller.model.hosts import load_hosts
-
-    fields = swarm_fields(path)
-    data = read_json(path, TopologyError)
-    rest = {k: v for k, v in data.items() if k not in SWARM_FIELDS.fields}
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = os.path.join(tmp, "hosts.json")
-        with open(copy, "w", encoding="utf-8") as f:
-            json.dump(rest, f)
-        try:
-            hosts = load_hosts(copy)
-        except TopologyError as e:
-            raise TopologyError(e.message.replace(copy, path)) from None
-    return hosts, fields
-
-
 def count_nodes(value: str, swarm_hosts: set[str]) -> int:
     """``--nodes``: a number, or a nodes or links file whose emulated nodes are counted (those on
     the swarm hosts when its nodes name any of them)."""
@@ -322,11 +273,11 @@ def check(hosts_path: str, nodes: Optional[str] = None,
     from controller.workers.cluster import agent_tokens
     from worker import swarm_probe
 
-    hosts, fields = load_swarm_hosts(hosts_path)
-    subnet, overlay_mtu = fields["overlay_subnet"], fields["overlay_mtu"]
-    rows: list[Row] = encryption_rows(fields["overlay_encrypted"])
-    if fields["engine"] != "swarm":
-        rows.append(Row("hosts file", "engine", WARN, f"engine is {fields['engine']!r}: up uses the routed mode",
+    hosts = load_hosts(hosts_path)
+    subnet, overlay_mtu = ipaddress.IPv4Network(hosts.overlay_subnet), hosts.overlay_mtu
+    rows: list[Row] = encryption_rows(hosts.overlay_encrypted)
+    if hosts.engine != "swarm":
+        rows.append(Row("hosts file", "engine", WARN, f"engine is {hosts.engine!r}: up uses the routed mode",
                         'set "engine": "swarm" to use the overlay'))
     controller_ip = controller_ip_for(hosts)
     swarm_hosts = [h for h in hosts.hosts.values() if h.runtime == "docker"]

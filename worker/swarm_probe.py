@@ -187,23 +187,12 @@ def tcp_facts(manager: str, peers: Iterable[str]) -> list[dict[str, Any]]:
 
 
 # the engine --------------------------------------------------------------------------------------
-def swarm_of(info: dict[str, Any]) -> dict[str, Any]:
-    """The swarm part of an engine's ``info()``: state, node id and address, manager or not,
-    cluster id (a worker's engine does not know it: None) and the managers' addresses."""
-    swarm = info.get("Swarm") or {}
-    cluster = swarm.get("Cluster") or {}
-    return {"state": swarm.get("LocalNodeState") or "inactive", "node_id": swarm.get("NodeID") or None,
-            "node_addr": swarm.get("NodeAddr") or None, "manager": bool(swarm.get("ControlAvailable")),
-            "cluster_id": cluster.get("ID") or None,
-            "managers": sorted(m.get("Addr", "") for m in swarm.get("RemoteManagers") or []),
-            "error": swarm.get("Error") or None}
-
-
 def engine_facts() -> dict[str, Any]:
     """The local engine's version and swarm state (``problem`` when no engine answers)."""
     from worker.api.errors import TestbedError
     from worker.nodes.docker import PROBE_TIMEOUT_S, connect
     from worker.nodes.docker_exec import short_error
+    from worker.nodes.swarm import swarm_of
 
     try:
         api = connect(PROBE_TIMEOUT_S)

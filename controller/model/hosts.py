@@ -54,6 +54,8 @@ from worker.api.schema import Field, Place, Schema, describe
 
 RUNTIMES = ("netns", "docker", "physical")
 ENGINES = ("routed", "swarm")
+ENCRYPTED_REFUSAL = ("encrypted overlays are refused: IPsec needs xfrm/ESP in every host's kernel, and the links would "
+                     "be shaped on ciphertext whose overhead distorts the rates")
 DEFAULT_OVERLAY_SUBNET = "10.80.0.0/20"
 DEFAULT_OVERLAY_MTU = 1450
 MIN_OVERLAY_MTU, MAX_OVERLAY_MTU = 1280, 8950  # IPv6's minimum; a 9000-byte underlay less VXLAN's 50
@@ -77,7 +79,8 @@ HOSTS_SCHEMA = Schema({"version": Field(int, default=1, choices=(1,)),
                                        choices=ENGINES),
                        "overlay_subnet": Field(str, "the swarm overlay's subnet, e.g. '10.80.0.0/20'", max_len=18),
                        "overlay_mtu": Field(int, "the swarm overlay's MTU in bytes", low=MIN_OVERLAY_MTU,
-                                            high=MAX_OVERLAY_MTU)})
+                                            high=MAX_OVERLAY_MTU),
+                       "overlay_encrypted": Field(bool, "IPsec on the overlay: refused", default=False)})
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class Hosts:
     engine: str = "routed"
     overlay_subnet: str = DEFAULT_OVERLAY_SUBNET
     overlay_mtu: int = DEFAULT_OVERLAY_MTU
+    overlay_encrypted: bool = False  # refused at up (ENCRYPTED_REFUSAL); read so that a check can say so
 
     @property
     def swarm(self) -> list[str]:
@@ -188,7 +192,8 @@ def load_hosts(path: str) -> Hosts:
         hosts[name] = host
     engine = data.get("engine", "routed")
     overlay = _overlay_subnet(data.get("overlay_subnet", DEFAULT_OVERLAY_SUBNET), f"{path}, field 'overlay_subnet'")
-    found = Hosts(hosts, controller_ip, engine, overlay, data.get("overlay_mtu", DEFAULT_OVERLAY_MTU))
+    found = Hosts(hosts, controller_ip, engine, overlay, data.get("overlay_mtu", DEFAULT_OVERLAY_MTU),
+                  bool(data.get("overlay_encrypted", False)))
     if engine == "swarm":
         if not found.swarm:
             raise TopologyError(f"{path}, field 'engine': 'swarm' joins Docker hosts, and no host has runtime 'docker'")
@@ -197,8 +202,8 @@ def load_hosts(path: str) -> Hosts:
             if ip and ipaddress.IPv4Address(ip) in ipaddress.IPv4Network(overlay):
                 raise TopologyError(f"{path}: overlay_subnet {overlay} holds {name} {ip}; choose a subnet no host "
                                     "address is in")
-    elif "overlay_subnet" in data or "overlay_mtu" in data:
-        raise TopologyError(f"{path}: 'overlay_subnet' and 'overlay_mtu' are for \"engine\": \"swarm\"")
+    elif any(k in data for k in ("overlay_subnet", "overlay_mtu", "overlay_encrypted")):
+        raise TopologyError(f"{path}: the 'overlay_*' fields are for \"engine\": \"swarm\"")
     return found
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from controller.workers.api import Worker
+from worker.api.errors import ConfigError
 from worker.api.protocol import DEFAULT_SUBNET
 
 if TYPE_CHECKING:
@@ -64,8 +65,11 @@ def _cluster(hosts: "Hosts", placement: dict[str, str], testbed_id: str, subnet:
     cluster = Cluster(hosts, placement, workers, stack, controller_ip)
     cluster.tokens = tokens
     if hosts.engine == "swarm":
+        from controller.model.hosts import ENCRYPTED_REFUSAL
         from controller.workers.swarm import SwarmFabric
 
+        if hosts.overlay_encrypted:
+            raise ConfigError(f"hosts file, field 'overlay_encrypted': {ENCRYPTED_REFUSAL}")
         cluster.fabric = SwarmFabric(hosts, testbed_id, controller_ip)
     cluster.trees = {"dml_app": code_root, "dataset": workdir or "", "dml_user": workdir or ""}
     return cluster

@@ -111,9 +111,9 @@ class SwarmFabric:
                  f"{self.hosts.overlay_mtu})" + (f"; joined {', '.join(fresh)}" if fresh else ""))
 
     def _ensure_swarm(self) -> None:
-        member = swarm_of(self.api)
+        member = swarm_of(self.api.info())
         if member["state"] == "active":
-            if not member["control"]:
+            if not member["manager"]:
                 raise ConfigError("this machine's Docker engine is a swarm worker; the controller's machine must be "
                                   "a manager of the swarm (or in none: it then makes one)")
             return
@@ -124,7 +124,7 @@ class SwarmFabric:
                                 data_path_addr=self.controller_ip)
         except sdk().errors.APIError as e:
             raise NodeRuntimeError(f"cannot make a swarm at {self.controller_ip}: {short_error(e)}") from None
-        self._label(swarm_of(self.api)["node_id"], INIT_LABEL)
+        self._label(swarm_of(self.api.info())["node_id"], INIT_LABEL)
 
     def _label(self, node_id: str, key: str) -> None:
         node = self.api.inspect_node(node_id)
@@ -228,8 +228,8 @@ class SwarmFabric:
         except docker.errors.NotFound:
             pass
         removed["overlay"] = self._remove_overlay()
-        member = swarm_of(api)
-        if member["state"] != "active" or not member["control"]:
+        member = swarm_of(api.info())
+        if member["state"] != "active" or not member["manager"]:
             return removed
         for node in api.nodes(filters={"node.label": f"{JOINED_LABEL}={self.id}"}):
             try:

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from controller import swarm_check as sc
-from worker.api.errors import ConfigError, TopologyError
-from worker.swarm_probe import SWARM_PROBE, config_value, module_state, swarm_of
+from worker.api.errors import ConfigError
+from worker.nodes.swarm import swarm_of
+from worker.swarm_probe import SWARM_PROBE, config_value, module_state
 from worker.api.bodies import checked
 
 NET = ipaddress.IPv4Network
@@ -34,14 +35,12 @@ def test_underlay_mtu_needs_fifty_bytes_more_than_the_overlay():
     assert row.status == sc.WARN and row.detail == "no route to 10.0.0.1"
 
 
-def test_usable_addresses_leave_network_broadcast_docker_and_gateway_out():
-    assert sc.usable_addresses(NET("10.80.0.0/20")) == 4096 - 4
-    assert sc.usable_addresses(NET("10.80.0.0/29")) == 4
-    assert sc.usable_addresses(NET("10.80.0.0/31")) == 0
-    rows = sc.subnet_rows(NET("10.80.0.0/29"), {}, "10.254.0.1", {}, 5)
+def test_the_overlay_size_check_counts_node_addresses():
+    # a /28: Docker's range is its last quarter (.12-.15), the gateway .11, nodes .2 to .10
+    rows = sc.subnet_rows(NET("10.80.0.0/28"), {}, "10.254.0.1", {}, 10)
     assert [(r.check, r.status) for r in rows] == [("overlay size", sc.FAIL)]
-    assert "room for 4 nodes, 5 needed" in rows[0].detail
-    assert sc.subnet_rows(NET("10.80.0.0/29"), {}, "10.254.0.1", {}, 4)[0].status == sc.OK
+    assert "room for 9 nodes, 10 needed" in rows[0].detail
+    assert sc.subnet_rows(NET("10.80.0.0/28"), {}, "10.254.0.1", {}, 9)[0].status == sc.OK
 
 
 def test_the_overlay_must_not_overlap_networks_routes_or_addresses():
@@ -170,24 +169,7 @@ def test_the_probe_body_is_checked():
             checked(SWARM_PROBE, {"version": 1, **bad})
 
 
-def test_swarm_fields_and_node_counts_from_files(tmp_path):
-    hosts = tmp_path / "hosts.json"
-    hosts.write_text(json.dumps({"version": 1, "engine": "swarm", "overlay_subnet": "10.80.0.0/20", "overlay_mtu": 1400,
-                                 "controller_ip": "10.254.0.1",
-                                 "hosts": [{"name": "h0", "runtime": "docker"}]}))
-    loaded, fields = sc.load_swarm_hosts(str(hosts))
-    assert loaded.controller_ip == "10.254.0.1" and list(loaded.hosts) == ["h0"]
-    assert fields == {"engine": "swarm", "overlay_subnet": NET("10.80.0.0/20"), "overlay_mtu": 1400,
-                      "overlay_encrypted": False}
-    hosts.write_text(json.dumps({"overlay_subnet": "10.80.0.1/20", "hosts": [{"name": "h0"}]}))
-    with pytest.raises(TopologyError, match="overlay_subnet"):
-        sc.swarm_fields(str(hosts))
-    hosts.write_text(json.dumps({"overlay_mtu": 100, "hosts": [{"name": "h0"}]}))
-    with pytest.raises(TopologyError, match="overlay_mtu"):
-        sc.swarm_fields(str(hosts))
-    hosts.write_text(json.dumps({"engine": "swarm", "hosts": [{"name": "h0", "runtim": "docker"}]}))
-    with pytest.raises(TopologyError, match=f"{hosts}.*runtim"):
-        sc.load_swarm_hosts(str(hosts))
+def test_node_counts_from_files(tmp_path):
     links = tmp_path / "links.json"
     links.write_text(json.dumps({"n1": [{"dest": "n2", "bw": "1mbit"}], "n2": [{"dest": "n3", "bw": "1mbit"}],
                                  "n3": []}))

@@ -344,7 +344,7 @@ class DockerRuntime:
             fabric = swarm.Fabric(**{**fabric.to_dict(), "routes": fabric.routes,
                                      "joined": joined or bool(old and old.get("joined"))})
             state["fabric"] = fabric.to_dict()
-            return {"version": 1, "joined": joined, "node_id": swarm.swarm_of(self.api)["node_id"],
+            return {"version": 1, "joined": joined, "node_id": swarm.swarm_of(self.api.info())["node_id"],
                     "network": fabric.network}
 
     # processes -------------------------------------------------------------------------

@@ -90,18 +90,22 @@ class Fabric:
         return str(addr)
 
 
-def swarm_of(api: Any) -> dict[str, Any]:
-    """The engine's swarm membership: ``state`` (inactive, active, ...), ``node_id``, ``managers``."""
-    info = api.info().get("Swarm") or {}
-    return {"state": info.get("LocalNodeState", "inactive"), "node_id": info.get("NodeID") or None,
-            "managers": sorted(m.get("Addr", "") for m in info.get("RemoteManagers") or []),
-            "control": bool(info.get("ControlAvailable"))}
+def swarm_of(info: dict[str, Any]) -> dict[str, Any]:
+    """The swarm part of an engine's ``info()``: state (inactive, active, ...), node id and address,
+    manager or not, cluster id (a worker's engine does not know it: None) and the managers' addresses."""
+    swarm = info.get("Swarm") or {}
+    cluster = swarm.get("Cluster") or {}
+    return {"state": swarm.get("LocalNodeState") or "inactive", "node_id": swarm.get("NodeID") or None,
+            "node_addr": swarm.get("NodeAddr") or None, "manager": bool(swarm.get("ControlAvailable")),
+            "cluster_id": cluster.get("ID") or None,
+            "managers": sorted(m.get("Addr", "") for m in swarm.get("RemoteManagers") or []),
+            "error": swarm.get("Error") or None}
 
 
 def join(api: Any, manager: str, token: str, advertise_addr: str) -> bool:
     """Join the swarm managed at ``manager`` (True), or find the engine already in it (False);
     an engine in another swarm is refused: leaving it is the user's call."""
-    member = swarm_of(api)
+    member = swarm_of(api.info())
     if member["state"] == "active":
         if manager in member["managers"]:
             return False
