@@ -57,9 +57,9 @@ class Fabric:
             gateway = ipaddress.IPv4Address(body["gateway"])
             ipaddress.IPv4Address(body["advertise_addr"])
             host, _, port = body["manager"].rpartition(":")
-            ipaddress.IPv4Address(host)
             if not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"{body['manager']!r} has no port")
+                raise ValueError(f"manager {body['manager']!r} has no port")
+            ipaddress.IPv4Address(host)
             routes = tuple(str(ipaddress.IPv4Network(r)) for r in body["routes"])
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
