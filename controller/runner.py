@@ -102,7 +102,7 @@ def prepare(options: RunOptions) -> RunSpec:
     structure = load_structure(path(o.structure), topology, o.algorithm)
     settings = load_dataset(path(o.dataset))
     user_files = usercode.stage(o.workdir, structure, path(o.structure))
-    s_confs = structure_confs(structure, topology, planned_ips(topology, o.subnet))
+    s_confs = structure_confs(structure, topology, planned_ips(topology, o.subnet, hosts=hosts))
     d_confs = dataset_confs(settings, list(structure), o.workdir)  # checks everything before writing shards
     for model in usercode.check(o.workdir, structure, d_confs, path(o.structure),
                                 {n: hosts.hosts[h].runtime for n, h in placement.items()}).values():
@@ -240,7 +240,8 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
         from controller.run.scenario_runner import ScenarioRunner
 
         try:  # what this testbed cannot apply is refused before anything is created
-            exp.scenario = ScenarioRunner(spec.timeline, worker, planned_ips(spec.topology, options.subnet),
+            exp.scenario = ScenarioRunner(spec.timeline, worker, planned_ips(spec.topology, options.subnet,
+                                                                             hosts=spec.host_list),
                                           progress=_say, experiment=exp)
         except TestbedError as e:
             print(f"error: {e.message}", file=sys.stderr)

@@ -237,6 +237,15 @@ def overlay_capacity(subnet: str) -> int:
     return int(ipaddress.IPv4Address(overlay_gateway(subnet))) - int(net.network_address) - 2
 
 
+def node_addresses(names: list[str], subnet: str) -> dict[str, str]:
+    """The overlay address of each swarm node, in order: from the subnet's third address
+    (Docker holds the second) up to the gateway's (``overlay_gateway``)."""
+    net = ipaddress.IPv4Network(subnet)
+    if len(names) > overlay_capacity(subnet):
+        raise TopologyError(f"overlay_subnet {net} holds {overlay_capacity(subnet)} nodes, not {len(names)}: "
+                            "choose a larger one")
+    return {name: str(net.network_address + 2 + i) for i, name in enumerate(names)}
+
 def check_placement(topology: Topology, hosts: Hosts, source: str = "hosts") -> dict[str, str]:
     """Node -> host name; every node's host exists and has the runtime its kind needs."""
     placement: dict[str, str] = {}
@@ -272,3 +281,4 @@ def plan_routes(subnets: dict[str, str], lan_ips: dict[str, str], controller_ip:
         own = {f"{ip}/32", subnets.get(stack or "")}
         requests[stack] = {"version": 1, "routes": routes, "peers": [p for p in everyone if p not in own]}
     return requests
+

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit, urlunsplit
 
-from controller.model.hosts import Hosts, plan_routes
+from controller.model.hosts import Hosts, node_addresses, plan_routes
 from controller.workers.api import Worker
 from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.api.protocol import API_VERSION, OPERATIONS, TREES
@@ -255,8 +255,6 @@ class Cluster:
     def create_nodes(self, body: Any) -> dict[str, Any]:
         """Create every host's nodes in parallel, then route between the hosts."""
         if self.fabric is not None:
-            from controller.workers.swarm import node_addresses
-
             on_overlay = [n["name"] for n in body["nodes"] if self.placement.get(n["name"]) in self.hosts.swarm]
             ips = node_addresses(on_overlay, self.hosts.overlay_subnet)
             body = {**body, "nodes": [{**n, "ip": ips[n["name"]]} if n["name"] in ips else n for n in body["nodes"]]}

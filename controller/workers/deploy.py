@@ -19,6 +19,7 @@ import ipaddress
 import time
 from typing import Any, Callable, Optional
 
+from controller.model.hosts import Hosts, node_addresses
 from controller.model.topology import Topology
 from controller.workers.api import Worker
 from controller.workers.connect import recorded_plans
@@ -81,15 +82,21 @@ def shared_rate_bps(topology: Topology, src: str, dst: str) -> int:
     return max(8, rate)
 
 
-def planned_ips(topology: Topology, subnet: str, subnets: Optional[dict[str, str]] = None) -> dict[str, str]:
+def planned_ips(topology: Topology, subnet: str, subnets: Optional[dict[str, str]] = None,
+                hosts: Optional[Hosts] = None) -> dict[str, str]:
     """The addresses fresh hosts give the topology's nodes (for dry runs and first confs): each
-    host numbers its emulated nodes in its subnet (``subnets`` by host, else ``subnet``);
-    a physical node has its device's address."""
-    ips: dict[str, str] = {}
+    host numbers its emulated nodes in its subnet (``subnets`` by host, else ``subnet``), the
+    nodes of a swarm's hosts (``hosts``) are numbered in its overlay; a physical node has its
+    device's address."""
+    swarm = set(hosts.swarm) if hosts else set()
+    ips: dict[str, str] = node_addresses([n.name for n in topology.nodes.values() if n.host in swarm],
+                                         hosts.overlay_subnet) if swarm and hosts else {}
     count: dict[str, int] = {}
     for n in topology.nodes.values():
         if n.kind == "physical" and n.ip:
             ips[n.name] = n.ip
+            continue
+        if n.name in ips:
             continue
         net = ipaddress.IPv4Network((subnets or {}).get(n.host, subnet))
         ips[n.name] = node_address(net, count.get(n.host, 0))

@@ -30,7 +30,7 @@ import ipaddress
 import time
 from typing import Any, Callable, Optional
 
-from controller.model.hosts import Hosts, docker_range, overlay_capacity, overlay_gateway
+from controller.model.hosts import Hosts, docker_range, overlay_gateway
 from worker.api.errors import ConfigError, NodeRuntimeError, TestbedError
 from worker.kernel import nsfs
 from worker.nodes import docker as runtime_docker
@@ -42,16 +42,6 @@ JOINED_LABEL = "edgetb.joined-for"
 LINK_NET = ipaddress.IPv4Network("169.254.0.0/16")
 READY_TIMEOUT_S = 60.0
 Progress = Callable[[str], None]
-
-
-def node_addresses(names: list[str], subnet: str) -> dict[str, str]:
-    """The overlay address of each swarm node, in order: from the subnet's third address
-    (Docker holds the second) up to the gateway's (``controller.model.hosts.overlay_gateway``)."""
-    net = ipaddress.IPv4Network(subnet)
-    if len(names) > overlay_capacity(subnet):
-        raise ConfigError(f"overlay_subnet {net} holds {overlay_capacity(subnet)} nodes, not {len(names)}: "
-                          "choose a larger one")
-    return {name: str(net.network_address + 2 + i) for i, name in enumerate(names)}
 
 
 def link_pair(testbed_id: str) -> tuple[str, str]:

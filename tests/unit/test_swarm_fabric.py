@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from controller.model.hosts import docker_range, load_hosts, overlay_capacity, overlay_gateway
-from controller.workers.swarm import check_no_ingress, link_pair, node_addresses
+from controller.model.hosts import docker_range, load_hosts, node_addresses, overlay_capacity, overlay_gateway
+from controller.workers.swarm import check_no_ingress, link_pair
 from worker.api.errors import ConfigError, TopologyError
 from worker.nodes.swarm import Fabric
 
@@ -56,7 +56,7 @@ def test_the_overlay_plan_keeps_nodes_gateway_and_dockers_range_apart():
         ("10.80.0.12/30", "10.80.0.11", 9)
     ips = node_addresses([f"n{i}" for i in range(9)], "10.80.0.0/28")
     assert ips["n0"] == "10.80.0.2" and ips["n8"] == "10.80.0.10"  # the last one just below the gateway
-    with pytest.raises(ConfigError, match="holds 9 nodes, not 10"):
+    with pytest.raises(TopologyError, match="holds 9 nodes, not 10"):
         node_addresses([f"n{i}" for i in range(10)], "10.80.0.0/28")
 
 
