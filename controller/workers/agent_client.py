@@ -95,6 +95,11 @@ def connection_problem(exc: BaseException) -> str:
     return "connection failed"
 
 
+# a record garbled on an established channel: the transport's fault, not the agent's identity (that is
+# checked at every handshake); an idempotent call is tried again on a new connection
+TRANSIENT_TLS = ("DECRYPTION_FAILED_OR_BAD_RECORD_MAC", "BAD_RECORD_MAC")
+
+
 def _ssl_reason(exc: BaseException) -> Optional[str]:
     for e in _chain(exc):
         if isinstance(e, ssl.SSLError):
@@ -199,7 +204,9 @@ class AgentClient:
                                             timeout=(self.connect_timeout_s, self.timeout_s))
                 break
             except requests.exceptions.SSLError as e:
-                raise self._tls_problem(method, path, e) from None
+                if attempt == tries or (_ssl_reason(e) or "").upper() not in TRANSIENT_TLS:
+                    raise self._tls_problem(method, path, e) from None
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
             except requests.ConnectionError as e:  # ConnectTimeout too: nothing was sent
                 problem = connection_problem(e)
                 if isinstance(e, requests.exceptions.ConnectTimeout):

@@ -13,7 +13,7 @@ from controller.workers.agent_client import AgentClient
 from controller.workers.api import Worker
 from controller.workers.cluster import Cluster
 from worker.agent import REQUEST_LIMITS, create_app
-from worker.api.errors import ConfigError, NotFound
+from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.api.protocol import OPERATIONS, SMALL_REQUEST_BYTES, check_version
 from worker.host import WorkerHost
 
@@ -190,3 +190,37 @@ def test_the_testbed_api_builds_run_options_without_a_command_line(tmp_path, mon
     assert (options.algorithm, options.port, options.testbed_id, options.auto, options.open_network) == \
         ("fl", 3999, "t2", True, True)
     assert (options.capture, options.telemetry_period_ms, options.telemetry) == ("n1,n2", 50, True)
+
+
+def test_a_garbled_tls_record_is_retried_on_idempotent_calls_only():
+    import ssl
+
+    import requests
+
+    class Answer:
+        status_code = 200
+
+        def json(self):
+            return {"version": 1, "ok": True}
+
+    def garbled() -> requests.exceptions.SSLError:
+        error = ssl.SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC] decryption failed or bad record mac")
+        error.reason = "DECRYPTION_FAILED_OR_BAD_RECORD_MAC"
+        return requests.exceptions.SSLError(error)
+
+    client = AgentClient("https://192.0.2.1:3334", TOKEN, fingerprint="ab" * 32, tries=3, backoff_s=0)
+    outcomes = [garbled(), Answer()]
+    calls: list[str] = []
+
+    def request(method, url, **kw):
+        calls.append(method)
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    client.session.request = request  # type: ignore[method-assign]
+    assert client.set_fabric({"version": 1})["ok"] and calls == ["PUT", "PUT"]  # idempotent: tried again
+    outcomes[:] = [garbled(), Answer()]
+    with pytest.raises(TestbedError, match="DECRYPTION_FAILED_OR_BAD_RECORD_MAC"):
+        client.start_process("n1", {"version": 1, "argv": ["true"]})  # not idempotent: said at once
