@@ -21,11 +21,10 @@ from typing import Any, Callable, Optional
 
 from worker.api.errors import ConfigError, TestbedError, TopologyError
 from worker.api.protocol import API_VERSION
-from controller.model.hosts import ENCRYPTED_REFUSAL, load_hosts, overlay_capacity
+from controller.model.hosts import ENCRYPTED_REFUSAL, VXLAN_OVERHEAD_BYTES, load_hosts, overlay_capacity
 from worker.api.schema import read_json
 
 MIN_ENGINE = (20, 10)
-MTU_OVERHEAD_BYTES = 50  # VXLAN's outer Ethernet, IPv4, UDP and VXLAN headers
 CONTROLLER = "controller"
 OK, FAIL, WARN, INFO = "ok", "FAIL", "warn", "info"
 REQUIRED_MODULES = ("vxlan", "ifb", "sch_htb")
@@ -56,7 +55,7 @@ def version_ok(text: Optional[str]) -> bool:
 
 def mtu_ok(underlay_mtu: int, overlay_mtu: int) -> bool:
     """The underlay carries an overlay packet with VXLAN's 50 bytes around it."""
-    return underlay_mtu >= overlay_mtu + MTU_OVERHEAD_BYTES
+    return underlay_mtu >= overlay_mtu + VXLAN_OVERHEAD_BYTES
 
 
 def overlaps(subnet: ipaddress.IPv4Network, prefixes: list[str]) -> list[str]:
@@ -153,12 +152,12 @@ def mtu_rows(name: str, facts: dict[str, Any], overlay_mtu: int) -> list[Row]:
     under = facts.get("underlay") or {}
     if under.get("mtu") is None:
         return [Row(name, "underlay mtu", WARN, under.get("problem") or "unknown",
-                    f"check that the interface towards the controller has MTU >= {overlay_mtu + MTU_OVERHEAD_BYTES}")]
+                    f"check that the interface towards the controller has MTU >= {overlay_mtu + VXLAN_OVERHEAD_BYTES}")]
     detail = f"{under.get('ifname')} mtu {under['mtu']} towards {under.get('dst')}; needs >= {overlay_mtu} + 50"
     if mtu_ok(under["mtu"], overlay_mtu):
         return [Row(name, "underlay mtu", OK, detail)]
     return [Row(name, "underlay mtu", FAIL, detail,
-                f"set overlay_mtu <= {under['mtu'] - MTU_OVERHEAD_BYTES} in the hosts file, or raise the underlay's MTU")]
+                f"set overlay_mtu <= {under['mtu'] - VXLAN_OVERHEAD_BYTES} in the hosts file, or raise the underlay's MTU")]
 
 
 def port_rows(name: str, facts: dict[str, Any], swarm_by_ip: dict[str, bool], controller_ip: str,

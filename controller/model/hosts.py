@@ -58,6 +58,7 @@ ENCRYPTED_REFUSAL = ("encrypted overlays are refused: IPsec needs xfrm/ESP in ev
                      "be shaped on ciphertext whose overhead distorts the rates")
 DEFAULT_OVERLAY_SUBNET = "10.80.0.0/20"
 DEFAULT_OVERLAY_MTU = 1450
+VXLAN_OVERHEAD_BYTES = 50  # outer Ethernet, IPv4, UDP and VXLAN headers: the underlay's MTU is the overlay's + this
 MIN_OVERLAY_MTU, MAX_OVERLAY_MTU = 1280, 8950  # IPv6's minimum; a 9000-byte underlay less VXLAN's 50
 LOCAL = "local"
 NFS_RE = re.compile(r"^[A-Za-z0-9.-]+:/[A-Za-z0-9._/-]*$")

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import os
+import socket
 import time
 from typing import Any, Callable, Optional
 
-from controller.model.hosts import Hosts, docker_range, overlay_gateway
+from controller.model.hosts import VXLAN_OVERHEAD_BYTES, Hosts, docker_range, overlay_gateway
 from worker.api.errors import ConfigError, NodeRuntimeError, TestbedError
-from worker.kernel import nsfs
+from worker.kernel import netlink, nsfs
 from worker.nodes import docker as runtime_docker
 from worker.nodes.docker_exec import sdk, short_error
 from worker.nodes.swarm import MANAGER_PORT, swarm_of
@@ -129,15 +131,15 @@ class SwarmFabric:
                                                                                iprange=str(docker_range(self.subnet)))])
         try:
             self.api.create_network(self.network, driver="overlay", attachable=True, internal=True, ipam=ipam,
-                                    options={"com.docker.network.driver.mtu": str(self.hosts.overlay_mtu)},
+                                    # the driver's option is the underlay's MTU: nodes get it less VXLAN's headers
+                                    options={"com.docker.network.driver.mtu":
+                                             str(self.hosts.overlay_mtu + VXLAN_OVERHEAD_BYTES)},
                                     labels={runtime_docker.LABEL: self.id}, check_duplicate=True)
         except docker.errors.APIError as e:
             raise NodeRuntimeError(f"cannot make overlay {self.network} ({self.subnet}): {short_error(e)}") from None
 
     def _start_gateway(self, routes: list[str]) -> None:
         """The gateway container on the overlay, and this machine's veth into it."""
-        from pyroute2 import IPRoute, NetNS
-
         docker = sdk()
         api = self.api
         runtime_docker.require_image(api, runtime_docker.node_image())
@@ -155,24 +157,31 @@ class SwarmFabric:
             raise NodeRuntimeError(f"cannot start the overlay's gateway {self.gateway}: {short_error(e)}") from None
         nsfs.attach(self.gateway, pid)
         near, far = link_pair(self.id)
-        with IPRoute() as ipr:
-            ipr.link("add", ifname=self.host_if, kind="veth", peer={"ifname": "ctl0", "net_ns_fd": self.gateway_ns})
-            index = ipr.link_lookup(ifname=self.host_if)[0]
-            ipr.addr("add", index=index, address=near, prefixlen=30)
-            ipr.link("set", index=index, state="up")
-            net = ipaddress.IPv4Network(self.subnet)
-            ipr.route("replace", dst=str(net.network_address), dst_len=net.prefixlen, gateway=far,
-                      prefsrc=self.controller_ip)
-        with NetNS(self.gateway_ns, flags=0) as ns:
-            ctl = ns.link_lookup(ifname="ctl0")[0]
-            ns.addr("add", index=ctl, address=far, prefixlen=30)
-            ns.link("set", index=ctl, state="up")
-            for dst in [f"{self.controller_ip}/32", *routes]:
-                target = ipaddress.IPv4Network(dst)
-                ns.route("replace", dst=str(target.network_address), dst_len=target.prefixlen, gateway=near)
+        fd = os.open(nsfs.netns_path(self.gateway_ns), os.O_RDONLY | os.O_CLOEXEC)
+        try:  # netlink sockets only: this process has threads, and must not fork into a namespace
+            with netlink.RtnlSocket() as sock:
+                failures = sock.run(netlink.veth_pair(self.host_if, "ctl0", fd))
+        finally:
+            os.close(fd)
+        self._raise(failures, "veth into the gateway")
+        with netlink.RtnlSocket() as sock:
+            index = socket.if_nametoindex(self.host_if)
+            failures = sock.run([netlink.add_ipv4(index, near, 30), netlink.link_up(index),
+                                 netlink.route_via(self.subnet, far, prefsrc=self.controller_ip)])
+        self._raise(failures, "this machine's end of the gateway link")
         with nsfs.entered(self.gateway_ns):
             with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
                 f.write("1\n")
+            ctl = socket.if_nametoindex("ctl0")
+        with netlink.RtnlSocket(self.gateway_ns) as sock:
+            failures = sock.run([netlink.add_ipv4(ctl, far, 30), netlink.link_up(ctl)] +
+                                [netlink.route_via(dst, near) for dst in [f"{self.controller_ip}/32", *routes]])
+        self._raise(failures, "the gateway's end of its link")
+
+    @staticmethod
+    def _raise(failures: list[Any], what: str) -> None:
+        if failures:
+            raise NodeRuntimeError(f"{what}: step {failures[0].position + 1}: {failures[0].describe()}")
 
     @property
     def gateway_ns(self) -> str:
@@ -207,11 +216,8 @@ class SwarmFabric:
         except TestbedError:
             return removed  # no engine: nothing of ours can be in it
         nsfs.remove(self.gateway_ns)
-        from pyroute2 import IPRoute
-
-        with IPRoute() as ipr:
-            for index in ipr.link_lookup(ifname=self.host_if):
-                ipr.link("del", index=index)
+        with netlink.RtnlSocket() as sock:
+            sock.run([netlink.delete_link(self.host_if)])  # gone already when its container went
         try:
             api.remove_container(self.gateway, force=True)
             removed["gateway"] = True

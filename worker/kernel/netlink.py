@@ -39,7 +39,7 @@ SO_RCVBUFFORCE = 33
 RTM_NEWLINK, RTM_DELLINK = 16, 17
 RTM_NEWADDR = 20
 RTM_NEWROUTE = 24
-RTA_OIF, RTA_GATEWAY = 4, 5
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC = 1, 4, 5, 7
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
 RTM_NEWQDISC, RTM_DELQDISC, RTM_GETQDISC = 36, 37, 38
 RTM_NEWTCLASS, RTM_DELTCLASS, RTM_GETTCLASS = 40, 41, 42
@@ -276,6 +276,14 @@ def veth_into_netns(host_ifname: str, bridge_index: int, peer_ifname: str, netns
     return [message(RTM_NEWLINK, CREATE, body), message(RTM_NEWLINK, 0, named + no_ipv6), message(RTM_NEWLINK, 0, up)]
 
 
+def veth_pair(host_ifname: str, peer_ifname: str, netns_fd: int) -> list[bytes]:
+    """``ip link add H type veth peer name P netns NS``: a routed pair, no bridge."""
+    peer = IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, peer_ifname) + attr_u32(IFLA_NET_NS_FD, netns_fd)
+    linkinfo = attr_str(IFLA_INFO_KIND, "veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer))
+    body = IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, host_ifname) + attr(IFLA_LINKINFO, linkinfo)
+    return [message(RTM_NEWLINK, CREATE, body)]
+
+
 def delete_link(ifname: str) -> bytes:
     return message(RTM_DELLINK, 0, IFINFO.pack(0, 0, 0, 0, 0) + attr_str(IFLA_IFNAME, ifname))
 
@@ -299,6 +307,18 @@ def default_route(index: int, gateway: str) -> bytes:
     body = _RTMSG.pack(socket.AF_INET, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
     body += attr(RTA_GATEWAY, ipaddress.IPv4Address(gateway).packed) + attr_u32(RTA_OIF, index)
     return message(RTM_NEWROUTE, CREATE, body)
+
+
+def route_via(dst: str, gateway: str, prefsrc: Optional[str] = None) -> bytes:
+    """The route to network ``dst`` via ``gateway`` (replacing one there), from ``prefsrc`` if given."""
+    net = ipaddress.IPv4Network(dst)
+    body = _RTMSG.pack(socket.AF_INET, net.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
+    if net.prefixlen:
+        body += attr(RTA_DST, net.network_address.packed)
+    body += attr(RTA_GATEWAY, ipaddress.IPv4Address(gateway).packed)
+    if prefsrc:
+        body += attr(RTA_PREFSRC, ipaddress.IPv4Address(prefsrc).packed)
+    return message(RTM_NEWROUTE, REPLACE, body)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 from worker.api.bodies import VERSION
 from worker.api.errors import ConfigError, NodeRuntimeError
 from worker.api.schema import Field, Schema
+from worker.kernel import netlink
 from worker.nodes.docker_exec import sdk, short_error
 
 MANAGER_PORT = 2377
@@ -133,9 +134,8 @@ def leave(api: Any) -> None:
 
 def route_node(netns: str, fabric: Fabric) -> None:
     """Inside a node's namespace: each of the fabric's networks via the overlay's gateway."""
-    from pyroute2 import NetNS
-
-    with NetNS(netns, flags=0) as ns:
-        for dst in fabric.routes:
-            net = ipaddress.IPv4Network(dst)
-            ns.route("replace", dst=str(net.network_address), dst_len=net.prefixlen, gateway=fabric.gateway)
+    with netlink.RtnlSocket(netns) as sock:
+        failures = sock.run(netlink.route_via(dst, fabric.gateway) for dst in fabric.routes)
+    if failures:
+        raise NodeRuntimeError(f"route to {fabric.routes[failures[0].position]} via {fabric.gateway} in {netns}: "
+                               f"{failures[0].text}")
