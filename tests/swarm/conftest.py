@@ -18,7 +18,7 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from tests.docker.conftest import docker_skip_reason
-from tests.swarm.engines import SwarmLan, root_api, save_image
+from tests.swarm.engines import SwarmLan, root_api, save_image, sweep_stale
 
 HOSTS = 3
 
@@ -71,8 +71,9 @@ def node_image_tar(tmp_path_factory) -> tuple[Path, str]:
 @pytest.fixture(scope="session")
 def swarm_lan(tmp_path_factory, node_image_tar) -> Iterator[SwarmLan]:
     """A LAN of three Docker hosts h0, h1, h2 (``SwarmLan.hosts``), torn down at the session's end;
-    the teardown fails on any leftover."""
+    the teardown fails on any leftover. The engines of runs killed before their teardown go first."""
     tar, image_id = node_image_tar
+    sweep_stale()
     lan = SwarmLan(tmp_path_factory.mktemp("swarm-lan"))
     try:
         lan.add_docker_hosts(HOSTS, tar, image_id)

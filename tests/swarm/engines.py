@@ -84,12 +84,16 @@ def mounts_under(roots: Sequence[Path]) -> list[str]:
     return sorted(set(found), key=len, reverse=True)
 
 
-def _cmdline(pid: int) -> str:
+def _argv(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            return f.read().decode(errors="replace").split("\0")[:-1]
     except OSError:
-        return ""
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    return " ".join(_argv(pid))
 
 
 def _cgroups_of(pid: int) -> str:
@@ -225,10 +229,6 @@ class Engine:
                 nsfs.libc.umount2(point.encode(), nsfs.MNT_DETACH)
         for root in (self.data_root, self.exec_root):
             shutil.rmtree(root, ignore_errors=True)
-            try:
-                root.parent.rmdir()  # the testbed tag's directory, once its last host is gone
-            except OSError:
-                pass
         for path in self.cgroups():
             for dirpath, _dirs, _files in os.walk(path, topdown=False):
                 try:
@@ -259,8 +259,8 @@ class Engine:
     def _owned(self, pid: int) -> bool:
         """Whether process ``pid`` belongs to this engine: its command line names one of its roots
         (dockerd, containerd, the shims), or it runs in one of its containers' cgroups."""
-        text = _cmdline(pid)
-        if str(self.data_root) in text or str(self.exec_root) in text:
+        roots = (str(self.data_root), str(self.exec_root))
+        if any(word == root or word.startswith(root + "/") for word in _argv(pid) for root in roots):
             return True
         return any(self.cgroup_parent in line.rsplit(":", 1)[-1].split("/") for line in _cgroups_of(pid).splitlines())
 
@@ -326,6 +326,47 @@ def _environ(**values: str) -> Iterator[None]:
                     os.environ[k] = v
 
 
+def _start_ticks(pid: int) -> Optional[str]:
+    """When process ``pid`` started (clock ticks since boot): with the pid, names one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_alive(tag_dir: Path) -> bool:
+    """Whether the process that made the engines under ``tag_dir`` (its ``owner`` file) lives."""
+    try:
+        pid, ticks = (tag_dir / "owner").read_text().split()
+    except (OSError, ValueError):
+        return False
+    return _start_ticks(int(pid)) == ticks
+
+
+def sweep_stale(grace_s: float = 60.0) -> list[str]:
+    """Stop and remove the engines of test runs that died without their teardown (their owner
+    process is gone); the tags swept. A tag directory with no owner file yet is left alone for
+    ``grace_s`` (it may be being made)."""
+    swept = []
+    for tag_dir in sorted(DATA_BASE.iterdir()) if DATA_BASE.is_dir() else []:
+        if _owner_alive(tag_dir):
+            continue
+        if not (tag_dir / "owner").exists() and time.time() - tag_dir.stat().st_mtime < grace_s:
+            continue
+        tag = tag_dir.name
+        hosts = {p.name for base in (DATA_BASE, EXEC_BASE) if (base / tag).is_dir()
+                 for p in (base / tag).iterdir() if p.is_dir()}
+        for name in sorted(hosts):
+            Engine(host=name, netns=f"mh{tag}{name}", data_root=DATA_BASE / tag / name,
+                   exec_root=EXEC_BASE / tag / name, cgroup_parent=f"edgetb-test-swarm-{tag}-{name}",
+                   log_path=Path(os.devnull)).stop()
+        for base in (DATA_BASE, EXEC_BASE):
+            shutil.rmtree(base / tag, ignore_errors=True)
+        swept.append(tag)
+    return swept
+
+
 class SwarmLan(Lan):
     """A ``Lan`` whose hosts are Docker hosts: each its own dockerd in its namespace, with the node
     image, and an agent (``--runtime docker``) on that engine.
@@ -338,14 +379,20 @@ class SwarmLan(Lan):
         from worker.nodes import docker as runtime_docker
 
         self.image = image or runtime_docker.node_image()
+        # whose engines these are: ``sweep_stale`` removes them once this process is gone
+        self.owner = DATA_BASE / self.tag / "owner"
+        self.owner.parent.mkdir(parents=True, exist_ok=False)
+        self.owner.with_suffix(".part").write_text(f"{os.getpid()} {_start_ticks(os.getpid())}\n")
+        self.owner.with_suffix(".part").rename(self.owner)
         self.storage_driver = storage_driver
         self.engines: list[Engine] = []
         self.timings_s: dict[str, float] = {}
         self.problems: list[str] = []
 
-    def add_docker_hosts(self, count: int, image_tar: Path, image_id: Optional[str] = None) -> list[dict]:
+    def add_docker_hosts(self, count: int, image_tar: Optional[Path], image_id: Optional[str] = None) -> list[dict]:
         """``count`` Docker hosts: their agents, then their engines started and loaded with the
-        image in ``image_tar`` in parallel (``image_id``: the ID they must then have it with)."""
+        image in ``image_tar`` in parallel (``image_id``: the ID they must then have it with;
+        no tar: no image)."""
         if self.storage_driver is None:
             api = root_api()
             try:
@@ -375,10 +422,11 @@ class SwarmLan(Lan):
         with ThreadPoolExecutor(len(engines)) as pool:
             list(pool.map(lambda e: e.wait(), engines))
         self.timings_s["engines_start"] = time.monotonic() - t0
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(len(engines)) as pool:
-            list(pool.map(lambda e: e.load_image(image_tar, self.image, image_id), engines))
-        self.timings_s["image_load"] = time.monotonic() - t0
+        if image_tar is not None:
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(len(engines)) as pool:
+                list(pool.map(lambda e: e.load_image(image_tar, self.image, image_id), engines))
+            self.timings_s["image_load"] = time.monotonic() - t0
         return new
 
     def engine_of(self, host: dict) -> Engine:
@@ -396,6 +444,14 @@ class SwarmLan(Lan):
         with ThreadPoolExecutor(max(1, len(self.engines))) as pool:
             list(pool.map(lambda e: e.stop(), self.engines))
         left = [f"namespace {n} (left by an agent)" for n in super().close()]
+        self.owner.unlink(missing_ok=True)
+        for base in (DATA_BASE, EXEC_BASE):
+            try:
+                (base / self.tag).rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self.problems.append(f"cannot remove {base / self.tag}: {e.strerror}")
         self.timings_s["teardown"] = time.monotonic() - t0
         for kind, items in self.leftovers().items():
             left += [f"{kind}: {item}" for item in items]

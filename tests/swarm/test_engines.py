@@ -7,12 +7,15 @@ import ipaddress
 import json
 import os
 import secrets
+import signal
+import subprocess
 from typing import Any, Optional
 
 import pytest
 
 from tests.swarm.conftest import SWARM, wait_until
-from tests.swarm.engines import OVERLAY_SUBNET, SwarmLan, hosts_document, root_api, write_hosts_json
+from tests.swarm.engines import (DATA_BASE, EXEC_BASE, OVERLAY_SUBNET, SwarmLan, hosts_document, root_api,
+                                 sweep_stale, write_hosts_json)
 from worker.kernel import nsfs
 
 pytestmark = SWARM
@@ -140,6 +143,23 @@ def test_teardown_leaves_nothing(tmp_path, node_image_tar):
     assert not engine.data_root.parent.exists() and not engine.exec_root.parent.exists()
     assert not any(n.startswith(f"mh{lan.tag}") for n in nsfs.list_netns())
     assert lan.timings_s["teardown"] < 30, lan.timings_s
+
+
+def test_engines_of_a_dead_run_are_swept(tmp_path):
+    lan = SwarmLan(tmp_path)
+    try:
+        engine = lan.add_docker_hosts(1, None)[0]["engine"]
+        assert lan.tag not in sweep_stale(), "the engines of a live run were swept"
+        dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+        lan.owner.write_text(f"{dead.stdout.strip()} 0\n")  # as if its run were killed
+        assert lan.tag in sweep_stale()
+        assert engine.proc.wait(timeout=10) == -signal.SIGKILL
+        assert all(not items for items in engine.leftovers().values()), engine.leftovers()
+        assert not (DATA_BASE / lan.tag).exists() and not (EXEC_BASE / lan.tag).exists()
+    finally:
+        left = lan.close()
+    # its agent cannot reset on an engine that is gone: that is said, and nothing else is left
+    assert [line for line in left if not line.startswith("problems: ")] == [], left
 
 
 # a swarm formed by hand ----------------------------------------------------------------------
