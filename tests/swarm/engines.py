@@ -25,6 +25,7 @@ from typing import Any, Iterator, Optional, Sequence
 from tests.e2e.lan import Lan
 from worker.api.errors import TestbedError
 from worker.kernel import nsfs
+from worker.nodes.docker_exec import sdk
 
 DATA_BASE = Path("/var/lib/edgetb-test-swarm")  # on the disk, as the root engine's /var/lib/docker (overlay2 works there)
 EXEC_BASE = Path("/run/edgetb-test-swarm")  # sockets and pid files, short paths (a unix socket path has 108 bytes)
@@ -34,12 +35,6 @@ ENGINE_STOP_TIMEOUT_S = 20.0
 API_TIMEOUT_S = 120
 LOG_TAIL_CHARS = 3000
 OVERLAY_SUBNET = "10.80.0.0/20"
-
-
-def sdk() -> Any:
-    import docker
-
-    return docker
 
 
 def root_api(timeout_s: float = API_TIMEOUT_S) -> Any:
@@ -428,9 +423,6 @@ class SwarmLan(Lan):
                 list(pool.map(lambda e: e.load_image(image_tar, self.image, image_id), engines))
             self.timings_s["image_load"] = time.monotonic() - t0
         return new
-
-    def engine_of(self, host: dict) -> Engine:
-        return host["engine"]
 
     def close(self) -> list[str]:
         """Reset the agents, stop and remove the engines, then what ``Lan.close`` does; every
