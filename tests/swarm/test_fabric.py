@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import csv
 import json
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
-from controller.model.hosts import overlay_gateway
+from controller.model.hosts import VXLAN_OVERHEAD_BYTES, overlay_gateway
 from dml_app.events import read_events
 from tests.e2e.harness import Run
+from tests.swarm.conftest import SWARM
+from tests.swarm.engines import root_api, write_hosts_json
+from worker.kernel import nsfs
+from worker.nodes.docker import LABEL
 from worker.nodes.swarm import swarm_of
 from worker.shaping.plan import DROP_MINOR
-
-from tests.swarm.engines import SWARM
 
 pytestmark = SWARM
 OVERLAY = "10.80.0.0/20"
@@ -39,12 +42,43 @@ def cross_host_links() -> dict:
     return links
 
 
-def start(swarm, run, kind: str, structure: dict, links: dict, *extra: str) -> Run:
+def prepare(lan, hosts, run, kind: str, structure: dict, links: dict) -> Run:
+    """A run of ``kind`` over the three hosts (hosts.json and nodes.json written), not started."""
     r = run(kind=kind, structure=structure, links=links, defer=True)
-    swarm.write_hosts(r.workdir / "hosts.json", overlay_subnet=OVERLAY, overlay_mtu=MTU)
+    write_hosts_json(r.workdir / "hosts.json", lan, hosts, overlay_subnet=OVERLAY, overlay_mtu=MTU)
     (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [{"name": n, "host": PLACEMENT[n]} for n in NAMES]}))
-    r.start("--hosts", "hosts.json", "--nodes", "nodes.json", *extra)
     return r
+
+
+def leftovers(hosts: list[dict], testbed_id: str, swarm_before: str) -> dict:
+    """What a run left: on the controller's engine (containers and networks of the testbed, a swarm
+    it did not have before), on every host's engine (any container, swarm membership), and here
+    (the gateway's namespace name and veth)."""
+    left: dict[str, list[str]] = {}
+    api = root_api()
+    try:
+        left["controller"] = [c["Names"][0] for c in api.containers(all=True, filters={"label": f"{LABEL}={testbed_id}"})]
+        left["controller"] += [n["Name"] for n in api.networks(filters={"label": f"{LABEL}={testbed_id}"})]
+        if swarm_of(api.info())["state"] != swarm_before:
+            left["controller"].append(f"swarm {swarm_of(api.info())['state']}")
+    finally:
+        api.close()
+    for host in hosts:
+        engine = host["engine"].api()
+        left[host["name"]] = [c["Names"][0] for c in engine.containers(all=True)]
+        if swarm_of(engine.info())["state"] != "inactive":
+            left[host["name"]].append(f"swarm {swarm_of(engine.info())['state']}")
+    left["here"] = [n for n in nsfs.list_netns() if n.startswith(f"etb-{testbed_id}-")]
+    left["here"] += [name for _, name in socket.if_nameindex() if name.startswith(f"etb-{testbed_id}-")]
+    return {k: v for k, v in left.items() if v}
+
+
+def controller_swarm() -> str:
+    api = root_api()
+    try:
+        return swarm_of(api.info())["state"]
+    finally:
+        api.close()
 
 
 def finish(r: Run, timeout_s: float = 300) -> tuple[dict, dict]:
@@ -77,13 +111,11 @@ def dropped(client, node: str) -> int:
     return int(words[words.index("(dropped") + 1])
 
 
-def test_gossip_across_three_docker_hosts(swarm_hosts, run):
-    swarm = swarm_hosts
+def test_gossip_across_three_docker_hosts(swarm_lan, swarm_hosts, run):
+    swarm_before = controller_swarm()
     links = cross_host_links()
     structure = {"sync": 4, "epoch": 1, "wait_s": 1, "model": MODEL, "node_list": [{"name": n} for n in NAMES]}
-    r = run(kind="gl", structure=structure, links=links, defer=True)
-    swarm.write_hosts(r.workdir / "hosts.json", overlay_subnet=OVERLAY, overlay_mtu=MTU)
-    (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [{"name": n, "host": PLACEMENT[n]} for n in NAMES]}))
+    r = prepare(swarm_lan, swarm_hosts, run, "gl", structure, links)
     (r.workdir / "scenario.json").write_text(json.dumps({"seed": 1, "events": [
         {"at": 0.5, "link": {"src": "n1", "dst": "n3", "bw": "2mbit", "both_ways": True}}]}))
     r.start("--hosts", "hosts.json", "--nodes", "nodes.json", "--scenario", "scenario.json")
@@ -93,9 +125,9 @@ def test_gossip_across_three_docker_hosts(swarm_hosts, run):
     assert ips == {n: f"10.80.0.{2 + i}" for i, n in enumerate(NAMES)}  # planned, in topology order
 
     # the swarm: the controller's engine manages it, the three hosts are Ready workers
-    manager = swarm.root_api()
+    manager = root_api()
     nodes = {n["ID"]: n for n in manager.nodes()}
-    engines = [swarm.engine_api(h) for h in swarm.hosts]
+    engines = [h["engine"].api() for h in swarm_hosts]
     for api in engines:
         member = swarm_of(api.info())
         assert member["state"] == "active" and not member["manager"]
@@ -103,9 +135,12 @@ def test_gossip_across_three_docker_hosts(swarm_hosts, run):
         assert [n["Name"] for n in api.networks(filters={"name": f"etb-{r.id}-ov"})] == [f"etb-{r.id}-ov"]
     overlay = manager.inspect_network(f"etb-{r.id}-ov")
     assert overlay["Driver"] == "overlay" and overlay["Internal"] and overlay["Attachable"]
-    assert overlay["Options"]["com.docker.network.driver.mtu"] == str(MTU)
+    assert overlay["Options"]["com.docker.network.driver.mtu"] == str(MTU + VXLAN_OVERHEAD_BYTES)
+    manager.close()
 
-    clients = {h["name"]: swarm.lan.client(h) for h in swarm.hosts}
+    clients = {h["name"]: swarm_lan.client(h) for h in swarm_hosts}
+    out = node_exec(clients["h2"], "n5", ["cat", "/sys/class/net/eth0/mtu"])
+    assert out["stdout"].strip() == str(MTU), out
     # shaped across hosts: 0.957 x the rate is TCP's ceiling over Ethernet
     for src, dst, rate in (("n0", "n2", 5), ("n2", "n4", 20)):
         got = goodput_mbps(clients, src, dst, ips[dst])
@@ -121,7 +156,7 @@ def test_gossip_across_three_docker_hosts(swarm_hosts, run):
     out = node_exec(clients["h0"], "n0", ["ping", "-M", "do", "-c", "1", "-W", "2", "-s", str(MTU - 27), ips["n2"]])
     assert out["returncode"] != 0, out
     # the control plane: each node reaches the controller through the overlay's gateway, unshaped
-    route = node_exec(clients["h1"], "n2", ["ip", "route", "get", swarm.lan.ip(None)])
+    route = node_exec(clients["h1"], "n2", ["ip", "route", "get", swarm_lan.ip(None)])
     assert f"via {overlay_gateway(OVERLAY)} dev eth0" in route["stdout"], route
 
     status, summary = finish(r)
@@ -137,11 +172,12 @@ def test_gossip_across_three_docker_hosts(swarm_hosts, run):
     assert all(sum(e["type"] == "round" for e in events[n]) == 4 for n in NAMES)
 
     r.close()
-    assert swarm.leftovers(r.id) == {}, swarm.leftovers(r.id)
+    assert leftovers(swarm_hosts, r.id, swarm_before) == {}
 
 
 @pytest.mark.parametrize("kind", ["fl", "ra"])
-def test_federated_and_ring_learning_across_three_docker_hosts(swarm_hosts, run, kind):
+def test_federated_and_ring_learning_across_three_docker_hosts(swarm_lan, swarm_hosts, run, kind):
+    swarm_before = controller_swarm()
     if kind == "fl":  # the aggregator on h0, its trainers on every host
         links = {"n0": [{"dest": n, "bw": "20mbit"} for n in NAMES[1:]]}
         links.update({n: [{"dest": "n0", "bw": "10mbit"}] for n in NAMES[1:]})
@@ -153,7 +189,8 @@ def test_federated_and_ring_learning_across_three_docker_hosts(swarm_hosts, run,
         links = {a: [{"dest": order[(i + 1) % 6], "bw": "10mbit"}] for i, a in enumerate(order)}
         structure = {"sync": 4, "step_timeout_s": 60, "model": MODEL,
                      "node_list": [{"name": n, "epoch": 2} for n in order]}
-    r = start(swarm_hosts, run, kind, structure, links)
+    r = prepare(swarm_lan, swarm_hosts, run, kind, structure, links)
+    r.start("--hosts", "hosts.json", "--nodes", "nodes.json")
     r.wait_phase("ready", timeout_s=240)
     status, summary = finish(r)
     assert status["failed"] == 0 and status["done"] == 6, status
@@ -164,4 +201,4 @@ def test_federated_and_ring_learning_across_three_docker_hosts(swarm_hosts, run,
     else:
         assert all(n["rounds"] == 4 and n["accuracy"] >= 0.8 for n in ended.values()), ended
     r.close()
-    assert swarm_hosts.leftovers(r.id) == {}, swarm_hosts.leftovers(r.id)
+    assert leftovers(swarm_hosts, r.id, swarm_before) == {}
