@@ -102,3 +102,6 @@ def wait_until(check: Any, timeout_s: float, what: str, interval_s: float = 0.2)
             return value
         time.sleep(interval_s)
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s (last: {value!r})")
+
+
+from tests.e2e.conftest import run  # noqa: E402,F401  (a run script in a copy of the default experiment)

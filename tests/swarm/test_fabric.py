@@ -114,10 +114,10 @@ def dropped(client, node: str) -> int:
 def test_gossip_across_three_docker_hosts(swarm_lan, swarm_hosts, run):
     swarm_before = controller_swarm()
     links = cross_host_links()
-    structure = {"sync": 4, "epoch": 1, "wait_s": 1, "model": MODEL, "node_list": [{"name": n} for n in NAMES]}
+    structure = {"sync": 20, "epoch": 1, "wait_s": 1, "model": MODEL, "node_list": [{"name": n} for n in NAMES]}
     r = prepare(swarm_lan, swarm_hosts, run, "gl", structure, links)
     (r.workdir / "scenario.json").write_text(json.dumps({"seed": 1, "events": [
-        {"at": 0.5, "link": {"src": "n1", "dst": "n3", "bw": "2mbit", "both_ways": True}}]}))
+        {"at": 0.2, "link": {"src": "n1", "dst": "n3", "bw": "2mbit", "both_ways": True}}]}))
     r.start("--hosts", "hosts.json", "--nodes", "nodes.json", "--scenario", "scenario.json")
     ready = r.wait_phase("ready", timeout_s=240)
     assert all(n["up"] and n["shaping_verified"] for n in ready["nodes"]), ready
@@ -169,7 +169,7 @@ def test_gossip_across_three_docker_hosts(swarm_lan, swarm_hosts, run):
         rule = next(x for x in plan["plan"]["rules"] if x["dest"] == ("n3" if node == "n1" else "n1"))
         assert rule["shape"]["rate_bps"] == 2_000_000 and plan["verified"], plan
     events = {p.stem: read_events(str(p)) for p in (run_dir / "events").iterdir()}
-    assert all(sum(e["type"] == "round" for e in events[n]) == 4 for n in NAMES)
+    assert all(sum(e["type"] == "round" for e in events[n]) == 20 for n in NAMES)
 
     r.close()
     assert leftovers(swarm_hosts, r.id, swarm_before) == {}

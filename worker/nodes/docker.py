@@ -57,6 +57,7 @@ NODE_LABEL = "edgetb.node"
 START_THREADS = 8
 API_TIMEOUT_S = 120
 PROBE_TIMEOUT_S = 3
+ATTACH_TRIES, ATTACH_RETRY_S = 3, 2.0  # a container's start on a swarm overlay
 BUILD_HINT = ("build it with 'bash scripts/build_node_image.sh' (offline, from Debian packages), or "
               "'docker build -t {image} -f worker/Dockerfile worker' where Docker Hub is reachable")
 ENGINE_HINT = "start one with 'bash scripts/docker_setup.sh' (installs docker.io and starts dockerd)"
@@ -318,14 +319,22 @@ class DockerRuntime:
         host_config = api.create_host_config(**host)
         network = rec.get("network", self.network)
         networking = api.create_networking_config({network: api.create_endpoint_config(ipv4_address=rec["ip"])})
-        try:
-            made = api.create_container(self.image, host_config=host_config, networking_config=networking,
-                                        **create)
-            on_created()
-            api.start(made["Id"])
-            pid = api.inspect_container(made["Id"])["State"]["Pid"]
-        except docker.errors.APIError as e:
-            raise NodeRuntimeError(short_error(e)) from None
+        for attempt in range(1, ATTACH_TRIES + 1):
+            try:
+                made = api.create_container(self.image, host_config=host_config, networking_config=networking,
+                                            **create)
+                if attempt == 1:
+                    on_created()
+                api.start(made["Id"])
+                pid = api.inspect_container(made["Id"])["State"]["Pid"]
+                break
+            except docker.errors.APIError as e:
+                # a swarm worker that has just joined may not get its first overlay attachment in
+                # the engine's time (its gossip with the manager still settling): try again
+                if "attaching to network failed" not in str(e) or attempt == ATTACH_TRIES:
+                    raise NodeRuntimeError(short_error(e)) from None
+                api.remove_container(rec["container"], force=True)
+                time.sleep(ATTACH_RETRY_S)
         if not pid:
             raise NodeRuntimeError(f"container {rec['container']} is not running after start")
         rec["container_id"] = made["Id"]
