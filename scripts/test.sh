@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (with TensorFlow, for the TF model's test, the Docker SDK and selenium), then run every test
-# tier (unit, netns, docker, e2e, security, browser). Run as root.
+# tier (unit, netns, docker, swarm, e2e, security, browser). Run as root.
 # Without arguments it also builds the documentation site strictly (scripts/docs.sh: the docs extra).
 # The docker tier needs an engine and the node image: this script installs docker.io, starts dockerd
 # (scripts/docker_setup.sh) and builds the images offline (scripts/build_node_image.sh, reused by

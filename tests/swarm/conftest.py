@@ -39,10 +39,6 @@ SWARM = [pytest.mark.docker, pytest.mark.swarm,
          pytest.mark.skipif(_REASON is not None and not _REQUIRED, reason=_REASON or "")]
 
 
-def pytest_configure(config: Any) -> None:
-    config.addinivalue_line("markers", "swarm: Docker hosts with their own engines on one machine (tests/swarm)")
-
-
 @pytest.fixture(autouse=True)
 def _swarm_required() -> None:
     if _REASON is not None and _REQUIRED:
