@@ -185,10 +185,10 @@ def port_rows(name: str, facts: dict[str, Any], swarm_by_ip: dict[str, bool], co
     return rows
 
 
-def subnet_rows(subnet: ipaddress.IPv4Network, facts_by_host: dict[str, dict[str, Any]], controller_ip: str,
-                lan_ips: dict[str, str], nodes: Optional[int]) -> list[Row]:
-    """The overlay subnet against every host's networks and routes, the controller's and the
-    hosts' addresses, and the number of nodes."""
+def subnet_rows(subnet: ipaddress.IPv4Network, facts_by_host: dict[str, dict[str, Any]],
+                nodes: Optional[int]) -> list[Row]:
+    """The overlay subnet against every host's networks and routes, and the number of nodes (its
+    holding no host's address is the hosts file's own rule, ``load_hosts``)."""
     rows = []
     for name, facts in facts_by_host.items():
         if facts.get("networks_problem"):
@@ -200,11 +200,6 @@ def subnet_rows(subnet: ipaddress.IPv4Network, facts_by_host: dict[str, dict[str
                             "choose another overlay_subnet in the hosts file"))
         else:
             rows.append(Row(name, "overlay subnet", OK, f"{subnet} overlaps none of its networks and routes"))
-    inside = [f"controller_ip {controller_ip}"] if ipaddress.IPv4Address(controller_ip) in subnet else []
-    inside += [f"{h} {ip}" for h, ip in sorted(lan_ips.items()) if ipaddress.IPv4Address(ip) in subnet]
-    if inside:
-        rows.append(Row("hosts file", "overlay subnet", FAIL, f"{subnet} holds {', '.join(inside)}",
-                        "choose an overlay_subnet apart from the LAN"))
     usable = overlay_capacity(str(subnet))
     if nodes is None:
         rows.append(Row("hosts file", "overlay size", INFO, f"{subnet}: room for {usable} nodes"))
@@ -322,5 +317,5 @@ def check(hosts_path: str, nodes: Optional[str] = None,
         rows += mtu_rows(name, f, overlay_mtu)
         rows += port_rows(name, f, swarm_by_ip, controller_ip, manager_listening)
     count = count_nodes(nodes, {h.name for h in swarm_hosts}) if nodes is not None else None
-    rows += subnet_rows(subnet, facts, controller_ip, lan_ips, count)
+    rows += subnet_rows(subnet, facts, count)
     return rows
