@@ -20,8 +20,8 @@ At ``up`` (``SwarmFabric.up``):
    (``set_fabric``) and joins; a host that joined for the testbed carries the node label
    ``edgetb.joined-for=<id>`` and is removed from a swarm that stays at ``down``.
 
-Swarm's virtual IPs and ingress need IPVS, which the testbed does not assume: nothing here
-publishes a port or makes a service (``check_no_ingress``).
+Swarm's virtual IPs and ingress need IPVS, which the testbed does not assume: nothing here makes
+a service or publishes a port (``edgetb swarm check`` warns where IPVS is absent).
 """
 from __future__ import annotations
 
@@ -51,14 +51,6 @@ def link_pair(testbed_id: str) -> tuple[str, str]:
     k = int.from_bytes(hashlib.sha256(testbed_id.encode()).digest()[:2], "big") % (LINK_NET.num_addresses // 4 - 1)
     base = LINK_NET.network_address + 4 * (k + 1)
     return str(base + 1), str(base + 2)
-
-
-def check_no_ingress(spec: dict[str, Any]) -> None:
-    """Refuse a service spec that publishes a port through the ingress (it needs IPVS)."""
-    ports = (spec.get("EndpointSpec") or {}).get("Ports") or []
-    if any(p.get("PublishMode", "ingress") == "ingress" for p in ports):
-        raise ConfigError("a published ingress port needs IPVS (Swarm's routing mesh), which the testbed does not "
-                          "assume: reach nodes by their overlay addresses, or publish in 'host' mode")
 
 
 class SwarmFabric:

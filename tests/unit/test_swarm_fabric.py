@@ -7,7 +7,7 @@ import json
 import pytest
 
 from controller.model.hosts import docker_range, load_hosts, node_addresses, overlay_capacity, overlay_gateway
-from controller.workers.swarm import check_no_ingress, link_pair
+from controller.workers.swarm import link_pair
 from worker.api.errors import ConfigError, TopologyError
 from worker.nodes.swarm import Fabric
 
@@ -65,12 +65,6 @@ def test_the_gateway_link_is_a_30_of_link_local_addresses_per_testbed():
     assert near.startswith("169.254.") and int(far.split(".")[-1]) == int(near.split(".")[-1]) + 1
     assert int(near.split(".")[-1]) % 4 == 1 and near != "169.254.0.1"  # never the /16's first /30
     assert link_pair("g1") == (near, far) and link_pair("g2") != (near, far)
-
-
-def test_published_ingress_ports_are_refused():
-    check_no_ingress({"EndpointSpec": {"Ports": [{"PublishMode": "host", "TargetPort": 80}]}})
-    with pytest.raises(ConfigError, match="IPVS"):
-        check_no_ingress({"EndpointSpec": {"Ports": [{"TargetPort": 80}]}})
 
 
 REQUEST = {"version": 1, "manager": "10.254.0.1:2377", "token": "SWMTKN-1-x", "advertise_addr": "10.254.0.2",
