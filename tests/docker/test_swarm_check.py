@@ -19,22 +19,12 @@ from controller import cli
 from controller import swarm_check as sc
 from controller.workers.agent_client import AgentClient
 from tests.docker.conftest import DOCKER
+from tests.e2e.harness import free_port
 from tests.netns.conftest import free_subnet, new_testbed_id
+from worker.nodes.swarm import swarm_of
 
 pytestmark = DOCKER
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _swarm(api) -> tuple:
-    swarm = api.info().get("Swarm") or {}
-    return (swarm.get("LocalNodeState"), bool(swarm.get("ControlAvailable")), swarm.get("NodeID"),
-            (swarm.get("Cluster") or {}).get("ID"))
 
 
 def _lan_address() -> tuple[str, str]:
@@ -58,7 +48,7 @@ def agent(tmp_path):
     token_file = tmp_path / "h0.token"
     token_file.write_text(secrets.token_hex(16) + "\n")
     token_file.chmod(0o600)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "EDGETB_TOKEN"} | {"EDGETB_STATE_DIR": str(state)}
     argv = [sys.executable, "-m", "worker.agent", "--port", str(port), "--listen", "127.0.0.1", "--id",
             new_testbed_id(), "--subnet", free_subnet(), "--runtime", "docker", "--token-file", str(token_file)]
@@ -97,7 +87,7 @@ def _free_overlay(taken: list[str]) -> str:
 def test_swarm_check_reports_this_machines_real_facts_and_changes_nothing(tmp_path, agent, engine, capsys):
     controller_ip, ifname = _lan_address()
     mtu = int(open(f"/sys/class/net/{ifname}/mtu").read())
-    before = _swarm(engine)
+    before = swarm_of(engine.info())
     url, fingerprint, token_file = agent
     client = AgentClient(url, open(token_file).read().strip(), name="h0", fingerprint=fingerprint, timeout_s=60)
     facts = client.swarm_probe({"version": 1, "manager": controller_ip, "peers": [], "overlay_mtu": mtu - 50})
@@ -157,7 +147,7 @@ def test_swarm_check_reports_this_machines_real_facts_and_changes_nothing(tmp_pa
     assert judged[("hosts file", "overlay_encrypted")].status == sc.FAIL
     assert f"set overlay_mtu <= {mtu - 50} in the hosts file" in out
 
-    assert _swarm(engine) == before  # read-only: the swarm state is as it was
+    assert swarm_of(engine.info()) == before  # read-only: the swarm state is as it was
 
 
 def _prefix(address: str) -> int:
