@@ -123,7 +123,7 @@ def test_swarm_check_reports_this_machines_real_facts_and_changes_nothing(tmp_pa
     assert "udp: open 4789/udp and 7946/udp in the firewall" in out
     checked = sc.check(good, "3")
     judged = {(r.host, r.check): r for r in checked}
-    if before[0] in ("inactive", "active"):  # the agent's engine is the controller's: never another swarm
+    if before["state"] in ("inactive", "active"):  # the agent's engine is the controller's: never another swarm
         assert judged[("h0", "swarm")].status == sc.OK, judged[("h0", "swarm")]
     assert judged[("hosts file", "overlay size")].detail == f"{overlay}: room for 4029 nodes, 3 needed"
     wanted = sc.OK if listening else sc.FAIL if before[:2] == ("active", True) else sc.WARN
