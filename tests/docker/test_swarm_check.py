@@ -126,7 +126,7 @@ def test_swarm_check_reports_this_machines_real_facts_and_changes_nothing(tmp_pa
     if before["state"] in ("inactive", "active"):  # the agent's engine is the controller's: never another swarm
         assert judged[("h0", "swarm")].status == sc.OK, judged[("h0", "swarm")]
     assert judged[("hosts file", "overlay size")].detail == f"{overlay}: room for 4029 nodes, 3 needed"
-    wanted = sc.OK if listening else sc.FAIL if before[:2] == ("active", True) else sc.WARN
+    wanted = sc.OK if listening else sc.FAIL if (before["state"], before["manager"]) == ("active", True) else sc.WARN
     assert judged[("h0", f"tcp {controller_ip}:2377/tcp")].status == wanted
     assert code == sc.exit_code(checked)
 
