@@ -216,6 +216,10 @@ def _overlay_subnet(value: Any, where: str) -> str:
         raise TopologyError(f"{where}: {value!r} is not an IPv4 network such as '10.80.0.0/20'") from None
     if not 8 <= net.prefixlen <= 28:
         raise TopologyError(f"{where}: {net} must be a /8 to /28 network")
+    special = next((kind for kind in ("loopback", "link_local", "multicast", "reserved", "unspecified")
+                    if getattr(net, f"is_{kind}")), None)
+    if special:
+        raise TopologyError(f"{where}: {net} is a {special.replace('_', '-')} network, not one for nodes")
     return str(net)
 
 

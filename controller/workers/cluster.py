@@ -183,13 +183,13 @@ class Cluster:
                                       f"{(cap.get('docker') or {}).get('problem')}")
             elif want != "physical" and cap.get("subnet"):
                 self._subnets[name] = cap["subnet"]
-        seen: dict[str, str] = {}
+        seen: dict[str, str] = {"the swarm overlay": self.hosts.overlay_subnet} if self.hosts.swarm else {}
         for name, subnet in self._subnets.items():
             for other, taken in seen.items():
                 if ipaddress.IPv4Network(subnet).overlaps(ipaddress.IPv4Network(taken)):
-                    raise ConfigError(f"hosts {other} and {name} use overlapping node subnets {taken} and {subnet}: "
-                                      "give each agent its own --subnet")
-            seen[name] = subnet
+                    raise ConfigError(f"{other} and host {name} use overlapping node subnets {taken} and {subnet}: "
+                                      "give each agent its own --subnet, apart from the overlay")
+            seen[f"host {name}"] = subnet
         return caps
 
     def sync_code(self, url: str, token: str, progress: Progress) -> None:
@@ -229,18 +229,14 @@ class Cluster:
         if self.fabric is not None:
             if not self._subnets and not any(self.hosts.hosts[h].runtime == "physical" for h in lan):
                 return  # every node is on the overlay
-            for stack, request in requests.items():
-                if stack == local or stack is None:
-                    request["peers"].append(self.subnet_overlay)
-                else:
-                    request["routes"].append({"subnet": self.subnet_overlay, "via": self.controller_ip})
+            for stack, request in requests.items():  # the overlay is a peer everywhere (Docker's FORWARD drops)
+                request["peers"].append(self.hosts.overlay_subnet)
+                if stack != local and stack is not None:
+                    request["routes"].append({"subnet": self.hosts.overlay_subnet, "via": self.controller_ip})
         self._each(lambda name, w: w.set_routes(requests[name]), [h for h in requests if h is not None])
         if None in requests:
             self.controller_stack.set_routes(requests[None])
 
-    @property
-    def subnet_overlay(self) -> str:
-        return self.hosts.overlay_subnet
 
     # the Worker protocol --------------------------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
@@ -253,12 +249,14 @@ class Cluster:
                 "kernel": ", ".join(sorted({str(c.get("kernel")) for c in caps.values()})), "hosts": caps}
 
     def create_nodes(self, body: Any) -> dict[str, Any]:
-        """Create every host's nodes in parallel, then route between the hosts."""
+        """Create every host's nodes in parallel, then route between the hosts; with a swarm
+        fabric, bring the fabric up first and give its hosts' nodes their overlay addresses."""
         if self.fabric is not None:
             on_overlay = [n["name"] for n in body["nodes"] if self.placement.get(n["name"]) in self.hosts.swarm]
             ips = node_addresses(on_overlay, self.hosts.overlay_subnet)
             body = {**body, "nodes": [{**n, "ip": ips[n["name"]]} if n["name"] in ips else n for n in body["nodes"]]}
-            self.fabric.up(self.workers, sorted(self._subnets.values()), self.progress)
+            devices = sorted(f"{n['ip']}/32" for n in body["nodes"] if n.get("ip") and n["name"] not in ips)
+            self.fabric.up(self.workers, sorted(self._subnets.values()) + devices, self.progress)
         per_host = self._split(body["nodes"], "name")
         created = self._each(lambda name, w: w.create_nodes({"version": 1, "nodes": per_host[name]}), list(per_host))
         self.install_routes()
@@ -315,7 +313,10 @@ class Cluster:
             except TestbedError as e:
                 removed[name], failed[name] = {"error": e.message}, e
         if self.controller_stack not in self.workers.values():
-            removed["controller"] = self.controller_stack.reset().get("removed")
+            try:
+                removed["controller"] = self.controller_stack.reset().get("removed")
+            except TestbedError as e:
+                removed["controller"], failed["controller"] = {"error": e.message}, e
         if self.fabric is not None:
             try:
                 removed["swarm"] = self.fabric.down()

@@ -190,6 +190,8 @@ def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet,
     if worker.status()["nodes"]:
         raise ConfigError("this testbed is already up; take it down first (edgetb down)")
     started = time.monotonic()
+    if getattr(worker, "fabric", None) is not None:
+        worker.progress = progress  # type: ignore[attr-defined]  # a cluster's swarm fabric says what it made
     try:
         progress(f"creating {len(topology.nodes)} nodes")
         created = worker.create_nodes(node_requests(topology))["nodes"]

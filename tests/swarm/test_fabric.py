@@ -202,3 +202,32 @@ def test_federated_and_ring_learning_across_three_docker_hosts(swarm_lan, swarm_
         assert all(n["rounds"] == 4 and n["accuracy"] >= 0.8 for n in ended.values()), ended
     r.close()
     assert leftovers(swarm_hosts, r.id, swarm_before) == {}
+
+
+def test_overlay_and_routed_nodes_mixed(swarm_lan, swarm_hosts, run):
+    """Two Docker hosts on the overlay and this machine's netns nodes (routed), linked across:
+    overlay to routed through the controller's machine and the gateway, both ways."""
+    swarm_before = controller_swarm()
+    names = ["d0", "d1", "l0", "l1"]
+    links = {"d0": [{"dest": "l0", "bw": "10mbit"}, {"dest": "d1", "bw": "10mbit"}],
+             "d1": [{"dest": "l1", "bw": "10mbit"}, {"dest": "d0", "bw": "10mbit"}],
+             "l0": [{"dest": "d0", "bw": "10mbit"}, {"dest": "l1", "bw": "10mbit"}],
+             "l1": [{"dest": "d1", "bw": "10mbit"}, {"dest": "l0", "bw": "10mbit"}]}
+    structure = {"sync": 5, "epoch": 1, "wait_s": 1, "model": MODEL, "node_list": [{"name": n} for n in names]}
+    r = run(kind="gl", structure=structure, links=links, defer=True)
+    doc = json.loads(write_hosts_json(r.workdir / "hosts.json", swarm_lan, swarm_hosts[:2], overlay_subnet=OVERLAY,
+                                      overlay_mtu=MTU).read_text())
+    doc["hosts"].append({"name": "local", "runtime": "netns"})
+    (r.workdir / "hosts.json").write_text(json.dumps(doc))
+    placement = {"d0": "h0", "d1": "h1", "l0": "local", "l1": "local"}
+    (r.workdir / "nodes.json").write_text(json.dumps({"nodes": [{"name": n, "host": h} for n, h in placement.items()]}))
+    r.start("--hosts", "hosts.json", "--nodes", "nodes.json")
+    ready = r.wait_phase("ready", timeout_s=240)
+    ips = {n["name"]: n["ip"] for n in ready["nodes"]}
+    assert ips["d0"] == "10.80.0.2" and ips["d1"] == "10.80.0.3" and not ips["l0"].startswith("10.80.")
+    out = node_exec(swarm_lan.client(swarm_hosts[0]), "d0", ["ping", "-c", "2", "-W", "2", ips["l0"]])
+    assert out["returncode"] == 0, out  # overlay -> routed and back
+    status, _ = finish(r)
+    assert status["done"] == 4 and status["failed"] == 0, status
+    r.close()
+    assert leftovers(swarm_hosts, r.id, swarm_before) == {}

@@ -2,6 +2,8 @@
 set_fabric request and a node's planned address."""
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import json
 
 import pytest
@@ -35,6 +37,7 @@ def test_swarm_fields_load_with_their_defaults(tmp_path):
     ({"engine": "mesh"}, "engine"),
     ({"overlay_mtu": 1400}, "for \"engine\": \"swarm\""),
     ({"engine": "swarm", "overlay_subnet": "192.168.0.0/16"}, "holds host 'd1', field 'ip' 192.168.1.11"),
+    ({"engine": "swarm", "overlay_subnet": "169.254.0.0/16"}, "link-local network"),
 ])
 def test_bad_swarm_fields_are_refused_by_name(tmp_path, fields, message):
     with pytest.raises(TopologyError, match=message.replace("(", r"\(")):
@@ -65,6 +68,11 @@ def test_the_gateway_link_is_a_30_of_link_local_addresses_per_testbed():
     assert near.startswith("169.254.") and int(far.split(".")[-1]) == int(near.split(".")[-1]) + 1
     assert int(near.split(".")[-1]) % 4 == 1 and near != "169.254.0.1"  # never the /16's first /30
     assert link_pair("g1") == (near, far) and link_pair("g2") != (near, far)
+    # an id whose hash falls on the /30 of 169.254.169.254 (clouds' metadata service) gets the one below
+    k = (int(ipaddress.IPv4Address("169.254.169.252")) - int(ipaddress.IPv4Address("169.254.0.0"))) // 4 - 1
+    unlucky = next(f"t{i}" for i in range(10**6)
+                   if int.from_bytes(hashlib.sha256(f"t{i}".encode()).digest()[:2], "big") % 16383 == k)
+    assert link_pair(unlucky) == ("169.254.169.249", "169.254.169.250")
 
 
 REQUEST = {"version": 1, "manager": "10.254.0.1:2377", "token": "SWMTKN-1-x", "advertise_addr": "10.254.0.2",
@@ -75,7 +83,7 @@ REQUEST = {"version": 1, "manager": "10.254.0.1:2377", "token": "SWMTKN-1-x", "a
 def test_a_fabric_request_is_read_without_keeping_the_token():
     fabric, token, advertise = Fabric.from_request(REQUEST)
     assert (token, advertise) == ("SWMTKN-1-x", "10.254.0.2")
-    assert "token" not in json.dumps(fabric.to_dict()) and Fabric.from_dict(fabric.to_dict()) == fabric
+    assert "SWMTKN" not in json.dumps(fabric.to_dict()) and Fabric.from_dict(fabric.to_dict()) == fabric
     assert fabric.check_address("n1", "10.80.0.2") == "10.80.0.2"
     for bad in ("10.80.0.1", "10.80.15.191", "10.80.16.2", "10.80.15.255", "x"):
         with pytest.raises(ConfigError, match="node n1"):
@@ -93,3 +101,42 @@ def test_a_fabric_request_is_read_without_keeping_the_token():
 def test_bad_fabric_requests_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
         Fabric.from_request({**REQUEST, **change})
+
+
+class FakeWorker:
+    """What a cluster asks of a host, recorded (pure logic: no host behind it)."""
+
+    def __init__(self, caps: dict) -> None:
+        self.caps, self.routes = caps, None
+
+    def capabilities(self) -> dict:
+        return self.caps
+
+    def set_routes(self, body: dict) -> dict:
+        self.routes = body
+        return {"version": 1}
+
+
+def test_routed_hosts_reach_the_overlay_through_the_controllers_machine(tmp_path):
+    from controller.workers.cluster import Cluster
+
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps({"engine": "swarm", "controller_ip": "192.168.1.10", "hosts": [
+        HOST, {**HOST, "name": "n1", "agent": "https://192.168.1.12:3334", "runtime": "netns"}]}))
+    hosts = load_hosts(str(path))
+    docker = {"runtime": "docker", "subnet": "10.77.0.0/16", "docker": {"available": True}}
+    workers = {"d1": FakeWorker(docker), "n1": FakeWorker({"runtime": "netns", "subnet": "10.78.0.0/16"})}
+    stack = FakeWorker({})
+    cluster = Cluster(hosts, {}, workers, stack, "192.168.1.10")
+    cluster.fabric = object()
+    caps = cluster.capabilities()["hosts"]
+    assert caps["d1"]["subnet"] == "10.80.0.0/20"  # isolation drops the overlay, not the agent's own subnet
+    cluster.install_routes()
+    assert workers["d1"].routes is None  # the overlay carries the Docker host's nodes: no routes there
+    assert workers["n1"].routes["routes"] == [{"subnet": "10.80.0.0/20", "via": "192.168.1.10"}]
+    assert "10.80.0.0/20" in workers["n1"].routes["peers"]
+    assert stack.routes["routes"] == [{"subnet": "10.78.0.0/16", "via": "192.168.1.12"}]
+    assert "10.80.0.0/20" in stack.routes["peers"] and "10.78.0.0/16" in stack.routes["peers"]
+    workers["n1"].caps["subnet"] = "10.80.8.0/24"
+    with pytest.raises(ConfigError, match="the swarm overlay and host n1 use overlapping node subnets"):
+        cluster.capabilities()

@@ -57,7 +57,6 @@ NODE_LABEL = "edgetb.node"
 START_THREADS = 8
 API_TIMEOUT_S = 120
 PROBE_TIMEOUT_S = 3
-ATTACH_TRIES, ATTACH_RETRY_S = 3, 2.0  # a container's start on a swarm overlay
 BUILD_HINT = ("build it with 'bash scripts/build_node_image.sh' (offline, from Debian packages), or "
               "'docker build -t {image} -f worker/Dockerfile worker' where Docker Hub is reachable")
 ENGINE_HINT = "start one with 'bash scripts/docker_setup.sh' (installs docker.io and starts dockerd)"
@@ -319,25 +318,23 @@ class DockerRuntime:
         host_config = api.create_host_config(**host)
         network = rec.get("network", self.network)
         networking = api.create_networking_config({network: api.create_endpoint_config(ipv4_address=rec["ip"])})
-        for attempt in range(1, ATTACH_TRIES + 1):
-            try:
-                made = api.create_container(self.image, host_config=host_config, networking_config=networking,
-                                            **create)
-                if attempt == 1:
-                    on_created()
-                api.start(made["Id"])
-                pid = api.inspect_container(made["Id"])["State"]["Pid"]
-                break
-            except docker.errors.APIError as e:
-                # a swarm worker that has just joined may not get its first overlay attachment in
-                # the engine's time (its gossip with the manager still settling): try again
-                if "attaching to network failed" not in str(e) or attempt == ATTACH_TRIES:
-                    raise NodeRuntimeError(short_error(e)) from None
-                api.remove_container(rec["container"], force=True)
-                time.sleep(ATTACH_RETRY_S)
+        made: list[str] = []
+
+        def make() -> str:
+            made.append(api.create_container(self.image, host_config=host_config, networking_config=networking,
+                                             **create)["Id"])
+            if len(made) == 1:
+                on_created()
+            return made[-1]
+
+        try:
+            container_id = swarm.started(api, make)
+            pid = api.inspect_container(container_id)["State"]["Pid"]
+        except docker.errors.APIError as e:
+            raise NodeRuntimeError(short_error(e)) from None
         if not pid:
             raise NodeRuntimeError(f"container {rec['container']} is not running after start")
-        rec["container_id"] = made["Id"]
+        rec["container_id"] = container_id
         nsfs.attach(rec["netns"], pid)
 
     # swarm fabric ------------------------------------------------------------------------
@@ -353,7 +350,8 @@ class DockerRuntime:
             fabric = swarm.Fabric(**{**fabric.to_dict(), "routes": fabric.routes,
                                      "joined": joined or bool(old and old.get("joined"))})
             state["fabric"] = fabric.to_dict()
-            return {"version": 1, "joined": joined, "node_id": swarm.swarm_of(self.api.info())["node_id"],
+            # joined: for the testbed, by this call or an earlier one (a retried call says so too)
+            return {"version": 1, "joined": fabric.joined, "node_id": swarm.swarm_of(self.api.info())["node_id"],
                     "network": fabric.network}
 
     # processes -------------------------------------------------------------------------
@@ -440,9 +438,9 @@ class DockerRuntime:
                 with ThreadPoolExecutor(max_workers=min(START_THREADS, len(found))) as pool:
                     list(pool.map(one, found))
             self._remove_network(state)
-            fabric = state.pop("fabric", None)
-            if fabric and fabric.get("joined"):
-                swarm.leave(self.api)
+            if (state.get("fabric") or {}).get("joined"):
+                swarm.leave(self.api)  # before the record goes: a failed leave is tried again at the next reset
+            state.pop("fabric", None)
             removed = len(names | set(state["nodes"]))
             state.update(nodes={}, plans={}, processes={})
             state.pop("subnet", None)

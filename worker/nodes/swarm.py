@@ -12,8 +12,9 @@ gateway, which the controller's machine runs.
 from __future__ import annotations
 
 import ipaddress
+import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from worker.api.bodies import VERSION
 from worker.api.errors import ConfigError, NodeRuntimeError
@@ -22,6 +23,7 @@ from worker.kernel import netlink
 from worker.nodes.docker_exec import sdk, short_error
 
 MANAGER_PORT = 2377
+ATTACH_TRIES, ATTACH_RETRY_S = 3, 2.0  # a container's start on a swarm overlay
 MAX_FABRIC_ROUTES = 1024
 FABRIC_SCHEMA = Schema({
     "version": VERSION,
@@ -115,8 +117,8 @@ def join(api: Any, manager: str, token: str, advertise_addr: str) -> bool:
     if member["state"] != "inactive":
         raise NodeRuntimeError(f"this host's Docker engine is {member['state']} in a swarm; wait or leave it")
     try:
-        api.join_swarm([manager], token, listen_addr=f"0.0.0.0:{MANAGER_PORT}", advertise_addr=advertise_addr,
-                       data_path_addr=advertise_addr)
+        api.join_swarm([manager], token, listen_addr=f"{advertise_addr}:{MANAGER_PORT}",
+                       advertise_addr=advertise_addr, data_path_addr=advertise_addr)
     except sdk().errors.APIError as e:
         raise NodeRuntimeError(f"joining the swarm at {manager} failed: {short_error(e)} (is {MANAGER_PORT}/tcp "
                                "open towards it, and 7946/tcp+udp and 4789/udp between the hosts?)") from None
@@ -130,6 +132,27 @@ def leave(api: Any) -> None:
     except sdk().errors.APIError as e:
         if "not part of a swarm" not in str(e):
             raise NodeRuntimeError(f"leaving the swarm failed: {short_error(e)}") from None
+
+
+def started(api: Any, make: Callable[[], str]) -> str:
+    """Start the container ``make()`` creates (its id); a start whose overlay attachment timed out
+    (an engine that has just joined, its gossip with the manager still settling, or a busy
+    manager) is tried again with a new container, up to ``ATTACH_TRIES`` times."""
+    docker = sdk()
+    for attempt in range(1, ATTACH_TRIES + 1):
+        container_id = make()
+        try:
+            api.start(container_id)
+            return container_id
+        except docker.errors.APIError as e:
+            if "attaching to network failed" not in str(e) or attempt == ATTACH_TRIES:
+                raise
+            try:
+                api.remove_container(container_id, force=True)
+            except docker.errors.NotFound:
+                pass
+            time.sleep(ATTACH_RETRY_S)
+    raise AssertionError("unreachable")
 
 
 def route_node(netns: str, fabric: Fabric) -> None:
