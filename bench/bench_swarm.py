@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import requests
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -53,6 +55,8 @@ MTU = 1400
 SYNC = 5
 MODEL = {"kind": "numpy", "hidden": [64], "learning_rate": 0.005, "seed": 0}
 FINISH_TIMEOUT_S = 900.0
+RESET_TIMEOUT_S = 600.0
+EXIT_TIMEOUT_S = 120.0
 TIER_POLL_S = 10.0
 CREATED_RE = re.compile(r"created (\d+) nodes in ([\d.]+) s")
 READY_RE = re.compile(r"ready in ([\d.]+) s")
@@ -210,6 +214,25 @@ class Output:
         return "".join(self.lines)
 
 
+def reset(r: Run) -> Optional[str]:
+    """What ``Run.close`` does first, without its 30 s bound on the script's exit (a large swarm
+    testbed takes longer to remove): /emulated/reset, then the script's exit. What went wrong, or None."""
+    if r.proc is None or r.proc.poll() is not None:
+        return None
+    problem = None
+    try:
+        resp = requests.post(r.url + "/emulated/reset", timeout=RESET_TIMEOUT_S)
+        if resp.status_code != 200:
+            problem = f"/emulated/reset answered {resp.status_code}: {resp.text[:1000]}"
+    except requests.RequestException as e:
+        problem = f"/emulated/reset: {e}"
+    try:
+        r.proc.wait(timeout=EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        problem = (problem or "") + f"; the run script did not exit within {EXIT_TIMEOUT_S:g} s of the reset"
+    return problem
+
+
 def step(lan: SwarmLan, tmp: Path, per_host: int, max_ready_s: float, ids: list[str],
          logs: Optional[Path] = None) -> dict[str, Any]:
     """One gossip run of ``per_host`` nodes on each host; its figures (``error`` when it failed).
@@ -266,6 +289,9 @@ def step(lan: SwarmLan, tmp: Path, per_host: int, max_ready_s: float, ids: list[
         row["error"] = f"{type(e).__name__}: {e}"
     finally:
         t2 = time.monotonic()
+        reset_error = reset(r)
+        if reset_error:
+            row.setdefault("error", reset_error)
         try:
             tail = r.close()
         except AssertionError as e:  # namespaces left: reported below as leftovers as well
@@ -316,7 +342,7 @@ def row_cells(row: dict[str, Any], max_ready_s: float) -> list[Any]:
 
 HEADERS = ["hosts × nodes", "nodes", "links", "launch → ready (s)", "controller: created (s)",
            "controller: deployed, ready (s)", "node processes started (s)", "/start → finished (s)", "rounds",
-           "mean accuracy", "close (s)", "memory at ready (MiB over idle)", "leftovers", "outcome"]
+           "mean accuracy", "close: reset, script exit (s)", "memory at ready (MiB over idle)", "leftovers", "outcome"]
 
 
 def main() -> int:
@@ -380,6 +406,9 @@ def main() -> int:
         log("interrupted: tearing down")
         failed = True
     finally:
+        if lan is not None and args.logs is not None:
+            for path in sorted(lan.tmp.glob("*.log")):  # the agents' and the engines' logs
+                shutil.copy(path, args.logs / path.name)
         if lan is not None:
             t0 = time.monotonic()
             left = lan.close()
