@@ -223,7 +223,11 @@ def reset(r: Run) -> Optional[str]:
     try:
         resp = requests.post(r.url + "/emulated/reset", timeout=RESET_TIMEOUT_S)
         if resp.status_code != 200:
-            problem = f"/emulated/reset answered {resp.status_code}: {resp.text[:1000]}"
+            try:
+                said = resp.json().get("message") or resp.text
+            except ValueError:
+                said = resp.text
+            problem = f"/emulated/reset answered {resp.status_code}: {said[:1000]}"
     except requests.RequestException as e:
         problem = f"/emulated/reset: {e}"
     try:
@@ -329,7 +333,7 @@ def row_cells(row: dict[str, Any], max_ready_s: float) -> list[Any]:
     mem = (f"{row['mem_ready_mib'] - row['mem_before_mib']}" if "mem_ready_mib" in row else "-")
     note = "ok"
     if "error" in row:
-        note = "FAILED: " + row["error"].splitlines()[0][:120]
+        note = "FAILED: " + row["error"].splitlines()[0][:200]
     elif row.get("left"):
         note = f"LEFTOVERS: {len(row['left'])}"
     elif row.get("ready_s", 0) > max_ready_s:
