@@ -1,7 +1,8 @@
 """Benchmark of the swarm fabric end to end, as a user sees it: a gossip run over three Docker hosts.
 
-Run as root: ``.venv/bin/python bench/bench_swarm.py [--per-host 2,8,16,32] [--max-ready-s 300] [--quick]``.
-Prints a Markdown table on stdout (progress on stderr).
+Run as root: ``.venv/bin/python bench/bench_swarm.py [--per-host 2,8,16,32] [--max-ready-s 300] [--quick]
+[--logs DIR]``. Prints a Markdown table on stdout (progress on stderr); ``--logs`` keeps each run
+script's output and the agents' and engines' logs. It waits while the swarm test tier runs.
 
 The three Docker hosts are host namespaces of this machine, each with its own dockerd holding the
 node image and an agent on that engine (tests/swarm/engines.py); the controller's engine (this
@@ -11,7 +12,8 @@ namespace's) is the swarm manager. For each number of nodes per host, one real g
 gossip (5 rounds, 1 s waits, a small numpy model). Each step records: the user's wait from launching
 the script to phase ``ready``; the controller's own "created N nodes in X s" and "ready in Y s"
 (from its output); the time from ``/start`` to phase ``finished``; the rounds done and the mean
-accuracy of the final status; the time the run's close takes (reset, leaving the swarm); and what
+accuracy of the final status; the time the run's close takes (/emulated/reset, which removes the
+nodes and leaves the swarm, then the script's exit; a failed reset fails the step); and what
 is left afterwards on every engine and on this machine, which must be nothing. The steps go up
 until one fails or its ready time passes ``--max-ready-s``.
 """
