@@ -24,7 +24,8 @@ At ``up`` (``SwarmFabric.up``):
 ``down`` is idempotent and tries every step; ``up`` starts by removing a gateway a dead run left.
 
 Swarm's virtual IPs and ingress need IPVS, which the testbed does not assume: nothing here makes
-a service or publishes a port (``edgetb swarm check`` warns where IPVS is absent).
+a service or publishes a port, and a swarm the testbed makes has no ingress network, so that a
+port published through it is refused (``edgetb swarm check`` warns where IPVS is absent).
 """
 from __future__ import annotations
 
@@ -119,7 +120,21 @@ class SwarmFabric:
         except sdk().errors.APIError as e:
             raise NodeRuntimeError(f"cannot make a swarm at {self.controller_ip}: {short_error(e)}") from None
         self._label(swarm_of(self.api.info())["node_id"], INIT_LABEL)
+        self._remove_ingress()
         return f"{self.controller_ip}:{MANAGER_PORT}"
+
+    def _remove_ingress(self) -> None:
+        """Remove the routing mesh's network from a swarm this testbed made: it needs IPVS, nothing
+        of the testbed uses it, and without it a port published through the ingress is refused by
+        the engine itself ("ingress network not present"). Hosts then join without setting up its
+        sandbox, and leave without waiting for its removal."""
+        docker = sdk()
+        for net in self.api.networks(filters={"name": "ingress"}):
+            if net.get("Ingress") or net["Name"] == "ingress":
+                try:
+                    self.api.remove_network(net["Id"])
+                except docker.errors.APIError as e:
+                    raise NodeRuntimeError(f"cannot remove the swarm's ingress network: {short_error(e)}") from None
 
     def _label(self, node_id: str, key: str, value: Optional[str] = None) -> None:
         """Label the swarm node ``node_id`` with ``key`` = ``value`` (default: this testbed's id)."""

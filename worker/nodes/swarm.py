@@ -11,7 +11,9 @@ gateway, which the controller's machine runs.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -24,6 +26,9 @@ from worker.nodes.docker_exec import sdk, short_error
 
 MANAGER_PORT = 2377
 ATTACH_TRIES, ATTACH_RETRY_S = 3, 2.0  # a container's start on a swarm overlay
+LEAVE_TRIES = 3
+GOSSIP_PORT = 7946
+PORT_WAIT_S = 30.0
 MAX_FABRIC_ROUTES = 1024
 FABRIC_SCHEMA = Schema({
     "version": VERSION,
@@ -116,6 +121,7 @@ def join(api: Any, manager: str, token: str, advertise_addr: str) -> bool:
                           f"leave it ('docker swarm leave') or make {manager.rpartition(':')[0]} its manager")
     if member["state"] != "inactive":
         raise NodeRuntimeError(f"this host's Docker engine is {member['state']} in a swarm; wait or leave it")
+    wait_port_free(advertise_addr, GOSSIP_PORT)
     try:
         api.join_swarm([manager], token, listen_addr=f"{advertise_addr}:{MANAGER_PORT}",
                        advertise_addr=advertise_addr, data_path_addr=advertise_addr)
@@ -125,13 +131,38 @@ def join(api: Any, manager: str, token: str, advertise_addr: str) -> bool:
     return True
 
 
+def wait_port_free(address: str, port: int, timeout_s: float = PORT_WAIT_S) -> None:
+    """Until nothing holds ``address:port`` (TCP): an engine that has just left a swarm can keep
+    its gossip listener a while, and a join meanwhile leaves the host without overlay peers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address, port))
+                return
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    return  # not this host's address (a NAT): the engine says what is wrong
+        if time.monotonic() > deadline:
+            raise NodeRuntimeError(f"port {port} on {address} is still held, by the engine's last swarm most likely: "
+                                   "restart dockerd on this host, then up again")
+        time.sleep(0.5)
+
+
 def leave(api: Any) -> None:
-    """Leave the swarm (a worker's leave; forced, since its tasks are the testbed's)."""
-    try:
-        api.leave_swarm(force=True)
-    except sdk().errors.APIError as e:
-        if "not part of a swarm" not in str(e):
-            raise NodeRuntimeError(f"leaving the swarm failed: {short_error(e)}") from None
+    """Leave the swarm (a worker's leave; forced, since its tasks are the testbed's). A busy
+    engine can run out of its own time cleaning up: the leave is tried again."""
+    for attempt in range(1, LEAVE_TRIES + 1):
+        try:
+            api.leave_swarm(force=True)
+            return
+        except sdk().errors.APIError as e:
+            if "not part of a swarm" in str(e):
+                return
+            if "deadline exceeded" not in str(e) or attempt == LEAVE_TRIES:
+                raise NodeRuntimeError(f"leaving the swarm failed: {short_error(e)}") from None
+            time.sleep(ATTACH_RETRY_S)
 
 
 def started(api: Any, make: Callable[[], str]) -> str:
