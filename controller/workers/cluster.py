@@ -237,7 +237,6 @@ class Cluster:
         if None in requests:
             self.controller_stack.set_routes(requests[None])
 
-
     # the Worker protocol --------------------------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
         caps = self.check_hosts()
