@@ -44,7 +44,7 @@ class Row:
 # the pure decisions -------------------------------------------------------------------------------
 def engine_version(text: Optional[str]) -> Optional[tuple[int, int]]:
     """(major, minor) of a Docker version such as ``20.10.24+dfsg1`` or ``17.06.2-ce`` (None: unreadable)."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", text or "")
+    match = re.search(r"^\s*v?(\d+)\.(\d+)", text or "")
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
