@@ -98,7 +98,10 @@ def test_elastic_scaling_stops_where_a_fixed_sweep_stops_paying(run):
         bound = samples * min(n * uplink_bps, downlink_bps) / bits
         assert t <= 1.02 * bound, (n, t, bound)
         assert t >= 0.75 * bound, (n, t, bound)  # the links, not the training, make the round
-    # the policy measured the same curve as the sweep
+    # the policy measured the same curve as the sweep (where it has two rounds or more of a size: one
+    # round alone was seen 18 % off the sweep's median under CI's load)
     by_size = elastic.throughput_by_size(skip_first=1)
-    for n in sorted(set(by_size) & set(t_by_n)):
+    compared = sorted(n for n in set(by_size) & set(t_by_n) if len(by_size[n]) >= 2)
+    assert len(compared) >= 2, (by_size, t_by_n)
+    for n in compared:
         assert abs(statistics.median(by_size[n]) / t_by_n[n] - 1) < 0.15, (n, by_size, t_by_n)
