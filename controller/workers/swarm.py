@@ -41,10 +41,11 @@ from worker.api.errors import ConfigError, NodeRuntimeError, TestbedError
 from worker.kernel import netlink, nsfs
 from worker.nodes import docker as runtime_docker
 from worker.nodes.docker_exec import sdk, short_error
-from worker.nodes.swarm import MANAGER_PORT, started, swarm_of
+from worker.nodes.swarm import MANAGER_PORT, has_gwbridge, remove_gwbridge, started, swarm_of
 
 INIT_LABEL = "edgetb.swarm-init"
 JOINED_LABEL = "edgetb.joined-for"
+GWBRIDGE_LABEL = "edgetb.gwbridge-made-by"
 LINK_NET = ipaddress.IPv4Network("169.254.0.0/16")
 METADATA = ipaddress.IPv4Network("169.254.169.252/30")  # holds 169.254.169.254, clouds' metadata service
 READY_TIMEOUT_S = 60.0
@@ -114,12 +115,16 @@ class SwarmFabric:
             return f"{member['node_addr'] or self.controller_ip}:{MANAGER_PORT}"
         if member["state"] != "inactive":
             raise NodeRuntimeError(f"this machine's Docker engine is {member['state']} in a swarm; wait or leave it")
+        bridge_before = has_gwbridge(self.api)
         try:
             self.api.init_swarm(advertise_addr=self.controller_ip, listen_addr=f"{self.controller_ip}:{MANAGER_PORT}",
                                 data_path_addr=self.controller_ip)
         except sdk().errors.APIError as e:
             raise NodeRuntimeError(f"cannot make a swarm at {self.controller_ip}: {short_error(e)}") from None
-        self._label(swarm_of(self.api.info())["node_id"], INIT_LABEL)
+        node_id = swarm_of(self.api.info())["node_id"]
+        self._label(node_id, INIT_LABEL)
+        if not bridge_before:
+            self._label(node_id, GWBRIDGE_LABEL)
         self._remove_ingress()
         return f"{self.controller_ip}:{MANAGER_PORT}"
 
@@ -292,6 +297,8 @@ class SwarmFabric:
             return left
         api.leave_swarm(force=True)
         left["swarm_left"] = True
+        if (me["Spec"].get("Labels") or {}).get(GWBRIDGE_LABEL) == self.id:
+            remove_gwbridge(api)  # the swarm's making made it
         return left
 
     def _remove_overlay(self, timeout_s: float = 20.0) -> bool:

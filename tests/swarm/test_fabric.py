@@ -61,6 +61,8 @@ def leftovers(hosts: list[dict], testbed_id: str, swarm_before: str) -> dict:
         left["controller"] += [n["Name"] for n in api.networks(filters={"label": f"{LABEL}={testbed_id}"})]
         if swarm_of(api.info())["state"] != swarm_before:
             left["controller"].append(f"swarm {swarm_of(api.info())['state']}")
+        if swarm_before == "inactive" and api.networks(names=["docker_gwbridge"]):
+            left["controller"].append("docker_gwbridge")
     finally:
         api.close()
     for host in hosts:
@@ -68,6 +70,7 @@ def leftovers(hosts: list[dict], testbed_id: str, swarm_before: str) -> dict:
         left[host["name"]] = [c["Names"][0] for c in engine.containers(all=True)]
         if swarm_of(engine.info())["state"] != "inactive":
             left[host["name"]].append(f"swarm {swarm_of(engine.info())['state']}")
+        left[host["name"]] += [n["Name"] for n in engine.networks(names=["docker_gwbridge"])]
     left["here"] = [n for n in nsfs.list_netns() if n.startswith(f"etb-{testbed_id}-")]
     left["here"] += [name for _, name in socket.if_nameindex() if name.startswith(f"etb-{testbed_id}-")]
     return {k: v for k, v in left.items() if v}

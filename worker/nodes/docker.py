@@ -346,9 +346,12 @@ class DockerRuntime:
             old = state.get("fabric")
             if state["nodes"] and (old is None or swarm.Fabric.from_dict(old).network != fabric.network):
                 raise ConfigError(f"testbed {self.names.id} has nodes on another network; reset it first")
+            bridge_before = swarm.has_gwbridge(self.api)
             joined = swarm.join(self.api, fabric.manager, token, advertise)
             fabric = swarm.Fabric(**{**fabric.to_dict(), "routes": fabric.routes,
-                                     "joined": joined or bool(old and old.get("joined"))})
+                                     "joined": joined or bool(old and old.get("joined")),
+                                     "gwbridge_made": (joined and not bridge_before) or
+                                     bool(old and old.get("gwbridge_made"))})
             state["fabric"] = fabric.to_dict()
             # joined: for the testbed, by this call or an earlier one (a retried call says so too)
             return {"version": 1, "joined": fabric.joined, "node_id": swarm.swarm_of(self.api.info())["node_id"],
@@ -438,8 +441,11 @@ class DockerRuntime:
                 with ThreadPoolExecutor(max_workers=min(START_THREADS, len(found))) as pool:
                     list(pool.map(one, found))
             self._remove_network(state)
-            if (state.get("fabric") or {}).get("joined"):
+            fabric = state.get("fabric") or {}
+            if fabric.get("joined"):
                 swarm.leave(self.api)  # before the record goes: a failed leave is tried again at the next reset
+            if fabric.get("gwbridge_made"):
+                swarm.remove_gwbridge(self.api)
             state.pop("fabric", None)
             removed = len(names | set(state["nodes"]))
             state.update(nodes={}, plans={}, processes={})

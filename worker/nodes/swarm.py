@@ -54,6 +54,7 @@ class Fabric:
     routes: tuple[str, ...]
     manager: str
     joined: bool = False  # whether this host's engine joined the swarm for the testbed (left at reset)
+    gwbridge_made: bool = False  # whether that join made the engine's docker_gwbridge (removed at reset)
 
     @classmethod
     def from_request(cls, body: Any) -> tuple["Fabric", str, str]:
@@ -148,6 +149,30 @@ def wait_port_free(address: str, port: int, timeout_s: float = PORT_WAIT_S) -> N
             raise NodeRuntimeError(f"port {port} on {address} is still held, by the engine's last swarm most likely: "
                                    "restart dockerd on this host, then up again")
         time.sleep(0.5)
+
+
+GWBRIDGE = "docker_gwbridge"  # the bridge an engine makes when it enters a swarm, and keeps after leaving
+
+
+def has_gwbridge(api: Any) -> bool:
+    return any(n["Name"] == GWBRIDGE for n in api.networks(names=[GWBRIDGE]))
+
+
+def remove_gwbridge(api: Any, timeout_s: float = 15.0) -> None:
+    """Remove the engine's ``docker_gwbridge`` (made when it entered the swarm): its endpoints
+    go a moment after the leave; one still used after ``timeout_s`` (someone else's) stays."""
+    docker = sdk()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            api.remove_network(GWBRIDGE)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.5)
 
 
 def leave(api: Any) -> None:
