@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from bench_netns import log, secs, table  # noqa: E402
 from controller.workers.swarm import INIT_LABEL  # noqa: E402
 from tests.e2e.harness import Run  # noqa: E402
-from tests.swarm.engines import SwarmLan, root_api, save_image, sweep_stale, write_hosts_json  # noqa: E402
+from tests.swarm.engines import SwarmLan, root_api, root_swarm_state, save_image, sweep_stale, write_hosts_json  # noqa: E402
 from worker.kernel import nsfs  # noqa: E402
 from worker.nodes.docker import LABEL  # noqa: E402
 from worker.nodes.swarm import swarm_of  # noqa: E402
@@ -123,14 +123,6 @@ def mem_used_mib() -> int:
 
 def free_m() -> str:
     return subprocess.run(["free", "-m"], capture_output=True, text=True).stdout.rstrip()
-
-
-def root_swarm_state() -> str:
-    api = root_api()
-    try:
-        return swarm_of(api.info())["state"]
-    finally:
-        api.close()
 
 
 def leave_root_swarm_if_ours(ids: list[str]) -> Optional[str]:

@@ -27,6 +27,7 @@ from worker.api.errors import TestbedError
 from worker.kernel import nsfs
 from worker.nodes.docker_exec import sdk
 
+LINK_GONE_S = 90.0
 DATA_BASE = Path("/var/lib/edgetb-test-swarm")  # on the disk, as the root engine's /var/lib/docker (overlay2 works there)
 EXEC_BASE = Path("/run/edgetb-test-swarm")  # sockets and pid files, short paths (a unix socket path has 108 bytes)
 CGROUP_BASE = Path("/sys/fs/cgroup")
@@ -42,6 +43,17 @@ def root_api(timeout_s: float = API_TIMEOUT_S) -> Any:
     from worker.nodes import docker as runtime_docker
 
     return runtime_docker.connect(timeout_s)
+
+
+def root_swarm_state() -> str:
+    """The root engine's swarm state (inactive, active, ...)."""
+    from worker.nodes.swarm import swarm_of
+
+    api = root_api()
+    try:
+        return swarm_of(api.info())["state"]
+    finally:
+        api.close()
 
 
 def save_image(api: Any, image: str, path: Path) -> Path:
@@ -445,6 +457,9 @@ class SwarmLan(Lan):
             except OSError as e:
                 self.problems.append(f"cannot remove {base / self.tag}: {e.strerror}")
         self.timings_s["teardown"] = time.monotonic() - t0
+        deadline = time.monotonic() + LINK_GONE_S  # a veth whose namespace went is freed by the kernel a bit later
+        while self.leftovers()["links"] and time.monotonic() < deadline:
+            time.sleep(0.5)
         for kind, items in self.leftovers().items():
             left += [f"{kind}: {item}" for item in items]
         return left

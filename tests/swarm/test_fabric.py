@@ -16,7 +16,7 @@ from controller.model.hosts import VXLAN_OVERHEAD_BYTES, overlay_gateway
 from dml_app.events import read_events
 from tests.e2e.harness import Run
 from tests.swarm.conftest import SWARM
-from tests.swarm.engines import root_api, write_hosts_json
+from tests.swarm.engines import root_api, root_swarm_state, write_hosts_json
 from worker.kernel import nsfs
 from worker.nodes.docker import LABEL
 from worker.nodes.swarm import swarm_of
@@ -76,12 +76,6 @@ def leftovers(hosts: list[dict], testbed_id: str, swarm_before: str) -> dict:
     return {k: v for k, v in left.items() if v}
 
 
-def controller_swarm() -> str:
-    api = root_api()
-    try:
-        return swarm_of(api.info())["state"]
-    finally:
-        api.close()
 
 
 def finish(r: Run, timeout_s: float = 300) -> tuple[dict, dict]:
@@ -115,7 +109,7 @@ def dropped(client, node: str) -> int:
 
 
 def test_gossip_across_three_docker_hosts(swarm_lan, swarm_hosts, run):
-    swarm_before = controller_swarm()
+    swarm_before = root_swarm_state()
     links = cross_host_links()
     structure = {"sync": 20, "epoch": 1, "wait_s": 1, "model": MODEL, "node_list": [{"name": n} for n in NAMES]}
     r = prepare(swarm_lan, swarm_hosts, run, "gl", structure, links)
@@ -180,7 +174,7 @@ def test_gossip_across_three_docker_hosts(swarm_lan, swarm_hosts, run):
 
 @pytest.mark.parametrize("kind", ["fl", "ra"])
 def test_federated_and_ring_learning_across_three_docker_hosts(swarm_lan, swarm_hosts, run, kind):
-    swarm_before = controller_swarm()
+    swarm_before = root_swarm_state()
     if kind == "fl":  # the aggregator on h0, its trainers on every host
         links = {"n0": [{"dest": n, "bw": "20mbit"} for n in NAMES[1:]]}
         links.update({n: [{"dest": "n0", "bw": "10mbit"}] for n in NAMES[1:]})
@@ -210,7 +204,7 @@ def test_federated_and_ring_learning_across_three_docker_hosts(swarm_lan, swarm_
 def test_overlay_and_routed_nodes_mixed(swarm_lan, swarm_hosts, run):
     """Two Docker hosts on the overlay and this machine's netns nodes (routed), linked across:
     overlay to routed through the controller's machine and the gateway, both ways."""
-    swarm_before = controller_swarm()
+    swarm_before = root_swarm_state()
     names = ["d0", "d1", "l0", "l1"]
     links = {"d0": [{"dest": "l0", "bw": "10mbit"}, {"dest": "d1", "bw": "10mbit"}],
              "d1": [{"dest": "l1", "bw": "10mbit"}, {"dest": "d0", "bw": "10mbit"}],
