@@ -1,9 +1,13 @@
-"""JSON from others (nodes, peers) parsed with its nesting bounded.
+"""JSON from others (nodes, peers, callers) parsed in time linear in its size, nesting bounded.
 
 Python's parser recurses once per ``[`` or ``{``: a line of a few thousand brackets
 raises ``RecursionError``, which no ``except ValueError`` catches. ``loads`` measures
 the nesting first (brackets inside strings do not count) and refuses a document
 deeper than ``MAX_DEPTH`` with a ``ValueError``, as it refuses any malformed one.
+
+The measure is linear on any input: escapes are removed, strings cut out by one regular
+expression that never rescans (an unclosed string runs to the end), and the depth is a
+cumulative sum over the brackets left (numpy): a 1 MiB document of any shape in a few ms.
 """
 from __future__ import annotations
 
@@ -11,26 +15,36 @@ import json
 import re
 from typing import Any, Union
 
+import numpy as np
+
 MAX_DEPTH = 64  # events, headers and confs nest a few levels
-_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+# a string once its escaped backslashes and quotes are gone: closed by a quote or by the end of
+# the input (an unclosed string is one match: nothing is scanned twice)
+_STRING = re.compile(rb'"[^"]*(?:"|\Z)')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_OPENS = np.zeros(256, dtype=np.int32)
+_OPENS[[ord("["), ord("{")]] = 1
+_OPENS[[ord("]"), ord("}")]] = -1
 
 
 class JSONDepthError(ValueError):
     """A document nested deeper than allowed."""
 
 
+def _raw(data: Union[str, bytes, bytearray, memoryview]) -> bytes:
+    return data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+
+
 def depth(data: Union[str, bytes]) -> int:
     """The deepest nesting of arrays and objects in ``data`` (0 for a scalar)."""
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
-    deepest = level = 0
-    for m in _TOKENS.finditer(raw):
-        token = m.group()
-        if token in (b"[", b"{"):
-            level += 1
-            deepest = max(deepest, level)
-        elif token in (b"]", b"}"):
-            level -= 1
-    return deepest
+    # escapes go first, pairwise from the left as JSON reads them (each \\ pair, then each \"); outside a
+    # string a backslash ends the parse, so what this changes after one is never parsed anyway
+    unescaped = _raw(data).replace(b"\\\\", b"").replace(b'\\"', b"")
+    brackets = _STRING.sub(b"", unescaped).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    level = np.cumsum(_OPENS[np.frombuffer(brackets, dtype=np.uint8)])
+    return max(0, int(level.max()))
 
 
 def loads(data: Union[str, bytes], max_depth: int = MAX_DEPTH) -> Any:
@@ -43,3 +57,11 @@ def loads(data: Union[str, bytes], max_depth: int = MAX_DEPTH) -> Any:
     if opened > max_depth and depth(data) > max_depth:  # fewer brackets than that: shallow enough
         raise JSONDepthError(f"nested deeper than {max_depth} levels")
     return json.loads(data)
+
+
+def loads_line(line: Union[str, bytes], max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
+    """``loads`` of one line of a file others write, refused (``ValueError``) when longer than
+    ``max_bytes``."""
+    if len(line) > max_bytes:
+        raise ValueError(f"a line of {len(line)} bytes (at most {max_bytes})")
+    return loads(line, max_depth)

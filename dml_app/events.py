@@ -35,6 +35,7 @@ from typing import Any
 from dml_app import bounded_json
 
 EVENT_VERSION = 1
+MAX_LINE_BYTES = 64 * 1024  # a longer line is not an event of ours: readers skip it, the writer never writes one
 MEMBERSHIP = ("peer_dropped", "peer_rejoined", "quorum_round", "round_failed", "ring_formed", "ring_aborted",
               "trainers_changed")
 
@@ -53,6 +54,10 @@ class EventLog:
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"v": EVENT_VERSION, "run_id": self.run_id, "node": self.node, "type": kind, "t": time.time(), **fields}
         line = json.dumps(event, separators=(",", ":"))
+        if len(line) > MAX_LINE_BYTES:  # kept readable: what made it long is said, not written
+            event = {k: event[k] for k in ("v", "run_id", "node", "type", "t")}
+            event["truncated"] = f"{len(line)} bytes, more than {MAX_LINE_BYTES}: fields {sorted(fields)[:20]} left out"
+            line = json.dumps(event, separators=(",", ":"))
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()
@@ -65,12 +70,12 @@ class EventLog:
 
 def read_events(path: str) -> list[dict[str, Any]]:
     """Every well-formed event in a JSON-lines file (a torn last line is skipped, and so are
-    bytes that are not UTF-8)."""
+    bytes that are not UTF-8 and lines longer than ``MAX_LINE_BYTES``)."""
     events = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
-                event = bounded_json.loads(line)
+                event = bounded_json.loads_line(line, MAX_LINE_BYTES)
             except ValueError:
                 continue
             if isinstance(event, dict) and "type" in event:

@@ -25,6 +25,8 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.model.topology import Topology
+from dml_app import bounded_json
+from dml_app.events import read_events
 from worker.api.errors import ConfigError
 
 SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
@@ -88,7 +90,7 @@ def _model_size_from_file(path: str) -> tuple[int, int]:
         if length > MAX_HEADER_BYTES:
             raise ConfigError(f"{path}: header of {length} bytes, more than {MAX_HEADER_BYTES}")
         try:
-            header = json.loads(f.read(length))
+            header = bounded_json.loads(f.read(length))
         except ValueError as e:
             raise ConfigError(f"{path}: header is not JSON: {e}") from None
     if not isinstance(header, dict):
@@ -227,14 +229,13 @@ def _started_samples(run_dir: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "events", "*.jsonl"))):
         try:
-            with open(path) as f:
-                for line in f:
-                    event = json.loads(line)
-                    if event.get("type") == "started" and isinstance(event.get("train_samples"), int):
-                        out[str(event.get("node"))] = event["train_samples"]
-                        break
-        except (OSError, ValueError):
+            events = read_events(path)  # the node wrote it: malformed and overlong lines are skipped
+        except OSError:
             continue
+        for event in events:
+            if event.get("type") == "started" and isinstance(event.get("train_samples"), int):
+                out[str(event.get("node"))] = event["train_samples"]
+                break
     return out
 
 

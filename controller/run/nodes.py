@@ -35,6 +35,7 @@ from controller.workers import deploy
 from controller.workers.api import Worker
 from dml_app import bounded_json
 from dml_app.compute import NODE_ENV
+from dml_app.events import MAX_LINE_BYTES as MAX_EVENT_LINE_BYTES
 from dml_app.models import kind_of
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.nodes.zygote import PRELOAD_ENV
@@ -133,7 +134,7 @@ class NodeState:
         ended, detail = None, ""
         for line in body.decode(errors="replace").splitlines():
             try:
-                event = bounded_json.loads(line)
+                event = bounded_json.loads_line(line, MAX_EVENT_LINE_BYTES)
             except ValueError:
                 continue
             if isinstance(event, dict) and event.get("type") in (State.DONE, State.FAILED):

@@ -170,11 +170,12 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
 
     @app.post("/print")
     def print_line() -> Any:
+        sender = node()  # its signature first: nothing unsigned is parsed
         try:  # a node's line: its nesting bounded, malformed is nothing
             data = bounded_json.loads(request.get_data())
         except ValueError:
             data = None
-        exp.on_print(node(), printable(data))
+        exp.on_print(sender, printable(data))
         return jsonify({"ok": True})
 
     @app.post("/log")
