@@ -2,19 +2,29 @@
 
 Nothing is monkey-patched: network-namespace work (setns) must run on real OS
 threads, so handlers hand blocking calls to gevent's thread pool.
+
+No caller can lock the others out: every connection is accepted at once and charged to
+its caller (``worker.admission``: a local uid, or a source address), which holds a bounded
+share; the request head must arrive within ``REQUEST_HEAD_S`` and a TLS handshake within
+``TLS_HANDSHAKE_S``, however slowly the bytes trickle.
 """
 from __future__ import annotations
 
 import logging
 import secrets
 import signal
+import socket
 import ssl
 from typing import Any, Callable, Mapping, Optional
 
+from worker.admission import Key, Places, raise_open_files_limit
 from worker.api.peers import is_loopback_host
 
 MIN_TOKEN_CHARS = 16
 LOCAL_ADDR_KEY = "edgetb.local_addr"  # WSGI environ: (address, port) the connection was accepted on
+CALLER_KEY = "edgetb.caller"  # WSGI environ: the caller the connection is charged to (worker.admission.Key)
+PLACES_KEY = "edgetb.places"  # WSGI environ: the server's Places
+SOCKET_KEY = "edgetb.socket"  # WSGI environ: the connection's socket (a stream watches it for the caller leaving)
 BODYLESS_METHODS = ("GET", "HEAD", "DELETE")
 
 
@@ -42,6 +52,7 @@ def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | No
     import gevent
 
     tls = {"ssl_context": ssl_context} if ssl_context is not None else {}
+    raise_open_files_limit()
     server = make_server((bind, port), app, error_log=log, **tls)
     for sig in (signal.SIGINT, signal.SIGTERM):  # stopping waits for the connections: not in the handler
         signal.signal(sig, lambda *_: gevent.spawn(server.stop, timeout=2))
@@ -53,26 +64,20 @@ def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | No
         on_stop()
 
 
-MAX_CONNECTIONS = 256  # connections served at once on one listening address; more wait in the backlog
 IDLE_READ_S = 30.0  # a connection that sends nothing for this long is closed
+REQUEST_HEAD_S = 10.0  # the request line and headers arrive within this, or the connection is closed
+TLS_HANDSHAKE_S = 10.0  # a TLS handshake ends within this, or the connection is closed
 
 
-def connection_pool(size: Optional[int] = None) -> Any:
-    """A gevent pool that caps the connections served at once (``MAX_CONNECTIONS`` by default);
-    servers that share it share the cap."""
-    from gevent.pool import Pool
-
-    return Pool(size or MAX_CONNECTIONS)
-
-
-def make_server(listener: Any, app: Any, pool: Any = None, idle_read_s: Optional[float] = None,
+def make_server(listener: Any, app: Any, places: Optional[Places] = None, idle_read_s: Optional[float] = None,
                 freebind: bool = False, **kw: Any) -> Any:
-    """gevent's WSGI server on ``listener`` ((address, port) or a bound socket), serving at most
-    ``pool``'s size of connections at once (a new pool of ``MAX_CONNECTIONS`` by default), closing
-    a connection whose read waits ``idle_read_s``, and telling the app the address each
-    connection was accepted on (environ ``edgetb.local_addr``). ``freebind``: the address may
-    not exist yet (a bridge made later); the listening socket is bound with IP_FREEBIND."""
-    import socket
+    """gevent's WSGI server on ``listener`` ((address, port) or a bound socket), charging each
+    connection to its caller in ``places`` (new ones by default; listeners of one server share
+    them), closing a connection whose read waits ``idle_read_s`` or whose request head takes
+    longer than ``REQUEST_HEAD_S``, and telling the app the address each connection was
+    accepted on (environ ``edgetb.local_addr``) and its caller (``edgetb.caller``). ``freebind``:
+    the address may not exist yet (a bridge made later); the listening socket is bound with
+    IP_FREEBIND."""
 
     if freebind and isinstance(listener, tuple):
         family = socket.AF_INET6 if ":" in listener[0] else socket.AF_INET
@@ -89,21 +94,25 @@ def make_server(listener: Any, app: Any, pool: Any = None, idle_read_s: Optional
         listener = sock
     kw.setdefault("log", None)
     idle = IDLE_READ_S if idle_read_s is None else idle_read_s
-    return _server_class(idle)(listener, app, spawn=pool if pool is not None else connection_pool(), **kw)
+    server = _server_class(idle)(listener, app, spawn="default", **kw)
+    server.places = places if places is not None else Places()
+    return server
 
 
 class Servers:
-    """One app served on several addresses, each with its own connection cap (the nodes, on the
-    bridge's address, cannot take the places of loopback's callers): started, served and stopped
-    together (what ``WSGIServer`` offers for one)."""
+    """One app served on several addresses, sharing one set of places (a caller's share is the
+    same whichever address it calls): started, served and stopped together (what ``WSGIServer``
+    offers for one)."""
 
-    def __init__(self, addresses: list[tuple[str, int]], app: Any, pool_size: Optional[int] = None,
+    def __init__(self, addresses: list[tuple[str, int]], app: Any, places: Optional[Places] = None,
                  freebind: bool = True, **kw: Any) -> None:
         self.addresses = list(dict.fromkeys(addresses))
+        self.places = places if places is not None else Places()
         self.servers = []
+        raise_open_files_limit()
         try:
             for a in self.addresses:
-                self.servers.append(make_server(a, app, pool=connection_pool(pool_size),
+                self.servers.append(make_server(a, app, places=self.places,
                                                 freebind=freebind and not is_loopback_host(a[0]), **kw))
         except BaseException:
             self.close()
@@ -145,25 +154,88 @@ class Servers:
                 sock.close()
 
 
+class HeadTooSlow(socket.timeout):
+    """The request head (or a TLS handshake) did not arrive in time."""
+
+
 def _server_class(idle_read_s: Optional[float] = IDLE_READ_S) -> Any:
     """gevent's WSGI server with Nagle's algorithm off on every connection (a response written
     in two pieces, headers then body, otherwise waits for the client's delayed ACK: 40 ms on
-    loopback), reads that time out after ``idle_read_s``, and the accepted address in environ."""
-    import socket
-
+    loopback), each connection charged to its caller at accept (closed at once over its share),
+    reads that time out after ``idle_read_s``, a deadline for each request head and TLS
+    handshake, and the accepted address and the caller in environ."""
+    import gevent
     from gevent.pywsgi import WSGIHandler, WSGIServer
 
     class Handler(WSGIHandler):
+        _head_deadline: Any = None
+
+        def handle_one_request(self) -> Any:
+            # the wait for a request on a kept-alive connection counts: a silent one is closed too
+            self._head_deadline = gevent.Timeout.start_new(REQUEST_HEAD_S, HeadTooSlow("request head too slow"))
+            try:
+                return super().handle_one_request()
+            finally:
+                self._head_deadline.close()
+
+        def read_request(self, raw_requestline: str) -> Any:
+            try:
+                return super().read_request(raw_requestline)
+            finally:
+                self._head_deadline.close()  # the head is in: the body and the answer take their time
+
+        def _handle_client_error(self, ex: Exception) -> Any:
+            if isinstance(ex, OSError):  # a deadline or a reset in the head: close, nothing to tell
+                return None
+            return super()._handle_client_error(ex)
+
         def get_environ(self) -> Any:
             env = super().get_environ()
             try:
                 env[LOCAL_ADDR_KEY] = self.socket.getsockname()[:2]
             except (OSError, TypeError):  # not an IP socket (a test's socketpair)
                 pass
+            env[CALLER_KEY] = self.server.callers.get(self.socket)
+            env[PLACES_KEY] = self.server.places
+            env[SOCKET_KEY] = self.socket
             return env
 
     class NoDelayServer(WSGIServer):
         handler_class = Handler
+        places: Places
+
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            self.callers: dict[Any, Key] = {}  # each connection's caller, by its (TLS-wrapped) socket
+
+        def do_handle(self, sock: Any, address: Any) -> None:
+            """Charge the connection to its caller, or close it at once when the caller holds its share."""
+            key = self.places.key_of(sock)
+            if not self.places.take(key):
+                sock.close()
+                return
+            self.callers[sock] = key
+            super().do_handle(sock, address)
+
+        def do_close(self, sock: Any, *args: Any) -> None:
+            key = self.callers.pop(sock, None)
+            if key is not None:
+                self.places.give_back(key)
+            super().do_close(sock, *args)
+
+        def wrap_socket_and_handle(self, client_socket: Any, address: Any) -> Any:
+            """The TLS handshake under a deadline (a caller that never sends its hello is closed)."""
+            try:
+                with gevent.Timeout(TLS_HANDSHAKE_S, HeadTooSlow("TLS handshake too slow")):
+                    tls_socket = self.wrap_socket(client_socket, **self.ssl_args)
+            except OSError:  # the deadline, a reset, a bad hello: nothing to answer
+                return None
+            self.callers[tls_socket] = self.callers.get(client_socket)  # type: ignore[assignment]
+            try:
+                return self.handle(tls_socket, address)
+            finally:
+                self.callers.pop(tls_socket, None)
+                tls_socket.close()
 
         def handle(self, sock: Any, address: Any) -> Any:
             try:

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 from urllib.parse import urlsplit
 
+from worker.admission import plain as _plain, trusted_uids  # noqa: F401  (trusted_uids: callers' API)
 from worker.api.errors import AuthError
-from worker.serving import LOCAL_ADDR_KEY
+from worker.kernel import sockdiag
+from worker.serving import CALLER_KEY, LOCAL_ADDR_KEY
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 TCP_ESTABLISHED = 0x01
@@ -117,16 +119,6 @@ def tcp_sockets(tables: Iterable[str] = TCP_TABLES, listening: Optional[bool] = 
                 continue
 
 
-def _plain(addr: str) -> str:
-    """``::ffff:127.0.0.1`` -> ``127.0.0.1``; anything else as given (normalised)."""
-    try:
-        ip = ipaddress.ip_address(addr.split("%")[0])
-    except ValueError:
-        return addr
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return str(mapped or ip)
-
-
 def is_loopback(addr: Optional[str]) -> bool:
     try:
         return bool(addr) and ipaddress.ip_address(_plain(addr)).is_loopback  # type: ignore[arg-type]
@@ -139,8 +131,17 @@ def peer_uid(remote_addr: str, remote_port: int, local: tuple[str, int],
     """The uid owning the caller's end of a loopback connection that the server accepted on
     ``local`` (its own address and port): the one ESTABLISHED socket with a non-zero inode
     whose local end is the caller's address and port and whose remote end is ``local``;
-    None when there is none or more than one."""
+    None when there is none or more than one. The kernel's own tables are asked for that
+    four-tuple alone (``worker.kernel.sockdiag``); ``tables`` given, or no sock_diag, they are read."""
     want = ((_plain(remote_addr), remote_port), (_plain(local[0]), local[1]))
+    if tables is TCP_TABLES:
+        try:
+            found_one = sockdiag.owner(*want)
+        except OSError:
+            pass
+        else:
+            ok = found_one is not None and found_one.state == TCP_ESTABLISHED and found_one.inode != 0
+            return found_one.uid if ok else None  # type: ignore[union-attr]
     found: list[int] = []
     for sock in tcp_sockets(tables, listening=False):
         if sock.state != TCP_ESTABLISHED or sock.inode == 0:
@@ -165,15 +166,6 @@ def listener_uid(addr: str, port: int, tables: Iterable[str] = TCP_TABLES) -> Op
         if bound in wildcard and found is None:
             found = sock.uid
     return found
-
-
-def trusted_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]:
-    """Root, this process's user, and the user who ran it through sudo (``SUDO_UID``)."""
-    uids = {0, os.geteuid()}
-    sudo = environ.get("SUDO_UID", "")
-    if sudo.isdigit():
-        uids.add(int(sudo))
-    return frozenset(uids)
 
 
 # --- Host, Origin and friends ---------------------------------------------------------------
@@ -258,12 +250,15 @@ class Caller:
 
 
 def caller_of(environ: Mapping[str, Any], tables: Iterable[str] = TCP_TABLES) -> Caller:
-    """The caller of a WSGI request (``REMOTE_ADDR``, ``REMOTE_PORT``, and the address the
-    connection was accepted on, ``LOCAL_ADDR_KEY``, which ``worker.serving`` servers set);
-    a loopback caller without that address has no uid."""
+    """The caller of a WSGI request: the uid ``worker.serving`` servers found at accept
+    (``CALLER_KEY``), or else from ``REMOTE_ADDR``, ``REMOTE_PORT`` and the address the
+    connection was accepted on (``LOCAL_ADDR_KEY``); a loopback caller without them has no uid."""
     addr = environ.get("REMOTE_ADDR", "")
     if not is_loopback(addr):
         return Caller(addr, False, None)
+    key = environ.get(CALLER_KEY)
+    if tables is TCP_TABLES and isinstance(key, tuple) and key[0] == "uid":
+        return Caller(addr, True, key[1])
     try:
         port = int(environ.get("REMOTE_PORT", ""))
     except ValueError:

@@ -22,14 +22,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from typing import Any, Callable, Optional
 
 from flask import Flask, Response, jsonify, request, send_from_directory
+from werkzeug.exceptions import TooManyRequests
 
 from controller.web import run_view
 from worker.api.errors import ConfigError, NotFound
-from worker.serving import run_blocking
+from worker.serving import CALLER_KEY, PLACES_KEY, SOCKET_KEY, run_blocking
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 PUSH_CHECK_S = 0.25  # how often a stream looks for a new sample
@@ -42,6 +44,34 @@ def _int_arg(name: str) -> int:
     if not text.isdigit() or len(text) > 12:
         raise ConfigError(f"?{name}= must be a whole number, not {text[:20]!r}")
     return int(text)
+
+
+def _left(client: Any, wait_s: float) -> bool:
+    """Wait ``wait_s``, or less when the client of a stream hangs up: whether it did (its end
+    closed or reset; data it sends meanwhile is not read, a stream's client sends none)."""
+    import gevent
+    from gevent.socket import wait_read
+
+    if client is None:
+        gevent.sleep(wait_s)
+        return False
+    try:
+        wait_read(client.fileno(), timeout=wait_s)
+    except socket.timeout:
+        return False  # nothing came: still there
+    except (OSError, ValueError):
+        return True  # the socket is closed already
+    try:
+        if client.recv(1, socket.MSG_PEEK) == b"":
+            return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    except ValueError:  # a TLS socket cannot peek: it is watched by its writes alone
+        pass
+    gevent.sleep(wait_s)  # it sent something: that does not end the stream
+    return False
 
 
 def register(app: Flask, workdir: str, reader: Callable[[], None], user: Callable[[], None],
@@ -68,23 +98,29 @@ def register(app: Flask, workdir: str, reader: Callable[[], None], user: Callabl
         reader()
         feed = live()
         seen = [_int_arg("samples"), _int_arg("events"), request.args.get("phase", "")[:20]]
+        places, caller, client = (request.environ.get(k) for k in (PLACES_KEY, CALLER_KEY, SOCKET_KEY))
+        if places is not None and not places.take_stream(caller):
+            raise TooManyRequests(f"at most {places.streams_per_caller} streams at once for one caller")
 
         def messages() -> Any:
-            import gevent
-
             started = quiet = time.monotonic()
-            yield "retry: 2000\n\n"
-            while time.monotonic() - started < STREAM_MAX_S:
-                update = feed.update(*seen)
-                if update is not None:
-                    seen[:] = [update["samples"], update["events"][-1]["seq"] if update["events"] else seen[1],
-                               update["phase"]]
-                    quiet = time.monotonic()
-                    yield f"data: {json.dumps(update, separators=(',', ':'))}\n\n"
-                elif time.monotonic() - quiet > KEEPALIVE_S:
-                    quiet = time.monotonic()
-                    yield ": alive\n\n"
-                gevent.sleep(PUSH_CHECK_S)
+            try:
+                yield "retry: 2000\n\n"
+                while time.monotonic() - started < STREAM_MAX_S:
+                    update = feed.update(*seen)
+                    if update is not None:
+                        seen[:] = [update["samples"], update["events"][-1]["seq"] if update["events"] else seen[1],
+                                   update["phase"]]
+                        quiet = time.monotonic()
+                        yield f"data: {json.dumps(update, separators=(',', ':'))}\n\n"
+                    elif time.monotonic() - quiet > KEEPALIVE_S:
+                        quiet = time.monotonic()
+                        yield ": alive\n\n"
+                    if _left(client, PUSH_CHECK_S):
+                        return
+            finally:
+                if places is not None:
+                    places.give_back_stream(caller)
 
         return Response(messages(), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

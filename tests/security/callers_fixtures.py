@@ -33,9 +33,9 @@ class Served:
     """A WSGI app on 0.0.0.0:<free port>, served by the project's gevent server in its own thread
     until ``close``."""
 
-    def __init__(self, app: Any, pool_size: Optional[int] = None) -> None:
+    def __init__(self, app: Any, places: Any = None) -> None:
         self.port = free_port()
-        self.pool_size = pool_size
+        self.places = places
         self._stop = threading.Event()
         self._up = threading.Event()
         self.error: Optional[BaseException] = None
@@ -47,11 +47,10 @@ class Served:
     def _serve(self, app: Any) -> None:
         import gevent
 
-        from worker.serving import connection_pool, make_server
+        from worker.serving import make_server
 
         try:
-            pool = connection_pool(self.pool_size) if self.pool_size else None
-            server = make_server(("0.0.0.0", self.port), app, pool=pool)
+            server = make_server(("0.0.0.0", self.port), app, places=self.places)
             server.start()
         except BaseException as e:  # reported by __init__
             self.error = e

@@ -25,6 +25,7 @@ from controller.web.app import create_app
 from controller.web.live import LiveFeed
 from tests.netns.conftest import free_subnet, new_testbed_id
 from tests.security.callers_fixtures import NOBODY_UID, Served, curl_as, need_root
+from worker.admission import Places
 from worker.api.errors import ConfigError
 from worker.host import WorkerHost
 
@@ -39,7 +40,7 @@ def make_controller(tmp_path, monkeypatch):
     need_root()
     made = []
 
-    def make(env: dict | None = None, progress=None, record: list | None = None, pool_size: int | None = None, **kw):
+    def make(env: dict | None = None, progress=None, record: list | None = None, places=None, **kw):
         for key in ("SUDO_UID", callers.ALLOWED_HOSTS_ENV):
             monkeypatch.delenv(key, raising=False)
         for key, value in (env or {}).items():
@@ -52,7 +53,7 @@ def make_controller(tmp_path, monkeypatch):
                          progress=progress or lines.append)
         exp.live = LiveFeed(exp)
         app = create_app(exp, admin_token=kw.pop("admin_token", ADMIN_TOKEN), **kw)
-        served = Served(app if record is None else recording(app, record), pool_size)
+        served = Served(app if record is None else recording(app, record), places)
         made.append((served, worker))
         return exp, served, lines
 
@@ -211,7 +212,8 @@ def test_a_closed_socket_lends_no_identity_to_a_live_one(make_controller, monkey
     # the server's next write to a decoy (a keep-alive line) ends it: 3200 decoys come and go
     monkeypatch.setattr(dashboard, "KEEPALIVE_S", 1.0)
     monkeypatch.setattr(dashboard, "PUSH_CHECK_S", 0.5)
-    exp, served, _ = make_controller(pool_size=4096)
+    # the decoys are nobody's: its shares would refuse them before the server notices they left
+    exp, served, _ = make_controller(places=Places(per_caller=4096, streams_per_caller=4096))
     codes = json.loads(run_as_nobody(DECOYS, served.port, 100))
     assert codes == [403] * 100, codes
     assert exp.phase == "created"

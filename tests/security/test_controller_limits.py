@@ -20,8 +20,9 @@ import requests
 
 from controller.runner import listen_addresses
 from tests.security.callers_fixtures import free_port
-from tests.security.test_controller_callers import lan_address, make_controller, node_post  # noqa: F401
+from tests.security.test_controller_callers import lan_address, make_controller, node_post, run_as_nobody  # noqa: F401
 from worker import serving
+from worker.admission import Places
 from worker.api.errors import ConfigError, TestbedError
 
 BOMB_BYTES = 20 << 20  # what the node's 20 KiB gzip answer expands to
@@ -157,22 +158,55 @@ def test_an_idle_connection_is_closed(make_controller, monkeypatch):
         assert time.monotonic() - started < 5
 
 
-def test_connections_are_capped(make_controller, monkeypatch):
-    monkeypatch.setattr(serving, "MAX_CONNECTIONS", 4)
-    _, served, _ = make_controller()
-    held = [socket.create_connection(("127.0.0.1", served.port), timeout=10) for _ in range(4)]
+def test_an_untrusted_callers_connections_are_capped_and_roots_are_not(make_controller):
+    """Root's connections are never refused for room; the nobody uid's share is 4 at once: its
+    fifth is closed at accept, and a place it frees is its own again."""
+    _, served, _ = make_controller(places=Places(per_caller=4, total=4096, trusted=frozenset({0})))
+    status = b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    roots = [socket.create_connection(("127.0.0.1", served.port), timeout=10) for _ in range(8)]
     try:
-        for s in held:  # each one in the server: it answered
-            s.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        for s in roots:
+            s.sendall(status)
             assert s.recv(4096).startswith(b"HTTP/1.1 200")
-        assert _answer_within(served.port, b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n", 2) == b""
-        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as waiting:
-            waiting.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            held.pop().close()  # a place frees: the waiting one is served
-            assert waiting.recv(4096).startswith(b"HTTP/1.1 200")
     finally:
-        for s in held:
+        for s in roots:
             s.close()
+    codes = json.loads(run_as_nobody(HOLD_FIVE, served.port))
+    assert codes == {"held": [200, 200, 200, 200], "fifth": "closed", "after_one_left": 200}, codes
+
+
+# Run as nobody: 4 connections that each get an answer and stay open, a fifth (closed by the
+# server at once: its recv ends), then one of the four closed and a new one answered.
+HOLD_FIVE = r"""
+import json, socket, sys, time
+port = int(sys.argv[1])
+status = b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+def ask(s):
+    s.sendall(status)
+    got = s.recv(4096)
+    return int(got.split()[1]) if got else "closed"
+
+held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
+out = {"held": [ask(s) for s in held]}
+with socket.create_connection(("127.0.0.1", port), timeout=10) as fifth:
+    try:
+        out["fifth"] = ask(fifth)
+    except OSError:
+        out["fifth"] = "closed"
+held.pop().close()
+deadline = time.monotonic() + 10
+while True:  # the server gives the place back once it has seen the close
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as again:
+        try:
+            out["after_one_left"] = ask(again)
+        except OSError:
+            out["after_one_left"] = "closed"
+    if out["after_one_left"] != "closed" or time.monotonic() > deadline:
+        break
+    time.sleep(0.05)
+print(json.dumps(out))
+"""
 
 
 def test_the_controller_listens_on_loopback_and_the_nodes_address_only(make_controller):
