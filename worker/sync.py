@@ -249,6 +249,7 @@ def sync_http(url: str, token: str, dest: str, trees: Sequence[str] = TREES, tim
     started = time.monotonic()
     base = url.rstrip("/")
     with requests.Session() as session:
+        session.trust_env = False  # the controller directly: never through $HTTP_PROXY and friends
         session.headers["Authorization"] = f"Bearer {token}"
         if manifest is not None:
             files = check_manifest(manifest, trees)

@@ -177,6 +177,7 @@ class Nodes(Mapping[str, NodeState]):
         # a Keras model: the hosts' zygotes import TensorFlow once, for every node they fork
         self.preload = {n: "tensorflow" for n, c in structure.items() if kind_of(c.get("model") or {}) == "keras"}
         self._session = requests.Session()
+        self._session.trust_env = False  # nodes directly: never through $HTTP_PROXY and friends
         self._session.headers["Accept-Encoding"] = "identity"  # a node's answer is never decompressed
         self._session.auth = self.auth.signer(lambda: {f"{n.ip}:{self.port}": n.name for n in self.states.values()})
 

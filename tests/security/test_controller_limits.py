@@ -96,6 +96,17 @@ def test_a_node_answer_is_read_raw_and_capped(make_controller, bad_node):
     assert BadNode.seen and set(BadNode.seen) == {"identity"}, BadNode.seen
 
 
+def test_calls_to_nodes_ignore_the_proxy_environment(make_controller, bad_node, monkeypatch):
+    """Institutions set $HTTP_PROXY: the controller's calls to its own nodes never go there."""
+    exp, _, _ = make_controller()
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens: a proxied call fails
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    exp.nodes["n1"].ip, exp.nodes.port = "127.0.0.1", bad_node
+    assert exp.nodes.post("n1", "/ok", {}) == {"ok": True}
+
+
 def _answer_within(port: int, request: bytes, seconds: float) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=seconds) as s:
         s.sendall(request)

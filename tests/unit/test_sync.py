@@ -230,6 +230,15 @@ def test_sync_http_fetches_then_keeps_then_mirrors_changes(src, tmp_path, serve)
     assert read(dest, "dml_app/__pycache__/node.cpython-311.pyc") == b"local cache"
 
 
+def test_sync_http_ignores_the_proxy_environment(src, tmp_path, serve, monkeypatch):
+    url = serve(files_app(src))
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens: a proxied fetch fails
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert sync.sync_http(url, TOKEN, str(tmp_path / "dest"))["fetched"] == 4
+
+
 def test_sync_http_same_size_change_is_fetched_and_extras_removed(src, tmp_path, serve):
     url = serve(files_app(src))
     dest = tmp_path / "dest"
