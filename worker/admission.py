@@ -47,17 +47,28 @@ def plain(addr: str) -> str:
     return str(mapped or ip)
 
 
+def _held_uid(found: sockdiag.SocketOwner) -> Optional[int]:
+    """A socket's owner when it is ESTABLISHED and held by a process, else None (an orphan, a closed end)."""
+    return found.uid if found.state == sockdiag.TCP_ESTABLISHED and found.inode != 0 else None
+
+
+def owner_uid(peer: tuple[str, int], local: tuple[str, int]) -> Optional[int]:
+    """The uid owning the caller's end ``peer`` of a connection accepted on ``local``, when that
+    end is a socket of this namespace, ESTABLISHED and held by a process; else None. OSError
+    when the kernel cannot be asked (no sock_diag)."""
+    found = sockdiag.owner((plain(peer[0]), peer[1]), (plain(local[0]), local[1]))
+    return None if found is None else _held_uid(found)
+
+
 def local_uid(peer: tuple[str, int], local: tuple[str, int]) -> tuple[bool, Optional[int]]:
-    """(whether the caller's end is a socket of this namespace, its owner's uid): the uid when
-    that socket is ESTABLISHED and held by a process, else None (an orphan, a closed end)."""
+    """(whether the caller's end is a socket of this namespace, its ``owner_uid``)."""
     try:
         found = sockdiag.owner((plain(peer[0]), peer[1]), (plain(local[0]), local[1]))
     except OSError:  # no sock_diag: only loopback is known to be local
-        return ipaddress.ip_address(plain(peer[0])).is_loopback, None
+        found = None
     if found is None:
         return ipaddress.ip_address(plain(peer[0])).is_loopback, None
-    held = found.state == sockdiag.TCP_ESTABLISHED and found.inode != 0
-    return True, found.uid if held else None
+    return True, _held_uid(found)
 
 
 def raise_open_files_limit(want: int = 65536) -> int:

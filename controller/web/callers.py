@@ -1,12 +1,14 @@
 """Who is calling the controller, and from which page.
 
 - **Loopback caller identity.** The owner of a loopback TCP connection is in the kernel's
-  socket table (``/proc/net/tcp``, ``/proc/net/tcp6``): the ``uid`` of the one ESTABLISHED
-  socket, held open by a process (non-zero inode), whose four-tuple mirrors the accepted
-  connection's (local end = the caller's address and port, remote end = the address and port
-  the server accepted it on). A closed socket (FIN-WAIT, TIME-WAIT: uid 0, inode 0), a
-  connection to another address, or two candidates name nobody. Root, the user who started
-  the controller through sudo (``SUDO_UID``) and the controller's own user are trusted.
+  socket table: the ``uid`` of the ESTABLISHED socket, held open by a process (non-zero
+  inode), whose four-tuple mirrors the accepted connection's (local end = the caller's address
+  and port, remote end = the address and port the server accepted it on), asked for that
+  four-tuple alone when the connection is accepted (``worker.admission``); the tables
+  (``/proc/net/tcp``, ``/proc/net/tcp6``) are read only where sock_diag is missing. A closed
+  socket (FIN-WAIT, TIME-WAIT: uid 0, inode 0), a connection to another address, or two
+  candidates name nobody. Root, the user who started the controller through sudo
+  (``SUDO_UID``) and the controller's own user are trusted.
 - **Host and Origin.** A request's ``Host`` must be a loopback name, an address of this
   machine, or a configured name (``EDGETB_ALLOWED_HOSTS``, comma-separated): a page served
   from ``attacker.example`` that rebinds its name to 127.0.0.1 sends ``Host:
@@ -25,9 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 from urllib.parse import urlsplit
 
-from worker.admission import plain as _plain, trusted_uids  # noqa: F401  (trusted_uids: callers' API)
+from worker.admission import owner_uid, plain as _plain, trusted_uids  # noqa: F401  (trusted_uids: callers' API)
 from worker.api.errors import AuthError
-from worker.kernel import sockdiag
 from worker.serving import CALLER_KEY, LOCAL_ADDR_KEY
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
@@ -136,12 +137,9 @@ def peer_uid(remote_addr: str, remote_port: int, local: tuple[str, int],
     want = ((_plain(remote_addr), remote_port), (_plain(local[0]), local[1]))
     if tables is TCP_TABLES:
         try:
-            found_one = sockdiag.owner(*want)
+            return owner_uid(*want)
         except OSError:
             pass
-        else:
-            ok = found_one is not None and found_one.state == TCP_ESTABLISHED and found_one.inode != 0
-            return found_one.uid if ok else None  # type: ignore[union-attr]
     found: list[int] = []
     for sock in tcp_sockets(tables, listening=False):
         if sock.state != TCP_ESTABLISHED or sock.inode == 0:
