@@ -111,7 +111,7 @@ def zygote_pids(parent: int) -> list[int]:
             if ppid != parent:
                 continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if b"worker.nodes.zygote" in f.read():
+                if b"worker.confinement.zygote" in f.read():
                     found.append(int(entry))
         except (OSError, ValueError):
             pass

@@ -7,7 +7,7 @@ root. As root, the probe runs as ``nobody`` without capabilities, in network, mo
 namespaces of its own (no network at all), in a session of its own (killed whole when it ends or
 times out), seeing Python, the code and the experiment directory read-only (without ``dml_file/``),
 the inputs the controller wrote for it read-only and one directory of its own to write, under the
-nodes' rlimits and seccomp filter (``worker.nodes.privilege.become_node``). What it writes is read
+nodes' rlimits and seccomp filter (``worker.confinement.privilege.become_node``). What it writes is read
 back without following links, from regular files only, bounded in size. As another user (tests, the
 Python API without root), it runs as that user, unconfined.
 """
@@ -28,9 +28,9 @@ from typing import Any, BinaryIO, Sequence
 import numpy as np
 
 from worker.api.errors import ConfigError
+from worker.confinement import confine, fsview, privilege, zygote
+from worker.confinement.uids import Identity
 from worker.kernel import nsfs
-from worker.nodes import confine, fsview, privilege, zygote
-from worker.nodes.uids import Identity
 
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOBODY = Identity(65534, 65534)

@@ -35,7 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
-from worker.nodes import cgroups
+from worker.confinement import cgroups
 
 from worker.api.errors import CapabilityError, NodeRuntimeError, NotFound
 from worker.api.faults import (Background, BackgroundResult, Clear, Drop, FaultKind, Freeze,

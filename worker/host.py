@@ -21,8 +21,8 @@ from worker.api import bodies
 from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, TestbedError
 from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, check_version, ifname
-from worker.nodes import zygote
-from worker.nodes.cgroups import detect_version
+from worker.confinement import zygote
+from worker.confinement.cgroups import detect_version
 from worker.nodes.netns import NetnsRuntime, NodeSpec
 from worker.nodes.processes import Processes
 from worker.observe.capture import SNAP_BYTES, Captures
@@ -150,7 +150,7 @@ class WorkerHost:
 
     # processes (worker.nodes.processes) ---------------------------------------------------
     def start_process(self, node: str, body: Any) -> dict[str, Any]:
-        """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.nodes.privilege``)."""
+        """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.confinement.privilege``)."""
         return versioned(self.procs.start_process(node, bodies.checked(bodies.START_PROCESS, body)))
 
     def start_node(self, node: str, body: Any) -> dict[str, Any]:

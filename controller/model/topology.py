@@ -16,7 +16,7 @@ needs a ``delay``; ``loss`` is a percentage (``"0.5%"`` or a JSON number);
 
 nodes file (optional; ``kind`` defaults to emulated, ``host`` to local; a
 physical node needs an IPv4 ``ip`` and takes no cpu/mem/pids limits; an emulated
-node without ``mem`` or ``pids`` gets the worker's defaults, see ``worker.nodes.confine``)::
+node without ``mem`` or ``pids`` gets the worker's defaults, see ``worker.confinement.confine``)::
 
     {"nodes": [{"name": "n1", "kind": "emulated", "host": "local", "cpu": 0.5, "mem": "256M", "pids": 256},
                {"name": "pi1", "kind": "physical", "ip": "192.168.1.20"}]}

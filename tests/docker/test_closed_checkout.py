@@ -78,7 +78,7 @@ def test_a_docker_node_imports_its_code_and_reads_its_shard_from_a_closed_checko
 
 
 def test_a_netns_node_runs_from_the_same_checkout(closed_checkout, tmp_path):
-    """The netns node's view (worker.nodes.privilege) covers the closed directories and shows the checkout."""
+    """The netns node's view (worker.confinement.privilege) covers the closed directories and shows the checkout."""
     host = WorkerHost(new_testbed_id(), free_subnet(), state_root=str(tmp_path / "state"),
                       code_root=str(closed_checkout), workdir=str(closed_checkout))
     try:

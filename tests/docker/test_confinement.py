@@ -9,8 +9,8 @@ import time
 from tests.docker.conftest import DOCKER, run
 from tests.netns.conftest import report
 from tests.security.test_node_confinement import FORK_BOMB, sample_peak
+from worker.confinement import cgroups, confine
 from worker.host import WorkerHost
-from worker.nodes import cgroups, confine
 
 pytestmark = DOCKER
 

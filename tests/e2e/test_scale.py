@@ -43,7 +43,7 @@ def test_hundred_gossip_nodes_through_the_zygote(run, tmp_path) -> None:
     r: Run = run(structure=structure, dataset=dataset, links=links)
     ready = r.wait_phase("ready", timeout_s=150)
     assert len(ready["nodes"]) == N and all(n["up"] for n in ready["nodes"])
-    assert all(b"worker.nodes.zygote" in parent_cmdline(n["pid"]) for n in ready["nodes"])  # forked, not exec'd
+    assert all(b"worker.confinement.zygote" in parent_cmdline(n["pid"]) for n in ready["nodes"])  # forked, not exec'd
     # a node's linked peers are permanent neighbours, with the MAC addresses their addresses give
     ips = {n["name"]: n["ip"] for n in ready["nodes"]}
     held = {e.ip: e.mac for e in neighbours.read(f"etb-{r.id}-n1") if e.permanent}

@@ -7,7 +7,7 @@ import pytest
 
 from tests.netns.conftest import NETNS, nodes_body, report
 from worker.api.errors import TestbedTimeout
-from worker.nodes.cgroups import detect_version
+from worker.confinement.cgroups import detect_version
 
 pytestmark = NETNS + [pytest.mark.skipif(detect_version() is None,
                                          reason="no cgroup v1 (cpu, memory) or v2 hierarchy under /sys/fs/cgroup")]

@@ -17,8 +17,8 @@ from controller.results.run_dir import RunDir
 from controller.telemetry.collector import Collector
 from controller.telemetry.export import configured_rates
 from tests.netns.conftest import NETNS, IPERF_PORT, iperf_server, links, need_iperf3, nodes_body, report
+from worker.confinement.cgroups import CounterReader, detect_version
 from worker.kernel import netlink as nl
-from worker.nodes.cgroups import CounterReader, detect_version
 from worker.observe.stats import StatsSocket
 
 pytestmark = NETNS
@@ -148,7 +148,7 @@ def test_v1_reader_against_a_real_group():
     root = "/sys/fs/cgroup"
     if detect_version(root) != 1:
         pytest.skip("no cgroup v1 hierarchies here")
-    from worker.nodes.cgroups import v1_hierarchies
+    from worker.confinement.cgroups import v1_hierarchies
 
     name = f"edgetb-test-{secrets.token_hex(3)}"
     dirs = [os.path.join(root, h, name) for h in v1_hierarchies(root)]

@@ -14,10 +14,10 @@ import requests
 
 from tests.netns.conftest import NETNS, nodes_body
 from worker.api.errors import NodeRuntimeError
+from worker.confinement import zygote
 from worker.host import WorkerHost
 from worker.kernel import nsfs
 from worker.kernel.procs import start_ticks
-from worker.nodes import zygote
 
 pytestmark = NETNS
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

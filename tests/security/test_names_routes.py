@@ -11,8 +11,8 @@ import pytest
 from tests.netns.conftest import nodes_body, root_skip_reason
 from worker import routes
 from worker.api.errors import ConfigError
+from worker.confinement import cgroups, fsview, privilege, uids
 from worker.kernel import nsfs
-from worker.nodes import cgroups, fsview, privilege, uids
 from worker.nodes.netns import Naming, NodeSpec
 from worker.routes import Route, overlaps, parse_routes
 from worker.state import read_host_json

@@ -19,8 +19,8 @@ from tests.netns.conftest import nodes_body, report
 from tests.security.conftest import SECURITY
 from tests.security.test_node_privilege import run_py, status_fields, wait_for
 from tests.security.test_zygote_node import answers, start
+from worker.confinement import confine
 from worker.host import WorkerHost
-from worker.nodes import confine
 
 pytestmark = SECURITY
 

@@ -15,9 +15,9 @@ import pytest
 
 from tests.netns.conftest import nodes_body
 from tests.security.conftest import SECURITY
+from worker.confinement import privilege, uids
 from worker.host import WorkerHost
 from worker.kernel import nsfs
-from worker.nodes import privilege, uids
 
 pytestmark = SECURITY
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from controller import sandbox
-from worker.nodes import privilege
+from worker.confinement import privilege
 
 pytestmark = [pytest.mark.security, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 

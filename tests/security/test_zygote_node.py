@@ -14,8 +14,8 @@ from dml_app.compute import NODE_ENV
 from tests.netns.conftest import nodes_body
 from tests.security.conftest import SECURITY
 from tests.security.test_node_privilege import status_fields, wait_for
+from worker.confinement import privilege
 from worker.host import WorkerHost
-from worker.nodes import privilege
 
 pytestmark = SECURITY
 PORT = 4444

@@ -4,8 +4,8 @@ import os
 import pytest
 
 from worker.api.errors import CapabilityError, NodeRuntimeError
-from worker.nodes.cgroups import CFS_PERIOD_US, Cgroups, detect_version, limit_writes
-from worker.nodes.confine import DEFAULT_PIDS_MAX, default_mem_bytes
+from worker.confinement.cgroups import CFS_PERIOD_US, Cgroups, detect_version, limit_writes
+from worker.confinement.confine import DEFAULT_PIDS_MAX, default_mem_bytes
 
 MIB = 2**20
 
@@ -218,7 +218,7 @@ def cgroupfs_open(real_open=open):
 def test_required_limit_file_missing_is_an_error(tmp_path, monkeypatch):
     v1_tree(tmp_path, "edgetb-x", "n1")
     (tmp_path / "cpu/edgetb-x/n1/cpu.cfs_quota_us").unlink()
-    monkeypatch.setattr("worker.nodes.cgroups.open", cgroupfs_open(), raising=False)
+    monkeypatch.setattr("worker.confinement.cgroups.open", cgroupfs_open(), raising=False)
     with pytest.raises(NodeRuntimeError, match="cpu.cfs_quota_us"):
         Cgroups("edgetb-x", str(tmp_path)).create("n1", 0.5, None)
 
@@ -226,13 +226,13 @@ def test_required_limit_file_missing_is_an_error(tmp_path, monkeypatch):
 def test_missing_swap_accounting_file_is_skipped(tmp_path, monkeypatch):
     v1_tree(tmp_path, "edgetb-x", "n1")
     (tmp_path / "memory/edgetb-x/n1/memory.memsw.limit_in_bytes").unlink()
-    monkeypatch.setattr("worker.nodes.cgroups.open", cgroupfs_open(), raising=False)
+    monkeypatch.setattr("worker.confinement.cgroups.open", cgroupfs_open(), raising=False)
     Cgroups("edgetb-x", str(tmp_path)).create("n1", 0.5, 64 * MIB)
     assert (tmp_path / "memory/edgetb-x/n1/memory.limit_in_bytes").read_text() == str(64 * MIB)
 
 
 def test_a_containers_counter_groups_from_its_proc_cgroup(tmp_path):
-    from worker.nodes.cgroups import groups_of
+    from worker.confinement.cgroups import groups_of
 
     for d in ("cpu,cpuacct", "memory", "unified"):
         (tmp_path / d).mkdir()

@@ -9,7 +9,7 @@ import pytest
 from controller.model.topology import Topology, load_nodes
 from controller.workers.deploy import node_requests
 from worker.api.errors import CapabilityError, ConfigError, TopologyError
-from worker.nodes import confine
+from worker.confinement import confine
 from worker.nodes.netns import NodeSpec
 
 

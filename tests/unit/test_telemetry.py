@@ -16,8 +16,8 @@ from controller.telemetry.collector import (HEARTBEAT_S, HOSTS_HEADER, LINKS_HEA
                                             Collector, Counters)
 from controller.telemetry.export import prometheus_text, render_table
 from worker.api.errors import ConfigError
+from worker.confinement.cgroups import CounterReader
 from worker.kernel import netlink as nl
-from worker.nodes.cgroups import CounterReader
 from worker.observe.stats import ClassDecoder
 from worker.observe.telemetry import Ring, check_period_ms, ring_capacity
 

@@ -8,9 +8,9 @@ import pytest
 
 from worker.api import bodies
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
+from worker.confinement.cgroups import Cgroups
 from worker.host import API_VERSION, versioned
 from worker.kernel import dirs
-from worker.nodes.cgroups import Cgroups
 from worker.nodes.docker_exec import Sink
 from worker.observe.sampling import Telemetry
 from worker.shaping import links

@@ -7,7 +7,7 @@ import sys
 import time
 
 from tests.netns.conftest import nodes_body, report
-from worker.nodes.cgroups import detect_version
+from worker.confinement.cgroups import detect_version
 
 MIB = 1024 * 1024
 ROOT = "/sys/fs/cgroup"

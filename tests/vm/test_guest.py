@@ -1,7 +1,7 @@
 """The guest is what the vm tier claims: a stock kernel with sch_netem and cgroup v2 only."""
 import os
 
-from worker.nodes.cgroups import detect_version
+from worker.confinement.cgroups import detect_version
 from worker.shaping.apply import netem_available
 
 

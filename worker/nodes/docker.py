@@ -8,7 +8,7 @@ Docker runtime is used or probed, so netns-only users need neither the SDK nor a
   ``etb-<id>-<node>`` get the same addresses a netns testbed would give (``node_address``),
   are reached by those addresses (no published ports) and are started in parallel.
 - Limits: ``nano_cpus`` from ``cpu`` (a CFS quota), ``mem_limit`` (= memory+swap) from ``mem_bytes``,
-  ``pids_limit`` from ``pids_max`` (memory and pids: ``worker.nodes.confine``'s defaults when unset), the
+  ``pids_limit`` from ``pids_max`` (memory and pids: ``worker.confinement.confine``'s defaults when unset), the
   nodes' rlimits; a read-only root file system with a private tmpfs on ``/tmp``, ``/var/tmp``, ``/run/lock``.
 - Inside every container the node's files sit at fixed paths of their own, whatever the host's
   (a checkout in root's home, a path with spaces): ``/opt/edgetb/dml_app`` (the code root's) and
@@ -40,7 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from worker.nodes import confine, fsview, swarm, uids
+from worker.confinement import confine, fsview, uids
+from worker.nodes import swarm
 
 from dml_app.usercode import USERCODE_DIR
 from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound

@@ -18,7 +18,8 @@ import subprocess
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
-from worker.nodes import cgroups, confine, fsview, neighbours, privilege, uids
+from worker.confinement import cgroups, confine, fsview, privilege, uids
+from worker.nodes import neighbours
 
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.api.protocol import (DEFAULT_SUBNET, MAX_PIDS_MAX, MIN_PIDS_MAX, NODE_IFNAME,  # noqa: F401 - its names too
@@ -72,7 +73,7 @@ class Naming:
 @dataclass(frozen=True)
 class NodeSpec:
     """What a caller asks for: a name and optional limits (``ip`` only for a physical device);
-    memory and pids None: ``worker.nodes.confine``'s defaults."""
+    memory and pids None: ``worker.confinement.confine``'s defaults."""
 
     name: str
     cpu: Optional[float] = None
@@ -316,7 +317,7 @@ class NetnsRuntime:
         return self.cgroups.procs_files(rec["name"]) if self.cgroups.version is not None else []
 
     def rlimits(self, rec: dict[str, Any]) -> list[tuple[int, int, int]]:
-        """The rlimits of the node's processes (``worker.nodes.confine``)."""
+        """The rlimits of the node's processes (``worker.confinement.confine``)."""
         return confine.node_rlimits(rec.get("pids_max"))
 
     def popen(self, name: str, argv: Sequence[str], view: Optional[fsview.View] = None,

@@ -12,7 +12,7 @@ import ipaddress
 import subprocess
 from typing import Any, Optional, Sequence
 
-from worker.nodes import fsview, privilege, uids
+from worker.confinement import fsview, privilege, uids
 
 from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.kernel.procs import kill_group

@@ -1,8 +1,8 @@
 """Processes in a testbed's nodes: start, stop, start again, run to completion.
 
-A node's DML process is forked by the host's node zygote on netns nodes (``worker.nodes.zygote``);
+A node's DML process is forked by the host's node zygote on netns nodes (``worker.confinement.zygote``);
 every other process is started by the node's runtime, as the node's unprivileged uid in its view
-(``worker.nodes.privilege``). Process records reach the state file in batches (``ProcessBook``).
+(``worker.confinement.privilege``). Process records reach the state file in batches (``ProcessBook``).
 Requests come checked (``worker.host`` with ``worker.api.bodies``); answers come without it.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import uuid
 from typing import Any, Optional
 
 from worker.api.errors import ConfigError, NotFound, TestbedTimeout
+from worker.confinement import fsview, privilege, uids, zygote
 from worker.kernel.procs import start_ticks
-from worker.nodes import fsview, privilege, uids, zygote
 from worker.state import StateStore, host_run_dir, state_root
 
 MAX_OUTPUT_BYTES = 1 << 20
@@ -53,7 +53,7 @@ class Processes:
 
     # starting -----------------------------------------------------------------------------
     def start_process(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.nodes.privilege``)."""
+        """Start ``argv`` in the node, as the node's unprivileged uid (see ``worker.confinement.privilege``)."""
         return self.start(node, body["argv"], body.get("env") or {})
 
     def start_node(self, node: str, body: dict[str, Any]) -> dict[str, Any]:

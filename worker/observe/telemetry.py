@@ -6,7 +6,7 @@ the testbed on this host:
 - each link's HTB class ``1:<minor>`` of the node's interface (the plan maps each
   destination to its minor): bytes, packets, drops, overlimits, backlog bytes;
 - the node's interface counters: tx/rx bytes and packets, drops (tx + rx);
-- the node's cgroup CPU time and memory (``worker.nodes.cgroups.CounterReader``);
+- the node's cgroup CPU time and memory (``worker.confinement.cgroups.CounterReader``);
 
 and the host's busy CPU time (``/proc/stat``), used memory (MemTotal - MemAvailable,
 ``/proc/meminfo``) and the tx/rx bytes of its uplink (the interface of its IPv4 default
@@ -33,9 +33,9 @@ from typing import Any, Optional
 from worker.api.errors import ConfigError
 from worker.api.protocol import DEFAULT_PERIOD_MS, MAX_PERIOD_MS, MIN_PERIOD_MS  # noqa: F401 - its names too
 from worker.api.protocol import ifname as node_ifname
+from worker.confinement.cgroups import Cgroups, CounterReader, process_groups
 from worker.kernel import netlink as nl
 from worker.kernel import nsfs
-from worker.nodes.cgroups import Cgroups, CounterReader, process_groups
 from worker.observe.stats import StatsSocket
 
 RING_VALUES = 8_000_000  # counters held at most (8 bytes each): the ring's memory bound

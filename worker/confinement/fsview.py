@@ -3,7 +3,7 @@ own directory read-write, covers over what it must not see, and a private tmpfs 
 world-writable place (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/dev/mqueue``, ``/run/lock``).
 
 ``plan_view`` turns a ``View`` into mounts (pure); ``apply_view`` makes them in a new child, in
-mount and IPC namespaces of its own (``worker.nodes.privilege.become_node``)."""
+mount and IPC namespaces of its own (``worker.confinement.privilege.become_node``)."""
 from __future__ import annotations
 
 import ctypes
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from worker.api.errors import ConfigError
+from worker.confinement.uids import Identity
 from worker.kernel import nsfs
-from worker.nodes.uids import Identity
 
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")  # the world-writable places
 PRIVATE_TMPFS_OPTIONS = b"mode=1777,size=256m"

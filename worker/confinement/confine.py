@@ -1,9 +1,9 @@
 """What bounds a node: its default cgroup limits, its rlimits and its seccomp filter.
 
 A node runs code the testbed does not vet, as its own uid without capabilities
-(``worker.nodes.privilege``). This module bounds what that code can take and reach:
+(``worker.confinement.privilege``). This module bounds what that code can take and reach:
 
-* **cgroup limits** (``worker.nodes.cgroups``): ``pids.max`` (processes and threads) and the memory
+* **cgroup limits** (``worker.confinement.cgroups``): ``pids.max`` (processes and threads) and the memory
   limit, both on by default and overridable per node (nodes.json ``pids`` and ``mem``);
 * **rlimits**: ``RLIMIT_NPROC`` (per real uid, and each node has its own uid: a second bound on
   its processes, checked before the kernel copies anything), ``RLIMIT_NOFILE``,

@@ -8,7 +8,7 @@ numpy's BLAS sizes its thread pool and glibc its malloc arenas when they load, a
 would inherit them), patches
 gevent, imports numpy and ``dml_app.node``, freezes the garbage collector's generations (so collections in a child do
 not write to the pages it shares), and then forks a child per request. The child becomes the
-node by ``worker.nodes.privilege.become_node``, as ``privilege.launch``'s children do before
+node by ``worker.confinement.privilege.become_node``, as ``privilege.launch``'s children do before
 ``exec``: its cgroups, its network namespace, its own mount and IPC namespaces with the node's
 view and a ``/proc`` of its own, no file descriptor of the zygote's, the node's rlimits, its uid
 and gid with no capabilities and ``no_new_privs``, the parent-death signal, the seccomp filter
@@ -152,13 +152,14 @@ class Zygote:
 
     def start(self) -> None:
         """Start the zygote and wait until it has loaded the node runtime."""
-        from worker.nodes import confine, privilege
+        from worker.confinement import confine, privilege
 
         confine.node_filter()  # here, a machine without a filter is a clear error (CapabilityError)
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        code = "import sys; sys.path[:0] = sys.argv[1:3]; from worker.nodes.zygote import serve; serve(sys.argv[3:])"
+        code = ("import sys; sys.path[:0] = sys.argv[1:3]; from worker.confinement.zygote import serve; "
+                "serve(sys.argv[3:])")
         argv = [self.python, "-I", "-c", code, self.code_root, repo_root, str(theirs.fileno()), str(os.getpid()),
                 *self.preload]
         env = zygote_env()
@@ -316,7 +317,7 @@ def zygote_env() -> dict[str, str]:
 
 
 def _die_with_parent() -> None:
-    from worker.nodes.privilege import die_with_parent
+    from worker.confinement.privilege import die_with_parent
 
     die_with_parent()
 
@@ -377,7 +378,7 @@ def serve(argv: list[str]) -> None:
     if os.getppid() != starter:  # the starter died before the death signal was set
         os._exit(1)
     # before gevent's patches: their locks and queue stay the kernel's
-    from worker.nodes import cgroups, confine, fsview, privilege, uids  # noqa: F401
+    from worker.confinement import cgroups, confine, fsview, privilege, uids  # noqa: F401
 
     _preload(tuple(a for a in argv[2:] if a in PRELOADS))
     threads = len(os.listdir("/proc/self/task"))
@@ -556,7 +557,7 @@ def _read_setup(status_r: int, poll: Any) -> str:
 
 def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_w: int, ctx: dict[str, Any]) -> None:
     """In the forked child: become the node (``privilege.become_node``), then run it. Never returns."""
-    from worker.nodes import cgroups, fsview, privilege, uids
+    from worker.confinement import cgroups, fsview, privilege, uids
 
     try:
         signal.set_wakeup_fd(-1)  # the zygote's: closed below, and not this process's business

@@ -3,7 +3,7 @@
 Each testbed has one group (``edgetb-<id>``) holding one child per node. What
 is written where is computed by ``limit_writes`` as plain data, so both cgroup
 versions are tested as tables; ``Cgroups`` makes it real. A node always gets a
-memory and a pids limit (``worker.nodes.confine``'s defaults when it names none).
+memory and a pids limit (``worker.confinement.confine``'s defaults when it names none).
 
 A node is removed through its groups: frozen (v1 ``freezer``, v2 ``cgroup.freeze``),
 every process killed, thawed (or v2's ``cgroup.kill``), so that no process can fork
@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Optional
 
 from worker.api.errors import CapabilityError, NodeRuntimeError
-from worker.nodes import confine
+from worker.confinement import confine
 from worker.state import host_record
 
 CFS_PERIOD_US = 100_000
@@ -97,7 +97,7 @@ class Cgroups:
 
     def create(self, node: str, cpu: Optional[float], mem_bytes: Optional[int], pids_max: Optional[int] = None
                ) -> None:
-        """Make the node's group(s) and set its limits (memory and pids None: ``worker.nodes.confine``'s
+        """Make the node's group(s) and set its limits (memory and pids None: ``worker.confinement.confine``'s
         defaults; cpu None: unlimited)."""
         self.require()
         if self.version == 2 and not (self._v2_ready and os.path.isdir(self.bases()[0])):

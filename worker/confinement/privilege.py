@@ -17,7 +17,7 @@ processes, never the agent's or the controller's environment), where it sees:
   world-writable place shared with the host or other nodes; what is written there counts
   against the node's memory limit), and IPC of its own.
 
-It runs with the node's rlimits and under its seccomp filter (``worker.nodes.confine``).
+It runs with the node's rlimits and under its seccomp filter (``worker.confinement.confine``).
 
 Directories that others cannot traverse (``/root`` of a venv built from a
 Python under it, pytest's ``/tmp/pytest-of-root``) are covered in the node's
@@ -31,8 +31,8 @@ kills the node when that process dies, ``kill -9`` included. (A node's own
 children are not covered; they stay in its network namespace and cgroup, which
 reset empties.)
 
-Who a node is (its uid, its directory) is ``worker.nodes.uids``; what it sees of the file system
-is ``worker.nodes.fsview``; this module starts processes as the node.
+Who a node is (its uid, its directory) is ``worker.confinement.uids``; what it sees of the file system
+is ``worker.confinement.fsview``; this module starts processes as the node.
 
 Everything happens in the forked child before ``exec``, by system calls:
 cgroups, network namespace, mount namespace and view, ``/proc``, rlimits, bounding set,
@@ -54,11 +54,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
+from worker.confinement import cgroups, confine
+from worker.confinement.fsview import (MS_NODEV, MS_NOEXEC, MS_NOSUID, Op, View, apply_view, check_readable, mount,
+                                       oserror, plan_view, under)
+from worker.confinement.uids import Identity
 from worker.kernel import nsfs
-from worker.nodes import cgroups, confine
-from worker.nodes.fsview import (MS_NODEV, MS_NOEXEC, MS_NOSUID, Op, View, apply_view, check_readable, mount,
-                                 oserror, plan_view, under)
-from worker.nodes.uids import Identity
 
 PR_SET_PDEATHSIG = 1
 
