@@ -43,9 +43,9 @@ import signal  # noqa: E402
 from worker.kernel import nsfs  # noqa: E402
 
 from worker.api.errors import ShapingError  # noqa: E402
+from worker.api.protocol import NODE_IFNAME  # noqa: E402
 from worker.api.shape import Shape, tc_rate  # noqa: E402
 from worker.host import WorkerHost  # noqa: E402
-from worker.nodes.netns import NODE_IFNAME  # noqa: E402
 from worker.shaping import apply as tc_apply
 from worker.shaping.links import SHAPING_THREADS  # noqa: E402
 from worker.shaping.plan import DEFAULT_CLASS_RATE_BPS, DEFAULT_MINOR, Plan, Target, make_plan, render  # noqa: E402

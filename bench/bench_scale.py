@@ -131,7 +131,7 @@ def arp_stats() -> dict[str, int]:
 
 def unresolved_neighbours(testbed: str, nodes: list[str]) -> int:
     """How many neighbour entries of the nodes' namespaces are being resolved or failed now."""
-    from worker.nodes import neighbours
+    from worker.nodes import netns_neighbours as neighbours
 
     count = 0
     for node in nodes:

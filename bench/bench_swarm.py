@@ -47,7 +47,7 @@ from tests.e2e.harness import Run  # noqa: E402
 from tests.swarm.engines import SwarmLan, root_api, root_swarm_state, save_image, sweep_stale, write_hosts_json  # noqa: E402
 from worker.kernel import nsfs  # noqa: E402
 from worker.nodes.docker import LABEL  # noqa: E402
-from worker.nodes.swarm import swarm_of  # noqa: E402
+from worker.nodes.docker_swarm import swarm_of  # noqa: E402
 
 HOSTS = 3
 LINKS_PER_NODE = 3

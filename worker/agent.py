@@ -24,7 +24,7 @@ import re
 import secrets
 import stat
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from flask import Flask, Response, jsonify, request
 
@@ -309,7 +309,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if host.runtime.kind == "docker":
         from worker.nodes import docker as runtime_docker
 
-        problem = runtime_docker.probe(host.runtime.image)
+        problem = runtime_docker.probe(cast(runtime_docker.DockerRuntime, host.runtime).image)
         if problem:
             log.warning("Docker nodes cannot be created yet: %s", problem)
     scheme = "http" if args.plain_http else "https"

@@ -35,13 +35,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
-from worker.confinement import cgroups
-
 from worker.api.errors import CapabilityError, NodeRuntimeError, NotFound
 from worker.api.faults import (Background, BackgroundResult, Clear, Drop, FaultKind, Freeze,
                                IperfServer, Kill, Limits, Prepare, Restart, Terminate, Thaw, Undrop, parse_faults)
 from worker.api.schema import ABSENT
+from worker.confinement import cgroups
 from worker.kernel import nsfs
+from worker.nodes.runtime import Runtime
 
 FREEZER_V1 = "/sys/fs/cgroup/freezer"
 CGROUP2_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
@@ -120,6 +120,12 @@ class Faults:
             "prepare": self._prepare,
         }
 
+    @property
+    def runtime(self) -> Runtime:
+        """The host's node runtime: its ``cgroups`` hold a netns node's limits and counters (None
+        on docker and physical hosts)."""
+        return self.host.runtime
+
     # dispatch -----------------------------------------------------------------------------
     def apply(self, faults: Any) -> list[dict[str, Any]]:
         """The request's ``faults`` list, every one checked (``worker.api.faults``) and every node
@@ -147,7 +153,7 @@ class Faults:
     def _netns(self, node: str) -> str:
         rec = self.host.store.snapshot()["nodes"].get(node)
         if rec is None:
-            rec = self.host.runtime.node(node)  # its NotFound names the node and the testbed
+            rec = self.runtime.node(node)  # its NotFound names the node and the testbed
         if not rec.get("netns"):
             raise CapabilityError(f"node {node}: scenario faults need an emulated node (netns or docker: a network "
                                   "namespace of its own); a physical device is not changed")
@@ -251,7 +257,7 @@ class Faults:
         return own or os.path.join(base, node), version
 
     def _own_v2_group(self, node: str) -> Optional[str]:
-        groups: Optional[cgroups.Cgroups] = getattr(self.host.runtime, "cgroups", None)
+        groups: Optional[cgroups.Cgroups] = self.runtime.cgroups
         if groups is None or groups.version != 2:
             return None
         path = groups.dirs(node)[0]
@@ -291,13 +297,13 @@ class Faults:
 
     def _remove_freezers(self) -> None:
         base, version = self.freezer_base()
-        groups: Optional[cgroups.Cgroups] = getattr(self.host.runtime, "cgroups", None)
+        groups: Optional[cgroups.Cgroups] = self.runtime.cgroups
         if version == 2 and groups is not None and groups.version == 2:
             for node in groups.nodes():  # frozen in their own groups: thawed, removed by the runtime
                 _write_quiet(groups.dirs(node)[0], 2)
         if not os.path.isdir(base):
             return
-        groups = getattr(self.host.runtime, "cgroups", None)
+        groups = self.runtime.cgroups
         for node in os.listdir(base):
             path = os.path.join(base, node)
             if os.path.isdir(path):
@@ -323,7 +329,7 @@ class Faults:
             rec = state["nodes"][node]
             cpu = rec.get("cpu") if f.cpu is ABSENT else f.cpu
             mem = rec.get("mem_bytes") if f.mem_bytes is ABSENT else f.mem_bytes
-            groups: cgroups.Cgroups = self.host.runtime.cgroups
+            groups = self.runtime.cgroups  # netns: docker and physical nodes have none
             groups.set_limits(node, cpu, mem, rec.get("pids_max"))  # (memory None: the default limit)
             pids = self._pids(node)
             for procs in groups.procs_files(node):
@@ -340,7 +346,7 @@ class Faults:
             os.makedirs(path, exist_ok=True)
             files = [os.path.join(path, "cgroup.procs")]
         else:
-            groups: cgroups.Cgroups = self.host.runtime.cgroups
+            groups = self.runtime.cgroups  # netns: docker and physical nodes have none
             groups.require()
             if not all(os.path.isdir(d) for d in groups.dirs(node)):
                 rec = self.host.store.snapshot()["nodes"][node]  # made with the limits it has now

@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from dml_app.usercode import USERCODE_DIR
 from worker.api import bodies
@@ -23,14 +23,19 @@ from worker.api.errors import ConfigError, TestbedError
 from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, check_version, ifname
 from worker.confinement import zygote
 from worker.confinement.cgroups import detect_version
-from worker.nodes.netns import NetnsRuntime, NodeSpec
+from worker.nodes.netns import NetnsRuntime
 from worker.nodes.processes import Processes
+from worker.nodes.runtime import NodeSpec, Runtime
 from worker.observe.capture import SNAP_BYTES, Captures
 from worker.observe.sampling import Telemetry
 from worker.routes import Routes, parse_routes
 from worker.shaping import apply as tc_apply
 from worker.shaping.links import Links
 from worker.state import StateStore
+
+if TYPE_CHECKING:
+    from worker.nodes.docker import DockerRuntime
+
 
 def versioned(answer: dict[str, Any]) -> dict[str, Any]:
     """An answer of the API: ``answer`` with its version first."""
@@ -60,7 +65,7 @@ class WorkerHost:
             raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
         self.workdir = os.path.abspath(workdir or os.path.join(self.store.dir, "work"))
         code_root = os.path.abspath(code_root or state.get("code_root") or REPO_ROOT)
-        self.runtime: Any
+        self.runtime: Runtime
         if runtime == "docker":
             from worker.nodes.docker import DockerRuntime  # the Docker SDK only when asked for
 
@@ -119,7 +124,7 @@ class WorkerHost:
         from worker.nodes import docker as runtime_docker  # imports the SDK only inside, when probing
         from worker.sync import nfs_problem as probe_nfs
 
-        image = getattr(self.runtime, "image", None)
+        image = cast("DockerRuntime", self.runtime).image if self.runtime.kind == "docker" else None
         docker_problem = runtime_docker.probe(image)
         nfs_problem = probe_nfs()
         return {"version": API_VERSION, "netem": tc_apply.netem_available(),
@@ -216,7 +221,7 @@ class WorkerHost:
         """Join the testbed's swarm and put the nodes made from now on on its overlay (Docker hosts)."""
         if self.runtime.kind != "docker":
             raise ConfigError(f"the swarm fabric joins Docker hosts; this host makes {self.runtime.kind} nodes")
-        return self.runtime.set_fabric(body)
+        return cast("DockerRuntime", self.runtime).set_fabric(body)
 
     def swarm_probe(self, body: Any) -> dict[str, Any]:
         """What this host offers a swarm overlay, read-only (``worker.swarm_probe``)."""
@@ -257,7 +262,7 @@ class WorkerHost:
             state["code_manifest"] = sync.code_hashes(files)  # checked again before root imports it
             state["synced"] = result["method"]
         if self.runtime.kind == "docker":
-            self.runtime.set_code_root(self.code_root)
+            cast("DockerRuntime", self.runtime).set_code_root(self.code_root)
         return result
 
     # telemetry (worker.observe.sampling) -------------------------------------------------

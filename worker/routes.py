@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from worker.api.errors import ConfigError, NodeRuntimeError
-from worker.nodes.netns import Naming, remove_forward_rules
+from worker.nodes.netns import remove_forward_rules
+from worker.nodes.runtime import Naming
 from worker.state import StateStore, host_record
 
 FORWARD_SYSCTL = "/proc/sys/net/ipv4/ip_forward"

@@ -192,7 +192,7 @@ def engine_facts() -> dict[str, Any]:
     from worker.api.errors import TestbedError
     from worker.nodes.docker import PROBE_TIMEOUT_S, connect
     from worker.nodes.docker_exec import short_error
-    from worker.nodes.swarm import swarm_of
+    from worker.nodes.docker_swarm import swarm_of
 
     try:
         api = connect(PROBE_TIMEOUT_S)

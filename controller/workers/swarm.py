@@ -41,7 +41,7 @@ from worker.api.errors import ConfigError, NodeRuntimeError, TestbedError
 from worker.kernel import netlink, nsfs
 from worker.nodes import docker as runtime_docker
 from worker.nodes.docker_exec import sdk, short_error
-from worker.nodes.swarm import MANAGER_PORT, has_gwbridge, remove_gwbridge, started, swarm_of
+from worker.nodes.docker_swarm import MANAGER_PORT, has_gwbridge, remove_gwbridge, started, swarm_of
 
 INIT_LABEL = "edgetb.swarm-init"
 JOINED_LABEL = "edgetb.joined-for"

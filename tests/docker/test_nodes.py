@@ -9,9 +9,9 @@ import pytest
 
 from tests.docker.conftest import DOCKER, run
 from worker.api.errors import CapabilityError, NodeRuntimeError, NotFound, TestbedTimeout
+from worker.api.protocol import node_address
 from worker.host import WorkerHost
 from worker.kernel import nsfs
-from worker.nodes.netns import node_address
 
 pytestmark = DOCKER
 

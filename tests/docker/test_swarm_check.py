@@ -21,7 +21,7 @@ from controller.workers.agent_client import AgentClient
 from tests.docker.conftest import DOCKER
 from tests.e2e.harness import free_port
 from tests.netns.conftest import free_subnet, new_testbed_id
-from worker.nodes.swarm import swarm_of
+from worker.nodes.docker_swarm import swarm_of
 
 pytestmark = DOCKER
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from tests.e2e.harness import Run
-from worker.nodes import neighbours
+from worker.nodes import netns_neighbours as neighbours
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
 N = 100

@@ -10,7 +10,7 @@ import sys
 
 from tests.netns.conftest import NETNS, links, nodes_body
 from worker.host import WorkerHost
-from worker.nodes import neighbours
+from worker.nodes import netns_neighbours as neighbours
 
 pytestmark = NETNS
 

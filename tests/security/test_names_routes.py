@@ -13,7 +13,7 @@ from worker import routes
 from worker.api.errors import ConfigError
 from worker.confinement import cgroups, fsview, privilege, uids
 from worker.kernel import nsfs
-from worker.nodes.netns import Naming, NodeSpec
+from worker.nodes.runtime import Naming, NodeSpec
 from worker.routes import Route, overlaps, parse_routes
 from worker.state import read_host_json
 

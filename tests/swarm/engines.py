@@ -47,7 +47,7 @@ def root_api(timeout_s: float = API_TIMEOUT_S) -> Any:
 
 def root_swarm_state() -> str:
     """The root engine's swarm state (inactive, active, ...)."""
-    from worker.nodes.swarm import swarm_of
+    from worker.nodes.docker_swarm import swarm_of
 
     api = root_api()
     try:

@@ -19,7 +19,7 @@ from tests.swarm.conftest import SWARM
 from tests.swarm.engines import root_api, root_swarm_state, write_hosts_json
 from worker.kernel import nsfs
 from worker.nodes.docker import LABEL
-from worker.nodes.swarm import swarm_of
+from worker.nodes.docker_swarm import swarm_of
 from worker.shaping.plan import DROP_MINOR
 
 pytestmark = SWARM

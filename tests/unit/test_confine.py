@@ -10,7 +10,7 @@ from controller.model.topology import Topology, load_nodes
 from controller.workers.deploy import node_requests
 from worker.api.errors import CapabilityError, ConfigError, TopologyError
 from worker.confinement import confine
-from worker.nodes.netns import NodeSpec
+from worker.nodes.runtime import NodeSpec
 
 
 def test_default_memory_is_at_most_half_the_host(tmp_path):

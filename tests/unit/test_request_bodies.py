@@ -4,7 +4,7 @@ import pytest
 from worker.api import bodies
 from worker.api.errors import ConfigError
 from worker.api.schema import ABSENT, IPV4_ADDRESS, Field, Schema
-from worker.nodes.netns import NodeSpec
+from worker.nodes.runtime import NodeSpec
 
 LINK = {"src": "a", "dst": "b", "dst_ip": "10.0.0.3", "shape": {"rate_bps": 10**6}}
 

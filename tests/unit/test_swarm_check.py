@@ -8,7 +8,7 @@ import pytest
 
 from controller import swarm_check as sc
 from worker.api.errors import ConfigError
-from worker.nodes.swarm import swarm_of
+from worker.nodes.docker_swarm import swarm_of
 from worker.swarm_probe import SWARM_PROBE, config_value, module_state
 from worker.api.bodies import checked
 

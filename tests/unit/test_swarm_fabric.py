@@ -11,7 +11,7 @@ import pytest
 from controller.model.hosts import docker_range, load_hosts, node_addresses, overlay_capacity, overlay_gateway
 from controller.workers.swarm import link_pair
 from worker.api.errors import ConfigError, TopologyError
-from worker.nodes.swarm import Fabric
+from worker.nodes.docker_swarm import Fabric
 
 HOST = {"name": "d1", "agent": "https://192.168.1.11:3334", "runtime": "docker", "tls_fingerprint": "ab" * 32}
 

@@ -1,5 +1,6 @@
 """The worker's smaller parts, as pure logic: host-wide records, link-free directories, the
-shaping service's request parsing, cgroup limit changes, the telemetry holder, exec output."""
+shaping service's request parsing, cgroup limit changes, the telemetry holder, exec output, the
+runtimes' one interface."""
 import json
 import os
 import subprocess
@@ -11,7 +12,11 @@ from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
 from worker.confinement.cgroups import Cgroups
 from worker.host import API_VERSION, versioned
 from worker.kernel import dirs
+from worker.nodes.docker import DockerRuntime
 from worker.nodes.docker_exec import Sink
+from worker.nodes.netns import NetnsRuntime
+from worker.nodes.physical import PhysicalRuntime
+from worker.nodes.runtime import ForkableRuntime, Runtime
 from worker.observe.sampling import Telemetry
 from worker.shaping import links
 from worker.state import StateStore, host_record, host_run_dir, read_host_json, write_json_atomic
@@ -152,3 +157,18 @@ def test_exec_output_goes_where_popen_would_send_it(tmp_path):
     assert (tmp_path / "log").read_bytes() == b"logged"
     with pytest.raises(ConfigError, match="unsupported output target"):
         Sink("somewhere", 1)
+
+
+def test_every_runtime_is_a_runtime_and_only_netns_nodes_are_forked_into(tmp_path):
+    """Each runtime has every member of ``Runtime`` (made without touching the kernel or an
+    engine); the zygote's extra needs are netns's alone; no neighbour entries but netns's."""
+    store = StateStore("t", str(tmp_path))
+    runtimes = {"netns": NetnsRuntime(store), "docker": DockerRuntime(store, workdir=str(tmp_path)),
+                "physical": PhysicalRuntime(store)}
+    for kind, runtime in runtimes.items():
+        assert isinstance(runtime, Runtime) and runtime.kind == kind
+        assert isinstance(runtime, ForkableRuntime) == (kind == "netns")
+    assert runtimes["docker"].cgroups is None and runtimes["physical"].cgroups is None
+    assert runtimes["netns"].cgroups is not None
+    assert runtimes["docker"].set_neighbours({"a": ["10.0.0.3"]}) == 0
+    assert runtimes["physical"].set_neighbours({"a": ["10.0.0.3"]}) == 0

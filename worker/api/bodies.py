@@ -4,7 +4,7 @@ naming the request and the field.
 
 The worker checks a body's ``version`` first (``worker.api.protocol.check_version``), then its schema
 here; what needs the host's state (does the node exist?) is checked where the request is
-served. The nodes of ``POST /nodes`` are ``worker.nodes.netns.NodeSpec``, a link's shape is
+served. The nodes of ``POST /nodes`` are ``worker.nodes.runtime.NodeSpec``, a link's shape is
 ``worker.api.shape.Shape``, isolation ``worker.shaping.plan.Isolation`` and the faults of
 ``POST /faults`` ``worker.api.faults``.
 """

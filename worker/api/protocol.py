@@ -121,7 +121,7 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("reset", "POST", "/reset", idempotent=True),
     Operation("sync", "POST", "/sync", MAX_REQUEST_BYTES, idempotent=True),
     Operation("set_routes", "PUT", "/routes", MEDIUM_REQUEST_BYTES, idempotent=True),
-    Operation("set_fabric", "PUT", "/fabric", idempotent=True),  # join the swarm fabric (worker.nodes.swarm)
+    Operation("set_fabric", "PUT", "/fabric", idempotent=True),  # join the swarm fabric (worker.nodes.docker_swarm)
     Operation("swarm_probe", "POST", "/swarm/probe", idempotent=True),  # read-only facts (worker.swarm_probe)
     # nodes and links
     Operation("create_nodes", "POST", "/nodes", MAX_REQUEST_BYTES, idempotent=True, status=201),

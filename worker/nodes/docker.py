@@ -24,7 +24,7 @@ Docker runtime is used or probed, so netns-only users need neither the SDK nor a
   cgroups, so its CPU and memory limits hold); ``worker.nodes.docker_exec.ExecProcess`` gives
   them Popen's interface, with the process's host pid (a session leader, so the worker can signal
   its group).
-- Swarm fabric (``worker.nodes.swarm``): after a ``set_fabric`` request the engine is in the
+- Swarm fabric (``worker.nodes.docker_swarm``): after a ``set_fabric`` request the engine is in the
   testbed's swarm and containers join its overlay network instead of the bridge, each at the
   address the controller planned (``ip`` of the node's spec), with routes to the controller via
   the overlay's gateway; reset leaves a swarm joined for the testbed.
@@ -40,15 +40,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from worker.confinement import confine, fsview, uids
-from worker.nodes import swarm
-
 from dml_app.usercode import USERCODE_DIR
 from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
+from worker.api.protocol import DEFAULT_SUBNET, NODE_IFNAME, node_address
+from worker.confinement import confine, fsview, uids
 from worker.kernel import nsfs
+from worker.nodes import docker_swarm as swarm
 from worker.nodes.docker_exec import ExecProcess, sdk, short_error
-from worker.nodes.netns import (DEFAULT_SUBNET, NODE_IFNAME, Naming, NodeSpec, claim_runtime, emulated_only,
-                                new_specs, node_address, parse_subnet)
+from worker.nodes.runtime import Naming, NodeSpec, claim_runtime, emulated_only, new_specs, parse_subnet
 from worker.state import StateStore
 
 DOCKER_TMPFS = ("/tmp", "/var/tmp", "/run/lock")  # a node's writable places besides its own (and the engine's /dev/shm)
@@ -114,9 +113,10 @@ def probe(image: Optional[str] = None) -> Optional[str]:
 
 
 class DockerRuntime:
-    """Creates, runs commands in, and removes the Docker nodes of one testbed."""
+    """Creates, runs commands in, and removes the Docker nodes of one testbed (a ``Runtime``)."""
 
     kind = "docker"
+    cgroups = None  # the engine keeps each container's groups
 
     def __init__(self, store: StateStore, subnet: str = DEFAULT_SUBNET, image: Optional[str] = None,
                  code_root: str = REPO_ROOT, workdir: Optional[str] = None) -> None:
@@ -341,7 +341,7 @@ class DockerRuntime:
     # swarm fabric ------------------------------------------------------------------------
     def set_fabric(self, body: Any) -> dict[str, Any]:
         """Join the testbed's swarm (unless this engine is in it already) and put the nodes made
-        from now on on its overlay (``worker.nodes.swarm``)."""
+        from now on on its overlay (``worker.nodes.docker_swarm``)."""
         fabric, token, advertise = swarm.Fabric.from_request(body)
         with self.store.locked() as state:
             old = state.get("fabric")
@@ -357,6 +357,10 @@ class DockerRuntime:
             # joined: for the testbed, by this call or an earlier one (a retried call says so too)
             return {"version": 1, "joined": fabric.joined, "node_id": swarm.swarm_of(self.api.info())["node_id"],
                     "network": fabric.network}
+
+    def set_neighbours(self, peers: dict[str, list[str]]) -> int:
+        """Nothing to program: containers resolve their neighbours themselves."""
+        return 0
 
     # processes -------------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any]:

@@ -11,144 +11,24 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 import shutil
 import signal
 import subprocess
-from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
-from worker.confinement import cgroups, confine, fsview, privilege, uids
-from worker.nodes import neighbours
-
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
-from worker.api.protocol import (DEFAULT_SUBNET, MAX_PIDS_MAX, MIN_PIDS_MAX, NODE_IFNAME,  # noqa: F401 - its names too
-                                 node_address)
-from worker.api.schema import IPV4_ADDRESS, Field, Schema
+from worker.api.protocol import DEFAULT_SUBNET, NODE_IFNAME, node_address
+from worker.confinement import cgroups, confine, fsview, privilege, uids
 from worker.kernel import netlink as nl, nsfs
+from worker.nodes import netns_neighbours as neighbours
+from worker.nodes.runtime import Naming, NodeSpec, claim_runtime, emulated_only, new_specs, parse_subnet
 from worker.state import StateStore
 
-TESTBED_ID_RE = re.compile(r"[a-z0-9]{1,5}")
-NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
 NODE_IFINDEX = 2
-MAX_NODES = 60_000
-
-
-def parse_subnet(subnet: str) -> ipaddress.IPv4Network:
-    """A node subnet: an IPv4 network with room for the bridge and nodes."""
-    try:
-        network = ipaddress.IPv4Network(subnet)
-    except ValueError as e:
-        raise ConfigError(f"subnet {subnet!r}: {e}") from None
-    if network.num_addresses < 4:
-        raise ConfigError(f"subnet {subnet} is too small")
-    return network
-
-
-class Naming:
-    """Names of every resource of one testbed."""
-
-    def __init__(self, testbed_id: str) -> None:
-        if not isinstance(testbed_id, str) or not TESTBED_ID_RE.fullmatch(testbed_id):
-            raise ConfigError(f"testbed id {testbed_id!r} must be 1-5 lowercase letters or digits")
-        self.id = testbed_id
-        self.bridge = f"etb-{testbed_id}-br"
-        self.cgroup = f"edgetb-{testbed_id}"
-        self.iptables_comment = f"edgetb-{testbed_id}"
-        self._link_re = re.compile(rf"etb-{testbed_id}-(br|\d+)")
-
-    def netns(self, node: str) -> str:
-        return f"etb-{self.id}-{node}"
-
-    def host_if(self, index: int) -> str:
-        return f"etb-{self.id}-{index}"
-
-    def owns_link(self, ifname: str) -> bool:
-        return bool(self._link_re.fullmatch(ifname))
-
-    def owns_netns(self, name: str) -> bool:
-        return name.startswith(f"etb-{self.id}-")
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """What a caller asks for: a name and optional limits (``ip`` only for a physical device);
-    memory and pids None: ``worker.confinement.confine``'s defaults."""
-
-    name: str
-    cpu: Optional[float] = None
-    mem_bytes: Optional[int] = None
-    ip: Optional[str] = None
-    pids_max: Optional[int] = None
-
-    @classmethod
-    def from_dict(cls, data: Any, place: Optional[str] = None) -> "NodeSpec":
-        """A node of a request (``place``: where it sits, e.g. ``nodes[3]``); anything malformed
-        is a ConfigError naming the node and the field."""
-        name = data.get("name") if isinstance(data, dict) else None
-        return cls(**NODE_SPEC_SCHEMA.validate(data, _node_place(place, name)))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def check(self) -> None:
-        """A spec made in code checked as a request's would be."""
-        NODE_SPEC_SCHEMA.validate(self.to_dict(), _node_place(None, self.name))
-
-
-NODE_SPEC_SCHEMA = Schema({
-    "name": Field(str, "the node's name", required=True, pattern=NODE_NAME_RE,
-                  hint=f"a node name ({NODE_NAME_RE.pattern})"),
-    "cpu": Field(float, "CPU cores", nullable=True, low=0, low_open=True, high=1024),
-    "mem_bytes": Field(int, "memory limit in bytes", nullable=True, low=4 * 1024 * 1024),
-    "ip": replace(IPV4_ADDRESS, nullable=True, doc="a physical device's address"),
-    "pids_max": Field(int, "most processes", nullable=True, low=MIN_PIDS_MAX, high=MAX_PIDS_MAX)})
-
-
-def _node_place(place: Optional[str], name: Any) -> str:
-    """``node 'a'``, or ``nodes[3] (a)`` for a node of a request's list."""
-    if not isinstance(name, str):
-        return place or "node"
-    return f"{place} ({name[:20]})" if place else f"node {name[:20]!r}"
-
-
-def emulated_only(specs: Sequence[NodeSpec], kind: str) -> None:
-    """Emulated nodes get their address from the host's subnet: an ``ip`` is for physical devices."""
-    for spec in specs:
-        spec.check()
-        if spec.ip is not None:
-            raise ConfigError(f"node {spec.name}: a {kind} node gets its address from the subnet; "
-                              "an 'ip' is for physical nodes")
-
-
-def new_specs(state: dict[str, Any], specs: Sequence[NodeSpec]) -> list[NodeSpec]:
-    """The specs not yet in ``state``; a listed-twice name or changed limits are errors."""
-    todo, seen = [], set()
-    for spec in specs:
-        if spec.name in seen:
-            raise ConfigError(f"node {spec.name!r} is listed twice")
-        seen.add(spec.name)
-        old = state["nodes"].get(spec.name)
-        if old is None:
-            todo.append(spec)
-        elif (old["cpu"], old["mem_bytes"], old.get("pids_max")) != (spec.cpu, spec.mem_bytes, spec.pids_max):
-            raise ConfigError(f"node {spec.name!r} exists with cpu={old['cpu']} mem_bytes={old['mem_bytes']} "
-                              f"pids_max={old.get('pids_max')}; reset before changing its limits")
-    if len(state["nodes"]) + len(todo) > MAX_NODES:
-        raise ConfigError(f"at most {MAX_NODES} nodes per testbed")
-    return todo
-
-
-def claim_runtime(state: dict[str, Any], kind: str, testbed_id: str) -> None:
-    """Record that the testbed's nodes are of ``kind``; one testbed holds one kind of node."""
-    if state["nodes"] and state.get("runtime", "netns") != kind:
-        raise ConfigError(f"testbed {testbed_id} already has {state.get('runtime', 'netns')} nodes; "
-                          f"take it down first, or use another testbed id for {kind} nodes")
-    state["runtime"] = kind
 
 
 class NetnsRuntime:
-    """Creates, runs commands in, and removes the netns nodes of one testbed."""
+    """Creates, runs commands in, and removes the netns nodes of one testbed (a ``ForkableRuntime``)."""
 
     kind = "netns"
 

@@ -12,11 +12,10 @@ import ipaddress
 import subprocess
 from typing import Any, Optional, Sequence
 
-from worker.confinement import fsview, privilege, uids
-
 from worker.api.errors import ConfigError, NotFound, TestbedError
+from worker.confinement import fsview, privilege, uids
 from worker.kernel.procs import kill_group
-from worker.nodes.netns import Naming, NodeSpec, claim_runtime, new_specs
+from worker.nodes.runtime import Naming, NodeSpec, claim_runtime, new_specs
 from worker.shaping import apply
 from worker.state import StateStore
 
@@ -32,11 +31,12 @@ def local_addresses() -> dict[str, tuple[str, int]]:
 
 
 class PhysicalRuntime:
-    """The one node of a physical device: its own network stack, its own processes."""
+    """The one node of a physical device: its own network stack, its own processes (a ``Runtime``)."""
 
     kind = "physical"
     bridge_ip: Optional[str] = None
     subnet = None
+    cgroups = None  # a device's node takes no limits
 
     def __init__(self, store: StateStore) -> None:
         self.store = store
@@ -77,6 +77,10 @@ class PhysicalRuntime:
     def identity(self, name: str) -> uids.Identity:
         """The unprivileged uid and gid the node's processes run as on the device."""
         return uids.Identity.of_node(self.names.id, self.node(name)["index"])
+
+    def set_neighbours(self, peers: dict[str, list[str]]) -> int:
+        """Nothing to program: the device resolves its neighbours itself."""
+        return 0
 
     def popen(self, name: str, argv: Sequence[str], view: Optional[fsview.View] = None,
               **kwargs: Any) -> subprocess.Popen:

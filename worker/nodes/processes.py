@@ -14,11 +14,12 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from worker.api.errors import ConfigError, NotFound, TestbedTimeout
 from worker.confinement import fsview, privilege, uids, zygote
 from worker.kernel.procs import start_ticks
+from worker.nodes.runtime import ForkableRuntime, Runtime
 from worker.state import StateStore, host_run_dir, state_root
 
 MAX_OUTPUT_BYTES = 1 << 20
@@ -35,7 +36,7 @@ class Processes:
     """The processes this worker runs in one testbed's nodes. ``code_root`` and ``workdir`` are
     the host's (``code_root`` changes when the host syncs its code)."""
 
-    def __init__(self, store: StateStore, runtime: Any, workdir: str, code_root: str) -> None:
+    def __init__(self, store: StateStore, runtime: Runtime, workdir: str, code_root: str) -> None:
         self.store = store
         self.runtime = runtime
         self.workdir = workdir
@@ -106,7 +107,8 @@ class Processes:
                     log_fd: int) -> zygote.ZygoteProcess:
         """Fork the node's DML process from this host's zygote (started on first use, and again
         when the code root changed): in the node's cgroups, namespace and view, as its uid."""
-        ident = self.runtime.identity(node, rec)
+        runtime = cast(ForkableRuntime, self.runtime)  # netns (``_zygote_wanted``)
+        ident = runtime.identity(node, rec)
         view = self.node_view(node, ident)
         fsview.check_readable(view, ident)
         asked = tuple(p for p in env.get(zygote.PRELOAD_ENV, "").split(",") if p in zygote.PRELOADS)
@@ -128,11 +130,11 @@ class Processes:
                 self._zygote.start()
             zyg = self._zygote
         request = {"args": args, "uid": ident.uid, "gid": ident.gid,
-                   "cgroup_procs": self.runtime.procs_files(rec), "rlimits": self.runtime.rlimits(rec),
+                   "cgroup_procs": runtime.procs_files(rec), "rlimits": runtime.rlimits(rec),
                    "ops": [[op.kind, op.path, op.writable] for op in fsview.plan_view(view)]}
         env_of_child = child_env(env)
         env_of_child.setdefault("HOME", view.home or "/")
-        netns = self.runtime.netns_path(rec)
+        netns = runtime.netns_path(rec)
         netns_fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC) if netns else None
         try:
             return zyg.spawn(request, log_fd, env_of_child, netns_fd)

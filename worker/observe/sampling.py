@@ -9,6 +9,7 @@ import time
 from typing import Any, Optional
 
 from worker.api.errors import NotFound
+from worker.nodes.runtime import Runtime
 from worker.state import StateStore
 
 TELEMETRY_READ_LIMIT, TELEMETRY_READ_MAX = 100, 1000  # samples per telemetry read
@@ -17,7 +18,7 @@ TELEMETRY_READ_LIMIT, TELEMETRY_READ_MAX = 100, 1000  # samples per telemetry re
 class Telemetry:
     """At most one ``worker.observe.telemetry.Sampler`` of one testbed's nodes and links."""
 
-    def __init__(self, store: StateStore, runtime: Any) -> None:
+    def __init__(self, store: StateStore, runtime: Runtime) -> None:
         self.store = store
         self.runtime = runtime
         self.sampler: Any = None  # worker.observe.telemetry.Sampler while sampling
@@ -35,7 +36,7 @@ class Telemetry:
                 return sampler_info(current)
             if current is not None:
                 current.stop()
-            self.sampler = Sampler(self.store, getattr(self.runtime, "cgroups", None), period_ms)
+            self.sampler = Sampler(self.store, self.runtime.cgroups, period_ms)
             self.sampler.start()
             return sampler_info(self.sampler)
 

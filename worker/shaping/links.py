@@ -15,6 +15,7 @@ from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.api.protocol import ifname
 from worker.api.shape import Shape
+from worker.nodes.runtime import Runtime
 from worker.shaping import apply as tc_apply
 from worker.shaping.plan import Isolation, Plan, Target, make_plan, render
 from worker.state import StateStore
@@ -28,7 +29,7 @@ KEEP = object()  # set_links without "isolation": each node keeps its own
 class Links:
     """The shaped links of one testbed's nodes on this host."""
 
-    def __init__(self, store: StateStore, runtime: Any) -> None:
+    def __init__(self, store: StateStore, runtime: Runtime) -> None:
         self.store = store
         self.runtime = runtime
 
@@ -70,12 +71,12 @@ class Links:
                     fresh["plans"].pop(src, None)  # its shaping was cleared: kernel and state agree
                 else:
                     fresh["plans"][src] = plans[src].to_dict()
-        if hasattr(self.runtime, "set_neighbours"):  # netns: linked peers reached without ARP
-            new_peers = {src: peer_ips(plan) - peer_ips(Plan.from_dict(state["plans"][src]) if src in state["plans"]
-                                                       else None)
-                         for src, plan in plans.items() if src not in failed}
-            if any(new_peers.values()):
-                self.runtime.set_neighbours({src: sorted(ips) for src, ips in new_peers.items() if ips})
+        # linked peers reached without ARP where the runtime programs neighbours (netns)
+        new_peers = {src: peer_ips(plan) - peer_ips(Plan.from_dict(state["plans"][src]) if src in state["plans"]
+                                                   else None)
+                     for src, plan in plans.items() if src not in failed}
+        if any(new_peers.values()):
+            self.runtime.set_neighbours({src: sorted(ips) for src, ips in new_peers.items() if ips})
         if failed:
             first = next(iter(failed.values()))
             raise type(first)(f"{first.message} (shaping of {', '.join(sorted(failed))} was removed; "
