@@ -7,7 +7,7 @@ root. As root, the probe runs as ``nobody`` without capabilities, in network, mo
 namespaces of its own (no network at all), in a session of its own (killed whole when it ends or
 times out), seeing Python, the code and the experiment directory read-only (without ``dml_file/``),
 the inputs the controller wrote for it read-only and one directory of its own to write, under the
-nodes' rlimits and seccomp filter (``worker.confinement.privilege.become_node``). What it writes is read
+nodes' rlimits and seccomp filter (``worker.confinement.facade.confined_popen``). What it writes is read
 back without following links, from regular files only, bounded in size. As another user (tests, the
 Python API without root), it runs as that user, unconfined.
 """
@@ -28,9 +28,7 @@ from typing import Any, BinaryIO, Sequence
 import numpy as np
 
 from worker.api.errors import ConfigError
-from worker.confinement import confine, fsview, privilege, zygote
-from worker.confinement.uids import Identity
-from worker.kernel import nsfs
+from worker.confinement.facade import Identity, View, confined_popen, harmless_env, python_dirs
 
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOBODY = Identity(65534, 65534)
@@ -39,7 +37,6 @@ EXIT_GRACE_S = 1.0  # after the probe exits, how long what it started may keep i
 MAX_ANSWER_BYTES = 1 << 20
 MAX_STDERR_BYTES = 16 << 10  # the tail of the probe's errors kept for a message
 MAX_DATA_BYTES = 4 << 30  # the largest data set a data module may hand back
-CLONE_NEWNET = 0x40000000
 
 
 class ProbeError(ConfigError):
@@ -80,7 +77,7 @@ class Scratch:
 def run_probe(request: dict[str, Any], workdir: str, scratch: Scratch,
               timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     """``request`` (see ``dml_app.probe``) answered by a probe process; ``scratch``: its directories."""
-    env = {**zygote.harmless_env(), "PYTHONPATH": CODE_ROOT, "HOME": scratch.outputs, "TF_CPP_MIN_LOG_LEVEL": "2",
+    env = {**harmless_env(), "PYTHONPATH": CODE_ROOT, "HOME": scratch.outputs, "TF_CPP_MIN_LOG_LEVEL": "2",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "dml_app.probe"]
     body = json.dumps({**request, "workdir": os.path.realpath(workdir)}).encode()
@@ -143,22 +140,11 @@ def _talk(proc: subprocess.Popen, body: bytes, timeout_s: float) -> tuple[bytes,
 
 def _confined(argv: Sequence[str], popen: dict[str, Any], workdir: str, scratch: Scratch) -> subprocess.Popen:
     real = os.path.realpath
-    read = [*privilege.python_dirs(), real(os.path.join(CODE_ROOT, "dml_app")), real(workdir), real(scratch.inputs)]
+    read = [*python_dirs(), real(os.path.join(CODE_ROOT, "dml_app")), real(workdir), real(scratch.inputs)]
     hide = [real(os.path.join(workdir, "dml_file"))]
-    view = fsview.View(read=tuple(dict.fromkeys(read)), write=(real(scratch.outputs),), hide=tuple(hide),
-                       home=real(scratch.outputs))
-    fsview.check_readable(view, NOBODY)
-    ops = fsview.plan_view(view)
-    confinement = privilege.Confinement.here()
-    rlimits = confine.node_rlimits()
-    starter = os.getpid()
-
-    def enter() -> None:  # in the child: system calls only
-        if nsfs.libc.unshare(CLONE_NEWNET) != 0:
-            raise OSError("cannot enter a network namespace of its own")
-        privilege.become_node(NOBODY, ops, rlimits, confinement, starter)
-
-    return privilege.spawn(lambda: subprocess.Popen(list(argv), preexec_fn=enter, **popen))
+    view = View(read=tuple(dict.fromkeys(read)), write=(real(scratch.outputs),), hide=tuple(hide),
+                home=real(scratch.outputs))
+    return confined_popen(argv, popen, view, NOBODY)
 
 
 def load_data_module(path: str, function: str = "load", workdir: str = "") -> tuple[np.ndarray, ...]:

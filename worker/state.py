@@ -1,7 +1,8 @@
 """The worker's state on disk: what it created, so reset works after a crash or restart.
 
 One JSON document per testbed under the state directory, read and written
-under an exclusive file lock, replaced atomically.
+under an exclusive file lock, replaced atomically. A recorded process carries its start time in
+clock ticks (``start_ticks``), so that a later process that took its pid is not taken for it.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from worker.api.errors import NodeRuntimeError
+from worker.kernel.procs import start_ticks  # noqa: F401 - the records' vocabulary (the controller's lock's too)
 
 STATE_VERSION = 1
 DEFAULT_STATE_ROOT = "/var/lib/edgetb"

@@ -25,7 +25,7 @@ from dml_app.models import kind_of, make_model
 from dml_app.nn import zoo
 from dml_app.usercode import USERCODE_DIR
 from worker.api.errors import ConfigError
-from worker.confinement.fsview import under
+from worker.confinement.facade import under
 
 MAX_USER_FILE_BYTES = 1 << 20
 

@@ -38,7 +38,7 @@ from dml_app.compute import NODE_ENV
 from dml_app.events import MAX_LINE_BYTES as MAX_EVENT_LINE_BYTES
 from dml_app.models import kind_of
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
-from worker.confinement.zygote import PRELOAD_ENV
+from worker.api.protocol import PRELOAD_ENV
 
 NODE_PORT = 4444
 # one thread per numeric library and two malloc arenas per node: hundreds of nodes share two cores

@@ -34,8 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from worker.api.errors import ConfigError, TestbedInUse
-from worker.kernel.procs import start_ticks
-from worker.state import StateStore, state_root
+from worker.state import StateStore, start_ticks, state_root
 
 RECORD_VERSION = 1
 TESTBED_ID_RE = re.compile(r"[a-z0-9]{1,5}")

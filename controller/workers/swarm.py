@@ -31,17 +31,14 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import os
-import socket
 import time
 from typing import Any, Callable, Optional
 
 from controller.model.hosts import VXLAN_OVERHEAD_BYTES, Hosts, docker_range, overlay_gateway
 from worker.api.errors import ConfigError, NodeRuntimeError, TestbedError
-from worker.kernel import netlink, nsfs
-from worker.nodes import docker as runtime_docker
-from worker.nodes.docker_exec import sdk, short_error
-from worker.nodes.docker_swarm import MANAGER_PORT, has_gwbridge, remove_gwbridge, started, swarm_of
+from worker.nodes.docker_manager import LABEL as TESTBED_LABEL
+from worker.nodes.docker_manager import (MANAGER_PORT, connect, has_gwbridge, link_gateway, node_image, remove_gwbridge,
+                                         require_image, sdk, short_error, started, swarm_of, unlink_gateway)
 
 INIT_LABEL = "edgetb.swarm-init"
 JOINED_LABEL = "edgetb.joined-for"
@@ -77,7 +74,7 @@ class SwarmFabric:
     @property
     def api(self) -> Any:
         if self._api is None:
-            self._api = runtime_docker.connect()
+            self._api = connect()
         return self._api
 
     # bring-up ------------------------------------------------------------------------------
@@ -158,7 +155,7 @@ class SwarmFabric:
                                     # the driver's option is the underlay's MTU: nodes get it less VXLAN's headers
                                     options={"com.docker.network.driver.mtu":
                                              str(self.hosts.overlay_mtu + VXLAN_OVERHEAD_BYTES)},
-                                    labels={runtime_docker.LABEL: self.id}, check_duplicate=True)
+                                    labels={TESTBED_LABEL: self.id}, check_duplicate=True)
         except docker.errors.APIError as e:
             raise NodeRuntimeError(f"cannot make overlay {self.network} ({self.subnet}): {short_error(e)}") from None
 
@@ -166,46 +163,21 @@ class SwarmFabric:
         """The gateway container on the overlay, and this machine's veth into it."""
         docker = sdk()
         api = self.api
-        runtime_docker.require_image(api, runtime_docker.node_image())
+        require_image(api, node_image())
         host = api.create_host_config(network_mode=self.network, init=True, cap_drop=["ALL"], read_only=True,
                                       security_opt=["no-new-privileges"], mem_limit=64 * 1024 * 1024, pids_limit=16)
         networking = api.create_networking_config({self.network: api.create_endpoint_config(
             ipv4_address=overlay_gateway(self.subnet))})
         try:
             made = started(api, lambda: api.create_container(
-                runtime_docker.node_image(), command=["sleep", "infinity"], name=self.gateway,
-                labels={runtime_docker.LABEL: self.id}, host_config=host, networking_config=networking,
+                node_image(), command=["sleep", "infinity"], name=self.gateway,
+                labels={TESTBED_LABEL: self.id}, host_config=host, networking_config=networking,
                 user="65534:65534")["Id"])
             pid = api.inspect_container(made)["State"]["Pid"]
         except docker.errors.APIError as e:
             raise NodeRuntimeError(f"cannot start the overlay's gateway {self.gateway}: {short_error(e)}") from None
-        nsfs.attach(self.gateway, pid)
         near, far = link_pair(self.id)
-        fd = os.open(nsfs.netns_path(self.gateway_ns), os.O_RDONLY | os.O_CLOEXEC)
-        try:  # netlink sockets only: this process has threads, and must not fork into a namespace
-            with netlink.RtnlSocket() as sock:
-                failures = sock.run(netlink.veth_pair(self.host_if, "ctl0", fd))
-        finally:
-            os.close(fd)
-        self._raise(failures, "veth into the gateway")
-        with netlink.RtnlSocket() as sock:
-            index = socket.if_nametoindex(self.host_if)
-            failures = sock.run([netlink.add_ipv4(index, near, 30), netlink.link_up(index),
-                                 netlink.route_via(self.subnet, far, prefsrc=self.controller_ip)])
-        self._raise(failures, "this machine's end of the gateway link")
-        with nsfs.entered(self.gateway_ns):
-            with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
-                f.write("1\n")
-            ctl = socket.if_nametoindex("ctl0")
-        with netlink.RtnlSocket(self.gateway_ns) as sock:
-            failures = sock.run([netlink.add_ipv4(ctl, far, 30), netlink.link_up(ctl)] +
-                                [netlink.route_via(dst, near) for dst in [f"{self.controller_ip}/32", *routes]])
-        self._raise(failures, "the gateway's end of its link")
-
-    @staticmethod
-    def _raise(failures: list[Any], what: str) -> None:
-        if failures:
-            raise NodeRuntimeError(f"{what}: step {failures[0].position + 1}: {failures[0].describe()}")
+        link_gateway(self.gateway_ns, pid, self.host_if, near, far, self.subnet, self.controller_ip, routes)
 
     @property
     def gateway_ns(self) -> str:
@@ -262,9 +234,7 @@ class SwarmFabric:
 
     def _remove_link(self) -> None:
         """The gateway's namespace name and this machine's end of its veth (and so its route)."""
-        nsfs.remove(self.gateway_ns)
-        with netlink.RtnlSocket() as sock:
-            sock.run([netlink.delete_link(self.host_if)])  # gone already when its container went
+        unlink_gateway(self.gateway_ns, self.host_if)
 
     def _remove_gateway(self) -> bool:
         self._remove_link()
@@ -290,8 +260,8 @@ class SwarmFabric:
         me = api.inspect_node(member["node_id"])
         if (me["Spec"].get("Labels") or {}).get(INIT_LABEL) != self.id:
             return left
-        others = sorted({n["Labels"][runtime_docker.LABEL] for n in api.networks(filters={"driver": "overlay"})
-                         if (n.get("Labels") or {}).get(runtime_docker.LABEL, self.id) != self.id})
+        others = sorted({n["Labels"][TESTBED_LABEL] for n in api.networks(filters={"driver": "overlay"})
+                         if (n.get("Labels") or {}).get(TESTBED_LABEL, self.id) != self.id})
         if others:  # another testbed's overlay is in this swarm: the swarm goes with the last of them
             self._label(member["node_id"], INIT_LABEL, others[0])
             return left

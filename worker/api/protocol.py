@@ -43,6 +43,10 @@ MAX_PIDS_MAX = 4_194_304  # the kernel's largest pid
 TREES = ("dml_app", "dataset", "dml_user")  # the directories a worker syncs from the controller (dml_user: the
 #                                             user's own code, staged by the controller)
 
+# node processes ------------------------------------------------------------------------------------
+PRELOAD_ENV = "EDGETB_PRELOAD"  # in a start_node request's env: what the host's zygote preloads for the node
+#                                 (comma-separated, of worker.confinement.zygote.PRELOADS)
+
 # request bodies ------------------------------------------------------------------------------------
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # whole networks: nodes, links, code manifests
 MEDIUM_REQUEST_BYTES = 1024 * 1024  # a command line with its environment, a route table

@@ -67,8 +67,7 @@ SPAWN_TIMEOUT_S = 60.0
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_FDS = 4
 READY_TIMEOUT_S = 120.0
-PRELOAD_ENV = "EDGETB_PRELOAD"  # a node's start request asks its host's zygote to preload these (comma-separated)
-PRELOADS = ("tensorflow",)  # what a zygote may preload beyond the node runtime
+PRELOADS = ("tensorflow",)  # what a zygote may preload beyond the node runtime (worker.api.protocol.PRELOAD_ENV)
 ZYGOTE_NICE = -10
 
 

@@ -17,6 +17,7 @@ import uuid
 from typing import Any, Optional, cast
 
 from worker.api.errors import ConfigError, NotFound, TestbedTimeout
+from worker.api.protocol import PRELOAD_ENV
 from worker.confinement import fsview, privilege, uids, zygote
 from worker.kernel.procs import start_ticks
 from worker.nodes.runtime import ForkableRuntime, Runtime
@@ -111,7 +112,7 @@ class Processes:
         ident = runtime.identity(node, rec)
         view = self.node_view(node, ident)
         fsview.check_readable(view, ident)
-        asked = tuple(p for p in env.get(zygote.PRELOAD_ENV, "").split(",") if p in zygote.PRELOADS)
+        asked = tuple(p for p in env.get(PRELOAD_ENV, "").split(",") if p in zygote.PRELOADS)
         with self._lock:
             lacks = set(asked) - set(self._zygote.preload) if self._zygote is not None else set()
             idle = not any(c.poll() is None for c in self._children.values())
