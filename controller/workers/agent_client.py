@@ -156,7 +156,7 @@ class AgentClient:
         """On loopback, the agent's port must be held by root before the token goes there."""
         if not self.loopback or self.fingerprint:
             return
-        from controller.web.callers import listener_uid
+        from worker.sockets import listener_uid
 
         host = urlsplit(self.url).hostname or "127.0.0.1"
         uid = listener_uid("127.0.0.1" if host == "localhost" else host, self.port)

@@ -25,6 +25,7 @@ from controller.web.app import create_app
 from controller.web.live import LiveFeed
 from tests.netns.conftest import free_subnet, new_testbed_id
 from tests.security.callers_fixtures import NOBODY_UID, Served, curl_as, need_root
+from worker import sockets
 from worker.admission import Places
 from worker.api.errors import ConfigError
 from worker.host import WorkerHost
@@ -91,25 +92,25 @@ def test_the_socket_table_names_the_owner_of_a_connection():
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        assert callers.listener_uid("127.0.0.1", port) == 0
+        assert sockets.listener_uid("127.0.0.1", port) == 0
         with socket.create_connection(("127.0.0.1", port)) as client:
             peer, _ = server.accept()
             with peer:
                 here = ("127.0.0.1", port)
-                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], here) == 0
-                assert callers.peer_uid("::ffff:127.0.0.1", client.getsockname()[1], here) == 0
-                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], ("127.0.0.1", port + 1)) is None
-                assert callers.peer_uid("127.0.0.1", client.getsockname()[1], ("127.0.0.2", port)) is None
+                assert sockets.peer_uid("127.0.0.1", client.getsockname()[1], here) == 0
+                assert sockets.peer_uid("::ffff:127.0.0.1", client.getsockname()[1], here) == 0
+                assert sockets.peer_uid("127.0.0.1", client.getsockname()[1], ("127.0.0.1", port + 1)) is None
+                assert sockets.peer_uid("127.0.0.1", client.getsockname()[1], ("127.0.0.2", port)) is None
     if socket.has_ipv6 and "::1" in callers.local_addresses():  # the IPv6 table too
         with socket.socket(socket.AF_INET6) as server:
             server.bind(("::1", 0))
             server.listen()
             port = server.getsockname()[1]
-            assert callers.listener_uid("::1", port) == 0 and callers.listener_uid("127.0.0.1", port) is None
+            assert sockets.listener_uid("::1", port) == 0 and sockets.listener_uid("127.0.0.1", port) is None
             with socket.create_connection(("::1", port)) as client:
                 peer, _ = server.accept()
                 with peer:
-                    assert callers.peer_uid("::1", client.getsockname()[1], ("::1", port)) == 0
+                    assert sockets.peer_uid("::1", client.getsockname()[1], ("::1", port)) == 0
     assert callers.trusted_uids({"SUDO_UID": "1234"}) == {0, 1234}
     assert callers.trusted_uids({"SUDO_UID": "x"}) == {0}
 
