@@ -1,9 +1,9 @@
 """A Docker host's part of the swarm fabric: joining the testbed's swarm, and what it sets up in each node.
 
-The controller's machine is the swarm's manager (``controller.workers.swarm``); it sends every Docker
-host's agent a ``set_fabric`` request over the agent's pinned HTTPS channel: the manager's address,
-the worker join token (never on a command line, never in a file), this host's advertised address and
-the overlay (``Fabric``). The agent's engine joins the swarm unless it is a member already (of that
+The controller's machine is the swarm's manager (``controller.workers.swarm``, with the manager's part
+here in ``worker.nodes.docker_manager``); it sends every Docker host's agent a ``set_fabric`` request
+over the agent's pinned HTTPS channel: the manager's address, the worker join token (never on a
+command line, never in a file), this host's advertised address and the overlay (``Fabric``). The agent's engine joins the swarm unless it is a member already (of that
 swarm: another is refused); a swarm joined for the testbed is recorded in its state and left at reset.
 The Docker runtime then puts its containers on the overlay at the planned addresses and routes, inside
 each node's namespace, the controller's address (and any routed node subnets) via the overlay's
