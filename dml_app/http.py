@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
-from dml_app import bounded_json
+from dml_app.wire import bounded_json
 from dml_app.auth import AuthFailed, NodeKeys, body_hash
 
 MAX_BODY_BYTES = 256 * 1024 * 1024  # no route takes more, whatever its own limit says

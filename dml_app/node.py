@@ -58,7 +58,7 @@ from dml_app.roles.fl import AggregatorRole, TrainerRole  # noqa: E402
 from dml_app.roles.gossip import GossipRole  # noqa: E402
 from dml_app.roles.ring import RingRole  # noqa: E402
 from dml_app.usercode import UserCodeError, attribute, load_file  # noqa: E402
-from dml_app.weights import encode as encode_weights  # noqa: E402
+from dml_app.wire.weights import encode as encode_weights  # noqa: E402
 
 if __name__ == "__main__" and sys.modules.get("ssl", 0) is None:
     del sys.modules["ssl"]

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.model.topology import Topology
-from dml_app import bounded_json
+from dml_app.wire import bounded_json
 from dml_app.events import read_events
 from worker.api.errors import ConfigError
 

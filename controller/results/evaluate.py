@@ -2,7 +2,7 @@
 as safetensors.
 
 A node leaves its final weights in ``dml_file/node/<name>/<run id>.weights``
-(the weights wire format of ``dml_app.weights``). Those files are written by
+(the weights wire format of ``dml_app.wire.weights``). Those files are written by
 nodes, so they are untrusted: read without following links, opened non-blocking
 and only when a regular file of one link owned by the node's uid, refused above a
 size limit, parsed without pickle (JSON header nesting bounded), checked against the model the node's conf
@@ -26,7 +26,7 @@ import numpy as np
 
 from controller.results.run_dir import Writer, local_writer
 from controller.results.run_dir import NodeFileError, read_node_file
-from dml_app import weights as wire
+from dml_app.wire import weights as wire
 from controller import sandbox
 from controller.confs.usercode import sample_shape
 from dml_app.model_numpy import NumpyMLP

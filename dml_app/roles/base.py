@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from dml_app import weights as wire
+from dml_app.wire import weights as wire
 from dml_app.auth import E2E, AuthFailed, NodeKeys
 from dml_app.compute import inline
 from dml_app.events import EventLog

@@ -47,7 +47,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from dml_app import weights as wire
+from dml_app.wire import weights as wire
 from dml_app.aggregation import Aggregator
 from dml_app.http import JSON, HttpError, Request, Response
 from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from dml_app import allreduce
-from dml_app import weights as wire
+from dml_app.wire import weights as wire
 from dml_app.http import JSON, HttpError, Request, Response
 from dml_app.monitors import NoiseScale, delta, grad_var
 from dml_app.policies import MAX_POLICIES, PolicyError, check_vote

@@ -21,7 +21,7 @@ import requests
 
 from controller.run.node_auth import RunKeys
 from dml_app import auth
-from dml_app import weights as wire
+from dml_app.wire import weights as wire
 from dml_app.events import read_events
 from dml_app.models import make_model
 from tests.e2e.harness import ROOT, Run

@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from dml_app import weights
+from dml_app.wire import weights
 from dml_app.events import EventLog, read_events
 from dml_app.http import HttpError
 from dml_app.model_numpy import NumpyMLP
@@ -198,7 +198,7 @@ def test_etree_round_closes_at_its_deadline_with_a_quorum_and_skips_a_silent_chi
     import threading
     import time
 
-    from dml_app import weights as wire
+    from dml_app.wire import weights as wire
     from dml_app.http import Request
     from dml_app.roles.etree import ETreeRole
 

@@ -9,7 +9,7 @@ from safetensors.numpy import load_file
 from sklearn.datasets import load_digits
 
 from controller.results import evaluate
-from dml_app import weights as wire
+from dml_app.wire import weights as wire
 from dml_app.events import EventLog, read_events
 from dml_app.model_numpy import NumpyMLP
 from dml_app.models import load_global_test, make_model

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from dml_app import weights
+from dml_app.wire import weights
 from dml_app.model_numpy import NumpyMLP
 from dml_app.nn import layers as L
 from dml_app.nn import zoo

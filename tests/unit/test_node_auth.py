@@ -11,7 +11,7 @@ import requests
 
 from controller.run.node_auth import RunKeys, talking_pairs
 from dml_app import auth
-from dml_app import weights as wire
+from dml_app.wire import weights as wire
 from dml_app.http import Router, json_response
 from worker.api.errors import AuthError, ConfigError
 
