@@ -150,7 +150,7 @@ class AdaptiveStrategy(Policy):
                 "send_bps": {p: round(r) for p, r in sorted(self.rates.items())}}
 
     def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
-        from dml_app.allreduce import best_strategy  # (the structures import no policy)
+        from dml_app.reduction.allreduce import best_strategy  # (the structures import no policy)
 
         members = list(votes)
         yes = sum(1 for v in votes.values() if v and v.get("vote"))
@@ -354,7 +354,7 @@ def check_action(action: Any, who: str, members: Optional[list[str]] = None) -> 
     if "strategy" in action and not isinstance(action["strategy"], str):
         raise PolicyError(f"{who}: strategy must be a string, not {action['strategy']!r}")
     if "strategy" in action and members is not None:
-        from dml_app.allreduce import StructureError, parse
+        from dml_app.reduction.allreduce import StructureError, parse
         try:
             parse(action["strategy"], members)
         except StructureError as e:

@@ -4,7 +4,7 @@ A node holds one position per layer it appears on (``positions``: layer,
 parent, children, ``sync``, ``epoch``). An aggregator position runs ``sync``
 rounds: it sends its model to its children in parallel, each child answers with
 its own result and sample count, and it combines them by the structure's
-``aggregation`` rule (``dml_app.aggregation``; by default their average weighted
+``aggregation`` rule (``dml_app.reduction.aggregation``; by default their average weighted
 by samples; one ``Aggregator`` per position, so FedAvgM's momentum is a
 position's own). A trainer position (layer 1) answers with the model trained ``epoch``
 epochs on its shard; an inner position answers with what its own ``sync``
@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from dml_app.aggregation import Aggregator
+from dml_app.reduction.aggregation import Aggregator
 from dml_app.http import JSON, Request, Response
 from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel
 from dml_app.roles.fl import quorum_count

@@ -6,7 +6,7 @@ measured train plus send time), sends them the global model in parallel, and
 closes the round when every picked trainer has answered, or at ``deadline_s``
 if at least a ``quorum`` (a fraction of the picked) did. The new global model
 is the updates combined by the structure's ``aggregation`` rule
-(``dml_app.aggregation``; by default FedAvg: averaged, weighted by each trainer's
+(``dml_app.reduction.aggregation``; by default FedAvg: averaged, weighted by each trainer's
 sample count), which the round event names (``aggregation``).
 Updates for a closed round are discarded and logged (``late_update``); a round
 without a quorum keeps the old model (``round_failed``). A trainer trains
@@ -48,7 +48,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from dml_app.wire import weights as wire
-from dml_app.aggregation import Aggregator
+from dml_app.reduction.aggregation import Aggregator
 from dml_app.http import JSON, HttpError, Request, Response
 from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel
 from dml_app.roles.gossip import PeerHealth

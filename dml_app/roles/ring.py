@@ -28,7 +28,7 @@ and run again without the lost member. Every formation that changes the
 members is a ``ring_formed`` event (``dropped``, ``joined``); an aborted one is
 ``ring_aborted``. A node whose rounds are done answers joins with "done".
 
-Strategies (``dml_app.allreduce``): the conf's ``strategy`` (``ring`` by default) may be a
+Strategies (``dml_app.reduction.allreduce``): the conf's ``strategy`` (``ring`` by default) may be a
 tree instead, ``star:<node>``, ``binary_tree`` or ``site_tree``: each member adds its
 children's partial sums (float64) to its own model and sends the sum up; the root divides
 by the member count, rounds once, and the mean goes back down. Every formation carries its
@@ -53,7 +53,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from dml_app import allreduce
+from dml_app.reduction import allreduce
+from dml_app.reduction.allreduce import chunk_index, join, split
 from dml_app.wire import weights as wire
 from dml_app.http import JSON, HttpError, Request, Response
 from dml_app.monitors import NoiseScale, delta, grad_var
@@ -70,22 +71,6 @@ class RingAborted(RuntimeError):
 
 class StrategyRefused(RingAborted):
     """This node decided another structure than the formation's (a different digest)."""
-
-
-def split(weights: Weights, n: int) -> list[np.ndarray]:
-    """The weights as one float64 vector cut into ``n`` chunks (some may be empty)."""
-    flat = np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in weights])
-    return [chunk.copy() for chunk in np.array_split(flat, n)]
-
-
-def join(chunks: list[np.ndarray], like: Weights) -> Weights:
-    """Chunks back into arrays shaped and typed like ``like``."""
-    flat = np.concatenate(chunks)
-    out, at = [], 0
-    for w in like:
-        out.append(flat[at:at + w.size].reshape(w.shape).astype(w.dtype))
-        at += w.size
-    return out
 
 
 @dataclass
@@ -125,12 +110,6 @@ def checked_votes(votes: Any, who: str) -> dict[str, Any]:
     if not isinstance(votes, dict) or len(votes) > MAX_POLICIES:
         raise PolicyError(f"{who}'s votes: an object of at most {MAX_POLICIES} policies' votes")
     return {str(k): check_vote(v, f"{who}'s vote of {k}") for k, v in votes.items()}
-
-
-def chunk_index(pos: int, n: int, phase: str, step: int) -> int:
-    """Which chunk the member at ``pos`` receives from its predecessor at (phase, step)."""
-    p = (pos - 1) % n
-    return (p - step) % n if phase == "reduce" else (p + 1 - step) % n
 
 
 class RingRole(Role):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from controller.confs.confs import load_structure
-from dml_app.aggregation import (AggregationConfError, Aggregator, checked_conf, fedavg, median, trim_count,
+from dml_app.reduction.aggregation import (AggregationConfError, Aggregator, checked_conf, fedavg, median, trim_count,
                                  trimmed_mean)
 from dml_app.roles.etree import ETreeRole
 from dml_app.roles.fl import AggregatorRole, TrainerRole

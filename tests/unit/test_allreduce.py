@@ -3,8 +3,8 @@ gives when a ring of roles runs it in one process."""
 import numpy as np
 import pytest
 
-from dml_app import allreduce
-from dml_app.allreduce import Structure, StructureError, best_strategy, build, check, estimated_time_s
+from dml_app.reduction import allreduce
+from dml_app.reduction.allreduce import Structure, StructureError, best_strategy, build, check, estimated_time_s
 from dml_app.roles.ring import RingRole
 from dml_app.transport import MemoryNetwork
 from tests.unit.test_roles_memory import events_of, role_of, run_all
