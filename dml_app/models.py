@@ -25,7 +25,7 @@ from typing import Any, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
-from dml_app import usercode
+from dml_app.runtime import usercode
 from dml_app.model_numpy import NumpyMLP
 
 MAX_GLOBAL_TEST_SAMPLES = 1_000_000  # the upper bound of a dataset file's global_test_size

@@ -8,10 +8,10 @@ role's own (``POST /gossip`` ...), and ``POST /relay`` (pass a message on to a
 node this one's peers have no link to). When the role's rounds are done the
 node saves its final weights, uploads its events to the controller's ``/log``
 and keeps serving until stopped. Training and evaluation run on a thread of
-their own (``dml_app.compute``): a node that trains still takes peers' models,
+their own (``dml_app.runtime.compute``): a node that trains still takes peers' models,
 relays and answers the controller.
 
-Identity (``dml_app.auth``): the node's own secret comes in its environment
+Identity (``dml_app.runtime.auth``): the node's own secret comes in its environment
 (``EDGETB_NODE_SECRET``); only the controller's calls signed with a key derived
 from it reach the conf, prepare, start, stop and log routes, and the node signs
 its ``/print`` and ``/log`` calls with another. The structure conf brings pair keys
@@ -47,17 +47,17 @@ import gevent.event  # noqa: E402
 import numpy as np  # noqa: E402
 from gevent.pywsgi import WSGIServer  # noqa: E402
 
-from dml_app.auth import SECRET_ENV, NodeKeys  # noqa: E402
-from dml_app.compute import ComputeThread  # noqa: E402
-from dml_app.events import EventLog  # noqa: E402
-from dml_app.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
+from dml_app.runtime.auth import SECRET_ENV, NodeKeys  # noqa: E402
+from dml_app.runtime.compute import ComputeThread  # noqa: E402
+from dml_app.runtime.events import EventLog  # noqa: E402
+from dml_app.runtime.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
 from dml_app.models import load_global_test, make_model  # noqa: E402
 from dml_app.roles.base import Context, Role, ok  # noqa: E402
 from dml_app.roles.etree import ETreeRole  # noqa: E402
 from dml_app.roles.fl import AggregatorRole, TrainerRole  # noqa: E402
 from dml_app.roles.gossip import GossipRole  # noqa: E402
 from dml_app.roles.ring import RingRole  # noqa: E402
-from dml_app.usercode import UserCodeError, attribute, load_file  # noqa: E402
+from dml_app.runtime.usercode import UserCodeError, attribute, load_file  # noqa: E402
 from dml_app.wire.weights import encode as encode_weights  # noqa: E402
 
 if __name__ == "__main__" and sys.modules.get("ssl", 0) is None:

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from dml_app.usercode import UserCodeError, attribute, load_file
+from dml_app.runtime.usercode import UserCodeError, attribute, load_file
 
 Vote = Optional[dict[str, Any]]
 Action = Optional[dict[str, Any]]

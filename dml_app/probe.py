@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from dml_app import policies, usercode
+from dml_app import policies
+from dml_app.runtime import usercode
 from dml_app.models import check_contract, load_global_test, make_model
 
 DATA_ARRAYS = ("x_train", "y_train", "x_test", "y_test")

@@ -23,7 +23,7 @@ import numpy as np
 
 from dml_app.models import kind_of, make_model
 from dml_app.nn import zoo
-from dml_app.usercode import USERCODE_DIR
+from dml_app.runtime.usercode import USERCODE_DIR
 from worker.api.errors import ConfigError
 from worker.nodes.fsview import under
 

@@ -34,8 +34,8 @@ from controller.run.progress import Report, clip
 from controller.workers import deploy
 from controller.workers.api import Worker
 from dml_app.wire import bounded_json
-from dml_app.compute import NODE_ENV
-from dml_app.events import MAX_LINE_BYTES as MAX_EVENT_LINE_BYTES
+from dml_app.runtime.compute import NODE_ENV
+from dml_app.runtime.events import MAX_LINE_BYTES as MAX_EVENT_LINE_BYTES
 from dml_app.models import kind_of
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.nodes.zygote import PRELOAD_ENV

@@ -9,7 +9,7 @@ send that fails is an event, and the role decides what to do next.
 Messages go to a destination's next hop: the peer itself when the two are
 linked (``connect``), else the hop that ``forward`` names, whose ``/relay``
 passes the body on. Bytes are counted against the next hop, so traffic per peer
-follows the links. A ``Transport`` delivers them (``dml_app.transport``: signed
+follows the links. A ``Transport`` delivers them (``dml_app.runtime.transport``: signed
 HTTP in a node, calls between roles of one process in tests).
 
 Every message is signed end to end with the pair key of its sender and its
@@ -31,13 +31,13 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from dml_app.wire import weights as wire
-from dml_app.auth import E2E, AuthFailed, NodeKeys
-from dml_app.compute import inline
-from dml_app.events import EventLog
-from dml_app.http import HttpError, Request, Response, json_response
+from dml_app.runtime.auth import E2E, AuthFailed, NodeKeys
+from dml_app.runtime.compute import inline
+from dml_app.runtime.events import EventLog
+from dml_app.runtime.http import HttpError, Request, Response, json_response
 from dml_app.monitors import MONITOR_FIELDS
 from dml_app.policies import Policies, PolicyView, build as build_policies
-from dml_app.transport import MAX_RELAYS, TTL_HEADER, HttpTransport, Transport
+from dml_app.runtime.transport import MAX_RELAYS, TTL_HEADER, HttpTransport, Transport
 
 Weights = list[np.ndarray]
 SEND_MARGIN = 4.0  # a send may take this many times its time at the link's rate ...

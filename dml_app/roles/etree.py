@@ -40,7 +40,7 @@ import time
 from typing import Any, Callable, Optional
 
 from dml_app.reduction.aggregation import Aggregator
-from dml_app.http import JSON, Request, Response
+from dml_app.runtime.http import JSON, Request, Response
 from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel
 from dml_app.roles.fl import quorum_count
 from dml_app.roles.gossip import PeerHealth

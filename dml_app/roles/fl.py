@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from dml_app.wire import weights as wire
 from dml_app.reduction.aggregation import Aggregator
-from dml_app.http import JSON, HttpError, Request, Response
+from dml_app.runtime.http import JSON, HttpError, Request, Response
 from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel
 from dml_app.roles.gossip import PeerHealth
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from dml_app.http import Request, Response
+from dml_app.runtime.http import Request, Response
 from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok
 
 FIRST_BACKOFF_S = 2.0

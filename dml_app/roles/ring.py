@@ -56,7 +56,7 @@ import numpy as np
 from dml_app.reduction import allreduce
 from dml_app.reduction.allreduce import chunk_index, join, split
 from dml_app.wire import weights as wire
-from dml_app.http import JSON, HttpError, Request, Response
+from dml_app.runtime.http import JSON, HttpError, Request, Response
 from dml_app.monitors import NoiseScale, delta, grad_var
 from dml_app.policies import MAX_POLICIES, PolicyError, check_vote
 from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok, parallel

@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from dml_app.wire import weights as wire
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
 from dml_app.models import make_model
 from tests.e2e.harness import ROOT, Run
 

@@ -15,7 +15,7 @@ from controller.model.topology import Topology, load_links
 from dml_app.reduction.aggregation import fedavg as weighted_average
 from dml_app.roles.fl import pick, quorum_count
 from dml_app.reduction.allreduce import join, split
-from dml_app.transport import MemoryNetwork
+from dml_app.roles.memory import MemoryNetwork
 from worker.api.errors import ConfigError
 
 
@@ -94,7 +94,7 @@ def test_split_covers_every_element_even_when_a_layer_is_smaller_than_the_ring()
 def ring_role(tmp, name: str, names: list[str], net: MemoryNetwork, sync: int = 1, life: int = 1, seed: int = 0,
               offset: float = 0.0):
     """A RingRole with a tiny numpy model; its 'training' adds ``offset`` to every weight."""
-    from dml_app.events import EventLog
+    from dml_app.runtime.events import EventLog
     from dml_app.models import make_model
     from dml_app.roles.base import Context
     from dml_app.roles.ring import RingRole
@@ -130,7 +130,7 @@ def run_all(roles) -> dict:
 
 
 def events_of(role, kind: str) -> list[dict]:
-    from dml_app.events import read_events
+    from dml_app.runtime.events import read_events
 
     return [e for e in read_events(role.ctx.events.path) if e["type"] == kind]
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dml_app.wire import weights
-from dml_app.events import EventLog, read_events
-from dml_app.http import HttpError
+from dml_app.runtime.events import EventLog, read_events
+from dml_app.runtime.http import HttpError
 from dml_app.model_numpy import NumpyMLP
 
 
@@ -199,7 +199,7 @@ def test_etree_round_closes_at_its_deadline_with_a_quorum_and_skips_a_silent_chi
     import time
 
     from dml_app.wire import weights as wire
-    from dml_app.http import Request
+    from dml_app.runtime.http import Request
     from dml_app.roles.etree import ETreeRole
 
     conf = {"positions": [{"layer": 2, "parent": None, "children": ["c1", "c2", "c3"], "sync": 2,
@@ -376,7 +376,7 @@ def test_the_compute_thread_runs_off_the_event_loop_and_in_order():
 
     import gevent
 
-    from dml_app.compute import ComputeThread
+    from dml_app.runtime.compute import ComputeThread
 
     compute, ran, ticks = ComputeThread(), [], []
 

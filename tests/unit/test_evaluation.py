@@ -10,7 +10,7 @@ from sklearn.datasets import load_digits
 
 from controller.results import evaluate
 from dml_app.wire import weights as wire
-from dml_app.events import EventLog, read_events
+from dml_app.runtime.events import EventLog, read_events
 from dml_app.model_numpy import NumpyMLP
 from dml_app.models import load_global_test, make_model
 from dml_app.roles.base import Context, Role, RoundRecord

@@ -9,7 +9,7 @@ from dml_app.monitors import NoiseScale, grad_var
 from dml_app.policies import (AdaptiveBatch, AdaptiveStrategy, Policy, PolicyError, PolicyView, check_action,
                               check_vote)
 from dml_app.roles.ring import Formation, RingRole, StrategyRefused
-from dml_app.transport import MemoryNetwork
+from dml_app.roles.memory import MemoryNetwork
 from tests.unit.test_roles_memory import events_of, role_of, run_all
 
 MEMBERS = ["a", "b", "c", "d"]
@@ -199,7 +199,7 @@ def test_an_aggregator_picks_its_standby_trainers_only_once_a_policy_adds_them(t
 def test_a_join_with_bad_votes_is_answered_400_and_held_nowhere(tmp_path, votes, words):
     import json
 
-    from dml_app.http import HttpError, Request
+    from dml_app.runtime.http import HttpError, Request
     net = MemoryNetwork()
     role = role_of(RingRole, tmp_path, net, "r0", {"sync": 1, "ring": ["r0", "r1"]}, ["r0", "r1"])
     body = json.dumps({"want": 1, "epoch": 0, "votes": votes}).replace("Infinity", "1e999").encode()
@@ -235,7 +235,7 @@ def test_robust_mode_tries_the_start_again_and_stays_when_it_is_good_or_returns_
 
 
 def test_a_policy_that_raises_or_a_vote_out_of_range_changes_nothing_and_is_an_event(tmp_path):
-    from dml_app.events import EventLog, read_events
+    from dml_app.runtime.events import EventLog, read_events
     from dml_app.policies import Policies
 
     class Broken(Policy):

@@ -14,7 +14,7 @@ from controller.model.topology import load_links
 from dml_app import node as node_module
 from dml_app.roles.fl import TrainerRole
 from dml_app.roles.gossip import GossipRole
-from dml_app.usercode import UserCodeError, load_file
+from dml_app.runtime.usercode import UserCodeError, load_file
 from worker.api.errors import ConfigError
 
 LINKS = {"n1": [{"dest": "n2", "bw": "10mbit"}], "n2": [{"dest": "n1", "bw": "10mbit"}]}

@@ -42,7 +42,7 @@ from typing import Any, Optional, Sequence
 
 from worker.nodes import confine, fsview, swarm, uids
 
-from dml_app.usercode import USERCODE_DIR
+from dml_app.runtime.usercode import USERCODE_DIR
 from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
 from worker.kernel import nsfs
 from worker.nodes.docker_exec import ExecProcess, sdk, short_error
