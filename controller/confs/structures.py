@@ -50,7 +50,7 @@ import re
 from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology
-from dml_app import policies
+from dml_app.policies.contract import MAX_POLICIES
 from dml_app.models import BUILTIN_NAMES
 from dml_app.reduction import aggregation, allreduce
 from worker.api.errors import ConfigError
@@ -179,7 +179,6 @@ RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUND
 SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
 
 # Adaptation policies (dml_app.policies): the built-in kinds and the user's own ---------------------
-MAX_POLICIES = policies.MAX_POLICIES
 ADAPTIVE_STRATEGY = Schema({
     "kind": Field(str, "adaptive_strategy: switch the ring's all-reduce strategy when the goodput drops",
                   required=True, choices=("adaptive_strategy",)),

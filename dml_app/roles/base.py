@@ -35,8 +35,9 @@ from dml_app.runtime.auth import E2E, AuthFailed, NodeKeys
 from dml_app.runtime.compute import inline
 from dml_app.runtime.events import EventLog
 from dml_app.runtime.http import HttpError, Request, Response, json_response
-from dml_app.monitors import MONITOR_FIELDS
-from dml_app.policies import Policies, PolicyView, build as build_policies
+from dml_app.policies.contract import PolicyView
+from dml_app.policies.monitors import MONITOR_FIELDS
+from dml_app.policies.runner import Policies, build as build_policies
 from dml_app.runtime.transport import MAX_RELAYS, TTL_HEADER, HttpTransport, Transport
 
 Weights = list[np.ndarray]

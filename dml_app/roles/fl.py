@@ -27,7 +27,7 @@ as long as the round stays open (the model it gets says how long: ``deadline_s``
 aggregator's downlink may be shared by every trainer, which a trainer's link does not show.
 
 Elastic scaling: trainers listed in ``standby`` are not picked until a policy's action
-(``{"members": [...]}``, ``dml_app.policies.ElasticScaling``) makes them members; a
+(``{"members": [...]}``, ``dml_app.policies.builtin.ElasticScaling``) makes them members; a
 ``trainers_changed`` event says who came and went, and the first round with the new
 members has ``resize_latency_s`` (from the decision to that round's start). Each round
 event has ``cluster_size`` (the members) and ``throughput_sps`` (the samples of the

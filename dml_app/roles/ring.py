@@ -40,7 +40,7 @@ the same decisions on the same votes. The coordinator puts the strategy it decid
 formation; a member whose own decision has another digest refuses the formation (it is
 aborted). A strategy that changes is a ``strategy_changed`` event. Monitors: each round
 event has the ring's ``strategy``, ``cluster_size``, ``comm_goodput_bps`` (the model's
-bytes over the time of this node's all-reduce), ``gns`` (``dml_app.monitors``) and, every
+bytes over the time of this node's all-reduce), ``gns`` (``dml_app.policies.monitors``) and, every
 ``monitor_every`` rounds, ``grad_var``; ``monitor_s`` is what computing them took.
 """
 from __future__ import annotations
@@ -57,8 +57,8 @@ from dml_app.reduction import allreduce
 from dml_app.reduction.allreduce import chunk_index, join, split
 from dml_app.wire import weights as wire
 from dml_app.runtime.http import JSON, HttpError, Request, Response
-from dml_app.monitors import NoiseScale, delta, grad_var
-from dml_app.policies import MAX_POLICIES, PolicyError, check_vote
+from dml_app.policies.contract import MAX_POLICIES, PolicyError, check_vote
+from dml_app.policies.monitors import NoiseScale, delta, grad_var
 from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok, parallel
 
 MAX_ABORTS = 5  # formations of one round that may fail in a row before the node gives up

@@ -5,11 +5,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dml_app.monitors import NoiseScale, grad_var
-from dml_app.policies import (AdaptiveBatch, AdaptiveStrategy, Policy, PolicyError, PolicyView, check_action,
-                              check_vote)
-from dml_app.roles.ring import Formation, RingRole, StrategyRefused
+from dml_app.policies.builtin import AdaptiveBatch, AdaptiveStrategy
+from dml_app.policies.contract import Policy, PolicyError, PolicyView, check_action, check_vote
+from dml_app.policies.monitors import NoiseScale, grad_var
 from dml_app.roles.memory import MemoryNetwork
+from dml_app.roles.ring import Formation, RingRole, StrategyRefused
 from tests.unit.test_roles_memory import events_of, role_of, run_all
 
 MEMBERS = ["a", "b", "c", "d"]
@@ -124,8 +124,8 @@ class SwitchAtThree(Policy):
 
 
 def test_ring_members_decide_together_and_switch_at_the_same_round(tmp_path, monkeypatch):
-    from dml_app import policies
-    monkeypatch.setitem(policies.KINDS, "switch_at_three", SwitchAtThree)
+    from dml_app.policies import builtin
+    monkeypatch.setitem(builtin.KINDS, "switch_at_three", SwitchAtThree)
     net = MemoryNetwork()
     names = ["r0", "r1", "r2", "r3"]
     conf = {"sync": 4, "epoch": 1, "ring": names, "join_wait_s": 5, "step_timeout_s": 10, "strategy": "star:r1",
@@ -147,7 +147,7 @@ def test_ring_members_decide_together_and_switch_at_the_same_round(tmp_path, mon
 
 
 def test_elastic_scaling_adds_while_the_gain_is_at_least_alpha_over_n_then_removes_the_last():
-    from dml_app.policies import ElasticScaling
+    from dml_app.policies.builtin import ElasticScaling
     v = PolicyView("agg", "fl_aggregator", ["t1"], None, 32, standby=["t2", "t3", "t4", "t5"])
     p = ElasticScaling({"window_rounds": 2, "alpha": 1 / 3}, v)
     throughput = {1: 100.0, 2: 180.0, 3: 230.0, 4: 240.0}  # gains +80 % (>= 1/6), +28 % (>= 1/9), +4.3 % (< 1/12)
@@ -163,7 +163,7 @@ def test_elastic_scaling_adds_while_the_gain_is_at_least_alpha_over_n_then_remov
 
 
 def test_an_aggregator_picks_its_standby_trainers_only_once_a_policy_adds_them(tmp_path, monkeypatch):
-    from dml_app import policies
+    from dml_app.policies import builtin
     from dml_app.roles.fl import AggregatorRole, TrainerRole
 
     class AddAtTwo(Policy):
@@ -173,7 +173,7 @@ def test_an_aggregator_picks_its_standby_trainers_only_once_a_policy_adds_them(t
         def decide(self, round_no, votes):
             return {"members": [*self.view.members, "t3"]} if round_no == 2 else None
 
-    monkeypatch.setitem(policies.KINDS, "add_at_two", AddAtTwo)
+    monkeypatch.setitem(builtin.KINDS, "add_at_two", AddAtTwo)
     net = MemoryNetwork()
     names = ["agg", "t1", "t2", "t3"]
     agg_conf = {"sync": 3, "trainers": names[1:], "deadline_s": 10, "standby": ["t2", "t3"],
@@ -236,7 +236,7 @@ def test_robust_mode_tries_the_start_again_and_stays_when_it_is_good_or_returns_
 
 def test_a_policy_that_raises_or_a_vote_out_of_range_changes_nothing_and_is_an_event(tmp_path):
     from dml_app.runtime.events import EventLog, read_events
-    from dml_app.policies import Policies
+    from dml_app.policies.runner import Policies
 
     class Broken(Policy):
         def decide(self, round_no, votes):
