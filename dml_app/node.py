@@ -51,7 +51,8 @@ from dml_app.runtime.auth import SECRET_ENV, NodeKeys  # noqa: E402
 from dml_app.runtime.compute import ComputeThread  # noqa: E402
 from dml_app.runtime.events import EventLog  # noqa: E402
 from dml_app.runtime.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
-from dml_app.models import load_global_test, make_model  # noqa: E402
+from dml_app.models.global_test import load_global_test  # noqa: E402
+from dml_app.models.make import make_model  # noqa: E402
 from dml_app.roles.base import Context, Role, ok  # noqa: E402
 from dml_app.roles.etree import ETreeRole  # noqa: E402
 from dml_app.roles.fl import AggregatorRole, TrainerRole  # noqa: E402

@@ -116,7 +116,8 @@ def _model_size_from_conf(model: dict[str, Any], input_shape: list[int], n_class
                           where: str) -> tuple[int, int]:
     """(parameter count, bytes per parameter) of the structure's model, built with numpy (cheap);
     a Keras model cannot be sized without TensorFlow and a recorded model file."""
-    from dml_app.models import ModelError, kind_of, make_model
+    from dml_app.models.contract import ModelError
+    from dml_app.models.make import kind_of, make_model
 
     try:
         if kind_of(model) != "numpy":

@@ -36,7 +36,7 @@ from controller.workers.api import Worker
 from dml_app.wire import bounded_json
 from dml_app.runtime.compute import NODE_ENV
 from dml_app.runtime.events import MAX_LINE_BYTES as MAX_EVENT_LINE_BYTES
-from dml_app.models import kind_of
+from dml_app.models.make import kind_of
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.nodes.zygote import PRELOAD_ENV
 

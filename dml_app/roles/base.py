@@ -30,15 +30,16 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from dml_app.wire import weights as wire
+from dml_app.models.contract import weight_names_of
+from dml_app.policies.contract import PolicyView
+from dml_app.policies.monitors import MONITOR_FIELDS
+from dml_app.policies.runner import Policies, build as build_policies
 from dml_app.runtime.auth import E2E, AuthFailed, NodeKeys
 from dml_app.runtime.compute import inline
 from dml_app.runtime.events import EventLog
 from dml_app.runtime.http import HttpError, Request, Response, json_response
-from dml_app.policies.contract import PolicyView
-from dml_app.policies.monitors import MONITOR_FIELDS
-from dml_app.policies.runner import Policies, build as build_policies
 from dml_app.runtime.transport import MAX_RELAYS, TTL_HEADER, HttpTransport, Transport
+from dml_app.wire import weights as wire
 
 Weights = list[np.ndarray]
 SEND_MARGIN = 4.0  # a send may take this many times its time at the link's rate ...
@@ -141,7 +142,7 @@ class Role:
         self._global_eval: dict[int, tuple[Any, Any]] = {}  # by thread: E-tree evaluates in several
         # what a model message must look like (none without a model: in-memory tests)
         self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
-        self.weight_names = model_names(ctx.model)  # the arrays' names on the wire (by layer), if the model has them
+        self.weight_names = weight_names_of(ctx.model)  # the arrays' names on the wire (by layer), if the model has them
         self.view = PolicyView(ctx.name, self.name, [ctx.name], ctx.conf.get("strategy"), self.batch_size,
                                dict(self.link_bps), dict(ctx.conf.get("sites") or {}))
         self.policies = Policies(build_policies(ctx.conf.get("policies") or [], self.view, ctx.workdir),
@@ -371,12 +372,6 @@ class Role:
             self.traffic.recv[self.next_hop.get(dest, dest)] += len(answer)
         self.count_sent_answer(req, answer)
         return 200, "application/octet-stream", answer
-
-
-def model_names(model: Any) -> Optional[list[str]]:
-    """The model's ``weight_names()``, when it has them (optional in the model contract)."""
-    names = getattr(model, "weight_names", None)
-    return list(names()) if callable(names) else None
 
 
 def ok(data: Optional[dict[str, Any]] = None) -> Response:

@@ -95,7 +95,7 @@ def ring_role(tmp, name: str, names: list[str], net: MemoryNetwork, sync: int = 
               offset: float = 0.0):
     """A RingRole with a tiny numpy model; its 'training' adds ``offset`` to every weight."""
     from dml_app.runtime.events import EventLog
-    from dml_app.models import make_model
+    from dml_app.models.make import make_model
     from dml_app.roles.base import Context
     from dml_app.roles.ring import RingRole
 

@@ -9,7 +9,7 @@ import pytest
 from dml_app.wire import weights
 from dml_app.runtime.events import EventLog, read_events
 from dml_app.runtime.http import HttpError
-from dml_app.model_numpy import NumpyMLP
+from dml_app.models.numpy.mlp import NumpyMLP
 
 
 def test_weights_round_trip_keeps_dtype_shape_and_meta():
@@ -103,7 +103,7 @@ def test_event_log_lines(tmp_path):
 
 
 def test_rng_is_seeded_and_well_shaped():
-    from dml_app.rand import Rng
+    from dml_app.models.numpy.rand import Rng
 
     a, b = Rng(7), Rng(7)
     assert np.array_equal(a.standard_normal((3, 4)), b.standard_normal((3, 4)))
@@ -131,7 +131,7 @@ def test_node_process_keeps_numpy_random_and_ssl_out():
 
 # roles that survive: peers that die and come back ------------------------------------------------
 def _role_ctx(tmp_path, name: str, conf: dict):
-    from dml_app.models import make_model
+    from dml_app.models.make import make_model
     from dml_app.roles.base import Context
 
     model = make_model({"hidden": [3], "seed": 0}, input_shape=2, n_classes=3)

@@ -11,8 +11,9 @@ from sklearn.datasets import load_digits
 from controller.results import evaluate
 from dml_app.wire import weights as wire
 from dml_app.runtime.events import EventLog, read_events
-from dml_app.model_numpy import NumpyMLP
-from dml_app.models import load_global_test, make_model
+from dml_app.models.numpy.mlp import NumpyMLP
+from dml_app.models.global_test import load_global_test
+from dml_app.models.make import make_model
 from dml_app.roles.base import Context, Role, RoundRecord
 from dml_app.roles.etree import ETreeRole
 

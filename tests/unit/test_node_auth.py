@@ -284,7 +284,7 @@ def test_weights_that_fit_pass_and_the_body_limit_covers_them():
 # roles: who may send what, and what they take ---------------------------------------------------
 def role_ctx(tmp_path, name: str, conf: dict):
     from dml_app.runtime.events import EventLog
-    from dml_app.models import make_model
+    from dml_app.models.make import make_model
     from dml_app.roles.base import Context
 
     data = (np.zeros((4, 6), dtype=np.float32), np.zeros(4, dtype=np.int64), np.zeros((2, 6), dtype=np.float32),

@@ -7,7 +7,7 @@ import pytest
 
 from dml_app.runtime import auth
 from dml_app.runtime.events import EventLog, read_events
-from dml_app.models import make_model
+from dml_app.models.make import make_model
 from dml_app.reduction.aggregation import fedavg as weighted_average
 from dml_app.roles.base import Context, Role
 from dml_app.roles.etree import ETreeRole

@@ -11,7 +11,7 @@ import pytest
 
 from controller.confs.datasets import digits_arrays
 from dml_app.runtime.events import EventLog
-from dml_app.models import make_model
+from dml_app.models.make import make_model
 from dml_app.roles.base import Context, Role
 from dml_app.roles.fl import AggregatorRole
 from dml_app.roles.gossip import GossipRole

@@ -345,10 +345,10 @@ def _preload(extra: tuple[str, ...] = ()) -> None:
     import gevent.pool  # noqa: F401
     import gevent.resolver._addresses  # noqa: F401
     import gevent.util  # noqa: F401
-    from dml_app import models
+    from dml_app.models.make import make_model
 
     try:
-        models.make_model({"kind": "numpy"}, input_shape=4, n_classes=2)  # the model's lazy imports
+        make_model({"kind": "numpy"}, input_shape=4, n_classes=2)  # the model's lazy imports
     except Exception:  # noqa: BLE001 - only a warm-up
         pass
     if sys.modules.get("ssl", 0) is None:
