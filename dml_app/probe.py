@@ -38,6 +38,7 @@ from dml_app.runtime import usercode
 from dml_app.models.contract import check_contract
 from dml_app.models.global_test import load_global_test
 from dml_app.models.make import make_model
+from dml_app.roles.registry import user_roles
 
 DATA_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -69,9 +70,7 @@ def probe_model(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe_algorithm(req: dict[str, Any]) -> dict[str, Any]:
-    """Which built-in role each of the user's classes replaces (``dml_app.node.user_roles``)."""
-    from dml_app.node import user_roles
-
+    """Which built-in role each of the user's classes replaces (``dml_app.roles.registry.user_roles``)."""
     found = user_roles(req["workdir"], str(req["module"]), list(req["classes"]))
     return {"replaces": {cls.__name__: role for role, cls in found.items()}}
 

@@ -97,22 +97,6 @@ class Traffic:
         return sent, recv
 
 
-def parallel(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-    """``fn`` over ``items`` concurrently (greenlets in a node process), results in order."""
-    items = list(items)
-    results: list[Any] = [None] * len(items)
-
-    def one(i: int) -> None:
-        results[i] = fn(items[i])
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
 NOT_TRAINED = {"loss": float("nan"), "train_s": 0.0}  # ``trained`` of a round without local training
 
 

@@ -19,7 +19,7 @@ the round event go into the ``extra`` of the record ``round`` returns.
 
 Trainers die and come back: one that cannot be reached or sends no update by the
 deadline is dropped (``peer_dropped``) and, while others are enough to pick from,
-skipped for a back-off that doubles (``gossip.PeerHealth``); a trainer that starts
+skipped for a back-off that doubles (``shared.PeerHealth``); a trainer that starts
 (again: a replacement) says so with ``/fl/join``, and the aggregator picks it
 from the next round on (``peer_rejoined`` once it contributes). A round closed by
 the quorum, not by every update, is a ``quorum_round`` event. A trainer's update may take
@@ -47,18 +47,13 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from dml_app.wire import weights as wire
 from dml_app.reduction.aggregation import Aggregator
+from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok
+from dml_app.roles.shared import PeerHealth, parallel, quorum_count
 from dml_app.runtime.http import JSON, HttpError, Request, Response
-from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel
-from dml_app.roles.gossip import PeerHealth
+from dml_app.wire import weights as wire
 
 MAX_UPLOAD_S = 86_400.0  # the longest upload time a model's deadline_s may ask for
-
-
-def quorum_count(quorum: float, picked: int) -> int:
-    """How many of ``picked`` trainers a quorum fraction asks for (at least one)."""
-    return max(1, math.ceil(quorum * picked - 1e-9))
 
 
 def pick(rng: random.Random, trainers: list[str], k: int, seconds: Optional[dict[str, float]] = None) -> list[str]:

@@ -59,7 +59,8 @@ from dml_app.wire import weights as wire
 from dml_app.runtime.http import JSON, HttpError, Request, Response
 from dml_app.policies.contract import MAX_POLICIES, PolicyError, check_vote
 from dml_app.policies.monitors import NoiseScale, delta, grad_var
-from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok, parallel
+from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok
+from dml_app.roles.shared import parallel
 
 MAX_ABORTS = 5  # formations of one round that may fail in a row before the node gives up
 KEEP_FORMATIONS = 3  # the last formations a node keeps (chunks of older ones are refused)

@@ -13,7 +13,8 @@ from controller.confs.confs import load_structure, next_hops, structure_confs
 from controller.confs.structures import guess_algorithm
 from controller.model.topology import Topology, load_links
 from dml_app.reduction.aggregation import fedavg as weighted_average
-from dml_app.roles.fl import pick, quorum_count
+from dml_app.roles.fl import pick
+from dml_app.roles.shared import quorum_count
 from dml_app.reduction.allreduce import join, split
 from dml_app.roles.memory import MemoryNetwork
 from worker.api.errors import ConfigError

@@ -141,7 +141,7 @@ def _role_ctx(tmp_path, name: str, conf: dict):
 
 
 def test_peer_health_backs_off_doubling_and_takes_a_peer_back():
-    from dml_app.roles.gossip import PeerHealth
+    from dml_app.roles.shared import PeerHealth
 
     now = [100.0]
     health = PeerHealth(clock=lambda: now[0], first_s=2, most_s=5)
