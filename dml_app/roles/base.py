@@ -126,7 +126,7 @@ class Role:
         self._global_eval: dict[int, tuple[Any, Any]] = {}  # by thread: E-tree evaluates in several
         # what a model message must look like (none without a model: in-memory tests)
         self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
-        self.weight_names = weight_names_of(ctx.model)  # the arrays' names on the wire (by layer), if the model has them
+        self.weight_names = weight_names_of(ctx.model)  # the arrays' names on the wire (by layer), if any
         self.view = PolicyView(ctx.name, self.name, [ctx.name], ctx.conf.get("strategy"), self.batch_size,
                                dict(self.link_bps), dict(ctx.conf.get("sites") or {}))
         self.policies = Policies(build_policies(ctx.conf.get("policies") or [], self.view, ctx.workdir),

@@ -150,17 +150,6 @@ def test_ring_all_reduce_in_process_gives_the_mean(tmp_path):
         assert [e["members"] for e in events_of(r, "round")] == [names]
 
 
-def test_decide_a_formation():
-    from dml_app.roles.ring import decide
-
-    order = ["a", "b", "c", "d"]
-    formation, behind = decide(order, "b", 3, 4, {"d": {"want": 3, "epoch": 4}, "a": {"want": None, "epoch": 0}})
-    assert formation.members == ["a", "b", "d"] and formation.round == 3 and formation.epoch == 5
-    assert behind == {"a"}  # a newcomer gets the ring's model
-    formation, behind = decide(order, "a", 2, 7, {"c": {"want": 3, "epoch": 7}})
-    assert formation.round == 3 and behind == {"a"} and formation.members == ["a", "c"]  # a redoes a failed round
-
-
 def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_path):
     """r2 dies after round 2: from round 3 the ring is r0, r1, r3 and the mean is theirs,
     exactly; its replacement joins at a round boundary, starts from the ring's model and

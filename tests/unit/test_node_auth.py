@@ -330,11 +330,12 @@ def test_aggregator_takes_asked_trainers_with_their_conf_sample_counts(tmp_path)
 
 def test_ring_takes_chunks_of_the_right_size_from_its_predecessor_only(tmp_path):
     from dml_app.runtime.http import HttpError
-    from dml_app.roles.ring import Formation, RingRole
+    from dml_app.roles.ring import RingRole
+    from dml_app.roles.ring_membership import Formation
 
     ctx = role_ctx(tmp_path, "r1", {"role": "ring", "ring": ["r0", "r1", "r2"], "sync": 1})
     ring = RingRole(ctx)
-    ring._adopt(Formation(1, 1, ["r0", "r1", "r2"]))  # the ring formation these chunks belong to
+    ring.membership.adopt(Formation(1, 1, ["r0", "r1", "r2"]))  # the ring formation these chunks belong to
     total = sum(w.size for w in ctx.model.get_weights())
     sizes = [len(c) for c in np.array_split(np.zeros(total), 3)]
     good = np.ones(sizes[0], dtype=np.float64)  # r0 sends its chunk 0 in reduce step 0

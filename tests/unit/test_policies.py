@@ -9,7 +9,8 @@ from dml_app.policies.builtin import AdaptiveBatch, AdaptiveStrategy
 from dml_app.policies.contract import Policy, PolicyError, PolicyView, check_action, check_vote
 from dml_app.policies.monitors import NoiseScale, grad_var
 from dml_app.roles.memory import MemoryNetwork
-from dml_app.roles.ring import Formation, RingRole, StrategyRefused
+from dml_app.roles.ring import RingRole, StrategyRefused
+from dml_app.roles.ring_membership import Formation
 from tests.unit.test_roles_memory import events_of, role_of, run_all
 
 MEMBERS = ["a", "b", "c", "d"]
@@ -102,11 +103,11 @@ def test_a_member_that_decided_another_structure_refuses_the_formation(tmp_path)
     conf = {"sync": 1, "epoch": 0, "ring": ["r0", "r1"], "strategy": "star:r0"}
     role = role_of(RingRole, tmp_path, net, "r0", conf, ["r0", "r1"])
     formation = Formation(1, 1, ["r0", "r1"], "star:r1", {}, "0" * 16)
-    role._adopt(formation)
+    role.membership.adopt(formation)
     with pytest.raises(StrategyRefused, match="this node decided star:r0"):
         role.install(formation, behind=False)
     assert events_of(role, "strategy_refused")[0]["formation_strategy"] == "star:r1"
-    formation.digest = role._structures[1].digest()
+    formation.digest = formation.structure.digest()
     role.install(formation, behind=True)
     assert role.strategy == "star:r1"
 
@@ -205,7 +206,7 @@ def test_a_join_with_bad_votes_is_answered_400_and_held_nowhere(tmp_path, votes,
     body = json.dumps({"want": 1, "epoch": 0, "votes": votes}).replace("Infinity", "1e999").encode()
     with pytest.raises(HttpError) as refused:
         role.on_join(Request("POST", "/ring/join", {}, body, "application/json", sender="r1"))
-    assert refused.value.status == 400 and words in refused.value.detail and role._joins == {}
+    assert refused.value.status == 400 and words in refused.value.detail and role.membership._joins == {}
 
 
 def test_robust_mode_tries_the_start_again_and_stays_when_it_is_good_or_returns_when_not():
@@ -254,19 +255,6 @@ def test_a_policy_that_raises_or_a_vote_out_of_range_changes_nothing_and_is_an_e
         check_vote({"gns": 10 ** 400}, "p")
     with pytest.raises(PolicyError, match="not one of the ring's nodes"):
         check_action({"strategy": "star:zz"}, "p", MEMBERS)
-
-
-def test_a_formation_answer_with_twice_a_member_or_another_vote_for_this_node_is_not_taken(tmp_path):
-    net = MemoryNetwork()
-    role = role_of(RingRole, tmp_path, net, "r0", {"sync": 2, "ring": ["r0", "r1", "r2"]}, ["r0", "r1", "r2"])
-    role.votes_out = {"0:adaptive_batch": {"gns": 5.0}}
-    good = {"epoch": 1, "round": 1, "members": ["r0", "r1"], "strategy": "binary_tree",
-            "votes": {"r0": {"0:adaptive_batch": {"gns": 5.0}}, "r1": {}}, "batch_size": 64}
-    assert role._answered(good).batch_size == 64
-    for bad in ({"members": ["r0", "r1", "r1"]}, {"epoch": "1"}, {"round": True}, {"strategy": "star:r9"},
-                {"votes": {"r0": {"0:adaptive_batch": {"gns": 6.0}}}}, {"votes": {"r2": {}}},
-                {"votes": {"r0": {"0:adaptive_batch": {"gns": 5.0}}, "r1": {"0:x": [1]}}}):
-        assert role._answered({**good, **bad}) is None, bad
 
 
 def test_an_aborted_formation_undoes_its_rounds_decisions(tmp_path):
