@@ -36,8 +36,8 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from dml_app.wire import weights as wire  # noqa: E402
 from dml_app.models.numpy.mlp import NumpyMLP  # noqa: E402
+from dml_app.wire import weights as wire  # noqa: E402
 
 SIZES = {"default 64-64-10": [64, 64, 10], "~1 M params": [64, 13_300, 10], "~8 M params": [64, 2_000, 4_000, 10]}
 META = {"from": "n12", "round": 7, "samples": 180}

@@ -47,14 +47,14 @@ import gevent.event  # noqa: E402
 import numpy as np  # noqa: E402
 from gevent.pywsgi import WSGIServer  # noqa: E402
 
-from dml_app.runtime.auth import SECRET_ENV, NodeKeys  # noqa: E402
-from dml_app.runtime.compute import ComputeThread  # noqa: E402
-from dml_app.runtime.events import EventLog  # noqa: E402
-from dml_app.runtime.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
 from dml_app.models.global_test import load_global_test  # noqa: E402
 from dml_app.models.make import make_model  # noqa: E402
 from dml_app.roles.base import Context, Role, ok  # noqa: E402
 from dml_app.roles.registry import ROLES, role_class  # noqa: E402
+from dml_app.runtime.auth import SECRET_ENV, NodeKeys  # noqa: E402
+from dml_app.runtime.compute import ComputeThread  # noqa: E402
+from dml_app.runtime.events import EventLog  # noqa: E402
+from dml_app.runtime.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
 from dml_app.wire.weights import encode as encode_weights  # noqa: E402
 
 if __name__ == "__main__" and sys.modules.get("ssl", 0) is None:

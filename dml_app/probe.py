@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from dml_app.policies import contract
-from dml_app.runtime import usercode
 from dml_app.models.contract import check_contract
 from dml_app.models.global_test import load_global_test
 from dml_app.models.make import make_model
+from dml_app.policies import contract
 from dml_app.roles.registry import user_roles
+from dml_app.runtime import usercode
 
 DATA_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 

@@ -50,8 +50,8 @@ import re
 from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology
-from dml_app.policies.contract import MAX_POLICIES
 from dml_app.models.architectures import BUILTIN_NAMES
+from dml_app.policies.contract import MAX_POLICIES
 from dml_app.reduction import aggregation, allreduce
 from worker.api.errors import ConfigError
 from worker.api.schema import (ABSENT, MAX_BATCH, MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS,

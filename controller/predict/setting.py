@@ -25,8 +25,8 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.model.topology import Topology
-from dml_app.wire import bounded_json
 from dml_app.runtime.events import read_events
+from dml_app.wire import bounded_json
 from worker.api.errors import ConfigError
 
 SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "I64": 8, "I32": 4, "U8": 1, "I8": 1}

@@ -26,12 +26,12 @@ import numpy as np
 
 from controller.results.run_dir import Writer, local_writer
 from controller.results.run_dir import NodeFileError, read_node_file
-from dml_app.wire import weights as wire
+from dml_app.models.global_test import load_global_test
 from controller import sandbox
 from controller.confs.usercode import sample_shape
-from dml_app.models.numpy.mlp import NumpyMLP
-from dml_app.models.global_test import load_global_test
 from dml_app.models.make import kind_of, make_model
+from dml_app.models.numpy.mlp import NumpyMLP
+from dml_app.wire import weights as wire
 from worker.api.errors import ConfigError
 
 MAX_WEIGHTS_BYTES = 256 * 1024 * 1024  # a final model larger than this is refused

@@ -40,9 +40,9 @@ import time
 from typing import Any, Callable, Optional
 
 from dml_app.reduction.aggregation import Aggregator
-from dml_app.runtime.http import JSON, Request, Response
 from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok
 from dml_app.roles.shared import PeerHealth, parallel, quorum_count
+from dml_app.runtime.http import JSON, Request, Response
 
 
 MAX_SAMPLES = 10**9  # samples a child may claim for its subtree

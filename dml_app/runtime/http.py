@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
-from dml_app.wire import bounded_json
 from dml_app.runtime.auth import AuthFailed, NodeKeys, body_hash
+from dml_app.wire import bounded_json
 
 MAX_BODY_BYTES = 256 * 1024 * 1024  # no route takes more, whatever its own limit says
 CONTROL_BODY_BYTES = 4 * 1024  # /prepare, /start, /stop, small role messages

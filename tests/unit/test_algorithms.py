@@ -13,10 +13,10 @@ from controller.confs.confs import load_structure, next_hops, structure_confs
 from controller.confs.structures import guess_algorithm
 from controller.model.topology import Topology, load_links
 from dml_app.reduction.aggregation import fedavg as weighted_average
-from dml_app.roles.fl import pick
-from dml_app.roles.shared import quorum_count
 from dml_app.reduction.allreduce import join, split
+from dml_app.roles.fl import pick
 from dml_app.roles.memory import MemoryNetwork
+from dml_app.roles.shared import quorum_count
 from worker.api.errors import ConfigError
 
 
@@ -95,10 +95,10 @@ def test_split_covers_every_element_even_when_a_layer_is_smaller_than_the_ring()
 def ring_role(tmp, name: str, names: list[str], net: MemoryNetwork, sync: int = 1, life: int = 1, seed: int = 0,
               offset: float = 0.0):
     """A RingRole with a tiny numpy model; its 'training' adds ``offset`` to every weight."""
-    from dml_app.runtime.events import EventLog
     from dml_app.models.make import make_model
     from dml_app.roles.base import Context
     from dml_app.roles.ring import RingRole
+    from dml_app.runtime.events import EventLog
 
     model = make_model({"hidden": [3], "seed": seed}, input_shape=2, n_classes=5)
     data = (np.zeros((2, 2)), np.zeros(2, dtype=int), np.zeros((2, 2)), np.zeros(2, dtype=int))

@@ -6,10 +6,10 @@ import struct
 import numpy as np
 import pytest
 
-from dml_app.wire import weights
+from dml_app.models.numpy.mlp import NumpyMLP
 from dml_app.runtime.events import EventLog, read_events
 from dml_app.runtime.http import HttpError
-from dml_app.models.numpy.mlp import NumpyMLP
+from dml_app.wire import weights
 
 
 def test_weights_round_trip_keeps_dtype_shape_and_meta():
@@ -198,9 +198,9 @@ def test_etree_round_closes_at_its_deadline_with_a_quorum_and_skips_a_silent_chi
     import threading
     import time
 
-    from dml_app.wire import weights as wire
-    from dml_app.runtime.http import Request
     from dml_app.roles.etree import ETreeRole
+    from dml_app.runtime.http import Request
+    from dml_app.wire import weights as wire
 
     conf = {"positions": [{"layer": 2, "parent": None, "children": ["c1", "c2", "c3"], "sync": 2,
                            "deadline_s": 0.6, "quorum": 0.5}], "sync": 2}

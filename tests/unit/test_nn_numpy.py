@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from dml_app.wire import weights
-from dml_app.models.numpy.mlp import NumpyMLP
 from dml_app.models.numpy import layers as L
+from dml_app.models.numpy.mlp import NumpyMLP
 from dml_app.models.numpy.net import Sequential, build_numpy
 from dml_app.models.numpy.rand import Rng
+from dml_app.wire import weights
 
 F64 = np.dtype("float64")
 

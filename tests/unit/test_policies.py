@@ -236,8 +236,8 @@ def test_robust_mode_tries_the_start_again_and_stays_when_it_is_good_or_returns_
 
 
 def test_a_policy_that_raises_or_a_vote_out_of_range_changes_nothing_and_is_an_event(tmp_path):
-    from dml_app.runtime.events import EventLog, read_events
     from dml_app.policies.runner import Policies
+    from dml_app.runtime.events import EventLog, read_events
 
     class Broken(Policy):
         def decide(self, round_no, votes):

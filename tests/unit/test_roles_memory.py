@@ -5,16 +5,16 @@ import threading
 import numpy as np
 import pytest
 
-from dml_app.runtime import auth
-from dml_app.runtime.events import EventLog, read_events
 from dml_app.models.make import make_model
 from dml_app.reduction.aggregation import fedavg as weighted_average
 from dml_app.roles.base import Context, Role
 from dml_app.roles.etree import ETreeRole
 from dml_app.roles.fl import AggregatorRole, TrainerRole
 from dml_app.roles.gossip import GossipRole
-from dml_app.roles.ring import RingRole
 from dml_app.roles.memory import MemoryNetwork
+from dml_app.roles.ring import RingRole
+from dml_app.runtime import auth
+from dml_app.runtime.events import EventLog, read_events
 from dml_app.runtime.transport import TTL_HEADER, HttpTransport
 
 N_FEATURES, N_CLASSES = 2, 3

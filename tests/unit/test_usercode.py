@@ -100,8 +100,8 @@ def test_check_builds_numpy_builtins_and_refuses_keras_on_docker_nodes(exp):
 
 
 ROLES_FILE = '''
-from dml_app.roles.gossip import GossipRole
 from dml_app.roles.fl import TrainerRole
+from dml_app.roles.gossip import GossipRole
 
 class Mine(GossipRole):
     pass
