@@ -10,7 +10,7 @@ Messages go to a destination's next hop: the peer itself when the two are
 linked (``connect``), else the hop that ``forward`` names, whose ``/relay``
 passes the body on. Bytes are counted against the next hop, so traffic per peer
 follows the links. A ``Transport`` delivers them (``dml_app.runtime.transport``: signed
-HTTP in a node, calls between roles of one process in tests).
+HTTP in a node; ``dml_app.roles.memory``: calls between roles of one process, in tests).
 
 Every message is signed end to end with the pair key of its sender and its
 destination (a relay passes that signature on untouched, so it can neither

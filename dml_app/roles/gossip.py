@@ -26,6 +26,7 @@ from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok
 from dml_app.roles.shared import PeerHealth
 from dml_app.runtime.http import Request, Response
 
+
 class GossipRole(Role):
     name = "gossip"
     ROUTES = (("POST", "/gossip"),)
