@@ -100,8 +100,8 @@ def test_check_builds_numpy_builtins_and_refuses_keras_on_docker_nodes(exp):
 
 
 ROLES_FILE = '''
-from dml_app.roles.fl import TrainerRole
 from dml_app.roles.gossip import GossipRole
+from dml_app.roles.fl import TrainerRole
 
 class Mine(GossipRole):
     pass
@@ -177,10 +177,10 @@ def test_a_class_replaces_the_role_it_subclasses_one_class_a_role(tmp_path):
     (tmp_path / "r.py").write_text(NAMED_ROLES)
     with pytest.raises(UserCodeError, match="Sneaky subclasses TrainerRole but names itself 'gossip'"):
         registry.role_class({"role": "gossip", "algorithm": {"module": "r.py", "classes": ["Sneaky"]}},
-                               str(tmp_path))
+                            str(tmp_path))
     with pytest.raises(UserCodeError, match="One and Two both replace GossipRole"):
         registry.role_class({"role": "gossip", "algorithm": {"module": "r.py", "classes": ["One", "Two"]}},
-                               str(tmp_path))
+                            str(tmp_path))
 
 
 def test_stage_copies_the_policy_files_and_points_every_conf_at_them(exp):
