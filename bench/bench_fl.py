@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from controller.model.units import parse_rate_bps  # noqa: E402
-from dml_app.events import read_events  # noqa: E402
+from dml_app.runtime.events import read_events  # noqa: E402
 
 RATE_BPS = 10_000_000
 TARGET_RATIO = 1.15

@@ -7,14 +7,14 @@ Three codecs of the same arrays (numpy MLP weights, float32):
   with dtypes and shapes, the raw buffers), kept in this file for comparison;
 - ``safetensors package``: ``safetensors.numpy.save``/``load`` (the message's
   meta, which safetensors limits to strings, as one JSON string);
-- ``dml_app.weights (v2)``: the wire format now, the safetensors layout
+- ``dml_app.wire.weights (v2)``: the wire format now, the safetensors layout
   written and read with numpy alone (no package import in a node).
 
 For three model sizes (the default 64-64-10 MLP, about 1 M and 8 M parameters)
 it measures the message size and the median encode and decode times (the
 codecs run in turn, so none gets a warmer heap); then, in fresh processes,
 what a node pays in memory: the RSS that importing the codec adds to a process
-with numpy and ``dml_app.weights`` loaded (what a node holds), and the RSS
+with numpy and ``dml_app.wire.weights`` loaded (what a node holds), and the RSS
 growth while decoding an 8 M-parameter message and while encoding it
 (the peak beyond the arrays themselves: the copies made on the way). Prints Markdown tables.
 """
@@ -36,8 +36,8 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from dml_app import weights as wire  # noqa: E402
-from dml_app.model_numpy import NumpyMLP  # noqa: E402
+from dml_app.models.numpy.mlp import NumpyMLP  # noqa: E402
+from dml_app.wire import weights as wire  # noqa: E402
 
 SIZES = {"default 64-64-10": [64, 64, 10], "~1 M params": [64, 13_300, 10], "~8 M params": [64, 2_000, 4_000, 10]}
 META = {"from": "n12", "round": 7, "samples": 180}
@@ -82,7 +82,7 @@ def package_decode(data: bytes) -> tuple[list[np.ndarray], dict[str, Any]]:
 CODECS: dict[str, tuple[Callable[..., bytes], Callable[[bytes], Any]]] = {
     "v1 (JSON header)": (v1_encode, v1_decode),
     "safetensors package": (package_encode, package_decode),
-    "dml_app.weights (v2)": (wire.encode, wire.decode),
+    "dml_app.wire.weights (v2)": (wire.encode, wire.decode),
 }
 
 
@@ -130,7 +130,7 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
 import numpy as np
-from dml_app import weights as wire
+from dml_app.wire import weights as wire
 sys.path.insert(0, {bench!r})
 before = rss()
 codec = {codec!r}

@@ -8,10 +8,10 @@ role's own (``POST /gossip`` ...), and ``POST /relay`` (pass a message on to a
 node this one's peers have no link to). When the role's rounds are done the
 node saves its final weights, uploads its events to the controller's ``/log``
 and keeps serving until stopped. Training and evaluation run on a thread of
-their own (``dml_app.compute``): a node that trains still takes peers' models,
+their own (``dml_app.runtime.compute``): a node that trains still takes peers' models,
 relays and answers the controller.
 
-Identity (``dml_app.auth``): the node's own secret comes in its environment
+Identity (``dml_app.runtime.auth``): the node's own secret comes in its environment
 (``EDGETB_NODE_SECRET``); only the controller's calls signed with a key derived
 from it reach the conf, prepare, start, stop and log routes, and the node signs
 its ``/print`` and ``/log`` calls with another. The structure conf brings pair keys
@@ -47,23 +47,19 @@ import gevent.event  # noqa: E402
 import numpy as np  # noqa: E402
 from gevent.pywsgi import WSGIServer  # noqa: E402
 
-from dml_app.auth import SECRET_ENV, NodeKeys  # noqa: E402
-from dml_app.compute import ComputeThread  # noqa: E402
-from dml_app.events import EventLog  # noqa: E402
-from dml_app.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
-from dml_app.models import load_global_test, make_model  # noqa: E402
+from dml_app.models.global_test import load_global_test  # noqa: E402
+from dml_app.models.make import make_model  # noqa: E402
 from dml_app.roles.base import Context, Role, ok  # noqa: E402
-from dml_app.roles.etree import ETreeRole  # noqa: E402
-from dml_app.roles.fl import AggregatorRole, TrainerRole  # noqa: E402
-from dml_app.roles.gossip import GossipRole  # noqa: E402
-from dml_app.roles.ring import RingRole  # noqa: E402
-from dml_app.usercode import UserCodeError, attribute, load_file  # noqa: E402
-from dml_app.weights import encode as encode_weights  # noqa: E402
+from dml_app.roles.registry import ROLES, role_class  # noqa: E402
+from dml_app.runtime.auth import SECRET_ENV, NodeKeys  # noqa: E402
+from dml_app.runtime.compute import ComputeThread  # noqa: E402
+from dml_app.runtime.events import EventLog  # noqa: E402
+from dml_app.runtime.http import JSON, HttpError, Request, Response, Router, json_response, request  # noqa: E402
+from dml_app.wire.weights import encode as encode_weights  # noqa: E402
 
 if __name__ == "__main__" and sys.modules.get("ssl", 0) is None:
     del sys.modules["ssl"]
 
-ROLES: dict[str, type[Role]] = {r.name: r for r in (GossipRole, AggregatorRole, TrainerRole, ETreeRole, RingRole)}
 DEFAULT_PORT = 4444
 CONF_BODY_BYTES = 4 * 1024 * 1024  # a structure conf lists peers, their addresses and keys
 
@@ -246,39 +242,6 @@ class NodeService:
             except ConnectionError:
                 pass
         gevent.spawn(send)
-
-
-def role_class(conf: dict[str, Any], workdir: str) -> type[Role]:
-    """The class of the conf's role: the built-in one, or the user's ``algorithm`` class that
-    subclasses it (``{"module": "dml_user/algos/x.py", "classes": ["FedProxTrainer"], ...}``)."""
-    builtin = ROLES[conf["role"]]
-    algorithm = conf.get("algorithm")
-    if not algorithm:
-        return builtin
-    if not isinstance(algorithm, dict):
-        raise UserCodeError("algorithm must be an object naming a module and its classes")
-    return user_roles(workdir, str(algorithm.get("module")), algorithm.get("classes") or []).get(conf["role"], builtin)
-
-
-def user_roles(workdir: str, relative: str, classes: list[str]) -> dict[str, type[Role]]:
-    """The user's classes of file ``relative`` by the built-in role each replaces: the built-in
-    role it subclasses (its ``name`` must stay that role's); two for one role are refused."""
-    module = load_file(workdir, relative)
-    found: dict[str, type[Role]] = {}
-    for name in classes:
-        cls = attribute(module, relative, name, "class")
-        builtin = next((b for b in cls.__mro__ if b in ROLES.values()), None) if isinstance(cls, type) else None
-        if builtin is None:
-            raise UserCodeError(f"{relative}: {name} must subclass one of the built-in roles "
-                                f"({', '.join(r.__name__ for r in ROLES.values())})")
-        if cls.name != builtin.name:
-            raise UserCodeError(f"{relative}: {name} subclasses {builtin.__name__} but names itself {cls.name!r}: "
-                                f"a role's name stays its built-in's ({builtin.name!r})")
-        if builtin.name in found:
-            raise UserCodeError(f"{relative}: {found[builtin.name].__name__} and {name} both replace "
-                                f"{builtin.__name__}: name one class per role")
-        found[builtin.name] = cls
-    return found
 
 
 def _conf(req: Request, required: tuple[str, ...]) -> dict[str, Any]:

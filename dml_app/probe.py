@@ -33,8 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from dml_app import policies, usercode
-from dml_app.models import check_contract, load_global_test, make_model
+from dml_app.models.contract import check_contract
+from dml_app.models.global_test import load_global_test
+from dml_app.models.make import make_model
+from dml_app.policies import contract
+from dml_app.roles.registry import user_roles
+from dml_app.runtime import usercode
 
 DATA_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -66,16 +70,14 @@ def probe_model(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe_algorithm(req: dict[str, Any]) -> dict[str, Any]:
-    """Which built-in role each of the user's classes replaces (``dml_app.node.user_roles``)."""
-    from dml_app.node import user_roles
-
+    """Which built-in role each of the user's classes replaces (``dml_app.roles.registry.user_roles``)."""
     found = user_roles(req["workdir"], str(req["module"]), list(req["classes"]))
     return {"replaces": {cls.__name__: role for role, cls in found.items()}}
 
 
 SAMPLE_METRICS = {"round": 1, "comm_goodput_bps": 1e6, "gns": 10.0, "batch_size": 32, "strategy": "ring",
                   "cluster_size": 2}  # a round's metrics, as a policy's after_round sees them
-VIEW_KEYS = tuple(f.name for f in dataclasses.fields(policies.PolicyView))
+VIEW_KEYS = tuple(f.name for f in dataclasses.fields(contract.PolicyView))
 
 
 def probe_policy(req: dict[str, Any]) -> dict[str, Any]:
@@ -84,9 +86,9 @@ def probe_policy(req: dict[str, Any]) -> dict[str, Any]:
     relative, name = str(entry["module"]), str(entry.get("class"))
     path = usercode.resolve(req["workdir"], relative)
     cls = usercode.attribute(usercode.load_file(req["workdir"], relative), relative, name, "policy class")
-    if not (isinstance(cls, type) and issubclass(cls, policies.Policy)):
+    if not (isinstance(cls, type) and issubclass(cls, contract.Policy)):
         raise usercode.UserCodeError(f"{relative}: {name} must subclass dml_app.policies.Policy")
-    view = policies.PolicyView(**{k: v for k, v in dict(req["view"]).items() if k in VIEW_KEYS})
+    view = contract.PolicyView(**{k: v for k, v in dict(req["view"]).items() if k in VIEW_KEYS})
     metrics = {**SAMPLE_METRICS, "strategy": view.strategy or "ring", "batch_size": view.batch_size,
                "cluster_size": max(2, len(view.members))}
     step = f"{name}(conf, view)"
@@ -98,15 +100,15 @@ def probe_policy(req: dict[str, Any]) -> dict[str, Any]:
         policy.before_round(1)
         step = f"{name}.after_round(metrics)"
         vote = policy.after_round(dict(metrics))
-        policies.check_vote(vote, f"{relative}: {name}.after_round")
+        contract.check_vote(vote, f"{relative}: {name}.after_round")
         step = f"{name}.decide(1, votes)"
         action = policy.decide(1, {m: vote for m in view.members or [view.name]})
-    except policies.PolicyError:
+    except contract.PolicyError:
         raise
     except Exception as e:  # the user's code
         raise usercode.UserCodeError(f"{relative}: {step} failed: {usercode.where_in(e, path)}") from None
     members = list(view.members) if view.role == "ring" else None  # (a strategy names a ring's members)
-    policies.check_action(action, f"{relative}: {name}.decide", members)
+    contract.check_action(action, f"{relative}: {name}.decide", members)
     return {"vote": vote, "action": action}
 
 

@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, Any, Optional, cast
 
-from dml_app.usercode import USERCODE_DIR
+from dml_app.runtime.usercode import USERCODE_DIR
 from worker.api import bodies
 from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, TestbedError

@@ -9,7 +9,7 @@ Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
   ``{"name", "sync", "trainer_fraction", "selection": "uniform"|"speed",
   "deadline_s", "quorum", "aggregation"}``; the rest are trainers ``{"name", "epoch"}``.
   ``aggregation``: ``{"rule": "fedavg"|"fedavgm"|"trimmed_mean"|"median",
-  "server_lr", "momentum", "trim_fraction"}`` (``dml_app.aggregation``; default fedavg).
+  "server_lr", "momentum", "trim_fraction"}`` (``dml_app.reduction.aggregation``; default fedavg).
 - E-tree (el_structure.json): ``deadline_s`` (a layer-2 round's; a higher layer's
   round waits for its children's rounds plus this), ``quorum``, ``aggregation``
   (every aggregator's rule, as in fl); entries in
@@ -20,7 +20,7 @@ Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
   layers (and be its own child), but once per layer.
 - ring all-reduce (ra_structure.json): ``sync``, ``step_timeout_s``,
   ``join_wait_s`` (how long a ring formation waits for the last one's members),
-  ``strategy`` (``dml_app.allreduce``: ``ring``, ``star:<node>``, ``binary_tree``,
+  ``strategy`` (``dml_app.reduction.allreduce``: ``ring``, ``star:<node>``, ``binary_tree``,
   ``site_tree``; default ring); entries ``{"name", "epoch", "site"}`` in ring order
   (``site``: default the node's host). Each ring conf gets ``strategy`` and ``sites``
   (member -> site).
@@ -50,9 +50,10 @@ import re
 from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology
-from dml_app import aggregation, allreduce, policies
+from dml_app.models.architectures import BUILTIN_NAMES
+from dml_app.policies.contract import MAX_POLICIES
+from dml_app.reduction import aggregation, allreduce
 from worker.api.errors import ConfigError
-from dml_app.models import BUILTIN_NAMES
 from worker.api.schema import (ABSENT, MAX_BATCH, MAX_EPOCHS, MAX_HIDDEN_LAYERS, MAX_HIDDEN_UNITS,
                                MAX_LEARNING_RATE, MAX_ROUNDS, MAX_SECONDS, SEED, Field, Place, Schema, describe,
                                read_object)
@@ -117,7 +118,7 @@ def _below(high: float) -> Callable[[float], float]:
     return check
 
 
-AGGREGATION = Schema({  # dml_app.aggregation's rules and their parameters
+AGGREGATION = Schema({  # dml_app.reduction.aggregation's rules and their parameters
     "rule": Field(str, "how the updates make the next model", default=aggregation.DEFAULTS["rule"],
                   choices=aggregation.RULES),
     "server_lr": Field(float, "fedavgm: the server's step", default=aggregation.DEFAULTS["server_lr"], low=0,
@@ -178,7 +179,6 @@ RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUND
 SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
 
 # Adaptation policies (dml_app.policies): the built-in kinds and the user's own ---------------------
-MAX_POLICIES = policies.MAX_POLICIES
 ADAPTIVE_STRATEGY = Schema({
     "kind": Field(str, "adaptive_strategy: switch the ring's all-reduce strategy when the goodput drops",
                   required=True, choices=("adaptive_strategy",)),

@@ -21,9 +21,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from dml_app.models import kind_of, make_model
-from dml_app.nn import zoo
-from dml_app.usercode import USERCODE_DIR
+from dml_app.models.architectures import architecture
+from dml_app.models.make import kind_of, make_model
+from dml_app.runtime.usercode import USERCODE_DIR
 from worker.api.errors import ConfigError
 from worker.confinement.facade import under
 
@@ -150,7 +150,7 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
             if importlib.util.find_spec("tensorflow") is None:
                 raise ConfigError(f"{where}: a model of kind 'keras' needs TensorFlow: pip install '.[tf]'")
             try:  # the layers fit the samples (the same description builds the numpy net): no TensorFlow here
-                zoo.architecture(str(model.get("name") or "mlp"), shape, n_classes, model)
+                architecture(str(model.get("name") or "mlp"), shape, n_classes, model)
             except ValueError as e:
                 raise ConfigError(f"{where}: {e} (samples of shape {shape}, {n_classes} classes)") from None
         else:

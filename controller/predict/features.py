@@ -20,7 +20,7 @@ from typing import Any, Optional
 from controller.confs.confs import next_hops
 from controller.model.topology import Topology
 from controller.predict.setting import Setting
-from dml_app import allreduce
+from dml_app.reduction import allreduce
 
 UNSHAPED_BPS = 10_000_000_000  # a path with no shaped link (an open network): the bridge's speed
 

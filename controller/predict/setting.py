@@ -25,8 +25,8 @@ from typing import Any, Optional
 import numpy as np
 
 from controller.model.topology import Topology
-from dml_app import bounded_json
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
+from dml_app.wire import bounded_json
 from worker.api.errors import ConfigError
 
 SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
@@ -116,7 +116,8 @@ def _model_size_from_conf(model: dict[str, Any], input_shape: list[int], n_class
                           where: str) -> tuple[int, int]:
     """(parameter count, bytes per parameter) of the structure's model, built with numpy (cheap);
     a Keras model cannot be sized without TensorFlow and a recorded model file."""
-    from dml_app.models import ModelError, kind_of, make_model
+    from dml_app.models.contract import ModelError
+    from dml_app.models.make import kind_of, make_model
 
     try:
         if kind_of(model) != "numpy":

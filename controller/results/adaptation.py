@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any, Iterable, Optional
 
-from dml_app.monitors import MONITOR_FIELDS
+from dml_app.policies.monitors import MONITOR_FIELDS
 
 ADAPTATION_EVENTS = ("policy_decision", "strategy_changed")
 NUMBER_MONITORS = ("comm_goodput_bps", "gns", "grad_var")

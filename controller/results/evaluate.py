@@ -2,12 +2,12 @@
 as safetensors.
 
 A node leaves its final weights in ``dml_file/node/<name>/<run id>.weights``
-(the weights wire format of ``dml_app.weights``). Those files are written by
+(the weights wire format of ``dml_app.wire.weights``). Those files are written by
 nodes, so they are untrusted: read without following links, opened non-blocking
 and only when a regular file of one link owned by the node's uid, refused above a
 size limit, parsed without pickle (JSON header nesting bounded), checked against the model the node's conf
 describes (layer count, shapes) and for finite values. The model is rebuilt with
-the nodes' own code (``dml_app.models.make_model``), so the controller measures
+the nodes' own code (``dml_app.models.make.make_model``), so the controller measures
 exactly what the nodes measured: a numpy built-in here, a Keras or user model in the
 probe sandbox (``controller.sandbox``). Each model is written to
 ``<run dir>/models/<node>.safetensors``: tensors named by layer as the node sent them
@@ -26,11 +26,12 @@ import numpy as np
 
 from controller.results.run_dir import Writer, local_writer
 from controller.results.run_dir import NodeFileError, read_node_file
-from dml_app import weights as wire
+from dml_app.models.global_test import load_global_test
 from controller import sandbox
 from controller.confs.usercode import sample_shape
-from dml_app.model_numpy import NumpyMLP
-from dml_app.models import kind_of, load_global_test, make_model
+from dml_app.models.make import kind_of, make_model
+from dml_app.models.numpy.mlp import NumpyMLP
+from dml_app.wire import weights as wire
 from worker.api.errors import ConfigError
 
 MAX_WEIGHTS_BYTES = 256 * 1024 * 1024  # a final model larger than this is refused

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from controller.model.spec import USER_INPUT
 from controller.model.topology import Topology
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
 from worker.api.errors import ConfigError, TestbedError
 
 # file names ----------------------------------------------------------------------------------------
@@ -342,7 +342,7 @@ def read_json_object(path: str) -> dict[str, Any]:
 
 
 def read_run_events(run_dir: str, problems: Optional[Problems] = None) -> dict[str, list[dict[str, Any]]]:
-    """Each node's events (``events/<node>.jsonl``, ``dml_app.events.read_events``), by node
+    """Each node's events (``events/<node>.jsonl``, ``dml_app.runtime.events.read_events``), by node
     name. With ``problems``, a file that cannot be read counts as no events and is that node's
     problem there; without, what it raises is raised."""
     out = {}

@@ -20,7 +20,7 @@ its ``round`` events. Files are written atomically (a temporary file renamed).
   ``controller.results.evaluate.final_models``.
 - ``membership.csv`` (``membership_rows``, written by the experiment): every
   membership change, ``t,node,event,peer,round,detail``: the nodes' events of
-  ``dml_app.events.MEMBERSHIP`` and the controller's (``death_expected``,
+  ``dml_app.runtime.events.MEMBERSHIP`` and the controller's (``death_expected``,
   ``node_died``, ``node_replaced``, ``replace_failed``; ``node`` is
   ``controller``, ``peer`` the node concerned).
 - ``scenario_effects.csv`` (``scenario_effects``, when the run had a scenario or its policies
@@ -40,7 +40,7 @@ from controller.results.adaptation import MONITOR_FIELDS, action_json, adaptatio
 from controller.results.plots import write_plots
 from controller.results.run_dir import (METRICS_CSV, RUN, SCENARIO_CSV, SCENARIO_EFFECTS_CSV, TRAFFIC_CSV, Problems,
                                         Writer, attempt, csv_bytes, finite_number, local_writer, read_run_events)
-from dml_app.events import MEMBERSHIP
+from dml_app.runtime.events import MEMBERSHIP
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",

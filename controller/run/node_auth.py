@@ -1,4 +1,4 @@
-"""The controller's side of node identity (see ``dml_app.auth`` for the scheme).
+"""The controller's side of node identity (see ``dml_app.runtime.auth`` for the scheme).
 
 ``RunKeys`` holds the run secret. It gives each node process its own secret (in
 its environment, never on a command line), signs the controller's calls to a
@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from dml_app import auth
+from dml_app.runtime import auth
 from worker.api.errors import AuthError, ConfigError
 
 

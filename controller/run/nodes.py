@@ -33,10 +33,10 @@ from controller.run import node_auth
 from controller.run.progress import Report, clip
 from controller.workers import deploy
 from controller.workers.api import Worker
-from dml_app import bounded_json
-from dml_app.compute import NODE_ENV
-from dml_app.events import MAX_LINE_BYTES as MAX_EVENT_LINE_BYTES
-from dml_app.models import kind_of
+from dml_app.models.make import kind_of
+from dml_app.runtime.compute import NODE_ENV
+from dml_app.runtime.events import MAX_LINE_BYTES as MAX_EVENT_LINE_BYTES
+from dml_app.wire import bounded_json
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.api.protocol import PRELOAD_ENV
 

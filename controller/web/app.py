@@ -32,7 +32,7 @@ from controller.web import callers, dashboard
 from controller.run.experiment import MAX_LOG_BYTES, Experiment
 from controller.run.progress import printable
 from controller.workers import files
-from dml_app import bounded_json
+from dml_app.wire import bounded_json
 from worker.api.errors import AuthError, ConfigError
 from worker.host import REPO_ROOT
 from worker.serving import bearer_matches, check_token, json_errors, request_limits, run_blocking

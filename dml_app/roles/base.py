@@ -9,8 +9,8 @@ send that fails is an event, and the role decides what to do next.
 Messages go to a destination's next hop: the peer itself when the two are
 linked (``connect``), else the hop that ``forward`` names, whose ``/relay``
 passes the body on. Bytes are counted against the next hop, so traffic per peer
-follows the links. A ``Transport`` delivers them (``dml_app.transport``: signed
-HTTP in a node, calls between roles of one process in tests).
+follows the links. A ``Transport`` delivers them (``dml_app.runtime.transport``: signed
+HTTP in a node; ``dml_app.roles.memory``: calls between roles of one process, in tests).
 
 Every message is signed end to end with the pair key of its sender and its
 destination (a relay passes that signature on untouched, so it can neither
@@ -30,14 +30,16 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from dml_app import weights as wire
-from dml_app.auth import E2E, AuthFailed, NodeKeys
-from dml_app.compute import inline
-from dml_app.events import EventLog
-from dml_app.http import HttpError, Request, Response, json_response
-from dml_app.monitors import MONITOR_FIELDS
-from dml_app.policies import Policies, PolicyView, build as build_policies
-from dml_app.transport import MAX_RELAYS, TTL_HEADER, HttpTransport, Transport
+from dml_app.models.contract import weight_names_of
+from dml_app.policies.contract import PolicyView
+from dml_app.policies.monitors import MONITOR_FIELDS
+from dml_app.policies.runner import Policies, build as build_policies
+from dml_app.runtime.auth import E2E, AuthFailed, NodeKeys
+from dml_app.runtime.compute import inline
+from dml_app.runtime.events import EventLog
+from dml_app.runtime.http import HttpError, Request, Response, json_response
+from dml_app.runtime.transport import MAX_RELAYS, TTL_HEADER, HttpTransport, Transport
+from dml_app.wire import weights as wire
 
 Weights = list[np.ndarray]
 SEND_MARGIN = 4.0  # a send may take this many times its time at the link's rate ...
@@ -95,22 +97,6 @@ class Traffic:
         return sent, recv
 
 
-def parallel(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-    """``fn`` over ``items`` concurrently (greenlets in a node process), results in order."""
-    items = list(items)
-    results: list[Any] = [None] * len(items)
-
-    def one(i: int) -> None:
-        results[i] = fn(items[i])
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
 NOT_TRAINED = {"loss": float("nan"), "train_s": 0.0}  # ``trained`` of a round without local training
 
 
@@ -140,7 +126,7 @@ class Role:
         self._global_eval: dict[int, tuple[Any, Any]] = {}  # by thread: E-tree evaluates in several
         # what a model message must look like (none without a model: in-memory tests)
         self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
-        self.weight_names = model_names(ctx.model)  # the arrays' names on the wire (by layer), if the model has them
+        self.weight_names = weight_names_of(ctx.model)  # the arrays' names on the wire (by layer), if any
         self.view = PolicyView(ctx.name, self.name, [ctx.name], ctx.conf.get("strategy"), self.batch_size,
                                dict(self.link_bps), dict(ctx.conf.get("sites") or {}))
         self.policies = Policies(build_policies(ctx.conf.get("policies") or [], self.view, ctx.workdir),
@@ -370,12 +356,6 @@ class Role:
             self.traffic.recv[self.next_hop.get(dest, dest)] += len(answer)
         self.count_sent_answer(req, answer)
         return 200, "application/octet-stream", answer
-
-
-def model_names(model: Any) -> Optional[list[str]]:
-    """The model's ``weight_names()``, when it has them (optional in the model contract)."""
-    names = getattr(model, "weight_names", None)
-    return list(names()) if callable(names) else None
 
 
 def ok(data: Optional[dict[str, Any]] = None) -> Response:

@@ -4,7 +4,7 @@ A node holds one position per layer it appears on (``positions``: layer,
 parent, children, ``sync``, ``epoch``). An aggregator position runs ``sync``
 rounds: it sends its model to its children in parallel, each child answers with
 its own result and sample count, and it combines them by the structure's
-``aggregation`` rule (``dml_app.aggregation``; by default their average weighted
+``aggregation`` rule (``dml_app.reduction.aggregation``; by default their average weighted
 by samples; one ``Aggregator`` per position, so FedAvgM's momentum is a
 position's own). A trainer position (layer 1) answers with the model trained ``epoch``
 epochs on its shard; an inner position answers with what its own ``sync``
@@ -23,7 +23,7 @@ closes when every asked child answered, or at the deadline; with fewer answers
 than the quorum of the asked it keeps the model it had (``round_failed``), and
 with fewer than all it is a ``quorum_round``. A child that missed a round is
 dropped (``peer_dropped``) and not asked for a back-off that doubles
-(``gossip.PeerHealth``; all are asked when all are in one), then asked again and
+(``shared.PeerHealth``; all are asked when all are in one), then asked again and
 taken back once it answers (``peer_rejoined``). Each model sent carries an ``ask``
 number its answer echoes, so a late answer is never taken for a later round's.
 
@@ -39,11 +39,10 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from dml_app.aggregation import Aggregator
-from dml_app.http import JSON, Request, Response
-from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel
-from dml_app.roles.fl import quorum_count
-from dml_app.roles.gossip import PeerHealth
+from dml_app.reduction.aggregation import Aggregator
+from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok
+from dml_app.roles.shared import PeerHealth, parallel, quorum_count
+from dml_app.runtime.http import JSON, Request, Response
 
 
 MAX_SAMPLES = 10**9  # samples a child may claim for its subtree

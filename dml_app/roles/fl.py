@@ -6,7 +6,7 @@ measured train plus send time), sends them the global model in parallel, and
 closes the round when every picked trainer has answered, or at ``deadline_s``
 if at least a ``quorum`` (a fraction of the picked) did. The new global model
 is the updates combined by the structure's ``aggregation`` rule
-(``dml_app.aggregation``; by default FedAvg: averaged, weighted by each trainer's
+(``dml_app.reduction.aggregation``; by default FedAvg: averaged, weighted by each trainer's
 sample count), which the round event names (``aggregation``).
 Updates for a closed round are discarded and logged (``late_update``); a round
 without a quorum keeps the old model (``round_failed``). A trainer trains
@@ -19,7 +19,7 @@ the round event go into the ``extra`` of the record ``round`` returns.
 
 Trainers die and come back: one that cannot be reached or sends no update by the
 deadline is dropped (``peer_dropped``) and, while others are enough to pick from,
-skipped for a back-off that doubles (``gossip.PeerHealth``); a trainer that starts
+skipped for a back-off that doubles (``shared.PeerHealth``); a trainer that starts
 (again: a replacement) says so with ``/fl/join``, and the aggregator picks it
 from the next round on (``peer_rejoined`` once it contributes). A round closed by
 the quorum, not by every update, is a ``quorum_round`` event. A trainer's update may take
@@ -27,7 +27,7 @@ as long as the round stays open (the model it gets says how long: ``deadline_s``
 aggregator's downlink may be shared by every trainer, which a trainer's link does not show.
 
 Elastic scaling: trainers listed in ``standby`` are not picked until a policy's action
-(``{"members": [...]}``, ``dml_app.policies.ElasticScaling``) makes them members; a
+(``{"members": [...]}``, ``dml_app.policies.builtin.ElasticScaling``) makes them members; a
 ``trainers_changed`` event says who came and went, and the first round with the new
 members has ``resize_latency_s`` (from the decision to that round's start). Each round
 event has ``cluster_size`` (the members) and ``throughput_sps`` (the samples of the
@@ -47,18 +47,13 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from dml_app import weights as wire
-from dml_app.aggregation import Aggregator
-from dml_app.http import JSON, HttpError, Request, Response
-from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok, parallel
-from dml_app.roles.gossip import PeerHealth
+from dml_app.reduction.aggregation import Aggregator
+from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok
+from dml_app.roles.shared import PeerHealth, parallel, quorum_count
+from dml_app.runtime.http import JSON, HttpError, Request, Response
+from dml_app.wire import weights as wire
 
 MAX_UPLOAD_S = 86_400.0  # the longest upload time a model's deadline_s may ask for
-
-
-def quorum_count(quorum: float, picked: int) -> int:
-    """How many of ``picked`` trainers a quorum fraction asks for (at least one)."""
-    return max(1, math.ceil(quorum * picked - 1e-9))
 
 
 def pick(rng: random.Random, trainers: list[str], k: int, seconds: Optional[dict[str, float]] = None) -> list[str]:

@@ -17,51 +17,14 @@ from __future__ import annotations
 
 import queue
 import random
-import threading
 import time
 from typing import Callable
 
 import numpy as np
 
-from dml_app.http import Request, Response
 from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok
-
-FIRST_BACKOFF_S = 2.0
-MAX_BACKOFF_S = 60.0
-
-
-class PeerHealth:
-    """Which peers to skip for now: one that failed is skipped for a back-off that doubles
-    with each failure in a row; success (or a message from it) makes it live again."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic, first_s: float = FIRST_BACKOFF_S,
-                 most_s: float = MAX_BACKOFF_S) -> None:
-        self.clock, self.first_s, self.most_s = clock, first_s, most_s
-        self._down: dict[str, tuple[float, float]] = {}  # peer -> (retry at, back-off)
-        self._lock = threading.Lock()
-
-    def usable(self, peers: list[str]) -> list[str]:
-        """``peers`` (in their order) not in a back-off now."""
-        now = self.clock()
-        with self._lock:
-            return [p for p in peers if p not in self._down or self._down[p][0] <= now]
-
-    def is_down(self, peer: str) -> bool:
-        with self._lock:
-            return peer in self._down
-
-    def failed(self, peer: str) -> tuple[bool, float]:
-        """(newly down, back-off s): the peer is skipped for the back-off."""
-        with self._lock:
-            known = self._down.get(peer)
-            backoff = self.first_s if known is None else min(known[1] * 2, self.most_s)
-            self._down[peer] = (self.clock() + backoff, backoff)
-            return known is None, backoff
-
-    def alive(self, peer: str) -> bool:
-        """True when ``peer`` was down (it is back)."""
-        with self._lock:
-            return self._down.pop(peer, None) is not None
+from dml_app.roles.shared import PeerHealth
+from dml_app.runtime.http import Request, Response
 
 
 class GossipRole(Role):

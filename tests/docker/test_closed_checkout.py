@@ -56,7 +56,7 @@ def test_a_docker_node_imports_its_code_and_reads_its_shard_from_a_closed_checko
     try:
         node = host.create_nodes({"version": 1, "nodes": [{"name": "n1"}]})["nodes"][0]
         assert run(host, "n1", "stat", "-c", "%a", ROOT_HOME)["stdout"].strip() == "700"  # the image's /root
-        out = run(host, "n1", "python3", "-c", "import os, numpy, dml_app.weights; print(os.getcwd()); "
+        out = run(host, "n1", "python3", "-c", "import os, numpy, dml_app.wire.weights; print(os.getcwd()); "
                                                 "print(numpy.load('dataset/closed/n1.npz')['x'].sum())")
         assert (out["returncode"], out["stdout"].split()) == (0, ["/opt/edgetb", "66.0"]), out
         # the node's own process: its --workdir is the container's, its events land in the host's directory

@@ -46,7 +46,7 @@ def test_limits_and_read_only_code(host, engine):
     host.create_nodes({"version": 1, "nodes": [{"name": "lim", "cpu": 0.25, "mem_bytes": 96 << 20}]})
     info = engine.inspect_container(f"etb-{host.testbed_id}-lim")["HostConfig"]
     assert (info["NanoCpus"], info["Memory"]) == (250_000_000, 96 << 20)
-    out = run(host, "lim", "python3", "-c", "import dml_app.weights, numpy, gevent; print('ok')")
+    out = run(host, "lim", "python3", "-c", "import dml_app.wire.weights, numpy, gevent; print('ok')")
     assert (out["returncode"], out["stdout"].strip()) == (0, "ok"), out
     out = run(host, "lim", "touch", "dml_app/should-not-exist")
     assert out["returncode"] != 0 and "Read-only" in out["stderr"], out

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from controller.results.run_dir import finite_float
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
 from tests.e2e.harness import ROOT, Run
 
 EXAMPLE = ROOT / "examples" / "adaptation"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dml_app.allreduce import build
-from dml_app.models import make_model
+from dml_app.models.make import make_model
+from dml_app.reduction.allreduce import build
 from tests.e2e.adaptation import (CLEAN_ROOTS, LOADED, NODES, ROUNDS, START_STRATEGY, TRIGGER_ROUND, Outcome,
                                   analyse, example, make_run, structure, traffic_matrix)
 from tests.e2e.test_algorithms import rounds_of, run_to_end

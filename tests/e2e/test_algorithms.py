@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from dml_app import weights as wire
-from dml_app.events import read_events
-from dml_app.models import make_model
+from dml_app.models.make import make_model
+from dml_app.runtime.events import read_events
+from dml_app.wire import weights as wire
 from tests.e2e.harness import ROOT, Run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from controller.confs.datasets import load_digits
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
 from tests.e2e.harness import Run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]

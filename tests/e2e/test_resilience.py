@@ -13,7 +13,7 @@ import pytest
 import requests
 from safetensors.numpy import load_file
 
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
 from tests.e2e.harness import ROOT, Run
 from tests.e2e.test_algorithms import MODEL, rounds_of
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
 

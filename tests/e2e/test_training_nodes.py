@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
 from tests.docker.conftest import DOCKER
 from tests.e2e.harness import Run
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from controller.results.evaluate import load_safetensors
-from dml_app.model_numpy import NumpyMLP
+from dml_app.models.numpy.mlp import NumpyMLP
 from dml_tool import shapes_dataset
 from tests.e2e.harness import ROOT, Run
 from tests.e2e.test_algorithms import rounds_of, run_to_end, star

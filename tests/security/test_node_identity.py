@@ -20,10 +20,10 @@ import pytest
 import requests
 
 from controller.run.node_auth import RunKeys
-from dml_app import auth
-from dml_app import weights as wire
-from dml_app.events import read_events
-from dml_app.models import make_model
+from dml_app.models.make import make_model
+from dml_app.runtime import auth
+from dml_app.runtime.events import read_events
+from dml_app.wire import weights as wire
 from tests.e2e.harness import ROOT, Run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
@@ -36,7 +36,7 @@ B = "n3"  # the attacker's node
 DRIVER = """
 import os, sys
 sys.path.insert(0, os.environ.pop('EDGETB_TEST_ROOT'))
-from dml_app import auth
+from dml_app.runtime import auth
 secret = bytes.fromhex(os.environ.pop('EDGETB_TEST_RUN_SECRET'))
 auth.new_run_secret = lambda: secret
 from controller.runner import main

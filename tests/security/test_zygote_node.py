@@ -9,8 +9,8 @@ import re
 import time
 
 from controller.run.node_auth import RunKeys
-from dml_app import auth
-from dml_app.compute import NODE_ENV
+from dml_app.runtime import auth
+from dml_app.runtime.compute import NODE_ENV
 from tests.netns.conftest import nodes_body
 from tests.security.conftest import SECURITY
 from tests.security.test_node_privilege import status_fields, wait_for

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from controller.model.hosts import VXLAN_OVERHEAD_BYTES, overlay_gateway
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
 from tests.e2e.harness import Run
 from tests.swarm.conftest import SWARM
 from tests.swarm.engines import root_api, root_swarm_state, write_hosts_json

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from controller.confs.confs import load_structure
-from dml_app.aggregation import (AggregationConfError, Aggregator, checked_conf, fedavg, median, trim_count,
+from dml_app.reduction.aggregation import (AggregationConfError, Aggregator, checked_conf, fedavg, median, trim_count,
                                  trimmed_mean)
 from dml_app.roles.etree import ETreeRole
 from dml_app.roles.fl import AggregatorRole, TrainerRole
-from dml_app.transport import MemoryNetwork
+from dml_app.roles.memory import MemoryNetwork
 from tests.unit.test_algorithms import LINE, _load, write
 from tests.unit.test_roles_memory import events_of, role_of, run_all
 from worker.api.errors import ConfigError

@@ -12,10 +12,11 @@ import pytest
 from controller.confs.confs import load_structure, next_hops, structure_confs
 from controller.confs.structures import guess_algorithm
 from controller.model.topology import Topology, load_links
-from dml_app.aggregation import fedavg as weighted_average
-from dml_app.roles.fl import pick, quorum_count
-from dml_app.roles.ring import join, split
-from dml_app.transport import MemoryNetwork
+from dml_app.reduction.aggregation import fedavg as weighted_average
+from dml_app.reduction.allreduce import join, split
+from dml_app.roles.fl import pick
+from dml_app.roles.memory import MemoryNetwork
+from dml_app.roles.shared import quorum_count
 from worker.api.errors import ConfigError
 
 
@@ -94,10 +95,10 @@ def test_split_covers_every_element_even_when_a_layer_is_smaller_than_the_ring()
 def ring_role(tmp, name: str, names: list[str], net: MemoryNetwork, sync: int = 1, life: int = 1, seed: int = 0,
               offset: float = 0.0):
     """A RingRole with a tiny numpy model; its 'training' adds ``offset`` to every weight."""
-    from dml_app.events import EventLog
-    from dml_app.models import make_model
+    from dml_app.models.make import make_model
     from dml_app.roles.base import Context
     from dml_app.roles.ring import RingRole
+    from dml_app.runtime.events import EventLog
 
     model = make_model({"hidden": [3], "seed": seed}, input_shape=2, n_classes=5)
     data = (np.zeros((2, 2)), np.zeros(2, dtype=int), np.zeros((2, 2)), np.zeros(2, dtype=int))
@@ -130,7 +131,7 @@ def run_all(roles) -> dict:
 
 
 def events_of(role, kind: str) -> list[dict]:
-    from dml_app.events import read_events
+    from dml_app.runtime.events import read_events
 
     return [e for e in read_events(role.ctx.events.path) if e["type"] == kind]
 
@@ -147,17 +148,6 @@ def test_ring_all_reduce_in_process_gives_the_mean(tmp_path):
         held = r.ctx.model.get_weights()
         assert max(float(np.max(np.abs(h - e))) for h, e in zip(held, expected)) <= 1e-6
         assert [e["members"] for e in events_of(r, "round")] == [names]
-
-
-def test_decide_a_formation():
-    from dml_app.roles.ring import decide
-
-    order = ["a", "b", "c", "d"]
-    formation, behind = decide(order, "b", 3, 4, {"d": {"want": 3, "epoch": 4}, "a": {"want": None, "epoch": 0}})
-    assert formation.members == ["a", "b", "d"] and formation.round == 3 and formation.epoch == 5
-    assert behind == {"a"}  # a newcomer gets the ring's model
-    formation, behind = decide(order, "a", 2, 7, {"c": {"want": 3, "epoch": 7}})
-    assert formation.round == 3 and behind == {"a"} and formation.members == ["a", "c"]  # a redoes a failed round
 
 
 def test_ring_re_forms_without_a_lost_node_and_takes_its_replacement_back(tmp_path):

@@ -3,10 +3,10 @@ gives when a ring of roles runs it in one process."""
 import numpy as np
 import pytest
 
-from dml_app import allreduce
-from dml_app.allreduce import Structure, StructureError, best_strategy, build, check, estimated_time_s
+from dml_app.reduction import allreduce
+from dml_app.reduction.allreduce import Structure, StructureError, best_strategy, build, check, estimated_time_s
+from dml_app.roles.memory import MemoryNetwork
 from dml_app.roles.ring import RingRole
-from dml_app.transport import MemoryNetwork
 from tests.unit.test_roles_memory import events_of, role_of, run_all
 
 NAMES = [f"n{i}" for i in range(1, 8)]

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from dml_app import bounded_json, weights
+from dml_app.wire import bounded_json, weights
 
 
 @pytest.mark.parametrize("text,depth", [("1", 0), ("[]", 1), ('{"a": [1, {"b": []}]}', 4),

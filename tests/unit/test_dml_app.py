@@ -6,10 +6,10 @@ import struct
 import numpy as np
 import pytest
 
-from dml_app import weights
-from dml_app.events import EventLog, read_events
-from dml_app.http import HttpError
-from dml_app.model_numpy import NumpyMLP
+from dml_app.models.numpy.mlp import NumpyMLP
+from dml_app.runtime.events import EventLog, read_events
+from dml_app.runtime.http import HttpError
+from dml_app.wire import weights
 
 
 def test_weights_round_trip_keeps_dtype_shape_and_meta():
@@ -103,7 +103,7 @@ def test_event_log_lines(tmp_path):
 
 
 def test_rng_is_seeded_and_well_shaped():
-    from dml_app.rand import Rng
+    from dml_app.models.numpy.rand import Rng
 
     a, b = Rng(7), Rng(7)
     assert np.array_equal(a.standard_normal((3, 4)), b.standard_normal((3, 4)))
@@ -131,7 +131,7 @@ def test_node_process_keeps_numpy_random_and_ssl_out():
 
 # roles that survive: peers that die and come back ------------------------------------------------
 def _role_ctx(tmp_path, name: str, conf: dict):
-    from dml_app.models import make_model
+    from dml_app.models.make import make_model
     from dml_app.roles.base import Context
 
     model = make_model({"hidden": [3], "seed": 0}, input_shape=2, n_classes=3)
@@ -141,7 +141,7 @@ def _role_ctx(tmp_path, name: str, conf: dict):
 
 
 def test_peer_health_backs_off_doubling_and_takes_a_peer_back():
-    from dml_app.roles.gossip import PeerHealth
+    from dml_app.roles.shared import PeerHealth
 
     now = [100.0]
     health = PeerHealth(clock=lambda: now[0], first_s=2, most_s=5)
@@ -198,9 +198,9 @@ def test_etree_round_closes_at_its_deadline_with_a_quorum_and_skips_a_silent_chi
     import threading
     import time
 
-    from dml_app import weights as wire
-    from dml_app.http import Request
     from dml_app.roles.etree import ETreeRole
+    from dml_app.runtime.http import Request
+    from dml_app.wire import weights as wire
 
     conf = {"positions": [{"layer": 2, "parent": None, "children": ["c1", "c2", "c3"], "sync": 2,
                            "deadline_s": 0.6, "quorum": 0.5}], "sync": 2}
@@ -376,7 +376,7 @@ def test_the_compute_thread_runs_off_the_event_loop_and_in_order():
 
     import gevent
 
-    from dml_app.compute import ComputeThread
+    from dml_app.runtime.compute import ComputeThread
 
     compute, ran, ticks = ComputeThread(), [], []
 

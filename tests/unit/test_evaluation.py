@@ -9,12 +9,13 @@ from safetensors.numpy import load_file
 from sklearn.datasets import load_digits
 
 from controller.results import evaluate
-from dml_app import weights as wire
-from dml_app.events import EventLog, read_events
-from dml_app.model_numpy import NumpyMLP
-from dml_app.models import load_global_test, make_model
+from dml_app.models.global_test import load_global_test
+from dml_app.models.make import make_model
+from dml_app.models.numpy.mlp import NumpyMLP
 from dml_app.roles.base import Context, Role, RoundRecord
 from dml_app.roles.etree import ETreeRole
+from dml_app.runtime.events import EventLog, read_events
+from dml_app.wire import weights as wire
 
 RUN = "20260101-000000-abcd"
 MODEL_CONF = {"kind": "numpy", "hidden": [32], "learning_rate": 0.01, "seed": 3}

@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from dml_app import keras_zoo
-from dml_app.model_numpy import NumpyMLP
-from dml_app.nn import zoo
+from dml_app.models import keras as keras_kind
+from dml_app.models.numpy.mlp import NumpyMLP
+from dml_app.models.numpy.net import build_numpy
 
 NETS = [("edgetb_fashion_cnn", (28, 28, 1)), ("edgetb_fashion_cnn", (8, 8, 1)), ("lenet5", (28, 28, 1)),
         ("lenet5", (8, 8, 1)), ("edgetb_cifar10_cnn", (32, 32, 3)), ("mlp", (8, 8, 1))]
@@ -23,8 +23,8 @@ def tf():
 
 def _pair(name: str, shape: tuple, conf: dict):
     """The numpy net and the Keras net of ``name``, the Keras one holding the numpy one's weights."""
-    net = zoo.build_numpy(name, shape, 10, conf)
-    keras = keras_zoo.KerasModel(keras_zoo.build_keras(name, shape, 10, conf))
+    net = build_numpy(name, shape, 10, conf)
+    keras = keras_kind.KerasModel(keras_kind.build_keras(name, shape, 10, conf))
     keras.set_weights(net.get_weights())
     return net, keras
 
@@ -90,7 +90,7 @@ def test_one_adam_step_gives_the_same_weights(tf, name, shape):
     lr, e = 0.001, 1e-7 / np.sqrt(0.001)
     conf = {"optimizer": "adam", "learning_rate": lr, "seed": 4}
     net, keras = _pair(name, shape, conf)
-    exact = zoo.build_numpy(name, shape, 10, conf, dtype="float64")
+    exact = build_numpy(name, shape, 10, conf, dtype="float64")
     before = net.get_weights()
     exact.set_weights(before)
     x, y = _batch(shape)
@@ -132,12 +132,12 @@ def test_the_wrapper_keeps_the_contract(tf):
     with pytest.raises(ValueError, match="do not fit"):
         keras.evaluate(x.reshape(40, 64)[:, :60], y)
     with pytest.raises(ValueError, match="known ones are edgetb_fashion_cnn"):
-        keras_zoo.build_keras("vgg16", (32, 32, 3), 10, {})
+        keras_kind.build_keras("vgg16", (32, 32, 3), 10, {})
 
 
 def test_keras_mlp_is_the_numpy_mlp(tf):
     mlp = NumpyMLP([64, 64, 10], learning_rate=0.005)
-    keras = keras_zoo.KerasModel(keras_zoo.build_keras("mlp", (64,), 10, {}))
+    keras = keras_kind.KerasModel(keras_kind.build_keras("mlp", (64,), 10, {}))
     assert keras.weight_names() == mlp.weight_names()
     assert float(keras.model.optimizer.learning_rate.numpy()) == pytest.approx(0.005)
     keras.set_weights(mlp.get_weights())
@@ -148,4 +148,4 @@ def test_keras_mlp_is_the_numpy_mlp(tf):
 def test_without_tensorflow_keras_nets_say_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # import tensorflow raises ImportError
     with pytest.raises(ValueError, match=r"needs TensorFlow: pip install '\.\[tf\]'"):
-        keras_zoo.build_keras("lenet5", (28, 28, 1), 10, {})
+        keras_kind.build_keras("lenet5", (28, 28, 1), 10, {})

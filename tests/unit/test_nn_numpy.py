@@ -10,12 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from dml_app import weights
-from dml_app.model_numpy import NumpyMLP
-from dml_app.nn import layers as L
-from dml_app.nn import zoo
-from dml_app.nn.net import Sequential
-from dml_app.rand import Rng
+from dml_app.models.numpy import layers as L
+from dml_app.models.numpy.mlp import NumpyMLP
+from dml_app.models.numpy.net import Sequential, build_numpy
+from dml_app.models.numpy.rand import Rng
+from dml_app.wire import weights
 
 F64 = np.dtype("float64")
 
@@ -186,35 +185,35 @@ def test_adams_first_step_is_the_learning_rate_against_the_gradients_sign():
 
 
 def test_named_nets_have_edgetbs_sizes_and_keras_names():
-    fashion = zoo.build_numpy("edgetb_fashion_cnn", (28, 28, 1), 10)
+    fashion = build_numpy("edgetb_fashion_cnn", (28, 28, 1), 10)
     # convs 320 + 9248 + 18496, BNs 128 + 128 + 256, Dense 7*7*64*64 + 64 = 200768, 64*10 + 10
     assert fashion.count_params() == 229_994
     assert fashion.weight_names()[:8] == [
         "conv2d/kernel", "conv2d/bias", "batch_normalization/gamma", "batch_normalization/beta",
         "batch_normalization/moving_mean", "batch_normalization/moving_variance", "conv2d_1/kernel", "conv2d_1/bias"]
     assert fashion.weight_names()[-2:] == ["dense_1/kernel", "dense_1/bias"]
-    small = zoo.build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10)
+    small = build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10)
     assert small.get_weights()[-4].shape == (2 * 2 * 64, 64)  # 8 -> 4 -> 2
-    lenet = zoo.build_numpy("lenet5", (28, 28, 1), 10)
+    lenet = build_numpy("lenet5", (28, 28, 1), 10)
     assert lenet.count_params() == 156 + 2416 + 48_120 + 10_164 + 850 and lenet.layers[2].padding == "valid"
-    lenet_small = zoo.build_numpy("lenet5", (8, 8, 1), 10)
+    lenet_small = build_numpy("lenet5", (8, 8, 1), 10)
     assert lenet_small.layers[2].padding == "same" and lenet_small.get_weights()[4].shape == (2 * 2 * 16, 120)
-    cifar = zoo.build_numpy("edgetb_cifar10_cnn", (32, 32, 3), 10)
+    cifar = build_numpy("edgetb_cifar10_cnn", (32, 32, 3), 10)
     assert cifar.count_params() == 550_570 and cifar.get_weights()[-4].shape == (4 * 4 * 128, 128)
     for net in (fashion, small, lenet, lenet_small, cifar):
         names, arrays = net.weight_names(), net.get_weights()
         assert len(names) == len(arrays) == len(set(names))
         assert all(a.dtype == np.float32 for a in arrays)
     with pytest.raises(ValueError, match="edgetb_fashion_cnn, lenet5, edgetb_cifar10_cnn"):
-        zoo.build_numpy("resnet", (8, 8, 1), 10)
+        build_numpy("resnet", (8, 8, 1), 10)
     with pytest.raises(ValueError, match="images"):
-        zoo.build_numpy("lenet5", (64,), 10)
+        build_numpy("lenet5", (64,), 10)
 
 
 def test_initialisation_is_glorot_uniform_with_zero_biases_and_seeded():
-    a = zoo.build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 4})
-    b = zoo.build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 4})
-    c = zoo.build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 5})
+    a = build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 4})
+    b = build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 4})
+    c = build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 5})
     assert all(np.array_equal(p, q) for p, q in zip(a.get_weights(), b.get_weights()))
     assert not np.array_equal(a.get_weights()[0], c.get_weights()[0])
     kernel = a.get_weights()[6]  # conv2d_1: 3x3x32 -> 32, limit sqrt(6 / (288 + 288))
@@ -224,7 +223,7 @@ def test_initialisation_is_glorot_uniform_with_zero_biases_and_seeded():
 
 
 def test_the_contract_set_weights_refuses_wrong_arrays_and_inputs_are_reshaped():
-    net = zoo.build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 1})
+    net = build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 1})
     w = net.get_weights()
     with pytest.raises(ValueError, match="expected 22 arrays, got 21"):
         net.set_weights(w[:-1])
@@ -240,8 +239,8 @@ def test_the_contract_set_weights_refuses_wrong_arrays_and_inputs_are_reshaped()
     assert net.evaluate(x.reshape(10, 64), y) == net.evaluate(x, y)  # flat features reshaped to 8x8x1
     with pytest.raises(ValueError, match="do not fit"):
         net.evaluate(x.reshape(10, 64)[:, :60], y)
-    first = zoo.build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 1, "optimizer": "sgd"})
-    second = zoo.build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 1, "optimizer": "sgd"})
+    first = build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 1, "optimizer": "sgd"})
+    second = build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 1, "optimizer": "sgd"})
     assert first.train(x, y, 2, 4)["loss"] == second.train(x, y, 2, 4)["loss"]  # seeded batch order
 
 
@@ -264,7 +263,7 @@ def test_edgetb_fashion_cnn_learns_digits():
     x = (pixels / 16.0).astype(np.float32).reshape(-1, 8, 8, 1)
     order = np.random.default_rng(0).permutation(len(x))
     test, train = order[:360], order[360:]
-    net = zoo.build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 0})
+    net = build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10, {"seed": 0})
     started = time.perf_counter()
     result = net.train(x[train], labels[train], epochs=3, batch_size=32)
     train_s = time.perf_counter() - started  # 1.3 to 2.5 s for 1,437 images x 3 epochs, one thread
@@ -279,7 +278,7 @@ def test_edgetb_fashion_cnn_learns_digits():
 
 
 def test_named_weights_round_trip_in_index_order():
-    net = zoo.build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10)
+    net = build_numpy("edgetb_fashion_cnn", (8, 8, 1), 10)
     arrays, names = net.get_weights(), net.weight_names()
     data = weights.encode(arrays, {"from": "n1"}, names=names)
     header = json.loads(data[8:8 + struct.unpack("<Q", data[:8])[0]])

@@ -10,9 +10,9 @@ import pytest
 import requests
 
 from controller.run.node_auth import RunKeys, talking_pairs
-from dml_app import auth
-from dml_app import weights as wire
-from dml_app.http import Router, json_response
+from dml_app.runtime import auth
+from dml_app.runtime.http import Router, json_response
+from dml_app.wire import weights as wire
 from worker.api.errors import AuthError, ConfigError
 
 RUN = bytes(range(32))
@@ -283,9 +283,9 @@ def test_weights_that_fit_pass_and_the_body_limit_covers_them():
 
 # roles: who may send what, and what they take ---------------------------------------------------
 def role_ctx(tmp_path, name: str, conf: dict):
-    from dml_app.events import EventLog
-    from dml_app.models import make_model
+    from dml_app.models.make import make_model
     from dml_app.roles.base import Context
+    from dml_app.runtime.events import EventLog
 
     data = (np.zeros((4, 6), dtype=np.float32), np.zeros(4, dtype=np.int64), np.zeros((2, 6), dtype=np.float32),
             np.zeros(2, dtype=np.int64))
@@ -295,15 +295,15 @@ def role_ctx(tmp_path, name: str, conf: dict):
 
 
 def weights_request(path: str, sender: str, arrays: list, meta: dict):
-    from dml_app.http import Request
+    from dml_app.runtime.http import Request
 
     return Request("POST", path, {}, wire.encode(arrays, meta), wire.CONTENT_TYPE, sender=sender, hop=sender)
 
 
 def test_aggregator_takes_asked_trainers_with_their_conf_sample_counts(tmp_path):
-    from dml_app.events import read_events
-    from dml_app.http import HttpError
     from dml_app.roles.fl import AggregatorRole
+    from dml_app.runtime.events import read_events
+    from dml_app.runtime.http import HttpError
 
     ctx = role_ctx(tmp_path, "agg", {"role": "fl_aggregator", "trainers": ["t1", "t2", "t3"], "sync": 1,
                                      "trainer_samples": {"t1": 100, "t2": 50, "t3": 7}})
@@ -329,12 +329,13 @@ def test_aggregator_takes_asked_trainers_with_their_conf_sample_counts(tmp_path)
 
 
 def test_ring_takes_chunks_of_the_right_size_from_its_predecessor_only(tmp_path):
-    from dml_app.http import HttpError
-    from dml_app.roles.ring import Formation, RingRole
+    from dml_app.roles.ring import RingRole
+    from dml_app.roles.ring_membership import Formation
+    from dml_app.runtime.http import HttpError
 
     ctx = role_ctx(tmp_path, "r1", {"role": "ring", "ring": ["r0", "r1", "r2"], "sync": 1})
     ring = RingRole(ctx)
-    ring._adopt(Formation(1, 1, ["r0", "r1", "r2"]))  # the ring formation these chunks belong to
+    ring.membership.adopt(Formation(1, 1, ["r0", "r1", "r2"]))  # the ring formation these chunks belong to
     total = sum(w.size for w in ctx.model.get_weights())
     sizes = [len(c) for c in np.array_split(np.zeros(total), 3)]
     good = np.ones(sizes[0], dtype=np.float64)  # r0 sends its chunk 0 in reduce step 0

@@ -5,11 +5,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dml_app.monitors import NoiseScale, grad_var
-from dml_app.policies import (AdaptiveBatch, AdaptiveStrategy, Policy, PolicyError, PolicyView, check_action,
-                              check_vote)
-from dml_app.roles.ring import Formation, RingRole, StrategyRefused
-from dml_app.transport import MemoryNetwork
+from dml_app.policies.builtin import AdaptiveBatch, AdaptiveStrategy
+from dml_app.policies.contract import Policy, PolicyError, PolicyView, check_action, check_vote
+from dml_app.policies.monitors import NoiseScale, grad_var
+from dml_app.roles.memory import MemoryNetwork
+from dml_app.roles.ring import RingRole, StrategyRefused
+from dml_app.roles.ring_membership import Formation
 from tests.unit.test_roles_memory import events_of, role_of, run_all
 
 MEMBERS = ["a", "b", "c", "d"]
@@ -102,11 +103,11 @@ def test_a_member_that_decided_another_structure_refuses_the_formation(tmp_path)
     conf = {"sync": 1, "epoch": 0, "ring": ["r0", "r1"], "strategy": "star:r0"}
     role = role_of(RingRole, tmp_path, net, "r0", conf, ["r0", "r1"])
     formation = Formation(1, 1, ["r0", "r1"], "star:r1", {}, "0" * 16)
-    role._adopt(formation)
+    role.membership.adopt(formation)
     with pytest.raises(StrategyRefused, match="this node decided star:r0"):
         role.install(formation, behind=False)
     assert events_of(role, "strategy_refused")[0]["formation_strategy"] == "star:r1"
-    formation.digest = role._structures[1].digest()
+    formation.digest = formation.structure.digest()
     role.install(formation, behind=True)
     assert role.strategy == "star:r1"
 
@@ -124,8 +125,8 @@ class SwitchAtThree(Policy):
 
 
 def test_ring_members_decide_together_and_switch_at_the_same_round(tmp_path, monkeypatch):
-    from dml_app import policies
-    monkeypatch.setitem(policies.KINDS, "switch_at_three", SwitchAtThree)
+    from dml_app.policies import builtin
+    monkeypatch.setitem(builtin.KINDS, "switch_at_three", SwitchAtThree)
     net = MemoryNetwork()
     names = ["r0", "r1", "r2", "r3"]
     conf = {"sync": 4, "epoch": 1, "ring": names, "join_wait_s": 5, "step_timeout_s": 10, "strategy": "star:r1",
@@ -147,7 +148,7 @@ def test_ring_members_decide_together_and_switch_at_the_same_round(tmp_path, mon
 
 
 def test_elastic_scaling_adds_while_the_gain_is_at_least_alpha_over_n_then_removes_the_last():
-    from dml_app.policies import ElasticScaling
+    from dml_app.policies.builtin import ElasticScaling
     v = PolicyView("agg", "fl_aggregator", ["t1"], None, 32, standby=["t2", "t3", "t4", "t5"])
     p = ElasticScaling({"window_rounds": 2, "alpha": 1 / 3}, v)
     throughput = {1: 100.0, 2: 180.0, 3: 230.0, 4: 240.0}  # gains +80 % (>= 1/6), +28 % (>= 1/9), +4.3 % (< 1/12)
@@ -163,7 +164,7 @@ def test_elastic_scaling_adds_while_the_gain_is_at_least_alpha_over_n_then_remov
 
 
 def test_an_aggregator_picks_its_standby_trainers_only_once_a_policy_adds_them(tmp_path, monkeypatch):
-    from dml_app import policies
+    from dml_app.policies import builtin
     from dml_app.roles.fl import AggregatorRole, TrainerRole
 
     class AddAtTwo(Policy):
@@ -173,7 +174,7 @@ def test_an_aggregator_picks_its_standby_trainers_only_once_a_policy_adds_them(t
         def decide(self, round_no, votes):
             return {"members": [*self.view.members, "t3"]} if round_no == 2 else None
 
-    monkeypatch.setitem(policies.KINDS, "add_at_two", AddAtTwo)
+    monkeypatch.setitem(builtin.KINDS, "add_at_two", AddAtTwo)
     net = MemoryNetwork()
     names = ["agg", "t1", "t2", "t3"]
     agg_conf = {"sync": 3, "trainers": names[1:], "deadline_s": 10, "standby": ["t2", "t3"],
@@ -199,13 +200,13 @@ def test_an_aggregator_picks_its_standby_trainers_only_once_a_policy_adds_them(t
 def test_a_join_with_bad_votes_is_answered_400_and_held_nowhere(tmp_path, votes, words):
     import json
 
-    from dml_app.http import HttpError, Request
+    from dml_app.runtime.http import HttpError, Request
     net = MemoryNetwork()
     role = role_of(RingRole, tmp_path, net, "r0", {"sync": 1, "ring": ["r0", "r1"]}, ["r0", "r1"])
     body = json.dumps({"want": 1, "epoch": 0, "votes": votes}).replace("Infinity", "1e999").encode()
     with pytest.raises(HttpError) as refused:
         role.on_join(Request("POST", "/ring/join", {}, body, "application/json", sender="r1"))
-    assert refused.value.status == 400 and words in refused.value.detail and role._joins == {}
+    assert refused.value.status == 400 and words in refused.value.detail and role.membership._joins == {}
 
 
 def test_robust_mode_tries_the_start_again_and_stays_when_it_is_good_or_returns_when_not():
@@ -235,8 +236,8 @@ def test_robust_mode_tries_the_start_again_and_stays_when_it_is_good_or_returns_
 
 
 def test_a_policy_that_raises_or_a_vote_out_of_range_changes_nothing_and_is_an_event(tmp_path):
-    from dml_app.events import EventLog, read_events
-    from dml_app.policies import Policies
+    from dml_app.policies.runner import Policies
+    from dml_app.runtime.events import EventLog, read_events
 
     class Broken(Policy):
         def decide(self, round_no, votes):
@@ -254,19 +255,6 @@ def test_a_policy_that_raises_or_a_vote_out_of_range_changes_nothing_and_is_an_e
         check_vote({"gns": 10 ** 400}, "p")
     with pytest.raises(PolicyError, match="not one of the ring's nodes"):
         check_action({"strategy": "star:zz"}, "p", MEMBERS)
-
-
-def test_a_formation_answer_with_twice_a_member_or_another_vote_for_this_node_is_not_taken(tmp_path):
-    net = MemoryNetwork()
-    role = role_of(RingRole, tmp_path, net, "r0", {"sync": 2, "ring": ["r0", "r1", "r2"]}, ["r0", "r1", "r2"])
-    role.votes_out = {"0:adaptive_batch": {"gns": 5.0}}
-    good = {"epoch": 1, "round": 1, "members": ["r0", "r1"], "strategy": "binary_tree",
-            "votes": {"r0": {"0:adaptive_batch": {"gns": 5.0}}, "r1": {}}, "batch_size": 64}
-    assert role._answered(good).batch_size == 64
-    for bad in ({"members": ["r0", "r1", "r1"]}, {"epoch": "1"}, {"round": True}, {"strategy": "star:r9"},
-                {"votes": {"r0": {"0:adaptive_batch": {"gns": 6.0}}}}, {"votes": {"r2": {}}},
-                {"votes": {"r0": {"0:adaptive_batch": {"gns": 5.0}}, "r1": {"0:x": [1]}}}):
-        assert role._answered({**good, **bad}) is None, bad
 
 
 def test_an_aborted_formation_undoes_its_rounds_decisions(tmp_path):

@@ -11,7 +11,8 @@ import pytest
 
 from controller.confs.structures import load_structure_file
 from controller.model.topology import Topology
-from dml_app.policies import PolicyError, PolicyView, build, check_action, check_vote
+from dml_app.policies.contract import PolicyError, PolicyView, check_action, check_vote
+from dml_app.policies.runner import build
 from worker.api.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -222,7 +223,7 @@ def test_the_example_doubles_the_batch_every_n_rounds_up_to_the_cap():
 
 def test_the_structure_files_kinds_are_the_nodes_kinds():
     from controller.confs.structures import POLICY_KINDS
-    from dml_app.policies import KINDS
+    from dml_app.policies.builtin import KINDS
 
     assert list(POLICY_KINDS) == list(KINDS)
 

@@ -5,16 +5,17 @@ import threading
 import numpy as np
 import pytest
 
-from dml_app import auth
-from dml_app.events import EventLog, read_events
-from dml_app.models import make_model
-from dml_app.aggregation import fedavg as weighted_average
+from dml_app.models.make import make_model
+from dml_app.reduction.aggregation import fedavg as weighted_average
 from dml_app.roles.base import Context, Role
 from dml_app.roles.etree import ETreeRole
 from dml_app.roles.fl import AggregatorRole, TrainerRole
 from dml_app.roles.gossip import GossipRole
+from dml_app.roles.memory import MemoryNetwork
 from dml_app.roles.ring import RingRole
-from dml_app.transport import TTL_HEADER, HttpTransport, MemoryNetwork
+from dml_app.runtime import auth
+from dml_app.runtime.events import EventLog, read_events
+from dml_app.runtime.transport import TTL_HEADER, HttpTransport
 
 N_FEATURES, N_CLASSES = 2, 3
 CENTRES = np.array([[0.0, 4.0], [4.0, -2.0], [-4.0, -2.0]])
@@ -172,7 +173,7 @@ def test_etree_in_memory_runs_its_rounds_down_the_tree(tmp_path):
 
 # the node's transport: signed HTTP, through a relay when the destination is not linked --------------
 def test_http_transport_signs_end_to_end_and_per_hop_and_relays(monkeypatch):
-    from dml_app import transport
+    from dml_app.runtime import transport
 
     run = bytes(range(32))
     nodes = {n: auth.NodeKeys(n, auth.node_secret(run, n)) for n in ("a", "r", "d")}

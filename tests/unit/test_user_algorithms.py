@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from controller.confs.datasets import digits_arrays
-from dml_app.events import EventLog
-from dml_app.models import make_model
+from dml_app.models.make import make_model
 from dml_app.roles.base import Context, Role
 from dml_app.roles.fl import AggregatorRole
 from dml_app.roles.gossip import GossipRole
-from dml_app.transport import MemoryNetwork
+from dml_app.roles.memory import MemoryNetwork
+from dml_app.runtime.events import EventLog
 from tests.unit.test_roles_memory import events_of, run_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,10 +11,10 @@ import pytest
 from controller.confs import usercode
 from controller.confs.structures import load_structure_file
 from controller.model.topology import load_links
-from dml_app import node as node_module
+from dml_app.roles import registry
 from dml_app.roles.fl import TrainerRole
 from dml_app.roles.gossip import GossipRole
-from dml_app.usercode import UserCodeError, load_file
+from dml_app.runtime.usercode import UserCodeError, load_file
 from worker.api.errors import ConfigError
 
 LINKS = {"n1": [{"dest": "n2", "bw": "10mbit"}], "n2": [{"dest": "n1", "bw": "10mbit"}]}
@@ -118,16 +118,16 @@ def test_the_node_uses_the_users_class_for_its_role_only(tmp_path):
     (tmp_path / "dml_user").mkdir()
     (tmp_path / "dml_user" / "r.py").write_text(ROLES_FILE)
     algorithm = {"module": "dml_user/r.py", "classes": ["Mine", "Prox"]}
-    gossip = node_module.role_class({"role": "gossip", "algorithm": algorithm}, str(tmp_path))
+    gossip = registry.role_class({"role": "gossip", "algorithm": algorithm}, str(tmp_path))
     assert gossip.__name__ == "Mine" and issubclass(gossip, GossipRole)
-    trainer = node_module.role_class({"role": "fl_trainer", "algorithm": algorithm}, str(tmp_path))
+    trainer = registry.role_class({"role": "fl_trainer", "algorithm": algorithm}, str(tmp_path))
     assert trainer.__name__ == "Prox" and issubclass(trainer, TrainerRole)
-    assert node_module.role_class({"role": "fl_aggregator", "algorithm": algorithm}, str(tmp_path)).__name__ == \
+    assert registry.role_class({"role": "fl_aggregator", "algorithm": algorithm}, str(tmp_path)).__name__ == \
         "AggregatorRole"
     with pytest.raises(UserCodeError, match="NotARole must subclass one of the built-in roles"):
-        node_module.role_class({"role": "gossip", "algorithm": {**algorithm, "classes": ["NotARole"]}}, str(tmp_path))
+        registry.role_class({"role": "gossip", "algorithm": {**algorithm, "classes": ["NotARole"]}}, str(tmp_path))
     with pytest.raises(UserCodeError, match="defines no class 'Nope'"):
-        node_module.role_class({"role": "gossip", "algorithm": {**algorithm, "classes": ["Nope"]}}, str(tmp_path))
+        registry.role_class({"role": "gossip", "algorithm": {**algorithm, "classes": ["Nope"]}}, str(tmp_path))
 
 
 def test_load_file_stays_in_the_experiment_directory_and_names_the_failing_line(tmp_path):
@@ -176,11 +176,11 @@ class Two(GossipRole):
 def test_a_class_replaces_the_role_it_subclasses_one_class_a_role(tmp_path):
     (tmp_path / "r.py").write_text(NAMED_ROLES)
     with pytest.raises(UserCodeError, match="Sneaky subclasses TrainerRole but names itself 'gossip'"):
-        node_module.role_class({"role": "gossip", "algorithm": {"module": "r.py", "classes": ["Sneaky"]}},
-                               str(tmp_path))
+        registry.role_class({"role": "gossip", "algorithm": {"module": "r.py", "classes": ["Sneaky"]}},
+                            str(tmp_path))
     with pytest.raises(UserCodeError, match="One and Two both replace GossipRole"):
-        node_module.role_class({"role": "gossip", "algorithm": {"module": "r.py", "classes": ["One", "Two"]}},
-                               str(tmp_path))
+        registry.role_class({"role": "gossip", "algorithm": {"module": "r.py", "classes": ["One", "Two"]}},
+                            str(tmp_path))
 
 
 def test_stage_copies_the_policy_files_and_points_every_conf_at_them(exp):

@@ -3,7 +3,7 @@
 Starting a netns node as a fresh ``python -m dml_app.node`` costs each node the interpreter's
 start and its imports (numpy, gevent, the roles: about 0.3 s of CPU) and its own copy of every
 page it touches. The zygote does that once: it is started (``exec``, so it holds nothing of the
-worker's memory) with an environment of harmless variables only (and ``dml_app.compute.NODE_ENV``:
+worker's memory) with an environment of harmless variables only (and ``dml_app.runtime.compute.NODE_ENV``:
 numpy's BLAS sizes its thread pool and glibc its malloc arenas when they load, and each forked node
 would inherit them), patches
 gevent, imports numpy and ``dml_app.node``, freezes the garbage collector's generations (so collections in a child do
@@ -60,7 +60,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Optional, Sequence
 
-from dml_app.compute import NODE_ENV
+from dml_app.runtime.compute import NODE_ENV
 from worker.api.errors import NodeRuntimeError
 
 SPAWN_TIMEOUT_S = 60.0
@@ -310,7 +310,7 @@ def harmless_env() -> dict[str, str]:
 
 
 def zygote_env() -> dict[str, str]:
-    """The zygote's environment: harmless variables, and a node's (``dml_app.compute.NODE_ENV``:
+    """The zygote's environment: harmless variables, and a node's (``dml_app.runtime.compute.NODE_ENV``:
     the zygote imports numpy and sets up malloc before any node's environment applies)."""
     return {**harmless_env(), **NODE_ENV}
 
@@ -345,10 +345,10 @@ def _preload(extra: tuple[str, ...] = ()) -> None:
     import gevent.pool  # noqa: F401
     import gevent.resolver._addresses  # noqa: F401
     import gevent.util  # noqa: F401
-    from dml_app import models
+    from dml_app.models.make import make_model
 
     try:
-        models.make_model({"kind": "numpy"}, input_shape=4, n_classes=2)  # the model's lazy imports
+        make_model({"kind": "numpy"}, input_shape=4, n_classes=2)  # the model's lazy imports
     except Exception:  # noqa: BLE001 - only a warm-up
         pass
     if sys.modules.get("ssl", 0) is None:

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from dml_app.usercode import USERCODE_DIR
+from dml_app.runtime.usercode import USERCODE_DIR
 from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
 from worker.api.protocol import DEFAULT_SUBNET, NODE_IFNAME, node_address
 from worker.confinement import confine, fsview, uids

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from dml_app.events import read_events
+from dml_app.runtime.events import read_events
 from tests.e2e.harness import Run
 
 TRAINERS = [f"t{i}" for i in range(1, 7)]

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from dml_app import bounded_json
+from dml_app.wire import bounded_json
 
 EVENT_VERSION = 1
 MAX_LINE_BYTES = 64 * 1024  # a longer line is not an event of ours: readers skip it, the writer never writes one

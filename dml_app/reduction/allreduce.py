@@ -12,6 +12,10 @@ by the member count, and the mean goes back down):
   member its master, and a binary tree over the masters (KungFu's BINARY_TREE_STAR).
 
 A structure's ``digest`` names it: the members agree on it before they install it.
+
+A ring passes chunks: ``split`` flattens the weights into one float64 vector cut into one chunk
+per member, ``chunk_index`` says which chunk a member receives at each step of reduce-scatter
+and all-gather, and ``join`` makes arrays of the finished chunks again.
 """
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
+Weights = list[np.ndarray]
 KINDS = ("ring", "star", "binary_tree", "site_tree")
 DEFAULT = "ring"
 
@@ -185,3 +192,26 @@ def best_strategy(members: list[str], measured_bps: dict[tuple[str, str], float]
         if t < best_t * (1 - 1e-9) or best_t == float("inf"):
             best, best_t = strategy, t
     return best
+
+
+# the ring's chunks -------------------------------------------------------------------------------
+def split(weights: Weights, n: int) -> list[np.ndarray]:
+    """The weights as one float64 vector cut into ``n`` chunks (some may be empty)."""
+    flat = np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in weights])
+    return [chunk.copy() for chunk in np.array_split(flat, n)]
+
+
+def join(chunks: list[np.ndarray], like: Weights) -> Weights:
+    """Chunks back into arrays shaped and typed like ``like``."""
+    flat = np.concatenate(chunks)
+    out, at = [], 0
+    for w in like:
+        out.append(flat[at:at + w.size].reshape(w.shape).astype(w.dtype))
+        at += w.size
+    return out
+
+
+def chunk_index(pos: int, n: int, phase: str, step: int) -> int:
+    """Which chunk the member at ``pos`` receives from its predecessor at (phase, step)."""
+    p = (pos - 1) % n
+    return (p - step) % n if phase == "reduce" else (p + 1 - step) % n

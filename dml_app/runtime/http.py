@@ -3,7 +3,7 @@
 Kept free of Flask and requests so that a node process stays small (hundreds
 run on one host). Every route says who may call it (``public``, the
 ``controller``, a ``peer`` node end to end, or a linked ``hop`` only: see
-``dml_app.auth``) and how large a body it takes; a GET with a body, a body over
+``dml_app.runtime.auth``) and how large a body it takes; a GET with a body, a body over
 the route's limit or without a length is refused before it is read. Errors are
 JSON ``{"error": ..., "detail": ...}``; an internal error is logged on stderr
 with a short reference, and the caller is told only that reference.
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
-from dml_app import bounded_json
-from dml_app.auth import AuthFailed, NodeKeys, body_hash
+from dml_app.runtime.auth import AuthFailed, NodeKeys, body_hash
+from dml_app.wire import bounded_json
 
 MAX_BODY_BYTES = 256 * 1024 * 1024  # no route takes more, whatever its own limit says
 CONTROL_BODY_BYTES = 4 * 1024  # /prepare, /start, /stop, small role messages

@@ -1,85 +1,14 @@
-"""Adaptation policies: code that watches the training and changes how it runs.
-
-A policy sees each round's metrics (``after_round``) and answers with its *vote*: a small JSON
-object of this node's inputs. ``decide`` turns the votes of the nodes that decide together into
-an *action* (``{"strategy": "star:n3"}``, ``{"batch_size": 64}``) or None. Who decides: every
-ring member, on the votes of every member of the next formation (each member decides the same
-way, as in KungFu: the votes travel with the ring's formation, so every member sees the same
-ones); a gossip node, the FL aggregator and an E-tree parent each on their own vote.
-
-Every decision that acts is a ``policy_decision`` event (round, policy, inputs, votes, action).
-
-Policies of the structure file's ``policies`` list: the built-in kinds (``KINDS``) or the
-user's own class (``{"module": "policies/mine.py", "class": "Mine", ...}``), a subclass of
-``Policy`` built with its conf (every key of its entry) and a ``PolicyView`` of the node.
+"""The built-in policies (``KINDS``, by the ``kind`` a structure file names): ``adaptive_strategy``
+(a ring's all-reduce strategy, by the goodput), ``adaptive_batch`` (the batch size, by the
+gradient noise scale) and ``elastic_scaling`` (an FL aggregator's trainers, by the throughput).
 """
 from __future__ import annotations
 
-import copy
-import json
-import math
 import statistics
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from dml_app.usercode import UserCodeError, attribute, load_file
-
-Vote = Optional[dict[str, Any]]
-Action = Optional[dict[str, Any]]
-MAX_VOTE_BYTES = 4096  # one policy's vote, as JSON
-MAX_POLICIES = 8  # policies of one structure file (so: votes of one node)
-MAX_NUMBER = 1e300  # a vote's numbers stay below this (a float of any policy's arithmetic)
-ACTIONS = ("strategy", "batch_size", "members")  # what an action may change
-
-
-class PolicyError(ValueError):
-    """A policy's conf, vote or action cannot be used."""
-
-
-@dataclass
-class PolicyView:
-    """What a policy may read of its node: its name, the members it decides with, the
-    all-reduce strategy and batch size in use, the nominal rate of its links."""
-
-    name: str
-    role: str
-    members: list[str] = field(default_factory=list)
-    strategy: Optional[str] = None
-    batch_size: int = 32
-    link_bps: dict[str, int] = field(default_factory=dict)
-    sites: dict[str, str] = field(default_factory=dict)
-    standby: list[str] = field(default_factory=list)  # FL: trainers not (yet) picked, in the order to add them
-
-
-class Policy:
-    """Base of every policy; override the hooks you need. ``conf``: the policy's entry."""
-
-    kind = "policy"
-
-    def __init__(self, conf: dict[str, Any], view: PolicyView) -> None:
-        self.conf = conf
-        self.view = view
-
-    def before_run(self) -> None:
-        """Once, before the first round."""
-
-    def before_round(self, round_no: int) -> None:
-        """Before round ``round_no`` trains."""
-
-    def after_round(self, metrics: dict[str, Any]) -> Vote:
-        """After a round: its metrics (the ``round`` event's fields); this node's vote."""
-        return None
-
-    def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
-        """The action for the round about to run, from the votes of the nodes deciding
-        together (by node name, in member order); None to change nothing."""
-        return None
-
-    def on_membership_change(self, members: list[str]) -> None:
-        """The members deciding together changed (a ring's formation)."""
-
-    def after_run(self) -> None:
-        """Once, after the last round."""
+from dml_app.policies.contract import MAX_NUMBER, Action, Policy, PolicyView, Vote
+from dml_app.reduction.allreduce import best_strategy
 
 
 def median(values: list[float]) -> Optional[float]:
@@ -150,8 +79,6 @@ class AdaptiveStrategy(Policy):
                 "send_bps": {p: round(r) for p, r in sorted(self.rates.items())}}
 
     def decide(self, round_no: int, votes: dict[str, Vote]) -> Action:
-        from dml_app.allreduce import best_strategy  # (the structures import no policy)
-
         members = list(votes)
         yes = sum(1 for v in votes.values() if v and v.get("vote"))
         if self.mode == "kungfu":
@@ -288,137 +215,3 @@ class ElasticScaling(Policy):
 
 KINDS: dict[str, type[Policy]] = {AdaptiveStrategy.kind: AdaptiveStrategy, AdaptiveBatch.kind: AdaptiveBatch,
                                   ElasticScaling.kind: ElasticScaling}
-
-
-def build(entries: list[dict[str, Any]], view: PolicyView, workdir: str) -> list[Policy]:
-    """The node's policies from the structure's ``policies`` entries (already validated)."""
-    out: list[Policy] = []
-    for entry in entries or []:
-        if "module" in entry:
-            relative = entry["module"]
-            cls = attribute(load_file(workdir, relative), relative, entry.get("class", ""), "policy class")
-            if not (isinstance(cls, type) and issubclass(cls, Policy)):
-                raise UserCodeError(f"{relative}: {entry.get('class')!r} is not a subclass of dml_app.policies.Policy")
-        elif entry.get("kind") in KINDS:
-            cls = KINDS[entry["kind"]]
-        else:
-            raise PolicyError(f"unknown policy {entry!r}; known kinds: {', '.join(KINDS)}")
-        out.append(cls(dict(entry), view))
-    return out
-
-
-def policy_id(policy: Policy, index: int) -> str:
-    """The policy's name in votes and events: its kind (or class), and its index when needed."""
-    name = policy.kind if policy.kind != Policy.kind else type(policy).__name__
-    return f"{index}:{name}"
-
-
-def check_vote(vote: Any, who: str) -> Vote:
-    """``vote`` when it is a JSON object of at most ``MAX_VOTE_BYTES``; PolicyError otherwise."""
-    if vote is None:
-        return None
-    if not isinstance(vote, dict):
-        raise PolicyError(f"{who}: a vote is a JSON object or None, not {type(vote).__name__}")
-    try:
-        size = len(json.dumps(vote, allow_nan=False))
-    except (TypeError, ValueError) as e:
-        raise PolicyError(f"{who}: a vote must be plain JSON ({e})") from None
-    if size > MAX_VOTE_BYTES:
-        raise PolicyError(f"{who}: a vote takes {size} bytes, more than {MAX_VOTE_BYTES}")
-    if not _bounded(vote):
-        raise PolicyError(f"{who}: a vote's numbers must be below {MAX_NUMBER:g} in size")
-    return vote
-
-
-def _bounded(value: Any) -> bool:
-    """Every number in ``value`` (plain JSON) below ``MAX_NUMBER`` in size."""
-    if isinstance(value, dict):
-        return all(_bounded(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_bounded(v) for v in value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return math.isfinite(float(value)) if abs(value) < MAX_NUMBER else False
-    return True
-
-
-def check_action(action: Any, who: str, members: Optional[list[str]] = None) -> Action:
-    """``action`` when it changes only what ``ACTIONS`` names (plus a ``reason``); a strategy is
-    checked against ``members`` (a ring's) when they are given."""
-    if action is None:
-        return None
-    if not isinstance(action, dict) or not set(action) - {"reason"} <= set(ACTIONS):
-        raise PolicyError(f"{who}: an action is an object of {', '.join(ACTIONS)} (and a reason), "
-                          f"not {action!r}")
-    if "batch_size" in action and not (isinstance(action["batch_size"], int) and action["batch_size"] >= 1):
-        raise PolicyError(f"{who}: batch_size must be a whole number >= 1, not {action['batch_size']!r}")
-    if "strategy" in action and not isinstance(action["strategy"], str):
-        raise PolicyError(f"{who}: strategy must be a string, not {action['strategy']!r}")
-    if "strategy" in action and members is not None:
-        from dml_app.allreduce import StructureError, parse
-        try:
-            parse(action["strategy"], members)
-        except StructureError as e:
-            raise PolicyError(f"{who}: {e}") from None
-    members = action.get("members", [])
-    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-        raise PolicyError(f"{who}: members must be a list of node names, not {members!r}")
-    return action
-
-
-class Policies:
-    """A node's policies, run together: the votes of all, and the actions they take."""
-
-    def __init__(self, policies: list[Policy], events: Any, apply: Callable[[dict[str, Any]], None]) -> None:
-        self.policies = policies
-        self.events = events
-        self.apply = apply  # the role's: takes an action (strategy, batch size)
-        self.recent: list[dict[str, Any]] = []  # decisions not yet reported (``take_recent``)
-
-    def __bool__(self) -> bool:
-        return bool(self.policies)
-
-    def each(self, hook: str, *args: Any) -> None:
-        for p in self.policies:
-            getattr(p, hook)(*args)
-
-    def votes(self, metrics: dict[str, Any]) -> dict[str, Vote]:
-        """Every policy's vote on this round's ``metrics``, by policy id."""
-        return {policy_id(p, i): check_vote(p.after_round(dict(metrics)), policy_id(p, i))
-                for i, p in enumerate(self.policies)}
-
-    def decide(self, round_no: int, votes: dict[str, dict[str, Vote]],
-               members: Optional[list[str]] = None) -> list[dict[str, Any]]:
-        """Each policy decides on the members' votes (``votes[member][policy id]``); every
-        action is applied and written as a ``policy_decision`` event; the actions, in order.
-        A policy that raises, or whose action cannot be taken, changes nothing: a
-        ``policy_error`` event (every member deciding on the same votes fails the same way)."""
-        taken = []
-        for i, p in enumerate(self.policies):
-            pid = policy_id(p, i)
-            mine = {m: v.get(pid) if isinstance(v, dict) else None for m, v in votes.items()}
-            try:
-                action = check_action(p.decide(round_no, mine), pid, members)
-                if action is None:
-                    continue
-                self.apply(action)
-            except Exception as e:  # a policy's own code (or a peer's odd vote): it acts no more this round
-                self.events.write("policy_error", round=round_no, policy=pid, error=f"{type(e).__name__}: {e}"[:500])
-                continue
-            event = self.events.write("policy_decision", round=round_no, policy=pid, inputs=mine.get(p.view.name),
-                                      votes=mine, action=action)
-            self.recent.append({"t": event["t"], "round": round_no, "policy": pid, "action": action})
-            taken.append(action)
-        return taken
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Every policy's state (its attributes but its view), to ``restore`` when a decision is undone."""
-        return [copy.deepcopy({k: v for k, v in vars(p).items() if k != "view"}) for p in self.policies]
-
-    def restore(self, states: list[dict[str, Any]]) -> None:
-        for p, state in zip(self.policies, states):
-            vars(p).update(copy.deepcopy(state))
-
-    def take_recent(self) -> list[dict[str, Any]]:
-        """The decisions since the last call (for the node's progress report)."""
-        out, self.recent = self.recent, []
-        return out

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from dml_app.rand import Rng
+from dml_app.models.numpy.rand import Rng
 
 Shape = tuple[int, ...]
 COLS_ELEMENTS = 1 << 20  # numbers per im2col matrix (4 MiB in float32): convolutions go by chunks of samples

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dml_app import bounded_json
+from dml_app.wire import bounded_json
 
 WIRE_VERSION = 2
 FORMAT = "edgetb-weights"

@@ -6,17 +6,22 @@ initialisation and a seeded batch order, float32 unless float64 is asked for
 (gradient checks). Layers are named as Keras names them in a fresh model
 (``conv2d``, ``conv2d_1``, ``batch_normalization``, ...), and ``weight_names``
 gives ``"<layer>/<array>"`` per array, in ``get_weights`` order.
+
+``build_numpy`` makes a built-in network (``dml_app.models.architectures``) as a ``Sequential``
+of ``layers``, one layer per step of its description.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from dml_app.minibatch import train_epochs
-from dml_app.nn.layers import Layer
-from dml_app.rand import Rng
+from dml_app.models.architectures import architecture, learning_rate
+from dml_app.models.numpy import layers as L
+from dml_app.models.numpy.layers import Layer
+from dml_app.models.numpy.minibatch import train_epochs
+from dml_app.models.numpy.rand import Rng
 
 EVAL_BATCH = 32  # samples per forward pass when evaluating: small im2col matrices stay in cache and memory stays low
 
@@ -160,3 +165,19 @@ class Sequential:
             loss_sum += float(-logp[np.arange(len(yb)), yb].sum())
             correct += int((logp.argmax(axis=1) == yb).sum())
         return loss_sum / len(x), correct / len(x)
+
+
+LAYERS = {"conv2d": L.Conv2D, "batch_normalization": L.BatchNormalization, "max_pooling2d": L.MaxPool2D,
+          "flatten": L.Flatten, "dense": L.Dense}  # the layer of each step kind of a description
+
+
+def build_numpy(name: str, input_shape: Sequence[int], n_classes: int, conf: dict[str, Any] | None = None,
+                dtype: str = "float32") -> Sequential:
+    """Network ``name`` in numpy. conf: ``learning_rate`` (0.001 for the CNNs), ``optimizer``
+    ("adam" | "sgd"), ``seed`` (initial weights and batch order), ``hidden`` (mlp)."""
+    conf = conf or {}
+    steps = architecture(name, input_shape, n_classes, conf)
+    if math.prod(int(d) for d in input_shape) < 1:
+        raise ValueError(f"network {name}: input shape {list(input_shape)} is empty")
+    return Sequential([LAYERS[kind](**opts) for kind, opts in steps], input_shape,
+                      learning_rate(name, conf), conf.get("optimizer", "adam"), int(conf.get("seed", 0)), dtype)

@@ -1,10 +1,12 @@
-"""The named networks of ``dml_app.nn.zoo`` in TensorFlow/Keras, behind the node model contract.
+"""The Keras kind (``"kind": "keras"``, or its older name ``"tf"``): the built-in networks in
+TensorFlow/Keras, and a user's compiled ``tf.keras.Model``, behind the node model contract.
 
-``build_keras(name, input_shape, n_classes, conf)`` gives a compiled Keras
-model whose weight list (order, shapes, layer names) is the numpy network's,
-so the same weights can be set in either; ``KerasModel`` wraps it as a node
-model. TensorFlow is imported inside the functions only: a node that never
-uses Keras does not load it.
+What ``make_model`` asks of a kind: ``build`` (a built-in network: ``build_keras`` gives the
+compiled model of its description, whose weight list (order, shapes, layer names) is the numpy
+network's, so the same weights can be set in either; ``KerasModel`` wraps it as a node model),
+``seed`` (TensorFlow seeded before a user's build: the same initial weights on every node) and
+``wrap`` (a user's compiled model as a node model). TensorFlow is imported inside the functions
+only: a node that never uses Keras does not load it.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dml_app.nn import zoo
+from dml_app.models import architectures
+from dml_app.models.contract import ModelError
 
 
 def _tf() -> Any:
@@ -26,11 +29,11 @@ def _tf() -> Any:
 
 
 def build_keras(name: str, input_shape: Sequence[int], n_classes: int, conf: dict[str, Any] | None = None) -> Any:
-    """A compiled ``tf.keras.Model`` for network ``name`` (see ``dml_app.nn.zoo``): Adam (or SGD,
+    """A compiled ``tf.keras.Model`` for network ``name`` (``dml_app.models.architectures``): Adam (or SGD,
     conf ``optimizer``) at conf ``learning_rate``, sparse categorical cross-entropy from logits,
     accuracy; conf ``seed`` seeds the initial weights."""
     conf = conf or {}
-    steps = zoo.architecture(name, input_shape, n_classes, conf)
+    steps = architectures.architecture(name, input_shape, n_classes, conf)
     optimizer = conf.get("optimizer", "adam")
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
@@ -39,7 +42,7 @@ def build_keras(name: str, input_shape: Sequence[int], n_classes: int, conf: dic
     made = {"conv2d": lambda o, n: tf.keras.layers.Conv2D(o["filters"], o["kernel_size"], padding=o["padding"],
                                                           activation=o["activation"], name=n),
             "batch_normalization": lambda o, n: tf.keras.layers.BatchNormalization(
-                momentum=o.get("momentum", zoo.BN_MOMENTUM), epsilon=1e-3, name=n),
+                momentum=o.get("momentum", architectures.BN_MOMENTUM), epsilon=1e-3, name=n),
             "max_pooling2d": lambda o, n: tf.keras.layers.MaxPooling2D(2, name=n),
             "flatten": lambda o, n: tf.keras.layers.Flatten(name=n),
             "dense": lambda o, n: tf.keras.layers.Dense(o["units"], activation=o["activation"], name=n)}
@@ -50,7 +53,7 @@ def build_keras(name: str, input_shape: Sequence[int], n_classes: int, conf: dic
         counts[kind] = seen + 1
         layers.append(made[kind](opts, kind if seen == 0 else f"{kind}_{seen}"))
     model = tf.keras.Sequential(layers, name=name)
-    lr = zoo.learning_rate(name, conf)
+    lr = architectures.learning_rate(name, conf)
     opt = tf.keras.optimizers.Adam(lr) if optimizer == "adam" else tf.keras.optimizers.SGD(lr)
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
@@ -108,3 +111,33 @@ class KerasModel:
         """(mean cross-entropy loss, accuracy)."""
         loss, acc = self.model.evaluate(self.shaped(x), np.asarray(y, dtype=np.int64), verbose=0)
         return float(loss), float(acc)
+
+
+# the kind ------------------------------------------------------------------------------------------
+def seed(value: int) -> None:
+    """Seed TensorFlow (the same initial weights on every node), or say how to install it."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise ModelError("a model of kind 'keras' needs TensorFlow: pip install '.[tf]'") from None
+    tf.keras.utils.set_random_seed(value)
+    try:  # one thread per pool, as numpy's BLAS: hundreds of nodes share a few cores
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:  # the runtime is already up (a second model in one process): as it is
+        pass
+
+
+def build(name: str, input_shape: tuple[int, ...], n_classes: int, conf: dict[str, Any]) -> KerasModel:
+    """Built-in network ``name`` in Keras, TensorFlow seeded first (the same weights on every node)."""
+    seed(int(conf.get("seed") or 0))
+    return KerasModel(build_keras(name, input_shape, n_classes, conf))
+
+
+def wrap(built: Any, what: str) -> KerasModel:
+    """A user's build result (``what`` names it) as a node model: it must be a compiled ``tf.keras.Model``."""
+    if not callable(getattr(built, "fit", None)) or not callable(getattr(built, "get_weights", None)):
+        raise ModelError(f"{what} must return a tf.keras.Model (model kind 'keras'), got {type(built).__name__}")
+    if getattr(built, "optimizer", None) is None or getattr(built, "compiled_loss", True) is None:
+        raise ModelError(f"{what} must return a compiled model: call model.compile(...)")
+    return KerasModel(built)

@@ -1,1 +1,0 @@
-"""Convolutional networks in numpy: layers (``layers``), a Sequential net (``net``) and the named nets (``zoo``)."""
