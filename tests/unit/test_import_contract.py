@@ -20,9 +20,8 @@ Every rule counts every import: at module level, in a function (lazy), and under
   reason written there: nothing inside ``worker.nodes``, ``worker.confinement`` or
   ``worker.kernel`` but the named facades (``FACADES``), and of a facade only the names on its
   list (which is its ``__all__``).
-- No import cycle between modules, lazy and type-only imports included (``TYPE_ONLY_CYCLE_EXCUSED``:
-  one type-only arrow of ``dml_app`` that issue 42's item 3 removes; the excuse fails once it
-  is not needed).
+- No import cycle between modules, lazy and type-only imports included (``TYPE_ONLY_CYCLE_EXCUSED``
+  holds type-only arrows let through, none today; an excuse fails once it is not needed).
 - No module takes another module's ``_private`` name, by ``from m import _x`` or ``m._x``.
 """
 from __future__ import annotations
@@ -91,7 +90,7 @@ FACADES: dict[str, tuple[str, ...]] = {
 INNER_ROOMS = ("worker.nodes", "worker.confinement", "worker.kernel")  # reached through FACADES only
 # a type-only arrow that closes a cycle, excused while issue 42's item 3 (dml_app in rooms: the in-memory
 # transport moves to roles/) is on its way; the test fails once the arrow is gone, to have this emptied
-TYPE_ONLY_CYCLE_EXCUSED = {("dml_app.transport", "dml_app.roles.base")}
+TYPE_ONLY_CYCLE_EXCUSED: set[tuple[str, str]] = set()
 
 
 def modules() -> dict[str, str]:
