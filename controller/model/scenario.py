@@ -133,10 +133,6 @@ class Timeline:
             lines.append(f"  {s.planned():>28}  {s.kind:<10} {s.target:<20} {s.detail}")
         return lines + [f"  note: {n}" for n in self.notes]
 
-    def to_dicts(self) -> list[dict[str, Any]]:
-        return [{"at_s": s.at_s, "after_round": list(s.after_round) if s.after_round else None, "kind": s.kind,
-                 "target": s.target, "detail": s.detail, "event": s.event} for s in self.steps]
-
 
 # lifetime and delay models -----------------------------------------------------------------
 def check_lifetime(model: Any, place: Place, nodes: int) -> dict[str, Any]:
