@@ -224,3 +224,11 @@ def test_a_garbled_tls_record_is_retried_on_idempotent_calls_only():
     outcomes[:] = [garbled(), Answer()]
     with pytest.raises(TestbedError, match="DECRYPTION_FAILED_OR_BAD_RECORD_MAC"):
         client.start_process("n1", {"version": 1, "argv": ["true"]})  # not idempotent: said at once
+
+
+def test_the_checkout_s_root_is_defined_once_for_the_worker_and_the_controller():
+    import worker
+    import worker.host
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert worker.REPO_ROOT == root and worker.host.REPO_ROOT is worker.REPO_ROOT
