@@ -33,7 +33,7 @@ import time
 from typing import Any, Callable, Iterable, Optional
 
 from controller.model.telemetry_conf import TelemetryConf
-from controller.model.topology import Link, Topology, links_from_data, load_links
+from controller.model.topology import Link, Topology, load_links, with_rate
 from controller.results import finish as results
 from controller.results import run_dir as run_folder
 from controller.results.rates import FROM_START, LinkRates
@@ -418,18 +418,12 @@ class Experiment:
         link = self.topology.links.get((src, dst)) if isinstance(src, str) and isinstance(dst, str) else None
         if link is None:
             raise NotFound(f"no link {clip(str(src), 20)}->{clip(str(dst), 20)} in this run")
-        entry: dict[str, Any] = {"dest": dst, "bw": bw}
-        shape = link.shape
-        if shape.delay_ms:
-            entry["delay"] = f"{shape.delay_ms:g}ms"
-        if shape.jitter_ms:
-            entry["jitter"] = f"{shape.jitter_ms:g}ms"
-        if shape.loss_pct:
-            entry["loss"] = f"{shape.loss_pct:g}%"
-        if shape.queue_pkts:
-            entry["queue"] = shape.queue_pkts
-        return self._update_links(lambda declared: links_from_data({src: [entry]}, "the link change", declared,
-                                                                   nodes_declared=True))
+
+        def changed(declared: Topology) -> Topology:
+            declared.links[(src, dst)] = with_rate(link, bw, "the link change")
+            return declared
+
+        return self._update_links(changed)
 
     def _update_links(self, read: Callable[[Topology], Topology]) -> dict[str, Any]:
         declared = Topology()
