@@ -269,8 +269,8 @@ class _LinkWorker:
 
 
 def test_a_live_rate_change_keeps_the_link_s_other_settings(tmp_path):
-    (tmp_path / "links.json").write_text(json.dumps({"a": [{"dest": "b", "bw": "8mbit", "delay": "2.5ms", "jitter": "1ms",
-                                                            "loss": "0.5%", "queue": 50}]}))
+    link = {"dest": "b", "bw": "8mbit", "delay": "2.5ms", "jitter": "1ms", "loss": "0.5%", "queue": 50}
+    (tmp_path / "links.json").write_text(json.dumps({"a": [link]}))
     structure = {"a": {"sync": 3, "role": "gossip"}, "b": {"sync": 3, "role": "gossip"}}
     exp = Experiment(load_links(str(tmp_path / "links.json")), Nodes(str(tmp_path), None, structure), structure,
                      progress=lambda line: None)
@@ -294,12 +294,12 @@ def test_the_link_chart_draws_the_rate_each_sample_had(experiment):
         feed.clock = lambda k=k: float(k)
         if k == 2:  # what Experiment.links_reshaped and _update_links do
             exp.rates.set(("a", "b"), 1_000_000, feed.t_s())
-            feed.link_changed("a", "b", Shape(rate_bps=1_000_000))
+            exp.timeline.link_changed("a", "b", Shape(rate_bps=1_000_000))
         exp.telemetry = _telemetry(float(k), 1000 * k, 0)
         feed.sample()
     series = feed.link_series("a", "b")
     assert series["rates"] == [8_000_000, 8_000_000, 1_000_000, 1_000_000]
-    assert feed.timeline[-1]["kind"] == "link" and feed.timeline[-1]["detail"] == "1mbit"
+    assert feed.view()["timeline"][-1]["kind"] == "link" and feed.view()["timeline"][-1]["detail"] == "1mbit"
 
 
 def _confs(algorithm: str, node_list: list, **top) -> dict:
