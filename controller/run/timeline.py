@@ -111,9 +111,3 @@ class RunTimeline:
         with self._lock:
             self._catch_up()
             return [e for e in self._entries if e["seq"] > after_seq] if after_seq else list(self._entries)
-
-    def last_seq(self) -> int:
-        """The number of the latest entry (0: none yet), the run's latest changes taken first."""
-        with self._lock:
-            self._catch_up()
-            return self._entries[-1]["seq"] if self._entries else 0

@@ -170,7 +170,7 @@ def test_the_run_s_timeline_is_its_own_record(tmp_path):
     clock = [52.5]
     timeline = RunTimeline(run, clock=lambda: clock[0])
     nodes["a"].state = nodes["b"].state = State.RUNNING
-    assert timeline.entries() == [] and timeline.last_seq() == 0  # the states as they start: no entry
+    assert timeline.entries() == []  # the states as they start: no entry
     nodes["a"].state, nodes["a"].detail = State.FAILED, "oom"
     membership.rows.append({"t": 1001.25, "node": "b", "type": "node_died", "why": "crashed"})
     scenario.rows.append({"applied_s": 2.0, "event": "crash", "target": "b", "detail": "SIGKILL", "outcome": "applied"})
@@ -180,7 +180,7 @@ def test_the_run_s_timeline_is_its_own_record(tmp_path):
         (1, 2.5, "link", "a->b", "2mbit delay 5ms"), (2, 2.5, "failed", "a", "oom"),
         (3, 1.25, "node_died", "b", "crashed"), (4, 2.0, "crash", "b", "SIGKILL"),
         (5, 2.1, "pause", "a", "frozen [failed]")]
-    assert [e["seq"] for e in timeline.entries(after_seq=3)] == [4, 5] and timeline.last_seq() == 5
+    assert [e["seq"] for e in timeline.entries(after_seq=3)] == [4, 5]
     assert timeline.entries() == timeline.entries()  # each change once
     assert timeline.node_event("a", {"type": "policy_decision", "t": 1003.0, "round": 2, "action": {}}) is True
     assert timeline.entries()[-1]["t_s"] == 3.0 and timeline.entries()[-1]["kind"] == "policy_decision"
