@@ -26,6 +26,10 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's event reader
+
+from dml_app.runtime.events import read_events  # noqa: E402
+
 MODELS = {"mlp": {"kind": "numpy", "hidden": [128], "learning_rate": 0.005, "seed": 0},
           "cnn": {"kind": "numpy", "name": "lenet5", "learning_rate": 0.002, "seed": 0}}
 KUNGFU = {0: "4.6 % (noise scale)", 8: "3 % (variance every 8 steps)", 1: "20 % (variance every step)"}
@@ -55,7 +59,7 @@ def run_variant(args: argparse.Namespace, monitor_every: int, port: int) -> dict
         wall_s = time.monotonic() - started
         shares, gns_shares, var_shares, durations = [], [], [], []
         for path in glob.glob(os.path.join(workdir, "dml_file", "node", "*", "*.jsonl")):
-            rounds = [e for e in map(json.loads, open(path)) if e.get("type") == "round" and "monitor_s" in e]
+            rounds = [e for e in read_events(path) if e["type"] == "round" and "monitor_s" in e]
             rounds = rounds[1:]  # the first round carries the start-up
             if not rounds:
                 continue

@@ -38,6 +38,7 @@ sys.path.insert(0, ROOT)  # this checkout's worker (neighbour tables)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_gossip import graph  # noqa: E402
+from dml_app.runtime.events import read_events  # noqa: E402
 SHARD_SIZE = 100  # digits' training split (1,437 samples) gives 14 shards, its test split 3
 TRAIN_SHARDS, TEST_SHARDS = 14, 3
 TRAIN_LEN = 3  # 300 training samples per node
@@ -150,18 +151,11 @@ def send_failures(workdir: str) -> tuple[int, dict[str, int]]:
     """The nodes' send_failed events: how many, and how many of each kind of error."""
     count, kinds = 0, {}
     for path in glob.glob(os.path.join(workdir, "dml_file", "log", "*", "events", "*.jsonl")):
-        with open(path) as f:
-            for line in f:
-                if '"send_failed"' not in line:
-                    continue
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("type") == "send_failed":
-                    count += 1
-                    kind = str(event.get("error", ""))[:60]
-                    kinds[kind] = kinds.get(kind, 0) + 1
+        for event in read_events(path):
+            if event["type"] == "send_failed":
+                count += 1
+                kind = str(event.get("error", ""))[:60]
+                kinds[kind] = kinds.get(kind, 0) + 1
     return count, kinds
 
 

@@ -31,7 +31,7 @@ from flask import Flask, Response, jsonify, request
 from worker import tls
 from worker.api.errors import AuthError, ConfigError, TestbedError
 from worker.api.peers import is_loopback_host
-from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, OPERATIONS, SMALL_REQUEST_BYTES
+from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, OPERATIONS, SMALL_REQUEST_BYTES, Operation
 from worker.api.schema import Field, Place
 from worker.host import WorkerHost
 from worker.serving import (bearer_matches, check_token, json_errors, request_limits, run_blocking,
@@ -119,17 +119,52 @@ def _int_arg(name: str, default: Optional[int]) -> Optional[int]:
     return QUERY_INT.check(value, Place("query"), name, ConfigError)
 
 
+def _body() -> Any:
+    """The request's JSON body."""
+    data = request.get_json(silent=True)
+    if data is None:
+        raise ConfigError("request body must be JSON (Content-Type: application/json)")
+    return data
+
+
+def _calling(host: WorkerHost, op: Operation) -> Callable[..., Any]:
+    """The view of ``op``: ``host.<op.name>`` called (in a thread) with the path's parameters,
+    then the JSON body when the operation takes one."""
+    def view(**params: str) -> Any:
+        method = getattr(host, op.name)
+        return run_blocking(method, *(params[p] for p in op.params), *([_body()] if op.body else []))
+
+    return view
+
+
+def _special_views(host: WorkerHost) -> dict[str, Callable[..., Any]]:
+    """The operations served otherwise: from no thread, by another method or flag, from query
+    arguments, or with a stream."""
+    def capture_chunks(name: str) -> Response:
+        return Response(run_blocking(host.capture_chunks, name), mimetype="application/vnd.tcpdump.pcap")
+
+    return {"health": lambda: {"version": API_VERSION, "ok": True, "testbed_id": host.testbed_id},
+            "merge_links": lambda: run_blocking(host.set_links, _body(), True),
+            "clear_links": lambda: run_blocking(host.clear_links, request.args.get("node")),
+            "telemetry_read": lambda: run_blocking(host.telemetry_read, _int_arg("cursor", 0), _int_arg("limit", None)),
+            "capture_chunks": capture_chunks}
+
+
+def _answering(op: Operation, view: Callable[..., Any]) -> Callable[..., Any]:
+    """``view``'s answer with ``op``'s status (JSON; a Response, a stream, as it is)."""
+    def answer(**params: str) -> Any:
+        result = view(**params)
+        return result if isinstance(result, Response) else (jsonify(result), op.status)
+
+    return answer
+
+
 def create_app(host: WorkerHost, token: str) -> Flask:
-    """The agent's Flask app; routes are thin wrappers over ``host``."""
+    """The agent's Flask app: a route per operation of the table (``worker.api.protocol``), each a
+    thin wrapper over ``host``."""
     token = check_token(token, "the agent's token")
     app = Flask("edgetb-agent")
     request_limits(app, REQUEST_LIMITS, SMALL_REQUEST_BYTES)
-
-    def body() -> Any:
-        data = request.get_json(silent=True)
-        if data is None:
-            raise ConfigError("request body must be JSON (Content-Type: application/json)")
-        return data
 
     @app.before_request
     def authenticate() -> None:
@@ -140,129 +175,13 @@ def create_app(host: WorkerHost, token: str) -> Flask:
 
     json_errors(app, log)
 
-    def route(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Serve operation ``name`` of the table (worker.api.protocol) by the function: its
-        method and path, its answer (JSON, or a streamed Response) with its status."""
-        op = OPERATIONS[name]
-
-        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            def view(**params: str) -> Any:
-                answer = fn(**params)
-                return answer if isinstance(answer, Response) else (jsonify(answer), op.status)
-
-            app.add_url_rule(op.path, endpoint=op.name, view_func=view, methods=[op.method])
-            return fn
-
-        return register
-
-    @route("health")
-    def health() -> Any:
-        return {"version": API_VERSION, "ok": True, "testbed_id": host.testbed_id}
-
-    @route("capabilities")
-    def capabilities() -> Any:
-        return run_blocking(host.capabilities)
-
-    @route("status")
-    def status() -> Any:
-        return run_blocking(host.status)
-
-    @route("reset")
-    def reset() -> Any:
-        return run_blocking(host.reset)
-
-    @route("sync")
-    def sync() -> Any:
-        return run_blocking(host.sync, body())
-
-    @route("set_routes")
-    def set_routes() -> Any:
-        return run_blocking(host.set_routes, body())
-
-    @route("set_fabric")
-    def set_fabric() -> Any:
-        return run_blocking(host.set_fabric, body())
-
-    @route("swarm_probe")
-    def swarm_probe() -> Any:
-        return run_blocking(host.swarm_probe, body())
-
-    @route("create_nodes")
-    def create_nodes() -> Any:
-        return run_blocking(host.create_nodes, body())
-
-    @route("set_links")
-    def set_links() -> Any:
-        return run_blocking(host.set_links, body())
-
-    @route("merge_links")
-    def merge_links() -> Any:
-        return run_blocking(host.set_links, body(), True)
-
-    @route("clear_links")
-    def clear_links() -> Any:
-        return run_blocking(host.clear_links, request.args.get("node"))
-
-    @route("shaping")
-    def shaping(name: str) -> Any:
-        return run_blocking(host.shaping, name)
-
-    @route("fault")
-    def fault() -> Any:
-        return run_blocking(host.fault, body())
-
-    @route("exec")
-    def exec_in(name: str) -> Any:
-        return run_blocking(host.exec, name, body())
-
-    @route("start_process")
-    def start_process(name: str) -> Any:
-        return run_blocking(host.start_process, name, body())
-
-    @route("start_node")
-    def start_node(name: str) -> Any:
-        return run_blocking(host.start_node, name, body())
-
-    @route("processes")
-    def processes() -> Any:
-        return run_blocking(host.processes)
-
-    @route("stop_process")
-    def stop_process(name: str, proc_id: str) -> Any:
-        return run_blocking(host.stop_process, name, proc_id)
-
-    @route("telemetry_start")
-    def telemetry_start() -> Any:
-        return run_blocking(host.telemetry_start, body())
-
-    @route("telemetry_read")
-    def telemetry_read() -> Any:
-        return run_blocking(host.telemetry_read, _int_arg("cursor", 0), _int_arg("limit", None))
-
-    @route("telemetry_stop")
-    def telemetry_stop() -> Any:
-        return run_blocking(host.telemetry_stop)
-
-    @route("start_capture")
-    def start_capture(name: str) -> Any:
-        return run_blocking(host.start_capture, name, body())
-
-    @route("stop_capture")
-    def stop_capture(name: str) -> Any:
-        return run_blocking(host.stop_capture, name)
-
-    @route("remove_capture")
-    def remove_capture(name: str) -> Any:
-        return run_blocking(host.remove_capture, name)
-
-    @route("capture_chunks")
-    def capture_chunks(name: str) -> Any:
-        chunks = run_blocking(host.capture_chunks, name)
-        return Response(chunks, mimetype="application/vnd.tcpdump.pcap")
-
-    unserved = set(OPERATIONS) - set(app.view_functions)
-    if unserved:  # the table and the routes are one API
-        raise RuntimeError(f"the agent serves no route for {sorted(unserved)}")
+    special = _special_views(host)
+    unknown = set(special) - set(OPERATIONS)
+    if unknown:  # the table and the routes are one API
+        raise RuntimeError(f"the agent serves routes the table lacks: {sorted(unknown)}")
+    for op in OPERATIONS.values():
+        view = special.get(op.name) or _calling(host, op)
+        app.add_url_rule(op.path, endpoint=op.name, view_func=_answering(op, view), methods=[op.method])
     return app
 
 

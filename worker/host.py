@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 from dml_app.runtime.usercode import USERCODE_DIR
+from worker import REPO_ROOT
 from worker.api import bodies
 from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, TestbedError
@@ -43,7 +44,6 @@ def versioned(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 RUNTIMES = ("netns", "docker", "physical")
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class WorkerHost:

@@ -326,11 +326,3 @@ def write_confs(workdir: str, kind: str, confs: dict[str, dict[str, Any]]) -> li
             json.dump(conf, f, indent=1)
         paths.append(path)
     return paths
-
-
-def read_conf(workdir: str, node: str, kind: str) -> Optional[dict[str, Any]]:
-    path = os.path.join(workdir, CONF_DIR, f"{node}_{kind}.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)

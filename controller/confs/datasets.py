@@ -486,11 +486,6 @@ def write_shards(dataset: Dataset, nodes: Sequence[str], out_dir: str, split: st
     return manifest
 
 
-def load_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    with np.load(path, allow_pickle=False) as f:
-        return f["x_train"], f["y_train"], f["x_test"], f["y_test"]
-
-
 # EdgeTB's per-node format: consecutive 1-based shards ------------------------------------------
 class Shards:
     """A sequence of shards numbered from 1 (EdgeTB's ``*_start_index``)."""

@@ -13,7 +13,8 @@ kind::
 a did-you-mean, unknown nodes, bad times, units, models) and ``resolve`` turns it into a
 ``Timeline``: a list of ``Step`` with every random draw made from ``seed`` (revocation
 lifetimes, replacement delays), ``for`` expanded into a step that undoes the event, traces
-expanded into one bandwidth step per row. Nothing here does I/O but reading the scenario
+expanded into one bandwidth step per row. Each kind of event has its rule in ``EVENTS``:
+its parser and whether ``for`` may undo it. Nothing here does I/O but reading the scenario
 and its trace files; the runner (``controller.run.scenario_runner``) applies the steps.
 
 ``time_scale`` multiplies the lifetimes drawn from a model in minutes: with 1/60 a
@@ -28,9 +29,9 @@ import math
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
 
-from controller.model.topology import Topology
+from controller.model.topology import MIN_MEM_BYTES, Topology
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_time_ms, parse_size_bytes
 from worker.api.errors import ConfigError
 from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
@@ -46,7 +47,6 @@ EventKind = Literal["link", "link_down", "partition", "loss", "crash", "pause", 
                     "revocation", "background", "trace", "access"]
 KINDS: tuple[EventKind, ...] = get_args(EventKind)  # what scenario.json's events say
 TRIGGERS = ("at", "at_round")
-UNDOABLE = ("link", "link_down", "partition", "loss", "pause", "cpu", "memory")
 StepKind = Literal["link", "block", "unblock", "loss", "crash", "pause", "resume", "limits", "revoke", "replace",
                    "background", "access"]
 STEP_KINDS: tuple[StepKind, ...] = get_args(StepKind)  # what the runner applies (scenario.csv's event column)
@@ -132,10 +132,6 @@ class Timeline:
         for s in self.timed() + [s for steps in self.by_round().values() for s in steps]:
             lines.append(f"  {s.planned():>28}  {s.kind:<10} {s.target:<20} {s.detail}")
         return lines + [f"  note: {n}" for n in self.notes]
-
-    def to_dicts(self) -> list[dict[str, Any]]:
-        return [{"at_s": s.at_s, "after_round": list(s.after_round) if s.after_round else None, "kind": s.kind,
-                 "target": s.target, "detail": s.detail, "event": s.event} for s in self.steps]
 
 
 # lifetime and delay models -----------------------------------------------------------------
@@ -247,9 +243,10 @@ def _node(topology: Topology, name: Any, place: Place, label: str) -> str:
     return name
 
 
-def _rate(text: str, place: Place, label: str) -> int:
+def _parsed(parse: Callable[[Any], Any], text: Any, place: Place, label: str) -> Any:
+    """``parse(text)``; its ConfigError names the field ``label`` at ``place``."""
     try:
-        return parse_rate_bps(text)
+        return parse(text)
     except ConfigError as e:
         raise ConfigError(f"{place.field(label)}: {e}") from None
 
@@ -266,8 +263,220 @@ def _base_shapes(topology: Topology, pairs: list[tuple[str, str]]) -> list[dict[
     return [topology.links[p].shape.to_dict() for p in pairs]
 
 
+def _arrow(src: str, dst: str, both_ways: bool) -> str:
+    return f"{src}{'<->' if both_ways else '->'}{dst}"
+
+
+@dataclass(frozen=True)
+class EventContext:
+    """One scenario event as its kind's parser sees it: where it is, its trigger and ``for``,
+    and what every event of the scenario shares (topology, draws, notes, the trace folder)."""
+
+    index: int
+    place: Place  # the event: ``events[i]``
+    kind: EventKind
+    at_s: float
+    after_round: Optional[tuple[str, int]]
+    duration: Optional[float]  # ``for``: seconds until the event is undone
+    topology: Topology
+    rng: random.Random
+    time_scale: float
+    base_dir: Optional[str]
+    notes: list[str]
+
+    @property
+    def here(self) -> Place:
+        """The kind's value: ``events[i], link``."""
+        return self.place.at(self.kind)
+
+    @property
+    def key(self) -> str:
+        """What ties the steps of this event together in the runner (a block and its unblock)."""
+        return f"e{self.index}"
+
+    def node(self, name: Any, label: str, place: Optional[Place] = None) -> str:
+        """``name`` when the topology has it (errors name ``label`` at ``place``, default ``here``)."""
+        return _node(self.topology, name, self.here if place is None else place, label)
+
+    def pairs(self, src: str, dst: str, both_ways: bool) -> list[tuple[str, str]]:
+        """The topology's links ``src -> dst`` (and back when ``both_ways``)."""
+        pairs = [(src, dst)] + ([(dst, src)] if both_ways else [])
+        for a, b in pairs:
+            _link_pair(self.topology, a, b, self.here)
+        return pairs
+
+    def step(self, dt: float, kind: StepKind, target: str, detail: str, params: dict[str, Any]) -> Step:
+        """A step ``dt`` seconds after the event's trigger."""
+        return Step(self.at_s + dt, kind, target, detail, params, self.after_round, self.index)
+
+    def undone(self, step: Step, kind: StepKind, detail: str, params: dict[str, Any]) -> list[Step]:
+        """``step``, then the step that undoes it ``for`` seconds later when the event says so."""
+        return [step] + ([self.step(self.duration, kind, step.target, detail, params)]
+                         if self.duration is not None else [])
+
+
+LINK_EXTRAS = (("delay", "delay_ms", parse_time_ms), ("jitter", "jitter_ms", parse_time_ms),
+               ("loss", "loss_pct", parse_percent))  # a link event's netem fields: its step's params
+PROCESS_STEPS: dict[str, tuple[StepKind, str]] = {"crash": ("crash", "SIGKILL"), "pause": ("pause", "frozen"),
+                                                  "resume": ("resume", "thawed")}
+
+
+def _link(value: Any, ev: EventContext) -> list[Step]:
+    v = LINK.validate(value, ev.here)
+    src, dst = ev.node(v["src"], "src"), ev.node(v["dst"], "dst")
+    pairs = ev.pairs(src, dst, v["both_ways"])
+    rate = _parsed(parse_rate_bps, v["bw"], ev.here, "bw")
+    extra = {name: _parsed(parse, v[k], ev.here, k) for k, name, parse in LINK_EXTRAS if v[k] is not None}
+    base = _base_shapes(ev.topology, pairs)
+    step = ev.step(0, "link", _arrow(src, dst, v["both_ways"]),
+                   human_rate(rate) + "".join(f", {k} {x}" for k, x in extra.items()),
+                   {"pairs": pairs, "rate_bps": rate, "base": base, **extra})
+    return ev.undone(step, "link", "as in the topology", {"pairs": pairs, "rate_bps": None, "base": base})
+
+
+def _link_down(value: Any, ev: EventContext) -> list[Step]:
+    pair = Field(list, items=NAME, min_items=2, max_items=2).check(value, ev.place, ev.kind, ConfigError)
+    a, b = (ev.node(n, ev.kind, ev.place) for n in pair)
+    if a == b:
+        raise ConfigError(f"{ev.place.field(ev.kind)}: needs two different nodes, got {a!r} twice")
+    step = ev.step(0, "block", f"{a}<->{b}", "link down", {"groups": [[a], [b]], "key": ev.key})
+    return ev.undone(step, "unblock", "link up", {"groups": [[a], [b]], "key": ev.key})
+
+
+def _partition(value: Any, ev: EventContext) -> list[Step]:
+    groups = Field(list, items=Field(list, items=NAME, min_items=1, max_items=10_000), min_items=2,
+                   max_items=1000).check(value, ev.place, ev.kind, ConfigError)
+    seen: set[str] = set()
+    for n in (n for g in groups for n in g):
+        ev.node(n, ev.kind, ev.place)
+        if n in seen:
+            raise ConfigError(f"{ev.place.field(ev.kind)}: node {n!r} is in two groups")
+        seen.add(n)
+    step = ev.step(0, "block", "|".join(",".join(g) for g in groups), f"partition into {len(groups)} groups",
+                   {"groups": groups, "key": ev.key})
+    return ev.undone(step, "unblock", "healed", {"groups": groups, "key": ev.key})
+
+
+def _loss(value: Any, ev: EventContext) -> list[Step]:
+    v = LOSS.validate(value, ev.here)
+    src = ev.node(v["src"], "src")
+    dsts = [n for n in ev.topology.nodes if n != src] if v["dst"] == "*" else [ev.node(v["dst"], "dst")]
+    if src in dsts:
+        raise ConfigError(f"{ev.here.field('dst')}: loss needs two different nodes")
+    flows = [(src, d) for d in dsts] + ([(d, src) for d in dsts] if v["both_ways"] else [])
+    step = ev.step(0, "loss", _arrow(src, v["dst"], v["both_ways"]), f"{v['percent']:g}%",
+                   {"flows": flows, "percent": v["percent"], "key": ev.key})
+    return ev.undone(step, "loss", "0%", {"flows": flows, "percent": 0.0, "key": ev.key})
+
+
+def _process(value: Any, ev: EventContext) -> list[Step]:
+    """A crash, pause or resume of one node's process."""
+    node = ev.node(NAME.check(value, ev.place, ev.kind, ConfigError), ev.kind, ev.place)
+    kind, detail = PROCESS_STEPS[ev.kind]
+    return ev.undone(ev.step(0, kind, node, detail, {"node": node}), "resume", "thawed", {"node": node})
+
+
+def _cpu(value: Any, ev: EventContext) -> list[Step]:
+    v = CPU.validate(value, ev.here)
+    node = ev.node(v["node"], "node")
+    before = ev.topology.nodes[node].cpu
+    step = ev.step(0, "limits", node, f"cpu {v['cores']:g} cores", {"node": node, "cpu": v["cores"]})
+    return ev.undone(step, "limits", f"cpu {before:g} cores" if before else "cpu unlimited",
+                     {"node": node, "cpu": before})
+
+
+def _memory(value: Any, ev: EventContext) -> list[Step]:
+    v = MEMORY.validate(value, ev.here)
+    node = ev.node(v["node"], "node")
+    mem = _parsed(parse_size_bytes, v["mem"], ev.here, "mem")
+    if mem < MIN_MEM_BYTES:
+        raise ConfigError(f"{ev.here.field('mem')}: at least 4M, got {v['mem']!r}")
+    before = ev.topology.nodes[node].mem_bytes
+    step = ev.step(0, "limits", node, f"memory {mem} bytes", {"node": node, "mem_bytes": mem})
+    return ev.undone(step, "limits", f"memory {before} bytes" if before else "memory unlimited",
+                     {"node": node, "mem_bytes": before})
+
+
+def _revocation(value: Any, ev: EventContext) -> list[Step]:
+    """Each node revoked after a lifetime drawn from the model, and replaced after a drawn delay."""
+    v = REVOCATION.validate(value, ev.here)
+    nodes = [ev.node(n, "nodes") for n in v["nodes"]]
+    if len(set(nodes)) != len(nodes):
+        raise ConfigError(f"{ev.here.field('nodes')}: a node is listed twice")
+    lifetime = check_lifetime(v["lifetime"], ev.here.at("lifetime"), len(nodes))
+    replace = check_delay(v["replace_after_s"], ev.here.at("replace_after_s")) if v["replace_after_s"] else None
+    notice = v["notice_s"]
+    steps = []
+    for i, node in enumerate(nodes):
+        life = draw_lifetime_s(lifetime, ev.rng, i, ev.time_scale)
+        if life > MAX_SECONDS:  # outlives any run: never revoked
+            ev.notes.append(f"events[{ev.index}]: {node} drew a lifetime of {life:.0f} s, past one day: not revoked "
+                            f"(time_scale {ev.time_scale:g} multiplies lifetimes in minutes)")
+            continue
+        steps.append(ev.step(life, "revoke", node, f"SIGTERM, SIGKILL after {notice:g}s (lifetime {life:.3f}s)",
+                             {"node": node, "notice_s": notice}))
+        if replace is not None:
+            delay = draw_delay_s(replace, ev.rng)
+            steps.append(ev.step(life + notice + delay, "replace", node, f"after {delay:.3f}s",
+                                 {"node": node, "revoked_at_s": ev.at_s + life}))
+    return steps
+
+
+def _background(value: Any, ev: EventContext) -> list[Step]:
+    v = BACKGROUND.validate(value, ev.here)
+    src, dst = ev.node(v["src"], "src"), ev.node(v["dst"], "dst")
+    if src == dst:
+        raise ConfigError(f"{ev.here}: a flow needs two different nodes")
+    if (v["on_s"] is None) != (v["off_s"] is None):
+        raise ConfigError(f"{ev.here}: on_s and off_s go together (ON/OFF), or neither (constant)")
+    rate = _parsed(parse_rate_bps, v["rate"], ev.here, "rate")
+    pattern = f"on {v['on_s']:g}s / off {v['off_s']:g}s" if v["on_s"] else "constant"
+    return [ev.step(0, "background", f"{src}->{dst}", f"{human_rate(rate)} {v['protocol']} {pattern} for {v['for']:g}s",
+                    {"src": src, "dst": dst, "rate_bps": rate, "on_s": v["on_s"], "off_s": v["off_s"],
+                     "duration_s": v["for"], "protocol": v["protocol"], "key": ev.key})]
+
+
+def _trace(value: Any, ev: EventContext) -> list[Step]:
+    """One link step per row of the trace file."""
+    v = TRACE.validate(value, ev.here)
+    src, dst = ev.node(v["src"], "src"), ev.node(v["dst"], "dst")
+    pairs = ev.pairs(src, dst, v["both_ways"])
+    rows = read_trace(v["file"], ev.base_dir, ev.here)
+    target, base = _arrow(src, dst, v["both_ways"]), _base_shapes(ev.topology, pairs)
+    return [ev.step(t, "link", target, f"{human_rate(r)} (trace {v['file']})",
+                    {"pairs": pairs, "rate_bps": r, "base": base}) for t, r in rows]
+
+
+def _access(value: Any, ev: EventContext) -> list[Step]:
+    v = ACCESS.validate(value, ev.here)
+    node = ev.node(v["node"], "node")
+    if v["uplink"] is None and v["downlink"] is None:
+        raise ConfigError(f"{ev.here}: needs an uplink, a downlink or both")
+    parts = {k: _parsed(parse_rate_bps, v[k], ev.here, k) for k in ("uplink", "downlink") if v[k] is not None}
+    return [ev.step(0, "access", node, ", ".join(f"{k} {human_rate(r)}" for k, r in parts.items()),
+                    {"node": node, **parts})]
+
+
+class EventRule(NamedTuple):
+    """How one kind of event becomes steps."""
+
+    parse: Callable[[Any, EventContext], list[Step]]  # the kind's value -> its steps
+    undoable: bool = False  # ``for`` may undo it
+
+
+EVENTS: dict[EventKind, EventRule] = {  # every kind of scenario.json's events, in KINDS' order
+    "link": EventRule(_link, undoable=True), "link_down": EventRule(_link_down, undoable=True),
+    "partition": EventRule(_partition, undoable=True), "loss": EventRule(_loss, undoable=True),
+    "crash": EventRule(_process), "pause": EventRule(_process, undoable=True), "resume": EventRule(_process),
+    "cpu": EventRule(_cpu, undoable=True), "memory": EventRule(_memory, undoable=True),
+    "revocation": EventRule(_revocation), "background": EventRule(_background), "trace": EventRule(_trace),
+    "access": EventRule(_access)}
+UNDOABLE = tuple(kind for kind, rule in EVENTS.items() if rule.undoable)
+
+
 def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: random.Random, time_scale: float,
                  base_dir: Optional[str], notes: list[str]) -> list[Step]:
+    """Event ``index``'s steps: its trigger and ``for`` checked here, its kind by ``EVENTS``."""
     if not isinstance(event, dict):
         raise ConfigError(f"{place}: expected an event object, got {describe(event)}")
     refuse_unknown(event, (*TRIGGERS, *KINDS, "for"), place)
@@ -289,155 +498,12 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
         after_round = (_node(topology, r["node"], place.at("at_round"), "node"), r["round"])
     duration = None
     if "for" in event:
-        if kind not in UNDOABLE:
+        if not EVENTS[kind].undoable:
             raise ConfigError(f"{place.field('for')}: a {kind} event cannot be undone; 'for' is for "
                               f"{', '.join(UNDOABLE)}")
         duration = POSITIVE_SECONDS.check(event["for"], place, "for", ConfigError)
-    value = event[kind]
-    here = place.at(kind)
-    make = lambda dt, k, target, detail, params: Step(at_s + dt, k, target, detail, params, after_round, index)  # noqa
-
-    def undo(steps: list[Step], k: StepKind, detail: str, params: dict[str, Any]) -> list[Step]:
-        if duration is not None:
-            steps.append(make(duration, k, steps[0].target, detail, params))
-        return steps
-
-    if kind in ("link",):
-        v = LINK.validate(value, here)
-        src, dst = _node(topology, v["src"], here, "src"), _node(topology, v["dst"], here, "dst")
-        pairs = [(src, dst)] + ([(dst, src)] if v["both_ways"] else [])
-        for a, b in pairs:
-            _link_pair(topology, a, b, here)
-        rate = _rate(v["bw"], here, "bw")
-        extra = {}
-        for k in ("delay", "jitter"):
-            if v[k] is not None:
-                try:
-                    extra[f"{k}_ms"] = parse_time_ms(v[k])
-                except ConfigError as e:
-                    raise ConfigError(f"{here.field(k)}: {e}") from None
-        if v["loss"] is not None:
-            try:
-                extra["loss_pct"] = parse_percent(v["loss"])
-            except ConfigError as e:
-                raise ConfigError(f"{here.field('loss')}: {e}") from None
-        target = f"{src}{'<->' if v['both_ways'] else '->'}{dst}"
-        base = _base_shapes(topology, pairs)
-        steps = [make(0, "link", target, human_rate(rate) + "".join(f", {k} {x}" for k, x in extra.items()),
-                      {"pairs": pairs, "rate_bps": rate, "base": base, **extra})]
-        return undo(steps, "link", "as in the topology", {"pairs": pairs, "rate_bps": None, "base": base})
-    if kind == "link_down":
-        pair = Field(list, items=NAME, min_items=2, max_items=2).check(value, place, kind, ConfigError)
-        a, b = (_node(topology, n, place, kind) for n in pair)
-        if a == b:
-            raise ConfigError(f"{place.field(kind)}: needs two different nodes, got {a!r} twice")
-        key = f"e{index}"
-        steps = [make(0, "block", f"{a}<->{b}", "link down", {"groups": [[a], [b]], "key": key})]
-        return undo(steps, "unblock", "link up", {"groups": [[a], [b]], "key": key})
-    if kind == "partition":
-        groups = Field(list, items=Field(list, items=NAME, min_items=1, max_items=10_000), min_items=2,
-                       max_items=1000).check(value, place, kind, ConfigError)
-        seen: set[str] = set()
-        for g in groups:
-            for n in g:
-                _node(topology, n, place, kind)
-                if n in seen:
-                    raise ConfigError(f"{place.field(kind)}: node {n!r} is in two groups")
-                seen.add(n)
-        key = f"e{index}"
-        target = "|".join(",".join(g) for g in groups)
-        steps = [make(0, "block", target, f"partition into {len(groups)} groups", {"groups": groups, "key": key})]
-        return undo(steps, "unblock", "healed", {"groups": groups, "key": key})
-    if kind == "loss":
-        v = LOSS.validate(value, here)
-        src = _node(topology, v["src"], here, "src")
-        dsts = ([n for n in topology.nodes if n != src] if v["dst"] == "*"
-                else [_node(topology, v["dst"], here, "dst")])
-        if src in dsts:
-            raise ConfigError(f"{here.field('dst')}: loss needs two different nodes")
-        flows = [(src, d) for d in dsts] + ([(d, src) for d in dsts] if v["both_ways"] else [])
-        key = f"e{index}"
-        target = f"{src}{'<->' if v['both_ways'] else '->'}{v['dst']}"
-        steps = [make(0, "loss", target, f"{v['percent']:g}%", {"flows": flows, "percent": v["percent"], "key": key})]
-        return undo(steps, "loss", "0%", {"flows": flows, "percent": 0.0, "key": key})
-    if kind in ("crash", "pause", "resume"):
-        node = _node(topology, NAME.check(value, place, kind, ConfigError), place, kind)
-        detail = {"crash": "SIGKILL", "pause": "frozen", "resume": "thawed"}[kind]
-        steps = [make(0, kind, node, detail, {"node": node})]
-        return undo(steps, "resume", "thawed", {"node": node})
-    if kind == "cpu":
-        v = CPU.validate(value, here)
-        node = _node(topology, v["node"], here, "node")
-        steps = [make(0, "limits", node, f"cpu {v['cores']:g} cores", {"node": node, "cpu": v["cores"]})]
-        before = topology.nodes[node].cpu
-        return undo(steps, "limits", f"cpu {before:g} cores" if before else "cpu unlimited",
-                    {"node": node, "cpu": before})
-    if kind == "memory":
-        v = MEMORY.validate(value, here)
-        node = _node(topology, v["node"], here, "node")
-        try:
-            mem = parse_size_bytes(v["mem"])
-        except ConfigError as e:
-            raise ConfigError(f"{here.field('mem')}: {e}") from None
-        if mem < 4 * 1024 * 1024:
-            raise ConfigError(f"{here.field('mem')}: at least 4M, got {v['mem']!r}")
-        steps = [make(0, "limits", node, f"memory {mem} bytes", {"node": node, "mem_bytes": mem})]
-        before = topology.nodes[node].mem_bytes
-        return undo(steps, "limits", f"memory {before} bytes" if before else "memory unlimited",
-                    {"node": node, "mem_bytes": before})
-    if kind == "revocation":
-        v = REVOCATION.validate(value, here)
-        nodes = [_node(topology, n, here, "nodes") for n in v["nodes"]]
-        if len(set(nodes)) != len(nodes):
-            raise ConfigError(f"{here.field('nodes')}: a node is listed twice")
-        lifetime = check_lifetime(v["lifetime"], here.at("lifetime"), len(nodes))
-        replace = check_delay(v["replace_after_s"], here.at("replace_after_s")) if v["replace_after_s"] else None
-        steps = []
-        for i, node in enumerate(nodes):
-            life = draw_lifetime_s(lifetime, rng, i, time_scale)
-            if life > MAX_SECONDS:  # outlives any run: never revoked
-                notes.append(f"events[{index}]: {node} drew a lifetime of {life:.0f} s, past one day: not revoked "
-                             f"(time_scale {time_scale:g} multiplies lifetimes in minutes)")
-                continue
-            notice = v["notice_s"]
-            steps.append(make(life, "revoke", node, f"SIGTERM, SIGKILL after {notice:g}s (lifetime {life:.3f}s)",
-                              {"node": node, "notice_s": notice}))
-            if replace is not None:
-                delay = draw_delay_s(replace, rng)
-                steps.append(make(life + notice + delay, "replace", node, f"after {delay:.3f}s",
-                                  {"node": node, "revoked_at_s": at_s + life}))
-        return steps
-    if kind == "background":
-        v = BACKGROUND.validate(value, here)
-        src, dst = _node(topology, v["src"], here, "src"), _node(topology, v["dst"], here, "dst")
-        if src == dst:
-            raise ConfigError(f"{here}: a flow needs two different nodes")
-        if (v["on_s"] is None) != (v["off_s"] is None):
-            raise ConfigError(f"{here}: on_s and off_s go together (ON/OFF), or neither (constant)")
-        rate = _rate(v["rate"], here, "rate")
-        shape = f"on {v['on_s']:g}s / off {v['off_s']:g}s" if v["on_s"] else "constant"
-        return [make(0, "background", f"{src}->{dst}", f"{human_rate(rate)} {v['protocol']} {shape} for "
-                     f"{v['for']:g}s", {"src": src, "dst": dst, "rate_bps": rate, "on_s": v["on_s"],
-                                        "off_s": v["off_s"], "duration_s": v["for"], "protocol": v["protocol"],
-                                        "key": f"e{index}"})]
-    if kind == "trace":
-        v = TRACE.validate(value, here)
-        src, dst = _node(topology, v["src"], here, "src"), _node(topology, v["dst"], here, "dst")
-        pairs = [(src, dst)] + ([(dst, src)] if v["both_ways"] else [])
-        for a, b in pairs:
-            _link_pair(topology, a, b, here)
-        rows = read_trace(v["file"], base_dir, here)
-        target = f"{src}{'<->' if v['both_ways'] else '->'}{dst}"
-        base = _base_shapes(topology, pairs)
-        return [make(t, "link", target, f"{human_rate(r)} (trace {v['file']})",
-                     {"pairs": pairs, "rate_bps": r, "base": base}) for t, r in rows]
-    v = ACCESS.validate(value, here)
-    node = _node(topology, v["node"], here, "node")
-    if v["uplink"] is None and v["downlink"] is None:
-        raise ConfigError(f"{here}: needs an uplink, a downlink or both")
-    parts = {k: _rate(v[k], here, k) for k in ("uplink", "downlink") if v[k] is not None}
-    return [make(0, "access", node, ", ".join(f"{k} {human_rate(r)}" for k, r in parts.items()),
-                 {"node": node, **parts})]
+    context = EventContext(index, place, kind, at_s, after_round, duration, topology, rng, time_scale, base_dir, notes)
+    return EVENTS[kind].parse(event[kind], context)
 
 
 def read_trace(file: str, base_dir: Optional[str], place: Place) -> list[tuple[float, int]]:

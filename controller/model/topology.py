@@ -42,7 +42,7 @@ from typing import Any, Iterable, Optional, Union
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
 from worker.api.errors import ConfigError, TopologyError
 from worker.api.protocol import MAX_PIDS_MAX, MIN_PIDS_MAX
-from worker.api.schema import Field, Schema, describe, read_json
+from worker.api.schema import Field, Place, Schema, describe, read_json
 from worker.api.shape import MAX_DELAY_MS, MAX_QUEUE_PKTS, MAX_RATE_BPS, Shape, shape_problems
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
@@ -150,9 +150,7 @@ def make_shape(where: str, bw: object, delay: object = None, jitter: object = No
         except ConfigError as e:
             raise TopologyError(f"{where}, field {name!r}: {e.message}") from None
 
-    rate = field("bw", parse_rate_bps, bw)
-    if rate > MAX_RATE_BPS:
-        raise TopologyError(f"{where}, field 'bw': {bw!r} is more than the maximum {MAX_RATE_BPS // 10**9}gbit")
+    rate = link_rate(where, bw)
     delay_ms = field("delay", parse_time_ms, delay) if delay is not None else 0.0
     jitter_ms = field("jitter", parse_time_ms, jitter) if jitter is not None else 0.0
     loss_pct = field("loss", parse_percent, loss) if loss is not None else 0.0
@@ -169,6 +167,26 @@ def make_shape(where: str, bw: object, delay: object = None, jitter: object = No
         return Shape(rate_bps=rate, delay_ms=delay_ms, jitter_ms=jitter_ms, loss_pct=loss_pct, queue_pkts=queue)
     except ConfigError as e:  # not reached while the checks above mirror shape_problems
         raise TopologyError(f"{where}: {e.message}") from None
+
+
+def link_rate(where: str, bw: object) -> int:
+    """links.json's ``bw`` (tc's units, e.g. ``'10mbit'``) in bit/s, at most ``MAX_RATE_BPS``;
+    errors name ``where`` and the field."""
+    try:
+        rate = parse_rate_bps(bw)
+    except ConfigError as e:
+        raise TopologyError(f"{where}, field 'bw': {e.message}") from None
+    if rate > MAX_RATE_BPS:
+        raise TopologyError(f"{where}, field 'bw': {bw!r} is more than the maximum {MAX_RATE_BPS // 10**9}gbit")
+    return rate
+
+
+def with_rate(link: Link, bw: object, source: str) -> Link:
+    """``link`` at the rate ``bw`` (checked as links.json's ``bw``; errors start with ``source``),
+    its delay, jitter, loss and queue as they are."""
+    where = _where(source, link.src, f"link 0 (to {link.dst!r})")  # as a one-link links.json names it
+    LINK_SCHEMA.fields["bw"].check(bw, Place.of(where), "bw", TopologyError)
+    return Link(link.src, link.dst, dataclasses.replace(link.shape, rate_bps=link_rate(where, bw)))
 
 
 def access_rate(value: Union[str, int, None], where: str) -> Optional[int]:

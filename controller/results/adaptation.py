@@ -18,6 +18,7 @@ import json
 import math
 from typing import Any, Iterable, Optional
 
+from controller.results.run_dir import finite_number
 from dml_app.policies.monitors import MONITOR_FIELDS
 
 ADAPTATION_EVENTS = ("policy_decision", "strategy_changed")
@@ -25,13 +26,6 @@ NUMBER_MONITORS = ("comm_goodput_bps", "gns", "grad_var")
 COUNT_MONITORS = ("cluster_size", "batch_size")
 TEXT_MAX = 80  # characters kept of a strategy, a policy name
 DETAIL_MAX = 300  # characters kept of a timeline entry's detail
-
-
-def _number(value: Any) -> Optional[float]:
-    """A finite int or float as it is, else None (a bool, a string, NaN are None)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if math.isfinite(value) else None
 
 
 def _count(value: Any) -> Optional[int]:
@@ -50,7 +44,7 @@ def text(value: Any, limit: int = TEXT_MAX) -> Optional[str]:
 def monitor_fields(source: dict[str, Any]) -> dict[str, Any]:
     """The monitors of a ``round`` event (or of a node's progress report), every one of
     ``MONITOR_FIELDS``: a finite number, a whole number, a printable string, or None."""
-    out: dict[str, Any] = {k: _number(source.get(k)) for k in NUMBER_MONITORS}
+    out: dict[str, Any] = {k: finite_number(source.get(k), cells=False) for k in NUMBER_MONITORS}
     out.update({k: _count(source.get(k)) for k in COUNT_MONITORS})
     out["strategy"] = text(source.get("strategy"))
     return {k: out[k] for k in MONITOR_FIELDS}
@@ -71,7 +65,7 @@ def adaptation_events(events: dict[str, list[dict[str, Any]]], t0: float) -> lis
     out = []
     for node, node_events in events.items():
         for e in node_events:
-            t = _number(e.get("t"))
+            t = finite_number(e.get("t"), cells=False)  # (a string is no time)
             if e.get("type") not in ADAPTATION_EVENTS or t is None:
                 continue
             out.append({"t_s": round(t - t0, 3), "node": node, "type": e["type"], "round": _count(e.get("round")),
@@ -114,5 +108,11 @@ def with_entries(timeline: list[dict[str, Any]],
     seen = {(e.get("kind"), e.get("target"), e.get("detail")) for e in timeline}
     merged = list(timeline) + [{"seq": 0, "t_s": t, "kind": k, "target": target, "detail": d}
                                for t, k, target, d in entries if (k, target, d) not in seen]
-    merged.sort(key=lambda e: _number(e.get("t_s")) if _number(e.get("t_s")) is not None else -math.inf)
+    merged.sort(key=lambda e: _sort_time(e.get("t_s")))
     return [{**e, "seq": i + 1} for i, e in enumerate(merged)]
+
+
+def _sort_time(t_s: Any) -> float:
+    """An entry's time to sort by: an entry without a finite time goes first."""
+    number = finite_number(t_s, cells=False)
+    return -math.inf if number is None else number

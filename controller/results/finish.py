@@ -4,8 +4,9 @@
 ``problems``, and the rest goes on): ``confs.json``, ``lives.json``, ``timeline.json``,
 ``membership.csv``, the final models' evaluation, metrics and plots (``tables.build``),
 ``summary.json``, the analysis (``analysis/``), ``summary.json`` again with the analysis.
-``write_record`` ends ``run.json``. The timeline is the live view's with the nodes' adaptation
-events added (``controller.results.adaptation``: they arrive with the nodes' events, at the end).
+``write_record`` ends ``run.json``. The timeline is the run's own (``controller.run.timeline``)
+with the nodes' adaptation events added (``controller.results.adaptation``: they arrive with the
+nodes' events, at the end).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class RunResults:
     dataset_confs: dict[str, Any] = field(default_factory=dict)  # each node's dataset conf ({} when none)
     uids: dict[str, int] = field(default_factory=dict)  # each node's uid on this machine, when known
     lives: dict[str, Any] = field(default_factory=dict)  # Membership.lives()
-    timeline: Optional[list[dict[str, Any]]] = None  # the live view's timeline (None: not written)
+    timeline: Optional[list[dict[str, Any]]] = None  # the run's timeline entries (None: not written)
     membership: list[dict[str, Any]] = field(default_factory=list)  # the controller's membership rows
     captured: dict[str, Any] = field(default_factory=dict)  # each capture's account
 
@@ -77,7 +78,7 @@ def write_results(run: RunResults, problems: Problems,
 
 
 def full_timeline(run: RunResults, events: Optional[dict[str, list[dict[str, Any]]]] = None) -> list[dict[str, Any]]:
-    """The live view's timeline with the nodes' policy decisions and strategy changes added
+    """The run's timeline with the nodes' policy decisions and strategy changes added
     (``events``: the nodes', when read already)."""
     timeline = run.timeline or []
     if run.t_start is None:  # never started: no node acted

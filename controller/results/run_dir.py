@@ -281,14 +281,18 @@ def csv_fields(values: Iterable[Any]) -> str:
     return ",".join("" if v is None else str(v) for v in values)
 
 
-def finite_number(value: Any) -> Optional[float]:
+def finite_number(value: Any, cells: bool = True) -> Optional[float]:
     """``value`` as a finite number, else None: a number as it is (an int stays an int), a CSV
-    cell parsed; a bool, NaN, an infinity, an empty cell or anything else is None."""
+    cell (a string) parsed unless not ``cells``; a bool, NaN, an infinity, an int past a float's
+    range, an empty cell or anything else is None. The one parser of numbers others wrote."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return value if math.isfinite(value) else None
-    if isinstance(value, (str, bytes)):
+        try:
+            return value if math.isfinite(value) else None
+        except OverflowError:  # an int too large for a float
+            return None
+    if cells and isinstance(value, (str, bytes)):
         try:
             number = float(value)
         except ValueError:

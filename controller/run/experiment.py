@@ -21,7 +21,8 @@ so first (``controller.run.membership``), and the run does not wait for them;
 ``replace_node`` starts a dead node's role again so that it rejoins the run.
 
 The experiment is given its ``Nodes`` (``controller.run.nodes``: their states and the
-signed client that calls them); the live view (``live``) is attached by whoever serves it.
+signed client that calls them); it records its timeline (``controller.run.timeline``); the
+live view (``live``) is attached by whoever serves it.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import time
 from typing import Any, Callable, Iterable, Optional
 
 from controller.model.telemetry_conf import TelemetryConf
-from controller.model.topology import Link, Topology, links_from_data, load_links
+from controller.model.topology import Link, Topology, load_links, with_rate
 from controller.results import finish as results
 from controller.results import run_dir as run_folder
 from controller.results.rates import FROM_START, LinkRates
@@ -43,6 +44,7 @@ from controller.run.nodes import MAX_LOG_BYTES, NodeConfs, Nodes, State, TextEnu
 from controller.run.progress import Progress, clip, read_report, round_bounds
 from controller.run.recording import NoWatcher, Recording, RunWatcher, capture_list
 from controller.run.scenario_runner import ScenarioRunner
+from controller.run.timeline import RunTimeline
 from controller.telemetry.collector import Collector
 from controller.workers import deploy
 from worker.api.errors import ConfigError, NotFound, TestbedError
@@ -119,6 +121,7 @@ class Experiment:
         self._finish_lock = threading.Lock()
         self._monitor: Optional[threading.Thread] = None
         self.membership = Membership(nodes, self.confs, self._lock, progress)  # deaths expected and seen, replacements
+        self.timeline = RunTimeline(self)  # what happened when: timeline.json, and what the dashboard shows
         self.problems: run_folder.Problems = {}  # what went wrong while the results were written, by node or "run"
 
     @property
@@ -233,7 +236,7 @@ class Experiment:
         decisions = data.get("decisions")
         for d in decisions[:MAX_DECISIONS] if isinstance(decisions, list) else []:
             if isinstance(d, dict):  # (adaptation_events keeps what it can read of it)
-                self.live.node_event(name, {**d, "type": "policy_decision"})
+                self.timeline.node_event(name, {**d, "type": "policy_decision"})
         if report.round is not None:
             self.rounds.report(name, report.round, report.best_accuracy, report.layer, int(report.bytes_sent or 0))
             self.live.report(name, report.round, report.best_accuracy, report.best_loss, report.layer)
@@ -282,6 +285,7 @@ class Experiment:
                 if due:
                     polled = time.monotonic()
                 self.rounds.tick(self.nodes.state_of_each())
+                self.timeline.catch_up()
                 self.live.sample()
                 self.check_all_settled()
             except Exception:  # noqa: BLE001 - the monitor must outlive any one bad answer
@@ -384,7 +388,7 @@ class Experiment:
                 t_start=self.t_start, dataset_confs=self.confs.datasets(), membership=self.membership.rows,
                 uids=self._step("node uids", self.nodes.uids, {}),
                 lives=self._step(run_folder.LIVES_JSON, self.lives, {}),
-                timeline=self._step(run_folder.TIMELINE_JSON, self.live.timeline_now), captured=captured)
+                timeline=self._step(run_folder.TIMELINE_JSON, self.timeline.entries), captured=captured)
             self.summary = results.write_results(run, self.problems, self.progress)
             for row in self.summary.get("nodes", []):
                 node = self.nodes.get(row.get("node"))
@@ -418,18 +422,12 @@ class Experiment:
         link = self.topology.links.get((src, dst)) if isinstance(src, str) and isinstance(dst, str) else None
         if link is None:
             raise NotFound(f"no link {clip(str(src), 20)}->{clip(str(dst), 20)} in this run")
-        entry: dict[str, Any] = {"dest": dst, "bw": bw}
-        shape = link.shape
-        if shape.delay_ms:
-            entry["delay"] = f"{shape.delay_ms:g}ms"
-        if shape.jitter_ms:
-            entry["jitter"] = f"{shape.jitter_ms:g}ms"
-        if shape.loss_pct:
-            entry["loss"] = f"{shape.loss_pct:g}%"
-        if shape.queue_pkts:
-            entry["queue"] = shape.queue_pkts
-        return self._update_links(lambda declared: links_from_data({src: [entry]}, "the link change", declared,
-                                                                   nodes_declared=True))
+
+        def changed(declared: Topology) -> Topology:
+            declared.links[(src, dst)] = with_rate(link, bw, "the link change")
+            return declared
+
+        return self._update_links(changed)
 
     def _update_links(self, read: Callable[[Topology], Topology]) -> dict[str, Any]:
         declared = Topology()
@@ -443,7 +441,7 @@ class Experiment:
         result = deploy.merge_links(changed, self.worker, ips)
         self.links_reshaped(changed.links.values())
         for link in changed.links.values():
-            self.live.link_changed(link.src, link.dst, link.shape)
+            self.timeline.link_changed(link.src, link.dst, link.shape)
         return result
 
     def links_reshaped(self, links: Iterable[Link]) -> None:

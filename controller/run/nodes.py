@@ -35,7 +35,7 @@ from controller.workers import deploy
 from controller.workers.api import Worker
 from dml_app.models.make import kind_of
 from dml_app.runtime.compute import NODE_ENV
-from dml_app.runtime.events import MAX_LINE_BYTES as MAX_EVENT_LINE_BYTES
+from dml_app.runtime.events import parse_events
 from dml_app.wire import bounded_json
 from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 from worker.api.protocol import PRELOAD_ENV
@@ -132,12 +132,8 @@ class NodeState:
     def settle_from_events(self, body: bytes) -> None:
         """Settled when its events (JSON lines) say it ended: done, or failed and why."""
         ended, detail = None, ""
-        for line in body.decode(errors="replace").splitlines():
-            try:
-                event = bounded_json.loads_line(line, MAX_EVENT_LINE_BYTES)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and event.get("type") in (State.DONE, State.FAILED):
+        for event in parse_events(body.decode(errors="replace").splitlines()):
+            if event["type"] in (State.DONE, State.FAILED):
                 ended, detail = event["type"], clip(str(event.get("detail", "")))
         if ended and self.state in UNSETTLED:
             self.state = self.stopped_by if ended == State.DONE and self.stopped_by else State(ended)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from controller.results.adaptation import monitor_fields
+from controller.results.run_dir import finite_number
 from worker.api.errors import ConfigError
 
 PERIOD_S = 5.0
@@ -89,10 +90,8 @@ def read_report(name: str, data: dict[str, Any], max_round: int, layers: set[int
     (0 .. ``max_round``) and its ``layer``, when given, one of the node's E-tree ``layers``:
     each is a series the controller keeps. NaN, infinities and non-numbers are dropped."""
     def number(key: str) -> Optional[float]:
-        value = data.get(key)
-        ok = isinstance(value, float) and math.isfinite(value) or isinstance(value, int) and not isinstance(
-            value, bool) and abs(value) < 2 ** 63
-        return value if ok else None  # type: ignore[return-value]
+        value = finite_number(data.get(key), cells=False)
+        return None if isinstance(value, int) and abs(value) >= 2 ** 63 else value
 
     round_no, layer = data.get("round"), data.get("layer")
     if isinstance(round_no, bool) or not isinstance(round_no, (int, type(None))):

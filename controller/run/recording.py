@@ -4,7 +4,7 @@ Both start before any role starts and end before the run's results are written: 
 collector (``controller.telemetry.collector``) pulls every host's sampler into ``telemetry/``
 of the run folder; each capture asked for is copied into ``telemetry/pcap/<node>.pcap``. Neither
 stops the run when it cannot be had: the problem is recorded instead. A live view of the run
-(``RunWatcher``, e.g. ``controller.web.live.LiveFeed``) is told of each round and link change.
+(``RunWatcher``, e.g. ``controller.web.live.LiveFeed``) is told of each round and samples the run.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from controller.results.run_dir import PCAP_DIR, RunDir
 from controller.telemetry.collector import Collector
 from controller.workers.api import Worker
 from worker.api.errors import ConfigError, TestbedError
-from worker.api.shape import Shape
 
 log = logging.getLogger("edgetb.controller")
 
@@ -48,13 +47,9 @@ class RunWatcher(Protocol):
 
     def sample(self) -> None: ...
 
-    def link_changed(self, src: str, dst: str, shape: Shape) -> None: ...
-
-    def timeline_now(self) -> list[dict[str, Any]]: ...
-
 
 class NoWatcher:
-    """No live view: what it is told is dropped, and its timeline is empty."""
+    """No live view: what it is told is dropped."""
 
     def report(self, name: str, round_no: int, accuracy: Optional[float], loss: Optional[float],
                layer: Optional[int]) -> None:
@@ -62,12 +57,6 @@ class NoWatcher:
 
     def sample(self) -> None:
         pass
-
-    def link_changed(self, src: str, dst: str, shape: Shape) -> None:
-        pass
-
-    def timeline_now(self) -> list[dict[str, Any]]:
-        return []
 
 
 class Recording:

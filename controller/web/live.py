@@ -13,10 +13,10 @@ A *view* is a JSON object:
 - ``series``: ``time`` (one point per sample: ``t_s``; accuracy and loss median and band;
   aggregate throughput; CPU cores and memory median and band) and ``round`` (per round
   number: accuracy and loss median and band over the nodes that reported it);
-- ``timeline``: ``[{seq, t_s, kind, target, detail}]`` (scenario events, node failures and
-  endings, deaths and replacements, link changes, and the nodes' policy decisions and strategy
-  changes: ``node_event`` when a node reports one while the run goes on, else added to
-  ``timeline.json`` from the nodes' events at the end, ``controller.results.finish``).
+- ``timeline``: ``[{seq, t_s, kind, target, detail}]``: the run's own timeline
+  (``controller.run.timeline``: scenario events, node failures and endings, deaths and
+  replacements, link changes, the nodes' policy decisions); a stored run's is its
+  ``timeline.json``.
 
 The band is the 10th to 90th percentile over the nodes; a node's accuracy is its global
 accuracy when the role evaluates one, else its local accuracy. ``LiveFeed`` builds the view
@@ -34,16 +34,14 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 import numpy as np
 
 from controller.model.topology import Topology
-from controller.results import adaptation
 from controller.results.bands import finite_round as _r
 from controller.results.bands import median_10_90 as band  # the 10-90 band over the nodes
 from controller.results.rates import LinkRates
 from controller.run.nodes import NodeState
+from controller.run.timeline import RunTimeline
 from controller.web import structure
-from worker.api.shape import Shape
 
 LINK_HISTORY = 600  # samples of every link's throughput kept for the link chart (10 min at 1 Hz)
-TIMELINE_MAX = 5000  # timeline entries kept (the oldest go first)
 TIME_SERIES = ("t_s", "acc_med", "acc_lo", "acc_hi", "loss_med", "loss_lo", "loss_hi", "throughput_bps",
                "cpu_med", "cpu_lo", "cpu_hi", "mem_med", "mem_lo", "mem_hi")
 ROUND_SERIES = ("round", "acc_med", "acc_lo", "acc_hi", "loss_med", "loss_lo", "loss_hi")
@@ -85,17 +83,10 @@ class TelemetryView(Protocol):
 
 
 class ScenarioView(Protocol):
-    """The scenario's applied steps and what is in force (``controller.run.scenario_runner``)."""
+    """What of the scenario is in force (``controller.run.scenario_runner``)."""
 
-    rows: list[dict[str, Any]]
     blocked: dict[str, list[list[str]]]
     paused: set[str]
-
-
-class MembershipView(Protocol):
-    """The membership changes the controller saw (``controller.run.membership.Membership``)."""
-
-    rows: list[dict[str, Any]]
 
 
 class RunSource(Protocol):
@@ -107,7 +98,7 @@ class RunSource(Protocol):
     structure: dict[str, dict[str, Any]]
     rates: LinkRates  # every link's configured rate over the run
     nodes: Mapping[str, NodeState]
-    membership: MembershipView
+    timeline: RunTimeline  # what happened when
     phase: str
     ended: str
     t_start: Optional[float]  # time.time() at the start, None before it
@@ -129,11 +120,6 @@ class LiveFeed:
         self.series: dict[str, list] = {k: [] for k in TIME_SERIES}
         self._by_round: dict[int, tuple[list[float], list[float]]] = {}
         self._layers: dict[str, int] = {}
-        self.timeline: list[dict[str, Any]] = []
-        self._seq = 0
-        self._states: dict[str, str] = {}
-        self._membership_seen = 0
-        self._scenario_seen = 0
         self._prev_links: Optional[tuple[float, np.ndarray]] = None  # (time, cumulative tx bytes)
         self._prev_nodes: dict[str, tuple[float, int]] = {}  # name -> (time, cumulative cpu ns)
         self._link_bps = np.zeros(len(self.link_keys), np.float32)
@@ -166,34 +152,10 @@ class LiveFeed:
             if layer is not None and name in self.node_index:
                 self.nodes[self.node_index[name]]["layer"] = layer
 
-    def event(self, kind: str, target: str, detail: str = "", t_s: Optional[float] = None) -> None:
-        """Add an entry to the timeline."""
-        with self._lock:
-            self._event(kind, target, detail, t_s)
-
-    def _event(self, kind: str, target: str, detail: str, t_s: Optional[float]) -> None:
-        self._seq += 1
-        self.timeline.append({"seq": self._seq, "t_s": _r(self.t_s() if t_s is None else t_s, 3), "kind": kind,
-                              "target": target, "detail": detail})
-        del self.timeline[:-TIMELINE_MAX]
-
-    def node_event(self, name: str, event: dict[str, Any]) -> bool:
-        """A node's ``policy_decision`` or ``strategy_changed`` event (its ``t``: Unix seconds) as a
-        timeline entry; False (nothing added) for another type or an event without a time."""
-        t0 = self.exp.t_start
-        adapted = adaptation.adaptation_events({name: [event]}, t0 or 0.0) if t0 is not None else []
-        for a in adapted:
-            self.event(*adaptation.timeline_entry(a)[1:], t_s=a["t_s"])
-        return bool(adapted)
-
-    def link_changed(self, src: str, dst: str, shape: Shape) -> None:
-        """Link ``src -> dst`` was re-shaped now: a timeline entry (its rate is in ``exp.rates``)."""
-        self.event("link", f"{src}->{dst}", shape.describe())
-
     # sampling ----------------------------------------------------------------------------------
     def sample(self) -> None:
-        """Take the telemetry's latest counters, the nodes' states and the scenario's rows; add
-        a point to the time series (called about once a second while the run goes on)."""
+        """Take the telemetry's latest counters and the nodes' states; add a point to the time
+        series (called about once a second while the run goes on)."""
         now = self.t_s()
         telemetry = self.exp.telemetry
         latest_links = dict(telemetry.latest_links) if telemetry is not None else {}
@@ -201,7 +163,6 @@ class LiveFeed:
         with self._lock:
             self._sample_links(latest_links)
             self._sample_nodes(latest_nodes)
-            self._sample_events()
             snap = self._snapshot(latest_nodes)
             accs = [a for a in (_pick(g, a) for g, a in zip(snap["global_accuracy"], snap["accuracy"]))
                     if a is not None]
@@ -238,25 +199,6 @@ class LiveFeed:
                 self._cpu[name] = max(cpu_ns - prev[1], 0) / 1e9 / (t - prev[0])
             self._prev_nodes[name] = (t, cpu_ns)
 
-    def _sample_events(self) -> None:
-        """Timeline entries for new node states, membership changes and scenario rows."""
-        for name, node in self.exp.nodes.items():
-            before = self._states.get(name)
-            if before is not None and before != node.state and node.state not in ("pending", "running"):
-                self._event(node.state, name, node.detail, None)
-            self._states[name] = node.state
-        membership = self.exp.membership.rows
-        t_start = self.exp.t_start or 0.0
-        for m in membership[self._membership_seen:]:
-            self._event(m["type"], m["node"], str(m.get("why", m.get("detail", ""))), m["t"] - t_start)
-        self._membership_seen = len(membership)
-        scenario = self.exp.scenario
-        rows = scenario.rows if scenario is not None else []
-        for row in rows[self._scenario_seen:]:
-            outcome = "" if row["outcome"] == "applied" else f" [{row['outcome']}]"
-            self._event(row["event"], row["target"], row["detail"] + outcome, row["applied_s"])
-        self._scenario_seen = len(rows)
-
     def _snapshot(self, latest_nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
         nodes = [self.exp.nodes[n["name"]] for n in self.nodes]
         rates = self.exp.rates.current()  # one read of every link's rate now
@@ -283,21 +225,15 @@ class LiveFeed:
         """The whole view (for a page that opens)."""
         telemetry = self.exp.telemetry
         latest_nodes = dict(telemetry.latest_nodes) if telemetry is not None else {}
+        timeline = self.exp.timeline.entries()
         with self._lock:
-            self._sample_events()
             return {"version": 1, "live": True, **self._meta(),
                     "nodes": [dict(n) for n in self.nodes],
                     "links": [{"src": s, "dst": d} for s, d in self.link_keys],
                     "snapshot": self._snapshot(latest_nodes),
                     "series": {"time": {k: list(v) for k, v in self.series.items()},
                                "round": round_series(self._by_round)},
-                    "timeline": list(self.timeline), "samples": self._samples}
-
-    def timeline_now(self) -> list[dict[str, Any]]:
-        """Every timeline entry so far (the run folder's ``timeline.json``)."""
-        with self._lock:
-            self._sample_events()
-            return list(self.timeline)
+                    "timeline": timeline, "samples": self._samples}
 
     def _meta(self) -> dict[str, Any]:
         exp = self.exp
@@ -310,17 +246,16 @@ class LiveFeed:
         latest snapshot, the new entries; None when nothing is new."""
         telemetry = self.exp.telemetry
         latest_nodes = dict(telemetry.latest_nodes) if telemetry is not None else {}
+        events = self.exp.timeline.entries(after_seq=events_seen)
         with self._lock:
-            self._sample_events()
-            if (samples_seen >= self._samples and phase_seen == self.exp.phase
-                    and (not self.timeline or self.timeline[-1]["seq"] <= events_seen)):
+            if samples_seen >= self._samples and phase_seen == self.exp.phase and not events:
                 return None
             first = max(0, len(self.series["t_s"]) - (self._samples - samples_seen))
             return {**self._meta(), "samples": self._samples,
                     "points": {k: v[first:] for k, v in self.series.items()},
                     "round": round_series(self._by_round), "snapshot": self._snapshot(latest_nodes),
                     "nodes_layer": [n["layer"] for n in self.nodes],
-                    "events": [e for e in self.timeline if e["seq"] > events_seen]}
+                    "events": events}
 
     def link_series(self, src: str, dst: str) -> dict[str, Any]:
         """The link's measured throughput over the last ``LINK_HISTORY`` samples, and its rate."""

@@ -210,7 +210,7 @@ def stored_view(run_dir: str) -> dict[str, Any]:
 
 
 def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s: float) -> list[dict[str, Any]]:
-    """The run's ``timeline.json`` (what the live page showed, with the nodes' adaptation events),
+    """The run's ``timeline.json`` (the run's own timeline, with the nodes' adaptation events),
     else the timeline rebuilt from scenario.csv, membership.csv, the nodes' policy decisions and
     strategy changes (their events) and the nodes' endings."""
     stored = read_json_object(os.path.join(run_dir, TIMELINE_JSON)).get("entries")

@@ -30,7 +30,7 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from dml_app.wire import bounded_json
 
@@ -69,15 +69,22 @@ class EventLog:
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
-    """Every well-formed event in a JSON-lines file (a torn last line is skipped, and so are
-    bytes that are not UTF-8 and lines longer than ``MAX_LINE_BYTES``)."""
-    events = []
+    """Every well-formed event in a JSON-lines file (``parse_events``; bytes that are not UTF-8
+    are replaced)."""
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                event = bounded_json.loads_line(line, MAX_LINE_BYTES)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and "type" in event:
-                events.append(event)
+        return parse_events(f)
+
+
+def parse_events(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """Every well-formed event among JSON ``lines``: an object with a ``type``. A torn line is
+    skipped, and so is a line longer than ``MAX_LINE_BYTES``. The one reader of the format:
+    the controller, the benchmarks and the tests read events with it."""
+    events = []
+    for line in lines:
+        try:
+            event = bounded_json.loads_line(line, MAX_LINE_BYTES)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "type" in event:
+            events.append(event)
     return events

@@ -9,12 +9,11 @@ Every host is reset at teardown, even when the test failed, and checked for left
 from __future__ import annotations
 
 import os
-import secrets
 from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
-from tests.netns.conftest import free_subnet, new_testbed_id, reset_hosts
+from tests.netns.conftest import host, host_factory  # noqa: F401 (host: one of this tier's make_host)
 from worker.host import WorkerHost
 
 
@@ -51,23 +50,9 @@ def assert_no_leftovers(host: WorkerHost) -> None:
 
 @pytest.fixture
 def make_host(tmp_path) -> Iterator[Callable[..., WorkerHost]]:
-    """Factory of Docker WorkerHosts; every one is reset at teardown and checked for leftovers."""
-    hosts: list[WorkerHost] = []
-
-    def make(testbed_id: Optional[str] = None, subnet: Optional[str] = None, **options: Any) -> WorkerHost:
-        tb = testbed_id or new_testbed_id()
-        host = WorkerHost(tb, subnet or free_subnet(), state_root=str(tmp_path / f"state-{tb}-{secrets.token_hex(2)}"),
-                          runtime="docker", runtime_options=options or None)
-        hosts.append(host)
-        return host
-
-    yield make
-    reset_hosts(hosts, assert_no_leftovers)
-
-
-@pytest.fixture
-def host(make_host) -> WorkerHost:
-    return make_host()
+    """Factory of Docker WorkerHosts (``**options``: the runtime's, e.g. ``image``); every one is
+    reset at teardown and checked for leftovers."""
+    yield from host_factory(tmp_path, assert_no_leftovers, runtime="docker")
 
 
 @pytest.fixture

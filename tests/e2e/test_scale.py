@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from dml_app.runtime.events import read_events
 from tests.e2e.harness import Run
 from worker.nodes import netns_neighbours as neighbours
 
@@ -57,11 +58,9 @@ def test_hundred_gossip_nodes_through_the_zygote(run, tmp_path) -> None:
     events_dir = os.path.join(summary["run_dir"], "events")
     unreachable = []
     for name in os.listdir(events_dir):
-        with open(os.path.join(events_dir, name)) as f:
-            for line in f:
-                event = json.loads(line)
-                if event["type"] == "send_failed" and "route to host" in str(event.get("error", "")).lower():
-                    unreachable.append(event)
+        for event in read_events(os.path.join(events_dir, name)):
+            if event["type"] == "send_failed" and "route to host" in str(event.get("error", "")).lower():
+                unreachable.append(event)
     assert unreachable == []  # no send failed for want of ARP
     with open(os.path.join(summary["run_dir"], "run.json")) as f:
         assert all(ending == "done" for ending in json.load(f)["nodes"].values())

@@ -17,7 +17,7 @@ import shutil
 import string
 import subprocess
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
@@ -105,25 +105,35 @@ def reset_hosts(hosts: list[WorkerHost], check: Callable[[WorkerHost], None]) ->
         check(host)
 
 
-@pytest.fixture
-def make_host(tmp_path):
-    """Factory of WorkerHosts; every one is reset at teardown (even on failure) and checked for leftovers."""
+def host_factory(tmp_path: Any, check: Callable[[WorkerHost], None],
+                 runtime: Optional[str] = None) -> Iterator[Callable[..., WorkerHost]]:
+    """What a tier's ``make_host`` fixture yields from: a factory of WorkerHosts of ``runtime``
+    (default: netns), each on a new testbed id and free subnet with its state under ``tmp_path``
+    (``**options``: the runtime's); at teardown every one is reset (even on failure) and ``check``ed."""
     hosts: list[WorkerHost] = []
 
-    def make(testbed_id: Optional[str] = None, subnet: Optional[str] = None,
-             state_dir: Optional[str] = None) -> WorkerHost:
+    def make(testbed_id: Optional[str] = None, subnet: Optional[str] = None, state_dir: Optional[str] = None,
+             **options: Any) -> WorkerHost:
         tb = testbed_id or new_testbed_id()
         host = WorkerHost(tb, subnet or free_subnet(),
-                          state_root=state_dir or str(tmp_path / f"state-{tb}-{secrets.token_hex(2)}"))
+                          state_root=state_dir or str(tmp_path / f"state-{tb}-{secrets.token_hex(2)}"),
+                          runtime=runtime, runtime_options=options or None)
         hosts.append(host)
         return host
 
     yield make
-    reset_hosts(hosts, assert_no_leftovers)
+    reset_hosts(hosts, check)
+
+
+@pytest.fixture
+def make_host(tmp_path) -> Iterator[Callable[..., WorkerHost]]:
+    """Factory of netns WorkerHosts; every one is reset at teardown and checked for leftovers."""
+    yield from host_factory(tmp_path, assert_no_leftovers)
 
 
 @pytest.fixture
 def host(make_host) -> WorkerHost:
+    """One WorkerHost of the tier's ``make_host``."""
     return make_host()
 
 

@@ -169,7 +169,7 @@ def test_the_stored_view_rebuilds_them_without_timeline_json(tmp_path):
         (7.25, "strategy_changed", "a", "round 6: star:n1 -> star:n3 (0:adaptive_strategy)")]
 
 
-def test_the_live_feed_takes_a_decision_as_it_comes(tmp_path):
+def test_the_run_s_timeline_takes_a_decision_as_it_comes(tmp_path):
     (tmp_path / "links.json").write_text(json.dumps({"a": [{"dest": "b", "bw": "8mbit"}],
                                                      "b": [{"dest": "a", "bw": "8mbit"}]}))
     structure = {"a": {"sync": 3, "role": "ring"}, "b": {"sync": 3, "role": "ring"}}
@@ -177,9 +177,10 @@ def test_the_live_feed_takes_a_decision_as_it_comes(tmp_path):
                      progress=lambda line: None)
     exp.t_start = 1000.0
     feed = exp.live = LiveFeed(exp)
-    assert feed.node_event("a", {**DECISION, "t": 1003.5}) is True
-    assert feed.node_event("a", {"type": "round", "t": 1004.0}) is False
-    entry = feed.timeline[-1]
+    exp.on_print("a", {"decisions": [{**DECISION, "t": 1003.5}]})  # with a node's progress report
+    assert exp.timeline.node_event("a", {"type": "round", "t": 1004.0}) is False
+    entry = exp.timeline.entries()[-1]
+    assert feed.view()["timeline"] == exp.timeline.entries()  # what the dashboard shows
     assert (entry["t_s"], entry["kind"], entry["target"]) == (3.5, "policy_decision", "a")
     assert entry["detail"].startswith("round 5, 0:adaptive_strategy: strategy star:n3")
 

@@ -18,7 +18,7 @@ from controller.web import run_view
 from controller.web.app import create_app
 from controller.web.live import LINK_HISTORY, LiveFeed, band, down_links, round_series
 from tests.unit.test_analysis import make_run
-from worker.api.errors import NotFound
+from worker.api.errors import NotFound, TopologyError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKEN = "dashboard-admin-token-0123456789"
@@ -248,6 +248,43 @@ def test_the_dashboard_routes(tmp_path, experiment):
     assert foreign.status_code == 403
 
 
+class _LinkWorker:
+    """What a live link change asks of the worker: its answers, and the links it was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[dict, bool]] = []
+
+    def capabilities(self) -> dict:
+        return {"netem": True}
+
+    def status(self) -> dict:
+        return {"nodes": [{"name": "a", "ip": "10.0.0.2"}, {"name": "b", "ip": "10.0.0.3"}]}
+
+    def shaping(self, node: str) -> dict:
+        return {"plan": None}  # an open network: no peer to add
+
+    def set_links(self, body: dict, merge: bool = False) -> dict:
+        self.sent.append((body, merge))
+        return {"version": 1}
+
+
+def test_a_live_rate_change_keeps_the_link_s_other_settings(tmp_path):
+    link = {"dest": "b", "bw": "8mbit", "delay": "2.5ms", "jitter": "1ms", "loss": "0.5%", "queue": 50}
+    (tmp_path / "links.json").write_text(json.dumps({"a": [link]}))
+    structure = {"a": {"sync": 3, "role": "gossip"}, "b": {"sync": 3, "role": "gossip"}}
+    exp = Experiment(load_links(str(tmp_path / "links.json")), Nodes(str(tmp_path), None, structure), structure,
+                     progress=lambda line: None)
+    exp.worker = worker = _LinkWorker()  # type: ignore[assignment]
+    exp.update_link("a", "b", "1mbit")
+    shape = {"rate_bps": 1_000_000, "delay_ms": 2.5, "jitter_ms": 1.0, "loss_pct": 0.5, "queue_pkts": 50}
+    assert worker.sent == [({"version": 1, "links": [{"src": "a", "dst": "b", "dst_ip": "10.0.0.3", "shape": shape}]},
+                            True)]
+    assert exp.topology.links[("a", "b")].shape.to_dict() == shape and exp.rates.now(("a", "b")) == 1_000_000
+    with pytest.raises(TopologyError, match=r"^the link change: node 'a', link 0 \(to 'b'\), field 'bw': rate 'x'"):
+        exp.update_link("a", "b", "x")
+    assert len(worker.sent) == 1
+
+
 def test_the_link_chart_draws_the_rate_each_sample_had(experiment):
     from worker.api.shape import Shape
 
@@ -257,12 +294,12 @@ def test_the_link_chart_draws_the_rate_each_sample_had(experiment):
         feed.clock = lambda k=k: float(k)
         if k == 2:  # what Experiment.links_reshaped and _update_links do
             exp.rates.set(("a", "b"), 1_000_000, feed.t_s())
-            feed.link_changed("a", "b", Shape(rate_bps=1_000_000))
+            exp.timeline.link_changed("a", "b", Shape(rate_bps=1_000_000))
         exp.telemetry = _telemetry(float(k), 1000 * k, 0)
         feed.sample()
     series = feed.link_series("a", "b")
     assert series["rates"] == [8_000_000, 8_000_000, 1_000_000, 1_000_000]
-    assert feed.timeline[-1]["kind"] == "link" and feed.timeline[-1]["detail"] == "1mbit"
+    assert feed.view()["timeline"][-1]["kind"] == "link" and feed.view()["timeline"][-1]["detail"] == "1mbit"
 
 
 def _confs(algorithm: str, node_list: list, **top) -> dict:

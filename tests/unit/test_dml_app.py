@@ -102,6 +102,16 @@ def test_event_log_lines(tmp_path):
     assert events[0]["run_id"] == "run1" and events[0]["node"] == "n1" and events[0]["v"] == 1
 
 
+def test_one_reader_parses_event_lines():
+    from dml_app.runtime.events import MAX_LINE_BYTES, parse_events
+
+    long = '{"type": "round", "pad": "%s"}' % ("x" * MAX_LINE_BYTES)
+    lines = ['{"type": "started"}', "not json", "[1, 2]", '{"no": "type"}', long, '{"type": "done", "t": 1.5}\n',
+             '{"type": "torn']
+    assert parse_events(lines) == [{"type": "started"}, {"type": "done", "t": 1.5}]
+    assert parse_events([]) == []
+
+
 def test_rng_is_seeded_and_well_shaped():
     from dml_app.models.numpy.rand import Rng
 

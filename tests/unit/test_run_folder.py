@@ -203,6 +203,10 @@ def test_finite_number_keeps_numbers_and_parses_cells():
     assert [finite_number(v) for v in (3, 0.5, "2.5", " 4 ", "", "x", None, True, float("nan"), "inf", [1])] == \
         [3, 0.5, 2.5, 4.0, None, None, None, None, None, None, None]
     assert isinstance(finite_number(3), int) and finite_float(3) == 3.0 and isinstance(finite_float(3), float)
+    # what a node wrote in JSON: a string is no number there; nor is an int no float can hold
+    assert [finite_number(v, cells=False) for v in (3, 0.5, "2.5", b"1", True, float("inf"))] == \
+        [3, 0.5, None, None, None, None]
+    assert finite_number(10 ** 400) is None and finite_number(2 ** 70) == 2 ** 70
 
 
 def test_a_stream_is_hidden_until_closed_and_discarded_without_a_trace(tmp_path):

@@ -18,8 +18,10 @@ from controller.run.experiment import Phase
 from controller.run.membership import Membership, check_why
 from controller.run.nodes import NodeConfs, Nodes, NodeState, State, listening
 from controller.run.progress import read_report
+from controller.run.timeline import RunTimeline
 from controller.web.live import LiveFeed
 from worker.api.errors import ConfigError, NotFound
+from worker.api.shape import Shape
 
 
 class _Worker:
@@ -150,10 +152,35 @@ def test_the_live_view_reads_only_its_narrow_source(tmp_path):
                              nodes=nodes, membership=SimpleNamespace(rows=[]), phase=Phase.RUNNING, ended="",
                              t_start=1000.0, t_start_monotonic=0.0, telemetry=None, scenario=None,
                              rates=LinkRates.of_topology(topo))
+    source.timeline = RunTimeline(source, clock=lambda: 1.0)
     feed = LiveFeed(source, clock=lambda: 1.0)
     nodes["a"].state = State.RUNNING
     feed.sample()
+    source.timeline.catch_up()  # (the run's monitor, each second)
     nodes["a"].state, nodes["a"].detail = State.FAILED, "oom"
     view = feed.view()
     assert view["phase"] == "running" and view["nodes"][0]["role"] == "gossip"
-    assert view["timeline"][-1]["kind"] == "failed" and view["timeline"][-1]["target"] == "a"
+    assert view["timeline"] == [{"seq": 1, "t_s": 1.0, "kind": "failed", "target": "a", "detail": "oom"}]
+
+
+def test_the_run_s_timeline_is_its_own_record(tmp_path):
+    nodes = Nodes(str(tmp_path), None, {"a": {"sync": 2}, "b": {"sync": 2}})
+    membership, scenario = SimpleNamespace(rows=[]), SimpleNamespace(rows=[])
+    run = SimpleNamespace(nodes=nodes, membership=membership, scenario=scenario, t_start=1000.0, t_start_monotonic=50.0)
+    clock = [52.5]
+    timeline = RunTimeline(run, clock=lambda: clock[0])
+    nodes["a"].state = nodes["b"].state = State.RUNNING
+    assert timeline.entries() == []  # the states as they start: no entry
+    nodes["a"].state, nodes["a"].detail = State.FAILED, "oom"
+    membership.rows.append({"t": 1001.25, "node": "b", "type": "node_died", "why": "crashed"})
+    scenario.rows.append({"applied_s": 2.0, "event": "crash", "target": "b", "detail": "SIGKILL", "outcome": "applied"})
+    scenario.rows.append({"applied_s": 2.1, "event": "pause", "target": "a", "detail": "frozen", "outcome": "failed"})
+    timeline.link_changed("a", "b", Shape(rate_bps=2_000_000, delay_ms=5))
+    assert [(e["seq"], e["t_s"], e["kind"], e["target"], e["detail"]) for e in timeline.entries()] == [
+        (1, 2.5, "link", "a->b", "2mbit delay 5ms"), (2, 2.5, "failed", "a", "oom"),
+        (3, 1.25, "node_died", "b", "crashed"), (4, 2.0, "crash", "b", "SIGKILL"),
+        (5, 2.1, "pause", "a", "frozen [failed]")]
+    assert [e["seq"] for e in timeline.entries(after_seq=3)] == [4, 5]
+    assert timeline.entries() == timeline.entries()  # each change once
+    assert timeline.node_event("a", {"type": "policy_decision", "t": 1003.0, "round": 2, "action": {}}) is True
+    assert timeline.entries()[-1]["t_s"] == 3.0 and timeline.entries()[-1]["kind"] == "policy_decision"

@@ -224,6 +224,24 @@ def test_issue_example_resolves_and_dry_run_is_seeded_and_stable(tmp_path):
         assert needle in text, needle
 
 
+def test_every_event_kind_has_its_rule_in_the_table():
+    from controller.model.scenario import EVENTS, KINDS, STEP_KINDS, UNDOABLE
+
+    assert tuple(EVENTS) == KINDS  # the table, in the order the messages list the kinds
+    assert UNDOABLE == ("link", "link_down", "partition", "loss", "pause", "cpu", "memory")
+    examples = {"link": {"src": "n1", "dst": "n2", "bw": "1mbit"}, "link_down": ["n1", "n2"],
+                "partition": [["n1"], ["n2"]], "loss": {"src": "n1", "dst": "n2", "percent": 1}, "crash": "n1",
+                "pause": "n1", "resume": "n1", "cpu": {"node": "n1", "cores": 1}, "memory": {"node": "n1", "mem": "64M"},
+                "access": {"node": "n1", "uplink": "1mbit"}}
+    for kind, value in examples.items():
+        steps = resolve({"events": [{"at": 1, kind: value, **({"for": 2} if kind in UNDOABLE else {})}]},
+                        topology()).steps
+        assert [s.at_s for s in steps] == ([1, 3] if kind in UNDOABLE else [1]), kind
+        assert all(s.kind in STEP_KINDS and s.event == 0 for s in steps), kind
+    with pytest.raises(ConfigError, match=r"a crash event cannot be undone; 'for' is for link, link_down, "):
+        resolve(ev(at=1, crash="n1", **{"for": 2}), topology())
+
+
 def test_revocation_draws_follow_the_model_and_time_scale():
     doc = {"seed": 7, "time_scale": 1 / 60, "events": [
         {"at": 10, "revocation": {"nodes": [f"n{i}" for i in range(1, 8)],

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.model.topology import Link, Topology, load_links, load_nodes
+from controller.model.topology import Link, Topology, load_links, load_nodes, with_rate
 from worker.api.errors import TopologyError
 from worker.api.shape import Shape
 
@@ -35,6 +35,16 @@ def test_api_and_symmetric_link():
     t.validate()
     with pytest.raises(TopologyError, match="duplicate"):
         t.add_link("b", "a", "1mbit")
+
+
+def test_a_rate_change_keeps_the_rest_of_the_shape_as_it_is():
+    link = Link("a", "b", Shape(rate_bps=10**7, delay_ms=0.1234567, jitter_ms=0.05, loss_pct=1.5, queue_pkts=64))
+    assert with_rate(link, "2mbps", "the link change") == Link("a", "b", Shape(
+        rate_bps=16 * 10**6, delay_ms=0.1234567, jitter_ms=0.05, loss_pct=1.5, queue_pkts=64))  # not rounded by text
+    for bw, says in (("fast", "rate 'fast' needs a number"), ("1" * 33, "longer than 32"),
+                     ("200gbit", "'200gbit' is more than the maximum 100gbit"), (5, "expected a string")):
+        with pytest.raises(TopologyError, match=f"^the link change: node 'a', link 0 \\(to 'b'\\), field 'bw': {says}"):
+            with_rate(link, bw, "the link change")
 
 
 def test_symmetric_link_is_all_or_nothing():

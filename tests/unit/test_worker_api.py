@@ -134,6 +134,27 @@ class _Recorder:
         return lambda *args: self.calls.append((name, args)) or {"version": 1}
 
 
+def test_the_agent_calls_the_host_as_the_table_says():
+    class Host(_Recorder):
+        testbed_id = "0"
+
+    host = Host()
+    client = create_app(host, TOKEN).test_client()  # type: ignore[arg-type]
+    special = {"merge_links": ("set_links", "body", True), "clear_links": ("clear_links", None),
+               "telemetry_read": ("telemetry_read", 0, None)}
+    for op in OPERATIONS.values():
+        host.calls.clear()
+        body = {"version": 1, "op": op.name}
+        path = op.url_path(**{p: "n1" if p == "name" else "p1" for p in op.params})
+        sent = {"json": body} if op.method in ("POST", "PUT", "PATCH") else {}
+        answer = client.open(path, method=op.method, headers={"Authorization": f"Bearer {TOKEN}"}, **sent)
+        assert answer.status_code == op.status, (op.name, answer.get_json())
+        name, *args = special.get(op.name, (op.name, *("n1", "p1")[:len(op.params)], *(["body"] if op.body else [])))
+        expected = [] if op.name == "health" else [(name, tuple(body if a == "body" else a for a in args))]
+        assert host.calls == expected, op.name
+    assert client.get("/health").get_json() == {"version": 1, "ok": True, "testbed_id": "0"}
+
+
 def test_the_cluster_sends_per_node_operations_to_the_node_host():
     from controller.model.hosts import Hosts
 
@@ -224,3 +245,11 @@ def test_a_garbled_tls_record_is_retried_on_idempotent_calls_only():
     outcomes[:] = [garbled(), Answer()]
     with pytest.raises(TestbedError, match="DECRYPTION_FAILED_OR_BAD_RECORD_MAC"):
         client.start_process("n1", {"version": 1, "argv": ["true"]})  # not idempotent: said at once
+
+
+def test_the_checkout_s_root_is_defined_once_for_the_worker_and_the_controller():
+    import worker
+    import worker.host
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert worker.REPO_ROOT == root and worker.host.REPO_ROOT is worker.REPO_ROOT

@@ -3,7 +3,8 @@
 ``OPERATIONS`` is the one declaration of the agent's REST API: each operation's name (the
 ``Worker`` method that performs it, and the agent's endpoint), HTTP method and path, the
 largest request body it takes, whether a client may repeat it after a connection error
-(idempotent: it leaves the same state however often it runs) and its success status.
+(idempotent: it leaves the same state however often it runs), its success status and whether
+the worker's method takes the request's JSON body (after the path's parameters).
 ``worker.agent`` builds its routes and body limits from it (a client retries the idempotent ones);
 ``controller.workers.agent_client`` builds its calls from it; ``controller.workers.cluster``
 forwards the per-node operations by it.
@@ -82,6 +83,7 @@ class Operation:
     limit_bytes: int = SMALL_REQUEST_BYTES
     idempotent: bool = False
     status: int = 200
+    body: bool = False  # the worker's method takes the request's JSON body, after the path's parameters
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -123,28 +125,28 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("capabilities", "GET", "/capabilities", idempotent=True),
     Operation("status", "GET", "/status", idempotent=True),
     Operation("reset", "POST", "/reset", idempotent=True),
-    Operation("sync", "POST", "/sync", MAX_REQUEST_BYTES, idempotent=True),
-    Operation("set_routes", "PUT", "/routes", MEDIUM_REQUEST_BYTES, idempotent=True),
-    Operation("set_fabric", "PUT", "/fabric", idempotent=True),  # join the swarm fabric (worker.nodes.docker_swarm)
-    Operation("swarm_probe", "POST", "/swarm/probe", idempotent=True),  # read-only facts (worker.swarm_probe)
+    Operation("sync", "POST", "/sync", MAX_REQUEST_BYTES, idempotent=True, body=True),
+    Operation("set_routes", "PUT", "/routes", MEDIUM_REQUEST_BYTES, idempotent=True, body=True),
+    Operation("set_fabric", "PUT", "/fabric", idempotent=True, body=True),  # join the swarm fabric (worker.nodes.docker_swarm)
+    Operation("swarm_probe", "POST", "/swarm/probe", idempotent=True, body=True),  # read-only (worker.swarm_probe)
     # nodes and links
-    Operation("create_nodes", "POST", "/nodes", MAX_REQUEST_BYTES, idempotent=True, status=201),
-    Operation("set_links", "PUT", "/links", MAX_REQUEST_BYTES, idempotent=True),
-    Operation("merge_links", "PATCH", "/links", MAX_REQUEST_BYTES, idempotent=True),  # set_links(merge=True)
+    Operation("create_nodes", "POST", "/nodes", MAX_REQUEST_BYTES, idempotent=True, status=201, body=True),
+    Operation("set_links", "PUT", "/links", MAX_REQUEST_BYTES, idempotent=True, body=True),
+    Operation("merge_links", "PATCH", "/links", MAX_REQUEST_BYTES, idempotent=True, body=True),  # set_links(merge=True)
     Operation("clear_links", "DELETE", "/links", idempotent=True),
     Operation("shaping", "GET", "/nodes/<name>/shaping", idempotent=True),
-    Operation("fault", "POST", "/faults"),
+    Operation("fault", "POST", "/faults", body=True),
     # processes in nodes
-    Operation("exec", "POST", "/nodes/<name>/exec", MEDIUM_REQUEST_BYTES),
-    Operation("start_process", "POST", "/nodes/<name>/processes", MEDIUM_REQUEST_BYTES, status=201),
-    Operation("start_node", "POST", "/nodes/<name>/app", MEDIUM_REQUEST_BYTES, status=201),
+    Operation("exec", "POST", "/nodes/<name>/exec", MEDIUM_REQUEST_BYTES, body=True),
+    Operation("start_process", "POST", "/nodes/<name>/processes", MEDIUM_REQUEST_BYTES, status=201, body=True),
+    Operation("start_node", "POST", "/nodes/<name>/app", MEDIUM_REQUEST_BYTES, status=201, body=True),
     Operation("processes", "GET", "/processes", idempotent=True),
     Operation("stop_process", "DELETE", "/nodes/<name>/processes/<proc_id>", idempotent=True),
     # observation
-    Operation("telemetry_start", "POST", "/telemetry/start"),
+    Operation("telemetry_start", "POST", "/telemetry/start", body=True),
     Operation("telemetry_read", "GET", "/telemetry", idempotent=True),
     Operation("telemetry_stop", "POST", "/telemetry/stop", idempotent=True),
-    Operation("start_capture", "POST", "/nodes/<name>/capture", status=201),
+    Operation("start_capture", "POST", "/nodes/<name>/capture", status=201, body=True),
     Operation("stop_capture", "DELETE", "/nodes/<name>/capture", idempotent=True),
     Operation("remove_capture", "DELETE", "/nodes/<name>/capture.pcap", idempotent=True),
     Operation("capture_chunks", "GET", "/nodes/<name>/capture.pcap", idempotent=True),  # a stream of bytes

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from dml_app.runtime.usercode import USERCODE_DIR
+from worker import REPO_ROOT
 from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, NotFound
 from worker.api.protocol import DEFAULT_SUBNET, NODE_IFNAME, node_address
 from worker.confinement import confine, fsview, uids
@@ -60,7 +61,6 @@ PROBE_TIMEOUT_S = 3
 BUILD_HINT = ("build it with 'bash scripts/build_node_image.sh' (offline, from Debian packages), or "
               "'docker build -t {image} -f worker/Dockerfile worker' where Docker Hub is reachable")
 ENGINE_HINT = "start one with 'bash scripts/docker_setup.sh' (installs docker.io and starts dockerd)"
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NODE_ROOT = "/opt/edgetb"  # inside a container: code, data and the node's own directory (no host path)
 
 

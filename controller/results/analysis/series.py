@@ -61,11 +61,6 @@ def mean_ci95(values: np.ndarray) -> dict[str, Optional[float]]:
     return {"mean": m, "ci95": half, "low": m - half, "high": m + half, "n": int(v.size)}
 
 
-def in_window(edges_s: np.ndarray, window: tuple[float, float]) -> np.ndarray:
-    """Which bins lie wholly inside ``window`` (start, end)."""
-    return (edges_s[:-1] >= window[0] - 1e-9) & (edges_s[1:] <= window[1] + 1e-9)
-
-
 def step_integral(steps: list[tuple[float, Optional[float]]], t0_s: float, t1_s: float) -> tuple[float, float]:
     """(the integral of a step function over ``[t0_s, t1_s]``, the seconds of it where it has a
     value); None values (no link) count in neither."""
