@@ -415,7 +415,7 @@ def _auto(exp: Experiment, timeout_s: float) -> int:
     _say(f"plots: {', '.join(os.path.basename(p) for p in summary.get('plots', []))}")
     for who, what in sorted(summary.get("problems", {}).items()):
         _say(f"problem: {who}: {'; '.join(what)}")
-    failed = exp.unfinished()
+    failed = exp.nodes.unfinished()
     if failed:
         _say(f"nodes that did not finish: {', '.join(failed)}")
     return 0 if not failed else 1

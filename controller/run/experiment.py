@@ -39,6 +39,7 @@ from controller.results import finish as results
 from controller.results import run_dir as run_folder
 from controller.results.rates import FROM_START, LinkRates
 from controller.results.run_dir import RunDir
+from controller.run import live_links
 from controller.run.membership import Membership, check_why
 from controller.run.nodes import MAX_LOG_BYTES, NodeConfs, Nodes, State, TextEnum
 from controller.run.progress import Progress, clip, read_report, round_bounds
@@ -410,10 +411,7 @@ class Experiment:
     # live link changes ----------------------------------------------------------------------------
     def update_tc(self, file: str) -> dict[str, Any]:
         """Re-shape, in place, the links listed in ``file`` (inside the experiment dir); other links keep theirs."""
-        root = self.workdir
-        path = os.path.realpath(os.path.join(root, file))
-        if os.path.commonpath([root, path]) != root:
-            raise ConfigError(f"{file!r} is outside the experiment directory {root}")
+        path = live_links.links_file(self.workdir, file)
         return self._update_links(lambda declared: load_links(path, declared, nodes_declared=True))
 
     def update_link(self, src: str, dst: str, bw: str) -> dict[str, Any]:
@@ -430,11 +428,7 @@ class Experiment:
         return self._update_links(changed)
 
     def _update_links(self, read: Callable[[Topology], Topology]) -> dict[str, Any]:
-        declared = Topology()
-        for node in self.topology.nodes.values():
-            declared.add_node(node.name, node.kind, node.host, node.cpu, node.mem_bytes, node.ip,
-                              uplink=node.uplink_bps, downlink=node.downlink_bps, pids=node.pids_max)
-        changed = read(declared)
+        changed = read(live_links.nodes_only(self.topology))
         deploy.check_capabilities(changed, self.worker.capabilities())
         ips = {n.name: n.ip for n in self.nodes.values()}
         ips.update({n["name"]: n["ip"] for n in self.worker.status()["nodes"]})
@@ -468,15 +462,6 @@ class Experiment:
         result = self.worker.reset()
         self.phase = Phase.RESET if self.phase != Phase.FAILED else self.phase
         return result
-
-    def unfinished(self) -> list[str]:
-        """The nodes whose last life did not finish: not ``done``, and not a death the run was
-        told to expect (a scenario's crash or revocation, replaced or not)."""
-        return self.nodes.unfinished()
-
-    def metrics_nodes(self) -> list[dict[str, Any]]:
-        """Each node's last reported round, accuracy, loss and model bytes (for /metrics)."""
-        return self.nodes.metrics_rows()
 
     def status(self) -> dict[str, Any]:
         return {"version": 1, "run_id": self.run_id, "phase": self.phase, "ended": self.ended or None,
