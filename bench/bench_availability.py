@@ -16,7 +16,6 @@ pieces that used to cost time in proportion to the attacker's input: ``bounded_j
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -25,14 +24,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tests.e2e.harness import Run  # noqa: E402
-from tests.security.test_availability import (ADVERSARIAL_1MIB, HOLD, PRINT_BODY, REQUESTS, STATUS_HEAD,  # noqa: E402
-                                               STREAM_HEAD, Attacker, raw_post, root_status_s, root_statuses)
+from tests.security.test_availability import (ADVERSARIAL_1MIB, PRINT_BODY, STATUS_HEAD, STREAM_HEAD,  # noqa: E402
+                                               Attacker, hold, raw_post, requests_attacker, root_status_s,
+                                               root_statuses)
 
 
 def log(msg: str) -> None:
@@ -41,15 +41,6 @@ def log(msg: str) -> None:
 
 def in_node(run: Run, node: str) -> tuple[str, ...]:
     return ("ip", "netns", "exec", f"etb-{run.id}-{node}")
-
-
-def hold(groups: list[dict], mode: str, payload: str = "", prefix: tuple[str, ...] = (), **kw: Any) -> Attacker:
-    return Attacker(HOLD, json.dumps({"groups": groups, "mode": mode, "payload": payload, **kw}), prefix=prefix)
-
-
-def flood(host: str, port: int, request: str, parallel: int, prefix: tuple[str, ...] = ()) -> Attacker:
-    return Attacker(REQUESTS, json.dumps({"host": host, "port": port, "request": request, "parallel": parallel,
-                                          "timeout": 10}), prefix=prefix)
 
 
 def row(name: str, calls: list[tuple[float, int]], note: str = "") -> dict[str, Any]:
@@ -67,14 +58,14 @@ def attacks(run: Run, hold_s: float) -> list[dict[str, Any]]:
     rows = [row("none", root_statuses(url, hold_s, 10))]
     cases: list[tuple[str, Callable[[], Attacker], str]] = [
         ("1. six 16 KiB /print bodies at once, over and over (loopback)",
-         lambda: flood("127.0.0.1", port, raw_post("/print", PRINT_BODY), 6), "ready"),
+         lambda: requests_attacker("127.0.0.1", port, raw_post("/print", PRINT_BODY), 6), "ready"),
         ("2. the same from inside node n1 (the bridge address)",
-         lambda: flood(bridge, port, raw_post("/print", PRINT_BODY), 6, node), "ready"),
+         lambda: requests_attacker(bridge, port, raw_post("/print", PRINT_BODY), 6, prefix=node), "ready"),
         ("5. 1,000 idle connections (loopback)",
          lambda: hold([{"host": "127.0.0.1", "port": port, "count": 1000}], "idle"), "ready"),
         ("6. 300 + 300 trickling heads (loopback, and from inside n1)",
          lambda: _two(hold([{"host": "127.0.0.1", "port": port, "count": 300}], "trickle", STATUS_HEAD),
-                      hold([{"host": bridge, "port": port, "count": 300}], "trickle", STATUS_HEAD, node)), "ready"),
+                      hold([{"host": bridge, "port": port, "count": 300}], "trickle", STATUS_HEAD, prefix=node)), "ready"),
         ("7. 300 /api/stream readers (loopback)",
          lambda: hold([{"host": "127.0.0.1", "port": port, "count": 300}], "stream", STREAM_HEAD), "ready"),
     ]
@@ -93,7 +84,7 @@ def attacks(run: Run, hold_s: float) -> list[dict[str, Any]]:
     finally:
         attacker.kill()
     log("9. 300 trickling heads from inside n1; n2 calls the controller")
-    with hold([{"host": bridge, "port": port, "count": 300}], "trickle", STATUS_HEAD, node) as attacker:
+    with hold([{"host": bridge, "port": port, "count": 300}], "trickle", STATUS_HEAD, prefix=node) as attacker:
         attacker.wait_line("ready", 60)
         calls = [_node_call(run, "n2", f"http://{bridge}:{port}/status") for _ in range(10)]
     rows.append(row("9. n2's call to the bridge address while n1 trickles 300 heads", calls,

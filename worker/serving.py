@@ -67,6 +67,7 @@ def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | No
 IDLE_READ_S = 30.0  # a connection that sends nothing for this long is closed
 REQUEST_HEAD_S = 10.0  # the request line and headers arrive within this, or the connection is closed
 TLS_HANDSHAKE_S = 10.0  # a TLS handshake ends within this, or the connection is closed
+BACKLOG = 1024  # connections the kernel queues before they are accepted (a burst is not dropped)
 
 
 def make_server(listener: Any, app: Any, places: Optional[Places] = None, idle_read_s: Optional[float] = None,
@@ -86,13 +87,15 @@ def make_server(listener: Any, app: Any, places: Optional[Places] = None, idle_r
         sock.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_FREEBIND", 15), 1)
         try:
             sock.bind(listener)
-            sock.listen(128)
+            sock.listen(BACKLOG)
         except OSError:
             sock.close()
             raise
         sock.setblocking(False)
         listener = sock
     kw.setdefault("log", None)
+    if isinstance(listener, tuple):  # a socket given is listening already (with BACKLOG when made above)
+        kw.setdefault("backlog", BACKLOG)
     idle = IDLE_READ_S if idle_read_s is None else idle_read_s
     server = _server_class(idle)(listener, app, spawn="default", **kw)
     server.places = places if places is not None else Places()

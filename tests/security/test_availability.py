@@ -400,9 +400,11 @@ class Attacker:
         self.kill()
 
 
-def hold(groups: list[dict], mode: str, payload: str = "", interval: float = 10.0, **kw: Any) -> Attacker:
-    """A ``HOLD`` attacker; each group ``{"host", "port", "count", "source"?}``."""
-    return Attacker(HOLD, json.dumps({"groups": groups, "mode": mode, "payload": payload, "interval": interval, **kw}))
+def hold(groups: list[dict], mode: str, payload: str = "", interval: float = 10.0, uid: int = NOBODY_UID,
+         prefix: tuple[str, ...] = (), **kw: Any) -> Attacker:
+    """A ``HOLD`` attacker (as ``uid``, after ``prefix``); each group ``{"host", "port", "count", "source"?}``."""
+    return Attacker(HOLD, json.dumps({"groups": groups, "mode": mode, "payload": payload, "interval": interval, **kw}),
+                    uid=uid, prefix=prefix)
 
 
 def raw_post(path: str, body: bytes, content_type: str = "application/json") -> str:
@@ -415,9 +417,10 @@ def raw_get(path: str) -> str:
     return f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
 
 
-def requests_attacker(host: str, port: int, request: str, parallel: int, source: Optional[str] = None) -> Attacker:
+def requests_attacker(host: str, port: int, request: str, parallel: int, source: Optional[str] = None,
+                      prefix: tuple[str, ...] = ()) -> Attacker:
     return Attacker(REQUESTS, json.dumps({"host": host, "port": port, "source": source, "request": request,
-                                          "parallel": parallel, "timeout": CURL_MAX_S}))
+                                          "parallel": parallel, "timeout": CURL_MAX_S}), prefix=prefix)
 
 
 # --- root's calls -------------------------------------------------------------------------------
