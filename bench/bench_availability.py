@@ -133,7 +133,7 @@ def timed_run(tmp: Path, attacked: bool) -> dict[str, Any]:
         status = run.wait_phase("finished", "failed", timeout_s=600)
         took = time.monotonic() - started
         finish = root_status_s(run.url + "/finish")
-        accs = [n.get("accuracy") for n in status.get("nodes", {}).values() if isinstance(n, dict)]
+        accs = [n.get("accuracy") for n in status.get("nodes", []) if isinstance(n, dict)]
         return {"run": "under attack" if attacked else "alone", "phase": status["phase"], "start_to_end_s": round(took, 1),
                 "finish_call_s": round(finish[0], 2),
                 "mean_accuracy": round(statistics.mean(a for a in accs if a is not None), 3) if accs else None}
@@ -175,8 +175,8 @@ sys.stdin.read()
 
 
 def uid_lookup() -> list[dict[str, Any]]:
-    from controller.web import callers
     from worker.admission import owner_uid
+    from worker.sockets import tcp_sockets
 
     with Attacker(MANY_SOCKETS) as many, socket.socket() as server:
         many.wait_line("ready", 120)
@@ -192,7 +192,7 @@ def uid_lookup() -> list[dict[str, Any]]:
                 for name, look, n in (("exact sock_diag request (worker.admission.owner_uid)",
                                        lambda: owner_uid(there, here), 1000),
                                       ("dump of every socket (how the caller was found before)",
-                                       lambda: list(callers.tcp_sockets(listening=False)), 5)):
+                                       lambda: list(tcp_sockets(listening=False)), 5)):
                     t0 = time.perf_counter()
                     for _ in range(n):
                         look()
@@ -212,19 +212,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hold-s", type=float, default=8.0, help="how long each attack is held while root calls")
     parser.add_argument("--skip-runs", action="store_true", help="leave out the two timed runs")
+    parser.add_argument("--skip-attacks", action="store_true", help="leave out the attacks on a ready run")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("run as root", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-availability-") as tmp:
-        run = Run(Path(tmp))
-        try:
-            run.wait_phase("ready", timeout_s=180)
-            rows = attacks(run, args.hold_s)
-        finally:
-            run.close()
-        print("\n### Root's `curl /status` while each attack is held (10 calls over the hold)\n")
-        print(table(rows))
+        if not args.skip_attacks:
+            run = Run(Path(tmp))
+            try:
+                run.wait_phase("ready", timeout_s=180)
+                rows = attacks(run, args.hold_s)
+            finally:
+                run.close()
+            print("\n### Root's `curl /status` while each attack is held (10 calls over the hold)\n")
+            print(table(rows))
         if not args.skip_runs:
             runs = [timed_run(Path(tmp), False), timed_run(Path(tmp), True)]
             print("\n### The default experiment, /start to finished\n")

@@ -5,23 +5,18 @@ raises ``RecursionError``, which no ``except ValueError`` catches. ``loads`` mea
 the nesting first (brackets inside strings do not count) and refuses a document
 deeper than ``MAX_DEPTH`` with a ``ValueError``, as it refuses any malformed one.
 
-The measure is linear on any input: escapes are removed, strings cut out by one regular
-expression that never rescans (an unclosed string runs to the end), and the depth is a
-cumulative sum over the brackets left (numpy): a 1 MiB document of any shape in a few ms.
+The measure is linear on any input and has no per-token loop: escapes are removed, then
+(numpy) a running count of quotes says which bytes are inside strings and a cumulative sum
+over the other brackets is the depth: 1 MiB of any shape in tens of ms.
 """
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Union
 
 import numpy as np
 
 MAX_DEPTH = 64  # events, headers and confs nest a few levels
-# a string once its escaped backslashes and quotes are gone: closed by a quote or by the end of
-# the input (an unclosed string is one match: nothing is scanned twice)
-_STRING = re.compile(rb'"[^"]*(?:"|\Z)')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _OPENS = np.zeros(256, dtype=np.int32)
 _OPENS[[ord("["), ord("{")]] = 1
 _OPENS[[ord("]"), ord("}")]] = -1
@@ -40,10 +35,11 @@ def depth(data: Union[str, bytes]) -> int:
     # escapes go first, pairwise from the left as JSON reads them (each \\ pair, then each \"); outside a
     # string a backslash ends the parse, so what this changes after one is never parsed anyway
     unescaped = _raw(data).replace(b"\\\\", b"").replace(b'\\"', b"")
-    brackets = _STRING.sub(b"", unescaped).translate(None, _NOT_BRACKETS)
-    if not brackets:
+    if not unescaped:
         return 0
-    level = np.cumsum(_OPENS[np.frombuffer(brackets, dtype=np.uint8)])
+    chars = np.frombuffer(unescaped, dtype=np.uint8)
+    inside = np.cumsum(chars == ord('"'), dtype=np.int32) & 1  # odd quotes so far: within a string
+    level = np.cumsum(_OPENS[chars] * (1 - inside))
     return max(0, int(level.max()))
 
 
