@@ -227,6 +227,8 @@ while True:
 # Run as nobody: `parallel` callers at once, each sending `request` (raw HTTP, latin-1) to (host,
 # port) from `source`, in rounds until stdin closes; each records the seconds until the status
 # line came, and the status. Prints "ready" once the first round is sent, then "results [...]".
+# With stop_after_slow_s, no round starts after one that had a slower call (a server that
+# parses in quadratic time would otherwise owe minutes of work, in the test's process).
 REQUESTS = r"""
 import json, os, socket, sys, threading, time
 
@@ -301,6 +303,10 @@ while not stop.is_set():
         first = False
     for t in callers:
         t.join()
+    slow = cfg.get("stop_after_slow_s")
+    if slow is not None and any(r[1] is None or r[0] > slow for r in results):
+        print("slow", flush=True)  # the attack worked: no more work piled on the server
+        stop.wait()
 print("results " + json.dumps(results), flush=True)
 """
 
@@ -418,9 +424,10 @@ def raw_get(path: str) -> str:
 
 
 def requests_attacker(host: str, port: int, request: str, parallel: int, source: Optional[str] = None,
-                      prefix: tuple[str, ...] = ()) -> Attacker:
+                      prefix: tuple[str, ...] = (), stop_after_slow_s: Optional[float] = None) -> Attacker:
     return Attacker(REQUESTS, json.dumps({"host": host, "port": port, "source": source, "request": request,
-                                          "parallel": parallel, "timeout": CURL_MAX_S}), prefix=prefix)
+                                          "parallel": parallel, "timeout": CURL_MAX_S,
+                                          "stop_after_slow_s": stop_after_slow_s}), prefix=prefix)
 
 
 # --- root's calls -------------------------------------------------------------------------------
@@ -558,9 +565,9 @@ def _events(node: str, t0: float) -> list[bytes]:
             json.dumps({**base, "type": "done", "t": t0 + 2}).encode()]
 
 
-def stored_poisoned_run(workdir: Any, run_id: str = "poisoned-run") -> Any:
-    """A stored run in ``workdir``'s ``dml_file/log/`` (run.json, topology.json, every node's
-    events with a 48 KB poisoned line among valid events): its folder."""
+def stored_poisoned_run(workdir: Any, run_id: str = "poisoned-run", poisoned: tuple = ("n1", "n2")) -> Any:
+    """A stored run in ``workdir``'s ``dml_file/log/`` (run.json, topology.json, each node's
+    events, a 48 KB poisoned line among the valid events of the ``poisoned`` ones): its folder."""
     run = workdir / "dml_file" / "log" / run_id
     (run / "events").mkdir(parents=True)
     t0 = time.time() - 100
@@ -571,7 +578,8 @@ def stored_poisoned_run(workdir: Any, run_id: str = "poisoned-run") -> Any:
         "nodes": [{"name": "n1", "ip": "10.0.0.1"}, {"name": "n2", "ip": "10.0.0.2"}],
         "links": [{"src": "n1", "dst": "n2", "rate_bps": 10_000_000}, {"src": "n2", "dst": "n1", "rate_bps": 10_000_000}]}))
     for node in ("n1", "n2"):
-        (run / "events" / f"{node}.jsonl").write_bytes(b"\n".join(_events(node, t0)) + b"\n")
+        lines = [line for line in _events(node, t0) if node in poisoned or not line.startswith(b'{"a"')]
+        (run / "events" / f"{node}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     return run
 
 
@@ -666,8 +674,9 @@ def test_a_1mib_adversarial_line_is_parsed_or_refused_in_linear_time(shape, tmp_
 def test_viewing_a_stored_run_with_poisoned_events_does_not_hold_the_controller(make_controller, tmp_path):
     exp, served, _ = make_controller()
     assert os.path.realpath(exp.workdir) == os.path.realpath(tmp_path)
-    stored_poisoned_run(tmp_path)
-    with requests_attacker("127.0.0.1", served.port, raw_get("/api/runs/poisoned-run"), 2) as attacker:
+    stored_poisoned_run(tmp_path, poisoned=("n1",))  # one file: its line read twice a view
+    with requests_attacker("127.0.0.1", served.port, raw_get("/api/runs/poisoned-run"), 1,
+                           stop_after_slow_s=REFUSAL_BOUND_S) as attacker:
         attacker.wait_line("ready", 30)
         calls = root_statuses(served.url + "/status", 6.0, alive=attacker)
         attacker.leave(CURL_MAX_S + 15)
