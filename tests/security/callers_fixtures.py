@@ -2,6 +2,7 @@
 in a thread of the test process, and commands run as another local user."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -49,12 +50,19 @@ class Served:
 
         from worker.serving import make_server
 
-        try:
-            server = make_server(("0.0.0.0", self.port), app, places=self.places)
-            server.start()
-        except BaseException as e:  # reported by __init__
-            self.error = e
-            return
+        for attempt in range(5):  # a free port may be taken meanwhile (another test's outgoing connection)
+            try:
+                server = make_server(("0.0.0.0", self.port), app, places=self.places)
+                server.start()
+                break
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or attempt == 4:
+                    self.error = e
+                    return
+                self.port = free_port()
+            except BaseException as e:  # reported by __init__
+                self.error = e
+                return
         self._up.set()
         while not self._stop.is_set():
             gevent.sleep(0.05)
