@@ -174,7 +174,13 @@ def _server_class(idle_read_s: Optional[float] = IDLE_READ_S) -> Any:
         _head_deadline: Any = None
 
         def handle_one_request(self) -> Any:
-            # the wait for a request on a kept-alive connection counts: a silent one is closed too
+            # a kept-alive connection waits for its next request as long as any read may (idle_read_s);
+            # from its first byte, the whole head must come within REQUEST_HEAD_S
+            try:
+                if not self.rfile.closed and not self.rfile.peek(1):
+                    return None  # the caller hung up
+            except (OSError, ValueError):
+                return None
             self._head_deadline = gevent.Timeout.start_new(REQUEST_HEAD_S, HeadTooSlow("request head too slow"))
             try:
                 return super().handle_one_request()
