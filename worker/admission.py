@@ -2,10 +2,11 @@
 
 Each accepted connection is charged to its caller, found at accept:
 
-- a connection whose other end is a socket of this network namespace (loopback, or an
-  address of this host) is charged to that socket's owner, by uid: one sock_diag request for
-  the exact four-tuple (``worker.kernel.sockdiag``), fast however many sockets are open;
-- any other (a node in its own namespace, another host) is charged to its source address.
+- a connection from loopback (or from the address it called) is charged to the owner of the
+  caller's socket, by uid: one sock_diag request for the exact four-tuple
+  (``worker.kernel.sockdiag``), fast however many sockets are open;
+- any other (a node in its own namespace, another host, another address of this host) is
+  charged to its source address.
 
 A trusted uid (root, this process's user, the user who ran it through sudo) is never refused
 for room; every other caller holds at most ``per_caller`` connections at once, and all of them
@@ -61,7 +62,12 @@ def owner_uid(peer: tuple[str, int], local: tuple[str, int]) -> Optional[int]:
 
 
 def local_uid(peer: tuple[str, int], local: tuple[str, int]) -> tuple[bool, Optional[int]]:
-    """(whether the caller's end is a socket of this namespace, its ``owner_uid``)."""
+    """(whether the caller's end is a socket of this namespace, its ``owner_uid``). Only a peer
+    on loopback or on the very address it called is looked up: on this kernel, a sock_diag
+    request for a four-tuple of another namespace was seen to keep that namespace alive long
+    after its last process (a host's veth outlived its namespace by minutes)."""
+    if not (ipaddress.ip_address(plain(peer[0])).is_loopback or plain(peer[0]) == plain(local[0])):
+        return False, None
     try:
         found = sockdiag.owner((plain(peer[0]), peer[1]), (plain(local[0]), local[1]))
     except OSError:  # no sock_diag: only loopback is known to be local
