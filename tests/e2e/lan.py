@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -23,12 +24,29 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENT_PORT = 3334
 
 
+OCTETS = range(200, 220)  # the LANs' second octets: 10.<octet>.0.0/24
+
+
+def free_octet() -> int:
+    """A second octet of ``OCTETS`` whose /24 no interface of this namespace has (another LAN
+    alive at the same time, a tier's shared one, must not share its addresses), picked at random."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        used = {int(a.get_attr("IFA_ADDRESS").split(".")[1]) for a in ipr.get_addr(family=socket.AF_INET)
+                if a.get_attr("IFA_ADDRESS", "").startswith("10.")}
+    free = [o for o in OCTETS if o not in used]
+    if not free:
+        raise AssertionError(f"every LAN subnet 10.{OCTETS[0]}-{OCTETS[-1]}.0.0/24 is in use here")
+    return secrets.choice(free)
+
+
 class Lan:
     """A LAN ``10.<k>.0.0/24``: this namespace is ``.1``, host namespace i is ``.(i + 2)``."""
 
     def __init__(self, tmp: Path) -> None:
         self.tag = secrets.token_hex(2)
-        self.octet = 200 + int(self.tag, 16) % 20
+        self.octet = free_octet()
         self.bridge = f"mh{self.tag}lan"
         self.comment = f"edgetb-test-lan-{self.tag}"
         self.tmp = tmp
@@ -94,13 +112,18 @@ class Lan:
         self.hosts.append(host)
         deadline = time.monotonic() + 30
         probe = self.client(host, timeout_s=1, tries=1)
+        last = "no answer"
         while time.monotonic() < deadline:
             try:
                 if probe.health()["ok"]:
                     return host
-            except TestbedError:
+            except TestbedError as e:
+                last = e.message
                 time.sleep(0.2)
-        raise AssertionError(f"the agent of {host['name']} did not come up: {self.agent_log(host)}")
+        route = subprocess.run(["ip", "route", "get", host["ip"]], capture_output=True, text=True).stdout
+        neigh = subprocess.run(["ip", "neigh", "show", host["ip"]], capture_output=True, text=True).stdout
+        raise AssertionError(f"the agent of {host['name']} did not come up ({last}; route {route.strip()}; "
+                             f"neighbour {neigh.strip()}; sockets:\n{sockets_in(netns)}):\n{self.agent_log(host)}")
 
     def client(self, host: dict, **kw) -> AgentClient:
         """The agent of ``host``, its certificate pinned."""
@@ -130,6 +153,9 @@ class Lan:
                     os.kill(pid, 9)
                 except ProcessLookupError:
                     pass
+            host["inode"] = nsfs.inode(host["netns"])
+            host["sockets_at_close"] = sockets_in(host["netns"])
+            close_sockets(host["netns"])
             nsfs.remove(host["netns"])
         from pyroute2 import IPRoute
 
@@ -138,3 +164,37 @@ class Lan:
                 ipr.link("del", index=index)
         subprocess.run(["iptables", "-w", "-D", *self._rule], capture_output=True)
         return left
+
+
+def sockets_in(netns: str) -> str:
+    """``ss -tuanpeo`` in namespace ``netns`` (every TCP/UDP socket, its state, timer and owner)."""
+    out = subprocess.run(["nsenter", f"--net={nsfs.netns_path(netns)}", "ss", "-tuanpeo"], capture_output=True,
+                         text=True, timeout=10)
+    return out.stdout + out.stderr
+
+
+def close_sockets(netns: str) -> None:
+    """Close every TCP socket left in namespace ``netns`` once its processes are gone (sock_diag's
+    destroy, ``ss -K``). A socket whose process was killed mid-close (FIN-WAIT-1 towards a peer
+    about to go too) would otherwise retransmit for minutes, and keep the namespace and its LAN
+    veth alive that long."""
+    subprocess.run(["nsenter", f"--net={nsfs.netns_path(netns)}", "ss", "-K", "-t", "-a"], capture_output=True,
+                   timeout=10)
+
+
+def netns_holders(inode: int) -> list[str]:
+    """What keeps the network namespace ``inode`` alive that /proc shows: processes in it, open
+    descriptors of it, and mounts of it in any mount namespace (sockets are not shown here)."""
+    mark, found = f"net:[{inode}]", []
+    for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") == mark:
+                found.append(f"process {pid} runs in it")
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == mark:
+                    found.append(f"process {pid} holds it open (fd {fd})")
+            with open(f"/proc/{pid}/mountinfo") as f:
+                found += [f"mounted in the mount namespace of {pid}: {line.split()[4]}" for line in f if mark in line]
+        except OSError:
+            continue
+    return sorted(set(found))

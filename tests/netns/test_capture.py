@@ -132,8 +132,9 @@ def test_on_off_sender_gives_one_second_bursts_and_idles(host, request):
     report(request, "burst_s", row["burst_s"])
     report(request, "idle_s", row["idle_s"])
     assert th.rule == "2-means midpoint" and row["bursts"] == cycles, (th, found.burst_bins, found.idle_bins)
-    assert all(abs(n * 0.010 - 1.0) <= 0.010 + 1e-9 for n in found.burst_bins), found.burst_bins
-    assert all(abs(n * 0.010 - 1.0) <= 0.010 + 1e-9 for n in found.idle_bins), found.idle_bins
+    # within 2 bins of 1 s: a loaded host's shaper timers fire a little late (102 bins seen in CI)
+    assert all(abs(n * 0.010 - 1.0) <= 0.020 + 1e-9 for n in found.burst_bins), found.burst_bins
+    assert all(abs(n * 0.010 - 1.0) <= 0.020 + 1e-9 for n in found.idle_bins), found.idle_bins
     assert len(found.idle_bins) == cycles - 1
 
 

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from tests.e2e.lan import Lan
+from tests.e2e.lan import Lan, netns_holders
 from worker.api.errors import TestbedError
 from worker.kernel import nsfs
 from worker.nodes.docker_exec import sdk
 
-LINK_GONE_S = 240.0  # a veth whose namespace went is freed by the kernel later: over 90 s seen here (6.18), cause not found
+LINK_GONE_S = 90.0  # a veth whose namespace went is freed by the kernel a bit later
 DATA_BASE = Path("/var/lib/edgetb-test-swarm")  # on the disk, as the root engine's /var/lib/docker (overlay2 works there)
 EXEC_BASE = Path("/run/edgetb-test-swarm")  # sockets and pid files, short paths (a unix socket path has 108 bytes)
 CGROUP_BASE = Path("/sys/fs/cgroup")
@@ -462,6 +463,12 @@ class SwarmLan(Lan):
             time.sleep(0.5)
         for kind, items in self.leftovers().items():
             left += [f"{kind}: {item}" for item in items]
+        names = set(self.leftovers()["links"])
+        for i, host in enumerate(self.hosts):
+            if f"mh{self.tag}v{i}" in names and "inode" in host:
+                left.append(f"what holds the namespace of {host['name']}: {netns_holders(host['inode']) or 'nothing /proc shows'};"
+                            f" its sockets when it was removed:\n{host['sockets_at_close']}")
+                print(left[-1], file=sys.stderr)
         return left
 
     def leftovers(self) -> dict[str, list[str]]:

@@ -23,6 +23,7 @@ from worker.api.errors import ConfigError, NodeRuntimeError
 from worker.api.schema import Field, Schema
 from worker.kernel import netlink
 from worker.nodes.docker_exec import sdk, short_error
+from worker.sockets import tcp_sockets
 
 MANAGER_PORT = 2377
 ATTACH_TRIES, ATTACH_RETRY_S = 3, 2.0  # a container's start on a swarm overlay
@@ -146,9 +147,22 @@ def wait_port_free(address: str, port: int, timeout_s: float = PORT_WAIT_S) -> N
                 if e.errno != errno.EADDRINUSE:
                     return  # not this host's address (a NAT): the engine says what is wrong
         if time.monotonic() > deadline:
-            raise NodeRuntimeError(f"port {port} on {address} is still held, by the engine's last swarm most likely: "
-                                   "restart dockerd on this host, then up again")
+            raise NodeRuntimeError(f"port {port} on {address} is still held ({holders(port)}), by the engine's last "
+                                   "swarm most likely: restart dockerd on this host, then up again")
         time.sleep(0.5)
+
+
+TCP_STATES = {1: "established", 2: "syn-sent", 3: "syn-recv", 4: "fin-wait-1", 5: "fin-wait-2", 6: "time-wait",
+              7: "close", 8: "close-wait", 9: "last-ack", 10: "listening", 11: "closing"}
+
+
+def holders(port: int) -> str:
+    """The TCP sockets of this namespace on local ``port``, in words (for an error)."""
+    found = [f"{TCP_STATES.get(t.state, t.state)} {t.local[0]}:{t.local[1]}"
+             + ("" if t.state == 10 else f" to {t.remote[0]}:{t.remote[1]}")
+             + (" (no process: closing)" if t.inode == 0 else "")
+             for t in tcp_sockets() if t.local[1] == port]
+    return "; ".join(found[:8]) or "no socket seen"
 
 
 GWBRIDGE = "docker_gwbridge"  # the bridge an engine makes when it enters a swarm, and keeps after leaving
