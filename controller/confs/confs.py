@@ -193,7 +193,8 @@ def next_hops(topology: Topology, members: set[str], dest: str) -> dict[str, str
 def structure_confs(structure: dict[str, dict[str, Any]], topology: Topology, ips: dict[str, str],
                     port: int = NODE_PORT) -> dict[str, dict[str, Any]]:
     """Structure confs with addresses: ``connect`` (linked peers the node sends to, directly
-    or as a relay) and ``forward`` (destination -> next hop, where there is no direct link)."""
+    or as a relay), ``forward`` (destination -> next hop, where there is no direct link) and
+    ``senders`` (the nodes whose ``talks_to`` names this one)."""
     members = set(structure)
     out = {name: {k: v for k, v in conf.items() if k != "talks_to"} | {"connect": {}, "forward": {}}
            for name, conf in structure.items()}
@@ -216,6 +217,8 @@ def structure_confs(structure: dict[str, dict[str, Any]], topology: Topology, ip
                 if hop != dest:
                     out[node]["forward"][dest] = hop
                 node = hop
+    for name in out:  # who sends to each node (gossip: whose models it may wait for)
+        out[name]["senders"] = sorted(src for src, conf in structure.items() if name in conf.get("talks_to", []))
     return out
 
 

@@ -4,7 +4,7 @@ Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
 ``epoch`` (the default of the entries that set none, else 1) at the top; a
 ``node_list`` entry may set its own ``"seed"`` for the model's initial weights. Per algorithm:
 
-- gossip (gl_structure.json): ``sync``, ``wait_s``; entries ``{"name", "epoch"}``.
+- gossip (gl_structure.json): ``sync``, ``wait_s``, ``wait_policy``; entries ``{"name", "epoch"}``.
 - federated (fl_structure.json): the first entry is the aggregator,
   ``{"name", "sync", "trainer_fraction", "selection": "uniform"|"speed",
   "deadline_s", "quorum", "aggregation"}``; the rest are trainers ``{"name", "epoch"}``.
@@ -104,6 +104,9 @@ TRAINER = Schema({"name": NAME, "epoch": EPOCH, "seed": SEED})
 GOSSIP = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                  "wait_s": Field(float, "longest wait for peers' models per round", default=10.0, low=0,
                                  high=MAX_SECONDS, low_open=True),
+                 "wait_policy": Field(str, "adaptive: no wait for senders that are done, and a wait set by the "
+                                      "recent arrival gaps (at most wait_s); fixed: EdgeTB's, up to wait_s always",
+                                      default="adaptive", choices=("adaptive", "fixed")),
                  "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 FL = Schema({"sync": SYNC, "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
 
@@ -291,7 +294,8 @@ def load_gossip(data: dict[str, Any], path: str, topology: Topology) -> dict[str
     for i in range(len(entries.items)):
         entry, name, where = entries.entry(i, TRAINER)
         _unique(confs, name, where)
-        confs[name] = {**_base(entry, "gossip", model, top["sync"], _epoch(entry, top)), "wait_s": top["wait_s"]}
+        confs[name] = {**_base(entry, "gossip", model, top["sync"], _epoch(entry, top)), "wait_s": top["wait_s"],
+                       "wait_policy": top["wait_policy"]}
     for name, conf in confs.items():
         conf["talks_to"] = [p for p in topology.out_neighbours(name) if p in confs]
     return confs

@@ -44,7 +44,7 @@ from dml_app.runtime.events import MEMBERSHIP
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
-                  "received_models", *MONITOR_FIELDS]
+                  "received_models", "waited_s", *MONITOR_FIELDS]
 TRAFFIC_COLUMNS = ["run_id", "node", "round", "peer", "direction", "bytes"]
 ALGORITHM_OF_ROLE = {"gossip": "gossip", "fl_aggregator": "fl", "fl_trainer": "fl", "etree": "etree", "ring": "ring"}
 
@@ -89,7 +89,8 @@ def metric_rows(events: dict[str, list[dict[str, Any]]], t0: float, algorithm: s
                          "train_loss": finite_number(e.get("train_loss")),
                          "bytes_sent": e.get("bytes_sent", 0), "bytes_recv": e.get("bytes_recv", 0),
                          "train_s": _rounded(e.get("train_s"), 4), "send_s": _rounded(e.get("send_s"), 4),
-                         "received_models": e.get("received_models", 0), **monitor_fields(e)})
+                         "received_models": e.get("received_models", 0),
+                         "waited_s": _rounded(e.get("waited_s"), 4), **monitor_fields(e)})
     rows.sort(key=lambda r: (r["node"], r["round"] if isinstance(r["round"], int) else -1))
     return rows
 

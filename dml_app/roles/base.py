@@ -283,10 +283,15 @@ class Role:
                      meta: Optional[dict[str, Any]] = None, timeout_s: Optional[float] = None,
                      retries: int = 1) -> bool:
         """Send weights (the model's by default) to ``peer``; False after a ``send_failed`` event."""
-        arrays = self.ctx.model.get_weights() if weights is None else weights
-        body = wire.encode(arrays, {"from": self.ctx.name, "round": round_no, "samples": self.samples, **(meta or {})},
-                           self.weight_names if len(arrays) == len(self.weight_names or ()) else None)
+        body = self.weights_body(round_no, weights, meta)
         return self.post(peer, path, body, wire.CONTENT_TYPE, round_no, timeout_s, retries) is not None
+
+    def weights_body(self, round_no: int, weights: Optional[Weights] = None,
+                     meta: Optional[dict[str, Any]] = None) -> bytes:
+        """A weights message of ``weights`` (the model's by default) from this node."""
+        arrays = self.ctx.model.get_weights() if weights is None else weights
+        return wire.encode(arrays, {"from": self.ctx.name, "round": round_no, "samples": self.samples, **(meta or {})},
+                           self.weight_names if len(arrays) == len(self.weight_names or ()) else None)
 
     def count_received(self, req: Request, fallback: str) -> None:
         hop = req.hop or fallback

@@ -1,9 +1,17 @@
 """Gossip learning, as in EdgeTB: average what arrived with the local model, train,
 evaluate, send to one random out-neighbour.
 
-A round starts when at least one model has arrived, or after ``wait_s`` without
-one (so a node whose neighbours fell silent still finishes). A node stops after
-``sync`` rounds.
+A round starts when at least one model has arrived. How long a node waits for one
+(``wait_policy``):
+
+- ``adaptive`` (the default): not at all once every in-neighbour that could send
+  (``senders``) has said it is done; otherwise up to ``WAIT_GAPS`` times the median gap
+  between the recent arrivals, counted from the later of the round's start and the last
+  arrival, and never over ``wait_s``. A model that comes later is combined next round.
+- ``fixed`` (EdgeTB's): up to ``wait_s`` (default 10 s) whatever the neighbours do.
+
+A node stops after ``sync`` rounds, then tells its out-neighbours it is done
+(``/gossip/done``). A send that a finished peer refuses goes to another out-neighbour.
 
 Nodes die and come back (a crash, a revocation, a cut link): a send that cannot
 finish at the link's rate plus a margin is given up (``Role.send_timeout_s``),
@@ -15,32 +23,55 @@ on it; what it is sent then is dropped.
 """
 from __future__ import annotations
 
+import json
 import queue
 import random
+import statistics
+import threading
 import time
-from typing import Callable
+from collections import deque
+from typing import Callable, Optional
 
 import numpy as np
 
 from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok
-from dml_app.roles.shared import PeerHealth
-from dml_app.runtime.http import Request, Response
+from dml_app.roles.shared import PeerHealth, parallel
+from dml_app.runtime.http import JSON, Request, Response
+from dml_app.wire import weights as wire
+
+WAIT_POLICIES = ("adaptive", "fixed")
+WAIT_GAPS = 1.5  # an adaptive wait: this many median arrival gaps
+MIN_WAIT_S = 0.2  # the shortest adaptive wait (arrivals in a burst have gaps near 0)
+GAPS_KEPT = 16  # the recent arrival gaps the median is taken over
+GAPS_NEEDED = 3  # fewer known gaps: wait up to wait_s
+DONE = None  # an inbox item meaning: a sender said it is done
 
 
 class GossipRole(Role):
     name = "gossip"
-    ROUTES = (("POST", "/gossip"),)
+    ROUTES = (("POST", "/gossip"), ("POST", "/gossip/done"))
+    SMALL_ROUTES = frozenset({"/gossip/done"})
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.inbox: "queue.Queue[tuple[str, Weights]]" = queue.Queue()
+        self.inbox: "queue.Queue[tuple[str, Optional[Weights]]]" = queue.Queue()
         self.wait_s = float(ctx.conf.get("wait_s", 10.0))
+        self.wait_policy = str(ctx.conf.get("wait_policy", "adaptive"))
+        if self.wait_policy not in WAIT_POLICIES:
+            raise ValueError(f"wait_policy must be one of {', '.join(WAIT_POLICIES)}, not {self.wait_policy!r}")
+        # the in-neighbours that send to this node (None: not known, so never all done)
+        senders = ctx.conf.get("senders")
+        self.senders: Optional[frozenset[str]] = None if senders is None else frozenset(map(str, senders))
+        self.done_senders: set[str] = set()
+        self.done_peers: set[str] = set()  # out-neighbours that finished: sent nothing more
+        self.arrivals: "deque[float]" = deque(maxlen=GAPS_KEPT + 1)  # monotonic times of recent models
+        self._lock = threading.Lock()
         self.rng = random.Random(f"{ctx.name}-{ctx.conf.get('seed', 0)}")
         self.health = PeerHealth()
         self.round_no = 0
 
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
-        return {("POST", "/gossip"): self.on_gossip}
+        return {("POST", "/gossip"): self.on_gossip, ("POST", "/gossip/done"): self.on_done}
 
     def on_gossip(self, req: Request) -> Response:
         peer, arrays, _ = self.receive_weights(req)
@@ -48,35 +79,85 @@ class GossipRole(Role):
             self.ctx.events.write("peer_rejoined", round=self.round_no, peer=peer, how="sent a model")
         if self.finished or self.ctx.stop.is_set():
             return ok({"accepted": False})
+        with self._lock:
+            self.arrivals.append(time.monotonic())
         self.inbox.put((peer, arrays))
+        return ok()
+
+    def on_done(self, req: Request) -> Response:
+        """An in-neighbour ran its last round: it sends nothing more."""
+        if self.senders is None:  # not known: nothing to keep track of
+            return ok()
+        peer = self.require_sender(req, self.senders, "the end of its rounds")
+        with self._lock:
+            self.done_senders.add(peer)
+        self.inbox.put((peer, DONE))
         return ok()
 
     def round(self, round_no: int) -> RoundRecord:
         """Average what arrived with the local model, train, evaluate, send on."""
         t_start = time.time()
-        received = self.gather(round_no)
+        started = time.monotonic()
+        received = self.gather(round_no, started)
+        waited_s = time.monotonic() - started
         self.combine(received)
         trained = self.train_local()
         loss, accuracy = self.evaluate()
         sent_at = time.perf_counter()
         self.send(round_no)
-        return RoundRecord(round_no, t_start, trained, loss, accuracy, time.perf_counter() - sent_at, len(received))
+        return RoundRecord(round_no, t_start, trained, loss, accuracy, time.perf_counter() - sent_at, len(received),
+                           {"waited_s": round(waited_s, 4)})
 
-    def gather(self, round_no: int) -> list[tuple[str, Weights]]:
-        """What peers sent: nothing in round 1, else at least one model (or none after ``wait_s``)."""
+    def gather(self, round_no: int, since: float) -> list[tuple[str, Weights]]:
+        """What peers sent: nothing in round 1, else what is in the inbox, or the first model
+        to come within the wait (``wait_policy``; none when no sender can send any more)."""
         self.round_no = round_no
         if round_no == 1:
             return []
-        received = []
-        try:
-            received.append(self.inbox.get(timeout=self.wait_s))
-        except queue.Empty:
-            return []
+        received = self._take()
+        while not received:
+            remaining = self.wait_deadline(since) - time.monotonic()
+            if remaining <= 0 or self.all_senders_done():
+                return []
+            try:
+                item = self.inbox.get(timeout=remaining)
+            except queue.Empty:
+                return []
+            received = [item] if item[1] is not DONE else []
+            received += self._take()
+        return received
+
+    def _take(self) -> list[tuple[str, Weights]]:
+        """The models in the inbox now (done notices dropped)."""
+        out = []
         while True:
             try:
-                received.append(self.inbox.get_nowait())
+                peer, arrays = self.inbox.get_nowait()
             except queue.Empty:
-                return received
+                return out
+            if arrays is not DONE:
+                out.append((peer, arrays))
+
+    def all_senders_done(self) -> bool:
+        """Whether every in-neighbour has said it is done (False when they are not known)."""
+        if self.wait_policy == "fixed" or self.senders is None:
+            return False
+        with self._lock:
+            return self.senders <= self.done_senders
+
+    def wait_deadline(self, since: float) -> float:
+        """When the wait for a model ends (monotonic): ``wait_s`` after ``since`` (``fixed``,
+        or too few arrivals seen), else ``WAIT_GAPS`` median gaps after the later of ``since``
+        and the last arrival, within ``wait_s`` of ``since``."""
+        longest = since + self.wait_s
+        if self.wait_policy == "fixed":
+            return longest
+        with self._lock:
+            times = list(self.arrivals)
+        if len(times) <= GAPS_NEEDED:
+            return longest
+        gap = statistics.median(b - a for a, b in zip(times, times[1:]))
+        return min(longest, max(since, times[-1]) + max(MIN_WAIT_S, WAIT_GAPS * gap))
 
     def combine(self, received: list[tuple[str, Weights]]) -> None:
         """The local model and the received ones, averaged."""
@@ -86,21 +167,41 @@ class GossipRole(Role):
         self.ctx.model.set_weights([np.mean(layer, axis=0) for layer in zip(*models)])
 
     def send(self, round_no: int) -> None:
-        """The model to one random peer that takes it (one in a back-off is skipped)."""
-        peers = list(self.connect)
+        """The model to one random peer that takes it (one in a back-off is skipped, one that
+        has finished is not tried again)."""
+        peers = [p for p in self.connect if p not in self.done_peers]
         self.rng.shuffle(peers)
         for peer in self.health.usable(peers):
-            if self.post_weights(peer, "/gossip", round_no, retries=0):
-                if self.health.alive(peer):
-                    self.ctx.events.write("peer_rejoined", round=round_no, peer=peer, how="took a model")
+            answer = self.post_weights_answer(peer, round_no)
+            if answer is None:
+                newly, backoff = self.health.failed(peer)
+                if newly:
+                    self.ctx.events.write("peer_dropped", round=round_no, peer=peer, retry_in_s=backoff)
+                continue
+            if self.health.alive(peer):
+                self.ctx.events.write("peer_rejoined", round=round_no, peer=peer, how="took a model")
+            if answer.get("accepted", True) or self.wait_policy == "fixed":
                 return
-            newly, backoff = self.health.failed(peer)
-            if newly:
-                self.ctx.events.write("peer_dropped", round=round_no, peer=peer, retry_in_s=backoff)
+            self.done_peers.add(peer)  # it has finished: the model goes to another
+
+    def post_weights_answer(self, peer: str, round_no: int) -> Optional[dict]:
+        """Send the model to ``peer``; its answer (``{}`` when not JSON), None when the send failed."""
+        answer = self.post(peer, "/gossip", self.weights_body(round_no), wire.CONTENT_TYPE, round_no, retries=0)
+        if answer is None:
+            return None
+        try:
+            parsed = json.loads(answer)
+        except ValueError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
 
     def finish(self, completed: bool) -> None:
+        """Stop taking models; tell the out-neighbours that no more will come from here."""
         super().finish(completed)
         self._drain()
+        if self.wait_policy != "fixed":
+            parallel(lambda p: self.post(p, "/gossip/done", b"{}", JSON, self.round_no, timeout_s=10, retries=0),
+                     [p for p in self.connect if p not in self.done_peers])
 
     def _drain(self) -> None:
         while True:

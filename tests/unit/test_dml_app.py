@@ -180,11 +180,11 @@ def test_gossip_skips_a_dead_peer_and_uses_it_again_once_it_answers(tmp_path):
     role = GossipRole(_role_ctx(tmp_path, "n1", {"connect": {"n2": "x:1", "n3": "y:1"}, "sync": 1}))
     dead, tried = {"n2"}, []
 
-    def post_weights(peer, path, round_no, weights=None, meta=None, timeout_s=None, retries=1):
+    def post_weights_answer(peer, round_no):
         tried.append(peer)
-        return peer not in dead
+        return None if peer in dead else {}
 
-    role.post_weights = post_weights
+    role.post_weights_answer = post_weights_answer
     for r in range(1, 5):
         role.send(r)
     assert tried.count("n2") == 1, tried  # dropped at its first failure, skipped in its back-off

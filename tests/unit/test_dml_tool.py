@@ -50,6 +50,17 @@ def test_structure_confs_connect_out_neighbours(tmp_path):
     confs = structure_confs(load_structure(path, topo), topo, {"n1": "10.0.0.2", "n2": "10.0.0.3"})
     assert confs["n1"]["connect"] == {"n2": "10.0.0.3:4444"} and confs["n1"]["epoch"] == 2
     assert confs["n2"]["epoch"] == 1 and confs["n2"]["sync"] == 3 and confs["n2"]["role"] == "gossip"
+    assert confs["n1"]["wait_policy"] == "adaptive" and confs["n1"]["wait_s"] == 10.0
+
+
+def test_each_gossip_node_is_told_who_sends_to_it(tmp_path):
+    links = {"n1": [{"dest": "n2", "bw": "1mbit"}, {"dest": "n3", "bw": "1mbit"}],
+             "n2": [{"dest": "n3", "bw": "1mbit"}], "n3": []}
+    topo, path = _files(tmp_path, {"sync": 3, "wait_policy": "fixed",
+                                   "node_list": [{"name": "n1"}, {"name": "n2"}, {"name": "n3"}]}, links)
+    confs = structure_confs(load_structure(path, topo), topo, {"n1": "10.0.0.2", "n2": "10.0.0.3", "n3": "10.0.0.4"})
+    assert {n: c["senders"] for n, c in confs.items()} == {"n1": [], "n2": ["n1"], "n3": ["n1", "n2"]}
+    assert confs["n3"]["wait_policy"] == "fixed"
 
 
 @pytest.mark.parametrize("structure,problem", [
@@ -62,6 +73,7 @@ def test_structure_confs_connect_out_neighbours(tmp_path):
     ({"sync": 2, "node_list": ["n1"]}, "node_list[0]"),
     ({"sync": 2, "node_list": []}, "no node"),
     ({"sync": 2, "model": {"kind": "torch"}, "node_list": [{"name": "n1"}]}, "torch"),
+    ({"sync": 2, "wait_policy": "eager", "node_list": [{"name": "n1"}]}, "'wait_policy'"),
 ])
 def test_bad_structures(tmp_path, structure, problem):
     topo, path = _files(tmp_path, structure)
