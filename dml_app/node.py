@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 from gevent.pywsgi import WSGIServer  # noqa: E402
 
 from dml_app.models.global_test import load_global_test  # noqa: E402
+from dml_app.models import samples  # noqa: E402
 from dml_app.models.make import make_model  # noqa: E402
 from dml_app.roles.base import Context, Role, ok  # noqa: E402
 from dml_app.roles.registry import ROLES, role_class  # noqa: E402
@@ -154,7 +155,8 @@ class NodeService:
             if self.dataset_conf is None or self.structure_conf is None:
                 raise HttpError(409, "not_ready", "the node needs its dataset and structure confs first")
             with np.load(confined(self.workdir, self.dataset_conf["shard"]), allow_pickle=False) as shard:
-                data = (shard["x_train"], shard["y_train"], shard["x_test"], shard["y_test"])
+                data = (samples.unpack(shard["x_train"]), shard["y_train"], samples.unpack(shard["x_test"]),
+                        shard["y_test"])
             input_shape = tuple(data[0].shape[1:])
             n_classes = int(self.dataset_conf.get("n_classes", int(data[1].max()) + 1))
             global_test = None

@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from dml_app.models import samples
 from worker.api.errors import ConfigError
 
 SHARD_VERSION = 1
@@ -456,7 +457,8 @@ def split_dirichlet(labels: np.ndarray, n_parts: int, alpha: float, rng: np.rand
 def write_shards(dataset: Dataset, nodes: Sequence[str], out_dir: str, split: str = "iid",
                  alpha: float = 0.5, seed: int = 0, test_split: str = "iid",
                  sizes: Optional[dict[str, int]] = None) -> dict:
-    """Split train (by ``split``) and test (IID) sets over ``nodes``; write shards and manifest."""
+    """Split train (by ``split``) and test (IID) sets over ``nodes``; write shards (images as bytes,
+    ``dml_app.models.samples``) and manifest."""
     rng = np.random.default_rng(seed)
     if split == "iid":
         train_parts = split_iid(len(dataset.x_train), len(nodes), rng)
@@ -471,8 +473,8 @@ def write_shards(dataset: Dataset, nodes: Sequence[str], out_dir: str, split: st
         if sizes and node in sizes:
             tr = tr[: sizes[node]]
         path = os.path.join(out_dir, f"{node}.npz")
-        np.savez(path, x_train=dataset.x_train[tr], y_train=dataset.y_train[tr],
-                 x_test=dataset.x_test[te], y_test=dataset.y_test[te])
+        np.savez(path, x_train=samples.pack(dataset.x_train[tr]), y_train=dataset.y_train[tr],
+                 x_test=samples.pack(dataset.x_test[te]), y_test=dataset.y_test[te])
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
         shards[node] = {"file": f"{node}.npz", "train_samples": int(len(tr)), "test_samples": int(len(te)),
@@ -603,7 +605,7 @@ def write_windows(train: Shards, test: Shards, windows: dict[str, dict[str, int]
             raise ConfigError(f"node {node!r}: train samples of shape {x_tr.shape[1:]} ({train.description}) but "
                               f"test samples of shape {x_te.shape[1:]} ({test.description})")
         path = os.path.join(out_dir, f"{node}.npz")
-        np.savez(path, x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te)
+        np.savez(path, x_train=samples.pack(x_tr), y_train=y_tr, x_test=samples.pack(x_te), y_test=y_te)
         shards[node] = {"file": f"{node}.npz", "train_samples": int(len(y_tr)), "test_samples": int(len(y_te)),
                         "labels": np.bincount(y_tr, minlength=n_classes).tolist(), "windows": w}
     shape = train.input_shape()
@@ -619,8 +621,9 @@ GLOBAL_TEST_FILE = "global_test.npz"
 
 
 def write_global_test(x: np.ndarray, y: np.ndarray, out_dir: str) -> str:
-    """Write the global test set ``global_test.npz`` (``x``, ``y``; no pickle); returns its path."""
+    """Write the global test set ``global_test.npz`` (``x``, ``y``; no pickle; images as bytes,
+    ``dml_app.models.samples``); returns its path."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, GLOBAL_TEST_FILE)
-    np.savez(path, x=np.asarray(x, dtype=np.float32), y=np.asarray(y, dtype=np.int64))
+    np.savez(path, x=samples.pack(np.asarray(x, dtype=np.float32)), y=np.asarray(y, dtype=np.int64))
     return path

@@ -7,6 +7,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from dml_app.models import samples
 from dml_app.models.contract import shape_of
 
 MAX_GLOBAL_TEST_SAMPLES = 1_000_000  # the upper bound of a dataset file's global_test_size
@@ -32,7 +33,7 @@ def load_global_test(path: str, input_shape: Union[int, Sequence[int]], n_classe
     shape = shape_of(input_shape)
     if math.prod(x.shape[1:]) != math.prod(shape):
         raise ValueError(f"global test set {path}: samples of shape {tuple(x.shape[1:])}, the model takes {shape}")
-    x = x.reshape((len(x), *shape)).astype(np.float32)
+    x = samples.unpack(x).reshape((len(x), *shape)).astype(np.float32)
     y = y.astype(np.int64)
     if y.min() < 0 or y.max() >= n_classes:
         raise ValueError(f"global test set {path}: labels {int(y.min())}..{int(y.max())}, "

@@ -20,6 +20,7 @@ from controller.confs.confs import dataset_confs, load_dataset, load_structure
 from controller.model.hosts import load_hosts
 from controller.model.topology import load_links
 from controller.runner import parse_options, prepare
+from dml_app.models.samples import unpack
 from worker.api.errors import ConfigError, TestbedError, TopologyError
 from worker.api.schema import Field, Schema, suggestion
 
@@ -335,8 +336,8 @@ def test_edgetb_shard_files_used_as_they_are(tmp_path):
     confs = dataset_confs(load_dataset(str(tmp_path / "d.json")), ["n1"], str(tmp_path))
     with np.load(tmp_path / confs["n1"]["shard"]) as s:
         want = np.concatenate([shards[("train_data", 3)][0], shards[("train_data", 4)][0]])[..., None] / 255.0
-        assert s["x_train"].shape == (14, 28, 28, 1)
-        np.testing.assert_allclose(s["x_train"], want, rtol=1e-6)
+        assert s["x_train"].shape == (14, 28, 28, 1) and s["x_train"].dtype == np.uint8  # stored as the bytes
+        np.testing.assert_allclose(unpack(s["x_train"]), want, rtol=1e-6)
         np.testing.assert_array_equal(s["y_test"], shards[("test_data", 2)][1])
     with np.load(tmp_path / confs["n1"]["global_test"]) as g:  # the test shards, capped at 10 samples
         np.testing.assert_array_equal(g["y"], np.concatenate([shards[("test_data", 1)][1],

@@ -6,6 +6,8 @@ import json
 import os
 import sys
 import types
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -13,9 +15,17 @@ import pytest
 from controller.confs import datasets
 from controller.confs.confs import dataset_confs, load_dataset
 from controller.confs.datasets import FileShards, load, load_cifar10, load_digits, read_cifar10_batch
+from dml_app.models.samples import unpack
 from worker.api.errors import ConfigError
 
 RECORD = 3073
+
+
+@contextmanager
+def loaded(path, allow_pickle: bool = False) -> Iterator[dict]:
+    """A shard or global test file's arrays as a node takes them (images scaled back from bytes)."""
+    with np.load(path, allow_pickle=allow_pickle) as f:
+        yield {k: unpack(f[k]) if k.startswith("x") else f[k] for k in f.files}
 
 
 def _settings(tmp_path, data: dict) -> dict:
@@ -46,7 +56,7 @@ def test_npz_images_keep_their_shape_through_shards_and_global_test(tmp_path):
     assert manifest["input_shape"] == [5, 4, 1] and manifest["n_features"] == 20 and manifest["dataset"].startswith("mine-")
     seen = []
     for node in ("a", "b"):
-        with np.load(tmp_path / confs[node]["shard"], allow_pickle=False) as s:
+        with loaded(tmp_path / confs[node]["shard"], allow_pickle=False) as s:
             assert s["x_train"].shape[1:] == (5, 4, 1) and s["x_train"].dtype == np.float32
             assert s["x_test"].shape[1:] == (5, 4, 1)
             for xi, yi in zip(s["x_train"], s["y_train"]):  # each sample is one of the file's, scaled by 1/255
@@ -54,7 +64,7 @@ def test_npz_images_keep_their_shape_through_shards_and_global_test(tmp_path):
                 assert match and y[match[0]] == yi
                 seen.append(match[0])
     assert sorted(seen) == list(range(24))  # IID: every training sample once
-    with np.load(tmp_path / confs["a"]["global_test"], allow_pickle=False) as g:
+    with loaded(tmp_path / confs["a"]["global_test"], allow_pickle=False) as g:
         assert g["x"].shape == (4, 5, 4, 1)
         np.testing.assert_allclose(g["x"][..., 0], x[24:28] / 255.0, rtol=1e-6)
         np.testing.assert_array_equal(g["y"], y[24:28])
@@ -79,7 +89,7 @@ def test_npz_dirichlet_split_of_colour_images(tmp_path):
                           ["a", "b", "c"], str(tmp_path))
     total = 0
     for node in "abc":
-        with np.load(tmp_path / confs[node]["shard"], allow_pickle=False) as s:
+        with loaded(tmp_path / confs[node]["shard"], allow_pickle=False) as s:
             assert s["x_train"].shape[1:] == (6, 6, 3)
             for xi, yi in zip(s["x_train"], s["y_train"]):
                 i = int(np.flatnonzero((x[:160] == xi).all(axis=(1, 2, 3)))[0])
@@ -95,7 +105,7 @@ def test_npz_in_edgetb_windows(tmp_path):
             "_settings": {"dataset": "data/e.npz", "shard_size": 5}}
     confs = dataset_confs(_settings(tmp_path, data), ["n1"], str(tmp_path))
     assert confs["n1"]["shard"] == f"dataset/{datasets.source_name('data/e.npz')}/n1.npz"
-    with np.load(tmp_path / confs["n1"]["shard"], allow_pickle=False) as s:
+    with loaded(tmp_path / confs["n1"]["shard"], allow_pickle=False) as s:
         np.testing.assert_allclose(s["x_train"][..., 0], x[15:20] / 255.0, rtol=1e-6)  # shard 4
         np.testing.assert_array_equal(s["y_test"], y[40:50])
     manifest = json.loads((tmp_path / os.path.dirname(confs["n1"]["shard"]) / "manifest.json").read_text())
@@ -176,7 +186,7 @@ def test_data_module_runs_through_the_loader_never_imported(tmp_path):
     assert not (tmp_path / "IMPORTED").exists() and "my_data" not in sys.modules
     assert confs["a"]["shard"] == f"dataset/{datasets.source_name({'module': 'my_data.py'})}/a.npz"
     assert confs["a"]["shard"].startswith("dataset/my_data-") and confs["a"]["batch_size"] == 4
-    with np.load(tmp_path / confs["b"]["global_test"], allow_pickle=False) as g:
+    with loaded(tmp_path / confs["b"]["global_test"], allow_pickle=False) as g:
         np.testing.assert_allclose(g["x"][..., 0], x[9:] / 255.0, rtol=1e-6)
         np.testing.assert_array_equal(g["y"], y[9:])
 
@@ -240,7 +250,7 @@ def test_data_module_in_edgetb_windows(tmp_path):
             "_settings": {"dataset": {"module": "m.py"}, "shard_size": 10, "global_test_size": 5}}
     confs = dataset_confs(_settings(tmp_path, data), ["n1"], str(tmp_path),
                           module_loader=lambda p, f: (x[:30], y[:30], x[30:], y[30:]))
-    with np.load(tmp_path / confs["n1"]["shard"], allow_pickle=False) as s:
+    with loaded(tmp_path / confs["n1"]["shard"], allow_pickle=False) as s:
         np.testing.assert_allclose(s["x_train"][..., 0], x[10:30] / 255.0, rtol=1e-6)  # shards 2 and 3
         np.testing.assert_array_equal(s["y_test"], y[30:40])
 
@@ -299,13 +309,13 @@ def test_cifar10_named_both_ways_in_both_formats(tmp_path):
     confs = dataset_confs(_settings(tmp_path, {"dataset": "cifar-10", "global_test_size": 2}), ["a", "b"],
                           str(tmp_path))
     assert confs["a"]["shard"] == "dataset/cifar10/a.npz" and confs["a"]["train_samples"] == 10
-    with np.load(tmp_path / "dataset" / "cifar10" / "global_test.npz", allow_pickle=False) as g:
+    with loaded(tmp_path / "dataset" / "cifar10" / "global_test.npz", allow_pickle=False) as g:
         assert g["x"].shape == (2, 32, 32, 3) and g["x"][1, 0, 1, 0] == np.float32(_pixel(601, 0, 0, 1) / 255.0)
     assert json.loads((tmp_path / "dataset" / "cifar10" / "manifest.json").read_text())["input_shape"] == [32, 32, 3]
     data = {"n1": {"train_len": 2, "train_start_index": 2, "test_len": 1, "test_start_index": 1},
             "_settings": {"dataset": "cifar10", "shard_size": 3, "global_test_size": 2}}
     confs = dataset_confs(_settings(tmp_path, data), ["n1"], str(tmp_path))
-    with np.load(tmp_path / confs["n1"]["shard"], allow_pickle=False) as s:  # shards 2, 3: samples 3 .. 8
+    with loaded(tmp_path / confs["n1"]["shard"], allow_pickle=False) as s:  # shards 2, 3: samples 3 .. 8
         assert s["x_train"].shape == (6, 32, 32, 3) and s["y_train"].tolist() == [4, 2, 3, 4, 5, 3]
         assert s["x_train"][0, 9, 8, 1] == np.float32(_pixel(103, 1, 9, 8) / 255.0)  # batch 1's fourth
         assert s["x_train"][1, 9, 8, 1] == np.float32(_pixel(200, 1, 9, 8) / 255.0)  # batch 2's first
