@@ -199,7 +199,7 @@ class GossipRole(Role):
         """Stop taking models; tell the out-neighbours that no more will come from here."""
         super().finish(completed)
         self._drain()
-        if self.wait_policy != "fixed":
+        if self.wait_policy != "fixed" and not self.ctx.stop.is_set():  # (a stopped run: nobody waits)
             parallel(lambda p: self.post(p, "/gossip/done", b"{}", JSON, self.round_no, timeout_s=10, retries=0),
                      [p for p in self.connect if p not in self.done_peers])
 
