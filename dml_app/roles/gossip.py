@@ -5,9 +5,9 @@ A round starts when at least one model has arrived. How long a node waits for on
 (``wait_policy``):
 
 - ``adaptive`` (the default): not at all once every in-neighbour that could send
-  (``senders``) has said it is done; otherwise up to ``WAIT_GAPS`` times the median gap
-  between the recent arrivals, counted from the later of the round's start and the last
-  arrival, and never over ``wait_s``. A model that comes later is combined next round.
+  (``senders``) has said it is done; otherwise until ``WAIT_GAPS`` median gaps between the
+  recent arrivals have passed since the last one (at least ``MIN_WAIT_S``, never over
+  ``wait_s``). A model that comes later is combined next round.
 - ``fixed`` (EdgeTB's): up to ``wait_s`` (default 10 s) whatever the neighbours do.
 
 A node stops after ``sync`` rounds, then tells its out-neighbours it is done
@@ -40,7 +40,7 @@ from dml_app.runtime.http import JSON, Request, Response
 from dml_app.wire import weights as wire
 
 WAIT_POLICIES = ("adaptive", "fixed")
-WAIT_GAPS = 1.5  # an adaptive wait: this many median arrival gaps
+WAIT_GAPS = 2.0  # an adaptive wait ends this many median arrival gaps after the last arrival
 MIN_WAIT_S = 0.2  # the shortest adaptive wait (arrivals in a burst have gaps near 0)
 GAPS_KEPT = 16  # the recent arrival gaps the median is taken over
 GAPS_NEEDED = 3  # fewer known gaps: wait up to wait_s
@@ -146,9 +146,9 @@ class GossipRole(Role):
             return self.senders <= self.done_senders
 
     def wait_deadline(self, since: float) -> float:
-        """When the wait for a model ends (monotonic): ``wait_s`` after ``since`` (``fixed``,
-        or too few arrivals seen), else ``WAIT_GAPS`` median gaps after the later of ``since``
-        and the last arrival, within ``wait_s`` of ``since``."""
+        """When the wait that starts at ``since`` ends (monotonic): ``wait_s`` later (``fixed``, or
+        too few arrivals seen), else ``WAIT_GAPS`` median arrival gaps after the last arrival,
+        at least ``MIN_WAIT_S`` and at most ``wait_s`` after ``since``."""
         longest = since + self.wait_s
         if self.wait_policy == "fixed":
             return longest
@@ -157,7 +157,7 @@ class GossipRole(Role):
         if len(times) <= GAPS_NEEDED:
             return longest
         gap = statistics.median(b - a for a, b in zip(times, times[1:]))
-        return min(longest, max(since, times[-1]) + max(MIN_WAIT_S, WAIT_GAPS * gap))
+        return min(longest, max(since + MIN_WAIT_S, times[-1] + WAIT_GAPS * gap))
 
     def combine(self, received: list[tuple[str, Weights]]) -> None:
         """The local model and the received ones, averaged."""

@@ -67,8 +67,8 @@ def test_the_adaptive_wait_is_a_few_median_gaps_after_the_last_arrival_within_wa
     role = _role(tmp_path, {"wait_s": 10, "senders": ["n2", "n3"]})
     assert role.wait_deadline(100.0) == 110.0  # no arrivals seen: up to wait_s
     role.arrivals.extend([90.0, 91.0, 92.0, 93.0, 97.0])  # gaps 1, 1, 1, 4: median 1
-    assert role.wait_deadline(100.0) == pytest.approx(100.0 + gossip.WAIT_GAPS * 1.0)  # from the round's start
-    assert role.wait_deadline(95.0) == pytest.approx(97.0 + gossip.WAIT_GAPS * 1.0)  # from the last arrival
+    assert role.wait_deadline(97.5) == pytest.approx(97.0 + gossip.WAIT_GAPS * 1.0)  # from the last arrival
+    assert role.wait_deadline(100.0) == pytest.approx(100.0 + gossip.MIN_WAIT_S)  # overdue: the shortest wait
     role.arrivals.extend(100.0 + 20.0 * k for k in range(gossip.GAPS_KEPT + 1))  # gaps of 20: capped by wait_s
     assert role.wait_deadline(role.arrivals[-1]) == role.arrivals[-1] + 10.0
     role.arrivals.extend([1000.0] * (gossip.GAPS_KEPT + 1))  # a burst: gaps of 0, the shortest wait applies
