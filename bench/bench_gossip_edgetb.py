@@ -169,6 +169,12 @@ def run(n: int, rounds: int, dataset: str, zygote: bool, timeout_s: int, extra: 
                            "--subnet", "10.241.0.0/16", "--timeout", str(timeout_s)],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall_s = time.monotonic() - started
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+    console = os.path.join(keep or tempfile.gettempdir(), f"bench_gossip_edgetb-{os.path.basename(workdir)}.log")
+    with open(console, "w") as f:
+        f.write(proc.stdout)
+    log(f"gl_run.py's output: {console}")
     runs = sorted(glob.glob(os.path.join(workdir, "dml_file", "log", "*", "run.json")))
     if not runs:
         log(proc.stdout[-3000:])

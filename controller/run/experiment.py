@@ -182,17 +182,23 @@ class Experiment:
 
     def push_dataset_confs(self) -> dict[str, Any]:
         self._require(Phase.READY)
-        for name, node in self.nodes.items():
+
+        def push(name: str) -> None:
             self.nodes.post(name, "/conf/dataset", self.confs.get(name, "dataset"))
-            node.dataset_conf = True
+            self.nodes[name].dataset_conf = True
+
+        self.nodes.each(push, list(self.nodes))
         return {"pushed": sorted(self.nodes)}
 
     def push_structure_confs(self) -> dict[str, Any]:
         self._require(Phase.READY)
         confs = self.confs.structures()
-        for name, node in self.nodes.items():
+
+        def push(name: str) -> None:
             self.nodes.post(name, "/conf/structure", confs[name])
-            node.structure_conf = True
+            self.nodes[name].structure_conf = True
+
+        self.nodes.each(push, list(self.nodes))
         return {"pushed": sorted(self.nodes)}
 
     def start(self) -> dict[str, Any]:
@@ -205,8 +211,8 @@ class Experiment:
                 self.push_dataset_confs()
             if not all(n.structure_conf for n in self.nodes.values()):
                 self.push_structure_confs()
-            for name in self.nodes:  # every role built before any starts: round 1 is not set-up
-                self.nodes.post(name, "/prepare", {})
+            names = list(self.nodes)  # every role built before any starts: round 1 is not set-up
+            self.nodes.each(lambda n: self.nodes.post(n, "/prepare", {}), names)
             self.recording.start_captures()
             problem = self.recording.start_telemetry(self.out, self.rates)
             if problem is not None:
@@ -215,9 +221,11 @@ class Experiment:
             t0 = self.t_start_monotonic = time.monotonic()
             self.recording.run_from(t0)
             self.record["started_at"] = self.t_start
-            for name, node in self.nodes.items():
+            def start(name: str) -> None:  # all at once: no node runs rounds while others wait to start
                 self.nodes.post(name, "/start", {})
-                node.state = State.RUNNING
+                self.nodes[name].state = State.RUNNING
+
+            self.nodes.each(start, names)
             self.phase = Phase.RUNNING
             if self.scenario is not None:
                 self.scenario.start(t0)

@@ -6,12 +6,14 @@ A round starts when at least one model has arrived. How long a node waits for on
 
 - ``adaptive`` (the default): not at all once every in-neighbour that could send
   (``senders``) has said it is done; otherwise until ``WAIT_GAPS`` median gaps between the
-  recent arrivals have passed since the last one (at least ``MIN_WAIT_S``, never over
-  ``wait_s``). A model that comes later is combined next round.
+  recent arrivals have passed since the last one (before enough arrivals: ``WAIT_GAPS``
+  times the node's own last round of work), at least ``MIN_WAIT_S``, never over ``wait_s``.
+  A model that comes later is combined next round.
 - ``fixed`` (EdgeTB's): up to ``wait_s`` (default 10 s) whatever the neighbours do.
 
-A node stops after ``sync`` rounds, then tells its out-neighbours it is done
-(``/gossip/done``). A send that a finished peer refuses goes to another out-neighbour.
+Once its last round has gathered its models, a node refuses more and tells its
+out-neighbours it is done (``/gossip/done``); they send it nothing more. A send that a
+finished peer refuses goes to another out-neighbour.
 
 Nodes die and come back (a crash, a revocation, a cut link): a send that cannot
 finish at the link's rate plus a margin is given up (``Role.send_timeout_s``),
@@ -40,7 +42,7 @@ from dml_app.runtime.http import JSON, Request, Response
 from dml_app.wire import weights as wire
 
 WAIT_POLICIES = ("adaptive", "fixed")
-WAIT_GAPS = 2.0  # an adaptive wait ends this many median arrival gaps after the last arrival
+WAIT_GAPS = 1.0  # an adaptive wait ends this many median arrival gaps after the last arrival
 MIN_WAIT_S = 0.2  # the shortest adaptive wait (arrivals in a burst have gaps near 0)
 GAPS_KEPT = 16  # the recent arrival gaps the median is taken over
 GAPS_NEEDED = 3  # fewer known gaps: wait up to wait_s
@@ -65,6 +67,9 @@ class GossipRole(Role):
         self.done_senders: set[str] = set()
         self.done_peers: set[str] = set()  # out-neighbours that finished: sent nothing more
         self.arrivals: "deque[float]" = deque(maxlen=GAPS_KEPT + 1)  # monotonic times of recent models
+        self.work_s = 0.0  # the last round's time without its wait (combine, train, evaluate, send)
+        self.closing = False  # in the last round, past its gather: models are refused
+        self._told = False  # the done notices went out
         self._lock = threading.Lock()
         self.rng = random.Random(f"{ctx.name}-{ctx.conf.get('seed', 0)}")
         self.health = PeerHealth()
@@ -77,7 +82,7 @@ class GossipRole(Role):
         peer, arrays, _ = self.receive_weights(req)
         if self.health.alive(peer):
             self.ctx.events.write("peer_rejoined", round=self.round_no, peer=peer, how="sent a model")
-        if self.finished or self.ctx.stop.is_set():
+        if self.finished or self.closing or self.ctx.stop.is_set():
             return ok({"accepted": False})
         with self._lock:
             self.arrivals.append(time.monotonic())
@@ -100,11 +105,15 @@ class GossipRole(Role):
         started = time.monotonic()
         received = self.gather(round_no, started)
         waited_s = time.monotonic() - started
+        if round_no == self.sync:  # nothing that comes now would be used: say so at once
+            self.closing = True
+            threading.Thread(target=self.tell_done, name="gossip-done", daemon=True).start()
         self.combine(received)
         trained = self.train_local()
         loss, accuracy = self.evaluate()
         sent_at = time.perf_counter()
         self.send(round_no)
+        self.work_s = time.monotonic() - started - waited_s
         return RoundRecord(round_no, t_start, trained, loss, accuracy, time.perf_counter() - sent_at, len(received),
                            {"waited_s": round(waited_s, 4)})
 
@@ -146,16 +155,17 @@ class GossipRole(Role):
             return self.senders <= self.done_senders
 
     def wait_deadline(self, since: float) -> float:
-        """When the wait that starts at ``since`` ends (monotonic): ``wait_s`` later (``fixed``, or
-        too few arrivals seen), else ``WAIT_GAPS`` median arrival gaps after the last arrival,
-        at least ``MIN_WAIT_S`` and at most ``wait_s`` after ``since``."""
+        """When the wait that starts at ``since`` ends (monotonic): ``wait_s`` later (``fixed``), else
+        ``WAIT_GAPS`` median arrival gaps after the last arrival (too few arrivals seen:
+        ``WAIT_GAPS`` times the last round's work after ``since``), at least ``MIN_WAIT_S`` and at
+        most ``wait_s`` after ``since``."""
         longest = since + self.wait_s
         if self.wait_policy == "fixed":
             return longest
         with self._lock:
             times = list(self.arrivals)
-        if len(times) <= GAPS_NEEDED:
-            return longest
+        if len(times) <= GAPS_NEEDED:  # too few arrivals to know their pace: a round of this node's own work
+            return min(longest, since + max(MIN_WAIT_S, WAIT_GAPS * self.work_s)) if self.work_s else longest
         gap = statistics.median(b - a for a, b in zip(times, times[1:]))
         return min(longest, max(since + MIN_WAIT_S, times[-1] + WAIT_GAPS * gap))
 
@@ -168,8 +178,10 @@ class GossipRole(Role):
 
     def send(self, round_no: int) -> None:
         """The model to one random peer that takes it (one in a back-off is skipped, one that
-        has finished is not tried again)."""
-        peers = [p for p in self.connect if p not in self.done_peers]
+        has finished, or has said so, is not tried)."""
+        with self._lock:  # a finished sender is (on a two-way link) a finished receiver too
+            finished = self.done_peers | self.done_senders
+        peers = [p for p in self.connect if p not in finished]
         self.rng.shuffle(peers)
         for peer in self.health.usable(peers):
             answer = self.post_weights_answer(peer, round_no)
@@ -195,13 +207,22 @@ class GossipRole(Role):
             return {}
         return parsed if isinstance(parsed, dict) else {}
 
+    def tell_done(self) -> None:
+        """Tell the out-neighbours (once) that this node takes no more models and sends no more
+        after its last round's: they neither send to it nor wait for it. Not with ``fixed``,
+        nor in a stopped run (nobody waits then)."""
+        with self._lock:
+            if self._told or self.wait_policy == "fixed" or self.ctx.stop.is_set():
+                return
+            self._told = True
+        parallel(lambda p: self.post(p, "/gossip/done", b"{}", JSON, self.round_no, timeout_s=10, retries=0),
+                 [p for p in self.connect if p not in self.done_peers])
+
     def finish(self, completed: bool) -> None:
-        """Stop taking models; tell the out-neighbours that no more will come from here."""
+        """Stop taking models; tell the out-neighbours, if the last round has not already."""
         super().finish(completed)
         self._drain()
-        if self.wait_policy != "fixed" and not self.ctx.stop.is_set():  # (a stopped run: nobody waits)
-            parallel(lambda p: self.post(p, "/gossip/done", b"{}", JSON, self.round_no, timeout_s=10, retries=0),
-                     [p for p in self.connect if p not in self.done_peers])
+        self.tell_done()
 
     def _drain(self) -> None:
         while True:

@@ -65,7 +65,9 @@ def test_a_fixed_node_waits_the_whole_wait_s_whatever_the_notices(tmp_path):
 
 def test_the_adaptive_wait_is_a_few_median_gaps_after_the_last_arrival_within_wait_s(tmp_path):
     role = _role(tmp_path, {"wait_s": 10, "senders": ["n2", "n3"]})
-    assert role.wait_deadline(100.0) == 110.0  # no arrivals seen: up to wait_s
+    assert role.wait_deadline(100.0) == 110.0  # no arrivals seen, no round run: up to wait_s
+    role.work_s = 1.5  # then: a few of its own rounds of work
+    assert role.wait_deadline(100.0) == pytest.approx(100.0 + gossip.WAIT_GAPS * 1.5)
     role.arrivals.extend([90.0, 91.0, 92.0, 93.0, 97.0])  # gaps 1, 1, 1, 4: median 1
     assert role.wait_deadline(97.5) == pytest.approx(97.0 + gossip.WAIT_GAPS * 1.0)  # from the last arrival
     assert role.wait_deadline(100.0) == pytest.approx(100.0 + gossip.MIN_WAIT_S)  # overdue: the shortest wait
