@@ -25,7 +25,6 @@ on it; what it is sent then is dropped.
 """
 from __future__ import annotations
 
-import json
 import queue
 import random
 import statistics
@@ -39,13 +38,14 @@ import numpy as np
 from dml_app.roles.base import Context, Role, RoundRecord, Weights, ok
 from dml_app.roles.shared import PeerHealth, parallel
 from dml_app.runtime.http import JSON, Request, Response
+from dml_app.wire import bounded_json
 from dml_app.wire import weights as wire
 
 WAIT_POLICIES = ("adaptive", "fixed")
 WAIT_GAPS = 1.0  # an adaptive wait ends this many median arrival gaps after the last arrival
 MIN_WAIT_S = 0.2  # the shortest adaptive wait (arrivals in a burst have gaps near 0)
 GAPS_KEPT = 16  # the recent arrival gaps the median is taken over
-GAPS_NEEDED = 3  # fewer known gaps: wait up to wait_s
+GAPS_NEEDED = 3  # fewer known gaps: the wait is set by the node's own last round of work
 DONE = None  # an inbox item meaning: a sender said it is done
 
 
@@ -202,7 +202,7 @@ class GossipRole(Role):
         if answer is None:
             return None
         try:
-            parsed = json.loads(answer)
+            parsed = bounded_json.loads(answer)  # a peer's answer: nesting bounded
         except ValueError:
             return {}
         return parsed if isinstance(parsed, dict) else {}
