@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from controller.confs.datasets import load_digits
+from dml_app.models.samples import unpack
 from dml_app.runtime.events import read_events
 from tests.e2e.harness import Run
 
@@ -52,7 +53,8 @@ def test_gossip_on_edgetb_shard_files(run):
         assert confs[n]["global_test"] == "dataset/EDGE_DIGITS/global_test.npz"
         with np.load(r.workdir / confs[n]["shard"], allow_pickle=False) as s:
             first = np.load(r.workdir / "dataset/EDGE_DIGITS/train_data" / f"images_{start}.npy")
-            np.testing.assert_allclose(s["x_train"][:SHARD], first[..., None] / 255.0, rtol=1e-6)
+            assert s["x_train"].dtype == np.uint8  # stored as the bytes they came as
+            np.testing.assert_allclose(unpack(s["x_train"][:SHARD]), first[..., None] / 255.0, rtol=1e-6)
             assert len(s["y_test"]) == t_len * SHARD
     with np.load(r.workdir / "dataset/EDGE_DIGITS/global_test.npz", allow_pickle=False) as g:
         assert g["x"].shape == (150, 8, 8, 1) and sorted(g.files) == ["x", "y"]
