@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -85,6 +86,27 @@ def swarm_lan(tmp_path_factory, node_image_tar) -> Iterator[SwarmLan]:
 def swarm_hosts(swarm_lan) -> list[dict]:
     """The three Docker hosts (dicts: see ``SwarmLan``)."""
     return swarm_lan.hosts
+
+
+GOSSIP_SETTLE_S = 20.0  # how long an engine that left a swarm may keep listening on 7946 before a restart
+
+
+@pytest.fixture(autouse=True)
+def _engines_settled(request) -> None:
+    """Before a test on the shared hosts: an engine that still listens on the gossip port since
+    an earlier test's swarm (for minutes, at times) is restarted, so that the test can join one."""
+    if "swarm_hosts" not in request.fixturenames:
+        return
+    lan = request.getfixturevalue("swarm_lan")
+    deadline = time.monotonic() + GOSSIP_SETTLE_S
+    busy = [e for e in lan.engines if e.gossip_listening()]
+    while busy and time.monotonic() < deadline:
+        time.sleep(0.5)
+        busy = [e for e in busy if e.gossip_listening()]
+    for engine in busy:
+        took_s = engine.restart(lan.storage_driver)
+        warnings.warn(f"the engine of {engine.host} still listened on 7946 {GOSSIP_SETTLE_S:.0f} s after its last "
+                      f"swarm: restarted in {took_s:.1f} s")
 
 
 def wait_until(check: Any, timeout_s: float, what: str, interval_s: float = 0.2) -> Any:

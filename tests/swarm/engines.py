@@ -215,6 +215,32 @@ class Engine:
             raise AssertionError(f"the engine of {self.host} has {image} as {loaded}, not {image_id}")
         return time.monotonic() - t0
 
+    def gossip_listening(self) -> bool:
+        """Whether this engine listens on the swarm's gossip port, 7946/tcp, in its namespace (an
+        engine that has left a swarm can go on listening for minutes; a join meanwhile fails)."""
+        out = subprocess.run(["nsenter", f"--net={nsfs.netns_path(self.netns)}", "ss", "-Htln", "sport", "=",
+                              ":7946"], capture_output=True, text=True, timeout=10)
+        return bool(out.stdout.strip())
+
+    def restart(self, storage_driver: str) -> float:
+        """Stop dockerd (it closes what it listens on) and start it again on the same roots, its
+        images kept; the seconds it took."""
+        t0 = time.monotonic()
+        assert self.proc is not None, f"the engine of {self.host} was not started"
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=ENGINE_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._kill_processes()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(storage_driver), stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")})
+        self.wait()
+        return time.monotonic() - t0
+
     # teardown ------------------------------------------------------------------------------
     def stop(self) -> None:
         """Leave the swarm, remove every container, stop dockerd, then kill, unmount and remove
