@@ -182,21 +182,17 @@ class Experiment:
 
     def push_dataset_confs(self) -> dict[str, Any]:
         self._require(Phase.READY)
-
-        def push(name: str) -> None:
-            self.nodes.post(name, "/conf/dataset", self.confs.get(name, "dataset"))
-            self.nodes[name].dataset_conf = True
-
-        self.nodes.each(push, list(self.nodes))
-        return {"pushed": sorted(self.nodes)}
+        return self._push("dataset", {name: self.confs.get(name, "dataset") for name in self.nodes})
 
     def push_structure_confs(self) -> dict[str, Any]:
         self._require(Phase.READY)
-        confs = self.confs.structures()
+        return self._push("structure", self.confs.structures())
 
+    def _push(self, kind: str, confs: dict[str, Any]) -> dict[str, Any]:
+        """Every node's ``kind`` conf, to all nodes at once; each marked pushed when it took it."""
         def push(name: str) -> None:
-            self.nodes.post(name, "/conf/structure", confs[name])
-            self.nodes[name].structure_conf = True
+            self.nodes.post(name, f"/conf/{kind}", confs[name])
+            setattr(self.nodes[name], f"{kind}_conf", True)
 
         self.nodes.each(push, list(self.nodes))
         return {"pushed": sorted(self.nodes)}

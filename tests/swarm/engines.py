@@ -159,7 +159,11 @@ class Engine:
         self.data_root.mkdir(parents=True, exist_ok=False)
         self.exec_root.mkdir(parents=True, exist_ok=False)
         self.config_path.write_text(json.dumps({"deprecated-key-path": str(self.data_root / "key.json")}))
-        with open(self.log_path, "wb") as log:
+        self._spawn(storage_driver, "wb")
+
+    def _spawn(self, storage_driver: str, log_mode: str) -> None:
+        """dockerd on this engine's roots, its log to ``log_path`` (``wb``: a new log, ``ab``: appended)."""
+        with open(self.log_path, log_mode) as log:
             self.proc = subprocess.Popen(self.argv(storage_driver), stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
                                          env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")})
@@ -234,10 +238,7 @@ class Engine:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self._kill_processes()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(storage_driver), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")})
+        self._spawn(storage_driver, "ab")
         self.wait()
         return time.monotonic() - t0
 

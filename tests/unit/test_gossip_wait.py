@@ -129,5 +129,5 @@ def test_gossip_nodes_with_a_long_wait_s_end_without_a_waiting_tail(tmp_path):
     assert took_s < 15, f"the run took {took_s:.1f} s: a node waited out wait_s"
     waited = [e["waited_s"] for r in roles for e in events_of(r, "round")]
     assert len(waited) == 6 + 8 + 10 + 12 and max(waited) < 15
-    done_notices = [e for r in roles for e in read_events(r.ctx.events.path) if e["type"] == "send_failed"]
-    assert done_notices == []  # every notice and model was taken
+    failed_sends = [e for r in roles for e in read_events(r.ctx.events.path) if e["type"] == "send_failed"]
+    assert failed_sends == []  # every notice and model was taken
