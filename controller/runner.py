@@ -104,8 +104,14 @@ def prepare(options: RunOptions) -> RunSpec:
     user_files = usercode.stage(o.workdir, structure, path(o.structure))
     s_confs = structure_confs(structure, topology, planned_ips(topology, o.subnet, hosts=hosts))
     d_confs = dataset_confs(settings, list(structure), o.workdir)  # checks everything before writing shards
-    for model in usercode.check(o.workdir, structure, d_confs, path(o.structure),
-                                {n: hosts.hosts[h].runtime for n, h in placement.items()}).values():
+    models = usercode.check(o.workdir, structure, d_confs, path(o.structure),
+                            {n: hosts.hosts[h].runtime for n, h in placement.items()})
+    for node, conf in structure.items():  # (a user model's kind, inferred by the check)
+        if "model" in conf:
+            s_confs[node]["model"] = conf["model"]
+    for line in usercode.uses(structure, models, settings):
+        _say(line)
+    for model in models.values():
         _say(f"model: {model['params']:,} parameters, {model['bytes'] / 1e6:.2f} MB of weights a copy")
     write_confs(o.workdir, "structure", s_confs)
     write_confs(o.workdir, "dataset", d_confs)

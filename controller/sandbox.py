@@ -5,7 +5,7 @@ called and the final models of a Keras or user model evaluated, so that a mistak
 time with the file and the reason, before anything is created, and the user's code never runs as
 root. As root, the probe runs as ``nobody`` without capabilities, in network, mount and IPC
 namespaces of its own (no network at all), in a session of its own (killed whole when it ends or
-times out), seeing Python, the code and the experiment directory read-only (without ``dml_file/``),
+times out), in the experiment directory (its working directory), seeing Python, the code and the experiment directory read-only (without ``dml_file/``),
 the inputs the controller wrote for it read-only and one directory of its own to write, under the
 nodes' rlimits and seccomp filter (``worker.confinement.facade.confined_popen``). What it writes is read
 back without following links, from regular files only, bounded in size. As another user (tests, the
@@ -159,12 +159,12 @@ def load_data_module(path: str, function: str = "load", workdir: str = "") -> tu
             return tuple(data[k] for k in ("x_train", "y_train", "x_test", "y_test"))
 
 
-def check_model(conf: dict[str, Any], workdir: str, input_shape: Sequence[int], n_classes: int,
-                seeds: Sequence[int] = (0, 1)) -> dict[str, Any]:
-    """The model built in the sandbox with each of ``seeds``: its arrays, parameters and bytes."""
+def check_model(conf: dict[str, Any], workdir: str, input_shape: Sequence[int], n_classes: int) -> dict[str, Any]:
+    """The model built in the sandbox (``dml_app.probe.probe_model``): its arrays, parameters,
+    bytes and kind (``inferred`` when the entry named none)."""
     with Scratch() as scratch:
-        return run_probe({"task": "model", "conf": conf, "input_shape": list(input_shape), "n_classes": n_classes,
-                          "seeds": list(seeds)}, workdir, scratch)
+        return run_probe({"task": "model", "conf": conf, "input_shape": list(input_shape), "n_classes": n_classes},
+                         workdir, scratch)
 
 
 def check_algorithm(module: str, classes: Sequence[str], workdir: str) -> dict[str, str]:

@@ -265,6 +265,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--bind", default="0.0.0.0")
     args = parser.parse_args(argv)
+    try:
+        os.chdir(args.workdir)  # the user's relative paths: the experiment directory's, as in the probe
+    except OSError:
+        pass
     service = NodeService(args.name, args.controller, args.run_id, args.workdir, args.port)
     server = WSGIServer((args.bind, args.port), service.router, log=None)
     gevent.signal_handler(signal.SIGTERM, server.stop)

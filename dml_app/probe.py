@@ -4,9 +4,10 @@
 
 Requests (paths relative to ``workdir``, the experiment directory):
 
-- ``{"task": "model", "workdir", "conf", "input_shape", "n_classes", "seeds": [0, 1]}``: build the
-  model once per seed, check the contract, and answer each build's arrays (name, shape, dtype),
-  parameter count and bytes; builds whose arrays differ are refused.
+- ``{"task": "model", "workdir", "conf", "input_shape", "n_classes"}``: build the model twice from
+  its seed and once from another, check the contract, and answer its arrays (name, shape, dtype),
+  parameter count, bytes and kind (inferred when a user model's entry names none); builds whose
+  arrays or initial weights differ are refused.
 - ``{"task": "algorithm", "workdir", "module", "classes"}``: import the file and check that each
   class subclasses a built-in role (one class a role); answers which role each replaces.
 - ``{"task": "policy", "workdir", "entry", "view"}``: import the policy file, check that the class
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -35,7 +37,8 @@ import numpy as np
 
 from dml_app.models.contract import check_contract
 from dml_app.models.global_test import load_global_test
-from dml_app.models.make import make_model
+from dml_app.models.make import kind_of, make_model
+from dml_app.models.user import build_user, kind_of_built
 from dml_app.policies import contract
 from dml_app.roles.registry import user_roles
 from dml_app.runtime import usercode
@@ -44,29 +47,46 @@ DATA_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def probe_model(req: dict[str, Any]) -> dict[str, Any]:
-    """Each seed's build, described; refused when the builds' arrays differ."""
+    """The model built three times, the user's file imported afresh each time: twice from the seed
+    (refused unless both start from the same weights) and once from another seed (refused unless
+    it has the same arrays); a user model's kind inferred from what its build returns when the
+    entry names none. Answers the arrays, parameters, bytes and the kind."""
     conf, shape, n_classes = dict(req["conf"]), tuple(req["input_shape"]), int(req["n_classes"])
-    what = conf.get("module") or conf.get("name") or "the model"
-    layouts = []
-    for seed in req.get("seeds") or [int(conf.get("seed") or 0)]:
-        model = make_model({**conf, "seed": int(seed)}, shape, n_classes, req["workdir"])
-        weights = check_contract(model, str(what))
+    workdir = req["workdir"]
+    what = usercode.shown(str(conf.get("module") or conf.get("name") or "the model"))
+    inferred = bool(conf.get("module")) and not conf.get("kind")
+    if inferred:
+        usercode.forget()
+        conf["kind"] = kind_of_built(build_user(conf, shape, n_classes, workdir, None)) or "numpy"
+    seed = int(conf.get("seed") or 0)
+    builds = []
+    for s in (seed, seed, seed + 1):
+        usercode.forget()
+        model = make_model({**conf, "seed": s}, shape, n_classes, workdir)
+        weights = check_contract(model, what)
         names_of = getattr(model, "weight_names", None)
         names = list(names_of()) if callable(names_of) else [f"{i:04d}" for i in range(len(weights))]
-        layouts.append([[n, list(w.shape), w.dtype.str] for n, w in zip(names, weights)])
-    for layout in layouts[1:]:
-        if [a[1:] for a in layout] != [a[1:] for a in layouts[0]]:
-            raise usercode.UserCodeError(f"{what}: the weights' shapes differ between builds with different "
-                                         "seeds; every node must build the same arrays")
+        builds.append((model, weights, [[n, list(w.shape), w.dtype.str] for n, w in zip(names, weights)]))
+    (model, first, layout), (_, again, _), (_, _, other) = builds
+    if [a[1:] for a in other] != [a[1:] for a in layout]:
+        raise usercode.UserCodeError(f"{what}: the weights' shapes differ between builds with different "
+                                     "seeds; every node must build the same arrays")
+    differ = next((i for i, (a, b) in enumerate(zip(first, again)) if not np.array_equal(a, b)), None)
+    if differ is not None:
+        raise usercode.UserCodeError(
+            f"{what}: two builds with the same seed start from different weights (array {differ}, "
+            f"{layout[differ][0]!r}), so the nodes would not start from the same model: draw the initial "
+            "weights from the generators the testbed seeds before it imports the file (numpy.random, "
+            "random, TensorFlow's), or from a generator seeded with conf['seed']")
     try:
         loss, accuracy = model.evaluate(np.zeros((2, *shape), dtype=np.float32), np.zeros(2, dtype=np.int64))
         float(loss), float(accuracy)
     except Exception as e:  # the user's code
         raise usercode.UserCodeError(f"{what}: evaluate(x, y) on two samples of shape {shape} failed: "
                                      f"{type(e).__name__}: {e}") from None
-    shapes = layouts[0]
-    return {"arrays": shapes, "params": sum(math.prod(s) for _, s, _ in shapes),
-            "bytes": sum(math.prod(s) * np.dtype(d).itemsize for _, s, d in shapes)}
+    return {"arrays": layout, "params": sum(math.prod(s) for _, s, _ in layout),
+            "bytes": sum(math.prod(s) * np.dtype(d).itemsize for _, s, d in layout),
+            "kind": kind_of(conf), "inferred": inferred}
 
 
 def probe_algorithm(req: dict[str, Any]) -> dict[str, Any]:
@@ -84,10 +104,10 @@ def probe_policy(req: dict[str, Any]) -> dict[str, Any]:
     """The user's policy built and tried on a sample round: its vote and its action."""
     entry = dict(req["entry"])
     relative, name = str(entry["module"]), str(entry.get("class"))
-    path = usercode.resolve(req["workdir"], relative)
+    path, shown = usercode.resolve(req["workdir"], relative), usercode.shown(relative)
     cls = usercode.attribute(usercode.load_file(req["workdir"], relative), relative, name, "policy class")
     if not (isinstance(cls, type) and issubclass(cls, contract.Policy)):
-        raise usercode.UserCodeError(f"{relative}: {name} must subclass dml_app.policies.Policy")
+        raise usercode.UserCodeError(f"{shown}: {name} must subclass dml_app.policies.Policy")
     view = contract.PolicyView(**{k: v for k, v in dict(req["view"]).items() if k in VIEW_KEYS})
     metrics = {**SAMPLE_METRICS, "strategy": view.strategy or "ring", "batch_size": view.batch_size,
                "cluster_size": max(2, len(view.members))}
@@ -100,15 +120,15 @@ def probe_policy(req: dict[str, Any]) -> dict[str, Any]:
         policy.before_round(1)
         step = f"{name}.after_round(metrics)"
         vote = policy.after_round(dict(metrics))
-        contract.check_vote(vote, f"{relative}: {name}.after_round")
+        contract.check_vote(vote, f"{shown}: {name}.after_round")
         step = f"{name}.decide(1, votes)"
         action = policy.decide(1, {m: vote for m in view.members or [view.name]})
     except contract.PolicyError:
         raise
     except Exception as e:  # the user's code
-        raise usercode.UserCodeError(f"{relative}: {step} failed: {usercode.where_in(e, path)}") from None
+        raise usercode.UserCodeError(f"{shown}: {step} failed: {usercode.where_in(e, path)}") from None
     members = list(view.members) if view.role == "ring" else None  # (a strategy names a ring's members)
-    contract.check_action(action, f"{relative}: {name}.decide", members)
+    contract.check_action(action, f"{shown}: {name}.decide", members)
     return {"vote": vote, "action": action}
 
 
@@ -166,6 +186,7 @@ def main() -> int:
     answer_to, sys.stdout = sys.stdout, sys.stderr  # what the user's code prints goes to stderr
     try:
         req = json.loads(sys.stdin.read())
+        os.chdir(req["workdir"])  # the user's relative paths: the experiment directory's
         answer = {"ok": True, **TASKS[req["task"]](req)}
     except (ValueError, KeyError, TypeError) as e:
         answer = {"ok": False, "error": str(e) if isinstance(e, ValueError) else f"bad probe request: {e!r}"}

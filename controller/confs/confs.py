@@ -59,7 +59,7 @@ from typing import Any, Callable, Optional
 from controller.confs.structures import SEED, load_structure_file
 from controller.model.topology import Topology
 from worker.api.errors import ConfigError
-from worker.api.schema import MAX_BATCH, Field, Place, Schema, read_object
+from worker.api.schema import MAX_BATCH, Field, Place, Refused, Schema, read_object
 
 NODE_PORT = 4444
 CONF_DIR = os.path.join("dml_file", "conf")
@@ -93,12 +93,12 @@ def dataset_source(value: Any, shard_dirs: bool = False) -> Any:
             raise ValueError(f"the data module {module!r} must be a .py file")
         problem = relative_path_problem(module)
         if problem:
-            raise ValueError(f"the data module {module!r} is {problem}")
+            raise Refused(f"the data module {module!r} is {problem}")
         return value
     if value.endswith(".npz"):
         problem = relative_path_problem(value)
         if problem:
-            raise ValueError(problem)
+            raise Refused(problem)
         return value
     if value in BUILTIN_DATASETS or shard_dirs and SHARD_DIR_NAME.fullmatch(value):
         return value

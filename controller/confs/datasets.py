@@ -206,10 +206,7 @@ def confined(workdir: str, path: str, what: str) -> str:
     if problem:
         raise ConfigError(f"{what} {path!r}: {problem}")
     root = os.path.realpath(workdir)
-    real = os.path.realpath(os.path.join(root, path))
-    if os.path.commonpath([root, real]) != root:
-        raise ConfigError(f"{what} {path!r}: leads out of the experiment directory {root} "
-                          f"(through a symbolic link, to {real})")
+    real = inside(root, os.path.join(root, path), f"{what} {path!r}")
     if any(os.path.commonpath([os.path.join(root, own), real]) == os.path.join(root, own)
            for own in ("dml_file", "dml_user")):
         raise ConfigError(f"{what} {path!r}: in the testbed's own dml_file/ or dml_user/")
@@ -217,6 +214,17 @@ def confined(workdir: str, path: str, what: str) -> str:
         raise ConfigError(f"{what} {path!r}: no such file in the experiment directory {root}")
     if not os.path.isfile(real):
         raise ConfigError(f"{what} {path!r}: not a regular file")
+    return real
+
+
+def inside(root: str, path: str, what: str) -> str:
+    """The real path of ``path``, refused when a symbolic link leads it out of the experiment
+    directory ``root`` (the rule for every data file the controller reads, built-in or the user's)."""
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        raise ConfigError(f"{what}: a symbolic link leads it out of the experiment directory {root} (to {real}); "
+                          f"data files are read only inside it: move or copy the data in, or bind-mount its "
+                          f"directory there (mount --bind {os.path.dirname(real)} {root}/<dir>)")
     return real
 
 
@@ -423,6 +431,11 @@ def load(source: Source, directory: str = "dataset", workdir: Optional[str] = No
     name = builtin_name(source)
     if name == "digits":
         return load_digits()
+    folder, root = os.path.join(directory, name), os.path.realpath(workdir)
+    if os.path.exists(folder):  # its files, as the user's: inside the experiment directory
+        inside(root, folder, folder)
+        for entry in os.scandir(folder) if os.path.isdir(folder) else ():
+            inside(root, entry.path, entry.path)
     if name in MNIST_LIKE:
         return load_mnist_like(name, os.path.join(directory, name))
     if name == "cifar10":

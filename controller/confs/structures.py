@@ -49,6 +49,7 @@ import os
 import re
 from typing import Any, Callable, Optional
 
+from controller.model.scenario import MAX_NAME_LEN
 from controller.model.topology import Topology
 from dml_app.models.architectures import BUILTIN_NAMES
 from dml_app.policies.contract import MAX_POLICIES
@@ -68,7 +69,8 @@ USER_FILE_HINT = ("a .py file relative to the experiment directory, e.g. nns/my_
                   "dml_file/)")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 MODEL = Schema({
-    "kind": Field(str, "numpy, or keras (TensorFlow; 'tf' is its older name)", default="numpy",
+    "kind": Field(str, "numpy, or keras (TensorFlow; 'tf' is its older name); for your own model, "
+                       "inferred from what build returns when left out", default="numpy",
                   choices=("numpy", "keras", "tf")),
     "name": Field(str, "a built-in model", default=ABSENT, choices=BUILTIN_NAMES),
     "module": Field(str, "your own model: a Python file whose build(input_shape, n_classes, conf) returns it; "
@@ -80,7 +82,7 @@ MODEL = Schema({
                     items=Field(int, low=1, high=MAX_HIDDEN_UNITS)),
     "learning_rate": Field(float, "default: 0.005 for the MLP, 0.001 for the CNNs", default=ABSENT, low=0,
                            high=MAX_LEARNING_RATE, low_open=True),
-    "optimizer": Field(str, default="adam", choices=("adam", "sgd")),
+    "optimizer": Field(str, "the optimizer a built-in model trains with", default="adam", choices=("adam", "sgd")),
     "bn_momentum": Field(float, "batch normalisation's moving-average momentum (default 0.99, as Keras and "
                                 "EdgeTB; lower, e.g. 0.9, when nodes take few training steps)", default=ABSENT,
                          low=0, high=1),
@@ -98,7 +100,7 @@ NODE_LIST = Field(list, "the nodes taking part", required=True)
 SYNC = Field(int, "rounds", low=1, high=MAX_ROUNDS)
 EPOCH = Field(int, "local epochs per round (default: the top-level epoch, else 1)", low=0, high=MAX_EPOCHS)
 TOP_EPOCH = Field(int, "local epochs per round of entries that set none", default=1, low=0, high=MAX_EPOCHS)
-NAME = Field(str, "a node of links.json", required=True, max_len=64)
+NAME = Field(str, "a node of links.json", required=True, max_len=MAX_NAME_LEN)
 TRAINER = Schema({"name": NAME, "epoch": EPOCH, "seed": SEED})
 
 GOSSIP = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
@@ -144,7 +146,7 @@ FL_AGGREGATOR = Schema({
     "name": NAME, "seed": SEED, "sync": SYNC,
     "trainer_fraction": Field(float, "share of trainers picked per round", default=1.0, low=0, high=1,
                               low_open=True),
-    "selection": Field(str, default="uniform", choices=("uniform", "speed")),
+    "selection": Field(str, "how a round picks its trainers: uniform at random, or speed (each draw weighted by 1 / the trainer's measured seconds)", default="uniform", choices=("uniform", "speed")),
     "deadline_s": Field(float, "longest wait for a round's updates", default=60.0, low=0, high=MAX_SECONDS,
                         low_open=True),
     "quorum": Field(float, "share of the picked trainers a round needs", default=0.5, low=0, high=1,
@@ -440,6 +442,8 @@ def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[s
         raise ConfigError(f"unknown algorithm {algorithm!r}; known: {', '.join(LOADERS)}")
     data = read_object(path, ConfigError, '{"sync": 10, "node_list": [{"name": "n1"}]}')
     data.pop("telemetry", None)  # the run's sampling settings: controller.model.telemetry_conf reads them
+    model = data.get("model")
+    infer_kind = isinstance(model, dict) and model.get("module") is not None and "kind" not in model
     own_keys = _module_model_keys(data, path)
     user_algorithm = _algorithm(data.pop("algorithm", None), path)
     raw_policies = data.pop("policies", ABSENT)
@@ -449,6 +453,8 @@ def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[s
     for conf in confs.values():
         if own_keys and "model" in conf:
             conf["model"] = {**conf["model"], **own_keys}
+        if infer_kind and "model" in conf:  # the check infers it from what build returns
+            conf["model"] = {k: v for k, v in conf["model"].items() if k != "kind"}
         if user_algorithm:
             conf["algorithm"] = user_algorithm
         if listed is not None:

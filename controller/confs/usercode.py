@@ -1,10 +1,12 @@
 """The user's own files (a model, an algorithm) staged for the nodes and tried before a run.
 
-``stage`` copies each file a structure names into ``dml_user/`` of the experiment directory (a
-snapshot: editing the file during a run changes nothing; the directory is synced to other hosts
-like the code) and points the nodes' confs at the copy. ``check`` tries them in the probe
-sandbox (``controller.sandbox``): a model that does not build, breaks the contract or builds
-arrays of different shapes with different seeds, an algorithm class that is not a role, and a policy
+``stage`` copies each file a structure names, with the Python files beside it (``helpers``: what
+it may import), into ``dml_user/`` of the experiment directory (a snapshot: editing the file during
+a run changes nothing; the directory is synced to other hosts like the code) and points the
+nodes' confs at the copy. ``check`` tries them in the probe sandbox (``controller.sandbox``): a
+model that does not build, breaks the contract, builds arrays of different shapes with different
+seeds or different initial weights from the same seed (its kind inferred when the entry names
+none), an algorithm class that is not a role, and a policy
 class that is not a ``dml_app.policies.Policy`` or whose first vote is not one, are refused with the
 file and the reason before anything is created. Built-in models are checked too: a
 numpy one is built here (it is the project's own code), a Keras one needs TensorFlow.
@@ -23,11 +25,13 @@ import numpy as np
 
 from dml_app.models.architectures import architecture
 from dml_app.models.make import kind_of, make_model
-from dml_app.runtime.usercode import USERCODE_DIR
+from dml_app.runtime.usercode import USERCODE_DIR, shown
 from worker.api.errors import ConfigError
 from worker.confinement.facade import under
 
 MAX_USER_FILE_BYTES = 1 << 20
+MAX_HELPER_FILES = 256  # Python files staged beside a user's file
+TESTBED_DIRS = ("controller", "worker", "dml_app", "dml_tool", "tests", "bench", USERCODE_DIR, "dml_file")
 
 
 def user_files(structure: dict[str, dict[str, Any]]) -> list[str]:
@@ -63,6 +67,9 @@ def stage(workdir: str, structure: dict[str, dict[str, Any]], source: str) -> di
         if len(data) > MAX_USER_FILE_BYTES:
             raise ConfigError(f"{source}: {relative}: larger than {MAX_USER_FILE_BYTES} bytes")
         sources[relative] = data
+    for relative in list(sources):
+        for beside, data in helpers(root, relative, source).items():
+            sources.setdefault(beside, data)
     staged_root = os.path.join(root, USERCODE_DIR)
     try:
         st = os.lstat(staged_root)
@@ -93,6 +100,46 @@ def stage(workdir: str, structure: dict[str, dict[str, Any]], source: str) -> di
             conf["policies"] = [{**p, "module": f"{USERCODE_DIR}/{p['module']}"} if p.get("module") else p
                                 for p in conf["policies"]]
     return staged
+
+
+def helpers(root: str, relative: str, source: str) -> dict[str, bytes]:
+    """The Python files beside the user's file ``relative`` (its directory's ``.py`` files and the
+    packages in it, by path relative to ``root``), staged with it so that it can import them; the
+    testbed's own directories are left out."""
+    folder = os.path.dirname(os.path.join(root, relative))
+    found: dict[str, bytes] = {}
+    for path in _python_files(folder, top=True, root=root):
+        rel = os.path.relpath(path, root)
+        try:
+            with open(path, "rb") as f:
+                found[rel] = f.read(MAX_USER_FILE_BYTES + 1)
+        except OSError:
+            continue  # (unreadable: not the user's named file, so not an error)
+        if len(found[rel]) > MAX_USER_FILE_BYTES or len(found) > MAX_HELPER_FILES:
+            raise ConfigError(f"{source}: {relative}: the Python files beside it, staged with it, are more than "
+                              f"{MAX_HELPER_FILES} or one is larger than {MAX_USER_FILE_BYTES} bytes "
+                              f"({rel}): keep a model's or an algorithm's files in a directory of their own")
+    return found
+
+
+def _python_files(folder: str, top: bool, root: str) -> list[str]:
+    """``folder``'s ``.py`` files and those of its packages (directories with ``__init__.py``), not
+    through links out of ``root`` nor into the testbed's own directories."""
+    out = []
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return out
+    for entry in entries:
+        real = os.path.realpath(entry.path)
+        if entry.name.startswith(".") or not under(real, root):
+            continue
+        if entry.is_file() and entry.name.endswith(".py"):
+            out.append(entry.path)
+        elif (entry.is_dir() and os.path.isfile(os.path.join(entry.path, "__init__.py"))
+              and not (top and os.path.realpath(folder) == root and entry.name in TESTBED_DIRS)):
+            out += _python_files(entry.path, False, root)
+    return out
 
 
 def sample_shape(workdir: str, dataset_conf: dict[str, Any]) -> tuple[tuple[int, ...], int]:
@@ -138,15 +185,21 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
             continue
         tried.add(key)
         where = f"{source}: field 'model'"
+        if model.get("module"):
+            described[node] = sandbox.check_model(model, workdir, shape, n_classes)
+            if described[node]["inferred"]:  # every node of this model: the kind its build returns
+                for other in structure.values():
+                    if other.get("model") == model:
+                        other["model"] = {**model, "kind": described[node]["kind"]}
+            model = {**model, "kind": described[node]["kind"]}
         keras = kind_of(model) == "keras"
         if keras and docker:
             raise ConfigError(f"{where}: a model of kind 'keras' needs TensorFlow in the nodes, and the Docker "
                               f"node image has numpy only ({', '.join(docker[:3])}{' ...' if len(docker) > 3 else ''}"
                               "): use a numpy model, or netns nodes")
         if model.get("module"):
-            seed = int(model.get("seed") or 0)
-            described[node] = sandbox.check_model(model, workdir, shape, n_classes, (seed, seed + 1))
-        elif keras:
+            continue
+        if keras:
             if importlib.util.find_spec("tensorflow") is None:
                 raise ConfigError(f"{where}: a model of kind 'keras' needs TensorFlow: pip install '.[tf]'")
             try:  # the layers fit the samples (the same description builds the numpy net): no TensorFlow here
@@ -172,6 +225,29 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
                               f"structure has ({', '.join(sorted(roles))})")
     check_policies(workdir, structure, source)
     return described
+
+
+def uses(structure: dict[str, dict[str, Any]], models: dict[str, Any], dataset: dict[str, Any]) -> list[str]:
+    """One line per user file in use (checked: ``models`` as ``check`` described them; ``dataset``:
+    the dataset settings), for the console."""
+    source = dataset.get("dataset")
+    lines = [f"your data: {source['module']}, {source.get('function') or 'load'}()"] if isinstance(source, dict) else []
+    if isinstance(source, str) and source.endswith(".npz"):
+        lines.append(f"your data: {source}")
+    for node, model in models.items():
+        entry = structure[node].get("model") or {}
+        if entry.get("module"):
+            inferred = " (inferred from what it returns: write \"kind\" to say so)" if model.get("inferred") else ""
+            lines.append(f"your model: {shown(entry['module'])}, {entry.get('build') or 'build'}(), "
+                         f"kind {model['kind']}{inferred}")
+    for algorithm in {json.dumps(c["algorithm"], sort_keys=True): c["algorithm"] for c in structure.values()
+                      if c.get("algorithm")}.values():
+        lines.append(f"your algorithm: {shown(algorithm['module'])}, {', '.join(algorithm['classes'])} "
+                     f"replacing the built-in role{'s' if len(algorithm['classes']) > 1 else ''}")
+    policies = {json.dumps(p, sort_keys=True): p for c in structure.values() for p in c.get("policies") or []
+                if p.get("module")}
+    lines += [f"your policy: {shown(p['module'])}, {p['class']}" for p in policies.values()]
+    return lines
 
 
 def policy_view(node: str, conf: dict[str, Any]) -> dict[str, Any]:

@@ -37,8 +37,9 @@ class Kind(Protocol):
         """Seed the framework before a user's build (every node starts from the same weights)."""
         ...
 
-    def wrap(self, built: Any, what: str) -> Model:
-        """What a user's build returned (``what`` names it), as a node model; ModelError if it cannot be."""
+    def wrap(self, built: Any, what: str, conf: dict[str, Any]) -> Model:
+        """What a user's build returned (``what`` names it), as a node model tuned by the model
+        ``conf``; ModelError if it cannot be."""
         ...
 
 

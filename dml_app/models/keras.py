@@ -134,10 +134,26 @@ def build(name: str, input_shape: tuple[int, ...], n_classes: int, conf: dict[st
     return KerasModel(build_keras(name, input_shape, n_classes, conf))
 
 
-def wrap(built: Any, what: str) -> KerasModel:
-    """A user's build result (``what`` names it) as a node model: it must be a compiled ``tf.keras.Model``."""
+def wrap(built: Any, what: str, conf: dict[str, Any]) -> KerasModel:
+    """A user's build result (``what`` names it) as a node model: it must be a compiled
+    ``tf.keras.Model``; the model conf's ``bn_momentum`` and ``learning_rate`` apply to it."""
     if not callable(getattr(built, "fit", None)) or not callable(getattr(built, "get_weights", None)):
         raise ModelError(f"{what} must return a tf.keras.Model (model kind 'keras'), got {type(built).__name__}")
     if getattr(built, "optimizer", None) is None or getattr(built, "compiled_loss", True) is None:
         raise ModelError(f"{what} must return a compiled model: call model.compile(...)")
+    if conf.get("bn_momentum") is not None:
+        for layer in _layers(built):
+            if type(layer).__name__ == "BatchNormalization":
+                layer.momentum = float(conf["bn_momentum"])
+    if conf.get("learning_rate") is not None:
+        built.optimizer.learning_rate = float(conf["learning_rate"])
     return KerasModel(built)
+
+
+def _layers(model: Any) -> list[Any]:
+    """Every layer of ``model``, those of nested models included."""
+    found = []
+    for layer in getattr(model, "layers", []):
+        found.append(layer)
+        found.extend(_layers(layer))
+    return found

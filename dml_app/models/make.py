@@ -7,7 +7,8 @@ Conf (a structure file's ``model``)::
     {"module": "dml_user/nns/my_model.py", "build": "build", "kind": "numpy" | "keras", ...}
 
 ``kind`` "tf" is the older name of "keras". A ``module`` is the user's file (as staged by the
-controller under ``dml_user/``, ``dml_app.models.user``). Every node of a run uses the same seed,
+controller under ``dml_user/``, ``dml_app.models.user``); the controller infers its kind when the
+entry has none (``dml_app.probe``), so a node's conf always names it. Every node of a run uses the same seed,
 so all start from the same weights (averaging models from different random starts would mix
 unrelated features).
 
@@ -53,7 +54,7 @@ def make_model(conf: dict[str, Any], input_shape: Union[int, Sequence[int]], n_c
     input_shape = shape_of(input_shape)
     kind, name = kind_of(conf), str(conf.get("name") or DEFAULT)
     if conf.get("module"):
-        return user_model(conf, input_shape, n_classes, workdir or ".", kind_module(kind))
+        return user_model(conf, input_shape, n_classes, workdir or ".", kind_module(kind), kind)
     if name not in BUILTIN_NAMES:
         raise ModelError(f"unknown model name {name!r}; built-in: {', '.join(BUILTIN_NAMES)}")
     return kind_module(kind).build(name, input_shape, n_classes, conf)

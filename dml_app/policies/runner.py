@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 from dml_app.policies.builtin import KINDS
 from dml_app.policies.contract import Policy, PolicyError, PolicyView, Vote, check_action, check_vote
-from dml_app.runtime.usercode import UserCodeError, attribute, load_file
+from dml_app.runtime.usercode import UserCodeError, attribute, load_file, shown
 
 
 def build(entries: list[dict[str, Any]], view: PolicyView, workdir: str) -> list[Policy]:
@@ -20,7 +20,7 @@ def build(entries: list[dict[str, Any]], view: PolicyView, workdir: str) -> list
             relative = entry["module"]
             cls = attribute(load_file(workdir, relative), relative, entry.get("class", ""), "policy class")
             if not (isinstance(cls, type) and issubclass(cls, Policy)):
-                raise UserCodeError(f"{relative}: {entry.get('class')!r} is not a subclass of dml_app.policies.Policy")
+                raise UserCodeError(f"{shown(relative)}: {entry.get('class')!r} is not a subclass of dml_app.policies.Policy")
         elif entry.get("kind") in KINDS:
             cls = KINDS[entry["kind"]]
         else:

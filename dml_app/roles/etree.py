@@ -12,7 +12,8 @@ rounds made of the model. Answers are messages of their own (child to parent,
 over the child's links), and a child that is the node itself is called directly.
 A child is weighted by the samples it reports, at most what its subtree's
 dataset confs hold (``child_samples``, which the controller adds).
-The root runs ``sync`` global rounds, then tells the tree it is done: every
+A user's subclass may override ``aggregate(current, updates, counts)`` (``self.layer``: the
+position aggregating). The root runs ``sync`` global rounds, then tells the tree it is done: every
 node (``members``), so that the children of an aggregator that died are not left
 waiting.
 
@@ -41,7 +42,7 @@ from typing import Any, Callable, Optional
 
 from dml_app.reduction.aggregation import Aggregator
 from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok
-from dml_app.roles.shared import PeerHealth, parallel, quorum_count
+from dml_app.roles.shared import PeerHealth, parallel, quorum_count, rule_name
 from dml_app.runtime.http import JSON, Request, Response
 
 
@@ -63,6 +64,7 @@ class ETreeRole(Role):
         self.health = PeerHealth()
         self.aggregations = {layer: Aggregator(ctx.conf.get("aggregation"))  # by aggregating position
                              for layer in self.positions if layer > 1}
+        self.layer = self.top  # the position whose round ``aggregate`` combines
         self._asks = 0
         self.run_timeout_s = float(ctx.conf.get("run_timeout_s", 3600.0))  # a non-root waits for done
         self.root = ctx.conf.get("root")
@@ -138,12 +140,17 @@ class ETreeRole(Role):
             return self.ctx.model.get_weights(), self.samples
         samples = 0
         for _ in range(int(pos["sync"])):
-            weights, samples = self.aggregate(layer, weights)
+            weights, samples = self.aggregate_at(layer, weights)
         return weights, samples
 
-    def aggregate(self, layer: int, weights: Weights) -> tuple[Weights, int]:
+    def aggregate(self, current: Weights, updates: list[Weights], counts: list[int]) -> Weights:
+        """The model of the aggregating position ``self.layer`` from the one its children started
+        from (``current``), their ``updates`` and sample ``counts``: the structure's rule."""
+        return self.aggregations[self.layer].combine(current, updates, counts)
+
+    def aggregate_at(self, layer: int, weights: Weights) -> tuple[Weights, int]:
         """One round at an aggregator position: the children asked answer by the deadline,
-        combined (``aggregations``) when a quorum did."""
+        combined (``aggregate``) when a quorum did."""
         pos, t_start, sent_at = self.positions[layer], time.time(), time.perf_counter()
         deadline_s = float(pos.get("deadline_s", self.deadline_s))
         closes_at = time.monotonic() + deadline_s
@@ -163,7 +170,8 @@ class ETreeRole(Role):
                                           retry_in_s=backoff)
         needed = quorum_count(float(pos.get("quorum", self.quorum)), len(asked))
         if len(got) >= needed:
-            weights = self.aggregations[layer].combine(weights, [w for w, _ in got], [n for _, n in got])
+            self.layer = layer
+            weights = self.aggregate(weights, [w for w, _ in got], [n for _, n in got])
             closed = "all" if not missing else "quorum"
             if missing:
                 self.ctx.events.write("quorum_round", layer=layer, round=self.round_events + 1, missing=missing,
@@ -177,7 +185,7 @@ class ETreeRole(Role):
         loss, accuracy = self.evaluate()
         self._record(t_start, NOT_TRAINED, loss, accuracy, send_s, len(got), layer,
                      missing=missing, skipped=[c for c in children if c not in asked], closed=closed,
-                     aggregation=self.aggregations[layer].rule)
+                     aggregation=rule_name(self, ETreeRole, self.aggregations[layer]))
         return weights, sum(n for _, n in got)
 
     def ask(self, child: str, layer: int, weights: Weights, closes_at: float) -> Optional[tuple[Weights, int]]:
@@ -238,7 +246,7 @@ class ETreeRole(Role):
             for _ in range(int(self.positions[self.top]["sync"])):
                 if self.ctx.stop.is_set():
                     break
-                weights, _ = self.aggregate(self.top, weights)
+                weights, _ = self.aggregate_at(self.top, weights)
         else:
             deadline = time.monotonic() + self.run_timeout_s
             while not self.done.wait(timeout=1.0):

@@ -13,9 +13,9 @@ without a quorum keeps the old model (``round_failed``). A trainer trains
 ``epoch`` epochs on each model it gets and sends the result back.
 
 A user algorithm subclasses a role and overrides its hooks: the aggregator's
-``aggregation`` (an object with ``aggregation.Aggregator``'s ``combine`` and ``rule``),
-the trainer's ``local_update`` (what it makes of the global model); its own fields of
-the round event go into the ``extra`` of the record ``round`` returns.
+``aggregate(current, updates, counts)`` (how the updates become the model; by default the
+structure's rule), the trainer's ``local_update`` (what it makes of the global model); its own
+fields of the round event go into the ``extra`` of the record ``round`` returns.
 
 Trainers die and come back: one that cannot be reached or sends no update by the
 deadline is dropped (``peer_dropped``) and, while others are enough to pick from,
@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from dml_app.reduction.aggregation import Aggregator
 from dml_app.roles.base import NOT_TRAINED, Context, Role, RoundRecord, Weights, ok
-from dml_app.roles.shared import PeerHealth, parallel, quorum_count
+from dml_app.roles.shared import PeerHealth, parallel, quorum_count, rule_name
 from dml_app.runtime.http import JSON, HttpError, Request, Response
 from dml_app.wire import weights as wire
 
@@ -174,9 +174,9 @@ class AggregatorRole(Role):
         self._membership(r, sorted(updates), missing, unreachable)
         closed_at = time.perf_counter()
         if len(updates) >= quorum_count(self.quorum, len(picked)):
-            self.ctx.model.set_weights(self.aggregation.combine(self.ctx.model.get_weights(),
-                                                               [w for w, _ in updates.values()],
-                                                               [n for _, n in updates.values()]))
+            self.ctx.model.set_weights(self.aggregate(self.ctx.model.get_weights(),
+                                                      [w for w, _ in updates.values()],
+                                                      [n for _, n in updates.values()]))
             closed = "all" if not missing else "quorum"
             if missing:
                 self.ctx.events.write("quorum_round", round=r, arrived=sorted(updates), missing=missing,
@@ -190,8 +190,13 @@ class AggregatorRole(Role):
         return RoundRecord(r, t_start, NOT_TRAINED, loss, accuracy, send_s, len(updates),
                            {"picked": picked, "missing": missing, "closed": closed,
                             "samples": {t: n for t, (_, n) in updates.items()},
-                            "aggregate_s": time.perf_counter() - closed_at, "aggregation": self.aggregation.rule,
+                            "aggregate_s": time.perf_counter() - closed_at, "aggregation": rule_name(self, AggregatorRole, self.aggregation),
                             "cluster_size": len(self.members), "throughput_sps": throughput_sps, **resized})
+
+    def aggregate(self, current: Weights, updates: list[Weights], counts: list[int]) -> Weights:
+        """The next global model from the one the trainers started from (``current``), their
+        ``updates`` and their sample ``counts``: the structure's ``aggregation`` rule."""
+        return self.aggregation.combine(current, updates, counts)
 
     def apply(self, action: dict[str, Any]) -> None:
         """A policy's action: the batch size, or the trainers picked from (``members``)."""

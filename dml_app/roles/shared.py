@@ -66,3 +66,10 @@ class PeerHealth:
         """True when ``peer`` was down (it is back)."""
         with self._lock:
             return self._down.pop(peer, None) is not None
+
+
+def rule_name(role: Any, builtin: type, aggregator: Any) -> str:
+    """What combined a round, for its event: the structure's rule (``aggregator.rule``) while the
+    role's ``aggregate`` is ``builtin``'s, else ``<class>.aggregate`` (the user's)."""
+    own = next(k for k in type(role).__mro__ if "aggregate" in vars(k))
+    return str(aggregator.rule) if own is builtin else f"{own.__name__}.aggregate"

@@ -157,8 +157,12 @@ def test_npz_confined_to_the_experiment_directory(tmp_path):
     os.symlink(outside / "o.npz", work / "link.npz")
     os.symlink(outside, work / "dir")
     for value in ("link.npz", "dir/o.npz"):
-        with pytest.raises(ConfigError, match="leads out of the experiment directory"):
+        with pytest.raises(ConfigError, match="a symbolic link leads it out of the experiment directory"):
             dataset_confs(_settings(work, {"dataset": value}), ["a"], str(work))
+    (work / "dataset").mkdir()  # the same rule for a built-in data set's files
+    os.symlink(outside, work / "dataset" / "mnist")
+    with pytest.raises(ConfigError, match="a symbolic link leads it out of the experiment directory.*bind-mount"):
+        dataset_confs(_settings(work, {"dataset": "mnist"}), ["a"], str(work))
     with pytest.raises(ConfigError, match="'absent.npz': no such file in the experiment directory"):
         dataset_confs(_settings(work, {"dataset": "absent.npz"}), ["a"], str(work))
     os.symlink(work / "real.npz", work / "inside.npz")  # a link that stays inside is fine
@@ -228,7 +232,7 @@ def test_data_module_confined_and_checked_before_it_runs(tmp_path):
             _settings(tmp_path, {"dataset": value})
         assert "d.json" in e.value.message and words in e.value.message, e.value.message
     os.symlink("/etc/hostname", tmp_path / "m.py")
-    with pytest.raises(ConfigError, match="data module 'm.py': leads out of the experiment directory"):
+    with pytest.raises(ConfigError, match="data module 'm.py': a symbolic link leads it out of the experiment directory"):
         dataset_confs(_settings(tmp_path, {"dataset": {"module": "m.py"}}), ["a"], str(tmp_path), module_loader=never)
 
 

@@ -38,6 +38,11 @@ _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "tru
                dict: "an object"}
 
 
+class Refused(ValueError):
+    """A ``parse`` function's refusal that says all there is to say: reported as it is, without
+    the field's expected form."""
+
+
 class Place:
     """Where a value sits: ``file: part, part`` (``str(place)`` starts every message)."""
 
@@ -186,6 +191,8 @@ class Field:
         if self.parse is not None:
             try:
                 value = self.parse(value)
+            except Refused as e:
+                raise error(f"{where}: {value!r:.60}: {e}") from None
             except (ValueError, TypeError) as e:
                 raise error(f"{where}: {value!r:.60} is not {self.hint or 'of the expected form'} ({e})") from None
         return value

@@ -3,13 +3,16 @@
 - ``build``: a built-in network: ``mlp`` as ``NumpyMLP`` (its dense layers written out: the fast
   default), the others as the ``Sequential`` of their description (``net.build_numpy``, imported
   when first needed: a node of the MLP never loads the layers).
-- ``seed`` and ``wrap``: nothing to do, a user's numpy model is seeded by its own conf and keeps the
-  contract itself.
+- ``seed``: numpy's and Python's global generators, before a user's file is imported; ``wrap``:
+  nothing to do, a user's numpy model keeps the contract itself.
 """
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
+
+import numpy as np
 
 from dml_app.models.architectures import NETWORKS
 from dml_app.models.contract import Model
@@ -28,9 +31,12 @@ def build(name: str, input_shape: tuple[int, ...], n_classes: int, conf: dict[st
 
 
 def seed(value: int) -> None:
-    """Nothing to seed before a user's build (numpy draws from the generators it makes)."""
+    """Seed numpy's and Python's global generators before a user's file is imported and built (the
+    built-in networks draw from generators of their own)."""
+    np.random.seed(value)
+    random.seed(value)
 
 
-def wrap(built: Any, what: str) -> Model:
+def wrap(built: Any, what: str, conf: dict[str, Any]) -> Model:
     """A user's model as it is: it keeps the contract itself (``check_contract`` says if not)."""
     return built
