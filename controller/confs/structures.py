@@ -146,7 +146,8 @@ FL_AGGREGATOR = Schema({
     "name": NAME, "seed": SEED, "sync": SYNC,
     "trainer_fraction": Field(float, "share of trainers picked per round", default=1.0, low=0, high=1,
                               low_open=True),
-    "selection": Field(str, "how a round picks its trainers: uniform at random, or speed (each draw weighted by 1 / the trainer's measured seconds)", default="uniform", choices=("uniform", "speed")),
+    "selection": Field(str, "how a round picks its trainers: uniform, or speed (the shorter a trainer's last "
+                            "train and send seconds, the likelier it is picked)", default="uniform", choices=("uniform", "speed")),
     "deadline_s": Field(float, "longest wait for a round's updates", default=60.0, low=0, high=MAX_SECONDS,
                         low_open=True),
     "quorum": Field(float, "share of the picked trainers a round needs", default=0.5, low=0, high=1,

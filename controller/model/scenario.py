@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
 
-from controller.model.topology import MIN_MEM_BYTES, Topology
+from controller.model.topology import MIN_MEM_BYTES, NAME_RE, Topology
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_time_ms, parse_size_bytes
 from worker.api.errors import ConfigError
 from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
@@ -39,7 +39,9 @@ from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe,
 MAX_EVENTS = 10_000
 MAX_TRACE_ROWS = 100_000
 MAX_ROUND = 100_000
-NAME = Field(str, "a node name", max_len=64)
+# the longest node name topology's NAME_RE allows (15: names end up in interface and cgroup names)
+MAX_NAME_LEN = max(n for n in range(1, 256) if NAME_RE.fullmatch("n" * n))
+NAME = Field(str, "a node name", max_len=MAX_NAME_LEN)
 SECONDS = Field(float, "seconds", low=0, high=MAX_SECONDS)
 POSITIVE_SECONDS = Field(float, "seconds", low=0, low_open=True, high=MAX_SECONDS)
 
@@ -51,20 +53,21 @@ StepKind = Literal["link", "block", "unblock", "loss", "crash", "pause", "resume
                    "background", "access"]
 STEP_KINDS: tuple[StepKind, ...] = get_args(StepKind)  # what the runner applies (scenario.csv's event column)
 
-AT_ROUND = Schema({"node": Field(str, "the node whose round triggers the event", required=True, max_len=64),
+AT_ROUND = Schema({"node": Field(str, "the node whose round triggers the event", required=True, max_len=MAX_NAME_LEN),
                    "round": Field(int, "the round number", required=True, low=1, high=MAX_ROUND)})
-LINK = Schema({"src": Field(str, required=True, max_len=64), "dst": Field(str, required=True, max_len=64),
+LINK = Schema({"src": Field(str, "the link's source node", required=True, max_len=MAX_NAME_LEN),
+               "dst": Field(str, "the link's destination node", required=True, max_len=MAX_NAME_LEN),
                "bw": Field(str, "the new rate, such as '1mbit'", required=True, max_len=32),
-               "both_ways": Field(bool, default=False),
+               "both_ways": Field(bool, "the same change on dst -> src too", default=False),
                "delay": Field(str, "needs sch_netem", max_len=32), "jitter": Field(str, "needs sch_netem", max_len=32),
                "loss": Field((str, float), "netem loss on the link, e.g. '1%', needs sch_netem")})
-LOSS = Schema({"src": Field(str, required=True, max_len=64),
-               "dst": Field(str, "a node, or '*' for every other node", required=True, max_len=64),
+LOSS = Schema({"src": Field(str, "the node whose packets are dropped", required=True, max_len=MAX_NAME_LEN),
+               "dst": Field(str, "a node, or '*' for every other node", required=True, max_len=MAX_NAME_LEN),
                "percent": Field(float, "percent of packets dropped", required=True, low=0, high=100),
-               "both_ways": Field(bool, default=False)})
-CPU = Schema({"node": Field(str, required=True, max_len=64),
+               "both_ways": Field(bool, "drop dst -> src too", default=False)})
+CPU = Schema({"node": Field(str, "the node whose CPU limit changes", required=True, max_len=MAX_NAME_LEN),
               "cores": Field(float, "CPU cores", required=True, low=0, low_open=True, high=1024)})
-MEMORY = Schema({"node": Field(str, required=True, max_len=64),
+MEMORY = Schema({"node": Field(str, "the node whose memory limit changes", required=True, max_len=MAX_NAME_LEN),
                  "mem": Field((str, int), "a size such as '256M'", required=True)})
 REVOCATION = Schema({"nodes": Field(list, "the nodes revoked", required=True, items=NAME, min_items=1,
                                     max_items=10_000),
@@ -72,18 +75,23 @@ REVOCATION = Schema({"nodes": Field(list, "the nodes revoked", required=True, it
                      "notice_s": Field(float, "seconds between SIGTERM and SIGKILL", default=0.0, low=0,
                                        high=3600),
                      "replace_after_s": Field(dict, "a delay model; absent: not replaced")})
-BACKGROUND = Schema({"src": Field(str, required=True, max_len=64), "dst": Field(str, required=True, max_len=64),
+BACKGROUND = Schema({"src": Field(str, "the node that sends the flow (iperf3 client)", required=True,
+                                   max_len=MAX_NAME_LEN),
+                     "dst": Field(str, "the node that receives it (iperf3 server)", required=True,
+                                   max_len=MAX_NAME_LEN),
                      "rate": Field(str, "the flow's rate, such as '5mbit'", required=True, max_len=32),
                      "on_s": Field(float, "seconds on (with off_s: ON/OFF)", low=0, low_open=True, high=MAX_SECONDS),
                      "off_s": Field(float, "seconds off", low=0, low_open=True, high=MAX_SECONDS),
                      "for": Field(float, "seconds the flow lasts", required=True, low=0, low_open=True,
                                   high=MAX_SECONDS),
-                     "protocol": Field(str, default="tcp", choices=("tcp", "udp"))})
-TRACE = Schema({"src": Field(str, required=True, max_len=64), "dst": Field(str, required=True, max_len=64),
+                     "protocol": Field(str, "the flow's transport", default="tcp", choices=("tcp", "udp"))})
+TRACE = Schema({"src": Field(str, "the link's source node", required=True, max_len=MAX_NAME_LEN),
+                "dst": Field(str, "the link's destination node", required=True, max_len=MAX_NAME_LEN),
                 "file": Field(str, "a CSV of time_s,rate beside the scenario", required=True, max_len=255),
-                "both_ways": Field(bool, default=False)})
-ACCESS = Schema({"node": Field(str, required=True, max_len=64), "uplink": Field(str, max_len=32),
-                 "downlink": Field(str, max_len=32)})
+                "both_ways": Field(bool, "the same rates on dst -> src too", default=False)})
+ACCESS = Schema({"node": Field(str, "the node whose access links change", required=True, max_len=MAX_NAME_LEN),
+                 "uplink": Field(str, "its new access link out, e.g. '2mbit'", max_len=32),
+                 "downlink": Field(str, "its new access link in, e.g. '2mbit'", max_len=32)})
 TOP = Schema({"seed": SEED, "time_scale": Field(float, "multiplies lifetimes drawn in minutes", default=1.0,
                                                 low=0, low_open=True, high=1e6),
               "events": Field(list, "the timeline", required=True, max_items=MAX_EVENTS)})
