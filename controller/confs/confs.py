@@ -110,7 +110,9 @@ SETTINGS = Schema({
                      "(an object: its fields below); files relative to the experiment directory", default="digits",
                      schema=DATA_MODULE, parse=dataset_source,
                      hint=SOURCE_HINT),
-    "split": Field(str, default="iid", choices=("iid", "dirichlet")),
+    "split": Field(str, "how the training set is cut among the nodes: iid (shuffled, equal parts) or "
+                        "dirichlet (each class shared out in Dirichlet(alpha) proportions)", default="iid",
+                   choices=("iid", "dirichlet")),
     "alpha": Field(float, "Dirichlet concentration (lower: more skewed)", default=0.5, low=0, high=1000,
                    low_open=True),
     "seed": Field(int, "random seed", default=0, low=0, high=SEED.high),

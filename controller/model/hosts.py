@@ -66,14 +66,15 @@ FINGERPRINT_RE = re.compile(r"[0-9A-Fa-f]{64}|[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){
 HOST_SCHEMA = Schema({
     "name": Field(str, "1-15 letters, digits, '_' or '-'", required=True),
     "agent": Field(str, "agent URL, e.g. 'http://10.254.0.2:3334'", max_len=256),
-    "runtime": Field(str, default="netns", choices=RUNTIMES),
+    "runtime": Field(str, "what the host's nodes are: network namespaces, Docker containers, or the "
+                          "physical device itself", default="netns", choices=RUNTIMES),
     "ip": Field(str, "the host's LAN IPv4 address", max_len=15),
     "nfs": Field(str, "export holding the experiment, e.g. '10.254.0.1:/srv/edgetb'", max_len=512),
     "token_file": Field(str, "path of the agent's token", max_len=4096),
     "tls_fingerprint": Field(str, "SHA-256 of the agent's certificate", pattern=FINGERPRINT_RE,
                              hint="a SHA-256 fingerprint: 64 hex digits, colons allowed")})
 HOST_FIELDS = tuple(HOST_SCHEMA.fields)
-HOSTS_SCHEMA = Schema({"version": Field(int, default=1, choices=(1,)),
+HOSTS_SCHEMA = Schema({"version": Field(int, "the file format's version", default=1, choices=(1,)),
                        "hosts": Field(list, "the worker hosts", required=True, min_items=1, max_items=4096),
                        "controller_ip": Field(str, "how nodes and agents reach the controller", max_len=15),
                        "engine": Field(str, "how the hosts' nodes reach each other", default="routed",

@@ -60,8 +60,9 @@ LINK_SCHEMA = Schema({
     "loss": Field((str, float), "percentage, e.g. '0.5%'"),
     "queue": Field(int, "packets", low=1, high=MAX_QUEUE_PKTS)})
 NODE_SCHEMA = Schema({
-    "name": Field(str, required=True),
-    "kind": Field(str, default="emulated", choices=NODE_KINDS),
+    "name": Field(str, "1-15 letters, digits, '_' or '-', starting with a letter or digit", required=True),
+    "kind": Field(str, "emulated (a namespace or container of its host) or physical (a device of its own)",
+                  default="emulated", choices=NODE_KINDS),
     "host": Field(str, "a host of hosts.json", default="local", max_len=15),
     "cpu": Field(float, "cores", low=0, high=MAX_CPU, low_open=True),
     "mem": Field((str, int), "e.g. '256M', at least 4M"),
@@ -83,9 +84,10 @@ _NODE_DICT = Schema({
 _LINK_DICT = Schema({"src": Field(str, "a node name", required=True),
                      "dst": Field(str, "a node name", required=True),
                      "shape": Field(dict, "how the link is shaped", required=True)})
-NODES_FILE_SCHEMA = Schema({"version": Field(int, default=TOPOLOGY_VERSION, choices=(TOPOLOGY_VERSION,)),
+NODES_FILE_SCHEMA = Schema({"version": Field(int, "the file format's version", default=TOPOLOGY_VERSION,
+                                             choices=(TOPOLOGY_VERSION,)),
                             "defaults": Field(dict, "access links of every node that names none", schema=ACCESS_SCHEMA),
-                            "nodes": Field(list, required=True)})
+                            "nodes": Field(list, "the nodes, each with the fields below", required=True)})
 
 
 @dataclass
