@@ -1,4 +1,4 @@
-"""The traffic and burst metrics of a run (see TELEMETRY.md): ``analyze(run_dir)``."""
+"""The traffic and burst metrics of a run (see docs/how-to/telemetry.md): ``analyze(run_dir)``."""
 from controller.results.analysis.report import AnalysisConfig, analyze
 
 __all__ = ["AnalysisConfig", "analyze"]

@@ -1,4 +1,4 @@
-"""ON/OFF burst statistics of one resource series (the definitions of TELEMETRY.md).
+"""ON/OFF burst statistics of one resource series (their definitions: docs/how-to/telemetry.md).
 
 x(k) is the resource's value in bin k of width Δ over the node's window. The threshold θ
 is by default the midpoint of the two centroids of a 1-D 2-means split of x, raised to a

@@ -1,4 +1,4 @@
-"""``analyze(run_dir)``: the traffic and burst metrics of a finished run (TELEMETRY.md), written
+"""``analyze(run_dir)``: the traffic and burst metrics of a finished run (docs/how-to/telemetry.md), written
 into ``<run>/analysis/``. A pure function of the run folder's files: whatever the run lacks
 (telemetry, captures, rounds) is listed in the summary's ``missing`` and the rest is computed.
 
