@@ -1,4 +1,5 @@
-"""The numpy networks: layer gradients against finite differences, convolutions against loops,
+"""The numpy networks: layer gradients against finite differences, convolutions against loops
+and against im2col (the layers' former implementation, forward and backward), max pooling's ties,
 BatchNormalization's statistics, the named nets' sizes, the model contract, learning on digits,
 and weights named by layer on the wire."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from numpy.lib.stride_tricks import as_strided
 
 from dml_app.models.numpy import layers as L
 from dml_app.models.numpy.mlp import NumpyMLP
@@ -68,6 +70,10 @@ def _x(*shape: int) -> np.ndarray:
     (lambda: L.Conv2D(3, 3, "same"), (2, 5, 4, 2)),
     (lambda: L.Conv2D(3, 3, "valid", activation="relu"), (2, 5, 6, 2)),
     (lambda: L.Conv2D(2, 4, "same"), (1, 5, 5, 1)),  # an even kernel: TF pads 1 before, 2 after
+    (lambda: L.Conv2D(3, 3, "same"), (2, 5, 4, 6)),  # 6 channels: a kernel row of 18 numbers, not folded
+    (lambda: L.Conv2D(3, 3, "valid", activation="relu"), (2, 5, 6, 6)),
+    (lambda: L.Conv2D(2, 4, "same", activation="relu"), (2, 5, 6, 4)),
+    (lambda: L.Conv2D(2, 5, "valid"), (3, 6, 5, 4)),
     (lambda: L.BatchNormalization(), (4, 3, 3, 2)),
     (lambda: L.BatchNormalization(), (6, 3)),
     (lambda: L.MaxPool2D(), (2, 4, 6, 3)),
@@ -93,14 +99,96 @@ def _conv_by_loops(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, padding:
     return out
 
 
+@pytest.mark.parametrize("channels", [3, 6])  # thin inputs (kernel rows folded) and not
 @pytest.mark.parametrize("padding,k", [("same", 3), ("valid", 3), ("same", 5), ("valid", 5), ("same", 2)])
-def test_conv_equals_the_sum_over_each_window(padding, k):
-    x = _x(2, 7, 6, 3)
+def test_conv_equals_the_sum_over_each_window(padding, k, channels):
+    x = _x(2, 7, 6, channels)
     conv = L.Conv2D(4, k, padding)
     conv.build(x.shape[1:], Rng(0), F64)
     conv.params[1] = np.array([0.5, -1.0, 2.0, 0.0])
     got = conv.forward(x, training=False)
     assert np.allclose(got, _conv_by_loops(x, *conv.params, padding), atol=1e-12)
+
+
+def _im2col(padded: np.ndarray, k: int) -> np.ndarray:
+    """The k x k windows of an NHWC array, one row each: how the layers computed convolutions before."""
+    n, hp, wp, c = padded.shape
+    s0, s1, s2, s3 = padded.strides
+    windows = as_strided(padded, (n, hp - k + 1, wp - k + 1, k, k, c), (s0, s1, s2, s1, s2, s3), writeable=False)
+    return windows.reshape(-1, k * k * c)
+
+
+def _conv_by_im2col(conv: L.Conv2D, x: np.ndarray, dy: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(output, kernel gradient, bias gradient, input gradient) of a convolution without activation,
+    as the layer computed them with im2col."""
+    kernel, bias = conv.params
+    k, f = conv.k, kernel.shape[3]
+    (t, b), (l, r) = conv.pad
+    cols = _im2col(np.pad(x, ((0, 0), (t, b), (l, r), (0, 0))), k)
+    y = (cols @ kernel.reshape(-1, f)).reshape(dy.shape) + bias
+    dkernel = (cols.T @ dy.reshape(-1, f)).reshape(kernel.shape)
+    n, h, w, c = x.shape
+    dyp = np.zeros((n, h + k - 1, w + k - 1, f), dy.dtype)  # dy padded to keep every term
+    dyp[:, k - 1 - t:k - 1 - t + dy.shape[1], k - 1 - l:k - 1 - l + dy.shape[2]] = dy
+    flipped = kernel[::-1, ::-1].transpose(0, 1, 3, 2).reshape(k * k * f, c)
+    return y, dkernel, dy.reshape(-1, f).sum(axis=0), (_im2col(dyp, k) @ flipped).reshape(x.shape)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [("float64", 1e-12), ("float32", 1e-5)])
+@pytest.mark.parametrize("x_shape,filters,k,padding", [
+    ((2, 28, 28, 1), 32, 3, "same"),  # the Fashion-MNIST CNN's three convolutions
+    ((2, 28, 28, 32), 32, 3, "same"),
+    ((2, 14, 14, 32), 64, 3, "same"),
+    ((2, 28, 28, 1), 6, 5, "same"),  # LeNet-5's two
+    ((2, 14, 14, 6), 16, 5, "valid"),
+    ((2, 32, 32, 3), 32, 3, "same"),  # the CIFAR-10 CNN's first
+    ((1, 9, 7, 5), 3, 2, "same"), ((3, 6, 9, 2), 4, 4, "same"), ((3, 8, 5, 7), 2, 4, "valid"),
+    ((1, 3, 3, 8), 2, 3, "valid"), ((1, 1, 1, 4), 3, 3, "same"),  # one output; a 1x1 map
+])
+def test_conv_forward_and_backward_equal_im2col(x_shape, filters, k, padding, dtype, tolerance):
+    rng = np.random.default_rng(7)
+    conv = L.Conv2D(filters, k, padding)
+    shape = conv.build(x_shape[1:], Rng(0), np.dtype(dtype))
+    conv.params[1] = rng.standard_normal(filters).astype(dtype)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    dy = rng.standard_normal((x_shape[0], *shape)).astype(dtype)
+    y = conv.forward(x, training=True)
+    dx = conv.backward(dy)
+    expected = _conv_by_im2col(conv, x, dy)
+    for name, got, want in zip(("output", "kernel gradient", "bias gradient", "input gradient"),
+                               (y, *conv.grads, dx), expected):
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        assert _rel_error(got.astype(np.float64), want.astype(np.float64)) < tolerance, name
+    assert y.flags.c_contiguous and dx.flags.c_contiguous and conv.grads[0].flags.c_contiguous
+
+
+def test_conv_evaluation_keeps_nothing_and_backward_needs_training():
+    conv = L.Conv2D(4, 3)
+    conv.build((6, 6, 8), Rng(0), F64)
+    conv.forward(_x(2, 6, 6, 8), training=False)
+    with pytest.raises(ValueError, match="training mode"):
+        conv.backward(_x(2, 6, 6, 4))
+
+
+def test_max_pool_routes_each_gradient_to_the_first_maximum_of_its_window():
+    x = np.random.default_rng(3).integers(0, 3, (3, 6, 7, 4)).astype(np.float64)  # many ties
+    pool = L.MaxPool2D()
+    pool.build(x.shape[1:], Rng(0), F64)
+    out = pool.forward(x, True)
+    dy = _x(*out.shape)
+    dx = pool.backward(dy)
+    windows = x[:, :6, :6].reshape(3, 3, 2, 3, 2, 4).transpose(0, 1, 3, 2, 4, 5).reshape(3, 3, 3, 4, 4)
+    first = windows.argmax(axis=3)  # row-major within the window, the first on ties
+    expected = np.zeros_like(x)
+    for corner, (a, b) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+        expected[:, a:6:2, b:6:2] = np.where(first == corner, dy, 0.0)
+    assert np.array_equal(out, windows.max(axis=3)) and np.array_equal(dx, expected)
+
+
+def test_column_sums_are_float64_sums_of_each_column():
+    a = np.random.default_rng(4).standard_normal((10_000, 5)).astype(np.float32) + 100
+    assert np.allclose(L._column_sums(a), a.sum(axis=0, dtype=np.float64), rtol=1e-14, atol=0)
+    assert L._column_sums(a[:0]).tolist() == [0.0] * 5
 
 
 def test_max_pool_takes_each_windows_maximum_and_routes_its_gradient_to_the_first():
@@ -125,7 +213,8 @@ def test_batch_norm_trains_on_batch_statistics_and_evaluates_on_moving_ones():
 
 
 def _small_net() -> Sequential:
-    return Sequential([L.Conv2D(3, 3, "same", activation="relu"), L.BatchNormalization(), L.MaxPool2D(),
+    # the second convolution's input has 6 channels: its kernel rows are not folded, the first's are
+    return Sequential([L.Conv2D(6, 3, "same", activation="relu"), L.BatchNormalization(), L.MaxPool2D(),
                        L.Conv2D(4, 3, "valid", activation="relu"), L.Flatten(), L.Dense(5, activation="relu"),
                        L.BatchNormalization(), L.Dense(3)], (6, 6, 2), seed=3, dtype="float64")
 

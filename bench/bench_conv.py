@@ -1,0 +1,163 @@
+"""The numpy Fashion-MNIST CNN's training and evaluation time per 100 samples, against an older
+revision of its layers, and how far the two revisions' gradients differ.
+
+Run: ``.venv/bin/python bench/bench_conv.py [--baseline REV] [--repeat 5]``.
+
+A node's round: one epoch over 100 samples (28x28x1) in batches of 32, ``edgetb_fashion_cnn``
+(bn_momentum 0.9), one thread (as nodes run: OPENBLAS_NUM_THREADS=1). ``--baseline REV`` loads
+``dml_app/models/numpy/layers.py`` as it was at git revision REV and times both nets in turns, in
+the same process, so that the machine's load falls on both alike. Reported: the median (and the
+range) of ``--repeat`` timings of each, wall and CPU milliseconds, the time per layer of one
+batch (the fastest of the repeats), and the relative error between the two revisions' gradients
+of one batch (same seed, same weights) in float32 and in float64.
+"""
+from __future__ import annotations
+
+import os
+
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")  # before numpy: one thread, as a node
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from types import ModuleType  # noqa: E402
+from typing import Callable, Optional  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from dml_app.models.architectures import architecture  # noqa: E402
+from dml_app.models.numpy import layers as current_layers  # noqa: E402
+from dml_app.models.numpy.net import Sequential  # noqa: E402
+
+NAME, SHAPE, CLASSES = "edgetb_fashion_cnn", (28, 28, 1), 10
+CONF = {"seed": 0, "bn_momentum": 0.9}
+LAYERS_PATH = "dml_app/models/numpy/layers.py"
+
+
+def layers_at(rev: str) -> ModuleType:
+    """``layers.py`` as it was at git revision ``rev``, imported under another name."""
+    source = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:{LAYERS_PATH}"], check=True,
+                            capture_output=True, text=True).stdout
+    path = os.path.join(tempfile.mkdtemp(prefix="bench-conv-"), "layers_baseline.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("layers_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def network(layers: ModuleType, dtype: str = "float32") -> Sequential:
+    """The built-in network made of ``layers``' classes (as ``build_numpy`` makes it)."""
+    kinds = {"conv2d": layers.Conv2D, "batch_normalization": layers.BatchNormalization,
+             "max_pooling2d": layers.MaxPool2D, "flatten": layers.Flatten, "dense": layers.Dense}
+    steps = architecture(NAME, SHAPE, CLASSES, CONF)
+    return Sequential([kinds[kind](**opts) for kind, opts in steps], SHAPE, seed=CONF["seed"], dtype=dtype)
+
+
+def timed(work: Callable[[], object]) -> tuple[float, float]:
+    """(wall ms, CPU ms) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    work()
+    return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+
+
+def per_layer_ms(net: Sequential, x: np.ndarray, repeat: int) -> list[tuple[str, float, float]]:
+    """(layer, forward ms, backward ms) of one training batch, the fastest of ``repeat``."""
+    forward: dict[str, list[float]] = {layer.name: [] for layer in net.layers}
+    backward: dict[str, list[float]] = {layer.name: [] for layer in net.layers}
+    for _ in range(repeat):
+        h = x
+        for layer in net.layers:
+            started = time.perf_counter()
+            h = layer.forward(h, True)
+            forward[layer.name].append((time.perf_counter() - started) * 1000)
+        delta = np.full(h.shape, 1.0 / len(h), h.dtype)
+        for depth, layer in enumerate(reversed(net.layers)):
+            started = time.perf_counter()
+            delta = layer.backward(delta, need_dx=depth < len(net.layers) - 1)
+            backward[layer.name].append((time.perf_counter() - started) * 1000)
+    return [(layer.name, min(forward[layer.name]), min(backward[layer.name])) for layer in net.layers]
+
+
+def gradient_error(baseline: ModuleType, x: np.ndarray, y: np.ndarray, dtype: str) -> tuple[float, float]:
+    """The largest relative error (norm of the difference over the larger norm) between the two
+    revisions' gradients of one batch, over the arrays: (weights, input)."""
+    new, old = network(current_layers, dtype), network(baseline, dtype)
+    old.set_weights(new.get_weights())
+    _, grads_new, dx_new = new.gradients(x, y, need_dx=True)
+    _, grads_old, dx_old = old.gradients(x, y, need_dx=True)
+
+    def rel(a: np.ndarray, b: np.ndarray) -> float:
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        return float(np.linalg.norm(a - b) / max(np.linalg.norm(a), np.linalg.norm(b), 1e-30))
+
+    worst = max(rel(a, b) for a, b in zip(grads_new, grads_old) if a is not None)
+    return worst, rel(dx_new, dx_old)
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", help="a git revision whose layers.py to time and compare against")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+    data = np.random.default_rng(0)
+    x = data.random((args.samples, *SHAPE), dtype=np.float32)
+    y = data.integers(0, CLASSES, args.samples)
+    variants: dict[str, ModuleType] = {"current": current_layers}
+    baseline: Optional[ModuleType] = None
+    if args.baseline:
+        baseline = layers_at(args.baseline)
+        variants = {f"baseline {args.baseline}": baseline, "current": current_layers}
+    nets = {label: network(module) for label, module in variants.items()}
+    per_100 = 100.0 / args.samples
+    train: dict[str, list[tuple[float, float]]] = {label: [] for label in nets}
+    evaluate: dict[str, list[tuple[float, float]]] = {label: [] for label in nets}
+    for net in nets.values():  # warm up
+        net.train(x, y, 1, args.batch_size)
+    for _ in range(args.repeat):  # in turns: the machine's load falls on every variant alike
+        for label, net in nets.items():
+            wall, cpu = timed(lambda: net.train(x, y, 1, args.batch_size))
+            train[label].append((wall * per_100, cpu * per_100))
+            wall, cpu = timed(lambda: net.evaluate(x, y))
+            evaluate[label].append((wall * per_100, cpu * per_100))
+    print(f"{NAME} on {SHAPE}, {args.samples} samples in batches of {args.batch_size}, one thread; "
+          f"median (range) of {args.repeat} runs, ms per 100 samples\n")
+    print("| layers | train, wall | train, CPU | evaluate, wall | evaluate, CPU |")
+    print("|---|---|---|---|---|")
+    for label in nets:
+        print(f"| {label} | {summary([w for w, _ in train[label]])} | {summary([c for _, c in train[label]])} "
+              f"| {summary([w for w, _ in evaluate[label]])} | {summary([c for _, c in evaluate[label]])} |")
+    batch = nets["current"].shaped(x[:args.batch_size])
+    layer_times = {label: per_layer_ms(net, batch, max(3, args.repeat)) for label, net in nets.items()}
+    print(f"\nper layer, one batch of {args.batch_size} (ms, fastest of the runs; forward / backward)\n")
+    print("| layer | " + " | ".join(layer_times) + " |")
+    print("|---|" + "---|" * len(layer_times))
+    for i, layer in enumerate(nets["current"].layers):
+        cells = [f"{times[i][1]:.2f} / {times[i][2]:.2f}" for times in layer_times.values()]
+        print(f"| {layer.name} | " + " | ".join(cells) + " |")
+    if baseline is not None:
+        xb, yb = x[:args.batch_size], y[:args.batch_size]
+        for dtype in ("float32", "float64"):
+            weights, inputs = gradient_error(baseline, xb, yb, dtype)
+            print(f"\ngradients against the baseline's, {dtype}: relative error {weights:.1e} (weights, "
+                  f"the worst array), {inputs:.1e} (input)", end="")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
