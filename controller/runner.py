@@ -57,6 +57,8 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
                    help="single host: what a node is, a network namespace or a Docker container (default netns)")
     p.add_argument("--hosts", help="hosts file: run on several worker hosts (see controller/model/hosts.py)")
     p.add_argument("--auto", action="store_true", help="run the whole flow, print a summary, reset")
+    p.add_argument("--check", action="store_true", help="validate every file, write the shards and confs and try your "
+                                                        "own code in the sandbox, then stop: no node is made")
     p.add_argument("--timeout", type=float, default=900.0, help="--auto: seconds to wait for the run (default 900)")
     p.add_argument("--verbose", action="store_true", help="print every node's round lines besides the aggregate")
     p.add_argument("--quiet-nodes", action="store_true", help="(the default) print one aggregate line per round "
@@ -79,7 +81,7 @@ def parse_options(argv: Optional[list[str]], algorithm: str, structure_default: 
                       structure=args.structure, dataset=args.dataset, port=args.port,
                       admin_token_file=args.admin_token_file, listen=tuple(args.listen), testbed_id=args.id,
                       subnet=args.subnet, runtime=args.runtime, hosts=args.hosts, auto=args.auto,
-                      timeout_s=args.timeout, verbose=args.verbose, scenario=args.scenario,
+                      check=args.check, timeout_s=args.timeout, verbose=args.verbose, scenario=args.scenario,
                       open_network=args.open_network, telemetry_period_ms=args.telemetry_period_ms,
                       telemetry=not args.no_telemetry, capture=args.capture)
 
@@ -142,13 +144,15 @@ def run(options: RunOptions, experiments: Optional[list[Experiment]] = None) -> 
     touches nothing. What a dead holder left is removed, loudly. At the end this process removes
     only what it created itself."""
     logging.basicConfig(level=logging.WARNING)
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not options.check:
         print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
         return 2
     from controller.run.nodes import new_run_id
     from controller.workers.lock import DirectoryLock
 
     run_id = new_run_id()
+    if options.check:
+        return _check(options, run_id)
     for sig in (signal.SIGINT, *STOP_SIGNALS):  # a kill or a closed terminal cleans up like Ctrl-C
         signal.signal(sig, _interrupt)
     directory = DirectoryLock(options.workdir)
@@ -163,6 +167,28 @@ def run(options: RunOptions, experiments: Optional[list[Experiment]] = None) -> 
         return _main(options, experiments, run_id)
     finally:
         directory.release()
+
+
+def _check(options: RunOptions, run_id: str) -> int:
+    """``--check``: everything ``prepare`` does (every file validated, shards and confs written, the
+    user's code tried in the sandbox), in the experiment directory taken as for a run; no node."""
+    from controller.workers.lock import DirectoryLock
+
+    directory = DirectoryLock(options.workdir)
+    started = time.monotonic()
+    try:
+        directory.take(options.testbed_id, port=options.port, run_id=run_id)
+        spec = prepare(options)
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        directory.release()
+    _say(f"check passed in {time.monotonic() - started:.1f} s: {len(spec.structure)} nodes, "
+         f"{len(spec.topology.links)} links, every file valid; nothing was made (run without --check to run it)")
+    return 0
 
 
 def _main(options: RunOptions, experiments: Optional[list[Experiment]], run_id: str) -> int:

@@ -36,6 +36,7 @@ if __name__ == "__main__":  # as a node process only: importing this module patc
     monkey.patch_all(ssl=False)
 
 import argparse  # noqa: E402
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -65,6 +66,14 @@ DEFAULT_PORT = 4444
 CONF_BODY_BYTES = 4 * 1024 * 1024  # a structure conf lists peers, their addresses and keys
 
 
+def digest(weights: list[np.ndarray]) -> str:
+    """SHA-256 of a model's arrays (their bytes in order): equal on nodes that start alike."""
+    h = hashlib.sha256()
+    for w in weights:
+        h.update(np.ascontiguousarray(w).tobytes())
+    return h.hexdigest()
+
+
 def confined(workdir: str, relative: str) -> str:
     """``relative`` resolved inside ``workdir``; anything that escapes it is refused."""
     root = os.path.realpath(workdir)
@@ -86,6 +95,7 @@ class NodeService:
         self.dataset_conf: Optional[dict[str, Any]] = None
         self.structure_conf: Optional[dict[str, Any]] = None
         self.role: Optional[Role] = None
+        self.initial_weights = ""  # digest of the model as built, before the first round
         self.role_class: type[Role] = Role
         self.role_ready = gevent.event.Event()
         self.state = "waiting"
@@ -162,6 +172,7 @@ class NodeService:
             global_test = None
             try:
                 model = make_model(self.structure_conf.get("model", {}), input_shape, n_classes, self.workdir)
+                self.initial_weights = digest(model.get_weights())
                 if self.dataset_conf.get("global_test"):  # the run's common test set, the same for every node
                     global_test = load_global_test(confined(self.workdir, str(self.dataset_conf["global_test"])),
                                                    input_shape, n_classes)
@@ -182,7 +193,8 @@ class NodeService:
         assert self.role is not None
         self.state = "running"
         data = self.role.ctx.data
-        self.events.write("started", role=self.role.name, train_samples=int(len(data[1])), test_samples=int(len(data[3])))
+        self.events.write("started", role=self.role.name, train_samples=int(len(data[1])), test_samples=int(len(data[3])),
+                          initial_weights_sha256=self.initial_weights)
         gevent.spawn(self._run)
         return ok({"state": self.state})
 

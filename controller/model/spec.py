@@ -39,6 +39,7 @@ class RunOptions:
     runtime: str = "netns"  # single host: netns or docker
     hosts: Optional[str] = None  # hosts file: several worker hosts
     auto: bool = False  # run the whole flow, print a summary, reset
+    check: bool = False  # validate every file and try the user's code; make nothing
     timeout_s: float = 900.0  # auto: the longest wait for the run
     verbose: bool = False
     scenario: Optional[str] = None

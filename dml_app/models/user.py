@@ -68,8 +68,8 @@ def user_model(conf: dict[str, Any], input_shape: tuple[int, ...], n_classes: in
     framework = kind_of_built(built)
     if framework and framework != kind_name:
         raise ModelError(f"{relative}: {build_name} returned a {type(built).__name__}, a model of kind "
-                         f"{framework!r}, but the model entry says \"kind\": {kind_name!r}: set \"kind\": "
-                         f"{framework!r} (or leave \"kind\" out: it is inferred)")
+                         f"{framework}, but the model entry says \"kind\": \"{kind_name}\": set \"kind\": "
+                         f"\"{framework}\" (or leave \"kind\" out: it is inferred)")
     built = kind.wrap(built, f"{relative}: {build_name}", conf)
     check_contract(built, f"{relative}: {build_name}")
     return built

@@ -200,3 +200,63 @@ def test_stage_copies_the_policy_files_and_points_every_conf_at_them(exp):
     with pytest.raises(ConfigError, match="policies/gone.py: no such file"):
         usercode.stage(str(exp), structure(exp, policies=[{"module": "policies/gone.py", "class": "G"}]),
                        "gl_structure.json")
+
+
+def test_stage_brings_the_python_files_beside_a_users_file_and_not_the_testbeds(exp):
+    (exp / "nns" / "pkg").mkdir(parents=True)
+    (exp / "nns" / "glue.py").write_text("from helper import X\n")
+    (exp / "nns" / "helper.py").write_text("X = 1\n")
+    (exp / "nns" / "notes.txt").write_text("not code")
+    (exp / "nns" / "pkg" / "__init__.py").write_text("")
+    (exp / "nns" / "pkg" / "layers.py").write_text("")
+    (exp / "top.py").write_text("def build(s, n, c): pass\n")
+    (exp / "dml_app").mkdir()
+    (exp / "dml_app" / "__init__.py").write_text("")  # (the testbed's own, at the top: left out)
+    staged = usercode.stage(str(exp), structure(exp, model={"module": "nns/glue.py"}), "gl_structure.json")
+    assert sorted(staged) == ["nns/glue.py", "nns/helper.py", "nns/pkg/__init__.py", "nns/pkg/layers.py"]
+    module = load_file(str(exp), "dml_user/nns/glue.py")  # the staged copy imports its helper
+    assert module.X == 1
+    staged = usercode.stage(str(exp), structure(exp, model={"module": "top.py"}), "gl_structure.json")
+    assert "top.py" in staged and not any(p.startswith("dml_app/") for p in staged), staged
+
+
+def test_messages_name_the_users_path_not_the_staged_copy_and_list_what_the_file_defines(tmp_path):
+    (tmp_path / "dml_user" / "nns").mkdir(parents=True)
+    (tmp_path / "dml_user" / "nns" / "m.py").write_text("import json\nclass Net: pass\nnet = Net()\n")
+    module = load_file(str(tmp_path), "dml_user/nns/m.py")
+    with pytest.raises(UserCodeError) as e:
+        from dml_app.runtime.usercode import attribute
+
+        attribute(module, "dml_user/nns/m.py", "build", "function")
+    assert str(e.value) == "nns/m.py: defines no function 'build' (it defines: Net, net; imported: json)"
+
+
+ALGOS = {"shadowing": "from dml_app.roles.fl import AggregatorRole\n\n\nclass Mine(AggregatorRole):\n"
+                      "    def aggregation(self, current, updates, counts):\n        return updates[0]\n",
+         "etree": "from dml_app.roles.etree import ETreeRole\n\n\nclass Mine(ETreeRole):\n"
+                  "    def aggregations(self):\n        return {}\n"}
+
+
+@pytest.mark.parametrize("case", sorted(ALGOS))
+def test_a_method_named_like_the_rule_object_is_refused_naming_aggregate(tmp_path, case):
+    (tmp_path / "a.py").write_text(ALGOS[case])
+    with pytest.raises(UserCodeError, match=r"a.py: Mine.aggregations? \(line 5\) is a method.*define "
+                                            r"aggregate\(self, current, updates, counts\) -> weights"):
+        registry.user_roles(str(tmp_path), "a.py", ["Mine"])
+
+
+def test_an_aggregate_method_names_the_round_and_the_rule_otherwise():
+    from dml_app.reduction.aggregation import Aggregator
+    from dml_app.roles.fl import AggregatorRole
+    from dml_app.roles.shared import rule_name
+
+    class Median(AggregatorRole):
+        def aggregate(self, current, updates, counts):
+            return updates[0]
+
+    class Plain(AggregatorRole):
+        pass
+
+    role, plain = object.__new__(Median), object.__new__(Plain)
+    assert rule_name(role, AggregatorRole, Aggregator()) == "Median.aggregate"
+    assert rule_name(plain, AggregatorRole, Aggregator({"rule": "median"})) == "median"

@@ -192,7 +192,7 @@ class Field:
             try:
                 value = self.parse(value)
             except Refused as e:
-                raise error(f"{where}: {value!r:.60}: {e}") from None
+                raise error(f"{where}: {value!r:.300}: {e}") from None
             except (ValueError, TypeError) as e:
                 raise error(f"{where}: {value!r:.60} is not {self.hint or 'of the expected form'} ({e})") from None
         return value
