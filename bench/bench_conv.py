@@ -1,10 +1,10 @@
 """The numpy Fashion-MNIST CNN's training and evaluation time per 100 samples, against an older
 revision of its layers, and how far the two revisions' gradients differ.
 
-Run: ``.venv/bin/python bench/bench_conv.py [--baseline REV] [--repeat 5]``.
+Run: ``.venv/bin/python bench/bench_conv.py [--baseline REV] [--repeat 5] [--model NAME]``.
 
 A node's round: one epoch over 100 samples (28x28x1) in batches of 32, ``edgetb_fashion_cnn``
-(bn_momentum 0.9), one thread (as nodes run: OPENBLAS_NUM_THREADS=1). ``--baseline REV`` loads
+(bn_momentum 0.9; ``--model`` for another built-in CNN, on 28x28x1 or CIFAR's 32x32x3), one thread (as nodes run: OPENBLAS_NUM_THREADS=1). ``--baseline REV`` loads
 ``dml_app/models/numpy/layers.py`` as it was at git revision REV and times both nets in turns, in
 the same process, so that the machine's load falls on both alike. Reported: the median (and the
 range) of ``--repeat`` timings of each, wall and CPU milliseconds, the time per layer of one
@@ -36,7 +36,8 @@ from dml_app.models.architectures import architecture  # noqa: E402
 from dml_app.models.numpy import layers as current_layers  # noqa: E402
 from dml_app.models.numpy.net import Sequential  # noqa: E402
 
-NAME, SHAPE, CLASSES = "edgetb_fashion_cnn", (28, 28, 1), 10
+SHAPES = {"edgetb_fashion_cnn": (28, 28, 1), "lenet5": (28, 28, 1), "edgetb_cifar10_cnn": (32, 32, 3)}
+CLASSES = 10
 CONF = {"seed": 0, "bn_momentum": 0.9}
 LAYERS_PATH = "dml_app/models/numpy/layers.py"
 
@@ -54,12 +55,12 @@ def layers_at(rev: str) -> ModuleType:
     return module
 
 
-def network(layers: ModuleType, dtype: str = "float32") -> Sequential:
-    """The built-in network made of ``layers``' classes (as ``build_numpy`` makes it)."""
+def network(name: str, layers: ModuleType, dtype: str = "float32") -> Sequential:
+    """Built-in network ``name`` made of ``layers``' classes (as ``build_numpy`` makes it)."""
     kinds = {"conv2d": layers.Conv2D, "batch_normalization": layers.BatchNormalization,
              "max_pooling2d": layers.MaxPool2D, "flatten": layers.Flatten, "dense": layers.Dense}
-    steps = architecture(NAME, SHAPE, CLASSES, CONF)
-    return Sequential([kinds[kind](**opts) for kind, opts in steps], SHAPE, seed=CONF["seed"], dtype=dtype)
+    steps = architecture(name, SHAPES[name], CLASSES, CONF)
+    return Sequential([kinds[kind](**opts) for kind, opts in steps], SHAPES[name], seed=CONF["seed"], dtype=dtype)
 
 
 def timed(work: Callable[[], object]) -> tuple[float, float]:
@@ -87,10 +88,11 @@ def per_layer_ms(net: Sequential, x: np.ndarray, repeat: int) -> list[tuple[str,
     return [(layer.name, min(forward[layer.name]), min(backward[layer.name])) for layer in net.layers]
 
 
-def gradient_error(baseline: ModuleType, x: np.ndarray, y: np.ndarray, dtype: str) -> tuple[float, float]:
+def gradient_error(name: str, baseline: ModuleType, x: np.ndarray, y: np.ndarray, dtype: str
+                   ) -> tuple[float, float]:
     """The largest relative error (norm of the difference over the larger norm) between the two
     revisions' gradients of one batch, over the arrays: (weights, input)."""
-    new, old = network(current_layers, dtype), network(baseline, dtype)
+    new, old = network(name, current_layers, dtype), network(name, baseline, dtype)
     old.set_weights(new.get_weights())
     _, grads_new, dx_new = new.gradients(x, y, need_dx=True)
     _, grads_old, dx_old = old.gradients(x, y, need_dx=True)
@@ -113,16 +115,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--model", choices=tuple(SHAPES), default="edgetb_fashion_cnn")
     args = parser.parse_args()
     data = np.random.default_rng(0)
-    x = data.random((args.samples, *SHAPE), dtype=np.float32)
+    x = data.random((args.samples, *SHAPES[args.model]), dtype=np.float32)
     y = data.integers(0, CLASSES, args.samples)
     variants: dict[str, ModuleType] = {"current": current_layers}
     baseline: Optional[ModuleType] = None
     if args.baseline:
         baseline = layers_at(args.baseline)
         variants = {f"baseline {args.baseline}": baseline, "current": current_layers}
-    nets = {label: network(module) for label, module in variants.items()}
+    nets = {label: network(args.model, module) for label, module in variants.items()}
     per_100 = 100.0 / args.samples
     train: dict[str, list[tuple[float, float]]] = {label: [] for label in nets}
     evaluate: dict[str, list[tuple[float, float]]] = {label: [] for label in nets}
@@ -134,7 +137,7 @@ def main() -> int:
             train[label].append((wall * per_100, cpu * per_100))
             wall, cpu = timed(lambda: net.evaluate(x, y))
             evaluate[label].append((wall * per_100, cpu * per_100))
-    print(f"{NAME} on {SHAPE}, {args.samples} samples in batches of {args.batch_size}, one thread; "
+    print(f"{args.model} on {SHAPES[args.model]}, {args.samples} samples in batches of {args.batch_size}, one thread; "
           f"median (range) of {args.repeat} runs, ms per 100 samples\n")
     print("| layers | train, wall | train, CPU | evaluate, wall | evaluate, CPU |")
     print("|---|---|---|---|---|")
@@ -152,7 +155,7 @@ def main() -> int:
     if baseline is not None:
         xb, yb = x[:args.batch_size], y[:args.batch_size]
         for dtype in ("float32", "float64"):
-            weights, inputs = gradient_error(baseline, xb, yb, dtype)
+            weights, inputs = gradient_error(args.model, baseline, xb, yb, dtype)
             print(f"\ngradients against the baseline's, {dtype}: relative error {weights:.1e} (weights, "
                   f"the worst array), {inputs:.1e} (input)", end="")
         print()

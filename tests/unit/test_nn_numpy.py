@@ -162,10 +162,13 @@ def test_conv_forward_and_backward_equal_im2col(x_shape, filters, k, padding, dt
     assert y.flags.c_contiguous and dx.flags.c_contiguous and conv.grads[0].flags.c_contiguous
 
 
-def test_conv_evaluation_keeps_nothing_and_backward_needs_training():
+@pytest.mark.parametrize("channels", [1, 8])
+def test_conv_takes_an_empty_batch_and_backward_needs_training(channels):
     conv = L.Conv2D(4, 3)
-    conv.build((6, 6, 8), Rng(0), F64)
-    conv.forward(_x(2, 6, 6, 8), training=False)
+    conv.build((6, 6, channels), Rng(0), F64)
+    assert conv.forward(np.zeros((0, 6, 6, channels)), training=True).shape == (0, 6, 6, 4)
+    assert conv.backward(np.zeros((0, 6, 6, 4))).shape == (0, 6, 6, channels) and not conv.grads[0].any()
+    conv.forward(_x(2, 6, 6, channels), training=False)
     with pytest.raises(ValueError, match="training mode"):
         conv.backward(_x(2, 6, 6, 4))
 

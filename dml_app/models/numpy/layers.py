@@ -157,13 +157,18 @@ class _Grid:
         return -(-self.pixels // self.kw) * self.kw
 
     @property
+    def per_phase(self) -> int:
+        """Output rows per phase (the outputs ``phase``, ``phase + kw``, ...)."""
+        return self.rows // self.kw
+
+    @property
     def reach(self) -> int:
         """How many rows past an output its window ends (its last pixel's row, minus its own)."""
         return (self.kh - 1) * self.block_w + self.kw - 1
 
     def blocks(self, flat: np.ndarray, first_row: int = 0) -> np.ndarray:
         """The ``(n, block_h, block_w, channels)`` view of ``flat`` from ``first_row``."""
-        return flat[first_row:first_row + self.pixels].reshape(self.n, self.block_h, self.block_w, -1)
+        return flat[first_row:first_row + self.pixels].reshape(self.n, self.block_h, self.block_w, flat.shape[1])
 
     def place(self, maps: np.ndarray, first_row: int) -> np.ndarray:
         """A zero matrix of ``rows + reach`` rows, ``maps`` (n, h, w, channels) in its blocks from ``first_row``."""
@@ -176,7 +181,7 @@ class _Grid:
         with one window row (``kw`` pixels, all channels, contiguous) per output. The windows of
         outputs ``kw`` apart tile the matrix, so this is a plain reshape: no copy."""
         start = i * self.block_w + phase
-        return flat[start:start + self.rows].reshape(self.rows // self.kw, -1)
+        return flat[start:start + self.rows].reshape(self.per_phase, self.kw * flat.shape[1])
 
 
 def _correlate(flat: np.ndarray, kernel: np.ndarray, grid: _Grid) -> np.ndarray:
@@ -184,9 +189,9 @@ def _correlate(flat: np.ndarray, kernel: np.ndarray, grid: _Grid) -> np.ndarray:
     for each phase and kernel row, one matrix product of a view (``kw * C_in`` numbers per output)."""
     kh, kw, c_in, c_out = kernel.shape
     out = np.empty((grid.rows, c_out), flat.dtype)
-    by_phase = out.reshape(-1, kw, c_out)  # by_phase[:, p]: the outputs p, p + kw, ...
+    by_phase = out.reshape(grid.per_phase, kw, c_out)  # by_phase[:, p]: the outputs p, p + kw, ...
     kernel_rows = kernel.reshape(kh, kw * c_in, c_out)
-    term = np.empty((grid.rows // kw, c_out), flat.dtype)
+    term = np.empty((grid.per_phase, c_out), flat.dtype)
     for phase in range(kw):
         np.matmul(grid.windows(flat, 0, phase), kernel_rows[0], out=by_phase[:, phase])
         for i in range(1, kh):
@@ -199,7 +204,7 @@ def _kernel_gradient(flat_x: np.ndarray, flat_dy: np.ndarray, grid: _Grid, c_in:
     """``sum over r of outer(flat_x[r + i * block_w + j], flat_dy[r])`` for each (i, j): the
     ``(kh, kw, C_in, C_out)`` kernel gradient, one matrix product per kernel row and phase."""
     c_out = flat_dy.shape[1]
-    by_phase = flat_dy.reshape(-1, grid.kw, c_out)
+    by_phase = flat_dy.reshape(grid.per_phase, grid.kw, c_out)
     grad = np.zeros((grid.kh, grid.kw * c_in, c_out), flat_dy.dtype)
     for i in range(grid.kh):
         for phase in range(grid.kw):
