@@ -25,6 +25,12 @@ Every file may set ``model`` (``{"kind": "numpy", "hidden": [64], ...}``) and
   (``site``: default the node's host). Each ring conf gets ``strategy`` and ``sites``
   (member -> site).
 
+Every file may set ``eval_every`` and ``global_eval_n`` at the top (``dml_app.roles.global_eval``):
+the global test set is evaluated every ``eval_every`` rounds, on a fixed sample of
+``global_eval_n`` samples (default ``DEFAULT_GLOBAL_EVAL_N``; null: the whole set) drawn with
+the top-level model's seed, and the last round always on the whole set. Every conf gets both,
+and ``global_eval_seed``.
+
 Every file may also set ``policies`` (``dml_app.policies``): at most ``MAX_POLICIES``
 entries, each a built-in ``{"kind": "adaptive_strategy"|"adaptive_batch", ...}`` (every
 parameter checked, defaults filled; ``adaptive_strategy`` on a ring only) or the user's
@@ -52,6 +58,7 @@ from typing import Any, Callable, Optional
 from controller.model.scenario import MAX_NAME_LEN
 from controller.model.topology import Topology
 from dml_app.models.architectures import BUILTIN_NAMES
+from dml_app.models.global_test import MAX_GLOBAL_TEST_SAMPLES
 from dml_app.policies.contract import MAX_POLICIES
 from dml_app.reduction import aggregation, allreduce
 from worker.api.errors import ConfigError
@@ -102,6 +109,15 @@ EPOCH = Field(int, "local epochs per round (default: the top-level epoch, else 1
 TOP_EPOCH = Field(int, "local epochs per round of entries that set none", default=1, low=0, high=MAX_EPOCHS)
 NAME = Field(str, "a node of links.json", required=True, max_len=MAX_NAME_LEN)
 TRAINER = Schema({"name": NAME, "epoch": EPOCH, "seed": SEED})
+DEFAULT_GLOBAL_EVAL_N = 1000  # a 147-node run's evaluation stays a small share of its work (BENCHMARKS.md)
+EVAL_FIELDS = {
+    "eval_every": Field(int, "evaluate on the global test set every this many rounds (rounds k, 2k, ...); the "
+                             "other rounds record no global accuracy. The last round is always evaluated",
+                        default=1, low=1, high=MAX_ROUNDS),
+    "global_eval_n": Field(int, "evaluate on a fixed sample of this many samples of the global test set, the "
+                                "same on every node and in every round (drawn with the model's seed); null: the "
+                                "whole set. The last round always uses the whole set",
+                           default=DEFAULT_GLOBAL_EVAL_N, low=1, high=MAX_GLOBAL_TEST_SAMPLES, nullable=True)}
 
 GOSSIP = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                  "wait_s": Field(float, "longest wait for peers' models per round", default=10.0, low=0,
@@ -109,8 +125,8 @@ GOSSIP = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROU
                  "wait_policy": Field(str, "adaptive: no wait for senders that are done, and a wait set by the "
                                       "recent arrival gaps (at most wait_s); fixed: EdgeTB's, up to wait_s always",
                                       default="adaptive", choices=("adaptive", "fixed")),
-                 "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
-FL = Schema({"sync": SYNC, "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
+                 "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST, **EVAL_FIELDS})
+FL = Schema({"sync": SYNC, "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST, **EVAL_FIELDS})
 
 
 def _below(high: float) -> Callable[[float], float]:
@@ -159,7 +175,7 @@ ETREE = Schema({"epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST
                                     low_open=True),
                 "quorum": Field(float, "share of the asked children a round needs", default=0.5, low=0, high=1,
                                 low_open=True),
-                "aggregation": AGGREGATION_FIELD})
+                "aggregation": AGGREGATION_FIELD, **EVAL_FIELDS})
 LAYER = Field(int, "1 for trainers, higher for aggregators", required=True, low=1, high=64)
 ETREE_AGGREGATOR = Schema({"name": NAME, "layer": LAYER, "seed": SEED, "sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                            "child_num": Field(int, "how many of the following entries are its children",
@@ -181,7 +197,7 @@ RING = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUND
                                  max_len=80),
                "monitor_every": Field(int, "the variance of the model deltas (grad_var) every this many rounds "
                                            "(0: never)", default=0, low=0, high=MAX_ROUNDS),
-               "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST})
+               "epoch": TOP_EPOCH, "model": MODEL_FIELD, "node_list": NODE_LIST, **EVAL_FIELDS})
 SCHEMAS = {"gossip": GOSSIP, "fl": FL, "etree": ETREE, "ring": RING}
 
 # Adaptation policies (dml_app.policies): the built-in kinds and the user's own ---------------------
@@ -285,6 +301,16 @@ def _base(entry: dict[str, Any], role: str, model: dict[str, Any], sync: int, ep
             "model": model if seed is None else {**model, "seed": seed}}
 
 
+def _with_eval(confs: dict[str, dict[str, Any]], top: dict[str, Any], model: dict[str, Any]
+               ) -> dict[str, dict[str, Any]]:
+    """Every conf with the file's global evaluation settings, and the seed of its fixed sample
+    (the top-level model's: the same on every node)."""
+    for conf in confs.values():
+        conf.update(eval_every=top["eval_every"], global_eval_n=top["global_eval_n"],
+                    global_eval_seed=model["seed"])
+    return confs
+
+
 def _unique(confs: dict[str, Any], name: str, where: str) -> None:
     if name in confs:
         raise ConfigError(f"{where}: node {name!r} is listed twice")
@@ -301,7 +327,7 @@ def load_gossip(data: dict[str, Any], path: str, topology: Topology) -> dict[str
                        "wait_policy": top["wait_policy"]}
     for name, conf in confs.items():
         conf["talks_to"] = [p for p in topology.out_neighbours(name) if p in confs]
-    return confs
+    return _with_eval(confs, top, model)
 
 
 def load_fl(data: dict[str, Any], path: str, topology: Topology) -> dict[str, dict[str, Any]]:
@@ -328,7 +354,7 @@ def load_fl(data: dict[str, Any], path: str, topology: Topology) -> dict[str, di
                          "deadline_s": deadline_s, "quorum": agg["quorum"], "talks_to": trainers,
                          "aggregation": _aggregation(agg["aggregation"], where),
                          "standby": [t for t in trainers if topology.node(t).standby]}
-    return {aggregator: confs.pop(aggregator), **confs}
+    return _with_eval({aggregator: confs.pop(aggregator), **confs}, top, model)
 
 
 def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str, dict[str, Any]]:
@@ -407,7 +433,7 @@ def load_etree(data: dict[str, Any], path: str, topology: Topology) -> dict[str,
         conf["root"] = root  # the root tells every node the run is done (a dead aggregator cannot)
     confs[root]["members"] = [n for n in confs if n != root]
     confs[root]["talks_to"] += [n for n in confs[root]["members"] if n not in confs[root]["talks_to"]]
-    return confs
+    return _with_eval(confs, top, model)
 
 
 def load_ring(data: dict[str, Any], path: str, topology: Topology) -> dict[str, dict[str, Any]]:
@@ -434,7 +460,7 @@ def load_ring(data: dict[str, Any], path: str, topology: Topology) -> dict[str, 
         confs[name].update(ring=ring, talks_to=[ring[(i + 1) % len(ring)]] + [m for m in ring if m != name
                                                                              and m != ring[(i + 1) % len(ring)]],
                            strategy=top["strategy"], sites=dict(sites))
-    return confs
+    return _with_eval(confs, top, model)
 
 
 def load_structure_file(path: str, topology: Topology, algorithm: str) -> dict[str, dict[str, Any]]:

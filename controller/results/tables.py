@@ -7,7 +7,9 @@ its ``round`` events. Files are written atomically (a temporary file renamed).
 - ``metrics.csv``: one row per round event, columns ``METRIC_COLUMNS``;
   ``accuracy``/``loss`` are measured on the node's own test shard,
   ``global_accuracy``/``global_loss`` on the run's common global test set
-  (empty without one), ``train_loss`` is the last epoch's training loss,
+  (empty without one, or in a round the structure's ``eval_every`` skips), ``global_eval_n``
+  the samples that evaluation used (0: not evaluated that round; empty without a global
+  test set; the last round always uses them all), ``train_loss`` is the last epoch's training loss,
   ``layer`` is the E-tree layer (empty for other algorithms); the monitors
   ``comm_goodput_bps``, ``strategy``, ``cluster_size``, ``batch_size``, ``gns``,
   ``grad_var`` (``controller.results.adaptation``) are empty when the node did not measure them.
@@ -43,7 +45,7 @@ from controller.results.run_dir import (METRICS_CSV, RUN, SCENARIO_CSV, SCENARIO
 from dml_app.runtime.events import MEMBERSHIP
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
-                  "global_loss", "global_accuracy", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
+                  "global_loss", "global_accuracy", "global_eval_n", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
                   "received_models", "waited_s", *MONITOR_FIELDS]
 TRAFFIC_COLUMNS = ["run_id", "node", "round", "peer", "direction", "bytes"]
 ALGORITHM_OF_ROLE = {"gossip": "gossip", "fl_aggregator": "fl", "fl_trainer": "fl", "etree": "etree", "ring": "ring"}
@@ -86,6 +88,7 @@ def metric_rows(events: dict[str, list[dict[str, Any]]], t0: float, algorithm: s
                          "loss": finite_number(e.get("loss")), "accuracy": finite_number(e.get("accuracy")),
                          "global_loss": finite_number(e.get("global_loss")),
                          "global_accuracy": finite_number(e.get("global_accuracy")),
+                         "global_eval_n": _int(e.get("global_eval_n")),
                          "train_loss": finite_number(e.get("train_loss")),
                          "bytes_sent": e.get("bytes_sent", 0), "bytes_recv": e.get("bytes_recv", 0),
                          "train_s": _rounded(e.get("train_s"), 4), "send_s": _rounded(e.get("send_s"), 4),

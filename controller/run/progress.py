@@ -4,7 +4,8 @@
 
 Nodes report each round (``/print``, with ``round``, ``accuracy``, ``global_accuracy``,
 ``bytes_sent`` and for E-tree ``layer``); the aggregate uses the global accuracy when
-the nodes have it. E-tree rounds are counted per layer. Per-node lines are printed only
+the nodes have it (a round that skipped the global evaluation, ``global_eval_n`` 0, adds no
+accuracy: its local one would mix with the others' global ones). E-tree rounds are counted per layer. Per-node lines are printed only
 when ``verbose``. ``read_report`` checks a node's /print; ``round_bounds`` what it may report.
 
 Text from nodes on its way to the operator's terminal goes through ``printable`` (or ``clip``):
@@ -74,14 +75,25 @@ class Report:
     bytes_sent: Optional[float]  # the round's model bytes
     msg: str  # printable, clipped
     monitors: dict[str, Any] = field(default_factory=dict)  # the adaptation monitors it reported (checked)
+    global_eval_n: Optional[float] = None  # samples of the global evaluation: 0 when the round skipped it
+
+    @property
+    def skipped_global(self) -> bool:
+        """The node has a global test set but did not evaluate on it this round (``eval_every``)."""
+        return self.global_eval_n == 0
 
     @property
     def best_accuracy(self) -> Optional[float]:
-        """The global accuracy when the node has one, else its local accuracy."""
+        """The global accuracy when the node has one, else its local accuracy (None in a round
+        that skipped the global evaluation)."""
+        if self.skipped_global:
+            return None
         return self.accuracy if self.global_accuracy is None else self.global_accuracy
 
     @property
     def best_loss(self) -> Optional[float]:
+        if self.skipped_global:
+            return None
         return self.loss if self.global_loss is None else self.global_loss
 
 
@@ -104,7 +116,7 @@ def read_report(name: str, data: dict[str, Any], max_round: int, layers: set[int
                           f"({', '.join(map(str, sorted(layers))) or 'none'})")
     return Report(round_no, layer if isinstance(layer, int) else None, number("accuracy"), number("global_accuracy"),
                   number("loss"), number("global_loss"), number("bytes_sent"), clip(str(data.get("msg", ""))),
-                  {k: v for k, v in monitor_fields(data).items() if v is not None})
+                  {k: v for k, v in monitor_fields(data).items() if v is not None}, number("global_eval_n"))
 
 
 @dataclass

@@ -73,12 +73,13 @@ def _metric_rows(run_dir: str) -> list[dict[str, Any]]:
             for r in csv.DictReader(f):
                 acc = num(r.get("global_accuracy"))
                 loss = num(r.get("global_loss"))
+                skipped = r.get("global_eval_n") == "0"  # no global evaluation that round: no value
                 rows.append({"node": r.get("node", ""), "round": int(num(r.get("round")) or 0),
                              "layer": int(num(r.get("layer"))) if num(r.get("layer")) is not None else None,
                              "time_s": num(r.get("time_s")), "accuracy": num(r.get("accuracy")),
-                             "value": acc if acc is not None else num(r.get("accuracy")),
-                             "loss": loss if loss is not None else num(r.get("loss")),
-                             "strategy": adaptation.text(r.get("strategy"))})
+                             "value": None if skipped else acc if acc is not None else num(r.get("accuracy")),
+                             "loss": None if skipped else loss if loss is not None else num(r.get("loss")),
+                             "skipped": skipped, "strategy": adaptation.text(r.get("strategy"))})
     except (OSError, UnicodeDecodeError, csv.Error):
         pass
     return rows
@@ -127,7 +128,8 @@ def stored_view(run_dir: str) -> dict[str, Any]:
     series: dict[str, list] = {k: [] for k in TIME_SERIES}
     series["t_s"] = [round(float(t), 3) for t in grid]
     for prefix, key in (("acc", "value"), ("loss", "loss")):
-        held = [_held([r["time_s"] for r in rs], [r[key] for r in rs], grid) for rs in by_node.values()]
+        evaluated = [[r for r in rs if not r["skipped"]] for rs in by_node.values()]  # a skipped round holds on
+        held = [_held([r["time_s"] for r in rs], [r[key] for r in rs], grid) for rs in evaluated if rs]
         meds, los, his = _bands(np.vstack(held)) if held else ([None] * grid.size,) * 3
         series[f"{prefix}_med"], series[f"{prefix}_lo"], series[f"{prefix}_hi"] = meds, los, his
     total = np.zeros(grid.size)

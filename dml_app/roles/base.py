@@ -34,6 +34,7 @@ from dml_app.models.contract import weight_names_of
 from dml_app.policies.contract import PolicyView
 from dml_app.policies.monitors import MONITOR_FIELDS
 from dml_app.policies.runner import Policies, build as build_policies
+from dml_app.roles.global_eval import EvalPlan, GlobalSample
 from dml_app.runtime.auth import E2E, AuthFailed, NodeKeys
 from dml_app.runtime.compute import inline
 from dml_app.runtime.events import EventLog
@@ -123,7 +124,9 @@ class Role:
         self.transport: Transport = ctx.transport if ctx.transport is not None else HttpTransport(self.connect,
                                                                                                  ctx.auth)
         self._traffic_lock = threading.Lock()
-        self._global_eval: dict[int, tuple[Any, Any]] = {}  # by thread: E-tree evaluates in several
+        self._global_eval: dict[int, tuple[Any, Any, int]] = {}  # by thread: E-tree evaluates in several
+        self.eval_plan = EvalPlan.of(ctx.conf)  # when, and on how many samples, the global test set
+        self._global_sample = GlobalSample()
         # what a model message must look like (none without a model: in-memory tests)
         self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
         self.weight_names = weight_names_of(ctx.model)  # the arrays' names on the wire (by layer), if any
@@ -195,27 +198,34 @@ class Role:
         x_train, y_train = self.ctx.data[0], self.ctx.data[1]
         return self.ctx.compute(self.ctx.model.train, x_train, y_train, self.epochs, self.batch_size)
 
-    def evaluate(self) -> tuple[float, float]:
-        """(loss, accuracy) on the local test shard. With a global test set, the model is
-        evaluated on it too, and this thread's next ``record_round`` reports that."""
+    def evaluate(self, round_no: Optional[int] = None, last: Optional[bool] = None) -> tuple[float, float]:
+        """(loss, accuracy) on the local test shard. With a global test set, the model is evaluated
+        on it too as ``eval_plan`` says for round ``round_no`` (default: the round this node records
+        next), on the whole set when ``last`` (default: ``round_no`` is ``sync`` or later); this
+        thread's next ``record_round`` reports that."""
         compute, model = self.ctx.compute, self.ctx.model
         loss, accuracy = compute(model.evaluate, self.ctx.data[2], self.ctx.data[3])
-        pending = self._global_eval
-        if self.ctx.global_test is not None:
-            pending[threading.get_ident()] = compute(model.evaluate, *self.ctx.global_test)
+        global_test = self.ctx.global_test
+        if global_test is not None:
+            round_no = self.round_events + 1 if round_no is None else round_no
+            n = self.eval_plan.size(round_no, round_no >= self.sync if last is None else last, len(global_test[1]))
+            result = (compute(model.evaluate, *self._global_sample.take(global_test, n, self.eval_plan.seed))
+                      if n else (None, None))
+            self._global_eval[threading.get_ident()] = (*result, n)
         return loss, accuracy
 
     def record_round(self, record: RoundRecord) -> dict[str, Any]:
         """Write a ``round`` event (with this round's traffic and, when the node has a global
-        test set, this thread's last ``evaluate`` on it) and report progress (``where``)."""
+        test set, this thread's last ``evaluate`` on it: ``global_eval_n`` samples, 0 when the
+        round was not evaluated) and report progress (``where``)."""
         with self._traffic_lock:
             sent_to, recv_from = self.traffic.take()
-        global_loss, global_accuracy = self._global_eval.pop(threading.get_ident(), (None, None))
+        global_loss, global_accuracy, global_n = self._global_eval.pop(threading.get_ident(), (None, None, None))
         self.round_events += 1
         trained, loss, accuracy = record.trained, record.loss, record.accuracy
         event = self.ctx.events.write(
             "round", round=record.round, t_start=record.t_start, t_end=time.time(), loss=loss, accuracy=accuracy,
-            global_loss=global_loss, global_accuracy=global_accuracy,
+            global_loss=global_loss, global_accuracy=global_accuracy, global_eval_n=global_n,
             train_loss=None if trained["loss"] != trained["loss"] else trained["loss"], train_s=trained["train_s"],
             send_s=record.send_s, bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
             sent_to=sent_to, recv_from=recv_from, received_models=record.received, batch_size=self.batch_size,
@@ -229,7 +239,8 @@ class Role:
         if self.policies.recent:  # the decisions since the last report: the live timeline shows them
             monitors["decisions"] = self.policies.take_recent()
         self.ctx.progress(message, round=shown, layer=layer, accuracy=accuracy, global_accuracy=global_accuracy,
-                          loss=loss, global_loss=global_loss, bytes_sent=event["bytes_sent"], **monitors)
+                          loss=loss, global_loss=global_loss, global_eval_n=global_n, bytes_sent=event["bytes_sent"],
+                          **monitors)
         return event
 
     def result(self, last: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,8 @@ A node's rounds are a recursion down the tree, not ``Role``'s loop of numbered r
 ``run`` is its own (the root's ``sync`` global rounds, or waiting for the end of the
 run), and every position's round is recorded where it closes. A ``round`` event is
 numbered by the node's count of rounds; the progress line counts the rounds of the
-event's ``layer``.
+event's ``layer``. The root's last global round says so down the tree (``last`` in each
+model's meta): the last round of every position evaluates on the whole global test set.
 """
 from __future__ import annotations
 
@@ -91,12 +92,12 @@ class ETreeRole(Role):
             raise self.reject(req, peer, f"{self.ctx.name} has no position on layer {layer!r} under {peer}",
                               error="bad_layer")
         ask = meta.get("ask")
-        threading.Thread(target=self._answer, args=(layer, arrays, ask if isinstance(ask, int) else 0),
-                         daemon=True).start()
+        threading.Thread(target=self._answer, args=(layer, arrays, ask if isinstance(ask, int) else 0,
+                                                    meta.get("last") is True), daemon=True).start()
         return ok()
 
-    def _answer(self, layer: int, arrays: Weights, ask: int) -> None:
-        weights, samples = self.work(layer, arrays)
+    def _answer(self, layer: int, arrays: Weights, ask: int, last: bool = False) -> None:
+        weights, samples = self.work(layer, arrays, last)
         self.post_weights(self.positions[layer]["parent"], "/etree/update", self.round_events, weights=weights,
                           meta={"layer": layer, "samples": samples, "ask": ask})
 
@@ -128,19 +129,20 @@ class ETreeRole(Role):
         return ok()
 
     # the tree ------------------------------------------------------------------------------
-    def work(self, layer: int, weights: Weights) -> tuple[Weights, int]:
-        """This node's answer at ``layer`` to ``weights``: (model, samples behind it)."""
+    def work(self, layer: int, weights: Weights, last: bool = False) -> tuple[Weights, int]:
+        """This node's answer at ``layer`` to ``weights``: (model, samples behind it). ``last``:
+        within the root's last global round, whose last rounds are evaluated on the whole global set."""
         pos = self.positions[layer]
         if layer == 1:
             t_start = time.time()
             self.ctx.model.set_weights(weights)
             trained = self.train_local()
-            loss, accuracy = self.evaluate()
+            loss, accuracy = self.evaluate(last=last)
             self._record(t_start, trained, loss, accuracy, 0.0, 0, layer)
             return self.ctx.model.get_weights(), self.samples
-        samples = 0
-        for _ in range(int(pos["sync"])):
-            weights, samples = self.aggregate_at(layer, weights)
+        samples, sync = 0, int(pos["sync"])
+        for i in range(sync):
+            weights, samples = self.aggregate_at(layer, weights, last and i == sync - 1)
         return weights, samples
 
     def aggregate(self, current: Weights, updates: list[Weights], counts: list[int]) -> Weights:
@@ -148,15 +150,15 @@ class ETreeRole(Role):
         from (``current``), their ``updates`` and sample ``counts``: the structure's rule."""
         return self.aggregations[self.layer].combine(current, updates, counts)
 
-    def aggregate_at(self, layer: int, weights: Weights) -> tuple[Weights, int]:
+    def aggregate_at(self, layer: int, weights: Weights, last: bool = False) -> tuple[Weights, int]:
         """One round at an aggregator position: the children asked answer by the deadline,
-        combined (``aggregate``) when a quorum did."""
+        combined (``aggregate``) when a quorum did. ``last``: the run's last round at this position."""
         pos, t_start, sent_at = self.positions[layer], time.time(), time.perf_counter()
         deadline_s = float(pos.get("deadline_s", self.deadline_s))
         closes_at = time.monotonic() + deadline_s
         children = list(pos["children"])
         asked = [c for c in children if c == self.ctx.name or c in self.health.usable(children)] or children
-        answers = parallel(lambda child: self.ask(child, layer - 1, weights, closes_at), asked)
+        answers = parallel(lambda child: self.ask(child, layer - 1, weights, closes_at, last), asked)
         send_s = time.perf_counter() - sent_at
         got = [a for a in answers if a is not None]
         missing = [c for c, a in zip(asked, answers) if a is None]
@@ -182,17 +184,18 @@ class ETreeRole(Role):
                                   detail=f"{len(got)} of {len(asked)} children answered within {deadline_s:g}s "
                                          f"(quorum {needed})")
         self.ctx.model.set_weights(weights)
-        loss, accuracy = self.evaluate()
+        loss, accuracy = self.evaluate(last=last)
         self._record(t_start, NOT_TRAINED, loss, accuracy, send_s, len(got), layer,
                      missing=missing, skipped=[c for c in children if c not in asked], closed=closed,
                      aggregation=rule_name(self, ETreeRole, self.aggregations[layer]))
         return weights, sum(n for _, n in got)
 
-    def ask(self, child: str, layer: int, weights: Weights, closes_at: float) -> Optional[tuple[Weights, int]]:
+    def ask(self, child: str, layer: int, weights: Weights, closes_at: float,
+            last: bool = False) -> Optional[tuple[Weights, int]]:
         """``child``'s answer at ``layer`` (itself: a direct call), or None at ``closes_at``
-        (monotonic seconds)."""
+        (monotonic seconds); ``last``: in the root's last global round."""
         if child == self.ctx.name:
-            return self.work(layer, weights)
+            return self.work(layer, weights, last)
         with self._cond:
             self._asks += 1
             key = (child, layer, self._asks)
@@ -201,7 +204,7 @@ class ETreeRole(Role):
             left = closes_at - time.monotonic()
             body_s = self.send_timeout_s(child, sum(w.nbytes for w in weights))
             if left <= 0 or not self.post_weights(child, "/etree/model", self.round_events, weights=weights,
-                                                  meta={"layer": layer, "ask": key[2]},
+                                                  meta={"layer": layer, "ask": key[2], "last": last},
                                                   timeout_s=max(0.5, min(left, body_s)), retries=0):
                 return None
             with self._cond:
@@ -242,11 +245,11 @@ class ETreeRole(Role):
         end of the run; then tell the tree it is done."""
         self.policies.each("before_run")
         if self.is_root:
-            weights = self.ctx.model.get_weights()
-            for _ in range(int(self.positions[self.top]["sync"])):
+            weights, sync = self.ctx.model.get_weights(), int(self.positions[self.top]["sync"])
+            for i in range(sync):
                 if self.ctx.stop.is_set():
                     break
-                weights, _ = self.aggregate_at(self.top, weights)
+                weights, _ = self.aggregate_at(self.top, weights, i == sync - 1)
         else:
             deadline = time.monotonic() + self.run_timeout_s
             while not self.done.wait(timeout=1.0):

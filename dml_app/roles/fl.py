@@ -186,7 +186,7 @@ class AggregatorRole(Role):
             self.ctx.events.write("round_failed", round=r, picked=picked, arrived=sorted(updates),
                                   detail=f"{len(updates)} of {len(picked)} updates by the deadline")
         throughput_sps = sum(n for _, n in updates.values()) / max(time.time() - t_start, 1e-6)
-        loss, accuracy = self.evaluate()
+        loss, accuracy = self.evaluate(r)
         return RoundRecord(r, t_start, NOT_TRAINED, loss, accuracy, send_s, len(updates),
                            {"picked": picked, "missing": missing, "closed": closed,
                             "samples": {t: n for t, (_, n) in updates.items()},
@@ -286,7 +286,7 @@ class TrainerRole(Role):
         t_start = time.time()
         upload_s = upload_timeout_s(meta)
         trained = self.local_update(arrays, meta)
-        loss, accuracy = self.evaluate()
+        loss, accuracy = self.evaluate(r)
         sent_at = time.perf_counter()
         self.post_weights(self.aggregator, "/fl/update", r,
                           meta={"train_s": trained["train_s"], "send_s": self.last_send_s}, timeout_s=upload_s)

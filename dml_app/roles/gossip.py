@@ -110,7 +110,7 @@ class GossipRole(Role):
             threading.Thread(target=self.tell_done, name="gossip-done", daemon=True).start()
         self.combine(received)
         trained = self.train_local()
-        loss, accuracy = self.evaluate()
+        loss, accuracy = self.evaluate(round_no)
         sent_at = time.perf_counter()
         self.send(round_no)
         self.work_s = time.monotonic() - started - waited_s

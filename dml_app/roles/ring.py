@@ -364,7 +364,7 @@ class RingRole(Role):
         began = time.perf_counter()
         monitors = self.monitors(formation, start if synced is None else None, local, reduced, send_s)
         monitors["monitor_s"] = time.perf_counter() - began  # (their cost, on the round's path)
-        loss, accuracy = self.evaluate()
+        loss, accuracy = self.evaluate(formation.round)
         self.want = formation.round + 1
         self.over = self.want > self.sync
         return RoundRecord(formation.round, t_start, trained, loss, accuracy, send_s, len(formation.members) - 1,

@@ -5,7 +5,8 @@ Every event has ``v`` (format version), ``run_id``, ``node``, ``type`` and ``t``
 
 - ``round``: round, t_start, t_end, loss, accuracy (on the node's own test
   shard), global_loss, global_accuracy (on the run's common global test set;
-  null without one), train_loss, train_s, send_s, bytes_sent / bytes_recv
+  null without one, or in a round not evaluated), global_eval_n (the samples of the
+  global test set evaluated on: 0 in a round not evaluated, null without one), train_loss, train_s, send_s, bytes_sent / bytes_recv
   (totals of the round), per-peer maps ``sent_to`` / ``recv_from``
   {peer: bytes}, and ``layer`` for E-tree;
 - ``send_failed``: round, peer, error;
