@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up edgetb on a Debian/Ubuntu machine, as root: system packages, then a
 # virtual environment in .venv with the project installed. Safe to run again.
-# EDGETB_EXTRAS picks the optional parts (default "test"; "test,tf" adds TensorFlow).
+# EDGETB_EXTRAS picks the optional parts (default "test"; "test,tf" adds TensorFlow, "test,torch" PyTorch).
 # PYTHON picks the interpreter of .venv (default: the system's /usr/bin/python3 when there is one:
 # node processes run as unprivileged uids, and a Python every user can run needs no special view).
 set -euo pipefail

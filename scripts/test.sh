@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (with TensorFlow, for the TF model's test, the Docker SDK and selenium), then run every test
+# Set up (with TensorFlow and PyTorch, for the Keras and torch models' tests, the Docker SDK and selenium), then run every test
 # tier (unit, netns, docker, swarm, e2e, security, browser). Run as root.
 # Without arguments it also builds the documentation site strictly (scripts/docs.sh: the docs extra).
 # The docker tier needs an engine and the node image: this script installs docker.io, starts dockerd
@@ -10,7 +10,7 @@
 # Debian's stock kernel, with sch_netem and cgroup v2); EDGETB_VM=0 leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EDGETB_EXTRAS=${EDGETB_EXTRAS:-test,tf,docker,browser,docs} bash scripts/setup.sh
+EDGETB_EXTRAS=${EDGETB_EXTRAS:-test,tf,torch,docker,browser,docs} bash scripts/setup.sh
 # the browser tier drives Debian's chromium (scripts/browser_setup.sh); EDGETB_BROWSER=0 lets it skip
 if [ "${EDGETB_BROWSER:-1}" != 0 ]; then
   bash scripts/browser_setup.sh

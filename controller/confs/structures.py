@@ -76,20 +76,25 @@ USER_FILE_HINT = ("a .py file relative to the experiment directory, e.g. nns/my_
                   "dml_file/)")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 MODEL = Schema({
-    "kind": Field(str, "numpy, or keras (TensorFlow; 'tf' is its older name); for your own model, "
-                       "inferred from what build returns when left out", default="numpy",
-                  choices=("numpy", "keras", "tf")),
+    "kind": Field(str, "numpy, keras (TensorFlow; 'tf' is its older name) or torch (PyTorch); for your own "
+                       "model, inferred from what build returns when left out", default="numpy",
+                  choices=("numpy", "keras", "tf", "torch")),
     "name": Field(str, "a built-in model", default=ABSENT, choices=BUILTIN_NAMES),
     "module": Field(str, "your own model: a Python file whose build(input_shape, n_classes, conf) returns it; "
                          "the entry's other keys reach build as conf", default=ABSENT, pattern=USER_FILE,
                     hint=USER_FILE_HINT),
     "build": Field(str, "the module's function that builds the model", default=ABSENT, pattern=IDENTIFIER,
                    hint="a Python name"),
-    "hidden": Field(list, "units of each hidden layer (the MLP)", default=[64], max_items=MAX_HIDDEN_LAYERS,
-                    items=Field(int, low=1, high=MAX_HIDDEN_UNITS)),
+    "hidden": Field(list, "units of each hidden layer of the built-in MLP (default [64])", default=ABSENT,
+                    max_items=MAX_HIDDEN_LAYERS, items=Field(int, low=1, high=MAX_HIDDEN_UNITS)),
     "learning_rate": Field(float, "default: 0.005 for the MLP, 0.001 for the CNNs", default=ABSENT, low=0,
                            high=MAX_LEARNING_RATE, low_open=True),
-    "optimizer": Field(str, "the optimizer a built-in model trains with", default="adam", choices=("adam", "sgd")),
+    "optimizer": Field(str, "the optimizer a built-in model (or your torch module) trains with (default adam)",
+                       default=ABSENT, choices=("adam", "sgd")),
+    "momentum": Field(float, "SGD's momentum (kind torch)", default=ABSENT, low=0, high=1),
+    "weight_decay": Field(float, "L2 weight decay of the optimizer (kind torch)", default=ABSENT, low=0, high=1),
+    "threads": Field(int, "intra-op threads a node's torch uses (default 1: many nodes share a few cores)",
+                     default=ABSENT, low=1, high=256),
     "bn_momentum": Field(float, "batch normalisation's moving-average momentum (default 0.99, as Keras and "
                                 "EdgeTB; lower, e.g. 0.9, when nodes take few training steps)", default=ABSENT,
                          low=0, high=1),

@@ -37,9 +37,10 @@ class Kind(Protocol):
         """Seed the framework before a user's build (every node starts from the same weights)."""
         ...
 
-    def wrap(self, built: Any, what: str, conf: dict[str, Any]) -> Model:
+    def wrap(self, built: Any, what: str, conf: dict[str, Any], hooks: Any = None) -> Model:
         """What a user's build returned (``what`` names it), as a node model tuned by the model
-        ``conf``; ModelError if it cannot be."""
+        ``conf`` (``hooks``: the user's module, for optional functions of the kind); ModelError if
+        it cannot be."""
         ...
 
 

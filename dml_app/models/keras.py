@@ -134,7 +134,7 @@ def build(name: str, input_shape: tuple[int, ...], n_classes: int, conf: dict[st
     return KerasModel(build_keras(name, input_shape, n_classes, conf))
 
 
-def wrap(built: Any, what: str, conf: dict[str, Any]) -> KerasModel:
+def wrap(built: Any, what: str, conf: dict[str, Any], hooks: Any = None) -> KerasModel:
     """A user's build result (``what`` names it) as a node model: it must be a compiled
     ``tf.keras.Model``; the model conf's ``bn_momentum`` and ``learning_rate`` apply to it."""
     if not callable(getattr(built, "fit", None)) or not callable(getattr(built, "get_weights", None)):

@@ -2,9 +2,9 @@
 
 Conf (a structure file's ``model``)::
 
-    {"kind": "numpy" | "keras", "name": "mlp" | "edgetb_fashion_cnn" | "lenet5" | "edgetb_cifar10_cnn",
+    {"kind": "numpy" | "keras" | "torch", "name": "mlp" | "edgetb_fashion_cnn" | "lenet5" | "edgetb_cifar10_cnn",
      "hidden": [64], "learning_rate": 0.005, "optimizer": "adam", "seed": 0}
-    {"module": "dml_user/nns/my_model.py", "build": "build", "kind": "numpy" | "keras", ...}
+    {"module": "dml_user/nns/my_model.py", "build": "build", "kind": "numpy" | "keras" | "torch", ...}
 
 ``kind`` "tf" is the older name of "keras". A ``module`` is the user's file (as staged by the
 controller under ``dml_user/``, ``dml_app.models.user``); the controller infers its kind when the
@@ -13,7 +13,8 @@ so all start from the same weights (averaging models from different random start
 unrelated features).
 
 A kind is a module with the ``Kind`` functions (``dml_app.models.contract``): numpy
-(``dml_app.models.numpy.builder``) and Keras (``dml_app.models.keras``). Another framework is
+(``dml_app.models.numpy.builder``), Keras (``dml_app.models.keras``) and PyTorch
+(``dml_app.models.pytorch``). Another framework is
 one more such module, named in ``KINDS`` and ``kind_module``.
 """
 from __future__ import annotations
@@ -24,14 +25,15 @@ from dml_app.models.architectures import BUILTIN_NAMES, DEFAULT
 from dml_app.models.contract import Kind, Model, ModelError, shape_of
 from dml_app.models.user import user_model
 
-KINDS = ("numpy", "keras", "tf")
+KINDS = ("numpy", "keras", "tf", "torch")
+FRAMEWORK_MODULES = {"keras": "tensorflow", "torch": "torch"}  # kind -> the framework its nodes import
 
 
 def kind_of(conf: dict[str, Any]) -> str:
-    """"numpy" or "keras" ("tf" is the older name of "keras")."""
+    """"numpy", "keras" ("tf" is its older name) or "torch"."""
     kind = str(conf.get("kind") or "numpy")
     if kind not in KINDS:
-        raise ModelError(f"unknown model kind {kind!r}: use numpy or keras")
+        raise ModelError(f"unknown model kind {kind!r}: use numpy, keras or torch")
     return "keras" if kind == "tf" else kind
 
 
@@ -42,6 +44,10 @@ def kind_module(kind: str) -> Kind:
         from dml_app.models import keras
 
         return keras
+    if kind == "torch":
+        from dml_app.models import pytorch
+
+        return pytorch
     from dml_app.models.numpy import builder
 
     return builder

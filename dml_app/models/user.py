@@ -1,6 +1,6 @@
 """The user's own model: a Python file of the experiment directory whose ``build(input_shape,
 n_classes, conf)`` returns a model with the contract, or a framework's model that its kind wraps
-(``"kind": "keras"``: a compiled ``tf.keras.Model``).
+(``"kind": "keras"``: a compiled ``tf.keras.Model``; ``"kind": "torch"``: a ``torch.nn.Module``).
 
 The model entry's other keys reach ``build`` as ``conf`` (``MODULE_KEYS`` do not); the file is
 loaded as every user file is (``dml_app.runtime.usercode``: only inside the experiment directory).
@@ -17,7 +17,7 @@ from dml_app.models.contract import Kind, Model, ModelError, check_contract
 from dml_app.runtime import usercode
 
 MODULE_KEYS = ("module", "build", "kind")  # a module model's keys that do not reach its build's conf
-FRAMEWORK_KINDS = {"keras": "keras", "tensorflow": "keras", "tf_keras": "keras"}  # top package -> kind
+FRAMEWORK_KINDS = {"keras": "keras", "tensorflow": "keras", "tf_keras": "keras", "torch": "torch"}  # top package -> kind
 
 
 def build_user(conf: dict[str, Any], input_shape: tuple[int, ...], n_classes: int, workdir: str,
@@ -50,8 +50,9 @@ def build_hint(module: Any, build_name: str) -> str:
 
 
 def kind_of_built(built: Any) -> Optional[str]:
-    """The kind a framework's model is of (``keras`` for a ``tf.keras.Model``), or None."""
-    if built is None or not callable(getattr(built, "get_weights", None)) and not callable(getattr(built, "fit", None)):
+    """The kind a framework's model is of (``keras`` for a ``tf.keras.Model``, ``torch`` for a
+    ``torch.nn.Module``: a class of the framework's package in its MRO), or None."""
+    if built is None:
         return None
     for cls in type(built).__mro__:
         kind = FRAMEWORK_KINDS.get(str(getattr(cls, "__module__", "")).split(".")[0])
@@ -70,6 +71,7 @@ def user_model(conf: dict[str, Any], input_shape: tuple[int, ...], n_classes: in
         raise ModelError(f"{relative}: {build_name} returned a {type(built).__name__}, a model of kind "
                          f"{framework}, but the model entry says \"kind\": \"{kind_name}\": set \"kind\": "
                          f"\"{framework}\" (or leave \"kind\" out: it is inferred)")
-    built = kind.wrap(built, f"{relative}: {build_name}", conf)
+    hooks = usercode.load_file(workdir, str(conf["module"]))  # (imported by the build: its optional hooks)
+    built = kind.wrap(built, f"{relative}: {build_name}", conf, hooks)
     check_contract(built, f"{relative}: {build_name}")
     return built

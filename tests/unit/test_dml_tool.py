@@ -72,7 +72,7 @@ def test_each_gossip_node_is_told_who_sends_to_it(tmp_path):
     ({"sync": 2, "node_list": [{"epoch": 1}]}, "'name'"),
     ({"sync": 2, "node_list": ["n1"]}, "node_list[0]"),
     ({"sync": 2, "node_list": []}, "no node"),
-    ({"sync": 2, "model": {"kind": "torch"}, "node_list": [{"name": "n1"}]}, "torch"),
+    ({"sync": 2, "model": {"kind": "jax"}, "node_list": [{"name": "n1"}]}, "jax"),
     ({"sync": 2, "wait_policy": "eager", "node_list": [{"name": "n1"}]}, "'wait_policy'"),
 ])
 def test_bad_structures(tmp_path, structure, problem):

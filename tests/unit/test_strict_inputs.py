@@ -256,8 +256,7 @@ def test_json_problems_are_named(tmp_path):
 
 def test_defaults_fill_the_model():
     confs = load_structure(os.path.join(REPO, "gl_structure.json"), load_links(os.path.join(REPO, "links.json")))
-    assert confs["n1"]["model"] == {"kind": "numpy", "hidden": [128], "learning_rate": 0.005, "optimizer": "adam",
-                                    "seed": 0}
+    assert confs["n1"]["model"] == {"kind": "numpy", "hidden": [128], "learning_rate": 0.005, "seed": 0}
     assert confs["n1"]["epoch"] == 3 and confs["n1"]["wait_s"] == 2.0
 
 

@@ -34,8 +34,7 @@ def structure(exp, **top) -> dict:
 
 def test_a_module_model_keeps_its_own_keys_and_a_builtin_refuses_unknown_ones(exp):
     confs = structure(exp, model={"module": "nns/m.py", "width": 16, "layers": [3, 4], "seed": 5})
-    assert confs["n1"]["model"] == {"module": "nns/m.py", "hidden": [64], "optimizer": "adam",  # (kind: inferred)
-                                    "seed": 5, "width": 16, "layers": [3, 4]}
+    assert confs["n1"]["model"] == {"module": "nns/m.py", "seed": 5, "width": 16, "layers": [3, 4]}  # (kind: inferred)
     with pytest.raises(ConfigError, match="'widht'"):
         structure(exp, model={"name": "lenet5", "widht": 16})
     with pytest.raises(ConfigError, match="either built-in .'name'. or your own .'module'."):

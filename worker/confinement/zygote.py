@@ -67,7 +67,7 @@ SPAWN_TIMEOUT_S = 60.0
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_FDS = 4
 READY_TIMEOUT_S = 120.0
-PRELOADS = ("tensorflow",)  # what a zygote may preload beyond the node runtime (worker.api.protocol.PRELOAD_ENV)
+PRELOADS = ("tensorflow", "torch")  # what a zygote may preload beyond the node runtime (worker.api.protocol.PRELOAD_ENV)
 ZYGOTE_NICE = -10
 
 
@@ -356,6 +356,8 @@ def _preload(extra: tuple[str, ...] = ()) -> None:
     for name in extra:  # importing TensorFlow starts no thread (making a model does): safe to fork
         try:
             importlib.import_module(name)
+            if name == "torch":
+                _warm_torch()
         except Exception as e:  # noqa: BLE001 - the nodes import it themselves (and say what fails)
             print(f"edgetb zygote: cannot preload {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     from gevent._hub_local import get_hub_if_exists
@@ -363,6 +365,20 @@ def _preload(extra: tuple[str, ...] = ()) -> None:
     hub = get_hub_if_exists()
     if extra and hub is not None:  # TensorFlow's import made one (a patched sleep): no child may inherit it
         hub.destroy(destroy_loop=True)
+
+
+def _warm_torch() -> None:
+    """One training step and one evaluation of a small conv net, on one thread (no pool started):
+    what PyTorch sets up on first use (its allocator's caches, kernels' tables) is then made once,
+    here, and shared by every node forked after it, not made again in each."""
+    import numpy as np
+
+    from dml_app.models.make import make_model
+
+    model = make_model({"kind": "torch", "name": "lenet5"}, input_shape=(8, 8, 1), n_classes=2)
+    x, y = np.zeros((4, 8, 8, 1), dtype=np.float32), np.zeros(4, dtype=np.int64)
+    model.train(x, y, epochs=1, batch_size=4)
+    model.evaluate(x, y)
 
 
 def serve(argv: list[str]) -> None:

@@ -37,6 +37,6 @@ def seed(value: int) -> None:
     random.seed(value)
 
 
-def wrap(built: Any, what: str, conf: dict[str, Any]) -> Model:
+def wrap(built: Any, what: str, conf: dict[str, Any], hooks: Any = None) -> Model:
     """A user's model as it is: it keeps the contract itself (``check_contract`` says if not)."""
     return built
