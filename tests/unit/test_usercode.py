@@ -90,9 +90,11 @@ def test_check_builds_numpy_builtins_and_refuses_keras_on_docker_nodes(exp):
     described = usercode.check(str(exp), confs, dconfs, "gl_structure.json")
     assert described["n1"]["params"] == 45_674  # the 8x8x1 net, built once for both nodes
     assert list(described) == ["n1"]
-    with pytest.raises(ConfigError, match="Docker node image has numpy only"):
-        usercode.check(str(exp), structure(exp, model={"kind": "keras", "name": "lenet5"}), dconfs,
-                       "gl_structure.json", {"n1": "netns", "n2": "docker"})
+    for kind, framework in (("keras", "TensorFlow"), ("torch", "PyTorch")):
+        with pytest.raises(ConfigError, match=f"kind '{kind}' needs {framework} in the nodes, and the Docker node "
+                                              "image has numpy only"):
+            usercode.check(str(exp), structure(exp, model={"kind": kind, "name": "lenet5"}), dconfs,
+                           "gl_structure.json", {"n1": "netns", "n2": "docker"})
     with pytest.raises(ConfigError, match="needs images of at least 4x4"):
         np.savez(exp / "dataset" / "n.npz", x_train=np.zeros((3, 2, 2, 1), np.float32), y_train=np.arange(3))
         usercode.check(str(exp), confs, dconfs, "gl_structure.json")
