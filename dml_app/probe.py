@@ -77,7 +77,7 @@ def probe_model(req: dict[str, Any]) -> dict[str, Any]:
             f"{what}: two builds with the same seed start from different weights (array {differ}, "
             f"{layout[differ][0]!r}), so the nodes would not start from the same model: draw the initial "
             "weights from the generators the testbed seeds before it imports the file (numpy.random, "
-            "random, TensorFlow's), or from a generator seeded with conf['seed']")
+            "random, TensorFlow's, torch's), or from a generator seeded with conf['seed']")
     try:
         loss, accuracy = model.evaluate(np.zeros((2, *shape), dtype=np.float32), np.zeros(2, dtype=np.int64))
         float(loss), float(accuracy)
