@@ -216,3 +216,23 @@ def test_an_etree_evaluates_every_positions_last_round_on_everything(tmp_path):
         for e in events_of(r, "round"):
             by_layer[(r.ctx.name, e["layer"])].append(e["global_eval_n"])
     assert by_layer == {("a", 3): [0, 40], ("b", 2): [0, 0, 0, 40], ("b", 1): [0, 0, 0, 40], ("c", 1): [0, 0, 0, 40]}
+
+
+def test_the_stored_dashboard_holds_the_last_evaluated_figure_through_a_skipped_round(tmp_path):
+    from controller.web import run_view
+    from tests.unit.test_dashboard import _stored_run
+
+    _, run = _stored_run(tmp_path)
+    lines = ["run_id,algorithm,node,role,layer,round,time_s,loss,accuracy,global_loss,global_accuracy,global_eval_n"]
+    for offset, node in enumerate("abc"):
+        for r in range(1, 6):
+            evaluated = r % 2 == 0 or r == 5
+            glob = f"1.0,{0.5 + 0.1 * r + 0.01 * offset},{50 if r < 5 else 300}" if evaluated else ",,0"
+            lines.append(f"run1,gossip,{node},gossip,,{r},{1 + 2 * r},9.0,0.1,{glob}")
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    view = run_view.stored_view(str(run))
+    rounds, t = view["series"]["round"], view["series"]["time"]
+    assert rounds["round"] == [1, 2, 3, 4, 5] and rounds["acc_med"][0] is None and rounds["acc_med"][2] is None
+    assert rounds["acc_med"][1] == pytest.approx(0.71) and rounds["acc_med"][4] == pytest.approx(1.01)
+    assert t["acc_med"][t["t_s"].index(8.0)] == pytest.approx(0.71)  # after round 3 (skipped): round 2's
+    assert t["loss_med"][t["t_s"].index(8.0)] == pytest.approx(1.0)  # the global loss, not the local 9.0
