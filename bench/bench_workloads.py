@@ -1,17 +1,20 @@
-"""EdgeTB's 147-node gossip shape with EdgeTB's Fashion-MNIST CNN, in numpy and in Keras.
+"""EdgeTB's 147-node gossip shape with EdgeTB's Fashion-MNIST CNN, in numpy, Keras and PyTorch.
 
-Run as root: ``.venv/bin/python bench/bench_workloads.py [--nodes 147] [--rounds 5] [--mnist-subset]``.
+Run as root: ``.venv/bin/python bench/bench_workloads.py [--nodes 147] [--rounds 5] [--mnist-subset]
+[--variants numpy keras torch] [--model edgetb_fashion_cnn|lenet5]``.
 
 The shape of ``bench/bench_gossip_edgetb.py`` (random symmetric links of 200-500 KB/s, at most 10
 a node, EdgeTB's per-node dataset format in shards of 100 samples), with the model
-``edgetb_fashion_cnn`` (about 0.23 M parameters) of each kind. The data: Fashion-MNIST when
+``edgetb_fashion_cnn`` (about 0.23 M parameters; ``--model lenet5``: LeNet-5, about 61 k) of each kind. The data: Fashion-MNIST when
 ``dataset/fashion_mnist/`` holds its files, else the MNIST subset that ``--mnist-subset``
 writes (the same shape: 28x28x1, 10 classes). Each node trains ``--train-shards`` shards a round.
 
 Each variant runs ``gl_run.py`` in a scratch directory, driven over HTTP like a user: the time to
 ``ready`` (nodes made, processes started, confs pushed: the model built on every node), the
-memory of every node process once all have run a round (USS: the pages only that process holds;
-PSS), rounds per minute of the run phase, the median ``train_s``, the mean final global
+memory of every node process once all have run a round (trained and evaluated: USS, the pages only
+that process holds, its median, mean and max; PSS; how many node processes were alive then, and
+their threads), whether the host's zygote had the framework's library mapped (it preloads
+TensorFlow or PyTorch for the nodes it forks), rounds per minute of the run phase, the median ``train_s``, the mean final global
 accuracy. Before the Keras variant at full size, a small run measures a Keras node's USS and the
 variant is skipped when the machine's available memory could not hold ``--nodes`` of them.
 """
@@ -54,13 +57,13 @@ def dataset_source() -> tuple[str, str]:
 
 
 def experiment(workdir: str, n: int, rounds: int, kind: str, dataset: str, train_shards: int, bn_momentum: float,
-               global_test: int) -> None:
+               global_test: int, model: str = "edgetb_fashion_cnn") -> None:
     rng = random.Random(0)
     names = [f"n{i}" for i in range(1, n + 1)]
     with open(os.path.join(workdir, "links.json"), "w") as f:
         json.dump(symmetric_links(names, 10, rng), f)
     with open(os.path.join(workdir, "gl_structure.json"), "w") as f:
-        json.dump({"sync": rounds, "wait_s": 5, "model": {"kind": kind, "name": "edgetb_fashion_cnn", "seed": 0,
+        json.dump({"sync": rounds, "wait_s": 5, "model": {"kind": kind, "name": model, "seed": 0,
                                                           "bn_momentum": bn_momentum},
                    "node_list": [{"name": x, "epoch": 1} for x in names]}, f)
     train_total, test_total = (40, 10) if dataset == "mnist" else (600, 100)  # shards of 100
@@ -85,18 +88,44 @@ def memory_kib(pid: int) -> Optional[tuple[int, int]]:
     return fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0), fields.get("Pss", 0)
 
 
+def threads(pid: int) -> Optional[int]:
+    """How many threads a process has (``/proc/<pid>/task``); None when it is gone."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return None
+
+
+FRAMEWORK_LIBS = {"keras": "libtensorflow", "torch": "libtorch_cpu"}  # kind -> a library its zygote preloads
+
+
+def zygote_maps(node_pid: int, kind: str) -> Optional[bool]:
+    """Whether the zygote that forked ``node_pid`` (its parent) has ``kind``'s framework library
+    mapped: it was preloaded, shared by the nodes. None when there is nothing to check."""
+    lib = FRAMEWORK_LIBS.get(kind)
+    if lib is None:
+        return None
+    try:
+        with open(f"/proc/{node_pid}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{parent}/maps") as f:
+            return lib in f.read()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def available_kib() -> int:
     with open("/proc/meminfo") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
 
 
 def run(n: int, rounds: int, kind: str, train_shards: int, timeout_s: float, bn_momentum: float = 0.99,
-        global_test: int = 500) -> dict[str, Any]:
+        global_test: int = 500, model: str = "edgetb_fashion_cnn") -> dict[str, Any]:
     dataset, source = dataset_source()
     workdir = tempfile.mkdtemp(prefix=f"edgetb-workloads-{kind}-{n}-")
     os.chmod(workdir, 0o755)  # node processes run as their own uids and read it
     shutil.copytree(source, os.path.join(workdir, "dataset", dataset))
-    experiment(workdir, n, rounds, kind, dataset, train_shards, bn_momentum, global_test)
+    experiment(workdir, n, rounds, kind, dataset, train_shards, bn_momentum, global_test, model)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"))
@@ -104,19 +133,22 @@ def run(n: int, rounds: int, kind: str, train_shards: int, timeout_s: float, bn_
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "gl_run.py"), "--quiet-nodes", "--workdir", workdir,
                              "--port", str(port), "--id", "bw" + secrets.token_hex(1), "--subnet", "10.242.0.0/16"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    result: dict[str, Any] = {"variant": kind, "nodes": n}
+    result: dict[str, Any] = {"variant": kind, "nodes": n, "model": model}
     try:
         status = wait(url, ("ready",), timeout_s, proc)
         result["ready_s"] = time.monotonic() - started
         requests.get(url + "/start", timeout=120)
-        uss, pss = [], []
+        uss, pss, tasks, preloaded = [], [], [], None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:  # the nodes' memory once every node has run a round
             status = requests.get(url + "/status", timeout=120).json()
             if status["phase"] in ("finished", "failed") or all(x.get("round", 0) >= 1 for x in status["nodes"]):
-                found = [memory_kib(x["pid"]) for x in status["nodes"] if x.get("pid")]
+                pids = [x["pid"] for x in status["nodes"] if x.get("pid")]
+                found = [memory_kib(pid) for pid in pids]
                 uss = [u for u, _ in filter(None, found)]
                 pss = [p for _, p in filter(None, found)]
+                tasks = list(filter(None, (threads(pid) for pid in pids)))
+                preloaded = zygote_maps(pids[0], kind) if pids else None
                 break
             time.sleep(1)
         wait(url, ("finished", "failed"), timeout_s, proc)
@@ -133,7 +165,9 @@ def run(n: int, rounds: int, kind: str, train_shards: int, timeout_s: float, bn_
                       train_s=statistics.median(train_s) if train_s else None,
                       accuracy=statistics.mean(accuracies) if accuracies else None,
                       uss_mib=statistics.median(uss) / 1024 if uss else None,
-                      uss_max_mib=max(uss) / 1024 if uss else None,
+                      uss_mean_mib=statistics.mean(uss) / 1024 if uss else None,
+                      uss_max_mib=max(uss) / 1024 if uss else None, alive=f"{len(uss)}/{n}",
+                      threads=statistics.median(tasks) if tasks else None, zygote_preloaded=preloaded,
                       pss_mib=statistics.median(pss) / 1024 if pss else None, dataset=dataset)
     finally:
         try:
@@ -172,7 +206,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=147)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--train-shards", type=int, default=1, help="shards of 100 samples a node trains a round")
-    parser.add_argument("--variants", nargs="+", choices=("numpy", "keras"), default=["numpy", "keras"])
+    parser.add_argument("--variants", nargs="+", choices=("numpy", "keras", "torch"), default=["numpy", "keras"])
+    parser.add_argument("--model", choices=("edgetb_fashion_cnn", "lenet5"), default="edgetb_fashion_cnn",
+                        help="the built-in network every variant runs")
     parser.add_argument("--probe-nodes", type=int, default=8, help="the small Keras run that sizes a node")
     parser.add_argument("--mnist-subset", action="store_true", help="write the MNIST subset if missing")
     parser.add_argument("--timeout", type=float, default=3600)
@@ -188,7 +224,8 @@ def main() -> int:
     for kind in args.variants:
         if kind == "keras" and args.nodes > args.probe_nodes:
             log(f"sizing a Keras node: {args.probe_nodes} nodes, 2 rounds")
-            probe = run(args.probe_nodes, 2, kind, args.train_shards, args.timeout, args.bn_momentum, args.global_test)
+            probe = run(args.probe_nodes, 2, kind, args.train_shards, args.timeout, args.bn_momentum, args.global_test,
+                        args.model)
             results.append({**probe, "variant": "keras (sizing)"})
             per_node_kib = max(probe.get("uss_max_mib") or 0, probe.get("pss_mib") or 0) * 1024
             fit = int(MEM_SHARE * available_kib() / per_node_kib) if per_node_kib else args.nodes
@@ -198,15 +235,17 @@ def main() -> int:
             n = min(fit, args.nodes)
         else:
             n = args.nodes
-        log(f"{n} gossip nodes, {args.rounds} rounds, edgetb_fashion_cnn in {kind}")
-        results.append(run(n, args.rounds, kind, args.train_shards, args.timeout, args.bn_momentum, args.global_test))
+        log(f"{n} gossip nodes, {args.rounds} rounds, {args.model} in {kind}")
+        results.append(run(n, args.rounds, kind, args.train_shards, args.timeout, args.bn_momentum, args.global_test,
+                           args.model))
         log(json.dumps(results[-1]))
-    print(f"EdgeTB's gossip shape with its Fashion-MNIST CNN: {args.rounds} rounds, "
+    print(f"EdgeTB's gossip shape with {args.model}: {args.rounds} rounds, "
           f"{args.train_shards * SHARD} training samples a node, bn_momentum {args.bn_momentum}, "
           f"{args.global_test} global test samples, {results[0].get('dataset') if results else '-'}\n")
     columns = [("variant", "{}"), ("nodes", "{}"), ("done", "{}"), ("ready_s", "{:.0f}"), ("run_s", "{:.0f}"),
-               ("rounds_per_min", "{:.2f}"), ("train_s", "{:.2f}"), ("uss_mib", "{:.0f}"), ("uss_max_mib", "{:.0f}"),
-               ("pss_mib", "{:.0f}"), ("accuracy", "{:.3f}"), ("wall_s", "{:.0f}")]
+               ("rounds_per_min", "{:.2f}"), ("train_s", "{:.2f}"), ("uss_mib", "{:.0f}"), ("uss_mean_mib", "{:.1f}"),
+               ("uss_max_mib", "{:.0f}"), ("pss_mib", "{:.0f}"), ("alive", "{}"), ("threads", "{:.0f}"),
+               ("zygote_preloaded", "{}"), ("accuracy", "{:.3f}"), ("wall_s", "{:.0f}")]
     print("| " + " | ".join(name for name, _ in columns) + " |")
     print("|" + "---|" * len(columns))
     for r in results:
