@@ -195,15 +195,15 @@ def test_a_users_policy_is_tried_in_the_sandbox_and_its_vote_comes_back(tmp_path
 
 
 @pytest.mark.parametrize("cls,message", [
-    ("NotAPolicy", "ra_structure.json: policies[0]: dml_user/policies/p.py: NotAPolicy must subclass "
+    ("NotAPolicy", "ra_structure.json: policies[0]: policies/p.py: NotAPolicy must subclass "
                    "dml_app.policies.Policy"),
-    ("Missing", "ra_structure.json: policies[0]: dml_user/policies/p.py: defines no policy class 'Missing' "
-                "(it defines: BadAction, BadVote, Broken, NotAPolicy, Policy, Spy)"),
-    ("BadVote", "ra_structure.json: policies[0]: dml_user/policies/p.py: BadVote.after_round: a vote must be "
+    ("Missing", "ra_structure.json: policies[0]: policies/p.py: defines no policy class 'Missing' "
+                "(it defines: BadAction, BadVote, Broken, NotAPolicy, Spy; imported: Policy, os)"),
+    ("BadVote", "ra_structure.json: policies[0]: policies/p.py: BadVote.after_round: a vote must be "
                 "plain JSON (Object of type set is not JSON serializable)"),
-    ("Broken", "ra_structure.json: policies[0]: dml_user/policies/p.py: Broken(conf, view) failed: "
+    ("Broken", "ra_structure.json: policies[0]: policies/p.py: Broken(conf, view) failed: "
                "KeyError: 'level' (line 21)"),
-    ("BadAction", "ra_structure.json: policies[0]: dml_user/policies/p.py: BadAction.decide: an action is an "
+    ("BadAction", "ra_structure.json: policies[0]: policies/p.py: BadAction.decide: an action is an "
                   "object of strategy, batch_size, members (and a reason), not {'learning_rate': 0.1}"),
 ])
 def test_a_bad_users_policy_is_refused_with_the_file_and_the_reason(tmp_path, cls, message):
