@@ -1,5 +1,6 @@
 """PyTorch models end to end on netns nodes with shaped links: the built-in LeNet-5 in torch on
-gossip, FL, the E-tree and the ring (4 nodes, 2 rounds each: every algorithm moves torch weights),
+gossip, FL, the E-tree and the ring with adaptive_batch (4 nodes, 2 rounds each: every algorithm
+moves torch weights),
 and the example torch module as a user's file (its kind inferred) with the FedProx trainers.
 Skipped without PyTorch (CI installs it)."""
 from __future__ import annotations
@@ -59,7 +60,8 @@ def test_etree_and_ring_with_a_torch_lenet5(run):
     assert len([e for e in rounds_of(events["n1"]) if e["layer"] == 2]) == 2
 
     names = ["r1", "r2", "r3", "r4"]
-    ring = {"sync": 2, "model": LENET, "node_list": [{"name": n, "epoch": 2} for n in names]}
+    ring = {"sync": 2, "model": LENET, "node_list": [{"name": n, "epoch": 2} for n in names],
+            "policies": [{"kind": "adaptive_batch", "max_batch": 128}]}  # (the adaptation policies too)
     summary, _ = run_to_end(run(kind="ra", structure=ring, links=ring_links(names)))
     done(summary, 2)
     assert len({n["final_global_accuracy"] for n in summary["nodes"]}) == 1  # one shared model
