@@ -51,6 +51,7 @@ def layers_at(rev: str) -> ModuleType:
         f.write(source)
     spec = importlib.util.spec_from_file_location("layers_baseline", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up)
     spec.loader.exec_module(module)
     return module
 

@@ -186,17 +186,19 @@ class _Grid:
 
 def _correlate(flat: np.ndarray, kernel: np.ndarray, grid: _Grid) -> np.ndarray:
     """``out[r] = sum over (i, j) of flat[r + i * block_w + j] @ kernel[i, j]`` for the grid's rows:
-    for each phase and kernel row, one matrix product of a view (``kw * C_in`` numbers per output)."""
+    for each kernel row and phase, one matrix product of a view (``kw * C_in`` numbers per output).
+    Each kernel row's products fill a whole matrix, added to the first's in one pass (faster than
+    adding phase by phase, through strided views)."""
     kh, kw, c_in, c_out = kernel.shape
-    out = np.empty((grid.rows, c_out), flat.dtype)
-    by_phase = out.reshape(grid.per_phase, kw, c_out)  # by_phase[:, p]: the outputs p, p + kw, ...
     kernel_rows = kernel.reshape(kh, kw * c_in, c_out)
-    term = np.empty((grid.per_phase, c_out), flat.dtype)
-    for phase in range(kw):
-        np.matmul(grid.windows(flat, 0, phase), kernel_rows[0], out=by_phase[:, phase])
-        for i in range(1, kh):
-            np.matmul(grid.windows(flat, i, phase), kernel_rows[i], out=term)
-            by_phase[:, phase] += term
+    out = np.empty((grid.rows, c_out), flat.dtype)
+    term = np.empty_like(out) if kh > 1 else out
+    for i in range(kh):
+        by_phase = (out if i == 0 else term).reshape(grid.per_phase, kw, c_out)  # [:, p]: outputs p, p + kw, ...
+        for phase in range(kw):
+            np.matmul(grid.windows(flat, i, phase), kernel_rows[i], out=by_phase[:, phase])
+        if i > 0:
+            out += term
     return out
 
 
