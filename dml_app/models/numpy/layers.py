@@ -15,8 +15,11 @@ row per output: per kernel row and per phase (output index modulo ``kw``) one
 matrix product of ``kw * C_in`` numbers per output. Backward, the kernel's
 gradient is the same views' products with the output gradient, and the input's
 the same correlation of the output gradient (in the same layout) with the
-flipped kernel. The temporaries are the input and the outputs in that layout,
-a few percent larger than the maps: nothing the size of the windows.
+flipped kernel. Inputs of a few channels (a first layer's 1 or 3) make thin
+products: their kernel rows are folded side by side (``kh`` shifted copies of
+the thin input), one product per phase. The temporaries are the input and the
+outputs in that layout (the outputs twice: a kernel row's products before they
+are added), a few percent larger than the maps: nothing the size of the windows.
 """
 from __future__ import annotations
 
