@@ -173,6 +173,20 @@ def test_conv_takes_an_empty_batch_and_backward_needs_training(channels):
         conv.backward(_x(2, 6, 6, 4))
 
 
+@pytest.mark.parametrize("padding,k", [("same", 3), ("valid", 3), ("same", 4), ("valid", 5)])
+def test_a_grid_holds_the_maps_in_its_blocks_and_zeros_everywhere_else(padding, k):
+    conv = L.Conv2D(2, k, padding)
+    conv.build((7, 6, 3), Rng(0), F64)
+    maps = _x(2, 7, 6, 3) + 10
+    grid = conv._grid(2, 7, 6)
+    for first_row in (0, grid.reach):
+        dirty = np.full((grid.rows + grid.reach) * 3, np.nan)  # freed memory that place may be given
+        del dirty
+        flat = grid.place(maps, first_row)
+        assert flat.shape == (grid.rows + grid.reach, 3) and np.isfinite(flat).all()
+        assert np.array_equal(grid.blocks(flat, first_row)[:, :7, :6], maps) and flat.sum() == pytest.approx(maps.sum())
+
+
 def test_max_pool_routes_each_gradient_to_the_first_maximum_of_its_window():
     x = np.random.default_rng(3).integers(0, 3, (3, 6, 7, 4)).astype(np.float64)  # many ties
     pool = L.MaxPool2D()

@@ -174,9 +174,16 @@ class _Grid:
         return flat[first_row:first_row + self.pixels].reshape(self.n, self.block_h, self.block_w, flat.shape[1])
 
     def place(self, maps: np.ndarray, first_row: int) -> np.ndarray:
-        """A zero matrix of ``rows + reach`` rows, ``maps`` (n, h, w, channels) in its blocks from ``first_row``."""
-        flat = np.zeros((self.rows + self.reach, maps.shape[-1]), maps.dtype)
-        self.blocks(flat, first_row)[:, :maps.shape[1], :maps.shape[2]] = maps
+        """A matrix of ``rows + reach`` rows, ``maps`` (n, h, w, channels) in its blocks from
+        ``first_row``, zeros everywhere else (written there alone: the maps are most of it)."""
+        _, h, w, c = maps.shape
+        flat = np.empty((self.rows + self.reach, c), maps.dtype)
+        flat[:first_row] = 0
+        flat[first_row + self.pixels:] = 0
+        blocks = self.blocks(flat, first_row)
+        blocks[:, :h, :w] = maps
+        blocks[:, :h, w:] = 0
+        blocks[:, h:] = 0
         return flat
 
     def windows(self, flat: np.ndarray, i: int, phase: int) -> np.ndarray:
@@ -419,7 +426,8 @@ class MaxPool2D(Layer):
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
         _, h, w, _ = self._in_shape
         h2, w2 = h // 2, w // 2
-        dx = np.zeros(self._in_shape, dy.dtype)
+        odd = h % 2 or w % 2  # (an odd last row or column gets no gradient)
+        dx = (np.zeros if odd else np.empty)(self._in_shape, dy.dtype)
         for k, (a, b) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
             np.multiply(dy, self._arg == k, out=dx[:, a:2 * h2:2, b:2 * w2:2, :])
         self._arg = None
