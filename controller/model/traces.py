@@ -1,0 +1,219 @@
+"""Recorded link traces: a recording read into the rate a link replays, bin by bin.
+
+Formats (``read_trace(path, fmt, bin_ms)``):
+
+- ``mahimahi``: Mahimahi's delivery-opportunity traces (``.up``/``.down``): one line per chance to
+  deliver one 1,500-byte packet, its time in ms from the start (lines may repeat a time: several
+  packets in one ms). The trace lasts until its last time; a bin's rate is its opportunities'
+  bits over the bin.
+- ``hsdpa`` and ``ghent4g``: per-interval throughput logs, one line per interval, columns apart
+  by white space: the HSDPA logs of Riiser et al. (3G, Norway) and the 4G/LTE logs of van der
+  Hooft et al. (Ghent). Both give, 1-based, the ms since the start of the recording in column 2,
+  the bytes received since the last line in column 5 and the ms since the last line in column 6:
+  the rate of the interval that ends at that line. ``throughput_format`` makes another such
+  format from its column numbers.
+- ``csv``: ``time_s,rate`` rows (a header row allowed), a rate with its unit (``2mbit``, as
+  links.json's ``bw``): the rate from that time to the next row's; the last row lasts one bin.
+
+Each is read into a ``Trace``: the time-weighted mean rate of each ``bin_ms`` bin (a bin that no
+interval covers has rate 0). Errors name the file and the line, before anything is created.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from controller.model.units import parse_rate_bps
+from worker.api.errors import ConfigError
+
+MAHIMAHI_PACKET_BYTES = 1500
+MAX_TRACE_LINES = 10_000_000  # a day of a 1 Gbit/s Mahimahi trace is about 7 M lines per minute: cap the read
+MAX_TRACE_BYTES = 256 << 20
+MAX_BINS = 10_000_000
+MIN_BIN_MS, MAX_BIN_MS = 1, 3_600_000
+
+
+@dataclass(frozen=True)
+class ThroughputColumns:
+    """Where a per-interval throughput log keeps its numbers (1-based column numbers)."""
+
+    elapsed_ms: int  # ms from the start of the recording, at the end of the interval
+    bytes: int  # bytes received in the interval
+    interval_ms: int  # the interval's length
+
+
+THROUGHPUT_FORMATS = {"hsdpa": ThroughputColumns(2, 5, 6), "ghent4g": ThroughputColumns(2, 5, 6)}
+FORMATS = ("mahimahi", *THROUGHPUT_FORMATS, "csv")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A recording as rates by bin: ``rates_bps[k]`` holds from ``k * bin_s`` to ``(k + 1) * bin_s``."""
+
+    source: str
+    bin_s: float
+    rates_bps: np.ndarray
+
+    @property
+    def duration_s(self) -> float:
+        return self.bin_s * len(self.rates_bps)
+
+    def rate_at(self, t_s: float, loop: bool = True, offset_s: float = 0.0, time_scale: float = 1.0) -> int:
+        """The rate at ``t_s`` seconds of the replay: the trace shifted by ``offset_s`` (its time at
+        the replay's start), stretched by ``time_scale`` (2: a recorded second lasts two), from the
+        start again at its end (``loop``) or holding its last bin."""
+        k = math.floor((t_s / time_scale + offset_s) / self.bin_s)
+        k = k % len(self.rates_bps) if loop else min(max(k, 0), len(self.rates_bps) - 1)
+        return int(self.rates_bps[k])
+
+
+def read_trace(path: str, fmt: str, bin_ms: int = 100, columns: Optional[ThroughputColumns] = None) -> Trace:
+    """The trace of file ``path`` in format ``fmt`` (``FORMATS``; ``columns``: another throughput
+    log's), binned at ``bin_ms``."""
+    if fmt not in FORMATS and columns is None:
+        raise ConfigError(f"{path}: unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
+    if not isinstance(bin_ms, int) or not MIN_BIN_MS <= bin_ms <= MAX_BIN_MS:
+        raise ConfigError(f"{path}: bin_ms must be an integer in [{MIN_BIN_MS}, {MAX_BIN_MS}], got {bin_ms!r}")
+    lines = _lines(path)
+    if fmt == "mahimahi":
+        return mahimahi(lines, bin_ms, path)
+    if fmt == "csv":
+        return rate_rows(lines, bin_ms, path)
+    return throughput_log(lines, columns or THROUGHPUT_FORMATS[fmt], bin_ms, path)
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TRACE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the trace: {e.strerror}") from None
+    if len(data) > MAX_TRACE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_TRACE_BYTES >> 20} MiB")
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not text (byte {e.start} is not UTF-8)") from None
+    if len(lines) > MAX_TRACE_LINES:
+        raise ConfigError(f"{path}: more than {MAX_TRACE_LINES} lines")
+    return lines
+
+
+def _numbers(lines: Sequence[str], path: str, parse: Callable[[list[str], int], tuple]) -> list[tuple]:
+    """``parse(fields, line number)`` of every line that is not blank or a ``#`` comment."""
+    out = [parse(line.split(), n) for n, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")]
+    if not out:
+        raise ConfigError(f"{path}: the trace is empty")
+    return out
+
+
+def _number(text: str, what: str, where: str, integer: bool = False) -> float:
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: {what} {text!r} is not {'an integer' if integer else 'a number'}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{where}: {what} must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def mahimahi(lines: Sequence[str], bin_ms: int, path: str) -> Trace:
+    """Mahimahi delivery opportunities (ms, one 1,500-byte packet each) as rates by bin."""
+    def parse(fields: list[str], n: int) -> tuple:
+        if len(fields) != 1:
+            raise ConfigError(f"{path}, line {n}: expected one time in ms, got {len(fields)} fields")
+        return (_number(fields[0], "the time", f"{path}, line {n}", integer=True), n)
+
+    rows = _numbers(lines, path, parse)
+    times = np.array([t for t, _ in rows], dtype=np.int64)
+    back = np.flatnonzero(np.diff(times) < 0)
+    if len(back):
+        raise ConfigError(f"{path}, line {rows[back[0] + 1][1]}: time goes back "
+                          f"({times[back[0] + 1]} ms after {times[back[0]]} ms)")
+    n_bins = max(1, math.ceil(int(times[-1]) / bin_ms))
+    _check_bins(n_bins, path)
+    counts = np.bincount(np.minimum(times // bin_ms, n_bins - 1), minlength=n_bins)
+    rates = counts * (MAHIMAHI_PACKET_BYTES * 8) / (bin_ms / 1000)
+    return Trace(path, bin_ms / 1000, np.round(rates).astype(np.int64))
+
+
+def throughput_log(lines: Sequence[str], columns: ThroughputColumns, bin_ms: int, path: str) -> Trace:
+    """A per-interval throughput log (``columns`` say where its numbers are) as rates by bin."""
+    need = max(columns.elapsed_ms, columns.bytes, columns.interval_ms)
+
+    def parse(fields: list[str], n: int) -> tuple:
+        where = f"{path}, line {n}"
+        if len(fields) < need:
+            raise ConfigError(f"{where}: {len(fields)} columns, the format reads column {need}")
+        end = _number(fields[columns.elapsed_ms - 1], f"column {columns.elapsed_ms} (ms since the start)", where)
+        size = _number(fields[columns.bytes - 1], f"column {columns.bytes} (bytes)", where)
+        span = _number(fields[columns.interval_ms - 1], f"column {columns.interval_ms} (ms of the interval)", where)
+        if span <= 0:
+            raise ConfigError(f"{where}: column {columns.interval_ms} (ms of the interval) must be > 0, got {span:g}")
+        return end, size, span, n
+
+    rows = _numbers(lines, path, parse)
+    for (end0, *_), (end1, _, _, n) in zip(rows, rows[1:]):
+        if end1 < end0:
+            raise ConfigError(f"{path}, line {n}: time goes back ({end1:g} ms after {end0:g} ms)")
+    origin = rows[0][0] - rows[0][2]
+    ends = np.array([r[0] for r in rows]) - origin
+    starts = np.maximum(ends - np.array([r[2] for r in rows]), np.concatenate([[0.0], ends[:-1]]))  # (overlaps clipped)
+    rates = np.array([r[1] * 8 / (r[2] / 1000) for r in rows])
+    return Trace(path, bin_ms / 1000, binned(starts / 1000, ends / 1000, rates, bin_ms / 1000, path))
+
+
+def rate_rows(lines: Sequence[str], bin_ms: int, path: str) -> Trace:
+    """``time_s,rate`` rows as rates by bin: each rate holds until the next row's time."""
+    if lines and [c.strip() for c in lines[0].split(",")] == ["time_s", "rate"]:
+        lines = ["", *lines[1:]]  # (the header: its line number kept)
+
+    def parse(fields: list[str], n: int) -> tuple:
+        where = f"{path}, line {n}"
+        cells = [c.strip() for c in " ".join(fields).split(",")]
+        if len(cells) != 2:
+            raise ConfigError(f"{where}: expected time_s,rate, got {len(cells)} columns")
+        t = _number(cells[0], "time_s", where)
+        try:
+            rate = parse_rate_bps(cells[1])
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e.message}") from None
+        return t, rate, n
+
+    rows = _numbers(lines, path, parse)
+    for (t0, *_), (t1, _, n) in zip(rows, rows[1:]):
+        if t1 < t0:
+            raise ConfigError(f"{path}, line {n}: time_s goes back ({t1:g} after {t0:g})")
+    starts = np.array([r[0] for r in rows])
+    ends = np.concatenate([starts[1:], [starts[-1] + bin_ms / 1000]])
+    return Trace(path, bin_ms / 1000, binned(starts, ends, np.array([r[1] for r in rows], dtype=float),
+                                             bin_ms / 1000, path))
+
+
+def binned(starts_s: np.ndarray, ends_s: np.ndarray, rates_bps: np.ndarray, bin_s: float, path: str) -> np.ndarray:
+    """The time-weighted mean rate of each bin of ``bin_s`` from 0 to the last end, given rates
+    that hold from ``starts_s`` to ``ends_s`` (a bin part no interval covers counts as rate 0)."""
+    n_bins = max(1, math.ceil(round(float(ends_s[-1]) / bin_s, 9)))
+    _check_bins(n_bins, path)
+    edges = np.arange(n_bins + 1) * bin_s
+    # bits delivered by time t, as a piecewise-linear function sampled at the bin edges
+    knots = np.concatenate([[0.0], np.ravel(np.column_stack([starts_s, ends_s]))])
+    bits = np.concatenate([[0.0], np.ravel(np.column_stack([np.zeros(len(starts_s)), rates_bps * (ends_s - starts_s)]))])
+    cumulative = np.interp(edges, knots, np.cumsum(bits))
+    return np.round(np.diff(cumulative) / bin_s).astype(np.int64)
+
+
+def _check_bins(n_bins: int, path: str) -> None:
+    if n_bins > MAX_BINS:
+        raise ConfigError(f"{path}: {n_bins} bins, more than {MAX_BINS}: use a larger bin_ms")
+
+
+def throughput_format(elapsed_ms: int, bytes_column: int, interval_ms: int) -> ThroughputColumns:
+    """A throughput log's columns (1-based), checked."""
+    cols = (elapsed_ms, bytes_column, interval_ms)
+    if not all(isinstance(c, int) and 1 <= c <= 64 for c in cols) or len(set(cols)) != 3:
+        raise ConfigError(f"a throughput log's columns must be three different numbers in [1, 64], got {cols}")
+    return ThroughputColumns(*cols)
