@@ -32,12 +32,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
 
 from controller.model.topology import MIN_MEM_BYTES, NAME_RE, Topology
+from controller.model.traces import FORMATS as RECORDING_FORMATS, MAX_BIN_MS, MIN_BIN_MS
+from controller.model.traces import read_trace as read_recording
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_time_ms, parse_size_bytes
 from worker.api.errors import ConfigError
 from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
 
 MAX_EVENTS = 10_000
 MAX_TRACE_ROWS = 100_000
+MIN_TRACE_RATE_BPS = 8_000  # a recording's bin without data replays as 1 kbyte/s: a link must have a rate
 MAX_ROUND = 100_000
 # the longest node name topology's NAME_RE allows (15: names end up in interface and cgroup names)
 MAX_NAME_LEN = max(n for n in range(1, 256) if NAME_RE.fullmatch("n" * n))
@@ -87,7 +90,14 @@ BACKGROUND = Schema({"src": Field(str, "the node that sends the flow (iperf3 cli
                      "protocol": Field(str, "the flow's transport", default="tcp", choices=("tcp", "udp"))})
 TRACE = Schema({"src": Field(str, "the link's source node", required=True, max_len=MAX_NAME_LEN),
                 "dst": Field(str, "the link's destination node", required=True, max_len=MAX_NAME_LEN),
-                "file": Field(str, "a CSV of time_s,rate beside the scenario", required=True, max_len=255),
+                "file": Field(str, "a trace file beside the scenario: a CSV of time_s,rate, or a recording in "
+                                   "'format'", required=True, max_len=255),
+                "format": Field(str, "csv, or a recording: mahimahi (a .up or .down delivery trace), hsdpa or "
+                                     "ghent4g (per-interval throughput logs)", default="csv", choices=("csv", *(f for f in RECORDING_FORMATS if f != "csv"))),
+                "bin_ms": Field(int, "a recording's rate is replayed as its mean over bins of this many ms",
+                                default=100, low=MIN_BIN_MS, high=MAX_BIN_MS),
+                "offset_s": Field(float, "where in the recording the replay starts, in seconds", default=0.0, low=0,
+                                  high=MAX_SECONDS),
                 "both_ways": Field(bool, "the same rates on dst -> src too", default=False)})
 ACCESS = Schema({"node": Field(str, "the node whose access links change", required=True, max_len=MAX_NAME_LEN),
                  "uplink": Field(str, "its new access link out, e.g. '2mbit'", max_len=32),
@@ -449,7 +459,8 @@ def _trace(value: Any, ev: EventContext) -> list[Step]:
     v = TRACE.validate(value, ev.here)
     src, dst = ev.node(v["src"], "src"), ev.node(v["dst"], "dst")
     pairs = ev.pairs(src, dst, v["both_ways"])
-    rows = read_trace(v["file"], ev.base_dir, ev.here)
+    rows = (read_trace(v["file"], ev.base_dir, ev.here) if v["format"] == "csv"
+            else recorded_rows(v, ev.base_dir, ev.here))
     target, base = _arrow(src, dst, v["both_ways"]), _base_shapes(ev.topology, pairs)
     return [ev.step(t, "link", target, f"{human_rate(r)} (trace {v['file']})",
                     {"pairs": pairs, "rate_bps": r, "base": base}) for t, r in rows]
@@ -514,15 +525,40 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
     return EVENTS[kind].parse(event[kind], context)
 
 
-def read_trace(file: str, base_dir: Optional[str], place: Place) -> list[tuple[float, int]]:
-    """The rows (time_s, rate_bps) of a trace CSV beside the scenario (``time_s,rate``; a header
-    row is allowed; times must not decrease)."""
+def _beside(file: str, base_dir: Optional[str], place: Place) -> str:
+    """The real path of trace ``file`` in the scenario's directory ``base_dir``; else refused."""
     if base_dir is None:
         raise ConfigError(f"{place.field('file')}: a trace needs a scenario file to be read beside")
     root = os.path.realpath(base_dir)
     path = os.path.realpath(os.path.join(root, file))
     if os.path.commonpath([root, path]) != root:
         raise ConfigError(f"{place.field('file')}: {file!r} is outside the scenario's directory")
+    return path
+
+
+def recorded_rows(v: dict[str, Any], base_dir: Optional[str], place: Place) -> list[tuple[float, int]]:
+    """The rows (time_s, rate_bps) that replay a recording once from ``offset_s``: one a bin, a bin
+    whose rate is the one before's left out (``controller.model.traces`` reads the recording)."""
+    trace = read_recording(_beside(v["file"], base_dir, place), v["format"], v["bin_ms"])
+    first = int(v["offset_s"] // trace.bin_s)
+    rows: list[tuple[float, int]] = []
+    for k in range(first, len(trace.rates_bps)):
+        rate = max(int(trace.rates_bps[k]), MIN_TRACE_RATE_BPS)  # (a bin without data: a trickle, not no link)
+        if not rows or rows[-1][1] != rate:
+            rows.append((round(k * trace.bin_s - v["offset_s"], 6) if k > first else 0.0, rate))
+    if len(rows) > MAX_TRACE_ROWS:
+        raise ConfigError(f"{place.field('file')} ({v['file']}): {len(rows)} rate changes, more than "
+                          f"{MAX_TRACE_ROWS}: use a larger bin_ms")
+    if not rows:
+        raise ConfigError(f"{place.field('file')} ({v['file']}): offset_s {v['offset_s']:g} is past the "
+                          f"recording's end ({trace.duration_s:g} s)")
+    return rows
+
+
+def read_trace(file: str, base_dir: Optional[str], place: Place) -> list[tuple[float, int]]:
+    """The rows (time_s, rate_bps) of a trace CSV beside the scenario (``time_s,rate``; a header
+    row is allowed; times must not decrease)."""
+    path = _beside(file, base_dir, place)
     label = f"{place.field('file')} ({file})"
     try:
         with open(path, newline="", encoding="utf-8") as f:

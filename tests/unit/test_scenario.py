@@ -471,3 +471,19 @@ def test_a_link_step_moves_the_runs_topology_and_rates(tmp_path):
     runner.apply_step(undo)
     assert exp.topology.links[("n1", "n2")].shape.rate_bps == 10_000_000 == exp.rates.now(("n1", "n2"))
     assert [rate for _, rate in exp.rates.steps(("n1", "n2"))] == [10_000_000, 1_000_000, 10_000_000]
+
+
+def test_a_recorded_trace_replays_bin_by_bin_from_its_offset(tmp_path):
+    (tmp_path / "cell.down").write_text("0\n0\n150\n160\n350\n")  # packets at these ms
+    trace = {"src": "n1", "dst": "n2", "file": "cell.down", "format": "mahimahi", "bin_ms": 100}
+    timeline = load_scenario(write(tmp_path, ev(at=0, trace=trace)), topology())
+    links = [(s.at_s, s.params["rate_bps"]) for s in timeline.steps if s.kind == "link"]
+    packet_bps = 1500 * 8 * 10  # one packet a 100 ms bin
+    # bins: 0-100 ms 2 packets, 100-200 ms 2, 200-300 ms none (a trickle), 300-400 ms 1; repeats left out
+    assert links == [(0.0, 2 * packet_bps), (0.2, 8_000), (0.3, packet_bps)]
+    shifted = load_scenario(write(tmp_path, ev(at=0, trace={**trace, "offset_s": 0.2})), topology())
+    assert [(s.at_s, s.params["rate_bps"]) for s in shifted.steps if s.kind == "link"] == [(0.0, 8_000),
+                                                                                       (0.1, packet_bps)]
+    (tmp_path / "bad.down").write_text("0\n20\n10\n")
+    with pytest.raises(ConfigError, match=r"bad.down, line 3: time goes back"):
+        load_scenario(write(tmp_path, ev(at=0, trace={**trace, "file": "bad.down"})), topology())
