@@ -76,6 +76,20 @@ SETTLED = (State.DONE, State.STOPPED, State.FAILED, State.TIMEOUT, State.LOST)
 UNSETTLED = (State.PENDING, State.RUNNING)  # every other state is an ending (expected deaths end as their why)
 
 
+MAX_REFUSAL_CHARS = 600  # of a node's error message, printed
+
+
+def refusal(answer: bytes) -> str:
+    """The message of a node's error answer (``{"error", "message"}``), printable and bounded: a
+    node's bytes reach the terminal only so."""
+    try:
+        doc = bounded_json.loads(answer[:64 * 1024])
+        text = str(doc.get("message") or doc.get("error")) if isinstance(doc, dict) else str(doc)
+    except ValueError:
+        text = answer[:MAX_REFUSAL_CHARS * 4].decode(errors="replace")
+    return clip(text, MAX_REFUSAL_CHARS)
+
+
 @dataclass
 class NodeState:
     name: str
@@ -272,7 +286,7 @@ class Nodes(Mapping[str, NodeState]):
         except (requests.RequestException, OSError, TestbedTimeout) as e:
             raise TestbedError(f"node {name} did not answer {path}: {e}") from None
         if status >= 400:
-            raise ConfigError(f"node {name} refused {path}: {answer[:300].decode(errors='replace')}")
+            raise ConfigError(f"node {name} refused {path}: {refusal(answer)}")
         try:
             return bounded_json.loads(answer)
         except ValueError:

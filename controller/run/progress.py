@@ -26,10 +26,10 @@ from worker.api.errors import ConfigError
 
 PERIOD_S = 5.0
 # terminal escape sequences (CSI, OSC, two-character escapes), then every other C0 and C1
-# control but tab, and DEL
+# control but tab, DEL, and the bidirectional and format marks that reorder what a terminal shows
 ESCAPE_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]"
                               r"|\x9b[0-?]*[ -/]*[@-~]")
-CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+CONTROL_CHARS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(value: Any) -> Any:

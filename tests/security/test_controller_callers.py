@@ -399,6 +399,9 @@ def test_print_reaches_the_terminal_without_escape_sequences(make_controller):
     assert resp.status_code == 200, resp.text
     assert lines[-1] == "n1: round 1fake: n2 donenext\ttab", lines
     assert not any(ch in lines[-1] for ch in "\x1b\r\n\x07\x00\x9b")
+    spoof = "round 2 \u202egnp.exe\u202c \u2066x\u2069 \u200fy\u061c"  # bidi overrides, isolates, marks
+    assert node_post(exp, served, "/print", {"msg": spoof, "round": 2}).status_code == 200
+    assert lines[-1] == "n1: round 2 gnp.exe x y", lines
 
 
 def test_an_internal_error_answers_only_a_reference(make_controller, caplog):
@@ -415,3 +418,12 @@ def test_an_internal_error_answers_only_a_reference(make_controller, caplog):
     assert "secret" not in resp.text and "RuntimeError" not in resp.text, resp.text
     logged = [r for r in caplog.records if body["reference"] in r.getMessage()]
     assert logged and "secret /etc/edgetb" in (logged[0].exc_text or str(logged[0].exc_info)), caplog.records
+
+
+def test_a_nodes_refusal_reaches_an_error_printable_and_bounded():
+    from controller.run.nodes import MAX_REFUSAL_CHARS, refusal
+
+    answer = json.dumps({"error": "bad_conf", "message": "nns/m.py: \x1b[2Jbad \u202eexe\u202c" + "x" * 5000}).encode()
+    text = refusal(answer)
+    assert text.startswith("nns/m.py: bad exe") and len(text) == MAX_REFUSAL_CHARS, text[:40]
+    assert refusal(b"\x1b]0;owned\x07not json\xff") == "not json\ufffd"
