@@ -2,7 +2,10 @@
 
     edgetb up links.json [--nodes nodes.json] [--runtime netns|docker] [--dry-run] [--open-network]
     edgetb status [--json]
-    edgetb exec NODE -- CMD [ARG ...]
+    edgetb exec [--detach] [--env K=V]... [--as-root] NODE -- CMD [ARG ...]
+    edgetb ps [NODE] [--json]
+    edgetb logs ID [-f]
+    edgetb stop ID
     edgetb shape show NODE [--json]
     edgetb shape set SRC DST RATE [--delay 20ms] [--jitter 5ms] [--loss 1%] [--queue 100]
     edgetb shape update links.json
@@ -33,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology, access_rate, load_links, load_nodes
 from controller.workers import deploy
@@ -74,10 +77,26 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="list nodes, addresses, limits and shaping")
     st.add_argument("--json", action="store_true", help="print the status as JSON")
 
-    ex = sub.add_parser("exec", help="run a command inside a node: edgetb exec NODE -- CMD ...")
+    ex = sub.add_parser("exec", help="run a command inside a node, as the node: edgetb exec NODE -- CMD ...")
+    ex.add_argument("--detach", "-d", action="store_true",
+                    help="start it in the background and print its process id (see ps, logs, stop)")
+    ex.add_argument("--env", "-e", action="append", default=[], metavar="K=V",
+                    help="set an environment variable of the command (repeatable)")
+    ex.add_argument("--as-root", action="store_true",
+                    help="this host only, attached: run as root in the node's network namespace and cgroups, "
+                         "without its uid, file view, rlimits and seccomp filter")
     ex.add_argument("node", help="the node to run it in")
     ex.add_argument("argv", nargs=argparse.REMAINDER, help="the command and its arguments, after --; its exit "
                                                           "code is edgetb's")
+    ps = sub.add_parser("ps", help="list the processes started in nodes (exec --detach, the run's own)")
+    ps.add_argument("node", nargs="?", help="only this node's processes (default: every node's)")
+    ps.add_argument("--json", action="store_true", help="print the process records as JSON")
+    lg = sub.add_parser("logs", help="print what a process wrote (its output and errors), control characters removed")
+    lg.add_argument("proc_id", metavar="ID", help="the process id (exec --detach printed it; ps lists them)")
+    lg.add_argument("--follow", "-f", action="store_true",
+                    help="keep printing what it writes until it ends (Ctrl-C stops reading, not the process)")
+    sp = sub.add_parser("stop", help="stop a process: SIGTERM to its process group, SIGKILL after 5 s")
+    sp.add_argument("proc_id", metavar="ID", help="the process id (exec --detach printed it; ps lists them)")
 
     sh = sub.add_parser("shape", help="show or change a node's shaping")
     shs = sh.add_subparsers(dest="shape_command", required=True)
@@ -309,25 +328,136 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
+    """Run a command in a node as the node (its uid, file view, cgroups, rlimits, seccomp):
+    attached, its exit code edgetb's; ``--detach``: in the background, its id printed."""
+    from controller.workers import programs
+
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise ConfigError("give a command after the node: edgetb exec NODE -- CMD ...")
+    env = programs.check_env(args.env)
+    if args.as_root and (args.detach or args.agent):
+        raise ConfigError("--as-root is for an attached command on this host (no --detach, no --agent)")
+    if args.detach:
+        if args.agent:
+            record = programs.start(_worker(args), args.node, argv, env)
+        else:
+            _local_lock(args)  # (root, or a clear error)
+            record = programs.start_local(lambda: _worker(args), args.node, argv, env)
+        print(record["id"])
+        _progress(f"started {argv[0]!r} in {args.node} as process {record['id']}: 'edgetb logs {record['id']} -f' "
+                  f"reads its output, 'edgetb stop {record['id']}' stops it")
+        return 0
     worker = _worker(args)
     from worker.host import WorkerHost
 
     if not isinstance(worker, WorkerHost):
-        result = worker.exec(args.node, {"version": 1, "argv": argv})
+        result = worker.exec(args.node, {"version": 1, "argv": argv, "env": env})
         sys.stdout.write(result["stdout"])
         sys.stderr.write(result["stderr"])
         return int(result["returncode"])
-    child = worker.runtime.popen(args.node, argv)  # this terminal's, attached
-    while True:
-        try:
-            code = child.wait()
-            break
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
+    if args.as_root:  # this terminal's process group: Ctrl-C reaches the command from the terminal
+        code = _run_attached(lambda: worker.runtime.popen(args.node, argv, **({"env": {**os.environ, **env}}
+                                                                             if env else {})), group=False)
+    else:
+        code = _run_attached(lambda: worker.popen(args.node, argv, env), group=True)
     return 128 - code if code < 0 else code
+
+
+EXEC_GRACE_S = 5.0  # from the first signal passed on to SIGKILL
+
+
+def _in_foreground() -> bool:
+    """Whether this process's group owns the terminal (then Ctrl-C reaches its whole group)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        return False
+
+
+def _run_attached(start: Callable[[], subprocess.Popen], group: bool) -> int:
+    """Start an attached command and wait for it; SIGINT, SIGTERM and SIGHUP sent to edgetb are
+    passed on (to its process group when it leads one), and SIGKILL follows ``EXEC_GRACE_S`` after
+    the first. Caught before the start, they are not ignored by the command (as by one started in
+    the background of a shell)."""
+    received: list[int] = []
+    forward_int = group or not _in_foreground()
+    child: Optional[subprocess.Popen] = None
+
+    def send(sig: int) -> None:
+        if child is None:
+            return
+        try:
+            os.killpg(child.pid, sig) if group else child.send_signal(sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if signum != signal.SIGINT or forward_int:
+            send(signum)
+
+    caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {sig: signal.signal(sig, on_signal) for sig in caught}
+    deadline: Optional[float] = None
+    try:
+        child = start()
+        if received:  # a signal came while it started
+            send(received[0])
+        while True:
+            try:
+                code = child.wait(timeout=0.1)
+                if received and group:  # what it left in its group (a job of a shell) goes too
+                    send(signal.SIGTERM)
+                return code
+            except subprocess.TimeoutExpired:
+                if received and deadline is None:
+                    deadline = time.monotonic() + EXEC_GRACE_S
+                if deadline is not None and time.monotonic() > deadline:
+                    send(signal.SIGKILL)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from controller.workers import programs
+
+    found = programs.processes(_worker(args), args.node)
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    rows = [("ID", "NODE", "PID", "STATE", "STARTED", "COMMAND")]
+    for p in found:
+        state = "running" if p.get("running") else f"exited {p['returncode']}" if p.get("returncode") is not None \
+            else "ended"
+        started = time.strftime("%H:%M:%S", time.localtime(p["started"])) if p.get("started") else "-"
+        rows.append((p["id"], p["node"], str(p["pid"]), state, started, programs.printable(" ".join(p["argv"]))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip())
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from controller.workers import programs
+
+    try:
+        for text in programs.follow(_worker(args), args.proc_id, keep_following=args.follow):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:  # stops reading; the process runs on
+        return 0
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from controller.workers import programs
+
+    answer = programs.stop(_worker(args), args.proc_id)
+    code = answer.get("returncode")
+    print(f"stopped {args.proc_id}" + (f" (exit code {code})" if code is not None else ""))
+    return 0
 
 
 def cmd_shape(args: argparse.Namespace) -> int:
@@ -539,7 +669,8 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     return swarm_check.exit_code(rows)
 
 
-COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "shape": cmd_shape, "scenario": cmd_scenario,
+COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "ps": cmd_ps, "logs": cmd_logs, "stop": cmd_stop,
+            "shape": cmd_shape, "scenario": cmd_scenario,
             "monitor": cmd_monitor, "analyze": cmd_analyze, "dashboard": cmd_dashboard, "down": cmd_down,
             "predict": cmd_predict, "swarm": cmd_swarm}
 

@@ -147,7 +147,9 @@ def _special_views(host: WorkerHost) -> dict[str, Callable[..., Any]]:
             "merge_links": lambda: run_blocking(host.set_links, _body(), True),
             "clear_links": lambda: run_blocking(host.clear_links, request.args.get("node")),
             "telemetry_read": lambda: run_blocking(host.telemetry_read, _int_arg("cursor", 0), _int_arg("limit", None)),
-            "capture_chunks": capture_chunks}
+            "capture_chunks": capture_chunks,
+            "process_log": lambda name, proc_id: run_blocking(host.process_log, name, proc_id, _int_arg("offset", 0),
+                                                              _int_arg("limit", None))}
 
 
 def _answering(op: Operation, view: Callable[..., Any]) -> Callable[..., Any]:

@@ -25,7 +25,7 @@ from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, check_version, ifna
 from worker.confinement import zygote
 from worker.confinement.cgroups import detect_version
 from worker.nodes.netns import NetnsRuntime
-from worker.nodes.processes import Processes
+from worker.nodes.processes import MAX_LOG_READ_BYTES, Processes
 from worker.nodes.runtime import NodeSpec, Runtime
 from worker.observe.capture import SNAP_BYTES, Captures
 from worker.observe.sampling import Telemetry
@@ -173,6 +173,11 @@ class WorkerHost:
     def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
         return versioned(self.procs.stop_process(node, proc_id, timeout_s))
 
+    def process_log(self, node: str, proc_id: str, offset: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
+        """Up to ``limit`` bytes (64 KiB at most) of a recorded process's log from ``offset``, in
+        base64, with ``next_offset`` and whether it runs (``worker.nodes.processes.read_log_bytes``)."""
+        return versioned(self.procs.process_log(node, proc_id, offset, MAX_LOG_READ_BYTES if limit is None else limit))
+
     def restart_processes(self, node: str) -> list[str]:
         """Start again the node's recorded processes that no longer run (a replaced node)."""
         return self.procs.restart_processes(node)
@@ -297,8 +302,11 @@ class WorkerHost:
                 "routes": state.get("routes", []), "nodes": nodes, "processes_running": running}
 
     def reset(self) -> dict[str, Any]:
+        """Stop the recorded processes (SIGTERM, then SIGKILL after a grace period), then remove
+        every resource of this testbed."""
         self.faults.reset()
         self.telemetry_stop()
+        self.procs.stop_all()
         children, zyg = self.procs.forget()
         captures = self.captures.reset()  # before the namespaces go
         if zyg is not None:

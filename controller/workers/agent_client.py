@@ -291,6 +291,10 @@ class AgentClient:
     def stop_process(self, node: str, proc_id: str) -> dict[str, Any]:
         return self._op("stop_process", name=node, proc_id=proc_id)
 
+    def process_log(self, node: str, proc_id: str, offset: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
+        params = {"offset": str(offset)} | ({"limit": str(limit)} if limit is not None else {})
+        return self._op("process_log", params=params, name=node, proc_id=proc_id)
+
     def telemetry_start(self, body: Any) -> dict[str, Any]:
         return self._op("telemetry_start", body)
 

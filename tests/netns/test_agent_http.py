@@ -175,3 +175,38 @@ def test_bad_requests_get_json_errors(agent: Agent):
     # the agent is still healthy, and nothing was created by the bad requests
     assert requests.get(agent.url + "/health", timeout=5).status_code == 200
     assert agent.node_names() == ["a"]
+
+
+def test_programs_over_http_env_logs_stop_and_reset(agent: Agent):
+    """start_process with env, its log read by offset (bounded, base64), stop; reset stops what runs."""
+    import base64
+
+    agent.client.create_nodes(nodes_body("a", "b"))
+    body = {"version": 1, "argv": ["sh", "-c", 'echo "hello $WHO"; exec sleep 600'], "env": {"WHO": "agent"}}
+    talker = agent.client.start_process("a", body)
+    stubborn = agent.client.start_process("b", {"version": 1, "argv": ["sh", "-c", 'trap "" TERM; sleep 600 & wait']})
+    log_path = f"/nodes/a/processes/{talker['id']}/log"
+    assert requests.get(agent.url + log_path, timeout=5).status_code == 401  # the log is the node's: token needed
+    deadline = time.monotonic() + 10
+    while not (piece := agent.client.process_log("a", talker["id"]))["data_b64"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert base64.b64decode(piece["data_b64"]) == b"hello agent\n" and piece["running"] is True
+    assert piece["next_offset"] == 12
+    part = agent.client.process_log("a", talker["id"], 6, 3)
+    assert base64.b64decode(part["data_b64"]) == b"age" and part["next_offset"] == 9
+    assert agent.client.process_log("a", talker["id"], 12)["data_b64"] == ""
+    bad = requests.get(agent.url + log_path + "?offset=-1", headers=agent.auth, timeout=5)
+    _assert_error_json(bad, 400, "config_error")
+    _assert_error_json(requests.get(agent.url + "/nodes/b/processes/" + talker["id"] + "/log", headers=agent.auth,
+                                    timeout=5), 404, "not_found")
+
+    ran = agent.client.exec("a", {"version": 1, "argv": ["sh", "-c", 'echo "$X"'], "env": {"X": "7"}})
+    assert ran["stdout"] == "7\n"  # exec takes an environment too
+
+    assert agent.client.stop_process("a", talker["id"])["stopped"] is True
+    assert [p["id"] for p in agent.client.processes()["processes"]] == [stubborn["id"]]
+    pid = stubborn["pid"]
+    assert os.path.exists(f"/proc/{pid}")
+    agent.client.reset()  # SIGTERM, then SIGKILL after the grace period
+    assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]

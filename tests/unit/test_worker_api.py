@@ -115,11 +115,13 @@ def test_the_client_calls_each_operation_by_the_table():
     client.stop_process("n1", "p1")
     client.exec("n1", {"argv": ["true"]})
     client.telemetry_read(5, 10)
+    client.process_log("n1", "p1", 7)
     client.reset()
     assert calls == [("PATCH", "/links", {"version": 1}, None, True),
                      ("DELETE", "/nodes/n1/processes/p1", None, None, True),
                      ("POST", "/nodes/n1/exec", {"argv": ["true"]}, None, False),
                      ("GET", "/telemetry", None, {"cursor": "5", "limit": "10"}, True),
+                     ("GET", "/nodes/n1/processes/p1/log", None, {"offset": "7"}, True),
                      ("POST", "/reset", {"version": 1}, None, True)]
     with pytest.raises(ConfigError, match="is not a node name"):
         client.start_capture("../x", {})
@@ -141,7 +143,7 @@ def test_the_agent_calls_the_host_as_the_table_says():
     host = Host()
     client = create_app(host, TOKEN).test_client()  # type: ignore[arg-type]
     special = {"merge_links": ("set_links", "body", True), "clear_links": ("clear_links", None),
-               "telemetry_read": ("telemetry_read", 0, None)}
+               "telemetry_read": ("telemetry_read", 0, None), "process_log": ("process_log", "n1", "p1", 0, None)}
     for op in OPERATIONS.values():
         host.calls.clear()
         body = {"version": 1, "op": op.name}

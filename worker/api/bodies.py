@@ -45,7 +45,7 @@ SET_LINKS = Schema({
                     values=Field(dict, schema=ACCESS))})
 
 START_PROCESS = Schema({"version": VERSION, "argv": ARGV, "env": ENV})
-EXEC = Schema({"version": VERSION, "argv": ARGV,
+EXEC = Schema({"version": VERSION, "argv": ARGV, "env": ENV,
                "timeout_s": Field(float, "seconds before it is killed", default=60.0, low=0, low_open=True,
                                   high=MAX_SECONDS)})
 START_NODE = Schema({"version": VERSION, "args": Field(list, "dml_app.node's arguments", required=True,

@@ -142,6 +142,7 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("start_node", "POST", "/nodes/<name>/app", MEDIUM_REQUEST_BYTES, status=201, body=True),
     Operation("processes", "GET", "/processes", idempotent=True),
     Operation("stop_process", "DELETE", "/nodes/<name>/processes/<proc_id>", idempotent=True),
+    Operation("process_log", "GET", "/nodes/<name>/processes/<proc_id>/log", idempotent=True),  # ?offset=&limit=
     # observation
     Operation("telemetry_start", "POST", "/telemetry/start", body=True),
     Operation("telemetry_read", "GET", "/telemetry", idempotent=True),

@@ -7,8 +7,11 @@ Requests come checked (``worker.host`` with ``worker.api.bodies``); answers come
 """
 from __future__ import annotations
 
+import base64
+import errno
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -16,7 +19,7 @@ import time
 import uuid
 from typing import Any, Optional, cast
 
-from worker.api.errors import ConfigError, NotFound, TestbedTimeout
+from worker.api.errors import ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
 from worker.api.protocol import PRELOAD_ENV
 from worker.confinement import fsview, privilege, uids, zygote
 from worker.kernel.procs import start_ticks
@@ -24,7 +27,32 @@ from worker.nodes.runtime import ForkableRuntime, Runtime
 from worker.state import StateStore, host_run_dir, state_root
 
 MAX_OUTPUT_BYTES = 1 << 20
+MAX_LOG_READ_BYTES = 64 * 1024  # the most one read of a process's log returns
+STOP_GRACE_S = 5.0  # from SIGTERM to SIGKILL when processes are stopped
 NODE_MODULE = "dml_app.node"
+
+
+def read_log_bytes(path: str, offset: int, limit_bytes: int = MAX_LOG_READ_BYTES) -> tuple[bytes, int]:
+    """Up to ``limit_bytes`` (capped at ``MAX_LOG_READ_BYTES``) of the log at ``path`` from
+    ``offset``, and the file's size. The node writes that file: a symbolic link or anything but a
+    regular file is refused (NodeRuntimeError naming the path), and the bytes are not interpreted."""
+    if offset < 0 or limit_bytes < 0:
+        raise ConfigError(f"a log read needs a non-negative offset and limit, not {offset} and {limit_bytes}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise NotFound(f"no log file {path}") from None
+    except OSError as e:
+        why = "a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise NodeRuntimeError(f"cannot read the log {path}: {why}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NodeRuntimeError(f"the log {path} is not a regular file")
+        want = min(limit_bytes, MAX_LOG_READ_BYTES, max(0, st.st_size - offset))
+        return (os.pread(fd, want, offset) if want else b""), st.st_size
+    finally:
+        os.close(fd)
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -179,7 +207,18 @@ class Processes:
             code = child.poll()
             return {"running": code is None, "returncode": code}
         ticks = rec.get("start_ticks")
-        return {"running": ticks is not None and start_ticks(rec["pid"]) == ticks, "returncode": None}
+        return {"running": ticks is not None and start_ticks(rec["pid"]) == ticks, "returncode": rec.get("returncode")}
+
+    def hold(self, proc_id: str) -> Optional[int]:
+        """Wait for a process this worker started to end (a node process dies with the process
+        that started it: ``worker.confinement.privilege``), then record its exit code."""
+        with self._lock:
+            child = self._children[proc_id]
+        code = child.wait()
+        with self.store.locked() as state:
+            if proc_id in state["processes"]:
+                state["processes"][proc_id]["returncode"] = code
+        return code
 
     def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
         rec = self.book.get(proc_id, self._state())
@@ -200,6 +239,29 @@ class Processes:
         self.book.remove(proc_id)
         return {"id": proc_id, "stopped": True, "returncode": code}
 
+    def process_log(self, node: str, proc_id: str, offset: int = 0,
+                    limit_bytes: int = MAX_LOG_READ_BYTES) -> dict[str, Any]:
+        """A bounded piece of a recorded process's log (its output and errors) from ``offset``:
+        the bytes in base64, where the next read starts, and whether the process still runs."""
+        rec = self.book.get(proc_id, self._state())
+        if rec is None or rec["node"] != node:
+            raise NotFound(f"no process {proc_id!r} in node {node!r}")
+        data, size = read_log_bytes(rec["log"], offset, limit_bytes)
+        return {"id": proc_id, "node": node, "offset": offset, "next_offset": offset + len(data),
+                "size_bytes": size, "data_b64": base64.b64encode(data).decode("ascii"),
+                **self.process_state(rec)}
+
+    def stop_all(self, grace_s: float = STOP_GRACE_S) -> int:
+        """Stop every recorded process that runs: SIGTERM to each one's process group, SIGKILL
+        to those left after ``grace_s``; how many ran."""
+        running = [rec for rec in self.book.records() if self.process_state(rec)["running"]]
+        _signal_groups(running, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(self.process_state(r)["running"] for r in running):
+            time.sleep(0.05)
+        _signal_groups([r for r in running if self.process_state(r)["running"]], signal.SIGKILL)
+        return len(running)
+
     def restart_processes(self, node: str) -> list[str]:
         """Start again, with the same argv (and env, when this worker started them), the node's
         recorded processes that no longer run (a replaced node); their old records go."""
@@ -216,7 +278,7 @@ class Processes:
     def exec(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
         """Run a command in a node to completion; its output is captured (1 MiB each at most)."""
         argv, timeout_s = body["argv"], body["timeout_s"]
-        child = self.popen(node, argv, {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        child = self.popen(node, argv, body.get("env") or {}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             out, err = child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -242,6 +304,15 @@ class Processes:
             self._children.clear()
             zyg, self._zygote = self._zygote, None
         return children, zyg
+
+
+def _signal_groups(records: list[dict[str, Any]], sig: int) -> None:
+    """Send ``sig`` to the process group of each record (each leads its own session)."""
+    for rec in records:
+        try:
+            os.killpg(rec["pid"], sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class ProcessBook:
