@@ -36,23 +36,16 @@ def _torch() -> Any:
     return torch
 
 
-# layout: how a built-in's tensor is laid out on the wire (Keras' layout, shared by the three kinds)
-def to_wire(array: np.ndarray, layout: str) -> np.ndarray:
-    """A torch tensor's array as the wire has it: conv kernels OIHW -> HWIO, dense weights out x in -> in x out."""
-    if layout == "conv":
-        return np.ascontiguousarray(array.transpose(2, 3, 1, 0))
-    if layout == "dense":
-        return np.ascontiguousarray(array.T)
-    return array
+# layout: how a built-in's tensor is laid out on the wire (Keras' layout, shared by the three kinds):
+# conv kernels OIHW in torch, HWIO on the wire; dense weights out x in in torch, in x out on the wire
+TRANSPOSES = {"conv": ((2, 3, 1, 0), (3, 2, 0, 1)), "dense": ((1, 0), (1, 0))}  # layout -> (to the wire, back)
 
 
-def from_wire(array: np.ndarray, layout: str) -> np.ndarray:
-    """The inverse of ``to_wire``."""
-    if layout == "conv":
-        return np.ascontiguousarray(array.transpose(3, 2, 0, 1))
-    if layout == "dense":
-        return np.ascontiguousarray(array.T)
-    return array
+def relaid(array: np.ndarray, layout: str, back: bool = False) -> np.ndarray:
+    """A torch tensor's array as the wire has it (``back``: a wire array as torch has it)."""
+    if layout not in TRANSPOSES:
+        return array
+    return np.ascontiguousarray(array.transpose(TRANSPOSES[layout][int(back)]))
 
 
 class TorchModel:
@@ -85,7 +78,7 @@ class TorchModel:
 
     def get_weights(self) -> list[np.ndarray]:
         state = self.module.state_dict()
-        return [to_wire(state[k].detach().cpu().numpy().astype(np.float32, copy=False), self.layouts.get(k, ""))
+        return [relaid(state[k].detach().cpu().numpy().astype(np.float32, copy=False), self.layouts.get(k, ""))
                 for k in self.keys]
 
     def set_weights(self, weights: Sequence[np.ndarray]) -> None:
@@ -94,7 +87,7 @@ class TorchModel:
             raise ValueError(f"expected {len(self.keys)} arrays, got {len(weights)}")
         new = {}
         for i, (key, w) in enumerate(zip(self.keys, weights)):
-            array = from_wire(np.asarray(w, dtype=np.float32), self.layouts.get(key, ""))
+            array = relaid(np.asarray(w, dtype=np.float32), self.layouts.get(key, ""), back=True)
             if tuple(array.shape) != tuple(state[key].shape):
                 raise ValueError(f"array {i} ({self.names[i]}): shape {tuple(np.shape(w))} does not fit "
                                  f"{tuple(state[key].shape)}")
