@@ -42,7 +42,7 @@ from controller.model.topology import Topology, access_rate, load_links, load_no
 from controller.workers import deploy
 from controller.workers.api import Worker
 from controller.workers.connect import connect, reset_stale
-from worker.api.errors import ConfigError, TestbedError
+from worker.api.errors import ConfigError, NodeRuntimeError, TestbedError
 from worker.api.protocol import DEFAULT_SUBNET
 from worker.api.shape import tc_rate
 from worker.shaping.plan import render
@@ -352,10 +352,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     from worker.host import WorkerHost
 
     if not isinstance(worker, WorkerHost):
-        result = worker.exec(args.node, {"version": 1, "argv": argv, "env": env})
-        sys.stdout.write(result["stdout"])
-        sys.stderr.write(result["stderr"])
-        return int(result["returncode"])
+        return _exec_through_agent(worker, args.node, argv, env)
     if args.as_root:  # this terminal's process group: Ctrl-C reaches the command from the terminal
         code = _run_attached(lambda: worker.runtime.popen(args.node, argv, **({"env": {**os.environ, **env}}
                                                                              if env else {})), group=False)
@@ -365,6 +362,39 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 EXEC_GRACE_S = 5.0  # from the first signal passed on to SIGKILL
+
+
+def _exec_through_agent(worker: Worker, node: str, argv: list[str], env: dict[str, str]) -> int:
+    """An attached command on an agent's node: started as a recorded process whose log (output
+    and errors, as one stream) is printed as it grows; SIGINT, SIGTERM or SIGHUP stop it there."""
+    from controller.workers import programs
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    before = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    record: Optional[dict[str, Any]] = None
+    stopped: dict[str, Any] = {}
+    try:
+        record = programs.start(worker, node, argv, env)
+        for text in programs.follow(worker, record["id"]):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        code = programs.find(worker, record["id"]).get("returncode")
+    except KeyboardInterrupt:
+        if record is None:
+            raise
+        code = None
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        if record is not None:  # stopped when it runs, forgotten in any case
+            stopped = worker.stop_process(node, record["id"])
+    if code is None:
+        code = stopped.get("returncode")
+    if code is None:
+        raise NodeRuntimeError(f"{argv[0]!r} in {node}: its exit code is unknown (the agent was restarted?)")
+    return 128 - code if code < 0 else code
 
 
 def _in_foreground() -> bool:

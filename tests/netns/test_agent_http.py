@@ -210,3 +210,40 @@ def test_programs_over_http_env_logs_stop_and_reset(agent: Agent):
     assert os.path.exists(f"/proc/{pid}")
     agent.client.reset()  # SIGTERM, then SIGKILL after the grace period
     assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+def _cli(agent: Agent, *args: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, EDGETB_TOKEN=agent.token)
+    return subprocess.Popen([sys.executable, "-m", "controller", "--agent", agent.url, "--id", agent.testbed_id, *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_the_cli_through_an_agent_exec_detach_ps_logs_stop_and_signals(agent: Agent):
+    import json
+    import signal
+
+    agent.client.create_nodes(nodes_body("a"))
+    attached = _cli(agent, "exec", "-e", "X=4", "a", "--", "sh", "-c", 'echo out; echo err >&2; exit "$X"')
+    out, err = attached.communicate(timeout=60)
+    assert attached.returncode == 4 and out == "out\nerr\n", (out, err)  # output and errors as one stream
+    assert agent.client.processes()["processes"] == []  # an attached command leaves no record
+
+    detached = _cli(agent, "exec", "--detach", "a", "--", "sh", "-c", "echo started; exec sleep 600")
+    proc_id = detached.communicate(timeout=60)[0].strip()
+    listed = _cli(agent, "ps", "--json", "a").communicate(timeout=60)[0]
+    assert [p["id"] for p in json.loads(listed)] == [proc_id]
+    deadline = time.monotonic() + 10
+    while (logs := _cli(agent, "logs", proc_id).communicate(timeout=60)[0]) != "started\n":
+        assert time.monotonic() < deadline, logs
+        time.sleep(0.1)
+    assert _cli(agent, "stop", proc_id).communicate(timeout=60)[0].startswith(f"stopped {proc_id}")
+    assert agent.client.processes()["processes"] == []
+
+    # a signal to the attached command stops the node's process on the agent's host
+    trapping = _cli(agent, "exec", "a", "--", "sh", "-c", 'trap "echo got-term; exit 6" TERM; echo ready; '
+                                                          'sleep 600 & wait')
+    assert trapping.stdout.readline() == "ready\n"
+    trapping.send_signal(signal.SIGTERM)
+    trapping.communicate(timeout=30)
+    assert trapping.returncode == 6  # its own exit code, after its trap ran (what it printed then is not shown)
+    assert agent.client.processes()["processes"] == []
