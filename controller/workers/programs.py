@@ -32,7 +32,7 @@ FOLLOW_POLL_S = 0.3  # between reads of a log that has no new bytes
 # ESC-introduced sequences (CSI; OSC, DCS and the other strings; two-byte ones), then any other control character but \n and \t
 _ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)|[@-OQ-WYZ\\])")
 MAX_ESCAPE_CHARS = 256  # an escape sequence left open at the end of a read waits for the next, up to this long
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")  # (bidi marks too)
 
 
 def printable(text: str) -> str:

@@ -45,6 +45,7 @@ def test_the_log_reader_follows_no_link_and_reads_only_regular_files(tmp_path):
     ("\x1b]0;new title\x07after", "after"),
     ("\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\", "link"),
     ("clear\x1b[2J\x1b[H screen", "clear screen"),
+    ("a \u202egnp.exe\u202c b\u2066c\u2069\n", "a gnp.exe bc\n"),
     ("over\rwrite\x08\x00\x7f\x9b", "overwrite"),
     ("é ü 中", "é ü 中"),
 ])
