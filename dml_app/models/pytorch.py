@@ -174,7 +174,9 @@ def optimizer_for(torch: Any, module: Any, conf: dict[str, Any], lr: float) -> A
 def build_module(name: str, input_shape: Sequence[int], n_classes: int, conf: dict[str, Any]
                  ) -> tuple[Any, list[str], dict[str, str]]:
     """Network ``name`` as an ``nn.Sequential``, its state keys' wire names (the numpy and Keras
-    kinds' layer names) and layouts."""
+    kinds' layer names) and layouts. Kernels start glorot-uniform and biases at zero, as in the
+    numpy and Keras kinds (Keras' defaults), not PyTorch's own initialisation: the same network
+    in any kind starts from the same distribution of weights, and so learns alike."""
     torch = _torch()
     nn = torch.nn
     steps = architectures.architecture(name, input_shape, n_classes, conf)
@@ -191,7 +193,7 @@ def build_module(name: str, input_shape: Sequence[int], n_classes: int, conf: di
         if kind == "conv2d":
             k = int(opts["kernel_size"])
             pad = (k - 1) // 2 if opts["padding"] == "same" else 0
-            layers.append(nn.Conv2d(shape[2], opts["filters"], k, padding=pad))
+            layers.append(_keras_init(nn.Conv2d(shape[2], opts["filters"], k, padding=pad)))
             shape = [shape[0] + 2 * pad - k + 1, shape[1] + 2 * pad - k + 1, opts["filters"]]
             layouts[f"{index}.weight"] = "conv"
             names += [f"{layer_name}/kernel", f"{layer_name}/bias"]
@@ -208,13 +210,22 @@ def build_module(name: str, input_shape: Sequence[int], n_classes: int, conf: di
             layers.append(_ChannelsLastFlatten() if len(shape) == 3 else nn.Flatten())
             shape = [int(math.prod(shape))]
         elif kind == "dense":
-            layers.append(nn.Linear(shape[0], opts["units"]))
+            layers.append(_keras_init(nn.Linear(shape[0], opts["units"])))
             shape = [opts["units"]]
             layouts[f"{index}.weight"] = "dense"
             names += [f"{layer_name}/kernel", f"{layer_name}/bias"]
             if opts.get("activation") == "relu":
                 layers.append(nn.ReLU())
     return nn.Sequential(*layers), names, layouts
+
+
+def _keras_init(layer: Any) -> Any:
+    """``layer`` (a convolution or a dense layer) with Keras' initial weights: a glorot-uniform
+    kernel (fans counted as Keras counts them: in and out channels times the kernel's area), a zero bias."""
+    torch = _torch()
+    torch.nn.init.xavier_uniform_(layer.weight)
+    torch.nn.init.zeros_(layer.bias)
+    return layer
 
 
 def _ChannelsLastFlatten() -> Any:  # noqa: N802 - a layer maker, named as the layer

@@ -38,7 +38,7 @@ def test_the_same_seed_builds_the_same_weights_and_training_lowers_the_loss():
     y = rng.integers(0, 4, 256)
     x = (rng.random((256, 8, 8, 1)) * 0.1 + y[:, None, None, None] / 4).astype(np.float32)
     before = a.evaluate(x, y)[0]
-    a.train(x, y, epochs=5, batch_size=32)
+    a.train(x, y, epochs=10, batch_size=32)
     assert a.evaluate(x, y)[0] < before * 0.7
 
 
