@@ -151,8 +151,6 @@ def run(options: RunOptions, experiments: Optional[list[Experiment]] = None) -> 
     from controller.workers.lock import DirectoryLock
 
     run_id = new_run_id()
-    if options.check:
-        return _check(options, run_id)
     for sig in (signal.SIGINT, *STOP_SIGNALS):  # a kill or a closed terminal cleans up like Ctrl-C
         signal.signal(sig, _interrupt)
     directory = DirectoryLock(options.workdir)
@@ -164,28 +162,22 @@ def run(options: RunOptions, experiments: Optional[list[Experiment]] = None) -> 
     except KeyboardInterrupt:
         return 130
     try:
-        return _main(options, experiments, run_id)
+        return _check(options) if options.check else _main(options, experiments, run_id)
     finally:
         directory.release()
 
 
-def _check(options: RunOptions, run_id: str) -> int:
+def _check(options: RunOptions) -> int:
     """``--check``: everything ``prepare`` does (every file validated, shards and confs written, the
     user's code tried in the sandbox), in the experiment directory taken as for a run; no node."""
-    from controller.workers.lock import DirectoryLock
-
-    directory = DirectoryLock(options.workdir)
     started = time.monotonic()
     try:
-        directory.take(options.testbed_id, port=options.port, run_id=run_id)
         spec = prepare(options)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    finally:
-        directory.release()
     _say(f"check passed in {time.monotonic() - started:.1f} s: {len(spec.structure)} nodes, "
          f"{len(spec.topology.links)} links, every file valid; nothing was made (run without --check to run it)")
     return 0

@@ -57,7 +57,7 @@ def probe_model(req: dict[str, Any]) -> dict[str, Any]:
     inferred = bool(conf.get("module")) and not conf.get("kind")
     if inferred:
         usercode.forget()
-        conf["kind"] = kind_of_built(build_user(conf, shape, n_classes, workdir, None)) or "numpy"
+        conf["kind"] = kind_of_built(build_user(conf, shape, n_classes, workdir, None)[0]) or "numpy"
     seed = int(conf.get("seed") or 0)
     builds = []
     for s in (seed, seed, seed + 1):

@@ -24,13 +24,13 @@ from typing import Any, Optional
 import numpy as np
 
 from dml_app.models.architectures import architecture
-from dml_app.models.make import FRAMEWORK_MODULES, kind_of, make_model
+from dml_app.models.contract import FRAMEWORKS
+from dml_app.models.make import kind_of, make_model
 from dml_app.runtime.usercode import USERCODE_DIR, shown
 from worker.api.errors import ConfigError
 from worker.confinement.facade import under
 
 MAX_USER_FILE_BYTES = 1 << 20
-FRAMEWORKS = {"keras": ("TensorFlow", "tf"), "torch": ("PyTorch", "torch")}  # kind -> (its name, the extra installing it)
 MAX_HELPER_FILES = 256  # Python files staged beside a user's file
 TESTBED_DIRS = ("controller", "worker", "dml_app", "dml_tool", "tests", "bench", USERCODE_DIR, "dml_file")
 
@@ -196,14 +196,14 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
         kind = kind_of(model)
         framework = FRAMEWORKS.get(kind)
         if framework and docker:
-            raise ConfigError(f"{where}: a model of kind '{kind}' needs {framework[0]} in the nodes, and the Docker "
+            raise ConfigError(f"{where}: a model of kind '{kind}' needs {framework.name} in the nodes, and the Docker "
                               f"node image has numpy only ({', '.join(docker[:3])}{' ...' if len(docker) > 3 else ''}"
                               "): use a numpy model, or netns nodes")
         if model.get("module"):
             continue
         if framework:
-            if importlib.util.find_spec(FRAMEWORK_MODULES[kind]) is None:
-                raise ConfigError(f"{where}: a model of kind '{kind}' needs {framework[0]}: pip install '.[{framework[1]}]'")
+            if importlib.util.find_spec(framework.module) is None:
+                raise ConfigError(f"{where}: a model of kind '{kind}' needs {framework.name}: pip install '.[{framework.extra}]'")
             try:  # the layers fit the samples (the same description builds the numpy net): no TensorFlow here
                 architecture(str(model.get("name") or "mlp"), shape, n_classes, model)
             except ValueError as e:

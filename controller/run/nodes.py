@@ -33,7 +33,8 @@ from controller.run import node_auth
 from controller.run.progress import Report, clip
 from controller.workers import deploy
 from controller.workers.api import Worker
-from dml_app.models.make import FRAMEWORK_MODULES, kind_of
+from dml_app.models.contract import FRAMEWORKS
+from dml_app.models.make import kind_of
 from dml_app.runtime.compute import NODE_ENV
 from dml_app.runtime.events import parse_events
 from dml_app.wire import bounded_json
@@ -184,9 +185,9 @@ class Nodes(Mapping[str, NodeState]):
         self.auth = auth or node_auth.RunKeys()
         self.controller_url = ""  # what nodes call back (set at deploy)
         self.states = {n: NodeState(n, rounds=int(c.get("sync", 0))) for n, c in structure.items()}
-        # a Keras model: the hosts' zygotes import TensorFlow once, for every node they fork
-        self.preload = {n: FRAMEWORK_MODULES[kind] for n, c in structure.items()
-                        if (kind := kind_of(c.get("model") or {})) in FRAMEWORK_MODULES}
+        # a Keras or torch model: the hosts' zygotes import its framework once, for every node they fork
+        self.preload = {n: FRAMEWORKS[kind].module for n, c in structure.items()
+                        if (kind := kind_of(c.get("model") or {})) in FRAMEWORKS}
         self._session = requests.Session()
         self._session.trust_env = False  # nodes directly: never through $HTTP_PROXY and friends
         self._session.headers["Accept-Encoding"] = "identity"  # a node's answer is never decompressed

@@ -8,6 +8,7 @@ accuracy)``, and optionally ``weight_names() -> list[str]`` (the arrays' names o
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence, Union
 
 import numpy as np
@@ -42,6 +43,22 @@ class Kind(Protocol):
         ``conf`` (``hooks``: the user's module, for optional functions of the kind); ModelError if
         it cannot be."""
         ...
+
+
+@dataclass(frozen=True)
+class Framework:
+    """What a framework's kind of model needs: the module its nodes import (a host's zygote
+    preloads it), its name and the pip extra that installs it (for messages), and the top-level
+    packages its models' classes come from (a user model's kind is inferred by them)."""
+
+    module: str
+    name: str
+    extra: str
+    packages: tuple[str, ...]
+
+
+FRAMEWORKS = {"keras": Framework("tensorflow", "TensorFlow", "tf", ("keras", "tensorflow", "tf_keras")),
+              "torch": Framework("torch", "PyTorch", "torch", ("torch",))}  # by kind; numpy needs none
 
 
 class ModelError(ValueError):

@@ -26,7 +26,6 @@ from dml_app.models.contract import Kind, Model, ModelError, shape_of
 from dml_app.models.user import user_model
 
 KINDS = ("numpy", "keras", "tf", "torch")
-FRAMEWORK_MODULES = {"keras": "tensorflow", "torch": "torch"}  # kind -> the framework its nodes import
 
 
 def kind_of(conf: dict[str, Any]) -> str:

@@ -11,18 +11,19 @@ controller writes the inferred kind into the nodes' confs.
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, Optional
 
-from dml_app.models.contract import Kind, Model, ModelError, check_contract
+from dml_app.models.contract import FRAMEWORKS, Kind, Model, ModelError, check_contract
 from dml_app.runtime import usercode
 
 MODULE_KEYS = ("module", "build", "kind")  # a module model's keys that do not reach its build's conf
-FRAMEWORK_KINDS = {"keras": "keras", "tensorflow": "keras", "tf_keras": "keras", "torch": "torch"}  # top package -> kind
 
 
 def build_user(conf: dict[str, Any], input_shape: tuple[int, ...], n_classes: int, workdir: str,
-               kind: Optional[Kind]) -> Any:
-    """What ``build(input_shape, n_classes, conf)`` of the user's file returns, ``kind`` seeded first."""
+               kind: Optional[Kind]) -> tuple[Any, ModuleType]:
+    """What ``build(input_shape, n_classes, conf)`` of the user's file returns, ``kind`` seeded
+    first, and the file's module (its optional hooks)."""
     relative = str(conf["module"])
     if kind is not None:
         kind.seed(int(conf.get("seed") or 0))
@@ -34,7 +35,7 @@ def build_user(conf: dict[str, Any], input_shape: tuple[int, ...], n_classes: in
         raise ModelError(f"{e}: {build_hint(module, build_name)}") from None
     extra = {k: v for k, v in conf.items() if k not in MODULE_KEYS}
     try:
-        return build(input_shape, n_classes, extra)
+        return build(input_shape, n_classes, extra), module
     except Exception as e:  # the user's code
         raise ModelError(f"{usercode.shown(relative)}: {build_name}{input_shape, n_classes} failed: "
                          f"{usercode.where_in(e, usercode.resolve(workdir, relative))}") from None
@@ -54,24 +55,20 @@ def kind_of_built(built: Any) -> Optional[str]:
     ``torch.nn.Module``: a class of the framework's package in its MRO), or None."""
     if built is None:
         return None
-    for cls in type(built).__mro__:
-        kind = FRAMEWORK_KINDS.get(str(getattr(cls, "__module__", "")).split(".")[0])
-        if kind:
-            return kind
-    return None
+    packages = {str(getattr(cls, "__module__", "")).split(".")[0] for cls in type(built).__mro__}
+    return next((kind for kind, f in FRAMEWORKS.items() if packages & set(f.packages)), None)
 
 
 def user_model(conf: dict[str, Any], input_shape: tuple[int, ...], n_classes: int, workdir: str,
                kind: Kind, kind_name: str) -> Model:
     """The user's model, checked against the contract; ``kind`` (named ``kind_name``) wraps it."""
     relative, build_name = usercode.shown(str(conf["module"])), str(conf.get("build") or "build")
-    built = build_user(conf, input_shape, n_classes, workdir, kind)
+    built, hooks = build_user(conf, input_shape, n_classes, workdir, kind)
     framework = kind_of_built(built)
     if framework and framework != kind_name:
         raise ModelError(f"{relative}: {build_name} returned a {type(built).__name__}, a model of kind "
                          f"{framework}, but the model entry says \"kind\": \"{kind_name}\": set \"kind\": "
                          f"\"{framework}\" (or leave \"kind\" out: it is inferred)")
-    hooks = usercode.load_file(workdir, str(conf["module"]))  # (imported by the build: its optional hooks)
     built = kind.wrap(built, f"{relative}: {build_name}", conf, hooks)
     check_contract(built, f"{relative}: {build_name}")
     return built
