@@ -29,7 +29,9 @@ Every file may set ``eval_every`` and ``global_eval_n`` at the top (``dml_app.ro
 the global test set is evaluated every ``eval_every`` rounds, on a fixed sample of
 ``global_eval_n`` samples (default ``DEFAULT_GLOBAL_EVAL_N``; null: the whole set) drawn with
 the top-level model's seed, and the last round always on the whole set. Every conf gets both,
-and ``global_eval_seed``.
+and ``global_eval_seed``. ``target_accuracy`` (a list of global accuracies, default
+``DEFAULT_TARGET_ACCURACY``) asks the run's summary for the time, rounds and bytes until each is
+first reached (``controller.results.time_to_accuracy``); every conf gets it.
 
 Every file may also set ``policies`` (``dml_app.policies``): at most ``MAX_POLICIES``
 entries, each a built-in ``{"kind": "adaptive_strategy"|"adaptive_batch", ...}`` (every
@@ -114,6 +116,8 @@ EPOCH = Field(int, "local epochs per round (default: the top-level epoch, else 1
 TOP_EPOCH = Field(int, "local epochs per round of entries that set none", default=1, low=0, high=MAX_EPOCHS)
 NAME = Field(str, "a node of links.json", required=True, max_len=MAX_NAME_LEN)
 TRAINER = Schema({"name": NAME, "epoch": EPOCH, "seed": SEED})
+DEFAULT_TARGET_ACCURACY = (0.5, 0.8, 0.9)  # time-to-accuracy's targets (controller.results.time_to_accuracy)
+MAX_TARGETS = 32
 DEFAULT_GLOBAL_EVAL_N = 1000  # a 147-node run's evaluation stays a small share of its work (BENCHMARKS.md)
 EVAL_FIELDS = {
     "eval_every": Field(int, "evaluate on the global test set every this many rounds (rounds k, 2k, ...); the "
@@ -122,7 +126,10 @@ EVAL_FIELDS = {
     "global_eval_n": Field(int, "evaluate on a fixed sample of this many samples of the global test set, the "
                                 "same on every node and in every round (drawn with the model's seed); null: the "
                                 "whole set. The last round always uses the whole set",
-                           default=DEFAULT_GLOBAL_EVAL_N, low=1, high=MAX_GLOBAL_TEST_SAMPLES, nullable=True)}
+                           default=DEFAULT_GLOBAL_EVAL_N, low=1, high=MAX_GLOBAL_TEST_SAMPLES, nullable=True),
+    "target_accuracy": Field(list, "global accuracies whose time, rounds and bytes to reach the run's summary "
+                                   "gives (time-to-accuracy)", default=list(DEFAULT_TARGET_ACCURACY),
+                             max_items=MAX_TARGETS, items=Field(float, low=0, high=1, low_open=True))}
 
 GOSSIP = Schema({"sync": Field(int, "rounds", required=True, low=1, high=MAX_ROUNDS),
                  "wait_s": Field(float, "longest wait for peers' models per round", default=10.0, low=0,
@@ -312,7 +319,7 @@ def _with_eval(confs: dict[str, dict[str, Any]], top: dict[str, Any], model: dic
     (the top-level model's: the same on every node)."""
     for conf in confs.values():
         conf.update(eval_every=top["eval_every"], global_eval_n=top["global_eval_n"],
-                    global_eval_seed=model["seed"])
+                    global_eval_seed=model["seed"], target_accuracy=sorted(set(top["target_accuracy"])))
     return confs
 
 

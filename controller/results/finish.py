@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from controller.results import adaptation, evaluate, tables
+from controller.results.time_to_accuracy import targets_of
 from controller.results.run_dir import (ANALYSIS_DIR, CONFS_JSON, LIVES_JSON, MEMBERSHIP_CSV, RUN, RUN_JSON,
                                         SUMMARY_JSON, TIMELINE_JSON, Problems, RunDir, attempt, csv_bytes,
                                         read_run_events)
@@ -66,7 +67,8 @@ def write_results(run: RunResults, problems: Problems,
         uids=run.uids), {})
     built = step("metrics and plots", lambda: tables.build(
         run_dir, run.t_start or time.time(), run.algorithm, run.endings, final, write=out.write_bytes,
-        problems=problems, events=events), {"algorithm": run.algorithm, "nodes": [], "plots": [], "models": []})
+        problems=problems, events=events, targets=targets_of(run.structure)),
+        {"algorithm": run.algorithm, "nodes": [], "plots": [], "models": []})
     summary = {"run_id": run.run_id, "run_dir": run_dir, "ended": run.ended, "endings": run.endings, **built}
     if run.captured:
         summary["captures"] = run.captured

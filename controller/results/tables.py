@@ -29,6 +29,8 @@ its ``round`` events. Files are written atomically (a temporary file renamed).
   acted): per applied scenario event and per adaptation event (a policy's decision, a strategy
   change), the run's speed before and after it; a revocation's recovery time; an adaptation
   event's ``round``, ``policy`` and ``action`` (its node is the ``target``).
+- the summary's ``time_to_accuracy``: per target accuracy, when the run and each node first
+  reached it (``controller.results.time_to_accuracy``).
 """
 from __future__ import annotations
 
@@ -36,12 +38,13 @@ import csv
 import json
 import os
 import statistics
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from controller.results.adaptation import MONITOR_FIELDS, action_json, adaptation_events, monitor_fields
 from controller.results.plots import write_plots
 from controller.results.run_dir import (METRICS_CSV, RUN, SCENARIO_CSV, SCENARIO_EFFECTS_CSV, TRAFFIC_CSV, Problems,
                                         Writer, attempt, csv_bytes, finite_number, local_writer, read_run_events)
+from controller.results.time_to_accuracy import DEFAULT_TARGETS, time_to_accuracy
 from dml_app.runtime.events import MEMBERSHIP
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
@@ -241,7 +244,8 @@ def accuracy_overview(nodes: list[dict[str, Any]]) -> dict[str, Any]:
 def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
           final: Optional[dict[str, dict[str, Any]]] = None, write: Optional[Writer] = None,
           problems: Optional[Problems] = None,
-          events: Optional[dict[str, list[dict[str, Any]]]] = None) -> dict[str, Any]:
+          events: Optional[dict[str, list[dict[str, Any]]]] = None,
+          targets: Optional[Sequence[float]] = None) -> dict[str, Any]:
     """Write metrics.csv, traffic.csv and the plots of a run directory; return the summary.
 
     ``endings`` maps each node to how it ended (``done``, ``stopped``, ``failed: <why>``,
@@ -250,7 +254,8 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
     ``write`` (relative path, bytes) writes each file; by default ``local_writer(run_dir)``.
     Each node's events and each file are done on their own: what fails is recorded in
     ``problems`` (by node, or ``"run"``) and the rest is written. ``events``: the nodes' events,
-    when the caller read them already (``read_run_events``)."""
+    when the caller read them already (``read_run_events``). ``targets``: the target accuracies of
+    the summary's ``time_to_accuracy`` (``controller.results.time_to_accuracy``; default its defaults)."""
     problems = {} if problems is None else problems
     events = read_run_events(run_dir, problems) if events is None else events
     rows = metric_rows(events, t_start, algorithm)
@@ -271,6 +276,8 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
     built = {"algorithm": algorithm, "nodes": nodes, "accuracy": accuracy_overview(nodes), "metrics": metrics_path,
              "traffic": traffic_path, "plots": plotted["plots"], "plot_mode": plotted["mode"],
              "models": sorted(n["model"] for n in nodes if n.get("model"))}
+    built["time_to_accuracy"] = attempt(problems, RUN, "time to accuracy", lambda: time_to_accuracy(
+        rows, DEFAULT_TARGETS if targets is None else targets), [])
     adapted = attempt(problems, RUN, "adaptation events", lambda: adaptation_events(events, t_start), [])
     if applied or adapted:
         effects = scenario_effects(rows, applied, adapted=adapted)

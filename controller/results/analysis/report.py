@@ -22,6 +22,7 @@ from controller.results.analysis.inputs import RunInputs, read_run
 from controller.results.analysis.pcap import Packets, ip_str
 from controller.results.analysis.series import (bin_edges, counter_at, counter_bins, event_bins, mean_ci95,
                                                 step_integral, throughput_bps)
+from controller.results import time_to_accuracy
 from controller.results.rates import rate_at
 from controller.results.run_dir import RunDir, Writer, csv_bytes, short_cell
 
@@ -495,6 +496,7 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
         "flows": flow_info,
         "iteration_volume": iteration_volume(inp),
         "accuracy_vs_bytes": accuracy_vs_bytes(inp),
+        "time_to_accuracy": time_to_accuracy.of_run_dir(run_dir),
         "thresholds": {"rule": "2-means midpoint, floors: 1% of the link rate (network), 5% of the CPU quota (CPU); "
                                "no burst structure when the centroids are closer than 5% of the range",
                        "fixed": config.thresholds, "single_off_bin_is_on": True},
