@@ -531,8 +531,16 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     from controller.run.scenario_runner import ScenarioRunner
 
     if args.dry_run:
-        timeline = load_scenario(args.file, _topology(args.links or "links.json", args.nodes))
+        topology = _topology(args.links or "links.json", args.nodes)
+        timeline = load_scenario(args.file, topology)
         print("\n".join(timeline.render()))
+        if topology.traces:
+            from controller.model.traces import replay_lines
+
+            print(f"{args.links or 'links.json'}: {len(topology.traces)} links replay a trace from the run's start")
+            for (src, dst), replay in topology.traces.items():
+                print(f"  {src}->{dst}: {replay.describe()}")
+                print("".join(f"    {line}" for line in replay_lines(replay)))
         return 0
     if args.links or args.nodes:
         raise ConfigError("--links and --nodes are for --dry-run: a scenario is played against the topology of "
@@ -548,7 +556,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     _progress(f"playing {timed} steps over {runner.last_at_s:g} s")
     runner.start()
     try:
-        while not runner.wait(1.0):
+        while not runner.wait(1.0) or not runner.replay.done():  # (a looped trace: until interrupted)
             pass
         if runner.flows:  # flows run in this process when it drives this host: they end first
             _progress("waiting for the background flows to end")

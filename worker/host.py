@@ -146,6 +146,10 @@ class WorkerHost:
         """Shape the listed links (``worker.shaping.links.Links.set_links``)."""
         return versioned(self.links.set_links(bodies.checked(bodies.SET_LINKS, body), merge))
 
+    def set_rates(self, body: Any) -> dict[str, Any]:
+        """Change the rates of shaped links in place (``worker.shaping.links.Links.set_rates``)."""
+        return versioned(self.links.set_rates(bodies.checked(bodies.SET_RATES, body)))
+
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         return versioned(self.links.clear_links(node))
 
@@ -309,6 +313,7 @@ class WorkerHost:
         self.procs.stop_all()
         children, zyg = self.procs.forget()
         captures = self.captures.reset()  # before the namespaces go
+        self.links.rate_sockets.close()  # (an open socket would keep its namespace alive)
         if zyg is not None:
             zyg.close()  # its node processes die with it
         removed = self.runtime.reset()

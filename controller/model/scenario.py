@@ -12,8 +12,9 @@ kind::
 ``load_scenario`` checks it against the topology (``worker.api.schema``: unknown fields with
 a did-you-mean, unknown nodes, bad times, units, models) and ``resolve`` turns it into a
 ``Timeline``: a list of ``Step`` with every random draw made from ``seed`` (revocation
-lifetimes, replacement delays), ``for`` expanded into a step that undoes the event, traces
-expanded into one bandwidth step per row. Each kind of event has its rule in ``EVENTS``:
+lifetimes, replacement delays), ``for`` expanded into a step that undoes the event. A trace
+is one step that starts its replay (``controller.run.trace_replay``: the rate changes bin by bin
+from then, not one step per row). Each kind of event has its rule in ``EVENTS``:
 its parser and whether ``for`` may undo it. Nothing here does I/O but reading the scenario
 and its trace files; the runner (``controller.run.scenario_runner``) applies the steps.
 
@@ -24,23 +25,19 @@ CM-DARE lifetime of 50 minutes becomes 50 seconds of experiment. Explicit times 
 from __future__ import annotations
 
 import bisect
-import csv
-import math
+import dataclasses
 import os
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
 
 from controller.model.topology import MIN_MEM_BYTES, NAME_RE, Topology
-from controller.model.traces import FORMATS as RECORDING_FORMATS, MAX_BIN_MS, MIN_BIN_MS
-from controller.model.traces import read_trace as read_recording
+from controller.model.traces import TRACE_SCHEMA, TraceFiles, replay_lines
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_time_ms, parse_size_bytes
 from worker.api.errors import ConfigError
 from worker.api.schema import MAX_SECONDS, SEED, Field, Place, Schema, describe, read_object, refuse_unknown
 
 MAX_EVENTS = 10_000
-MAX_TRACE_ROWS = 100_000
-MIN_TRACE_RATE_BPS = 8_000  # a recording's bin without data replays as 1 kbyte/s: a link must have a rate
 MAX_ROUND = 100_000
 # the longest node name topology's NAME_RE allows (15: names end up in interface and cgroup names)
 MAX_NAME_LEN = max(n for n in range(1, 256) if NAME_RE.fullmatch("n" * n))
@@ -53,7 +50,7 @@ EventKind = Literal["link", "link_down", "partition", "loss", "crash", "pause", 
 KINDS: tuple[EventKind, ...] = get_args(EventKind)  # what scenario.json's events say
 TRIGGERS = ("at", "at_round")
 StepKind = Literal["link", "block", "unblock", "loss", "crash", "pause", "resume", "limits", "revoke", "replace",
-                   "background", "access"]
+                   "background", "access", "trace"]
 STEP_KINDS: tuple[StepKind, ...] = get_args(StepKind)  # what the runner applies (scenario.csv's event column)
 
 AT_ROUND = Schema({"node": Field(str, "the node whose round triggers the event", required=True, max_len=MAX_NAME_LEN),
@@ -90,14 +87,12 @@ BACKGROUND = Schema({"src": Field(str, "the node that sends the flow (iperf3 cli
                      "protocol": Field(str, "the flow's transport", default="tcp", choices=("tcp", "udp"))})
 TRACE = Schema({"src": Field(str, "the link's source node", required=True, max_len=MAX_NAME_LEN),
                 "dst": Field(str, "the link's destination node", required=True, max_len=MAX_NAME_LEN),
-                "file": Field(str, "a trace file beside the scenario: a CSV of time_s,rate, or a recording in "
-                                   "'format'", required=True, max_len=255),
-                "format": Field(str, "csv, or a recording: mahimahi (a .up or .down delivery trace), hsdpa or "
-                                     "ghent4g (per-interval throughput logs)", default="csv", choices=("csv", *(f for f in RECORDING_FORMATS if f != "csv"))),
-                "bin_ms": Field(int, "a recording's rate is replayed as its mean over bins of this many ms",
-                                default=100, low=MIN_BIN_MS, high=MAX_BIN_MS),
-                "offset_s": Field(float, "where in the recording the replay starts, in seconds", default=0.0, low=0,
-                                  high=MAX_SECONDS),
+                **TRACE_SCHEMA.fields,
+                "file": Field(str, "a trace file beside the scenario: a recording in 'format'", required=True,
+                              max_len=255),
+                "format": dataclasses.replace(TRACE_SCHEMA.fields["format"], required=False, default="csv"),
+                "loop": Field(bool, "from the start again at the recording's end (false: its last rate holds)",
+                              default=False),
                 "both_ways": Field(bool, "the same rates on dst -> src too", default=False)})
 ACCESS = Schema({"node": Field(str, "the node whose access links change", required=True, max_len=MAX_NAME_LEN),
                  "uplink": Field(str, "its new access link out, e.g. '2mbit'", max_len=32),
@@ -149,6 +144,8 @@ class Timeline:
         lines = [f"{self.source}: {len(self.steps)} steps (seed {self.seed}, time_scale {self.time_scale:g})"]
         for s in self.timed() + [s for steps in self.by_round().values() for s in steps]:
             lines.append(f"  {s.planned():>28}  {s.kind:<10} {s.target:<20} {s.detail}")
+            if s.kind == "trace":
+                lines += [f"  {'':>28}  {'':<10} {line}" for line in replay_lines(s.params["replay"])]
         return lines + [f"  note: {n}" for n in self.notes]
 
 
@@ -237,9 +234,10 @@ def resolve(data: Any, topology: Topology, source: str = "scenario", base_dir: O
     rng = random.Random(seed)
     steps: list[Step] = []
     notes: list[str] = []
+    files = TraceFiles(base_dir) if base_dir is not None else None  # each trace file read once
     for i, event in enumerate(top["events"]):
         place = Place(source).at(f"events[{i}]")
-        steps += _event_steps(event, i, place, topology, rng, top["time_scale"], base_dir, notes)
+        steps += _event_steps(event, i, place, topology, rng, top["time_scale"], files, notes)
     return Timeline(steps, seed, top["time_scale"], source, notes)
 
 
@@ -299,7 +297,7 @@ class EventContext:
     topology: Topology
     rng: random.Random
     time_scale: float
-    base_dir: Optional[str]
+    trace_files: Optional[TraceFiles]  # the scenario's directory's (None: no scenario file)
     notes: list[str]
 
     @property
@@ -455,15 +453,15 @@ def _background(value: Any, ev: EventContext) -> list[Step]:
 
 
 def _trace(value: Any, ev: EventContext) -> list[Step]:
-    """One link step per row of the trace file."""
+    """One step that starts replaying the trace on the link (both ways: on both)."""
     v = TRACE.validate(value, ev.here)
     src, dst = ev.node(v["src"], "src"), ev.node(v["dst"], "dst")
     pairs = ev.pairs(src, dst, v["both_ways"])
-    rows = (read_trace(v["file"], ev.base_dir, ev.here) if v["format"] == "csv"
-            else recorded_rows(v, ev.base_dir, ev.here))
-    target, base = _arrow(src, dst, v["both_ways"]), _base_shapes(ev.topology, pairs)
-    return [ev.step(t, "link", target, f"{human_rate(r)} (trace {v['file']})",
-                    {"pairs": pairs, "rate_bps": r, "base": base}) for t, r in rows]
+    if ev.trace_files is None:
+        raise ConfigError(f"{ev.here.field('file')}: a trace needs a scenario file to be read beside")
+    replay = ev.trace_files.replay({k: v[k] for k in TRACE_SCHEMA.fields}, ev.here)
+    return [ev.step(0, "trace", _arrow(src, dst, v["both_ways"]), f"replays {replay.describe()}",
+                    {"pairs": pairs, "replay": replay})]
 
 
 def _access(value: Any, ev: EventContext) -> list[Step]:
@@ -494,7 +492,7 @@ UNDOABLE = tuple(kind for kind, rule in EVENTS.items() if rule.undoable)
 
 
 def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: random.Random, time_scale: float,
-                 base_dir: Optional[str], notes: list[str]) -> list[Step]:
+                 trace_files: Optional[TraceFiles], notes: list[str]) -> list[Step]:
     """Event ``index``'s steps: its trigger and ``for`` checked here, its kind by ``EVENTS``."""
     if not isinstance(event, dict):
         raise ConfigError(f"{place}: expected an event object, got {describe(event)}")
@@ -521,74 +519,5 @@ def _event_steps(event: Any, index: int, place: Place, topology: Topology, rng: 
             raise ConfigError(f"{place.field('for')}: a {kind} event cannot be undone; 'for' is for "
                               f"{', '.join(UNDOABLE)}")
         duration = POSITIVE_SECONDS.check(event["for"], place, "for", ConfigError)
-    context = EventContext(index, place, kind, at_s, after_round, duration, topology, rng, time_scale, base_dir, notes)
+    context = EventContext(index, place, kind, at_s, after_round, duration, topology, rng, time_scale, trace_files, notes)
     return EVENTS[kind].parse(event[kind], context)
-
-
-def _beside(file: str, base_dir: Optional[str], place: Place) -> str:
-    """The real path of trace ``file`` in the scenario's directory ``base_dir``; else refused."""
-    if base_dir is None:
-        raise ConfigError(f"{place.field('file')}: a trace needs a scenario file to be read beside")
-    root = os.path.realpath(base_dir)
-    path = os.path.realpath(os.path.join(root, file))
-    if os.path.commonpath([root, path]) != root:
-        raise ConfigError(f"{place.field('file')}: {file!r} is outside the scenario's directory")
-    return path
-
-
-def recorded_rows(v: dict[str, Any], base_dir: Optional[str], place: Place) -> list[tuple[float, int]]:
-    """The rows (time_s, rate_bps) that replay a recording once from ``offset_s``: one a bin, a bin
-    whose rate is the one before's left out (``controller.model.traces`` reads the recording)."""
-    trace = read_recording(_beside(v["file"], base_dir, place), v["format"], v["bin_ms"])
-    first = int(v["offset_s"] // trace.bin_s)
-    rows: list[tuple[float, int]] = []
-    for k in range(first, len(trace.rates_bps)):
-        rate = max(int(trace.rates_bps[k]), MIN_TRACE_RATE_BPS)  # (a bin without data: a trickle, not no link)
-        if not rows or rows[-1][1] != rate:
-            rows.append((round(k * trace.bin_s - v["offset_s"], 6) if k > first else 0.0, rate))
-    if len(rows) > MAX_TRACE_ROWS:
-        raise ConfigError(f"{place.field('file')} ({v['file']}): {len(rows)} rate changes, more than "
-                          f"{MAX_TRACE_ROWS}: use a larger bin_ms")
-    if not rows:
-        raise ConfigError(f"{place.field('file')} ({v['file']}): offset_s {v['offset_s']:g} is past the "
-                          f"recording's end ({trace.duration_s:g} s)")
-    return rows
-
-
-def read_trace(file: str, base_dir: Optional[str], place: Place) -> list[tuple[float, int]]:
-    """The rows (time_s, rate_bps) of a trace CSV beside the scenario (``time_s,rate``; a header
-    row is allowed; times must not decrease)."""
-    path = _beside(file, base_dir, place)
-    label = f"{place.field('file')} ({file})"
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise ConfigError(f"{label}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    if rows and [c.strip() for c in rows[0]] == ["time_s", "rate"]:
-        rows = rows[1:]
-    out: list[tuple[float, int]] = []
-    for n, row in enumerate(rows, 1):
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) != 2:
-            raise ConfigError(f"{label}, row {n}: expected time_s,rate, got {len(row)} columns")
-        try:
-            t = float(row[0])
-        except ValueError:
-            raise ConfigError(f"{label}, row {n}: time_s {row[0]!r} is not a number") from None
-        if not math.isfinite(t) or not 0 <= t <= MAX_SECONDS:
-            raise ConfigError(f"{label}, row {n}: time_s must be in [0, {MAX_SECONDS}], got {row[0]!r}")
-        if out and t < out[-1][0]:
-            raise ConfigError(f"{label}, row {n}: time_s goes back ({t:g} after {out[-1][0]:g})")
-        try:
-            rate = parse_rate_bps(row[1].strip())
-        except ConfigError as e:
-            raise ConfigError(f"{label}, row {n}: {e}") from None
-        out.append((t, rate))
-        if len(out) > MAX_TRACE_ROWS:
-            raise ConfigError(f"{label}: more than {MAX_TRACE_ROWS} rows")
-    if not out:
-        raise ConfigError(f"{label}: no rows")
-    return out
-

@@ -9,7 +9,11 @@ links.json maps each source node to its outgoing links (one direction each)::
     {"n1": [{"dest": "n2", "bw": "5mbit", "delay": "20ms", "jitter": "5ms", "loss": "0.5%", "queue": 100}],
      "n2": [{"dest": "n1", "bw": "5mbps"}]}
 
-``bw`` is required and uses tc's units (``5mbps`` is 5 MBYTES/s, see
+A link has ``bw`` or ``trace`` (a recording it replays, ``controller.model.traces.TRACE_SCHEMA``:
+``{"dest": "n2", "trace": {"file": "traces/x.down", "format": "mahimahi"}}``; the file is read
+beside links.json, once however many links replay it; the link is deployed at the trace's first
+rate and ``controller.run.trace_replay`` changes it bin by bin from the run's start).
+``bw`` uses tc's units (``5mbps`` is 5 MBYTES/s, see
 ``controller.model.units``); ``delay``/``jitter`` are times in [0, 60s], ``jitter``
 needs a ``delay``; ``loss`` is a percentage (``"0.5%"`` or a JSON number);
 ``queue`` a positive number of packets.
@@ -35,10 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
+from controller.model.traces import TRACE_SCHEMA, Replay, TraceFiles
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
 from worker.api.errors import ConfigError, TopologyError
 from worker.api.protocol import MAX_PIDS_MAX, MIN_PIDS_MAX
@@ -54,11 +60,13 @@ TOPOLOGY_VERSION = 1
 # What links.json and the nodes file may hold (values are checked further by make_shape and _check_node).
 LINK_SCHEMA = Schema({
     "dest": Field(str, "the node the link leads to", required=True),
-    "bw": Field(str, "rate with tc's unit, e.g. '10mbit' ('10mbps' is BYTES/s)", required=True, max_len=32),
+    "bw": Field(str, "rate with tc's unit, e.g. '10mbit' ('10mbps' is BYTES/s); this or 'trace'", max_len=32),
     "delay": Field(str, "e.g. '20ms', at most 60s", max_len=32),
     "jitter": Field(str, "e.g. '5ms', needs a delay", max_len=32),
     "loss": Field((str, float), "percentage, e.g. '0.5%'"),
-    "queue": Field(int, "packets", low=1, high=MAX_QUEUE_PKTS)})
+    "queue": Field(int, "packets", low=1, high=MAX_QUEUE_PKTS),
+    "trace": Field(dict, "a recording the link replays instead of a constant bw (fields below)",
+                   schema=TRACE_SCHEMA)})
 NODE_SCHEMA = Schema({
     "name": Field(str, "1-15 letters, digits, '_' or '-', starting with a letter or digit", required=True),
     "kind": Field(str, "emulated (a namespace or container of its host) or physical (a device of its own)",
@@ -257,12 +265,14 @@ class Topology:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self.links: dict[tuple[str, str], Link] = {}
+        self.traces: dict[tuple[str, str], Replay] = {}  # the links that replay a recording
 
     def copy(self) -> "Topology":
         """An independent copy (nodes are copied, links and shapes are immutable)."""
         other = Topology()
         other.nodes = {name: dataclasses.replace(node) for name, node in self.nodes.items()}
         other.links = dict(self.links)
+        other.traces = dict(self.traces)
         return other
 
     # nodes -----------------------------------------------------------------
@@ -460,8 +470,9 @@ def load_links(path: str, topology: Optional[Topology] = None, nodes_declared: b
 
 
 def links_from_data(data: Any, path: str, topology: Optional[Topology] = None,
-                    nodes_declared: bool = False) -> Topology:
-    """``load_links`` of links.json's content ``data``; errors name ``path``."""
+                    nodes_declared: bool = False, traces: Optional[TraceFiles] = None) -> Topology:
+    """``load_links`` of links.json's content ``data``; errors name ``path``; ``traces`` reads
+    the recordings links replay (default: beside ``path``)."""
     if not isinstance(data, dict):
         raise TopologyError(f"{path}: expected an object mapping each source node to its list of links, "
                             f"like {{\"n1\": [{{\"dest\": \"n2\", \"bw\": \"10mbit\"}}]}}")
@@ -477,6 +488,14 @@ def links_from_data(data: Any, path: str, topology: Optional[Topology] = None,
             LINK_SCHEMA.check_keys(link, where, TopologyError)
             check_name(link["dest"], f"{where}, field 'dest'")
             LINK_SCHEMA.validate(link, f"{where} (to {link['dest']!r})", TopologyError)
+            if ("bw" in link) == ("trace" in link):
+                raise TopologyError(f"{where} (to {link['dest']!r}): needs 'bw' (a constant rate) or 'trace' "
+                                    f"(a recording), one of them")
+    files = traces or TraceFiles(os.path.dirname(os.path.abspath(path)))
+    replays = {(src, link["dest"]): files.replay(link["trace"], Place.of(f"{_where(path, src, f'link {i}')} (to "
+                                                                        f"{link['dest']!r})").at("trace"),
+                                                 TopologyError)
+               for src, links in data.items() for i, link in enumerate(links) if "trace" in link}
     work = topology.copy() if topology is not None else Topology()
     if nodes_declared:
         for src in data:
@@ -493,11 +512,18 @@ def links_from_data(data: Any, path: str, topology: Optional[Topology] = None,
     for src, links in data.items():
         for i, link in enumerate(links):
             where = _where(path, src, f"link {i} (to {link['dest']!r})")
-            work.add_link(src, link["dest"], link["bw"], link.get("delay"), link.get("jitter"), link.get("loss"),
+            replay = replays.get((src, link["dest"]))
+            bw = link["bw"] if replay is None else f"{replay.rate_at(0.0)}bit"
+            work.add_link(src, link["dest"], bw, link.get("delay"), link.get("jitter"), link.get("loss"),
                           link.get("queue"), where=where)
+            if replay is not None:
+                work.traces[(src, link["dest"])] = replay
+            else:
+                work.traces.pop((src, link["dest"]), None)  # (a constant rate now)
     if topology is None:
         return work
     for name, node in work.nodes.items():
         topology.nodes.setdefault(name, node)
     topology.links.update(work.links)
+    topology.traces = work.traces
     return topology

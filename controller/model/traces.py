@@ -17,23 +17,32 @@ Formats (``read_trace(path, fmt, bin_ms)``):
 
 Each is read into a ``Trace``: the time-weighted mean rate of each ``bin_ms`` bin (a bin that no
 interval covers has rate 0). Errors name the file and the line, before anything is created.
+
+A link replays a trace as a ``Replay`` (``TRACE_SCHEMA``: links.json's ``"trace"`` object, and
+a scenario's ``trace`` event): the trace shifted by ``offset_s``, stretched by ``time_scale``,
+looped or not, never below ``MIN_REPLAY_RATE_BPS``. ``TraceFiles`` reads each file (in a
+format, at a bin) once however many links replay it, and only inside its directory.
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from controller.model.units import parse_rate_bps
+from controller.model.units import human_rate, parse_rate_bps
 from worker.api.errors import ConfigError
+from worker.api.schema import MAX_SECONDS, Field, Place, Schema
 
 MAHIMAHI_PACKET_BYTES = 1500
 MAX_TRACE_LINES = 10_000_000  # a day of a 1 Gbit/s Mahimahi trace is about 7 M lines per minute: cap the read
 MAX_TRACE_BYTES = 256 << 20
 MAX_BINS = 10_000_000
 MIN_BIN_MS, MAX_BIN_MS = 1, 3_600_000
+MIN_REPLAY_RATE_BPS = 8_000  # a bin without data replays as 1 kbyte/s: a link must have a rate
+MAX_TIME_SCALE = 1000.0
 
 
 @dataclass(frozen=True)
@@ -217,3 +226,111 @@ def throughput_format(elapsed_ms: int, bytes_column: int, interval_ms: int) -> T
     if not all(isinstance(c, int) and 1 <= c <= 64 for c in cols) or len(set(cols)) != 3:
         raise ConfigError(f"a throughput log's columns must be three different numbers in [1, 64], got {cols}")
     return ThroughputColumns(*cols)
+
+
+TRACE_SCHEMA = Schema({
+    "file": Field(str, "the recording, relative to the file that names it (and inside its directory)",
+                  required=True, max_len=255),
+    "format": Field(str, "mahimahi (a .up or .down delivery trace), hsdpa or ghent4g (per-interval throughput "
+                         "logs), or csv (time_s,rate rows)", required=True, choices=FORMATS),
+    "bin_ms": Field(int, "the recording is replayed as its mean rate over bins of this many ms", default=100,
+                    low=MIN_BIN_MS, high=MAX_BIN_MS),
+    "time_scale": Field(float, "2: a recorded second lasts two", default=1.0, low=0, low_open=True,
+                        high=MAX_TIME_SCALE),
+    "loop": Field(bool, "from the start again at the recording's end (false: its last bin holds)", default=True),
+    "offset_s": Field(float, "where in the recording the replay starts, in seconds", default=0.0, low=0,
+                      high=MAX_SECONDS)})
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How one link replays a ``Trace``: ``rate_at(t_s)`` is its rate ``t_s`` seconds after its
+    replay started."""
+
+    trace: Trace
+    file: str  # as the user named it
+    fmt: str
+    loop: bool = True
+    offset_s: float = 0.0
+    time_scale: float = 1.0
+
+    @property
+    def tick_s(self) -> float:
+        """How often its rate may change: one bin of the recording, stretched."""
+        return self.trace.bin_s * self.time_scale
+
+    @property
+    def end_s(self) -> float:
+        """When a replay that does not loop reaches its last bin (inf when it loops)."""
+        if self.loop:
+            return math.inf
+        return max(0.0, (self.trace.duration_s - self.trace.bin_s - self.offset_s) * self.time_scale)
+
+    def rate_at(self, t_s: float) -> int:
+        return max(self.trace.rate_at(t_s, self.loop, self.offset_s, self.time_scale), MIN_REPLAY_RATE_BPS)
+
+    def rates_bps(self, seconds: int) -> list[int]:
+        """The mean replayed rate of each of its first ``seconds`` seconds (what --dry-run shows)."""
+        per_s = max(1, round(1 / self.tick_s)) if self.tick_s < 1 else 1
+        return [round(sum(self.rate_at(s + (k + 0.5) / per_s) for k in range(per_s)) / per_s) for s in range(seconds)]
+
+    def describe(self) -> str:
+        rates = self.trace.rates_bps
+        return (f"{self.file} ({self.fmt}, {self.trace.bin_s * 1000:g} ms bins, {self.trace.duration_s:g} s, "
+                f"mean {human_rate(float(np.mean(rates)))}, max {human_rate(float(np.max(rates)))}"
+                + (f", from {self.offset_s:g} s" if self.offset_s else "")
+                + (f", x{self.time_scale:g} slower" if self.time_scale != 1 else "")
+                + (", looped" if self.loop else ", once") + ")")
+
+
+DRY_RUN_SECONDS = 10
+
+
+def replay_lines(replay: Replay, seconds: int = DRY_RUN_SECONDS) -> list[str]:
+    """The replayed rate, second by second, for people (``--dry-run``)."""
+    n = max(1, min(seconds, math.ceil(replay.trace.duration_s * replay.time_scale)))
+    rates = replay.rates_bps(n)
+    return [f"rate by second from its start (Mbit/s): {', '.join(f'{r / 1e6:.2f}' for r in rates)}"
+            + (" ..." if n < replay.trace.duration_s * replay.time_scale or replay.loop else "")]
+
+
+def trace_path(file: str, base_dir: str, place: Place) -> str:
+    """The real path of trace ``file`` inside ``base_dir`` (the directory of the file naming it);
+    a path that leads out of it (``..``, an absolute path, a symbolic link) is refused."""
+    root = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(root, file))
+    if os.path.commonpath([root, path]) != root:
+        raise ConfigError(f"{place.field('file')}: {file!r} is outside the directory {root}")
+    return path
+
+
+class TraceFiles:
+    """The traces that the links of one file replay, each (file, format, bin) read once."""
+
+    def __init__(self, base_dir: str) -> None:
+        self.base_dir = base_dir
+        self._read: dict[tuple[str, str, int], Trace] = {}
+
+    def replay(self, value: object, place: Place, error: type = ConfigError, loop: bool = True) -> Replay:
+        """The ``Replay`` a trace object (``TRACE_SCHEMA``) at ``place`` asks for; errors of type
+        ``error`` name the place, the file and its line. ``loop``: the default of ``loop``."""
+        raw = dict(value) if isinstance(value, dict) else value
+        if isinstance(raw, dict) and "loop" not in raw:
+            raw["loop"] = loop
+        v = TRACE_SCHEMA.validate(raw, place, error)
+        try:
+            path = trace_path(v["file"], self.base_dir, place)
+            key = (path, v["format"], v["bin_ms"])
+            if key not in self._read:
+                self._read[key] = read_trace(path, v["format"], v["bin_ms"])
+        except ConfigError as e:
+            raise error(e.message if e.message.startswith(str(place)) else f"{place}: {e.message}") from None
+        trace = self._read[key]
+        if not v["loop"] and v["offset_s"] >= trace.duration_s:
+            raise error(f"{place.field('offset_s')}: {v['offset_s']:g} s is past the end of {v['file']} "
+                        f"({trace.duration_s:g} s)")
+        return Replay(trace, v["file"], v["format"], v["loop"], v["offset_s"], v["time_scale"])
+
+    @property
+    def files_read(self) -> int:
+        return len(self._read)

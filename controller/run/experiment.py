@@ -26,6 +26,8 @@ live view (``live``) is attached by whoever serves it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 import secrets
@@ -45,6 +47,7 @@ from controller.run.nodes import MAX_LOG_BYTES, NodeConfs, Nodes, State, TextEnu
 from controller.run.progress import Progress, clip, read_report, round_bounds
 from controller.run.recording import NoWatcher, Recording, RunWatcher, capture_list
 from controller.run.scenario_runner import ScenarioRunner
+from controller.run.trace_replay import TracedLink, TraceReplay
 from controller.run.timeline import RunTimeline
 from controller.telemetry.collector import Collector
 from controller.workers import deploy
@@ -115,6 +118,8 @@ class Experiment:
         self.record["telemetry"] = conf.to_dict()
         self._out: Optional[RunDir] = None
         self.scenario: Optional[ScenarioRunner] = None  # the run's timeline of steps: started with the run
+        # recorded traces, replayed bin by bin from the start (links.json's, a scenario's, a live file's)
+        self.replay = TraceReplay(self.worker, on_change=self._rates_replayed, progress=progress)
         self.live: RunWatcher = NoWatcher()  # what the dashboard shows: attached by whoever serves it
         self._collecting = False  # set once finish collects: later uploads change nothing
         self._finishing = False  # a finish of the settled run was started (once)
@@ -223,6 +228,8 @@ class Experiment:
 
             self.nodes.each(start, names)
             self.phase = Phase.RUNNING
+            self.replay.add(TracedLink(src, dst, replay) for (src, dst), replay in self.topology.traces.items())
+            self.replay.start(t0)
             if self.scenario is not None:
                 self.scenario.start(t0)
             self._write_record()
@@ -373,6 +380,7 @@ class Experiment:
                 how = "finished"
             if self.scenario is not None:
                 self._step("stopping the scenario", self.scenario.stop)
+            self._step("stopping the trace replay", self.replay.stop)
             if self.phase == Phase.RUNNING:
                 self._step("stopping the nodes", lambda: self.nodes.stop_running(how, self._pull_log, self.progress))
             telemetry = self.recording.finish_telemetry()
@@ -382,6 +390,7 @@ class Experiment:
                 self._collecting = True
             if self.scenario is not None:
                 self._step("scenario.csv", lambda: self.scenario.write(self.out, flows_timeout_s=5.0))
+            self._step("trace_ticks.csv", lambda: self.replay.write(self.out))
             self.nodes.collect_logs(self._store_log, self.problems, lambda name, fn: run_folder.attempt(
                 self.problems, name, "its events", fn))
             self.nodes.settle_rest(how)
@@ -436,8 +445,12 @@ class Experiment:
         deploy.check_capabilities(changed, self.worker.capabilities())
         ips = {n.name: n.ip for n in self.nodes.values()}
         ips.update({n["name"]: n["ip"] for n in self.worker.status()["nodes"]})
+        self.replay.end(changed.links)  # a constant rate set on a traced link ends its trace
         result = deploy.merge_links(changed, self.worker, ips)
         self.links_reshaped(changed.links.values())
+        if self.phase == Phase.RUNNING and changed.traces:  # a live file's traces replay from now
+            start_s = self.replay.now_s()
+            self.replay.add(TracedLink(s, d, r, start_s) for (s, d), r in changed.traces.items())
         for link in changed.links.values():
             self.timeline.link_changed(link.src, link.dst, link.shape)
         return result
@@ -450,6 +463,14 @@ class Experiment:
         for link in links:
             self.topology.links[(link.src, link.dst)] = link
             self.rates.set((link.src, link.dst), link.shape.rate_bps, t_s)
+
+    def _rates_replayed(self, rates: dict[tuple[str, str], int], t_s: float) -> None:
+        """The trace replay changed ``rates`` at ``t_s`` (seconds since the start)."""
+        for key, rate in rates.items():
+            link = self.topology.links.get(key)
+            if link is not None:
+                self.topology.links[key] = Link(link.src, link.dst, dataclasses.replace(link.shape, rate_bps=rate))
+            self.rates.set(key, rate, t_s)
 
     def close(self, how: str) -> None:
         """Write the run folder if the run was started and is not written yet (Ctrl-C, a signal)."""

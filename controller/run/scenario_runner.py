@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Optional, Protocol
 from controller.model.scenario import Step, StepKind, Timeline
 from controller.model.topology import Link
 from controller.results.run_dir import SCENARIO_CSV, SCENARIO_FLOWS_JSON, csv_bytes
+from controller.run.trace_replay import TracedLink, TraceReplay
 from controller.workers import deploy
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
 from worker.api.faults import (Background, BackgroundResult, Drop, Fault, Freeze, IperfServer, Kill, Limits, Prepare,
@@ -49,6 +50,9 @@ class RunHooks(Protocol):
     def expect_death(self, name: str, why: str) -> None: ...
     def replace_node(self, name: str) -> Any: ...
     def links_reshaped(self, links: Iterable[Link]) -> None: ...
+
+    @property
+    def replay(self) -> TraceReplay: ...
 
 
 class ScenarioRunner:
@@ -80,6 +84,10 @@ class ScenarioRunner:
         self._pending = 0
         self._pool = ThreadPoolExecutor(max_workers=APPLY_THREADS, thread_name_prefix="edgetb-scenario-apply")
         self._chains: dict[str, Future] = {}  # the last step handed to the pool, by target
+        # a trace step replays on the run's replay (with links.json's traced links), else on its own
+        shared = getattr(experiment, "replay", None)
+        self.replay: TraceReplay = shared if shared is not None else TraceReplay(worker, clock, progress=progress)
+        self._own_replay = shared is None
         self.handlers: dict[StepKind, Callable[[dict[str, Any]], Optional[str]]] = {
             "link": self._link,
             "block": self._block,
@@ -93,6 +101,7 @@ class ScenarioRunner:
             "replace": self._replace,
             "background": self._background,
             "access": self._access,
+            "trace": self._trace,
         }
         self._check_capabilities()
 
@@ -120,6 +129,8 @@ class ScenarioRunner:
         # what exists now lives through the run: out of the collector's way, a full collection
         # scans only newer objects (it paused a step by 13-21 ms in a 100-node benchmark)
         gc.freeze()
+        if self._own_replay:
+            self.replay.start(self.t0)
         self._thread = threading.Thread(target=self._loop, name="edgetb-scenario", daemon=True)
         self._thread.start()
 
@@ -190,6 +201,8 @@ class ScenarioRunner:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self._pool.shutdown(wait=True)
+        if self._own_replay:
+            self.replay.stop()
 
     # applying ---------------------------------------------------------------------------------
     def _apply(self, step: Step, planned_s: float) -> None:
@@ -232,10 +245,16 @@ class ScenarioRunner:
                 shape["rate_bps"] = p["rate_bps"]
                 shape.update({k: p[k] for k in ("delay_ms", "jitter_ms", "loss_pct") if k in p})
             links.append({"src": src, "dst": dst, "dst_ip": self.ips[dst], "shape": shape})
+        self.replay.end(p["pairs"])  # a constant rate on a link ends the trace on it
         self.worker.set_links({"version": 1, "links": links}, merge=True)
         if self.experiment is not None:  # the run's topology and rates follow
             self.experiment.links_reshaped([Link(link["src"], link["dst"], Shape.from_dict(link["shape"])) for link in links])
         return None
+
+    def _trace(self, p: dict[str, Any]) -> None:
+        """The links replay the trace from now, their first rate at once."""
+        start_s = self.replay.now_s()
+        self.replay.add([TracedLink(src, dst, p["replay"], start_s) for src, dst in p["pairs"]], apply_now=True)
 
     def _block(self, p: dict[str, Any]) -> None:
         """Each group's nodes drop what the other groups send."""

@@ -266,6 +266,9 @@ class AgentClient:
     def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
         return self._op("merge_links" if merge else "set_links", body)
 
+    def set_rates(self, body: Any) -> dict[str, Any]:
+        return self._op("set_rates", body)
+
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         return self._op("clear_links", params={"node": node} if node else None)
 

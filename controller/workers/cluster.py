@@ -279,6 +279,13 @@ class Cluster:
         return {"version": 1, "nodes": [n for r in done.values() for n in r["nodes"]],
                 "seconds": max((r.get("seconds", 0) for r in done.values()), default=0)}
 
+    def set_rates(self, body: Any) -> dict[str, Any]:
+        """Each host's links' new rates, to every host at once (one request each)."""
+        per_host = self._split(body["rates"], "src")
+        done = self._each(lambda name, w: w.set_rates({"version": 1, "rates": per_host[name]}), list(per_host))
+        return {"version": 1, "links": sum(r["links"] for r in done.values()),
+                "seconds": max((r.get("seconds", 0) for r in done.values()), default=0)}
+
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         if node is not None:
             return self._worker_of(node).clear_links(node)

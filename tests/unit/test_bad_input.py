@@ -24,7 +24,7 @@ BAD_LINKS = [
     ("self link", {"a": [link(dest="a")]}, ["node 'a'", "field 'dest'", "itself"]),
     ("duplicate link", {"a": [link(), link(dest="c"), link(bw="2mbit")]}, ["node 'a'", "link 2 (to 'b')", "duplicate"]),
     ("missing dest", {"a": [{"bw": "1mbit"}]}, ["node 'a'", "link 0", "missing field 'dest'"]),
-    ("missing bw", {"a": [{"dest": "b"}]}, ["node 'a'", "link 0", "missing field 'bw'"]),
+    ("missing bw", {"a": [{"dest": "b"}]}, ["node 'a'", "link 0", "needs 'bw'", "or 'trace'"]),
     ("field typo", {"a": [link(bandwith="2mbit")]}, ["node 'a'", "'bandwith'", "valid fields: dest, bw, delay"]),
     ("links not a list", {"a": {"dest": "b", "bw": "1mbit"}}, ["node 'a'", "list of links", "dict"]),
     ("link not an object", {"a": ["b"]}, ["node 'a'", "link 0", "expected an object"]),

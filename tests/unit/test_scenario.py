@@ -105,18 +105,18 @@ BAD = [
     ("background protocol", ev(at=0, background={"src": "n1", "dst": "n2", "rate": "1mbit", "for": 5,
                                                  "protocol": "sctp"}), ["field 'protocol'", "'sctp'"]),
     ("trace outside", ev(at=0, trace={"src": "n1", "dst": "n2", "file": "../../etc/passwd"}),
-     ["outside the scenario's directory"]),
+     ["is outside the directory"]),
     ("trace missing", ev(at=0, trace={"src": "n1", "dst": "n2", "file": "nope.csv"}), ["nope.csv", "cannot read"]),
     ("access nothing", ev(at=0, access={"node": "n1"}), ["needs an uplink, a downlink or both"]),
     ("access unit", ev(at=0, access={"node": "n1", "uplink": "3 furlongs"}), ["field 'uplink'"]),
 ]
 
 BAD_TRACES = [
-    ("going back", "time_s,rate\n0,1mbit\n2,2mbit\n1,3mbit\n", ["row 3", "goes back"]),
-    ("bad rate", "0,1mbit\n1,fast\n", ["row 2", "'fast'"]),
-    ("three columns", "0,1mbit,x\n", ["row 1", "3 columns"]),
-    ("bad time", "soon,1mbit\n", ["row 1", "'soon'"]),
-    ("empty", "time_s,rate\n", ["no rows"]),
+    ("going back", "time_s,rate\n0,1mbit\n2,2mbit\n1,3mbit\n", ["line 4", "goes back"]),
+    ("bad rate", "0,1mbit\n1,fast\n", ["line 2", "'fast'"]),
+    ("three columns", "0,1mbit,x\n", ["line 1", "3 columns"]),
+    ("bad time", "soon,1mbit\n", ["line 1", "'soon'"]),
+    ("empty", "time_s,rate\n", ["the trace is empty"]),
 ]
 
 
@@ -220,7 +220,7 @@ def test_issue_example_resolves_and_dry_run_is_seeded_and_stable(tmp_path):
     text = "\n".join(first)
     assert any("n3 drew a lifetime" in line and "not revoked" in line for line in first)  # rate 3.3e-4/min
     for needle in ("block      n3<->n4", "unblock    n1,n2,n3|n4,n5,n6", "round 5 of n1", "crash      n5",
-                   "2 Mbit/s (trace bw_trace.csv)", "cpu 0.2 cores", "on 1s / off 1s for 30s", "1%"):
+                   "replays bw_trace.csv (csv, 100 ms bins", "cpu 0.2 cores", "on 1s / off 1s for 30s", "1%"):
         assert needle in text, needle
 
 
@@ -473,17 +473,23 @@ def test_a_link_step_moves_the_runs_topology_and_rates(tmp_path):
     assert [rate for _, rate in exp.rates.steps(("n1", "n2"))] == [10_000_000, 1_000_000, 10_000_000]
 
 
-def test_a_recorded_trace_replays_bin_by_bin_from_its_offset(tmp_path):
+def test_a_recorded_trace_is_one_step_replayed_bin_by_bin_from_its_offset(tmp_path):
+    from controller.run.trace_replay import TracedLink
+
     (tmp_path / "cell.down").write_text("0\n0\n150\n160\n350\n")  # packets at these ms
     trace = {"src": "n1", "dst": "n2", "file": "cell.down", "format": "mahimahi", "bin_ms": 100}
-    timeline = load_scenario(write(tmp_path, ev(at=0, trace=trace)), topology())
-    links = [(s.at_s, s.params["rate_bps"]) for s in timeline.steps if s.kind == "link"]
+    timeline = load_scenario(write(tmp_path, ev(at=3, trace=trace)), topology())
+    (step,) = timeline.steps
+    assert (step.at_s, step.kind, step.params["pairs"]) == (3, "trace", [("n1", "n2")])
+    link = TracedLink("n1", "n2", step.params["replay"], start_s=3.0)
     packet_bps = 1500 * 8 * 10  # one packet a 100 ms bin
-    # bins: 0-100 ms 2 packets, 100-200 ms 2, 200-300 ms none (a trickle), 300-400 ms 1; repeats left out
-    assert links == [(0.0, 2 * packet_bps), (0.2, 8_000), (0.3, packet_bps)]
-    shifted = load_scenario(write(tmp_path, ev(at=0, trace={**trace, "offset_s": 0.2})), topology())
-    assert [(s.at_s, s.params["rate_bps"]) for s in shifted.steps if s.kind == "link"] == [(0.0, 8_000),
-                                                                                       (0.1, packet_bps)]
+    # bins: 0-100 ms 2 packets, 100-200 ms 2, 200-300 ms none (a trickle), 300-400 ms 1, then it holds
+    assert [link.rate_at(3 + k / 10) for k in range(6)] == [2 * packet_bps] * 2 + [8_000] + [packet_bps] * 3
+    shifted = load_scenario(write(tmp_path, ev(at=0, trace={**trace, "offset_s": 0.2, "loop": True})), topology())
+    link = TracedLink("n1", "n2", shifted.steps[0].params["replay"])
+    assert [link.rate_at(k / 10) for k in range(5)] == [8_000, packet_bps, 2 * packet_bps, 2 * packet_bps, 8_000]
     (tmp_path / "bad.down").write_text("0\n20\n10\n")
-    with pytest.raises(ConfigError, match=r"bad.down, line 3: time goes back"):
+    with pytest.raises(ConfigError, match=r"events\[0\], trace: .*bad.down, line 3: time goes back"):
         load_scenario(write(tmp_path, ev(at=0, trace={**trace, "file": "bad.down"})), topology())
+    with pytest.raises(ConfigError, match=r"offset_s.*past the end of cell.down"):
+        load_scenario(write(tmp_path, ev(at=0, trace={**trace, "offset_s": 9})), topology())

@@ -44,6 +44,13 @@ SET_LINKS = Schema({
     "access": Field(dict, "node -> its access links (a key left out keeps it)", default={},
                     values=Field(dict, schema=ACCESS))})
 
+RATE = Schema({"src": NAME, "dst": NAME,
+               "rate_bps": Field(int, "the link's new rate in bit/s", required=True, low=MIN_ACCESS_BPS,
+                                 high=MAX_RATE_BPS)})
+SET_RATES = Schema({"version": VERSION,
+                    "rates": Field(list, "links already shaped and their new rates (a recorded trace's bin)",
+                                   required=True, items=Field(dict, schema=RATE), max_items=100_000)})
+
 START_PROCESS = Schema({"version": VERSION, "argv": ARGV, "env": ENV})
 EXEC = Schema({"version": VERSION, "argv": ARGV, "env": ENV,
                "timeout_s": Field(float, "seconds before it is killed", default=60.0, low=0, low_open=True,

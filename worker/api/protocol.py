@@ -134,6 +134,7 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("set_links", "PUT", "/links", MAX_REQUEST_BYTES, idempotent=True, body=True),
     Operation("merge_links", "PATCH", "/links", MAX_REQUEST_BYTES, idempotent=True, body=True),  # set_links(merge=True)
     Operation("clear_links", "DELETE", "/links", idempotent=True),
+    Operation("set_rates", "PATCH", "/links/rates", MAX_REQUEST_BYTES, idempotent=True, body=True),  # rates only
     Operation("shaping", "GET", "/nodes/<name>/shaping", idempotent=True),
     Operation("fault", "POST", "/faults", body=True),
     # processes in nodes

@@ -7,6 +7,7 @@ the state. Requests come checked (``worker.host`` with ``worker.api.bodies``); a
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
@@ -18,6 +19,7 @@ from worker.api.shape import Shape
 from worker.nodes.runtime import Runtime
 from worker.shaping import apply as tc_apply
 from worker.shaping.plan import Isolation, Plan, Target, make_plan, render
+from worker.shaping.rates import RateSockets, change_rates
 from worker.state import StateStore
 
 # nodes shaped at once: the kernel takes one lock (RTNL) for every tc change, and threads waiting
@@ -32,6 +34,7 @@ class Links:
     def __init__(self, store: StateStore, runtime: Runtime) -> None:
         self.store = store
         self.runtime = runtime
+        self.rate_sockets = RateSockets()  # kept open between the rate changes of a replay
 
     def set_links(self, body: dict[str, Any], merge: bool = False) -> dict[str, Any]:
         """Shape the listed links. Each source's listed links replace its plan, or with
@@ -124,7 +127,46 @@ class Links:
         return {"node": src, "rules": len(plan.rules), "verified": True, "changed": lines,
                 "isolated": plan.isolated}
 
+    def set_rates(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Change the rates of shaped links in place (``{"rates": [{"src", "dst", "rate_bps"}]}``),
+        one netlink batch per node (``worker.shaping.rates``); their delay, loss and queue stay.
+        A link that is not shaped on this host is refused before anything changes."""
+        started = time.monotonic()
+        state = self.store.snapshot()
+        wanted: dict[str, dict[str, int]] = {}
+        for i, r in enumerate(body["rates"]):
+            if r["src"] not in state["nodes"]:
+                raise NotFound(f"{REQUEST}: rates[{i}]: no node {r['src']!r} on this host")
+            plan = state["plans"].get(r["src"])
+            if not plan or not any(rule["dest"] == r["dst"] for rule in plan["rules"]):
+                raise NotFound(f"{REQUEST}: rates[{i}]: no shaped link {r['src']}->{r['dst']} on this host")
+            per_src = wanted.setdefault(r["src"], {})
+            if r["dst"] in per_src:
+                raise ConfigError(f"{REQUEST}: rates[{i}]: {r['src']}->{r['dst']} listed twice")
+            per_src[r["dst"]] = r["rate_bps"]
+        changed = 0
+        done: list[str] = []
+        try:
+            for src, rates in wanted.items():
+                old = Plan.from_dict(state["plans"][src])
+                plan = dataclasses.replace(old, rules=tuple(
+                    dataclasses.replace(rule, shape=dataclasses.replace(rule.shape, rate_bps=rates[rule.dest]))
+                    if rule.dest in rates else rule for rule in old.rules))
+                rules = [rule for rule, before in zip(plan.rules, old.rules) if rule.shape != before.shape]
+                if rules:
+                    change_rates(self.rate_sockets, state["nodes"][src]["netns"], plan, rules)
+                    changed += len(rules)
+                done.append(src)
+        finally:  # what the kernel holds now, also when a node failed on the way
+            with self.store.locked() as fresh:
+                for src in done:
+                    for rule in (fresh["plans"].get(src) or {}).get("rules", []):
+                        if rule["dest"] in wanted[src]:
+                            rule["shape"]["rate_bps"] = wanted[src][rule["dest"]]
+        return {"links": len(body["rates"]), "changed": changed, "seconds": round(time.monotonic() - started, 4)}
+
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
+        self.rate_sockets.close()
         state = self.store.read()
         names = [node] if node else list(state["plans"])
         for name in names:

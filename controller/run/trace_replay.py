@@ -1,0 +1,194 @@
+"""Recorded traces replayed by time: one tick per bin sets every traced link's rate at once.
+
+Links join with ``add``: links.json's traced links when the run starts, a scenario's ``trace``
+event at its time, a live links file that names a trace when it is applied. Each tick (every
+``period_s``, the shortest bin of the links replayed, on a grid from the start) computes every
+link's rate at the tick's time (``due``, pure) and sends those that changed in ONE ``set_rates``
+request (through a ``Cluster``, one per host; the worker changes them in one netlink batch per
+node). A link leaves with ``end``: a constant rate set on it (``/update/tc``, ``/update/link``,
+a scenario ``link`` event) ends its trace there; a replay that does not loop holds its last rate.
+
+Each tick is a row (``ROW_FIELDS``: planned and applied seconds since the start, the skew, the
+links replayed, the rates changed, the outcome), written as ``trace_ticks.csv`` of the run
+folder; ``on_change(rates, t_s)`` tells the run which rates changed when (its ``LinkRates``).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from controller.model.traces import Replay
+from controller.results.run_dir import csv_bytes
+from worker.api.errors import TestbedError
+
+Key = tuple[str, str]
+ROW_FIELDS = ("planned_s", "applied_s", "skew_ms", "links", "changed", "outcome")
+TRACE_TICKS_CSV = "trace_ticks.csv"
+DEFAULT_PERIOD_S = 0.1
+EDGE_S = 1e-6  # a tick on a bin's edge reads the bin that starts there
+
+
+@dataclass(frozen=True)
+class TracedLink:
+    """Link ``src -> dst`` replaying ``replay`` from ``start_s`` seconds after the run's start."""
+
+    src: str
+    dst: str
+    replay: Replay
+    start_s: float = 0.0
+
+    @property
+    def key(self) -> Key:
+        return (self.src, self.dst)
+
+    def rate_at(self, t_s: float) -> int:
+        return self.replay.rate_at(max(0.0, t_s - self.start_s) + EDGE_S)
+
+
+def due(links: Iterable[TracedLink], t_s: float, last: dict[Key, int]) -> dict[Key, int]:
+    """The rates at ``t_s`` of the links whose rate is not ``last``'s."""
+    out = {}
+    for link in links:
+        rate = link.rate_at(t_s)
+        if last.get(link.key) != rate:
+            out[link.key] = rate
+    return out
+
+
+def tick_grid(t_s: float, period_s: float) -> float:
+    """The first tick at or after ``t_s`` on the grid of ``period_s`` from 0."""
+    return math.ceil(round(t_s / period_s, 6)) * period_s
+
+
+class TraceReplay:
+    """The traced links of one testbed, replayed through ``worker`` (``set_rates``)."""
+
+    def __init__(self, worker: Any, clock: Callable[[], float] = time.monotonic,
+                 on_change: Optional[Callable[[dict[Key, int], float], None]] = None,
+                 progress: Callable[[str], None] = print) -> None:
+        self.worker = worker
+        self.clock = clock
+        self.on_change = on_change
+        self.progress = progress
+        self.links: dict[Key, TracedLink] = {}
+        self.last: dict[Key, int] = {}  # each link's rate as last applied
+        self.rows: list[dict[str, Any]] = []
+        self.t0: Optional[float] = None
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._thread: Optional[threading.Thread] = None
+        self._errors: set[str] = set()
+
+    # the links --------------------------------------------------------------------------------
+    @property
+    def period_s(self) -> float:
+        with self._cond:
+            return min((link.replay.tick_s for link in self.links.values()), default=DEFAULT_PERIOD_S)
+
+    def now_s(self) -> float:
+        return 0.0 if self.t0 is None else self.clock() - self.t0
+
+    def add(self, links: Iterable[TracedLink], apply_now: bool = False) -> None:
+        """Replay ``links`` (a link replaying already is replaced); ``apply_now``: set their
+        first rates at once instead of at the next tick."""
+        links = list(links)
+        with self._cond:
+            for link in links:
+                self.links[link.key] = link
+                self.last.pop(link.key, None)
+            self._cond.notify_all()
+        if apply_now and links:  # (a refusal is the caller's error, not a tick's)
+            t_s = self.now_s()
+            first = due(links, t_s, {})
+            self.worker.set_rates({"version": 1, "rates": [{"src": s, "dst": d, "rate_bps": r}
+                                                           for (s, d), r in first.items()]})
+            with self._cond:
+                self.last.update({k: r for k, r in first.items() if k in self.links})
+            if self.on_change is not None:
+                self.on_change(first, t_s)
+
+    def end(self, keys: Iterable[Key]) -> list[Key]:
+        """Stop replaying on ``keys`` (their rate is set otherwise now); the ones that were replayed."""
+        with self._cond:
+            ended = [k for k in keys if self.links.pop(k, None) is not None]
+            for k in ended:
+                self.last.pop(k, None)
+        return ended
+
+    def done(self) -> bool:
+        """Every link's replay has reached its end (never, for a looped one)."""
+        t_s = self.now_s()
+        with self._cond:
+            return all(t_s >= link.start_s + link.replay.end_s for link in self.links.values())
+
+    # the clock --------------------------------------------------------------------------------
+    def start(self, t0: Optional[float] = None) -> None:
+        """Tick from ``t0`` (the monotonic time of the run's start; default now) until ``stop``."""
+        self.t0 = self.clock() if t0 is None else t0
+        self._thread = threading.Thread(target=self._loop, name="edgetb-trace-replay", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        next_s = 0.0
+        while True:
+            with self._cond:
+                while not self._stopped and not self.links:
+                    self._cond.wait()
+                period = self.period_s
+                if self.now_s() - next_s > period:  # behind (a slow tick, links added late): the next on the grid
+                    next_s = tick_grid(self.now_s(), period)
+                while not self._stopped and self.now_s() < next_s:
+                    self._cond.wait(timeout=next_s - self.now_s())
+                if self._stopped:
+                    return
+            self.tick(next_s)
+            next_s = round((next_s + period) / period) * period
+
+    def tick(self, planned_s: float) -> dict[Key, int]:
+        """Apply the rates of time ``planned_s``: those that changed, in one request; a row."""
+        with self._cond:
+            links = list(self.links.values())
+            changed = due(links, planned_s, self.last)
+        return self._apply(changed, planned_s, len(links))
+
+    def _apply(self, changed: dict[Key, int], planned_s: float, links: int) -> dict[Key, int]:
+        outcome = "applied"
+        if changed:
+            try:
+                self.worker.set_rates({"version": 1, "rates": [{"src": s, "dst": d, "rate_bps": r}
+                                                               for (s, d), r in changed.items()]})
+                with self._cond:
+                    for key, rate in changed.items():
+                        if key in self.links:
+                            self.last[key] = rate
+            except TestbedError as e:
+                outcome = f"failed: {e.message}"
+                if e.message not in self._errors:  # each problem said once, every tick recorded
+                    self._errors.add(e.message)
+                    self.progress(f"trace replay at {planned_s:.1f}s: {e.message}")
+        applied_s = self.now_s()
+        self.rows.append({"planned_s": round(planned_s, 4), "applied_s": round(applied_s, 4),
+                          "skew_ms": round((applied_s - planned_s) * 1000, 2), "links": links,
+                          "changed": len(changed), "outcome": outcome})
+        if changed and outcome == "applied" and self.on_change is not None:
+            self.on_change(changed, applied_s)
+        return changed
+
+    # results ------------------------------------------------------------------------------------
+    def csv_text(self) -> str:
+        return csv_bytes(list(ROW_FIELDS), self.rows).decode()
+
+    def write(self, out: Any) -> None:
+        """``trace_ticks.csv`` into the run folder (when anything was replayed)."""
+        if self.rows:
+            out.write_bytes(TRACE_TICKS_CSV, self.csv_text().encode())

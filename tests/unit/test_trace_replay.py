@@ -1,0 +1,192 @@
+"""Recorded traces on links: links.json's ``trace`` (each file read once, confined, refused
+naming file and line), a replay's rate over time (loop, offset, time scale, the floor), and the
+replay by ticks: one ``set_rates`` request a tick with only the rates that changed, a constant
+rate ending a link's trace. Fixture files are written here; the worker is a recorder."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from controller.model import traces
+from controller.model.scenario import resolve
+from controller.model.topology import load_links
+from controller.model.traces import MIN_REPLAY_RATE_BPS, Replay, Trace
+from controller.run.scenario_runner import ScenarioRunner
+from controller.run.trace_replay import TracedLink, TraceReplay, due, tick_grid
+from worker.api import bodies
+from worker.api.errors import ConfigError, ShapingError, TopologyError
+
+PACKET_BPS = 1500 * 8 * 10  # one Mahimahi packet in a 100 ms bin
+
+
+def write_links(tmp_path, links: dict, name: str = "links.json") -> str:
+    (tmp_path / "traces").mkdir(exist_ok=True)
+    (tmp_path / "traces" / "cell.down").write_text("0\n0\n150\n160\n350\n")  # 2, 2, 0, 1 packets a bin
+    path = tmp_path / name
+    path.write_text(json.dumps(links))
+    return str(path)
+
+
+def traced(offset_s: float = 0, **more) -> dict:
+    return {"file": "traces/cell.down", "format": "mahimahi", "offset_s": offset_s, **more}
+
+
+def test_links_json_traces_are_read_once_and_deployed_at_their_first_rate(tmp_path, monkeypatch):
+    reads = []
+    real = traces.read_trace
+    monkeypatch.setattr(traces, "read_trace", lambda *a, **k: reads.append(a) or real(*a, **k))
+    path = write_links(tmp_path, {f"n{i}": [{"dest": "hub", "trace": traced(offset_s=0.1 * (i % 4))}]
+                                  for i in range(50)} | {"hub": [{"dest": "n0", "bw": "5mbit"}]})
+    topo = load_links(path)
+    assert len(reads) == 1 and len(topo.traces) == 50 and ("hub", "n0") not in topo.traces
+    assert topo.links[("n0", "hub")].shape.rate_bps == 2 * PACKET_BPS  # the first bin's rate
+    assert topo.links[("n2", "hub")].shape.rate_bps == MIN_REPLAY_RATE_BPS  # from 0.2 s: an empty bin
+    assert topo.links[("hub", "n0")].shape.rate_bps == 5_000_000
+    assert topo.copy().traces == topo.traces
+
+
+@pytest.mark.parametrize("link,words", [
+    ({"dest": "b"}, ["link 0 (to 'b')", "needs 'bw'", "or 'trace'"]),
+    ({"dest": "b", "bw": "1mbit", "trace": traced()}, ["needs 'bw'", "one of them"]),
+    ({"dest": "b", "trace": {**traced(), "file": "../outside.down"}}, ["trace, field 'file'", "outside the directory"]),
+    ({"dest": "b", "trace": {**traced(), "file": "traces/none.down"}}, ["trace:", "none.down", "cannot read"]),
+    ({"dest": "b", "trace": {**traced(), "format": "pcap"}}, ["field 'format'", "'pcap'"]),
+    ({"dest": "b", "trace": {**traced(), "bin_ms": 0}}, ["field 'bin_ms'"]),
+    ({"dest": "b", "trace": {**traced(), "time_scale": -1}}, ["field 'time_scale'"]),
+    ({"dest": "b", "trace": {**traced(), "speed": 2}}, ["field 'speed'", "unknown field"]),
+    ({"dest": "b", "trace": {**traced(), "loop": False, "offset_s": 5}}, ["offset_s", "past the end"]),
+    ({"dest": "b", "trace": {**traced(), "file": "traces/back.down"}}, ["back.down, line 3", "time goes back"]),
+])
+def test_bad_traced_links_are_refused_naming_file_link_and_line(tmp_path, link, words):
+    path = write_links(tmp_path, {"a": [link]})
+    (tmp_path / "traces" / "back.down").write_text("0\n20\n10\n")
+    (tmp_path.parent / "outside.down").write_text("0\n")
+    with pytest.raises(TopologyError) as info:
+        load_links(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: node 'a', link 0"), message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_a_trace_file_linked_out_of_the_directory_is_refused(tmp_path):
+    secret = tmp_path.parent / f"{tmp_path.name}-secret.down"
+    secret.write_text("0\n")
+    path = write_links(tmp_path, {"a": [{"dest": "b", "trace": {**traced(), "file": "traces/link.down"}}]})
+    os.symlink(secret, tmp_path / "traces" / "link.down")
+    with pytest.raises(TopologyError, match="outside the directory"):
+        load_links(path)
+
+
+def replay(rates_mbit, bin_s=0.1, **kw) -> Replay:
+    return Replay(Trace("t", bin_s, np.array([int(r * 1e6) for r in rates_mbit])), "t", "csv", **kw)
+
+
+def test_a_replay_loops_shifts_stretches_and_never_stops_a_link():
+    r = replay([1, 2, 0, 4])
+    assert [r.rate_at(t / 10 + 1e-6) for t in range(9)] == [10**6, 2 * 10**6, MIN_REPLAY_RATE_BPS, 4 * 10**6] * 2 + [10**6]
+    once = replay([1, 2, 0, 4], loop=False, offset_s=0.1, time_scale=2)
+    assert [once.rate_at(t / 10 + 1e-6) for t in range(0, 12, 2)] == [2 * 10**6, MIN_REPLAY_RATE_BPS,
+                                                                      4 * 10**6, 4 * 10**6, 4 * 10**6, 4 * 10**6]
+    assert once.tick_s == pytest.approx(0.2) and once.end_s == pytest.approx(0.4) and r.end_s == float("inf")
+    assert r.rates_bps(2) == [1_701_600, 1_802_400]  # (3 x 1 + 3 x 2 + 2 x 0.008 + 2 x 4) / 10 Mbit/s, ...
+
+
+def test_due_sends_only_what_changed_and_ticks_sit_on_a_grid():
+    a = TracedLink("a", "b", replay([1, 1, 2]))
+    b = TracedLink("b", "a", replay([3, 4, 4]), start_s=0.1)
+    assert due([a, b], 0.0, {}) == {("a", "b"): 10**6, ("b", "a"): 3 * 10**6}
+    assert due([a, b], 0.1, {("a", "b"): 10**6, ("b", "a"): 3 * 10**6}) == {}
+    assert due([a, b], 0.2, {("a", "b"): 10**6, ("b", "a"): 3 * 10**6}) == {("a", "b"): 2 * 10**6,
+                                                                             ("b", "a"): 4 * 10**6}
+    assert tick_grid(0.0, 0.1) == 0.0 and tick_grid(0.30000000001, 0.1) == pytest.approx(0.3)
+    assert tick_grid(0.31, 0.1) == pytest.approx(0.4)
+
+
+class RateWorker:
+    """Records set_rates and set_links; refuses a rate when told to."""
+
+    def __init__(self):
+        self.calls = []
+        self.refuse = None
+
+    def set_rates(self, body):
+        bodies.checked(bodies.SET_RATES, body)  # what the worker would check
+        if self.refuse:
+            raise ShapingError(self.refuse)
+        self.calls.append(("set_rates", {(r["src"], r["dst"]): r["rate_bps"] for r in body["rates"]}))
+        return {"links": len(body["rates"])}
+
+    def set_links(self, body, merge=False):
+        self.calls.append(("set_links", [(l["src"], l["dst"]) for l in body["links"]]))
+        return {"nodes": []}
+
+    def capabilities(self):
+        return {"netem": False}
+
+    def fault(self, body):
+        return {"results": []}
+
+
+def test_one_request_a_tick_with_the_changed_rates_and_rows_with_skew():
+    worker, now = RateWorker(), [0.0]
+    changes = []
+    replayer = TraceReplay(worker, clock=lambda: now[0], on_change=lambda r, t: changes.append((r, t)),
+                           progress=lambda _: None)
+    replayer.t0 = 0.0
+    replayer.add([TracedLink("a", "b", replay([1, 1, 2])), TracedLink("c", "d", replay([5, 6, 6]))])
+    for k in range(3):
+        now[0] = k / 10 + 0.004  # the worker answered 4 ms after the tick
+        replayer.tick(k / 10)
+    assert [c[1] for c in worker.calls] == [{("a", "b"): 10**6, ("c", "d"): 5 * 10**6}, {("c", "d"): 6 * 10**6},
+                                            {("a", "b"): 2 * 10**6}]
+    assert [(r["changed"], r["links"], r["skew_ms"], r["outcome"]) for r in replayer.rows] == [
+        (2, 2, 4.0, "applied"), (1, 2, 4.0, "applied"), (1, 2, 4.0, "applied")]
+    assert changes[1] == ({("c", "d"): 6 * 10**6}, pytest.approx(0.104))
+    assert replayer.end([("c", "d"), ("x", "y")]) == [("c", "d")]
+    worker.refuse = "no such class"
+    replayer.tick(0.3)  # a ← back to 1 Mbit/s (looped): refused, recorded, retried next tick
+    assert replayer.rows[-1]["outcome"] == "failed: no such class" and replayer.last[("a", "b")] == 2 * 10**6
+    worker.refuse = None
+    replayer.tick(0.4)
+    assert worker.calls[-1] == ("set_rates", {("a", "b"): 10**6})
+    assert replayer.csv_text().splitlines()[0] == "planned_s,applied_s,skew_ms,links,changed,outcome"
+
+
+def test_the_replay_thread_ticks_each_bin_until_stopped():
+    import time
+
+    worker = RateWorker()
+    replayer = TraceReplay(worker, progress=lambda _: None)
+    replayer.add([TracedLink("a", "b", replay([1, 2] * 20, bin_s=0.05))])
+    replayer.start()
+    time.sleep(0.5)
+    replayer.stop()
+    ticks = [r["planned_s"] for r in replayer.rows]
+    assert 6 <= len(ticks) <= 11, ticks  # one a 50 ms bin (a slow machine may skip a late one)
+    assert all(round(t / 0.05, 6).is_integer() for t in ticks)
+    assert len({tuple(c[1].values()) for c in worker.calls}) == 2  # 1 and 2 Mbit/s, in turn
+
+
+def test_a_scenario_trace_starts_a_replay_and_a_link_event_ends_it(tmp_path):
+    path = write_links(tmp_path, {"n1": [{"dest": "n2", "bw": "10mbit"}], "n2": [{"dest": "n1", "bw": "10mbit"}]})
+    topo = load_links(path)
+    doc = {"events": [{"at": 0, "trace": {"src": "n1", "dst": "n2", "file": "traces/cell.down",
+                                          "format": "mahimahi", "both_ways": True}},
+                      {"at": 1, "link": {"src": "n1", "dst": "n2", "bw": "3mbit"}}]}
+    timeline = resolve(doc, topo, str(tmp_path / "scenario.json"), str(tmp_path))
+    worker = RateWorker()
+    runner = ScenarioRunner(timeline, worker, {"n1": "10.0.0.1", "n2": "10.0.0.2"}, progress=lambda _: None)
+    runner.t0 = 0.0
+    runner.replay.t0 = 0.0
+    trace_step, link_step = timeline.steps
+    runner.apply_step(trace_step)
+    assert worker.calls == [("set_rates", {("n1", "n2"): 2 * PACKET_BPS, ("n2", "n1"): 2 * PACKET_BPS})]
+    assert set(runner.replay.links) == {("n1", "n2"), ("n2", "n1")}
+    runner.apply_step(link_step)
+    assert set(runner.replay.links) == {("n2", "n1")} and worker.calls[-1] == ("set_links", [("n1", "n2")])
+    with pytest.raises(ConfigError, match="needs a scenario file"):
+        resolve(doc, topo)
