@@ -25,8 +25,10 @@ def _free_port() -> int:
 
 
 class Agent:
-    def __init__(self, url: str, token: str, testbed_id: str, subnet: str, client: AgentClient) -> None:
+    def __init__(self, url: str, token: str, testbed_id: str, subnet: str, client: AgentClient,
+                 proc: subprocess.Popen) -> None:
         self.url, self.token, self.testbed_id, self.subnet, self.client = url, token, testbed_id, subnet, client
+        self.proc = proc  # (a test may kill it: teardown then resets from here)
 
     @property
     def auth(self) -> dict:
@@ -65,16 +67,18 @@ def agent(tmp_path):
                 raise AssertionError(f"agent did not come up (exit {proc.poll()}): {log_path.read_text()[-2000:]}")
             time.sleep(0.05)
         assert health.json()["testbed_id"] == tb
-        yield Agent(url, token, tb, subnet, AgentClient(url, token, timeout_s=60))
+        yield Agent(url, token, tb, subnet, AgentClient(url, token, timeout_s=60), proc)
     finally:
         reset_error = None
+        if proc.poll() is not None:  # killed by the test: what it left is reset from here
+            local.reset()
         try:
             resp = requests.post(url + "/reset", json={"version": 1},
                                  headers={"Authorization": f"Bearer {token}"}, timeout=60)
             if resp.status_code != 200:
                 reset_error = f"POST /reset answered {resp.status_code}: {resp.text}"
         except requests.RequestException as e:
-            reset_error = f"POST /reset failed: {e}"
+            reset_error = f"POST /reset failed: {e}" if proc.poll() is None else None
         left = local.runtime.leftovers()
         proc.terminate()
         try:

@@ -54,6 +54,11 @@ def _uid_of(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
 
 
+def _capabilities(pid: int) -> dict:
+    with open(f"/proc/{pid}/status") as f:
+        return {k: int(v, 16) for k, v in (line.split(":") for line in f) if k in ("CapEff", "CapPrm", "CapBnd")}
+
+
 def _pcap_records(path: str) -> tuple[int, list[bytes]]:
     with open(path, "rb") as f:
         reader = dpkt.pcap.Reader(f)
@@ -78,8 +83,8 @@ def test_capture_holds_only_the_nodes_egress_cut_at_128_bytes(host, request):
                          ("c", "a", a["ip"], 20 * MBIT), ("a", "c", c["ip"], 20 * MBIT)))
     started = host.start_capture("a", {"version": 1})
     assert started["argv"][-3:] == ["src", "host", a["ip"]] and "-s" in started["argv"]
-    user = pwd.getpwnam("tcpdump").pw_uid if "-Z" in started["argv"] else 0
-    assert _uid_of(started["pid"]) == user != 0  # it dropped root once the device was open
+    assert _uid_of(started["pid"]) == pwd.getpwnam("tcpdump").pw_uid != 0  # never root: CAP_NET_RAW alone
+    assert _capabilities(started["pid"]) == {"CapEff": 1 << 13, "CapPrm": 1 << 13, "CapBnd": 1 << 13}
     iperf_server(host, "b")
     iperf_server(host, "a")
     _exec(host, "a", ["iperf3", "-c", b["ip"], "-t", "1", "-J"])
@@ -183,6 +188,18 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 for _ in range(int(sys.argv[2])):
     s.sendto(b"y" * 500, (sys.argv[1], 9000))
 """
+
+
+def test_tcpdump_dies_with_the_agent_even_on_kill_9(agent):
+    agent.client.create_nodes(nodes_body("a"))
+    pid = agent.client.start_capture("a", {"version": 1})["pid"]
+    assert _uid_of(pid) != 0
+    agent.proc.kill()
+    agent.proc.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "tcpdump outlived the agent that started it"
 
 
 def test_a_remote_agent_streams_its_capture_back(agent, tmp_path):

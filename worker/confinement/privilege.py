@@ -66,10 +66,13 @@ _libc = nsfs.libc
 
 
 # launching ----------------------------------------------------------------------------------------
+PR_SET_KEEPCAPS = 8
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
 PR_CAP_AMBIENT_CLEAR_ALL = 4
+CAP_NET_RAW = 13
 CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -193,6 +196,39 @@ def become_node(ident: Identity, ops: Sequence[Op], rlimits: confine.Rlimits, co
         os._exit(125)
     os.chdir("/")  # (a directory entered before the view would lead out of it)
     confinement.seccomp.install()  # last: after no_new_privs, and before the node runs anything
+
+
+def become_tool_user(uid: int, gid: int, keep_caps: Sequence[int], starter: int) -> None:
+    """In a just-forked child of ``spawn``, before ``exec``: become ``uid``/``gid`` holding only
+    ``keep_caps`` (as ambient capabilities, so the program ``exec``'d has them without a file
+    capability), with ``no_new_privs``, and die with this process. For a host tool that needs one
+    capability (tcpdump: ``CAP_NET_RAW``) and would otherwise drop root itself, which clears the
+    parent-death signal. System calls only; an error is an ``OSError``."""
+    for cap in range(_last_cap() + 1):
+        if cap not in keep_caps and _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 \
+                and ctypes.get_errno() != errno.EINVAL:
+            raise oserror("drop from the bounding set capability", str(cap))
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if _libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
+        raise oserror("keep capabilities across the uid change to", str(uid))
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # keeps the permitted set (KEEPCAPS), clears the effective one
+    mask = sum(1 << cap for cap in keep_caps)
+    header, data = _CapHeader(CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    data[0].effective = data[0].permitted = data[0].inheritable = mask & 0xFFFFFFFF
+    data[1].effective = data[1].permitted = data[1].inheritable = mask >> 32
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise oserror("set the capabilities of uid", str(uid))
+    for cap in keep_caps:
+        if _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0) != 0:
+            raise oserror("raise the ambient capability", str(cap))
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise oserror("set no_new_privs for uid", str(uid))
+    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:  # after the uid change
+        raise oserror("set the parent-death signal of uid", str(uid))
+    if os.getppid() != starter:
+        os._exit(125)
 
 
 def die_with_parent() -> None:

@@ -1,8 +1,10 @@
 """Packet captures on demand: tcpdump in a node's network namespace, its egress only.
 
-``tcpdump -i <if> -n -s 128 --immediate-mode -U -w - -Z <user> src host <node ip>`` runs in the node's
+``tcpdump -i <if> -n -p -s 128 --immediate-mode -U -w - src host <node ip>`` runs in the node's
 namespace (a Docker node's is the container's, named from its pid when it was created),
-as an argv list. It drops root for its user once the device is open; the capture goes to
+as an argv list. It runs as the ``tcpdump`` (or ``nobody``) user from its start, holding only
+``CAP_NET_RAW`` (to open the device), and dies with the worker, ``kill -9`` included (a tcpdump
+that dropped root itself would lose its death signal with the uid change). The capture goes to
 its standard output, a file the worker opened (O_NOFOLLOW) in the testbed's state
 directory, ``<state>/capture/<node>.pcap``: tcpdump itself opens no path. Timestamps are
 pcap's own (epoch), the snap length 128 bytes (headers, no payload). ``stop`` ends it
@@ -23,6 +25,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound
+from worker.confinement import privilege
 from worker.kernel import nsfs
 from worker.kernel.procs import start_ticks
 from worker.state import StateStore
@@ -35,25 +38,25 @@ CHUNK_BYTES = 1 << 20
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-def tcpdump_argv(ifname: str, ip: str, snap_bytes: int = SNAP_BYTES, user: Optional[str] = None) -> list[str]:
-    """The command (no shell): the node's egress (``src host IP``) to standard output."""
+def tcpdump_argv(ifname: str, ip: str, snap_bytes: int = SNAP_BYTES) -> list[str]:
+    """The command (no shell): the node's egress (``src host IP``) to standard output, the
+    interface not made promiscuous (a node's own frames pass it anyway)."""
     ipaddress.IPv4Address(ip)  # raises on anything but an address
     if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,15}", ifname):
         raise ConfigError(f"{ifname!r} is not an interface name")
-    argv = ["tcpdump", "-i", ifname, "-n", "-s", str(int(snap_bytes)), "--immediate-mode", "-U", "-w", "-"]
-    if user:
-        argv += ["-Z", user]
-    return argv + ["src", "host", ip]
+    return ["tcpdump", "-i", ifname, "-n", "-p", "-s", str(int(snap_bytes)), "--immediate-mode", "-U", "-w", "-",
+            "src", "host", ip]
 
 
-def drop_user() -> Optional[str]:
+def drop_user() -> tuple[int, int]:
+    """(uid, gid) tcpdump runs as: the first of ``TCPDUMP_USERS`` that exists."""
     for user in TCPDUMP_USERS:
         try:
-            pwd.getpwnam(user)
-            return user
+            entry = pwd.getpwnam(user)
+            return entry.pw_uid, entry.pw_gid
         except KeyError:
             continue
-    return None
+    raise NodeRuntimeError(f"none of the users {', '.join(TCPDUMP_USERS)} exists to run tcpdump as")
 
 
 def available() -> Optional[str]:
@@ -90,14 +93,21 @@ class Captures:
         path = self.path(node)
         self.stop(node)
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        argv = tcpdump_argv(ifname, rec["ip"], snap_bytes, drop_user())
+        argv = tcpdump_argv(ifname, rec["ip"], snap_bytes)
+        uid, gid = drop_user()
+        starter = os.getpid()
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         out = os.open(path, flags, 0o600)
         err = os.open(path[:-len(".pcap")] + ".log", flags, 0o600)
         ns_fd = os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                     preexec_fn=lambda: nsfs.setns_fd(ns_fd), start_new_session=True)
+
+        def enter() -> None:  # in the child, before exec: system calls only
+            nsfs.setns_fd(ns_fd)
+            privilege.become_tool_user(uid, gid, [privilege.CAP_NET_RAW], starter)
+
+        try:  # forked by the long-lived spawner thread: the death signal fires when the worker dies
+            child = privilege.spawn(lambda: subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                                             preexec_fn=enter, start_new_session=True))
         finally:
             for fd in (out, err, ns_fd):
                 os.close(fd)
