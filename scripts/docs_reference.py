@@ -36,6 +36,7 @@ MARKER = re.compile(r"^<!-- (schema|cli|include): (\S+) -->$|^<!-- (scenario-kin
 # marker name -> (module, public name) of a Schema, or the name of a function here that builds one
 SCHEMAS = {
     "links": ("controller.model.topology", "LINK_SCHEMA"),
+    "trace": ("controller.model.traces", "TRACE_SCHEMA"),
     "nodes-file": ("controller.model.topology", "NODES_FILE_SCHEMA"),
     "node": ("controller.model.topology", "NODE_SCHEMA"),
     "access": ("controller.model.topology", "ACCESS_SCHEMA"),

@@ -7,7 +7,6 @@ the state. Requests come checked (``worker.host`` with ``worker.api.bodies``); a
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
@@ -148,14 +147,7 @@ class Links:
         done: list[str] = []
         try:
             for src, rates in wanted.items():
-                old = Plan.from_dict(state["plans"][src])
-                plan = dataclasses.replace(old, rules=tuple(
-                    dataclasses.replace(rule, shape=dataclasses.replace(rule.shape, rate_bps=rates[rule.dest]))
-                    if rule.dest in rates else rule for rule in old.rules))
-                rules = [rule for rule, before in zip(plan.rules, old.rules) if rule.shape != before.shape]
-                if rules:
-                    change_rates(self.rate_sockets, state["nodes"][src]["netns"], plan, rules)
-                    changed += len(rules)
+                changed += change_rates(self.rate_sockets, state["nodes"][src]["netns"], state["plans"][src], rates)
                 done.append(src)
         finally:  # what the kernel holds now, also when a node failed on the way
             with self.store.locked() as fresh:

@@ -10,13 +10,14 @@ with ``GET /nodes/<name>/shaping``.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from worker.api.errors import ShapingError
+from worker.api.shape import Shape
 from worker.kernel import netlink as nl
 from worker.kernel import nsfs
-from worker.shaping.apply import _raise_failures, _rule_messages, ifindex_in
-from worker.shaping.plan import Plan, Rule
+from worker.shaping.apply import _raise_failures, ifindex_in
+from worker.shaping.plan import ACCESS_MINOR, netem_limit_pkts
 
 Key = tuple[Optional[str], int, str]  # namespace name, its inode (a namespace made again is another), interface
 
@@ -52,24 +53,45 @@ class RateSockets:
             self._open.clear()
 
 
-def change_rates(sockets: RateSockets, netns: Optional[str], plan: Plan, rules: list[Rule]) -> None:
-    """Give each of ``rules`` (of ``plan``, already in the kernel with another rate) its rate, in
-    one batch; a refusal raises ShapingError. A socket that fails (the interface made again) is
-    opened afresh once."""
+def rate_messages(ifindex: int, plan: dict[str, Any], rates: dict[str, int]) -> tuple[list[bytes], list[str]]:
+    """The requests that give the links of ``plan`` (a stored plan: ``Plan.to_dict``) to the
+    destinations of ``rates`` their new rate (their class; a netem leaf's limit too), as
+    ``Plan.class_rates`` computes them (an uplink's share), and what each request does."""
+    msgs: list[bytes] = []
+    what: list[str] = []
+    uplink = plan.get("uplink_bps")
+    count = max(1, len(plan["rules"]))
+    for rule in plan["rules"]:
+        if rule["dest"] not in rates or rule["shape"]["rate_bps"] == rates[rule["dest"]]:
+            continue
+        link = rates[rule["dest"]]
+        rate = max(8, min(link, int(uplink) // count)) if uplink else link
+        label = f"rate of the link to {rule['dest']} ({link} bit/s)"
+        msgs.append(nl.htb_class(ifindex, int(rule["minor"]), rate, 0, ceil_bps=link, parent_minor=ACCESS_MINOR))
+        what.append(label)
+        if any(rule["shape"].get(k) for k in ("delay_ms", "jitter_ms", "loss_pct")):  # netem's limit follows the rate
+            shape = Shape.from_dict({**rule["shape"], "rate_bps": link})
+            msgs.append(nl.netem_leaf(ifindex, int(rule["minor"]), shape.delay_ms, shape.jitter_ms, shape.loss_pct,
+                                      netem_limit_pkts(shape)))
+            what.append(label)
+    return msgs, what
+
+
+def change_rates(sockets: RateSockets, netns: Optional[str], plan: dict[str, Any], rates: dict[str, int]) -> int:
+    """Give the links of ``plan`` (stored) to ``rates``' destinations their new rate in one batch;
+    how many changed. A refusal raises ShapingError; a socket that fails (the interface made
+    again) is opened afresh once."""
     for attempt in (0, 1):
-        sock, ifindex = sockets.get(netns, plan.ifname)
-        msgs: list[bytes] = []
-        what: list[str] = []
-        for rule in rules:
-            step = _rule_messages(ifindex, plan, rule, class_flags=0)
-            msgs += step
-            what += [f"rate of the link to {rule.dest} ({rule.shape.describe()})"] * len(step)
+        sock, ifindex = sockets.get(netns, plan["ifname"])
+        msgs, what = rate_messages(ifindex, plan, rates)
+        if not msgs:
+            return 0
         try:
             failures = sock.run(msgs)
         except OSError as e:
             failures = [nl.Failure(0, e.errno or 0, str(e))]
         if not failures:
-            return
+            return len(set(what))
         sockets.forget(netns)
         if attempt:
             _raise_failures(netns or "the host", failures, what, "changing rates")
