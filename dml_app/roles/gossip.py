@@ -11,6 +11,10 @@ A round starts when at least one model has arrived. How long a node waits for on
   A model that comes later is combined next round.
 - ``fixed`` (EdgeTB's): up to ``wait_s`` (default 10 s) whatever the neighbours do.
 
+The inbox holds one model per peer: a model that comes while the same peer's last one is
+still waiting replaces it (``replaced`` in the answer), so no peer weighs more than one
+neighbour in an average, and what a node holds is bounded by its peers, not by what they send.
+
 Once its last round has gathered its models, a node refuses more and tells its
 out-neighbours it is done (``/gossip/done``); they send it nothing more. A send that a
 finished peer refuses goes to another out-neighbour.
@@ -47,6 +51,7 @@ MIN_WAIT_S = 0.2  # the shortest adaptive wait (arrivals in a burst have gaps ne
 GAPS_KEPT = 16  # the recent arrival gaps the median is taken over
 GAPS_NEEDED = 3  # fewer known gaps: the wait is set by the node's own last round of work
 DONE = None  # an inbox item meaning: a sender said it is done
+ARRIVED = ()  # an inbox item meaning: a model from that peer is in ``pending``
 
 
 class GossipRole(Role):
@@ -56,7 +61,8 @@ class GossipRole(Role):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.inbox: "queue.Queue[tuple[str, Optional[Weights]]]" = queue.Queue()
+        self.inbox: "queue.Queue[tuple[str, Optional[tuple]]]" = queue.Queue()  # ARRIVED and DONE notices
+        self.pending: dict[str, Weights] = {}  # each peer's latest model not yet combined (under _lock)
         self.wait_s = float(ctx.conf.get("wait_s", 10.0))
         self.wait_policy = str(ctx.conf.get("wait_policy", "adaptive"))
         if self.wait_policy not in WAIT_POLICIES:
@@ -84,10 +90,17 @@ class GossipRole(Role):
             self.ctx.events.write("peer_rejoined", round=self.round_no, peer=peer, how="sent a model")
         if self.finished or self.closing or self.ctx.stop.is_set():
             return ok({"accepted": False})
+        return ok({"accepted": True, "replaced": True}) if self.deliver(peer, arrays) else ok()
+
+    def deliver(self, peer: str, arrays: Weights) -> bool:
+        """Keep ``peer``'s model for the next gather; whether it replaced one still waiting."""
         with self._lock:
             self.arrivals.append(time.monotonic())
-        self.inbox.put((peer, arrays))
-        return ok()
+            replaced = peer in self.pending
+            self.pending[peer] = arrays
+        if not replaced:
+            self.inbox.put((peer, ARRIVED))
+        return replaced
 
     def on_done(self, req: Request) -> Response:
         """An in-neighbour ran its last round: it sends nothing more."""
@@ -132,20 +145,19 @@ class GossipRole(Role):
                 item = self.inbox.get(timeout=remaining)
             except queue.Empty:
                 return []
-            received = [item] if item[1] is not DONE else []
-            received += self._take()
+            received = self._take()
         return received
 
     def _take(self) -> list[tuple[str, Weights]]:
-        """The models in the inbox now (done notices dropped)."""
-        out = []
+        """The models waiting now, one per peer (the inbox's notices are spent)."""
         while True:
             try:
-                peer, arrays = self.inbox.get_nowait()
+                self.inbox.get_nowait()
             except queue.Empty:
-                return out
-            if arrays is not DONE:
-                out.append((peer, arrays))
+                break
+        with self._lock:
+            out, self.pending = list(self.pending.items()), {}
+        return out
 
     def all_senders_done(self) -> bool:
         """Whether every in-neighbour has said it is done (False when they are not known)."""
@@ -221,13 +233,6 @@ class GossipRole(Role):
     def finish(self, completed: bool) -> None:
         """Stop taking models; tell the out-neighbours, if the last round has not already."""
         super().finish(completed)
-        self._drain()
+        self._take()  # (dropped)
         self.tell_done()
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                self.inbox.get_nowait()
-            except queue.Empty:
-                return
 

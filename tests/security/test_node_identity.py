@@ -276,3 +276,44 @@ def test_nan_and_wrong_shape_gossip_is_refused_and_learning_goes_on(tmp_path):
             assert any("NaN" in e["reason"] for e in rejected) and any("shape" in e["reason"] for e in rejected)
     finally:
         r.close()
+
+
+def test_a_peer_that_floods_models_weighs_one_model_a_round(tmp_path):
+    """B (n3) posts valid models as fast as it can to its out-neighbours: each keeps one of B's
+    at a time (a later one replaces it), so no round combines more models than it has senders."""
+    secret = os.urandom(32)
+    r = KnownSecretRun(tmp_path, secret, kind="gl")
+    keys = RunKeys(secret)
+    try:
+        ready = r.wait_phase("ready")
+        ips = {n["name"]: n["ip"] for n in ready["nodes"]}
+        links = json.loads((r.workdir / "links.json").read_text())
+        victims = [link["dest"] for link in links[B]]
+        senders = {v: {src for src, out in links.items() if any(link["dest"] == v for link in out)} for v in victims}
+        structure = json.loads((r.workdir / "gl_structure.json").read_text())
+        shard = np.load(r.workdir / json.loads((r.workdir / "dml_file" / "conf" / "n1_dataset.json").read_text())
+                        ["shard"])
+        model = make_model(structure["model"], input_shape=int(np.prod(shard["x_train"].shape[1:])),
+                           n_classes=10).get_weights()
+        b = auth.NodeKeys(B, keys.node_secret(B), {v: keys.pair_key(B, v) for v in victims})
+        assert r.get("/start").json()["phase"] == "running"
+        replaced = 0
+        with requests.Session() as http:
+            for i in range(30):
+                for victim in victims:
+                    body = wire.encode(model, {"from": B, "round": i, "samples": 10})
+                    digest = auth.body_hash(body)
+                    headers = {**b.peer_headers(victim, "POST", "/gossip", digest),
+                               **b.hop_headers(victim, "POST", "/gossip", digest), "Content-Type": wire.CONTENT_TYPE}
+                    answer = http.post(f"http://{ips[victim]}:4444/gossip", data=body, headers=headers, timeout=30)
+                    assert answer.status_code == 200, answer.text
+                    replaced += bool(answer.json().get("replaced"))
+        assert replaced > 0, "no flooded model ever met an earlier one of B's still waiting"
+        r.wait_phase("finished", timeout_s=240)
+        summary = r.get("/finish").json()
+        for victim in victims:
+            events = read_events(str(Path(summary["run_dir"]) / "events" / f"{victim}.jsonl"))
+            counts = [e["received_models"] for e in events if e["type"] == "round"]
+            assert counts and max(counts) <= len(senders[victim]), (victim, counts, senders[victim])
+    finally:
+        r.close()

@@ -39,7 +39,7 @@ def test_an_adaptive_node_does_not_wait_once_every_sender_is_done(tmp_path):
 
 def test_a_model_already_in_the_inbox_is_taken_even_when_its_sender_is_done(tmp_path):
     role = _role(tmp_path, {"wait_s": 30, "senders": ["n2"]})
-    role.inbox.put(("n2", _model(role)))
+    role.deliver("n2", _model(role))
     _done(role, "n2")
     received = role.gather(2, time.monotonic())
     assert [peer for peer, _ in received] == ["n2"]

@@ -137,8 +137,8 @@ def controlled(cls: type, tmp_path, conf: dict) -> tuple[Role, Role]:
     sink = node(GossipRole, tmp_path, net, "sink", {"sync": 1, "epoch": 0}, ["n", "sink"], data, model)
     shapes = [w.shape for w in role.ctx.model.get_weights()]
     role.ctx.model.set_weights([np.full(s, 1.0, np.float32) for s in shapes])
-    for peer, value in (("sink", 3.0), ("sink", 8.0)):
-        role.inbox.put((peer, [np.full(s, value, np.float32) for s in shapes]))
+    for peer, value in (("sink", 3.0), ("n3", 8.0)):  # (one model a peer is kept: two peers)
+        role.deliver(peer, [np.full(s, value, np.float32) for s in shapes])
     return role, sink
 
 
@@ -155,11 +155,11 @@ def test_the_momentum_buffer_moves_the_weights_by_the_hand_formula(tmp_path):
     assert all(np.array_equal(m, np.full(m.shape, 4.0)) for m in moving.momentum)
     assert record.received == 2 and record.extra["momentum_beta"] == 0.5
     assert record.extra["momentum_norm"] == pytest.approx(4.0 * np.sqrt(sum(m.size for m in moving.momentum)))
-    assert sink.inbox.qsize() == 1  # and sent the model on, as plain gossip does
+    assert list(sink.pending) == ["n"]  # and sent the model on, as plain gossip does
     # the next round from an empty buffer: m = avg - w, the plain gossip step, then momentum carries on
     fresh, _ = controlled(gossip.MomentumGossip, tmp_path / "fresh", {"algorithm": {"beta": 0.5}})
     fresh.round(2)  # m = 4 - 1 = 3, w = 4 (plain gossip's)
-    fresh.inbox.put(("sink", [np.full(w.shape, 6.0, np.float32) for w in fresh.ctx.model.get_weights()]))
+    fresh.deliver("sink", [np.full(w.shape, 6.0, np.float32) for w in fresh.ctx.model.get_weights()])
     fresh.round(3)  # avg = (4 + 6) / 2 = 5: m = 0.5 * 3 + (5 - 4) = 2.5, w = 4 + 2.5 = 6.5
     assert all(np.array_equal(w, np.full(w.shape, 6.5, np.float32)) for w in fresh.ctx.model.get_weights())
 
