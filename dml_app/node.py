@@ -222,10 +222,16 @@ class NodeService:
         self.upload_log()
 
     def save_weights(self) -> None:
-        """The final model, next to the events (weights wire format)."""
+        """The final model, next to the events (weights wire format): the weights, then the state the
+        model keeps to itself (``local_state()``, when it has one: a torch module's integer buffers)."""
         assert self.role is not None
-        body = encode_weights(self.role.ctx.model.get_weights(), {"from": self.name, "run_id": self.run_id},
-                              self.role.weight_names)
+        model = self.role.ctx.model
+        arrays, names = model.get_weights(), self.role.weight_names
+        local = model.local_state() if callable(getattr(model, "local_state", None)) else {}
+        if local:
+            names = [*(names or [f"{i:04d}" for i in range(len(arrays))]), *local]
+            arrays = [*arrays, *local.values()]
+        body = encode_weights(arrays, {"from": self.name, "run_id": self.run_id, "local": len(local)}, names)
         with open(self.weights_path + ".tmp", "wb") as f:
             f.write(body)
         os.replace(self.weights_path + ".tmp", self.weights_path)

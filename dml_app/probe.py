@@ -18,8 +18,9 @@ Requests (paths relative to ``workdir``, the experiment directory):
 - ``{"task": "data", "workdir", "module", "function", "out"}``: call the data module's function and
   save its four arrays to ``out`` (an npz, no pickle) for the controller to check and split.
 - ``{"task": "evaluate", "workdir", "conf", "input_shape", "n_classes", "test", "weights"}``: each
-  final model (an npz of its arrays) set into the model and, with a global test set ``test``,
-  evaluated on it.
+  final model (an npz of its arrays: the weights, then a torch module's integer buffers) set into
+  the model and, with a global test set ``test``, evaluated on it; with the names its tensors take
+  in the saved file and their order there, when the model gives them (``final_names``).
 
 The answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "<file>: <what went wrong>"}``. The
 controller runs this as an unprivileged uid (``controller.sandbox``): the user's code never runs as root.
@@ -158,20 +159,29 @@ def probe_data(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe_evaluate(req: dict[str, Any]) -> dict[str, Any]:
-    """Final models (``weights``: npz files of arrays ``0000``...) set into the model (refused when
-    they do not fit) and evaluated on the global test set ``test``, when there is one."""
+    """Final models (``weights``: npz files of arrays ``0000``...: the weights, then what
+    ``set_local_state`` takes when the model has it) set into the model (refused when they do not
+    fit) and evaluated on the global test set ``test``, when there is one."""
     shape, n_classes = tuple(req["input_shape"]), int(req["n_classes"])
     model = make_model(dict(req["conf"]), shape, n_classes, req["workdir"])
     test = None
     if req.get("test"):
         test = load_global_test(usercode.resolve_data(req["workdir"], str(req["test"])), shape, n_classes)
     results: list[dict[str, Any]] = []
+    n_weights = len(model.get_weights())
+    set_local = getattr(model, "set_local_state", None)
+    names_of = getattr(model, "final_names", None)
+    names, order = names_of() if callable(names_of) else (None, None)
     for path in req["weights"]:
         try:
             with np.load(path, allow_pickle=False) as f:
-                model.set_weights([f[k] for k in sorted(f.files)])
+                arrays = [f[k] for k in sorted(f.files)]
+            if callable(set_local):
+                set_local(arrays[n_weights:])
+                arrays = arrays[:n_weights]
+            model.set_weights(arrays)
             loss, accuracy = model.evaluate(*test) if test is not None else (None, None)
-            results.append({"loss": loss if loss is None else float(loss),
+            results.append({"loss": loss if loss is None else float(loss), "names": names, "order": order,
                             "accuracy": accuracy if accuracy is None else float(accuracy)})
         except Exception as e:  # noqa: BLE001 - one node's model never stops the others'
             results.append({"error": f"{type(e).__name__}: {e}"})

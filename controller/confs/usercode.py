@@ -185,9 +185,13 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
         if key in tried:
             continue
         tried.add(key)
-        where = f"{source}: field 'model'"
+        sharing = [n for n, c in structure.items() if dict(c.get("model") or {}) == model]
+        where = f"{source}: field 'model' of node {node}" + (f" (and {len(sharing) - 1} more)" if len(sharing) > 1 else "")
         if model.get("module"):
-            described[node] = sandbox.check_model(model, workdir, shape, n_classes)
+            try:
+                described[node] = sandbox.check_model(model, workdir, shape, n_classes)
+            except ConfigError as e:
+                raise type(e)(f"{where}: {e.message}") from None
             if described[node]["inferred"]:  # every node of this model: the kind its build returns
                 for other in structure.values():
                     if other.get("model") == model:

@@ -12,8 +12,10 @@ exactly what the nodes measured: a numpy built-in here, a Keras or user model in
 probe sandbox (``controller.sandbox``). Each model is written to
 ``<run dir>/models/<node>.safetensors``: tensors named by layer as the node sent them
 (``conv2d/kernel``...; else ``layers.<k>.kernel`` and ``layers.<k>.bias`` for an MLP's,
-``arrays.<i>``), metadata with the node, run id, model conf, input shape (and the MLP's
-layer sizes). A Keras or user model's weights are set into its model in the sandbox before
+``arrays.<i>``), a torch module's by its whole ``state_dict`` keys with the integer buffers its
+node kept (``load_state_dict(strict=True)`` takes the file as it is), metadata with the node, run
+id, model kind and conf, input shape, the tensors' order (a torch module's: its ``state_dict``'s;
+and the MLP's layer sizes). A Keras or user model's weights are set into its model in the sandbox before
 they are saved (those that do not fit are refused), with or without a global test set.
 """
 from __future__ import annotations
@@ -78,13 +80,16 @@ def tensor_names(arrays: list[np.ndarray], names: Optional[list[Optional[str]]] 
 
 
 def safetensors_bytes(arrays: list[np.ndarray], metadata: dict[str, str],
-                      layer_names: Optional[list[Optional[str]]] = None) -> bytes:
-    """``arrays`` as a safetensors file (names from ``tensor_names``; their order in metadata)."""
+                      layer_names: Optional[list[Optional[str]]] = None, order: Optional[list[str]] = None) -> bytes:
+    """``arrays`` as a safetensors file (names from ``tensor_names``; their ``order``, by default
+    the arrays', in metadata)."""
     from safetensors.numpy import save
 
     names = tensor_names(arrays, layer_names)
+    if order is None or sorted(order) != sorted(names):
+        order = names
     return save({n: np.ascontiguousarray(a) for n, a in zip(names, arrays)},
-                metadata={**metadata, "tensor_order": json.dumps(names)})
+                metadata={**metadata, "tensor_order": json.dumps(order)})
 
 
 def load_safetensors(path: str) -> tuple[list[np.ndarray], dict[str, str]]:
@@ -131,8 +136,8 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
                 input_shape, n_classes = (int(arrays[0].shape[0]),), int(dconf.get("n_classes") or arrays[-1].shape[-1])
             else:
                 raise ModelFileError(f"{node}: its dataset conf names no data to take the model's input shape from")
-            meta = {"format": "edgetb-model", "node": node, "run_id": run_id, "model": json.dumps(model_conf),
-                    "input_shape": json.dumps(list(input_shape))}
+            meta = {"format": "edgetb-model", "node": node, "run_id": run_id, "kind": kind_of(model_conf),
+                    "model": json.dumps(model_conf), "input_shape": json.dumps(list(input_shape))}
             if model_conf.get("module") or kind_of(model_conf) != "numpy":  # checked and evaluated in the sandbox
                 key = json.dumps([model_conf, input_shape, n_classes, str(dconf.get("global_test") or "")])
                 elsewhere.setdefault(key, []).append((node, arrays, layer_names, meta))
@@ -170,7 +175,8 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
                 out[node]["error"] = f"{node}: the final weights do not fit the model of its conf: {result['error']}"
                 continue
             relative = f"models/{node}.safetensors"
-            write(relative, safetensors_bytes(arrays, meta, layer_names))
+            names = result.get("names") if isinstance(result.get("names"), list) else layer_names
+            write(relative, safetensors_bytes(arrays, meta, names, result.get("order")))
             out[node]["model"] = os.path.join(run_dir, relative)
             if result.get("accuracy") is not None:
                 out[node]["global_loss"] = round(float(result["loss"]), 6)

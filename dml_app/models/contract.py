@@ -91,6 +91,12 @@ def check_contract(model: Any, what: str) -> list[np.ndarray]:
     bad = [i for i, w in enumerate(weights) if w.dtype.kind not in "fiu"]
     if bad:
         raise ModelError(f"{what}: get_weights() array {bad[0]} is of dtype {weights[bad[0]].dtype}, not numbers")
+    bad = [i for i, w in enumerate(weights) if w.dtype.kind == "f" and not np.isfinite(w).all()]
+    if bad:
+        names = weight_names_of(model) or []
+        label = f", {names[bad[0]]!r}" if len(names) == len(weights) else ""
+        raise ModelError(f"{what}: the initial weights hold NaN or infinite values (array {bad[0]}{label}): "
+                         "every node would train on them")
     names = getattr(model, "weight_names", None)
     if callable(names):
         listed = list(names())

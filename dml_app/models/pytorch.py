@@ -9,7 +9,8 @@ module as a node model; its ``state_dict`` float entries are its weights, named 
 
 Samples stay channels-last in the testbed (``(n, height, width, channels)``) and are transposed
 to PyTorch's channels-first at the model. Integer buffers (BatchNorm's ``num_batches_tracked``)
-stay on the node: never sent, never averaged. torch is imported inside the functions only: a node
+stay on the node: never sent, never averaged; a user module's are saved in the node's final model
+(``final_names``), so that its file loads with ``load_state_dict(strict=True)``. torch is imported inside the functions only: a node
 that never uses it does not load it.
 """
 from __future__ import annotations
@@ -25,7 +26,6 @@ from dml_app.models import architectures
 from dml_app.models.contract import ModelError
 
 EVAL_BATCH = 1024  # samples a forward pass of evaluation takes at once
-MAX_WIRE_NAME = 200  # characters of a weight's name on the wire (``dml_app.wire.weights``)
 
 
 def _torch() -> Any:
@@ -60,16 +60,19 @@ class TorchModel:
         self.torch, self.module, self.what = torch, module, what
         state = module.state_dict()
         self.keys = [k for k, v in state.items() if v.is_floating_point()]  # (integer buffers stay here)
+        self.local_keys = [] if names else [k for k in state if k not in set(self.keys)]
+        self.state_order = list(state)
         bad = [n for n, p in module.named_parameters() if not p.is_floating_point()]
         if bad:
             raise ModelError(f"{what}: parameter {bad[0]!r} is of dtype {dict(module.named_parameters())[bad[0]].dtype}, "
                              "not floating point: only float parameters can be trained and averaged")
+        odd = [k for k, v in state.items() if v.is_complex()]
+        if odd:
+            raise ModelError(f"{what}: state entry {odd[0]!r} is of dtype {state[odd[0]].dtype}: a module's state "
+                             "is float tensors (its weights) and integer or bool buffers (kept on the node)")
         if not self.keys:
             raise ModelError(f"{what}: the module has no float parameters or buffers")
-        self.names = names or list(self.keys)
-        long = [n for n in self.names if len(n) > MAX_WIRE_NAME]
-        if long:
-            raise ModelError(f"{what}: state_dict key {long[0][:60]!r}... is longer than {MAX_WIRE_NAME} characters")
+        self.names = names or list(self.keys)  # (on the wire a name only labels its array: cut at 96 characters)
         self.layouts = layouts or {}
         lr = float(conf.get("learning_rate") or learning_rate)
         self.optimizer = make_optimizer(module, conf) if make_optimizer else optimizer_for(torch, module, conf, lr)
@@ -98,6 +101,33 @@ class TorchModel:
 
     def weight_names(self) -> list[str]:
         return list(self.names)
+
+    def local_state(self) -> dict[str, np.ndarray]:
+        """A user module's integer buffers by key (``local_keys``): never sent, saved in the node's
+        final model after its weights. None for a built-in: its final model is the three kinds' common file."""
+        state = self.module.state_dict()
+        arrays = {k: state[k].detach().cpu().numpy() for k in self.local_keys}
+        return {k: a.astype(np.uint8 if a.dtype == np.bool_ else np.int64) for k, a in arrays.items()}  # (the wire's dtypes)
+
+    def set_local_state(self, arrays: Sequence[np.ndarray]) -> None:
+        """Integer buffers from a final model (``local_state``'s arrays)."""
+        state = self.module.state_dict()
+        if len(arrays) != len(self.local_keys):
+            raise ValueError(f"expected {len(self.local_keys)} integer buffers after the weights, got {len(arrays)}")
+        for key, array in zip(self.local_keys, arrays):
+            array = np.asarray(array)
+            if array.dtype.kind not in "biu" or tuple(array.shape) != tuple(state[key].shape):
+                raise ValueError(f"{key}: a {array.dtype} array of shape {array.shape} does not fit "
+                                 f"{state[key].dtype} {tuple(state[key].shape)}")
+            state[key].copy_(self.torch.tensor(array).to(state[key].dtype))
+
+    def final_names(self) -> tuple[list[str], list[str]]:
+        """The names of a final model's tensors (the weights', then ``local_state``'s) and their
+        order in the file's metadata: a user module's ``state_dict`` keys, whole, in the
+        ``state_dict``'s order; a built-in's shared layer names, in the weights' order."""
+        if not self.local_keys and self.names != self.keys:
+            return list(self.names), list(self.names)
+        return self.keys + self.local_keys, list(self.state_order)
 
     def tensor(self, x: np.ndarray) -> Any:
         """``x`` as a float32 tensor, images moved from channels-last to channels-first."""

@@ -84,3 +84,27 @@ def test_the_example_torch_module_with_fedprox_trainers(run):
     assert summary["nodes"][0]["final_global_accuracy"] >= 0.8, summary["nodes"]
     started = [next(e for e in events[n] if e["type"] == "started") for n in NODES]
     assert len({e["initial_weights_crc32"] for e in started}) == 1, started
+    final_models_load_with_strict_keys(Path(summary["run_dir"]), r.workdir / "nns" / "torch_cnn.py")
+
+
+def final_models_load_with_strict_keys(run_dir: Path, source: Path) -> None:
+    """The docs' recipe: each node's final model, read by safetensors.torch, loads into the user's
+    module with strict=True (integer buffers included: a trainer's count of batches, never sent)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    spec = importlib.util.spec_from_file_location("torch_cnn_example", source)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for node in NODES:
+        path = run_dir / "models" / f"{node}.safetensors"
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+        assert meta["kind"] == "torch", meta
+        state = load_file(str(path))
+        model = example.build(tuple(json.loads(meta["input_shape"])), state["classifier.3.bias"].shape[0],
+                              json.loads(meta["model"]))
+        model.load_state_dict(state, strict=True)
+        assert json.loads(meta["tensor_order"]) == list(model.state_dict()), meta
+        batches = int(model.features[2].num_batches_tracked)
+        assert batches > 0 if node != "n1" else batches == 0, (node, batches)  # (the aggregator never trains)

@@ -1,8 +1,13 @@
 """The torch kind: its built-in networks hold the numpy networks' arrays (the same names, shapes
 and layout on the wire, the same losses on the same weights), it trains, its integer buffers stay
-local, a user's module is wrapped with its hooks, and what is not a module is refused. Skipped
-without PyTorch (CI installs it)."""
+local (and are saved in its final model, which loads with strict keys), a user's module is wrapped
+with its hooks, and a bad file (not a module, an integer parameter, NaN weights, no torch) is refused
+naming the file and the node. Skipped without PyTorch (CI installs it)."""
 from __future__ import annotations
+
+import json
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -94,3 +99,113 @@ def test_what_is_not_a_module_or_has_integer_parameters_is_refused():
     model = pytorch.wrap(Net(), "nns/x.py: build", {})
     with pytest.raises(ValueError, match=r"array 0 \(conv.weight\): shape \(3, 3\) does not fit"):
         model.set_weights([np.zeros((3, 3), np.float32)] + model.get_weights()[1:])
+
+
+NET_FILE = '''import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.out = torch.nn.Linear(4 * 6 * 6, 3)
+        self.register_buffer("mask", torch.ones(3, dtype=torch.bool))
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.conv(x))).flatten(1)) * self.mask
+
+
+def build(input_shape, n_classes, conf):
+    return Net()
+'''
+
+
+def test_a_final_model_holds_the_integer_buffers_and_loads_with_strict_keys(tmp_path):
+    """What a node saves (its weights, then its integer buffers), set into the model in the probe and
+    written by the controller, loads with load_state_dict(strict=True) (the docs' recipe)."""
+    from safetensors.torch import load_file
+
+    from controller.results.evaluate import load_safetensors, safetensors_bytes
+    from dml_app import probe
+    from dml_app.models import pytorch
+
+    (tmp_path / "net.py").write_text(NET_FILE)
+    conf = {"module": "net.py", "kind": "torch"}
+    node = make_model(conf, (8, 8, 1), 3, str(tmp_path))
+    node.train(np.random.default_rng(0).random((8, 8, 8, 1), dtype=np.float32), np.zeros(8, np.int64), 1, 4)
+    local = node.local_state()
+    assert {k: a.dtype for k, a in local.items()} == {"mask": np.uint8, "bn.num_batches_tracked": np.int64}
+    arrays = node.get_weights() + list(local.values())
+    np.savez(tmp_path / "n1.npz", **{f"{i:04d}": a for i, a in enumerate(arrays)})
+    [result] = probe.probe_evaluate({"workdir": str(tmp_path), "conf": conf, "input_shape": [8, 8, 1], "n_classes": 3,
+                                     "test": "", "weights": [str(tmp_path / "n1.npz")]})["results"]
+    assert result["names"] == node.weight_names() + ["mask", "bn.num_batches_tracked"], result
+    (tmp_path / "n1.safetensors").write_bytes(safetensors_bytes(arrays, {"kind": "torch"}, result["names"], result["order"]))
+    module = make_model(conf, (8, 8, 1), 3, str(tmp_path)).module
+    module.load_state_dict(load_file(str(tmp_path / "n1.safetensors")), strict=True)
+    assert int(module.bn.num_batches_tracked) == 2 and module.mask.dtype == torch.bool
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in node.module.state_dict().items())
+    assert json.loads(load_safetensors(str(tmp_path / "n1.safetensors"))[1]["tensor_order"]) == list(module.state_dict())
+    builtin = pytorch.build("lenet5", (28, 28, 1), 10, {})  # a built-in's: the three kinds' common file
+    assert builtin.local_state() == {} and builtin.final_names()[0] == builtin.weight_names()
+    with pytest.raises(ValueError, match="expected 2 integer buffers after the weights, got 0"):
+        node.set_local_state([])
+
+
+def test_a_key_longer_than_the_wire_allows_is_whole_in_the_final_model():
+    from dml_app.models import pytorch
+    from dml_app.wire import weights as wire
+
+    net = torch.nn.Sequential()
+    net.add_module("x" * 150, torch.nn.Linear(3, 2))
+    model = pytorch.wrap(net, "nns/long.py: build", {})
+    assert model.final_names()[0] == ["x" * 150 + ".weight", "x" * 150 + ".bias"]
+    arrays, _, names = wire.decode_named(wire.encode(model.get_weights(), {}, model.weight_names()))
+    assert names == ["x" * 96, "x" * 96] and len(arrays) == 2  # on the wire a name only labels: cut, ordered by position
+
+
+BAD_FILES = {
+    "not a module": ("def build(s, n, c):\n    return {}\n", True,
+                     r"nns/bad.py: build must return a torch.nn.Module \(model kind 'torch'\), got dict"),
+    "an integer parameter": ("import torch\ndef build(s, n, c):\n    m = torch.nn.Linear(64, n)\n"
+                             "    m.count = torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)\n"
+                             "    return m\n", False, r"nns/bad.py: build: parameter 'count' is of dtype torch.int64"),
+    "NaN weights": ("import torch\ndef build(s, n, c):\n    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, n))\n"
+                    "    torch.nn.init.constant_(m[1].bias, float('nan'))\n    return m\n", False,
+                    r"nns/bad.py: build: the initial weights hold NaN or infinite values \(array 1, '1.bias'\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_a_bad_torch_file_is_refused_before_the_run_naming_the_file_and_the_node(tmp_path, case):
+    """Tried in the probe sandbox at deploy: the message names the user's file (not its staged copy)
+    and the nodes of the model."""
+    from controller.confs import usercode
+    from worker.api.errors import ConfigError
+
+    source, explicit, message = BAD_FILES[case]
+    os.chmod(tmp_path, 0o755)  # (the probe runs as nobody)
+    (tmp_path / "nns").mkdir()
+    (tmp_path / "nns" / "bad.py").write_text(source)
+    np.savez(tmp_path / "n.npz", x_train=np.zeros((3, 8, 8, 1), np.float32), y_train=np.arange(3))
+    model = {"module": "nns/bad.py", "seed": 0, **({"kind": "torch"} if explicit else {})}
+    structure = {n: {"role": "gossip", "model": dict(model)} for n in ("n1", "n2")}
+    usercode.stage(str(tmp_path), structure, "gl_structure.json")
+    with pytest.raises(ConfigError, match="gl_structure.json: field 'model' of node n1 \\(and 1 more\\): " + message):
+        usercode.check(str(tmp_path), structure, {n: {"shard": "n.npz", "n_classes": 10} for n in structure},
+                       "gl_structure.json")
+
+
+def test_without_torch_a_torch_model_says_how_to_get_it(monkeypatch, tmp_path):
+    from controller.confs import usercode
+    from worker.api.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    with pytest.raises(ModelError, match=r"a model of kind 'torch' needs PyTorch: pip install '\.\[torch\]'"):
+        make_model({"kind": "torch", "name": "lenet5"}, (28, 28, 1), 10)
+    np.savez(tmp_path / "n.npz", x_train=np.zeros((3, 8, 8, 1), np.float32), y_train=np.arange(3))
+    structure = {"n1": {"role": "gossip", "model": {"kind": "torch", "name": "lenet5"}}}
+    with pytest.raises(ConfigError, match=r"field 'model' of node n1: a model of kind 'torch' needs PyTorch: "
+                                          r"pip install '\.\[torch\]'"):
+        usercode.check(str(tmp_path), structure, {"n1": {"shard": "n.npz", "n_classes": 10}}, "gl_structure.json")
