@@ -13,7 +13,8 @@
     edgetb monitor [--period-ms 100] [--interval 1] [--csv DIR] [--duration S] [--top 10]
     edgetb down
     edgetb swarm check --hosts hosts.json [--nodes N|nodes.json|links.json]
-    edgetb analyze RUN_DIR [--link SRC->DST] [--threshold cpu=20] [--no-plots] [--json]
+    edgetb analyze RUN_DIR|SWEEP_DIR [--link SRC->DST] [--threshold cpu=20] [--no-plots] [--json]
+    edgetb sweep FILE [--workdir DIR] [--check] [--retry-failed] [--no-plots]
     edgetb predict fit RUN_DIR... --out model.json
     edgetb predict INPUT_DIR --model model.json
     edgetb predict eval RUN_DIR... [--by config]
@@ -144,8 +145,17 @@ def _parser() -> argparse.ArgumentParser:
     dash = sub.add_parser("dashboard", help="serve the dashboard of the stored runs in WORKDIR/dml_file/log/")
     dash.add_argument("--workdir", default=".", help="the experiment directory (default: here)")
     dash.add_argument("--port", type=int, default=3333, help="port on 127.0.0.1 (default 3333)")
-    an = sub.add_parser("analyze", help="the traffic and burst metrics of a finished run, into RUN_DIR/analysis/")
-    an.add_argument("run_dir", help="a run folder (dml_file/log/<run id>)")
+    swp = sub.add_parser("sweep", help="run an experiment as a series: a grid of configurations times repeats, "
+                                       "one run after another, with a table of means and intervals")
+    swp.add_argument("file", help="the sweep file (docs/reference/sweep-files.md)")
+    swp.add_argument("--workdir", help="the experiment directory (default: the sweep file's)")
+    swp.add_argument("--check", action="store_true", help="check the sweep file and every run's files, list the "
+                                                          "runs, run nothing")
+    swp.add_argument("--retry-failed", action="store_true", help="run the failed runs of an earlier sweep again")
+    swp.add_argument("--no-plots", action="store_true", help="the sweep's tables only")
+    an = sub.add_parser("analyze", help="the traffic and burst metrics of a finished run, into RUN_DIR/analysis/; "
+                                        "of a sweep folder, its table and plots again")
+    an.add_argument("run_dir", help="a run folder (dml_file/log/<run id>), or a sweep folder")
     an.add_argument("--link", action="append", default=[], metavar="SRC->DST",
                     help="plot this link's throughput (repeatable; default: the busiest links)")
     an.add_argument("--threshold", action="append", default=[], metavar="RESOURCE=VALUE",
@@ -159,9 +169,37 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Run a sweep file (controller/sweep.py); ``--check``: check it and list its runs."""
+    from controller import sweep
+
+    if args.check:
+        found = sweep.load_sweep(args.file, args.workdir)
+        sweep.check(found)
+        for plan in found.runs:
+            print(f"run {plan.index}: {plan.name}: {found.algorithm_of(plan)}, {sweep.describe(plan) or 'the base'}")
+        print(f"{len(found.runs)} runs, every file valid; the sweep folder: {found.out}")
+        return 0
+    outcome = sweep.run_sweep(args.file, args.workdir, retry_failed=args.retry_failed, plots=not args.no_plots)
+    return outcome.exit_code
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from controller.results.analysis import AnalysisConfig, analyze
     from controller.results.analysis.report import RESOURCES
+    from controller.sweep import analyze_sweep, is_sweep_dir
+
+    if is_sweep_dir(args.run_dir):
+        done = analyze_sweep(args.run_dir, plots=not args.no_plots)
+        if args.json:
+            print(json.dumps(done, indent=1, default=str))
+            return 0
+        print(f"sweep {args.run_dir}: {done['runs']} runs, {done['configurations']} configurations "
+              f"({', '.join(f'{n} {s}' for s, n in done['status'].items() if n)}); "
+              f"{', '.join(done['files'])}, {len(done['plots'])} plots")
+        for problem in done["problems"]:
+            print(f"  problem: {problem}")
+        return 0
 
     thresholds = {}
     for item in args.threshold:
@@ -709,7 +747,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
 
 COMMANDS = {"up": cmd_up, "status": cmd_status, "exec": cmd_exec, "ps": cmd_ps, "logs": cmd_logs, "stop": cmd_stop,
             "shape": cmd_shape, "scenario": cmd_scenario,
-            "monitor": cmd_monitor, "analyze": cmd_analyze, "dashboard": cmd_dashboard, "down": cmd_down,
+            "monitor": cmd_monitor, "analyze": cmd_analyze, "sweep": cmd_sweep, "dashboard": cmd_dashboard, "down": cmd_down,
             "predict": cmd_predict, "swarm": cmd_swarm}
 
 

@@ -7,6 +7,7 @@
     tb.load_link("links.json")
     run = tb.start()    # validate, write confs, deploy, controller on :3333 until reset
     run = tb.start(auto=True)  # or: run to completion; run.nodes, run.metrics(), run.dataframe()
+    tb.sweep("sweep.json")     # or: a series of runs (controller/sweep.py); the links come from it
 
 Emulators on other hosts and physical devices run an agent each
 (``python3 -m worker.agent``); ``add_emulator("e1", agent="http://10.0.0.2:3334")``
@@ -100,14 +101,16 @@ class Testbed:
 
     def add_emulated_node(self, name: str, cpu: Optional[float] = None, mem: Union[str, int, None] = None,
                           emulator: Optional[str] = None, uplink: Union[str, int, None] = None,
-                          downlink: Union[str, int, None] = None, pids: Optional[int] = None) -> None:
+                          downlink: Union[str, int, None] = None, pids: Optional[int] = None,
+                          python: Optional[str] = None) -> None:
         """An emulated node; ``uplink``/``downlink`` are its access links (e.g. '10mbit'), shared by all its peers;
-        ``pids`` its processes and threads at most (default: the worker's)."""
+        ``pids`` its processes and threads at most (default: the worker's); ``python`` a virtual
+        environment on its host, first on its PATH (nodes.json's ``"python"``)."""
         host = emulator or next(iter(self.emulators), "local")
         if self.emulators and host not in self.emulators:
             raise ConfigError(f"node {name!r}: unknown emulator {host!r}")
         self.topology.add_node(name, "emulated", host, cpu, mem, source="Testbed", uplink=uplink, downlink=downlink,
-                               pids=pids)
+                               pids=pids, python=python)
 
     def add_physical_node(self, name: str, ip: str, agent: str, token_file: Optional[str] = None,
                           tls_fingerprint: Optional[str] = None, uplink: Union[str, int, None] = None) -> None:
@@ -152,6 +155,20 @@ class Testbed:
                              os.path.join(self.workdir, self.scenario) if self.scenario else None)
         return model_file.predict_rows(model_file.load(os.path.join(self.workdir, model)),
                                        model_file.rows_of_setting(setting))
+
+    def sweep(self, path: str = "sweep.json", retry_failed: bool = False, check_only: bool = False) -> Any:
+        """Run the sweep file ``path`` (relative to the workdir; docs/how-to/sweeps.md) as
+        ``edgetb sweep`` does: every run one after another, its folder resumed when run again.
+        Returns the ``controller.sweep.Outcome`` (its ``summary``: the table's account), or with
+        ``check_only`` the checked ``controller.model.sweep.Sweep`` (its ``runs``), running nothing."""
+        from controller import sweep
+
+        file = os.path.join(self.workdir, path)
+        if check_only:
+            found = sweep.load_sweep(file, self.workdir)
+            sweep.check(found)
+            return found
+        return sweep.run_sweep(file, self.workdir, retry_failed=retry_failed)
 
     def start(self, auto: bool = False) -> Run:
         """Validate, make confs, deploy and serve on the port until reset (``auto``: run to

@@ -14,7 +14,7 @@ Every rule counts every import: at module level, in a function (lazy), and under
   ``results`` (the run folder and what is computed from it); ``predict`` (forecasts from settings
   and past runs); ``workers`` (reaching the hosts); ``telemetry`` (pulling the hosts' samplers
   into the run's record); ``run`` (one experiment's lifecycle); ``web`` (the HTTP faces of a run
-  and of its record). The entry points (``cli``, ``runner``, ``testbed``, ``swarm_check``,
+  and of its record). The entry points (``cli``, ``runner``, ``sweep``, ``testbed``, ``swarm_check``,
   ``bootstrap``, ``__main__``) sit on top; no room imports them.
 - The controller imports only the worker modules of ``CONTROLLER_MAY_IMPORT``, each for the
   reason written there: nothing inside ``worker.nodes``, ``worker.confinement`` or
@@ -56,7 +56,7 @@ CONTROLLER_ROOMS: dict[str, tuple[str, ...]] = {
     "run": ("model", "results", "telemetry", "workers"),
     "web": ("model", "results", "run", "telemetry", "workers"),
 }
-CONTROLLER_ENTRY_POINTS = ("cli", "runner", "testbed", "swarm_check", "bootstrap", "__main__")  # import any room
+CONTROLLER_ENTRY_POINTS = ("cli", "runner", "sweep", "testbed", "swarm_check", "bootstrap", "__main__")  # import any room
 
 # worker module (or package) -> why the controller may import it; nothing else of the worker
 CONTROLLER_MAY_IMPORT: dict[str, str] = {
