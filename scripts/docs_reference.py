@@ -39,7 +39,7 @@ SCHEMAS = {
     "trace": ("controller.model.traces", "TRACE_SCHEMA"),
     "nodes-file": ("controller.model.topology", "NODES_FILE_SCHEMA"),
     "node": ("controller.model.topology", "NODE_SCHEMA"),
-    "access": ("controller.model.topology", "ACCESS_SCHEMA"),
+    "node-defaults": ("controller.model.topology", "DEFAULTS_SCHEMA"),
     "hosts-file": ("controller.model.hosts", "HOSTS_SCHEMA"),
     "host": ("controller.model.hosts", "HOST_SCHEMA"),
     "model": ("controller.confs.structures", "MODEL"),

@@ -55,6 +55,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
 NODE_KINDS = ("emulated", "physical")
 MAX_CPU = 1024
 MIN_MEM_BYTES = 4 * 1024 * 1024
+MAX_PYTHON_CHARS = 1024
 TOPOLOGY_VERSION = 1
 
 # What links.json and the nodes file may hold (values are checked further by make_shape and _check_node).
@@ -79,8 +80,11 @@ NODE_SCHEMA = Schema({
     "uplink": Field(str, "the node's access link out, shared by all its peers, e.g. '10mbit'", max_len=32),
     "downlink": Field(str, "the node's access link in, shared by all its peers, e.g. '10mbit'", max_len=32),
     "standby": Field(bool, "an FL trainer created idle: an elastic_scaling policy may add it during the run",
-                     default=False)})
-ACCESS_SCHEMA = Schema({"uplink": NODE_SCHEMA.fields["uplink"], "downlink": NODE_SCHEMA.fields["downlink"]})
+                     default=False),
+    "python": Field(str, "a virtual environment's absolute path on the node's host: its bin/ first on the "
+                    "node's PATH, shown read-only to the node, checked before anything is created",
+                    max_len=MAX_PYTHON_CHARS)})
+DEFAULTS_SCHEMA = Schema({k: NODE_SCHEMA.fields[k] for k in ("uplink", "downlink", "python")})
 # What Topology.to_dict writes (topology.json) and from_dict reads back.
 _TOPOLOGY_DICT = Schema({"version": Field(int, required=True, choices=(TOPOLOGY_VERSION,)),
                          "nodes": Field(list, default=[]), "links": Field(list, default=[])})
@@ -88,13 +92,14 @@ _NODE_DICT = Schema({
     "name": Field(str, required=True), "kind": Field(str), "host": Field(str),
     "cpu": Field(float, nullable=True), "mem_bytes": Field(int, nullable=True), "ip": Field(str, nullable=True),
     "uplink_bps": Field(int, nullable=True), "downlink_bps": Field(int, nullable=True),
-    "pids_max": Field(int, nullable=True), "standby": Field(bool)})  # values checked further by add_node
+    "pids_max": Field(int, nullable=True), "standby": Field(bool), "python": Field(str, nullable=True)})  # values checked further by add_node
 _LINK_DICT = Schema({"src": Field(str, "a node name", required=True),
                      "dst": Field(str, "a node name", required=True),
                      "shape": Field(dict, "how the link is shaped", required=True)})
 NODES_FILE_SCHEMA = Schema({"version": Field(int, "the file format's version", default=TOPOLOGY_VERSION,
                                              choices=(TOPOLOGY_VERSION,)),
-                            "defaults": Field(dict, "access links of every node that names none", schema=ACCESS_SCHEMA),
+                            "defaults": Field(dict, "access links and python of every node that names none",
+                                              schema=DEFAULTS_SCHEMA),
                             "nodes": Field(list, "the nodes, each with the fields below", required=True)})
 
 
@@ -114,11 +119,13 @@ class Node:
     downlink_bps: Optional[int] = None
     pids_max: Optional[int] = None  # processes and threads
     standby: bool = False  # an FL trainer idle until an elastic_scaling policy adds it
+    python: Optional[str] = None  # a virtual environment on the node's host (checked there)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "host": self.host, "cpu": self.cpu,
                 "mem_bytes": self.mem_bytes, "ip": self.ip, "uplink_bps": self.uplink_bps,
-                "downlink_bps": self.downlink_bps, "pids_max": self.pids_max, "standby": self.standby}
+                "downlink_bps": self.downlink_bps, "pids_max": self.pids_max, "standby": self.standby,
+                "python": self.python}
 
 
 @dataclass(frozen=True)
@@ -243,6 +250,13 @@ def _check_node(node: Node, where: str) -> None:
                 raise bad(field, "limits apply to emulated nodes only, not to a physical device")
     elif node.ip is not None:
         raise bad("ip", "only physical nodes take an ip; emulated nodes get theirs from the testbed's subnet")
+    if node.python is not None:
+        python = node.python
+        if not isinstance(python, str) or not python or len(python) > MAX_PYTHON_CHARS or "\0" in python:
+            raise bad("python", f"must be the path of a virtual environment, got {describe(python)}")
+        if not os.path.isabs(python) or python == "/" or os.path.normpath(python) != python.rstrip("/"):
+            raise bad("python", f"{python!r} must be an absolute path such as '/opt/venvs/flwr' (no '..', no '.', "
+                                "not '/')")
     if node.ip is not None:
         try:
             if not isinstance(node.ip, str):
@@ -279,10 +293,11 @@ class Topology:
     def add_node(self, name: str, kind: str = "emulated", host: str = "local", cpu: Optional[float] = None,
                  mem: Union[str, int, None] = None, ip: Optional[str] = None, source: str = "topology",
                  uplink: Union[str, int, None] = None, downlink: Union[str, int, None] = None,
-                 pids: Optional[int] = None, standby: bool = False) -> Node:
+                 pids: Optional[int] = None, standby: bool = False, python: Optional[str] = None) -> Node:
         """Declare a node; ``mem`` is a size like '256M' or bytes; ``uplink`` and ``downlink``
         rates like '10mbit' or bit/s; ``pids`` its processes and threads at most; ``standby`` an FL
-        trainer idle until a policy adds it; ``source`` starts error messages."""
+        trainer idle until a policy adds it; ``python`` a virtual environment (its bin/ first on the
+        node's PATH, checked on the node's host); ``source`` starts error messages."""
         check_name(name, source)
         where = _where(source, name)
         if name in self.nodes:
@@ -295,8 +310,9 @@ class Topology:
                 raise TopologyError(f"{where}, field 'mem': {e.message}") from None
         node = Node(name, kind, host, cpu, mem_bytes, ip, len(self.nodes),
                     access_rate(uplink, f"{where}, field 'uplink'"),
-                    access_rate(downlink, f"{where}, field 'downlink'"), pids, standby)
+                    access_rate(downlink, f"{where}, field 'downlink'"), pids, standby, python)
         _check_node(node, where)
+        node.python = python.rstrip("/") if python else None
         node.cpu = float(cpu) if cpu is not None else None
         node.ip = str(ipaddress.IPv4Address(ip)) if ip is not None else None
         twin = next((n.name for n in self.nodes.values() if node.ip and n.ip == node.ip), None)
@@ -417,7 +433,7 @@ class Topology:
             topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
                           entry.get("mem_bytes"), entry.get("ip"), source=source, uplink=entry.get("uplink_bps"),
                           downlink=entry.get("downlink_bps"), pids=entry.get("pids_max"),
-                          standby=bool(entry.get("standby", False)))
+                          standby=bool(entry.get("standby", False)), python=entry.get("python"))
         for i, entry in enumerate(data["links"]):
             _LINK_DICT.validate(entry, f"{source}: links[{i}]", TopologyError)
             src, dst = entry["src"], entry["dst"]
@@ -454,7 +470,7 @@ def load_nodes(path: str) -> Topology:
         downlink = entry.get("downlink", defaults.get("downlink") if kind != "physical" else None)
         topo.add_node(entry["name"], kind, entry.get("host", "local"), entry.get("cpu"), entry.get("mem"),
                       entry.get("ip"), source=path, uplink=uplink, downlink=downlink, pids=entry.get("pids"),
-                      standby=bool(entry.get("standby", False)))
+                      standby=bool(entry.get("standby", False)), python=entry.get("python", defaults.get("python")))
     return topo
 
 

@@ -22,5 +22,5 @@ def nodes_only(topology: Topology) -> Topology:
     declared = Topology()
     for node in topology.nodes.values():
         declared.add_node(node.name, node.kind, node.host, node.cpu, node.mem_bytes, node.ip,
-                          uplink=node.uplink_bps, downlink=node.downlink_bps, pids=node.pids_max)
+                          uplink=node.uplink_bps, downlink=node.downlink_bps, pids=node.pids_max, python=node.python)
     return declared

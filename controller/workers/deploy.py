@@ -39,6 +39,7 @@ def node_requests(topology: Topology) -> dict[str, Any]:
     return {"version": 1, "nodes": [{"name": n.name, "cpu": n.cpu, "mem_bytes": n.mem_bytes}
                                     | ({"ip": n.ip} if n.kind == "physical" else {})
                                     | ({"pids_max": n.pids_max} if n.pids_max else {})
+                                    | ({"python": n.python} if n.python else {})
                                     for n in topology.nodes.values()]}
 
 

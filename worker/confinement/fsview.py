@@ -57,6 +57,7 @@ class View:
     hide: tuple[str, ...] = ()
     private: tuple[str, ...] = PRIVATE_TMPFS
     home: Optional[str] = None
+    python: Optional[str] = None  # the node's declared Python (``worker.confinement.node_python``), shown in ``read``
 
 
 def _depth(path: str) -> int:

@@ -193,6 +193,11 @@ class DockerRuntime:
             if state["nodes"] and state.get("subnet", str(subnet)) != str(subnet):
                 raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {subnet}")
             todo = new_specs(state, specs)
+            declared = next((s for s in todo if s.python), None)
+            if declared is not None:
+                raise ConfigError(f"node {declared.name!r}: python {declared.python!r}: a declared Python is for "
+                                  "netns and physical nodes; a Docker node runs its image's (put the environment's "
+                                  "bin/ on the image's PATH)")
             if todo:
                 require_image(self.api, self.image)
             next_index = max((n["index"] for n in state["nodes"].values()), default=-1) + 1

@@ -21,7 +21,8 @@ from worker.api.protocol import DEFAULT_SUBNET, NODE_IFNAME, node_address
 from worker.confinement import cgroups, confine, fsview, privilege, uids
 from worker.kernel import netlink as nl, nsfs
 from worker.nodes import netns_neighbours as neighbours
-from worker.nodes.runtime import Naming, NodeSpec, claim_runtime, emulated_only, new_specs, parse_subnet
+from worker.nodes.runtime import (Naming, NodeSpec, check_pythons, claim_runtime, emulated_only, new_specs,
+                                  parse_subnet)
 from worker.state import StateStore
 
 NODE_IFINDEX = 2
@@ -57,6 +58,7 @@ class NetnsRuntime:
             if state["subnet"] != str(self.subnet):
                 raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {self.subnet}")
             todo = self._new_specs(state, specs)
+            check_pythons(todo, self.store)
             if todo and any(s.cpu or s.mem_bytes or s.pids_max for s in todo):
                 self.cgroups.require()
             created: list[str] = []
@@ -68,7 +70,8 @@ class NetnsRuntime:
                     records.append({"name": spec.name, "index": next_index + i, "ip": self.node_ip(next_index + i),
                                     "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(spec.name),
                                     "ifname": NODE_IFNAME, "host_if": self.names.host_if(next_index + i), "cpu": spec.cpu,
-                                    "mem_bytes": spec.mem_bytes, "pids_max": spec.pids_max, "runtime": self.kind})
+                                    "mem_bytes": spec.mem_bytes, "pids_max": spec.pids_max, "runtime": self.kind}
+                                   | ({"python": spec.python} if spec.python else {}))
                 self._create_records(records, created)
                 for rec in records:
                     state["nodes"][rec["name"]] = rec

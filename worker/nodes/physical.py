@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 from worker.api.errors import ConfigError, NotFound, TestbedError
 from worker.confinement import fsview, privilege, uids
 from worker.kernel.procs import kill_group
-from worker.nodes.runtime import Naming, NodeSpec, claim_runtime, new_specs
+from worker.nodes.runtime import Naming, NodeSpec, check_pythons, claim_runtime, new_specs
 from worker.shaping import apply
 from worker.state import StateStore
 
@@ -51,6 +51,7 @@ class PhysicalRuntime:
                 raise ConfigError(f"node {spec.name}: a physical node needs the device's 'ip'")
         with self.store.locked() as state:
             todo = new_specs(state, specs)
+            check_pythons(todo, self.store)
             if len(state["nodes"]) + len(todo) > 1:
                 raise ConfigError(f"a physical device runs one node; asked for "
                                   f"{', '.join(sorted(set(state['nodes']) | {s.name for s in todo}))}")
@@ -66,6 +67,7 @@ class PhysicalRuntime:
                 state["nodes"][spec.name] = {
                     "name": spec.name, "index": 0, "ip": spec.ip, "prefixlen": prefixlen, "netns": None,
                     "ifname": ifname, "cpu": None, "mem_bytes": None, "runtime": self.kind}
+                state["nodes"][spec.name] |= {"python": spec.python} if spec.python else {}
             return [state["nodes"][s.name] for s in specs]
 
     def node(self, name: str) -> dict[str, Any]:

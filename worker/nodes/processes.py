@@ -21,10 +21,10 @@ from typing import Any, Optional, cast
 
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
 from worker.api.protocol import PRELOAD_ENV
-from worker.confinement import fsview, privilege, uids, zygote
+from worker.confinement import fsview, node_python, privilege, uids, zygote
 from worker.kernel.procs import start_ticks
-from worker.nodes.runtime import ForkableRuntime, Runtime
-from worker.state import StateStore, host_run_dir, state_root
+from worker.nodes.runtime import ForkableRuntime, Runtime, worker_dirs
+from worker.state import StateStore
 
 MAX_OUTPUT_BYTES = 1 << 20
 MAX_LOG_READ_BYTES = 64 * 1024  # the most one read of a process's log returns
@@ -55,10 +55,12 @@ def read_log_bytes(path: str, offset: int, limit_bytes: int = MAX_LOG_READ_BYTES
         os.close(fd)
 
 
-def child_env(extra: dict[str, str]) -> dict[str, str]:
-    """A node process's environment: the worker's harmless variables (``zygote.harmless_env``)
-    and what the request gives."""
-    return {**zygote.harmless_env(), **extra}
+def child_env(extra: dict[str, str], python: Optional[str] = None) -> dict[str, str]:
+    """A node process's environment: the worker's harmless variables (``zygote.harmless_env``),
+    with the node's declared Python's ``bin/`` first on ``PATH``, and what the request gives."""
+    env = zygote.harmless_env()
+    env["PATH"] = node_python.path_with(python, env["PATH"])
+    return {**env, **extra}
 
 
 class Processes:
@@ -161,7 +163,7 @@ class Processes:
         request = {"args": args, "uid": ident.uid, "gid": ident.gid,
                    "cgroup_procs": runtime.procs_files(rec), "rlimits": runtime.rlimits(rec),
                    "ops": [[op.kind, op.path, op.writable] for op in fsview.plan_view(view)]}
-        env_of_child = child_env(env)
+        env_of_child = child_env(env, view.python)
         env_of_child.setdefault("HOME", view.home or "/")
         netns = runtime.netns_path(rec)
         netns_fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC) if netns else None
@@ -178,20 +180,24 @@ class Processes:
         if self.runtime.kind == "docker":
             return self.runtime.popen(node, argv, env=dict(env), start_new_session=True, **kwargs)
         view = self.node_view(node)
-        return self.runtime.popen(node, argv, view=view, env=child_env(env), start_new_session=True, **kwargs)
+        return self.runtime.popen(node, argv, view=view, env=child_env(env, view.python), start_new_session=True,
+                                  **kwargs)
 
     def node_view(self, node: str, ident: Optional[uids.Identity] = None) -> fsview.View:
         """What a node's processes see: Python and the code read-only, the experiment directory
         read-only but for its own ``dml_file/node/<name>/`` (made its uid's, mode 0700); the
         worker's state, the rest of ``dml_file/`` and the code root's ``dml_file/`` hidden."""
         ident = ident or self.runtime.identity(node)
-        home = uids.prepare_node_dir(self.workdir, node, ident)
         real = os.path.realpath
-        hide = [real(state_root()), real(os.path.dirname(self.store.dir)), real(host_run_dir()),
+        hide = [*map(real, worker_dirs(self.store)),
                 real(os.path.join(self.workdir, "dml_file")), real(os.path.join(self.code_root, "dml_file"))]
-        read = [*privilege.python_dirs(), real(os.path.join(self.code_root, "dml_app")), real(self.workdir)]
+        declared = self.runtime.node(node).get("python")  # checked again: it may have changed since
+        python = node_python.resolve(declared, node, ident, hide) if declared else None
+        home = uids.prepare_node_dir(self.workdir, node, ident)
+        read = [*privilege.python_dirs(), *(python.shown if python else ()), real(os.path.join(self.code_root, "dml_app")),
+                real(self.workdir)]
         return fsview.View(read=tuple(dict.fromkeys(read)), write=(real(home),), hide=tuple(dict.fromkeys(hide)),
-                              home=home)
+                           home=home, python=python.path if python else None)
 
     # watching and stopping ----------------------------------------------------------------------
     def processes(self) -> list[dict[str, Any]]:

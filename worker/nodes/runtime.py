@@ -11,6 +11,7 @@ testbed's resources (``Naming``), and the checks of a creation against the state
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional, Protocol, Sequence, runtime_checkable
@@ -72,6 +73,7 @@ class NodeSpec:
     mem_bytes: Optional[int] = None
     ip: Optional[str] = None
     pids_max: Optional[int] = None
+    python: Optional[str] = None  # a virtual environment (``worker.confinement.node_python``)
 
     @classmethod
     def from_dict(cls, data: Any, place: Optional[str] = None) -> "NodeSpec":
@@ -94,7 +96,9 @@ NODE_SPEC_SCHEMA = Schema({
     "cpu": Field(float, "CPU cores", nullable=True, low=0, low_open=True, high=1024),
     "mem_bytes": Field(int, "memory limit in bytes", nullable=True, low=4 * 1024 * 1024),
     "ip": replace(IPV4_ADDRESS, nullable=True, doc="a physical device's address"),
-    "pids_max": Field(int, "most processes", nullable=True, low=MIN_PIDS_MAX, high=MAX_PIDS_MAX)})
+    "pids_max": Field(int, "most processes", nullable=True, low=MIN_PIDS_MAX, high=MAX_PIDS_MAX),
+    "python": Field(str, "a virtual environment's path: its bin/ first on PATH, shown to the node", nullable=True,
+                    max_len=1024)})
 
 
 def _node_place(place: Optional[str], name: Any) -> str:
@@ -126,9 +130,29 @@ def new_specs(state: dict[str, Any], specs: Sequence[NodeSpec]) -> list[NodeSpec
         elif (old["cpu"], old["mem_bytes"], old.get("pids_max")) != (spec.cpu, spec.mem_bytes, spec.pids_max):
             raise ConfigError(f"node {spec.name!r} exists with cpu={old['cpu']} mem_bytes={old['mem_bytes']} "
                               f"pids_max={old.get('pids_max')}; reset before changing its limits")
+        elif old.get("python") != spec.python:
+            raise ConfigError(f"node {spec.name!r} exists with python {old.get('python')!r}, not "
+                              f"{spec.python!r}; reset before changing it")
     if len(state["nodes"]) + len(todo) > MAX_NODES:
         raise ConfigError(f"at most {MAX_NODES} nodes per testbed")
     return todo
+
+
+def worker_dirs(store: Any) -> tuple[str, ...]:
+    """The worker's own directories on this host (state, run records), which no node sees."""
+    from worker.state import host_run_dir, state_root
+
+    return (state_root(), os.path.dirname(store.dir), host_run_dir())
+
+
+def check_pythons(specs: Sequence[NodeSpec], store: Any, ident_of: Optional[Any] = None) -> None:
+    """Every declared Python of ``specs`` checked on this host (``worker.confinement.node_python``),
+    before anything is made; ``ident_of(spec)``: the node's identity when it is known already."""
+    from worker.confinement import node_python
+
+    for spec in specs:
+        if spec.python is not None:
+            node_python.resolve(spec.python, spec.name, ident_of(spec) if ident_of else None, worker_dirs(store))
 
 
 def claim_runtime(state: dict[str, Any], kind: str, testbed_id: str) -> None:
