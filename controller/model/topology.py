@@ -92,7 +92,8 @@ _NODE_DICT = Schema({
     "name": Field(str, required=True), "kind": Field(str), "host": Field(str),
     "cpu": Field(float, nullable=True), "mem_bytes": Field(int, nullable=True), "ip": Field(str, nullable=True),
     "uplink_bps": Field(int, nullable=True), "downlink_bps": Field(int, nullable=True),
-    "pids_max": Field(int, nullable=True), "standby": Field(bool), "python": Field(str, nullable=True)})  # values checked further by add_node
+    "pids_max": Field(int, nullable=True), "standby": Field(bool),
+    "python": Field(str, nullable=True)})  # values checked further by add_node
 _LINK_DICT = Schema({"src": Field(str, "a node name", required=True),
                      "dst": Field(str, "a node name", required=True),
                      "shape": Field(dict, "how the link is shaped", required=True)})
