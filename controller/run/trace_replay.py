@@ -81,6 +81,9 @@ class TraceReplay:
         self._stopped = False
         self._thread: Optional[threading.Thread] = None
         self._errors: set[str] = set()
+        # held while rates are sent: an ``end`` waits for a tick under way, so that no rate of a
+        # trace lands after the constant rate that ended it
+        self._sending = threading.Lock()
 
     # the links --------------------------------------------------------------------------------
     @property
@@ -103,8 +106,9 @@ class TraceReplay:
         if apply_now and links:  # (a refusal is the caller's error, not a tick's)
             t_s = self.now_s()
             first = due(links, t_s, {})
-            self.worker.set_rates({"version": 1, "rates": [{"src": s, "dst": d, "rate_bps": r}
-                                                           for (s, d), r in first.items()]})
+            with self._sending:
+                self.worker.set_rates({"version": 1, "rates": [{"src": s, "dst": d, "rate_bps": r}
+                                                               for (s, d), r in first.items()]})
             with self._cond:
                 self.last.update({k: r for k, r in first.items() if k in self.links})
             if self.on_change is not None:
@@ -112,7 +116,7 @@ class TraceReplay:
 
     def end(self, keys: Iterable[Key]) -> list[Key]:
         """Stop replaying on ``keys`` (their rate is set otherwise now); the ones that were replayed."""
-        with self._cond:
+        with self._sending, self._cond:
             ended = [k for k in keys if self.links.pop(k, None) is not None]
             for k in ended:
                 self.last.pop(k, None)
@@ -156,10 +160,11 @@ class TraceReplay:
 
     def tick(self, planned_s: float) -> dict[Key, int]:
         """Apply the rates of time ``planned_s``: those that changed, in one request; a row."""
-        with self._cond:
-            links = list(self.links.values())
-            changed = due(links, planned_s, self.last)
-        return self._apply(changed, planned_s, len(links))
+        with self._sending:
+            with self._cond:
+                links = list(self.links.values())
+                changed = due(links, planned_s, self.last)
+            return self._apply(changed, planned_s, len(links))
 
     def _apply(self, changed: dict[Key, int], planned_s: float, links: int) -> dict[Key, int]:
         outcome = "applied"
