@@ -106,9 +106,13 @@ class TraceReplay:
         if apply_now and links:  # (a refusal is the caller's error, not a tick's)
             t_s = self.now_s()
             first = due(links, t_s, {})
-            with self._sending:
-                self.worker.set_rates({"version": 1, "rates": [{"src": s, "dst": d, "rate_bps": r}
-                                                               for (s, d), r in first.items()]})
+            try:
+                with self._sending:
+                    self.worker.set_rates({"version": 1, "rates": [{"src": s, "dst": d, "rate_bps": r}
+                                                                   for (s, d), r in first.items()]})
+            except TestbedError:
+                self.end(link.key for link in links)  # not replayed: no tick retries them
+                raise
             with self._cond:
                 self.last.update({k: r for k, r in first.items() if k in self.links})
             if self.on_change is not None:

@@ -190,3 +190,21 @@ def test_a_scenario_trace_starts_a_replay_and_a_link_event_ends_it(tmp_path):
     assert set(runner.replay.links) == {("n2", "n1")} and worker.calls[-1] == ("set_links", [("n1", "n2")])
     with pytest.raises(ConfigError, match="needs a scenario file"):
         resolve(doc, topo)
+
+
+def test_a_trace_whose_first_rate_is_refused_is_not_replayed():
+    worker = RateWorker()
+    worker.refuse = "no shaped link a->b on this host"
+    replayer = TraceReplay(worker, clock=lambda: 0.0, progress=lambda _: None)
+    replayer.t0 = 0.0
+    with pytest.raises(ShapingError, match="no shaped link"):
+        replayer.add([TracedLink("a", "b", replay([1, 2]))], apply_now=True)
+    assert replayer.links == {} and replayer.tick(0.1) == {}
+
+
+def test_set_rates_bodies_are_checked():
+    with pytest.raises(ConfigError, match="rate_bps"):
+        bodies.checked(bodies.SET_RATES, {"version": 1, "rates": [{"src": "a", "dst": "b", "rate_bps": 0}]})
+    with pytest.raises(ConfigError, match="unknown field"):
+        bodies.checked(bodies.SET_RATES, {"version": 1, "rates": [{"src": "a", "dst": "b", "rate_bps": 8,
+                                                                   "delay_ms": 1}]})
