@@ -122,7 +122,8 @@ class Role:
         self.round_events = 0
         self.finished = False  # rounds done (or failed): handlers answer, and drop what comes
         self.transport: Transport = ctx.transport if ctx.transport is not None else HttpTransport(self.connect,
-                                                                                                 ctx.auth)
+                                                                                                 ctx.auth,
+                                                                                                 self.body_limit)
         self._traffic_lock = threading.Lock()
         self._global_eval: dict[int, tuple[Any, Any, int]] = {}  # by thread: E-tree evaluates in several
         self.eval_plan = EvalPlan.of(ctx.conf)  # when, and on how many samples, the global test set

@@ -36,7 +36,7 @@ SECRET_ENV = "EDGETB_NODE_SECRET"
 CONTROLLER = "controller"  # the controller's name as a sender or destination
 E2E = ("X-Edgetb-From", "X-Edgetb-Ts", "X-Edgetb-Nonce", "X-Edgetb-Sig")
 HOP = ("X-Edgetb-Hop", "X-Edgetb-Hop-Ts", "X-Edgetb-Hop-Nonce", "X-Edgetb-Hop-Sig")
-DIGEST = "X-Edgetb-Digest"  # hex body_hash of a call to the controller: its MAC is checked before the body is read
+DIGEST = "X-Edgetb-Digest"  # hex body_hash of a signed call: its MAC is checked before the body is read
 
 
 class AuthFailed(Exception):
@@ -84,10 +84,23 @@ def mac(key: bytes, method: str, target: str, dest: str, sender: str, ts: str, n
 
 def sign(key: bytes, names: tuple[str, str, str, str], method: str, target: str, dest: str, sender: str,
          body: bytes = b"", digest: Optional[bytes] = None) -> dict[str, str]:
-    """Headers (named by ``names``: sender, ts, nonce, sig) that sign a request."""
+    """Headers (named by ``names``: sender, ts, nonce, sig) that sign a request, and the body's
+    hash (``DIGEST``), so that the receiver checks the signature before it reads the body."""
     ts, nonce = f"{time.time():.3f}", os.urandom(12).hex()
-    sig = mac(key, method, target, dest, sender, ts, nonce, body_hash(body) if digest is None else digest)
-    return {names[0]: sender, names[1]: ts, names[2]: nonce, names[3]: sig}
+    digest = body_hash(body) if digest is None else digest
+    sig = mac(key, method, target, dest, sender, ts, nonce, digest)
+    return {names[0]: sender, names[1]: ts, names[2]: nonce, names[3]: sig, DIGEST: digest.hex()}
+
+
+def claimed_digest(headers: Mapping[str, str]) -> bytes:
+    """The body hash lower-cased ``headers`` claim (``DIGEST``); AuthFailed when there is none."""
+    try:
+        digest = bytes.fromhex(headers.get(DIGEST.lower(), ""))
+    except ValueError:
+        digest = b""
+    if len(digest) != KEY_BYTES:
+        raise AuthFailed(f"no body hash ({DIGEST})")
+    return digest
 
 
 class ReplayGuard:
@@ -169,23 +182,10 @@ class NodeKeys:
             parsed[str(peer)] = key
         self.peers = parsed
 
-    def precheck(self, kind: str, headers: Mapping[str, str]) -> None:
-        """Before a body is read: the headers name a sender this node has a key for.
-        ``kind``: ``controller``, ``peer`` (end to end and hop) or ``hop``."""
-        if kind == "controller":
-            if claimed(headers, E2E)[0] != CONTROLLER:
-                raise AuthFailed("this call is for the controller only")
-            return
-        self._peer_key(claimed(headers, HOP)[0])
-        if kind == "peer":
-            self._peer_key(claimed(headers, E2E)[0])
-
     # to and from the controller
     def controller_headers(self, method: str, target: str, body: bytes = b"") -> dict[str, str]:
         """The signature of a call to the controller, with the body's hash in ``DIGEST``."""
-        digest = body_hash(body)
-        return {**sign(self.to_controller, E2E, method, target, CONTROLLER, self.name, digest=digest),
-                DIGEST: digest.hex()}
+        return sign(self.to_controller, E2E, method, target, CONTROLLER, self.name, body)
 
     def check_controller(self, headers: Mapping[str, str], method: str, target: str, digest: bytes) -> None:
         claim = claimed(headers, E2E)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
-from dml_app.runtime.auth import AuthFailed, NodeKeys, body_hash
+from dml_app.runtime.auth import AuthFailed, NodeKeys, body_hash, claimed_digest, compare_digest
 from dml_app.wire import bounded_json
 
 MAX_BODY_BYTES = 256 * 1024 * 1024  # no route takes more, whatever its own limit says
@@ -145,13 +145,21 @@ class Router:
         query_string = environ.get("QUERY_STRING", "")
         target = path + (f"?{query_string}" if query_string else "")
         headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
-        keys = None
-        if route.auth != "public":
+        sender = hop = ""
+        digest = b""
+        if route.auth != "public":  # the signature over the claimed body hash, before the body is read
             keys = self.keys()
             if keys is None:
                 raise self._refuse_body(environ, 401, "unauthorized", "this node has no keys yet")
             try:
-                keys.precheck(route.auth, headers)
+                digest = claimed_digest(headers)
+                if route.auth == "controller":
+                    keys.check_controller(headers, method, target, digest)
+                    sender = "controller"
+                else:
+                    hop = keys.check_hop(headers, method, target, digest)
+                    if route.auth == "peer":
+                        sender = keys.check_peer(headers, method, path, digest)
             except AuthFailed as e:
                 raise self._refuse_body(environ, 401, "unauthorized", str(e)) from None
         limit = min(route.max_body() if callable(route.max_body) else route.max_body, MAX_BODY_BYTES)
@@ -161,28 +169,24 @@ class Router:
         body = environ["wsgi.input"].read(length) if length else b""
         if len(body) != length:
             raise HttpError(400, "short_body", f"body ended after {len(body)} of {length} bytes")
+        if digest and not compare_digest(body_hash(body), digest):
+            raise HttpError(401, "unauthorized", "the body is not the one signed")
         req = Request(method, path, {k: v[0] for k, v in parse_qs(query_string).items()}, body,
-                      environ.get("CONTENT_TYPE", ""), headers)
-        if keys is not None:
-            try:
-                digest = body_hash(body)
-                if route.auth == "controller":
-                    keys.check_controller(headers, method, target, digest)
-                    req.sender = "controller"
-                else:
-                    req.hop = keys.check_hop(headers, method, target, digest)
-                    if route.auth == "peer":
-                        req.sender = keys.check_peer(headers, method, path, digest)
-            except AuthFailed as e:
-                raise HttpError(401, "unauthorized", str(e)) from None
+                      environ.get("CONTENT_TYPE", ""), headers, sender=sender, hop=hop)
         return route.handler(req)
+
+
+class AnswerTooLarge(ConnectionError):
+    """An answer longer than the caller takes."""
 
 
 def request(method: str, url: str, body: Optional[bytes] = None, content_type: str = JSON,
             timeout_s: float = 30.0, retries: int = 0, backoff_s: float = 0.5,
-            headers: Optional[dict[str, str] | Callable[[], dict[str, str]]] = None) -> tuple[int, bytes]:
+            headers: Optional[dict[str, str] | Callable[[], dict[str, str]]] = None,
+            max_answer_bytes: int = MAX_BODY_BYTES) -> tuple[int, bytes]:
     """One HTTP request (retried on connection errors); returns (status, body). ``headers``
-    may be a function, called for each attempt (signatures with fresh nonces). An attempt
+    may be a function, called for each attempt (signatures with fresh nonces). An answer over
+    ``max_answer_bytes`` is a ``ConnectionError`` (not retried), read no further. An attempt
     is given up after ``timeout_s`` in all (connecting and sending, then what is left of it
     for the answer to begin), so a send to a dead or cut-off peer does not linger."""
     parts = urlsplit(url)
@@ -199,7 +203,15 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
             if conn.sock is not None:  # the answer gets what is left of the attempt's time
                 conn.sock.settimeout(max(0.001, timeout_s - (time.monotonic() - began)))
             resp = conn.getresponse()
-            return resp.status, resp.read()
+            if (resp.length or 0) > max_answer_bytes:
+                raise AnswerTooLarge(f"{method} {url}: an answer of {resp.length} bytes, over the "
+                                     f"{max_answer_bytes} taken")
+            answer = resp.read(max_answer_bytes + 1)
+            if len(answer) > max_answer_bytes:
+                raise AnswerTooLarge(f"{method} {url}: an answer over the {max_answer_bytes} bytes taken")
+            return resp.status, answer
+        except AnswerTooLarge:
+            raise
         except (OSError, http.client.HTTPException) as e:
             last = e
             if attempt < retries:

@@ -10,11 +10,11 @@ in-memory transport of ``dml_app.roles.memory``.
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 from urllib.parse import quote
 
 from dml_app.runtime.auth import NodeKeys, body_hash
-from dml_app.runtime.http import request
+from dml_app.runtime.http import CONTROL_BODY_BYTES, request
 
 TTL_HEADER = "X-Edgetb-Ttl"  # relays left before a message is dropped (loops cannot live)
 MAX_RELAYS = 16
@@ -33,10 +33,12 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    """Signed HTTP to linked nodes (``connect``: linked node -> "ip:port")."""
+    """Signed HTTP to linked nodes (``connect``: linked node -> "ip:port"); an answer longer than
+    ``answer_limit()`` bytes (by default a control message's) is refused unread."""
 
-    def __init__(self, connect: dict[str, str], keys: Optional[NodeKeys]) -> None:
-        self.connect, self.keys = connect, keys
+    def __init__(self, connect: dict[str, str], keys: Optional[NodeKeys],
+                 answer_limit: Callable[[], int] = lambda: CONTROL_BODY_BYTES) -> None:
+        self.connect, self.keys, self.answer_limit = connect, keys, answer_limit
 
     def post(self, hop: str, dest: str, path: str, body: bytes, content_type: str, timeout_s: float,
              retries: int = 1, ttl: int = MAX_RELAYS, signed: Optional[dict[str, str]] = None) -> bytes:
@@ -51,7 +53,7 @@ class HttpTransport:
             return {**e2e, **keys.hop_headers(hop, "POST", target, digest), TTL_HEADER: str(ttl)}
 
         status, answer = request("POST", f"http://{self.connect[hop]}{target}", body, content_type, timeout_s,
-                                 retries, headers=headers)
+                                 retries, headers=headers, max_answer_bytes=self.answer_limit())
         if status >= 400:
             raise ConnectionError(f"{status}: {answer[:200]!r}")
         return answer

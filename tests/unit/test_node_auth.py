@@ -150,7 +150,7 @@ def test_a_node_holds_no_key_for_pairs_it_is_not_in():
     signed = {**nodes["a"].peer_headers("b", "POST", "/gossip", auth.body_hash(b"")),
               **nodes["a"].hop_headers("b", "POST", "/gossip", auth.body_hash(b""))}
     with pytest.raises(auth.AuthFailed, match="exchanges no messages with 'a'"):
-        nodes["c"].precheck("peer", lower(signed))
+        nodes["c"].check_hop(lower(signed), "POST", "/gossip", auth.body_hash(b""))
 
 
 def test_talking_pairs_and_completed_confs():
@@ -236,12 +236,25 @@ def test_router_refuses_bodies_without_reading_them():
     status, answer, stream, _ = call(router, "POST", "/gossip", b"x" * 1001)
     assert status == 401 and stream.position == 0  # unsigned: refused on its headers
     n2 = auth.NodeKeys("n2", keys.node_secret("n2"), {"n1": keys.pair_key("n1", "n2")})
-    digest = auth.body_hash(b"x" * 1001)
-    signed = {**n2.peer_headers("n1", "POST", "/gossip", digest), **n2.hop_headers("n1", "POST", "/gossip", digest)}
-    status, answer, stream, _ = call(router, "POST", "/gossip", b"x" * 1001, signed)
+
+    def signed(body: bytes) -> dict:
+        digest = auth.body_hash(body)
+        return {**n2.peer_headers("n1", "POST", "/gossip", digest), **n2.hop_headers("n1", "POST", "/gossip", digest)}
+
+    status, answer, stream, _ = call(router, "POST", "/gossip", b"x" * 1001, signed(b"x" * 1001))
     assert status == 413 and answer["error"] == "too_large" and stream.position == 0
-    status, answer, stream, _ = call(router, "POST", "/gossip", b"x" * 10, signed, length=20)
+    status, answer, stream, _ = call(router, "POST", "/gossip", b"x" * 10, signed(b"x" * 10), length=20)
     assert status == 400 and answer["error"] == "short_body"
+    # the signature is checked before the body is read: a forged one reads nothing
+    forged = {**signed(b"y" * 500), "X-Edgetb-Sig": "00" * 32}
+    status, answer, stream, _ = call(router, "POST", "/gossip", b"y" * 500, forged)
+    assert status == 401 and stream.position == 0
+    # and the body read must be the one whose hash was signed
+    status, answer, stream, _ = call(router, "POST", "/gossip", b"z" * 500, signed(b"y" * 500))
+    assert status == 401 and answer["detail"] == "the body is not the one signed"
+    unhashed = {k: v for k, v in signed(b"y" * 500).items() if k != auth.DIGEST}
+    status, answer, stream, _ = call(router, "POST", "/gossip", b"y" * 500, unhashed)
+    assert status == 401 and "no body hash" in answer["detail"] and stream.position == 0
     # an unsigned body under the limit is not read either
     status, _, stream, _ = call(router, "POST", "/gossip", b"x" * 500)
     assert status == 401 and stream.position == 0
@@ -366,3 +379,39 @@ def test_etree_positions_get_the_samples_of_each_child_subtree():
     assert confs["a"]["positions"][0]["child_samples"] == {"b": 60}  # b's subtree: b and d
     assert confs["a"]["positions"][1]["child_samples"] == {"c": 30}
     assert confs["b"]["positions"][0]["child_samples"] == {"d": 40}
+
+
+def test_a_peers_answer_over_what_the_caller_takes_is_refused_unread():
+    """Answers are capped (by their length, and while reading one without a length), not retried."""
+    import http.server
+    import threading
+
+    from dml_app.runtime.http import AnswerTooLarge, request
+
+    class Answers(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the handler's name
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            if self.path == "/chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(b"3e8\r\n" + b"y" * 1000 + b"\r\n" + b"0\r\n\r\n")
+                return
+            size = 10_000 if self.path == "/big" else 10
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            self.wfile.write(b"x" * size)
+
+        def log_message(self, *_):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert request("POST", url + "/small", b"{}", max_answer_bytes=100) == (200, b"x" * 10)
+        for path in ("/big", "/chunked"):
+            with pytest.raises(AnswerTooLarge, match="over the 100"):
+                request("POST", url + path, b"{}", max_answer_bytes=100, retries=3, backoff_s=5)
+    finally:
+        server.shutdown()
