@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,18 +24,29 @@ LINKS = {"a": [{"dest": "b", "bw": "10mbit"}], "b": [{"dest": "a", "bw": "10mbit
 
 
 @pytest.fixture
-def two_nodes(tmp_path):
-    """Nodes a (10.233.0.2) and b (10.233.0.3) of a testbed of their own; always taken down."""
+def testbed(tmp_path):
+    """The environment of a testbed of its own (brought up by the test); always taken down,
+    nothing of it left."""
     tb = "p" + secrets.token_hex(2)
     env = dict(os.environ, EDGETB_ID=tb, EDGETB_SUBNET=SUBNET, EDGETB_STATE_DIR=str(tmp_path / "state"))
-    run(["up", write(tmp_path, "links.json", LINKS)], env)
     yield env
     run(["down"], env, check=False)
+    assert_nothing_left(env)
+
+
+def assert_nothing_left(env: dict[str, str]) -> None:
     from worker.nodes.netns import NetnsRuntime
     from worker.state import StateStore
 
-    left = NetnsRuntime(StateStore(tb, str(tmp_path / "state")), SUBNET).leftovers()
+    left = NetnsRuntime(StateStore(env["EDGETB_ID"], env["EDGETB_STATE_DIR"]), SUBNET).leftovers()
     assert not any(left.values()), left
+
+
+@pytest.fixture
+def two_nodes(testbed, tmp_path):
+    """Nodes a (10.233.0.2) and b (10.233.0.3) of a testbed of their own."""
+    run(["up", write(tmp_path, "links.json", LINKS)], testbed)
+    return testbed
 
 
 def records(env: dict[str, str], node: str = "") -> list[dict]:
@@ -145,3 +157,53 @@ def test_down_stops_running_programs_and_leaves_no_process_of_a_node(two_nodes):
     while (left := live_pids_of_uids(uids) + [p for p in supervisors if status_field(p, "Pid")]):
         assert time.monotonic() < deadline, f"left after down: {left}"
         time.sleep(0.1)
+
+
+@pytest.fixture
+def venv(tmp_path):
+    """A virtual environment in the system's temporary directory (as the issue found it: under
+    directories closed to others), with a helper program of its own in bin/."""
+    path = tmp_path / "envs" / "flwr"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    helper = path / "bin" / "edgetb-helper"
+    helper.write_text("#!/bin/sh\necho \"helper $(id -u)\"\n")
+    for p in (path.parent, *(d for d in path.rglob("*") if d.is_dir()), path):
+        p.chmod(0o755)
+    helper.chmod(0o755)
+    return str(path)
+
+
+def test_a_declared_python_leads_the_nodes_path_and_is_in_its_view(testbed, tmp_path, venv):
+    env = testbed
+    nodes = write(tmp_path, "nodes.json", {"defaults": {"python": venv}, "nodes": [{"name": "a"}, {"name": "b"}]})
+    run(["up", write(tmp_path, "links.json", LINKS), "--nodes", nodes], env)
+    probe = "import os, sys; print(sys.prefix); print(os.environ['PATH'].split(':')[0])"
+    assert run(["exec", "a", "--", "python3", "-c", probe], env).stdout.split() == [venv, f"{venv}/bin"]
+    helper = run(["exec", "a", "--", "edgetb-helper"], env).stdout.split()  # started by name
+    assert helper[0] == "helper" and helper[1] != "0"
+    detached = run(["exec", "-d", "b", "--", "sh", "-c", "command -v python3; command -v edgetb-helper"],
+                   env).stdout.strip()
+    assert run(["logs", "-f", detached], env).stdout.split() == [f"{venv}/bin/python3", f"{venv}/bin/edgetb-helper"]
+    write_it = run(["exec", "a", "--", "touch", f"{venv}/written"], env, check=False)
+    assert write_it.returncode != 0 and not os.path.exists(f"{venv}/written")  # read-only
+    # nothing else of /tmp: not the files beside it; the worker's state dir there covered (no file)
+    assert set(run(["exec", "a", "--", "ls", str(tmp_path)], env).stdout.split()) <= {"envs", "state"}
+    assert run(["exec", "a", "--", "find", str(tmp_path / "state"), "-type", "f"], env).stdout == ""
+
+
+@pytest.mark.parametrize("case", ["missing", "unreadable", "not-a-python"])
+def test_a_declared_python_that_cannot_serve_is_refused_before_anything_is_made(testbed, tmp_path, venv, case):
+    env = testbed
+    bad = {"missing": str(tmp_path / "nope"), "unreadable": str(tmp_path / "closed"), "not-a-python": str(tmp_path / "envs")}[case]
+    if case == "unreadable":
+        shutil.copytree(venv, bad, symlinks=True)
+        os.chmod(bad, 0o750)
+    nodes = write(tmp_path, "nodes.json", {"nodes": [{"name": "a", "python": venv}, {"name": "b", "python": bad}]})
+    up = run(["up", write(tmp_path, "links.json", LINKS), "--nodes", nodes], env, check=False)
+    says = {"missing": "it does not exist", "unreadable": "cannot read the environment",
+            "not-a-python": "not a Python environment"}[case]
+    assert up.returncode != 0 and f"node 'b': python '{bad}'" in up.stderr and says in up.stderr, up.stderr
+    assert "node 'a'" not in up.stderr
+    assert_nothing_left(env)
+    status = json.loads(run(["status", "--json"], env).stdout)
+    assert status["nodes"] == [] and status["processes_running"] == 0

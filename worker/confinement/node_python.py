@@ -93,11 +93,11 @@ def resolve(path: object, node: str, ident: Optional[Identity] = None, hidden: I
                               "see; create the environment elsewhere")
     readable(real, st, "the environment")
     bin_dir = os.path.join(real, "bin")
-    readable(bin_dir, stat_of(bin_dir, "its bin/ directory"), "its bin/ directory")
     found = next((os.path.join(bin_dir, n) for n in INTERPRETERS if os.path.lexists(os.path.join(bin_dir, n))), None)
     if found is None:
         raise ConfigError(f"{where}: not a Python environment (no bin/python3 or bin/python in it): "
                           "create one with 'python3 -m venv PATH'")
+    readable(bin_dir, stat_of(bin_dir, "its bin/ directory"), "its bin/ directory")
     interpreter = os.path.realpath(found)
     ist = stat_of(interpreter, f"its interpreter {found} (leading to {interpreter})")
     if not stat.S_ISREG(ist.st_mode) or not may(ist, ident, X):
