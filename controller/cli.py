@@ -177,7 +177,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         found = sweep.load_sweep(args.file, args.workdir)
         sweep.check(found)
         for plan in found.runs:
-            print(f"run {plan.index}: {plan.name}: {found.algorithm_of(plan)}, {sweep.describe(plan) or 'the base'}")
+            algorithm = "" if "algorithm" in plan.params else f"{found.algorithm_of(plan)}, "
+            print(f"run {plan.index} ({plan.name}): {algorithm}{sweep.describe(plan) or 'the base files'}")
         print(f"{len(found.runs)} runs, every file valid; the sweep folder: {found.out}")
         return 0
     outcome = sweep.run_sweep(args.file, args.workdir, retry_failed=args.retry_failed, plots=not args.no_plots)
@@ -413,9 +414,10 @@ def _exec_through_agent(worker: Worker, node: str, argv: list[str], env: dict[st
     before = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     record: Optional[dict[str, Any]] = None
     stopped: dict[str, Any] = {}
+    reader = programs.LogReader()
     try:
         record = programs.start(worker, node, argv, env)
-        for text in programs.follow(worker, record["id"]):
+        for text in programs.follow(worker, record["id"], reader=reader):
             sys.stdout.write(text)
             sys.stdout.flush()
         code = programs.find(worker, record["id"]).get("returncode")
@@ -426,8 +428,11 @@ def _exec_through_agent(worker: Worker, node: str, argv: list[str], env: dict[st
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
-        if record is not None:  # stopped when it runs, forgotten in any case
-            stopped = worker.stop_process(node, record["id"])
+        if record is not None:  # stopped when it runs, forgotten in any case; what it wrote as it stopped printed
+            stopped = worker.stop_process(node, record["id"], reader.offset)
+            if "log" in stopped:
+                sys.stdout.write(reader.feed(stopped["log"]) + reader.end())
+                sys.stdout.flush()
     if code is None:
         code = stopped.get("returncode")
     if code is None:

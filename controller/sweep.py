@@ -85,7 +85,7 @@ class Files:
 
     @property
     def label(self) -> str:
-        return os.path.basename(self.sweep.path)
+        return self.sweep.label
 
     def doc(self, path: str) -> Any:
         if path not in self._docs:
@@ -158,7 +158,7 @@ def check_files(paths: dict[str, str], algorithm: str) -> None:
 
 def run_values(sweep: Sweep, plan: RunPlan) -> list[tuple[str, Any, Place]]:
     """What ``plan`` writes into its files: (parameter, value, where the sweep file asks it)."""
-    label = os.path.basename(sweep.path)
+    label = sweep.label
     out = [(name, value, Place(label, (f"vary[{name!r}]",))) for name, value in plan.params.items()
            if name != ALGORITHM]
     if plan.seed is not None:
@@ -170,7 +170,7 @@ def check(sweep: Sweep, files: Optional[Files] = None) -> None:
     """Refuse, before any run, a parameter path or value the experiment's files refuse: each
     value alone (the error names the sweep file, the parameter and the value), then every run."""
     files = files or Files(sweep)
-    label = os.path.basename(sweep.path)
+    label = sweep.label
     algorithms = sorted({sweep.algorithm_of(r) for r in sweep.runs})
     for algorithm in algorithms:
         files.base_paths(algorithm)  # inside the experiment directory
@@ -253,7 +253,7 @@ class SweepDir:
         """Record the plan; an earlier sweep in the folder must have read the same base files."""
         old = read_json(os.path.join(self.path, table.PLAN_JSON))
         if isinstance(old, dict) and old.get("base_digest") not in (None, digest):
-            raise ConfigError(f"{os.path.basename(sweep.path)}: the experiment's files changed since the sweep in "
+            raise ConfigError(f"{sweep.label}: the experiment's files changed since the sweep in "
                               f"{self.path} started; its runs would not compare. Set \"out\" to a new folder to "
                               "start a new sweep, or restore the files")
         with open(sweep.path, "rb") as f:

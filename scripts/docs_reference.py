@@ -66,6 +66,11 @@ SCHEMAS = {
     "at-round": ("controller.model.scenario", "AT_ROUND"),
     "event": "_event_schema",
     "telemetry": ("controller.model.telemetry_conf", "TELEMETRY_SCHEMA"),
+    "sweep": ("controller.model.sweep", "SWEEP"),
+    "sweep-base": ("controller.model.sweep", "BASE"),
+    "sweep-range": ("controller.model.sweep", "RANGE"),
+    "sweep-repeats": ("controller.model.sweep", "REPEATS"),
+    "sweep-run": ("controller.model.sweep", "RUN"),
 }
 
 # scenario event kind -> the Schema of its value (module, name), or its value in words

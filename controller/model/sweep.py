@@ -263,6 +263,7 @@ class Sweep:
     run: dict[str, Any]
     out: str  # the sweep folder, inside workdir
     runs: list[RunPlan] = field(default_factory=list)
+    label: str = ""  # the sweep file as errors name it (relative to workdir when inside it)
 
     @property
     def varied(self) -> list[str]:
@@ -302,7 +303,8 @@ def load_sweep(path: str, workdir: Optional[str] = None) -> Sweep:
     file's directory) is the experiment directory. Any problem: ``ConfigError`` naming the file
     and the place."""
     workdir = os.path.realpath(workdir or os.path.dirname(os.path.abspath(path)))
-    label = os.path.relpath(os.path.abspath(path), workdir) if os.path.abspath(path).startswith(workdir) else path
+    real = os.path.realpath(path)
+    label = os.path.relpath(real, workdir) if os.path.commonpath([real, workdir]) == workdir else path
     data = read_object(path, ConfigError, '{"vary": {"links.*[*].bw": ["5mbit", "20mbit"]}, "repeats": 3}')
     top = SWEEP.validate(data, Place(label))
     base = top["base"] or BASE.validate({}, Place(label, ("base",)))
@@ -365,7 +367,7 @@ def load_sweep(path: str, workdir: Optional[str] = None) -> Sweep:
         if base[role]:
             inside(workdir, base[role], f"{label}: base, field {role!r}")
     sweep = Sweep(path=os.path.abspath(path), workdir=workdir, base=base, params=params, seeds=seeds,
-                  seed_paths=seed_paths, exclude=exclude, run=run, out=out)
+                  seed_paths=seed_paths, exclude=exclude, run=run, out=out, label=label)
     sweep.runs = expand(sweep)
     if not sweep.runs:
         raise ConfigError(f"{label}: field 'exclude' leaves out every configuration (the grid is empty)")
@@ -400,7 +402,7 @@ def expand(sweep: Sweep) -> list[RunPlan]:
 def apply(docs: dict[str, Any], sweep: Sweep, plan: RunPlan) -> set[str]:
     """Write ``plan``'s values and seed into ``docs`` (file role -> document, changed in place);
     the roles changed. An unknown path: ``ConfigError`` naming the sweep file and the parameter."""
-    label = os.path.basename(sweep.path)
+    label = sweep.label
     changed: set[str] = set()
     paths = sweep.paths()
     items = [(name, value, Place(label, (f"vary[{name!r}]",))) for name, value in plan.params.items()

@@ -170,7 +170,12 @@ def test_json_block_loads(page, line, body, tmp_path):
     data = json.loads("\n".join(body))
     path = tmp_path / "example.json"
     path.write_text(json.dumps(data))
-    if "hosts" in data:
+    if "vary" in data:  # a sweep file, over the checkout's default experiment
+        from controller.model.sweep import load_sweep
+        from controller.sweep import check
+
+        check(load_sweep(str(path), str(ROOT)))
+    elif "hosts" in data:
         load_hosts(str(path))
     elif "nodes" in data:
         load_nodes(str(path))
