@@ -22,7 +22,7 @@ from worker.api import bodies
 from worker.api.bodies import REQUEST
 from worker.api.errors import ConfigError, TestbedError
 from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, check_version, ifname
-from worker.confinement import zygote
+from worker.confinement import privilege, zygote
 from worker.confinement.cgroups import detect_version
 from worker.nodes.netns import NetnsRuntime
 from worker.nodes.processes import MAX_LOG_READ_BYTES, Processes
@@ -139,7 +139,13 @@ class WorkerHost:
     def create_nodes(self, body: Any) -> dict[str, Any]:
         body = bodies.checked(bodies.CREATE_NODES, body)
         specs = [NodeSpec.from_dict(n, f"{REQUEST}: nodes[{i}]") for i, n in enumerate(body["nodes"])]
-        return {"version": API_VERSION, "nodes": self.runtime.create_nodes(specs)}
+        created = self.runtime.create_nodes(specs)
+        warnings = []
+        if self.runtime.kind == "netns" and specs and not privilege.per_mount_proc():
+            warnings.append(f"this kernel ({os.uname().release}) cannot give a node a /proc of its own (Linux 5.8 "
+                            "can): node processes see every process of this host in /proc (command lines, not "
+                            "environments); run untrusted node code on a newer kernel")
+        return {"version": API_VERSION, "nodes": created, **({"warnings": warnings} if warnings else {})}
 
     # shaping (worker.shaping.links) ------------------------------------------------------
     def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
@@ -174,8 +180,11 @@ class WorkerHost:
     def processes(self) -> dict[str, Any]:
         return versioned({"processes": self.procs.processes()})
 
-    def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
-        return versioned(self.procs.stop_process(node, proc_id, timeout_s))
+    def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0,
+                     log_offset: Optional[int] = None) -> dict[str, Any]:
+        """Stop a recorded process and forget it; with ``log_offset``, what its log holds from
+        there (``log``: bounded, in base64, as ``process_log``'s)."""
+        return versioned(self.procs.stop_process(node, proc_id, timeout_s, log_offset))
 
     def process_log(self, node: str, proc_id: str, offset: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
         """Up to ``limit`` bytes (64 KiB at most) of a recorded process's log from ``offset``, in

@@ -260,7 +260,9 @@ class Cluster:
         created = self._each(lambda name, w: w.create_nodes({"version": 1, "nodes": per_host[name]}), list(per_host))
         self.install_routes()
         by_name = {n["name"]: {**n, "host": host} for host, r in created.items() for n in r["nodes"]}
-        return {"version": 1, "nodes": [by_name[n["name"]] for n in body["nodes"]]}
+        warnings = [f"host {host}: {w}" for host, r in created.items() for w in r.get("warnings", [])]
+        return {"version": 1, "nodes": [by_name[n["name"]] for n in body["nodes"]],
+                **({"warnings": warnings} if warnings else {})}
 
     def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
         per_host = self._split(body["links"], "src")

@@ -195,7 +195,10 @@ def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet,
         worker.progress = progress  # type: ignore[attr-defined]  # a cluster's swarm fabric says what it made
     try:
         progress(f"creating {len(topology.nodes)} nodes")
-        created = worker.create_nodes(node_requests(topology))["nodes"]
+        made = worker.create_nodes(node_requests(topology))
+        created = made["nodes"]
+        for warning in made.get("warnings", []):
+            progress(f"warning: {warning}")
         ips = {n["name"]: n["ip"] for n in created}
         t_nodes = time.monotonic() - started
         progress(f"created {len(created)} nodes in {t_nodes:.2f} s; shaping {len(topology.links)} links ({topology.rates_text()})")

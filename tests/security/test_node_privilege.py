@@ -358,3 +358,27 @@ def test_unprivileged_node_can_still_ping(host: WorkerHost) -> None:
     assert seen == {"type": 0, "from": b_ip}  # an echo reply from b
     with open("/proc/sys/net/ipv4/ping_group_range") as f:
         assert f.read() == host_range  # the host's own setting is left alone
+
+
+def test_a_kernel_that_cannot_hide_pids_is_said_loudly(host: WorkerHost, monkeypatch) -> None:
+    """Before Linux 5.8 a node's /proc would be the host's: node creation says so, and the
+    bring-up prints it as a warning (here the kernel's answer is replaced, the rest is real)."""
+    from controller.model.topology import Topology
+    from controller.workers import deploy
+
+    assert "warnings" not in host.create_nodes(nodes_body("a"))
+    host.reset()
+    monkeypatch.setattr(privilege, "per_mount_proc", lambda: False)
+    made = host.create_nodes(nodes_body("b"))
+    assert len(made["warnings"]) == 1 and "/proc" in made["warnings"][0] and "5.8" in made["warnings"][0]
+    pids = run_py(host, "b", "import json, os; print(json.dumps(sorted(int(p) for p in os.listdir('/proc') "
+                             "if p.isdigit())))")
+    assert len(pids) > 1  # what the warning says: the host's processes are in view
+    host.reset()
+    printed: list[str] = []
+    topology = Topology()
+    topology.add_node("c")
+    topology.add_node("d")
+    topology.add_symmetric_link("c", "d", "20mbit")
+    deploy.deploy(topology, host, printed.append)
+    assert [line for line in printed if line.startswith("warning: this kernel")], printed
