@@ -34,6 +34,7 @@ from worker.api.peers import is_loopback_host
 from worker.api.protocol import API_VERSION, DEFAULT_SUBNET, OPERATIONS, SMALL_REQUEST_BYTES, Operation
 from worker.api.schema import Field, Place
 from worker.host import WorkerHost
+from worker.nodes.processes import STOP_GRACE_S
 from worker.serving import (bearer_matches, check_token, json_errors, request_limits, run_blocking,
                             serve)
 from worker.state import state_root
@@ -148,6 +149,8 @@ def _special_views(host: WorkerHost) -> dict[str, Callable[..., Any]]:
             "clear_links": lambda: run_blocking(host.clear_links, request.args.get("node")),
             "telemetry_read": lambda: run_blocking(host.telemetry_read, _int_arg("cursor", 0), _int_arg("limit", None)),
             "capture_chunks": capture_chunks,
+            "stop_process": lambda name, proc_id: run_blocking(host.stop_process, name, proc_id, STOP_GRACE_S,
+                                                               _int_arg("offset", None)),
             "process_log": lambda name, proc_id: run_blocking(host.process_log, name, proc_id, _int_arg("offset", 0),
                                                               _int_arg("limit", None))}
 

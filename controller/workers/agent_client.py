@@ -291,8 +291,9 @@ class AgentClient:
     def processes(self) -> dict[str, Any]:
         return self._op("processes")
 
-    def stop_process(self, node: str, proc_id: str) -> dict[str, Any]:
-        return self._op("stop_process", name=node, proc_id=proc_id)
+    def stop_process(self, node: str, proc_id: str, log_offset: Optional[int] = None) -> dict[str, Any]:
+        params = {"offset": str(log_offset)} if log_offset is not None else None
+        return self._op("stop_process", params=params, name=node, proc_id=proc_id)
 
     def process_log(self, node: str, proc_id: str, offset: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
         params = {"offset": str(offset)} | ({"limit": str(limit)} if limit is not None else {})

@@ -160,24 +160,44 @@ def stop(worker: Worker, proc_id: str) -> dict[str, Any]:
     return answer
 
 
-def follow(worker: Worker, proc_id: str, offset: int = 0, keep_following: bool = True,
-           poll_s: float = FOLLOW_POLL_S) -> Iterator[str]:
-    """The process's log as printable text, piece by piece from ``offset``; with
-    ``keep_following``, until the process has ended and its log is read to the end."""
-    node = find(worker, proc_id)["node"]
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    held = ""  # an escape sequence cut by the end of a read
-    while True:
-        piece = worker.process_log(node, proc_id, offset)
+class LogReader:
+    """A process's log turned into printable text piece by piece (``offset``: where the next
+    piece starts); a character or escape sequence cut by the end of a piece waits for the next."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held = ""
+
+    def feed(self, piece: dict[str, Any]) -> str:
+        """The text of a piece (``data_b64``, ``next_offset``) that can be printed now."""
         data = base64.b64decode(piece["data_b64"])
-        offset = piece["next_offset"]
-        if data:
-            ready, held = split_open_escape(held + decoder.decode(data))
-            if ready:
-                yield printable(ready)
+        self.offset = piece["next_offset"]
+        ready, self._held = split_open_escape(self._held + self._decoder.decode(data))
+        return printable(ready)
+
+    def end(self) -> str:
+        """What is left once the log has ended."""
+        tail, self._held = printable(self._held + self._decoder.decode(b"", final=True)), ""
+        return tail
+
+
+def follow(worker: Worker, proc_id: str, offset: int = 0, keep_following: bool = True,
+           poll_s: float = FOLLOW_POLL_S, reader: Optional[LogReader] = None) -> Iterator[str]:
+    """The process's log as printable text, piece by piece from ``offset`` (or ``reader``'s, which
+    then tells where the reading stopped); with ``keep_following``, until the process has ended
+    and its log is read to the end."""
+    node = find(worker, proc_id)["node"]
+    reader = reader or LogReader(offset)
+    while True:
+        piece = worker.process_log(node, proc_id, reader.offset)
+        if piece["data_b64"]:
+            text = reader.feed(piece)
+            if text:
+                yield text
             continue
         if not keep_following or not piece["running"]:
-            tail = printable(held + decoder.decode(b"", final=True))
+            tail = reader.end()
             if tail:
                 yield tail
             return

@@ -208,7 +208,9 @@ def test_programs_over_http_env_logs_stop_and_reset(agent: Agent):
     ran = agent.client.exec("a", {"version": 1, "argv": ["sh", "-c", 'echo "$X"'], "env": {"X": "7"}})
     assert ran["stdout"] == "7\n"  # exec takes an environment too
 
-    assert agent.client.stop_process("a", talker["id"])["stopped"] is True
+    stopped = agent.client.stop_process("a", talker["id"], 6)  # with the rest of its log, from an offset
+    assert stopped["stopped"] is True and base64.b64decode(stopped["log"]["data_b64"]) == b"agent\n"
+    assert stopped["log"]["next_offset"] == 12
     assert [p["id"] for p in agent.client.processes()["processes"]] == [stubborn["id"]]
     pid = stubborn["pid"]
     assert os.path.exists(f"/proc/{pid}")
@@ -248,6 +250,7 @@ def test_the_cli_through_an_agent_exec_detach_ps_logs_stop_and_signals(agent: Ag
                                                           'sleep 600 & wait')
     assert trapping.stdout.readline() == "ready\n"
     trapping.send_signal(signal.SIGTERM)
-    trapping.communicate(timeout=30)
-    assert trapping.returncode == 6  # its own exit code, after its trap ran (what it printed then is not shown)
+    rest, _ = trapping.communicate(timeout=30)
+    assert trapping.returncode == 6  # its own exit code, after its trap ran
+    assert rest == "got-term\n"  # what it printed as it stopped is shown too
     assert agent.client.processes()["processes"] == []

@@ -142,7 +142,7 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("start_process", "POST", "/nodes/<name>/processes", MEDIUM_REQUEST_BYTES, status=201, body=True),
     Operation("start_node", "POST", "/nodes/<name>/app", MEDIUM_REQUEST_BYTES, status=201, body=True),
     Operation("processes", "GET", "/processes", idempotent=True),
-    Operation("stop_process", "DELETE", "/nodes/<name>/processes/<proc_id>", idempotent=True),
+    Operation("stop_process", "DELETE", "/nodes/<name>/processes/<proc_id>", idempotent=True),  # ?offset= (log)
     Operation("process_log", "GET", "/nodes/<name>/processes/<proc_id>/log", idempotent=True),  # ?offset=&limit=
     # observation
     Operation("telemetry_start", "POST", "/telemetry/start", body=True),

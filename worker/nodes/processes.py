@@ -226,7 +226,11 @@ class Processes:
                 state["processes"][proc_id]["returncode"] = code
         return code
 
-    def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    def stop_process(self, node: str, proc_id: str, timeout_s: float = 5.0,
+                     log_offset: Optional[int] = None) -> dict[str, Any]:
+        """Stop the process (SIGTERM to its group, SIGKILL after ``timeout_s``) and forget it;
+        with ``log_offset``, the answer's ``log`` holds what it wrote from there (up to
+        ``MAX_LOG_READ_BYTES``: what it printed as it stopped, which no later read could get)."""
         rec = self.book.get(proc_id, self._state())
         if rec is None or rec["node"] != node:
             raise NotFound(f"no process {proc_id!r} in node {node!r}")
@@ -242,8 +246,13 @@ class Processes:
                 pass
         child = self._children.pop(proc_id, None)
         code = child.wait(timeout=timeout_s) if child else None
+        rest: dict[str, Any] = {}
+        if log_offset is not None:
+            data, _ = read_log_bytes(rec["log"], log_offset)
+            rest = {"log": {"offset": log_offset, "next_offset": log_offset + len(data),
+                            "data_b64": base64.b64encode(data).decode("ascii")}}
         self.book.remove(proc_id)
-        return {"id": proc_id, "stopped": True, "returncode": code}
+        return {"id": proc_id, "stopped": True, "returncode": code, **rest}
 
     def process_log(self, node: str, proc_id: str, offset: int = 0,
                     limit_bytes: int = MAX_LOG_READ_BYTES) -> dict[str, Any]:
