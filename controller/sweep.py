@@ -22,7 +22,6 @@ import copy
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -115,18 +114,20 @@ class Files:
                                   f"{path.file} file (name one in base)")
             model.set_path(docs[path.file], path, value, where)
             changed.add(path.file)
-        os.makedirs(dest, exist_ok=True)
-        for role in sorted(changed):
-            target = os.path.join(dest, os.path.basename(paths[role]))
-            with open(target, "w", encoding="utf-8") as f:
-                json.dump(docs[role], f, indent=1)
-            if role == "scenario":
-                self._copy_traces(docs[role], os.path.dirname(paths[role]), dest)
-            paths[role] = target
+        out = RunDir(dest)  # every write beneath it without following a link
+        try:
+            for role in sorted(changed):
+                name = os.path.basename(paths[role])
+                out.write_bytes(name, (json.dumps(docs[role], indent=1) + "\n").encode())
+                if role == "scenario":
+                    self._copy_traces(docs[role], os.path.dirname(paths[role]), out)
+                paths[role] = os.path.join(out.path, name)
+        finally:
+            out.close()
         return paths
 
     @staticmethod
-    def _copy_traces(doc: Any, source_dir: str, dest: str) -> None:
+    def _copy_traces(doc: Any, source_dir: str, out: RunDir) -> None:
         """The trace files a scenario names, beside its copy (a trace is read beside its scenario)."""
         events = doc.get("events") if isinstance(doc, dict) else None
         for event in events if isinstance(events, list) else []:
@@ -137,9 +138,9 @@ class Files:
             root = os.path.realpath(source_dir)
             src = os.path.realpath(os.path.join(root, name))
             if os.path.commonpath([root, src]) == root and os.path.isfile(src):  # else the check refuses it
-                target = os.path.join(dest, os.path.relpath(src, root))
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                shutil.copyfile(src, target)
+                with open(src, "rb") as f:
+                    chunks = iter(lambda: f.read(1 << 20), b"")
+                    out.write_chunks(os.path.relpath(src, root).replace(os.sep, "/"), chunks)
 
 
 def check_files(paths: dict[str, str], algorithm: str) -> None:
@@ -323,7 +324,9 @@ def run_one(sweep: Sweep, files: Files, plan: RunPlan, folder: str) -> dict[str,
     before = _runs_in(log_dir)
     started = time.monotonic()
     interrupted: Optional[BaseException] = None
-    with open(os.path.join(folder, table.OUTPUT_LOG), "wb") as out:
+    log_fd = os.open(os.path.join(folder, table.OUTPUT_LOG),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(log_fd, "wb") as out:
         out.write(("$ " + " ".join(argv) + "\n").encode())
         out.flush()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -2,8 +2,8 @@
 accuracy on the global test set. A pure function of the rows of ``metrics.csv``.
 
 Targets come from the structure file's ``target_accuracy`` (a list of accuracies in (0, 1],
-default ``controller.confs.structures.DEFAULT_TARGET_ACCURACY``); every node's conf carries them, so ``confs.json`` of a run folder
-says which targets it asked for.
+default ``controller.confs.structures.DEFAULT_TARGET_ACCURACY``); every node's conf carries
+them, so a run folder's ``confs.json`` says which targets it asked for.
 
 Definitions (times count from the run's start, as ``metrics.csv``'s ``time_s``):
 

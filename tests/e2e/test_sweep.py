@@ -105,7 +105,8 @@ def test_a_sweep_runs_keeps_its_runs_resumes_and_tabulates(tmp_path):
     assert again.returncode == 0, out
     configs = list(csv.DictReader((sweep_dir / "configs.csv").open()))
     assert [(c["links.*[*].bw"], c["completed"]) for c in configs] == [("10mbit", "1"), ("40mbit", "1")]
-    assert [p.name for p in (sweep_dir / "plots").glob("final_accuracy_vs_*.png")] == ["final_accuracy_vs_links._.bw.png"]
+    plotted = [p.name for p in (sweep_dir / "plots").glob("final_accuracy_vs_*.png")]
+    assert plotted == ["final_accuracy_vs_links._.bw.png"]
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     tid = json.loads((workdir / "sweep.json").read_text())["run"]["testbed_id"]
     assert f"etb-{tid}-" not in left, f"namespaces left behind:\n{left}"

@@ -228,3 +228,16 @@ def test_the_table_has_a_row_per_run_and_per_configuration(tmp_path):
 def test_analyze_refuses_a_folder_that_is_no_sweep(tmp_path):
     with pytest.raises(ConfigError, match="is not a sweep folder"):
         runner.analyze_sweep(str(tmp_path))
+
+
+def test_a_varied_scenario_takes_its_trace_files_along(exp, tmp_path):
+    (exp / "traces").mkdir()
+    (exp / "traces" / "bus.csv").write_text("time_s,rate\n0,5mbit\n10,1mbit\n")
+    (exp / "scenario.json").write_text(json.dumps({"seed": 1, "events": [
+        {"at": 0, "trace": {"src": "n1", "dst": "n2", "file": "traces/bus.csv"}}]}))
+    s = load_sweep(sweep_file(exp, {"base": {"scenario": "scenario.json"}, "vary": {"scenario.seed": [2, 3]}}))
+    runner.check(s)
+    paths = runner.Files(s).make("gossip", runner.run_values(s, s.runs[0]), str(tmp_path / "made"))
+    assert paths["scenario"] == str(tmp_path / "made" / "scenario.json")
+    assert (tmp_path / "made" / "traces" / "bus.csv").read_text() == (exp / "traces" / "bus.csv").read_text()
+    assert paths["links"] == str(exp / "links.json")  # not varied: the base file itself
