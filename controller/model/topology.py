@@ -68,6 +68,8 @@ LINK_SCHEMA = Schema({
     "queue": Field(int, "packets", low=1, high=MAX_QUEUE_PKTS),
     "trace": Field(dict, "a recording the link replays instead of a constant bw (fields below)",
                    schema=TRACE_SCHEMA)})
+_ACCESS_TRACE = Schema({"trace": Field(dict, "a recording the access link replays: a link's trace object (the file "
+                                           "beside the nodes file)", required=True, schema=TRACE_SCHEMA)})
 NODE_SCHEMA = Schema({
     "name": Field(str, "1-15 letters, digits, '_' or '-', starting with a letter or digit", required=True),
     "kind": Field(str, "emulated (a namespace or container of its host) or physical (a device of its own)",
@@ -77,8 +79,10 @@ NODE_SCHEMA = Schema({
     "mem": Field((str, int), "e.g. '256M', at least 4M"),
     "pids": Field(int, "processes and threads", low=MIN_PIDS_MAX, high=MAX_PIDS_MAX),
     "ip": Field(str, "a physical node's IPv4 address", max_len=15),
-    "uplink": Field(str, "the node's access link out, shared by all its peers, e.g. '10mbit'", max_len=32),
-    "downlink": Field(str, "the node's access link in, shared by all its peers, e.g. '10mbit'", max_len=32),
+    "uplink": Field((str, dict), "the node's access link out, shared by all its peers, e.g. '10mbit', or "
+                    "{\"trace\": {...}}: a recording it replays", max_len=32, schema=_ACCESS_TRACE),
+    "downlink": Field((str, dict), "the node's access link in, shared by all its peers, e.g. '10mbit', or "
+                      "{\"trace\": {...}}", max_len=32, schema=_ACCESS_TRACE),
     "standby": Field(bool, "an FL trainer created idle: an elastic_scaling policy may add it during the run",
                      default=False),
     "python": Field(str, "a virtual environment's absolute path on the node's host: its bin/ first on the "
@@ -281,6 +285,7 @@ class Topology:
         self.nodes: dict[str, Node] = {}
         self.links: dict[tuple[str, str], Link] = {}
         self.traces: dict[tuple[str, str], Replay] = {}  # the links that replay a recording
+        self.access_traces: dict[tuple[str, str], Replay] = {}  # (node, "uplink" or "downlink") that replay one
 
     def copy(self) -> "Topology":
         """An independent copy (nodes are copied, links and shapes are immutable)."""
@@ -288,6 +293,7 @@ class Topology:
         other.nodes = {name: dataclasses.replace(node) for name, node in self.nodes.items()}
         other.links = dict(self.links)
         other.traces = dict(self.traces)
+        other.access_traces = dict(self.access_traces)
         return other
 
     # nodes -----------------------------------------------------------------
@@ -461,6 +467,7 @@ def load_nodes(path: str) -> Topology:
         raise TopologyError(f"{path}: field 'nodes': declares no nodes")
     defaults = data.get("defaults") or {}
     topo = Topology()
+    files = TraceFiles(os.path.dirname(os.path.abspath(path)))
     for i, entry in enumerate(entries):
         where = f"{path}: nodes[{i}]"
         NODE_SCHEMA.check_keys(entry, where, TopologyError)
@@ -469,6 +476,12 @@ def load_nodes(path: str) -> Topology:
         kind = entry.get("kind", "emulated")
         uplink = entry.get("uplink", defaults.get("uplink"))
         downlink = entry.get("downlink", defaults.get("downlink") if kind != "physical" else None)
+        replays = {side: files.replay(value["trace"], Place.of(_where(path, entry["name"])).at(f"field {side!r}, trace"),
+                                      TopologyError)
+                   for side, value in (("uplink", uplink), ("downlink", downlink)) if isinstance(value, dict)}
+        uplink = replays["uplink"].rate_at(0.0) if "uplink" in replays else uplink
+        downlink = replays["downlink"].rate_at(0.0) if "downlink" in replays else downlink
+        topo.access_traces.update({(entry["name"], side): replay for side, replay in replays.items()})
         topo.add_node(entry["name"], kind, entry.get("host", "local"), entry.get("cpu"), entry.get("mem"),
                       entry.get("ip"), source=path, uplink=uplink, downlink=downlink, pids=entry.get("pids"),
                       standby=bool(entry.get("standby", False)), python=entry.get("python", defaults.get("python")))

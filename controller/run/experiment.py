@@ -228,7 +228,9 @@ class Experiment:
 
             self.nodes.each(start, names)
             self.phase = Phase.RUNNING
-            self.replay.add(TracedLink(src, dst, replay) for (src, dst), replay in self.topology.traces.items())
+            self.replay.add([TracedLink(src, dst, replay) for (src, dst), replay in self.topology.traces.items()]
+                            + [TracedLink(node, "", replay, side=side)
+                               for (node, side), replay in self.topology.access_traces.items()])
             self.replay.start(t0)
             if self.scenario is not None:
                 self.scenario.start(t0)
@@ -467,6 +469,9 @@ class Experiment:
     def _rates_replayed(self, rates: dict[tuple[str, str], int], t_s: float) -> None:
         """The trace replay changed ``rates`` at ``t_s`` (seconds since the start)."""
         for key, rate in rates.items():
+            if key[1].startswith("@"):  # a node's access link
+                setattr(self.topology.nodes[key[0]], f"{key[1][1:]}_bps", rate)
+                continue
             link = self.topology.links.get(key)
             if link is not None:
                 self.topology.links[key] = Link(link.src, link.dst, dataclasses.replace(link.shape, rate_bps=rate))

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Optional, Protocol
 from controller.model.scenario import Step, StepKind, Timeline
 from controller.model.topology import Link
 from controller.results.run_dir import SCENARIO_CSV, SCENARIO_FLOWS_JSON, csv_bytes
-from controller.run.trace_replay import TracedLink, TraceReplay
+from controller.run.trace_replay import TracedLink, TraceReplay, access_key
 from controller.workers import deploy
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
 from worker.api.faults import (Background, BackgroundResult, Drop, Fault, Freeze, IperfServer, Kill, Limits, Prepare,
@@ -314,6 +314,7 @@ class ScenarioRunner:
     def _access(self, p: dict[str, Any]) -> None:
         """The node's access links in place: a merging links update (see WorkerHost.set_links)."""
         sides = {f"{k}_bps": p[k] for k in ("uplink", "downlink") if k in p}
+        self.replay.end(access_key(p["node"], k) for k in ("uplink", "downlink") if k in p)  # ends their traces
         deploy.set_access(self.worker, p["node"], sides)
         return None
 

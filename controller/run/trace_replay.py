@@ -36,16 +36,22 @@ class TracedLink:
     """Link ``src -> dst`` replaying ``replay`` from ``start_s`` seconds after the run's start."""
 
     src: str
-    dst: str
+    dst: str  # for an access link: "" and ``side``
     replay: Replay
     start_s: float = 0.0
+    side: Optional[str] = None  # "uplink" or "downlink": the access link of node ``src``
 
     @property
     def key(self) -> Key:
-        return (self.src, self.dst)
+        return (self.src, self.dst) if self.side is None else access_key(self.src, self.side)
 
     def rate_at(self, t_s: float) -> int:
         return self.replay.rate_at(max(0.0, t_s - self.start_s) + EDGE_S)
+
+
+def access_key(node: str, side: str) -> Key:
+    """The key of a node's access link among the links' (``@`` is in no node name)."""
+    return (node, f"@{side}")
 
 
 def due(links: Iterable[TracedLink], t_s: float, last: dict[Key, int]) -> dict[Key, int]:
@@ -108,8 +114,7 @@ class TraceReplay:
             first = due(links, t_s, {})
             try:
                 with self._sending:
-                    self.worker.set_rates({"version": 1, "rates": [{"src": s, "dst": d, "rate_bps": r}
-                                                                   for (s, d), r in first.items()]})
+                    self._send(first)
             except TestbedError:
                 self.end(link.key for link in links)  # not replayed: no tick retries them
                 raise
@@ -174,8 +179,7 @@ class TraceReplay:
         outcome = "applied"
         if changed:
             try:
-                self.worker.set_rates({"version": 1, "rates": [{"src": s, "dst": d, "rate_bps": r}
-                                                               for (s, d), r in changed.items()]})
+                self._send(changed)
                 with self._cond:
                     for key, rate in changed.items():
                         if key in self.links:
@@ -192,6 +196,19 @@ class TraceReplay:
         if changed and outcome == "applied" and self.on_change is not None:
             self.on_change(changed, applied_s)
         return changed
+
+    def _send(self, changed: dict[Key, int]) -> None:
+        """Links' rates in one ``set_rates`` request; access links' in one merging links update
+        (their classes are shares of the access rate: the worker re-plans those nodes)."""
+        rates = [{"src": s, "dst": d, "rate_bps": r} for (s, d), r in changed.items() if not d.startswith("@")]
+        access: dict[str, dict[str, int]] = {}
+        for (node, d), r in changed.items():
+            if d.startswith("@"):
+                access.setdefault(node, {})[f"{d[1:]}_bps"] = r
+        if rates:
+            self.worker.set_rates({"version": 1, "rates": rates})
+        if access:
+            self.worker.set_links({"version": 1, "links": [], "access": access}, merge=True)
 
     # results ------------------------------------------------------------------------------------
     def csv_text(self) -> str:

@@ -100,3 +100,19 @@ def test_a_bulk_flow_follows_the_trace_second_by_second(three, request):
         ratios.append(bps / expected)
     report(request, "median_goodput_ratio", float(np.median(ratios)))
     assert len(ratios) >= 3 and all(0.6 <= r <= 1.15 for r in ratios), (measured, ratios)
+
+
+def test_an_access_link_replays_its_trace_in_the_kernel(three):
+    host, ips = three
+    host.set_links({"version": 1, "links": [], "access": {"a": {"uplink_bps": 10**7}}}, merge=True)
+    uplink = replay([3, 5, 2])
+    replayer = TraceReplay(host, clock=lambda: 0.0, progress=lambda _: None)
+    replayer.t0 = 0.0
+    replayer.add([TracedLink("a", "", uplink, side="uplink"), TracedLink("a", "b", replay([1, 2, 4]))])
+    for k in range(3):
+        replayer.tick(k / 10)
+        info = host.shaping("a")
+        assert info["verified"], info["mismatches"]
+        assert info["kernel"]["classes"]["1:3"]["rate_bps"] == uplink.rate_at(k / 10 + 1e-6)  # the access class
+        assert kernel_rate_bps(host, "a", "b") <= uplink.rate_at(k / 10 + 1e-6)  # the link's share of it
+        assert info["plan"]["uplink_bps"] == uplink.rate_at(k / 10 + 1e-6)

@@ -122,6 +122,7 @@ class RateWorker:
 
     def set_links(self, body, merge=False):
         self.calls.append(("set_links", [(l["src"], l["dst"]) for l in body["links"]]))
+        self.access = body.get("access")
         return {"nodes": []}
 
     def capabilities(self):
@@ -208,3 +209,33 @@ def test_set_rates_bodies_are_checked():
     with pytest.raises(ConfigError, match="unknown field"):
         bodies.checked(bodies.SET_RATES, {"version": 1, "rates": [{"src": "a", "dst": "b", "rate_bps": 8,
                                                                    "delay_ms": 1}]})
+
+
+def test_nodes_json_access_links_replay_a_trace(tmp_path):
+    from controller.model.topology import load_nodes
+
+    write_links(tmp_path, {})
+    nodes = {"defaults": {"downlink": {"trace": traced()}},
+             "nodes": [{"name": "t1", "uplink": {"trace": traced(offset_s=0.2)}}, {"name": "t2", "uplink": "5mbit"}]}
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))
+    topo = load_nodes(str(tmp_path / "nodes.json"))
+    assert topo.nodes["t1"].uplink_bps == MIN_REPLAY_RATE_BPS and topo.nodes["t2"].uplink_bps == 5_000_000
+    assert topo.nodes["t2"].downlink_bps == 2 * PACKET_BPS
+    assert sorted(topo.access_traces) == [("t1", "downlink"), ("t1", "uplink"), ("t2", "downlink")]
+    nodes["nodes"][1]["uplink"] = {"trace": {**traced(), "file": "traces/none.down"}}
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))
+    with pytest.raises(TopologyError, match=r"nodes.json: node 't2', field 'uplink', trace: .*none.down"):
+        load_nodes(str(tmp_path / "nodes.json"))
+
+
+def test_access_rates_go_in_one_merging_links_update_and_an_access_event_ends_them():
+    worker = RateWorker()
+    replayer = TraceReplay(worker, clock=lambda: 0.0, progress=lambda _: None)
+    replayer.t0 = 0.0
+    replayer.add([TracedLink("a", "b", replay([1, 2])), TracedLink("t1", "", replay([3, 4]), side="uplink"),
+                  TracedLink("t1", "", replay([5, 6]), side="downlink")])
+    replayer.tick(0.0)
+    assert worker.calls == [("set_rates", {("a", "b"): 10**6}), ("set_links", [])]
+    assert worker.access == {"t1": {"uplink_bps": 3 * 10**6, "downlink_bps": 5 * 10**6}}
+    assert ("t1", "@uplink") in replayer.last and replayer.last[("t1", "@downlink")] == 5 * 10**6
+    assert replayer.end([("t1", "@uplink")]) == [("t1", "@uplink")]

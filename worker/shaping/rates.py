@@ -16,7 +16,7 @@ from worker.api.errors import ShapingError
 from worker.api.shape import Shape
 from worker.kernel import netlink as nl
 from worker.kernel import nsfs
-from worker.shaping.apply import _raise_failures, ifindex_in
+from worker.shaping.apply import ifindex_in
 from worker.shaping.plan import ACCESS_MINOR, netem_limit_pkts
 
 Key = tuple[Optional[str], int, str]  # namespace name, its inode (a namespace made again is another), interface
@@ -94,5 +94,7 @@ def change_rates(sockets: RateSockets, netns: Optional[str], plan: dict[str, Any
             return len(set(what))
         sockets.forget(netns)
         if attempt:
-            _raise_failures(netns or "the host", failures, what, "changing rates")
+            lines = [f"{what[f.position]}: {f.describe()}" for f in failures[:10]]
+            raise ShapingError(f"changing rates in {netns or 'the host'} failed: " + "; ".join(lines),
+                               detail={"netns": netns, "failures": lines})
     raise ShapingError("unreachable")  # pragma: no cover
