@@ -32,6 +32,7 @@ from dml_app.models.global_test import load_global_test
 from controller import sandbox
 from controller.confs.usercode import sample_shape
 from dml_app.models.make import kind_of, make_model
+from dml_app.runtime.usercode import shown
 from dml_app.models.numpy.mlp import NumpyMLP
 from dml_app.wire import weights as wire
 from worker.api.errors import ConfigError
@@ -136,8 +137,11 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
                 input_shape, n_classes = (int(arrays[0].shape[0]),), int(dconf.get("n_classes") or arrays[-1].shape[-1])
             else:
                 raise ModelFileError(f"{node}: its dataset conf names no data to take the model's input shape from")
-            meta = {"format": "edgetb-model", "node": node, "run_id": run_id, "kind": kind_of(model_conf),
-                    "model": json.dumps(model_conf), "input_shape": json.dumps(list(input_shape))}
+            recorded = {**model_conf, "kind": kind_of(model_conf)}  # (as run.json records it: the user's path)
+            if recorded.get("module"):
+                recorded["module"] = shown(str(recorded["module"]))
+            meta = {"format": "edgetb-model", "node": node, "run_id": run_id, "kind": recorded["kind"],
+                    "model": json.dumps(recorded), "input_shape": json.dumps(list(input_shape))}
             if model_conf.get("module") or kind_of(model_conf) != "numpy":  # checked and evaluated in the sandbox
                 key = json.dumps([model_conf, input_shape, n_classes, str(dconf.get("global_test") or "")])
                 elsewhere.setdefault(key, []).append((node, arrays, layer_names, meta))

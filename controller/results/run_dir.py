@@ -20,7 +20,12 @@ What makes a run folder describe itself: ``run.json``, ``inputs/`` and ``topolog
     {"version": 1, "run_id": "...", "algorithm": "gossip", "command": [...], "cwd": "...",
      "code_revision": "v0.1-12-gabc1234", "python": "3.11.7", "numpy": "1.26.4", "host": "...",
      "testbed_id": "0", "started_at": ..., "ended_at": ..., "ended": "completed", "detail": "",
-     "seeds": {"dataset": 0, "nodes": {"n1": 3}}, "network": "isolated", "nodes": {"n1": "done", ...}}
+     "seeds": {"dataset": 0, "nodes": {"n1": 3}}, "network": "isolated", "nodes": {"n1": "done", ...},
+     "models": [{"kind": "torch", "label": "lenet5 · torch", "model": {"kind": "torch", "name": "lenet5", ...},
+                 "nodes": ["n1", ...]}]}
+
+``models`` holds each distinct model entry of the run as its nodes have it (only the keys the
+entry gave and the kind, inferred or not; a user file by its path in the experiment directory).
 
 ``telemetry`` holds the sampling settings and, once the run ended, what sampling cost:
 ``period_ms``, ``sampler_cpu_s`` (CPU seconds of every host's sampler thread),
@@ -54,7 +59,9 @@ from typing import Any, Callable, Iterable, Optional
 
 from controller.model.spec import USER_INPUT
 from controller.model.topology import Topology
+from dml_app.models.make import kind_of
 from dml_app.runtime.events import read_events
+from dml_app.runtime.usercode import shown
 from worker.api.errors import ConfigError, TestbedError
 
 # file names ----------------------------------------------------------------------------------------
@@ -434,6 +441,24 @@ def seeds(structure: dict[str, dict[str, Any]], dataset: Optional[dict[str, Any]
             "nodes": {n: c["model"]["seed"] for n, c in structure.items() if "seed" in c.get("model", {})}}
 
 
+def models(structure: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each distinct model entry of ``structure`` (the nodes' structure confs): its kind, a short
+    label (the built-in's name or the user's file, and the kind), the entry and its nodes."""
+    found: dict[str, dict[str, Any]] = {}
+    for node, conf in structure.items():
+        entry = dict(conf.get("model") or {})
+        if entry.get("module"):
+            entry["module"] = shown(str(entry["module"]))
+        kind = kind_of(entry)
+        entry = {"kind": kind, **{k: v for k, v in entry.items() if k != "kind"}}
+        key = json.dumps(entry, sort_keys=True)
+        if key not in found:
+            what = entry.get("module") or entry.get("name") or "mlp"
+            found[key] = {"kind": kind, "label": f"{what} · {kind}", "model": entry, "nodes": []}
+        found[key]["nodes"].append(node)
+    return list(found.values())
+
+
 def describe(run_id: str, algorithm: str, testbed_id: str, code_root: str, structure: dict[str, dict[str, Any]],
              dataset: Optional[dict[str, Any]]) -> dict[str, Any]:
     """The fields of run.json known when the run is deployed."""
@@ -443,7 +468,7 @@ def describe(run_id: str, algorithm: str, testbed_id: str, code_root: str, struc
             "cwd": os.getcwd(), "code_revision": code_revision(code_root), "python": platform.python_version(),
             "numpy": numpy.__version__, "host": socket.gethostname(), "testbed_id": testbed_id,
             "started_at": None, "ended_at": None, "ended": "running", "detail": "",
-            "seeds": seeds(structure, dataset), "nodes": {}}
+            "seeds": seeds(structure, dataset), "nodes": {}, "models": models(structure)}
 
 
 def copy_inputs(run_dir: RunDir, inputs: dict[str, str]) -> list[str]:

@@ -2,6 +2,9 @@
 
 A *view* is a JSON object:
 
+- ``run_id``, ``algorithm``, ``phase``, ``ended``, ``started_at`` and ``models``: the run's
+  models by label (``lenet5 · torch``: a built-in's name or the user's file, and the kind; as
+  ``run.json`` records them);
 - ``nodes``: ``[{name, host, kind, role, layer, places}]`` (``places``: where the node sits in the
   learning structure, ``controller.web.structure``) and ``links``: ``[{src, dst, rate_bps}]``, in a
   fixed order that the arrays below follow;
@@ -37,6 +40,7 @@ from controller.model.topology import Topology
 from controller.results.bands import finite_round as _r
 from controller.results.bands import median_10_90 as band  # the 10-90 band over the nodes
 from controller.results.rates import LinkRates
+from controller.results.run_dir import models as run_models
 from controller.run.nodes import NodeState
 from controller.run.timeline import RunTimeline
 from controller.web import structure
@@ -113,6 +117,7 @@ class LiveFeed:
     def __init__(self, exp: RunSource, clock: Callable[[], float] = time.monotonic) -> None:
         self.exp = exp
         self.clock = clock
+        self.models = [m["label"] for m in run_models(exp.structure)]  # the run's models, named (run.json's)
         self.nodes = [self._node_meta(name) for name in exp.nodes]
         self.node_index = {n["name"]: i for i, n in enumerate(self.nodes)}
         self.link_keys = sorted(exp.topology.links)
@@ -238,7 +243,7 @@ class LiveFeed:
     def _meta(self) -> dict[str, Any]:
         exp = self.exp
         return {"run_id": exp.run_id, "algorithm": exp.algorithm, "phase": exp.phase, "ended": exp.ended or None,
-                "started_at": exp.t_start}
+                "started_at": exp.t_start, "models": self.models}
 
     def update(self, samples_seen: int, events_seen: int, phase_seen: str) -> Optional[dict[str, Any]]:
         """What a page that has seen ``samples_seen`` samples, timeline entries up to

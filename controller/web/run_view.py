@@ -15,7 +15,7 @@ from controller.results.analysis.inputs import read_run
 from controller.results.analysis.series import counter_at
 from controller.results.bands import finite_round, median_10_90
 from controller.results.run_dir import (CONFS_JSON, MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
-                                        TOPOLOGY_JSON, finite_float, read_json_object, read_run_events)
+                                        TOPOLOGY_JSON, finite_float, models, read_json_object, read_run_events)
 from controller.results.tables import read_scenario
 from controller.web.live import TIME_SERIES, round_series
 from controller.web.structure import places_of
@@ -168,7 +168,8 @@ def stored_view(run_dir: str) -> dict[str, Any]:
     kinds = {n.get("name"): str(n.get("kind") or "") for n in read_json_object(os.path.join(run_dir, TOPOLOGY_JSON)).get(
         "nodes", []) if isinstance(n, dict)}
     finals = {n.get("node"): n for n in summary.get("nodes", []) if isinstance(n, dict)}
-    places = places_of(read_json_object(os.path.join(run_dir, CONFS_JSON)))
+    confs = read_json_object(os.path.join(run_dir, CONFS_JSON))
+    places = places_of(confs)
     endings = record.get("nodes") or {}
     last = {name: (rs[-1] if rs else {}) for name, rs in by_node.items()}
     duration = max(end_s, 1e-9)
@@ -203,12 +204,25 @@ def stored_view(run_dir: str) -> dict[str, Any]:
                 "link_rate_bps": [inp.rates.at(k, end_s) for k in link_keys], "link_down": []}
     return {"version": 1, "live": False, "run_id": inp.run_id, "algorithm": record.get("algorithm"),
             "phase": "finished", "ended": record.get("ended"), "started_at": record.get("started_at"),
+            "models": model_labels(record, confs),
             "nodes": [{"name": n, "host": inp.nodes[n].get("host") or "", "kind": kinds.get(n, ""),
                        "role": inp.nodes[n].get("role"),
                        "layer": layers.get(n), "places": places.get(n, [])} for n in names],
             "links": [{"src": s, "dst": d} for s, d in link_keys], "snapshot": snapshot,
             "series": {"time": series, "round": round_series(by_round)},
             "timeline": _timeline(run_dir, inp.t0, endings, end_s), "samples": grid.size}
+
+
+def model_labels(record: dict[str, Any], confs: dict[str, Any]) -> list[str]:
+    """The run's models as the dashboard names them (``run.json``'s ``models``; for a run recorded
+    before it had them, the nodes' confs in ``confs.json``)."""
+    found = record.get("models")
+    if not isinstance(found, list):
+        try:
+            found = models({n: dict(c.get("structure") or {}) for n, c in confs.items() if isinstance(c, dict)})
+        except (ValueError, TypeError, AttributeError):
+            return []
+    return [str(m.get("label")) for m in found if isinstance(m, dict) and m.get("label")]
 
 
 def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s: float) -> list[dict[str, Any]]:

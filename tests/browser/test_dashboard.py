@@ -169,6 +169,7 @@ def test_edgetb_dashboard_shows_the_stored_runs_alone(tmp_path, browser):
         browser.get(url + "/")
         wait_for(browser, "return window.edgetb && window.edgetb.runId === 'run1'", what="the newest stored run")
         assert browser.execute_script("return window.edgetb.view().nodes.length") == 3
+        assert "ring · lenet5 · torch · stored" in browser.find_element(By.ID, "run-title").text  # run.json's model
         assert not browser.find_element(By.ID, "controls").is_displayed()
         assert console_errors(browser) == []
     finally:

@@ -39,6 +39,8 @@ def test_gossip_and_fl_with_a_torch_lenet5(run):
     assert all(len(rounds_of(events[n])) == 2 for n in NODES)
     model = json.loads((Path(summary["run_dir"]) / "confs.json").read_text())["n1"]["structure"]["model"]
     assert model == LENET, model  # only what means something for it: no MLP or optimizer defaults
+    record = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
+    assert record["models"] == [{"kind": "torch", "label": "lenet5 · torch", "model": LENET, "nodes": NODES}], record
     assert "your model" not in out, out  # (a built-in)
 
     trainers = NODES[1:]
@@ -84,6 +86,9 @@ def test_the_example_torch_module_with_fedprox_trainers(run):
     assert summary["nodes"][0]["final_global_accuracy"] >= 0.8, summary["nodes"]
     started = [next(e for e in events[n] if e["type"] == "started") for n in NODES]
     assert len({e["initial_weights_crc32"] for e in started}) == 1, started
+    record = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
+    assert [(m["label"], m["model"]) for m in record["models"]] == [  # (the kind inferred, the user's path)
+        ("nns/torch_cnn.py · torch", {"kind": "torch", "module": "nns/torch_cnn.py", "filters": 8, "seed": 0})], record
     final_models_load_with_strict_keys(Path(summary["run_dir"]), r.workdir / "nns" / "torch_cnn.py")
 
 
@@ -100,7 +105,7 @@ def final_models_load_with_strict_keys(run_dir: Path, source: Path) -> None:
         path = run_dir / "models" / f"{node}.safetensors"
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata()
-        assert meta["kind"] == "torch", meta
+        assert meta["kind"] == "torch" and json.loads(meta["model"])["module"] == "nns/torch_cnn.py", meta
         state = load_file(str(path))
         model = example.build(tuple(json.loads(meta["input_shape"])), state["classifier.3.bias"].shape[0],
                               json.loads(meta["model"]))

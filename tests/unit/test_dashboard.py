@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from controller.model.topology import load_links
+from controller.results.run_dir import models as run_models
 from controller.run.experiment import Experiment
 from controller.run.nodes import Nodes
 from controller.web import run_view
@@ -141,7 +142,8 @@ def _stored_run(tmp_path):
     run = make_run(log, captures=False)
     record = json.loads((run / "run.json").read_text())
     record.update(algorithm="ring", ended="completed", ended_at=record["started_at"] + 12,
-                  nodes={"a": "done", "b": "done", "c": "crashed by the scenario"})
+                  nodes={"a": "done", "b": "done", "c": "crashed by the scenario"},
+                  models=run_models({n: {"model": {"kind": "torch", "name": "lenet5", "seed": 0}} for n in "abc"}))
     (run / "run.json").write_text(json.dumps(record))
     lines = ["run_id,algorithm,node,role,layer,round,time_s,loss,accuracy,global_loss,global_accuracy,strategy"]
     for offset, node in enumerate("abc"):
@@ -161,6 +163,7 @@ def test_a_stored_run_is_viewed_from_its_files(tmp_path):
     view = run_view.stored_view(str(run))
     json.dumps(view, allow_nan=False)
     assert view["live"] is False and view["run_id"] == "run1" and view["algorithm"] == "ring"
+    assert view["models"] == ["lenet5 · torch"]  # (run.json's models, by label)
     assert [n["name"] for n in view["nodes"]] == ["a", "b", "c"] and len(view["links"]) == 3
     snap = view["snapshot"]
     assert snap["state"] == ["done", "done", "crashed by the scenario"] and snap["round"] == [5, 5, 5]
@@ -341,9 +344,20 @@ def test_the_live_and_the_stored_view_give_each_node_its_places(tmp_path):
                      progress=lambda line: None)
     exp.live = LiveFeed(exp)
     assert {n["name"]: n["places"] for n in exp.live.view()["nodes"]} == places_of(confs)
+    assert exp.live.view()["models"] == ["mlp · numpy"]  # (no model entry: the default network)
     workdir, run = _stored_run(tmp_path)
     assert [n["places"] for n in run_view.stored_view(str(run))["nodes"]] == [[], [], []]  # no confs.json
     ring = _confs("ring", [{"name": "a"}, {"name": "b"}, {"name": "c"}], sync=2)
     (run / "confs.json").write_text(json.dumps({n: {"structure": c} for n, c in ring.items()}))
     assert [n["places"] for n in run_view.stored_view(str(run))["nodes"]] == [
         [{"layer": 1, "up": "b"}], [{"layer": 1, "up": "c"}], [{"layer": 1, "up": "a"}]]
+
+
+def test_a_run_recorded_before_run_json_had_models_names_them_from_its_confs(tmp_path):
+    workdir, run = _stored_run(tmp_path)
+    record = json.loads((run / "run.json").read_text())
+    del record["models"]
+    (run / "run.json").write_text(json.dumps(record))
+    model = {"module": "dml_user/nns/torch_cnn.py", "kind": "torch", "filters": 8}
+    (run / "confs.json").write_text(json.dumps({n: {"structure": {"model": model}} for n in "abc"}))
+    assert run_view.stored_view(str(run))["models"] == ["nns/torch_cnn.py · torch"]

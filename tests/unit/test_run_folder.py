@@ -81,6 +81,22 @@ def test_progress_counts_etree_rounds_per_layer():
     assert p.line({"a": "running"}).startswith("layer 1 round 14-15, layer 2 round 3 · 1 running")
 
 
+def test_run_record_names_each_model_by_its_kind_and_its_own_keys():
+    from controller.results.run_dir import models
+
+    structure = {"n1": {"model": {"kind": "torch", "name": "lenet5", "seed": 0}},
+                 "n2": {"model": {"kind": "torch", "name": "lenet5", "seed": 0}},
+                 "n3": {"model": {"module": "dml_user/nns/torch_cnn.py", "kind": "torch", "filters": 8}},
+                 "n4": {"model": {"kind": "tf", "name": "lenet5"}}, "n5": {}}
+    assert models(structure) == [
+        {"kind": "torch", "label": "lenet5 · torch", "model": {"kind": "torch", "name": "lenet5", "seed": 0},
+         "nodes": ["n1", "n2"]},
+        {"kind": "torch", "label": "nns/torch_cnn.py · torch",  # (the user's path, not the staged copy's)
+         "model": {"kind": "torch", "module": "nns/torch_cnn.py", "filters": 8}, "nodes": ["n3"]},
+        {"kind": "keras", "label": "lenet5 · keras", "model": {"kind": "keras", "name": "lenet5"}, "nodes": ["n4"]},
+        {"kind": "numpy", "label": "mlp · numpy", "model": {"kind": "numpy"}, "nodes": ["n5"]}]
+
+
 def test_run_record_names_seeds_and_rates():
     assert seeds({"n1": {"model": {"seed": 3}}, "n2": {"model": {}}}, {"seed": 0}) == {"dataset": 0,
                                                                                      "nodes": {"n1": 3}}

@@ -361,7 +361,11 @@
   // header, timeline, runs -----------------------------------------------------------------------
   function drawHeader() {
     const s = view.snapshot;
-    $("run-title").textContent = "run " + view.run_id + " · " + (view.algorithm || "") + (view.live ? "" : " · stored");
+    const models = view.models || [];  // (labels: "lenet5 · torch"; several: their count, each in the tooltip)
+    $("run-title").textContent = "run " + view.run_id + " · " + (view.algorithm || "") +
+      (models.length === 1 ? " · " + models[0] : models.length > 1 ? " · " + models.length + " models" : "") +
+      (view.live ? "" : " · stored");
+    $("run-title").title = models.join("\n");
     const ph = $("phase");
     ph.textContent = s.phase;
     ph.className = "badge " + s.phase;
