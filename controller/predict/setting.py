@@ -81,7 +81,8 @@ def _one(folder: str, pattern: str, what: str, required: bool = True) -> Optiona
 
 
 def _model_size_from_file(path: str) -> tuple[int, int]:
-    """(parameter count, bytes per parameter) from a safetensors file's header alone."""
+    """(parameter count, bytes per parameter) from a safetensors file's header alone: what travels
+    (a torch module's integer buffers, saved in its final model, are not sent)."""
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
@@ -96,6 +97,8 @@ def _model_size_from_file(path: str) -> tuple[int, int]:
     if not isinstance(header, dict):
         raise ConfigError(f"{path}: header is not a JSON object")
     count, size = 0, 0
+    metadata = header.get("__metadata__")
+    local = isinstance(metadata, dict) and metadata.get("kind") == "torch"  # (a torch module's integer buffers: never sent)
     for key, entry in header.items():
         if key == "__metadata__":
             continue
@@ -105,6 +108,8 @@ def _model_size_from_file(path: str) -> tuple[int, int]:
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2 ** 40
                                                   for d in shape):
             raise ConfigError(f"{path}: array {key!r} has no shape of whole numbers")
+        if local and not entry["dtype"].startswith("F"):
+            continue
         count += math.prod(shape)
         size = max(size, SAFETENSORS_DTYPE_BYTES[entry["dtype"]])
     if not count:

@@ -102,6 +102,20 @@ def test_a_model_file_of_a_run_with_a_bad_header_is_a_clear_error(tmp_path, head
         _model_size_from_file(str(tmp_path / "m.safetensors"))
 
 
+def test_a_torch_final_model_is_sized_by_what_travels(tmp_path):
+    """Its integer buffers (saved in the file, never sent) count for nothing."""
+    from controller.predict.setting import _model_size_from_file
+    header = {"__metadata__": {"kind": "torch"}, "w": {"dtype": "F32", "shape": [3, 2], "data_offsets": [0, 24]},
+              "bn.num_batches_tracked": {"dtype": "I64", "shape": [], "data_offsets": [24, 32]}}
+    body = json.dumps(header).encode()
+    (tmp_path / "m.safetensors").write_bytes(len(body).to_bytes(8, "little") + body + bytes(32))
+    assert _model_size_from_file(str(tmp_path / "m.safetensors")) == (6, 4)
+    header["__metadata__"]["kind"] = "numpy"  # (a numpy model's integer arrays travel)
+    body = json.dumps(header).encode()
+    (tmp_path / "m.safetensors").write_bytes(len(body).to_bytes(8, "little") + body + bytes(32))
+    assert _model_size_from_file(str(tmp_path / "m.safetensors")) == (7, 8)
+
+
 def test_a_run_folder_and_its_inputs_give_the_same_features():
     for run in (RING4, FL4):
         a = model_file.rows_of_setting(from_run_dir(run))
