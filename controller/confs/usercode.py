@@ -186,7 +186,7 @@ def check(workdir: str, structure: dict[str, dict[str, Any]], dataset_confs: dic
             continue
         tried.add(key)
         sharing = [n for n, c in structure.items() if dict(c.get("model") or {}) == model]
-        where = f"{source}: field 'model' of node {node}" + (f" (and {len(sharing) - 1} more)" if len(sharing) > 1 else "")
+        where = f"{source}: field 'model' of node {node}" + (f" (and {len(sharing) - 1} more)" * (len(sharing) > 1))
         if model.get("module"):
             try:
                 described[node] = sandbox.check_model(model, workdir, shape, n_classes)

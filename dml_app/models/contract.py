@@ -3,7 +3,9 @@ kind of model (numpy, Keras, ...) provides to build one (``Kind``).
 
 A model: ``get_weights() -> list[np.ndarray]``, ``set_weights(list[np.ndarray])``,
 ``train(x, y, epochs, batch_size) -> {"loss", "train_s", ...}``, ``evaluate(x, y) -> (loss,
-accuracy)``, and optionally ``weight_names() -> list[str]`` (the arrays' names on the wire).
+accuracy)``, and optionally ``weight_names() -> list[str]`` (the arrays' names on the wire) and
+``local_state() -> {name: array}`` with ``set_local_state(arrays)`` (state the node keeps to itself,
+never sent: saved in its final model after the weights; a torch module's integer buffers).
 ``dml_app.models.numpy.mlp.NumpyMLP`` is the reference.
 """
 from __future__ import annotations

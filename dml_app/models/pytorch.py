@@ -10,8 +10,8 @@ module as a node model; its ``state_dict`` float entries are its weights, named 
 Samples stay channels-last in the testbed (``(n, height, width, channels)``) and are transposed
 to PyTorch's channels-first at the model. Integer buffers (BatchNorm's ``num_batches_tracked``)
 stay on the node: never sent, never averaged; a user module's are saved in the node's final model
-(``final_names``), so that its file loads with ``load_state_dict(strict=True)``. torch is imported inside the functions only: a node
-that never uses it does not load it.
+(``local_state``, ``final_names``), so that its file loads with ``load_state_dict(strict=True)``.
+torch is imported inside the functions only: a node that never uses it does not load it.
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ class TorchModel:
         self.torch, self.module, self.what = torch, module, what
         state = module.state_dict()
         self.keys = [k for k, v in state.items() if v.is_floating_point()]  # (integer buffers stay here)
-        self.local_keys = [] if names else [k for k in state if k not in set(self.keys)]
+        self.builtin = names is not None  # (a built-in's arrays are named by the three kinds' layers)
+        self.local_keys = [] if self.builtin else [k for k in state if k not in set(self.keys)]
         self.state_order = list(state)
         bad = [n for n, p in module.named_parameters() if not p.is_floating_point()]
         if bad:
@@ -103,11 +104,12 @@ class TorchModel:
         return list(self.names)
 
     def local_state(self) -> dict[str, np.ndarray]:
-        """A user module's integer buffers by key (``local_keys``): never sent, saved in the node's
-        final model after its weights. None for a built-in: its final model is the three kinds' common file."""
+        """A user module's integer (and bool) buffers by key: never sent, saved in the node's final
+        model after its weights, as the wire's dtypes. Empty for a built-in: its final model is the
+        file the three kinds share."""
         state = self.module.state_dict()
         arrays = {k: state[k].detach().cpu().numpy() for k in self.local_keys}
-        return {k: a.astype(np.uint8 if a.dtype == np.bool_ else np.int64) for k, a in arrays.items()}  # (the wire's dtypes)
+        return {k: a.astype(np.uint8 if a.dtype == np.bool_ else np.int64) for k, a in arrays.items()}
 
     def set_local_state(self, arrays: Sequence[np.ndarray]) -> None:
         """Integer buffers from a final model (``local_state``'s arrays)."""
@@ -125,7 +127,7 @@ class TorchModel:
         """The names of a final model's tensors (the weights', then ``local_state``'s) and their
         order in the file's metadata: a user module's ``state_dict`` keys, whole, in the
         ``state_dict``'s order; a built-in's shared layer names, in the weights' order."""
-        if not self.local_keys and self.names != self.keys:
+        if self.builtin:
             return list(self.names), list(self.names)
         return self.keys + self.local_keys, list(self.state_order)
 
