@@ -3,13 +3,17 @@
 A model file is built, an algorithm file imported, a policy tried on a sample round, a data module
 called and the final models of a Keras or user model evaluated, so that a mistake is said at deploy
 time with the file and the reason, before anything is created, and the user's code never runs as
-root. As root, the probe runs as ``nobody`` without capabilities, in network, mount and IPC
-namespaces of its own (no network at all), in a session of its own (killed whole when it ends or
-times out), in the experiment directory (its working directory), seeing Python, the code and the experiment directory read-only (without ``dml_file/``),
-the inputs the controller wrote for it read-only and one directory of its own to write, under the
-nodes' rlimits and seccomp filter (``worker.confinement.facade.confined_popen``). What it writes is read
-back without following links, from regular files only, bounded in size. As another user (tests, the
-Python API without root), it runs as that user, unconfined.
+root. As root, each probe runs as a uid of its own (``probe_identity``: no other process has it, so
+none may signal, trace or write to it) without capabilities, in network, mount, IPC and PID
+namespaces of its own (no network at all; it forks once, and the user's code runs as pid 1 of
+its namespace), in a session of its own (killed whole when it ends or times out), in the
+experiment directory (its working directory), seeing Python, the code and the experiment
+directory read-only (without ``dml_file/``), the inputs the controller wrote for it read-only and
+one directory of its own to write, under the nodes' rlimits and seccomp filter
+(``worker.confinement.facade.confined_popen``). Its answer comes on a pipe of its own (not its
+standard output, where the user's code may print); what it writes is read back without following
+links, from regular files only, bounded in size. As another user (tests, the Python API without
+root), it runs as that user, unconfined.
 """
 from __future__ import annotations
 
@@ -28,10 +32,11 @@ from typing import Any, BinaryIO, Sequence
 import numpy as np
 
 from worker.api.errors import ConfigError
-from worker.confinement.facade import Identity, View, confined_popen, harmless_env, python_dirs
+from worker.confinement.facade import Identity, View, confined_popen, harmless_env, probe_identity, python_dirs
 
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOBODY = Identity(65534, 65534)
+ANSWER_FD_ENV = "EDGETB_PROBE_ANSWER_FD"  # the descriptor the probe writes its answer to
+PIDNS_ENV = "EDGETB_PROBE_PIDNS"  # "1": the probe's children are in a PID namespace of its own
 PROBE_TIMEOUT_S = 300.0
 EXIT_GRACE_S = 1.0  # after the probe exits, how long what it started may keep its output open
 MAX_ANSWER_BYTES = 1 << 20
@@ -53,8 +58,9 @@ class Scratch:
         self.inputs, self.outputs = os.path.join(self.path, "in"), os.path.join(self.path, "out")
         os.mkdir(self.inputs, 0o755)
         os.mkdir(self.outputs, 0o700)
-        if os.geteuid() == 0:
-            os.chown(self.outputs, NOBODY.uid, NOBODY.gid)
+        self.ident = probe_identity() if os.geteuid() == 0 else None
+        if self.ident is not None:
+            os.chown(self.outputs, self.ident.uid, self.ident.gid)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -81,11 +87,23 @@ def run_probe(request: dict[str, Any], workdir: str, scratch: Scratch,
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "dml_app.probe"]
     body = json.dumps({**request, "workdir": os.path.realpath(workdir)}).encode()
-    popen: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
-                             "env": env, "cwd": "/", "start_new_session": True}
-    proc = _confined(argv, popen, workdir, scratch) if os.geteuid() == 0 else subprocess.Popen(argv, **popen)
+    answer_r, answer_w = os.pipe()
+    env[ANSWER_FD_ENV] = str(answer_w)
+    popen: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE,
+                             "env": env, "cwd": "/", "start_new_session": True, "pass_fds": (answer_w,)}
     try:
-        out, err, timed_out = _talk(proc, body, timeout_s)
+        if scratch.ident is not None:
+            proc = _confined(argv, {**popen, "env": {**env, PIDNS_ENV: "1"}}, workdir, scratch, scratch.ident)
+        else:
+            proc = subprocess.Popen(argv, **popen)
+    except BaseException:
+        os.close(answer_r)
+        raise
+    finally:
+        os.close(answer_w)
+    try:
+        with os.fdopen(answer_r, "rb") as answer_pipe:
+            out, err, timed_out = _talk(proc, answer_pipe, body, timeout_s)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the probe and whatever it started
@@ -95,7 +113,7 @@ def run_probe(request: dict[str, Any], workdir: str, scratch: Scratch,
     if timed_out:
         raise ProbeError(f"trying the user's code took longer than {timeout_s:g} s")
     try:
-        answer = json.loads(out.decode().strip().splitlines()[-1])
+        answer = json.loads(out.decode().strip().splitlines()[0])  # (the probe writes one line)
     except (ValueError, IndexError):
         tail = err.decode(errors="replace").strip().splitlines()[-3:]
         raise ProbeError(f"trying the user's code failed (exit {proc.returncode}): {' / '.join(tail)}") from None
@@ -104,17 +122,17 @@ def run_probe(request: dict[str, Any], workdir: str, scratch: Scratch,
     return answer
 
 
-def _talk(proc: subprocess.Popen, body: bytes, timeout_s: float) -> tuple[bytes, bytes, bool]:
-    """Send ``body``, read the answer and the errors (their last bytes only) until both close, the
-    probe has been gone ``EXIT_GRACE_S`` or ``timeout_s`` passed: (stdout, stderr, timed out)."""
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+def _talk(proc: subprocess.Popen, answer: BinaryIO, body: bytes, timeout_s: float) -> tuple[bytes, bytes, bool]:
+    """Send ``body``, read the ``answer`` pipe and the errors (their last bytes only) until both
+    close, the probe has been gone ``EXIT_GRACE_S`` or ``timeout_s`` passed: (answer, stderr, timed out)."""
+    assert proc.stdin is not None and proc.stderr is not None
     try:
         proc.stdin.write(body)
         proc.stdin.close()
     except BrokenPipeError:
         pass
-    kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    limits = {proc.stdout: MAX_ANSWER_BYTES, proc.stderr: MAX_STDERR_BYTES}
+    kept = {answer: bytearray(), proc.stderr: bytearray()}
+    limits = {answer: MAX_ANSWER_BYTES, proc.stderr: MAX_STDERR_BYTES}
     deadline, exited_at = time.monotonic() + timeout_s, None
     with selectors.DefaultSelector() as sel:
         for f in kept:
@@ -122,7 +140,7 @@ def _talk(proc: subprocess.Popen, body: bytes, timeout_s: float) -> tuple[bytes,
         while sel.get_map():
             now = time.monotonic()
             if now >= deadline:
-                return bytes(kept[proc.stdout]), bytes(kept[proc.stderr]), True
+                return bytes(kept[answer]), bytes(kept[proc.stderr]), True
             if proc.poll() is not None:
                 exited_at = exited_at or now
                 if now - exited_at > EXIT_GRACE_S:
@@ -135,16 +153,17 @@ def _talk(proc: subprocess.Popen, body: bytes, timeout_s: float) -> tuple[bytes,
                 buf = kept[key.fileobj]  # type: ignore[index]
                 buf += chunk
                 del buf[:max(0, len(buf) - limits[key.fileobj])]  # type: ignore[index]
-    return bytes(kept[proc.stdout]), bytes(kept[proc.stderr]), False
+    return bytes(kept[answer]), bytes(kept[proc.stderr]), False
 
 
-def _confined(argv: Sequence[str], popen: dict[str, Any], workdir: str, scratch: Scratch) -> subprocess.Popen:
+def _confined(argv: Sequence[str], popen: dict[str, Any], workdir: str, scratch: Scratch,
+              ident: Identity) -> subprocess.Popen:
     real = os.path.realpath
     read = [*python_dirs(), real(os.path.join(CODE_ROOT, "dml_app")), real(workdir), real(scratch.inputs)]
     hide = [real(os.path.join(workdir, "dml_file"))]
     view = View(read=tuple(dict.fromkeys(read)), write=(real(scratch.outputs),), hide=tuple(hide),
                 home=real(scratch.outputs))
-    return confined_popen(argv, popen, view, NOBODY)
+    return confined_popen(argv, popen, view, ident)
 
 
 def load_data_module(path: str, function: str = "load", workdir: str = "") -> tuple[np.ndarray, ...]:

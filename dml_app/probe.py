@@ -22,8 +22,11 @@ Requests (paths relative to ``workdir``, the experiment directory):
   the model and, with a global test set ``test``, evaluated on it; with the names its tensors take
   in the saved file and their order there, when the model gives them (``final_names``).
 
-The answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "<file>: <what went wrong>"}``. The
-controller runs this as an unprivileged uid (``controller.sandbox``): the user's code never runs as root.
+The answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "<file>: <what went wrong>"}``, one
+line on the descriptor ``EDGETB_PROBE_ANSWER_FD`` names (the standard output without it). The
+controller runs this as an unprivileged uid of its own (``controller.sandbox``), with
+``EDGETB_PROBE_PIDNS=1`` when its children are in a PID namespace of their own: the probe then
+forks, and the user's code runs as that namespace's pid 1. It never runs as root.
 """
 from __future__ import annotations
 
@@ -193,7 +196,13 @@ TASKS = {"model": probe_model, "algorithm": probe_algorithm, "policy": probe_pol
 
 
 def main() -> int:
-    answer_to, sys.stdout = sys.stdout, sys.stderr  # what the user's code prints goes to stderr
+    if os.environ.pop("EDGETB_PROBE_PIDNS", "") == "1":  # its children are in a PID namespace of their own:
+        child = os.fork()  # the user's code runs in it, as its pid 1
+        if child:
+            os._exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) & 0xFF)
+    fd = os.environ.pop("EDGETB_PROBE_ANSWER_FD", "")
+    answer_to = os.fdopen(int(fd), "w") if fd else sys.stdout  # (by hand: the standard output)
+    sys.stdout = sys.stderr  # what the user's code prints goes to stderr
     try:
         req = json.loads(sys.stdin.read())
         os.chdir(req["workdir"])  # the user's relative paths: the experiment directory's
@@ -203,6 +212,7 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001 - whatever the user's code raised, said as data
         answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     answer_to.write(json.dumps(answer) + "\n")
+    answer_to.flush()
     return 0
 
 

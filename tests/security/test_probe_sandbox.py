@@ -12,14 +12,14 @@ import time
 import pytest
 
 from controller import sandbox
-from worker.confinement import privilege
+from worker.confinement import privilege, uids
 
 pytestmark = [pytest.mark.security, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
 SPY = '''
 import os, socket
 def build(input_shape, n_classes, conf):
-    seen = {"uid": os.getuid(), "gid": os.getgid()}
+    seen = {"uid": os.getuid(), "gid": os.getgid(), "pid": os.getpid()}
     try:
         socket.create_connection(("127.0.0.1", conf["port"]), timeout=2).close()
         seen["net"] = "reached"
@@ -62,7 +62,8 @@ def test_the_probe_runs_as_nobody_without_network_and_sees_little(tmp_path):
         sandbox.check_model(conf, str(workdir), (4,), 2)
     seen = dict(eval(str(refused.value).split("RuntimeError: ", 1)[1].rsplit(" (line", 1)[0]))  # noqa: S307
     server.close()
-    assert seen["uid"] == 65534 and seen["gid"] == 65534, seen
+    assert seen["uid"] == seen["gid"] and uids.PROBE_UID_BASE <= seen["uid"] < uids.NODE_UID_BASE, seen  # its own
+    assert seen["pid"] == 1, seen  # the first process of a PID namespace of its own
     assert seen["net"] != "reached", seen  # a network namespace of its own: loopback is down
     hidden = ("PermissionError", "FileNotFoundError")  # outside its view, or closed to it
     assert seen["secret"] in hidden, seen
@@ -75,15 +76,46 @@ def test_the_probe_runs_as_nobody_without_network_and_sees_little(tmp_path):
     assert not (workdir / "planted.txt").exists()
 
 
+FORGER = '''
+import json, os, time
+def build(input_shape, n_classes, conf):
+    if os.fork() == 0:  # outlives the probe's answer, then writes a forged one everywhere it can
+        time.sleep(0.5)
+        line = (json.dumps({"ok": True, "arrays": [], "forged": True}) + "\\n").encode()
+        for fd in range(1, 64):
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+        os._exit(0)
+    raise RuntimeError("the real answer")
+'''
+
+
+def test_what_the_probe_leaves_behind_cannot_forge_its_answer(tmp_path):
+    (tmp_path / "forger.py").write_text(FORGER)
+    os.chmod(tmp_path, 0o755)
+    with pytest.raises(sandbox.ProbeError, match="the real answer"):
+        sandbox.check_model({"module": "forger.py"}, str(tmp_path), (4,), 2)
+
+
+def test_a_probes_uid_is_one_no_process_has():
+    with sandbox.Scratch() as scratch:
+        ident = scratch.ident
+        assert uids.PROBE_UID_BASE <= ident.uid < uids.NODE_UID_BASE and ident.gid == ident.uid
+        assert ident.uid not in uids.running_uids()
+        assert os.stat(scratch.outputs).st_uid == ident.uid
+
+
 def test_a_data_module_runs_in_the_sandbox_and_comes_back_as_arrays(tmp_path):
     (tmp_path / "data.py").write_text(
         "import os, numpy as np\n"
         "def load():\n"
-        "    n = os.getuid() % 1000\n"  # 65534 -> 534: proves who ran it
+        f"    n = 7 if {uids.PROBE_UID_BASE} <= os.getuid() < {uids.NODE_UID_BASE} else 1\n"  # proves who ran it
         "    return np.full((n, 3), 1.0), np.zeros(n, int), np.ones((2, 3)), np.zeros(2, int)\n")
     os.chmod(tmp_path, 0o755)
     x_train, y_train, x_test, y_test = sandbox.load_data_module(str(tmp_path / "data.py"))
-    assert x_train.shape == (534, 3) and y_train.shape == (534,) and x_test.shape == (2, 3)
+    assert x_train.shape == (7, 3) and y_train.shape == (7,) and x_test.shape == (2, 3)
 
 
 def test_a_probe_that_hangs_is_stopped(tmp_path):
@@ -187,9 +219,10 @@ def test_a_users_policy_is_tried_in_the_sandbox_and_its_vote_comes_back(tmp_path
     view = usercode.policy_view("n1", confs["n1"])
     assert view == {"name": "probe", "role": "ring", "members": ["n1", "n2"], "strategy": "star:n2",
                     "batch_size": 32, "sites": {"n1": "local", "n2": "local"}}
-    assert sandbox.check_policy(spy, view, str(tmp_path)) == {
-        "vote": {"uid": 65534, "members": ["n1", "n2"], "strategy": "star:n2", "conf": 7, "goodput": 1e6},
-        "action": None}
+    tried = sandbox.check_policy(spy, view, str(tmp_path))
+    assert uids.PROBE_UID_BASE <= tried["vote"].pop("uid") < uids.NODE_UID_BASE  # a probe's own uid
+    assert tried == {"vote": {"members": ["n1", "n2"], "strategy": "star:n2", "conf": 7, "goodput": 1e6},
+                     "action": None}
     assert sandbox.check_policy(schedule, view, str(tmp_path)) == {"vote": {"batch_size": 32}, "action": None}
     usercode.check_policies(str(tmp_path), confs, "ra_structure.json")  # both pass
 

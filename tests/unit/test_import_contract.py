@@ -82,7 +82,8 @@ CONTROLLER_MAY_IMPORT: dict[str, str] = {
 }
 # the facades into the worker's inner rooms -> the names the controller may take of each (its __all__)
 FACADES: dict[str, tuple[str, ...]] = {
-    "worker.confinement.facade": ("Identity", "View", "confined_popen", "harmless_env", "python_dirs", "under"),
+    "worker.confinement.facade": ("Identity", "View", "confined_popen", "harmless_env", "probe_identity",
+                                  "python_dirs", "under"),
     "worker.nodes.docker_manager": ("LABEL", "MANAGER_PORT", "connect", "has_gwbridge", "link_gateway", "node_image",
                                     "remove_gwbridge", "require_image", "sdk", "short_error", "started", "swarm_of",
                                     "unlink_gateway"),

@@ -10,7 +10,8 @@ import of the room from the controller.
 - ``harmless_env``: the environment variables a node's process may inherit from its starter;
 - ``python_dirs``: the directories this interpreter needs (to be shown in a ``View``);
 - ``under``: whether a path lies under a directory (paths compared, no link followed);
-- ``confined_popen``: start a command as an ``Identity`` with a ``View``, with no network.
+- ``confined_popen``: start a command as an ``Identity`` with a ``View``, with no network;
+- ``probe_identity``: a uid and gid of its own for one such command.
 """
 from __future__ import annotations
 
@@ -21,18 +22,20 @@ from typing import Any, Sequence
 from worker.confinement import confine, fsview, privilege
 from worker.confinement.fsview import View, under
 from worker.confinement.privilege import python_dirs
-from worker.confinement.uids import Identity
+from worker.confinement.uids import Identity, probe_identity
 from worker.confinement.zygote import harmless_env
 from worker.kernel import nsfs
 
-__all__ = ["Identity", "View", "confined_popen", "harmless_env", "python_dirs", "under"]
+__all__ = ["Identity", "View", "confined_popen", "harmless_env", "probe_identity", "python_dirs", "under"]
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
 
 
 def confined_popen(argv: Sequence[str], popen: dict[str, Any], view: View, ident: Identity) -> subprocess.Popen:
     """Start ``argv`` (``popen``: ``subprocess.Popen``'s keyword arguments) as ``ident`` without
-    capabilities, in network, mount and IPC namespaces of its own (no network at all) seeing
+    capabilities, in network, mount and IPC namespaces of its own (no network at all), its
+    children in a PID namespace of their own (the first is its pid 1), seeing
     ``view``, under the nodes' rlimits and seccomp filter (``privilege.become_node``), forked by
     the one thread that forks node processes (``privilege.spawn``). Needs root. A ``view``
     that ``ident`` cannot read is a ConfigError naming the path."""
@@ -43,8 +46,8 @@ def confined_popen(argv: Sequence[str], popen: dict[str, Any], view: View, ident
     starter = os.getpid()
 
     def enter() -> None:  # in the child: system calls only
-        if nsfs.libc.unshare(CLONE_NEWNET) != 0:
-            raise OSError("cannot enter a network namespace of its own")
+        if nsfs.libc.unshare(CLONE_NEWNET | CLONE_NEWPID) != 0:
+            raise OSError("cannot enter network and PID namespaces of its own")
         privilege.become_node(ident, ops, rlimits, confinement, starter)
 
     return privilege.spawn(lambda: subprocess.Popen(list(argv), preexec_fn=enter, **popen))

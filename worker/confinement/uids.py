@@ -4,6 +4,7 @@ two testbeds never share one) and the directory it owns, ``<workdir>/dml_file/no
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import zlib
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from worker.state import host_record
 NODE_UID_BASE = 1_000_000_000
 UID_SLOT = 65_536  # uids per testbed: more than MAX_NODES
 UID_SLOTS = 16_384  # NODE_UID_BASE + UID_SLOTS * UID_SLOT stays below 2**31
+PROBE_UID_BASE = NODE_UID_BASE - UID_SLOT  # the sandbox probes' uids: one block below the nodes'
 
 
 def uid_base(testbed_id: str) -> int:
@@ -57,6 +59,31 @@ class Identity:
             raise ConfigError(f"node index {index} is outside 0..{UID_SLOT - 1}")
         uid = uid_base(testbed_id) + index
         return cls(uid, uid)
+
+
+def probe_identity() -> Identity:
+    """A uid (and gid) of its own for one sandbox probe: one of ``PROBE_UID_BASE``'s block that no
+    process of this host has, so that no other process may signal, trace or write to the probe."""
+    running = running_uids()
+    start = secrets.randbelow(UID_SLOT)
+    for k in range(UID_SLOT):
+        uid = PROBE_UID_BASE + (start + k) % UID_SLOT
+        if uid not in running:
+            return Identity(uid, uid)
+    raise NodeRuntimeError(f"every probe uid ({PROBE_UID_BASE} and the {UID_SLOT - 1} after it) is in use")
+
+
+def running_uids() -> set[int]:
+    """The real uids of this host's processes now (read from ``/proc``)."""
+    uids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status", "rb") as f:
+                    uids.update(int(line.split()[1]) for line in f if line.startswith(b"Uid:"))
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+    return uids
 
 
 # the node's own directory ------------------------------------------------------------------------
