@@ -4,7 +4,8 @@ The sweep file (``controller.model.sweep``) is checked whole before any run star
 parameter path, every value against the schema of the file it lands in (each value alone, then
 every configuration), the grid not empty. Each run is then the run script of its algorithm
 (``gl_run.py --auto`` ...) in the experiment directory, with the files made for it (only those
-a parameter or a seed changes; the others are the base files themselves), its output in
+a parameter or a seed changes, with the trace files they name beside them; the others are the
+base files themselves), its output in
 ``runs/<name>/output.log``, its run folder moved to ``runs/<name>/run/``. Nodes are made anew
 for every run (deploy and teardown are a few seconds of each run).
 
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from controller.model import sweep as model
 from controller.model.sweep import ALGORITHM, PREFIXES, RunPlan, Sweep, load_sweep
@@ -119,8 +120,7 @@ class Files:
             for role in sorted(changed):
                 name = os.path.basename(paths[role])
                 out.write_bytes(name, (json.dumps(docs[role], indent=1) + "\n").encode())
-                if role == "scenario":
-                    self._copy_traces(docs[role], os.path.dirname(paths[role]), out)
+                self._copy_traces(docs[role], os.path.dirname(paths[role]), out)
                 paths[role] = os.path.join(out.path, name)
         finally:
             out.close()
@@ -128,19 +128,27 @@ class Files:
 
     @staticmethod
     def _copy_traces(doc: Any, source_dir: str, out: RunDir) -> None:
-        """The trace files a scenario names, beside its copy (a trace is read beside its scenario)."""
-        events = doc.get("events") if isinstance(doc, dict) else None
-        for event in events if isinstance(events, list) else []:
-            trace = event.get("trace") if isinstance(event, dict) else None
-            name = trace.get("file") if isinstance(trace, dict) else None
-            if not isinstance(name, str):
-                continue
-            root = os.path.realpath(source_dir)
+        """The trace files a file names (``"trace": {"file": ...}`` in links, nodes and scenario
+        files), beside its copy: a trace is read beside the file that names it."""
+        root = os.path.realpath(source_dir)
+        for name in sorted(set(trace_files(doc))):
             src = os.path.realpath(os.path.join(root, name))
             if os.path.commonpath([root, src]) == root and os.path.isfile(src):  # else the check refuses it
                 with open(src, "rb") as f:
                     chunks = iter(lambda: f.read(1 << 20), b"")
                     out.write_chunks(os.path.relpath(src, root).replace(os.sep, "/"), chunks)
+
+
+def trace_files(doc: Any) -> Iterator[str]:
+    """Every ``file`` of a ``"trace"`` object in ``doc``, at any depth."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if key == "trace" and isinstance(value, dict) and isinstance(value.get("file"), str):
+                yield value["file"]
+            yield from trace_files(value)
+    elif isinstance(doc, list):
+        for value in doc:
+            yield from trace_files(value)
 
 
 def check_files(paths: dict[str, str], algorithm: str) -> None:

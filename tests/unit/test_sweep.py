@@ -241,3 +241,21 @@ def test_a_varied_scenario_takes_its_trace_files_along(exp, tmp_path):
     assert paths["scenario"] == str(tmp_path / "made" / "scenario.json")
     assert (tmp_path / "made" / "traces" / "bus.csv").read_text() == (exp / "traces" / "bus.csv").read_text()
     assert paths["links"] == str(exp / "links.json")  # not varied: the base file itself
+
+
+def test_trace_files_are_found_at_any_depth():
+    links = {"n1": [{"dest": "n2", "trace": {"file": "traces/a.csv"}}], "n2": [{"dest": "n1", "bw": "1mbit"}]}
+    scenario = {"events": [{"at": 0, "trace": {"src": "n1", "dst": "n2", "file": "b.log"}}]}
+    assert list(runner.trace_files(links)) == ["traces/a.csv"] and list(runner.trace_files(scenario)) == ["b.log"]
+
+
+def test_a_varied_links_file_takes_its_trace_files_along(exp, tmp_path):
+    (exp / "traces").mkdir()
+    (exp / "traces" / "bus.csv").write_text("time_s,rate\n0,5mbit\n10,1mbit\n")
+    links = json.loads((exp / "links.json").read_text())
+    links["n1"][0] = {"dest": links["n1"][0]["dest"], "trace": {"file": "traces/bus.csv"}}
+    (exp / "links.json").write_text(json.dumps(links))
+    s = load_sweep(sweep_file(exp, {"vary": {"links.n2[0].bw": ["1mbit", "2mbit"]}}))
+    runner.check(s)
+    runner.Files(s).make("gossip", runner.run_values(s, s.runs[0]), str(tmp_path / "made"))
+    assert (tmp_path / "made" / "traces" / "bus.csv").exists()
