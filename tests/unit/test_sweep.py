@@ -253,7 +253,7 @@ def test_a_varied_links_file_takes_its_trace_files_along(exp, tmp_path):
     (exp / "traces").mkdir()
     (exp / "traces" / "bus.csv").write_text("time_s,rate\n0,5mbit\n10,1mbit\n")
     links = json.loads((exp / "links.json").read_text())
-    links["n1"][0] = {"dest": links["n1"][0]["dest"], "trace": {"file": "traces/bus.csv"}}
+    links["n1"][0] = {"dest": links["n1"][0]["dest"], "trace": {"file": "traces/bus.csv", "format": "csv"}}
     (exp / "links.json").write_text(json.dumps(links))
     s = load_sweep(sweep_file(exp, {"vary": {"links.n2[0].bw": ["1mbit", "2mbit"]}}))
     runner.check(s)
