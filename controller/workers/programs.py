@@ -1,9 +1,11 @@
 """Your own programs in nodes: start one in the background, list them, read a log, stop one.
 
 The same functions serve ``edgetb exec --detach``, ``ps``, ``logs`` and ``stop`` and a Python
-script; each takes a ``Worker`` (``controller.workers.connect.connect``: this host, or an agent)::
+script (``run``: a command run to its end, its output handed back whole); each takes a
+``Worker`` (``controller.workers.connect.connect``: this host, or an agent)::
 
     worker = connect("0")
+    print(run(worker, "n1", ["python3", "--version"])["stdout"])
     proc = start(worker, "n1", ["python3", "-m", "http.server", "8000"], {"GREETING": "hi"})
     for text in follow(worker, proc["id"]): print(text, end="")
     stop(worker, proc["id"])
@@ -59,6 +61,16 @@ def check_env(pairs: list[str]) -> dict[str, str]:
             raise ConfigError(f"--env {pair!r}: write a variable as NAME=VALUE (NAME of letters, digits and _)")
         env[key] = value
     return env
+
+
+def run(worker: Worker, node: str, argv: list[str], env: Optional[dict[str, str]] = None,
+        timeout_s: float = 60.0) -> dict[str, Any]:
+    """Run ``argv`` in ``node`` to completion, as the node (killed after ``timeout_s``:
+    TestbedTimeout): ``returncode``, and ``stdout`` and ``stderr`` as printable text (1 MiB each
+    at most)."""
+    done = worker.exec(node, {"version": API_VERSION, "argv": list(argv), "env": dict(env or {}),
+                              "timeout_s": timeout_s})
+    return {"returncode": done["returncode"], "stdout": printable(done["stdout"]), "stderr": printable(done["stderr"])}
 
 
 def start(worker: Worker, node: str, argv: list[str], env: Optional[dict[str, str]] = None) -> dict[str, Any]:

@@ -207,3 +207,35 @@ def test_a_declared_python_that_cannot_serve_is_refused_before_anything_is_made(
     assert_nothing_left(env)
     status = json.loads(run(["status", "--json"], env).stdout)
     assert status["nodes"] == [] and status["processes_running"] == 0
+
+
+API_SCRIPT = """
+import json, os, sys, time
+from controller.workers.connect import connect
+from controller.workers import programs
+
+worker = connect(os.environ["EDGETB_ID"], os.environ["EDGETB_SUBNET"])
+done = programs.run(worker, "a", ["sh", "-c", 'echo "$X $(id -u)"; exit 3'], {"X": "ran"})
+proc = programs.start(worker, "b", ["sh", "-c", 'echo "up $Y"; trap "echo bye; exit 0" TERM; sleep 600 & wait'],
+                      {"Y": "b"})
+deadline = time.monotonic() + 10
+while not (seen := "".join(programs.follow(worker, proc["id"], keep_following=False))):
+    assert time.monotonic() < deadline
+    time.sleep(0.1)
+listed = [(p["id"], p["node"], p["running"]) for p in programs.processes(worker, "b")]
+stopped = programs.stop(worker, proc["id"])
+print(json.dumps({"done": done, "seen": seen, "listed": listed, "id": proc["id"], "stopped": stopped,
+                  "after": programs.processes(worker)}))
+"""
+
+
+def test_the_python_api_runs_starts_lists_reads_and_stops_programs(two_nodes):
+    env = two_nodes
+    out = subprocess.run([sys.executable, "-c", API_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["done"]["returncode"] == 3 and got["done"]["stdout"].split()[0] == "ran"
+    assert got["done"]["stdout"].split()[1] != "0"  # as the node
+    assert got["seen"] == "up b\n" and got["listed"] == [[got["id"], "b", True]]
+    assert got["stopped"]["stopped"] is True and got["after"] == []  # (its exit code: the supervisor's to see)

@@ -147,7 +147,25 @@ class _Spawner:
                 done.set_exception(e)
 
 
-_spawner = _Spawner()
+_spawner: Optional[_Spawner] = None
+
+
+def _the_spawner() -> _Spawner:
+    global _spawner
+    if _spawner is None:
+        _spawner = _Spawner()
+    return _spawner
+
+
+def _forget_spawner() -> None:
+    """In a forked child (nothing but an assignment: it may be about to exec): the parent's
+    spawner thread is not there, and its queue may hold that thread as its waiter, so a job put
+    there would wake no one; the child makes a spawner of its own when it needs one."""
+    global _spawner
+    _spawner = None
+
+
+os.register_at_fork(after_in_child=_forget_spawner)
 
 
 @dataclass(frozen=True)
@@ -239,7 +257,7 @@ def die_with_parent() -> None:
 def spawn(start: Callable[[], subprocess.Popen]) -> subprocess.Popen:
     """Run ``start`` (a ``Popen``) on the one long-lived thread that forks every node process,
     so a child's death signal fires only when this process dies."""
-    return _spawner.run(start)
+    return _the_spawner().run(start)
 
 
 @dataclass
@@ -291,7 +309,7 @@ def launch(spec: Launch) -> subprocess.Popen:
             return subprocess.Popen(list(spec.argv), preexec_fn=enter, env=env, cwd="/", **spec.popen)
 
         try:
-            return _spawner.run(start)
+            return _the_spawner().run(start)
         except subprocess.SubprocessError:
             raise NodeRuntimeError(f"could not set up a node process for {spec.argv[0]!r} "
                                    "(namespaces, mounts, cgroups or privileges; its log says which)") from None
