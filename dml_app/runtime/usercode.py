@@ -18,6 +18,8 @@ import traceback
 from types import ModuleType
 from typing import Any
 
+from dml_app.models.contract import FRAMEWORKS
+
 USERCODE_DIR = "dml_user"  # where the controller stages the user's files, in the experiment directory
 
 
@@ -95,7 +97,11 @@ def load_file(workdir: str, relative: str) -> ModuleType:
     except Exception as e:  # the user's code: any error is theirs, said with its place
         del sys.modules[name]
         hint = ""
-        if isinstance(e, ModuleNotFoundError) and e.name and not importlib.util.find_spec(e.name.split(".")[0]):
+        top = e.name.split(".")[0] if isinstance(e, ModuleNotFoundError) and e.name else ""
+        framework = next((f for f in FRAMEWORKS.values() if top in f.packages), None)
+        if framework:  # (a framework a kind of model needs)
+            hint = f" ({framework.name} is not installed: pip install '.[{framework.extra}]')"
+        elif top and not importlib.util.find_spec(top):
             hint = (f" (a module of yours must lie in the directory of {shown(relative)}, which is staged whole: "
                     "its .py files and packages; anything else must be installed where the nodes' Python is)")
         raise UserCodeError(f"{shown(relative)}: importing it failed: {where_in(e, path)}{hint}") from None

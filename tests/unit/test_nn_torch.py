@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from dml_app.models.contract import ModelError
 from dml_app.models.make import make_model
 
 torch = pytest.importorskip("torch")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "models" / "torch_cnn.py"
 NETS = [("edgetb_fashion_cnn", (28, 28, 1)), ("edgetb_fashion_cnn", (8, 8, 1)), ("lenet5", (28, 28, 1)),
         ("lenet5", (8, 8, 1)), ("edgetb_cifar10_cnn", (32, 32, 3)), ("mlp", (8, 8, 1))]
 
@@ -199,13 +202,37 @@ def test_a_bad_torch_file_is_refused_before_the_run_naming_the_file_and_the_node
 
 def test_without_torch_a_torch_model_says_how_to_get_it(monkeypatch, tmp_path):
     from controller.confs import usercode
+    from dml_app import probe
     from worker.api.errors import ConfigError
 
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     with pytest.raises(ModelError, match=r"a model of kind 'torch' needs PyTorch: pip install '\.\[torch\]'"):
         make_model({"kind": "torch", "name": "lenet5"}, (28, 28, 1), 10)
+    (tmp_path / "nns").mkdir()
+    shutil.copy(EXAMPLE, tmp_path / "nns" / "torch_cnn.py")
+    for model, said in (({"module": "nns/torch_cnn.py"}, r"nns/torch_cnn.py: importing it failed: .*\(PyTorch is not"),
+                        ({"module": "nns/torch_cnn.py", "kind": "torch"}, "a model of kind 'torch' needs PyTorch")):
+        with pytest.raises(ValueError, match=said + r".*pip install '\.\[torch\]'"):  # (in the probe)
+            probe.probe_model({"workdir": str(tmp_path), "conf": model, "input_shape": [8, 8, 1], "n_classes": 3})
     np.savez(tmp_path / "n.npz", x_train=np.zeros((3, 8, 8, 1), np.float32), y_train=np.arange(3))
     structure = {"n1": {"role": "gossip", "model": {"kind": "torch", "name": "lenet5"}}}
     with pytest.raises(ConfigError, match=r"field 'model' of node n1: a model of kind 'torch' needs PyTorch: "
                                           r"pip install '\.\[torch\]'"):
         usercode.check(str(tmp_path), structure, {"n1": {"shard": "n.npz", "n_classes": 10}}, "gl_structure.json")
+
+
+def test_a_torch_file_on_docker_nodes_is_refused_before_the_run(tmp_path):
+    """Its kind inferred in the probe sandbox: Docker nodes have numpy only (built-ins: test_usercode)."""
+    from controller.confs import usercode
+    from worker.api.errors import ConfigError
+
+    os.chmod(tmp_path, 0o755)  # (the probe runs as nobody)
+    (tmp_path / "nns").mkdir()
+    shutil.copy(EXAMPLE, tmp_path / "nns" / "torch_cnn.py")
+    np.savez(tmp_path / "n.npz", x_train=np.zeros((3, 8, 8, 1), np.float32), y_train=np.arange(3))
+    structure = {n: {"role": "gossip", "model": {"module": "nns/torch_cnn.py", "seed": 0}} for n in ("n1", "n2")}
+    usercode.stage(str(tmp_path), structure, "gl_structure.json")
+    with pytest.raises(ConfigError, match="field 'model' of node n1 \\(and 1 more\\): a model of kind 'torch' needs "
+                                          "PyTorch in the nodes, and the Docker node image has numpy only \\(n2\\)"):
+        usercode.check(str(tmp_path), structure, {n: {"shard": "n.npz", "n_classes": 10} for n in structure},
+                       "gl_structure.json", {"n1": "netns", "n2": "docker"})
