@@ -222,10 +222,13 @@ def describe(plan: RunPlan) -> str:
 
 
 # the sweep folder ---------------------------------------------------------------------------------
-def plan_doc(sweep: Sweep, digest: str) -> dict[str, Any]:
+def plan_doc(sweep: Sweep, digest: str, names: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """plan.json: the sweep's runs; ``names``: a run's folder name by key, where an earlier
+    sweep in the folder gave it one (a grown grid renumbers runs, not their folders)."""
+    names = names or {}
     return {"version": 1, "sweep_file": sweep.path, "workdir": sweep.workdir, "base": sweep.base,
             "base_digest": digest, "varied": sweep.varied, "values": dict(sweep.params),
-            "seeds": sweep.seeds, "runs": [{"index": r.index, "name": r.name, "key": r.key, "config": r.config,
+            "seeds": sweep.seeds, "runs": [{"index": r.index, "name": names.get(r.key, r.name), "key": r.key, "config": r.config,
                                            "repeat": r.repeat, "seed": r.seed, "params": r.params,
                                            "algorithm": sweep.algorithm_of(r)} for r in sweep.runs]}
 
@@ -267,7 +270,8 @@ class SweepDir:
                               "start a new sweep, or restore the files")
         with open(sweep.path, "rb") as f:
             self.out.write_bytes(table.SWEEP_FILE, f.read())
-        self.out.write_json(table.PLAN_JSON, plan_doc(sweep, digest))
+        self.out.write_json(table.PLAN_JSON, plan_doc(sweep, digest, {k: e["name"] for k, e in
+                                                                      self.state["runs"].items() if e.get("name")}))
         for entry in self.state["runs"].values():  # a sweep stopped hard: its run in progress did not finish
             if entry.get("status") == "running":
                 entry.update(status="interrupted", detail="the sweep stopped during the run")
@@ -275,14 +279,18 @@ class SweepDir:
 
     def record(self, plan: RunPlan, **fields: Any) -> None:
         entry = self.state["runs"].setdefault(plan.key, {})
-        entry.update(name=plan.name, index=plan.index, **fields)
+        entry.update(name=self.name(plan), index=plan.index, **fields)
         self.save()
 
     def save(self) -> None:
         self.out.write_json(table.STATE_JSON, self.state)
 
+    def name(self, plan: RunPlan) -> str:
+        """The run's folder name: the one it was first given in this sweep folder."""
+        return self.state["runs"].get(plan.key, {}).get("name") or plan.name
+
     def folder(self, plan: RunPlan) -> str:
-        return os.path.join(self.path, table.RUNS_DIR, plan.name)
+        return os.path.join(self.path, table.RUNS_DIR, self.name(plan))
 
     def tables(self, plots: bool = True) -> dict[str, Any]:
         return table.build(self.path, self.out.write_bytes, plots=plots)
@@ -362,8 +370,8 @@ def run_one(sweep: Sweep, files: Files, plan: RunPlan, folder: str) -> dict[str,
         entry = {"status": "completed", "detail": ended or ""}
     else:
         why = "no run folder" if run_id is None else f"ended: {ended}" if ended else "no run.json"
-        entry = {"status": "failed", "detail": f"exit code {code}, {why} (see {table.RUNS_DIR}/{plan.name}/"
-                                               f"{table.OUTPUT_LOG})"}
+        log = f"{table.RUNS_DIR}/{os.path.basename(folder)}/{table.OUTPUT_LOG}"
+        entry = {"status": "failed", "detail": f"exit code {code}, {why} (see {log})"}
     entry.update(run_id=run_id, exit_code=code, seconds=seconds, command=argv)
     if interrupted is not None:
         entry["_interrupt"] = interrupted

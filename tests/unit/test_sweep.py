@@ -259,3 +259,17 @@ def test_a_varied_links_file_takes_its_trace_files_along(exp, tmp_path):
     runner.check(s)
     runner.Files(s).make("gossip", runner.run_values(s, s.runs[0]), str(tmp_path / "made"))
     assert (tmp_path / "made" / "traces" / "bus.csv").exists()
+
+
+def test_a_grown_grid_keeps_the_folders_of_its_runs(exp):
+    small = load_sweep(sweep_file(exp, {"vary": {"structure.sync": [2]}}))
+    d = runner.SweepDir(small.out)
+    d.start(small, runner.Files(small).digest())
+    d.record(small.runs[0], status="completed")
+    grown = load_sweep(sweep_file(exp, {"vary": {"structure.sync": [1, 2]}}))
+    again = runner.SweepDir(grown.out)
+    again.start(grown, runner.Files(grown).digest())
+    kept = grown.runs[1]
+    assert kept.name != small.runs[0].name and again.name(kept) == small.runs[0].name
+    plan = json.loads((Path(grown.out) / "plan.json").read_text())
+    assert [r["name"] for r in plan["runs"]] == [grown.runs[0].name, small.runs[0].name]
