@@ -147,7 +147,7 @@ class _Spawner:
                 done.set_exception(e)
 
 
-_spawner: Optional[_Spawner] = None
+_spawner: Optional[_Spawner] = _Spawner()  # None in a forked child until it needs one
 
 
 def _the_spawner() -> _Spawner:
