@@ -236,3 +236,13 @@ def test_a_torch_file_on_docker_nodes_is_refused_before_the_run(tmp_path):
                                           "PyTorch in the nodes, and the Docker node image has numpy only \\(n2\\)"):
         usercode.check(str(tmp_path), structure, {n: {"shard": "n.npz", "n_classes": 10} for n in structure},
                        "gl_structure.json", {"n1": "netns", "n2": "docker"})
+
+
+def test_weights_that_turn_nan_in_training_stop_the_node_naming_the_file():
+    from dml_app.models import pytorch
+
+    model = pytorch.wrap(Net(), "nns/net.py: build", {})
+    model.set_weights([np.full_like(w, np.nan) if i == 0 else w for i, w in enumerate(model.get_weights())])
+    x, y = np.random.default_rng(0).random((8, 8, 8, 1), dtype=np.float32), np.zeros(8, dtype=np.int64)
+    with pytest.raises(ModelError, match=r"nns/net.py: build: the training loss is nan \(weights diverged"):
+        model.train(x, y, 1, 4)
