@@ -398,6 +398,10 @@ def run_sweep(path: str, workdir: Optional[str] = None, retry_failed: bool = Fal
     check(sweep, files)
     if os.geteuid() != 0:
         raise ConfigError("run the sweep as root (sudo): its runs' nodes are network namespaces")
+    for algorithm in sorted({sweep.algorithm_of(r) for r in sweep.runs}):
+        if not os.path.isfile(run_script(algorithm)):
+            raise ConfigError(f"{sweep.label}: no run script {run_script(algorithm)} for the {algorithm} runs "
+                              "(a sweep runs from the testbed's checkout)")
     folder = SweepDir(sweep.out)
     folder.start(sweep, files.digest())
     todo = pending(sweep.runs, folder.state, retry_failed)
