@@ -145,7 +145,8 @@ def test_the_agent_calls_the_host_as_the_table_says():
     host = Host()
     client = create_app(host, TOKEN).test_client()  # type: ignore[arg-type]
     special = {"merge_links": ("set_links", "body", True), "clear_links": ("clear_links", None),
-               "telemetry_read": ("telemetry_read", 0, None), "process_log": ("process_log", "n1", "p1", 0, None)}
+               "telemetry_read": ("telemetry_read", 0, None), "process_log": ("process_log", "n1", "p1", 0, None),
+               "stop_process": ("stop_process", "n1", "p1", 5.0, None)}
     for op in OPERATIONS.values():
         host.calls.clear()
         body = {"version": 1, "op": op.name}
