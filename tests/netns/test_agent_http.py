@@ -254,3 +254,25 @@ def test_the_cli_through_an_agent_exec_detach_ps_logs_stop_and_signals(agent: Ag
     assert trapping.returncode == 6  # its own exit code, after its trap ran
     assert rest == "got-term\n"  # what it printed as it stopped is shown too
     assert agent.client.processes()["processes"] == []
+
+
+def test_a_declared_python_through_the_agent_checked_on_its_host_then_on_path(agent: Agent, tmp_path):
+    """The agent checks a declared Python on its own host before creating anything; then a node's
+    processes (exec, start_process) have its bin/ first on PATH and see it."""
+    venv = tmp_path / "envs" / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    for d in (venv.parent, venv, *(p for p in venv.rglob("*") if p.is_dir())):
+        d.chmod(0o755)
+    missing = str(tmp_path / "envs" / "gone")
+    refused = requests.post(agent.url + "/nodes", json=nodes_body({"name": "a", "python": str(venv)},
+                                                                  {"name": "b", "python": missing}),
+                            headers=agent.auth, timeout=30)
+    body = _assert_error_json(refused, 400, "config_error")
+    assert f"node 'b': python '{missing}': it does not exist" in body["detail"]
+    assert agent.client.status()["nodes"] == [] and not any(
+        WorkerHost(agent.testbed_id, agent.subnet, state_root=str(tmp_path / "state")).runtime.leftovers().values())
+
+    agent.client.create_nodes(nodes_body({"name": "a", "python": str(venv)}))
+    ran = agent.client.exec("a", {"version": 1, "argv": ["python3", "-c", "import sys, os; print(sys.prefix, "
+                                                         "os.environ['PATH'].split(':')[0])"]})
+    assert ran["stdout"].split() == [str(venv), f"{venv}/bin"], ran
