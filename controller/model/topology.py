@@ -25,6 +25,10 @@ node without ``mem`` or ``pids`` gets the worker's defaults, see ``worker.confin
     {"nodes": [{"name": "n1", "kind": "emulated", "host": "local", "cpu": 0.5, "mem": "256M", "pids": 256},
                {"name": "pi1", "kind": "physical", "ip": "192.168.1.20"}]}
 
+A node's ``python`` (or the ``defaults``' one) names a virtual environment on its host: only its
+form is checked here; the worker checks the environment itself before it creates any node
+(``worker.confinement.node_python``).
+
 Both files are strict (``LINK_SCHEMA``, ``NODE_SCHEMA``, checked by
 ``worker.api.schema``): an unknown field is refused with the nearest valid name
 (``field 'dleay': unknown field; did you mean 'delay'?``), as are wrong types.
