@@ -274,16 +274,19 @@ class Role:
 
     def post(self, dest: str, path: str, body: bytes, content_type: str, round_no: int,
              timeout_s: Optional[float] = None, retries: int = 1, ttl: int = MAX_RELAYS,
-             signed: Optional[dict[str, str]] = None) -> Optional[bytes]:
+             signed: Optional[dict[str, str]] = None,
+             answer_headers: Optional[dict[str, str]] = None) -> Optional[bytes]:
         """POST ``body`` to ``dest`` through ``transport``; returns the answer, or None after a
         ``send_failed`` event.
         ``timeout_s``: by default ``send_timeout_s`` (the link's rate and a margin).
-        ``signed``: the end-to-end signature of a message this node relays (else it signs)."""
+        ``signed``: the end-to-end signature of a message this node relays (else it signs);
+        ``answer_headers`` then receives the destination's signature of its answer."""
         if timeout_s is None:
             timeout_s = self.send_timeout_s(dest, len(body))
         try:
             hop = self.hop_to(dest)
-            answer = self.transport.post(hop, dest, path, body, content_type, timeout_s, retries, ttl, signed)
+            answer = self.transport.post(hop, dest, path, body, content_type, timeout_s, retries, ttl, signed,
+                                         answer_headers)
         except (ConnectionError, OSError, AuthFailed) as e:
             self.ctx.events.write("send_failed", round=round_no, peer=dest, error=str(e))
             return None
@@ -350,7 +353,8 @@ class Role:
 
     def relay(self, req: Request) -> Response:
         """``POST /relay?to=DEST&path=PATH``: pass a message on towards ``DEST``, with its
-        end-to-end signature untouched (``DEST`` checks it)."""
+        end-to-end signature untouched (``DEST`` checks it), and ``DEST``'s answer back with its
+        signature (the sender checks it)."""
         dest, path = req.query.get("to", ""), req.query.get("path", "")
         if not path.startswith("/") or path.startswith("/relay") or not path.replace("/", "").replace("_", "").isalnum():
             raise HttpError(400, "bad_relay", f"cannot relay to path {path!r}")
@@ -366,7 +370,7 @@ class Role:
         self.count_received(req, "?")
         answer = self.post(dest, path, req.body, req.content_type or "application/octet-stream", -1, ttl=ttl,
                            signed=signed, timeout_s=max(self.send_timeout_s(dest, len(req.body)), RELAY_WAIT_S),
-                           retries=0)
+                           retries=0, answer_headers=req.answer_headers)  # (dest's signature, passed back)
         if answer is None:
             raise HttpError(502, "relay_failed", f"{self.ctx.name} could not pass the message on to {dest}")
         with self._traffic_lock:

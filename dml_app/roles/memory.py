@@ -52,5 +52,6 @@ class MemoryTransport:
         self.network, self.name = network, name
 
     def post(self, hop: str, dest: str, path: str, body: bytes, content_type: str, timeout_s: float,
-             retries: int = 1, ttl: int = MAX_RELAYS, signed: Optional[dict[str, str]] = None) -> bytes:
+             retries: int = 1, ttl: int = MAX_RELAYS, signed: Optional[dict[str, str]] = None,
+             answer_headers: Optional[dict[str, str]] = None) -> bytes:
         return self.network.deliver(self.name, dest, path, body, content_type)

@@ -36,6 +36,7 @@ SECRET_ENV = "EDGETB_NODE_SECRET"
 CONTROLLER = "controller"  # the controller's name as a sender or destination
 E2E = ("X-Edgetb-From", "X-Edgetb-Ts", "X-Edgetb-Nonce", "X-Edgetb-Sig")
 HOP = ("X-Edgetb-Hop", "X-Edgetb-Hop-Ts", "X-Edgetb-Hop-Nonce", "X-Edgetb-Hop-Sig")
+ANSWER_SIG = "X-Edgetb-Answer-Sig"  # an answer's signature by the node that answered (see NodeKeys.answer_sig)
 DIGEST = "X-Edgetb-Digest"  # hex body_hash of a signed call: its MAC is checked before the body is read
 
 
@@ -207,6 +208,17 @@ class NodeKeys:
     def hop_headers(self, hop: str, method: str, target: str, digest: bytes) -> dict[str, str]:
         """This hop's signature (to the linked node ``hop``, for the URL target actually called)."""
         return sign(self._peer_key(hop), HOP, method, target, hop, self.name, digest=digest)
+
+    def answer_sig(self, asker: str, nonce: str, answer: bytes) -> str:
+        """This node's signature of its ``answer`` to ``asker``'s message (``nonce``: the message's
+        end-to-end nonce, so that an answer cannot be replayed to another message)."""
+        return _h(self._peer_key(asker), "edgetb answer v1", self.name, asker, nonce, body_hash(answer)).hex()
+
+    def check_answer(self, answerer: str, nonce: str, answer: bytes, sig: str) -> None:
+        """That ``answer`` to this node's message ``nonce`` was signed by ``answerer``."""
+        want = _h(self._peer_key(answerer), "edgetb answer v1", answerer, self.name, nonce, body_hash(answer)).hex()
+        if not compare_digest(want.encode(), sig.encode()):
+            raise AuthFailed(f"the answer of {answerer!r} is not signed by it")
 
     def check_peer(self, headers: Mapping[str, str], method: str, path: str, digest: bytes) -> str:
         """The node that signed this message end to end (for this node, this path)."""

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
-from dml_app.runtime.auth import AuthFailed, NodeKeys, body_hash, claimed_digest, compare_digest
+from dml_app.runtime.auth import (ANSWER_SIG, E2E, AuthFailed, NodeKeys, body_hash, claimed_digest,
+                                  compare_digest)
 from dml_app.wire import bounded_json
 
 MAX_BODY_BYTES = 256 * 1024 * 1024  # no route takes more, whatever its own limit says
@@ -47,6 +48,7 @@ class Request:
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     sender: str = ""  # who signed it end to end (a peer, or "controller"); "" on public routes
     hop: str = ""  # the linked node that passed it on (peer and hop routes)
+    answer_headers: dict[str, str] = field(default_factory=dict)  # a handler's headers for its answer
 
     def json(self) -> Any:
         try:
@@ -103,7 +105,8 @@ class Router:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         extra: list[tuple[str, str]] = []
         try:
-            status, ctype, body = self._dispatch(environ)
+            status, ctype, body, signed = self._dispatch(environ)
+            extra += signed.items()
         except HttpError as e:
             status, ctype, body = json_response({"error": e.error, "detail": e.detail}, e.status)
             if environ.get("edgetb.body_unread"):
@@ -123,7 +126,8 @@ class Router:
         environ["edgetb.body_unread"] = True
         return HttpError(status, error, detail)
 
-    def _dispatch(self, environ: dict[str, Any]) -> Response:
+    def _dispatch(self, environ: dict[str, Any]) -> tuple[int, str, bytes, dict[str, str]]:
+        """The route's answer and its headers: on a peer route, this node's signature of it."""
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
         route = self.routes.get((method, path))
         chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
@@ -147,6 +151,7 @@ class Router:
         headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
         sender = hop = ""
         digest = b""
+        keys = None
         if route.auth != "public":  # the signature over the claimed body hash, before the body is read
             keys = self.keys()
             if keys is None:
@@ -173,7 +178,10 @@ class Router:
             raise HttpError(401, "unauthorized", "the body is not the one signed")
         req = Request(method, path, {k: v[0] for k, v in parse_qs(query_string).items()}, body,
                       environ.get("CONTENT_TYPE", ""), headers, sender=sender, hop=hop)
-        return route.handler(req)
+        status, ctype, answer = route.handler(req)
+        if route.auth == "peer" and keys is not None:
+            req.answer_headers[ANSWER_SIG] = keys.answer_sig(sender, headers.get(E2E[2].lower(), ""), answer)
+        return status, ctype, answer, req.answer_headers
 
 
 class AnswerTooLarge(ConnectionError):
@@ -183,10 +191,12 @@ class AnswerTooLarge(ConnectionError):
 def request(method: str, url: str, body: Optional[bytes] = None, content_type: str = JSON,
             timeout_s: float = 30.0, retries: int = 0, backoff_s: float = 0.5,
             headers: Optional[dict[str, str] | Callable[[], dict[str, str]]] = None,
-            max_answer_bytes: int = MAX_BODY_BYTES) -> tuple[int, bytes]:
+            max_answer_bytes: int = MAX_BODY_BYTES, answer_headers: Optional[dict[str, str]] = None
+            ) -> tuple[int, bytes]:
     """One HTTP request (retried on connection errors); returns (status, body). ``headers``
     may be a function, called for each attempt (signatures with fresh nonces). An answer over
-    ``max_answer_bytes`` is a ``ConnectionError`` (not retried), read no further. An attempt
+    ``max_answer_bytes`` is a ``ConnectionError`` (not retried), read no further;
+    ``answer_headers``, when given, receives the answer's headers (lower-case names). An attempt
     is given up after ``timeout_s`` in all (connecting and sending, then what is left of it
     for the answer to begin), so a send to a dead or cut-off peer does not linger."""
     parts = urlsplit(url)
@@ -209,6 +219,8 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
             answer = resp.read(max_answer_bytes + 1)
             if len(answer) > max_answer_bytes:
                 raise AnswerTooLarge(f"{method} {url}: an answer over the {max_answer_bytes} bytes taken")
+            if answer_headers is not None:
+                answer_headers.update((k.lower(), v) for k, v in resp.getheaders())
             return resp.status, answer
         except AnswerTooLarge:
             raise

@@ -317,3 +317,47 @@ def test_a_peer_that_floods_models_weighs_one_model_a_round(tmp_path):
             assert counts and max(counts) <= len(senders[victim]), (victim, counts, senders[victim])
     finally:
         r.close()
+
+
+def test_an_answer_its_destination_did_not_sign_is_refused():
+    """a asks d over real HTTP: d's answer is signed by d and bound to a's message; an impostor
+    at d's address, even one that signs with its own pair key with a, is refused."""
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from dml_app.runtime.http import Router, json_response
+    from dml_app.runtime.transport import HttpTransport
+
+    run = os.urandom(32)
+    keys = {n: auth.NodeKeys(n, auth.node_secret(run, n)) for n in ("a", "c", "d")}
+    for n, peers in {"a": ("c", "d"), "c": ("a",), "d": ("a",)}.items():
+        keys[n].set_peer_keys({p: auth.pair_key(run, n, p).hex() for p in peers})
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *_):
+            pass
+
+    def impostor(environ, start_response):  # answers in d's place, signing as c (a's other peer)
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        body, nonce = b'{"accepted": false}', environ.get("HTTP_X_EDGETB_NONCE", "")
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                  (auth.ANSWER_SIG, keys["c"].answer_sig("a", nonce, body))])
+        return [body]
+
+    def serve(app) -> str:
+        server = make_server("127.0.0.1", 0, app, handler_class=Quiet)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"127.0.0.1:{server.server_address[1]}"
+
+    d = Router(lambda: keys["d"], "d")
+    d.add("POST", "/gossip", lambda req: json_response({"accepted": True}), "peer", 4096)
+    servers: list = []
+    try:
+        answer = HttpTransport({"d": serve(d)}, keys["a"]).post("d", "d", "/gossip", b"{}", "application/json", 10)
+        assert json.loads(answer) == {"accepted": True}
+        with pytest.raises(auth.AuthFailed, match="not signed by it"):  # c answers in d's place
+            HttpTransport({"d": serve(impostor)}, keys["a"]).post("d", "d", "/gossip", b"{}", "application/json", 10)
+    finally:
+        for server in servers:
+            server.shutdown()

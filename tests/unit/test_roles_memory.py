@@ -181,13 +181,18 @@ def test_http_transport_signs_end_to_end_and_per_hop_and_relays(monkeypatch):
         nodes[n].set_peer_keys({p: auth.pair_key(run, n, p).hex() for p in peers})
     sent = []
 
-    def request(method, url, body, content_type, timeout_s, retries, headers):
+    def request(method, url, body, content_type, timeout_s, retries, headers, max_answer_bytes, answer_headers):
         sent.append((url, {k.lower(): v for k, v in headers().items()}, timeout_s, retries))
+        nonce = sent[-1][1][auth.E2E[2].lower()]  # d signs its answer to that message (the relay passes it back)
+        answer_headers[auth.ANSWER_SIG.lower()] = nodes["d"].answer_sig("a", nonce, b"answer")
         return 200, b"answer"
 
     monkeypatch.setattr(transport, "request", request)
     http = HttpTransport({"r": "10.0.0.2:4444"}, nodes["a"])
     assert http.post("r", "d", "/gossip", b"body", "application/octet-stream", 7.5, 0, ttl=5) == b"answer"
+    monkeypatch.setattr(nodes["d"], "answer_sig", lambda asker, nonce, answer: "00" * 32)
+    with pytest.raises(auth.AuthFailed, match="not signed by it"):  # an answer d did not sign
+        http.post("r", "d", "/gossip", b"body", "application/octet-stream", 7.5)
     url, headers, timeout_s, retries = sent[0]
     assert url == "http://10.0.0.2:4444/relay?to=d&path=/gossip" and (timeout_s, retries) == (7.5, 0)
     digest = auth.body_hash(b"body")
