@@ -234,22 +234,27 @@ def test_node_b_cannot_stop_forge_or_impersonate_and_bad_payloads_are_refused(fl
         assert e["accuracy"] >= 0.5, e  # no round wiped out by a forged count
 
 
+def gossip_attacker(r: KnownSecretRun) -> tuple[dict, dict, list, list, auth.NodeKeys]:
+    """Once the gossip run ``r`` is ready: the nodes' addresses, links.json, B's out-neighbours,
+    a model of the run's shape, and B's keys (B signs as itself, with its real pair keys)."""
+    keys = RunKeys(r.secret)
+    ready = r.wait_phase("ready")
+    ips = {n["name"]: n["ip"] for n in ready["nodes"]}
+    links = json.loads((r.workdir / "links.json").read_text())
+    victims = [link["dest"] for link in links[B]]
+    structure = json.loads((r.workdir / "gl_structure.json").read_text())
+    shard = np.load(r.workdir / json.loads((r.workdir / "dml_file" / "conf" / "n1_dataset.json").read_text())
+                    ["shard"])
+    model = make_model(structure["model"], input_shape=int(np.prod(shard["x_train"].shape[1:])),
+                       n_classes=10).get_weights()
+    return ips, links, victims, model, auth.NodeKeys(B, keys.node_secret(B), {v: keys.pair_key(B, v) for v in victims})
+
+
 def test_nan_and_wrong_shape_gossip_is_refused_and_learning_goes_on(tmp_path):
     """B (n3) gossips NaN and wrong-shape models to its out-neighbours all through the run."""
-    secret = os.urandom(32)
-    r = KnownSecretRun(tmp_path, secret, kind="gl")
-    keys = RunKeys(secret)
+    r = KnownSecretRun(tmp_path, os.urandom(32), kind="gl")
     try:
-        ready = r.wait_phase("ready")
-        ips = {n["name"]: n["ip"] for n in ready["nodes"]}
-        links = json.loads((r.workdir / "links.json").read_text())
-        victims = [link["dest"] for link in links[B]]
-        structure = json.loads((r.workdir / "gl_structure.json").read_text())
-        shard = np.load(r.workdir / json.loads((r.workdir / "dml_file" / "conf" / "n1_dataset.json").read_text())
-                        ["shard"])
-        model = make_model(structure["model"], input_shape=int(np.prod(shard["x_train"].shape[1:])),
-                           n_classes=10).get_weights()
-        b = auth.NodeKeys(B, keys.node_secret(B), {v: keys.pair_key(B, v) for v in victims})
+        ips, links, victims, model, b = gossip_attacker(r)
         nan = [np.full_like(w, np.nan) for w in model]
         wrong = [w.T.copy() if w.ndim == 2 else w for w in model]
         assert r.get("/start").json()["phase"] == "running"
@@ -281,21 +286,10 @@ def test_nan_and_wrong_shape_gossip_is_refused_and_learning_goes_on(tmp_path):
 def test_a_peer_that_floods_models_weighs_one_model_a_round(tmp_path):
     """B (n3) posts valid models as fast as it can to its out-neighbours: each keeps one of B's
     at a time (a later one replaces it), so no round combines more models than it has senders."""
-    secret = os.urandom(32)
-    r = KnownSecretRun(tmp_path, secret, kind="gl")
-    keys = RunKeys(secret)
+    r = KnownSecretRun(tmp_path, os.urandom(32), kind="gl")
     try:
-        ready = r.wait_phase("ready")
-        ips = {n["name"]: n["ip"] for n in ready["nodes"]}
-        links = json.loads((r.workdir / "links.json").read_text())
-        victims = [link["dest"] for link in links[B]]
+        ips, links, victims, model, b = gossip_attacker(r)
         senders = {v: {src for src, out in links.items() if any(link["dest"] == v for link in out)} for v in victims}
-        structure = json.loads((r.workdir / "gl_structure.json").read_text())
-        shard = np.load(r.workdir / json.loads((r.workdir / "dml_file" / "conf" / "n1_dataset.json").read_text())
-                        ["shard"])
-        model = make_model(structure["model"], input_shape=int(np.prod(shard["x_train"].shape[1:])),
-                           n_classes=10).get_weights()
-        b = auth.NodeKeys(B, keys.node_secret(B), {v: keys.pair_key(B, v) for v in victims})
         assert r.get("/start").json()["phase"] == "running"
         replaced = 0
         with requests.Session() as http:
