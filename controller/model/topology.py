@@ -91,8 +91,10 @@ NODE_SCHEMA = Schema({
                      default=False),
     "python": Field(str, "a virtual environment's absolute path on the node's host: its bin/ first on the "
                     "node's PATH, shown read-only to the node, checked before anything is created",
-                    max_len=MAX_PYTHON_CHARS)})
-DEFAULTS_SCHEMA = Schema({k: NODE_SCHEMA.fields[k] for k in ("uplink", "downlink", "python")})
+                    max_len=MAX_PYTHON_CHARS),
+    "device": Field(str, "a device class (controller.model.devices): the node's CPU quota and memory follow "
+                    "from it, and its energy is modelled", max_len=64)})
+DEFAULTS_SCHEMA = Schema({k: NODE_SCHEMA.fields[k] for k in ("uplink", "downlink", "python", "device")})
 # What Topology.to_dict writes (topology.json) and from_dict reads back.
 _TOPOLOGY_DICT = Schema({"version": Field(int, required=True, choices=(TOPOLOGY_VERSION,)),
                          "nodes": Field(list, default=[]), "links": Field(list, default=[])})
@@ -101,14 +103,16 @@ _NODE_DICT = Schema({
     "cpu": Field(float, nullable=True), "mem_bytes": Field(int, nullable=True), "ip": Field(str, nullable=True),
     "uplink_bps": Field(int, nullable=True), "downlink_bps": Field(int, nullable=True),
     "pids_max": Field(int, nullable=True), "standby": Field(bool),
-    "python": Field(str, nullable=True)})  # values checked further by add_node
+    "python": Field(str, nullable=True), "device": Field(dict, nullable=True)})  # values checked further by add_node
 _LINK_DICT = Schema({"src": Field(str, "a node name", required=True),
                      "dst": Field(str, "a node name", required=True),
                      "shape": Field(dict, "how the link is shaped", required=True)})
 NODES_FILE_SCHEMA = Schema({"version": Field(int, "the file format's version", default=TOPOLOGY_VERSION,
                                              choices=(TOPOLOGY_VERSION,)),
-                            "defaults": Field(dict, "access links and python of every node that names none",
-                                              schema=DEFAULTS_SCHEMA),
+                            "defaults": Field(dict, "access links, python and device of every node that names "
+                                              "none", schema=DEFAULTS_SCHEMA),
+                            "device_classes": Field(str, "a JSON file of device classes beside the nodes file, "
+                                                    "added to the built-in ones or overriding them", max_len=255),
                             "nodes": Field(list, "the nodes, each with the fields below", required=True)})
 
 
@@ -129,12 +133,13 @@ class Node:
     pids_max: Optional[int] = None  # processes and threads
     standby: bool = False  # an FL trainer idle until an elastic_scaling policy adds it
     python: Optional[str] = None  # a virtual environment on the node's host (checked there)
+    device: Optional[dict[str, Any]] = None  # its device class's figures and slowdown (devices.node_device)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "host": self.host, "cpu": self.cpu,
                 "mem_bytes": self.mem_bytes, "ip": self.ip, "uplink_bps": self.uplink_bps,
                 "downlink_bps": self.downlink_bps, "pids_max": self.pids_max, "standby": self.standby,
-                "python": self.python}
+                "python": self.python, "device": self.device}
 
 
 @dataclass(frozen=True)
@@ -254,7 +259,7 @@ def _check_node(node: Node, where: str) -> None:
             raise bad("ip", "a physical node needs its IPv4 address")
         if node.downlink_bps is not None:
             raise bad("downlink", "a downlink is emulated for emulated nodes only, not for a physical device")
-        for field, value in (("cpu", cpu), ("mem", mem), ("pids", pids)):
+        for field, value in (("cpu", cpu), ("mem", mem), ("pids", pids), ("device", node.device)):
             if value is not None:
                 raise bad(field, "limits apply to emulated nodes only, not to a physical device")
     elif node.ip is not None:
@@ -304,7 +309,8 @@ class Topology:
     def add_node(self, name: str, kind: str = "emulated", host: str = "local", cpu: Optional[float] = None,
                  mem: Union[str, int, None] = None, ip: Optional[str] = None, source: str = "topology",
                  uplink: Union[str, int, None] = None, downlink: Union[str, int, None] = None,
-                 pids: Optional[int] = None, standby: bool = False, python: Optional[str] = None) -> Node:
+                 pids: Optional[int] = None, standby: bool = False, python: Optional[str] = None,
+                 device: Optional[dict[str, Any]] = None) -> Node:
         """Declare a node; ``mem`` is a size like '256M' or bytes; ``uplink`` and ``downlink``
         rates like '10mbit' or bit/s; ``pids`` its processes and threads at most; ``standby`` an FL
         trainer idle until a policy adds it; ``python`` a virtual environment (its bin/ first on the
@@ -321,7 +327,7 @@ class Topology:
                 raise TopologyError(f"{where}, field 'mem': {e.message}") from None
         node = Node(name, kind, host, cpu, mem_bytes, ip, len(self.nodes),
                     access_rate(uplink, f"{where}, field 'uplink'"),
-                    access_rate(downlink, f"{where}, field 'downlink'"), pids, standby, python)
+                    access_rate(downlink, f"{where}, field 'downlink'"), pids, standby, python, device)
         _check_node(node, where)
         node.python = python.rstrip("/") if python else None
         node.cpu = float(cpu) if cpu is not None else None
@@ -444,7 +450,8 @@ class Topology:
             topo.add_node(entry["name"], entry.get("kind", "emulated"), entry.get("host", "local"), entry.get("cpu"),
                           entry.get("mem_bytes"), entry.get("ip"), source=source, uplink=entry.get("uplink_bps"),
                           downlink=entry.get("downlink_bps"), pids=entry.get("pids_max"),
-                          standby=bool(entry.get("standby", False)), python=entry.get("python"))
+                          standby=bool(entry.get("standby", False)), python=entry.get("python"),
+                          device=entry.get("device"))
         for i, entry in enumerate(data["links"]):
             _LINK_DICT.validate(entry, f"{source}: links[{i}]", TopologyError)
             src, dst = entry["src"], entry["dst"]
@@ -460,8 +467,11 @@ def read_topology_json(path: str) -> Any:
     return read_json(path, TopologyError)
 
 
-def load_nodes(path: str) -> Topology:
-    """A Topology holding the nodes declared in a nodes file (format in the module docstring)."""
+def load_nodes(path: str, host_kernel_s: Optional[float] = None) -> Topology:
+    """A Topology holding the nodes declared in a nodes file (format in the module docstring).
+
+    A node with a ``device`` gets the class's CPU quota (``host_kernel_s``: the reference kernel's
+    time here, measured once when None) and memory (its own ``mem`` wins); see ``_devices``."""
     data = read_topology_json(path)
     if not isinstance(data, dict) or "nodes" not in data:
         raise TopologyError(f"{path}: expected an object like {{\"nodes\": [{{\"name\": \"n1\", \"cpu\": 0.5}}]}}")
@@ -472,6 +482,7 @@ def load_nodes(path: str) -> Topology:
     defaults = data.get("defaults") or {}
     topo = Topology()
     files = TraceFiles(os.path.dirname(os.path.abspath(path)))
+    devices = _devices(path, data, host_kernel_s)
     for i, entry in enumerate(entries):
         where = f"{path}: nodes[{i}]"
         NODE_SCHEMA.check_keys(entry, where, TopologyError)
@@ -486,10 +497,81 @@ def load_nodes(path: str) -> Topology:
         uplink = replays["uplink"].rate_at(0.0) if "uplink" in replays else uplink
         downlink = replays["downlink"].rate_at(0.0) if "downlink" in replays else downlink
         topo.access_traces.update({(entry["name"], side): replay for side, replay in replays.items()})
-        topo.add_node(entry["name"], kind, entry.get("host", "local"), entry.get("cpu"), entry.get("mem"),
+        cpu, mem, device = entry.get("cpu"), entry.get("mem"), None
+        if entry["name"] in devices:
+            device = devices[entry["name"]]
+            if kind == "physical":
+                raise TopologyError(f"{_where(path, entry['name'])}, field 'device': a physical node is a device of "
+                                    f"its own; device classes are for emulated nodes")
+            if cpu is not None:
+                raise TopologyError(f"{_where(path, entry['name'])}, field 'cpu': the CPU quota follows from the "
+                                    f"device class {device['class']!r}; give 'cpu' or 'device', not both")
+            cpu = device["quota_cores"]
+            mem = mem if mem is not None else device["mem_bytes"]
+        topo.add_node(entry["name"], kind, entry.get("host", "local"), cpu, mem,
                       entry.get("ip"), source=path, uplink=uplink, downlink=downlink, pids=entry.get("pids"),
-                      standby=bool(entry.get("standby", False)), python=entry.get("python", defaults.get("python")))
+                      standby=bool(entry.get("standby", False)), python=entry.get("python", defaults.get("python")),
+                      device=device)
+    _device_contention(topo, path)
     return topo
+
+
+def _devices(path: str, data: dict[str, Any], host_kernel_s: Optional[float]) -> dict[str, dict[str, Any]]:
+    """Node -> its device record (``devices.node_device``) for the nodes file's nodes that have a
+    class (their own or the defaults'); the classes file read and the host calibrated only then."""
+    from controller.model import devices as dev
+
+    default = (data.get("defaults") or {}).get("device")
+    def class_of(entry: dict[str, Any]) -> Any:  # the defaults' class: for emulated nodes without a cpu of their own
+        own = entry.get("device")
+        plain = entry.get("kind", "emulated") == "emulated" and entry.get("cpu") is None
+        return own if own is not None else default if plain else None
+
+    named = {e["name"]: class_of(e) for e in data["nodes"]
+             if isinstance(e, dict) and isinstance(e.get("name"), str) and class_of(e) is not None}
+    if not named:
+        return {}
+    try:
+        classes_file = None
+        if data.get("device_classes") is not None:
+            classes_file = dev.class_file_path(os.path.dirname(os.path.abspath(path)), data["device_classes"],
+                                               f"{path}, field 'device_classes'")
+        classes = dev.load_classes(classes_file)
+        found = {name: dev.device_class(classes, cls, _where(path, name)) for name, cls in named.items()}
+        here_s = host_kernel_s if host_kernel_s is not None else dev.host_kernel_s()
+    except TopologyError:
+        raise
+    except ConfigError as e:
+        raise TopologyError(e.message) from None
+    return {name: dev.node_device(cls, here_s) for name, cls in found.items()}
+
+
+def _device_contention(topo: Topology, path: str) -> None:
+    """Device nodes on this machine's host ('local'): a quota above its cores is refused; quotas
+    adding up to more than its cores are given, with a warning, and every device node there
+    records ``effective_slowdown`` = its slowdown x (sum of quotas / cores)."""
+    import logging
+
+    from controller.model import devices as dev
+
+    local = {n.name: n for n in topo.nodes.values() if n.host == "local" and n.kind == "emulated"}
+    cores = dev.host_cores()
+    for node in local.values():
+        if node.device and node.cpu is not None and node.cpu > cores:
+            raise TopologyError(f"{_where(path, node.name)}, field 'device': class {node.device['class']!r} needs "
+                                f"{node.cpu:.2f} cores here (slowdown {node.device['slowdown']:g}) and this host has "
+                                f"{cores:g}")
+    if not any(n.device for n in local.values()):
+        return
+    quotas = {n.name: n.cpu if n.cpu is not None else cores for n in local.values()}
+    factor = dev.contention(quotas, cores)
+    if factor > 1.0:
+        logging.getLogger("edgetb").warning(
+            "%s: the nodes on this host ask for %.2f cores and it has %g: device nodes run %.2f times slower than "
+            "their class (effective_slowdown in run.json)", path, sum(quotas.values()), cores, factor)
+        for node in local.values():
+            if node.device:
+                node.device = dict(node.device, effective_slowdown=round(node.device["slowdown"] * factor, 4))
 
 
 def load_links(path: str, topology: Optional[Topology] = None, nodes_declared: bool = False) -> Topology:

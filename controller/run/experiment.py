@@ -116,6 +116,9 @@ class Experiment:
         self.record = run_folder.describe(self.run_id, algorithm, testbed_id, REPO_ROOT, structure, dataset)
         self.record["network"] = "open" if open_network else "isolated"  # unlinked pairs: reachable or dropped
         self.record["telemetry"] = conf.to_dict()
+        devices = {n.name: n.device for n in topology.nodes.values() if n.device}
+        if devices:  # device classes: each node's class, slowdown and effective slowdown
+            self.record["devices"] = devices
         self._out: Optional[RunDir] = None
         self.scenario: Optional[ScenarioRunner] = None  # the run's timeline of steps: started with the run
         # recorded traces, replayed bin by bin from the start (links.json's, a scenario's, a live file's)
