@@ -29,6 +29,8 @@ its ``round`` events. Files are written atomically (a temporary file renamed).
   acted): per applied scenario event and per adaptation event (a policy's decision, a strategy
   change), the run's speed before and after it; a revocation's recovery time; an adaptation
   event's ``round``, ``policy`` and ``action`` (its node is the ``target``).
+- ``energy_j`` (metrics.csv, and per node in the summary): the modelled energy of a node of a
+  device class in that round (``controller.results.energy``); empty for other nodes.
 - the summary's ``time_to_accuracy``: per target accuracy, when the run and each node first
   reached it (``controller.results.time_to_accuracy``).
 """
@@ -49,7 +51,7 @@ from dml_app.runtime.events import MEMBERSHIP
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "global_eval_n", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
-                  "received_models", "waited_s", *MONITOR_FIELDS]
+                  "received_models", "waited_s", *MONITOR_FIELDS, "energy_j"]
 TRAFFIC_COLUMNS = ["run_id", "node", "round", "peer", "direction", "bytes"]
 ALGORITHM_OF_ROLE = {"gossip": "gossip", "fl_aggregator": "fl", "fl_trainer": "fl", "etree": "etree", "ring": "ring"}
 
@@ -96,7 +98,8 @@ def metric_rows(events: dict[str, list[dict[str, Any]]], t0: float, algorithm: s
                          "bytes_sent": e.get("bytes_sent", 0), "bytes_recv": e.get("bytes_recv", 0),
                          "train_s": _rounded(e.get("train_s"), 4), "send_s": _rounded(e.get("send_s"), 4),
                          "received_models": e.get("received_models", 0),
-                         "waited_s": _rounded(e.get("waited_s"), 4), **monitor_fields(e)})
+                         "waited_s": _rounded(e.get("waited_s"), 4), **monitor_fields(e),
+                         "energy_j": None})  # (device nodes: _add_energy)
     rows.sort(key=lambda r: (r["node"], r["round"] if isinstance(r["round"], int) else -1))
     return rows
 
@@ -263,6 +266,7 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
     metrics_path = os.path.join(run_dir, METRICS_CSV)
     traffic_path = os.path.join(run_dir, TRAFFIC_CSV)
     write = write or local_writer(run_dir)
+    energy_by_node = attempt(problems, RUN, "energy", lambda: _add_energy(run_dir, rows), {})
     attempt(problems, RUN, METRICS_CSV, lambda: write(METRICS_CSV, csv_bytes(METRIC_COLUMNS, rows)))
     attempt(problems, RUN, TRAFFIC_CSV, lambda: write(TRAFFIC_CSV, csv_bytes(TRAFFIC_COLUMNS,
                                                                                  traffic_rows(events))))
@@ -271,6 +275,8 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
                        None) if rows else None) or {"plots": [], "mode": None}
     nodes = summary(events, endings, final)
     for n in nodes:
+        if n["node"] in energy_by_node:
+            n.update(energy_by_node[n["node"]])
         if problems.get(n["node"]):
             n["problems"] = problems[n["node"]]
     built = {"algorithm": algorithm, "nodes": nodes, "accuracy": accuracy_overview(nodes), "metrics": metrics_path,
@@ -287,6 +293,18 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
                              "effects": os.path.join(run_dir, SCENARIO_EFFECTS_CSV),
                              "recovery_s": [e["recovery_s"] for e in effects if e["recovery_s"] is not None]}
     return built
+
+
+def _add_energy(run_dir: str, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each row's ``energy_j`` (None for nodes without a device class); per node its total."""
+    from controller.results import energy
+
+    models = energy.device_models(run_dir)
+    telemetry = energy.read_node_telemetry(run_dir) if models else {}
+    per_round = energy.round_energy(rows, telemetry, models) if models else {}
+    for row in rows:
+        row["energy_j"] = per_round.get((row["node"], row["round"]))
+    return energy.node_energy(telemetry, models) if models else {}
 
 
 MEMBERSHIP_COLUMNS = ["t", "node", "event", "peer", "round", "detail"]

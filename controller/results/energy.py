@@ -1,0 +1,149 @@
+"""Modelled energy of device nodes: a pure function of the run folder's telemetry and topology.
+
+For a node of a device class (``controller.model.devices``; its record in ``topology.json``)
+the power at utilisation u is ``P(u) = idle_w + (max_w - idle_w) * u`` with
+u = the node's CPU time / (its CPU quota x the time): 1 when all the emulated device's
+cores are busy. Over the telemetry's samples (``telemetry/nodes.csv.gz``, cumulative
+``cpu_s``, ``tx_bytes``, ``rx_bytes``)::
+
+    E = sum_k P(u_k) * dt_k + e_byte_j * bytes
+
+Between two stored rows a node's counters grow linearly (the collector stores a row when a
+value changed, and the last unchanged one before a change), so u is constant on each interval
+and the sum over rows is the sum over every 10 Hz sample. A round's energy is the difference
+of the cumulative energy (interpolated) at the end of the node's previous round and at the end
+of this one (``metrics.csv``'s ``time_s``; the first round from the run's start). A model: it
+ignores a radio's tail energy, DVFS, temperature, memory and storage power.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from controller.results.run_dir import TELEMETRY_DIR, TOPOLOGY_JSON
+
+NODES_CSV_GZ = "nodes.csv.gz"
+
+
+@dataclass(frozen=True)
+class PowerModel:
+    """One node's figures: watts at rest and all cores busy, its quota in host cores, J per byte."""
+
+    idle_w: float
+    max_w: float
+    quota_cores: float
+    e_byte_j: float = 0.0
+
+    @classmethod
+    def of_device(cls, device: dict[str, Any]) -> "PowerModel":
+        return cls(float(device["idle_w"]), float(device["max_w"]), float(device["quota_cores"]),
+                   float(device.get("e_byte_j") or 0.0))
+
+
+def cumulative_energy_j(t_s: np.ndarray, cpu_s: np.ndarray, bytes_: np.ndarray, model: PowerModel) -> np.ndarray:
+    """The energy since ``t_s[0]`` at each sample (J), from cumulative CPU seconds and bytes."""
+    t_s, cpu_s, bytes_ = (np.asarray(a, dtype=float) for a in (t_s, cpu_s, bytes_))
+    if len(t_s) == 0:
+        return np.zeros(0)
+    dt = np.diff(t_s)
+    dcpu = np.maximum(np.diff(cpu_s), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = np.where(dt > 0, dcpu / (model.quota_cores * dt), 0.0)
+    u = np.clip(u, 0.0, 1.0)
+    power_w = model.idle_w + (model.max_w - model.idle_w) * u
+    net_j = model.e_byte_j * np.maximum(np.diff(bytes_), 0.0)
+    return np.concatenate([[0.0], np.cumsum(power_w * np.maximum(dt, 0.0) + net_j)])
+
+
+def energy_between_j(t_s: np.ndarray, energy_j: np.ndarray, a_s: float, b_s: float) -> Optional[float]:
+    """The energy between ``a_s`` and ``b_s`` (interpolated; None outside the sampled span)."""
+    if len(t_s) < 2 or b_s < a_s or a_s < t_s[0] - 1.0 or b_s > t_s[-1] + 1.0:
+        return None
+    ea, eb = np.interp([a_s, b_s], t_s, energy_j)
+    return float(eb - ea)
+
+
+def read_node_telemetry(run_dir: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Node -> (time_s, cpu_s, tx+rx bytes) from ``telemetry/nodes.csv.gz`` ({} when absent);
+    an empty counter is carried from the row before."""
+    path = os.path.join(run_dir, TELEMETRY_DIR, NODES_CSV_GZ)
+    if not os.path.exists(path):
+        return {}
+    rows: dict[str, list[tuple[float, float, float]]] = {}
+    with gzip.open(path, "rt", newline="") as f:
+        for r in csv.DictReader(f):
+            try:
+                t = float(r["time_s"])
+            except (TypeError, ValueError):
+                continue
+            seen = rows.setdefault(r["node"], [])
+            last = seen[-1] if seen else (t, 0.0, 0.0)
+            cpu = _num(r.get("cpu_s"), last[1])
+            sent_recv = _num(r.get("tx_bytes"), None), _num(r.get("rx_bytes"), None)
+            b = last[2] if None in sent_recv else sent_recv[0] + sent_recv[1]
+            seen.append((t, cpu, b))
+    out = {}
+    for node, seen in rows.items():
+        a = np.array(sorted(seen))
+        out[node] = (a[:, 0], a[:, 1], a[:, 2])
+    return out
+
+
+def _num(text: Any, default: Any) -> Any:
+    try:
+        return float(text) if text not in (None, "") else default
+    except ValueError:
+        return default
+
+
+def device_models(run_dir: str) -> dict[str, PowerModel]:
+    """Node -> its power model, for the nodes of ``topology.json`` that have a device class."""
+    try:
+        with open(os.path.join(run_dir, TOPOLOGY_JSON)) as f:
+            topo = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {str(n["name"]): PowerModel.of_device(n["device"]) for n in topo.get("nodes", [])
+            if isinstance(n, dict) and isinstance(n.get("device"), dict)}
+
+
+def round_energy(rows: Iterable[dict[str, Any]], telemetry: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                 models: dict[str, PowerModel]) -> dict[tuple[str, Any], float]:
+    """(node, round) -> the round's energy (J) for metrics.csv's rows of device nodes (each row's
+    ``time_s`` its end; a round starts where the node's previous one ended, the first at 0)."""
+    out: dict[tuple[str, Any], float] = {}
+    previous: dict[str, float] = {}
+    cumulative = {n: (telemetry[n][0], cumulative_energy_j(*telemetry[n], m)) for n, m in models.items()
+                  if n in telemetry}
+    for row in sorted(rows, key=lambda r: (r["node"], r["time_s"] if r["time_s"] is not None else -1.0)):
+        node, end = row["node"], row["time_s"]
+        if node not in cumulative or end is None:
+            continue
+        t, e = cumulative[node]
+        start = previous.get(node, max(0.0, float(t[0])))
+        previous[node] = end
+        value = energy_between_j(t, e, start, end)
+        if value is not None:
+            out[(node, row["round"])] = round(value, 4)
+    return out
+
+
+def node_energy(telemetry: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                models: dict[str, PowerModel]) -> dict[str, dict[str, float]]:
+    """Node -> its energy over the sampled run (J), the span (s) and the mean power (W)."""
+    out = {}
+    for node, model in models.items():
+        if node not in telemetry or len(telemetry[node][0]) < 2:
+            continue
+        t = telemetry[node][0]
+        total = float(cumulative_energy_j(*telemetry[node], model)[-1])
+        span = float(t[-1] - t[0])
+        out[node] = {"energy_j": round(total, 3), "sampled_s": round(span, 3),
+                     "mean_power_w": round(total / span, 4) if span > 0 else None}
+    return out

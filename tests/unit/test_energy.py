@@ -1,0 +1,81 @@
+"""The energy model on fixture telemetry: the formula to 1 %, rounds, metrics.csv and the summary."""
+import csv
+import gzip
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from controller.results import energy, tables
+
+DEVICE = {"class": "rpi4", "idle_w": 2.7, "max_w": 6.4, "quota_cores": 0.5, "e_byte_j": 1e-7}
+
+
+def fixture_telemetry(period_s=0.1, span_s=20.0, bytes_per_s=1e6):
+    """10 Hz samples of a node busy at u = 0.25 for 10 s, then 1.0 for 10 s (of a 0.5-core quota),
+    sending ``bytes_per_s``; rows of unchanged counters left out as the collector does."""
+    t = np.round(np.arange(0, span_s + period_s / 2, period_s), 6)
+    u = np.where(t <= 10.0, 0.25, 1.0)
+    cpu = np.concatenate([[0.0], np.cumsum(u[1:] * 0.5 * period_s)])
+    b = t * bytes_per_s
+    return t, cpu, b
+
+
+def expected_j(t0, t1, bytes_per_s=1e6):
+    """The closed form: P(u) over the two phases plus e_byte x bytes."""
+    def phase(a, b, u):
+        lo, hi = max(a, t0), min(b, t1)
+        return max(0.0, hi - lo) * (2.7 + (6.4 - 2.7) * u)
+    return phase(0, 10, 0.25) + phase(10, 20, 1.0) + 1e-7 * bytes_per_s * (t1 - t0)
+
+
+def test_formula_on_fixture_within_one_percent():
+    t, cpu, b = fixture_telemetry()
+    e = energy.cumulative_energy_j(t, cpu, b, energy.PowerModel.of_device(DEVICE))
+    assert e[-1] == pytest.approx(expected_j(0, 20), rel=0.01)
+    for a, z in ((0, 5), (5, 15), (12.3, 19.9)):
+        assert energy.energy_between_j(t, e, a, z) == pytest.approx(expected_j(a, z), rel=0.01)
+
+
+def test_idle_node_draws_idle_power_and_u_is_capped():
+    model = energy.PowerModel(1.0, 3.0, 1.0)
+    t = np.array([0.0, 10.0])
+    assert energy.cumulative_energy_j(t, np.zeros(2), np.zeros(2), model)[-1] == pytest.approx(10.0)
+    # more CPU than the quota (a measurement's jitter) counts as u = 1, never more
+    assert energy.cumulative_energy_j(t, np.array([0.0, 20.0]), np.zeros(2), model)[-1] == pytest.approx(30.0)
+
+
+def write_run(tmp_path, rows_by_node):
+    run = tmp_path / "run"
+    (run / "telemetry").mkdir(parents=True)
+    (run / "topology.json").write_text(json.dumps({"version": 1, "nodes": [
+        {"name": "pi", "device": DEVICE}, {"name": "plain", "device": None}], "links": []}))
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow("time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops".split(","))
+    for node, (t, cpu, b) in rows_by_node.items():
+        for i in range(len(t)):
+            w.writerow([f"{t[i]:.3f}", node, f"{cpu[i]:.6f}", 1000, int(b[i] / 2), int(b[i] - int(b[i] / 2)), 0, 0, 0])
+    with gzip.open(run / "telemetry" / "nodes.csv.gz", "wt") as f:
+        f.write(buf.getvalue())
+    return str(run)
+
+
+def test_rounds_and_summary_from_a_run_folder(tmp_path):
+    t, cpu, b = fixture_telemetry()
+    run = write_run(tmp_path, {"pi": (t, cpu, b), "plain": (t, cpu, b)})
+    rows = [{"node": n, "round": r, "time_s": end} for n in ("pi", "plain") for r, end in ((1, 5.0), (2, 15.0))]
+    per_node = tables._add_energy(run, rows)
+    by = {(r["node"], r["round"]): r["energy_j"] for r in rows}
+    assert by[("pi", 1)] == pytest.approx(expected_j(0, 5), rel=0.01)
+    assert by[("pi", 2)] == pytest.approx(expected_j(5, 15), rel=0.01)
+    assert by[("plain", 1)] is None  # no device class: no energy
+    assert per_node["pi"]["energy_j"] == pytest.approx(expected_j(0, 20), rel=0.01)
+    assert "plain" not in per_node
+
+
+def test_no_telemetry_no_energy(tmp_path):
+    rows = [{"node": "pi", "round": 1, "time_s": 1.0}]
+    assert tables._add_energy(str(tmp_path), rows) == {} and rows[0]["energy_j"] is None
