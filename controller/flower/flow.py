@@ -1,0 +1,313 @@
+"""What ``flwr_run.py`` does: check the Flower app and its Python, deploy the nodes and links,
+start the SuperLink and the SuperNodes as the nodes' own programs, submit the app with Flower's
+CLI, follow its run to its end, write the run folder (Flower's per-round metrics in
+``metrics.csv``, every Flower process's log, the telemetry) and remove everything.
+
+It takes the experiment directory and the testbed id, tears down and signals exactly as the
+other run scripts (``controller.runner``); the Flower processes are ``exec`` programs
+(``controller.workers.programs``): same confinement, same records, stopped by ``down``.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from controller.flower import metrics, plan
+from controller.flower.structure import FlowerStructure, load as load_structure, node_pythons
+from controller.model.spec import RunOptions
+from controller.model.topology import Topology, load_links, load_nodes
+from controller.runner import STOP_SIGNALS, Ownership, _interrupt, _say, _teardown, remove_stale
+from controller.workers import programs
+from controller.workers.api import Worker
+from worker.api.errors import ConfigError, TestbedError, TestbedTimeout
+
+SUPERLINK_READY_S = 60.0  # for the SuperLink to serve and every SuperNode to register
+POLL_S = 0.5
+FLEET_UP = "Starting the SuperLink Fleet HTTP API"
+NODE_UP = "Activated node_id"
+MAKE_HOME = ("import os, sys\n"  # run in the node, as the node: its Flower home, and the CLI config
+             "os.makedirs(sys.argv[1], mode=0o700, exist_ok=True)\n"
+             "if len(sys.argv) > 2:\n"
+             "    open(os.path.join(sys.argv[1], 'config.toml'), 'w').write(sys.argv[2])\n")
+
+
+@dataclass
+class FlowerSpec:
+    """A Flower run checked and resolved before anything is made."""
+
+    options: RunOptions
+    topology: Topology
+    structure: FlowerStructure
+    shards: dict[str, str]  # SuperNode -> its shard's absolute path (a dataset given)
+
+
+def prepare(options: RunOptions) -> FlowerSpec:
+    """Every file checked, the shards written; nothing made on the network."""
+    o, path = options, options.path
+    if o.hosts or o.runtime != "netns":
+        raise ConfigError("flwr_run.py runs Flower on network-namespace nodes of this host; --hosts and "
+                          "--runtime docker are not supported for Flower runs yet")
+    if o.scenario:
+        raise ConfigError("flwr_run.py: --scenario is not supported for Flower runs yet")
+    declared = load_nodes(path(o.nodes)) if o.nodes else None
+    topology = load_links(path(o.links), declared, nodes_declared=declared is not None)
+    structure = load_structure(path(o.structure), topology, o.workdir)
+    node_pythons(structure, topology)
+    shards: dict[str, str] = {}
+    if o.dataset:
+        from controller.confs.confs import dataset_confs, load_dataset
+
+        confs = dataset_confs(load_dataset(path(o.dataset)), list(structure.supernodes), o.workdir)
+        shards = {n: os.path.join(o.workdir, c["shard"]) for n, c in confs.items()}
+    return FlowerSpec(options, topology, structure, shards)
+
+
+def run(options: RunOptions) -> int:
+    """The whole Flower run (``--check``: ``prepare`` only); the exit code."""
+    import logging
+
+    from controller.run.nodes import new_run_id
+    from controller.workers.lock import DirectoryLock, Holder, TestbedLock
+
+    logging.basicConfig(level=logging.WARNING)
+    if os.geteuid() != 0 and not options.check:
+        print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
+        return 2
+    run_id = new_run_id()
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
+        signal.signal(sig, _interrupt)
+    directory = DirectoryLock(options.workdir)
+    try:
+        directory.take(options.testbed_id, port=options.port, run_id=run_id)
+        if options.check:
+            spec = prepare(options)
+            _say(f"check passed: app {spec.structure.app_name}, SuperLink {spec.structure.superlink}, "
+                 f"{len(spec.structure.supernodes)} SuperNodes; nothing was made")
+            return 0
+        lock = TestbedLock(options.testbed_id)
+        found = lock.take(Holder.this_process(run_id, runtime=options.runtime, subnet=options.subnet,
+                                              port=options.port, hosts=None, workdir=options.workdir))
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        directory.release()
+        return 2
+    except KeyboardInterrupt:
+        directory.release()
+        return 130
+    owned = Ownership(clean=found.state != "stale")
+    try:
+        return _run(options, run_id, found, owned)
+    except KeyboardInterrupt as e:
+        _say(f"interrupted{f' ({e})' if str(e) else ''}")
+        return 130
+    finally:
+        _teardown(options.testbed_id, owned)
+        lock.release(forget=owned.clean)
+        directory.release()
+
+
+def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership) -> int:
+    from controller.workers.connect import connect
+    from worker.host import REPO_ROOT
+
+    try:
+        spec = prepare(options)
+        worker = connect(options.testbed_id, options.subnet, runtime=options.runtime, workdir=options.workdir,
+                         code_root=REPO_ROOT)
+        if found.state == "stale":
+            remove_stale(options, found, worker, owned)
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    flower = FlowerRun(spec, worker, run_id, _say)
+    owned.created(worker)
+    try:
+        return flower.run()
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        flower.close("failed", e.message)
+        return 1
+    except KeyboardInterrupt:
+        flower.close("interrupted", "interrupted")
+        raise
+
+
+class FlowerRun:
+    """One Flower run on deployed nodes: its programs, its log, its run folder."""
+
+    def __init__(self, spec: FlowerSpec, worker: Worker, run_id: str, progress: Callable[[str], None]) -> None:
+        from controller.model.telemetry_conf import TelemetryConf
+        from controller.results.run_dir import RunDir, describe
+        from controller.run.recording import Recording
+        from worker.host import REPO_ROOT
+
+        self.spec, self.worker, self.run_id, self.progress = spec, worker, run_id, progress
+        o = spec.options
+        self.run_dir = os.path.join(o.workdir, "dml_file", "log", run_id)
+        self.out = RunDir(self.run_dir)
+        s = spec.structure
+        self.record = describe(run_id, "flower", o.testbed_id, REPO_ROOT, {}, None)
+        self.record["flower"] = {"app": os.path.relpath(s.app, o.workdir), "app_name": s.app_name,
+                                 "superlink": s.superlink, "supernodes": list(s.supernodes), "python": s.python,
+                                 "flwr": flwr_version(s.python), "run_config": s.run_config}
+        conf = TelemetryConf(period_ms=o.telemetry_period_ms or TelemetryConf().period_ms, enabled=o.telemetry)
+        self.recording = Recording(worker, conf, [], progress)
+        self.started: list[tuple[plan.Program, dict[str, Any]]] = []
+        self.reader = metrics.RoundReader()
+        self.t0 = 0.0
+        self.closed = False
+        self._reported: set[int] = set()
+
+    def run(self) -> int:
+        from controller.results.run_dir import TOPOLOGY_JSON, copy_inputs, topology_doc
+        from controller.results.rates import LinkRates
+        from controller.workers import deploy
+
+        o, s = self.spec.options, self.spec.structure
+        result = deploy.deploy(self.spec.topology, self.worker, self.progress, open_network=o.open_network)
+        ips = result["ips"]
+        self.out.write_json(TOPOLOGY_JSON, topology_doc(self.spec.topology, ips))
+        copy_inputs(self.out, {r: p for r, p in o.inputs.items() if r in ("links", "nodes", "structure", "dataset")})
+        self._make_homes(ips[s.superlink])
+        problem = self.recording.start_telemetry(self.out, LinkRates.of_topology(self.spec.topology))
+        if problem is not None:
+            self.record["telemetry"] = problem
+        self.record["started_at"] = time.time()
+        self.t0 = time.monotonic()
+        self.recording.run_from(self.t0)
+        for program in plan.servers(s, o.workdir, ips, self.spec.shards):
+            self._start(program)
+        self._wait_for_superlink(len(s.supernodes))
+        self.progress(f"Flower: SuperLink in {s.superlink} ({ips[s.superlink]}:{plan.SUPERLINK_PORT}), "
+                      f"{len(s.supernodes)} SuperNodes registered; submitting {s.app_name}")
+        submitted = self._start(plan.submit(s, o.workdir))
+        how, detail = self._follow(submitted, o.timeout_s)
+        self.close(how, detail)
+        return 0 if how == "completed" else 1
+
+    # programs ------------------------------------------------------------------------------------
+    def _make_homes(self, superlink_ip: str) -> None:
+        """Every Flower home, made by its node; the SuperLink's with the CLI config."""
+        s, workdir = self.spec.structure, self.spec.options.workdir
+        for node in (s.superlink, *s.supernodes):
+            argv = ["python3", "-c", MAKE_HOME, plan.flwr_home(workdir, node)]
+            if node == s.superlink:
+                argv.append(plan.cli_config(superlink_ip))
+            done = programs.run(self.worker, node, argv, timeout_s=30.0)
+            if done["returncode"] != 0:
+                raise TestbedError(f"node {node}: could not make its Flower home: {done['stderr'][-300:]}")
+
+    def _start(self, program: plan.Program) -> dict[str, Any]:
+        record = programs.start(self.worker, program.node, list(program.argv), program.env)
+        self.started.append((program, record))
+        return record
+
+    def _log_of(self, record: dict[str, Any]) -> str:
+        return "".join(programs.follow(self.worker, record["id"], keep_following=False))
+
+    def _ended(self, record: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """The process's record once it has ended (None while it runs)."""
+        current = programs.find(self.worker, record["id"])
+        return None if current.get("running", current.get("state") == "running") else current
+
+    def _wait_for_superlink(self, supernodes: int) -> None:
+        """Until the SuperLink serves and every SuperNode registered (TestbedError: a Flower
+        process ended, or the wait was too long, with its last lines)."""
+        superlink = self.started[0][1]
+        deadline = time.monotonic() + SUPERLINK_READY_S
+        while True:
+            text = self._log_of(superlink)
+            if FLEET_UP in text and text.count(NODE_UP) >= supernodes:
+                return
+            for program, record in self.started:
+                if self._ended(record) is not None:
+                    raise TestbedError(f"the Flower {program.name} in {program.node} ended before the run started; "
+                                       f"its last lines:\n{tail(self._log_of(record))}")
+            if time.monotonic() > deadline:
+                raise TestbedTimeout(f"the SuperLink in {program.node} saw {text.count(NODE_UP)} of {supernodes} "
+                                     f"SuperNodes within {SUPERLINK_READY_S:g} s; its last lines:\n{tail(text)}")
+            time.sleep(POLL_S)
+
+    def _follow(self, submitted: dict[str, Any], timeout_s: float) -> tuple[str, str]:
+        """Flower's run log read as it comes, rounds reported, until ``flwr run`` ends; how the
+        run ended and why."""
+        reader = programs.LogReader()
+        deadline = time.monotonic() + timeout_s
+        pending = ""
+        while True:
+            text = "".join(programs.follow(self.worker, submitted["id"], keep_following=False, reader=reader))
+            lines = (pending + text).split("\n")
+            pending = lines.pop()
+            for line in lines:
+                before = self.reader.round
+                self.reader.feed(line, time.monotonic() - self.t0)
+                if before is not None and self.reader.round != before and before in self.reader.rounds:
+                    self._report(before)  # a round is reported once the next begins (or the run ends)
+            ended = self._ended(submitted)
+            if ended is not None and not text:
+                if pending:
+                    self.reader.feed(pending, time.monotonic() - self.t0)
+                code = ended.get("returncode")
+                if code == 0 and self.reader.rounds:
+                    return "completed", ""
+                return "failed", f"'flwr run' ended with code {code} after {len(self.reader.rounds)} rounds"
+            for program, record in self.started[:1]:
+                if self._ended(record) is not None:
+                    return "failed", f"the SuperLink in {program.node} ended during the run"
+            if time.monotonic() > deadline:
+                self.progress(f"the Flower run did not end within {timeout_s:g} s: stopping it")
+                return "timeout", f"not ended within {timeout_s:g} s"
+            time.sleep(POLL_S)
+
+    def _report(self, r: int) -> None:
+        self._reported.add(r)
+        values = {k: v for section in self.reader.rounds[r].values() for k, v in section.items()}
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(values.items()))
+        self.progress(f"Flower round {r}/{self.reader.num_rounds or '?'}: {shown}")
+
+    # the run folder ------------------------------------------------------------------------------
+    def close(self, how: str, detail: str) -> None:
+        """Stop every Flower process, write the run folder (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        from controller.results.run_dir import METRICS_CSV, RUN_JSON, csv_bytes
+
+        for program, record in reversed(self.started):  # (a stopped process's record and log are gone)
+            try:
+                self.out.write_bytes(f"flower/{program.node}-{program.name}.log", self._log_of(record).encode())
+            except TestbedError as e:
+                self.progress(f"the log of the Flower {program.name} in {program.node} is lost: {e.message}")
+            try:
+                if self._ended(record) is None:
+                    programs.stop(self.worker, record["id"])
+            except TestbedError as e:
+                self.progress(f"could not stop the Flower {program.name} in {program.node}: {e.message}")
+        if self.reader.round in self.reader.rounds and self.reader.round not in self._reported:
+            self._report(self.reader.round)
+        telemetry = self.recording.finish_telemetry()
+        if telemetry is not None:
+            self.record["telemetry"] = telemetry
+        columns, rows = metrics.rows(self.reader, self.run_id, self.spec.structure.superlink)
+        self.out.write_bytes(METRICS_CSV, csv_bytes(columns, rows))
+        self.record.update(ended=how, ended_at=time.time(), detail=detail,
+                           rounds=len(self.reader.rounds), num_rounds=self.reader.num_rounds)
+        self.out.write_json(RUN_JSON, self.record)
+        self.progress(f"finished ({how}{': ' + detail if detail else ''}): {len(rows)} rounds in "
+                      f"{os.path.join(self.run_dir, METRICS_CSV)}")
+
+
+def tail(text: str, lines: int = 15) -> str:
+    return "\n".join(metrics.ANSI.sub("", text).rstrip("\n").split("\n")[-lines:])
+
+
+def flwr_version(python: str) -> Optional[str]:
+    """The flwr version installed in the environment ``python`` (None: not found)."""
+    import glob
+
+    found = sorted(glob.glob(os.path.join(python, "lib", "python3*", "site-packages", "flwr-*.dist-info")))
+    return os.path.basename(found[-1])[len("flwr-"):-len(".dist-info")] if found else None

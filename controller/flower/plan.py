@@ -1,0 +1,103 @@
+"""The Flower processes of a run, as data: each node's programs (argv and environment), the
+SuperLink's address and Flower's CLI config. Pure: unit-tested without root or Flower.
+
+The SuperLink serves its Fleet, Control and Runtime APIs on one port of its node's address;
+each SuperNode runs with ``--isolation process`` beside one ``flower-superexec`` that starts its
+ClientApp processes; every Flower home (``FLWR_HOME``) and the SuperLink's database lie in the
+node's own directory, the one place a node writes.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from controller.flower.structure import FlowerStructure
+
+SUPERLINK_PORT = 9092
+CLIENTAPP_PORT = 9094  # a SuperNode's Runtime API, on its node's loopback
+CONNECTION = "edgetb"  # the SuperLink's name in Flower's CLI config
+HOME_DIR = "flwr_home"
+DATABASE = "superlink.db"
+
+
+@dataclass(frozen=True)
+class Program:
+    """One process to start in ``node``."""
+
+    node: str
+    name: str  # superlink, supernode, superexec, run
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+
+def node_dir(workdir: str, node: str) -> str:
+    """A node's own directory (``worker.confinement.uids.node_dir``)."""
+    return os.path.join(workdir, "dml_file", "node", node)
+
+
+def flwr_home(workdir: str, node: str) -> str:
+    return os.path.join(node_dir(workdir, node), HOME_DIR)
+
+
+def toml_value(value: Any) -> str:
+    """A scalar as TOML writes it (a string as a basic string; JSON's escapes are TOML's)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value), ensure_ascii=True)
+
+
+def config_pairs(config: dict[str, Any]) -> str:
+    """A config table as Flower's ``--node-config``/``--run-config`` take it: ``k=v k2=v2``."""
+    return " ".join(f"{k}={toml_value(v)}" for k, v in sorted(config.items()))
+
+
+def node_configs(structure: FlowerStructure, shards: Optional[dict[str, str]] = None) -> dict[str, dict[str, Any]]:
+    """Each SuperNode's node config: ``partition-id`` and ``num-partitions`` from its place in
+    node_list, ``data-path`` (its shard, absolute) when a dataset is given, then its own entries."""
+    configs = {}
+    for i, node in enumerate(structure.supernodes):
+        conf: dict[str, Any] = {"partition-id": i, "num-partitions": len(structure.supernodes)}
+        if shards and node in shards:
+            conf["data-path"] = shards[node]
+        conf.update(structure.node_config.get(node, {}))
+        configs[node] = conf
+    return configs
+
+
+def cli_config(superlink_ip: str) -> str:
+    """Flower's CLI config (``FLWR_HOME/config.toml``): the SuperLink, insecure inside the
+    emulated network."""
+    return (f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{superlink_ip}:{SUPERLINK_PORT}"\ninsecure = true\n')
+
+
+def servers(structure: FlowerStructure, workdir: str, ips: dict[str, str],
+            shards: Optional[dict[str, str]] = None) -> list[Program]:
+    """The SuperLink, then each SuperNode and its SuperExec."""
+    sl = structure.superlink
+    home = flwr_home(workdir, sl)
+    programs = [Program(sl, "superlink", (
+        "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+        "--database", os.path.join(home, DATABASE), "--host", ips[sl], "--port", str(SUPERLINK_PORT)),
+        {"FLWR_HOME": home})]
+    for node, conf in node_configs(structure, shards).items():
+        env = {"FLWR_HOME": flwr_home(workdir, node)}
+        programs.append(Program(node, "supernode", (
+            "flower-supernode", "--insecure", "--superlink", f"{ips[sl]}:{SUPERLINK_PORT}", "--isolation", "process",
+            "--host", "127.0.0.1", "--port", str(CLIENTAPP_PORT), "--node-config", config_pairs(conf)), env))
+        programs.append(Program(node, "superexec", (
+            "flower-superexec", "--insecure", "--runtime-api-address", f"127.0.0.1:{CLIENTAPP_PORT}"), env))
+    return programs
+
+
+def submit(structure: FlowerStructure, workdir: str) -> Program:
+    """``flwr run`` of the app in the SuperLink's node, streaming the run's log until it ends."""
+    argv = ["flwr", "run", structure.app, CONNECTION, "--stream"]
+    if structure.run_config:
+        argv += ["--run-config", config_pairs(structure.run_config)]
+    env = {"FLWR_HOME": flwr_home(workdir, structure.superlink), "PYTHONUNBUFFERED": "1"}  # lines as they come
+    return Program(structure.superlink, "run", tuple(argv), env)

@@ -1,0 +1,1 @@
+"""A softmax regression in numpy, federated with Flower's FedAvg."""

@@ -1,0 +1,16 @@
+"""The ServerApp: FedAvg over every SuperNode for ``num-server-rounds`` rounds."""
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from numpy_app import task
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    strategy = FedAvg(fraction_train=float(context.run_config["fraction-train"]))
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(task.initial_weights()),
+                            num_rounds=int(context.run_config["num-server-rounds"]))
+    print(f"final weights: {sum(a.size for a in result.arrays.to_numpy_ndarrays())} values")

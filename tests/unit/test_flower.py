@@ -1,0 +1,170 @@
+"""Flower runs, the pure parts: flwr_structure.json checked, the Flower processes planned,
+Flower 1.42's log of a run read into metrics.csv rows."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from controller.flower import metrics, plan
+from controller.flower.structure import FlowerStructure, load, node_pythons
+from controller.model.topology import Topology
+from worker.api.errors import ConfigError
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+APP_TOML = """[project]
+name = "tiny-app"
+version = "1.0.0"
+[tool.flwr.app]
+publisher = "edgetb"
+[tool.flwr.app.components]
+serverapp = "tiny.server:app"
+clientapp = "tiny.client:app"
+"""
+
+
+def _topology(names=("n1", "n2", "n3")) -> Topology:
+    t = Topology()
+    for n in names:
+        t.add_node(n)
+    return t
+
+
+def _python(tmp_path, commands=("flower-superlink", "flower-supernode", "flower-superexec", "flwr")) -> str:
+    env = tmp_path / "venv"
+    (env / "bin").mkdir(parents=True)
+    for c in commands:
+        (env / "bin" / c).write_text("#!/bin/sh\n")
+        (env / "bin" / c).chmod(0o755)
+    return str(env)
+
+
+def _experiment(tmp_path, **fields) -> tuple[str, str]:
+    app = tmp_path / "app"
+    app.mkdir(exist_ok=True)
+    (app / "pyproject.toml").write_text(APP_TOML)
+    doc = {"app": "app", "python": _python(tmp_path) if not (tmp_path / "venv").exists() else str(tmp_path / "venv"),
+           "node_list": ["n1", "n2", "n3"], **fields}
+    path = tmp_path / "flwr_structure.json"
+    path.write_text(json.dumps(doc))
+    return str(path), str(tmp_path)
+
+
+def test_a_structure_resolves_the_superlink_the_supernodes_and_the_app(tmp_path):
+    path, workdir = _experiment(tmp_path, node_config={"n3": {"local-epochs": 3}}, run_config={"lr": 0.1})
+    s = load(path, _topology(), workdir)
+    assert (s.superlink, s.supernodes, s.app_name) == ("n1", ("n2", "n3"), "tiny-app")
+    assert s.app == str(tmp_path / "app") and s.node_config == {"n3": {"local-epochs": 3}}
+    path, _ = _experiment(tmp_path, superlink="n2")
+    assert load(path, _topology(), workdir).supernodes == ("n1", "n3")
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"app": "nothing"}, "no app directory"),
+    ({"app": "/etc"}, "relative to the experiment directory"),
+    ({"app": "../.."}, "outside the experiment directory"),
+    ({"node_list": ["n1"]}, "at least two node names"),
+    ({"node_list": ["n1", "n9"]}, "'n9', which is not a node of the links file"),
+    ({"node_list": ["n1", "n2", "n2"]}, "names a node twice"),
+    ({"superlink": "n9"}, "field 'superlink' must be a node of node_list"),
+    ({"node_config": {"n1": {"a": 1}}}, "'n1', which is not a SuperNode"),
+    ({"node_config": {"n2": {"bad key": 1}}}, "node_config.n2: key 'bad key'"),
+    ({"run_config": {"k": [1, 2]}}, "run_config.k: must be a string, number or boolean"),
+    ({"python": "venv"}, "absolute path of a virtual environment"),
+    ({"rounds": 3}, "unknown field 'rounds'"),
+])
+def test_bad_structures_are_refused_naming_the_field(tmp_path, fields, message):
+    path, workdir = _experiment(tmp_path, **fields)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+        load(path, _topology(), workdir)
+    assert path in e.value.message or "pyproject" in e.value.message
+
+
+def test_an_app_without_tool_flwr_app_or_a_python_without_flwr_is_refused(tmp_path):
+    path, workdir = _experiment(tmp_path)
+    (tmp_path / "app" / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    with pytest.raises(ConfigError, match=r"no \[tool.flwr.app\] table: not a Flower app"):
+        load(path, _topology(), workdir)
+    (tmp_path / "app" / "pyproject.toml").write_text(APP_TOML)
+    (tmp_path / "venv" / "bin" / "flower-superexec").unlink()
+    with pytest.raises(ConfigError, match=r"flwr is not installed in .*venv \(no flower-superexec in its bin/\)"):
+        load(path, _topology(), workdir)
+
+
+def test_the_structure_s_python_becomes_each_flower_node_s_unless_the_nodes_file_declares_one(tmp_path):
+    path, workdir = _experiment(tmp_path)
+    topology = _topology(("n1", "n2", "n3", "n4"))
+    other = _python(tmp_path / "other")
+    topology.nodes["n3"].python = other
+    chosen = node_pythons(load(path, topology, workdir), topology)
+    assert chosen == {"n1": str(tmp_path / "venv"), "n2": str(tmp_path / "venv"), "n3": other}
+    assert topology.nodes["n4"].python is None  # not a Flower node
+    (tmp_path / "other" / "venv" / "bin" / "flwr").unlink()
+    topology.nodes["n3"].python = other
+    with pytest.raises(ConfigError, match="node 'n3': python: flwr is not installed"):
+        node_pythons(load(path, topology, workdir), topology)
+
+
+def _structure(**kw) -> FlowerStructure:
+    return FlowerStructure(**{"app": "/x/app", "python": "/opt/f", "superlink": "n1", "supernodes": ("n2", "n3"),
+                              **kw})
+
+
+def test_the_plan_puts_homes_in_node_directories_and_runs_supernodes_with_process_isolation():
+    ips = {"n1": "10.1.0.2", "n2": "10.1.0.3", "n3": "10.1.0.4"}
+    progs = plan.servers(_structure(node_config={"n3": {"num-partitions": 5, "name": 'a "b"'}}), "/w", ips,
+                         {"n2": "/w/dataset/digits/n2.npz"})
+    assert [(p.node, p.name) for p in progs] == [("n1", "superlink"), ("n2", "supernode"), ("n2", "superexec"),
+                                                 ("n3", "supernode"), ("n3", "superexec")]
+    sl = progs[0]
+    assert sl.env == {"FLWR_HOME": "/w/dml_file/node/n1/flwr_home"}
+    assert "--disable-runtime-dependency-installation" in sl.argv
+    assert sl.argv[sl.argv.index("--database") + 1] == "/w/dml_file/node/n1/flwr_home/superlink.db"
+    assert sl.argv[sl.argv.index("--host") + 1] == "10.1.0.2"
+    n2, n3 = progs[1].argv, progs[3].argv
+    assert n2[n2.index("--isolation") + 1] == "process" and n2[n2.index("--superlink") + 1] == "10.1.0.2:9092"
+    assert n2[n2.index("--node-config") + 1] == 'data-path="/w/dataset/digits/n2.npz" num-partitions=2 partition-id=0'
+    assert n3[n3.index("--node-config") + 1] == 'name="a \\"b\\"" num-partitions=5 partition-id=1'
+    assert progs[2].argv[-1] == f"127.0.0.1:{plan.CLIENTAPP_PORT}"
+
+
+def test_the_app_is_submitted_with_flower_s_cli_and_its_config_names_the_superlink():
+    run = plan.submit(_structure(run_config={"num-server-rounds": 3, "fast": True}), "/w")
+    assert run.argv == ("flwr", "run", "/x/app", plan.CONNECTION, "--stream", "--run-config",
+                        "fast=true num-server-rounds=3")
+    assert run.env["FLWR_HOME"] == "/w/dml_file/node/n1/flwr_home"
+    assert 'address = "10.1.0.2:9092"\ninsecure = true' in plan.cli_config("10.1.0.2")
+
+
+def test_flower_1_42_s_log_of_a_run_gives_one_row_a_round():
+    with open(os.path.join(DATA, "flower_1.42_run.log"), encoding="utf-8") as f:
+        reader = metrics.RoundReader().feed_all(f.read().split("\n"))
+    assert reader.num_rounds == 2 and sorted(reader.rounds) == [1, 2]
+    columns, rows = metrics.rows(reader, "r1", "n1")
+    assert columns == ["run_id", "algorithm", "node", "round", "time_s", "flwr_eval_acc", "flwr_eval_loss",
+                       "flwr_train_loss"]
+    assert [(r["round"], r["node"], r["algorithm"]) for r in rows] == [(1, "n1", "flower"), (2, "n1", "flower")]
+    assert rows[1]["flwr_train_loss"] < rows[0]["flwr_train_loss"]
+    assert 0.0 <= rows[1]["flwr_eval_acc"] <= 1.0
+
+
+def test_a_name_reported_by_two_sections_is_told_apart_and_the_server_s_records_are_read():
+    lines = ["INFO :      [ROUND 1/1]", "INFO :      aggregate_train: Received 2 results and 0 failures",
+             "INFO :      \t└──> Aggregated MetricRecord: {'loss': 0.5, 'n': 3}",
+             "INFO :      aggregate_evaluate: Received 2 results and 0 failures",
+             "INFO :      \t└──> Aggregated MetricRecord: {'loss': 0.25, 'acc': 0.75, 'bad': nan}",
+             "INFO :      Global evaluation", "INFO :      \t└──> MetricRecord: {'central_acc': 0.8}"]
+    columns, rows = metrics.rows(metrics.RoundReader().feed_all(lines), "r", "n1")
+    assert columns[5:] == ["flwr_acc", "flwr_central_acc", "flwr_evaluate_loss", "flwr_n", "flwr_train_loss"]
+    assert rows[0]["flwr_train_loss"] == 0.5 and rows[0]["flwr_evaluate_loss"] == 0.25
+    assert rows[0]["flwr_central_acc"] == 0.8 and "flwr_bad" not in columns
+
+
+def test_a_record_outside_a_round_or_that_cannot_be_read_adds_nothing():
+    lines = ["\x1b[92mINFO \x1b[0m: Aggregated MetricRecord: {'a': 1}", "[ROUND 1/2]", "aggregate_train: x",
+             "Aggregated MetricRecord: {__import__('os')}"]
+    reader = metrics.RoundReader().feed_all(lines)
+    assert reader.rounds == {1: {"train": {}}}
+    assert metrics.rows(reader, "r", "n")[0] == metrics.BASE_COLUMNS
