@@ -51,7 +51,7 @@ from dml_app.runtime.events import MEMBERSHIP
 
 METRIC_COLUMNS = ["run_id", "algorithm", "node", "role", "layer", "round", "time_s", "loss", "accuracy",
                   "global_loss", "global_accuracy", "global_eval_n", "train_loss", "bytes_sent", "bytes_recv", "train_s", "send_s",
-                  "received_models", "waited_s", *MONITOR_FIELDS, "energy_j"]
+                  "received_models", "waited_s", "energy_j", *MONITOR_FIELDS]
 TRAFFIC_COLUMNS = ["run_id", "node", "round", "peer", "direction", "bytes"]
 ALGORITHM_OF_ROLE = {"gossip": "gossip", "fl_aggregator": "fl", "fl_trainer": "fl", "etree": "etree", "ring": "ring"}
 
@@ -98,8 +98,8 @@ def metric_rows(events: dict[str, list[dict[str, Any]]], t0: float, algorithm: s
                          "bytes_sent": e.get("bytes_sent", 0), "bytes_recv": e.get("bytes_recv", 0),
                          "train_s": _rounded(e.get("train_s"), 4), "send_s": _rounded(e.get("send_s"), 4),
                          "received_models": e.get("received_models", 0),
-                         "waited_s": _rounded(e.get("waited_s"), 4), **monitor_fields(e),
-                         "energy_j": None})  # (device nodes: _add_energy)
+                         "waited_s": _rounded(e.get("waited_s"), 4),
+                         "energy_j": None, **monitor_fields(e)})  # energy_j: device nodes' (_add_energy)
     rows.sort(key=lambda r: (r["node"], r["round"] if isinstance(r["round"], int) else -1))
     return rows
 

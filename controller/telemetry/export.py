@@ -69,12 +69,27 @@ MONITOR_GAUGES = {  # a node's monitor -> (gauge, help)
 }
 
 
-def prometheus_text(run_id: str, nodes: list[dict[str, Any]], collector: Optional[Collector]) -> bytes:
+def live_energy_j(latest: dict[str, Any], device: dict[str, Any]) -> Optional[float]:
+    """A device node's modelled energy since the run's start from its newest cumulative counters
+    (``controller.results.energy``'s model: idle power over the time, the rest by CPU time over the
+    quota, J per byte); None before it has a CPU sample."""
+    t, cpu_ns = latest.get("time_s"), latest.get("cpu_ns")
+    if t is None or cpu_ns is None or t <= 0:
+        return None
+    busy_s = min(cpu_ns / 1e9 / float(device["quota_cores"]), t)
+    moved = (latest.get("tx_bytes") or 0) + (latest.get("rx_bytes") or 0)
+    return (float(device["idle_w"]) * t + (float(device["max_w"]) - float(device["idle_w"])) * busy_s
+            + float(device.get("e_byte_j") or 0.0) * moved)
+
+
+def prometheus_text(run_id: str, nodes: list[dict[str, Any]], collector: Optional[Collector],
+                    devices: Optional[dict[str, dict[str, Any]]] = None) -> bytes:
     """The Prometheus exposition of a run: per node its round, accuracy, loss and model bytes
     (as the node reports them), its monitors when it reports them (``MONITOR_GAUGES``, and
     ``edgetb_node_strategy`` labelled with the strategy, value 1) and, while sampled, its CPU,
     memory and traffic; per link its bytes, throughput, drops and utilisation of the configured
-    rate; per host the sampler's CPU. ``nodes``: dicts with name, round, accuracy, loss,
+    rate; per host the sampler's CPU; per node of a device class (``devices``: node -> its record in
+    topology.json) its modelled energy (``live_energy_j``). ``nodes``: dicts with name, round, accuracy, loss,
     bytes_sent and optionally the monitors (``controller.results.adaptation.monitor_fields``)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -121,6 +136,13 @@ def prometheus_text(run_id: str, nodes: list[dict[str, Any]], collector: Optiona
                     if e.get(key) is not None:
                         family.add_metric([run_id, name], e[key] * scale)
             yield from (cpu, mem, tx, rx)
+            energy = GaugeMetricFamily("edgetb_node_energy_joules", "Modelled energy of a device node since the "
+                                       "run's start (a model: see the devices how-to)", labels=node_labels)
+            for name, device in sorted((devices or {}).items()):
+                value = live_energy_j(collector.latest_nodes.get(name, {}), device)
+                if value is not None:
+                    energy.add_metric([run_id, name], value)
+            yield energy
             lbytes = CounterMetricFamily("edgetb_link_transmit_bytes", "Bytes sent through the link's HTB class",
                                          labels=link_labels)
             drops = CounterMetricFamily("edgetb_link_drops", "Packets the link's class dropped", labels=link_labels)

@@ -102,7 +102,8 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
         reader()
         from controller.telemetry.export import prometheus_text
 
-        body = prometheus_text(exp.run_id, exp.nodes.metrics_rows(), exp.telemetry)
+        body = prometheus_text(exp.run_id, exp.nodes.metrics_rows(), exp.telemetry,
+                               {n.name: n.device for n in exp.topology.nodes.values() if n.device})
         return body, 200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
 
     @app.route("/conf/dataset", methods=("GET", "POST"))

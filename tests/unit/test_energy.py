@@ -79,3 +79,19 @@ def test_rounds_and_summary_from_a_run_folder(tmp_path):
 def test_no_telemetry_no_energy(tmp_path):
     rows = [{"node": "pi", "round": 1, "time_s": 1.0}]
     assert tables._add_energy(str(tmp_path), rows) == {} and rows[0]["energy_j"] is None
+
+
+def test_prometheus_gauge_of_a_device_node():
+    from types import SimpleNamespace
+
+    from controller.telemetry.export import live_energy_j, prometheus_text
+
+    latest = {"time_s": 10.0, "cpu_ns": 2.5e9, "tx_bytes": 500_000, "rx_bytes": 500_000}
+    # 10 s idle power, 2.5 CPU s of a 0.5-core quota = 5 s at full power, 1e6 bytes at 1e-7 J
+    want = 2.7 * 10 + (6.4 - 2.7) * 5 + 0.1
+    assert live_energy_j(latest, DEVICE) == pytest.approx(want)
+    col = SimpleNamespace(latest_nodes={"pi": latest, "plain": latest}, latest_links={}, latest_hosts={}, hosts={})
+    text = prometheus_text("r", [{"name": "pi", "round": 1}], col, {"pi": DEVICE}).decode()
+    line = next(x for x in text.splitlines() if x.startswith("edgetb_node_energy_joules{"))
+    assert 'node="pi"' in line and float(line.split()[-1]) == pytest.approx(want)
+    assert 'edgetb_node_energy_joules{node="plain"' not in text
