@@ -38,6 +38,7 @@ SCHEMAS = {
     "links": ("controller.model.topology", "LINK_SCHEMA"),
     "trace": ("controller.model.traces", "TRACE_SCHEMA"),
     "nodes-file": ("controller.model.topology", "NODES_FILE_SCHEMA"),
+    "device-class": ("controller.model.devices", "CLASS_SCHEMA"),
     "node": ("controller.model.topology", "NODE_SCHEMA"),
     "node-defaults": ("controller.model.topology", "DEFAULTS_SCHEMA"),
     "hosts-file": ("controller.model.hosts", "HOSTS_SCHEMA"),
@@ -88,6 +89,7 @@ SCENARIO_KINDS: dict[str, Any] = {
     "background": ("controller.model.scenario", "BACKGROUND"),
     "trace": ("controller.model.scenario", "TRACE"),
     "access": ("controller.model.scenario", "ACCESS"),
+    "availability": ("controller.model.scenario", "AVAILABILITY"),
 }
 
 # marker name -> (module, entry point, argv prefix, the name users type, keyword arguments)

@@ -46,7 +46,7 @@ SECONDS = Field(float, "seconds", low=0, high=MAX_SECONDS)
 POSITIVE_SECONDS = Field(float, "seconds", low=0, low_open=True, high=MAX_SECONDS)
 
 EventKind = Literal["link", "link_down", "partition", "loss", "crash", "pause", "resume", "cpu", "memory",
-                    "revocation", "background", "trace", "access"]
+                    "revocation", "background", "trace", "access", "availability"]
 KINDS: tuple[EventKind, ...] = get_args(EventKind)  # what scenario.json's events say
 TRIGGERS = ("at", "at_round")
 StepKind = Literal["link", "block", "unblock", "loss", "crash", "pause", "resume", "limits", "revoke", "replace",
@@ -97,6 +97,16 @@ TRACE = Schema({"src": Field(str, "the link's source node", required=True, max_l
 ACCESS = Schema({"node": Field(str, "the node whose access links change", required=True, max_len=MAX_NAME_LEN),
                  "uplink": Field(str, "its new access link out, e.g. '2mbit'", max_len=32),
                  "downlink": Field(str, "its new access link in, e.g. '2mbit'", max_len=32)})
+AVAILABILITY = Schema({
+    "file": Field(str, "a CSV beside the scenario: node,t_on_s,t_off_s (controller.model.availability)",
+                  required=True, max_len=255),
+    "mode": Field(str, "how a node leaves and returns: pause (frozen, thawed) or crash (killed, started again)",
+                  default="pause", choices=("pause", "crash")),
+    "time_scale": Field(float, "multiplies the file's times", default=1.0, low=0, low_open=True, high=1e6),
+    "clients": Field(str, "names: the node column names nodes; pick: it names trace clients, each node plays one "
+                     "drawn from the seed", default="names", choices=("names", "pick")),
+    "nodes": Field(list, "with clients 'pick': the nodes that play clients (default: all)", items=NAME,
+                   max_items=10_000)})
 TOP = Schema({"seed": SEED, "time_scale": Field(float, "multiplies lifetimes drawn in minutes", default=1.0,
                                                 low=0, low_open=True, high=1e6),
               "events": Field(list, "the timeline", required=True, max_items=MAX_EVENTS)})
@@ -464,6 +474,41 @@ def _trace(value: Any, ev: EventContext) -> list[Step]:
                     {"pairs": pairs, "replay": replay})]
 
 
+def _availability(value: Any, ev: EventContext) -> list[Step]:
+    """Each node's leave and return steps from an availability CSV (``controller.model.availability``)."""
+    from controller.model import availability
+    from controller.model.traces import trace_path
+
+    v = AVAILABILITY.validate(value, ev.here)
+    if ev.trace_files is None:
+        raise ConfigError(f"{ev.here.field('file')}: an availability file needs a scenario file to be read beside")
+    path = trace_path(v["file"], ev.trace_files.base_dir, ev.here)
+    traced = availability.by_name(availability.read_csv(path))
+    if v["clients"] == "pick":
+        nodes = [ev.node(n, "nodes") for n in v["nodes"]] if v["nodes"] is not None else list(ev.topology.nodes)
+        plays = availability.pick_clients(list(traced), nodes, ev.rng, f"{ev.here}, {v['file']}")
+    else:
+        if v["nodes"] is not None:
+            raise ConfigError(f"{ev.here.field('nodes')}: only with \"clients\": \"pick\"")
+        for name, intervals in traced.items():
+            ev.node(name, "node", Place(path).at(f"line {intervals[0].line}"))
+        plays = {name: name for name in traced}
+    steps = []
+    leave, back = (("pause", "frozen"), ("resume", "thawed")) if v["mode"] == "pause" else \
+        (("crash", "SIGKILL"), ("replace", "started again"))
+    for node, client in plays.items():
+        left_at = 0.0
+        for t, what in availability.leave_return_s(traced[client], v["time_scale"]):
+            who = f" (client {client})" if client != node else ""
+            if what == "leave":
+                left_at = t
+                steps.append(ev.step(t, leave[0], node, f"{leave[1]}: unavailable{who}", {"node": node}))
+            else:
+                params = {"node": node} if v["mode"] == "pause" else {"node": node, "revoked_at_s": ev.at_s + left_at}
+                steps.append(ev.step(t, back[0], node, f"{back[1]}: available{who}", params))
+    return steps
+
+
 def _access(value: Any, ev: EventContext) -> list[Step]:
     v = ACCESS.validate(value, ev.here)
     node = ev.node(v["node"], "node")
@@ -487,7 +532,7 @@ EVENTS: dict[EventKind, EventRule] = {  # every kind of scenario.json's events, 
     "crash": EventRule(_process), "pause": EventRule(_process, undoable=True), "resume": EventRule(_process),
     "cpu": EventRule(_cpu, undoable=True), "memory": EventRule(_memory, undoable=True),
     "revocation": EventRule(_revocation), "background": EventRule(_background), "trace": EventRule(_trace),
-    "access": EventRule(_access)}
+    "access": EventRule(_access), "availability": EventRule(_availability)}
 UNDOABLE = tuple(kind for kind, rule in EVENTS.items() if rule.undoable)
 
 
