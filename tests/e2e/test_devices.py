@@ -1,0 +1,81 @@
+"""Device classes in a real run: the node's cgroup gets the class's CPU quota and memory, run.json
+records the calibration, metrics.csv and summary.json carry the modelled energy."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import Run
+from tests.netns.conftest import free_subnet
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
+
+LINKS = {"n1": [{"dest": "n2", "bw": "20mbit"}, {"dest": "n3", "bw": "20mbit"}],
+         "n2": [{"dest": "n3", "bw": "20mbit"}, {"dest": "n1", "bw": "20mbit"}],
+         "n3": [{"dest": "n1", "bw": "20mbit"}, {"dest": "n2", "bw": "20mbit"}]}
+# a board of one core 4 times slower than the calibration says a core here is; one Pi 4 class overridden
+CLASSES = {"classes": {"board": {"cores": 1, "mem": "384M", "nic": "100mbit", "idle_w": 1.0, "max_w": 3.0,
+                                 "kernel_s": 1.0}}}
+NODES = {"device_classes": "classes.json", "defaults": {"device": "board"},
+         "nodes": [{"name": "n1"}, {"name": "n2"}, {"name": "n3", "mem": "512M"}]}
+
+
+def cpu_quota_cores(group: str, node: str) -> float:
+    """The node's CPU quota read back from its cgroup (v1 cpu.cfs_quota_us or v2 cpu.max)."""
+    v1 = Path("/sys/fs/cgroup/cpu") / group / node
+    if v1.is_dir():
+        quota = int((v1 / "cpu.cfs_quota_us").read_text())
+        return quota / int((v1 / "cpu.cfs_period_us").read_text())
+    quota, period = (Path("/sys/fs/cgroup") / group / node / "cpu.max").read_text().split()
+    return int(quota) / int(period)
+
+
+def memory_limit(group: str, node: str) -> int:
+    v1 = Path("/sys/fs/cgroup/memory") / group / node / "memory.limit_in_bytes"
+    return int(v1.read_text() if v1.exists() else (Path("/sys/fs/cgroup") / group / node / "memory.max").read_text())
+
+
+def test_device_nodes_get_their_quota_and_report_energy(tmp_path):
+    structure = {"sync": 3, "wait_s": 1, "model": {"kind": "numpy", "hidden": [32], "learning_rate": 0.005,
+                                                    "seed": 0},
+                 "node_list": [{"name": n, "epoch": 1} for n in LINKS]}
+    r = Run(tmp_path, structure=structure, links=LINKS, defer=True)
+    (r.workdir / "nodes.json").write_text(json.dumps(NODES))
+    (r.workdir / "classes.json").write_text(json.dumps(CLASSES))
+    r.subnet = free_subnet()
+    try:
+        r.start("--nodes", "nodes.json", "--telemetry-period-ms", "100")
+        r.wait_phase("ready", timeout_s=180)
+        group = f"edgetb-{r.id}"
+        quotas = {n: cpu_quota_cores(group, n) for n in LINKS}
+        memory = {n: memory_limit(group, n) for n in LINKS}
+        assert r.get("/start").json()["phase"] == "running"
+        done = r.wait_phase("finished", timeout_s=300)
+        assert done["done"] == 3, done
+        run_dir = Path(r.get("/finish").json()["run_dir"])
+    finally:
+        out = r.close()
+    record = json.loads((run_dir / "run.json").read_text())
+    devices = record["devices"]
+    assert set(devices) == set(LINKS), out[-2000:]
+    for node, device in devices.items():
+        # the calibration ran here: slowdown = the class's kernel time / the host's; quota = cores / slowdown
+        assert device["class"] == "board" and device["host_kernel_s"] > 0
+        assert device["slowdown"] == pytest.approx(1.0 / device["host_kernel_s"], rel=1e-3)
+        assert quotas[node] == pytest.approx(device["quota_cores"], abs=1e-4)
+    assert memory == {"n1": 384 << 20, "n2": 384 << 20, "n3": 512 << 20}  # the class's, or the node's own
+
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(row["energy_j"] for row in rows), rows[:3]
+    for row in rows:  # between idle power and full power over the round
+        assert 0 < float(row["energy_j"]) <= 3.0 * (float(row["time_s"]) + 1.0)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    by_node = {n["node"]: n for n in summary["nodes"]}
+    for node in LINKS:
+        e = by_node[node]
+        assert e["energy_j"] > 0 and 1.0 <= e["mean_power_w"] <= 3.0, e
