@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -170,6 +171,7 @@ class FlowerRun:
         o, s = self.spec.options, self.spec.structure
         result = deploy.deploy(self.spec.topology, self.worker, self.progress, open_network=o.open_network)
         ips = result["ips"]
+        self.record["flower"]["uids"] = node_uids(self.worker, [s.superlink, *s.supernodes])
         self.out.write_json(TOPOLOGY_JSON, topology_doc(self.spec.topology, ips))
         copy_inputs(self.out, {r: p for r, p in o.inputs.items() if r in ("links", "nodes", "structure", "dataset")})
         self._make_homes(ips[s.superlink])
@@ -251,6 +253,7 @@ class FlowerRun:
             if ended is not None and not text:
                 if pending:
                     self.reader.feed(pending, time.monotonic() - self.t0)
+                self._report_last()
                 code = ended.get("returncode")
                 if code == 0 and self.reader.rounds:
                     return "completed", ""
@@ -262,6 +265,24 @@ class FlowerRun:
                 self.progress(f"the Flower run did not end within {timeout_s:g} s: stopping it")
                 return "timeout", f"not ended within {timeout_s:g} s"
             time.sleep(POLL_S)
+
+    def _keep_and_stop(self, started: tuple[plan.Program, dict[str, Any]]) -> None:
+        """A Flower process's log into the run folder, then the process stopped (a stopped
+        process's record and log are gone)."""
+        program, record = started
+        try:
+            self.out.write_bytes(f"flower/{program.node}-{program.name}.log", self._log_of(record).encode())
+        except TestbedError as e:
+            self.progress(f"the log of the Flower {program.name} in {program.node} is lost: {e.message}")
+        try:
+            if self._ended(record) is None:
+                programs.stop(self.worker, record["id"])
+        except TestbedError as e:
+            self.progress(f"could not stop the Flower {program.name} in {program.node}: {e.message}")
+
+    def _report_last(self) -> None:
+        if self.reader.round in self.reader.rounds and self.reader.round not in self._reported:
+            self._report(self.reader.round)
 
     def _report(self, r: int) -> None:
         self._reported.add(r)
@@ -277,18 +298,9 @@ class FlowerRun:
         self.closed = True
         from controller.results.run_dir import METRICS_CSV, RUN_JSON, csv_bytes
 
-        for program, record in reversed(self.started):  # (a stopped process's record and log are gone)
-            try:
-                self.out.write_bytes(f"flower/{program.node}-{program.name}.log", self._log_of(record).encode())
-            except TestbedError as e:
-                self.progress(f"the log of the Flower {program.name} in {program.node} is lost: {e.message}")
-            try:
-                if self._ended(record) is None:
-                    programs.stop(self.worker, record["id"])
-            except TestbedError as e:
-                self.progress(f"could not stop the Flower {program.name} in {program.node}: {e.message}")
-        if self.reader.round in self.reader.rounds and self.reader.round not in self._reported:
-            self._report(self.reader.round)
+        self._report_last()
+        with ThreadPoolExecutor(max_workers=len(self.started) or 1) as pool:  # each stop may wait its grace period
+            list(pool.map(self._keep_and_stop, self.started))
         telemetry = self.recording.finish_telemetry()
         if telemetry is not None:
             self.record["telemetry"] = telemetry
@@ -311,3 +323,14 @@ def flwr_version(python: str) -> Optional[str]:
 
     found = sorted(glob.glob(os.path.join(python, "lib", "python3*", "site-packages", "flwr-*.dist-info")))
     return os.path.basename(found[-1])[len("flwr-"):-len(".dist-info")] if found else None
+
+
+def node_uids(worker: Worker, names: list[str]) -> dict[str, int]:
+    """The nodes' uids on this host (those known here)."""
+    uids = {}
+    for name in names:
+        try:
+            uids[name] = int(worker.runtime.identity(name).uid)  # type: ignore[attr-defined]  (a WorkerHost)
+        except (AttributeError, TestbedError):
+            pass
+    return uids

@@ -1,0 +1,121 @@
+"""Flower apps over the emulated network (flwr_run.py): the numpy example app, 4 SuperNodes and
+2 rounds on shaped links, per-round rows in metrics.csv, bytes on every SuperLink<->SuperNode
+link, no process of the nodes' uids after the run; bad input refused before anything is made."""
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ROOT
+
+FLWR_PYTHON = os.environ.get("EDGETB_FLWR_PYTHON", "/opt/edgetb-flwr")
+HAVE_FLWR = os.access(os.path.join(FLWR_PYTHON, "bin", "flower-superlink"), os.X_OK)
+REQUIRED = os.environ.get("EDGETB_REQUIRE_FLOWER") == "1"
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)"),
+              pytest.mark.skipif(not HAVE_FLWR and not REQUIRED,
+                                 reason=f"flwr not installed in {FLWR_PYTHON} (bash scripts/flower_setup.sh)")]
+SUPERNODES = ["n2", "n3", "n4", "n5"]
+RATE = "20mbit"
+
+
+def experiment(tmp_path: Path, **structure) -> Path:
+    workdir = tmp_path / "exp"
+    workdir.mkdir()
+    os.chmod(workdir, 0o755)  # (the nodes read it as their own users)
+    shutil.copytree(ROOT / "examples" / "flower" / "numpy_app", workdir / "app")
+    links = {"n1": [{"dest": n, "bw": RATE} for n in SUPERNODES], **{n: [{"dest": "n1", "bw": RATE}] for n in SUPERNODES}}
+    (workdir / "links.json").write_text(json.dumps(links))
+    (workdir / "flwr_dataset.json").write_text(json.dumps({"dataset": "digits", "split": "iid", "seed": 0,
+                                                           "batch_size": 32}))
+    (workdir / "flwr_structure.json").write_text(json.dumps({
+        "app": "app", "python": FLWR_PYTHON, "superlink": "n1", "node_list": ["n1", *SUPERNODES],
+        "run_config": {"num-server-rounds": 2}, **structure}))
+    return workdir
+
+
+def flwr_run(workdir: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    tb = "f" + secrets.token_hex(2)
+    env = dict(os.environ, EDGETB_STATE_DIR=str(workdir / "state"))
+    return subprocess.run([sys.executable, str(ROOT / "flwr_run.py"), "--workdir", str(workdir), "--id", tb,
+                           "--subnet", f"10.{200 + int(tb[1:], 16) % 20}.0.0/16", "--telemetry-period-ms", "200",
+                           *args], env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def processes_of(uids: set[int]) -> list[str]:
+    """The live processes whose real uid is one of ``uids``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields.get("Uid", "-1 ").split()[0]) in uids and "Z" not in fields.get("State", ""):
+            found.append(f"{pid} {fields.get('Name', '').strip()}")
+    return found
+
+
+def run_folder(workdir: Path) -> Path:
+    (found,) = (workdir / "dml_file" / "log").iterdir()
+    return found
+
+
+def test_a_flower_app_runs_two_rounds_over_shaped_links_and_leaves_nothing(tmp_path):
+    workdir = experiment(tmp_path)
+    done = flwr_run(workdir, "-d", "flwr_dataset.json", "--auto")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Flower round 2/2" in done.stdout and "4 SuperNodes registered" in done.stdout
+    out = run_folder(workdir)
+    record = json.loads((out / "run.json").read_text())
+    assert record["ended"] == "completed" and record["algorithm"] == "flower" and record["flower"]["flwr"]
+    with open(out / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["round"], r["node"]) for r in rows] == [("1", "n1"), ("2", "n1")]
+    assert all(0.0 <= float(r["flwr_eval_acc"]) <= 1.0 for r in rows)
+    assert float(rows[1]["flwr_train_loss"]) < float(rows[0]["flwr_train_loss"])
+    # each SuperNode trained on its own edgetb shard, given by its node config
+    supernode_log = (out / "flower" / "n3-supernode.log").read_text()
+    assert (out / "flower" / "n1-superlink.log").stat().st_size > 0
+    assert supernode_log.count("Received successfully") >= 4  # 2 rounds of train + evaluate
+    with gzip.open(out / "telemetry" / "links.csv.gz", "rt") as f:
+        sent: dict[tuple[str, str], int] = {}
+        for r in csv.DictReader(f):
+            sent[(r["src"], r["dst"])] = max(sent.get((r["src"], r["dst"]), 0), int(r["tx_bytes"]))
+    model_bytes = (64 * 10 + 10) * 4
+    for n in SUPERNODES:  # the model went out and came back on every link, 2 rounds (+ evaluation)
+        assert sent[("n1", n)] > 2 * 2 * model_bytes, sent
+        assert sent[(n, "n1")] > 2 * model_bytes, sent
+    uids = set(record["flower"]["uids"].values())
+    assert len(uids) == 5
+    assert processes_of(uids) == []
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "etb-" + record["testbed_id"] + "-" not in left
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"app": "nowhere"}, "no app directory"),
+    ({"python": "/usr"}, "flwr is not installed in /usr"),
+])
+def test_bad_input_is_refused_before_anything_is_made(tmp_path, change, message):
+    workdir = experiment(tmp_path, **change)
+    done = flwr_run(workdir, "--auto", timeout_s=120)
+    assert done.returncode == 2 and message in done.stderr, done.stdout + done.stderr
+    assert "creating" not in done.stdout
+    assert not (workdir / "dml_file" / "log").exists() or not any((workdir / "dml_file" / "log").iterdir())
+
+
+def test_an_app_without_tool_flwr_app_is_refused(tmp_path):
+    workdir = experiment(tmp_path)
+    (workdir / "app" / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    done = flwr_run(workdir, "--auto", timeout_s=120)
+    assert done.returncode == 2 and "no [tool.flwr.app] table" in done.stderr, done.stdout + done.stderr
