@@ -295,7 +295,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.dry_run:
         ips = deploy.planned_ips(topology, args.subnet)
         for name, node in topology.nodes.items():
-            print(f"# node {name}: {ips[name]}  cpu={node.cpu or '-'} mem={_fmt_mem(node.mem_bytes)}")
+            device = (f" device={node.device['class']} slowdown={node.device['slowdown']:g}"
+                      f" effective={node.device['effective_slowdown']:g}" if node.device else "")
+            print(f"# node {name}: {ips[name]}  cpu={node.cpu or '-'} mem={_fmt_mem(node.mem_bytes)}{device}")
         space = None if args.open_network else deploy.node_space(topology, ips, [args.subnet])
         for src, plan in deploy.plans(topology, ips, space).items():
             print("\n".join(render(plan, f"etb-{args.id}-{src}")))

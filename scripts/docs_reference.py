@@ -39,6 +39,7 @@ SCHEMAS = {
     "trace": ("controller.model.traces", "TRACE_SCHEMA"),
     "nodes-file": ("controller.model.topology", "NODES_FILE_SCHEMA"),
     "device-class": ("controller.model.devices", "CLASS_SCHEMA"),
+    "device-class-file": ("controller.model.devices", "FILE_SCHEMA"),
     "node": ("controller.model.topology", "NODE_SCHEMA"),
     "node-defaults": ("controller.model.topology", "DEFAULTS_SCHEMA"),
     "hosts-file": ("controller.model.hosts", "HOSTS_SCHEMA"),

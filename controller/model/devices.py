@@ -78,8 +78,8 @@ BUILTIN: dict[str, DeviceClass] = {c.name: c for c in (
     DeviceClass("jetson_nano", 4, 4 * _GIB, 1_000_000_000, 1.5, 10.0, _gflops_s(0.96)),
     DeviceClass("orin_nano", 6, 8 * _GIB, 1_000_000_000, 3.0, 15.0, _gflops_s(4.0)),
     DeviceClass("phone_low", 4, 2 * _GIB, 72_000_000, 0.5, 3.0, _gflops_s(0.5), 1e-7),
-    DeviceClass("phone_mid", 8, 6 * _GIB, 400_000_000, 0.7, 5.0, _gflops_s(3.0), 5e-8),
-    DeviceClass("phone_high", 8, 12 * _GIB, 1_200_000_000, 0.8, 8.0, _gflops_s(8.0), 3e-8),
+    DeviceClass("phone_mid", 8, 6 * _GIB, 433_000_000, 0.7, 5.0, _gflops_s(3.0), 5e-8),
+    DeviceClass("phone_high", 8, 12 * _GIB, 1_201_000_000, 0.8, 8.0, _gflops_s(8.0), 3e-8),
 )}
 
 _POSITIVE = dict(low=0, low_open=True)

@@ -179,6 +179,10 @@ def test_json_block_loads(page, line, body, tmp_path):
         load_hosts(str(path))
     elif "nodes" in data:
         load_nodes(str(path))
+    elif "classes" in data:  # a device class file
+        from controller.model.devices import load_classes
+
+        load_classes(str(path))
     elif "events" in data:
         from controller.model.scenario import resolve
 
