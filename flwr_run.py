@@ -18,7 +18,7 @@ from controller.bootstrap import use_venv  # noqa: E402
 
 use_venv(HERE, "flwr_run.py")
 
-from controller.flower.run_script import main  # noqa: E402
+from controller.runner import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(algorithm="flower", structure_default="flwr_structure.json", dataset_default=""))

@@ -172,14 +172,20 @@ def _check(options: RunOptions) -> int:
     user's code tried in the sandbox), in the experiment directory taken as for a run; no node."""
     started = time.monotonic()
     try:
-        spec = prepare(options)
+        if options.algorithm == FLOWER:
+            from controller.flower.flow import check
+
+            checked = check(options)
+        else:
+            spec = prepare(options)
+            checked = f"{len(spec.structure)} nodes, {len(spec.topology.links)} links"
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    _say(f"check passed in {time.monotonic() - started:.1f} s: {len(spec.structure)} nodes, "
-         f"{len(spec.topology.links)} links, every file valid; nothing was made (run without --check to run it)")
+    _say(f"check passed in {time.monotonic() - started:.1f} s: {checked}, every file valid; nothing was made "
+         "(run without --check to run it)")
     return 0
 
 
@@ -211,6 +217,7 @@ def _main(options: RunOptions, experiments: Optional[list[Experiment]], run_id: 
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+FLOWER = "flower"  # flwr_run.py's algorithm: a Flower app's own processes in the nodes
 
 
 class Ownership:
@@ -233,6 +240,11 @@ class Ownership:
 
 def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
          experiments: Optional[list[Experiment]]) -> int:
+    if options.algorithm == FLOWER:  # the learning is Flower's own processes (controller/flower/flow.py)
+        from controller.flower.flow import run as run_flower
+
+        return run_flower(options, run_id, found, owned, lambda worker: remove_stale(options, found, worker, owned),
+                          _say)
     try:
         spec = prepare(options)
     except TestbedError as e:

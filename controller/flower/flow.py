@@ -3,14 +3,13 @@ start the SuperLink and the SuperNodes as the nodes' own programs, submit the ap
 CLI, follow its run to its end, write the run folder (Flower's per-round metrics in
 ``metrics.csv``, every Flower process's log, the telemetry) and remove everything.
 
-It takes the experiment directory and the testbed id, tears down and signals exactly as the
-other run scripts (``controller.runner``); the Flower processes are ``exec`` programs
+``controller.runner`` takes the experiment directory and the testbed id, handles signals and
+removes the testbed as for the other run scripts, and hands the run to ``run``; the Flower processes are ``exec`` programs
 (``controller.workers.programs``): same confinement, same records, stopped by ``down``.
 """
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,6 @@ from controller.flower import metrics, plan
 from controller.flower.structure import FlowerStructure, load as load_structure, node_pythons
 from controller.model.spec import RunOptions
 from controller.model.topology import Topology, load_links, load_nodes
-from controller.runner import STOP_SIGNALS, Ownership, _interrupt, _say, _teardown, remove_stale
 from controller.workers import programs
 from controller.workers.api import Worker
 from worker.api.errors import ConfigError, TestbedError, TestbedTimeout
@@ -67,51 +65,18 @@ def prepare(options: RunOptions) -> FlowerSpec:
     return FlowerSpec(options, topology, structure, shards)
 
 
-def run(options: RunOptions) -> int:
-    """The whole Flower run (``--check``: ``prepare`` only); the exit code."""
-    import logging
-
-    from controller.run.nodes import new_run_id
-    from controller.workers.lock import DirectoryLock, Holder, TestbedLock
-
-    logging.basicConfig(level=logging.WARNING)
-    if os.geteuid() != 0 and not options.check:
-        print("run as root (sudo): nodes are network namespaces", file=sys.stderr)
-        return 2
-    run_id = new_run_id()
-    for sig in (signal.SIGINT, *STOP_SIGNALS):
-        signal.signal(sig, _interrupt)
-    directory = DirectoryLock(options.workdir)
-    try:
-        directory.take(options.testbed_id, port=options.port, run_id=run_id)
-        if options.check:
-            spec = prepare(options)
-            _say(f"check passed: app {spec.structure.app_name}, SuperLink {spec.structure.superlink}, "
-                 f"{len(spec.structure.supernodes)} SuperNodes; nothing was made")
-            return 0
-        lock = TestbedLock(options.testbed_id)
-        found = lock.take(Holder.this_process(run_id, runtime=options.runtime, subnet=options.subnet,
-                                              port=options.port, hosts=None, workdir=options.workdir))
-    except TestbedError as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        directory.release()
-        return 2
-    except KeyboardInterrupt:
-        directory.release()
-        return 130
-    owned = Ownership(clean=found.state != "stale")
-    try:
-        return _run(options, run_id, found, owned)
-    except KeyboardInterrupt as e:
-        _say(f"interrupted{f' ({e})' if str(e) else ''}")
-        return 130
-    finally:
-        _teardown(options.testbed_id, owned)
-        lock.release(forget=owned.clean)
-        directory.release()
+def check(options: RunOptions) -> str:
+    """``--check``: ``prepare`` only; what was checked."""
+    spec = prepare(options)
+    return (f"app {spec.structure.app_name}, SuperLink {spec.structure.superlink}, "
+            f"{len(spec.structure.supernodes)} SuperNodes, {len(spec.topology.links)} links")
 
 
-def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership) -> int:
+def run(options: RunOptions, run_id: str, found: Any, owned: Any, remove_stale: Callable[[Worker], None],
+        progress: Callable[[str], None]) -> int:
+    """The Flower run once ``controller.runner`` holds the experiment directory and the testbed id
+    (``found``: what held it before; ``owned``: what this process made, which the runner removes
+    at the end, whatever happens; ``remove_stale``: what a dead holder left, removed)."""
     from controller.workers.connect import connect
     from worker.host import REPO_ROOT
 
@@ -120,11 +85,13 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership) -> int:
         worker = connect(options.testbed_id, options.subnet, runtime=options.runtime, workdir=options.workdir,
                          code_root=REPO_ROOT)
         if found.state == "stale":
-            remove_stale(options, found, worker, owned)
+            remove_stale(worker)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    flower = FlowerRun(spec, worker, run_id, _say)
+    if not options.auto:
+        progress("flwr_run.py runs the whole flow (as --auto): the curl workflow is not there for Flower runs yet")
+    flower = FlowerRun(spec, worker, run_id, progress)
     owned.created(worker)
     try:
         return flower.run()

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from controller.model.topology import Topology
 from worker.api.errors import ConfigError
-from worker.confinement.fsview import under
+from worker.confinement.facade import under
 
 FIELDS = ("app", "python", "superlink", "node_list", "node_config", "run_config")
 FLOWER_COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr")
