@@ -154,7 +154,35 @@ def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", r
             plt.close(fig)
             write(name, png.getvalue())
             written.append(os.path.join(run_dir, name))
+    spent = _energy_rows(rows)
+    if spent:  # device nodes: accuracy against the energy they spent so far
+        fig, ax = plt.subplots(figsize=(8, 5))
+        _draw(ax, spent, "energy_sum_j", acc_key)
+        ax.set_title(f"{algorithm or 'run'} · {run_id}: accuracy ({scope}) vs modelled energy", fontsize="medium")
+        _finish_axes(ax, "energy since the start (J, modelled)", "accuracy", False, legend=True)
+        fig.tight_layout()
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
+        plt.close(fig)
+        write(ENERGY_PLOT, png.getvalue())
+        written.append(os.path.join(run_dir, ENERGY_PLOT))
     return {"plots": written, "mode": mode}
+
+
+ENERGY_PLOT = "accuracy_vs_energy.png"
+
+
+def _energy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of nodes with ``energy_j``, each with ``energy_sum_j``: the node's energy up to
+    the end of that round (rows in the node's round order)."""
+    total: dict[str, float] = {}
+    out = []
+    for r in rows:
+        if r.get("energy_j") is None:
+            continue
+        total[r["node"]] = total.get(r["node"], 0.0) + float(r["energy_j"])
+        out.append({**r, "energy_sum_j": round(total[r["node"]], 4)})
+    return out
 
 
 def _shared_curve(rows: list[dict[str, Any]], x_key: str, key: str) -> list[tuple[float, float]]:

@@ -95,3 +95,20 @@ def test_prometheus_gauge_of_a_device_node():
     line = next(x for x in text.splitlines() if x.startswith("edgetb_node_energy_joules{"))
     assert 'node="pi"' in line and float(line.split()[-1]) == pytest.approx(want)
     assert 'edgetb_node_energy_joules{node="plain"' not in text
+
+
+def test_accuracy_vs_energy_plot(tmp_path):
+    from controller.results import plots
+
+    rows = [{"node": n, "round": r, "time_s": float(r), "role": "gossip", "layer": None, "global_accuracy": 0.1 * r,
+             "accuracy": 0.1 * r, "global_loss": 1.0, "loss": 1.0, "train_loss": 1.0,
+             "energy_j": 2.0 if n == "pi" else None} for n in ("pi", "plain") for r in (1, 2, 3)]
+    assert [r["energy_sum_j"] for r in plots._energy_rows(rows)] == [2.0, 4.0, 6.0]
+    written = {}
+    out = plots.write_plots(str(tmp_path), rows, "gossip", "r1", lambda name, data: written.__setitem__(name, data))
+    assert plots.ENERGY_PLOT in written and written[plots.ENERGY_PLOT][:4] == b"\x89PNG"
+    assert any(p.endswith(plots.ENERGY_PLOT) for p in out["plots"])
+    rows = [dict(r, energy_j=None) for r in rows]
+    written.clear()
+    plots.write_plots(str(tmp_path), rows, "gossip", "r1", lambda name, data: written.__setitem__(name, data))
+    assert plots.ENERGY_PLOT not in written
