@@ -24,7 +24,7 @@ from controller.workers import programs
 from controller.workers.api import Worker
 from worker.api.errors import ConfigError, TestbedError, TestbedTimeout
 
-SUPERLINK_READY_S = 60.0  # for the SuperLink to serve and every SuperNode to register
+SUPERLINK_READY_S = 120.0  # for the SuperLink to serve and every SuperNode to register (plus 2 s a SuperNode)
 POLL_S = 0.5
 FLEET_UP = "Starting the SuperLink Fleet HTTP API"
 NODE_UP = "Activated node_id"
@@ -187,7 +187,8 @@ class FlowerRun:
         """Until the SuperLink serves and every SuperNode registered (TestbedError: a Flower
         process ended, or the wait was too long, with its last lines)."""
         superlink = self.started[0][1]
-        deadline = time.monotonic() + SUPERLINK_READY_S
+        wait_s = SUPERLINK_READY_S + 2.0 * supernodes
+        deadline = time.monotonic() + wait_s
         while True:
             text = self._log_of(superlink)
             if FLEET_UP in text and text.count(NODE_UP) >= supernodes:
@@ -198,7 +199,7 @@ class FlowerRun:
                                        f"its last lines:\n{tail(self._log_of(record))}")
             if time.monotonic() > deadline:
                 raise TestbedTimeout(f"the SuperLink in {program.node} saw {text.count(NODE_UP)} of {supernodes} "
-                                     f"SuperNodes within {SUPERLINK_READY_S:g} s; its last lines:\n{tail(text)}")
+                                     f"SuperNodes within {wait_s:g} s; its last lines:\n{tail(text)}")
             time.sleep(POLL_S)
 
     def _follow(self, submitted: dict[str, Any], timeout_s: float) -> tuple[str, str]:

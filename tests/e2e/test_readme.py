@@ -187,6 +187,11 @@ def test_json_block_loads(page, line, body, tmp_path):
         from controller.model.scenario import resolve
 
         resolve(data, load_links(str(ROOT / "links.json")), "scenario.json", str(tmp_path))
+    elif "node_list" in data and "app" in data:  # a Flower run's flwr_structure.json, as examples/flower has it
+        from controller.flower.structure import load as load_flower
+
+        flower = ROOT / "examples" / "flower"
+        load_flower(str(path), load_links(str(flower / "links.json")), str(flower))
     elif "node_list" in data:
         from controller.confs.structures import load_structure_file
 
