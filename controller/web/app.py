@@ -3,7 +3,8 @@
 Who may do what (``controller.web.callers`` reads the identities):
 
 - Changing state (``/conf/*``, ``/start``, ``/finish``, ``/update/tc``, ``/node/*``, ``/*/reset``) needs
-  ``Authorization: Bearer <admin token>`` (gl_run.py's ``--admin-token-file``), or a loopback caller whose socket
+  ``Authorization: Bearer <admin token>`` (gl_run.py's ``--admin-token-file``; taken only on loopback, an SSH
+  tunnel's end included, or TLS: over plain HTTP from another host it is refused), or a loopback caller whose socket
   belongs to root or to the user who started the controller through sudo: ``curl
   localhost:3333/start`` works for them, and is refused (403) for every other local user.
   EdgeTB's GET routes stay for curl; each also answers POST, for programs and browsers.
@@ -40,10 +41,31 @@ from worker.serving import bearer_matches, check_token, json_errors, request_lim
 log = logging.getLogger("edgetb.controller")
 USER_BODY_BYTES = 64 * 1024
 PRINT_BODY_BYTES = 16 * 1024
+CLEAR_TOKEN = ("the admin token is refused over plain HTTP from another host (it crossed the network in clear: "
+               "replace it); reach the controller through an SSH tunnel, "
+               "ssh -N -L 3333:127.0.0.1:3333 CONTROLLER_HOST, and call localhost:3333")
 
 
 def _bearer_is(token: Optional[str]) -> bool:
     return bearer_matches(request.headers.get("Authorization", ""), token or "")
+
+
+def private_channel() -> bool:
+    """Whether this request came over a channel that keeps a bearer token off the network:
+    loopback (an SSH tunnel's end included), or TLS."""
+    return callers.is_loopback(request.remote_addr) or request.environ.get("wsgi.url_scheme") == "https"
+
+
+def admin_call(token: Optional[str]) -> bool:
+    """Whether the request carries the admin token ``token``; callers.Forbidden when it does over
+    plain HTTP from another host, where the token crossed the network in clear."""
+    if not _bearer_is(token):
+        return False
+    if private_channel():
+        return True
+    log.warning("a caller at %s sent the admin token over plain HTTP: refused; the token crossed the network "
+                "in clear, so replace it", request.remote_addr)
+    raise callers.Forbidden(CLEAR_TOKEN)
 
 
 def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Optional[Callable[[], None]] = None,
@@ -61,7 +83,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
         hosts.check(request.headers)
 
     def user() -> None:
-        if _bearer_is(admin_token):
+        if admin_call(admin_token):
             return
         caller = callers.caller_of(request.environ)
         if not caller.loopback:
@@ -72,7 +94,7 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
                                     "controller with sudo, or a caller with the admin token")
 
     def reader() -> None:
-        if not callers.is_loopback(request.remote_addr) and not _bearer_is(admin_token):
+        if not callers.is_loopback(request.remote_addr) and not admin_call(admin_token):
             raise AuthError("reading the status from other hosts needs the controller's bearer token")
 
     def agent() -> None:

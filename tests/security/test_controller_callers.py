@@ -245,11 +245,13 @@ def test_the_sudo_user_is_accepted_and_others_are_not(make_controller):
     assert exp.phase == "reset"
 
 
-def test_the_admin_token_is_accepted_from_any_user_and_any_address(make_controller):
+def test_the_admin_token_is_accepted_from_any_local_user_and_refused_in_clear_from_other_hosts(make_controller,
+                                                                                               caplog):
     exp, served, _ = make_controller()
     code, body = curl_as(NOBODY_UID, "POST", served.url + "/physical/reset",
                          {"Authorization": "Bearer wrong-token-wrong-token"})
     assert code == 403, body
+    # on loopback (an SSH tunnel's end): any local user with the token
     code, body = curl_as(NOBODY_UID, "POST", served.url + "/physical/reset", {"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert code == 200, body
     lan = lan_address()
@@ -259,10 +261,16 @@ def test_the_admin_token_is_accepted_from_any_user_and_any_address(make_controll
     # not on loopback: even root needs the token, for the status too
     assert requests.post(url + "/emulated/reset", timeout=10).status_code == 401
     assert requests.get(url + "/status", timeout=10).status_code == 401
-    assert exp.phase == "created"
+    # and the token over plain HTTP from another address crossed the network in clear: refused, said so
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    assert requests.get(url + "/status", headers=auth, timeout=10).status_code == 200
-    assert requests.post(url + "/emulated/reset", headers=auth, timeout=30).status_code == 200
+    for method, path in (("GET", "/status"), ("GET", "/metrics"), ("POST", "/emulated/reset"), ("GET", "/start")):
+        resp = requests.request(method, url + path, headers=auth, timeout=30)
+        assert resp.status_code == 403, (path, resp.status_code, resp.text)
+        assert "SSH tunnel" in resp.json()["detail"] and "replace it" in resp.json()["detail"], resp.text
+    assert exp.phase == "created"
+    assert any("crossed the network in clear" in r.getMessage() for r in caplog.records)
+    # the same token through loopback still works (what a tunnel delivers)
+    assert requests.post(served.url + "/emulated/reset", headers=auth, timeout=30).status_code == 200
     assert exp.phase == "reset"
 
 
