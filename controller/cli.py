@@ -40,6 +40,7 @@ import time
 from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology, access_rate, load_links, load_nodes
+from controller.calibration import host_kernel_s
 from controller.workers import deploy
 from controller.workers.api import Worker
 from controller.workers.connect import connect, reset_stale
@@ -277,7 +278,7 @@ def _worker(args: argparse.Namespace) -> Worker:
 
 
 def _topology(links: str, nodes: Optional[str]) -> Topology:
-    declared = load_nodes(nodes) if nodes else None
+    declared = load_nodes(nodes, host_kernel_s) if nodes else None
     return load_links(links, declared, nodes_declared=declared is not None)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from controller.model.hosts import Hosts, check_placement, load_hosts
 from controller.model.spec import RunOptions, RunSpec
 from controller.model.topology import load_links, load_nodes
+from controller.calibration import host_kernel_s
 from controller.results import tables
 from controller.run.experiment import Experiment
 from controller.run.nodes import Nodes
@@ -96,7 +97,7 @@ def prepare(options: RunOptions) -> RunSpec:
     o, path = options, options.path
     topology = o.topology
     if topology is None:
-        declared = load_nodes(path(o.nodes)) if o.nodes else None
+        declared = load_nodes(path(o.nodes), host_kernel_s) if o.nodes else None
         topology = load_links(path(o.links), declared, nodes_declared=declared is not None)
     hosts = load_hosts(path(o.hosts)) if o.hosts else Hosts.single(o.runtime, topology)
     placement = check_placement(topology, hosts, o.hosts or "the single-host default (use --hosts for "

@@ -239,9 +239,10 @@ def count_nodes(value: str, swarm_hosts: set[str]) -> int:
     if value.isdigit():
         return int(value)
     from controller.model.topology import load_links, load_nodes
+    from controller.calibration import host_kernel_s
 
     data = read_json(value, TopologyError)
-    topology = load_nodes(value) if isinstance(data, dict) and isinstance(data.get("nodes"), list) else load_links(value)
+    topology = load_nodes(value, host_kernel_s) if isinstance(data, dict) and isinstance(data.get("nodes"), list) else load_links(value)
     emulated = [n for n in topology.nodes.values() if n.kind == "emulated"]
     placed = [n for n in emulated if n.host in swarm_hosts]
     return len(placed) if placed else len(emulated)

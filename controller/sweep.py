@@ -156,8 +156,9 @@ def check_files(paths: dict[str, str], algorithm: str) -> None:
     from controller.confs.confs import load_dataset, load_structure
     from controller.model.scenario import load_scenario
     from controller.model.topology import load_links, load_nodes
+    from controller.calibration import host_kernel_s
 
-    declared = load_nodes(paths["nodes"]) if paths.get("nodes") else None
+    declared = load_nodes(paths["nodes"], host_kernel_s) if paths.get("nodes") else None
     topology = load_links(paths["links"], declared, nodes_declared=declared is not None)
     load_structure(paths["structure"], topology, algorithm)
     load_dataset(paths["dataset"])

@@ -11,7 +11,7 @@ at start (``calibrate_host_kernel_s``); a node of the class then gets
 so that one of the node's cores is as fast as one of the device's. ``BUILTIN`` holds the
 classes the docs cite (docs/how-to/devices.md: every figure's source, and which figures
 are estimates); a class file (JSON, ``{"classes": {"name": {...}}}``) adds classes or
-overrides fields of built-in ones. ``python -m controller.model.devices`` prints the
+overrides fields of built-in ones. ``python -m controller.calibration`` prints the
 kernel's time on the machine it runs on: run it on a real device to get its ``kernel_s``.
 Errors are ``ConfigError`` naming the file, the class and the field.
 """
@@ -19,10 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -33,7 +29,6 @@ from worker.api.schema import Field, Place, Schema, read_object
 KERNEL_N = 512
 KERNEL_REPEATS = 4
 KERNEL_GFLOP = 2 * KERNEL_N ** 3 * KERNEL_REPEATS / 1e9  # 1.074 GFLOP
-CALIBRATION_RUNS = 3
 MAX_CLASSES = 1000
 _GIB = 1024 ** 3
 _MIB = 1024 ** 2
@@ -89,7 +84,7 @@ CLASS_SCHEMA = Schema({
     "nic": Field(str, "its network interface's rate, e.g. '1gbit'", max_len=32),
     "idle_w": Field(float, "watts at rest", low=0, high=10_000),
     "max_w": Field(float, "watts with every core busy", **_POSITIVE, high=10_000),
-    "kernel_s": Field(float, "one core's time for the reference kernel (python -m controller.model.devices)",
+    "kernel_s": Field(float, "one core's time for the reference kernel (python -m controller.calibration)",
                       **_POSITIVE, high=3600),
     "e_byte_j": Field(float, "joules per byte sent or received", low=0, high=1)})
 CLASS_FIELDS = tuple(CLASS_SCHEMA.fields)
@@ -191,80 +186,9 @@ def contention(quotas: Mapping[str, float], cores: float) -> float:
     return max(1.0, asked / cores) if cores > 0 else 1.0
 
 
-# the reference kernel ------------------------------------------------------------------------
-def reference_kernel() -> float:
-    """Run the kernel once in this process; its wall time in seconds (numpy's BLAS, as it is set up)."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((KERNEL_N, KERNEL_N))
-    b = rng.standard_normal((KERNEL_N, KERNEL_N))
-    a @ b  # warm-up: pages touched, BLAS initialised
-    t0 = time.perf_counter()
-    for _ in range(KERNEL_REPEATS):
-        a @ b
-    return time.perf_counter() - t0
-
-
-def calibrate_host_kernel_s(runs: int = CALIBRATION_RUNS, timeout_s: float = 120.0) -> float:
-    """The median of ``runs`` timings of the kernel on this host, one BLAS thread, each in a fresh
-    process (argv list, no shell)."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    times = []
-    for _ in range(runs):
-        try:
-            out = subprocess.run([sys.executable, "-m", "controller.model.devices", "--seconds"], env=env,
-                                 capture_output=True, text=True, timeout=timeout_s, check=True,
-                                 cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-            times.append(float(out.stdout.strip()))
-        except (subprocess.SubprocessError, OSError, ValueError) as e:
-            raise ConfigError(f"device calibration: the reference kernel did not run here: {e}") from None
-    return statistics.median(times)
-
-
-_HOST_KERNEL_S: Optional[float] = None
-
-
-def host_kernel_s() -> float:
-    """``calibrate_host_kernel_s`` once per process (``EDGETB_HOST_KERNEL_S`` set: that value)."""
-    global _HOST_KERNEL_S
-    if _HOST_KERNEL_S is None:
-        fixed = os.environ.get("EDGETB_HOST_KERNEL_S")
-        if fixed:
-            try:
-                value = float(fixed)
-                if not (math.isfinite(value) and value > 0):
-                    raise ValueError
-            except ValueError:
-                raise ConfigError(f"EDGETB_HOST_KERNEL_S: expected a positive number of seconds, got {fixed!r}") \
-                    from None
-            _HOST_KERNEL_S = value
-        else:
-            _HOST_KERNEL_S = calibrate_host_kernel_s()
-    return _HOST_KERNEL_S
-
-
 def host_cores() -> float:
     """The cores this process may run on."""
     try:
         return float(len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return float(os.cpu_count() or 1)
-
-
-def main(argv: list[str]) -> int:
-    """``--seconds``: the kernel's time only (what the calibration reads); else a class file's line."""
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    seconds = reference_kernel()
-    if "--seconds" in argv:
-        print(f"{seconds:.6f}")
-    else:
-        print(f'reference kernel ({KERNEL_REPEATS} x {KERNEL_N}x{KERNEL_N} float64 products, one thread): '
-              f'"kernel_s": {seconds:.4f}')
-    return 0
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main(sys.argv[1:]))

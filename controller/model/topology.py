@@ -46,7 +46,7 @@ import ipaddress
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from controller.model.traces import TRACE_SCHEMA, Replay, TraceFiles
 from controller.model.units import human_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_ms
@@ -467,11 +467,13 @@ def read_topology_json(path: str) -> Any:
     return read_json(path, TopologyError)
 
 
-def load_nodes(path: str, host_kernel_s: Optional[float] = None) -> Topology:
+def load_nodes(path: str, host_kernel_s: Union[float, Callable[[], float], None] = None) -> Topology:
     """A Topology holding the nodes declared in a nodes file (format in the module docstring).
 
-    A node with a ``device`` gets the class's CPU quota (``host_kernel_s``: the reference kernel's
-    time here, measured once when None) and memory (its own ``mem`` wins); see ``_devices``."""
+    A node with a ``device`` gets the class's CPU quota and memory (its own ``mem`` wins); see
+    ``_devices``. ``host_kernel_s``: the reference kernel's time on this host, or a function that
+    measures it (``controller.calibration.host_kernel_s``, called only when a node has a class);
+    None refuses device classes."""
     data = read_topology_json(path)
     if not isinstance(data, dict) or "nodes" not in data:
         raise TopologyError(f"{path}: expected an object like {{\"nodes\": [{{\"name\": \"n1\", \"cpu\": 0.5}}]}}")
@@ -516,7 +518,8 @@ def load_nodes(path: str, host_kernel_s: Optional[float] = None) -> Topology:
     return topo
 
 
-def _devices(path: str, data: dict[str, Any], host_kernel_s: Optional[float]) -> dict[str, dict[str, Any]]:
+def _devices(path: str, data: dict[str, Any], host_kernel_s: Union[float, Callable[[], float], None]
+             ) -> dict[str, dict[str, Any]]:
     """Node -> its device record (``devices.node_device``) for the nodes file's nodes that have a
     class (their own or the defaults'); the classes file read and the host calibrated only then."""
     from controller.model import devices as dev
@@ -538,7 +541,10 @@ def _devices(path: str, data: dict[str, Any], host_kernel_s: Optional[float]) ->
                                                f"{path}, field 'device_classes'")
         classes = dev.load_classes(classes_file)
         found = {name: dev.device_class(classes, cls, _where(path, name)) for name, cls in named.items()}
-        here_s = host_kernel_s if host_kernel_s is not None else dev.host_kernel_s()
+        if host_kernel_s is None:
+            raise TopologyError(f"{path}: nodes with a device class need this host's calibration; load the file "
+                                f"through edgetb's commands (the run scripts, edgetb up, edgetb sweep)")
+        here_s = host_kernel_s() if callable(host_kernel_s) else float(host_kernel_s)
     except TopologyError:
         raise
     except ConfigError as e:

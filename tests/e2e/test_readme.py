@@ -178,7 +178,9 @@ def test_json_block_loads(page, line, body, tmp_path):
     elif "hosts" in data:
         load_hosts(str(path))
     elif "nodes" in data:
-        load_nodes(str(path))
+        from controller.calibration import host_kernel_s
+
+        load_nodes(str(path), host_kernel_s)
     elif "classes" in data:  # a device class file
         from controller.model.devices import load_classes
 

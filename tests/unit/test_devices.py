@@ -118,5 +118,18 @@ def test_contention_warns_and_records_effective_slowdown(tmp_path, monkeypatch):
 
 
 def test_calibration_times_the_kernel_here():
-    seconds = dev.calibrate_host_kernel_s(runs=1)
+    from controller import calibration
+
+    seconds = calibration.calibrate_host_kernel_s(runs=1)
     assert 0 < seconds < 60
+
+
+def test_device_classes_need_a_calibration(tmp_path):
+    path = write(tmp_path, "nodes.json", {"nodes": [{"name": "n1", "device": "rpi4"}, {"name": "n2"}]})
+    with pytest.raises(TopologyError, match="need this host's calibration"):
+        load_nodes(path)
+    calls = []
+    topo = load_nodes(path, lambda: calls.append(1) or dev.BUILTIN["rpi4"].kernel_s / 4)
+    assert calls == [1] and topo.nodes["n1"].cpu == pytest.approx(1.0)
+    plain = write(tmp_path, "plain.json", {"nodes": [{"name": "n1", "cpu": 0.5}]})
+    assert load_nodes(plain, lambda: calls.append(2) or 1.0).nodes["n1"].cpu == 0.5 and calls == [1]

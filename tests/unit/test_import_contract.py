@@ -48,6 +48,7 @@ IMPURE_LIBRARIES = ("socket", "subprocess", "requests", "pyroute2", "docker", "f
 CONTROLLER_ROOMS: dict[str, tuple[str, ...]] = {
     "model": (),
     "sandbox": (),  # controller/sandbox.py: a room of one module
+    "calibration": ("model",),  # controller/calibration.py: the device classes' kernel timed on this host
     "confs": ("model", "sandbox"),
     "results": ("model", "confs", "sandbox"),  # evaluation runs the user's model in the sandbox
     "predict": ("model", "confs", "results"),  # features from the confs, targets from past runs
