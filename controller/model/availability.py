@@ -27,14 +27,13 @@ import io
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from worker.api.errors import ConfigError
 
 HEADER = ("node", "t_on_s", "t_off_s")
 MAX_ROWS = 1_000_000
 MAX_FILE_BYTES = 64 * 1024 * 1024
-MODES = ("pause", "crash")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ import csv
 import gzip
 import io
 import json
-import os
 
 import numpy as np
 import pytest
