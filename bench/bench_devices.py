@@ -5,7 +5,8 @@ Prints Markdown tables on stdout (progress on stderr).
 
 - **Slowdown**: a node's round (one epoch of ``edgetb_fashion_cnn`` in numpy over 100 samples of
   28x28x1, batches of 32, one thread) timed unconstrained in a child process, median of
-  ``--rounds``; then in a cgroup with the CPU quota a one-core device class of slowdown f gets
+  ``--rounds`` of its CPU time (its wall time too, which other load on the host inflates); then,
+  wall time, in a cgroup with the CPU quota a one-core device class of slowdown f gets
   (1/f of a core, through ``worker.confinement.cgroups``, as nodes get theirs), median of as many
   rounds. Target: within 15 % of the unconstrained time x f, for f = 2, 4 and 8.
 - **Energy**: the model's cost is paid once, from the stored telemetry, when the run finishes
@@ -52,14 +53,14 @@ def rounds_child(rounds: int) -> None:
     net.train(x, y, 1, 32)
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         net.train(x, y, 1, 32)
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0, time.process_time() - c0))
     print(json.dumps(times))
 
 
-def timed_rounds(rounds: int, procs_files: list[str]) -> list[float]:
-    """A child process's round times; it joins the cgroups of ``procs_files`` before it starts."""
+def timed_rounds(rounds: int, procs_files: list[str]) -> list[list[float]]:
+    """A child process's rounds, [wall s, CPU s] each; it joins the cgroups of ``procs_files`` before it starts."""
     def join() -> None:
         for path in procs_files:
             with open(path, "w") as f:
@@ -74,8 +75,10 @@ def timed_rounds(rounds: int, procs_files: list[str]) -> list[float]:
 def slowdown(rounds: int, factors: list[float]) -> list[dict]:
     from worker.confinement.cgroups import Cgroups
 
-    base = statistics.median(timed_rounds(rounds, []))
-    log(f"unconstrained round: {base * 1000:.0f} ms")
+    free = timed_rounds(rounds, [])
+    wall = statistics.median(w for w, _ in free)
+    base = statistics.median(c for _, c in free)  # CPU time: what the round needs, whatever else runs
+    log(f"unconstrained round: {wall * 1000:.0f} ms wall, {base * 1000:.0f} ms CPU")
     cg = Cgroups(f"edgetb-bench{os.getpid()}")
     cg.require()
     rows = []
@@ -83,7 +86,7 @@ def slowdown(rounds: int, factors: list[float]) -> list[dict]:
         for f in factors:
             name = f"f{f:g}"
             cg.create(name, 1.0 / f, None)
-            got = statistics.median(timed_rounds(rounds, cg.procs_files(name)))
+            got = statistics.median(w for w, _ in timed_rounds(rounds, cg.procs_files(name)))
             want = base * f
             rows.append({"factor": f, "quota_cores": round(1.0 / f, 4), "round_ms": round(got * 1000, 1),
                          "target_ms": round(want * 1000, 1), "error_pct": round((got / want - 1) * 100, 1),
