@@ -8,10 +8,12 @@
 experiment directory, never edited; ``superlink`` (default: the first of ``node_list``) runs
 the SuperLink, every other node of ``node_list`` a SuperNode; ``python`` is the virtual
 environment with flwr that the Flower nodes run (a node's own ``python`` in the nodes file
-wins). Everything is checked here, before anything is made.
+wins), holding every dependency the app declares. Everything is checked here, before anything
+is made.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -81,6 +83,49 @@ def check_app(app: str, workdir: str, where: str) -> str:
     return str(doc.get("project", {}).get("name", os.path.basename(app)))
 
 
+def app_dependencies(app: str) -> list[str]:
+    """The app's declared dependencies (``[project].dependencies`` of its pyproject.toml)."""
+    with open(os.path.join(app, "pyproject.toml"), "rb") as f:
+        deps = tomllib.load(f).get("project", {}).get("dependencies", [])
+    return [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
+
+
+def installed(python: str) -> dict[str, str]:
+    """The distributions installed in the environment: canonical name -> version (read from the
+    names of its ``*.dist-info`` directories; nothing of it runs)."""
+    from packaging.utils import canonicalize_name
+
+    found = {}
+    for site in glob.glob(os.path.join(python, "lib", "python3*", "site-packages")):
+        for entry in os.listdir(site):
+            if entry.endswith(".dist-info") and "-" in entry:
+                name, _, version = entry[:-len(".dist-info")].rpartition("-")
+                found[canonicalize_name(name)] = version
+    return found
+
+
+def check_dependencies(app: str, python: str, where: str) -> None:
+    """Every dependency the app declares (for this machine's markers) is installed in
+    ``python`` in a version it accepts: the SuperLink installs nothing at run time."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    have = installed(python)
+    project = os.path.join(app, "pyproject.toml")
+    for text in app_dependencies(app):
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as e:
+            raise ConfigError(f"{project}: dependency {text!r} cannot be read: {e}") from None
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        version = have.get(canonicalize_name(req.name))
+        if version is None or (req.specifier and not req.specifier.contains(version, prereleases=True)):
+            found = f"{version} is installed" if version else "it is not installed"
+            raise ConfigError(f"{where}: the app ({project}) needs {text!r}, but in {python} {found}: install it "
+                              f"with '{python}/bin/pip install \"{text}\"' (nodes install nothing at run time)")
+
+
 def check_python(python: str, where: str) -> None:
     """The environment holds Flower's commands (flwr installed in it)."""
     bin_dir = os.path.join(python, "bin")
@@ -128,6 +173,7 @@ def load(path: str, topology: Topology, workdir: str) -> FlowerStructure:
         raise ConfigError(f"{path}: field 'python' must be the absolute path of a virtual environment with flwr")
     python = python.rstrip("/")
     check_python(python, f"{path}: field 'python'")
+    check_dependencies(app_dir, python, f"{path}: field 'python'")
     node_config: dict[str, dict[str, Any]] = {}
     for node, conf in _config_of_nodes(doc.get("node_config", {}), path).items():
         if node not in nodes or node == superlink:
@@ -154,5 +200,6 @@ def node_pythons(structure: FlowerStructure, topology: Topology) -> dict[str, Op
             node.python = structure.python
         elif node.python != structure.python:
             check_python(node.python, f"node {name!r}: python")
+            check_dependencies(structure.app, node.python, f"node {name!r}: python")
         chosen[name] = node.python
     return chosen

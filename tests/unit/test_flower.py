@@ -93,6 +93,29 @@ def test_an_app_without_tool_flwr_app_or_a_python_without_flwr_is_refused(tmp_pa
         load(path, _topology(), workdir)
 
 
+def test_the_app_s_declared_dependencies_must_be_installed_in_its_python(tmp_path):
+    path, workdir = _experiment(tmp_path)
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    (site / "scikit_learn-1.9.1.dist-info").mkdir(parents=True)
+    (site / "numpy-2.4.6.dist-info").mkdir()
+    project = tmp_path / "app" / "pyproject.toml"
+
+    def declare(*deps: str) -> None:
+        project.write_text(APP_TOML.replace('version = "1.0.0"', f'version = "1.0.0"\ndependencies = {list(deps)!r}'))
+
+    declare("numpy>=1.26", "scikit-learn", "windows-only; sys_platform == 'win32'")
+    load(path, _topology(), workdir)
+    declare("numpy>=3")
+    with pytest.raises(ConfigError, match=r"needs 'numpy>=3', but in .*venv 2.4.6 is installed: install it"):
+        load(path, _topology(), workdir)
+    declare("torch")
+    with pytest.raises(ConfigError, match=r"field 'python': the app .* needs 'torch', but in .* it is not installed"):
+        load(path, _topology(), workdir)
+    declare("not a requirement!")
+    with pytest.raises(ConfigError, match="dependency 'not a requirement!' cannot be read"):
+        load(path, _topology(), workdir)
+
+
 def test_the_structure_s_python_becomes_each_flower_node_s_unless_the_nodes_file_declares_one(tmp_path):
     path, workdir = _experiment(tmp_path)
     topology = _topology(("n1", "n2", "n3", "n4"))
