@@ -79,3 +79,25 @@ def test_device_nodes_get_their_quota_and_report_energy(tmp_path):
     for node in LINKS:
         e = by_node[node]
         assert e["energy_j"] > 0 and 1.0 <= e["mean_power_w"] <= 3.0, e
+
+
+def test_availability_trace_pauses_and_resumes_a_node(run):
+    """A node absent from 1 s to 3 s of the trace (time_scale 1) is frozen and thawed on time."""
+    structure = json.loads((Path(__file__).resolve().parents[2] / "gl_structure.json").read_text())
+    structure.update(sync=20, wait_s=1)
+    r = run(structure=structure, defer=True)
+    (r.workdir / "availability.csv").write_text("node,t_on_s,t_off_s\nn3,0,1\nn3,3,\n")
+    (r.workdir / "scenario.json").write_text(json.dumps({"seed": 1, "events": [
+        {"at": 0, "availability": {"file": "availability.csv", "mode": "pause"}}]}))
+    r.start("--scenario", "scenario.json")
+    r.wait_phase("ready", timeout_s=120)
+    assert r.get("/start").ok
+    status = r.wait_phase("finished", timeout_s=240)
+    with open(Path(status["run_dir"]) / "scenario.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["event"], row["target"], float(row["planned_s"])) for row in rows] == [
+        ("pause", "n3", 1.0), ("resume", "n3", 3.0)], rows
+    for row in rows:  # target: applied within 1 s of the plan
+        assert row["outcome"] == "applied" and abs(float(row["skew_ms"])) < 1000, row
+    nodes = {n["name"]: n for n in status["nodes"]}
+    assert nodes["n3"]["ending"] == "done" and nodes["n3"]["round"] == 20, nodes["n3"]  # back, and finished
