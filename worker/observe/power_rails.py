@@ -1,0 +1,87 @@
+"""Measured power of a physical device from its INA3221 power monitors in sysfs (a Jetson's).
+
+Two layouts exist, both read here (values are integers as the kernel writes them):
+
+- the ``ina3221x`` IIO driver (JetPack 4, Jetson Nano/TX2): in ``.../iio:device*/``, the rail
+  ``rail_name_<n>`` and its power ``in_power<n>_input`` in milliwatts;
+- the mainline ``ina3221`` hwmon driver (JetPack 5 and later, Orin): in ``.../hwmon/hwmon*/``,
+  the rail ``in<n>_label``, its voltage ``in<n>_input`` in millivolts and its current
+  ``curr<n>_input`` in milliamperes (power = voltage x current).
+
+``device_power_w`` is the board's input rail (``POM_5V_IN``, ``VDD_IN``) when one is named so,
+else the sum of the rails read. Nothing is written; a rail that cannot be read is left out.
+This reader is not yet wired into the telemetry: a physical node's energy is not reported.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Optional
+
+IIO_GLOBS = ("/sys/bus/i2c/drivers/ina3221x/*/iio:device*",)
+HWMON_GLOBS = ("/sys/bus/i2c/drivers/ina3221/*/hwmon/hwmon*",)
+INPUT_RAILS = ("POM_5V_IN", "VDD_IN", "VIN_SYS_5V0")
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def iio_rails_w(directory: str) -> dict[str, float]:
+    """Rail -> watts of one ``ina3221x`` IIO device directory."""
+    out = {}
+    for name_file in sorted(glob.glob(os.path.join(directory, "rail_name_*"))):
+        n = name_file.rsplit("_", 1)[1]
+        rail = _read_text(name_file)
+        mw = _read_int(os.path.join(directory, f"in_power{n}_input"))
+        if rail and mw is not None:
+            out[rail] = mw / 1000.0
+    return out
+
+
+def hwmon_rails_w(directory: str) -> dict[str, float]:
+    """Rail -> watts of one ``ina3221`` hwmon directory."""
+    out = {}
+    for label_file in sorted(glob.glob(os.path.join(directory, "in*_label"))):
+        m = re.fullmatch(r"in(\d+)_label", os.path.basename(label_file))
+        if not m:
+            continue
+        n = m.group(1)
+        rail = _read_text(label_file)
+        mv, ma = _read_int(os.path.join(directory, f"in{n}_input")), _read_int(os.path.join(directory, f"curr{n}_input"))
+        if rail and mv is not None and ma is not None:
+            out[rail] = mv * ma / 1e6
+    return out
+
+
+def rails_w(root: str = "/") -> dict[str, float]:
+    """Every rail of every INA3221 found under ``root`` (``/``: this machine's sysfs)."""
+    out: dict[str, float] = {}
+    for pattern in IIO_GLOBS:
+        for d in sorted(glob.glob(os.path.join(root, pattern.lstrip("/")))):
+            out.update(iio_rails_w(d))
+    for pattern in HWMON_GLOBS:
+        for d in sorted(glob.glob(os.path.join(root, pattern.lstrip("/")))):
+            out.update(hwmon_rails_w(d))
+    return out
+
+
+def device_power_w(rails: dict[str, float]) -> Optional[float]:
+    """The board's power: its input rail's, else the sum of the rails (None: no rail)."""
+    for name in INPUT_RAILS:
+        if name in rails:
+            return rails[name]
+    return sum(rails.values()) if rails else None
