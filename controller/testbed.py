@@ -27,7 +27,7 @@ from controller.bootstrap import use_venv
 
 use_venv(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.argv[0] or "the Testbed API")
 
-from controller.model.topology import Topology, load_links  # noqa: E402
+from controller.model.topology import Topology, device_contention, load_links  # noqa: E402
 from worker.api.errors import ConfigError  # noqa: E402
 from worker.api.protocol import DEFAULT_SUBNET  # noqa: E402
 
@@ -102,15 +102,29 @@ class Testbed:
     def add_emulated_node(self, name: str, cpu: Optional[float] = None, mem: Union[str, int, None] = None,
                           emulator: Optional[str] = None, uplink: Union[str, int, None] = None,
                           downlink: Union[str, int, None] = None, pids: Optional[int] = None,
-                          python: Optional[str] = None) -> None:
+                          python: Optional[str] = None, device: Optional[str] = None) -> None:
         """An emulated node; ``uplink``/``downlink`` are its access links (e.g. '10mbit'), shared by all its peers;
         ``pids`` its processes and threads at most (default: the worker's); ``python`` a virtual
-        environment on its host, first on its PATH (nodes.json's ``"python"``)."""
+        environment on its host, first on its PATH (nodes.json's ``"python"``); ``device`` a
+        built-in device class (nodes.json's ``"device"``): the CPU quota and memory follow from it."""
         host = emulator or next(iter(self.emulators), "local")
         if self.emulators and host not in self.emulators:
             raise ConfigError(f"node {name!r}: unknown emulator {host!r}")
+        record = None
+        if device is not None:
+            from controller.calibration import host_kernel_s
+            from controller.model import devices
+
+            if cpu is not None:
+                raise ConfigError(f"node {name!r}: the CPU quota follows from the device class {device!r}; give cpu "
+                                  f"or device, not both")
+            record = devices.node_device(devices.device_class(devices.BUILTIN, device, f"Testbed: node {name!r}"),
+                                         host_kernel_s())
+            cpu, mem = record["quota_cores"], mem if mem is not None else record["mem_bytes"]
         self.topology.add_node(name, "emulated", host, cpu, mem, source="Testbed", uplink=uplink, downlink=downlink,
-                               pids=pids, python=python)
+                               pids=pids, python=python, device=record)
+        if record is not None:
+            device_contention(self.topology, "Testbed")
 
     def add_physical_node(self, name: str, ip: str, agent: str, token_file: Optional[str] = None,
                           tls_fingerprint: Optional[str] = None, uplink: Union[str, int, None] = None) -> None:

@@ -514,7 +514,7 @@ def load_nodes(path: str, host_kernel_s: Union[float, Callable[[], float], None]
                       entry.get("ip"), source=path, uplink=uplink, downlink=downlink, pids=entry.get("pids"),
                       standby=bool(entry.get("standby", False)), python=entry.get("python", defaults.get("python")),
                       device=device)
-    _device_contention(topo, path)
+    device_contention(topo, path)
     return topo
 
 
@@ -552,7 +552,7 @@ def _devices(path: str, data: dict[str, Any], host_kernel_s: Union[float, Callab
     return {name: dev.node_device(cls, here_s) for name, cls in found.items()}
 
 
-def _device_contention(topo: Topology, path: str) -> None:
+def device_contention(topo: Topology, path: str) -> None:
     """Device nodes on this machine's host ('local'): a quota above its cores is refused; quotas
     adding up to more than its cores are given, with a warning, and every device node there
     records ``effective_slowdown`` = its slowdown x (sum of quotas / cores)."""

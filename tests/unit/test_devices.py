@@ -133,3 +133,19 @@ def test_device_classes_need_a_calibration(tmp_path):
     assert calls == [1] and topo.nodes["n1"].cpu == pytest.approx(1.0)
     plain = write(tmp_path, "plain.json", {"nodes": [{"name": "n1", "cpu": 0.5}]})
     assert load_nodes(plain, lambda: calls.append(2) or 1.0).nodes["n1"].cpu == 0.5 and calls == [1]
+
+
+def test_python_api_device_node(tmp_path, monkeypatch):
+    from controller import calibration
+    from controller.testbed import Testbed
+
+    monkeypatch.setattr(calibration, "_HOST_KERNEL_S", dev.BUILTIN["rpi5"].kernel_s / 4)
+    tb = Testbed(workdir=str(tmp_path))
+    tb.add_emulated_node("n1", device="rpi5")
+    node = tb.topology.nodes["n1"]
+    assert node.cpu == pytest.approx(1.0, rel=1e-3) and node.mem_bytes == dev.BUILTIN["rpi5"].mem_bytes
+    assert node.device["class"] == "rpi5"
+    with pytest.raises(ConfigError, match="not both"):
+        tb.add_emulated_node("n2", cpu=1, device="rpi5")
+    with pytest.raises(ConfigError, match="unknown device class 'rpi9'"):
+        tb.add_emulated_node("n3", device="rpi9")
