@@ -148,12 +148,12 @@ class FlowerRun:
         self.record["started_at"] = time.time()
         self.t0 = time.monotonic()
         self.recording.run_from(self.t0)
-        for program in plan.servers(s, o.workdir, ips, self.spec.shards):
+        for program in plan.servers(s, o.workdir, self.run_id, ips, self.spec.shards):
             self._start(program)
         self._wait_for_superlink(len(s.supernodes))
         self.progress(f"Flower: SuperLink in {s.superlink} ({ips[s.superlink]}:{plan.SUPERLINK_PORT}), "
                       f"{len(s.supernodes)} SuperNodes registered; submitting {s.app_name}")
-        submitted = self._start(plan.submit(s, o.workdir))
+        submitted = self._start(plan.submit(s, o.workdir, self.run_id))
         how, detail = self._follow(submitted, o.timeout_s)
         self.close(how, detail)
         return 0 if how == "completed" else 1
@@ -163,7 +163,7 @@ class FlowerRun:
         """Every Flower home, made by its node; the SuperLink's with the CLI config."""
         s, workdir = self.spec.structure, self.spec.options.workdir
         for node in (s.superlink, *s.supernodes):
-            argv = ["python3", "-c", MAKE_HOME, plan.flwr_home(workdir, node)]
+            argv = ["python3", "-c", MAKE_HOME, plan.flwr_home(workdir, node, self.run_id)]
             if node == s.superlink:
                 argv.append(plan.cli_config(superlink_ip))
             done = programs.run(self.worker, node, argv, timeout_s=30.0)

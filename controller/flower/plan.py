@@ -3,8 +3,8 @@ SuperLink's address and Flower's CLI config. Pure: unit-tested without root or F
 
 The SuperLink serves its Fleet, Control and Runtime APIs on one port of its node's address;
 each SuperNode runs with ``--isolation process`` beside one ``flower-superexec`` that starts its
-ClientApp processes; every Flower home (``FLWR_HOME``) and the SuperLink's database lie in the
-node's own directory, the one place a node writes.
+ClientApp processes; every Flower home (``FLWR_HOME``, one a run) and the SuperLink's database lie
+in the node's own directory, the one place a node writes.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from controller.flower.structure import FlowerStructure
 SUPERLINK_PORT = 9092
 CLIENTAPP_PORT = 9094  # a SuperNode's Runtime API, on its node's loopback
 CONNECTION = "edgetb"  # the SuperLink's name in Flower's CLI config
-HOME_DIR = "flwr_home"
+HOME_PREFIX = "flwr_home-"  # + the run id: a run's own (a node's uid is another in another testbed)
 DATABASE = "superlink.db"
 
 
@@ -37,8 +37,9 @@ def node_dir(workdir: str, node: str) -> str:
     return os.path.join(workdir, "dml_file", "node", node)
 
 
-def flwr_home(workdir: str, node: str) -> str:
-    return os.path.join(node_dir(workdir, node), HOME_DIR)
+def flwr_home(workdir: str, node: str, run_id: str) -> str:
+    """The node's Flower home for run ``run_id``, in its own directory."""
+    return os.path.join(node_dir(workdir, node), HOME_PREFIX + run_id)
 
 
 def toml_value(value: Any) -> str:
@@ -75,17 +76,17 @@ def cli_config(superlink_ip: str) -> str:
             f'address = "{superlink_ip}:{SUPERLINK_PORT}"\ninsecure = true\n')
 
 
-def servers(structure: FlowerStructure, workdir: str, ips: dict[str, str],
+def servers(structure: FlowerStructure, workdir: str, run_id: str, ips: dict[str, str],
             shards: Optional[dict[str, str]] = None) -> list[Program]:
     """The SuperLink, then each SuperNode and its SuperExec."""
     sl = structure.superlink
-    home = flwr_home(workdir, sl)
+    home = flwr_home(workdir, sl, run_id)
     programs = [Program(sl, "superlink", (
         "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
         "--database", os.path.join(home, DATABASE), "--host", ips[sl], "--port", str(SUPERLINK_PORT)),
         {"FLWR_HOME": home})]
     for node, conf in node_configs(structure, shards).items():
-        env = {"FLWR_HOME": flwr_home(workdir, node)}
+        env = {"FLWR_HOME": flwr_home(workdir, node, run_id)}
         programs.append(Program(node, "supernode", (
             "flower-supernode", "--insecure", "--superlink", f"{ips[sl]}:{SUPERLINK_PORT}", "--isolation", "process",
             "--host", "127.0.0.1", "--port", str(CLIENTAPP_PORT), "--node-config", config_pairs(conf)), env))
@@ -94,10 +95,10 @@ def servers(structure: FlowerStructure, workdir: str, ips: dict[str, str],
     return programs
 
 
-def submit(structure: FlowerStructure, workdir: str) -> Program:
+def submit(structure: FlowerStructure, workdir: str, run_id: str) -> Program:
     """``flwr run`` of the app in the SuperLink's node, streaming the run's log until it ends."""
     argv = ["flwr", "run", structure.app, CONNECTION, "--stream"]
     if structure.run_config:
         argv += ["--run-config", config_pairs(structure.run_config)]
-    env = {"FLWR_HOME": flwr_home(workdir, structure.superlink), "PYTHONUNBUFFERED": "1"}  # lines as they come
+    env = {"FLWR_HOME": flwr_home(workdir, structure.superlink, run_id), "PYTHONUNBUFFERED": "1"}  # lines as they come
     return Program(structure.superlink, "run", tuple(argv), env)

@@ -137,14 +137,14 @@ def _structure(**kw) -> FlowerStructure:
 
 def test_the_plan_puts_homes_in_node_directories_and_runs_supernodes_with_process_isolation():
     ips = {"n1": "10.1.0.2", "n2": "10.1.0.3", "n3": "10.1.0.4"}
-    progs = plan.servers(_structure(node_config={"n3": {"num-partitions": 5, "name": 'a "b"'}}), "/w", ips,
+    progs = plan.servers(_structure(node_config={"n3": {"num-partitions": 5, "name": 'a "b"'}}), "/w", "r1", ips,
                          {"n2": "/w/dataset/digits/n2.npz"})
     assert [(p.node, p.name) for p in progs] == [("n1", "superlink"), ("n2", "supernode"), ("n2", "superexec"),
                                                  ("n3", "supernode"), ("n3", "superexec")]
     sl = progs[0]
-    assert sl.env == {"FLWR_HOME": "/w/dml_file/node/n1/flwr_home"}
+    assert sl.env == {"FLWR_HOME": "/w/dml_file/node/n1/flwr_home-r1"}
     assert "--disable-runtime-dependency-installation" in sl.argv
-    assert sl.argv[sl.argv.index("--database") + 1] == "/w/dml_file/node/n1/flwr_home/superlink.db"
+    assert sl.argv[sl.argv.index("--database") + 1] == "/w/dml_file/node/n1/flwr_home-r1/superlink.db"
     assert sl.argv[sl.argv.index("--host") + 1] == "10.1.0.2"
     n2, n3 = progs[1].argv, progs[3].argv
     assert n2[n2.index("--isolation") + 1] == "process" and n2[n2.index("--superlink") + 1] == "10.1.0.2:9092"
@@ -154,10 +154,10 @@ def test_the_plan_puts_homes_in_node_directories_and_runs_supernodes_with_proces
 
 
 def test_the_app_is_submitted_with_flower_s_cli_and_its_config_names_the_superlink():
-    run = plan.submit(_structure(run_config={"num-server-rounds": 3, "fast": True}), "/w")
+    run = plan.submit(_structure(run_config={"num-server-rounds": 3, "fast": True}), "/w", "r1")
     assert run.argv == ("flwr", "run", "/x/app", plan.CONNECTION, "--stream", "--run-config",
                         "fast=true num-server-rounds=3")
-    assert run.env["FLWR_HOME"] == "/w/dml_file/node/n1/flwr_home"
+    assert run.env["FLWR_HOME"] == "/w/dml_file/node/n1/flwr_home-r1"
     assert 'address = "10.1.0.2:9092"\ninsecure = true' in plan.cli_config("10.1.0.2")
 
 
