@@ -265,6 +265,9 @@ def from_run_dir(run_dir: str) -> Setting:
     algorithm = run.get("algorithm") if isinstance(run, dict) else None
     if not isinstance(algorithm, str):
         raise ConfigError(f"{os.path.join(run_dir, 'run.json')}: field 'algorithm': expected a name like 'ring'")
+    if algorithm == "flower":
+        raise ConfigError(f"{run_dir}: a Flower run (flwr_run.py): its learning is the app's own, which edgetb "
+                          "predict does not model; it predicts the built-in algorithms' runs")
     confs_path = os.path.join(run_dir, "confs.json")
     confs = _read_json(confs_path)
     if not isinstance(confs, dict) or not all(isinstance(c, dict) and isinstance(c.get("structure"), dict)

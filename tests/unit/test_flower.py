@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 
 import pytest
 
@@ -191,3 +190,11 @@ def test_a_record_outside_a_round_or_that_cannot_be_read_adds_nothing():
     reader = metrics.RoundReader().feed_all(lines)
     assert reader.rounds == {1: {"train": {}}}
     assert metrics.rows(reader, "r", "n")[0] == metrics.BASE_COLUMNS
+
+
+def test_edgetb_predict_refuses_a_flower_run_folder(tmp_path):
+    from controller.predict.setting import from_run_dir
+
+    (tmp_path / "run.json").write_text(json.dumps({"algorithm": "flower"}))
+    with pytest.raises(ConfigError, match="a Flower run .flwr_run.py.: its learning is the app's own"):
+        from_run_dir(str(tmp_path))
