@@ -15,7 +15,7 @@ Identity (``dml_app.runtime.auth``): the node's own secret comes in its environm
 (``EDGETB_NODE_SECRET``); only the controller's calls signed with a key derived
 from it reach the conf, prepare, start, stop and log routes, and the node signs
 its ``/print`` and ``/log`` calls with another. The structure conf brings pair keys
-for the peers it exchanges messages with; a role route takes a message only when
+for the peers it exchanges messages with, sealed with its own secret; a role route takes a message only when
 signed by one of them. Only ``/health`` is public.
 """
 from __future__ import annotations
@@ -128,14 +128,16 @@ class NodeService:
             raise HttpError(400, "bad_conf", f"unknown role {conf['role']!r}; known: {', '.join(ROLES)}")
         if self.state != "waiting":
             raise HttpError(409, "running", f"the node is already {self.state}")
-        peer_keys = conf.pop("peer_keys", {})
-        if not isinstance(peer_keys, dict):
-            raise HttpError(400, "bad_conf", "peer_keys must map peers to hex keys")
+        if "peer_keys" in conf:
+            raise HttpError(400, "bad_conf", "peer_keys: pair keys arrive sealed (sealed_peer_keys), never in clear")
+        sealed = conf.pop("sealed_peer_keys", {})
+        if not isinstance(sealed, dict):
+            raise HttpError(400, "bad_conf", "sealed_peer_keys must map peers to hex keys")
         assert self.keys is not None  # (the router lets no controller call through without keys)
         try:
-            self.keys.set_peer_keys(peer_keys)
+            self.keys.open_peer_keys(sealed)
         except ValueError as e:
-            raise HttpError(400, "bad_conf", f"peer_keys: {e}") from None
+            raise HttpError(400, "bad_conf", f"sealed_peer_keys: {e}") from None
         try:
             role = role_class(conf, self.workdir)
         except ValueError as e:

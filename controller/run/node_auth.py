@@ -5,7 +5,8 @@ its environment, never on a command line), signs the controller's calls to a
 node with a key only that node can check, tells which node signed a ``/print``
 or ``/log`` call (the name is the one whose key verifies, whatever the message
 says), and completes the structure confs it pushes: the pair keys of the nodes
-each one exchanges messages with, and for an FL aggregator the sample count of
+each one exchanges messages with, sealed with the receiving node's own secret (a conf may cross
+a LAN in plain HTTP; the secret only ever travels in an agent's pinned channel or locally), and for an FL aggregator the sample count of
 every trainer from the trainers' dataset confs.
 """
 from __future__ import annotations
@@ -50,16 +51,17 @@ class RunKeys:
 
     def complete_structure_confs(self, confs: dict[str, dict[str, Any]],
                                  dataset_conf: Callable[[str], Mapping[str, Any]]) -> None:
-        """Add ``peer_keys`` to every conf (the pairs of ``talking_pairs``); to an FL
+        """Add ``sealed_peer_keys`` to every conf (the pairs of ``talking_pairs``, each key sealed
+        for the receiving node: ``auth.seal_pair_key``); to an FL
         aggregator's, ``trainer_samples`` (``train_samples`` of each trainer's dataset conf,
         read through ``dataset_conf(name)``); to each E-tree position, ``child_samples``
         (the most samples a child's subtree holds: what the child may claim at most)."""
         keys: dict[str, dict[str, str]] = {name: {} for name in confs}
         for a, b in talking_pairs(confs):
-            key = self.pair_key(a, b).hex()
+            key = self.pair_key(a, b)
             for me, peer in ((a, b), (b, a)):
                 if me in keys:
-                    keys[me][peer] = key
+                    keys[me][peer] = auth.seal_pair_key(self.node_secret(me), peer, key)
         counted: dict[str, int] = {}  # a leaf counts under every ancestor: read its conf once
 
         def train_samples(node: str) -> int:
@@ -84,7 +86,8 @@ class RunKeys:
             return sum(subtree(child, layer - 1, depth + 1) for child in pos.get("children", []))
 
         for name, conf in confs.items():
-            conf["peer_keys"] = keys[name]
+            conf.pop("peer_keys", None)  # never in clear, whatever a conf file held
+            conf["sealed_peer_keys"] = keys[name]
             if conf.get("role") == "fl_aggregator":
                 conf["trainer_samples"] = {t: train_samples(t) for t in conf.get("trainers", [])}
             for pos in conf.get("positions", []) if conf.get("role") == "etree" else []:

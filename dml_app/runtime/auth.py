@@ -8,7 +8,10 @@ The controller holds a run secret. Every key is a keyed BLAKE2b-256 hash
 - from it, one key per direction with the controller:
   ``H(node secret, "node->controller")`` and ``H(node secret, "controller->node")``;
 - a pair key for two nodes that exchange messages: ``H(run secret, "pair" | a | b)``
-  with the names sorted, pushed in each node's structure conf (``peer_keys``).
+  with the names sorted, pushed in each node's structure conf sealed (``sealed_peer_keys``):
+  XOR ``H(node secret, "pair seal" | peer)``, so only that node opens it, with the secret that
+  reached it when it started (through an agent's pinned HTTPS channel, or locally), never in
+  clear on a network, whichever way the conf travels.
 
 A signed request carries a sender name, a timestamp, a nonce and a MAC over
 (method, target, destination, sender, timestamp, nonce, BLAKE2b of the body).
@@ -72,6 +75,17 @@ def pair_key(run_secret: bytes, a: str, b: str) -> bytes:
         raise ValueError(f"no pair key of a node with itself ({a})")
     low, high = sorted((a, b))
     return _h(run_secret, "edgetb pair", low, high)
+
+
+def _seal_pad(secret: bytes, peer: str) -> bytes:
+    return _h(secret, "edgetb pair seal", peer)
+
+
+def seal_pair_key(secret: bytes, peer: str, key: bytes) -> str:
+    """``key`` (shared with ``peer``) sealed for the node whose own secret is ``secret``: hex."""
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"a pair key has {KEY_BYTES} bytes")
+    return bytes(a ^ b for a, b in zip(key, _seal_pad(secret, peer))).hex()
 
 
 def body_hash(body: bytes) -> bytes:
@@ -157,6 +171,7 @@ class NodeKeys:
         if len(secret) < 16:
             raise ValueError("a node secret needs at least 16 bytes")
         self.name = name
+        self._secret = secret
         self.to_controller = to_controller_key(secret)
         self.from_controller = from_controller_key(secret)
         self.peers: dict[str, bytes] = dict(peer_keys or {})
@@ -173,8 +188,22 @@ class NodeKeys:
         except ValueError as e:
             raise ValueError(f"{SECRET_ENV} is not a valid node secret: {e}") from None
 
+    def open_peer_keys(self, sealed: Mapping[str, str]) -> None:
+        """``sealed_peer_keys`` of a structure conf: ``{peer: hex of seal_pair_key}``, opened
+        with this node's own secret."""
+        keys = {}
+        for peer, value in sealed.items():
+            try:
+                box = bytes.fromhex(str(value))
+            except ValueError:
+                raise ValueError(f"the key for {str(peer)[:40]!r} is not hex") from None
+            if len(box) != KEY_BYTES:
+                raise ValueError(f"the key for {str(peer)[:40]!r} is not {KEY_BYTES} bytes")
+            keys[str(peer)] = bytes(a ^ b for a, b in zip(box, _seal_pad(self._secret, str(peer)))).hex()
+        self.set_peer_keys(keys)
+
     def set_peer_keys(self, keys: Mapping[str, str]) -> None:
-        """``peer_keys`` of a structure conf: ``{peer: hex key}``."""
+        """The keys shared with peers, in clear: ``{peer: hex key}`` (``open_peer_keys``, tests)."""
         parsed = {}
         for peer, value in keys.items():
             key = bytes.fromhex(str(value))

@@ -163,10 +163,23 @@ def test_talking_pairs_and_completed_confs():
     assert talking_pairs(confs) == {("agg", "t1"), ("agg", "r"), ("agg", "t2"), ("r", "t2")}
     keys = RunKeys(RUN)
     keys.complete_structure_confs(confs, lambda n: {"train_samples": {"t1": 100, "t2": 50}[n]})
-    assert sorted(confs["agg"]["peer_keys"]) == ["r", "t1", "t2"]
-    assert sorted(confs["t2"]["peer_keys"]) == ["agg", "r"]
-    assert confs["lone"]["peer_keys"] == {}
-    assert confs["agg"]["peer_keys"]["t2"] == confs["t2"]["peer_keys"]["agg"] == keys.pair_key("agg", "t2").hex()
+    assert sorted(confs["agg"]["sealed_peer_keys"]) == ["r", "t1", "t2"]
+    assert sorted(confs["t2"]["sealed_peer_keys"]) == ["agg", "r"]
+    assert confs["lone"]["sealed_peer_keys"] == {} and "peer_keys" not in confs["agg"]
+    # sealed for each end: neither holds the key in clear, each opens it with its own secret
+    clear = keys.pair_key("agg", "t2").hex()
+    assert clear not in (confs["agg"]["sealed_peer_keys"]["t2"], confs["t2"]["sealed_peer_keys"]["agg"])
+    opened = {}
+    for me, peer in (("agg", "t2"), ("t2", "agg")):
+        node = auth.NodeKeys(me, keys.node_secret(me))
+        node.open_peer_keys(confs[me]["sealed_peer_keys"])
+        opened[me] = node.peers[peer].hex()
+    assert opened == {"agg": clear, "t2": clear}
+    wrong = auth.NodeKeys("t1", keys.node_secret("t1"))  # another node's secret opens nothing useful
+    wrong.open_peer_keys({"t2": confs["agg"]["sealed_peer_keys"]["t2"]})
+    assert wrong.peers["t2"].hex() != clear
+    with pytest.raises(ValueError, match="not 32 bytes"):
+        wrong.open_peer_keys({"t2": "00" * 8})
     assert confs["agg"]["trainer_samples"] == {"t1": 100, "t2": 50}
     with pytest.raises(ConfigError, match="train_samples"):
         keys.complete_structure_confs(confs, lambda n: {})
