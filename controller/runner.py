@@ -47,7 +47,8 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
     p.add_argument("-d", "--dataset", default=dataset_default)
     p.add_argument("--port", type=int, default=3333, help="controller port (default 3333)")
     p.add_argument("--admin-token-file", metavar="FILE",
-                   help="the controller's admin token (mode 0600): with it, any caller may change the testbed "
+                   help="the controller's admin token (mode 0600): with it, any local caller may change the "
+                        "testbed; taken on loopback only (from another machine: an SSH tunnel) "
                         "(default: none; loopback callers who are root or the sudo user may)")
     p.add_argument("--listen", action="append", default=[], metavar="ADDRESS",
                    help="also serve the controller on this address of the host (repeatable; by default "
