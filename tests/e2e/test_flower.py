@@ -119,3 +119,18 @@ def test_an_app_without_tool_flwr_app_is_refused(tmp_path):
     (workdir / "app" / "pyproject.toml").write_text('[project]\nname = "x"\n')
     done = flwr_run(workdir, "--auto", timeout_s=120)
     assert done.returncode == 2 and "no [tool.flwr.app] table" in done.stderr, done.stdout + done.stderr
+
+
+def test_a_server_app_that_fails_ends_the_run_failed_with_its_folder_written_and_nothing_left(tmp_path):
+    workdir = experiment(tmp_path)
+    server = workdir / "app" / "numpy_app" / "server_app.py"
+    server.write_text(server.read_text().replace("    strategy = FedAvg(", "    raise RuntimeError('broken on purpose')\n"
+                                                 "    strategy = FedAvg("))
+    done = flwr_run(workdir, "--auto", "--timeout", "240")
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = run_folder(workdir)
+    record = json.loads((out / "run.json").read_text())
+    assert record["ended"] == "failed" and record["rounds"] == 0, record
+    assert "broken on purpose" in (out / "flower" / "n1-run.log").read_text()
+    assert (out / "metrics.csv").read_text().startswith("run_id,algorithm,node,round,time_s")
+    assert processes_of(set(record["flower"]["uids"].values())) == []
