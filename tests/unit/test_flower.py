@@ -198,3 +198,20 @@ def test_edgetb_predict_refuses_a_flower_run_folder(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"algorithm": "flower"}))
     with pytest.raises(ConfigError, match="a Flower run .flwr_run.py.: its learning is the app's own"):
         from_run_dir(str(tmp_path))
+
+
+def test_check_validates_a_flower_experiment_and_makes_nothing(tmp_path, capsys):
+    from controller.model.spec import RunOptions
+    from controller.runner import run
+
+    path, workdir = _experiment(tmp_path)
+    (tmp_path / "links.json").write_text(json.dumps({"n1": [{"dest": "n2", "bw": "10mbit"}],
+                                                     "n2": [{"dest": "n1", "bw": "10mbit"}], "n3": []}))
+    options = RunOptions(algorithm="flower", workdir=workdir, structure="flwr_structure.json", dataset="", check=True)
+    assert run(options) == 0
+    out = capsys.readouterr().out
+    assert "check passed" in out and "app tiny-app, SuperLink n1, 2 SuperNodes, 2 links" in out
+    assert not (tmp_path / "dml_file" / "log").exists()
+    (tmp_path / "app" / "pyproject.toml").unlink()
+    assert run(options) == 2
+    assert "pyproject.toml does not exist" in capsys.readouterr().err
