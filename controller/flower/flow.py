@@ -52,8 +52,12 @@ def prepare(options: RunOptions) -> FlowerSpec:
                           "--runtime docker are not supported for Flower runs yet")
     if o.scenario:
         raise ConfigError("flwr_run.py: --scenario is not supported for Flower runs yet")
-    declared = load_nodes(path(o.nodes)) if o.nodes else None
-    topology = load_links(path(o.links), declared, nodes_declared=declared is not None)
+    topology = o.topology
+    if topology is None:
+        from controller.calibration import host_kernel_s
+
+        declared = load_nodes(path(o.nodes), host_kernel_s) if o.nodes else None
+        topology = load_links(path(o.links), declared, nodes_declared=declared is not None)
     structure = load_structure(path(o.structure), topology, o.workdir)
     node_pythons(structure, topology)
     shards: dict[str, str] = {}
