@@ -56,7 +56,7 @@ CONTROLLER_ROOMS: dict[str, tuple[str, ...]] = {
     "telemetry": ("model", "results", "workers"),  # samples pulled from the workers into the record
     "run": ("model", "results", "telemetry", "workers"),
     "web": ("model", "results", "run", "telemetry", "workers"),
-    "flower": ("model", "calibration", "confs", "results", "run", "telemetry", "workers"),  # a Flower app's run (flwr_run.py)
+    "flower": ("model", "calibration", "confs", "results", "run", "telemetry", "workers"),  # flwr_run.py
 }
 CONTROLLER_ENTRY_POINTS = ("cli", "runner", "sweep", "testbed", "swarm_check", "bootstrap", "__main__")  # import any room
 
