@@ -6,8 +6,8 @@ node with a key only that node can check, tells which node signed a ``/print``
 or ``/log`` call (the name is the one whose key verifies, whatever the message
 says), and completes the structure confs it pushes: the pair keys of the nodes
 each one exchanges messages with, sealed with the receiving node's own secret (a conf may cross
-a LAN in plain HTTP; the secret only ever travels in an agent's pinned channel or locally), and for an FL aggregator the sample count of
-every trainer from the trainers' dataset confs.
+a LAN in plain HTTP; the secret only ever travels in an agent's pinned channel or locally), and
+for an FL aggregator the sample count of every trainer from the trainers' dataset confs.
 """
 from __future__ import annotations
 
