@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import numpy as np
@@ -38,6 +40,7 @@ from dml_app.wire import weights as wire
 from worker.api.errors import ConfigError
 
 MAX_WEIGHTS_BYTES = 256 * 1024 * 1024  # a final model larger than this is refused
+FINAL_THREADS = 8  # final models read, evaluated and written at once (a thousand nodes finish together)
 
 
 class ModelFileError(ConfigError):
@@ -119,12 +122,20 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
     a Keras or user model (code the controller does not run as root) in the probe sandbox."""
     write = write or local_writer(run_dir)
     test_sets: dict[tuple[str, tuple[int, ...], int], Any] = {}
+    loading = threading.Lock()
     out: dict[str, dict[str, Any]] = {}
     # a Keras or user model's nodes, by their model, shape, classes and test set (as JSON): their arrays
     elsewhere: dict[str, list[tuple[str, list[np.ndarray], list[Optional[str]], dict[str, str]]]] = {}
-    for node in sorted(structure):
-        entry: dict[str, Any] = {"global_accuracy": None, "global_loss": None, "model": None, "error": None}
-        out[node] = entry
+
+    def test_set(key: tuple[str, tuple[int, ...], int]) -> Any:
+        with loading:  # (read once, whichever thread asks first)
+            if key not in test_sets:
+                test_sets[key] = _global_set(workdir, *key)
+            return test_sets[key]
+
+    def one(node: str) -> Optional[tuple[str, tuple[str, list[np.ndarray], list[Optional[str]], dict[str, str]]]]:
+        """Node ``node``'s model evaluated and saved here (numpy built-ins), or what the sandbox is to do."""
+        entry = out[node]
         try:
             arrays, layer_names = read_weights(workdir, node, run_id, max_bytes, (uids or {}).get(node))
             if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
@@ -144,8 +155,7 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
                     "model": json.dumps(recorded), "input_shape": json.dumps(list(input_shape))}
             if model_conf.get("module") or kind_of(model_conf) != "numpy":  # checked and evaluated in the sandbox
                 key = json.dumps([model_conf, input_shape, n_classes, str(dconf.get("global_test") or "")])
-                elsewhere.setdefault(key, []).append((node, arrays, layer_names, meta))
-                continue
+                return key, (node, arrays, layer_names, meta)
             model = make_model(model_conf, input_shape, n_classes)
             try:
                 model.set_weights(arrays)
@@ -157,16 +167,22 @@ def final_models(workdir: str, run_dir: str, run_id: str, structure: dict[str, d
             write(relative, safetensors_bytes(arrays, meta, layer_names))
             entry["model"] = os.path.join(run_dir, relative)
             if dconf.get("global_test"):
-                key2 = (str(dconf["global_test"]), input_shape, n_classes)
-                if key2 not in test_sets:
-                    test_sets[key2] = _global_set(workdir, *key2)
-                x, y = test_sets[key2]
+                x, y = test_set((str(dconf["global_test"]), input_shape, n_classes))
                 loss, accuracy = model.evaluate(x, y)
                 entry["global_loss"], entry["global_accuracy"] = round(float(loss), 6), round(float(accuracy), 6)
         except (ModelFileError, ValueError, ConfigError) as e:
             entry["error"] = str(e) if not isinstance(e, ConfigError) else e.message
         except Exception as e:  # noqa: BLE001 - one node's file never stops the others' models
             entry["error"] = f"{node}: {type(e).__name__}: {e}"
+        return None
+
+    nodes = sorted(structure)
+    for node in nodes:
+        out[node] = {"global_accuracy": None, "global_loss": None, "model": None, "error": None}
+    with ThreadPoolExecutor(max_workers=FINAL_THREADS) as pool:  # reading, evaluating, fsync: overlapped
+        for found in pool.map(one, nodes):
+            if found is not None:
+                elsewhere.setdefault(found[0], []).append(found[1])
     for key, nodes in elsewhere.items():
         model_conf, input_shape, n_classes, test = json.loads(key)
         try:

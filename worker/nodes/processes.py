@@ -202,8 +202,8 @@ class Processes:
     # watching and stopping ----------------------------------------------------------------------
     def processes(self) -> list[dict[str, Any]]:
         """Every recorded process, with whether it runs and its exit code."""
-        self.book.flush()
-        return [{**rec, **self.process_state(rec)} for rec in self.store.read()["processes"].values()]
+        self.book.flush()  # (the state parsed again only when it changed: a run's watch asks every second)
+        return [{**rec, **self.process_state(rec)} for rec in self.store.snapshot()["processes"].values()]
 
     def process_state(self, rec: dict[str, Any]) -> dict[str, Any]:
         """Whether the recorded process runs (a child of this worker, or the same process as
