@@ -117,6 +117,16 @@ def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", r
     nodes = {r["node"] for r in rows}
     mode = plot_mode(len(nodes))
     written = []
+
+    def save(fig: Any, name: str) -> None:
+        """The figure as ``name`` (a PNG) in the run folder, closed."""
+        fig.tight_layout()
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
+        plt.close(fig)
+        write(name, png.getvalue())
+        written.append(os.path.join(run_dir, name))
+
     for metric, key in (("accuracy", acc_key), ("loss", loss_key)):
         for x_key, x_label, suffix in (("round", "round", "round"), ("time_s", "time (s)", "time")):
             title = f"{algorithm or 'run'} · {run_id}: {metric} ({scope}) vs {x_label}"
@@ -147,25 +157,14 @@ def write_plots(run_dir: str, rows: list[dict[str, Any]], algorithm: str = "", r
                 _finish_axes(ax, x_label, metric, x_key == "round", legend=True)
                 if events and x_key == "time_s":
                     _mark_events(ax, events)
-            name = f"{metric}_vs_{suffix}.png"
-            fig.tight_layout()
-            png = io.BytesIO()
-            fig.savefig(png, format="png", dpi=100)
-            plt.close(fig)
-            write(name, png.getvalue())
-            written.append(os.path.join(run_dir, name))
+            save(fig, f"{metric}_vs_{suffix}.png")
     spent = _energy_rows(rows)
     if spent:  # device nodes: accuracy against the energy they spent so far
         fig, ax = plt.subplots(figsize=(8, 5))
         _draw(ax, spent, "energy_sum_j", acc_key)
         ax.set_title(f"{algorithm or 'run'} · {run_id}: accuracy ({scope}) vs modelled energy", fontsize="medium")
         _finish_axes(ax, "energy since the start (J, modelled)", "accuracy", False, legend=True)
-        fig.tight_layout()
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=100)
-        plt.close(fig)
-        write(ENERGY_PLOT, png.getvalue())
-        written.append(os.path.join(run_dir, ENERGY_PLOT))
+        save(fig, ENERGY_PLOT)
     return {"plots": written, "mode": mode}
 
 
