@@ -16,6 +16,7 @@ from controller.model.hosts import Hosts
 from controller.model.scenario import Timeline
 from controller.model.telemetry_conf import TelemetryConf
 from controller.model.topology import Topology
+from controller.model.traces import trace_inputs
 from worker.api.protocol import DEFAULT_SUBNET
 
 INPUT_ROLES = ("links", "nodes", "structure", "dataset", "hosts", "scenario")  # the files a run reads
@@ -78,5 +79,9 @@ class RunSpec:
 
     @property
     def inputs(self) -> dict[str, str]:
-        """The files this run reads (``RunOptions.inputs``), and the user's code as ``user:<path>``."""
-        return {**self.options.inputs, **{f"{USER_INPUT}{rel}": p for rel, p in self.user_files.items()}}
+        """The files this run reads (``RunOptions.inputs``), the recordings its links and scenario
+        replay and the user's code, these two as ``user:<path>``."""
+        replays = [*self.topology.traces.values(), *self.topology.access_traces.values(),
+                   *(s.params["replay"] for s in (self.timeline.steps if self.timeline else []) if s.kind == "trace")]
+        return {**self.options.inputs, **trace_inputs(replays, self.options.workdir),
+                **{f"{USER_INPUT}{rel}": p for rel, p in self.user_files.items()}}

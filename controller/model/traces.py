@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -334,3 +334,21 @@ class TraceFiles:
     @property
     def files_read(self) -> int:
         return len(self._read)
+
+
+TRACE_INPUT = "user:"  # (``controller.model.spec.USER_INPUT``): copied into inputs/ under its relative path
+
+
+def trace_inputs(replays: Iterable[Replay], workdir: str) -> dict[str, str]:
+    """The recordings ``replays`` read, as a run's inputs (role -> path): each under its path
+    relative to ``workdir`` (``inputs/traces/bus.down``), or ``traces/<name>`` when it lies
+    outside it; each file once."""
+    root = os.path.realpath(workdir)
+    out: dict[str, str] = {}
+    for replay in replays:
+        path = replay.trace.source
+        rel = os.path.relpath(path, root)
+        if rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
+            rel = f"traces/{os.path.basename(path)}"
+        out[f"{TRACE_INPUT}{rel}"] = path
+    return out

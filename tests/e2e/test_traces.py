@@ -1,6 +1,7 @@
 """A run whose links.json replays a recorded trace: the rates change bin by bin from /start,
-each tick in trace_ticks.csv, the configured rate over time in telemetry/rates.csv.gz; a
-scenario link event ends the trace on its link; a bad trace refused before anything starts."""
+each tick in trace_ticks.csv, the configured rate over time in telemetry/rates.csv.gz, the
+recording copied into inputs/; a scenario link event ends the trace on its link; a bad trace
+refused before anything starts."""
 from __future__ import annotations
 
 import csv
@@ -43,6 +44,7 @@ def test_links_json_trace_replays_from_start_and_a_link_event_ends_it(run):
     assert r.get("/start").ok
     status = r.wait_phase("finished", timeout_s=240)
     run_dir = Path(status["run_dir"])
+    assert (run_dir / "inputs" / "traces" / "walk.csv").read_text() == TRACE  # the recording beside links.json
     ticks = list(csv.DictReader((run_dir / "trace_ticks.csv").open()))
     assert len(ticks) >= 20 and all(t["outcome"] == "applied" for t in ticks), ticks[:5]
     assert sorted(float(t["skew_ms"]) for t in ticks)[len(ticks) // 2] < 100  # (bench_traces measures skew)

@@ -88,3 +88,17 @@ def test_an_unreadable_trace_or_a_bad_bin_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="three different numbers"):
         throughput_format(1, 1, 2)
     assert set(FORMATS) == {"mahimahi", "hsdpa", "ghent4g", "csv"}
+
+
+def test_the_recordings_a_run_replays_are_its_inputs_under_their_relative_paths(tmp_path):
+    from controller.model.traces import Replay, trace_inputs
+
+    work, other = tmp_path / "exp", tmp_path / "elsewhere"
+    (work / "traces").mkdir(parents=True)
+    other.mkdir()
+    inside = read_trace(write(work / "traces", "bus.down", "0\n5\n"), "mahimahi")
+    outside = read_trace(write(other, "lte.csv", "0,1mbit\n"), "csv")
+    replays = [Replay(inside, "traces/bus.down", "mahimahi"), Replay(inside, "traces/bus.down", "mahimahi", offset_s=1),
+               Replay(outside, "../elsewhere/lte.csv", "csv")]
+    assert trace_inputs(replays, str(work)) == {"user:traces/bus.down": str(work / "traces" / "bus.down"),
+                                                "user:traces/lte.csv": str(other / "lte.csv")}
