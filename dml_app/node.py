@@ -64,6 +64,7 @@ if __name__ == "__main__" and sys.modules.get("ssl", 0) is None:
 
 DEFAULT_PORT = 4444
 CONF_BODY_BYTES = 4 * 1024 * 1024  # a structure conf lists peers, their addresses and keys
+MAX_START_DELAY_S = 60.0  # the longest a /start may defer the role's start
 
 
 def digest(weights: list[np.ndarray]) -> str:
@@ -190,15 +191,18 @@ class NodeService:
         return ok({"state": self.state})
 
     def start(self, req: Request) -> Response:
+        """Start the role, ``start_in_s`` (in the body; default 0) after this call: the controller
+        starts every node at one moment, not one after another while the first ones already work."""
         if self.state not in ("waiting", "prepared"):
             return ok({"state": self.state})
+        body = req.json() if req.body else {}
+        delay_s = body.get("start_in_s", 0) if isinstance(body, dict) else None
+        if not isinstance(delay_s, (int, float)) or isinstance(delay_s, bool) or not 0 <= delay_s <= MAX_START_DELAY_S:
+            raise HttpError(400, "bad_start", f"start_in_s must be a number of seconds from 0 to {MAX_START_DELAY_S:g}")
         self.prepare(req)
         assert self.role is not None
         self.state = "running"
-        data = self.role.ctx.data
-        self.events.write("started", role=self.role.name, train_samples=int(len(data[1])), test_samples=int(len(data[3])),
-                          initial_weights_crc32=self.initial_weights)
-        gevent.spawn(self._run)
+        gevent.spawn(self._run, float(delay_s))
         return ok({"state": self.state})
 
     def log(self, req: Request) -> Response:
@@ -211,8 +215,12 @@ class NodeService:
         return ok()
 
     # running --------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, delay_s: float = 0.0) -> None:
         assert self.role is not None
+        gevent.sleep(delay_s)
+        data = self.role.ctx.data
+        self.events.write("started", role=self.role.name, train_samples=int(len(data[1])), test_samples=int(len(data[3])),
+                          initial_weights_crc32=self.initial_weights)
         try:
             result = self.role.run()
             self.save_weights()

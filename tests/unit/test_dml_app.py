@@ -2,6 +2,7 @@
 import json
 import os
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -400,3 +401,41 @@ def test_the_compute_thread_runs_off_the_event_loop_and_in_order():
     assert len(ticks) == 10  # the loop went on while the calls held their thread
     ticker.join()
     assert [i for i, _ in ran] == [1, 2] and {t for _, t in ran} != {threading.get_ident()}
+
+
+def test_every_role_is_told_to_start_at_one_moment(tmp_path, monkeypatch):
+    from controller.run.experiment import MAX_START_SPREAD_S, start_spread_s
+
+    assert start_spread_s(0.0) > 0 and start_spread_s(2.0) > 2.0 and start_spread_s(1e6) == MAX_START_SPREAD_S
+    exp, _, _ = _experiment(tmp_path, monkeypatch)
+    exp.phase = "ready"
+    for name in exp.nodes:
+        exp.nodes[name].state, exp.nodes[name].dataset_conf, exp.nodes[name].structure_conf = "up", True, True
+    exp._pass_s = 1.0  # a pass of light calls to every node took a second
+    calls = []
+
+    def post(name, path, body):
+        calls.append((time.monotonic(), path, body))
+        time.sleep(0.1)
+        return {}
+    monkeypatch.setattr(exp.nodes, "post", post)
+    monkeypatch.setattr(exp.recording, "start_captures", lambda: None)
+    monkeypatch.setattr(exp.recording, "start_telemetry", lambda out, rates: None)
+    monkeypatch.setattr(exp, "watch", lambda: None)
+    exp.start()
+    starts = [(t + body["start_in_s"]) for t, path, body in calls if path == "/start"]
+    assert len(starts) == 2 and all(0 < body["start_in_s"] <= start_spread_s(1.0)
+                                    for _, path, body in calls if path == "/start")
+    assert max(starts) - min(starts) < 0.05  # the same moment, whenever each call went
+
+
+@pytest.mark.parametrize("delay", [-1, 61, True, "1", None])
+def test_a_node_refuses_a_start_delay_out_of_bounds(tmp_path, delay):
+    from dml_app.node import NodeService
+    from dml_app.runtime.http import Request
+
+    node = NodeService("n1", "http://c", "r1", str(tmp_path), 4444)
+    body = json.dumps({"start_in_s": delay}).encode()
+    with pytest.raises(HttpError, match="start_in_s"):
+        node.start(Request("POST", "/start", {}, body, "application/json"))
+    assert node.state == "waiting"
