@@ -1,6 +1,7 @@
 """The ``edgetb`` command: bring a network up, look at it, run commands in it, take it down.
 
     edgetb up links.json [--nodes nodes.json] [--runtime netns|docker] [--dry-run] [--open-network]
+              [--replay-s S | --no-replay]   (links that replay a recording: in the foreground)
     edgetb status [--json]
     edgetb exec [--detach] [--env K=V]... [--as-root] NODE -- CMD [ARG ...]
     edgetb ps [NODE] [--json]
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -40,7 +42,9 @@ import time
 from typing import Any, Callable, Optional
 
 from controller.model.topology import Topology, access_rate, load_links, load_nodes
+from controller.model.traces import replay_lines
 from controller.calibration import host_kernel_s
+from controller.run.trace_replay import replay_in_foreground, traced_links
 from controller.workers import deploy
 from controller.workers.api import Worker
 from controller.workers.connect import connect, reset_stale
@@ -75,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--open-network", action="store_true",
                     help="let nodes that no link joins reach each other unshaped, as EdgeTB does "
                          "(default: no link, no path)")
+    up.add_argument("--replay-s", type=float, default=None, metavar="SECONDS",
+                    help="links that replay a recorded trace: replay for this long, then return (default: until "
+                         "Ctrl-C, or until every recording that does not loop has ended)")
+    up.add_argument("--no-replay", action="store_true",
+                    help="return once the nodes are up: traced links keep their recording's first rate")
 
     st = sub.add_parser("status", help="list nodes, addresses, limits and shaping")
     st.add_argument("--json", action="store_true", help="print the status as JSON")
@@ -302,7 +311,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         space = None if args.open_network else deploy.node_space(topology, ips, [args.subnet])
         for src, plan in deploy.plans(topology, ips, space).items():
             print("\n".join(render(plan, f"etb-{args.id}-{src}")))
+        for link in traced_links(topology):
+            arrow = f"{link.src}->{link.dst}" if link.side is None else f"{link.src} {link.side}"
+            print(f"# trace {arrow}: {link.replay.describe()}\n#   {replay_lines(link.replay)[0]}")
         return 0
+    if args.replay_s is not None and not (math.isfinite(args.replay_s) and args.replay_s > 0):
+        raise ConfigError(f"--replay-s must be a number of seconds > 0, got {args.replay_s:g}")
     lock = _local_lock(args)
     if lock is None:
         worker = _worker(args)
@@ -327,6 +341,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     _print_status(worker.status())
     _progress(f"up: {len(result['nodes'])} nodes; they stay up until 'edgetb --id {args.id} down'; "
               "try 'edgetb exec NODE -- CMD'")
+    links = traced_links(topology)
+    if links and not args.no_replay:
+        _progress(f"replaying the recordings of {len(links)} links from now "
+                  + (f"for {args.replay_s:g} s" if args.replay_s else "until Ctrl-C")
+                  + ": the nodes stay up after it")
+        replay_in_foreground(worker, links, args.replay_s, _progress)
     return 0
 
 

@@ -83,6 +83,7 @@ class Testbed:
         self.topology = Topology()
         self.emulators: dict[str, dict[str, Any]] = {}
         self._links_loaded = False
+        self._trace_files: Any = None
         self.scenario: Optional[str] = None
 
     def add_emulator(self, name: str, agent: Optional[str] = None, runtime: str = "netns", ip: Optional[str] = None,
@@ -144,13 +145,32 @@ class Testbed:
         load_links(os.path.join(self.workdir, path), self.topology, nodes_declared=True)
         self._links_loaded = True
 
+    def add_link(self, src: str, dst: str, bw: Union[str, int, None] = None, delay: Optional[str] = None,
+                 jitter: Optional[str] = None, loss: Union[str, float, None] = None, queue: Optional[int] = None,
+                 trace: Optional[dict[str, Any]] = None) -> None:
+        """The directed link ``src -> dst`` between declared nodes, with links.json's fields: a
+        constant ``bw`` ('10mbit', or bit/s) or a ``trace`` to replay (links.json's trace object,
+        its file relative to the workdir: ``{"file": "traces/bus.down", "format": "mahimahi"}``)."""
+        from controller.model.topology import links_from_data
+        from controller.model.traces import TraceFiles
+
+        entry = {"dest": dst, "bw": f"{bw}bit" if isinstance(bw, int) and not isinstance(bw, bool) else bw,
+                 "delay": delay, "jitter": jitter, "loss": loss, "queue": queue, "trace": trace}
+        if self._trace_files is None:
+            self._trace_files = TraceFiles(self.workdir)  # (each recording read once, however many links)
+        links_from_data({src: [{k: v for k, v in entry.items() if v is not None}]}, f"Testbed: add_link({src!r}, "
+                        f"{dst!r})", self.topology, nodes_declared=True, traces=self._trace_files)
+
+    def _need_links(self, before: str) -> None:
+        if not self._links_loaded and not self.topology.links:
+            raise ConfigError(f"call load_link() or add_link() before {before}")
+
     def load_scenario(self, path: str = "scenario.json") -> list[str]:
         """Apply the scenario of ``path`` (beside links.json) during the run; it is checked now
         against the declared nodes and links, and its timeline returned as lines (as ``--dry-run``)."""
         from controller.model.scenario import load_scenario
 
-        if not self._links_loaded:
-            raise ConfigError("call load_link() before load_scenario()")
+        self._need_links("load_scenario()")
         timeline = load_scenario(os.path.join(self.workdir, path), self.topology)
         self.scenario = path
         return timeline.render()
@@ -162,8 +182,7 @@ class Testbed:
         from controller.predict import model_file
         from controller.predict.setting import from_files
 
-        if not self._links_loaded:
-            raise ConfigError("call load_link() before predict()")
+        self._need_links("predict()")
         setting = from_files(os.path.join(self.workdir, self.structure), os.path.join(self.workdir, self.dataset),
                              self.topology, self.algorithm, self.workdir,
                              os.path.join(self.workdir, self.scenario) if self.scenario else None)
@@ -190,8 +209,7 @@ class Testbed:
         from controller.model.spec import RunOptions
         from controller.runner import run
 
-        if not self._links_loaded:
-            raise ConfigError("call load_link() before start()")
+        self._need_links("start()")
         period_ms, telemetry, capture = self.telemetry_args
         hosts: Optional[str] = None
         if any("agent" in host for host in self.emulators.values()):

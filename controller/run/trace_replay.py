@@ -218,3 +218,66 @@ class TraceReplay:
         """``trace_ticks.csv`` into the run folder (when anything was replayed)."""
         if self.rows:
             out.write_bytes(TRACE_TICKS_CSV, self.csv_text().encode())
+
+
+def traced_links(topology: Any) -> list[TracedLink]:
+    """The links and access links of ``topology`` (a ``Topology``) that replay a recording."""
+    return ([TracedLink(src, dst, replay) for (src, dst), replay in topology.traces.items()]
+            + [TracedLink(node, "", replay, side=side) for (node, side), replay in topology.access_traces.items()])
+
+
+STOP_AFTER_FAILED_TICKS = 20  # a testbed taken down under the replay: every tick that sends rates fails
+KEEP_ROWS = 100_000  # the ticks a foreground replay keeps (about 3 hours of 100 ms bins)
+
+
+def replay_in_foreground(worker: Any, links: list[TracedLink], seconds: Optional[float] = None,
+                         progress: Callable[[str], None] = print, sleep_s: float = 0.2) -> TraceReplay:
+    """Replay ``links`` from now on a testbed that is up (``edgetb up``) until ``seconds`` pass,
+    every replay reached its end (none looped), ``STOP_AFTER_FAILED_TICKS`` ticks in a row
+    failed (the nodes went away) or Ctrl-C / SIGTERM (a ``KeyboardInterrupt``, taken here as the
+    end); the links keep their last rates. Returns the replay (its ``rows``: the ticks)."""
+    replay = TraceReplay(worker, progress=progress)
+    replay.add(links)
+    replay.start()
+    deadline = math.inf if seconds is None else replay.clock() + seconds
+    why = "the time given"
+    try:
+        while replay.clock() < deadline:
+            if replay.done():
+                why = "every recording replayed to its end"
+                break
+            if (outcome := _failing(replay.rows, STOP_AFTER_FAILED_TICKS)) is not None:
+                why = f"{STOP_AFTER_FAILED_TICKS} ticks in a row failed ({outcome})"
+                break
+            if len(replay.rows) > KEEP_ROWS:  # (a replay of days: the summary is of the last ticks)
+                del replay.rows[:KEEP_ROWS // 2]
+            time.sleep(min(sleep_s, max(0.0, deadline - replay.clock())))
+    except KeyboardInterrupt:
+        why = "interrupted"
+    finally:
+        replay.stop()
+    progress(f"trace replay stopped ({why}) after {replay.now_s():.1f} s: {tick_summary(replay.rows)}; "
+             "the links keep their last rates")
+    return replay
+
+
+def _failing(rows: list[dict[str, Any]], n: int) -> Optional[str]:
+    """The last outcome when the last ``n`` ticks that sent rates all failed, else None."""
+    for row in reversed(rows):
+        if row["changed"]:
+            if row["outcome"] == "applied":
+                return None
+            n -= 1
+            if n == 0:
+                return next(r["outcome"] for r in reversed(rows) if r["changed"])
+    return None
+
+
+def tick_summary(rows: list[dict[str, Any]]) -> str:
+    """Ticks, rates changed, failures and the median skew, for people."""
+    if not rows:
+        return "no tick"
+    skews = sorted(r["skew_ms"] for r in rows)
+    failed = sum(r["outcome"] != "applied" for r in rows)
+    return (f"{len(rows)} ticks, {sum(r['changed'] for r in rows)} rates changed, median skew "
+            f"{skews[len(skews) // 2]:g} ms" + (f", {failed} failed" if failed else ""))

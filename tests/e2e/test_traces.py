@@ -7,14 +7,20 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from controller.results.analysis.table import open_text
 from tests.e2e.harness import ROOT, Run
+from tests.e2e import test_cli
+from tests.e2e.test_cli import netns_of as cli_netns, run as cli_run, write as cli_write
+
+cli = test_cli.cli  # (the fixture: a testbed id of its own, always taken down)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
 
@@ -73,3 +79,39 @@ def test_a_bad_trace_is_refused_naming_file_and_line_before_anything_starts(tmp_
     assert "walk.csv, line 4: time_s goes back" in done.stderr, done.stderr
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"etb-{r.id}-" not in left
+
+
+def test_edgetb_up_replays_traced_links_in_the_foreground_until_stopped(cli, tmp_path):
+    """``edgetb up`` with a traced link changes its HTB class bin by bin while it runs; SIGTERM
+    ends the replay (exit 0, the ticks summed up) and the nodes stay up at their last rate."""
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "walk.csv").write_text(TRACE)
+    links = cli_write(tmp_path, "links.json", {"a": [{"dest": "b", "trace": {"file": "traces/walk.csv", "format": "csv"}}],
+                                               "b": [{"dest": "a", "bw": "10mbit"}]})
+    dry = cli_run(["up", links, "--dry-run"], cli).stdout
+    assert "# trace a->b: traces/walk.csv (csv, 100 ms bins, 3.6 s" in dry and "(Mbit/s): 2.50, 2.50" in dry, dry
+    up = subprocess.Popen([sys.executable, "-m", "controller", "up", links], cwd=ROOT, env=cli, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(set(seen)) < 2:
+            done = cli_run(["shape", "show", "a", "--json"], cli, check=False)
+            if done.returncode == 0:
+                seen.append(json.loads(done.stdout)["kernel"]["classes"]["1:10"]["rate_bps"])
+            time.sleep(0.1)
+        assert set(seen) == {4_000_000, 1_000_000}, seen  # both of the recording's rates, in the kernel
+        up.send_signal(signal.SIGTERM)
+        out, err = up.communicate(timeout=30)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    assert up.returncode == 0, err
+    assert "replaying the recordings of 1 links from now until Ctrl-C" in err, err
+    assert "trace replay stopped (interrupted)" in err and "ticks" in err, err
+    last = json.loads(cli_run(["shape", "show", "a", "--json"], cli).stdout)
+    time.sleep(0.7)  # no tick any more: the rate holds
+    again = json.loads(cli_run(["shape", "show", "a", "--json"], cli).stdout)
+    assert last["kernel"]["classes"]["1:10"] == again["kernel"]["classes"]["1:10"] and again["verified"]
+    assert len(cli_netns(cli)) == 2  # the nodes stay up

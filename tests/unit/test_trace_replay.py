@@ -239,3 +239,54 @@ def test_access_rates_go_in_one_merging_links_update_and_an_access_event_ends_th
     assert worker.access == {"t1": {"uplink_bps": 3 * 10**6, "downlink_bps": 5 * 10**6}}
     assert ("t1", "@uplink") in replayer.last and replayer.last[("t1", "@downlink")] == 5 * 10**6
     assert replayer.end([("t1", "@uplink")]) == [("t1", "@uplink")]
+
+
+def test_a_foreground_replay_ends_at_its_time_or_when_every_tick_fails():
+    from controller.run.trace_replay import STOP_AFTER_FAILED_TICKS, replay_in_foreground
+
+    class Recorder:
+        def __init__(self, fail: bool) -> None:
+            self.fail, self.bodies = fail, []
+
+        def set_rates(self, body):
+            self.bodies.append(body)
+            if self.fail and len(self.bodies) > 1:
+                raise ShapingError("no such namespace")
+
+    rates = Replay(Trace("fixture", 0.01, np.array([10**6, 2 * 10**6])), "fixture", "csv")
+    said: list[str] = []
+    worker = Recorder(fail=False)
+    done = replay_in_foreground(worker, [TracedLink("a", "b", rates)], seconds=0.2, progress=said.append, sleep_s=0.01)
+    assert 10 <= len(done.rows) <= 25 and all(r["outcome"] == "applied" for r in done.rows), done.rows
+    assert len(worker.bodies) >= 10 and "stopped (the time given)" in said[-1] and "ticks" in said[-1]
+    said.clear()
+    failing = Recorder(fail=True)
+    done = replay_in_foreground(failing, [TracedLink("a", "b", rates)], seconds=30, progress=said.append, sleep_s=0.01)
+    assert done.now_s() < 5 and len(done.rows) >= STOP_AFTER_FAILED_TICKS
+    assert f"stopped ({STOP_AFTER_FAILED_TICKS} ticks in a row failed (failed: no such namespace))" in said[-1], said
+
+
+def test_the_python_api_adds_a_link_that_replays_a_recording(tmp_path):
+    from controller.model.spec import RunOptions, RunSpec
+    from controller.testbed import Testbed
+
+    write_links(tmp_path, {})
+    tb = Testbed(workdir=str(tmp_path))
+    for name in ("n1", "n2", "n3"):
+        tb.add_emulated_node(name)
+    tb.add_link("n1", "n2", trace=traced())
+    tb.add_link("n1", "n3", trace=traced(0.1, loop=False))
+    tb.add_link("n2", "n1", bw=5_000_000, loss=0.5)
+    assert tb.topology.links[("n1", "n2")].shape.rate_bps == 2 * PACKET_BPS  # deployed at its first rate
+    assert tb.topology.links[("n2", "n1")].shape.rate_bps == 5_000_000 and ("n2", "n1") not in tb.topology.traces
+    assert tb._trace_files.files_read == 1  # one file, two links
+    assert tb.topology.traces[("n1", "n3")].rate_at(0.0) == 2 * PACKET_BPS and not tb.topology.traces[("n1", "n3")].loop
+    with pytest.raises(TopologyError, match=r"Testbed: add_link\('n3', 'n1'\): .*needs 'bw' .* or 'trace'"):
+        tb.add_link("n3", "n1", bw="1mbit", trace=traced())
+    with pytest.raises(TopologyError, match=r"add_link\('n3', 'n1'\).*trace.*outside the directory"):
+        tb.add_link("n3", "n1", trace={"file": "../x.down", "format": "mahimahi"})
+    with pytest.raises(TopologyError, match="duplicate link n1 -> n2"):
+        tb.add_link("n1", "n2", bw="1mbit")
+    assert set(tb.topology.links) == {("n1", "n2"), ("n1", "n3"), ("n2", "n1")}  # nothing half-added
+    spec = RunSpec(RunOptions(workdir=str(tmp_path)), tb.topology, {}, {}, None, {}, None, None, None)
+    assert spec.inputs["user:traces/cell.down"] == str(tmp_path / "traces" / "cell.down")  # copied into inputs/
