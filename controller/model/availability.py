@@ -22,13 +22,12 @@ a pickle (convert it to this CSV first).
 """
 from __future__ import annotations
 
-import csv
-import io
 import math
 import random
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from controller.model import csv_file
 from worker.api.errors import ConfigError
 
 HEADER = ("node", "t_on_s", "t_off_s")
@@ -64,21 +63,10 @@ def parse_csv(data: bytes, source: str) -> list[Interval]:
     if data[:1] == b"\x80" or data[:2] in (b"(d", b"(l", b"}q", b"]q"):
         raise ConfigError(f"{source}: looks like a Python pickle, not a CSV; convert it to "
                           f"{','.join(HEADER)} rows first (never unpickled here)")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{source}: not UTF-8 text (byte {e.start}); expected a CSV {','.join(HEADER)}") from None
-    rows = csv.reader(io.StringIO(text))
-    header = next(rows, None)
-    if header is None or tuple(h.strip() for h in header) != HEADER:
-        raise ConfigError(f"{source}: line 1: expected the header {','.join(HEADER)}, got {','.join(header or [])!r}")
+    text = csv_file.decode(data, source, f"a CSV {','.join(HEADER)}")
     out = []
-    for i, row in enumerate(rows, start=2):
-        if not row or all(not c.strip() for c in row):
-            continue
+    for i, row in csv_file.rows(text, source, HEADER, place=lambda n: f"{source}: line {n}"):
         where = f"{source}: line {i}"
-        if len(row) != len(HEADER):
-            raise ConfigError(f"{where}: expected {len(HEADER)} fields ({','.join(HEADER)}), got {len(row)}")
         name = row[0].strip()
         if not name:
             raise ConfigError(f"{where}, column 'node': empty")
@@ -105,13 +93,7 @@ def parse_csv(data: bytes, source: str) -> list[Interval]:
 
 def read_csv(path: str) -> list[Interval]:
     """``parse_csv`` of the file at ``path`` (at most ``MAX_FILE_BYTES``)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the availability file: {e.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    data = csv_file.read_capped(path, MAX_FILE_BYTES, "the availability file")
     return parse_csv(data, path)
 
 

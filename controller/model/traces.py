@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from controller.model import csv_file
 from controller.model.units import human_rate, parse_rate_bps
 from worker.api.errors import ConfigError
 from worker.api.schema import MAX_SECONDS, Field, Place, Schema
@@ -95,17 +96,7 @@ def read_trace(path: str, fmt: str, bin_ms: int = 100, columns: Optional[Through
 
 
 def _lines(path: str) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_TRACE_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the trace: {e.strerror}") from None
-    if len(data) > MAX_TRACE_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_TRACE_BYTES >> 20} MiB")
-    try:
-        lines = data.decode("utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not text (byte {e.start} is not UTF-8)") from None
+    lines = csv_file.decode(csv_file.read_capped(path, MAX_TRACE_BYTES, "the trace"), path).splitlines()
     if len(lines) > MAX_TRACE_LINES:
         raise ConfigError(f"{path}: more than {MAX_TRACE_LINES} lines")
     return lines
@@ -175,24 +166,24 @@ def throughput_log(lines: Sequence[str], columns: ThroughputColumns, bin_ms: int
     return Trace(path, bin_ms / 1000, binned(starts / 1000, ends / 1000, rates, bin_ms / 1000, path))
 
 
-def rate_rows(lines: Sequence[str], bin_ms: int, path: str) -> Trace:
-    """``time_s,rate`` rows as rates by bin: each rate holds until the next row's time."""
-    if lines and [c.strip() for c in lines[0].split(",")] == ["time_s", "rate"]:
-        lines = ["", *lines[1:]]  # (the header: its line number kept)
+CSV_HEADER = ("time_s", "rate")
 
-    def parse(fields: list[str], n: int) -> tuple:
+
+def rate_rows(lines: Sequence[str], bin_ms: int, path: str) -> Trace:
+    """``time_s,rate`` rows (a header row allowed) as rates by bin: each rate holds until the
+    next row's time."""
+    rows = []
+    for n, (time_text, rate_text) in csv_file.rows("\n".join(lines), path, CSV_HEADER, header_required=False,
+                                                   comments=True):
         where = f"{path}, line {n}"
-        cells = [c.strip() for c in " ".join(fields).split(",")]
-        if len(cells) != 2:
-            raise ConfigError(f"{where}: expected time_s,rate, got {len(cells)} columns")
-        t = _number(cells[0], "time_s", where)
+        t = _number(time_text, "time_s", where)
         try:
-            rate = parse_rate_bps(cells[1])
+            rate = parse_rate_bps(rate_text)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e.message}") from None
-        return t, rate, n
-
-    rows = _numbers(lines, path, parse)
+        rows.append((t, rate, n))
+    if not rows:
+        raise ConfigError(f"{path}: the trace is empty")
     for (t0, *_), (t1, _, n) in zip(rows, rows[1:]):
         if t1 < t0:
             raise ConfigError(f"{path}, line {n}: time_s goes back ({t1:g} after {t0:g})")

@@ -114,7 +114,7 @@ BAD = [
 BAD_TRACES = [
     ("going back", "time_s,rate\n0,1mbit\n2,2mbit\n1,3mbit\n", ["line 4", "goes back"]),
     ("bad rate", "0,1mbit\n1,fast\n", ["line 2", "'fast'"]),
-    ("three columns", "0,1mbit,x\n", ["line 1", "3 columns"]),
+    ("three columns", "0,1mbit,x\n", ["line 1", "fields (time_s,rate), got 3"]),
     ("bad time", "soon,1mbit\n", ["line 1", "'soon'"]),
     ("empty", "time_s,rate\n", ["the trace is empty"]),
 ]

@@ -68,7 +68,7 @@ def test_a_csv_holds_each_rate_until_the_next_row(tmp_path):
     ("hsdpa", "1 2000 0 0 10 100\n1 1000 0 0 10 100\n", "line 2: time goes back (1000 ms after 2000 ms)"),
     ("csv", "0,1mbit\n1,2mbps\n0.5,1mbit\n", "line 3: time_s goes back (0.5 after 1)"),
     ("csv", "0,-1mbit\n", "x.trace, line 1:"),
-    ("csv", "0,1mbit,5\n", "line 1: expected time_s,rate, got 3 columns"),
+    ("csv", "0,1mbit,5\n", "line 1: expected 2 fields (time_s,rate), got 3"),
     ("pcap", "0\n", "unknown trace format 'pcap'; known: mahimahi, hsdpa, ghent4g, csv"),
 ])
 def test_bad_traces_are_refused_naming_the_file_and_line(tmp_path, fmt, text, words):
@@ -83,7 +83,7 @@ def test_an_unreadable_trace_or_a_bad_bin_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="bin_ms must be an integer in"):
         read_trace(write(tmp_path, "x.down", "0\n"), "mahimahi", bin_ms=0)
     (tmp_path / "bin.down").write_bytes(b"\xff\xfe0\n")
-    with pytest.raises(ConfigError, match="not text"):
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
         read_trace(str(tmp_path / "bin.down"), "mahimahi")
     with pytest.raises(ConfigError, match="three different numbers"):
         throughput_format(1, 1, 2)
@@ -102,3 +102,19 @@ def test_the_recordings_a_run_replays_are_its_inputs_under_their_relative_paths(
                Replay(outside, "../elsewhere/lte.csv", "csv")]
     assert trace_inputs(replays, str(work)) == {"user:traces/bus.down": str(work / "traces" / "bus.down"),
                                                 "user:traces/lte.csv": str(other / "lte.csv")}
+
+
+def test_one_csv_reader_for_traces_and_availability_files(tmp_path):
+    from controller.model import csv_file
+
+    text = "time_s,rate\n\n# a comment\n0, 1mbit\n\"1\",2mbit\n"
+    assert list(csv_file.rows(text, "x.csv", ("time_s", "rate"), header_required=False, comments=True)) == [
+        (4, ["0", "1mbit"]), (5, ["1", "2mbit"])]
+    with pytest.raises(ConfigError, match=r"x.csv, line 3: expected 2 fields \(time_s,rate\), got 1"):
+        list(csv_file.rows(text, "x.csv", ("time_s", "rate")))  # (no comments: the line is a row)
+    with pytest.raises(ConfigError, match=r"x.csv: line 1: expected the header a,b, got 'time_s,rate'"):
+        list(csv_file.rows(text, "x.csv", ("a", "b"), place=lambda n: f"x.csv: line {n}"))
+    with pytest.raises(ConfigError, match=r"big: larger than 1 MiB"):
+        csv_file.read_capped(write(tmp_path, "big", "x" * ((1 << 20) + 1)), 1 << 20, "the trace")
+    # a trace CSV read through it (availability files: tests/unit/test_availability.py)
+    assert read_trace(write(tmp_path, "t.csv", text), "csv", bin_ms=1000).rates_bps.tolist() == [1_000_000, 2_000_000]
