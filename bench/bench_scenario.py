@@ -17,27 +17,20 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import secrets
-import signal
 import statistics
-import string
-import subprocess
 import sys
-import tempfile
-import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from bench_netns import (BenchError, free_port, free_subnet, fresh_testbed_id, log, scratch_host,  # noqa: E402
-                         shielded, table, teardown)
+from bench_agent import deploy, loopback_agent, percentile  # noqa: E402
+from bench_netns import BenchError, log, scratch_host, table  # noqa: E402
 
 from controller.model.scenario import resolve  # noqa: E402
 from controller.model.topology import Topology  # noqa: E402
 from controller.run.scenario_runner import ScenarioRunner  # noqa: E402
-from worker.host import WorkerHost  # noqa: E402
 
 SEED = 20261123
 TARGET_MEDIAN_MS = 5.0
@@ -101,11 +94,6 @@ def filter_events(n: int, count: int) -> list[dict[str, Any]]:
     return events
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def play(worker: Any, ips: dict[str, str], topo: Topology, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     timeline = resolve({"seed": SEED, "events": events}, topo)
     runner = ScenarioRunner(timeline, worker, ips, progress=lambda _: None)
@@ -130,22 +118,12 @@ def summarize(label: str, rows: list[dict[str, Any]]) -> list[list[Any]]:
     return out
 
 
-def deploy(worker: Any, topo: Topology) -> dict[str, str]:
-    created = worker.create_nodes({"version": 1, "nodes": [{"name": n} for n in topo.nodes]})["nodes"]
-    ips = {n["name"]: n["ip"] for n in created}
-    worker.set_links({"version": 1, "links": [{"src": s, "dst": d, "dst_ip": ips[d], "shape": link.shape.to_dict()}
-                                              for (s, d), link in topo.links.items()]})
-    for name in topo.nodes:
-        worker.start_process(name, {"version": 1, "argv": ["sleep", "3600"]})
-    return ips
-
-
 def one_host(n: int, count: int) -> list[list[Any]]:
     topo = ring(n)
     rows: list[list[Any]] = []
     with scratch_host("10.78.0.0/16") as host:
         log(f"one host: {n} nodes, testbed {host.testbed_id}")
-        ips = deploy(host, topo)
+        ips = deploy(host, topo, ["sleep", "3600"])
         log(f"  playing {count} link and node events")
         rows += summarize("one host", play(host, ips, topo, node_events(n, count)))
         log(f"  playing {count // 4} link-down/up events (iptables)")
@@ -154,47 +132,10 @@ def one_host(n: int, count: int) -> list[list[Any]]:
 
 
 def through_agent(n: int, count: int) -> list[list[Any]]:
-    from controller.workers.agent_client import AgentClient
-
-    subnet = free_subnet("10.79.0.0/16")
-    tid = fresh_testbed_id()
-    port = free_port()
-    token = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32))
-    state_dir = tempfile.mkdtemp(prefix="edgetb-bench-agent-")
-    env = dict(os.environ, EDGETB_TOKEN=token, EDGETB_STATE_DIR=state_dir, PYTHONPATH=ROOT)
-    log(f"agent: testbed {tid}, port {port}")
-    proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port), "--listen", "127.0.0.1",
-                             "--plain-http", "--id", tid, "--subnet", subnet], env=env, cwd=ROOT,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    client = AgentClient(f"http://127.0.0.1:{port}", token, timeout_s=600)
     topo = ring(n)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.health()
-                break
-            except Exception:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise BenchError("the agent did not answer within 30 s") from None
-                time.sleep(0.05)
-        ips = deploy(client, topo)
+    with loopback_agent("10.79.0.0/16") as (client, _):
+        ips = deploy(client, topo, ["sleep", "3600"])
         return summarize("through an agent", play(client, ips, topo, node_events(n, count)))
-    finally:
-        with shielded():
-            try:
-                client.reset()
-            except Exception as e:
-                log(f"agent reset failed: {type(e).__name__}: {e}")
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            left = teardown(WorkerHost(tid, subnet, state_root=state_dir))
-        if left:
-            raise BenchError(f"agent testbed {tid}: reset left {left} behind")
 
 
 def main() -> int:

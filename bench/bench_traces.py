@@ -25,11 +25,7 @@ import math
 import os
 import random
 import resource
-import secrets
-import signal
 import statistics
-import string
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from bench_netns import BenchError, free_port, free_subnet, fresh_testbed_id, log, shielded, table, teardown  # noqa: E402
+from bench_agent import deploy, loopback_agent, percentile  # noqa: E402
+from bench_netns import BenchError, free_subnet, fresh_testbed_id, log, shielded, table, teardown  # noqa: E402
 
 from controller.model.scenario import resolve  # noqa: E402
 from controller.model.topology import Topology, links_from_data  # noqa: E402
@@ -75,11 +72,6 @@ def synthetic_trace(seconds: int, rng: random.Random) -> list[int]:
     return lines
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def cpu_s(pid: int) -> float:
     """The user + system CPU seconds of process ``pid`` (its own threads)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -106,38 +98,8 @@ def network(n: int, trace_dir: str, seconds: int) -> Topology:
     return links_from_data(data, os.path.join(trace_dir, "links.json"), traces=TraceFiles(trace_dir))
 
 
-def start_agent() -> tuple[Any, Any, str, str]:
-    from controller.workers.agent_client import AgentClient
-
-    subnet = free_subnet("10.81.0.0/16")
-    tid = fresh_testbed_id()
-    port = free_port()
-    token = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32))
-    state_dir = tempfile.mkdtemp(prefix="edgetb-bench-agent-")
-    env = dict(os.environ, EDGETB_TOKEN=token, EDGETB_STATE_DIR=state_dir, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port), "--listen", "127.0.0.1",
-                             "--plain-http", "--id", tid, "--subnet", subnet], env=env, cwd=ROOT,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    client = AgentClient(f"http://127.0.0.1:{port}", token, timeout_s=600)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            client.health()
-            break
-        except Exception:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise BenchError("the agent did not answer within 30 s") from None
-            time.sleep(0.05)
-    log(f"agent: testbed {tid}, port {port}, pid {proc.pid}")
-    return proc, client, tid, f"{subnet}|{state_dir}"
-
-
 def replay_under_flows(worker: Any, topo: Topology, seconds: int, agent_pid: int) -> dict[str, Any]:
-    created = worker.create_nodes({"version": 1, "nodes": [{"name": n} for n in topo.nodes]})["nodes"]
-    ips = {n["name"]: n["ip"] for n in created}
-    worker.set_links({"version": 1, "links": [{"src": s, "dst": d, "dst_ip": ips[d], "shape": link.shape.to_dict()}
-                                              for (s, d), link in topo.links.items()]})
+    ips = deploy(worker, topo)
     events = [{"at": 0, "background": {"src": s, "dst": d, "rate": FLOW_RATE, "for": seconds}}
               for (s, d) in topo.traces]
     runner = ScenarioRunner(resolve({"events": events}, topo), worker, ips, progress=lambda _: None)
@@ -210,24 +172,8 @@ def main() -> int:
                 raise BenchError(f"reset left {left} behind")
         result["agent_cpu_s"] = float("nan")
     else:
-        proc, client, tid, where = start_agent()
-        try:
+        with loopback_agent("10.81.0.0/16") as (client, proc):
             result = replay_under_flows(client, topo, args.seconds, proc.pid)
-        finally:
-            with shielded():
-                try:
-                    client.reset()
-                except Exception as e:
-                    log(f"agent reset failed: {type(e).__name__}: {e}")
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                subnet, state_dir = where.split("|")
-                left = teardown(WorkerHost(tid, subnet, state_root=state_dir))
-            if left:
-                raise BenchError(f"agent testbed {tid}: reset left {left} behind")
     ratios, excluded = goodput_ratios(result)
     ticks = result["ticks"]
     skews = [t["skew_ms"] for t in ticks if t["changed"]]
