@@ -146,7 +146,8 @@ class NodeService:
         self.structure_conf, self.role_class = conf, role
         for method, path in role.ROUTES:  # peers may call before this node starts
             limit = 64 * 1024 if path in role.SMALL_ROUTES else self._weights_limit
-            self.router.add(method, path, lambda req, key=(method, path): self._role_call(key, req), "peer", limit)
+            self.router.add(method, path, lambda req, key=(method, path): self._role_call(key, req), "peer", limit,
+                            early=lambda req, key=(method, path): self.role.early_answer(key, req) if self.role else None)
         return ok()
 
     def _weights_limit(self) -> int:

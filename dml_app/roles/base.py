@@ -141,6 +141,11 @@ class Role:
         """Handlers of ``ROUTES``."""
         return {}
 
+    def early_answer(self, key: tuple[str, str], req: Request) -> Optional[Response]:
+        """An answer to a call of ``ROUTES`` from its (authenticated) headers alone, before its
+        body crosses the link (None: read the body, call the handler)."""
+        return None
+
     def rounds(self) -> Iterator[int]:
         """The numbers of the rounds to run: 1 to ``sync``, until the node is stopped."""
         for r in range(1, self.sync + 1):

@@ -17,7 +17,8 @@ neighbour in an average, and what a node holds is bounded by its peers, not by w
 
 Once its last round has gathered its models, a node refuses more and tells its
 out-neighbours it is done (``/gossip/done``); they send it nothing more. A send that a
-finished peer refuses goes to another out-neighbour.
+finished peer refuses goes to another out-neighbour; the refusal comes from the call's
+headers, before the model crosses the link (``Expect: 100-continue``).
 
 Nodes die and come back (a crash, a revocation, a cut link): a send that cannot
 finish at the link's rate plus a margin is given up (``Role.send_timeout_s``),
@@ -84,12 +85,20 @@ class GossipRole(Role):
     def routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
         return {("POST", "/gossip"): self.on_gossip, ("POST", "/gossip/done"): self.on_done}
 
+    def early_answer(self, key: tuple[str, str], req: Request) -> Optional[Response]:
+        """A model sent once this node takes no more is refused before it crosses the link."""
+        return self.refusal() if key == ("POST", "/gossip") else None
+
+    def refusal(self) -> Optional[Response]:
+        return ok({"accepted": False}) if self.finished or self.closing or self.ctx.stop.is_set() else None
+
     def on_gossip(self, req: Request) -> Response:
         peer, arrays, _ = self.receive_weights(req)
         if self.health.alive(peer):
             self.ctx.events.write("peer_rejoined", round=self.round_no, peer=peer, how="sent a model")
-        if self.finished or self.closing or self.ctx.stop.is_set():
-            return ok({"accepted": False})
+        refused = self.refusal()
+        if refused is not None:
+            return refused
         return ok({"accepted": True, "replaced": True}) if self.deliver(peer, arrays) else ok()
 
     def deliver(self, peer: str, arrays: Weights) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import select
+import socket
 import sys
 import time
 import traceback
@@ -24,6 +26,8 @@ from dml_app.runtime.auth import (ANSWER_SIG, E2E, AuthFailed, NodeKeys, body_ha
                                   compare_digest)
 from dml_app.wire import bounded_json
 
+CONTINUE_WAIT_S = 0.5  # the longest a body waits for the server's 100 Continue
+CONTINUE_STATUS = b"HTTP/1.1 100 "
 MAX_BODY_BYTES = 256 * 1024 * 1024  # no route takes more, whatever its own limit says
 CONTROL_BODY_BYTES = 4 * 1024  # /prepare, /start, /stop, small role messages
 JSON = "application/json"
@@ -76,6 +80,7 @@ class Route:
     handler: Handler
     auth: str
     max_body: Limit
+    early: Optional[Callable[[Request], Optional[Response]]] = None  # an answer from the headers alone
 
 
 def _skip_body(environ: dict[str, Any]) -> None:
@@ -97,10 +102,14 @@ class Router:
         self.keys = keys
         self.name = name
 
-    def add(self, method: str, path: str, handler: Handler, auth: str, max_body: Limit = CONTROL_BODY_BYTES) -> None:
+    def add(self, method: str, path: str, handler: Handler, auth: str, max_body: Limit = CONTROL_BODY_BYTES,
+            early: Optional[Callable[[Request], Optional[Response]]] = None) -> None:
+        """``early``: called once the call is authenticated, before its body is read (the
+        request's body is then empty); an answer it gives is the answer, the body left unread
+        (a caller that sent ``Expect: 100-continue`` never sends it)."""
         if auth not in AUTH_KINDS:
             raise ValueError(f"unknown auth kind {auth!r}: one of {', '.join(AUTH_KINDS)}")
-        self.routes[(method, path)] = Route(handler, auth, max_body)
+        self.routes[(method, path)] = Route(handler, auth, max_body, early)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         extra: list[tuple[str, str]] = []
@@ -171,14 +180,22 @@ class Router:
         if length > limit:
             raise self._refuse_body(environ, 413, "too_large", f"{method} {path} takes at most {limit} bytes, "
                                                                 f"not {length}")
-        body = environ["wsgi.input"].read(length) if length else b""
-        if len(body) != length:
-            raise HttpError(400, "short_body", f"body ended after {len(body)} of {length} bytes")
-        if digest and not compare_digest(body_hash(body), digest):
-            raise HttpError(401, "unauthorized", "the body is not the one signed")
-        req = Request(method, path, {k: v[0] for k, v in parse_qs(query_string).items()}, body,
-                      environ.get("CONTENT_TYPE", ""), headers, sender=sender, hop=hop)
-        status, ctype, answer = route.handler(req)
+        query = {k: v[0] for k, v in parse_qs(query_string).items()}
+        early = None
+        if route.early is not None:
+            req = Request(method, path, query, b"", environ.get("CONTENT_TYPE", ""), headers, sender=sender, hop=hop)
+            early = route.early(req)
+            if early is not None and length:
+                _skip_body(environ)
+                req.answer_headers["Connection"] = "close"
+        if early is None:
+            body = environ["wsgi.input"].read(length) if length else b""
+            if len(body) != length:
+                raise HttpError(400, "short_body", f"body ended after {len(body)} of {length} bytes")
+            if digest and not compare_digest(body_hash(body), digest):
+                raise HttpError(401, "unauthorized", "the body is not the one signed")
+            req = Request(method, path, query, body, environ.get("CONTENT_TYPE", ""), headers, sender=sender, hop=hop)
+        status, ctype, answer = early if early is not None else route.handler(req)
         if route.auth == "peer" and keys is not None:
             req.answer_headers[ANSWER_SIG] = keys.answer_sig(sender, headers.get(E2E[2].lower(), ""), answer)
         return status, ctype, answer, req.answer_headers
@@ -191,14 +208,17 @@ class AnswerTooLarge(ConnectionError):
 def request(method: str, url: str, body: Optional[bytes] = None, content_type: str = JSON,
             timeout_s: float = 30.0, retries: int = 0, backoff_s: float = 0.5,
             headers: Optional[dict[str, str] | Callable[[], dict[str, str]]] = None,
-            max_answer_bytes: int = MAX_BODY_BYTES, answer_headers: Optional[dict[str, str]] = None
-            ) -> tuple[int, bytes]:
+            max_answer_bytes: int = MAX_BODY_BYTES, answer_headers: Optional[dict[str, str]] = None,
+            expect_continue: bool = False) -> tuple[int, bytes]:
     """One HTTP request (retried on connection errors); returns (status, body). ``headers``
     may be a function, called for each attempt (signatures with fresh nonces). An answer over
     ``max_answer_bytes`` is a ``ConnectionError`` (not retried), read no further;
     ``answer_headers``, when given, receives the answer's headers (lower-case names). An attempt
     is given up after ``timeout_s`` in all (connecting and sending, then what is left of it
-    for the answer to begin), so a send to a dead or cut-off peer does not linger."""
+    for the answer to begin), so a send to a dead or cut-off peer does not linger.
+    ``expect_continue``: the headers go first, the body only after the server's ``100
+    Continue`` (or ``CONTINUE_WAIT_S`` of silence): a server that answers from the headers
+    (a peer that takes no more models) costs no transfer."""
     parts = urlsplit(url)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     last: Exception = OSError("no attempt")
@@ -209,7 +229,10 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
             if body is not None:
                 sent["Content-Type"] = content_type
             began = time.monotonic()
-            conn.request(method, target or "/", body=body, headers=sent)
+            if expect_continue and body:
+                _send_expecting_continue(conn, method, target or "/", body, sent)
+            else:
+                conn.request(method, target or "/", body=body, headers=sent)
             if conn.sock is not None:  # the answer gets what is left of the attempt's time
                 conn.sock.settimeout(max(0.001, timeout_s - (time.monotonic() - began)))
             resp = conn.getresponse()
@@ -231,3 +254,38 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
         finally:
             conn.close()
     raise ConnectionError(f"{method} {url}: {type(last).__name__}: {last}")
+
+
+def _send_expecting_continue(conn: http.client.HTTPConnection, method: str, target: str, body: bytes,
+                             headers: dict[str, str]) -> None:
+    """The request's headers with ``Expect: 100-continue``, then its body unless the server
+    answered first (its answer is then read as any other)."""
+    conn.putrequest(method, target)
+    for name, value in {**headers, "Content-Length": str(len(body)), "Expect": "100-continue"}.items():
+        conn.putheader(name, value)
+    conn.endheaders()
+    sock = conn.sock
+    assert sock is not None
+    if not select.select([sock], [], [], CONTINUE_WAIT_S)[0]:
+        conn.send(body)  # silence: the body goes anyway (the 100, if it comes, is skipped)
+        return
+    if _took_continue(sock):
+        conn.send(body)
+    # else: a final answer came before the body, which is not sent
+
+
+def _took_continue(sock: socket.socket) -> bool:
+    """Whether what the server sent first is an interim ``100 Continue`` (then consumed); a
+    final answer is left for the response to read."""
+    deadline = time.monotonic() + CONTINUE_WAIT_S
+    while True:
+        head = sock.recv(256, socket.MSG_PEEK)
+        if not CONTINUE_STATUS.startswith(head[:len(CONTINUE_STATUS)]) or not head:
+            return False  # another status (or the connection closed)
+        end = head.find(b"\r\n\r\n")
+        if end >= 0:
+            sock.recv(end + 4)
+            return True
+        if time.monotonic() > deadline:
+            return False  # a trickle: let the response read it (and fail)
+        time.sleep(0.005)  # part of the interim answer has come

@@ -59,7 +59,8 @@ class HttpTransport:
 
         got: dict[str, str] = {}
         status, answer = request("POST", f"http://{self.connect[hop]}{target}", body, content_type, timeout_s,
-                                 retries, headers=headers, max_answer_bytes=self.answer_limit(), answer_headers=got)
+                                 retries, headers=headers, max_answer_bytes=self.answer_limit(), answer_headers=got,
+                                 expect_continue=hop == dest and len(body) > CONTROL_BODY_BYTES)
         if status >= 400:
             raise ConnectionError(f"{status}: {answer[:200]!r}")
         sig = got.get(ANSWER_SIG.lower(), "")

@@ -265,10 +265,13 @@ def test_nan_and_wrong_shape_gossip_is_refused_and_learning_goes_on(tmp_path):
                 digest = auth.body_hash(body)
                 headers = {**b.peer_headers(victim, "POST", "/gossip", digest),
                            **b.hop_headers(victim, "POST", "/gossip", digest), "Content-Type": wire.CONTENT_TYPE}
-                answers[victim].append(requests.post(f"http://{ips[victim]}:4444/gossip", data=body, headers=headers,
-                                                     timeout=30).status_code)
+                answer = requests.post(f"http://{ips[victim]}:4444/gossip", data=body, headers=headers, timeout=30)
+                # a victim done with its rounds refuses every model from the headers, before the body
+                answers[victim].append(400 if answer.status_code == 400 else f"{answer.status_code} {answer.json()}")
             time.sleep(0.3)
-        assert all(codes == [400] * 12 for codes in answers.values()), answers
+        refused = {400, "200 {'ok': True, 'accepted': False}"}
+        assert all(set(codes) <= refused and codes[0] == 400 for codes in answers.values()), \
+            {v: set(c) for v, c in answers.items()}
         r.wait_phase("finished", timeout_s=240)
         summary = r.get("/finish").json()
         for node in summary["nodes"]:
