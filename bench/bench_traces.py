@@ -1,6 +1,7 @@
 """Benchmark of recorded traces: one trace replayed on 100 real links under bulk TCP flows.
 
-Run as root: ``.venv/bin/python bench/bench_traces.py [--links 100] [--seconds 30] [--in-process]``.
+Run as root: ``.venv/bin/python bench/bench_traces.py [--links 100] [--seconds 30] [--in-process]
+[--busy-loops 4]``.
 Prints Markdown tables on stdout (progress on stderr).
 
 A seeded cellular-like recording (a random walk of the rate, mean about 5 Mbit/s, written as a
@@ -26,6 +27,7 @@ import os
 import random
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -145,11 +147,30 @@ def goodput_ratios(result: dict[str, Any]) -> tuple[list[float], int]:
     return ratios, excluded
 
 
+def replay(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
+    """``replay_under_flows`` in this process or through an agent on loopback, taken down after."""
+    if not args.in_process:
+        with loopback_agent("10.81.0.0/16") as (client, proc):
+            return replay_under_flows(client, topo, args.seconds, proc.pid)
+    host = WorkerHost(fresh_testbed_id(), free_subnet("10.81.0.0/16"), state_root=tempfile.mkdtemp())
+    try:
+        result = replay_under_flows(host, topo, args.seconds, os.getpid())
+    finally:
+        with shielded():
+            left = teardown(host)
+        if left:
+            raise BenchError(f"reset left {left} behind")
+    result["agent_cpu_s"] = float("nan")
+    return result
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--links", type=int, default=100)
     p.add_argument("--seconds", type=int, default=30)
     p.add_argument("--in-process", action="store_true", help="drive the worker in this process, not an agent")
+    p.add_argument("--busy-loops", type=int, default=0,
+                   help="this many processes spinning at nice 0 during the replay: a loaded host, reproducibly")
     args = p.parse_args()
     if os.geteuid() != 0:
         print("run as root", file=sys.stderr)
@@ -161,26 +182,21 @@ def main() -> int:
     topo = network(args.links, trace_dir, max(60, args.seconds * 2))
     trace = next(iter(topo.traces.values())).trace
     log(f"recording: {len(recording)} packets, {trace.duration_s:g} s, mean {trace.rates_bps.mean() / 1e6:.2f} Mbit/s")
-    if args.in_process:
-        host = WorkerHost(fresh_testbed_id(), free_subnet("10.81.0.0/16"), state_root=tempfile.mkdtemp())
-        try:
-            result = replay_under_flows(host, topo, args.seconds, os.getpid())
-        finally:
-            with shielded():
-                left = teardown(host)
-            if left:
-                raise BenchError(f"reset left {left} behind")
-        result["agent_cpu_s"] = float("nan")
-    else:
-        with loopback_agent("10.81.0.0/16") as (client, proc):
-            result = replay_under_flows(client, topo, args.seconds, proc.pid)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy_loops)]
+    try:
+        result = replay(args, topo)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
     ratios, excluded = goodput_ratios(result)
     ticks = result["ticks"]
     skews = [t["skew_ms"] for t in ticks if t["changed"]]
     changed = [t["changed"] for t in ticks]
     wall = result["wall_s"]
     print(f"\nRecorded trace ({BIN_MS} ms bins, mean {trace.rates_bps.mean() / 1e6:.2f} Mbit/s) on {args.links} links, "
-          f"one bulk TCP flow each, {args.seconds} s, worker {'in process' if args.in_process else 'an agent'}\n")
+          f"one bulk TCP flow each, {args.seconds} s, worker {'in process' if args.in_process else 'an agent'}"
+          + (f", {args.busy_loops} busy loops beside it" if args.busy_loops else "") + "\n")
     med = statistics.median(ratios) if ratios else float("nan")
     print(table(["goodput / trace rate", "link-seconds", "excluded (a bin < 0.5 Mbit/s)", "median", "p10", "p90"],
                 [["per second", len(ratios), excluded, f"{med:.3f}", f"{percentile(ratios, 0.1):.3f}",

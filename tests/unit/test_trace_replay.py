@@ -290,3 +290,29 @@ def test_the_python_api_adds_a_link_that_replays_a_recording(tmp_path):
     assert set(tb.topology.links) == {("n1", "n2"), ("n1", "n3"), ("n2", "n1")}  # nothing half-added
     spec = RunSpec(RunOptions(workdir=str(tmp_path)), tb.topology, {}, {}, None, {}, None, None, None)
     assert spec.inputs["user:traces/cell.down"] == str(tmp_path / "traces" / "cell.down")  # copied into inputs/
+
+
+def test_urgent_raises_the_threads_priority_for_the_block_only():
+    import os
+    import threading
+
+    from worker.shaping.rates import URGENT_NICE, urgent
+
+    seen: dict[str, int] = {}
+
+    def run() -> None:
+        tid = threading.get_native_id()
+        seen["before"] = os.getpriority(os.PRIO_PROCESS, tid)
+        with urgent():
+            seen["inside"] = os.getpriority(os.PRIO_PROCESS, tid)
+        seen["after"] = os.getpriority(os.PRIO_PROCESS, tid)
+        seen["process"] = os.getpriority(os.PRIO_PROCESS, os.getpid())  # (the main thread's: untouched)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert seen["after"] == seen["before"] and seen["process"] == os.getpriority(os.PRIO_PROCESS, 0)
+    if os.geteuid() == 0:
+        assert seen["inside"] == min(seen["before"], URGENT_NICE)
+    else:  # not allowed: as it was
+        assert seen["inside"] == seen["before"]

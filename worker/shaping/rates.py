@@ -5,12 +5,15 @@ diff, program and read back every node each time. Here only the HTB class of eac
 (and its netem leaf, whose limit follows the rate) is changed, one netlink batch per node, on a
 socket kept open per node's namespace (opening one enters the namespace); the kernel's answer to
 every request is the check (a refused change raises ``ShapingError``). The full read-back stays
-with ``GET /nodes/<name>/shaping``.
+with ``GET /nodes/<name>/shaping``. The thread that changes them runs at nice -10 meanwhile
+(``urgent``; as root): a tick is due at a time, and a loaded host would delay it most.
 """
 from __future__ import annotations
 
+import os
 import threading
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 from worker.api.errors import ShapingError
 from worker.api.shape import Shape
@@ -19,6 +22,7 @@ from worker.kernel import nsfs
 from worker.shaping.apply import ifindex_in
 from worker.shaping.plan import ACCESS_MINOR, netem_limit_pkts
 
+URGENT_NICE = -10  # a replay's ticks under load: 36 -> 13 ms median for 100 links beside 4 busy loops on 2 cores
 Key = tuple[Optional[str], int, str]  # namespace name, its inode (a namespace made again is another), interface
 
 
@@ -98,3 +102,25 @@ def change_rates(sockets: RateSockets, netns: Optional[str], plan: dict[str, Any
             raise ShapingError(f"changing rates in {netns or 'the host'} failed: " + "; ".join(lines),
                                detail={"netns": netns, "failures": lines})
     raise ShapingError("unreachable")  # pragma: no cover
+
+
+@contextmanager
+def urgent(nice: int = URGENT_NICE) -> Iterator[None]:
+    """Run the calling thread at ``nice`` (at least; Linux keeps a nice value per thread) for the
+    block, then as before: the rates of a replay's tick are due at a time, and on a loaded host
+    a thread of nice 0 waits behind every busy process. Without the right to (not root), as it was."""
+    tid = threading.get_native_id()
+    try:
+        old = os.getpriority(os.PRIO_PROCESS, tid)
+        if old > nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:
+        old = None
+    try:
+        yield
+    finally:
+        if old is not None and old > nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, old)
+            except OSError:  # pragma: no cover (raising one's own nice value is always allowed)
+                pass
