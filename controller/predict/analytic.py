@@ -17,8 +17,16 @@ Bytes follow from the protocol (``payload``: the arrays' bytes, without framing)
 A node on the path of another's message (a relay, where two nodes share no link) counts it as
 received and sent, as its role does.
 
-E-tree has no analytic terms here: its ``Terms`` say so in ``unsupported`` and only the
-black-box predictors serve it.
+- E-tree (``dml_app.roles.etree``): a position's work is asked once per round of its parent
+  position (``calls``: the product of the ``sync`` of every position above it); an aggregator
+  position runs ``sync`` rounds, each the model down to every child and its answer back (in the
+  model's dtype; a child that is the node itself is a direct call, no message). A node counts
+  what crosses before its last round is recorded: its last answer up goes after it, so a
+  non-root node's sent bytes lack one model. Per round of the node's lowest layer (how the
+  node is timed): the run's bytes and the root's critical path (its ``sync`` rounds, each the
+  slowest child's way down, work and way up) divided by that layer's rounds.
+- gossip's received models: a node's last round refuses what comes once it has gathered, so the
+  in-neighbour's last model is not received (R - 1 of R rounds' models, as a lockstep run has it).
 
 Time: ``own_units`` = epochs x samples x parameters / cpu (this node's training),
 ``round_units`` the same on the round's critical path (a ring waits for its slowest member, an
@@ -38,7 +46,8 @@ from typing import Optional
 
 import numpy as np
 
-from controller.predict.features import Path, paths, ring_structure, send_targets
+from controller.confs.confs import next_hops
+from controller.predict.features import Path, etree_positions, etree_rounds, path, paths, ring_structure, send_targets
 from controller.predict.setting import Setting
 
 PARTIAL_SUM_BYTES = 8  # ring reduce-scatter partial sums travel as float64
@@ -73,7 +82,10 @@ def _units(setting: Setting, node: str) -> float:
     if conf.get("role") == "fl_aggregator":
         return 0.0
     cpu = setting.topology.nodes[node].cpu or 1.0
-    return float(conf.get("epoch") or 0) * setting.samples.get(node, 0) * setting.param_count / cpu
+    epochs = conf.get("epoch") or 0
+    if conf.get("role") == "etree":  # the trainer position's epochs (none without one)
+        epochs = next((p.get("epoch") or 0 for p in conf.get("positions") or [] if p.get("layer") == 1), 0)
+    return float(epochs) * setting.samples.get(node, 0) * setting.param_count / cpu
 
 
 def wire_s(nbytes: float, rate_bps: float) -> float:
@@ -172,15 +184,76 @@ def _gossip(setting: Setting, all_paths: dict[str, list[Path]], out: dict[str, T
     model = float(setting.model_bytes)
     recv = {n: 0.0 for n in setting.structure}
     for node, mine in all_paths.items():
+        rounds = float(setting.structure[node].get("sync") or 0)
+        kept = (rounds - 1.0) / rounds if rounds > 1 else 1.0  # the last model is refused by a finished node
         for p in mine:
             if p.dst in recv:
-                recv[p.dst] += 1.0 / len(mine)
+                recv[p.dst] += kept / len(mine)
     for node, mine in all_paths.items():
         send = statistics.fmean([_send_s(model, p) for p in mine]) if mine else 0.0
         sent = 1.0 if mine else 0.0
         units = _units(setting, node)
         out[node] = Terms(sent * model, recv[node] * model, sent, recv[node], units, units, send, send, steps=sent,
                           flows=[(p, model / len(mine), 1.0 / len(mine)) for p in mine])
+
+
+def _etree(setting: Setting, out: dict[str, Terms]) -> None:
+    """E-tree: every position's calls, the root's critical path, each node's messages (see the
+    module docstring), per round of the node's lowest layer."""
+    model = float(setting.model_bytes)
+    pos = etree_positions(setting)
+    calls, rounds = etree_rounds(setting)
+    members, hops_cache = set(setting.structure), {}
+
+    def to(src: str, dst: str) -> Path:
+        if dst not in hops_cache:
+            hops_cache[dst] = next_hops(setting.topology, members, dst)
+        return path(setting.topology, src, dst, hops_cache[dst])
+
+    crit: dict[tuple[str, int], tuple[float, float, float]] = {}  # one call: (units, transfer s, steps)
+
+    def critical(key: tuple[str, int]) -> tuple[float, float, float]:
+        if key not in crit:
+            node, layer = key
+            if layer == 1:
+                crit[key] = (_units(setting, node), 0.0, 0.0)
+            else:
+                ways = []
+                for child in pos[key].get("children") or []:
+                    u, t, st = critical((child, layer - 1))
+                    if child != node:
+                        t, st = t + _send_s(model, to(node, child)) + _send_s(model, to(child, node)), st + 2.0
+                    ways.append((u, t, st))
+                sync = float(pos[key].get("sync") or 1)
+                crit[key] = tuple(sync * max((w[i] for w in ways), default=0.0) for i in range(3))  # type: ignore[assignment]
+        return crit[key]
+
+    root = next(k for k, p in pos.items() if p.get("parent") is None)
+    total_u, total_t, total_steps = critical(root)
+    sent = {n: 0.0 for n in setting.structure}
+    recv = dict(sent)
+    flows: dict[str, list[tuple[Path, float, float]]] = {n: [] for n in setting.structure}
+    for (node, layer), p in pos.items():
+        if layer == 1:
+            continue
+        n_rounds = calls[(node, layer)] * float(p.get("sync") or 1)
+        for child in p.get("children") or []:
+            if child == node:
+                continue
+            for a, b in ((node, child), (child, node)):
+                sent[a] += n_rounds
+                recv[b] += n_rounds
+                flows[a].append((to(a, b), n_rounds))  # type: ignore[arg-type]
+    for node, conf in setting.structure.items():
+        layers = sorted(int(p["layer"]) for p in conf.get("positions") or [])
+        r = rounds[node] or 1.0
+        lost = 0.0 if (node, layers[-1]) == root else 1.0  # the last answer up goes after the last round
+        lowest = (node, layers[0])
+        own_send = 0.0 if layers[0] == 1 else critical(lowest)[1] / float(pos[lowest].get("sync") or 1)
+        out[node] = Terms((sent[node] - lost) * model / r, recv[node] * model / r, (sent[node] - lost) / r,
+                          recv[node] / r, _units(setting, node) if layers[0] == 1 else 0.0, total_u / r,
+                          total_t / r, own_send, steps=total_steps / r,
+                          flows=[(fp, n * model / r, n / r) for fp, n in flows[node]])  # type: ignore[misc]
 
 
 def terms(setting: Setting) -> dict[str, Terms]:
@@ -194,6 +267,8 @@ def terms(setting: Setting) -> dict[str, Terms]:
         _fl(setting, all_paths, out)
     elif roles == {"gossip"}:
         _gossip(setting, all_paths, out)
+    elif roles == {"etree"}:
+        _etree(setting, out)
     else:
         why = f"no analytic model of {setting.algorithm!r}"
         return {n: Terms(unsupported=why) for n in setting.structure}

@@ -58,7 +58,39 @@ def send_targets(setting: Setting, node: str) -> list[str]:
         return [t for t in conf.get("trainers", []) if t not in standby]
     if role == "fl_trainer":
         return [str(conf["aggregator"])]
+    if role == "etree":  # its parents and children on every layer but itself
+        out = [p.get("parent") for p in conf.get("positions") or []] + [
+            c for p in conf.get("positions") or [] for c in p.get("children") or []]
+        return list(dict.fromkeys(str(m) for m in out if m and m != node and m in setting.structure))
     return [p for p in conf.get("talks_to", []) if p in setting.structure]
+
+
+def etree_positions(setting: Setting) -> dict[tuple[str, int], dict[str, Any]]:
+    """An E-tree's positions by (node, layer)."""
+    return {(n, int(p["layer"])): p for n, c in setting.structure.items() for p in c.get("positions") or []
+            if isinstance(p, dict) and "layer" in p}
+
+
+def etree_rounds(setting: Setting) -> tuple[dict[tuple[str, int], float], dict[str, float]]:
+    """An E-tree's calls of each position's work (the product of the ``sync`` of every position
+    above it; the root: 1) and each node's rounds at its lowest layer (a trainer records one a
+    call, an aggregator ``sync``) over the run."""
+    pos = etree_positions(setting)
+    calls: dict[tuple[str, int], float] = {}
+    todo = [(k, 1.0) for k, p in pos.items() if p.get("parent") is None]
+    while todo:
+        (node, layer), n = todo.pop()
+        calls[(node, layer)] = n
+        for child in pos[(node, layer)].get("children") or []:
+            if (child, layer - 1) in pos:
+                todo.append(((child, layer - 1), n * float(pos[(node, layer)].get("sync") or 1)))
+    rounds: dict[str, float] = {}
+    for node in setting.structure:
+        mine = sorted(layer for n, layer in pos if n == node)
+        if mine:
+            low = (node, mine[0])
+            rounds[node] = calls.get(low, 0.0) * (1.0 if mine[0] == 1 else float(pos[low].get("sync") or 1))
+    return calls, rounds
 
 
 def ring_structure(setting: Setting) -> allreduce.Structure:
@@ -134,6 +166,7 @@ def node_features(setting: Setting) -> dict[str, dict[str, float]]:
                 indegree[dst] += 1
     fl = _fl_settings(setting)
     background = _background(setting, all_paths)
+    tree_rounds = etree_rounds(setting)[1] if setting.algorithm == "etree" else {}
     out: dict[str, dict[str, float]] = {}
     for node, conf in setting.structure.items():
         spec = setting.topology.nodes[node]
@@ -151,7 +184,7 @@ def node_features(setting: Setting) -> dict[str, dict[str, float]]:
             "param_count": float(setting.param_count), "model_bytes": float(setting.model_bytes),
             "samples": float(setting.samples.get(node, 0)), "batch_size": float(setting.batch_size.get(node, 0)),
             "epochs": float(conf.get("epoch") or 0) if conf.get("role") != "fl_aggregator" else 0.0,
-            "rounds": float(conf.get("sync") or 0), **fl, "background_bps": background[node]}
+            "rounds": tree_rounds.get(node, float(conf.get("sync") or 0)), **fl, "background_bps": background[node]}
     return out
 
 
