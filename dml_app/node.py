@@ -39,6 +39,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
+import socket  # noqa: E402
 import sys  # noqa: E402
 import zlib  # noqa: E402
 from typing import Any, Optional  # noqa: E402
@@ -276,6 +277,15 @@ class NodeService:
         gevent.spawn(send)
 
 
+class NoDelayServer(WSGIServer):
+    """Answers go out at once (``TCP_NODELAY``, which accepted connections inherit): a ``100
+    Continue`` followed by the answer would otherwise wait for a delayed ACK (about 40 ms)."""
+
+    def init_socket(self) -> None:
+        super().init_socket()
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def _conf(req: Request, required: tuple[str, ...]) -> dict[str, Any]:
     conf = req.json()
     if not isinstance(conf, dict):
@@ -300,7 +310,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except OSError:
         pass
     service = NodeService(args.name, args.controller, args.run_id, args.workdir, args.port)
-    server = WSGIServer((args.bind, args.port), service.router, log=None)
+    server = NoDelayServer((args.bind, args.port), service.router, log=None)
     gevent.signal_handler(signal.SIGTERM, server.stop)
     gevent.signal_handler(signal.SIGINT, server.stop)
     server.serve_forever()

@@ -16,26 +16,28 @@ BODY = bytes(range(256)) * 2048  # 512 KiB: over any socket buffer's first windo
 
 
 SERVER = """
-import sys
-from gevent.pywsgi import WSGIServer
+import socket
+from dml_app.node import NoDelayServer
 from dml_app.runtime.http import Router, json_response
 BODY = bytes(range(256)) * 2048
 router = Router(name="n1")
 router.add("POST", "/take", lambda req: json_response({"took": len(req.body), "same": req.body == BODY}), "public",
            len(BODY), early=lambda req: json_response({"accepted": False}) if req.query.get("refuse") else None)
-server = WSGIServer(("127.0.0.1", 0), router, log=None)
+server = NoDelayServer(("127.0.0.1", 0), router, log=None)  # the node's own server
 server.start()
-print(server.server_port, flush=True)
+print(server.server_port, server.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), flush=True)
 server.serve_forever()
 """
 
 
 @pytest.fixture
 def server():
-    """A real gevent server, in a process of its own, with one route that refuses early when asked."""
+    """A node's server, in a process of its own, with one route that refuses early when asked."""
     proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        yield f"http://127.0.0.1:{int(proc.stdout.readline())}"
+        port, nodelay = proc.stdout.readline().split()
+        assert nodelay != "0", "a 100 Continue and then the answer: the answer would wait for a delayed ACK"
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.kill()
         proc.wait()
