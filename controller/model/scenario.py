@@ -469,7 +469,7 @@ def _trace(value: Any, ev: EventContext) -> list[Step]:
     pairs = ev.pairs(src, dst, v["both_ways"])
     if ev.trace_files is None:
         raise ConfigError(f"{ev.here.field('file')}: a trace needs a scenario file to be read beside")
-    replay = ev.trace_files.replay({k: v[k] for k in TRACE_SCHEMA.fields}, ev.here)
+    replay = ev.trace_files.replay({k: v[k] for k in TRACE_SCHEMA.fields}, ev.here, rate_only="a scenario trace event")
     return [ev.step(0, "trace", _arrow(src, dst, v["both_ways"]), f"replays {replay.describe()}",
                     {"pairs": pairs, "replay": replay})]
 

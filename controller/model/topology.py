@@ -494,7 +494,7 @@ def load_nodes(path: str, host_kernel_s: Union[float, Callable[[], float], None]
         uplink = entry.get("uplink", defaults.get("uplink"))
         downlink = entry.get("downlink", defaults.get("downlink") if kind != "physical" else None)
         replays = {side: files.replay(value["trace"], Place.of(_where(path, entry["name"])).at(f"field {side!r}, trace"),
-                                      TopologyError)
+                                      TopologyError, rate_only="an access link")
                    for side, value in (("uplink", uplink), ("downlink", downlink)) if isinstance(value, dict)}
         uplink = replays["uplink"].rate_at(0.0) if "uplink" in replays else uplink
         downlink = replays["downlink"].rate_at(0.0) if "downlink" in replays else downlink
@@ -636,8 +636,15 @@ def links_from_data(data: Any, path: str, topology: Optional[Topology] = None,
             where = _where(path, src, f"link {i} (to {link['dest']!r})")
             replay = replays.get((src, link["dest"]))
             bw = link["bw"] if replay is None else f"{replay.rate_at(0.0)}bit"
-            work.add_link(src, link["dest"], bw, link.get("delay"), link.get("jitter"), link.get("loss"),
-                          link.get("queue"), where=where)
+            delay, loss = link.get("delay"), link.get("loss")
+            if replay is not None and replay.needs_netem:  # its recording's delay_ms, loss_pct: from the first bin
+                given = [k for k in ("delay", "jitter", "loss") if k in link]
+                if given:
+                    raise TopologyError(f"{where}: {' and '.join(map(repr, given))} with a trace whose recording "
+                                        f"has delay_ms or loss_pct columns: the recording sets them; give neither")
+                first_delay_ms, loss = replay.netem_at(0.0)
+                delay = f"{first_delay_ms}ms"
+            work.add_link(src, link["dest"], bw, delay, link.get("jitter"), loss, link.get("queue"), where=where)
             if replay is not None:
                 work.traces[(src, link["dest"])] = replay
             else:

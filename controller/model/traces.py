@@ -44,6 +44,7 @@ MAX_BINS = 10_000_000
 MIN_BIN_MS, MAX_BIN_MS = 1, 3_600_000
 MIN_REPLAY_RATE_BPS = 8_000  # a bin without data replays as 1 kbyte/s: a link must have a rate
 MAX_TIME_SCALE = 1000.0
+MIN_REPLAY_DELAY_MS = 0.001  # a bin of no delay and no loss keeps a netem leaf: 1 us of delay
 
 
 @dataclass(frozen=True)
@@ -66,18 +67,23 @@ class Trace:
     source: str
     bin_s: float
     rates_bps: np.ndarray
+    delays_ms: Optional[np.ndarray] = None  # a CSV's delay_ms column, by bin (needs sch_netem)
+    losses_pct: Optional[np.ndarray] = None  # its loss_pct column
 
     @property
     def duration_s(self) -> float:
         return self.bin_s * len(self.rates_bps)
 
-    def rate_at(self, t_s: float, loop: bool = True, offset_s: float = 0.0, time_scale: float = 1.0) -> int:
-        """The rate at ``t_s`` seconds of the replay: the trace shifted by ``offset_s`` (its time at
+    def bin_at(self, t_s: float, loop: bool = True, offset_s: float = 0.0, time_scale: float = 1.0) -> int:
+        """The bin at ``t_s`` seconds of the replay: the trace shifted by ``offset_s`` (its time at
         the replay's start), stretched by ``time_scale`` (2: a recorded second lasts two), from the
         start again at its end (``loop``) or holding its last bin."""
         k = math.floor((t_s / time_scale + offset_s) / self.bin_s)
-        k = k % len(self.rates_bps) if loop else min(max(k, 0), len(self.rates_bps) - 1)
-        return int(self.rates_bps[k])
+        return k % len(self.rates_bps) if loop else min(max(k, 0), len(self.rates_bps) - 1)
+
+    def rate_at(self, t_s: float, loop: bool = True, offset_s: float = 0.0, time_scale: float = 1.0) -> int:
+        """The rate at ``t_s`` seconds of the replay (``bin_at``)."""
+        return int(self.rates_bps[self.bin_at(t_s, loop, offset_s, time_scale)])
 
 
 def read_trace(path: str, fmt: str, bin_ms: int = 100, columns: Optional[ThroughputColumns] = None) -> Trace:
@@ -167,35 +173,62 @@ def throughput_log(lines: Sequence[str], columns: ThroughputColumns, bin_ms: int
 
 
 CSV_HEADER = ("time_s", "rate")
+NETEM_COLUMNS = ("delay_ms", "loss_pct")  # optional after rate, named in the header: they need sch_netem
+CSV_HEADERS = [CSV_HEADER, (*CSV_HEADER, "delay_ms"), (*CSV_HEADER, "loss_pct"), (*CSV_HEADER, *NETEM_COLUMNS)]
+MAX_TRACE_DELAY_MS = 60_000.0
+
+
+def _csv_header(lines: Sequence[str], path: str) -> tuple[str, ...]:
+    """The columns of a trace CSV: its header's, when its first line names ``time_s`` first."""
+    first = next((line for line in lines if line.strip()), "")
+    cells = tuple(c.strip() for c in first.split(","))
+    if cells[0] != "time_s":
+        return CSV_HEADER
+    if cells not in CSV_HEADERS:
+        n = next(i for i, line in enumerate(lines, 1) if line.strip())
+        raise ConfigError(f"{path}, line {n}: the header must be time_s,rate with delay_ms and/or loss_pct after "
+                          f"it, got {first.strip()!r}")
+    return cells
 
 
 def rate_rows(lines: Sequence[str], bin_ms: int, path: str) -> Trace:
-    """``time_s,rate`` rows (a header row allowed) as rates by bin: each rate holds until the
-    next row's time."""
+    """``time_s,rate`` rows (a header row allowed; with it, ``delay_ms`` and ``loss_pct`` columns
+    may follow) as rates (delays, losses) by bin: each row holds until the next row's time."""
+    header = _csv_header(lines, path)
     rows = []
-    for n, (time_text, rate_text) in csv_file.rows("\n".join(lines), path, CSV_HEADER, header_required=False,
-                                                   comments=True):
+    for n, cells in csv_file.rows("\n".join(lines), path, header, header_required=header != CSV_HEADER,
+                                  comments=True):
         where = f"{path}, line {n}"
-        t = _number(time_text, "time_s", where)
+        t = _number(cells[0], "time_s", where)
         try:
-            rate = parse_rate_bps(rate_text)
+            rate = parse_rate_bps(cells[1])
         except ConfigError as e:
             raise ConfigError(f"{where}: {e.message}") from None
-        rows.append((t, rate, n))
+        extra = {name: _number(text, name, where) for name, text in zip(header[2:], cells[2:])}
+        if extra.get("delay_ms", 0) > MAX_TRACE_DELAY_MS or extra.get("loss_pct", 0) > 100:
+            raise ConfigError(f"{where}: delay_ms must be at most {MAX_TRACE_DELAY_MS:g} and loss_pct at most 100, "
+                              f"got {', '.join(cells[2:])}")
+        rows.append((t, rate, n, extra))
     if not rows:
         raise ConfigError(f"{path}: the trace is empty")
-    for (t0, *_), (t1, _, n) in zip(rows, rows[1:]):
+    for (t0, *_), (t1, _, n, _) in zip(rows, rows[1:]):
         if t1 < t0:
             raise ConfigError(f"{path}, line {n}: time_s goes back ({t1:g} after {t0:g})")
     starts = np.array([r[0] for r in rows])
     ends = np.concatenate([starts[1:], [starts[-1] + bin_ms / 1000]])
-    return Trace(path, bin_ms / 1000, binned(starts, ends, np.array([r[1] for r in rows], dtype=float),
-                                             bin_ms / 1000, path))
+
+    def column(values: list[float], integer: bool) -> np.ndarray:
+        return binned(starts, ends, np.array(values, dtype=float), bin_ms / 1000, path, integer)
+
+    netem = {name: column([r[3][name] for r in rows], False) if name in header else None for name in NETEM_COLUMNS}
+    return Trace(path, bin_ms / 1000, column([r[1] for r in rows], True), netem["delay_ms"], netem["loss_pct"])
 
 
-def binned(starts_s: np.ndarray, ends_s: np.ndarray, rates_bps: np.ndarray, bin_s: float, path: str) -> np.ndarray:
+def binned(starts_s: np.ndarray, ends_s: np.ndarray, rates_bps: np.ndarray, bin_s: float, path: str,
+           integer: bool = True) -> np.ndarray:
     """The time-weighted mean rate of each bin of ``bin_s`` from 0 to the last end, given rates
-    that hold from ``starts_s`` to ``ends_s`` (a bin part no interval covers counts as rate 0)."""
+    that hold from ``starts_s`` to ``ends_s`` (a bin part no interval covers counts as rate 0);
+    rounded to integers, or (a delay, a loss) to 3 decimals."""
     n_bins = max(1, math.ceil(round(float(ends_s[-1]) / bin_s, 9)))
     _check_bins(n_bins, path)
     edges = np.arange(n_bins + 1) * bin_s
@@ -203,7 +236,8 @@ def binned(starts_s: np.ndarray, ends_s: np.ndarray, rates_bps: np.ndarray, bin_
     knots = np.concatenate([[0.0], np.ravel(np.column_stack([starts_s, ends_s]))])
     bits = np.concatenate([[0.0], np.ravel(np.column_stack([np.zeros(len(starts_s)), rates_bps * (ends_s - starts_s)]))])
     cumulative = np.interp(edges, knots, np.cumsum(bits))
-    return np.round(np.diff(cumulative) / bin_s).astype(np.int64)
+    means = np.diff(cumulative) / bin_s
+    return np.round(means).astype(np.int64) if integer else np.maximum(np.round(means, 3), 0.0)
 
 
 def _check_bins(n_bins: int, path: str) -> None:
@@ -260,6 +294,21 @@ class Replay:
     def rate_at(self, t_s: float) -> int:
         return max(self.trace.rate_at(t_s, self.loop, self.offset_s, self.time_scale), MIN_REPLAY_RATE_BPS)
 
+    @property
+    def needs_netem(self) -> bool:
+        """Its recording has a delay or a loss column: the link needs a netem leaf throughout."""
+        return self.trace.delays_ms is not None or self.trace.losses_pct is not None
+
+    def netem_at(self, t_s: float) -> Optional[tuple[float, float]]:
+        """(delay in ms, loss in %) at ``t_s`` when the recording has them (a column it lacks: 0),
+        the delay never below ``MIN_REPLAY_DELAY_MS`` (so the link keeps its netem leaf); else None."""
+        if not self.needs_netem:
+            return None
+        k = self.trace.bin_at(t_s, self.loop, self.offset_s, self.time_scale)
+        delays, losses = self.trace.delays_ms, self.trace.losses_pct
+        return (max(float(delays[k]) if delays is not None else 0.0, MIN_REPLAY_DELAY_MS),
+                float(losses[k]) if losses is not None else 0.0)
+
     def rates_bps(self, seconds: int) -> list[int]:
         """The mean replayed rate of each of its first ``seconds`` seconds (what --dry-run shows)."""
         per_s = max(1, round(1 / self.tick_s)) if self.tick_s < 1 else 1
@@ -271,6 +320,9 @@ class Replay:
                 f"mean {human_rate(float(np.mean(rates)))}, max {human_rate(float(np.max(rates)))}"
                 + (f", from {self.offset_s:g} s" if self.offset_s else "")
                 + (f", x{self.time_scale:g} slower" if self.time_scale != 1 else "")
+                + "".join(f", {what} mean {float(np.mean(values)):.3g} {unit}" for what, values, unit in
+                          (("delay", self.trace.delays_ms, "ms"), ("loss", self.trace.losses_pct, "%"))
+                          if values is not None)
                 + (", looped" if self.loop else ", once") + ")")
 
 
@@ -302,9 +354,11 @@ class TraceFiles:
         self.base_dir = base_dir
         self._read: dict[tuple[str, str, int], Trace] = {}
 
-    def replay(self, value: object, place: Place, error: type = ConfigError, loop: bool = True) -> Replay:
+    def replay(self, value: object, place: Place, error: type = ConfigError, loop: bool = True,
+               rate_only: Optional[str] = None) -> Replay:
         """The ``Replay`` a trace object (``TRACE_SCHEMA``) at ``place`` asks for; errors of type
-        ``error`` name the place, the file and its line. ``loop``: the default of ``loop``."""
+        ``error`` name the place, the file and its line. ``loop``: the default of ``loop``;
+        ``rate_only``: what replays only the rate ("an access link"): delay and loss columns refused."""
         raw = dict(value) if isinstance(value, dict) else value
         if isinstance(raw, dict) and "loop" not in raw:
             raw["loop"] = loop
@@ -320,7 +374,11 @@ class TraceFiles:
         if not v["loop"] and v["offset_s"] >= trace.duration_s:
             raise error(f"{place.field('offset_s')}: {v['offset_s']:g} s is past the end of {v['file']} "
                         f"({trace.duration_s:g} s)")
-        return Replay(trace, v["file"], v["format"], v["loop"], v["offset_s"], v["time_scale"])
+        replay = Replay(trace, v["file"], v["format"], v["loop"], v["offset_s"], v["time_scale"])
+        if rate_only and replay.needs_netem:
+            raise error(f"{place.field('file')}: {v['file']} has delay_ms or loss_pct columns, and {rate_only} "
+                        f"replays only the rate: a link of links.json replays them")
+        return replay
 
     @property
     def files_read(self) -> int:

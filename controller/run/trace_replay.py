@@ -21,13 +21,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
 from controller.model.traces import Replay
 from controller.results.run_dir import csv_bytes
 from worker.api.errors import TestbedError
 
 Key = tuple[str, str]
+Value = Union[int, tuple[int, float, float]]  # a rate, or a rate, a delay (ms) and a loss (%)
 ROW_FIELDS = ("planned_s", "applied_s", "skew_ms", "links", "changed", "outcome")
 TRACE_TICKS_CSV = "trace_ticks.csv"
 DEFAULT_PERIOD_S = 0.1
@@ -52,19 +53,29 @@ class TracedLink:
     def rate_at(self, t_s: float) -> int:
         return self.replay.rate_at(max(0.0, t_s - self.start_s) + EDGE_S)
 
+    def value_at(self, t_s: float) -> Value:
+        """Its rate at ``t_s``; with the recording's delay and loss: (rate, delay_ms, loss_pct)."""
+        netem = self.replay.netem_at(max(0.0, t_s - self.start_s) + EDGE_S)
+        rate = self.rate_at(t_s)
+        return rate if netem is None else (rate, *netem)
+
+
+def rate_of(value: Value) -> int:
+    return value if isinstance(value, int) else value[0]
+
 
 def access_key(node: str, side: str) -> Key:
     """The key of a node's access link among the links' (``@`` is in no node name)."""
     return (node, f"@{side}")
 
 
-def due(links: Iterable[TracedLink], t_s: float, last: dict[Key, int]) -> dict[Key, int]:
-    """The rates at ``t_s`` of the links whose rate is not ``last``'s."""
+def due(links: Iterable[TracedLink], t_s: float, last: dict[Key, Value]) -> dict[Key, Value]:
+    """The values at ``t_s`` (``TracedLink.value_at``) of the links whose value is not ``last``'s."""
     out = {}
     for link in links:
-        rate = link.rate_at(t_s)
-        if last.get(link.key) != rate:
-            out[link.key] = rate
+        value = link.value_at(t_s)
+        if last.get(link.key) != value:
+            out[link.key] = value
     return out
 
 
@@ -84,7 +95,7 @@ class TraceReplay:
         self.on_change = on_change
         self.progress = progress
         self.links: dict[Key, TracedLink] = {}
-        self.last: dict[Key, int] = {}  # each link's rate as last applied
+        self.last: dict[Key, Value] = {}  # each link's rate (delay, loss) as last applied
         self.rows: list[dict[str, Any]] = []
         self.t0: Optional[float] = None
         self._cond = threading.Condition()
@@ -125,7 +136,7 @@ class TraceReplay:
             with self._cond:
                 self.last.update({k: r for k, r in first.items() if k in self.links})
             if self.on_change is not None:
-                self.on_change(first, t_s)
+                self.on_change({k: rate_of(v) for k, v in first.items()}, t_s)
 
     def end(self, keys: Iterable[Key]) -> list[Key]:
         """Stop replaying on ``keys`` (their rate is set otherwise now); the ones that were replayed."""
@@ -175,23 +186,23 @@ class TraceReplay:
             self.tick(next_s)
             next_s = round((next_s + period) / period) * period
 
-    def tick(self, planned_s: float) -> dict[Key, int]:
-        """Apply the rates of time ``planned_s``: those that changed, in one request; a row."""
+    def tick(self, planned_s: float) -> dict[Key, Value]:
+        """Apply the rates (delays, losses) of time ``planned_s``: those that changed, in one request; a row."""
         with self._sending:
             with self._cond:
                 links = list(self.links.values())
                 changed = due(links, planned_s, self.last)
             return self._apply(changed, planned_s, len(links))
 
-    def _apply(self, changed: dict[Key, int], planned_s: float, links: int) -> dict[Key, int]:
+    def _apply(self, changed: dict[Key, Value], planned_s: float, links: int) -> dict[Key, Value]:
         outcome = "applied"
         if changed:
             try:
                 self._send(changed)
                 with self._cond:
-                    for key, rate in changed.items():
+                    for key, value in changed.items():
                         if key in self.links:
-                            self.last[key] = rate
+                            self.last[key] = value
             except TestbedError as e:
                 outcome = f"failed: {e.message}"
                 if e.message not in self._errors:  # each problem said once, every tick recorded
@@ -202,13 +213,15 @@ class TraceReplay:
                           "skew_ms": round((applied_s - planned_s) * 1000, 2), "links": links,
                           "changed": len(changed), "outcome": outcome})
         if changed and outcome == "applied" and self.on_change is not None:
-            self.on_change(changed, applied_s)
+            self.on_change({k: rate_of(v) for k, v in changed.items()}, applied_s)
         return changed
 
-    def _send(self, changed: dict[Key, int]) -> None:
+    def _send(self, changed: dict[Key, Value]) -> None:
         """Links' rates in one ``set_rates`` request; access links' in one merging links update
         (their classes are shares of the access rate: the worker re-plans those nodes)."""
-        rates = [{"src": s, "dst": d, "rate_bps": r} for (s, d), r in changed.items() if not d.startswith("@")]
+        rates = [{"src": s, "dst": d, "rate_bps": v} if isinstance(v, int) else
+                 {"src": s, "dst": d, "rate_bps": v[0], "delay_ms": v[1], "loss_pct": v[2]}
+                 for (s, d), v in changed.items() if not d.startswith("@")]
         access: dict[str, dict[str, int]] = {}
         for (node, d), r in changed.items():
             if d.startswith("@"):

@@ -115,3 +115,15 @@ def test_edgetb_up_replays_traced_links_in_the_foreground_until_stopped(cli, tmp
     again = json.loads(cli_run(["shape", "show", "a", "--json"], cli).stdout)
     assert last["kernel"]["classes"]["1:10"] == again["kernel"]["classes"]["1:10"] and again["verified"]
     assert len(cli_netns(cli)) == 2  # the nodes stay up
+
+
+def test_a_recordings_delay_column_is_refused_where_the_kernel_lacks_netem(cli, tmp_path):
+    from worker.shaping.apply import netem_available
+
+    if netem_available():
+        pytest.skip("this kernel has sch_netem: the vm tier replays a delay column (tests/vm/test_trace_netem.py)")
+    (tmp_path / "d.csv").write_text("time_s,rate,delay_ms\n0,4mbit,0\n1,2mbit,30\n")
+    links = cli_write(tmp_path, "links.json", {"a": [{"dest": "b", "trace": {"file": "d.csv", "format": "csv"}}]})
+    done = cli_run(["up", links], cli, check=False)
+    assert done.returncode == 1 and "sch_netem" in done.stderr and "a->b" in done.stderr, done.stderr
+    assert cli_netns(cli) == []  # nothing made

@@ -208,7 +208,10 @@ def test_set_rates_bodies_are_checked():
         bodies.checked(bodies.SET_RATES, {"version": 1, "rates": [{"src": "a", "dst": "b", "rate_bps": 0}]})
     with pytest.raises(ConfigError, match="unknown field"):
         bodies.checked(bodies.SET_RATES, {"version": 1, "rates": [{"src": "a", "dst": "b", "rate_bps": 8,
-                                                                   "delay_ms": 1}]})
+                                                                   "jitter_ms": 1}]})
+    with pytest.raises(ConfigError, match=r"rates\[0\], field 'loss_pct': must be a number in \[0, 100\]"):
+        bodies.checked(bodies.SET_RATES, {"version": 1, "rates": [{"src": "a", "dst": "b", "rate_bps": 8,
+                                                                   "delay_ms": 1, "loss_pct": 101}]})
 
 
 def test_nodes_json_access_links_replay_a_trace(tmp_path):
@@ -316,3 +319,59 @@ def test_urgent_raises_the_threads_priority_for_the_block_only():
         assert seen["inside"] == min(seen["before"], URGENT_NICE)
     else:  # not allowed: as it was
         assert seen["inside"] == seen["before"]
+
+
+def test_a_recording_with_delay_is_refused_on_an_access_link_and_in_a_scenario_event(tmp_path):
+    from controller.model.scenario import load_scenario
+    from controller.model.topology import load_nodes
+    from worker.api.errors import ConfigError, TopologyError
+
+    (tmp_path / "walk.csv").write_text("time_s,rate,delay_ms,loss_pct\n0,8mbit,40,0\n1,4mbit,5,0\n")
+    (tmp_path / "nodes.json").write_text('{"nodes": [{"name": "a", "uplink": {"trace": {"file": "walk.csv", '
+                                         '"format": "csv"}}}]}')
+    with pytest.raises(TopologyError, match="walk.csv has delay_ms or loss_pct columns, and an access link"):
+        load_nodes(str(tmp_path / "nodes.json"))
+    (tmp_path / "links.json").write_text('{"a": [{"dest": "b", "bw": "10mbit"}]}')
+    (tmp_path / "scenario.json").write_text('{"events": [{"at": 1, "trace": {"src": "a", "dst": "b", '
+                                            '"file": "walk.csv", "format": "csv"}}]}')
+    with pytest.raises(ConfigError, match="and a scenario trace event replays only the rate"):
+        load_scenario(str(tmp_path / "scenario.json"), load_links(str(tmp_path / "links.json")))
+
+
+def test_a_recordings_delay_and_loss_deploy_the_link_with_netem_and_travel_with_its_rate(tmp_path):
+    (tmp_path / "d.csv").write_text("time_s,rate,delay_ms,loss_pct\n0,4mbit,40,0\n0.1,4mbit,10,5\n0.2,2mbit,10,5\n")
+    path = tmp_path / "links.json"
+    path.write_text(json.dumps({"a": [{"dest": "b", "trace": {"file": "d.csv", "format": "csv"}}]}))
+    topo = load_links(str(path))
+    shape = topo.links[("a", "b")].shape
+    assert (shape.rate_bps, shape.delay_ms, shape.loss_pct, shape.needs_netem) == (4_000_000, 40.0, 0.0, True)
+    path.write_text(json.dumps({"a": [{"dest": "b", "delay": "5ms", "trace": {"file": "d.csv", "format": "csv"}}]}))
+    with pytest.raises(TopologyError, match="'delay' with a trace whose recording has delay_ms or loss_pct columns"):
+        load_links(str(path))
+    sent = []
+
+    class Worker:
+        def set_rates(self, body):
+            sent.append(bodies.checked(bodies.SET_RATES, body)["rates"])
+
+    replayer = TraceReplay(Worker(), clock=lambda: 0.0, progress=lambda _: None)
+    replayer.t0 = 0.0
+    replayer.add(TracedLink(s, d, r) for (s, d), r in topo.traces.items())
+    for k in range(3):
+        replayer.tick(k / 10)
+    assert sent == [[{"src": "a", "dst": "b", "rate_bps": 4_000_000, "delay_ms": 40.0, "loss_pct": 0.0}],
+                    [{"src": "a", "dst": "b", "rate_bps": 4_000_000, "delay_ms": 10.0, "loss_pct": 5.0}],
+                    [{"src": "a", "dst": "b", "rate_bps": 2_000_000, "delay_ms": 10.0, "loss_pct": 5.0}]]
+
+
+def test_rate_messages_change_the_netem_leaf_only_when_delay_or_loss_or_rate_change():
+    from worker.shaping.rates import rate_messages
+
+    plan = {"ifname": "eth0", "rules": [{"dest": "b", "minor": 16, "shape": {"rate_bps": 10**6, "delay_ms": 40.0,
+                                                                             "jitter_ms": 0.0, "loss_pct": 0.0}},
+                                        {"dest": "c", "minor": 17, "shape": {"rate_bps": 10**6}}]}
+    assert rate_messages(3, plan, {"b": 10**6}, {"b": (40.0, 0.0)}) == ([], [])  # nothing new
+    msgs, what = rate_messages(3, plan, {"b": 10**6}, {"b": (10.0, 5.0)})
+    assert len(msgs) == 1 and what == ["delay and loss of the link to b (10 ms, 5 %)"]  # the leaf, not the class
+    msgs, what = rate_messages(3, plan, {"b": 2 * 10**6, "c": 2 * 10**6})
+    assert len(msgs) == 3 and what[0] == what[1] == "rate of the link to b (2000000 bit/s)"  # class + leaf's limit

@@ -118,3 +118,35 @@ def test_one_csv_reader_for_traces_and_availability_files(tmp_path):
         csv_file.read_capped(write(tmp_path, "big", "x" * ((1 << 20) + 1)), 1 << 20, "the trace")
     # a trace CSV read through it (availability files: tests/unit/test_availability.py)
     assert read_trace(write(tmp_path, "t.csv", text), "csv", bin_ms=1000).rates_bps.tolist() == [1_000_000, 2_000_000]
+
+
+def test_a_csv_with_delay_and_loss_columns_replays_them_by_bin(tmp_path):
+    from controller.model.traces import MIN_REPLAY_DELAY_MS, Replay
+
+    text = "time_s,rate,delay_ms,loss_pct\n0,4mbit,40,0\n0.5,2mbit,10,5\n1,1mbit,0,0\n"
+    trace = read_trace(write(tmp_path, "d.csv", text), "csv", bin_ms=500)
+    assert trace.rates_bps.tolist() == [4_000_000, 2_000_000, 1_000_000]
+    assert trace.delays_ms.tolist() == [40.0, 10.0, 0.0] and trace.losses_pct.tolist() == [0.0, 5.0, 0.0]
+    replay = Replay(trace, "d.csv", "csv")
+    assert replay.needs_netem and replay.netem_at(0.6) == (10.0, 5.0)
+    assert replay.netem_at(1.2) == (MIN_REPLAY_DELAY_MS, 0.0)  # (the link keeps its netem leaf)
+    coarse = read_trace(write(tmp_path, "d.csv", text), "csv", bin_ms=1000)  # time-weighted means
+    assert coarse.delays_ms.tolist() == [25.0, 0.0] and coarse.losses_pct.tolist() == [2.5, 0.0]
+    only_loss = read_trace(write(tmp_path, "l.csv", "time_s,rate,loss_pct\n0,1mbit,2\n"), "csv")
+    assert only_loss.delays_ms is None and Replay(only_loss, "l.csv", "csv").netem_at(0) == (MIN_REPLAY_DELAY_MS, 2.0)
+    plain = Replay(read_trace(write(tmp_path, "p.csv", "0,1mbit\n"), "csv"), "p.csv", "csv")
+    assert not plain.needs_netem and plain.netem_at(0) is None
+    assert "delay mean 16.7 ms, loss mean 1.67 %" in replay.describe()
+
+
+@pytest.mark.parametrize("text, words", [
+    ("time_s,rate,delay\n0,1mbit,5\n", "line 1: the header must be time_s,rate with delay_ms and/or loss_pct"),
+    ("time_s,rate,delay_ms\n0,1mbit\n", "line 2: expected 3 fields (time_s,rate,delay_ms), got 2"),
+    ("time_s,rate,delay_ms\n0,1mbit,-5\n", "line 2: delay_ms must be a finite number >= 0"),
+    ("time_s,rate,loss_pct\n0,1mbit,120\n", "line 2: delay_ms must be at most 60000 and loss_pct at most 100"),
+    ("0,1mbit,5\n", "line 1: expected 2 fields (time_s,rate), got 3"),  # (columns past rate need the header)
+])
+def test_bad_delay_and_loss_columns_are_refused_naming_the_line(tmp_path, text, words):
+    with pytest.raises(ConfigError) as e:
+        read_trace(write(tmp_path, "x.csv", text), "csv")
+    assert words in e.value.message, e.value.message

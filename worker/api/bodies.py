@@ -15,7 +15,7 @@ from typing import Any
 
 from worker.api.protocol import check_version
 from worker.api.schema import ABSENT, IPV4_ADDRESS, MAX_SECONDS, Field, Schema
-from worker.api.shape import MAX_RATE_BPS
+from worker.api.shape import MAX_DELAY_MS, MAX_RATE_BPS
 
 REQUEST = "request"  # the place every message starts with
 MIN_ACCESS_BPS = 8
@@ -46,7 +46,10 @@ SET_LINKS = Schema({
 
 RATE = Schema({"src": NAME, "dst": NAME,
                "rate_bps": Field(int, "the link's new rate in bit/s", required=True, low=MIN_ACCESS_BPS,
-                                 high=MAX_RATE_BPS)})
+                                 high=MAX_RATE_BPS),
+               "delay_ms": Field(float, "its new delay in ms (its netem leaf's; a recording's column)", default=ABSENT,
+                                 low=0, high=MAX_DELAY_MS),
+               "loss_pct": Field(float, "its new loss in % (its netem leaf's)", default=ABSENT, low=0, high=100)})
 SET_RATES = Schema({"version": VERSION,
                     "rates": Field(list, "links already shaped and their new rates (a recorded trace's bin)",
                                    required=True, items=Field(dict, schema=RATE), max_items=100_000)})

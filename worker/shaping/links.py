@@ -128,7 +128,8 @@ class Links:
 
     def set_rates(self, body: dict[str, Any]) -> dict[str, Any]:
         """Change the rates of shaped links in place (``{"rates": [{"src", "dst", "rate_bps"}]}``),
-        one netlink batch per node (``worker.shaping.rates``); their delay, loss and queue stay.
+        one netlink batch per node (``worker.shaping.rates``); their delay, loss and queue stay,
+        unless an entry gives ``delay_ms`` and ``loss_pct`` (a recording's: its netem leaf).
         A link that is not shaped on this host is refused before anything changes. The thread runs
         at nice -10 meanwhile (``rates.urgent``): a replay's tick is due at a time."""
         with urgent():
@@ -138,6 +139,7 @@ class Links:
         started = time.monotonic()
         state = self.store.snapshot()
         wanted: dict[str, dict[str, int]] = {}
+        impair: dict[str, dict[str, tuple[float, float]]] = {}
         for i, r in enumerate(body["rates"]):
             if r["src"] not in state["nodes"]:
                 raise NotFound(f"{REQUEST}: rates[{i}]: no node {r['src']!r} on this host")
@@ -148,11 +150,14 @@ class Links:
             if r["dst"] in per_src:
                 raise ConfigError(f"{REQUEST}: rates[{i}]: {r['src']}->{r['dst']} listed twice")
             per_src[r["dst"]] = r["rate_bps"]
+            if "delay_ms" in r or "loss_pct" in r:  # a recording's delay and loss: the netem leaf's
+                impair.setdefault(r["src"], {})[r["dst"]] = (r.get("delay_ms", 0.0), r.get("loss_pct", 0.0))
         changed = 0
         done: list[str] = []
         try:
             for src, rates in wanted.items():
-                changed += change_rates(self.rate_sockets, state["nodes"][src]["netns"], state["plans"][src], rates)
+                changed += change_rates(self.rate_sockets, state["nodes"][src]["netns"], state["plans"][src], rates,
+                                        impair.get(src))
                 done.append(src)
         finally:  # what the kernel holds now, also when a node failed on the way
             with self.store.locked() as fresh:
@@ -160,6 +165,8 @@ class Links:
                     for rule in (fresh["plans"].get(src) or {}).get("rules", []):
                         if rule["dest"] in wanted[src]:
                             rule["shape"]["rate_bps"] = wanted[src][rule["dest"]]
+                        if rule["dest"] in impair.get(src, {}):
+                            rule["shape"]["delay_ms"], rule["shape"]["loss_pct"] = impair[src][rule["dest"]]
         return {"links": len(body["rates"]), "changed": changed, "seconds": round(time.monotonic() - started, 4)}
 
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:

@@ -57,37 +57,50 @@ class RateSockets:
             self._open.clear()
 
 
-def rate_messages(ifindex: int, plan: dict[str, Any], rates: dict[str, int]) -> tuple[list[bytes], list[str]]:
+def rate_messages(ifindex: int, plan: dict[str, Any], rates: dict[str, int],
+                  netem: Optional[dict[str, tuple[float, float]]] = None) -> tuple[list[bytes], list[str]]:
     """The requests that give the links of ``plan`` (a stored plan: ``Plan.to_dict``) to the
     destinations of ``rates`` their new rate (their class; a netem leaf's limit too), as
-    ``Plan.class_rates`` computes them (an uplink's share), and what each request does."""
+    ``Plan.class_rates`` computes them (an uplink's share), and to those of ``netem`` their new
+    (delay in ms, loss in %) in their netem leaf (a recording's columns); what each request does."""
     msgs: list[bytes] = []
     what: list[str] = []
+    netem = netem or {}
     uplink = plan.get("uplink_bps")
     count = max(1, len(plan["rules"]))
     for rule in plan["rules"]:
-        if rule["dest"] not in rates or rule["shape"]["rate_bps"] == rates[rule["dest"]]:
+        dest, old = rule["dest"], rule["shape"]
+        if dest not in rates:
             continue
-        link = rates[rule["dest"]]
-        rate = max(8, min(link, int(uplink) // count)) if uplink else link
-        label = f"rate of the link to {rule['dest']} ({link} bit/s)"
-        msgs.append(nl.htb_class(ifindex, int(rule["minor"]), rate, 0, ceil_bps=link, parent_minor=ACCESS_MINOR))
-        what.append(label)
-        if any(rule["shape"].get(k) for k in ("delay_ms", "jitter_ms", "loss_pct")):  # netem's limit follows the rate
-            shape = Shape.from_dict({**rule["shape"], "rate_bps": link})
+        link = rates[dest]
+        impair = netem.get(dest)
+        new_impair = impair is not None and (old.get("delay_ms") or 0.0, old.get("loss_pct") or 0.0) != impair
+        if old["rate_bps"] == link and not new_impair:
+            continue
+        label = f"rate of the link to {dest} ({link} bit/s)"
+        if old["rate_bps"] != link:
+            rate = max(8, min(link, int(uplink) // count)) if uplink else link
+            msgs.append(nl.htb_class(ifindex, int(rule["minor"]), rate, 0, ceil_bps=link, parent_minor=ACCESS_MINOR))
+            what.append(label)
+        delay_ms, loss_pct = impair if impair is not None else (old.get("delay_ms") or 0.0, old.get("loss_pct") or 0.0)
+        if impair is not None or any(old.get(k) for k in ("delay_ms", "jitter_ms", "loss_pct")):
+            # the leaf's delay and loss, and its limit, which follows the rate
+            shape = Shape.from_dict({**old, "rate_bps": link, "delay_ms": delay_ms, "loss_pct": loss_pct})
             msgs.append(nl.netem_leaf(ifindex, int(rule["minor"]), shape.delay_ms, shape.jitter_ms, shape.loss_pct,
                                       netem_limit_pkts(shape)))
-            what.append(label)
+            what.append(label if impair is None else f"delay and loss of the link to {dest} "
+                                                     f"({delay_ms:g} ms, {loss_pct:g} %)")
     return msgs, what
 
 
-def change_rates(sockets: RateSockets, netns: Optional[str], plan: dict[str, Any], rates: dict[str, int]) -> int:
-    """Give the links of ``plan`` (stored) to ``rates``' destinations their new rate in one batch;
-    how many changed. A refusal raises ShapingError; a socket that fails (the interface made
-    again) is opened afresh once."""
+def change_rates(sockets: RateSockets, netns: Optional[str], plan: dict[str, Any], rates: dict[str, int],
+                 netem: Optional[dict[str, tuple[float, float]]] = None) -> int:
+    """Give the links of ``plan`` (stored) to ``rates``' destinations their new rate (and to
+    ``netem``'s their delay and loss) in one batch; how many changed. A refusal raises
+    ShapingError; a socket that fails (the interface made again) is opened afresh once."""
     for attempt in (0, 1):
         sock, ifindex = sockets.get(netns, plan["ifname"])
-        msgs, what = rate_messages(ifindex, plan, rates)
+        msgs, what = rate_messages(ifindex, plan, rates, netem)
         if not msgs:
             return 0
         try:
