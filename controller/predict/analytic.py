@@ -28,7 +28,8 @@ received and sent, as its role does.
 - gossip's received models: a node's last round refuses what comes once it has gathered, so the
   in-neighbour's last model is not received (R - 1 of R rounds' models, as a lockstep run has it).
 
-Time: ``own_units`` = epochs x samples x parameters / cpu (this node's training),
+Time: ``own_units`` = epochs x samples x training FLOPs per sample / cpu (this node's training;
+the FLOPs from the model itself, ``model_graph``, else 6 a parameter),
 ``round_units`` the same on the round's critical path (a ring waits for its slowest member, an
 FL round for its slowest trainer); ``transfer_s`` the critical path's transfers at the
 configured rates, the TCP/IP and Ethernet headers the shaper counts included, plus the paths'
@@ -36,7 +37,10 @@ delays (an FL aggregator's access links shared by its K models); ``own_send_s`` 
 own sending; ``steps`` the transfers one after another on the critical path (a ring's 2(N - 1)
 steps, a tree's way up and down, FL's model out and back, gossip's one send), each of which
 also costs a latency (the request, the handling, the wait for the slowest) that the
-calibration measures once.
+calibration measures once; ``host_contention``: the payload all nodes send in the round (which
+the emulation host's cores serialise, copy and shape) times the node processes that share those
+cores (``host_s_per_byte_node``, measured once: at 80 nodes on 2 cores it is most of an E-tree
+round, and it grows as N squared).
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ import numpy as np
 
 from controller.confs.confs import next_hops
 from controller.predict.features import Path, etree_positions, etree_rounds, path, paths, ring_structure, send_targets
+from controller.predict.model_graph import DENSE_FLOPS_PER_WEIGHT, TRAIN_FLOPS_PER_FORWARD
 from controller.predict.setting import Setting
 
 PARTIAL_SUM_BYTES = 8  # ring reduce-scatter partial sums travel as float64
@@ -69,6 +74,13 @@ class Terms:
     transfer_s: float = 0.0
     own_send_s: float = 0.0
     steps: float = 0.0  # transfers one after another on the round's critical path
+    host_bytes: float = 0.0  # the payload every node sends in this node's round: the emulation host's work
+    host_nodes: float = 0.0  # the node processes that share the host's cores
+
+    @property
+    def host_contention(self) -> float:
+        """The host's work per round times the processes it is shared among (bytes x nodes)."""
+        return self.host_bytes * self.host_nodes
     unsupported: Optional[str] = None
     flows: list[tuple[Path, float, float]] = field(default_factory=list)  # (path, payload bytes, messages)
 
@@ -85,7 +97,13 @@ def _units(setting: Setting, node: str) -> float:
     epochs = conf.get("epoch") or 0
     if conf.get("role") == "etree":  # the trainer position's epochs (none without one)
         epochs = next((p.get("epoch") or 0 for p in conf.get("positions") or [] if p.get("layer") == 1), 0)
-    return float(epochs) * setting.samples.get(node, 0) * setting.param_count / cpu
+    return float(epochs) * setting.samples.get(node, 0) * work_per_sample(setting) / cpu
+
+
+def work_per_sample(setting: Setting) -> float:
+    """Training FLOPs per sample: the model's own (``model_graph``), else a dense network's of its
+    parameters (6 a parameter: 2 forward, 4 backward)."""
+    return setting.flops_per_sample or TRAIN_FLOPS_PER_FORWARD * DENSE_FLOPS_PER_WEIGHT * setting.param_count
 
 
 def wire_s(nbytes: float, rate_bps: float) -> float:
@@ -252,7 +270,7 @@ def _etree(setting: Setting, out: dict[str, Terms]) -> None:
         own_send = 0.0 if layers[0] == 1 else critical(lowest)[1] / float(pos[lowest].get("sync") or 1)
         out[node] = Terms((sent[node] - lost) * model / r, recv[node] * model / r, (sent[node] - lost) / r,
                           recv[node] / r, _units(setting, node) if layers[0] == 1 else 0.0, total_u / r,
-                          total_t / r, own_send, steps=total_steps / r,
+                          total_t / r, own_send, steps=total_steps / r, host_bytes=sum(sent.values()) * model / r,
                           flows=[(fp, n * model / r, n / r) for fp, n in flows[node]])  # type: ignore[misc]
 
 
@@ -273,6 +291,10 @@ def terms(setting: Setting) -> dict[str, Terms]:
         why = f"no analytic model of {setting.algorithm!r}"
         return {n: Terms(unsupported=why) for n in setting.structure}
     _add_relays(out)
+    host = sum(t.payload_sent_bytes for t in out.values())
+    for t in out.values():
+        t.host_bytes = t.host_bytes or host
+        t.host_nodes = float(len(setting.structure))
     return out
 
 
@@ -312,7 +334,8 @@ def predict(t: Terms, rounds: float, calibration: dict[str, float]) -> dict[str,
     if t.unsupported:
         return {}
     compute = calibration.get("compute_s_per_unit", 0.0)
-    round_s = compute * t.round_units + t.transfer_s + t.steps * calibration.get("latency_s_per_step", 0.0)
+    round_s = (compute * t.round_units + t.transfer_s + t.steps * calibration.get("latency_s_per_step", 0.0)
+               + t.host_contention * calibration.get("host_s_per_byte_node", 0.0))
     return {"round_mean_s": round_s, "round_p95_s": round_s, "train_s": compute * t.own_units,
             "send_s": t.own_send_s, "total_s": rounds * round_s,
             "bytes_sent_per_round": t.payload_sent_bytes + t.messages_sent * calibration.get(

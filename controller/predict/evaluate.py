@@ -60,7 +60,7 @@ def evaluate(rows: Sequence[Row], by: str = "config") -> dict[str, Any]:
             why = unseen(doc, test[0]) or ""
             held_out.append({**entry, "skipped": why.split(": ", 1)[-1]})
             continue
-        out = sorted({o["feature"] for r in known for o in outside(doc["groups"][r.group], r.features)})
+        out = sorted({o["feature"] for r in known for o in outside(doc["groups"][r.group], r.features, r.names)})
         kind = "extrapolation" if out else "interpolation"
         held_out.append({**entry, "kind": kind, "outside_range": out,
                          "unseen": sorted({why.split(": ", 1)[-1] for r in test for why in [unseen(doc, r)] if why})})

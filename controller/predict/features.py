@@ -26,7 +26,7 @@ UNSHAPED_BPS = 10_000_000_000  # a path with no shaped link (an open network): t
 
 FEATURES = ("n_nodes", "layer", "out_degree", "in_degree", "relay_hops", "rate_min_bps", "rate_median_bps",
             "rate_max_bps", "uplink_bps", "downlink_bps", "delay_ms", "loss_pct", "cpu", "mem_bytes",
-            "param_count", "model_bytes", "samples", "batch_size", "epochs", "rounds", "trainer_fraction",
+            "param_count", "model_bytes", "flops_per_sample", "samples", "batch_size", "epochs", "rounds", "trainer_fraction",
             "quorum", "deadline_s", "background_bps")
 
 
@@ -182,6 +182,7 @@ def node_features(setting: Setting) -> dict[str, dict[str, float]]:
             "loss_pct": max((p.loss_pct for p in mine), default=0.0),
             "cpu": float(spec.cpu or 1.0), "mem_bytes": float(spec.mem_bytes or 0),
             "param_count": float(setting.param_count), "model_bytes": float(setting.model_bytes),
+            "flops_per_sample": float(setting.flops_per_sample or 6.0 * setting.param_count),
             "samples": float(setting.samples.get(node, 0)), "batch_size": float(setting.batch_size.get(node, 0)),
             "epochs": float(conf.get("epoch") or 0) if conf.get("role") != "fl_aggregator" else 0.0,
             "rounds": tree_rounds.get(node, float(conf.get("sync") or 0)), **fl, "background_bps": background[node]}

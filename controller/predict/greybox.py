@@ -16,8 +16,8 @@ from controller.predict.analytic import Terms
 from worker.api.errors import ConfigError
 
 COLUMNS: dict[str, tuple[str, ...]] = {
-    "round_mean_s": ("round_units", "transfer_s", "messages", "one"),
-    "round_p95_s": ("round_units", "transfer_s", "messages", "one"),
+    "round_mean_s": ("round_units", "transfer_s", "messages", "host_contention", "one"),
+    "round_p95_s": ("round_units", "transfer_s", "messages", "host_contention", "one"),
     "train_s": ("own_units", "one"),
     "send_s": ("own_send_s", "messages_sent", "one"),
     "total_s": ("rounds_round_units", "rounds_transfer_s", "rounds_messages", "rounds", "one"),
@@ -35,7 +35,7 @@ def column_values(t: Terms, rounds: float) -> dict[str, float]:
     return {"round_units": t.round_units, "own_units": t.own_units, "transfer_s": t.transfer_s,
             "own_send_s": t.own_send_s, "messages": t.messages, "messages_sent": t.messages_sent,
             "messages_recv": t.messages_recv, "payload_sent_bytes": t.payload_sent_bytes,
-            "payload_recv_bytes": t.payload_recv_bytes, "one": 1.0, "rounds": rounds,
+            "payload_recv_bytes": t.payload_recv_bytes, "host_contention": t.host_contention, "one": 1.0, "rounds": rounds,
             "rounds_round_units": rounds * t.round_units, "rounds_transfer_s": rounds * t.transfer_s,
             "rounds_messages": rounds * t.messages}
 

@@ -37,10 +37,13 @@ from controller.predict.setting import Setting, from_input_dir, from_run_dir
 from controller.predict.targets import TARGETS, read_targets
 from worker.api.errors import ConfigError
 
-VERSION = 1
+VERSION = 2  # 2: compute in training FLOPs (model_graph), flops_per_sample a feature
 KIND = "edgetb-predict-model"
 MIN_CONFIGS = 2
 PREDICTORS = ("analytic", "greybox", "svr", "linear")
+# named settings predicted even when never seen in training (listed under outside_range): a model is
+# known by its own features (parameters, bytes, FLOPs per sample)
+UNSEEN_NAMES_PREDICTED = ("model",)
 
 
 @dataclass
@@ -107,15 +110,34 @@ def _calibration(rows: Sequence[Row]) -> dict[str, float]:
 def _overheads(rows: Sequence[Row], compute_s_per_unit: float = 0.0) -> dict[str, float]:
     """The framing per message and the latency per step of a group's rows: the medians of what
     the runs measured beyond the analytic payload and the analytic compute and transfers."""
-    latency = [(r.targets["round_mean_s"] - compute_s_per_unit * r.terms.round_units - r.terms.transfer_s)
-               / r.terms.steps for r in rows if r.terms.steps > 0 and r.targets.get("round_mean_s") is not None]
-    out = {"latency_s_per_step": max(0.0, _median(latency))}
+    timed = [r for r in rows if r.terms.steps > 0 and r.targets.get("round_mean_s") is not None]
+    out = dict(zip(("latency_s_per_step", "host_s_per_byte_node"), _latency_and_host(timed, compute_s_per_unit)))
     for direction in ("sent", "recv"):
         per = [(r.targets[f"bytes_{direction}_per_round"] - getattr(r.terms, f"payload_{direction}_bytes"))
                / getattr(r.terms, f"messages_{direction}") for r in rows
                if getattr(r.terms, f"messages_{direction}") > 0 and r.targets.get(f"bytes_{direction}_per_round")]
         out[f"overhead_{direction}_bytes_per_msg"] = _median(per)  # type: ignore[arg-type]
     return out
+
+
+def _latency_and_host(rows: Sequence[Row], compute_s_per_unit: float) -> tuple[float, float]:
+    """The latency per step and the host's seconds per byte sent by all nodes and node sharing its
+    cores (``Terms.host_contention``): the non-negative least-squares split of what the rows' round times hold beyond compute and transfers, each
+    row weighted by 1 / its round time (relative errors). One configuration: latency alone."""
+    if not rows:
+        return 0.0, 0.0
+    residual = np.array([r.targets["round_mean_s"] - compute_s_per_unit * r.terms.round_units  # type: ignore[operator]
+                         - r.terms.transfer_s for r in rows])
+    x = np.array([[r.terms.steps, r.terms.host_contention] for r in rows], dtype=float)
+    if len({r.config for r in rows}) < 2 or not np.any(x[:, 1]):
+        return max(0.0, _median([float(v) for v in residual / x[:, 0]])), 0.0
+    from scipy.optimize import nnls
+
+    w = 1.0 / np.array([r.targets["round_mean_s"] for r in rows], dtype=float)  # type: ignore[misc]
+    scale = np.linalg.norm(x * w[:, None], axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(x * w[:, None] / scale, residual * w)
+    return float(coef[0] / scale[0]), float(coef[1] / scale[1])
 
 
 def _fit_group(name: str, rows: Sequence[Row], compute_s_per_unit: float = 0.0) -> dict[str, Any]:
@@ -205,6 +227,8 @@ def unseen(doc: dict[str, Any], r: Row) -> Optional[str]:
                 f"training (the model knows {', '.join(sorted(doc['groups']))})")
     seen = doc["groups"][r.group].get("names", {})
     for key, value in r.names.items():
+        if key in UNSEEN_NAMES_PREDICTED:
+            continue
         if key in seen and value not in seen[key]:
             return (f"{r.source}: node {r.node!r}: {key} {value!r} was never seen in training for "
                     f"{r.group} (the model knows {', '.join(repr(v) for v in seen[key])})")
@@ -218,9 +242,15 @@ def _check_known(doc: dict[str, Any], rows: Sequence[Row]) -> None:
             raise ConfigError(why)
 
 
-def outside(group: dict[str, Any], features: dict[str, float]) -> list[dict[str, Any]]:
-    """The features of a row outside the group's fitted range."""
-    out = []
+def outside(group: dict[str, Any], features: dict[str, float],
+            names: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
+    """The features of a row outside the group's fitted range, and a model never seen in training
+    (predicted from its own FLOPs and size: an extrapolation)."""
+    out: list[dict[str, Any]] = []
+    for key in UNSEEN_NAMES_PREDICTED:
+        seen = group.get("names", {}).get(key)
+        if names and seen is not None and names.get(key) not in seen:
+            out.append({"feature": key, "value": names.get(key), "seen": seen})
     for name, (lo, hi) in group["range"].items():
         value = features[name]
         if value < lo - 1e-9 * abs(lo) or value > hi + 1e-9 * abs(hi):
@@ -266,7 +296,7 @@ def predict_rows(doc: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
     for r in rows:
         group = doc["groups"][r.group]
         nodes.append({"node": r.node, "role": r.role, "predictions": predict_row(doc, r),
-                      "outside_range": outside(group, r.features), "features": r.features})
+                      "outside_range": outside(group, r.features, r.names), "features": r.features})
         if r.targets:
             nodes[-1]["measured"] = {t: r.targets.get(t) for t in TARGETS}
         by_role.setdefault(r.role, []).append(nodes[-1])

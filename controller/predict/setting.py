@@ -52,6 +52,7 @@ class Setting:
     source: str
     dataset: str = ""
     background: list[tuple[str, str, float]] = field(default_factory=list)  # (src, dst, mean bit/s)
+    flops_per_sample: float = 0.0  # training FLOPs per sample, from the model itself (0: unknown)
 
     @property
     def model_bytes(self) -> int:
@@ -134,6 +135,18 @@ def _model_size_from_conf(model: dict[str, Any], input_shape: list[int], n_class
     return int(sum(w.size for w in weights)), int(max(w.dtype.itemsize for w in weights))
 
 
+def _train_flops(model: dict[str, Any], input_shape: list[int], n_classes: int, workdir: str) -> float:
+    """The model's training FLOPs per sample (``model_graph``), 0 when it cannot be read."""
+    from controller.predict.model_graph import graph_of
+
+    if not n_classes or not isinstance(model, dict):
+        return 0.0
+    try:
+        return graph_of(model, input_shape, n_classes, workdir).train_flops_per_sample
+    except Exception:  # (a user's module that does not build here: the parameters stand in)
+        return 0.0
+
+
 def _data(dataset_path: str, nodes: list[str], workdir: str) -> tuple[dict[str, int], dict[str, int], list[int], int]:
     """Each node's training samples and batch size, the input shape and class count, as the
     controller would split the dataset of ``dataset_path`` over ``nodes`` (nothing written)."""
@@ -207,7 +220,8 @@ def from_files(structure_path: str, dataset_path: str, topology: Topology, algor
     model = next(iter(structure.values()))["model"]
     params, itemsize = _model_size_from_conf(model, input_shape, n_classes, workdir, structure_path)
     return Setting(algorithm, structure, topology, samples, batch, params, itemsize, workdir,
-                   dataset_name(dataset_path), background_flows(scenario_path, topology))
+                   dataset_name(dataset_path), background_flows(scenario_path, topology),
+                   _train_flops(model, input_shape, n_classes, workdir))
 
 
 def from_input_dir(input_dir: str, algorithm: Optional[str] = None) -> Setting:
@@ -301,5 +315,7 @@ def from_run_dir(run_dir: str) -> Setting:
         raise MissingFileError(f"{run_dir}: neither models/*.safetensors nor a dataset file under inputs/ "
                                f"to tell the model's size{problem}")
     scenario_path = _one(inputs, "*scenario*.json", "scenario", required=False) if os.path.isdir(inputs) else None
+    flops = _train_flops(next(iter(structure.values())).get("model") or {}, input_shape, n_classes, inputs)
     return Setting(algorithm, structure, topology, samples, batch, params, itemsize, run_dir,
-                   dataset_name(dataset_path) if dataset_path else "", background_flows(scenario_path, topology))
+                   dataset_name(dataset_path) if dataset_path else "", background_flows(scenario_path, topology),
+                   flops)

@@ -16,8 +16,9 @@ from controller.predict.features import node_features
 from controller.predict.greybox import COLUMNS
 from controller.predict.setting import from_input_dir, from_run_dir
 
-# seconds per parameter-sample-epoch, per second of configured transfer, per message, per round
-TRUE = {"round_units": 5e-9, "transfer_s": 1.5, "messages": 0.004, "one": 0.05}
+# seconds per training FLOP, per second of configured transfer, per message, per byte all nodes send
+# and node sharing the host, per round
+TRUE = {"round_units": 5e-9, "transfer_s": 1.5, "messages": 0.004, "host_contention": 2e-8, "one": 0.05}
 GRID = [  # (nodes, link rate in mbit/s, cpu, epochs, hidden)
     (3, 5, 1.0, 1, 32), (3, 20, 0.5, 3, 128), (4, 5, 0.5, 2, 64), (4, 20, 1.0, 1, 128),
     (4, 10, 1.0, 3, 32), (5, 5, 1.0, 1, 128), (5, 20, 0.5, 2, 32), (6, 10, 0.5, 1, 64),

@@ -45,7 +45,7 @@ def test_one_configuration_is_too_few_even_when_run_twice(tmp_path):
 def test_grey_box_with_fewer_configurations_than_coefficients_is_refused_and_said(two_rings):
     doc = model_file.fit(model_file.load_runs(two_rings))
     group = doc["groups"]["ring/ring"]
-    assert "4 coefficients" in group["greybox"]["round_mean_s"]["refused"]
+    assert "5 coefficients" in group["greybox"]["round_mean_s"]["refused"]
     assert "2 configuration(s)" in group["greybox"]["round_mean_s"]["refused"]
     assert "coef" in group["greybox"]["bytes_sent_per_round"]  # 2 coefficients, 2 configurations: fitted
     result = model_file.predict_input_dir(doc, two_rings[0] + "-inputs")
