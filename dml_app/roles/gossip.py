@@ -215,7 +215,8 @@ class GossipRole(Role):
                 self.ctx.events.write("peer_rejoined", round=round_no, peer=peer, how="took a model")
             if answer.get("accepted", True) or self.wait_policy == "fixed":
                 return
-            self.done_peers.add(peer)  # it has finished: the model goes to another
+            with self._lock:  # it has finished: the model goes to another
+                self.done_peers.add(peer)
 
     def post_weights_answer(self, peer: str, round_no: int) -> Optional[dict]:
         """Send the model to ``peer``; its answer (``{}`` when not JSON), None when the send failed."""
@@ -236,8 +237,8 @@ class GossipRole(Role):
             if self._told or self.wait_policy == "fixed" or self.ctx.stop.is_set():
                 return
             self._told = True
-        parallel(lambda p: self.post(p, "/gossip/done", b"{}", JSON, self.round_no, timeout_s=10, retries=0),
-                 [p for p in self.connect if p not in self.done_peers])
+            told = [p for p in self.connect if p not in self.done_peers]
+        parallel(lambda p: self.post(p, "/gossip/done", b"{}", JSON, self.round_no, timeout_s=10, retries=0), told)
 
     def finish(self, completed: bool) -> None:
         """Stop taking models; tell the out-neighbours, if the last round has not already."""
