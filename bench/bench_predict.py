@@ -51,7 +51,9 @@ from controller.predict.model_file import PREDICTORS  # noqa: E402
 from controller.predict.targets import BURST_RESOURCES, BYTE_TARGETS  # noqa: E402
 
 HIDDEN = 2048  # 64-2048-10: 153,610 parameters (see the module docstring)
-SCRIPTS = {"ring": ("ra_run.py", "ra"), "fl": ("fl_run.py", "fl"), "gossip": ("gl_run.py", "gl")}
+SCRIPTS = {"ring": ("ra_run.py", "ra"), "fl": ("fl_run.py", "fl"), "gossip": ("gl_run.py", "gl"),
+           "etree": ("el_run.py", "el")}
+ETREE_GROUP = 5  # an E-tree's layer-2 aggregator and its trainers (itself one of them)
 ROUND_RESOURCES = ("cpu", "net_tx", "net_rx")  # the resources whose bursts follow the rounds (not memory)
 CM_DARE = "10-14 % (README: 3.4 %)"
 
@@ -68,38 +70,87 @@ class Config:
     nodes: int
     rate: str
     cpu: float
+    model: str = "mlp"
 
     @property
     def label(self) -> str:
-        return f"{self.algorithm}-n{self.nodes}-{self.rate}-cpu{self.cpu:g}"
+        return f"{self.algorithm}-n{self.nodes}-{self.rate}-cpu{self.cpu:g}" + (
+            "" if self.model == "mlp" else f"-{self.model}")
 
 
-def experiment_files(cfg: Config, rounds: int, hidden: int = HIDDEN) -> dict[str, Any]:
+USER_CNN = "user_cnn.py"  # a user's numpy CNN of another shape than the built-ins (never fitted on)
+USER_CNN_SOURCE = '''"""A user's CNN: two 3x3 convolutions of 24 and 48 filters, one pooling, a dense layer of 96."""
+from dml_app.models.numpy import layers as L
+from dml_app.models.numpy.net import Sequential
+
+
+def build(input_shape, n_classes, conf):
+    return Sequential([L.Conv2D(24, 3, "same", "relu"), L.MaxPool2D(), L.Conv2D(48, 3, "same", "relu"), L.Flatten(),
+                       L.Dense(96, "relu"), L.Dense(n_classes)], input_shape, 0.001, seed=int(conf.get("seed", 0)))
+'''
+
+
+def model_conf(name: str, hidden: int) -> dict[str, Any]:
+    """The structure's model entry for ``name``: the MLP of ``hidden`` units, a built-in network, or
+    ``user_cnn`` (the file ``USER_CNN``)."""
+    if name == "mlp":
+        return {"kind": "numpy", "hidden": [hidden], "learning_rate": 0.005, "seed": 0}
+    if name == "user_cnn":
+        return {"kind": "numpy", "module": USER_CNN, "seed": 0}
+    return {"kind": "numpy", "name": name, "seed": 0}
+
+
+def experiment_files(cfg: Config, rounds: int, hidden: int = HIDDEN, epochs: int = 1) -> dict[str, Any]:
     """The input files of one configuration, by file name."""
     names = [f"n{i}" for i in range(1, cfg.nodes + 1)]
-    model = {"kind": "numpy", "hidden": [hidden], "learning_rate": 0.005, "seed": 0}
+    model = model_conf(cfg.model, hidden)
     prefix = SCRIPTS[cfg.algorithm][1]
-    if cfg.algorithm == "fl":
+    if cfg.algorithm == "etree":
+        links, structure = etree_files(names, model, rounds, cfg.rate)
+    elif cfg.algorithm == "fl":
         agg, trainers = names[0], names[1:]
         links = {agg: [{"dest": t, "bw": cfg.rate} for t in trainers]}
         links.update({t: [{"dest": agg, "bw": cfg.rate}] for t in trainers})
         structure: dict[str, Any] = {"model": model, "node_list": [
             {"name": agg, "sync": rounds, "trainer_fraction": 1.0, "deadline_s": 120, "quorum": 1.0}]
-            + [{"name": t, "epoch": 1} for t in trainers]}
+            + [{"name": t, "epoch": epochs} for t in trainers]}
     else:
         links = {a: [{"dest": names[(i + 1) % len(names)], "bw": cfg.rate}] for i, a in enumerate(names)}
-        structure = {"sync": rounds, "model": model, "node_list": [{"name": n, "epoch": 1} for n in names]}
+        structure = {"sync": rounds, "model": model, "node_list": [{"name": n, "epoch": epochs} for n in names]}
         structure.update({"step_timeout_s": 60} if cfg.algorithm == "ring" else {"wait_s": 10})
     return {"links.json": links, "nodes.json": {"nodes": [{"name": n, "cpu": cfg.cpu} for n in names]},
             f"{prefix}_structure.json": structure,
             f"{prefix}_dataset.json": {"dataset": "digits", "split": "iid", "seed": 0, "batch_size": 32}}
 
 
-def write_experiment(workdir: str, cfg: Config, rounds: int, hidden: int = HIDDEN) -> None:
-    """The configuration's input files in ``workdir``."""
-    for name, data in experiment_files(cfg, rounds, hidden).items():
+def etree_files(names: list[str], model: dict[str, Any], rounds: int, rate: str
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A three-layer E-tree over ``names``: the root n1 over N / 5 layer-2 aggregators (n1 one of
+    them), each over itself and 4 trainers; links both ways along the tree; the root runs
+    ``rounds`` // 2 global rounds (at least 1), the aggregators 2 rounds each."""
+    groups = [names[i:i + ETREE_GROUP] for i in range(0, len(names), ETREE_GROUP)]
+    aggs = [g[0] for g in groups]
+    root = aggs[0]
+    node_list: list[dict[str, Any]] = [{"name": root, "layer": 3, "sync": max(1, rounds // 2), "child_num": len(aggs)}]
+    node_list += [{"name": a, "layer": 2, "sync": 2, "child_num": len(g)} for a, g in zip(aggs, groups)]
+    node_list += [{"name": n, "layer": 1, "epoch": 1} for g in groups for n in g]
+    links: dict[str, list[dict[str, str]]] = {n: [] for n in names}
+    for a, g in zip(aggs, groups):
+        for child in [c for c in g if c != a] + ([a] if a != root else []):
+            top = root if child == a else a
+            links[top].append({"dest": child, "bw": rate})
+            links[child].append({"dest": top, "bw": rate})
+    return {k: v for k, v in links.items() if v}, {"model": model, "node_list": node_list}
+
+
+def write_experiment(workdir: str, cfg: Config, rounds: int, hidden: int = HIDDEN, epochs: int = 1) -> None:
+    """The configuration's input files in ``workdir`` (and the user's model file)."""
+    for name, data in experiment_files(cfg, rounds, hidden, epochs).items():
         with open(os.path.join(workdir, name), "w") as f:
             json.dump(data, f)
+    if cfg.model == "user_cnn":
+        with open(os.path.join(workdir, USER_CNN), "w") as f:
+            f.write(USER_CNN_SOURCE)
 
 
 def free_port() -> int:
@@ -117,7 +168,7 @@ def record(cfg: Config, args: argparse.Namespace) -> str:
     workdir = tempfile.mkdtemp(prefix="edgetb-predict-")
     os.chmod(workdir, 0o755)  # (the node processes read it as their own users)
     try:
-        write_experiment(workdir, cfg, args.rounds, args.hidden)
+        write_experiment(workdir, cfg, args.rounds, args.hidden, args.epochs)
         started = time.monotonic()
         out = subprocess.run([sys.executable, os.path.join(ROOT, SCRIPTS[cfg.algorithm][0]), "--workdir", workdir,
                               "--auto", "--nodes", "nodes.json", "--id", args.id, "--subnet", args.subnet,
@@ -136,7 +187,8 @@ def record(cfg: Config, args: argparse.Namespace) -> str:
 
 
 def grid(args: argparse.Namespace) -> list[Config]:
-    return [Config(a, n, r, c) for a in args.algorithms for n in args.nodes for r in args.rates for c in args.cpus]
+    return [Config(a, n, r, c, m) for m in args.models for a in args.algorithms for n in args.nodes for r in args.rates
+            for c in args.cpus]
 
 
 def cli_eval(run_dirs: Sequence[str], out: str) -> dict[str, Any]:
@@ -176,6 +228,110 @@ def extrapolate(run_dirs: Sequence[str]) -> tuple[int, int, list[dict[str, Any]]
     return int(small), int(2 * small), out
 
 
+def fit_and_check(run_dirs: Sequence[str], fit_nodes: Sequence[int], check_nodes: Sequence[int],
+                  algorithm: str = "etree") -> list[dict[str, Any]]:
+    """Fit on the ``algorithm`` runs of ``fit_nodes`` nodes, predict those of ``check_nodes``: rows
+    shaped like predict_eval.json's predictions (kind "extrapolation")."""
+    from controller.predict import model_file
+
+    rows = [r for r in model_file.load_runs(run_dirs) if r.algorithm == algorithm]
+    train = [r for r in rows if int(r.features["n_nodes"]) in fit_nodes]
+    test = [r for r in rows if int(r.features["n_nodes"]) in check_nodes]
+    return _predicted(model_file.fit(train), test) if train and test else []
+
+
+def _predicted(doc: dict[str, Any], rows: Sequence[Any], kind: str = "extrapolation") -> list[dict[str, Any]]:
+    from controller.predict import model_file
+    from controller.predict.targets import TARGETS
+
+    out = []
+    for r in rows:
+        if model_file.unseen(doc, r):
+            continue
+        predicted = model_file.predict_row(doc, r)
+        out += [{"config": r.config, "run_id": r.run_id, "node": r.node, "algorithm": r.algorithm, "role": r.role,
+                 "kind": kind, "target": target, "measured": r.targets[target],
+                 **{p: predicted[target][p] for p in PREDICTORS}}
+                for target in TARGETS if r.targets.get(target) is not None]
+    return out
+
+
+FIT_MODELS = ("mlp", "lenet5", "edgetb_cifar10_cnn")  # the issue's: fitted on these built-ins
+NEW_MODELS = ("edgetb_fashion_cnn", "user_cnn")  # predicted with no recorded run
+
+
+def never_run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Fit on the runs of ``FIT_MODELS``, predict each run of ``NEW_MODELS`` from its input files
+    alone (written again, the user's file with them), as a user would before running it. Beside
+    the four predictors, ``profile``: the analytic prediction with its compute taken from a
+    one-batch profile of the model in this process (``model_graph.profile_s_per_sample``), scaled
+    by the median ratio of the fitted runs' train_s to their models' profiles."""
+    import statistics
+
+    from controller.predict import analytic, model_file
+    from controller.predict.model_graph import profile_s_per_sample
+    from controller.predict.setting import from_input_dir
+    from controller.predict.targets import read_targets
+
+    configs = {c.label: c for c in grid(args)}
+    fitted = [c for c in configs.values() if c.model in FIT_MODELS]
+    new = [c for c in configs.values() if c.model in NEW_MODELS]
+    runs = {c.label: os.path.join(args.keep, c.label) for c in configs.values()
+            if os.path.isfile(os.path.join(args.keep, c.label, "metrics.csv"))}
+    rows = [r for c in fitted if c.label in runs for r in model_file.rows_of_run(runs[c.label])]
+    if not rows or not any(c.label in runs for c in new):
+        return []
+    doc = model_file.fit(rows)
+    work = tempfile.mkdtemp(prefix="edgetb-never-run-")
+    profiles: dict[str, float] = {}
+    try:
+        def inputs(cfg: Config) -> str:
+            folder = os.path.join(work, cfg.label)
+            os.makedirs(folder, exist_ok=True)
+            write_experiment(folder, cfg, args.rounds, args.hidden, args.epochs)
+            return folder
+
+        def profile(cfg: Config, folder: str, batch: int) -> float:
+            if cfg.model not in profiles:
+                setting = from_input_dir(folder)
+                profiles[cfg.model] = profile_s_per_sample(model_conf(cfg.model, args.hidden), (8, 8, 1), 10, folder,
+                                                           batch) / (analytic.work_per_sample(setting) or 1.0)
+            return profiles[cfg.model]  # profiled seconds per training FLOP
+
+        ratios = []
+        for cfg in fitted:
+            if cfg.label not in runs:
+                continue
+            folder = inputs(cfg)
+            for r in model_file.rows_of_setting(from_input_dir(folder)):
+                measured = read_targets(runs[cfg.label]).get(r.node, {})
+                if r.terms.own_units > 0 and measured.get("train_s"):
+                    ratios.append(measured["train_s"] / (r.terms.own_units * profile(cfg, folder, 32)))
+        scale = statistics.median(ratios) if ratios else 1.0
+        out = []
+        for cfg in new:
+            if cfg.label not in runs:
+                continue
+            folder = inputs(cfg)
+            measured = read_targets(runs[cfg.label])
+            rows_new = [r for r in model_file.rows_of_setting(from_input_dir(folder), cfg.label) if r.node in measured]
+            for r in rows_new:
+                r.targets = measured[r.node]
+            compute = doc["calibration"]["compute_s_per_unit"]
+            per_flop = scale * profile(cfg, folder, 32)
+            for row in _predicted(doc, rows_new, "never run"):
+                row["model"] = cfg.model
+                t = next(x for x in rows_new if x.node == row["node"]).terms
+                if row["target"] in ("round_mean_s", "round_p95_s") and row["analytic"] is not None:
+                    row["profile"] = row["analytic"] + (per_flop - compute) * t.round_units
+                elif row["target"] == "train_s" and row["analytic"] is not None:
+                    row["profile"] = per_flop * t.own_units
+                out.append(row)
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def with_duty_cycles(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` plus a ``<resource>_duty_cycle`` row per node where both the burst and the idle
     duration were measured: burst / (burst + idle), measured and by each predictor."""
@@ -198,9 +354,10 @@ def with_duty_cycles(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def mape(rows: Sequence[dict[str, Any]], predictor: str) -> tuple[Optional[float], int]:
-    """MAPE (percent) of ``predictor`` over ``rows`` measured non-zero, and how many rows."""
+    """MAPE (percent) of ``predictor`` over ``rows`` measured non-zero, and how many rows (``predictor``
+    absent from a row: not counted)."""
     ape = [100.0 * abs(r[predictor] - r["measured"]) / abs(r["measured"]) for r in rows
-           if r.get(predictor) is not None and r["measured"] != 0]
+           if r.get(predictor) is not None and r["measured"]]
     return (sum(ape) / len(ape) if ape else None), len(ape)
 
 
@@ -305,6 +462,49 @@ def plot(loco: list[dict[str, Any]], extra: list[dict[str, Any]], small: int, bi
     plt.close(fig)
 
 
+def etree_and_models_tables(args: argparse.Namespace, run_dirs: Sequence[str]) -> str:
+    """The E-tree rows (leave one configuration out among the ``--fit-nodes`` runs; fitted on them,
+    the ``--check-nodes`` runs) and the never-run models' rows, when the runs hold them."""
+    from controller.predict import model_file
+    from controller.predict.evaluate import evaluate
+
+    lines = ["| target (MAPE) | analytic | grey-box | SVR | linear | profile | n | issue's target |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def line(name: str, rows: list[dict[str, Any]], goal: str) -> None:
+        scores = [mape(rows, p) for p in (*PREDICTORS, "profile")]
+        lines.append(f"| {name} | " + " | ".join(fmt(sc[0]) for sc in scores)
+                     + f" | {max(sc[1] for sc in scores)} | {goal} |")
+
+    etree = [d for d in run_dirs if os.path.basename(d).startswith("etree-")]
+    fit_dirs = [d for d in etree if int(os.path.basename(d).split("-")[1][1:]) in args.fit_nodes]
+    if len({os.path.basename(d).split("-cpu")[0] for d in fit_dirs}) >= 3:
+        report = evaluate(model_file.load_runs(fit_dirs))
+        inside = [r for r in report["predictions"] if r["kind"] == "interpolation"]
+        line(f"E-tree round time, leave one configuration out, N {args.fit_nodes} (inside the range)",
+             pick(inside, ("round_mean_s",)), "≤ 10 %")
+        line("  … all held out (the smallest and largest N extrapolate)", pick(report["predictions"], ("round_mean_s",)),
+             "")
+        line("E-tree bytes per round, leave one out", pick(report["predictions"], BYTE_TARGETS), "")
+        checked = fit_and_check(etree, args.fit_nodes, args.check_nodes)
+        line(f"E-tree round time, fit N {args.fit_nodes}, predict N {args.check_nodes}",
+             pick(checked, ("round_mean_s",)), "≤ 15 %")
+        line("E-tree bytes per round, same", pick(checked, BYTE_TARGETS), "")
+    gossip = [d for d in run_dirs if os.path.basename(d).startswith("gossip-")]
+    if len(gossip) >= 3:
+        report = evaluate(model_file.load_runs(gossip))
+        line("gossip bytes received per round, leave one out", pick(report["predictions"], ("bytes_recv_per_round",)),
+             "≤ 1 %")
+    new = never_run(args) if any(m in NEW_MODELS for m in args.models) else []
+    for model in NEW_MODELS:
+        mine = [r for r in new if r["model"] == model]
+        if mine:
+            line(f"never run: {model}, round time (fit on {', '.join(FIT_MODELS)})", pick(mine, ("round_mean_s",)),
+                 "≤ 20 %")
+            line(f"  … {model}, train_s", pick(mine, ("train_s",)), "")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--keep", help="keep the run folders here (default: a temporary directory, removed at the end)")
@@ -315,6 +515,13 @@ def main() -> None:
     p.add_argument("--cpus", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 1.0])
     p.add_argument("--algorithms", type=lambda s: s.split(","), default=["ring", "fl", "gossip"])
     p.add_argument("--hidden", type=int, default=HIDDEN, help="the MLP's hidden units (default %(default)s)")
+    p.add_argument("--models", type=lambda s: s.split(","), default=["mlp"],
+                   help="models: mlp, the built-in networks, user_cnn (a user's numpy CNN)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs a round")
+    p.add_argument("--fit-nodes", type=lambda s: [int(x) for x in s.split(",")], default=[10, 20, 40],
+                   help="E-tree: the sizes fitted on (default 10,20,40)")
+    p.add_argument("--check-nodes", type=lambda s: [int(x) for x in s.split(",")], default=[80],
+                   help="E-tree: the sizes predicted from them (default 80)")
     p.add_argument("--id", default="pbg", help="testbed id of the runs")
     p.add_argument("--subnet", default="10.252.0.0/16")
     p.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "predict.png"))
@@ -350,6 +557,9 @@ def main() -> None:
               f"{kinds.count('interpolation')} held-out configurations inside the fitted range, "
               f"{kinds.count('extrapolation')} outside, {kinds.count('skipped')} skipped\n")
         print(table(loco, extra, small, big))
+        more = etree_and_models_tables(args, run_dirs)
+        if more:
+            print("\n" + more)
         if args.plot:
             plot(loco, extra, small, big, args.plot)
             print(f"\nplot: {args.plot}")

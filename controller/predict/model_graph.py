@@ -7,8 +7,9 @@ layer, and FLOPs per sample, so that a model with no recorded run can be predict
   ``torch.utils.flop_counter`` on one sample's forward and backward, per module;
 - a Keras model: built, its layers walked (convolutions and dense layers counted, as for the
   built-ins);
-- a user's numpy model: only its weight arrays are known, so its FLOPs are estimated as a dense
-  network's (2 per weight forward), and ``estimated`` says so.
+- a user's numpy ``Sequential`` of the numpy layers: as a description; any other user numpy
+  model: only its weight arrays are known, so its FLOPs are estimated as a dense network's (2 per
+  weight forward), and ``estimated`` says so.
 
 FLOPs count a multiply and an add as two; a training sample costs its forward pass and a
 backward pass of twice that (``TRAIN_FLOPS_PER_FORWARD``; a counted backward is used as it is).
@@ -106,6 +107,30 @@ def from_weights(weights: Sequence[Any]) -> Graph:
     return Graph(layers, "weights", TRAIN_FLOPS_PER_FORWARD * forward, estimated=True)
 
 
+NUMPY_STEPS = {"Conv2D": "conv2d", "Dense": "dense", "BatchNormalization": "batch_normalization",
+               "MaxPool2D": "max_pooling2d", "Flatten": "flatten"}  # dml_app.models.numpy.layers by step kind
+
+
+def from_numpy_sequential(model: Any) -> Optional[Graph]:
+    """A numpy ``Sequential`` (``dml_app.models.numpy.net``, a user's own as well) as the steps of a
+    description; None when a layer is not one of ``NUMPY_STEPS``."""
+    steps: list[tuple[str, dict[str, Any]]] = []
+    for layer in getattr(model, "layers", None) or []:
+        kind = NUMPY_STEPS.get(type(layer).__name__)
+        if kind is None:
+            return None
+        opts: dict[str, Any] = {}
+        if kind == "conv2d":
+            opts = {"filters": layer.filters, "kernel_size": layer.k, "padding": layer.padding}
+        elif kind == "dense":
+            opts = {"units": layer.units}
+        steps.append((kind, opts))
+    if not steps or not getattr(model, "input_shape", None):
+        return None
+    graph = from_steps(steps, model.input_shape, int(model.dtype.itemsize) if hasattr(model, "dtype") else 4)
+    return graph if graph.param_count == sum(int(w.size) for w in model.get_weights()) else None
+
+
 def from_torch(module: Any, sample: Any) -> Graph:
     """A torch module's graph: its leaf modules in order, with their parameters and the FLOPs
     ``torch.utils.flop_counter`` counts on ``sample`` (a batch of one) forward and backward."""
@@ -177,4 +202,28 @@ def graph_of(model_conf: dict[str, Any], input_shape: Sequence[int], n_classes: 
         return from_torch(model.module, model.tensor(np.zeros((1, *input_shape), dtype=np.float32)))
     if kind == "keras" and hasattr(model, "model"):
         return from_keras(model.model)
-    return from_weights(model.get_weights())
+    return from_numpy_sequential(model) or from_weights(model.get_weights())
+
+
+def profile_s_per_sample(model_conf: dict[str, Any], input_shape: Sequence[int], n_classes: int,
+                         workdir: Optional[str] = None, batch_size: int = 32, batches: int = 3) -> float:
+    """What practitioners do instead of counting: time one training batch of the model here (after
+    a warm-up batch; the fastest of ``batches``), in seconds per sample. This process's speed, not
+    a node's: a fit scales it by what the runs measured."""
+    import time
+
+    import numpy as np
+
+    from dml_app.models.make import make_model
+
+    model = make_model(model_conf, input_shape, n_classes, workdir)
+    rng = np.random.default_rng(0)
+    x = rng.random((batch_size, *input_shape), dtype=np.float32)
+    y = rng.integers(0, n_classes, batch_size)
+    model.train(x, y, 1, batch_size)
+    best = math.inf
+    for _ in range(batches):
+        started = time.perf_counter()
+        model.train(x, y, 1, batch_size)
+        best = min(best, time.perf_counter() - started)
+    return best / batch_size
