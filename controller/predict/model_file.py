@@ -22,6 +22,7 @@ transfers, per algorithm and role).
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 import time
@@ -77,9 +78,54 @@ def rows_of_setting(setting: Setting, run_id: str = "") -> list[Row]:
             for n in setting.structure]
 
 
+def strategies(run_dir: str) -> list[str]:
+    """The ring strategies a run's rounds ran under, in order of first use (``metrics.csv``'s
+    ``strategy`` column; empty without one)."""
+    path = os.path.join(run_dir, "metrics.csv")
+    if not os.path.isfile(path):
+        return []
+    with open(path, newline="") as f:
+        return list(dict.fromkeys(row["strategy"] for row in csv.DictReader(f) if row.get("strategy")))
+
+
+def _rows_by_strategy(run_dir: str, setting: Setting, names: list[str]) -> list[Row]:
+    """A run whose strategy changed mid-run, as one configuration per strategy: each node's rounds
+    under it (from a copy of metrics.csv holding only them; burst metrics, which are the whole
+    run's, are left out) and the structure as if it had been configured."""
+    import dataclasses
+    import tempfile
+
+    run_id = os.path.basename(os.path.normpath(run_dir))
+    out: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="edgetb-predict-split-") as tmp:
+        with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+            reader = csv.DictReader(f)
+            every = list(reader)
+            fields = list(reader.fieldnames or [])
+        for name in names:
+            with open(os.path.join(tmp, "metrics.csv"), "w", newline="") as f:
+                writer = csv.DictWriter(f, fields)
+                writer.writeheader()
+                writer.writerows(row for row in every if row.get("strategy") == name)
+            measured = read_targets(tmp)
+            structure = {n: {**c, "strategy": name} for n, c in setting.structure.items()}
+            part = dataclasses.replace(setting, structure=structure)
+            rows = [r for r in rows_of_setting(part, f"{run_id}:{name}") if r.node in measured]
+            for r in rows:
+                r.targets = measured[r.node]
+            out += rows
+    return out
+
+
 def rows_of_run(run_dir: str) -> list[Row]:
-    """A finished run's rows, with what it measured (nodes without metrics are left out)."""
+    """A finished run's rows, with what it measured (nodes without metrics are left out); a run
+    whose ring strategy changed mid-run gives the rows of each strategy apart."""
     setting = from_run_dir(run_dir)
+    names = strategies(run_dir)
+    if len(names) > 1 and setting.algorithm == "ring":
+        rows = _rows_by_strategy(run_dir, setting, names)
+        if rows:
+            return rows
     measured = read_targets(run_dir)
     run_id = os.path.basename(os.path.normpath(run_dir))
     rows = [r for r in rows_of_setting(setting, run_id) if r.node in measured]
