@@ -32,6 +32,7 @@ from worker.observe.sampling import Telemetry
 from worker.routes import Routes, parse_routes
 from worker.shaping import apply as tc_apply
 from worker.shaping.links import Links
+from worker.shaping.rates import urgent
 from worker.state import StateStore
 
 if TYPE_CHECKING:
@@ -153,8 +154,10 @@ class WorkerHost:
         return versioned(self.links.set_links(bodies.checked(bodies.SET_LINKS, body), merge))
 
     def set_rates(self, body: Any) -> dict[str, Any]:
-        """Change the rates of shaped links in place (``worker.shaping.links.Links.set_rates``)."""
-        return versioned(self.links.set_rates(bodies.checked(bodies.SET_RATES, body)))
+        """Change the rates of shaped links in place (``worker.shaping.links.Links.set_rates``);
+        the body checked at nice -10 too (``worker.shaping.rates.urgent``: a tick is due now)."""
+        with urgent():
+            return versioned(self.links.set_rates(bodies.checked(bodies.SET_RATES, body)))
 
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         return versioned(self.links.clear_links(node))
