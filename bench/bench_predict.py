@@ -1,7 +1,18 @@
-"""How well ``edgetb predict`` predicts round time, traffic and bursts, on a grid of real runs.
+"""How well ``edgetb predict`` predicts round time, traffic and bursts, on grids of real runs.
 
-Run as root: ``.venv/bin/python bench/bench_predict.py [--keep DIR] [--rounds 10]``
+Run as root: ``.venv/bin/python bench/bench_predict.py [--keep DIR] [--suite all|grid|etree|models]``
 (``--eval-only --keep DIR`` scores the runs a previous call kept, without running anything).
+Three suites, one after another by default (about 20 minutes on a quiet 2-core host), each in
+``<keep>/<suite>``:
+
+- ``grid``: ring, FL and gossip, below;
+- ``etree``: three-layer E-trees of 10, 20, 40 and 80 nodes (the root over N / 5 aggregators, each
+  over itself and 4 trainers, links both ways along the tree; 3 global rounds of 2 aggregator
+  rounds) at 5 and 20 Mbit/s, a 38,410-parameter MLP: leave one configuration out among the
+  ``--fit-nodes`` (10, 20, 40) runs, and fitted on them, the ``--check-nodes`` (80) runs;
+- ``models``: FL with 4 nodes at 5 and 20 Mbit/s, 2 epochs a round, for ``mlp``, ``lenet5``,
+  ``edgetb_cifar10_cnn`` (fitted on) and ``edgetb_fashion_cnn`` and a user's numpy CNN
+  (``user_cnn``: never run, predicted from their input files), beside a one-batch profile.
 
 The grid: ring all-reduce, FL and gossip; N in {4, 6, 8} nodes; every link at 5 or 20 Mbit/s;
 every node limited to 0.5 or 1 CPU; 10 rounds each, recorded by the run scripts themselves
@@ -483,8 +494,8 @@ def etree_and_models_tables(args: argparse.Namespace, run_dirs: Sequence[str]) -
         inside = [r for r in report["predictions"] if r["kind"] == "interpolation"]
         line(f"E-tree round time, leave one configuration out, N {args.fit_nodes} (inside the range)",
              pick(inside, ("round_mean_s",)), "≤ 10 %")
-        line("  … all held out (the smallest and largest N extrapolate)", pick(report["predictions"], ("round_mean_s",)),
-             "")
+        if len(inside) < len(report["predictions"]):
+            line("  … all held out (inside the range or not)", pick(report["predictions"], ("round_mean_s",)), "")
         line("E-tree bytes per round, leave one out", pick(report["predictions"], BYTE_TARGETS), "")
         checked = fit_and_check(etree, args.fit_nodes, args.check_nodes)
         line(f"E-tree round time, fit N {args.fit_nodes}, predict N {args.check_nodes}",
@@ -503,6 +514,53 @@ def etree_and_models_tables(args: argparse.Namespace, run_dirs: Sequence[str]) -
                  "≤ 20 %")
             line(f"  … {model}, train_s", pick(mine, ("train_s",)), "")
     return "\n".join(lines) if len(lines) > 2 else ""
+
+
+SUITES: dict[str, dict[str, Any]] = {
+    "grid": {},  # ring, FL and gossip as the options say (default: the 36 runs)
+    "etree": {"algorithms": ["etree"], "nodes": [10, 20, 40, 80], "rates": ["5mbit", "20mbit"], "cpus": [1.0],
+              "hidden": 512, "rounds": 6, "models": ["mlp"], "epochs": 1},
+    "models": {"algorithms": ["fl"], "nodes": [4], "rates": ["5mbit", "20mbit"], "cpus": [1.0], "hidden": 512,
+               "rounds": 5, "epochs": 2, "models": ["mlp", "lenet5", "edgetb_cifar10_cnn", "edgetb_fashion_cnn",
+                                                    "user_cnn"]},
+}
+
+
+def run_suite(args: argparse.Namespace, temporary: bool) -> None:
+    """Record (or find) one suite's runs under ``args.keep`` and print its tables."""
+    if args.eval_only:
+        run_dirs = sorted(os.path.dirname(m) for m in glob.glob(os.path.join(args.keep, "*", "metrics.csv")))
+    else:
+        if os.geteuid() != 0:
+            raise SystemExit("run as root: the nodes are network namespaces")
+        started = time.monotonic()
+        configs = grid(args)
+        run_dirs = []
+        for i, cfg in enumerate(configs, 1):
+            log(f"{i}/{len(configs)} {cfg.label}")
+            run_dirs.append(record(cfg, args))
+        log(f"grid of {len(configs)} runs in {(time.monotonic() - started) / 60:.1f} min")
+    report_path = os.path.join(args.keep, "predict_eval.json")
+    started = time.monotonic()
+    report = cli_eval(run_dirs, report_path)
+    small, big, extra = extrapolate(run_dirs)
+    log(f"evaluated in {time.monotonic() - started:.0f} s ({report_path})")
+    loco = with_duty_cycles(report["predictions"])
+    extra = with_duty_cycles(extra)
+    kinds = [h.get("kind", "skipped") for h in report["held_out"]]
+    print(f"\n{report['configs']} configurations, {report['runs']} runs"
+          + ("" if args.eval_only else f", {args.rounds} rounds each") + "; "
+          f"{kinds.count('interpolation')} held-out configurations inside the fitted range, "
+          f"{kinds.count('extrapolation')} outside, {kinds.count('skipped')} skipped\n")
+    print(table(loco, extra, small, big))
+    more = etree_and_models_tables(args, run_dirs)
+    if more:
+        print("\n" + more)
+    if args.plot:
+        plot(loco, extra, small, big, args.plot)
+        print(f"\nplot: {args.plot}")
+    if not temporary:
+        print(f"run folders and predict_eval.json kept in {args.keep}")
 
 
 def main() -> None:
@@ -525,46 +583,28 @@ def main() -> None:
     p.add_argument("--id", default="pbg", help="testbed id of the runs")
     p.add_argument("--subnet", default="10.252.0.0/16")
     p.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "predict.png"))
+    p.add_argument("--suite", choices=("all", *SUITES), default="all",
+                   help="all (default): the grid (with the options above), then the E-trees, then the models, "
+                        "each in its own folder under --keep; one name: that one, in --keep itself")
     args = p.parse_args()
     if args.eval_only and not args.keep:
         raise SystemExit("--eval-only needs --keep DIR (the run folders of an earlier call)")
+    if not args.eval_only and os.geteuid() != 0:
+        raise SystemExit("run as root: the nodes are network namespaces")
     temporary = not args.keep
     args.keep = os.path.abspath(args.keep or tempfile.mkdtemp(prefix="edgetb-predict-runs-"))
     os.makedirs(args.keep, exist_ok=True)
     try:
-        if args.eval_only:
-            run_dirs = sorted(os.path.dirname(m) for m in glob.glob(os.path.join(args.keep, "*", "metrics.csv")))
-        else:
-            if os.geteuid() != 0:
-                raise SystemExit("run as root: the nodes are network namespaces")
-            started = time.monotonic()
-            configs = grid(args)
-            run_dirs = []
-            for i, cfg in enumerate(configs, 1):
-                log(f"{i}/{len(configs)} {cfg.label}")
-                run_dirs.append(record(cfg, args))
-            log(f"grid of {len(configs)} runs in {(time.monotonic() - started) / 60:.1f} min")
-        report_path = os.path.join(args.keep, "predict_eval.json")
-        started = time.monotonic()
-        report = cli_eval(run_dirs, report_path)
-        small, big, extra = extrapolate(run_dirs)
-        log(f"evaluated in {time.monotonic() - started:.0f} s ({report_path})")
-        loco = with_duty_cycles(report["predictions"])
-        extra = with_duty_cycles(extra)
-        kinds = [h.get("kind", "skipped") for h in report["held_out"]]
-        print(f"\n{report['configs']} configurations, {report['runs']} runs"
-              + ("" if args.eval_only else f", {args.rounds} rounds each") + "; "
-              f"{kinds.count('interpolation')} held-out configurations inside the fitted range, "
-              f"{kinds.count('extrapolation')} outside, {kinds.count('skipped')} skipped\n")
-        print(table(loco, extra, small, big))
-        more = etree_and_models_tables(args, run_dirs)
-        if more:
-            print("\n" + more)
-        if args.plot:
-            plot(loco, extra, small, big, args.plot)
-            print(f"\nplot: {args.plot}")
-        if not temporary:
-            print(f"run folders and predict_eval.json kept in {args.keep}")
+        names = list(SUITES) if args.suite == "all" else [args.suite]
+        for name in names:
+            suite = argparse.Namespace(**{**vars(args), **SUITES[name]})
+            if args.suite == "all":
+                suite.keep = os.path.join(args.keep, name)
+                os.makedirs(suite.keep, exist_ok=True)
+            if name != "grid":
+                suite.plot = ""
+            print(f"\n## {name}")
+            run_suite(suite, temporary)
     finally:
         if temporary:
             shutil.rmtree(args.keep, ignore_errors=True)

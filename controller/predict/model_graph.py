@@ -143,7 +143,6 @@ def from_torch(module: Any, sample: Any) -> Graph:
         out = module(sample)
         out.float().sum().backward()
     module.zero_grad(set_to_none=True)
-    counts = counter.get_flop_counts()
     forward_counter = FlopCounterMode(display=False)
     with torch.no_grad(), forward_counter:
         module(sample)
