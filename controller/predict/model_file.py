@@ -2,23 +2,24 @@
 
 model.json (never pickle)::
 
-    {"version": 1, "kind": "edgetb-predict-model", "features": [...], "targets": [...],
+    {"version": 2, "kind": "edgetb-predict-model", "features": [...], "targets": [...],
      "runs": [{"run_id", "config", "algorithm", "path"}],
      "calibration": {"compute_s_per_unit": ...},
      "groups": {"<algorithm>/<role>": {
          "algorithm", "role", "configs": [...], "rows": n,
          "range": {feature: [min, max]}, "names": {"model"|"dataset"|"strategy"|...: [seen]},
          "calibration": {"overhead_sent_bytes_per_msg", "overhead_recv_bytes_per_msg",
-                         "latency_s_per_step"},
+                         "latency_s_per_step", "host_s_per_byte_node"},
          "greybox": {target: {"columns": [...], "coef": [...]} | {"refused": "..."}},
          "blackbox": {target: {"x_mean", "x_std", "y_mean", "y_std", "svr": {...}, "linear": {...}}
                       | {"refused": "..."}}}}}
 
 The analytic predictor's calibration is measured once from the training runs: the compute
-speed (median train_s per parameter-sample-epoch, over every node that trained), the
-framing overhead per message (median bytes beyond the payload, per algorithm and role) and the
-latency per step of the critical path (median round time beyond the compute and the
-transfers, per algorithm and role).
+speed (median train_s per training FLOP of an epoch's samples, over every node that trained), the
+framing overhead per message (median bytes beyond the payload, per algorithm and role), and the
+latency per step of the critical path and the host's seconds per byte sent and node sharing it
+(the non-negative least-squares split of the round time beyond the compute and the transfers,
+per algorithm and role).
 """
 from __future__ import annotations
 
