@@ -52,3 +52,21 @@ def test_steps_of_fl_gossip_and_a_tree():
     for conf in ring.structure.values():
         conf["strategy"] = "star:n1"
     assert {t.steps for t in analytic.terms(ring).values()} == {2.0}  # up to the hub, down again
+
+
+def test_the_hosts_contention_is_split_from_the_latency_per_step(tmp_path):
+    """Round times = compute + transfers + a latency per step + seconds per byte all nodes send and
+    node sharing the host: the calibration recovers both, and predicts a ring twice as large."""
+    compute_s_per_unit, latency_s, host_s = 2e-9, 0.012, 3e-10
+    rows = []
+    for i, spec in enumerate([(3, 5, 1.0, 1, 32), (6, 20, 0.5, 2, 64), (4, 10, 1.0, 1, 128)]):
+        write_inputs(str(tmp_path / f"c{i}"), *spec)
+        for r in model_file.rows_of_setting(from_input_dir(str(tmp_path / f"c{i}"))):
+            assert r.terms.host_contention == pytest.approx(r.terms.host_bytes * spec[0])
+            r.targets = {"train_s": compute_s_per_unit * r.terms.own_units,
+                         "round_mean_s": compute_s_per_unit * r.terms.round_units + r.terms.transfer_s
+                         + latency_s * r.terms.steps + host_s * r.terms.host_contention}
+            rows.append(r)
+    calibration = model_file.fit(rows)["groups"]["ring/ring"]["calibration"]
+    assert calibration["latency_s_per_step"] == pytest.approx(latency_s, rel=1e-3)
+    assert calibration["host_s_per_byte_node"] == pytest.approx(host_s, rel=1e-3)
