@@ -17,6 +17,9 @@ Docker runtime is used or probed, so netns-only users need neither the SDK nor a
   ``/opt/edgetb/dml_file/node/<name>/`` (the node's own, read-write); ``/opt/edgetb`` is the
   working directory, ``PYTHONPATH`` and the node's ``--workdir``. Each source must be one the
   node's uid can list: else the deploy fails naming it and the fix.
+- A declared Python (``"python"`` of nodes.json): a virtual environment inside the image, checked
+  in a throwaway container before any node is made (``worker.nodes.docker_python``); its ``bin/``
+  leads the container's ``PATH``.
 - Shaping: each container's network namespace is bind-mounted on /run/netns/etb-<id>-<node>,
   where a netns node's would be, so shaping reaches it from the host with netlink, with no
   ``docker exec tc`` and no NET_ADMIN in the container.
@@ -46,7 +49,7 @@ from worker.api.errors import CapabilityError, ConfigError, NodeRuntimeError, No
 from worker.api.protocol import DEFAULT_SUBNET, NODE_IFNAME, node_address
 from worker.confinement import confine, fsview, uids
 from worker.kernel import nsfs
-from worker.nodes import docker_swarm as swarm
+from worker.nodes import docker_python, docker_swarm as swarm
 from worker.nodes.docker_exec import ExecProcess, sdk, short_error
 from worker.nodes.runtime import Naming, NodeSpec, claim_runtime, emulated_only, new_specs, parse_subnet
 from worker.state import StateStore
@@ -133,6 +136,7 @@ class DockerRuntime:
         self.bridge = f"etb-{self.names.id}-dbr"
         self._api: Optional[Any] = None
         self._api_lock = threading.Lock()
+        self._image_path: Optional[str] = None
 
     def set_code_root(self, code_root: str) -> None:
         """Containers made from now on mount ``dml_app/`` of ``code_root``."""
@@ -193,11 +197,6 @@ class DockerRuntime:
             if state["nodes"] and state.get("subnet", str(subnet)) != str(subnet):
                 raise ConfigError(f"testbed {self.names.id} already uses subnet {state['subnet']}, not {subnet}")
             todo = new_specs(state, specs)
-            declared = next((s for s in todo if s.python), None)
-            if declared is not None:
-                raise ConfigError(f"node {declared.name!r}: python {declared.python!r}: a declared Python is for "
-                                  "netns and physical nodes; a Docker node runs its image's (put the environment's "
-                                  "bin/ on the image's PATH)")
             if todo:
                 require_image(self.api, self.image)
             next_index = max((n["index"] for n in state["nodes"].values()), default=-1) + 1
@@ -206,6 +205,7 @@ class DockerRuntime:
                         "netns": self.names.netns(s.name), "network": fabric.network if fabric else self.network,
                         "ifname": NODE_IFNAME, "container": self.container(s.name), "cpu": s.cpu,
                         "mem_bytes": s.mem_bytes, "pids_max": s.pids_max, "runtime": self.kind}
+                       | ({"python": s.python} if s.python else {})
                        for i, s in enumerate(todo)]
             taken = {n["ip"] for n in state["nodes"].values()}
             for rec in records:
@@ -214,6 +214,7 @@ class DockerRuntime:
                 taken.add(rec["ip"])
             if records:
                 self._check_mounts(records)
+                self._check_pythons(records)
             claim_runtime(state, self.kind, self.names.id)
             state["subnet"] = str(subnet)
             created: list[str] = []
@@ -232,6 +233,16 @@ class DockerRuntime:
                     state.pop("runtime", None)
                 raise
             return [state["nodes"][s.name] for s in specs]
+
+    def _check_pythons(self, records: Sequence[dict[str, Any]]) -> None:
+        """Each declared Python checked in the image (``worker.nodes.docker_python``), once per path,
+        as the first node that declares it (image files are no node's: all node uids are 'others')."""
+        seen: set[str] = set()
+        for rec in records:
+            if rec.get("python") and rec["python"] not in seen:
+                docker_python.check(self.api, self.image, rec["python"], rec["name"],
+                                    uids.Identity.of_node(self.names.id, rec["index"]), self._labels())
+                seen.add(rec["python"])
 
     def _ensure_network(self, state: dict[str, Any]) -> None:
         docker = sdk()
@@ -300,6 +311,8 @@ class DockerRuntime:
         mounts = [docker.types.Mount(m.target, m.source, type="bind", read_only=not m.writable)
                   for m in self.mounts(rec["name"])]
         env = {"PYTHONPATH": NODE_ROOT, "EDGETB_NODE": rec["name"]}
+        if rec.get("python"):  # the declared environment's bin/ first (checked in the image before)
+            env["PATH"] = f"{rec['python']}/bin:{self.image_path()}"
         if self.workdir:
             env["HOME"] = uids.node_dir(NODE_ROOT, rec["name"])
         mem = rec["mem_bytes"] or confine.default_mem_bytes()
@@ -313,6 +326,12 @@ class DockerRuntime:
                   "labels": self._labels(rec["name"]), "working_dir": NODE_ROOT,
                   "user": f"{ident.uid}:{ident.gid}", "environment": env}
         return create, host
+
+    def image_path(self) -> str:
+        """The image's ``PATH`` (looked up once)."""
+        if self._image_path is None:
+            self._image_path = docker_python.image_path(self.api, self.image)
+        return self._image_path
 
     def _start_one(self, rec: dict[str, Any], on_created: Any) -> None:
         docker = sdk()
