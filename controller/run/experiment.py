@@ -48,7 +48,7 @@ from controller.run.nodes import MAX_LOG_BYTES, NodeConfs, Nodes, State, TextEnu
 from controller.run.progress import Progress, clip, read_report, round_bounds
 from controller.run.recording import NoWatcher, Recording, RunWatcher, capture_list
 from controller.run.scenario_runner import ScenarioRunner
-from controller.run.trace_replay import TracedLink, TraceReplay
+from controller.run.trace_replay import TracedLink, TraceReplay, traced_links
 from controller.run.timeline import RunTimeline
 from controller.telemetry.collector import Collector
 from controller.workers import deploy
@@ -253,9 +253,7 @@ class Experiment:
             how = (f"roles built in {built_s:.1f} s, all begun together {at - t0:.1f} s after the first start call"
                    + (f", which the last call missed by {late_s:.1f} s" if late_s > 0 else ""))
             self.phase = Phase.RUNNING
-            self.replay.add([TracedLink(src, dst, replay) for (src, dst), replay in self.topology.traces.items()]
-                            + [TracedLink(node, "", replay, side=side)
-                               for (node, side), replay in self.topology.access_traces.items()])
+            self.replay.add(traced_links(self.topology))
             self.replay.start(t0)
             if self.scenario is not None:
                 self.scenario.start(t0)
