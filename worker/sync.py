@@ -1,7 +1,8 @@
 """Getting the controller's ``dml_app/`` and ``dataset/`` onto this host.
 
 Two ways: ``sync_http`` mirrors the trees from the controller's ``/files`` routes
-(content-hashed, changed files only), ``mount_nfs`` mounts an export read-only when the
+(content-hashed, changed files only; each fetch signed with the run's token, which itself never
+crosses the plain-HTTP connection: ``worker.api.file_auth``), ``mount_nfs`` mounts an export read-only when the
 kernel has an NFS client (``nfs_problem`` says why not otherwise).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import requests
 
 from worker.api.errors import (AgentUnreachable, CapabilityError, ConfigError, NodeRuntimeError,
                                TestbedTimeout)
+from worker.api import file_auth
 from worker.api.protocol import TREES  # noqa: F401 - its name too
 
 VERSION = 1
@@ -120,15 +122,20 @@ def _prune(dest: str, trees: Sequence[str], keep: dict[str, Any]) -> int:
     return removed
 
 
-def _fetch(session: Any, url: str, path: str, target: str, want: dict[str, Any], timeout_s: float) -> int:
-    """Download ``url`` into a temp file beside ``target``, check it, move it into place."""
+def _signed_get(session: Any, token: str, url: str, signed_path: str, **kwargs: Any) -> Any:
+    """GET ``url`` with a signature of ``signed_path`` (its decoded path) made with ``token``."""
+    return session.get(url, headers={"Authorization": file_auth.header(token, "GET", signed_path)}, **kwargs)
+
+
+def _fetch(session: Any, token: str, url: str, path: str, target: str, want: dict[str, Any], timeout_s: float) -> int:
+    """Download ``url`` (the file ``path``) into a temp file beside ``target``, check it, move it into place."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".sync-")
     try:
         digest, size = hashlib.sha256(), 0
         with os.fdopen(fd, "wb") as out:
             try:
-                with session.get(url, stream=True, timeout=timeout_s) as resp:
+                with _signed_get(session, token, url, f"/files/{path}", stream=True, timeout=timeout_s) as resp:
                     if resp.status_code != 200:
                         raise AgentUnreachable(f"{url} answered {resp.status_code}: {resp.text[:200]}")
                     for chunk in resp.iter_content(CHUNK):
@@ -223,9 +230,9 @@ def copy_verified(src_root: str, dest: str, tree: str, files: dict[str, dict[str
     return {"copied": copied, "removed": removed}
 
 
-def _get_manifest(session: Any, url: str, trees: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+def _get_manifest(session: Any, token: str, url: str, trees: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
     try:
-        resp = session.get(url, timeout=timeout_s)
+        resp = _signed_get(session, token, url, "/files/manifest", timeout=timeout_s)
     except requests.RequestException as e:
         raise AgentUnreachable(f"could not reach the controller at {url}: {e}") from None
     if resp.status_code != 200:
@@ -250,11 +257,10 @@ def sync_http(url: str, token: str, dest: str, trees: Sequence[str] = TREES, tim
     base = url.rstrip("/")
     with requests.Session() as session:
         session.trust_env = False  # the controller directly: never through $HTTP_PROXY and friends
-        session.headers["Authorization"] = f"Bearer {token}"
         if manifest is not None:
             files = check_manifest(manifest, trees)
         else:
-            files = _get_manifest(session, f"{base}/files/manifest?trees={','.join(trees)}", trees, timeout_s)
+            files = _get_manifest(session, token, f"{base}/files/manifest?trees={','.join(trees)}", trees, timeout_s)
         fetched = unchanged = downloaded = 0
         try:
             os.makedirs(dest, exist_ok=True)
@@ -267,7 +273,7 @@ def sync_http(url: str, token: str, dest: str, trees: Sequence[str] = TREES, tim
                         and os.path.getsize(target) == want["size"] and file_sha256(target) == want["sha256"]):
                     unchanged += 1
                     continue
-                downloaded += _fetch(session, f"{base}/files/{quote(path)}", path, target, want, timeout_s)
+                downloaded += _fetch(session, token, f"{base}/files/{quote(path)}", path, target, want, timeout_s)
                 fetched += 1
         except OSError as e:
             raise NodeRuntimeError(f"could not write the synced files in {dest}: {e}") from None

@@ -34,6 +34,7 @@ from controller.run.experiment import MAX_LOG_BYTES, Experiment
 from controller.run.progress import printable
 from controller.workers import files
 from dml_app.wire import bounded_json
+from worker.api import file_auth
 from worker.api.errors import AuthError, ConfigError
 from worker.host import REPO_ROOT
 from worker.serving import bearer_matches, check_token, json_errors, request_limits, run_blocking
@@ -98,8 +99,11 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
             raise AuthError("reading the status from other hosts needs the controller's bearer token")
 
     def agent() -> None:
-        if not _bearer_is(exp.node_token):
-            raise AuthError("code sync needs the run's token")
+        # signed with the run's token, which agents got over their pinned channel; never the token
+        # itself, which would have crossed the LAN in clear (worker.api.file_auth)
+        if not file_auth.verify(exp.node_token, request.headers.get("Authorization", ""), request.method,
+                                request.path):
+            raise AuthError("code sync needs a request signed with the run's token (EdgetbFiles), as agents make")
 
     def node(digest_first: bool = False) -> str:
         """The node that signed this call (its own key), or AuthError; ``digest_first``: the

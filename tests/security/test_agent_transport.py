@@ -25,9 +25,9 @@ from controller.workers import files
 from controller.workers.agent_client import AgentClient
 from tests.netns.conftest import free_subnet, new_testbed_id
 from tests.security.callers_fixtures import NOBODY_UID, free_port, need_root
-from worker.api import errors
+from worker.api import errors, file_auth
 from worker.api.protocol import OPERATIONS
-from worker.serving import bearer_matches, json_errors
+from worker.serving import json_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "agent-token-" + "x" * 20
@@ -250,13 +250,13 @@ def test_agent_errors_become_the_matching_exceptions(agents):
 
 
 def serve_code(src: Path, token: str) -> Any:
-    """The controller's file server over ``src`` (bearer ``token``) on a free port, in a thread
-    (``server_port``; ``shutdown()`` stops it)."""
+    """The controller's file server over ``src`` (requests signed with ``token``, as the
+    controller checks them) on a free port, in a thread (``server_port``; ``shutdown()`` stops it)."""
     app = Flask("files")
     json_errors(app, __import__("logging").getLogger("test"))
 
     def check() -> None:
-        if not bearer_matches(request.headers.get("Authorization", ""), token):
+        if not file_auth.verify(token, request.headers.get("Authorization", ""), request.method, request.path):
             raise errors.AuthError("no")
 
     files.register(app, str(src), check)

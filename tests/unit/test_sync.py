@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import threading
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from flask import Flask, jsonify, request
@@ -17,7 +18,8 @@ from controller.workers import files
 from worker import sync
 from worker.api.errors import (AgentUnreachable, AuthError, CapabilityError, ConfigError, NodeRuntimeError,
                                TestbedError)
-from worker.serving import bearer_matches, json_errors
+from worker.api import file_auth
+from worker.serving import json_errors
 
 TOKEN = "node-token"
 
@@ -50,8 +52,15 @@ def tree(root) -> dict[str, bytes]:
 
 
 def check_token() -> None:
-    if not bearer_matches(request.headers.get("Authorization", ""), TOKEN):
-        raise AuthError("node calls need the run's node token")
+    """As the controller's: a fetch signed with the run's token (worker.api.file_auth)."""
+    if not file_auth.verify(TOKEN, request.headers.get("Authorization", ""), request.method, request.path):
+        raise AuthError("code sync needs a request signed with the run's token")
+
+
+def signed_get(client, url: str):
+    """``client.get(url)`` signed as an agent signs it."""
+    path = unquote(urlsplit(url).path)
+    return client.get(url, headers={"Authorization": file_auth.header(TOKEN, "GET", path)})
 
 
 def files_app(root) -> Flask:
@@ -125,22 +134,24 @@ def test_manifest_hashes_files_larger_than_a_chunk(tmp_path):
 
 def test_routes_serve_manifest_and_files_with_the_token(src):
     client = files_app(src).test_client()
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    resp = client.get("/files/manifest?trees=dml_app,dataset", headers=auth)
+    resp = signed_get(client, "/files/manifest?trees=dml_app,dataset")
     assert resp.status_code == 200
     assert resp.get_json() == files.manifest(str(src), ["dml_app", "dataset"])
-    assert sorted(client.get("/files/manifest?trees=dataset", headers=auth).get_json()["files"]) == \
+    assert sorted(signed_get(client, "/files/manifest?trees=dataset").get_json()["files"]) == \
         ["dataset/digits/manifest.json", "dataset/digits/n1.npz"]
-    resp = client.get("/files/dml_app/roles/gossip.py", headers=auth)
+    resp = signed_get(client, "/files/dml_app/roles/gossip.py")
     assert resp.status_code == 200 and resp.data == b"ROLE = 'gl'\n"
     assert resp.mimetype == "application/octet-stream"
-    assert client.get("/files/dataset/digits/n1.npz", headers=auth).data == read(src, "dataset/digits/n1.npz")
-    resp = client.get("/files/manifest?trees=dml_app,dml_file", headers=auth)
+    assert signed_get(client, "/files/dataset/digits/n1.npz").data == read(src, "dataset/digits/n1.npz")
+    resp = signed_get(client, "/files/manifest?trees=dml_app,dml_file")
     assert resp.status_code == 400 and resp.get_json()["error"] == "config_error"
 
 
 @pytest.mark.parametrize("url", ["/files/manifest?trees=dml_app", "/files/dml_app/node.py"])
-@pytest.mark.parametrize("header", [None, "Bearer wrong", f"Basic {TOKEN}", TOKEN])
+@pytest.mark.parametrize("header", [None, "Bearer wrong", f"Bearer {TOKEN}", f"Basic {TOKEN}", TOKEN,
+                                    file_auth.header("wrong token", "GET", "/files/dml_app/node.py"),
+                                    file_auth.header(TOKEN, "GET", "/files/dml_app/other.py"),
+                                    file_auth.header(TOKEN, "GET", "/files/dml_app/node.py", now=1e9)])
 def test_routes_need_the_token(src, url, header):
     client = files_app(src).test_client()
     resp = client.get(url, headers={"Authorization": header} if header else {})
@@ -165,7 +176,7 @@ def test_routes_need_the_token(src, url, header):
 ])
 def test_routes_serve_nothing_outside_the_listed_files(src, relpath):
     client = files_app(src).test_client()
-    resp = client.get(f"/files/{relpath}", headers={"Authorization": f"Bearer {TOKEN}"})
+    resp = signed_get(client, f"/files/{relpath}")
     assert resp.status_code == 404 and resp.get_json()["error"] == "not_found"
     with pytest.raises(TestbedError):
         files.resolve(str(src), relpath)
@@ -181,9 +192,8 @@ def test_resolve_refuses_absolute_and_odd_paths(src, relpath):
 
 def test_routes_absolute_path_is_not_served(src):
     client = files_app(src).test_client()
-    auth = {"Authorization": f"Bearer {TOKEN}"}
     for url in ("/files//etc/passwd", "/files/%2Fetc%2Fpasswd", "/files/%2e%2e/secret"):
-        resp = client.get(url, headers=auth)
+        resp = signed_get(client, url)
         assert resp.status_code != 200 and b"root:" not in resp.data and b"top secret" not in resp.data
 
 
@@ -194,10 +204,9 @@ def test_a_symlinked_tree_is_served_but_nothing_below_it_escapes(tmp_path):
     root.mkdir()
     os.symlink(str(checkout / "dml_app"), str(root / "dml_app"))
     client = files_app(root).test_client()
-    auth = {"Authorization": f"Bearer {TOKEN}"}
     assert list(files.manifest(str(root), ["dml_app"])["files"]) == ["dml_app/node.py"]
-    assert client.get("/files/dml_app/node.py", headers=auth).data == b"code"
-    assert client.get("/files/dml_app/../exp", headers=auth).status_code == 404
+    assert signed_get(client, "/files/dml_app/node.py").data == b"code"
+    assert signed_get(client, "/files/dml_app/../exp").status_code == 404
 
 
 # --- worker/sync.py: sync_http ---------------------------------------------------------------
@@ -373,17 +382,27 @@ def test_sync_http_unreachable_and_refused(src, tmp_path, serve):
         sync.sync_http(serve(not_json), TOKEN, str(tmp_path / "dest"))
 
 
-def test_sync_http_sends_the_bearer_token(tmp_path, serve):
+def test_sync_http_signs_each_request_and_never_sends_the_token(tmp_path, serve):
     seen = []
     app = Flask("spy")
+    token = "t0k-" + "s" * 20
 
     @app.get("/files/manifest")
     def manifest():
-        seen.append((request.headers.get("Authorization"), request.args.get("trees")))
-        return jsonify({"version": 1, "files": {}})
+        seen.append((request.path, request.headers.get("Authorization"), request.args.get("trees")))
+        return jsonify({"version": 1, "files": {"dml_app/a b.py": {"sha256": sha(b"x"), "size": 1}}})
 
-    sync.sync_http(serve(app) + "/", "t0k", str(tmp_path / "dest"))
-    assert seen == [("Bearer t0k", "dml_app,dataset,dml_user")]
+    @app.get("/files/<path:relpath>")
+    def get(relpath):
+        seen.append((request.path, request.headers.get("Authorization"), None))
+        return b"x"
+
+    sync.sync_http(serve(app) + "/", token, str(tmp_path / "dest"))
+    assert [(path, trees) for path, _, trees in seen] == [("/files/manifest", "dml_app,dataset,dml_user"),
+                                                          ("/files/dml_app/a b.py", None)]
+    for path, header, _ in seen:
+        assert token not in header and file_auth.verify(token, header, "GET", path), header
+    assert not file_auth.verify(token, seen[0][1], "GET", seen[1][0])  # one path's signature signs no other
 
 
 # --- worker/sync.py: NFS ---------------------------------------------------------------------
