@@ -9,12 +9,18 @@ Every host is reset at teardown, even when the test failed, and checked for left
 from __future__ import annotations
 
 import os
+import secrets
+import time
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
 from tests.netns.conftest import host, host_factory  # noqa: F401 (host: one of this tier's make_host)
 from worker.host import WorkerHost
+
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def docker_skip_reason() -> Optional[str]:
@@ -90,3 +96,50 @@ def foreign_container(engine) -> Iterator[Callable[..., str]]:
 def run(host: WorkerHost, node: str, *argv: str, timeout_s: float = 30) -> dict[str, Any]:
     """Run a command in a node to completion; its result document."""
     return host.exec(node, {"version": 1, "argv": list(argv), "timeout_s": timeout_s})
+
+
+@contextmanager
+def docker_agent(tmp_path: Any, **env: str) -> Iterator[Any]:
+    """The real agent process with ``--runtime docker`` on a loopback port (plain HTTP), its
+    testbed new; ``env`` added to its environment (e.g. ``EDGETB_NODE_IMAGE``). Yields its
+    ``AgentClient`` (``testbed_id``, ``subnet`` set on it); afterwards the agent is stopped, its
+    testbed reset and checked for leftovers."""
+    import socket
+    import subprocess
+    import sys
+
+    import requests
+
+    from controller.workers.agent_client import AgentClient
+    from tests.netns.conftest import free_subnet, new_testbed_id
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token, tb, subnet, state = secrets.token_hex(16), new_testbed_id(), free_subnet(), str(tmp_path / "state")
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port), "--listen", "127.0.0.1",
+                                 "--plain-http", "--id", tb, "--subnet", subnet, "--runtime", "docker"], cwd=ROOT,
+                                env=dict(os.environ, EDGETB_TOKEN=token, EDGETB_STATE_DIR=state, **env),
+                                stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    client = AgentClient(url, token, timeout_s=120)
+    client.testbed_id, client.subnet = tb, subnet
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
+            time.sleep(0.05)
+        yield client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        host = WorkerHost(tb, subnet, state_root=state, runtime="docker")
+        host.reset()
+        assert_no_leftovers(host)

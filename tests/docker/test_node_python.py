@@ -2,6 +2,7 @@
 before any container is made, first on the node's PATH (exec, detached processes)."""
 from __future__ import annotations
 
+import base64
 import io
 import secrets
 import time
@@ -9,8 +10,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.docker.conftest import DOCKER, run
-from worker.api.errors import ConfigError
+from tests.docker.conftest import DOCKER, docker_agent, run
+from worker.api.errors import ConfigError, TestbedError
 from worker.nodes import docker as runtime_docker
 
 pytestmark = DOCKER
@@ -84,44 +85,9 @@ def test_bad_declared_python_refused_before_any_container(make_host, venv_image,
 
 
 def test_declared_python_through_a_docker_agent(tmp_path, venv_image):
-    """The same through an agent (plain HTTP on loopback, as tests/docker/test_agent.py): the
-    agent checks the path in its image, refuses a missing one, then puts it first on PATH."""
-    import base64
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    import requests
-
-    from controller.workers.agent_client import AgentClient
-    from tests.docker.conftest import assert_no_leftovers
-    from tests.netns.conftest import free_subnet, new_testbed_id
-    from worker.api.errors import TestbedError
-    from worker.host import WorkerHost
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    token, tb, subnet, state = secrets.token_hex(16), new_testbed_id(), free_subnet(), str(tmp_path / "state")
-    env = dict(os.environ, EDGETB_TOKEN=token, EDGETB_STATE_DIR=state, EDGETB_NODE_IMAGE=venv_image)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(tmp_path / "agent.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--port", str(port), "--listen", "127.0.0.1",
-                                 "--plain-http", "--id", tb, "--subnet", subnet, "--runtime", "docker"], cwd=root,
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    client = AgentClient(url, token, timeout_s=120)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if requests.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()[-2000:]
-            time.sleep(0.05)
+    """The same through an agent (tests/docker/conftest.py's): it checks the path in its image,
+    refuses a missing one, then puts it first on PATH."""
+    with docker_agent(tmp_path, EDGETB_NODE_IMAGE=venv_image) as client:
         with pytest.raises(TestbedError) as err:
             client.create_nodes({"version": 1, "nodes": [{"name": "a", "python": VENV},
                                                          {"name": "b", "python": "/opt/venvs/gone"}]})
@@ -136,9 +102,3 @@ def test_declared_python_through_a_docker_agent(tmp_path, venv_image):
             assert time.monotonic() < deadline, "the detached process did not find the helper on PATH"
             time.sleep(0.05)
         assert client.reset()["removed"]["nodes"] == 1
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        host = WorkerHost(tb, subnet, state_root=state, runtime="docker")
-        host.reset()
-        assert_no_leftovers(host)

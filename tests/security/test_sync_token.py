@@ -7,8 +7,6 @@ with what it saw, or with the token as a bearer, it fetches files from the real 
 """
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -19,55 +17,13 @@ from controller.workers import files
 from controller.workers.agent_client import AgentClient
 from tests.security.test_agent_transport import TOKEN, agents, fingerprint_of, serve_code  # noqa: F401 (fixture)
 from tests.security.test_controller_callers import make_controller  # noqa: F401 (fixture)
+from tests.security.test_pair_keys import Recorder
 from worker.api import file_auth
 
 pytestmark = pytest.mark.security
 
 NODE_TOKEN = "node-token-" + "z" * 24
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class Sniffer:
-    """A TCP relay from a port of its own to ``upstream``, keeping every byte it relays."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.seen = bytearray()
-        self._lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self._socks: list[socket.socket] = [self.listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            self._socks += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                with self._lock:
-                    self.seen += data
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        for s in self._socks:
-            s.close()
 
 
 def test_the_run_token_never_crosses_the_plain_http_fetch(agents, tmp_path):
@@ -77,7 +33,7 @@ def test_the_run_token_never_crosses_the_plain_http_fetch(agents, tmp_path):
     (src / "dml_app" / "role.py").write_text("print('the code')\n")
     (src / "dataset" / "shard.npz").write_bytes(b"shard" * 1000)
     server = serve_code(src, NODE_TOKEN)
-    sniffer = Sniffer(server.server_port)
+    sniffer = Recorder(("127.0.0.1", server.server_port))  # what the agent sends, as a sniffer sees it
     agent = agents("--listen", "127.0.0.1", "--workdir", str(tmp_path / "agent-work")).start()
     client = AgentClient(f"https://127.0.0.1:{agent.port}", TOKEN, name="e1", fingerprint=fingerprint_of(agent))
     try:
@@ -86,8 +42,8 @@ def test_the_run_token_never_crosses_the_plain_http_fetch(agents, tmp_path):
                             "manifest": trusted})
         assert done["fetched"] == 2, done
         time.sleep(0.2)  # the relay's last bytes
-        seen = bytes(sniffer.seen)
-        assert b"GET /files/dml_app/role.py" in seen and b"print('the code')" in seen  # the sniffer saw the sync
+        seen = bytes(sniffer.sent)
+        assert b"GET /files/dml_app/role.py" in seen and b"GET /files/dataset/shard.npz" in seen  # it saw the sync
         assert NODE_TOKEN.encode() not in seen, "the run's token crossed the plain-HTTP connection"
         assert b"Bearer" not in seen
         # what it saw fetches nothing else: a recorded signature is for its own path only
