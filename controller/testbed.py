@@ -27,7 +27,7 @@ from controller.bootstrap import use_venv
 
 use_venv(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.argv[0] or "the Testbed API")
 
-from controller.model.topology import Topology, device_contention, load_links  # noqa: E402
+from controller.model.topology import Topology, device_access_rates, device_contention, load_links  # noqa: E402
 from worker.api.errors import ConfigError  # noqa: E402
 from worker.api.protocol import DEFAULT_SUBNET  # noqa: E402
 
@@ -122,6 +122,7 @@ class Testbed:
             record = devices.node_device(devices.device_class(devices.BUILTIN, device, f"Testbed: node {name!r}"),
                                          host_kernel_s())
             cpu, mem = record["quota_cores"], mem if mem is not None else record["mem_bytes"]
+            uplink, downlink, record = device_access_rates(uplink, downlink, record, {}, f"Testbed: node {name!r}")
         self.topology.add_node(name, "emulated", host, cpu, mem, source="Testbed", uplink=uplink, downlink=downlink,
                                pids=pids, python=python, device=record)
         if record is not None:

@@ -192,3 +192,23 @@ def host_cores() -> float:
         return float(len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return float(os.cpu_count() or 1)
+
+
+def access_rates_at_nic(uplink_bps: Optional[int], downlink_bps: Optional[int], nic_bps: int, where: str,
+                        traced_peaks_bps: Mapping[str, int]) -> tuple[int, int, list[str]]:
+    """A device node's access rates: a side not given gets the class's NIC rate, a lower one is
+    kept, a higher one is capped at the NIC rate (the device cannot send or receive faster; the
+    capped sides are returned, to warn and record). A traced side (``traced_peaks_bps``: side ->
+    the trace's peak) whose peak is above the NIC rate is a ConfigError at ``where``: a recording is
+    replayed as recorded or not at all."""
+    for side, peak in traced_peaks_bps.items():
+        if peak > nic_bps:
+            raise ConfigError(f"{where}, field {side!r}: the trace peaks at {peak} bit/s, above the device "
+                              f"class's NIC rate {nic_bps} bit/s; override the class's 'nic' in a class file, "
+                              f"or give no device class")
+    capped, out = [], []
+    for side, rate in (("uplink", uplink_bps), ("downlink", downlink_bps)):
+        if rate is not None and rate > nic_bps and side not in traced_peaks_bps:
+            capped.append(side)
+        out.append(nic_bps if rate is None or rate > nic_bps else rate)
+    return out[0], out[1], capped

@@ -510,12 +510,37 @@ def load_nodes(path: str, host_kernel_s: Union[float, Callable[[], float], None]
                                     f"device class {device['class']!r}; give 'cpu' or 'device', not both")
             cpu = device["quota_cores"]
             mem = mem if mem is not None else device["mem_bytes"]
+            uplink, downlink, device = device_access_rates(uplink, downlink, device, replays,
+                                                           _where(path, entry["name"]))
         topo.add_node(entry["name"], kind, entry.get("host", "local"), cpu, mem,
                       entry.get("ip"), source=path, uplink=uplink, downlink=downlink, pids=entry.get("pids"),
                       standby=bool(entry.get("standby", False)), python=entry.get("python", defaults.get("python")),
                       device=device)
     device_contention(topo, path)
     return topo
+
+
+def device_access_rates(uplink: Any, downlink: Any, device: dict[str, Any], replays: dict[str, Any],
+                        where: str) -> tuple[Optional[int], Optional[int], dict[str, Any]]:
+    """A device node's access rates capped at its class's NIC rate (``devices.access_rates_at_nic``);
+    a cap is warned and recorded in the device record (``nic_capped``: side -> the rate asked)."""
+    import logging
+
+    from controller.model import devices as dev
+
+    asked = {"uplink": access_rate(uplink, f"{where}, field 'uplink'"),
+             "downlink": access_rate(downlink, f"{where}, field 'downlink'")}
+    peaks = {side: int(r.trace.rates_bps.max()) for side, r in replays.items()}
+    try:
+        up, down, capped = dev.access_rates_at_nic(asked["uplink"], asked["downlink"], int(device["nic_bps"]),
+                                                   where, peaks)
+    except ConfigError as e:
+        raise TopologyError(e.message) from None
+    if capped:
+        logging.getLogger("edgetb").warning("%s: %s above the device class's NIC rate %d bit/s, capped to it", where,
+                                            " and ".join(f"{s} {asked[s]} bit/s" for s in capped), device["nic_bps"])
+        device = dict(device, nic_capped={s: asked[s] for s in capped})
+    return up, down, device
 
 
 def _devices(path: str, data: dict[str, Any], host_kernel_s: Union[float, Callable[[], float], None]

@@ -149,3 +149,24 @@ def test_python_api_device_node(tmp_path, monkeypatch):
         tb.add_emulated_node("n2", cpu=1, device="rpi5")
     with pytest.raises(ConfigError, match="unknown device class 'rpi9'"):
         tb.add_emulated_node("n3", device="rpi9")
+
+
+def test_access_rates_at_the_nic_rate():
+    nic = 100_000_000
+    assert dev.access_rates_at_nic(None, None, nic, "w", {}) == (nic, nic, [])
+    assert dev.access_rates_at_nic(10_000_000, None, nic, "w", {}) == (10_000_000, nic, [])
+    assert dev.access_rates_at_nic(10**9, 10**9, nic, "w", {}) == (nic, nic, ["uplink", "downlink"])
+    assert dev.access_rates_at_nic(50_000_000, None, nic, "w", {"uplink": nic}) == (50_000_000, nic, [])
+    with pytest.raises(ConfigError, match=r"w, field 'uplink': the trace peaks at 200000000 bit/s, above"):
+        dev.access_rates_at_nic(50_000_000, None, nic, "w", {"uplink": 2 * nic})
+
+
+def test_python_api_device_node_gets_the_nic_rate(monkeypatch):
+    from controller import calibration
+    from controller.testbed import Testbed
+
+    monkeypatch.setattr(calibration, "host_kernel_s", lambda: dev.BUILTIN["phone_low"].kernel_s / 4)
+    tb = Testbed()
+    tb.add_emulated_node("p", device="phone_low", uplink="1gbit")
+    node = tb.topology.nodes["p"]
+    assert node.uplink_bps == node.downlink_bps == 72_000_000 and node.device["nic_capped"] == {"uplink": 10**9}
