@@ -14,21 +14,29 @@ and the sum over rows is the sum over every 10 Hz sample. A round's energy is th
 of the cumulative energy (interpolated) at the end of the node's previous round and at the end
 of this one (``metrics.csv``'s ``time_s``; the first round from the run's start). A model: it
 ignores a radio's tail energy, DVFS, temperature, memory and storage power.
+
+A node away (``scenario.csv``: from an applied ``pause`` or ``crash`` until its ``resume`` or
+``replace``, or the end) draws no power: a device that has left the experiment (out of reach,
+switched off, in its owner's pocket) is not powered by it. Its u is its CPU time over the time
+it was there.
 """
 from __future__ import annotations
 
 import csv
 import gzip
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from controller.results.run_dir import TELEMETRY_DIR, TOPOLOGY_JSON
+from controller.results.run_dir import SCENARIO_CSV, TELEMETRY_DIR, TOPOLOGY_JSON
 
 NODES_CSV_GZ = "nodes.csv.gz"
+LEAVE_STEPS = ("pause", "crash")
+RETURN_STEPS = ("resume", "replace")
 
 
 @dataclass(frozen=True)
@@ -39,11 +47,21 @@ class PowerModel:
     max_w: float
     quota_cores: float
     e_byte_j: float = 0.0
+    away_s: tuple[tuple[float, float], ...] = ()  # (left, returned) seconds of the run: no power
 
     @classmethod
-    def of_device(cls, device: dict[str, Any]) -> "PowerModel":
+    def of_device(cls, device: dict[str, Any], away_s: Iterable[tuple[float, float]] = ()) -> "PowerModel":
         return cls(float(device["idle_w"]), float(device["max_w"]), float(device["quota_cores"]),
-                   float(device.get("e_byte_j") or 0.0))
+                   float(device.get("e_byte_j") or 0.0), tuple(away_s))
+
+
+def _away_in(t_s: np.ndarray, away_s: Iterable[tuple[float, float]]) -> np.ndarray:
+    """The seconds of each interval ``t_s[k]..t_s[k+1]`` that fall in the ``away_s`` windows."""
+    a, b = t_s[:-1], t_s[1:]
+    out = np.zeros(len(a))
+    for left, back in away_s:
+        out += np.clip(np.minimum(b, back) - np.maximum(a, left), 0.0, None)
+    return out
 
 
 def cumulative_energy_j(t_s: np.ndarray, cpu_s: np.ndarray, bytes_: np.ndarray, model: PowerModel) -> np.ndarray:
@@ -51,14 +69,15 @@ def cumulative_energy_j(t_s: np.ndarray, cpu_s: np.ndarray, bytes_: np.ndarray, 
     t_s, cpu_s, bytes_ = (np.asarray(a, dtype=float) for a in (t_s, cpu_s, bytes_))
     if len(t_s) == 0:
         return np.zeros(0)
-    dt = np.diff(t_s)
+    dt = np.maximum(np.diff(t_s), 0.0)
+    there = np.maximum(dt - _away_in(t_s, model.away_s), 0.0) if model.away_s else dt
     dcpu = np.maximum(np.diff(cpu_s), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        u = np.where(dt > 0, dcpu / (model.quota_cores * dt), 0.0)
+        u = np.where(there > 0, dcpu / (model.quota_cores * there), 0.0)
     u = np.clip(u, 0.0, 1.0)
     power_w = model.idle_w + (model.max_w - model.idle_w) * u
     net_j = model.e_byte_j * np.maximum(np.diff(bytes_), 0.0)
-    return np.concatenate([[0.0], np.cumsum(power_w * np.maximum(dt, 0.0) + net_j)])
+    return np.concatenate([[0.0], np.cumsum(power_w * there + net_j)])
 
 
 def energy_between_j(t_s: np.ndarray, energy_j: np.ndarray, a_s: float, b_s: float) -> Optional[float]:
@@ -102,15 +121,48 @@ def _num(text: Any, default: Any) -> Any:
         return default
 
 
+def away_windows(rows: Iterable[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Node -> the (left, returned) seconds it was away, from ``scenario.csv``'s rows: an applied
+    ``pause`` or ``crash`` until the next applied ``resume`` or ``replace`` of it (inf: never)."""
+    left: dict[str, float] = {}
+    out: dict[str, list[tuple[float, float]]] = {}
+    for r in sorted(rows, key=lambda r: r["applied_s"]):
+        node, kind, t = str(r.get("target", "")), r.get("event"), float(r["applied_s"])
+        if kind in LEAVE_STEPS and node not in left:
+            left[node] = t
+        elif kind in RETURN_STEPS and node in left:
+            out.setdefault(node, []).append((left.pop(node), t))
+    for node, t in left.items():
+        out.setdefault(node, []).append((t, math.inf))
+    return out
+
+
+def read_away(run_dir: str) -> dict[str, list[tuple[float, float]]]:
+    """``away_windows`` of the run's ``scenario.csv`` ({} without one); only applied rows count."""
+    try:
+        with open(os.path.join(run_dir, SCENARIO_CSV), newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return {}
+    applied = []
+    for r in rows:
+        t = _num(r.get("applied_s"), None)
+        if t is not None and math.isfinite(t) and str(r.get("outcome", "")).startswith("applied"):
+            applied.append({**r, "applied_s": t})
+    return away_windows(applied)
+
+
 def device_models(run_dir: str) -> dict[str, PowerModel]:
-    """Node -> its power model, for the nodes of ``topology.json`` that have a device class."""
+    """Node -> its power model (with the windows it was away), for the nodes of ``topology.json``
+    that have a device class."""
     try:
         with open(os.path.join(run_dir, TOPOLOGY_JSON)) as f:
             topo = json.load(f)
     except (OSError, ValueError):
         return {}
-    return {str(n["name"]): PowerModel.of_device(n["device"]) for n in topo.get("nodes", [])
-            if isinstance(n, dict) and isinstance(n.get("device"), dict)}
+    away = read_away(run_dir)
+    return {str(n["name"]): PowerModel.of_device(n["device"], away.get(str(n["name"]), ()))
+            for n in topo.get("nodes", []) if isinstance(n, dict) and isinstance(n.get("device"), dict)}
 
 
 def round_energy(rows: Iterable[dict[str, Any]], telemetry: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
@@ -144,6 +196,8 @@ def node_energy(telemetry: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
         t = telemetry[node][0]
         total = float(cumulative_energy_j(*telemetry[node], model)[-1])
         span = float(t[-1] - t[0])
-        out[node] = {"energy_j": round(total, 3), "sampled_s": round(span, 3),
-                     "mean_power_w": round(total / span, 4) if span > 0 else None}
+        away = float(_away_in(np.asarray(t, dtype=float), model.away_s).sum()) if model.away_s else 0.0
+        there = span - away
+        out[node] = {"energy_j": round(total, 3), "sampled_s": round(span, 3), "away_s": round(away, 3),
+                     "mean_power_w": round(total / there, 4) if there > 0 else None}
     return out

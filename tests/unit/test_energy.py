@@ -75,6 +75,32 @@ def test_rounds_and_summary_from_a_run_folder(tmp_path):
     assert "plain" not in per_node
 
 
+def test_an_away_node_draws_no_power(tmp_path):
+    """Paused from 4 s to 8 s (resumed), crashed at 16 s and never back: no power in those
+    windows, idle power around them; a failed pause and other nodes' events change nothing."""
+    t = np.round(np.arange(0, 20.05, 0.1), 6)
+    idle = (t, np.zeros(len(t)), np.zeros(len(t)))
+    run = write_run(tmp_path, {"pi": idle})
+    with open(f"{run}/scenario.csv", "w") as f:
+        f.write("planned_s,applied_s,skew_ms,event,target,detail,outcome\n"
+                "4,4.0,0,pause,pi,frozen,applied\n2,2.0,0,pause,pi,frozen,failed: gone\n"
+                "5,5.0,0,crash,plain,SIGKILL,applied\n8,8.0,0,resume,pi,thawed,applied\n"
+                "16,16.0,0,crash,pi,SIGKILL,applied\n")
+    models = energy.device_models(run)
+    assert models["pi"].away_s == ((4.0, 8.0), (16.0, float("inf")))
+    rows = [{"node": "pi", "round": r, "time_s": end} for r, end in ((1, 6.0), (2, 20.0))]
+    per_node = tables._add_energy(run, rows)
+    assert [r["energy_j"] for r in rows] == [pytest.approx(4 * 2.7, rel=0.01), pytest.approx(8 * 2.7, rel=0.01)]
+    assert per_node["pi"]["energy_j"] == pytest.approx(12 * 2.7, rel=0.01)
+    assert per_node["pi"]["away_s"] == pytest.approx(8.0) and per_node["pi"]["mean_power_w"] == pytest.approx(2.7)
+
+
+def test_cpu_while_there_sets_u_over_the_time_there():
+    model = energy.PowerModel(1.0, 3.0, 1.0, away_s=((5.0, 10.0),))
+    t = np.array([0.0, 10.0])  # 5 s of CPU in 5 s there: u = 1 over them, nothing while away
+    assert energy.cumulative_energy_j(t, np.array([0.0, 5.0]), np.zeros(2), model)[-1] == pytest.approx(15.0)
+
+
 def test_no_telemetry_no_energy(tmp_path):
     rows = [{"node": "pi", "round": 1, "time_s": 1.0}]
     assert tables._add_energy(str(tmp_path), rows) == {} and rows[0]["energy_j"] is None
