@@ -246,7 +246,7 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
         from controller.flower.flow import run as run_flower
 
         return run_flower(options, run_id, found, owned, lambda worker: remove_stale(options, found, worker, owned),
-                          _say)
+                          _say, lambda exp, worker: _serve(options, exp, worker, owned))
     try:
         spec = prepare(options)
     except TestbedError as e:
@@ -331,6 +331,33 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
         print(f"error: {e.message}", file=sys.stderr)
         code = 1
     return code
+
+
+def _serve(options: RunOptions, exp: Any, worker: Worker, owned: Ownership) -> Optional[Servers]:
+    """The controller's servers of ``exp`` (a Flower run's session: controller.flower.session),
+    started, with the dashboard's live view; None when they cannot listen (said on stderr)."""
+    import gevent
+
+    hub = gevent.get_hub()
+    hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)  # an interrupt is the main flow's to report
+    server: Optional[Servers] = None
+
+    def on_reset() -> None:
+        owned.removed()
+        gevent.spawn(lambda: server and server.stop(timeout=1))
+
+    exp.live = LiveFeed(exp)
+    try:
+        app = create_app(exp, admin_token=admin_token_of(options, worker), on_reset=on_reset)
+        server = owned.server = Servers([(a, options.port) for a in listen_addresses(options, worker)], app)
+        server.start()
+    except TestbedError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return None
+    except (OSError, ValueError) as e:
+        print(f"error: cannot listen on port {options.port}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return None
+    return server
 
 
 def _cluster(worker: Worker) -> Any:

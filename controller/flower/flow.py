@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from controller.flower import metrics, plan
 from controller.flower.structure import FlowerStructure, load as load_structure, node_pythons
+from controller.model.scenario import Timeline
 from controller.model.spec import RunOptions
 from controller.model.topology import Topology, load_links, load_nodes
 from controller.workers import programs
@@ -42,6 +44,7 @@ class FlowerSpec:
     topology: Topology
     structure: FlowerStructure
     shards: dict[str, str]  # SuperNode -> its shard's absolute path (a dataset given)
+    timeline: Optional[Timeline] = None  # a scenario's, resolved
 
 
 def prepare(options: RunOptions) -> FlowerSpec:
@@ -50,8 +53,6 @@ def prepare(options: RunOptions) -> FlowerSpec:
     if o.hosts or o.runtime != "netns":
         raise ConfigError("flwr_run.py runs Flower on network-namespace nodes of this host; --hosts and "
                           "--runtime docker are not supported for Flower runs yet")
-    if o.scenario:
-        raise ConfigError("flwr_run.py: --scenario is not supported for Flower runs yet")
     topology = o.topology
     if topology is None:
         from controller.calibration import host_kernel_s
@@ -66,7 +67,12 @@ def prepare(options: RunOptions) -> FlowerSpec:
 
         confs = dataset_confs(load_dataset(path(o.dataset)), list(structure.supernodes), o.workdir)
         shards = {n: os.path.join(o.workdir, c["shard"]) for n, c in confs.items()}
-    return FlowerSpec(options, topology, structure, shards)
+    timeline = None
+    if o.scenario:
+        from controller.model.scenario import load_scenario
+
+        timeline = load_scenario(path(o.scenario), topology)
+    return FlowerSpec(options, topology, structure, shards, timeline)
 
 
 def check(options: RunOptions) -> str:
@@ -77,10 +83,11 @@ def check(options: RunOptions) -> str:
 
 
 def run(options: RunOptions, run_id: str, found: Any, owned: Any, remove_stale: Callable[[Worker], None],
-        progress: Callable[[str], None]) -> int:
+        progress: Callable[[str], None], serve: Callable[[Any, Worker], Any]) -> int:
     """The Flower run once ``controller.runner`` holds the experiment directory and the testbed id
     (``found``: what held it before; ``owned``: what this process made, which the runner removes
-    at the end, whatever happens; ``remove_stale``: what a dead holder left, removed)."""
+    at the end, whatever happens; ``remove_stale``: what a dead holder left, removed; ``serve``:
+    the controller's servers of the run (started; None when they cannot listen, said already))."""
     from controller.workers.connect import connect
     from worker.host import REPO_ROOT
 
@@ -93,18 +100,43 @@ def run(options: RunOptions, run_id: str, found: Any, owned: Any, remove_stale: 
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    if not options.auto:
-        progress("flwr_run.py runs the whole flow (as --auto): the curl workflow is not there for Flower runs yet")
+    from controller.flower.session import FlowerSession, serve_auto
+
     flower = FlowerRun(spec, worker, run_id, progress)
+    session = FlowerSession(flower, spec.timeline)
     owned.created(worker)
+    server = serve(session, worker)  # the controller on --port: the REST API and the dashboard
+    if server is None:
+        return 2
+    if hasattr(session.live, "models"):  # the dashboard names the app, not a built-in model
+        session.live.models = [f"{spec.structure.app_name} · flower"]
     try:
-        return flower.run()
+        session.deploy()
+        progress(f"dashboard: http://localhost:{options.port}/ (live while the run goes on; stored runs too)")
+        if spec.timeline is not None:
+            progress(f"scenario {options.scenario}: {len(spec.timeline.steps)} steps, applied from /start")
+        if options.auto:
+            import gevent
+
+            runner = gevent.spawn(serve_auto, session, options.timeout_s, progress)
+            runner.link(lambda g: server.stop(timeout=1))
+            server.serve_forever()
+            return runner.value if runner.dead and runner.value is not None else 1
+        progress(f"controller on :{options.port}, testbed {options.testbed_id}, run {run_id}. Next: "
+                 f"curl localhost:{options.port}/start ; curl localhost:{options.port}/status ; "
+                 f"curl localhost:{options.port}/finish ; curl localhost:{options.port}/emulated/reset")
+        server.serve_forever()
+        return 0 if session.ended in ("", "completed", "finished", "reset") else 1
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
-        flower.close("failed", e.message)
+        if session.summary is None and session.phase in ("running", "failed"):
+            try:
+                session.finish("failed", e.message)
+            except TestbedError as again:
+                progress(f"could not write the results: {again.message}")
         return 1
     except KeyboardInterrupt:
-        flower.close("interrupted", "interrupted")
+        session.close("interrupted")
         raise
 
 
@@ -132,35 +164,62 @@ class FlowerRun:
         self.reader = metrics.RoundReader()
         self.t0 = 0.0
         self.closed = False
+        self.ips: dict[str, str] = {}
+        self.stopping = threading.Event()  # set: follow returns (a /finish, a reset)
+        self.on_round_start: Callable[[int], None] = lambda r: None  # Flower began round r
+        self.on_round: Callable[[int, dict[str, float]], None] = lambda r, values: None  # its metrics, once read
         self._reported: set[int] = set()
 
-    def run(self) -> int:
+    def deploy(self) -> dict[str, str]:
+        """The nodes and links, the run folder's inputs, every Flower home; the nodes' addresses."""
         from controller.results.run_dir import TOPOLOGY_JSON, copy_inputs, topology_doc
-        from controller.results.rates import LinkRates
         from controller.workers import deploy
 
         o, s = self.spec.options, self.spec.structure
         result = deploy.deploy(self.spec.topology, self.worker, self.progress, open_network=o.open_network)
-        ips = result["ips"]
+        self.ips = result["ips"]
         self.record["flower"]["uids"] = node_uids(self.worker, [s.superlink, *s.supernodes])
-        self.out.write_json(TOPOLOGY_JSON, topology_doc(self.spec.topology, ips))
+        self.out.write_json(TOPOLOGY_JSON, topology_doc(self.spec.topology, self.ips))
         copy_inputs(self.out, {r: p for r, p in o.inputs.items() if r in ("links", "nodes", "structure", "dataset")})
-        self._make_homes(ips[s.superlink])
+        self._make_homes(self.ips[s.superlink])
+        return self.ips
+
+    def begin(self) -> dict[str, Any]:
+        """The telemetry, the SuperLink and SuperNodes (until every SuperNode registered), then
+        the app submitted: the record of ``flwr run``."""
+        from controller.results.rates import LinkRates
+
+        o, s = self.spec.options, self.spec.structure
         problem = self.recording.start_telemetry(self.out, LinkRates.of_topology(self.spec.topology))
         if problem is not None:
             self.record["telemetry"] = problem
         self.record["started_at"] = time.time()
         self.t0 = time.monotonic()
         self.recording.run_from(self.t0)
-        for program in plan.servers(s, o.workdir, self.run_id, ips, self.spec.shards):
+        for program in plan.servers(s, o.workdir, self.run_id, self.ips, self.spec.shards):
             self._start(program)
         self._wait_for_superlink(len(s.supernodes))
-        self.progress(f"Flower: SuperLink in {s.superlink} ({ips[s.superlink]}:{plan.SUPERLINK_PORT}), "
+        self.progress(f"Flower: SuperLink in {s.superlink} ({self.ips[s.superlink]}:{plan.SUPERLINK_PORT}), "
                       f"{len(s.supernodes)} SuperNodes registered; submitting {s.app_name}")
-        submitted = self._start(plan.submit(s, o.workdir, self.run_id))
-        how, detail = self._follow(submitted, o.timeout_s)
+        return self._start(plan.submit(s, o.workdir, self.run_id))
+
+    def run(self) -> int:
+        """The whole run without a controller: deploy, begin, follow, close."""
+        self.deploy()
+        how, detail = self.follow(self.begin(), self.spec.options.timeout_s)
         self.close(how, detail)
         return 0 if how == "completed" else 1
+
+    def programs_of(self, node: str) -> list[tuple[plan.Program, dict[str, Any]]]:
+        """The Flower processes started in ``node``."""
+        return [(p, r) for p, r in self.started if p.node == node]
+
+    def restart(self, node: str) -> None:
+        """A SuperNode's processes started again (a replacement of a crashed SuperNode)."""
+        o = self.spec.options
+        for program in plan.servers(self.spec.structure, o.workdir, self.run_id, self.ips, self.spec.shards):
+            if program.node == node:
+                self._start(program)
 
     # programs ------------------------------------------------------------------------------------
     def _make_homes(self, superlink_ip: str) -> None:
@@ -206,7 +265,7 @@ class FlowerRun:
                                      f"SuperNodes within {wait_s:g} s; its last lines:\n{tail(text)}")
             time.sleep(POLL_S)
 
-    def _follow(self, submitted: dict[str, Any], timeout_s: float) -> tuple[str, str]:
+    def follow(self, submitted: dict[str, Any], timeout_s: float) -> tuple[str, str]:
         """Flower's run log read as it comes, rounds reported, until ``flwr run`` ends; how the
         run ended and why."""
         reader = programs.LogReader()
@@ -219,8 +278,10 @@ class FlowerRun:
             for line in lines:
                 before = self.reader.round
                 self.reader.feed(line, time.monotonic() - self.t0)
-                if before is not None and self.reader.round != before and before in self.reader.rounds:
-                    self._report(before)  # a round is reported once the next begins (or the run ends)
+                if self.reader.round != before:
+                    if before is not None and before in self.reader.rounds:
+                        self._report(before)  # a round is reported once the next begins (or the run ends)
+                    self.on_round_start(self.reader.round)  # type: ignore[arg-type]
             ended = self._ended(submitted)
             if ended is not None and not text:
                 if pending:
@@ -233,6 +294,8 @@ class FlowerRun:
             for program, record in self.started[:1]:
                 if self._ended(record) is not None:
                     return "failed", f"the SuperLink in {program.node} ended during the run"
+            if self.stopping.is_set():
+                return "finished", "stopped before Flower's run ended"
             if time.monotonic() > deadline:
                 self.progress(f"the Flower run did not end within {timeout_s:g} s: stopping it")
                 return "timeout", f"not ended within {timeout_s:g} s"
@@ -261,6 +324,7 @@ class FlowerRun:
         values = {k: v for section in self.reader.rounds[r].values() for k, v in section.items()}
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(values.items()))
         self.progress(f"Flower round {r}/{self.reader.num_rounds or '?'}: {shown}")
+        self.on_round(r, values)
 
     # the run folder ------------------------------------------------------------------------------
     def close(self, how: str, detail: str) -> None:

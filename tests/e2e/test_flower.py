@@ -9,8 +9,11 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -43,12 +46,24 @@ def experiment(tmp_path: Path, **structure) -> Path:
     return workdir
 
 
-def flwr_run(workdir: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+def flwr_argv(workdir: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """flwr_run.py's command line on a testbed id, subnet and controller port of its own."""
     tb = "f" + secrets.token_hex(2)
     env = dict(os.environ, EDGETB_STATE_DIR=str(workdir / "state"))
-    return subprocess.run([sys.executable, str(ROOT / "flwr_run.py"), "--workdir", str(workdir), "--id", tb,
-                           "--subnet", f"10.{200 + int(tb[1:], 16) % 20}.0.0/16", "--telemetry-period-ms", "200",
-                           *args], env=env, capture_output=True, text=True, timeout=timeout_s)
+    return [sys.executable, str(ROOT / "flwr_run.py"), "--workdir", str(workdir), "--id", tb,
+            "--subnet", f"10.{200 + int(tb[1:], 16) % 20}.0.0/16", "--port", str(free_port()),
+            "--telemetry-period-ms", "200", *args], env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flwr_run(workdir: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    argv, env = flwr_argv(workdir, *args)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
 def processes_of(uids: set[int]) -> list[str]:
@@ -133,4 +148,78 @@ def test_a_server_app_that_fails_ends_the_run_failed_with_its_folder_written_and
     assert record["ended"] == "failed" and record["rounds"] == 0, record
     assert "broken on purpose" in (out / "flower" / "n1-run.log").read_text()
     assert (out / "metrics.csv").read_text().startswith("run_id,algorithm,node,round,time_s")
+    assert processes_of(set(record["flower"]["uids"].values())) == []
+
+
+def call(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=300) as answer:
+        return json.loads(answer.read())
+
+
+def test_the_curl_workflow_start_status_dashboard_then_reset(tmp_path):
+    """flwr_run.py without --auto: the controller waits; /start runs the app, /status and the
+    dashboard's view show its rounds, the run finishes by itself, /emulated/reset removes all."""
+    workdir = experiment(tmp_path)
+    argv, env = flwr_argv(workdir, "-d", "flwr_dataset.json")
+    port = int(argv[argv.index("--port") + 1])
+    log = open(tmp_path / "flwr_run.log", "w+")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "Next: curl" not in (tmp_path / "flwr_run.log").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "flwr_run.log").read_text()
+            time.sleep(0.5)
+        assert call(port, "/status")["phase"] == "ready"
+        started = call(port, "/start")
+        assert started["started"] == ["n1", *SUPERNODES]
+        while (status := call(port, "/status"))["phase"] == "running":
+            assert time.monotonic() < deadline + 400, status
+            time.sleep(1)
+        assert status["phase"] == "finished" and status["ended"] == "completed" and status["round"] == 2, status
+        view = call(port, "/api/view")
+        assert view["algorithm"] == "flower" and view["series"]["round"]["round"] == [1, 2], view["series"]
+        assert view["models"] == ["numpy-app · flower"]
+        assert call(port, "/finish")["rounds"] == 2  # the written run's summary, again
+        call(port, "/emulated/reset")
+        assert proc.wait(timeout=120) == 0, (tmp_path / "flwr_run.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=120)
+        log.close()
+    out = run_folder(workdir)
+    record = json.loads((out / "run.json").read_text())
+    assert record["ended"] == "completed"
+    with open(out / "metrics.csv", newline="") as f:
+        assert [r["round"] for r in csv.DictReader(f)] == ["1", "2"]
+    assert json.loads((out / "timeline.json").read_text()) is not None
+    assert processes_of(set(record["flower"]["uids"].values())) == []
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "etb-" + record["testbed_id"] + "-" not in left
+
+
+def test_a_scenario_crashes_a_supernode_mid_round_and_cuts_a_link_the_run_goes_on(tmp_path):
+    """Round 2 begins: n5 is killed (all its processes) and n1<->n4 cut for 5 s; Flower's strategy
+    goes on without n5, and the run's timeline and scenario.csv record both."""
+    workdir = experiment(tmp_path, run_config={"num-server-rounds": 3})
+    (workdir / "scenario.json").write_text(json.dumps({"events": [
+        {"at_round": {"node": "n1", "round": 2}, "crash": "n5"},
+        {"at_round": {"node": "n1", "round": 2}, "link_down": ["n1", "n4"], "for": 5}]}))
+    done = flwr_run(workdir, "-d", "flwr_dataset.json", "--scenario", "scenario.json", "--auto", "--timeout", "600",
+                    timeout_s=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = run_folder(workdir)
+    with open(out / "scenario.csv", newline="") as f:
+        applied = {(r["event"], r["target"]): r["outcome"] for r in csv.DictReader(f)}
+    assert applied[("crash", "n5")] == "applied" and any(e == "block" for e, _ in applied), applied
+    assert all(outcome == "applied" for outcome in applied.values()), applied
+    timeline = json.loads((out / "timeline.json").read_text())
+    assert any(e["target"] == "n5" and "crashed" in e["kind"] for e in timeline), timeline
+    with open(out / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["round"] for r in rows] == ["1", "2", "3"]
+    assert "n5: crashed by the scenario" in done.stdout, done.stdout
+    assert "Received 3 results" in (out / "flower" / "n1-run.log").read_text()
+    record = json.loads((out / "run.json").read_text())
+    assert record["ended"] == "completed"
     assert processes_of(set(record["flower"]["uids"].values())) == []
