@@ -15,6 +15,10 @@ of the cumulative energy (interpolated) at the end of the node's previous round 
 of this one (``metrics.csv``'s ``time_s``; the first round from the run's start). A model: it
 ignores a radio's tail energy, DVFS, temperature, memory and storage power.
 
+A physical node whose board has power monitors (``worker.observe.power_rails``) is measured,
+not modelled: its host's ``energy_mj`` in ``telemetry/hosts.csv.gz`` (``read_measured``) gives
+its cumulative energy, and its rounds and total come from it the same way.
+
 A node away (``scenario.csv``: from an applied ``pause`` or ``crash`` until its ``resume`` or
 ``replace``, or the end) draws no power: a device that has left the experiment (out of reach,
 switched off, in its owner's pocket) is not powered by it. Its u is its CPU time over the time
@@ -35,6 +39,7 @@ import numpy as np
 from controller.results.run_dir import SCENARIO_CSV, TELEMETRY_DIR, TOPOLOGY_JSON
 
 NODES_CSV_GZ = "nodes.csv.gz"
+HOSTS_CSV_GZ = "hosts.csv.gz"
 LEAVE_STEPS = ("pause", "crash")
 RETURN_STEPS = ("resume", "replace")
 
@@ -165,14 +170,44 @@ def device_models(run_dir: str) -> dict[str, PowerModel]:
             for n in topo.get("nodes", []) if isinstance(n, dict) and isinstance(n.get("device"), dict)}
 
 
+def read_measured(run_dir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Physical node -> (time_s, its measured energy since the run's start in J) from its host's
+    ``energy_mj`` in ``telemetry/hosts.csv.gz`` ({} for nodes whose host measured none)."""
+    try:
+        with open(os.path.join(run_dir, TOPOLOGY_JSON)) as f:
+            topo = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    physical = {str(n.get("host")): str(n["name"]) for n in topo.get("nodes", [])
+                if isinstance(n, dict) and n.get("kind") == "physical" and "name" in n}
+    path = os.path.join(run_dir, TELEMETRY_DIR, HOSTS_CSV_GZ)
+    if not physical or not os.path.exists(path):
+        return {}
+    seen: dict[str, list[tuple[float, float]]] = {}
+    with gzip.open(path, "rt", newline="") as f:
+        for r in csv.DictReader(f):
+            node = physical.get(str(r.get("host")))
+            t, mj = _num(r.get("time_s"), None), _num(r.get("energy_mj"), None)
+            if node is not None and t is not None and mj is not None:
+                seen.setdefault(node, []).append((t, mj / 1000.0))
+    out = {}
+    for node, points in seen.items():
+        a = np.array(sorted(points))
+        out[node] = (a[:, 0], a[:, 1])
+    return out
+
+
 def round_energy(rows: Iterable[dict[str, Any]], telemetry: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
-                 models: dict[str, PowerModel]) -> dict[tuple[str, Any], float]:
-    """(node, round) -> the round's energy (J) for metrics.csv's rows of device nodes (each row's
-    ``time_s`` its end; a round starts where the node's previous one ended, the first at 0)."""
+                 models: dict[str, PowerModel], measured: Optional[dict[str, tuple[np.ndarray, np.ndarray]]] = None
+                 ) -> dict[tuple[str, Any], float]:
+    """(node, round) -> the round's energy (J) for metrics.csv's rows of device nodes, modelled
+    (``models``) or ``measured`` (each row's ``time_s`` its end; a round starts where the node's
+    previous one ended, the first at 0)."""
     out: dict[tuple[str, Any], float] = {}
     previous: dict[str, float] = {}
     cumulative = {n: (telemetry[n][0], cumulative_energy_j(*telemetry[n], m)) for n, m in models.items()
                   if n in telemetry}
+    cumulative.update(measured or {})
     for row in sorted(rows, key=lambda r: (r["node"], r["time_s"] if r["time_s"] is not None else -1.0)):
         node, end = row["node"], row["time_s"]
         if node not in cumulative or end is None:
@@ -187,9 +222,17 @@ def round_energy(rows: Iterable[dict[str, Any]], telemetry: dict[str, tuple[np.n
 
 
 def node_energy(telemetry: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
-                models: dict[str, PowerModel]) -> dict[str, dict[str, float]]:
-    """Node -> its energy over the sampled run (J), the span (s) and the mean power (W)."""
-    out = {}
+                models: dict[str, PowerModel], measured: Optional[dict[str, tuple[np.ndarray, np.ndarray]]] = None
+                ) -> dict[str, dict[str, Any]]:
+    """Node -> its energy over the sampled run (J), the span (s) and the mean power (W);
+    ``measured``: true for a physical node's measured energy."""
+    out: dict[str, dict[str, Any]] = {}
+    for node, (t, e) in (measured or {}).items():
+        if len(t) >= 2:
+            span = float(t[-1] - t[0])
+            total = float(e[-1] - e[0])
+            out[node] = {"energy_j": round(total, 3), "sampled_s": round(span, 3), "away_s": 0.0,
+                         "mean_power_w": round(total / span, 4) if span > 0 else None, "measured": True}
     for node, model in models.items():
         if node not in telemetry or len(telemetry[node][0]) < 2:
             continue
@@ -199,5 +242,5 @@ def node_energy(telemetry: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
         away = float(_away_in(np.asarray(t, dtype=float), model.away_s).sum()) if model.away_s else 0.0
         there = span - away
         out[node] = {"energy_j": round(total, 3), "sampled_s": round(span, 3), "away_s": round(away, 3),
-                     "mean_power_w": round(total / there, 4) if there > 0 else None}
+                     "mean_power_w": round(total / there, 4) if there > 0 else None, "measured": False}
     return out

@@ -296,15 +296,15 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
 
 
 def _add_energy(run_dir: str, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each row's ``energy_j`` (None for nodes without a device class); per node its total."""
+    """Each row's ``energy_j`` (None for nodes without a device class or measured power); per node its total."""
     from controller.results import energy
 
-    models = energy.device_models(run_dir)
+    models, measured = energy.device_models(run_dir), energy.read_measured(run_dir)
     telemetry = energy.read_node_telemetry(run_dir) if models else {}
-    per_round = energy.round_energy(rows, telemetry, models) if models else {}
+    per_round = energy.round_energy(rows, telemetry, models, measured) if models or measured else {}
     for row in rows:
         row["energy_j"] = per_round.get((row["node"], row["round"]))
-    return energy.node_energy(telemetry, models) if models else {}
+    return energy.node_energy(telemetry, models, measured) if models or measured else {}
 
 
 MEMBERSHIP_COLUMNS = ["t", "node", "event", "peer", "round", "detail"]

@@ -6,7 +6,8 @@ end, until nothing is left), and writes, beneath the run folder, gzip-compressed
 
 - ``telemetry/links.csv.gz``: ``time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes``
 - ``telemetry/nodes.csv.gz``: ``time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops``
-- ``telemetry/hosts.csv.gz``: ``time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes``
+- ``telemetry/hosts.csv.gz``: ``time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes,energy_mj`` (``energy_mj``:
+  measured by a board's power monitors, a physical node's; empty elsewhere)
 - ``telemetry/rates.csv.gz``: ``time_s,src,dst,rate_bps`` (each link's configured rate when it is set)
 
 A link's or node's row is written when a value changed since its last sample, and at least
@@ -44,7 +45,7 @@ from worker.api.errors import CapabilityError, TestbedError
 
 LINKS_HEADER = "time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes"
 NODES_HEADER = "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops"
-HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
+HOSTS_HEADER = "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes,energy_mj"
 FILES = {kind: (f"{TELEMETRY_DIR}/{kind}.csv.gz", header) for kind, header in (
     ("links", LINKS_HEADER), ("nodes", NODES_HEADER), ("hosts", HOSTS_HEADER), ("rates", RATES_HEADER))}
 HEARTBEAT_S = 1.0  # an unchanged series still gets a row this often
@@ -53,7 +54,7 @@ PULL_LIMIT = 100  # samples per request
 # which raw fields are counters (made cumulative since the start) and which are gauges
 LINK_COUNTER = (True, True, True, True, False)
 NODE_COUNTER = (True, False, True, True, True, True, True)
-HOST_COUNTER = (True, False, True, True)
+HOST_COUNTER = (True, False, True, True, True)
 MISSING = -1
 log = logging.getLogger("edgetb.telemetry")
 
@@ -317,7 +318,8 @@ class Collector:
                 self._latest(self.latest_nodes, name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes",
                                                                 "tx_packets", "rx_packets", "drops"))
         cum = self.host_counters.cumulative(host.name, sample["host"], first)  # one row a sample: always written
-        self._latest(self.latest_hosts, host.name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes"))
+        self._latest(self.latest_hosts, host.name, time_s, cum, ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes",
+                                                                "energy_mj"))
         if self.files:
             self.files["links"].write("".join(link_rows), len(link_rows))
             self.files["nodes"].write("".join(node_rows), len(node_rows))

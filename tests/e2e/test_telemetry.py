@@ -63,7 +63,8 @@ def test_gossip_run_writes_telemetry_and_serves_metrics(run):
     assert {row["node"] for row in rows} == set(NODES)
     assert all(float(row["cpu_s"]) > 0.1 for row in rows[-8:])  # each node trained a model
     header, rows = _rows(run_dir / "telemetry" / "hosts.csv.gz")
-    assert header == ["time_s", "host", "cpu_s", "mem_bytes", "tx_bytes", "rx_bytes"] and rows
+    assert header == ["time_s", "host", "cpu_s", "mem_bytes", "tx_bytes", "rx_bytes", "energy_mj"] and rows
+    assert all(row["energy_mj"] == "" for row in rows)  # no power monitor on this host
 
     record = json.loads((run_dir / "run.json").read_text())
     telemetry = record["telemetry"]

@@ -220,7 +220,7 @@ def test_collector_writes_the_three_csv_files(tmp_path):
     links, nodes, hosts = _csv(files / "links.csv.gz"), _csv(files / "nodes.csv.gz"), _csv(files / "hosts.csv.gz")
     assert links[0] == LINKS_HEADER == "time_s,src,dst,tx_bytes,tx_packets,drops,overlimits,backlog_bytes"
     assert nodes[0] == NODES_HEADER == "time_s,node,cpu_s,mem_bytes,tx_bytes,rx_bytes,tx_packets,rx_packets,drops"
-    assert hosts[0] == HOSTS_HEADER == "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes"
+    assert hosts[0] == HOSTS_HEADER == "time_s,host,cpu_s,mem_bytes,tx_bytes,rx_bytes,energy_mj"
     # b->a never changes: its first sample, and its last one (written at the end)
     assert len(links) == 1 + 4 + 2 and len(nodes) == 1 + 4 * 2 and len(hosts) == 1 + 4
     ba = [r.split(",") for r in links[1:] if r.split(",")[1:3] == ["b", "a"]]

@@ -10,7 +10,10 @@ Two layouts exist, both read here (values are integers as the kernel writes them
 
 ``device_power_w`` is the board's input rail (``POM_5V_IN``, ``VDD_IN``) when one is named so,
 else the sum of the rails read. Nothing is written; a rail that cannot be read is left out.
-This reader is not yet wired into the telemetry: a physical node's energy is not reported.
+
+``PowerMeter`` is what the telemetry sampler holds (``worker.observe.telemetry.HostCounters``):
+it finds the rails' files once and, at each sample, reads the board's power and adds it up
+into the energy since its first sample (trapezoids over the sample times), in millijoules.
 """
 from __future__ import annotations
 
@@ -85,3 +88,41 @@ def device_power_w(rails: dict[str, float]) -> Optional[float]:
         if name in rails:
             return rails[name]
     return sum(rails.values()) if rails else None
+
+
+class PowerMeter:
+    """The board's measured energy since the first sample, from the rails found under ``root``
+    when it is made (``PowerMeter.find``: None when there are none)."""
+
+    def __init__(self, root: str, iio_dirs: list[str], hwmon_dirs: list[str]) -> None:
+        self.root, self.iio_dirs, self.hwmon_dirs = root, iio_dirs, hwmon_dirs
+        self._last: Optional[tuple[float, float]] = None  # (time s, watts) of the previous reading
+        self.energy_j = 0.0
+
+    @classmethod
+    def find(cls, root: str = "/") -> Optional["PowerMeter"]:
+        iio = [d for p in IIO_GLOBS for d in sorted(glob.glob(os.path.join(root, p.lstrip("/"))))]
+        hwmon = [d for p in HWMON_GLOBS for d in sorted(glob.glob(os.path.join(root, p.lstrip("/"))))]
+        meter = cls(root, iio, hwmon)
+        return meter if meter.power_w() is not None else None
+
+    def power_w(self) -> Optional[float]:
+        """The board's power now (None: no rail could be read)."""
+        rails: dict[str, float] = {}
+        for d in self.iio_dirs:
+            rails.update(iio_rails_w(d))
+        for d in self.hwmon_dirs:
+            rails.update(hwmon_rails_w(d))
+        return device_power_w(rails)
+
+    def energy_mj(self, t_s: float) -> Optional[int]:
+        """The energy since the first reading (mJ) at the monotonic time ``t_s``; None when the
+        rails cannot be read now (the next reading spans the gap)."""
+        watts = self.power_w()
+        if watts is None:
+            return None
+        if self._last is not None:
+            t0, w0 = self._last
+            self.energy_j += max(0.0, t_s - t0) * (w0 + watts) / 2
+        self._last = (t_s, watts)
+        return int(round(self.energy_j * 1000))

@@ -9,8 +9,10 @@ the testbed on this host:
 - the node's cgroup CPU time and memory (``worker.confinement.cgroups.CounterReader``);
 
 and the host's busy CPU time (``/proc/stat``), used memory (MemTotal - MemAvailable,
-``/proc/meminfo``) and the tx/rx bytes of its uplink (the interface of its IPv4 default
-route). One netlink socket per node namespace stays open; each sample sends it one
+``/proc/meminfo``), the tx/rx bytes of its uplink (the interface of its IPv4 default
+route) and, on a board with INA3221 power monitors (a Jetson: a physical node), its measured
+energy since the sampler started in millijoules (``worker.observe.power_rails.PowerMeter``;
+missing elsewhere). One netlink socket per node namespace stays open; each sample sends it one
 request buffer (``worker.observe.stats``).
 
 Counters are stored raw, as the kernel gives them, with the host's ``time.monotonic()``;
@@ -43,7 +45,7 @@ RING_MAX_SECONDS = 120.0  # and never more than this much history
 RING_MIN_SAMPLES = 16
 LINK_FIELDS = ("tx_bytes", "tx_packets", "drops", "overlimits", "backlog_bytes")
 NODE_FIELDS = ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets", "drops")
-HOST_FIELDS = ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes")
+HOST_FIELDS = ("cpu_ns", "mem_bytes", "tx_bytes", "rx_bytes", "energy_mj")
 MISSING = -1  # a counter that could not be read in this sample
 log = logging.getLogger("edgetb.telemetry")
 
@@ -122,9 +124,13 @@ def ring_capacity(values_per_sample: int, period_s: float) -> int:
 
 
 class HostCounters:
-    """This host's busy CPU time, used memory and uplink traffic."""
+    """This host's busy CPU time, used memory, uplink traffic and measured energy (``sysfs_root``:
+    where the power monitors are looked for, ``/`` but in tests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sysfs_root: str = "/") -> None:
+        from worker.observe.power_rails import PowerMeter
+
+        self.power = PowerMeter.find(sysfs_root)
         self.tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
         self.uplink = default_route_interface()
         self._fds: list[int] = []
@@ -143,7 +149,7 @@ class HostCounters:
             os.close(fd)
         self._fds = []
 
-    def read(self) -> tuple[int, int, int, int]:
+    def read(self) -> tuple[int, int, int, int, int]:
         line = os.pread(self._stat, 256, 0).split(b"\n", 1)[0].split()
         # user nice system idle iowait irq softirq steal: busy = all but idle and iowait
         ticks = sum(int(x) for x in line[1:9]) - int(line[4]) - int(line[5])
@@ -155,7 +161,8 @@ class HostCounters:
             elif entry.startswith(b"MemAvailable:"):
                 avail = int(entry.split()[1]) * 1024
         tx, rx = (int(os.pread(fd, 32, 0)) for fd in self._fds) if self._fds else (MISSING, MISSING)
-        return ticks * self.tick_ns, total - avail, tx, rx
+        energy = self.power.energy_mj(time.monotonic()) if self.power is not None else None
+        return ticks * self.tick_ns, total - avail, tx, rx, MISSING if energy is None else energy
 
 
 def default_route_interface() -> Optional[str]:
@@ -175,16 +182,16 @@ class Sampler:
     """Samples one testbed's nodes and links on this host (see the module's text)."""
 
     def __init__(self, store: Any, cgroups: Optional[Cgroups], period_ms: int = DEFAULT_PERIOD_MS,
-                 host_name: Optional[str] = None, always_dump: bool = False) -> None:
+                 host_name: Optional[str] = None, always_dump: bool = False, sysfs_root: str = "/") -> None:
         """``always_dump``: read every class at every sample, even of an idle interface (the
-        worst case, for benchmarks)."""
+        worst case, for benchmarks); ``sysfs_root``: where power monitors are looked for."""
         self.store = store
         self.cgroups = cgroups
         self.period_ms = check_period_ms(period_ms)
         self.period_s = period_ms / 1000
         self.host_name = host_name or os.uname().nodename
         self.always_dump = always_dump
-        self.host = HostCounters()
+        self.host = HostCounters(sysfs_root)
         self._nodes: list[_Node] = []
         self._layouts: dict[int, Layout] = {}
         self.layout: Optional[Layout] = None
@@ -261,7 +268,7 @@ class Sampler:
         return True
 
     # one sample --------------------------------------------------------------------------------
-    def sample(self) -> tuple[float, int, array, array, tuple[int, int, int, int]]:
+    def sample(self) -> tuple[float, int, array, array, tuple[int, int, int, int, int]]:
         """Read every counter once: (monotonic time, layout id, link values, node values, host values)."""
         self.refresh()
         assert self.layout is not None
