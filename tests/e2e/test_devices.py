@@ -101,3 +101,47 @@ def test_availability_trace_pauses_and_resumes_a_node(run):
         assert row["outcome"] == "applied" and abs(float(row["skew_ms"])) < 1000, row
     nodes = {n["name"]: n for n in status["nodes"]}
     assert nodes["n3"]["ending"] == "done" and nodes["n3"]["round"] == 20, nodes["n3"]  # back, and finished
+
+
+NAMES8 = [f"n{i}" for i in range(1, 9)]  # gl_structure.json's nodes
+
+
+def test_availability_trace_in_crash_mode_kills_and_restarts_a_device_node(run):
+    """Crash mode end to end: n3 (a device class's node) leaves at 1 s of the trace (its
+    processes killed) and comes back at 3 s (started again, rejoining); the gossip run finishes
+    with n3's two lives, and n3's energy leaves the 2 s it was away out (0 W, not idle power)."""
+    structure = json.loads((Path(__file__).resolve().parents[2] / "gl_structure.json").read_text())
+    structure.update(sync=60, wait_s=1)
+    r = run(kind="gl", structure=structure, defer=True)
+    (r.workdir / "classes.json").write_text(json.dumps(CLASSES))
+    (r.workdir / "nodes.json").write_text(json.dumps({"device_classes": "classes.json",
+                                                      "nodes": [{"name": n, "device": "board"} if n == "n3"
+                                                                else {"name": n} for n in NAMES8]}))
+    (r.workdir / "availability.csv").write_text("node,t_on_s,t_off_s\nn3,0,1\nn3,3,\n")
+    (r.workdir / "scenario.json").write_text(json.dumps({"seed": 1, "events": [
+        {"at": 0, "availability": {"file": "availability.csv", "mode": "crash"}}]}))
+    r.start("--scenario", "scenario.json", "--nodes", "nodes.json", "--telemetry-period-ms", "100")
+    r.wait_phase("ready", timeout_s=180)
+    assert r.get("/start").ok
+    r.wait_phase("finished", timeout_s=300)
+    summary = r.get("/finish").json()
+    run_dir = Path(summary["run_dir"])
+    with open(run_dir / "scenario.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["event"], row["target"], float(row["planned_s"])) for row in rows] == [
+        ("crash", "n3", 1.0), ("replace", "n3", 3.0)], rows
+    for row in rows:
+        assert row["outcome"] == "applied" and abs(float(row["skew_ms"])) < 1000, row
+    lives = json.loads((run_dir / "lives.json").read_text())
+    assert [life["ended"] for life in lives["nodes"]["n3"]] == ["crashed by the scenario", "done"], lives["nodes"]
+    nodes = {n["node"]: n for n in summary["nodes"]}
+    assert nodes["n3"]["ended"].startswith("crashed") and nodes["n3"]["ended"].endswith("replaced, done"), nodes["n3"]
+    assert all(n["ended"] == "done" for name, n in nodes.items() if name != "n3"), nodes
+    stored = {n["node"]: n for n in json.loads((run_dir / "summary.json").read_text())["nodes"]}
+    away = [(float(rows[0]["applied_s"]), float(rows[1]["applied_s"]))]
+    e = stored["n3"]
+    assert e["away_s"] == pytest.approx(away[0][1] - away[0][0], abs=0.2), e
+    # idle 1 W at least over the time there, and nothing while away: below max power x time there
+    there_s = e["sampled_s"] - e["away_s"]
+    assert 1.0 * there_s * 0.98 <= e["energy_j"] <= 3.0 * there_s * 1.02, e
+    assert "energy_j" not in stored["n1"] or stored["n1"].get("energy_j") is None
