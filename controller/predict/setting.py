@@ -238,7 +238,11 @@ def from_input_dir(input_dir: str, algorithm: Optional[str] = None) -> Setting:
         raise MissingFileError(f"{input_dir}: no links file (links.json)")
     nodes_path = _one(input_dir, "*nodes*.json", "nodes", required=False)
     scenario_path = _one(input_dir, "*scenario*.json", "scenario", required=False)
-    topology = load_nodes(nodes_path) if nodes_path else None
+    from controller import calibration
+
+    # device classes: this host's calibration gives their CPU quota (cores / slowdown), the feature
+    # through which a device's slowdown is predicted, as in a run (measured only when a node has one)
+    topology = load_nodes(nodes_path, calibration.host_kernel_s) if nodes_path else None
     topology = load_links(links_path, topology, nodes_declared=nodes_path is not None)
     return from_files(structure_path, dataset_path, topology, algorithm or guess_algorithm(structure_path),  # type: ignore[arg-type]
                       input_dir, scenario_path)

@@ -170,3 +170,26 @@ def test_python_api_device_node_gets_the_nic_rate(monkeypatch):
     tb.add_emulated_node("p", device="phone_low", uplink="1gbit")
     node = tb.topology.nodes["p"]
     assert node.uplink_bps == node.downlink_bps == 72_000_000 and node.device["nic_capped"] == {"uplink": 10**9}
+
+
+def test_predict_input_dir_with_device_nodes_uses_their_quota_and_nic(tmp_path, monkeypatch):
+    """edgetb predict on an input directory whose nodes file names device classes: this host's
+    calibration gives their CPU quota (the feature carrying the slowdown) and NIC-capped access rates."""
+    import os
+    import shutil
+
+    from controller import calibration
+    from controller.predict.features import node_features
+    from controller.predict.setting import from_input_dir
+
+    ring4 = os.path.join(os.path.dirname(__file__), "data", "predict", "ring4", "inputs")
+    inputs = tmp_path / "inputs"
+    shutil.copytree(ring4, inputs)
+    (inputs / "nodes.json").write_text(json.dumps({"nodes": [
+        {"name": "n1", "cpu": 1.0}, {"name": "n2", "device": "rpi3b"}, {"name": "n3", "cpu": 1.0},
+        {"name": "n4", "cpu": 1.0}]}))
+    here_s = dev.BUILTIN["rpi3b"].kernel_s / 8  # a core here 8 times as fast: the Pi 3's 4 cores = 0.5 here
+    monkeypatch.setattr(calibration, "host_kernel_s", lambda: here_s)
+    features = node_features(from_input_dir(str(inputs)))
+    assert features["n2"]["cpu"] == pytest.approx(0.5) and features["n1"]["cpu"] == 1.0
+    assert features["n2"]["uplink_bps"] == features["n2"]["downlink_bps"] == 100e6
