@@ -61,6 +61,9 @@ def prepare(options: RunOptions) -> FlowerSpec:
         topology = load_links(path(o.links), declared, nodes_declared=declared is not None)
     structure = load_structure(path(o.structure), topology, o.workdir)
     node_pythons(structure, topology)
+    from controller.flower.probe import check_loads
+
+    check_loads(structure.app, structure.python)  # a broken app is refused here, before any node is made
     shards: dict[str, str] = {}
     if o.dataset:
         from controller.confs.confs import dataset_confs, load_dataset

@@ -136,6 +136,16 @@ def test_an_app_without_tool_flwr_app_is_refused(tmp_path):
     assert done.returncode == 2 and "no [tool.flwr.app] table" in done.stderr, done.stdout + done.stderr
 
 
+def test_an_app_that_does_not_load_is_refused_before_anything_is_made(tmp_path):
+    workdir = experiment(tmp_path)
+    with open(workdir / "app" / "numpy_app" / "client_app.py", "a") as f:
+        f.write("\nimport a_module_nobody_installed\n")
+    done = flwr_run(workdir, "--auto", timeout_s=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "does not load" in done.stderr and "a_module_nobody_installed" in done.stderr, done.stderr
+    assert "creating" not in done.stdout
+
+
 def test_a_server_app_that_fails_ends_the_run_failed_with_its_folder_written_and_nothing_left(tmp_path):
     workdir = experiment(tmp_path)
     server = workdir / "app" / "numpy_app" / "server_app.py"

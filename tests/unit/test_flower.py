@@ -200,9 +200,43 @@ def test_edgetb_predict_refuses_a_flower_run_folder(tmp_path):
         from_run_dir(str(tmp_path))
 
 
-def test_check_validates_a_flower_experiment_and_makes_nothing(tmp_path, capsys):
+def _loader(tmp_path, script: str) -> None:
+    """The fake environment's python3: ``script`` (sh) stands for flwr's loader."""
+    python3 = tmp_path / "venv" / "bin" / "python3"
+    python3.write_text("#!/bin/sh\n" + script)
+    python3.chmod(0o755)
+
+
+def test_the_app_is_loaded_by_its_python_before_the_run_and_a_failure_is_said(tmp_path, monkeypatch):
+    from controller.flower import probe
+
+    monkeypatch.setattr(probe.os, "geteuid", lambda: 1000)  # unconfined: the sandbox's own test is e2e
+    _experiment(tmp_path)
+    assert probe.components(str(tmp_path / "app")) == ["tiny.server:app", "tiny.client:app"]
+    _loader(tmp_path, 'test "$4" = tiny.server:app && test "$5" = tiny.client:app\n')
+    probe.check_loads(str(tmp_path / "app"), str(tmp_path / "venv"))
+    _loader(tmp_path, "echo 'ModuleNotFoundError: No module named tiny' >&2; exit 1\n")
+    with pytest.raises(ConfigError, match="does not load .*No module named tiny"):
+        probe.check_loads(str(tmp_path / "app"), str(tmp_path / "venv"))
+    _loader(tmp_path, "sleep 5\n")
+    with pytest.raises(ConfigError, match="took over 0.5 s"):
+        probe.check_loads(str(tmp_path / "app"), str(tmp_path / "venv"), timeout_s=0.5)
+
+
+def test_the_dashboard_s_accuracy_and_loss_are_picked_from_flower_s_metric_names():
+    from controller.flower.session import ACCURACY_KEYS, LOSS_KEYS, pick
+
+    values = {"train_loss": 2.0, "eval_loss": 1.5, "eval_acc": 0.8}
+    assert pick(values, ACCURACY_KEYS) == 0.8 and pick(values, LOSS_KEYS) == 1.5
+    assert pick({"train_loss": 2.0}, ACCURACY_KEYS) is None
+
+
+def test_check_validates_a_flower_experiment_and_makes_nothing(tmp_path, capsys, monkeypatch):
+    from controller.flower import probe
     from controller.model.spec import RunOptions
     from controller.runner import run
+
+    monkeypatch.setattr(probe, "check_loads", lambda app, python: None)  # (a fake environment: nothing to load)
 
     path, workdir = _experiment(tmp_path)
     (tmp_path / "links.json").write_text(json.dumps({"n1": [{"dest": "n2", "bw": "10mbit"}],
