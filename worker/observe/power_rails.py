@@ -92,28 +92,40 @@ def device_power_w(rails: dict[str, float]) -> Optional[float]:
 
 class PowerMeter:
     """The board's measured energy since the first sample, from the rails found under ``root``
-    when it is made (``PowerMeter.find``: None when there are none)."""
+    when it is made (``PowerMeter.find``: None when there are none); a sample reads only the
+    rails' value files, found (with their names) once."""
 
-    def __init__(self, root: str, iio_dirs: list[str], hwmon_dirs: list[str]) -> None:
-        self.root, self.iio_dirs, self.hwmon_dirs = root, iio_dirs, hwmon_dirs
+    def __init__(self, rails: list[tuple[str, tuple[str, ...]]]) -> None:
+        self.rails = rails  # (rail, (milliwatts file) or (millivolts file, milliamperes file))
         self._last: Optional[tuple[float, float]] = None  # (time s, watts) of the previous reading
         self.energy_j = 0.0
 
     @classmethod
     def find(cls, root: str = "/") -> Optional["PowerMeter"]:
-        iio = [d for p in IIO_GLOBS for d in sorted(glob.glob(os.path.join(root, p.lstrip("/"))))]
-        hwmon = [d for p in HWMON_GLOBS for d in sorted(glob.glob(os.path.join(root, p.lstrip("/"))))]
-        meter = cls(root, iio, hwmon)
+        rails: list[tuple[str, tuple[str, ...]]] = []
+        for d in (d for p in IIO_GLOBS for d in sorted(glob.glob(os.path.join(root, p.lstrip("/"))))):
+            for name_file in sorted(glob.glob(os.path.join(d, "rail_name_*"))):
+                rail = _read_text(name_file)
+                if rail:
+                    rails.append((rail, (os.path.join(d, f"in_power{name_file.rsplit('_', 1)[1]}_input"),)))
+        for d in (d for p in HWMON_GLOBS for d in sorted(glob.glob(os.path.join(root, p.lstrip("/"))))):
+            for label_file in sorted(glob.glob(os.path.join(d, "in*_label"))):
+                m = re.fullmatch(r"in(\d+)_label", os.path.basename(label_file))
+                rail = _read_text(label_file) if m else None
+                if m and rail:
+                    n = m.group(1)
+                    rails.append((rail, (os.path.join(d, f"in{n}_input"), os.path.join(d, f"curr{n}_input"))))
+        meter = cls(rails)
         return meter if meter.power_w() is not None else None
 
     def power_w(self) -> Optional[float]:
         """The board's power now (None: no rail could be read)."""
-        rails: dict[str, float] = {}
-        for d in self.iio_dirs:
-            rails.update(iio_rails_w(d))
-        for d in self.hwmon_dirs:
-            rails.update(hwmon_rails_w(d))
-        return device_power_w(rails)
+        watts: dict[str, float] = {}
+        for rail, files in self.rails:
+            values = [_read_int(f) for f in files]
+            if None not in values:
+                watts[rail] = values[0] / 1000.0 if len(values) == 1 else values[0] * values[1] / 1e6
+        return device_power_w(watts)
 
     def energy_mj(self, t_s: float) -> Optional[int]:
         """The energy since the first reading (mJ) at the monotonic time ``t_s``; None when the
