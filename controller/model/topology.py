@@ -93,7 +93,8 @@ NODE_SCHEMA = Schema({
                     "node's PATH, shown read-only to the node, checked before anything is created",
                     max_len=MAX_PYTHON_CHARS),
     "device": Field(str, "a device class (controller.model.devices): the node's CPU quota and memory follow "
-                    "from it, and its energy is modelled", max_len=64)})
+                    "from it, its access links are capped at its NIC rate, and its energy is modelled",
+                    max_len=64)})
 DEFAULTS_SCHEMA = Schema({k: NODE_SCHEMA.fields[k] for k in ("uplink", "downlink", "python", "device")})
 # What Topology.to_dict writes (topology.json) and from_dict reads back.
 _TOPOLOGY_DICT = Schema({"version": Field(int, required=True, choices=(TOPOLOGY_VERSION,)),
