@@ -99,14 +99,16 @@ def slowdown(rounds: int, factors: list[float]) -> list[dict]:
 
 
 def energy_cost(nodes: int = 147, span_s: float = 600.0, period_s: float = 0.1, rounds: int = 60) -> dict:
-    """Every round's energy of ``nodes`` nodes from synthetic 10 Hz telemetry, timed."""
+    """Every round's energy of ``nodes`` nodes from synthetic 10 Hz telemetry, timed; each node
+    away twice (an availability trace's pauses: the away windows' cost included)."""
     from controller.results import energy
 
     t = np.arange(0, span_s + period_s / 2, period_s)
     rng = np.random.default_rng(0)
     telemetry = {f"n{i}": (t, np.cumsum(rng.random(len(t)) * 0.05), np.cumsum(rng.integers(0, 10_000, len(t))))
                  for i in range(nodes)}
-    models = {n: energy.PowerModel(2.7, 6.4, 0.5, 1e-8) for n in telemetry}
+    away = ((100.0, 160.0), (400.0, 430.0))
+    models = {n: energy.PowerModel(2.7, 6.4, 0.5, 1e-8, away) for n in telemetry}
     rows = [{"node": n, "round": r, "time_s": (r + 1) * span_s / rounds} for n in telemetry for r in range(rounds)]
     cpu0 = time.process_time()
     energy.round_energy(rows, telemetry, models)
