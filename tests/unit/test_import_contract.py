@@ -51,7 +51,8 @@ CONTROLLER_ROOMS: dict[str, tuple[str, ...]] = {
     "calibration": ("model",),  # controller/calibration.py: the device classes' kernel timed on this host
     "confs": ("model", "sandbox"),
     "results": ("model", "confs", "sandbox"),  # evaluation runs the user's model in the sandbox
-    "predict": ("model", "confs", "results"),  # features from the confs, targets from past runs
+    "predict": ("model", "calibration", "confs", "results"),  # features from the confs (device nodes: this host's
+    # calibration), targets from past runs
     "workers": ("model",),
     "telemetry": ("model", "results", "workers"),  # samples pulled from the workers into the record
     "run": ("model", "results", "telemetry", "workers"),
