@@ -19,7 +19,7 @@ A physical node whose board has power monitors (``worker.observe.power_rails``) 
 not modelled: its host's ``energy_mj`` in ``telemetry/hosts.csv.gz`` (``read_measured``) gives
 its cumulative energy, and its rounds and total come from it the same way.
 
-A node away (``scenario.csv``: from an applied ``pause`` or ``crash`` until its ``resume`` or
+A node away (``scenario.csv``: from an applied ``pause``, ``crash`` or ``revoke`` until its ``resume`` or
 ``replace``, or the end) draws no power: a device that has left the experiment (out of reach,
 switched off, in its owner's pocket) is not powered by it. Its u is its CPU time over the time
 it was there.
@@ -40,7 +40,7 @@ from controller.results.run_dir import SCENARIO_CSV, TELEMETRY_DIR, TOPOLOGY_JSO
 
 NODES_CSV_GZ = "nodes.csv.gz"
 HOSTS_CSV_GZ = "hosts.csv.gz"
-LEAVE_STEPS = ("pause", "crash")
+LEAVE_STEPS = ("pause", "crash", "revoke")
 RETURN_STEPS = ("resume", "replace")
 
 

@@ -95,6 +95,12 @@ def test_an_away_node_draws_no_power(tmp_path):
     assert per_node["pi"]["away_s"] == pytest.approx(8.0) and per_node["pi"]["mean_power_w"] == pytest.approx(2.7)
 
 
+def test_a_revoked_node_is_away_until_replaced():
+    rows = [{"event": "revoke", "target": "a", "applied_s": 3.0}, {"event": "replace", "target": "a", "applied_s": 9.0},
+            {"event": "resume", "target": "b", "applied_s": 1.0}]  # a return without a departure: nothing
+    assert energy.away_windows(rows) == {"a": [(3.0, 9.0)]}
+
+
 def test_cpu_while_there_sets_u_over_the_time_there():
     model = energy.PowerModel(1.0, 3.0, 1.0, away_s=((5.0, 10.0),))
     t = np.array([0.0, 10.0])  # 5 s of CPU in 5 s there: u = 1 over them, nothing while away
