@@ -72,13 +72,15 @@ MONITOR_GAUGES = {  # a node's monitor -> (gauge, help)
 def live_energy_j(latest: dict[str, Any], device: dict[str, Any]) -> Optional[float]:
     """A device node's modelled energy since the run's start from its newest cumulative counters
     (``controller.results.energy``'s model: idle power over the time, the rest by CPU time over the
-    quota, J per byte); None before it has a CPU sample."""
+    quota, J per byte; nothing over the record's ``away_s`` windows, (left, returned) seconds);
+    None before it has a CPU sample."""
     t, cpu_ns = latest.get("time_s"), latest.get("cpu_ns")
     if t is None or cpu_ns is None or t <= 0:
         return None
-    busy_s = min(cpu_ns / 1e9 / float(device["quota_cores"]), t)
+    there_s = t - sum(max(0.0, min(t, back) - left) for left, back in device.get("away_s") or ())
+    busy_s = min(cpu_ns / 1e9 / float(device["quota_cores"]), there_s)
     moved = (latest.get("tx_bytes") or 0) + (latest.get("rx_bytes") or 0)
-    return (float(device["idle_w"]) * t + (float(device["max_w"]) - float(device["idle_w"])) * busy_s
+    return (float(device["idle_w"]) * there_s + (float(device["max_w"]) - float(device["idle_w"])) * busy_s
             + float(device.get("e_byte_j") or 0.0) * moved)
 
 

@@ -126,10 +126,14 @@ def create_app(exp: Experiment, admin_token: Optional[str] = None, on_reset: Opt
     def metrics() -> Any:
         """Prometheus exposition of the run (read-only; as /status: loopback or the admin token)."""
         reader()
+        from controller.results.energy import away_windows
         from controller.telemetry.export import prometheus_text
 
+        rows = list(exp.scenario.rows) if exp.scenario is not None else []
+        away = away_windows(r for r in rows if str(r["outcome"]).startswith("applied"))  # no power while away
         body = prometheus_text(exp.run_id, exp.nodes.metrics_rows(), exp.telemetry,
-                               {n.name: n.device for n in exp.topology.nodes.values() if n.device})
+                               {n.name: dict(n.device, away_s=away.get(n.name, [])) for n in exp.topology.nodes.values()
+                                if n.device})
         return body, 200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
 
     @app.route("/conf/dataset", methods=("GET", "POST"))

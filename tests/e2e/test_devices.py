@@ -124,6 +124,8 @@ def test_availability_trace_in_crash_mode_kills_and_restarts_a_device_node(run):
     r.wait_phase("ready", timeout_s=180)
     assert r.get("/start").ok
     r.wait_phase("finished", timeout_s=300)
+    gauge = next(float(line.split()[-1]) for line in r.get("/metrics").text.splitlines()
+                 if line.startswith("edgetb_node_energy_joules{") and 'node="n3"' in line)
     summary = r.get("/finish").json()
     run_dir = Path(summary["run_dir"])
     with open(run_dir / "scenario.csv") as f:
@@ -144,4 +146,5 @@ def test_availability_trace_in_crash_mode_kills_and_restarts_a_device_node(run):
     # idle 1 W at least over the time there, and nothing while away: below max power x time there
     there_s = e["sampled_s"] - e["away_s"]
     assert 1.0 * there_s * 0.98 <= e["energy_j"] <= 3.0 * there_s * 1.02, e
+    assert gauge > 0  # the live gauge (its away windows from the scenario's rows: tests/unit/test_energy.py)
     assert "energy_j" not in stored["n1"] or stored["n1"].get("energy_j") is None

@@ -121,6 +121,9 @@ def test_prometheus_gauge_of_a_device_node():
     # 10 s idle power, 2.5 CPU s of a 0.5-core quota = 5 s at full power, 1e6 bytes at 1e-7 J
     want = 2.7 * 10 + (6.4 - 2.7) * 5 + 0.1
     assert live_energy_j(latest, DEVICE) == pytest.approx(want)
+    # away from 2 s to 4 s and from 9 s on: 7 s there, of which 5 s at full power
+    away = dict(DEVICE, away_s=[(2.0, 4.0), (9.0, float("inf"))])
+    assert live_energy_j(latest, away) == pytest.approx(2.7 * 7 + (6.4 - 2.7) * 5 + 0.1)
     col = SimpleNamespace(latest_nodes={"pi": latest, "plain": latest}, latest_links={}, latest_hosts={}, hosts={})
     text = prometheus_text("r", [{"name": "pi", "round": 1}], col, {"pi": DEVICE}).decode()
     line = next(x for x in text.splitlines() if x.startswith("edgetb_node_energy_joules{"))
