@@ -171,6 +171,7 @@ class FlowerRun:
         self.stopping = threading.Event()  # set: follow returns (a /finish, a reset)
         self.on_round_start: Callable[[int], None] = lambda r: None  # Flower began round r
         self.on_round: Callable[[int, dict[str, float]], None] = lambda r, values: None  # its metrics, once read
+        self.describe_nodes: Callable[[], str] = lambda: ""  # the SuperNodes' states, for the progress line
         self._reported: set[int] = set()
 
     def deploy(self) -> dict[str, str]:
@@ -326,7 +327,9 @@ class FlowerRun:
         self._reported.add(r)
         values = {k: v for section in self.reader.rounds[r].values() for k, v in section.items()}
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(values.items()))
-        self.progress(f"Flower round {r}/{self.reader.num_rounds or '?'}: {shown}")
+        nodes = self.describe_nodes()
+        self.progress(f"Flower round {r}/{self.reader.num_rounds or '?'}{' · ' + nodes if nodes else ''}"
+                      f"{' · ' + moved(self.recording.telemetry) if self.recording.telemetry else ''}: {shown}")
         self.on_round(r, values)
 
     # the run folder ------------------------------------------------------------------------------
@@ -350,6 +353,12 @@ class FlowerRun:
         self.out.write_json(RUN_JSON, self.record)
         self.progress(f"finished ({how}{': ' + detail if detail else ''}): {len(rows)} rounds in "
                       f"{os.path.join(self.run_dir, METRICS_CSV)}")
+
+
+def moved(telemetry: Any) -> str:
+    """The bytes every link carried so far, as the telemetry last read them: ``12.3 MB moved``."""
+    total = sum((v.get("tx_bytes") or 0) for v in dict(telemetry.latest_links).values())
+    return f"{total / 1e6:.1f} MB moved"
 
 
 def tail(text: str, lines: int = 15) -> str:

@@ -98,6 +98,7 @@ class FlowerSession:
         self._lock = threading.Lock()
         flower.on_round_start = self._round_started
         flower.on_round = self._round_done
+        flower.describe_nodes = self._describe_nodes
 
     @property
     def telemetry(self) -> Any:
@@ -186,6 +187,15 @@ class FlowerSession:
         if self.scenario is not None:
             for name in self.nodes:
                 self.scenario.on_round(name, r)
+
+    def _describe_nodes(self) -> str:
+        """``4 SuperNodes running, 1 crashed``: the SuperNodes by state."""
+        counts: dict[str, int] = {}
+        for name, node in self.nodes.items():
+            if name != self.flower.spec.structure.superlink:
+                counts[node.state] = counts.get(node.state, 0) + 1
+        running = counts.pop("running", 0)
+        return ", ".join([f"{running} SuperNodes running", *(f"{n} {state}" for state, n in sorted(counts.items()))])
 
     def _round_done(self, r: int, values: dict[str, float]) -> None:
         node = self.nodes[self.flower.spec.structure.superlink]
