@@ -4,7 +4,8 @@ From ``metrics.csv`` (one row per node and round): the round time (between the e
 consecutive rounds; the first round, which holds the start-up, is left out), its mean and
 95th percentile, the mean ``train_s`` and ``send_s``, bytes sent and received per round and the
 node's total time (its last round's ``time_s``). A node in several layers (E-tree) is timed
-by its lowest layer's rounds, and its bytes of every layer are counted per such round. From ``analysis/bursts.csv`` when present:
+by its lowest layer's rounds, and its bytes of every layer are counted per such round. From
+``analysis/timed_bursts.csv`` (else ``analysis/bursts.csv``) when present:
 the 12 burst metrics, {cpu, mem, net_tx, net_rx} x {burst_s, idle_s, burst_consumption}
 (an empty cell, e.g. no idle period, is no value).
 """
@@ -66,10 +67,13 @@ def read_metrics(run_dir: str) -> dict[str, dict[str, Optional[float]]]:
 
 
 def read_bursts(run_dir: str) -> dict[str, dict[str, Optional[float]]]:
-    """Each node's 12 burst metrics from ``analysis/bursts.csv`` (empty when the file is absent)."""
-    path = os.path.join(run_dir, "analysis", "bursts.csv")
+    """Each node's 12 burst metrics from ``analysis/timed_bursts.csv`` (phases and packets: the one
+    burst definition, controller/results/analysis/timed_bursts.py), else from the sampled series'
+    ``analysis/bursts.csv`` of an older analysis (empty when neither is there)."""
     out: dict[str, dict[str, Optional[float]]] = {}
-    if not os.path.isfile(path):
+    paths = [os.path.join(run_dir, "analysis", name) for name in ("timed_bursts.csv", "bursts.csv")]
+    path = next((p for p in paths if os.path.isfile(p)), None)
+    if path is None:
         return out
     with open(path, newline="") as f:
         for row in csv.DictReader(f):

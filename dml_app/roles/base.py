@@ -35,6 +35,7 @@ from dml_app.policies.contract import PolicyView
 from dml_app.policies.monitors import MONITOR_FIELDS
 from dml_app.policies.runner import Policies, build as build_policies
 from dml_app.roles.global_eval import EvalPlan, GlobalSample
+from dml_app.roles.phases import Phases
 from dml_app.runtime.auth import E2E, AuthFailed, NodeKeys
 from dml_app.runtime.compute import inline
 from dml_app.runtime.events import EventLog
@@ -125,6 +126,7 @@ class Role:
                                                                                                  ctx.auth,
                                                                                                  self.body_limit)
         self._traffic_lock = threading.Lock()
+        self.phases = Phases()  # train, evaluate and send intervals: each round event's ``phases``
         self._global_eval: dict[int, tuple[Any, Any, int]] = {}  # by thread: E-tree evaluates in several
         self.eval_plan = EvalPlan.of(ctx.conf)  # when, and on how many samples, the global test set
         self._global_sample = GlobalSample()
@@ -202,13 +204,18 @@ class Role:
         if self.epochs <= 0:
             return NOT_TRAINED
         x_train, y_train = self.ctx.data[0], self.ctx.data[1]
-        return self.ctx.compute(self.ctx.model.train, x_train, y_train, self.epochs, self.batch_size)
+        with self.phases.timed("train"):
+            return self.ctx.compute(self.ctx.model.train, x_train, y_train, self.epochs, self.batch_size)
 
     def evaluate(self, round_no: Optional[int] = None, last: Optional[bool] = None) -> tuple[float, float]:
         """(loss, accuracy) on the local test shard. With a global test set, the model is evaluated
         on it too as ``eval_plan`` says for round ``round_no`` (default: the round this node records
         next), on the whole set when ``last`` (default: ``round_no`` is ``sync`` or later); this
         thread's next ``record_round`` reports that."""
+        with self.phases.timed("evaluate"):
+            return self._evaluate(round_no, last)
+
+    def _evaluate(self, round_no: Optional[int], last: Optional[bool]) -> tuple[float, float]:
         compute, model = self.ctx.compute, self.ctx.model
         loss, accuracy = compute(model.evaluate, self.ctx.data[2], self.ctx.data[3])
         global_test = self.ctx.global_test
@@ -229,13 +236,14 @@ class Role:
         global_loss, global_accuracy, global_n = self._global_eval.pop(threading.get_ident(), (None, None, None))
         self.round_events += 1
         trained, loss, accuracy = record.trained, record.loss, record.accuracy
+        t_end = time.time()
         event = self.ctx.events.write(
-            "round", round=record.round, t_start=record.t_start, t_end=time.time(), loss=loss, accuracy=accuracy,
+            "round", round=record.round, t_start=record.t_start, t_end=t_end, loss=loss, accuracy=accuracy,
             global_loss=global_loss, global_accuracy=global_accuracy, global_eval_n=global_n,
             train_loss=None if trained["loss"] != trained["loss"] else trained["loss"], train_s=trained["train_s"],
             send_s=record.send_s, bytes_sent=sum(sent_to.values()), bytes_recv=sum(recv_from.values()),
             sent_to=sent_to, recv_from=recv_from, received_models=record.received, batch_size=self.batch_size,
-            **record.extra)
+            phases=self.phases.take(record.t_start, t_end), **record.extra)
         layer, shown, where = self.where(record)
         if global_accuracy is None:
             message = f"{where}: accuracy {accuracy:.3f} loss {loss:.3f}"
@@ -290,8 +298,9 @@ class Role:
             timeout_s = self.send_timeout_s(dest, len(body))
         try:
             hop = self.hop_to(dest)
-            answer = self.transport.post(hop, dest, path, body, content_type, timeout_s, retries, ttl, signed,
-                                         answer_headers)
+            with self.phases.timed("send"):
+                answer = self.transport.post(hop, dest, path, body, content_type, timeout_s, retries, ttl, signed,
+                                             answer_headers)
         except (ConnectionError, OSError, AuthFailed) as e:
             self.ctx.events.write("send_failed", round=round_no, peer=dest, error=str(e))
             return None

@@ -117,6 +117,13 @@ def test_fl_in_memory_averages_the_trainers_updates_by_their_samples(tmp_path):
     assert any(not np.array_equal(a, b) for a, b in zip(agg.ctx.model.get_weights(), start))
     assert rounds[-1]["accuracy"] > 0.9  # three separable blobs
     assert [f["round"] for name, _, f in progress if name == "agg"] == [1, 2, 3]
+    for e in [*rounds, *(x for w in workers for x in events_of(w, "round"))]:  # phase timestamps in the round
+        ph = e["phases"]
+        assert set(ph) == {"train", "evaluate", "send", "wait"} and ph["evaluate"] and ph["send"]
+        spans = [s for v in ph.values() for s in v]
+        assert all(a <= b for a, b in spans) and max(b for _, b in spans) <= round(e["t_end"], 4) + 1e-4
+    assert all(e["phases"]["train"] for w in workers for e in events_of(w, "round"))  # trainers trained
+    assert all(not e["phases"]["train"] for e in rounds)  # the aggregator does not
 
 
 def test_ring_all_reduce_in_memory_leaves_every_member_with_the_same_model(tmp_path):

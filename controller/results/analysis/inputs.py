@@ -46,6 +46,8 @@ class RunInputs:
     # every link's configured rate over time: telemetry/rates.csv, else the topology's from the start
     rates: LinkRates = field(default_factory=LinkRates)
     ended_s: Optional[float] = None  # the run's end (run.json's ended_at) from its start
+    # node -> phase kind -> [[t0, t1], ...] (epoch s) from its round events' ``phases`` (absent in older runs)
+    phases: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -84,11 +86,18 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     links = {(str(l["src"]), str(l["dst"])): {"rate_bps": finite_float(l.get("rate_bps"))}
              for l in topo.get("links", []) if isinstance(l, dict) and "src" in l and "dst" in l}
     rounds: dict[str, list[Round]] = {}
+    phases: dict[str, dict[str, list[list[float]]]] = {}
     for node, es in events.items():
         nodes.setdefault(node, {"ip": None, "cpu": None, "host": None, "role": ""})
         for e in es:
             if e.get("type") == "started" and e.get("role"):
                 nodes[node]["role"] = str(e["role"])
+            if e.get("type") == "round" and isinstance(e.get("phases"), dict):
+                mine = phases.setdefault(node, {})
+                for kind, spans in e["phases"].items():
+                    mine.setdefault(str(kind), []).extend(
+                        [float(a), float(b)] for a, b, *_ in (x for x in spans if isinstance(x, list) and len(x) >= 2)
+                        if finite_float(a) is not None and finite_float(b) is not None)
             if e.get("type") == "round" and finite_float(e.get("t_end")) is not None and t0 is not None:
                 start = finite_float(e.get("t_start"))
                 rounds.setdefault(node, []).append(Round(
@@ -122,7 +131,7 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
     else:
         missing.append(TRAFFIC_CSV)
     out = RunInputs(run_dir, str(record.get("run_id") or os.path.basename(os.path.normpath(run_dir))), t0, nodes,
-                    links, rounds, app_sent, missing=missing)
+                    links, rounds, app_sent, missing=missing, phases=phases)
     ended = finite_float(record.get("ended_at"))
     if ended is not None and t0 is not None and ended > t0:
         out.ended_s = ended - t0

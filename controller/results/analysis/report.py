@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from controller.results.analysis import bursts as B
+from controller.results.analysis import timed_bursts
 from controller.results.analysis.flows import flow_summary, flows
 from controller.results.analysis.inputs import RunInputs, read_run
 from controller.results.analysis.pcap import Packets, ip_str
@@ -447,6 +448,8 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
     say("bursts per node and role")
     burst_rows, raster = burst_table(inp, config)
     put("bursts.csv", csv_bytes(BURST_COLUMNS, burst_rows, cell=short_cell))
+    timed_rows = timed_bursts.table(inp, node_window)
+    put("timed_bursts.csv", csv_bytes(timed_bursts.COLUMNS, timed_rows, cell=short_cell))
     lap("bursts")
     say("links, throughput and the traffic matrix")
     pairs = pair_packets(inp)
@@ -501,6 +504,8 @@ def analyze(run_dir: str, config: Optional[AnalysisConfig] = None, progress: Opt
                                "no burst structure when the centroids are closer than 5% of the range",
                        "fixed": config.thresholds, "single_off_bin_is_on": True},
         "bursts_by_role": [r for r in burst_rows if r["node"] == "*"],
+        "timed_bursts": {"definition": timed_bursts.DEFINITION,
+                         "by_role": [r for r in timed_rows if r["node"] == "*"]},
         "fidelity": fidelity(inp, links_table, pairs),
         "hosts": host_summary(inp),
     }

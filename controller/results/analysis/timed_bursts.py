@@ -1,0 +1,158 @@
+"""Driple's 12 burst metrics of a run, from event times, not from sampled series: the one burst
+definition, used to measure (``analysis/timed_bursts.csv``) and so to predict (the targets
+``edgetb predict`` learns are read from that file).
+
+Activity: CPU and memory: the node's compute phases, its ``train`` and ``evaluate`` intervals
+from the round events' ``phases`` (dml_app/roles/phases.py); network TX: the data packets of the
+node's own capture (a packet whose wire length exceeds its headers, ``HEADER_BYTES`` a segment,
+by ``MIN_PAYLOAD_BYTES``: pure ACKs are not traffic of the node's own); network RX: the data
+packets to the node's address in every other node's capture.
+A burst: activity whose pieces are less than ``GAP_S`` apart, merged (the minimum gap); a network
+burst must also carry ``MIN_BURST_BYTES`` (less is a control message, not a transfer: the
+threshold). An idle: the time between two consecutive bursts of the node's window (its first
+round start to its last round end). Burst consumption: CPU, the sampled CPU time over the bursts
+(percent of one core); memory, the sampled resident memory at the bursts' midpoints (bytes);
+network, the bytes of the bursts over their durations (bit/s). A packet burst lasts from its
+first packet to its last one's end (its length at the fastest link's rate).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from controller.results.analysis.series import counter_at
+
+GAP_S = 0.1  # pieces of activity closer than this are one burst
+MIN_BURST_BYTES = 8 * 1024  # a network burst carries at least this (wire bytes)
+MIN_PAYLOAD_BYTES = 32  # a data packet's bytes beyond HEADER_BYTES per segment
+HEADER_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 32
+COMPUTE_PHASES = ("train", "evaluate")
+UNITS = {"cpu": "%", "mem": "bytes", "net_tx": "bit/s", "net_rx": "bit/s"}
+COLUMNS = ["node", "role", "resource", "unit", "source", "bursts", "burst_s", "idle_s", "burst_consumption",
+           "duty_cycle"]
+DEFINITION = (f"burst: activity with gaps < {GAP_S:g} s merged; CPU/memory activity = train and evaluate phases; "
+              f"network = data packets (> {MIN_PAYLOAD_BYTES} B payload), a burst >= {MIN_BURST_BYTES} B")
+
+
+def merge_spans(starts: np.ndarray, ends: np.ndarray, gap_s: float = GAP_S) -> list[tuple[float, float, list[int]]]:
+    """Intervals merged when less than ``gap_s`` apart: (start, end, indices of the pieces)."""
+    order = np.argsort(starts, kind="stable")
+    out: list[tuple[float, float, list[int]]] = []
+    for i in order:
+        a, b = float(starts[i]), float(ends[i])
+        if out and a - out[-1][1] < gap_s:
+            s, e, idx = out[-1]
+            idx.append(int(i))
+            out[-1] = (s, max(e, b), idx)
+        else:
+            out.append((a, b, [int(i)]))
+    return out
+
+
+def idles(bursts: list[tuple[float, float]]) -> list[float]:
+    return [b[0] - a[1] for a, b in zip(bursts, bursts[1:])]
+
+
+def packet_bursts(time_s: np.ndarray, length: np.ndarray, segments: np.ndarray, rate_bps: Optional[float] = None,
+                  gap_s: float = GAP_S, min_bytes: int = MIN_BURST_BYTES) -> list[tuple[float, float, int]]:
+    """The bursts of data packets: (start, end, bytes) each."""
+    data = length - segments * HEADER_BYTES >= MIN_PAYLOAD_BYTES
+    t, n = time_s[data], length[data]
+    if t.size == 0:
+        return []
+    tail = n * 8.0 / rate_bps if rate_bps else np.zeros(t.size)
+    out = []
+    for a, b, idx in merge_spans(t, t + tail, gap_s):
+        size = int(n[idx].sum())
+        if size >= min_bytes:
+            out.append((a, b, size))
+    return out
+
+
+def stats(bursts: list[tuple[float, float]], consumption: list[float], weights: list[float],
+          window_s: float) -> dict[str, Any]:
+    """Mean burst and idle duration, consumption (weighted by ``weights``), duty cycle."""
+    d = [b - a for a, b in bursts]
+    i = idles(bursts)
+    w = np.asarray(weights, float)
+    return {"bursts": len(d), "burst_s": float(np.mean(d)) if d else None, "idle_s": float(np.mean(i)) if i else None,
+            "burst_consumption": float(np.sum(np.asarray(consumption) * w) / w.sum()) if consumption and w.sum() > 0
+            else None,
+            "duty_cycle": float(sum(d) / window_s) if d and window_s > 0 else None}
+
+
+def node_bursts(inp: Any, node: str, window: tuple[float, float]) -> dict[str, tuple[list, list, list, str]]:
+    """Per resource of ``node``: (bursts [(start, end)], consumptions, weights, source)."""
+    out: dict[str, tuple[list, list, list, str]] = {}
+    spans = [s for kind in COMPUTE_PHASES for s in inp.phases.get(node, {}).get(kind, [])]
+    if spans:
+        arr = np.asarray([[float(s[0]), float(s[1])] for s in spans]) - (inp.t0 or 0.0)
+        cpu = [(a, b) for a, b, _ in merge_spans(arr[:, 0], arr[:, 1])]
+        c = inp.node_counters
+        cons_cpu: list[float] = []
+        cons_mem: list[float] = []
+        if c is not None and (node,) in c.times and c.times[(node,)].size >= 2:
+            t, v = c.times[(node,)], c.values[(node,)]
+            for a, b in cpu:
+                used = np.diff(counter_at(t, v["cpu_s"], np.array([a, b])))[0]
+                cons_cpu.append(100.0 * max(float(used), 0.0) / (b - a) if b > a else 0.0)
+                cons_mem.append(float(counter_at(t, v["mem_bytes"], np.array([(a + b) / 2]))[0]))
+        weights = [b - a for a, b in cpu]
+        out["cpu"] = (cpu, cons_cpu, weights, "phases")
+        out["mem"] = (cpu, cons_mem, weights, "phases")
+    ip = inp.nodes.get(node, {}).get("ip")
+    rates = {end: [l["rate_bps"] for k, l in inp.links.items() if k[end] == node and l.get("rate_bps")] for end in (0, 1)}
+    if node in inp.captures:
+        p = inp.captures[node]
+        found = packet_bursts(p.time_s, p.length, p.segments, max(rates[0]) if rates[0] else None)
+        out["net_tx"] = packet_rows(found, window)
+    if ip and inp.captures and set(inp.nodes) <= set(inp.captures):
+        from controller.results.analysis.pcap import Packets, ip_int
+
+        me = ip_int(ip)
+        parts = []
+        for p in inp.captures.values():
+            sel = p.dst == me
+            if sel.any():
+                parts.append(Packets(p.time_s[sel], p.length[sel], p.src[sel], p.dst[sel], p.proto[sel],
+                                     p.sport[sel], p.dport[sel], segments=p.segments[sel]))
+        allp = Packets.concat(parts)
+        found = packet_bursts(allp.time_s, allp.length, allp.segments, max(rates[1]) if rates[1] else None)
+        out["net_rx"] = packet_rows(found, window)
+    return out
+
+
+def packet_rows(found: list[tuple[float, float, int]], window: tuple[float, float]) -> tuple[list, list, list, str]:
+    inside = [f for f in found if f[1] >= window[0] and f[0] <= window[1]]
+    bursts = [(a, b) for a, b, _ in inside]
+    return bursts, [8.0 * n / (b - a) for a, b, n in inside if b > a], [b - a for a, b, _ in inside if b > a], "capture"
+
+
+def table(inp: Any, window_of: Any) -> list[dict[str, Any]]:
+    """timed_bursts.csv's rows: per node and resource, then per role (bursts pooled)."""
+    rows: list[dict[str, Any]] = []
+    pooled: dict[tuple[str, str], list[tuple[list, list, list, float]]] = {}
+    for node in sorted(inp.nodes):
+        window = window_of(inp, node)
+        if window is None or window[1] <= window[0]:
+            continue
+        role = inp.nodes[node].get("role", "")
+        for resource, (bursts, cons, weights, source) in node_bursts(inp, node, window).items():
+            span = window[1] - window[0]
+            rows.append({"node": node, "role": role, "resource": resource, "unit": UNITS[resource], "source": source,
+                         **stats(bursts, cons, weights, span)})
+            pooled.setdefault((role, resource), []).append((bursts, cons, weights, span))
+    for (role, resource), parts in sorted(pooled.items()):
+        d = [b - a for p in parts for a, b in p[0]]
+        i = [x for p in parts for x in idles(p[0])]
+        cons = [x for p in parts for x in p[1]]
+        w = np.asarray([x for p in parts for x in p[2]], float)
+        spans = sum(p[3] for p in parts)
+        rows.append({"node": "*", "role": role, "resource": resource, "unit": UNITS[resource], "source": "pooled",
+                     "bursts": len(d), "burst_s": float(np.mean(d)) if d else None,
+                     "idle_s": float(np.mean(i)) if i else None,
+                     "burst_consumption": float(np.sum(np.asarray(cons) * w) / w.sum()) if cons and len(cons) == len(w)
+                     and w.sum() > 0 else None,
+                     "duty_cycle": float(sum(d) / spans) if d and spans > 0 else None})
+    return rows
