@@ -1,7 +1,9 @@
 """What ``flwr_run.py`` does: check the Flower app and its Python, deploy the nodes and links,
 start the SuperLink and the SuperNodes as the nodes' own programs, submit the app with Flower's
 CLI, follow its run to its end, write the run folder (Flower's per-round metrics in
-``metrics.csv``, every Flower process's log, the telemetry) and remove everything.
+``metrics.csv``, every Flower process's log, the telemetry) and remove everything. The controller
+serves the run on ``--port`` meanwhile (``controller.flower.session``): with ``--auto`` all of it
+in one go, else step by step through ``/start``, ``/finish`` and ``/emulated/reset``.
 
 ``controller.runner`` takes the experiment directory and the testbed id, handles signals and
 removes the testbed as for the other run scripts, and hands the run to ``run``; the Flower processes are ``exec`` programs
@@ -144,7 +146,8 @@ def run(options: RunOptions, run_id: str, found: Any, owned: Any, remove_stale: 
 
 
 class FlowerRun:
-    """One Flower run on deployed nodes: its programs, its log, its run folder."""
+    """One Flower run on deployed nodes: its programs, its log, its run folder
+    (``controller.flower.session.FlowerSession`` drives it: deploy, begin, follow, close)."""
 
     def __init__(self, spec: FlowerSpec, worker: Worker, run_id: str, progress: Callable[[str], None]) -> None:
         from controller.model.telemetry_conf import TelemetryConf
@@ -206,13 +209,6 @@ class FlowerRun:
         self.progress(f"Flower: SuperLink in {s.superlink} ({self.ips[s.superlink]}:{plan.SUPERLINK_PORT}), "
                       f"{len(s.supernodes)} SuperNodes registered; submitting {s.app_name}")
         return self._start(plan.submit(s, o.workdir, self.run_id))
-
-    def run(self) -> int:
-        """The whole run without a controller: deploy, begin, follow, close."""
-        self.deploy()
-        how, detail = self.follow(self.begin(), self.spec.options.timeout_s)
-        self.close(how, detail)
-        return 0 if how == "completed" else 1
 
     def programs_of(self, node: str) -> list[tuple[plan.Program, dict[str, Any]]]:
         """The Flower processes started in ``node``."""
