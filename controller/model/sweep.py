@@ -298,6 +298,20 @@ def inside(workdir: str, relative: str, where: str) -> str:
     return path
 
 
+MULTI_HOST = ("a sweep runs on this host only (its runs' nodes are this host's namespaces); a hosts file is "
+              "not taken: run the experiment across hosts with '<algo>_run.py --hosts FILE' one run at a time")
+
+
+def refuse_hosts(data: Any, label: str) -> None:
+    """A multi-host sweep is refused by name (not as an unknown key): ``hosts`` at the top, in
+    ``base`` or in ``run``."""
+    if not isinstance(data, dict):
+        return
+    for where, doc in (((), data), (("base",), data.get("base")), (("run",), data.get("run"))):
+        if isinstance(doc, dict) and "hosts" in doc:
+            raise ConfigError(f"{Place(label, where + ('field hosts',))}: {MULTI_HOST}")
+
+
 def load_sweep(path: str, workdir: Optional[str] = None) -> Sweep:
     """The sweep file ``path`` read, checked and expanded into runs; ``workdir`` (default: the
     file's directory) is the experiment directory. Any problem: ``ConfigError`` naming the file
@@ -306,6 +320,7 @@ def load_sweep(path: str, workdir: Optional[str] = None) -> Sweep:
     real = os.path.realpath(path)
     label = os.path.relpath(real, workdir) if os.path.commonpath([real, workdir]) == workdir else path
     data = read_object(path, ConfigError, '{"vary": {"links.*[*].bw": ["5mbit", "20mbit"]}, "repeats": 3}')
+    refuse_hosts(data, label)
     top = SWEEP.validate(data, Place(label))
     base = top["base"] or BASE.validate({}, Place(label, ("base",)))
     for role in ("structure", "dataset"):

@@ -116,6 +116,9 @@ def test_repeats_as_a_count_and_without(exp):
     ({"vary": {"structure.sync": [2]}, "base": {"links": "../links.json"}}, "field 'links'"),
     ({"vary": {"structure.sync": [2]}, "base": {"structure": {"gosip": "x.json"}}}, "did you mean 'gossip'"),
     ({"vary": {"structure.sync": [2]}, "runs": 3}, "field 'runs': unknown field; did you mean 'run'"),
+    ({"vary": {"structure.sync": [2]}, "hosts": "hosts.json"}, "field hosts: a sweep runs on this host only"),
+    ({"vary": {"structure.sync": [2]}, "run": {"hosts": "h.json"}}, "run, field hosts: a sweep runs on this host"),
+    ({"vary": {"structure.sync": [2]}, "base": {"hosts": "h.json"}}, "base, field hosts: .*--hosts FILE"),
 ])
 def test_a_bad_sweep_file_is_refused_naming_it_and_the_place(exp, doc, message):
     with pytest.raises(ConfigError, match=f"^sweep.json.*{message}"):
