@@ -149,7 +149,7 @@ class FlowerSession:
             how, detail = self.flower.follow(submitted, self.flower.spec.options.timeout_s)
         except TestbedError as e:
             how, detail = "failed", e.message
-        if how != "finished":
+        if how != "finished" and not self.flower.stopping.is_set():  # (else /finish or a reset stopped it)
             self.error = detail
             self.finish(how, detail)
 
