@@ -7,7 +7,8 @@ every configuration), the grid not empty. Each run is then the run script of its
 a parameter or a seed changes, with the trace files they name beside them; the others are the
 base files themselves), its output in
 ``runs/<name>/output.log``, its run folder moved to ``runs/<name>/run/``. Nodes are made anew
-for every run (deploy and teardown are a few seconds of each run).
+for every run (deploy and teardown are a few seconds of each run; reusing them between runs is
+not done yet). A sweep runs on this host only (a ``hosts`` field is refused by the model).
 
 ``state.json`` records each run as it goes: ``running``, then ``completed`` or ``failed`` (the
 run script's exit code and how the run ended), or ``interrupted`` (Ctrl-C, SIGTERM, SIGHUP: the
