@@ -26,6 +26,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bw", nargs="+", default=["10mbit", "40mbit"], help="the link rates varied")
     p.add_argument("--seeds", nargs="+", type=int, default=[1], help="the repeats' seeds")
+    p.add_argument("--epochs", nargs="+", type=int, default=None, help="the nodes' epochs varied (a third axis)")
     p.add_argument("--sync", type=int, default=3, help="rounds of each run (the default file has 20)")
     p.add_argument("--port", type=int, default=3417)
     p.add_argument("--subnet", default="10.163.0.0/16", help="a subnet no other testbed on this host uses")
@@ -42,7 +43,8 @@ def main() -> int:
             json.dump(structure, f)
         tid = "b" + secrets.token_hex(2)
         with open(os.path.join(tmp, "sweep.json"), "w") as f:
-            json.dump({"vary": {"links.*[*].bw": o.bw}, "repeats": {"seeds": o.seeds},
+            vary = {"links.*[*].bw": o.bw, **({"structure.node_list[*].epoch": o.epochs} if o.epochs else {})}
+            json.dump({"vary": vary, "repeats": {"seeds": o.seeds},
                        "run": {"testbed_id": tid, "subnet": o.subnet, "port": o.port, "timeout_s": 600}}, f)
         env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(tmp, "state"))
         load0 = os.getloadavg()
