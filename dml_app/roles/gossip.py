@@ -17,8 +17,9 @@ neighbour in an average, and what a node holds is bounded by its peers, not by w
 
 Once its last round has gathered its models, a node refuses more and tells its
 out-neighbours it is done (``/gossip/done``); they send it nothing more. A send that a
-finished peer refuses goes to another out-neighbour; the refusal comes from the call's
-headers, before the model crosses the link (``Expect: 100-continue``).
+finished peer refuses goes to another out-neighbour. Once a node has heard of a finished
+neighbour, its models go with ``Expect: 100-continue``: a refusal then comes from the call's
+headers, before the model crosses the link.
 
 Nodes die and come back (a crash, a revocation, a cut link): a send that cannot
 finish at the link's rate plus a margin is given up (``Role.send_timeout_s``),
@@ -118,6 +119,7 @@ class GossipRole(Role):
         peer = self.require_sender(req, self.senders, "the end of its rounds")
         with self._lock:
             self.done_senders.add(peer)
+        self.expect_refusals()
         self.inbox.put((peer, DONE))
         return ok()
 
@@ -217,6 +219,14 @@ class GossipRole(Role):
                 return
             with self._lock:  # it has finished: the model goes to another
                 self.done_peers.add(peer)
+            self.expect_refusals()
+
+    def expect_refusals(self) -> None:
+        """Neighbours have begun to finish: from now on a model waits for the peer's ``100
+        Continue`` (``Expect``), so that a finished peer refuses it before it crosses the link.
+        Not before: under load, waiting for every peer to be scheduled costs more than it saves."""
+        if hasattr(self.transport, "expect_continue"):
+            self.transport.expect_continue = True
 
     def post_weights_answer(self, peer: str, round_no: int) -> Optional[dict]:
         """Send the model to ``peer``; its answer (``{}`` when not JSON), None when the send failed."""

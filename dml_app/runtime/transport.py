@@ -36,11 +36,15 @@ class Transport(Protocol):
 
 class HttpTransport:
     """Signed HTTP to linked nodes (``connect``: linked node -> "ip:port"); an answer longer than
-    ``answer_limit()`` bytes (by default a control message's) is refused unread."""
+    ``answer_limit()`` bytes (by default a control message's) is refused unread. With
+    ``expect_continue`` set (by a role whose peers may refuse from the headers), a large body
+    to a linked node waits for the peer's ``100 Continue``: a wait for the peer to be scheduled,
+    worth paying only when a refusal is likely."""
 
     def __init__(self, connect: dict[str, str], keys: Optional[NodeKeys],
                  answer_limit: Callable[[], int] = lambda: CONTROL_BODY_BYTES) -> None:
         self.connect, self.keys, self.answer_limit = connect, keys, answer_limit
+        self.expect_continue = False
 
     def post(self, hop: str, dest: str, path: str, body: bytes, content_type: str, timeout_s: float,
              retries: int = 1, ttl: int = MAX_RELAYS, signed: Optional[dict[str, str]] = None,
@@ -60,7 +64,8 @@ class HttpTransport:
         got: dict[str, str] = {}
         status, answer = request("POST", f"http://{self.connect[hop]}{target}", body, content_type, timeout_s,
                                  retries, headers=headers, max_answer_bytes=self.answer_limit(), answer_headers=got,
-                                 expect_continue=hop == dest and len(body) > CONTROL_BODY_BYTES)
+                                 expect_continue=self.expect_continue and hop == dest
+                                 and len(body) > CONTROL_BODY_BYTES)
         if status >= 400:
             raise ConnectionError(f"{status}: {answer[:200]!r}")
         sig = got.get(ANSWER_SIG.lower(), "")

@@ -131,3 +131,13 @@ def test_gossip_nodes_with_a_long_wait_s_end_without_a_waiting_tail(tmp_path):
     assert len(waited) == 6 + 8 + 10 + 12 and max(waited) < 15
     failed_sends = [e for r in roles for e in read_events(r.ctx.events.path) if e["type"] == "send_failed"]
     assert failed_sends == []  # every notice and model was taken
+
+
+def test_models_wait_for_a_go_ahead_only_once_a_neighbour_has_finished(tmp_path):
+    from dml_app.runtime.transport import HttpTransport
+
+    role = _role(tmp_path, {"wait_s": 30, "senders": ["n2", "n3"]})
+    role.transport = HttpTransport({}, None)
+    assert role.transport.expect_continue is False  # the bulk of a run: bodies go at once
+    _done(role, "n2")
+    assert role.transport.expect_continue is True  # the end near: a finished peer refuses from the headers
