@@ -14,13 +14,10 @@ Grid (defaults): ring all-reduce and FL, 4 nodes, every link at 5, 10 or 20 Mbit
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -38,29 +35,9 @@ TARGET_PCT = 20.0
 
 
 def record(cfg: BP.Config, args: argparse.Namespace) -> str:
-    kept = os.path.join(args.keep, cfg.label)
-    if os.path.isfile(os.path.join(kept, "analysis", "timed_bursts.csv")):
-        BP.log(f"{cfg.label}: kept from an earlier call")
-        return kept
-    workdir = tempfile.mkdtemp(prefix="edgetb-bursts-")
-    os.chmod(workdir, 0o755)
-    try:
-        BP.write_experiment(workdir, cfg, args.rounds, args.hidden, 1)
-        started = time.monotonic()
-        out = subprocess.run([sys.executable, os.path.join(ROOT, BP.SCRIPTS[cfg.algorithm][0]), "--workdir", workdir,
-                              "--auto", "--nodes", "nodes.json", "--id", args.id, "--subnet", args.subnet,
-                              "--port", str(BP.free_port()), "--quiet-nodes", "--capture", "all",
-                              "--telemetry-period-ms", "100"], capture_output=True, text=True, timeout=900)
-        if out.returncode != 0:
-            raise SystemExit(f"{cfg.label}: the run failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
-        found = glob.glob(os.path.join(workdir, "dml_file", "log", "*", "metrics.csv"))
-        if len(found) != 1:
-            raise SystemExit(f"{cfg.label}: expected one run folder, found {found}")
-        shutil.copytree(os.path.dirname(found[0]), kept)
-        BP.log(f"{cfg.label}: recorded in {time.monotonic() - started:.0f} s")
-        return kept
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    """``cfg``'s run with every node captured and telemetry at 100 ms, kept as ``<keep>/<label>``."""
+    return BP.record(cfg, args, epochs=1, options=("--capture", "all", "--telemetry-period-ms", "100"),
+                     done_file=os.path.join("analysis", "timed_bursts.csv"))
 
 
 def errors(rows: Sequence[dict[str, Any]], predictor: str) -> tuple[Optional[float], Optional[float], int]:

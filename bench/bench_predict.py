@@ -170,20 +170,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def record(cfg: Config, args: argparse.Namespace) -> str:
-    """Run ``cfg`` with its run script and keep its run folder as ``<keep>/<label>``."""
+def record(cfg: Config, args: argparse.Namespace, epochs: Optional[int] = None, options: Sequence[str] = (),
+           done_file: str = "metrics.csv") -> str:
+    """Run ``cfg`` with its run script (and ``options``) and keep its run folder as
+    ``<keep>/<label>``; one kept earlier (with ``done_file``) is used again."""
     kept = os.path.join(args.keep, cfg.label)
-    if os.path.isfile(os.path.join(kept, "metrics.csv")):
+    if os.path.isfile(os.path.join(kept, done_file)):
         log(f"{cfg.label}: kept from an earlier call")
         return kept
     workdir = tempfile.mkdtemp(prefix="edgetb-predict-")
     os.chmod(workdir, 0o755)  # (the node processes read it as their own users)
     try:
-        write_experiment(workdir, cfg, args.rounds, args.hidden, args.epochs)
+        write_experiment(workdir, cfg, args.rounds, args.hidden, args.epochs if epochs is None else epochs)
         started = time.monotonic()
         out = subprocess.run([sys.executable, os.path.join(ROOT, SCRIPTS[cfg.algorithm][0]), "--workdir", workdir,
                               "--auto", "--nodes", "nodes.json", "--id", args.id, "--subnet", args.subnet,
-                              "--port", str(free_port()), "--quiet-nodes"],
+                              "--port", str(free_port()), "--quiet-nodes", *options],
                              capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
             raise SystemExit(f"{cfg.label}: the run failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")

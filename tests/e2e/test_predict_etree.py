@@ -14,29 +14,16 @@ import pytest
 from controller.predict import model_file
 from controller.predict.targets import read_targets
 from tests.e2e.test_algorithms import run_to_end
+from tests.unit.test_predict_etree import etree_experiment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, tc)")]
-GROUPS = [["n1", "n2", "n3", "n4", "n5"], ["n6", "n7", "n8", "n9", "n10"]]
 MODEL = {"kind": "numpy", "hidden": [512], "learning_rate": 0.005, "seed": 0}  # 38,410 parameters
-
-
-def etree_experiment(rate: str) -> dict:
-    """Root n1 (2 global rounds) over the aggregators n1 and n6 (2 rounds each), 5 trainers each."""
-    node_list = [{"name": "n1", "layer": 3, "sync": 2, "child_num": 2}]
-    node_list += [{"name": g[0], "layer": 2, "sync": 2, "child_num": 5} for g in GROUPS]
-    node_list += [{"name": n, "layer": 1, "epoch": 1} for g in GROUPS for n in g]
-    links: dict = {}
-    for a, b in [(g[0], n) for g in GROUPS for n in g[1:]] + [("n1", "n6")]:
-        links.setdefault(a, []).append({"dest": b, "bw": rate})
-        links.setdefault(b, []).append({"dest": a, "bw": rate})
-    return {"structure": {"model": MODEL, "node_list": node_list}, "links": links,
-            "dataset": {"dataset": "digits", "split": "iid", "seed": 0, "batch_size": 32}}
 
 
 def test_a_model_fitted_on_two_etree_runs_predicts_the_third(run):
     runs = {}
     for rate in ("5mbit", "20mbit", "10mbit"):  # one after another: never two experiments at once
-        r = run(kind="el", defer=True, **etree_experiment(rate))
+        r = run(kind="el", defer=True, **etree_experiment(rate, 2, MODEL))
         r.start()
         summary, _ = run_to_end(r, timeout_s=240)
         assert all(node["ended"] == "done" for node in summary["nodes"]), summary

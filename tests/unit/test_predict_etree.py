@@ -14,19 +14,25 @@ from controller.predict.setting import from_input_dir
 GROUPS = [["n1", "n2", "n3", "n4", "n5"], ["n6", "n7", "n8", "n9", "n10"]]  # layer-2 aggregators n1, n6
 
 
-def write_etree(folder, rate: str = "5mbit") -> None:
-    """Root n1 (3 global rounds) over the aggregators n1 and n6 (2 rounds each), 5 trainers each."""
-    node_list = [{"name": "n1", "layer": 3, "sync": 3, "child_num": 2}]
+def etree_experiment(rate: str, root_sync: int, model: dict) -> dict:
+    """Root n1 (``root_sync`` global rounds) over the aggregators n1 and n6 (2 rounds each), 5
+    trainers each, every link at ``rate``: structure, links and dataset."""
+    node_list = [{"name": "n1", "layer": 3, "sync": root_sync, "child_num": 2}]
     node_list += [{"name": g[0], "layer": 2, "sync": 2, "child_num": 5} for g in GROUPS]
     node_list += [{"name": n, "layer": 1, "epoch": 1} for g in GROUPS for n in g]
     links: dict = {}
     for a, b in [(g[0], n) for g in GROUPS for n in g[1:]] + [("n1", "n6")]:
         links.setdefault(a, []).append({"dest": b, "bw": rate})
         links.setdefault(b, []).append({"dest": a, "bw": rate})
-    files = {"el_structure.json": {"model": {"kind": "numpy", "hidden": [64], "seed": 0}, "node_list": node_list},
-             "el_dataset.json": {"dataset": "digits", "split": "iid", "seed": 0, "batch_size": 32},
-             "links.json": links}
-    for name, doc in files.items():
+    return {"structure": {"model": model, "node_list": node_list}, "links": links,
+            "dataset": {"dataset": "digits", "split": "iid", "seed": 0, "batch_size": 32}}
+
+
+def write_etree(folder, rate: str = "5mbit") -> None:
+    """The E-tree above with 3 global rounds, as an input directory."""
+    files = etree_experiment(rate, 3, {"kind": "numpy", "hidden": [64], "seed": 0})
+    for name, doc in {"el_structure.json": files["structure"], "el_dataset.json": files["dataset"],
+                      "links.json": files["links"]}.items():
         (folder / name).write_text(json.dumps(doc))
 
 

@@ -2,8 +2,6 @@
 bursts from a pcap the test writes, compute bursts from phases, consumption, the pooled role row."""
 from __future__ import annotations
 
-import socket
-import struct
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,22 +10,11 @@ import pytest
 from controller.results.analysis import timed_bursts as T
 from controller.results.analysis.pcap import read_pcap
 from controller.results.analysis.table import Counters
+from tests.unit.test_analysis import frame, write_pcap
 
 
 def tcp_frame(src: str, dst: str, payload: int) -> bytes:
-    tcp = struct.pack("!HHIIBBHHH", 4444, 5555, 0, 0, 5 << 4, 0x18, 65535, 0, 0) + b"x" * payload
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0, 64, 6, 0, socket.inet_aton(src),
-                     socket.inet_aton(dst)) + tcp
-    return b"\x04" * 6 + b"\x02" * 6 + b"\x08\x00" + ip
-
-
-def write_pcap(path, packets, snap: int = 128) -> None:
-    with open(path, "wb") as f:
-        f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, snap, 1))
-        for t, data in packets:
-            sec = int(t)
-            f.write(struct.pack("<IIII", sec, int(round((t - sec) * 1e6)), min(len(data), snap), len(data)))
-            f.write(data[:snap])
+    return frame(src, dst, 4444, 5555, payload)
 
 
 def transfer(t0: float, n: int, every_s: float, src="10.0.0.1", dst="10.0.0.2") -> list:
