@@ -18,7 +18,7 @@ from worker.api.shape import Shape
 from worker.nodes.runtime import Runtime
 from worker.shaping import apply as tc_apply
 from worker.shaping.plan import Isolation, Plan, Target, make_plan, render
-from worker.shaping.rates import RateSockets, change_rates, urgent
+from worker.shaping.rates import RateSockets, change_rates
 from worker.state import StateStore
 
 # nodes shaped at once: the kernel takes one lock (RTNL) for every tc change, and threads waiting
@@ -130,12 +130,8 @@ class Links:
         """Change the rates of shaped links in place (``{"rates": [{"src", "dst", "rate_bps"}]}``),
         one netlink batch per node (``worker.shaping.rates``); their delay, loss and queue stay,
         unless an entry gives ``delay_ms`` and ``loss_pct`` (a recording's: its netem leaf).
-        A link that is not shaped on this host is refused before anything changes. The thread runs
-        at nice -10 meanwhile (``rates.urgent``): a replay's tick is due at a time."""
-        with urgent():
-            return self._set_rates(body)
-
-    def _set_rates(self, body: dict[str, Any]) -> dict[str, Any]:
+        A link that is not shaped on this host is refused before anything changes (its caller,
+        ``WorkerHost.set_rates``, runs it at nice -10: a replay's tick is due at a time)."""
         started = time.monotonic()
         state = self.store.snapshot()
         wanted: dict[str, dict[str, int]] = {}
