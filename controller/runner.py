@@ -256,8 +256,6 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
         return 2
     import gevent
 
-    hub = gevent.get_hub()
-    hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)  # an interrupt is the main flow's to report
     try:
         worker = _workers(spec)
         if found.state == "stale":
@@ -270,7 +268,6 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
                      node_confs=spec.node_confs, inputs=spec.inputs, dataset=spec.dataset_settings,
                      testbed_id=options.testbed_id, verbose=options.verbose, open_network=options.open_network,
                      telemetry_conf=spec.telemetry_conf)
-    exp.live = LiveFeed(exp)  # what the dashboard shows
     if experiments is not None:
         experiments.append(exp)
     if spec.timeline is not None:
@@ -284,25 +281,8 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
         except TestbedError as e:
             print(f"error: {e.message}", file=sys.stderr)
             return 2
-    server: Optional[Servers] = None
-    stop = lambda: server and server.stop(timeout=1)  # noqa: E731
-
-    def on_reset() -> None:
-        """/emulated/reset removed the testbed: nothing is left to remove; stop serving."""
-        owned.removed()
-        __import__("gevent").spawn(stop)
-
-    try:
-        admin_token = admin_token_of(options, worker)
-    except TestbedError as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        return 2
-    app = create_app(exp, admin_token=admin_token, on_reset=on_reset)
-    try:
-        server = owned.server = Servers([(a, options.port) for a in listen_addresses(options, worker)], app)
-        server.start()
-    except (OSError, ValueError) as e:
-        print(f"error: cannot listen on port {options.port}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+    server = _serve(options, exp, worker, owned)
+    if server is None:
         return 2
     code = 0
     port = options.port
@@ -316,7 +296,7 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
             _say(f"scenario {options.scenario}: {len(spec.timeline.steps)} steps, applied from /start")
         if options.auto:
             runner = gevent.spawn(_auto, exp, options.timeout_s)
-            runner.link(lambda g: stop())
+            runner.link(lambda g: server.stop(timeout=1))
             server.serve_forever()
             code = runner.value if runner.dead and runner.value is not None else 1
         else:
@@ -334,8 +314,9 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
 
 
 def _serve(options: RunOptions, exp: Any, worker: Worker, owned: Ownership) -> Optional[Servers]:
-    """The controller's servers of ``exp`` (a Flower run's session: controller.flower.session),
-    started, with the dashboard's live view; None when they cannot listen (said on stderr)."""
+    """The controller's servers of ``exp`` (an Experiment, or a Flower run's session:
+    controller.flower.session), started, with the dashboard's live view; /emulated/reset stops
+    them. None when they cannot start (said on stderr)."""
     import gevent
 
     hub = gevent.get_hub()
