@@ -225,8 +225,7 @@ class GossipRole(Role):
         """Neighbours have begun to finish: from now on a model waits for the peer's ``100
         Continue`` (``Expect``), so that a finished peer refuses it before it crosses the link.
         Not before: under load, waiting for every peer to be scheduled costs more than it saves."""
-        if hasattr(self.transport, "expect_continue"):
-            self.transport.expect_continue = True
+        self.transport.expect_continue = True
 
     def post_weights_answer(self, peer: str, round_no: int) -> Optional[dict]:
         """Send the model to ``peer``; its answer (``{}`` when not JSON), None when the send failed."""

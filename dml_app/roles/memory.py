@@ -50,6 +50,7 @@ class MemoryTransport:
 
     def __init__(self, network: MemoryNetwork, name: str) -> None:
         self.network, self.name = network, name
+        self.expect_continue = False  # (no bodies cross a link here: nothing to wait for)
 
     def post(self, hop: str, dest: str, path: str, body: bytes, content_type: str, timeout_s: float,
              retries: int = 1, ttl: int = MAX_RELAYS, signed: Optional[dict[str, str]] = None,

@@ -21,7 +21,10 @@ MAX_RELAYS = 16
 
 
 class Transport(Protocol):
-    """Delivers a role's messages."""
+    """Delivers a role's messages; ``expect_continue``: a large body waits for the peer's go-ahead
+    (a role sets it once peers are likely to refuse from the headers)."""
+
+    expect_continue: bool
 
     def post(self, hop: str, dest: str, path: str, body: bytes, content_type: str, timeout_s: float,
              retries: int = 1, ttl: int = MAX_RELAYS, signed: Optional[dict[str, str]] = None,
