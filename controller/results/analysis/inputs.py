@@ -46,7 +46,8 @@ class RunInputs:
     # every link's configured rate over time: telemetry/rates.csv, else the topology's from the start
     rates: LinkRates = field(default_factory=LinkRates)
     ended_s: Optional[float] = None  # the run's end (run.json's ended_at) from its start
-    # node -> phase kind -> [[t0, t1], ...] (epoch s) from its round events' ``phases`` (absent in older runs)
+    # node -> phase kind -> [[t0, t1(, c0, c1)], ...] (epoch s; the process CPU clock at both edges) from its round
+    # events' ``phases`` (absent in older runs; older phases have no CPU clocks)
     phases: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -96,8 +97,8 @@ def read_run(run_dir: str, progress: Any = None, captures: bool = True,
                 mine = phases.setdefault(node, {})
                 for kind, spans in e["phases"].items():
                     mine.setdefault(str(kind), []).extend(
-                        [float(a), float(b)] for a, b, *_ in (x for x in spans if isinstance(x, list) and len(x) >= 2)
-                        if finite_float(a) is not None and finite_float(b) is not None)
+                        [float(v) for v in x[:4]] for x in spans if isinstance(x, list) and len(x) in (2, 4)
+                        and all(finite_float(v) is not None for v in x))
             if e.get("type") == "round" and finite_float(e.get("t_end")) is not None and t0 is not None:
                 start = finite_float(e.get("t_start"))
                 rounds.setdefault(node, []).append(Round(

@@ -12,8 +12,9 @@ minimum gap; 30 ms keeps one model transfer whole and splits the next one off, 0
 transfer-bound node's rounds into few long bursts: net burst duration 54 % sMAPE against 25 %); a
 network burst must also carry ``MIN_BURST_BYTES`` (less is a control message, not a transfer: the
 threshold). An idle: the time between two consecutive bursts of the node's window (its first
-round start to its last round end). Burst consumption: CPU, the sampled CPU time over the bursts
-(percent of one core); memory, the sampled resident memory at the bursts' midpoints (bytes);
+round start to its last round end). Burst consumption: CPU, the node's own CPU time in the burst's
+phases over the burst's duration (percent of one core; the process CPU clock each phase carries at
+its edges, ``source`` "phases+clock"; an older run without it: the sampled CPU time over the burst); memory, the sampled resident memory at the bursts' midpoints (bytes);
 network, the bytes of the bursts over their durations (bit/s). A packet burst lasts from its
 first packet to its last one's end (its length at the fastest link's rate).
 """
@@ -92,18 +93,25 @@ def node_bursts(inp: Any, node: str, window: tuple[float, float]) -> dict[str, t
     spans = [s for kind in COMPUTE_PHASES for s in inp.phases.get(node, {}).get(kind, [])]
     if spans:
         arr = np.asarray([[float(s[0]), float(s[1])] for s in spans]) - (inp.t0 or 0.0)
-        cpu = [(a, b) for a, b, _ in merge_spans(arr[:, 0], arr[:, 1])]
+        clocked = all(len(s) >= 4 for s in spans)
+        used_s = np.asarray([max(float(s[3]) - float(s[2]), 0.0) for s in spans]) if clocked else None
+        merged = merge_spans(arr[:, 0], arr[:, 1])
+        cpu = [(a, b) for a, b, _ in merged]
         c = inp.node_counters
         cons_cpu: list[float] = []
         cons_mem: list[float] = []
-        if c is not None and (node,) in c.times and c.times[(node,)].size >= 2:
+        sampled = c is not None and (node,) in c.times and c.times[(node,)].size >= 2
+        if used_s is not None:  # the node's own CPU clock at the phases' edges
+            cons_cpu = [100.0 * float(used_s[idx].sum()) / (b - a) if b > a else 0.0 for a, b, idx in merged]
+        if sampled:
             t, v = c.times[(node,)], c.values[(node,)]
             for a, b in cpu:
-                used = np.diff(counter_at(t, v["cpu_s"], np.array([a, b])))[0]
-                cons_cpu.append(100.0 * max(float(used), 0.0) / (b - a) if b > a else 0.0)
+                if used_s is None:  # an older run: the sampled CPU time over the burst
+                    used = np.diff(counter_at(t, v["cpu_s"], np.array([a, b])))[0]
+                    cons_cpu.append(100.0 * max(float(used), 0.0) / (b - a) if b > a else 0.0)
                 cons_mem.append(float(counter_at(t, v["mem_bytes"], np.array([(a + b) / 2]))[0]))
         weights = [b - a for a, b in cpu]
-        out["cpu"] = (cpu, cons_cpu, weights, "phases")
+        out["cpu"] = (cpu, cons_cpu, weights, "phases+clock" if used_s is not None else "phases")
         out["mem"] = (cpu, cons_mem, weights, "phases")
     ip = inp.nodes.get(node, {}).get("ip")
     rates = {end: [l["rate_bps"] for k, l in inp.links.items() if k[end] == node and l.get("rate_bps")] for end in (0, 1)}
