@@ -68,7 +68,7 @@ class Row:
         return f"{self.algorithm}/{self.role}"
 
     def columns(self) -> dict[str, float]:
-        return greybox.column_values(self.terms, self.features["rounds"])
+        return greybox.column_values(self.terms, self.features["rounds"], self.features)
 
 
 def rows_of_setting(setting: Setting, run_id: str = "") -> list[Row]:
