@@ -28,6 +28,7 @@ def test_burst_columns_follow_the_cpu_limit_and_the_configured_rate(tmp_path):
         cols = r.columns()
         assert cols["per_cpu"] == pytest.approx(1.0 / r.features["cpu"])
         assert cols["cpu_share"] == pytest.approx(min(r.features["cpu"], 1.0))
+        assert cols["own_work"] == pytest.approx(r.terms.own_units * r.features["cpu"])
         assert cols["send_s_per_msg"] == pytest.approx(r.terms.own_send_s / r.terms.messages_sent)
         # a ring's node receives what it sends, at the one rate of the ring's links
         assert cols["recv_s"] == pytest.approx(r.terms.transfer_s, rel=0.2)
@@ -42,7 +43,7 @@ def test_burst_columns_follow_the_cpu_limit_and_the_configured_rate(tmp_path):
 
 def test_a_compute_burst_skeleton_fit_recovers_its_coefficients(tmp_path):
     got = rows(tmp_path)
-    true = {"own_units": 2e-9, "per_cpu": 0.03, "one": 0.01}
+    true = {"own_work": 2e-9, "one": 0.01}
     y = [sum(c * r.columns()[k] for k, c in true.items()) for r in got]
     fit = greybox.fit("cpu_burst_s", [r.columns() for r in got], y, [r.config for r in got])
     assert fit["columns"] == list(greybox.COLUMNS["cpu_burst_s"])

@@ -88,6 +88,9 @@ def test_cpu_consumption_comes_from_the_phases_cpu_clocks_when_they_carry_them(t
     by = {(r["node"], r["resource"]): r for r in T.table(inp, lambda _inp, node: (0.0, 10.0))}
     cpu = by[("n1", "cpu")]
     assert cpu["source"] == "phases+clock" and cpu["bursts"] == 2
+    assert cpu["burst_s"] == pytest.approx((0.7 + 0.58) / 2)  # a compute burst's length: its CPU time
+    assert cpu["burst_wall_s"] == pytest.approx(1.05) and cpu["idle_s"] == pytest.approx(3.0)
+    assert by[("n1", "mem")]["burst_s"] == cpu["burst_s"]
     # per burst 70 % and 0.58 / 1.1 = 52.7 %, weighted by duration: 1.28 s of CPU over 2.1 s
     assert cpu["burst_consumption"] == pytest.approx(100 * 1.28 / 2.1)
     assert by[("n1", "mem")]["burst_consumption"] == pytest.approx(1e8)  # memory still sampled

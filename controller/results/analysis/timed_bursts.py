@@ -33,8 +33,8 @@ MIN_PAYLOAD_BYTES = 32  # a data packet's bytes beyond HEADER_BYTES per segment
 HEADER_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 32
 COMPUTE_PHASES = ("train", "evaluate")
 UNITS = {"cpu": "%", "mem": "bytes", "net_tx": "bit/s", "net_rx": "bit/s"}
-COLUMNS = ["node", "role", "resource", "unit", "source", "bursts", "burst_s", "idle_s", "burst_consumption",
-           "duty_cycle"]
+COLUMNS = ["node", "role", "resource", "unit", "source", "bursts", "burst_s", "burst_wall_s", "idle_s",
+           "burst_consumption", "duty_cycle"]
 DEFINITION = (f"burst: activity with gaps < {GAP_S:g} s merged (packets: gaps < {NET_GAP_S:g} s); CPU/memory "
               f"activity = train and evaluate phases; network = data packets (> {MIN_PAYLOAD_BYTES} B payload), "
               f"a burst >= {MIN_BURST_BYTES} B")
@@ -53,6 +53,10 @@ def merge_spans(starts: np.ndarray, ends: np.ndarray, gap_s: float = GAP_S) -> l
         else:
             out.append((a, b, [int(i)]))
     return out
+
+
+def _mean(values: list[float]) -> Optional[float]:
+    return float(np.mean(values)) if values else None
 
 
 def idles(bursts: list[tuple[float, float]]) -> list[float]:
@@ -76,20 +80,22 @@ def packet_bursts(time_s: np.ndarray, length: np.ndarray, segments: np.ndarray, 
 
 
 def stats(bursts: list[tuple[float, float]], consumption: list[float], weights: list[float],
-          window_s: float) -> dict[str, Any]:
-    """Mean burst and idle duration, consumption (weighted by ``weights``), duty cycle."""
+          window_s: float, lengths: Optional[list[float]] = None) -> dict[str, Any]:
+    """Mean burst length (``lengths``, default the bursts' wall durations) and wall duration, mean
+    idle, consumption (weighted by ``weights``), duty cycle."""
     d = [b - a for a, b in bursts]
     i = idles(bursts)
     w = np.asarray(weights, float)
-    return {"bursts": len(d), "burst_s": float(np.mean(d)) if d else None, "idle_s": float(np.mean(i)) if i else None,
+    return {"bursts": len(d), "burst_s": _mean(d if lengths is None else lengths), "burst_wall_s": _mean(d),
+            "idle_s": _mean(i),
             "burst_consumption": float(np.sum(np.asarray(consumption) * w) / w.sum()) if consumption and w.sum() > 0
             else None,
             "duty_cycle": float(sum(d) / window_s) if d and window_s > 0 else None}
 
 
-def node_bursts(inp: Any, node: str, window: tuple[float, float]) -> dict[str, tuple[list, list, list, str]]:
-    """Per resource of ``node``: (bursts [(start, end)], consumptions, weights, source)."""
-    out: dict[str, tuple[list, list, list, str]] = {}
+def node_bursts(inp: Any, node: str, window: tuple[float, float]) -> dict[str, tuple[list, list, list, str, list]]:
+    """Per resource of ``node``: (bursts [(start, end)], consumptions, weights, source, lengths)."""
+    out: dict[str, tuple[list, list, list, str, list]] = {}
     spans = [s for kind in COMPUTE_PHASES for s in inp.phases.get(node, {}).get(kind, [])]
     if spans:
         arr = np.asarray([[float(s[0]), float(s[1])] for s in spans]) - (inp.t0 or 0.0)
@@ -111,8 +117,11 @@ def node_bursts(inp: Any, node: str, window: tuple[float, float]) -> dict[str, t
                     cons_cpu.append(100.0 * max(float(used), 0.0) / (b - a) if b > a else 0.0)
                 cons_mem.append(float(counter_at(t, v["mem_bytes"], np.array([(a + b) / 2]))[0]))
         weights = [b - a for a, b in cpu]
-        out["cpu"] = (cpu, cons_cpu, weights, "phases+clock" if used_s is not None else "phases")
-        out["mem"] = (cpu, cons_mem, weights, "phases")
+        # a compute burst's length: the CPU time of its phases (the wall time where there is no clock)
+        lengths = [float(used_s[idx].sum()) for _, _, idx in merged] if used_s is not None else weights
+        source = "phases+clock" if used_s is not None else "phases"
+        out["cpu"] = (cpu, cons_cpu, weights, source, lengths)
+        out["mem"] = (cpu, cons_mem, weights, source, lengths)
     ip = inp.nodes.get(node, {}).get("ip")
     rates = {end: [l["rate_bps"] for k, l in inp.links.items() if k[end] == node and l.get("rate_bps")] for end in (0, 1)}
     if node in inp.captures:
@@ -136,26 +145,28 @@ def node_bursts(inp: Any, node: str, window: tuple[float, float]) -> dict[str, t
     return out
 
 
-def packet_rows(found: list[tuple[float, float, int]], window: tuple[float, float]) -> tuple[list, list, list, str]:
+def packet_rows(found: list[tuple[float, float, int]],
+                window: tuple[float, float]) -> tuple[list, list, list, str, list]:
     inside = [f for f in found if f[1] >= window[0] and f[0] <= window[1]]
     bursts = [(a, b) for a, b, _ in inside]
-    return bursts, [8.0 * n / (b - a) for a, b, n in inside if b > a], [b - a for a, b, _ in inside if b > a], "capture"
+    return (bursts, [8.0 * n / (b - a) for a, b, n in inside if b > a], [b - a for a, b, _ in inside if b > a],
+            "capture", [b - a for a, b in bursts])
 
 
 def table(inp: Any, window_of: Any) -> list[dict[str, Any]]:
     """timed_bursts.csv's rows: per node and resource, then per role (bursts pooled)."""
     rows: list[dict[str, Any]] = []
-    pooled: dict[tuple[str, str], list[tuple[list, list, list, float]]] = {}
+    pooled: dict[tuple[str, str], list[tuple[list, list, list, float, list]]] = {}
     for node in sorted(inp.nodes):
         window = window_of(inp, node)
         if window is None or window[1] <= window[0]:
             continue
         role = inp.nodes[node].get("role", "")
-        for resource, (bursts, cons, weights, source) in node_bursts(inp, node, window).items():
+        for resource, (bursts, cons, weights, source, lengths) in node_bursts(inp, node, window).items():
             span = window[1] - window[0]
             rows.append({"node": node, "role": role, "resource": resource, "unit": UNITS[resource], "source": source,
-                         **stats(bursts, cons, weights, span)})
-            pooled.setdefault((role, resource), []).append((bursts, cons, weights, span))
+                         **stats(bursts, cons, weights, span, lengths)})
+            pooled.setdefault((role, resource), []).append((bursts, cons, weights, span, lengths))
     for (role, resource), parts in sorted(pooled.items()):
         d = [b - a for p in parts for a, b in p[0]]
         i = [x for p in parts for x in idles(p[0])]
@@ -163,8 +174,8 @@ def table(inp: Any, window_of: Any) -> list[dict[str, Any]]:
         w = np.asarray([x for p in parts for x in p[2]], float)
         spans = sum(p[3] for p in parts)
         rows.append({"node": "*", "role": role, "resource": resource, "unit": UNITS[resource], "source": "pooled",
-                     "bursts": len(d), "burst_s": float(np.mean(d)) if d else None,
-                     "idle_s": float(np.mean(i)) if i else None,
+                     "bursts": len(d), "burst_s": _mean([x for p in parts for x in p[4]]), "burst_wall_s": _mean(d),
+                     "idle_s": _mean(i),
                      "burst_consumption": float(np.sum(np.asarray(cons) * w) / w.sum()) if cons and len(cons) == len(w)
                      and w.sum() > 0 else None,
                      "duty_cycle": float(sum(d) / spans) if d and spans > 0 else None})
