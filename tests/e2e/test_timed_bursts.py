@@ -41,8 +41,12 @@ def test_fl_run_records_phases_and_its_analysis_gives_the_twelve_burst_metrics(t
             rows = {(row["node"], row["resource"]): row for row in csv.DictReader(f)}
         for t in trainers:
             cpu, tx, rx = rows[(t, "cpu")], rows[(t, "net_tx")], rows[(t, "net_rx")]
-            assert cpu["source"] == "phases" and int(cpu["bursts"]) >= 3 and float(cpu["burst_s"]) > 0
-            assert float(cpu["idle_s"]) > 0 and float(cpu["burst_consumption"]) > 0
+            # a compute burst's length is the CPU time the node's process spent in it (its clock at the phases' edges)
+            assert cpu["source"] == "phases+clock" and int(cpu["bursts"]) >= 3 and float(cpu["burst_s"]) > 0
+            assert float(cpu["burst_wall_s"]) > 0 and float(cpu["idle_s"]) > 0
+            assert 0 < float(cpu["burst_consumption"]) <= 200  # percent of a core (two threads at most)
+            assert all(len(s) == 4 and s[2] <= s[3] for e in events[t] if e["type"] == "round"
+                       for s in e["phases"]["train"])
             assert float(rows[(t, "mem")]["burst_consumption"]) > 1e6  # resident bytes of a Python process
             # one update up and one model down a round (77 kB at 5 Mbit/s: about 0.12 s each)
             assert tx["source"] == "capture" and 3 <= int(tx["bursts"]) <= 6, tx

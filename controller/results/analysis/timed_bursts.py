@@ -11,12 +11,17 @@ A burst: activity whose pieces are less than ``GAP_S`` apart (packets: ``NET_GAP
 minimum gap; 30 ms keeps one model transfer whole and splits the next one off, 0.1 s merged a
 transfer-bound node's rounds into few long bursts: net burst duration 54 % sMAPE against 25 %); a
 network burst must also carry ``MIN_BURST_BYTES`` (less is a control message, not a transfer: the
-threshold). An idle: the time between two consecutive bursts of the node's window (its first
-round start to its last round end). Burst consumption: CPU, the node's own CPU time in the burst's
-phases over the burst's duration (percent of one core; the process CPU clock each phase carries at
-its edges, ``source`` "phases+clock"; an older run without it: the sampled CPU time over the burst); memory, the sampled resident memory at the bursts' midpoints (bytes);
-network, the bytes of the bursts over their durations (bit/s). A packet burst lasts from its
-first packet to its last one's end (its length at the fastest link's rate).
+threshold). A burst's length (``burst_s``): a packet burst's, from its first packet to its last
+one's end (its length at the fastest link's rate); a compute burst's, the CPU time the node's
+process spent in its phases (the process CPU clock each phase carries at its edges, ``source``
+"phases+clock"): its wall duration (``burst_wall_s``, kept) is mostly the emulation host's
+contention, not the node's work (the same 16 ms of training took 24 to 197 ms across the runs of
+one grid, as other processes took the cores); an older run without the clock: the wall duration.
+An idle: the wall time between two consecutive bursts of the node's window (its first round start
+to its last round end). Burst consumption: CPU, the node's CPU time in the burst's phases over the
+burst's wall duration (percent of one core: the share of a core it got; an older run: the sampled
+CPU time over the burst); memory, the sampled resident memory at the bursts' midpoints (bytes);
+network, the bytes of the bursts over their durations (bit/s).
 """
 from __future__ import annotations
 
@@ -36,8 +41,8 @@ UNITS = {"cpu": "%", "mem": "bytes", "net_tx": "bit/s", "net_rx": "bit/s"}
 COLUMNS = ["node", "role", "resource", "unit", "source", "bursts", "burst_s", "burst_wall_s", "idle_s",
            "burst_consumption", "duty_cycle"]
 DEFINITION = (f"burst: activity with gaps < {GAP_S:g} s merged (packets: gaps < {NET_GAP_S:g} s); CPU/memory "
-              f"activity = train and evaluate phases; network = data packets (> {MIN_PAYLOAD_BYTES} B payload), "
-              f"a burst >= {MIN_BURST_BYTES} B")
+              f"activity = train and evaluate phases, a burst's length = their CPU time (burst_wall_s: wall time); "
+              f"network = data packets (> {MIN_PAYLOAD_BYTES} B payload), a burst >= {MIN_BURST_BYTES} B")
 
 
 def merge_spans(starts: np.ndarray, ends: np.ndarray, gap_s: float = GAP_S) -> list[tuple[float, float, list[int]]]:
