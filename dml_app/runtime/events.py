@@ -9,7 +9,8 @@ Every event has ``v`` (format version), ``run_id``, ``node``, ``type`` and ``t``
   global test set evaluated on: 0 in a round not evaluated, null without one), train_loss, train_s, send_s, bytes_sent / bytes_recv
   (totals of the round), per-peer maps ``sent_to`` / ``recv_from``
   {peer: bytes}, ``phases`` (start and end, Unix s, of the round's train, evaluate, send and wait
-  intervals: ``dml_app/roles/phases.py``; absent from older runs) and ``layer`` for E-tree;
+  intervals, the first three with the node process's CPU clock at both edges:
+  ``dml_app/roles/phases.py``; absent from older runs) and ``layer`` for E-tree;
 - ``send_failed``: round, peer, error;
 - ``rejected_update``: peer, path, reason (a message refused: bad weights, a sender not asked);
 - ``started`` (with the node's ``role``), ``done``, ``failed``: lifecycle, with a
