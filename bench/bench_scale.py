@@ -294,7 +294,10 @@ def run(n: int, rounds: int, netfilter: bool, timeout_s: int, use_zygote: bool =
         log(out[-3000:])
     phases = phase_times(out, started_at)
     fails, kinds = send_failures(workdir)
-    shutil.rmtree(workdir, ignore_errors=True)
+    if os.environ.get("BENCH_SCALE_KEEP"):  # the run folder kept, to read its events
+        log(f"kept {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
     def stat(i: int) -> str:
         if not peaks:

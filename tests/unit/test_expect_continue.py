@@ -1,13 +1,13 @@
 """A route that answers from the headers: the caller's body never crosses (Expect: 100-continue)."""
 from __future__ import annotations
 
-import http.client
 import os
 import subprocess
 import sys
 
 import pytest
 
+from dml_app.runtime import http
 from dml_app.runtime.http import request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,8 +46,8 @@ def server():
 def test_an_early_answer_leaves_the_body_unsent_and_a_taken_body_arrives_whole(server, monkeypatch):
     url = server
     sent: list[int] = []
-    real_send = http.client.HTTPConnection.send
-    monkeypatch.setattr(http.client.HTTPConnection, "send", lambda self, data: sent.append(len(data)) or real_send(self, data))
+    real_send = http._sendall
+    monkeypatch.setattr(http, "_sendall", lambda sock, data: sent.append(len(data)) or real_send(sock, data))
 
     status, answer = request("POST", url + "/take?refuse=1", BODY, "application/octet-stream", timeout_s=10,
                              expect_continue=True)
