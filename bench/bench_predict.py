@@ -37,7 +37,8 @@ only and predicts the runs of twice that N (round time extrapolating N x 2). The
 per target, the MAPE of the four predictors (analytic, grey-box, CM-DARE's SVR, linear)
 beside the targets and CM-DARE's published figures (10-14 % MAPE per setting; its README
 claims 3.4 %); duty cycle = burst / (burst + idle), from the predicted burst and idle
-durations. Burst metrics are pooled over cpu, net tx and net rx, the resources whose bursts
+durations (a compute burst's length is its CPU time where the phases carry the CPU clock, so the
+CPU duty cycle there is the share of the node's time spent computing on a core). Burst metrics are pooled over cpu, net tx and net rx, the resources whose bursts
 follow the rounds; memory, which does not, has its own line. ``--plot`` (default docs/img/predict.png) draws predicted against measured round
 time.
 """
