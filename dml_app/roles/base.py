@@ -132,6 +132,7 @@ class Role:
         self._global_sample = GlobalSample()
         # what a model message must look like (none without a model: in-memory tests)
         self.spec: Optional[wire.Spec] = None if ctx.model is None else wire.spec_of(ctx.model.get_weights())
+        self._limit_of: tuple[Optional[wire.Spec], int] = (None, 0)  # (spec, body_limit(spec))
         self.weight_names = weight_names_of(ctx.model)  # the arrays' names on the wire (by layer), if any
         self.view = PolicyView(ctx.name, self.name, [ctx.name], ctx.conf.get("strategy"), self.batch_size,
                                dict(self.link_bps), dict(ctx.conf.get("sites") or {}))
@@ -274,8 +275,14 @@ class Role:
         return hop
 
     def body_limit(self) -> int:
-        """The largest body a weights route of this role takes."""
-        return wire.body_limit(self.spec) if self.spec is not None else wire.MAX_HEADER_BYTES
+        """The largest body a weights route of this role takes (worked out once per ``spec``: every
+        call in and out asks)."""
+        spec = self.spec
+        if spec is None:
+            return wire.MAX_HEADER_BYTES
+        if self._limit_of[0] is not spec:
+            self._limit_of = (spec, wire.body_limit(spec))
+        return self._limit_of[1]
 
     def send_timeout_s(self, dest: str, size_bytes: int) -> float:
         """How long a send of ``size_bytes`` to ``dest`` may take: ``SEND_MARGIN`` times its time

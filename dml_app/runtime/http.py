@@ -233,10 +233,10 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
             if body is not None:
                 sent["Content-Type"] = content_type
             began = time.monotonic()
-            sock = socket.create_connection((host, port), timeout=timeout_s)
+            sock = _connect(host, port, timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             waits = expect_continue and bool(body)
-            head = _request_head(method, target, f"{host}:{port}", sent, body, waits)
+            head = _request_head(method, target, f"[{host}]:{port}" if ":" in host else f"{host}:{port}", sent, body, waits)
             reader = _AnswerReader(sock)
             if waits:
                 _sendall(sock, head)
@@ -266,6 +266,25 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
 COALESCE_BYTES = 64 * 1024  # a body up to this size goes in one send with its headers
 MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and headers
 _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
+    """A connected socket; an address is connected to directly (gevent's ``create_connection``
+    would resolve even an address, in a thread of its pool: a few percent of a node's CPU)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect((host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    return socket.create_connection((host, port), timeout=timeout_s)
 
 
 def _sendall(sock: socket.socket, data: bytes) -> None:
