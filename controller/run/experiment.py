@@ -331,7 +331,9 @@ class Experiment:
 
     def check_nodes(self, poll_health: bool) -> None:
         """One pass of the monitor: dead processes (an expected death, else a failure); with
-        ``poll_health``, the running nodes' /health."""
+        ``poll_health``, the /health of the running nodes not heard from (a /print) for
+        ``HEALTH_POLL_S``: at a thousand nodes, polling every one costs the nodes and the
+        controller a call each, ten seconds apart, all run long."""
         for node, code in self.nodes.exited():
             if node.expected_death:
                 self.membership.died(node)
@@ -339,7 +341,9 @@ class Experiment:
                 node.state, node.detail = State.FAILED, f"process exited (code {code})"
                 self.progress(f"{node.name}: failed: {node.detail}")
         if poll_health:
-            for node in [n for n in self.nodes.values() if n.state == State.RUNNING and not n.expected_death]:
+            quiet_since = time.monotonic() - HEALTH_POLL_S
+            for node in [n for n in self.nodes.values() if n.state == State.RUNNING and not n.expected_death
+                         and (n.heard_at is None or n.heard_at < quiet_since)]:
                 try:
                     health = self.nodes.health(node.name)
                     if health and health.get("state") in (State.DONE, State.FAILED) and self.phase == Phase.RUNNING:

@@ -115,6 +115,7 @@ class NodeState:
     lives: list = field(default_factory=list)  # earlier lives: {"pid", "started_at", "ended", "ended_at"}
     started_at: Optional[float] = None  # this life's start
     monitors: dict = field(default_factory=dict)  # the last adaptation monitors it reported (strategy, gns...)
+    heard_at: Optional[float] = None  # when (monotonic) its last /print came: one heard from lately is not polled
 
     @property
     def settled(self) -> bool:
@@ -132,6 +133,7 @@ class NodeState:
 
     def take(self, report: Report) -> None:
         """What a /print said: its round, accuracies, loss and the round's model bytes."""
+        self.heard_at = time.monotonic()
         if report.round is not None:
             self.round = report.round
         if report.accuracy is not None:

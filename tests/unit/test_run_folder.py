@@ -149,6 +149,20 @@ def test_an_oversized_log_fails_its_node_and_the_monitor_goes_on(tmp_path, monke
     assert exp.nodes["n2"].state == "done"
 
 
+def test_the_monitor_polls_only_the_nodes_it_has_not_heard_from_lately(tmp_path, monkeypatch):
+    import time
+
+    from controller.run.experiment import HEALTH_POLL_S
+
+    exp = _experiment(tmp_path)
+    polled = []
+    monkeypatch.setattr(exp.nodes, "health", lambda name: polled.append(name) or {"state": "running"})
+    exp.nodes["n1"].heard_at = time.monotonic()  # a /print just now
+    exp.nodes["n2"].heard_at = time.monotonic() - HEALTH_POLL_S - 1
+    exp.check_nodes(poll_health=True)
+    assert polled == ["n2"]
+
+
 def test_the_monitor_loop_outlives_an_unexpected_error(tmp_path, monkeypatch):
     exp = _experiment(tmp_path)
     calls = []
