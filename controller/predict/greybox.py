@@ -24,9 +24,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "bytes_sent_per_round": ("payload_sent_bytes", "messages_sent"),
     "bytes_recv_per_round": ("payload_recv_bytes", "messages_recv"),
     # Driple's burst metrics (controller/results/analysis/timed_bursts.py): a compute burst's length
-    # is the CPU time of the node's training and evaluation (its training work, not divided by its CPU
-    # share, and what does not scale with the data); an idle is what the round holds besides; CPU use in a burst is bounded by the
-    # node's share; a network burst is a message at the configured rate (or several, merged).
+    # is the CPU time of the node's training and evaluation (its training FLOPs, not divided by its
+    # CPU share, and what does not scale with the data); an idle is what the round holds besides;
+    # CPU use in a burst is bounded by the node's share; a network burst is a message at the
+    # configured rate (or several, merged).
     "cpu_burst_s": ("own_work", "one"),
     "mem_burst_s": ("own_work", "one"),
     "cpu_idle_s": ("round_units", "transfer_s", "messages", "one"),
@@ -45,15 +46,14 @@ class TooFewConfigurations(ConfigError):
 
 def column_values(t: Terms, rounds: float, features: Optional[dict[str, float]] = None) -> dict[str, float]:
     """Every column a skeleton may use, for one node (the burst columns need its ``features``:
-    ``per_cpu`` 1 / its CPU limit, ``cpu_share`` the share of one core it may use, ``own_work`` its
-    training FLOPs (``own_units`` times its CPU limit), ``*_s_per_msg``
-    a message's time at the configured rate: its own sends', its received ones' at its slowest
-    link's rate; ``recv_s`` all of them)."""
+    ``cpu_share`` the share of one core it may use, ``own_work`` its training FLOPs (``own_units``
+    times its CPU limit), ``*_s_per_msg`` a message's time at the configured rate: its own sends',
+    its received ones' at its slowest link's rate; ``recv_s`` all of them)."""
     f = features or {}
     cpu = float(f.get("cpu") or 1.0)
     rate = float(f.get("rate_min_bps") or 0.0)
     recv_s = t.payload_recv_bytes * WIRE_BYTES_PER_PAYLOAD_BYTE * 8 / rate if rate > 0 else 0.0
-    return {"per_cpu": 1.0 / cpu, "cpu_share": min(cpu, 1.0), "own_work": t.own_units * cpu,
+    return {"cpu_share": min(cpu, 1.0), "own_work": t.own_units * cpu,
             "send_s_per_msg": t.own_send_s / t.messages_sent if t.messages_sent else 0.0,
             "recv_s": recv_s, "recv_s_per_msg": recv_s / t.messages_recv if t.messages_recv else 0.0,
             "round_units": t.round_units, "own_units": t.own_units, "transfer_s": t.transfer_s,

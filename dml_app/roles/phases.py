@@ -1,15 +1,15 @@
 """When a node's round did what: start and end of its train, evaluate, send and wait phases.
 
-Each ``round`` event carries ``phases`` = {"train": [[t0, t1, c0, c1], ...], "evaluate": ..., "send":
-..., "wait": [[t0, t1], ...]}: t in Unix seconds (this node's clock), c the node process's CPU clock
-(``time.process_time``: user + system seconds of all its threads, the compute thread's included) at
-the same edges, so c1 - c0 is the CPU the node used in the phase (``CPU_CLOCK`` names it; a node is
-a process of its own). train, evaluate and send are timed where they
-happen (from any thread: an aggregator sends in parallel) and taken with the round they precede,
-like the round's traffic; intervals of one kind that overlap are merged (the CPU clock of the first
-start and the last end: the counter is the process's, so overlapping spans are not counted twice). ``wait`` is what is left
-of the round (from its ``t_start`` to its end) outside the other three, gaps of 1 ms or more:
-waiting for peers.
+Each ``round`` event carries ``phases`` = {"train": [[t0, t1, c0, c1], ...], "evaluate": ...,
+"send": ..., "wait": [[t0, t1], ...]}: t in Unix seconds (this node's clock), c the node
+process's CPU clock (``time.process_time``: user + system seconds of all its threads, the compute
+thread's included) at the same edges, so c1 - c0 is the CPU the node used in the phase
+(``CPU_CLOCK`` names it; a node is a process of its own). train, evaluate and send are timed
+where they happen (from any thread: an aggregator sends in parallel) and taken with the round
+they precede, like the round's traffic; intervals of one kind that overlap are merged (with the
+CPU clock of the first start and of the last end: the counter is the process's, so overlapping
+spans are not counted twice). ``wait`` is what is left of the round (from its ``t_start`` to its
+end) outside the other three, gaps of 1 ms or more: waiting for peers.
 A node in several E-tree layers gives a phase to the first round recorded after it.
 """
 from __future__ import annotations

@@ -26,7 +26,6 @@ def test_burst_columns_follow_the_cpu_limit_and_the_configured_rate(tmp_path):
     got = rows(tmp_path)
     for r in got:
         cols = r.columns()
-        assert cols["per_cpu"] == pytest.approx(1.0 / r.features["cpu"])
         assert cols["cpu_share"] == pytest.approx(min(r.features["cpu"], 1.0))
         assert cols["own_work"] == pytest.approx(r.terms.own_units * r.features["cpu"])
         assert cols["send_s_per_msg"] == pytest.approx(r.terms.own_send_s / r.terms.messages_sent)

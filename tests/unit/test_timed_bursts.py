@@ -82,7 +82,8 @@ def test_an_older_run_without_phases_or_captures_gives_no_rows_and_no_error(tmp_
 def test_cpu_consumption_comes_from_the_phases_cpu_clocks_when_they_carry_them(tmp_path):
     t0 = 1_700_000_000.0
     inp = fake_run(tmp_path, None, transfer(t0 + 7.0, 50, 0.02))
-    # train 1.0-1.5 (0.4 s CPU) and 1.55-2.0 (0.3 s CPU): one burst of 1.0 s; 5.0-6.0 (0.5 s) and evaluate 6.02-6.1 (0.08 s)
+    # train 1.0-1.5 (0.4 s CPU) and 1.55-2.0 (0.3 s CPU): one burst of 1.0 s;
+    # train 5.0-6.0 (0.5 s) and evaluate 6.02-6.1 (0.08 s): another of 1.1 s
     inp.phases = {"n1": {"train": [[t0 + 1.0, t0 + 1.5, 3.0, 3.4], [t0 + 1.55, t0 + 2.0, 3.4, 3.7],
                                    [t0 + 5.0, t0 + 6.0, 4.0, 4.5]], "evaluate": [[t0 + 6.02, t0 + 6.1, 4.5, 4.58]]}}
     by = {(r["node"], r["resource"]): r for r in T.table(inp, lambda _inp, node: (0.0, 10.0))}
