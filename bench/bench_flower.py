@@ -7,10 +7,21 @@ isolation (``--isolation process``), N SuperNodes, R rounds:
   of this host on loopback, ``flwr run`` of the same app, first process to the run's end;
 - the bytes each SuperLink->SuperNode link carried a round (edgetb's telemetry) against the
   serialised model (the ArrayRecord's bytes, as flwr serialises it);
-- per SuperNode node, the peak cgroup memory the telemetry read.
+- per SuperNode node, the peak cgroup memory the telemetry read (``memory.usage_in_bytes`` or
+  ``memory.current``: page cache included), and the peaks of the group's own ``memory.stat``
+  read here every second: anonymous memory (the processes' own) apart from page cache (file).
 
     sudo .venv/bin/python bench/bench_flower.py                 # 4 SuperNodes, 3 rounds, 1 Gbit/s
-    sudo .venv/bin/python bench/bench_flower.py --supernodes 50 --rounds 3
+    sudo .venv/bin/python bench/bench_flower.py --turns 2       # plain, edgetb, plain, edgetb
+    sudo .venv/bin/python bench/bench_flower.py --padding-values 500000 --fraction-evaluate 0 --no-plain
+    sudo .venv/bin/python bench/bench_flower.py --supernodes 50 --rounds 3 --no-plain
+
+``--padding-values N`` sends N float32 zeros with the model (the app's ``padding-values``): a
+model of about 4N bytes. ``--fraction-evaluate 0`` leaves out federated evaluation: FedAvg's
+evaluate message carries the model too, so with it a SuperNode receives the model twice a round.
+The bytes a round are everything the telemetry counted on the SuperLink->SuperNode link from the
+deployment to the end (registration, polling, heartbeats, every message and its model), divided
+by the rounds.
 
 Targets: edgetb within 1.2x of the plain processes' wall time; 1.00-1.10x of the ArrayRecord a
 round a link; 50 SuperNodes, 3 rounds within 10 minutes, <= 150 MB per SuperNode node.
@@ -27,13 +38,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP = os.path.join(ROOT, "examples", "flower", "numpy_app")
 
 
-def experiment(workdir: str, python: str, supernodes: int, rounds: int, rate: str) -> list[str]:
+def experiment(workdir: str, python: str, supernodes: int, rounds: int, rate: str,
+               extra: dict[str, object]) -> list[str]:
     """An experiment directory: the app, links from n1 to every SuperNode, the structure, a dataset."""
     names = [f"n{i}" for i in range(2, supernodes + 2)]
     shutil.copytree(APP, os.path.join(workdir, "app"))
@@ -44,26 +57,69 @@ def experiment(workdir: str, python: str, supernodes: int, rounds: int, rate: st
         json.dump({"dataset": "digits", "split": "iid", "seed": 0, "batch_size": 32}, f)
     with open(os.path.join(workdir, "flwr_structure.json"), "w") as f:
         json.dump({"app": "app", "python": python, "node_list": ["n1", *names],
-                   "run_config": {"num-server-rounds": rounds}}, f)
+                   "run_config": {"num-server-rounds": rounds, **extra}}, f)
     return names
 
 
-def run_edgetb(workdir: str, tb: str, port: int) -> float:
+class MemoryStat:
+    """The peaks of each node's cgroup ``memory.stat`` (anonymous and file), read every second."""
+
+    def __init__(self, tb: str, names: list[str]) -> None:
+        v1 = f"/sys/fs/cgroup/memory/edgetb-{tb}"
+        self.base = v1 if os.path.isdir("/sys/fs/cgroup/memory") else f"/sys/fs/cgroup/edgetb-{tb}"
+        self.names = names
+        self.peak: dict[str, dict[str, int]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _read(self, node: str) -> dict[str, int]:
+        try:
+            with open(os.path.join(self.base, node, "memory.stat")) as f:
+                stat = dict(line.split() for line in f if line.strip())
+        except OSError:
+            return {}
+        anon = stat.get("total_rss", stat.get("rss", stat.get("anon")))  # v1, v2
+        file = stat.get("total_cache", stat.get("cache", stat.get("file")))
+        return {"anon": int(anon), "file": int(file)} if anon is not None and file is not None else {}
+
+    def _loop(self) -> None:
+        while not self.stop.wait(1.0):
+            for node in self.names:
+                for key, value in self._read(node).items():
+                    peak = self.peak.setdefault(node, {})
+                    peak[key] = max(peak.get(key, 0), value)
+
+    def __enter__(self) -> "MemoryStat":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def run_edgetb(workdir: str, tb: str, port: int, names: list[str], turn: int) -> tuple[float, dict[str, dict[str, int]]]:
+    """Command to exit; the peaks of each SuperNode node's memory.stat."""
+    log = os.path.join(workdir, f"edgetb-{turn}.log")
     started = time.monotonic()
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "flwr_run.py"), "--workdir", workdir, "--id", tb,
-                           "--subnet", "10.231.0.0/16", "--port", str(port), "-d", "flwr_dataset.json", "--auto",
-                           "--timeout", "1200", "--telemetry-period-ms", "500"],
-                          capture_output=True, text=True, env=dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state")))
+    with MemoryStat(tb, names) as mem, open(log, "w") as out:
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "flwr_run.py"), "--workdir", workdir, "--id", tb,
+                               "--subnet", "10.231.0.0/16", "--port", str(port), "-d", "flwr_dataset.json", "--auto",
+                               "--timeout", "1800", "--telemetry-period-ms", "500"],
+                              stdout=out, stderr=subprocess.STDOUT, text=True,
+                              env=dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state")))
     wall_s = time.monotonic() - started
     if done.returncode != 0:
-        raise SystemExit(f"edgetb run failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return wall_s
+        with open(log) as f:
+            raise SystemExit(f"edgetb run failed ({done.returncode}):\n{f.read()[-4000:]}")
+    return wall_s, mem.peak
 
 
-def run_plain(workdir: str, python: str, names: list[str], rounds: int, shards: dict[str, str]) -> float:
+def run_plain(workdir: str, python: str, names: list[str], rounds: int, shards: dict[str, str],
+              extra: dict[str, object], turn: int) -> float:
     """Flower's own deployment on loopback: SuperLink, SuperNodes, SuperExecs, ``flwr run``."""
     bin_dir = os.path.join(python, "bin")
-    home = os.path.join(workdir, "plain")
+    home = os.path.join(workdir, f"plain-{turn}")
     os.makedirs(home)
     with open(os.path.join(home, "config.toml"), "w") as f:
         f.write('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:19092"\ninsecure = true\n')
@@ -101,7 +157,8 @@ def run_plain(workdir: str, python: str, names: list[str], rounds: int, shards: 
                 raise SystemExit("the plain SuperNodes did not register within 300 s")
             time.sleep(0.5)
         done = subprocess.run([f"{bin_dir}/flwr", "run", os.path.join(workdir, "app"), "local", "--stream",
-                               "--run-config", f"num-server-rounds={rounds}"], env=env, capture_output=True,
+                               "--run-config", " ".join(f"{k}={v}" for k, v in
+                                                        {"num-server-rounds": rounds, **extra}.items())], env=env, capture_output=True,
                               text=True, timeout=1800)
         wall_s = time.monotonic() - started
         if done.returncode != 0 or f"[ROUND {rounds}/{rounds}]" not in done.stdout:
@@ -122,14 +179,16 @@ def run_plain(workdir: str, python: str, names: list[str], rounds: int, shards: 
         superlink_log.close()
 
 
-def array_record_bytes(python: str) -> int:
+def array_record_bytes(python: str, padding_values: int) -> int:
     """The serialised ArrayRecord of the app's initial model, as flwr serialises it."""
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
             "from flwr.app import ArrayRecord\n"
             "from flwr.common.serde import array_record_to_proto\n"
             "from numpy_app import task\n"
-            "print(len(array_record_to_proto(ArrayRecord(task.initial_weights())).SerializeToString()))\n")
-    done = subprocess.run([os.path.join(python, "bin", "python3"), "-c", code, APP], capture_output=True, text=True)
+            "weights = task.initial_weights(int(sys.argv[2]))\n"
+            "print(len(array_record_to_proto(ArrayRecord(weights)).SerializeToString()))\n")
+    done = subprocess.run([os.path.join(python, "bin", "python3"), "-c", code, APP, str(padding_values)],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(done.stderr)
     return int(done.stdout.strip())
@@ -163,28 +222,46 @@ def main() -> int:
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--python", default="/opt/edgetb-flwr")
     p.add_argument("--port", type=int, default=3391)
+    p.add_argument("--padding-values", type=int, default=0, help="float32 zeros sent with the model")
+    p.add_argument("--fraction-evaluate", type=float, default=1.0, help="0: no federated evaluation")
+    p.add_argument("--turns", type=int, default=1, help="plain then edgetb, this many times in turn")
     p.add_argument("--no-plain", action="store_true", help="edgetb only (the 50-node run)")
     p.add_argument("--keep", help="keep the experiment directory here")
     a = p.parse_args()
     workdir = a.keep or tempfile.mkdtemp(prefix="bench-flower-")
     os.makedirs(workdir, exist_ok=True)
     os.chmod(workdir, 0o755)
-    names = experiment(workdir, a.python, a.supernodes, a.rounds, a.rate)
-    edgetb_s = run_edgetb(workdir, "fb", a.port)
-    (run_dir,) = [os.path.join(workdir, "dml_file", "log", d) for d in os.listdir(os.path.join(workdir, "dml_file", "log"))]
-    out = {"supernodes": a.supernodes, "rounds": a.rounds, "rate": a.rate, "edgetb_s": round(edgetb_s, 1)}
-    if not a.no_plain:
-        shards = {n: os.path.join(workdir, "dataset", "digits", f"{n}.npz") for n in names}
-        plain_s = run_plain(workdir, a.python, names, a.rounds, shards)
-        out.update(plain_s=round(plain_s, 1), ratio=round(edgetb_s / plain_s, 3))
-    model = array_record_bytes(a.python)
-    sent = link_bytes(run_dir)
-    per_round = [sent.get(("n1", n), 0) / a.rounds for n in names]
-    out.update(array_record_bytes=model, down_bytes_per_round_median=sorted(per_round)[len(per_round) // 2],
-               down_ratio_min=round(min(per_round) / model, 2), down_ratio_max=round(max(per_round) / model, 2))
-    mem = peak_memory(run_dir)
-    if mem:
-        out["supernode_peak_mem_mb_max"] = round(max(mem.get(n, 0) for n in names) / 1e6, 1)
+    extra: dict[str, object] = {"padding-values": a.padding_values, "fraction-evaluate": a.fraction_evaluate}
+    names = experiment(workdir, a.python, a.supernodes, a.rounds, a.rate, extra)
+    shards = {n: os.path.join(workdir, "dataset", "digits", f"{n}.npz") for n in names}
+    model = array_record_bytes(a.python, a.padding_values)
+    out: dict[str, object] = {"supernodes": a.supernodes, "rounds": a.rounds, "rate": a.rate,
+                              "array_record_bytes": model, "fraction_evaluate": a.fraction_evaluate, "turns": []}
+    for turn in range(a.turns):
+        row: dict[str, object] = {"load_before": round(os.getloadavg()[0], 1)}
+        if not a.no_plain and os.path.isdir(os.path.join(workdir, "dataset")):
+            row["plain_s"] = round(run_plain(workdir, a.python, names, a.rounds, shards, extra, turn), 1)
+        edgetb_s, mem = run_edgetb(workdir, "fb", a.port, names, turn)
+        row["edgetb_s"] = round(edgetb_s, 1)
+        if not a.no_plain and "plain_s" not in row:  # (the first turn: the shards exist once edgetb wrote them)
+            row["plain_s"] = round(run_plain(workdir, a.python, names, a.rounds, shards, extra, turn), 1)
+        if "plain_s" in row:
+            row["ratio"] = round(edgetb_s / float(row["plain_s"]), 3)  # type: ignore[arg-type]
+        logs = os.path.join(workdir, "dml_file", "log")
+        run_dir = os.path.join(logs, sorted(os.listdir(logs))[-1])
+        sent = link_bytes(run_dir)
+        per_round = [sent.get(("n1", n), 0) / a.rounds for n in names]
+        row.update(down_bytes_per_round_median=sorted(per_round)[len(per_round) // 2],
+                   down_ratio_min=round(min(per_round) / model, 3), down_ratio_max=round(max(per_round) / model, 3))
+        peak = peak_memory(run_dir)
+        if peak:
+            row["mem_peak_mb_max"] = round(max(peak.get(n, 0) for n in names) / 1e6, 1)
+        if mem:
+            row["anon_peak_mb_max"] = round(max(m.get("anon", 0) for m in mem.values()) / 1e6, 1)
+            row["file_peak_mb_max"] = round(max(m.get("file", 0) for m in mem.values()) / 1e6, 1)
+        row["load_after"] = round(os.getloadavg()[0], 1)
+        out["turns"].append(row)  # type: ignore[union-attr]
+        print(json.dumps(row), flush=True)
     print(json.dumps(out))
     if not a.keep:
         shutil.rmtree(workdir, ignore_errors=True)

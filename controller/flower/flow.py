@@ -11,6 +11,7 @@ removes the testbed as for the other run scripts, and hands the run to ``run``; 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -32,6 +33,10 @@ SUPERLINK_READY_S = 120.0  # for the SuperLink to serve and every SuperNode to r
 POLL_S = 0.5
 FLEET_UP = "Starting the SuperLink Fleet HTTP API"
 NODE_UP = "Activated node_id"
+READ_LOG_PIECES = ("import json, sqlite3, sys\n"  # run in the SuperLink's node, as the node: its database's log pieces
+                   "db = sqlite3.connect(sys.argv[1])\n"
+                   "for t, text in db.execute('SELECT timestamp, log FROM task_logs ORDER BY timestamp'):\n"
+                   "    print(json.dumps([t, text]))\n")
 MAKE_HOME = ("import os, sys\n"  # run in the node, as the node: its Flower home, and the CLI config
              "os.makedirs(sys.argv[1], mode=0o700, exist_ok=True)\n"
              "if len(sys.argv) > 2:\n"
@@ -246,6 +251,13 @@ class FlowerRun:
         current = programs.find(self.worker, record["id"])
         return None if current.get("running", current.get("state") == "running") else current
 
+    def ended_ids(self) -> set[str]:
+        """The ids of the started processes that run no more (ended, or stopped and forgotten),
+        from one listing of the worker's processes however many were started."""
+        running = {rec["id"] for rec in programs.processes(self.worker)
+                   if rec.get("running", rec.get("state") == "running")}
+        return {record["id"] for _, record in self.started} - running
+
     def _wait_for_superlink(self, supernodes: int) -> None:
         """Until the SuperLink serves and every SuperNode registered (TestbedError: a Flower
         process ended, or the wait was too long, with its last lines)."""
@@ -256,8 +268,9 @@ class FlowerRun:
             text = self._log_of(superlink)
             if FLEET_UP in text and text.count(NODE_UP) >= supernodes:
                 return
+            ended = self.ended_ids()
             for program, record in self.started:
-                if self._ended(record) is not None:
+                if record["id"] in ended:
                     raise TestbedError(f"the Flower {program.name} in {program.node} ended before the run started; "
                                        f"its last lines:\n{tail(self._log_of(record))}")
             if time.monotonic() > deadline:
@@ -337,11 +350,16 @@ class FlowerRun:
         from controller.results.run_dir import METRICS_CSV, RUN_JSON, csv_bytes
 
         self._report_last()
+        t = time.monotonic()
+        first = [p for p in self.started if p[0].node != self.spec.structure.superlink]
         with ThreadPoolExecutor(max_workers=len(self.started) or 1) as pool:  # each stop may wait its grace period
-            list(pool.map(self._keep_and_stop, self.started))
+            list(pool.map(self._keep_and_stop, first))  # the SuperNodes while their SuperLink still answers
+            list(pool.map(self._keep_and_stop, [p for p in self.started if p not in first]))
+        self.progress(f"stopped {len(self.started)} Flower processes in {time.monotonic() - t:.1f} s")
         telemetry = self.recording.finish_telemetry()
         if telemetry is not None:
             self.record["telemetry"] = telemetry
+        self._flower_times()
         columns, rows = metrics.rows(self.reader, self.run_id, self.spec.structure.superlink)
         self.out.write_bytes(METRICS_CSV, csv_bytes(columns, rows))
         self.record.update(ended=how, ended_at=time.time(), detail=detail,
@@ -349,6 +367,28 @@ class FlowerRun:
         self.out.write_json(RUN_JSON, self.record)
         self.progress(f"finished ({how}{': ' + detail if detail else ''}): {len(rows)} rounds in "
                       f"{os.path.join(self.run_dir, METRICS_CSV)}")
+
+
+    def _flower_times(self) -> None:
+        """The rounds' times from the SuperLink's own records (its database's log pieces, read in
+        its node, as the node); the times the log was read here when they cannot be had."""
+        s, o = self.spec.structure, self.spec.options
+        if not self.reader.rounds or not self.record.get("started_at"):
+            return
+        database = os.path.join(plan.flwr_home(o.workdir, s.superlink, self.run_id), plan.DATABASE)
+        try:
+            done = programs.run(self.worker, s.superlink, ["python3", "-c", READ_LOG_PIECES, database], timeout_s=30.0)
+            pieces = [(float(t), str(text)) for t, text in map(json.loads, done["stdout"].splitlines())] \
+                if done["returncode"] == 0 else []
+        except (TestbedError, ValueError, TypeError) as e:
+            self.progress(f"Flower's round times not read from its database ({e}); the times the log was read instead")
+            return
+        times = metrics.times_from_pieces(pieces, self.record["started_at"])
+        if set(times) >= set(self.reader.rounds):
+            self.reader.times = {r: times[r] for r in self.reader.rounds}
+            self.record["flower"]["time_s"] = "the SuperLink's stored log pieces"
+        else:
+            self.record["flower"]["time_s"] = "the log as read by edgetb"
 
 
 def moved(telemetry: Any) -> str:

@@ -3,7 +3,9 @@ logs for the pinned flwr range: ``[ROUND r/N]``, then ``Aggregated MetricRecord:
 ``aggregate_train`` and ``aggregate_evaluate``, and ``MetricRecord: {...}`` after ``Global
 evaluation``). Pure: the rows of ``metrics.csv`` from the log's lines.
 
-A metric becomes the column ``flwr_<name>``; a name that more than one of train, evaluate and
+A round's ``time_s`` is Flower's own: the SuperLink keeps the ServerApp's log in pieces, each
+with the time it was stored (``task_logs`` of its database); the round's first record is timed by
+the piece that holds it (``times_from_pieces``). A metric becomes the column ``flwr_<name>``; a name that more than one of train, evaluate and
 server reports becomes ``flwr_<train|evaluate|server>_<name>``.
 """
 from __future__ import annotations
@@ -70,6 +72,16 @@ class RoundReader:
         for line in lines:
             self.feed(line)
         return self
+
+
+def times_from_pieces(pieces: Iterable[tuple[float, str]], started_at: float) -> dict[int, float]:
+    """Each round's time (seconds from ``started_at``, a Unix time) from the SuperLink's stored
+    log pieces (Unix time stored, text): the time of the piece holding the round's first record."""
+    reader = RoundReader()
+    for stored_at, text in sorted(pieces, key=lambda p: p[0]):
+        for line in text.split("\n"):
+            reader.feed(line, stored_at - started_at)
+    return reader.times
 
 
 def columns_of(rounds: dict[int, dict[str, dict[str, float]]]) -> dict[tuple[str, str], str]:

@@ -165,11 +165,14 @@ class FlowerSession:
             time.sleep(MONITOR_S)
 
     def _check_nodes(self) -> None:
+        if self.flower.stopping.is_set():
+            return  # (the processes are being stopped: not deaths)
+        ended = self.flower.ended_ids()  # (one listing for every node: 50 SuperNodes are 150 processes)
         for name, node in self.nodes.items():
             if node.state != "running" or name == self.flower.spec.structure.superlink:
                 continue
             for program, record in self.flower.programs_of(name):
-                if program.name == "supernode" and self.flower._ended(record) is not None:
+                if program.name == "supernode" and record["id"] in ended:
                     self._died(node, f"its {program.name} ended")
                     break
 

@@ -249,3 +249,16 @@ def test_check_validates_a_flower_experiment_and_makes_nothing(tmp_path, capsys,
     (tmp_path / "app" / "pyproject.toml").unlink()
     assert run(options) == 2
     assert "pyproject.toml does not exist" in capsys.readouterr().err
+
+
+def test_round_times_are_flower_s_own_the_superlink_s_stored_log_pieces():
+    """Flower 1.42's ``task_logs`` of a 3-round run (the SuperLink stores the ServerApp's log in
+    pieces, each with its time): a round is timed by the piece holding its first record."""
+    with open(os.path.join(DATA, "flower_1.42_task_logs.json"), encoding="utf-8") as f:
+        pieces = [(t, text) for t, text in json.load(f)]
+    started_at = pieces[0][0] - 2.0
+    times = metrics.times_from_pieces(reversed(pieces), started_at)  # (the order they come in does not matter)
+    assert sorted(times) == [1, 2, 3]
+    assert [round(times[r], 3) for r in (1, 2, 3)] == [round(pieces[i][0] - started_at, 3) for i in (2, 3, 4)]
+    assert times[1] < times[2] < times[3]
+    assert metrics.times_from_pieces([], started_at) == {}

@@ -10,7 +10,10 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    strategy = FedAvg(fraction_train=float(context.run_config["fraction-train"]))
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(task.initial_weights()),
+    config = context.run_config
+    strategy = FedAvg(fraction_train=float(config["fraction-train"]),
+                      fraction_evaluate=float(config.get("fraction-evaluate", 1.0)))
+    initial = task.initial_weights(int(config.get("padding-values", 0)))
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(initial),
                             num_rounds=int(context.run_config["num-server-rounds"]))
     print(f"final weights: {sum(a.size for a in result.arrays.to_numpy_ndarrays())} values")

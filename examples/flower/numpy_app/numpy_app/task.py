@@ -9,9 +9,11 @@ N_FEATURES = 64  # the digits dataset: 8x8 images
 N_CLASSES = 10
 
 
-def initial_weights() -> list[np.ndarray]:
-    """Weights and biases, all zeros."""
-    return [np.zeros((N_FEATURES, N_CLASSES), np.float32), np.zeros(N_CLASSES, np.float32)]
+def initial_weights(padding_values: int = 0) -> list[np.ndarray]:
+    """Weights and biases, all zeros; with ``padding_values``, a third array of that many zeros
+    that travels with the model untouched (a larger model on the wire, the same training)."""
+    arrays = [np.zeros((N_FEATURES, N_CLASSES), np.float32), np.zeros(N_CLASSES, np.float32)]
+    return arrays + ([np.zeros(padding_values, np.float32)] if padding_values > 0 else [])
 
 
 def _samples(x: np.ndarray) -> np.ndarray:
@@ -42,7 +44,7 @@ def _probabilities(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
 
 
 def train(weights: list[np.ndarray], x: np.ndarray, y: np.ndarray, epochs: int, lr: float) -> tuple[list[np.ndarray], float]:
-    """Full-batch gradient descent; the new weights and the last training loss."""
+    """Full-batch gradient descent; the new weights (any padding as it came) and the last training loss."""
     w, b = weights[0].copy(), weights[1].copy()
     onehot = np.eye(N_CLASSES, dtype=np.float32)[y]
     loss = 0.0
@@ -52,7 +54,7 @@ def train(weights: list[np.ndarray], x: np.ndarray, y: np.ndarray, epochs: int, 
         grad = (p - onehot) / len(y)
         w -= lr * (x.T @ grad)
         b -= lr * grad.sum(axis=0)
-    return [w, b], loss
+    return [w, b, *weights[2:]], loss
 
 
 def evaluate(weights: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
