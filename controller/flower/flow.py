@@ -29,8 +29,9 @@ from controller.workers import programs
 from controller.workers.api import Worker
 from worker.api.errors import ConfigError, TestbedError, TestbedTimeout
 
-SUPERLINK_READY_S = 120.0  # for the SuperLink to serve and every SuperNode to register (plus 2 s a SuperNode)
-POLL_S = 0.5
+SUPERLINK_READY_S = 120.0  # for the SuperLink to serve; then for every SuperNode to register (plus REGISTER_S each)
+REGISTER_S = 5.0  # (each SuperNode loads flwr: about 3 s of CPU, 50 SuperNodes on 2 cores take minutes)
+POLL_S = 0.25
 FLEET_UP = "Starting the SuperLink Fleet HTTP API"
 NODE_UP = "Activated node_id"
 READ_LOG_PIECES = ("import json, sqlite3, sys\n"  # run in the SuperLink's node, as the node: its database's log pieces
@@ -208,9 +209,12 @@ class FlowerRun:
         self.record["started_at"] = time.time()
         self.t0 = time.monotonic()
         self.recording.run_from(self.t0)
-        for program in plan.servers(s, o.workdir, self.run_id, self.ips, self.spec.shards):
+        superlink, *supernodes = plan.servers(s, o.workdir, self.run_id, self.ips, self.spec.shards)
+        self._start(superlink)  # serving first: SuperNodes that find no SuperLink wait ever longer to try again
+        self._wait_for_superlink(0, SUPERLINK_READY_S)
+        for program in supernodes:
             self._start(program)
-        self._wait_for_superlink(len(s.supernodes))
+        self._wait_for_superlink(len(s.supernodes), SUPERLINK_READY_S + REGISTER_S * len(s.supernodes))
         self.progress(f"Flower: SuperLink in {s.superlink} ({self.ips[s.superlink]}:{plan.SUPERLINK_PORT}), "
                       f"{len(s.supernodes)} SuperNodes registered; submitting {s.app_name}")
         return self._start(plan.submit(s, o.workdir, self.run_id))
@@ -243,8 +247,16 @@ class FlowerRun:
         self.started.append((program, record))
         return record
 
-    def _log_of(self, record: dict[str, Any]) -> str:
-        return "".join(programs.follow(self.worker, record["id"], keep_following=False))
+    def _log_of(self, record: dict[str, Any], reader: Optional[programs.LogReader] = None) -> str:
+        """What the process wrote (from ``reader``'s offset, which it moves on), read from its node
+        directly (no listing of every process, which also saves the records, for each read)."""
+        reader = reader or programs.LogReader()
+        pieces = []
+        while True:
+            piece = self.worker.process_log(record["node"], record["id"], reader.offset)
+            if not piece["data_b64"]:
+                return "".join(pieces) + ("" if piece.get("running") else reader.end())
+            pieces.append(reader.feed(piece))
 
     def _ended(self, record: dict[str, Any]) -> Optional[dict[str, Any]]:
         """The process's record once it has ended (None while it runs)."""
@@ -258,14 +270,14 @@ class FlowerRun:
                    if rec.get("running", rec.get("state") == "running")}
         return {record["id"] for _, record in self.started} - running
 
-    def _wait_for_superlink(self, supernodes: int) -> None:
-        """Until the SuperLink serves and every SuperNode registered (TestbedError: a Flower
-        process ended, or the wait was too long, with its last lines)."""
+    def _wait_for_superlink(self, supernodes: int, wait_s: float) -> None:
+        """Until the SuperLink serves and ``supernodes`` SuperNodes registered (TestbedError: a
+        Flower process ended, or the wait took over ``wait_s``, with its last lines)."""
         superlink = self.started[0][1]
-        wait_s = SUPERLINK_READY_S + 2.0 * supernodes
         deadline = time.monotonic() + wait_s
+        reader, text = programs.LogReader(), ""
         while True:
-            text = self._log_of(superlink)
+            text += self._log_of(superlink, reader)
             if FLEET_UP in text and text.count(NODE_UP) >= supernodes:
                 return
             ended = self.ended_ids()
@@ -274,7 +286,7 @@ class FlowerRun:
                     raise TestbedError(f"the Flower {program.name} in {program.node} ended before the run started; "
                                        f"its last lines:\n{tail(self._log_of(record))}")
             if time.monotonic() > deadline:
-                raise TestbedTimeout(f"the SuperLink in {program.node} saw {text.count(NODE_UP)} of {supernodes} "
+                raise TestbedTimeout(f"the SuperLink in {self.spec.structure.superlink} saw {text.count(NODE_UP)} of {supernodes} "
                                      f"SuperNodes within {wait_s:g} s; its last lines:\n{tail(text)}")
             time.sleep(POLL_S)
 
@@ -314,19 +326,23 @@ class FlowerRun:
                 return "timeout", f"not ended within {timeout_s:g} s"
             time.sleep(POLL_S)
 
-    def _keep_and_stop(self, started: tuple[plan.Program, dict[str, Any]]) -> None:
-        """A Flower process's log into the run folder, then the process stopped (a stopped
-        process's record and log are gone)."""
+    def _keep_and_stop(self, started: tuple[plan.Program, dict[str, Any]], ended: set[str]) -> None:
+        """A Flower process's log into the run folder, then the process stopped unless it is in
+        ``ended`` (a stopped process's record and log are gone)."""
         program, record = started
+        reader, text = programs.LogReader(), ""
         try:
-            self.out.write_bytes(f"flower/{program.node}-{program.name}.log", self._log_of(record).encode())
+            text = self._log_of(record, reader)
         except TestbedError as e:
             self.progress(f"the log of the Flower {program.name} in {program.node} is lost: {e.message}")
         try:
-            if self._ended(record) is None:
-                programs.stop(self.worker, record["id"])
+            if record["id"] not in ended:  # (straight to its node: no listing of every process first)
+                answer = self.worker.stop_process(record["node"], record["id"], log_offset=reader.offset)
+                if answer.get("log"):  # what it wrote as it stopped
+                    text += reader.feed(answer["log"]) + reader.end()
         except TestbedError as e:
             self.progress(f"could not stop the Flower {program.name} in {program.node}: {e.message}")
+        self.out.write_bytes(f"flower/{program.node}-{program.name}.log", text.encode())
 
     def _report_last(self) -> None:
         if self.reader.round in self.reader.rounds and self.reader.round not in self._reported:
@@ -351,10 +367,9 @@ class FlowerRun:
 
         self._report_last()
         t = time.monotonic()
-        first = [p for p in self.started if p[0].node != self.spec.structure.superlink]
+        ended = self.ended_ids()
         with ThreadPoolExecutor(max_workers=len(self.started) or 1) as pool:  # each stop may wait its grace period
-            list(pool.map(self._keep_and_stop, first))  # the SuperNodes while their SuperLink still answers
-            list(pool.map(self._keep_and_stop, [p for p in self.started if p not in first]))
+            list(pool.map(lambda p: self._keep_and_stop(p, ended), self.started))
         self.progress(f"stopped {len(self.started)} Flower processes in {time.monotonic() - t:.1f} s")
         telemetry = self.recording.finish_telemetry()
         if telemetry is not None:

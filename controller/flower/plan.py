@@ -3,7 +3,7 @@ SuperLink's address and Flower's CLI config. Pure: unit-tested without root or F
 
 The SuperLink serves its Fleet, Control and Runtime APIs on one port of its node's address;
 each SuperNode runs with ``--isolation process`` beside one ``flower-superexec`` that starts its
-ClientApp processes; every Flower home (``FLWR_HOME``, one a run) and the SuperLink's database lie
+ClientApp processes (flwr 1.42: one for each message, which ends with its reply); every Flower home (``FLWR_HOME``, one a run) and the SuperLink's database lie
 in the node's own directory, the one place a node writes.
 """
 from __future__ import annotations

@@ -98,6 +98,9 @@ def test_a_flower_app_runs_two_rounds_over_shaped_links_and_leaves_nothing(tmp_p
     assert [(r["round"], r["node"]) for r in rows] == [("1", "n1"), ("2", "n1")]
     assert all(0.0 <= float(r["flwr_eval_acc"]) <= 1.0 for r in rows)
     assert float(rows[1]["flwr_train_loss"]) < float(rows[0]["flwr_train_loss"])
+    # the rounds timed by Flower itself (the SuperLink's stored log pieces), within the run
+    assert record["flower"]["time_s"] == "the SuperLink's stored log pieces"
+    assert 0.0 < float(rows[0]["time_s"]) < float(rows[1]["time_s"]) < record["ended_at"] - record["started_at"]
     # each SuperNode trained on its own edgetb shard, given by its node config
     supernode_log = (out / "flower" / "n3-supernode.log").read_text()
     assert (out / "flower" / "n1-superlink.log").stat().st_size > 0
