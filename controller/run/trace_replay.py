@@ -13,9 +13,15 @@ loaded host delays a thread of nice 0 by tens of ms. Each tick is a row (``ROW_F
 and applied seconds since the start, the skew, the links replayed, the rates changed, the
 outcome), written as ``trace_ticks.csv`` of the run
 folder; ``on_change(rates, t_s)`` tells the run which rates changed when (its ``LinkRates``).
+The delay and loss a recording's columns gave a link, when applied, are kept (``netem_over``:
+the dashboard's link view) and written as ``trace_netem.csv`` (``NETEM_FIELDS``; empty values:
+the trace ended there).
 """
 from __future__ import annotations
 
+import bisect
+import csv
+import io
 import math
 import os
 import threading
@@ -31,6 +37,9 @@ Key = tuple[str, str]
 Value = Union[int, tuple[int, float, float]]  # a rate, or a rate, a delay (ms) and a loss (%)
 ROW_FIELDS = ("planned_s", "applied_s", "skew_ms", "links", "changed", "outcome")
 TRACE_TICKS_CSV = "trace_ticks.csv"
+TRACE_NETEM_CSV = "trace_netem.csv"  # the replayed delay and loss of each link, when they changed
+NETEM_FIELDS = ("t_s", "src", "dst", "delay_ms", "loss_pct")
+KEEP_NETEM = 200_000  # the delay/loss changes kept (the oldest half dropped beyond)
 DEFAULT_PERIOD_S = 0.1
 TICK_NICE = -10  # (worker.shaping.rates.URGENT_NICE)
 EDGE_S = 1e-6  # a tick on a bin's edge reads the bin that starts there
@@ -97,6 +106,9 @@ class TraceReplay:
         self.links: dict[Key, TracedLink] = {}
         self.last: dict[Key, Value] = {}  # each link's rate (delay, loss) as last applied
         self.rows: list[dict[str, Any]] = []
+        # (applied seconds, link, delay ms, loss %) whenever a link's replayed delay/loss changed; None: ended
+        self.netem_changes: list[tuple[float, Key, Optional[float], Optional[float]]] = []
+        self._netem_now: dict[Key, tuple[float, float]] = {}
         self.t0: Optional[float] = None
         self._cond = threading.Condition()
         self._stopped = False
@@ -135,6 +147,7 @@ class TraceReplay:
                 raise
             with self._cond:
                 self.last.update({k: r for k, r in first.items() if k in self.links})
+                self._note_netem(first, t_s)
             if self.on_change is not None:
                 self.on_change({k: rate_of(v) for k, v in first.items()}, t_s)
 
@@ -144,6 +157,8 @@ class TraceReplay:
             ended = [k for k in keys if self.links.pop(k, None) is not None]
             for k in ended:
                 self.last.pop(k, None)
+                if self._netem_now.pop(k, None) is not None:
+                    self.netem_changes.append((self.now_s(), k, None, None))
         return ended
 
     def done(self) -> bool:
@@ -203,6 +218,7 @@ class TraceReplay:
                     for key, value in changed.items():
                         if key in self.links:
                             self.last[key] = value
+                    self._note_netem(changed, self.now_s())
             except TestbedError as e:
                 outcome = f"failed: {e.message}"
                 if e.message not in self._errors:  # each problem said once, every tick recorded
@@ -231,14 +247,67 @@ class TraceReplay:
         if access:
             self.worker.set_links({"version": 1, "links": [], "access": access}, merge=True)
 
+    def _note_netem(self, applied: dict[Key, Value], t_s: float) -> None:
+        """Keep the delays and losses among ``applied`` (at ``t_s``) that changed (under ``_cond``)."""
+        for key, value in applied.items():
+            if isinstance(value, int) or key not in self.links or self._netem_now.get(key) == value[1:]:
+                continue
+            self._netem_now[key] = (value[1], value[2])
+            self.netem_changes.append((round(t_s, 4), key, value[1], value[2]))
+        if len(self.netem_changes) > KEEP_NETEM:
+            del self.netem_changes[:KEEP_NETEM // 2]
+
+    def netem_over(self, key: Key, times: Iterable[float]) -> Optional[dict[str, list[Optional[float]]]]:
+        """The delay (ms) and loss (%) replayed on ``key`` at each of ``times`` (None where no
+        recording's were); None when the link never replayed any."""
+        with self._cond:
+            mine = [(t, d, l) for t, k, d, l in self.netem_changes if k == key]
+        return netem_at_times(mine, times)
+
     # results ------------------------------------------------------------------------------------
     def csv_text(self) -> str:
         return csv_bytes(list(ROW_FIELDS), self.rows).decode()
 
+    def netem_csv_text(self) -> str:
+        with self._cond:
+            rows = [{"t_s": t, "src": k[0], "dst": k[1], "delay_ms": "" if d is None else d,
+                     "loss_pct": "" if l is None else l} for t, k, d, l in self.netem_changes]
+        return csv_bytes(list(NETEM_FIELDS), rows).decode()
+
     def write(self, out: Any) -> None:
-        """``trace_ticks.csv`` into the run folder (when anything was replayed)."""
+        """``trace_ticks.csv`` into the run folder (when anything was replayed); ``trace_netem.csv``
+        when a recording's delay and loss were."""
         if self.rows:
             out.write_bytes(TRACE_TICKS_CSV, self.csv_text().encode())
+        if self.netem_changes:
+            out.write_bytes(TRACE_NETEM_CSV, self.netem_csv_text().encode())
+
+
+def netem_at_times(changes: list[tuple[float, Optional[float], Optional[float]]],
+                   times: Iterable[float]) -> Optional[dict[str, list[Optional[float]]]]:
+    """``{"delay_ms": [...], "loss_pct": [...]}`` at each of ``times`` from one link's changes
+    (applied seconds, delay, loss; in time order): the last change at or before each time."""
+    if not changes:
+        return None
+    out: dict[str, list[Optional[float]]] = {"delay_ms": [], "loss_pct": []}
+    stamps = [c[0] for c in changes]
+    for t in times:
+        i = bisect.bisect_right(stamps, t + 1e-9) - 1
+        delay, loss = (changes[i][1], changes[i][2]) if i >= 0 else (None, None)
+        out["delay_ms"].append(delay)
+        out["loss_pct"].append(loss)
+    return out
+
+
+def stored_netem(text: str, key: Key, times: Iterable[float]) -> Optional[dict[str, list[Optional[float]]]]:
+    """``netem_at_times`` of link ``key`` from a stored ``trace_netem.csv``'s text."""
+    changes = []
+    for row in csv.DictReader(io.StringIO(text)):
+        if (row["src"], row["dst"]) == key:
+            changes.append((float(row["t_s"]), float(row["delay_ms"]) if row["delay_ms"] else None,
+                            float(row["loss_pct"]) if row["loss_pct"] else None))
+    changes.sort(key=lambda c: c[0])
+    return netem_at_times(changes, times)
 
 
 def traced_links(topology: Any) -> list[TracedLink]:

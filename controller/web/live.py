@@ -263,7 +263,8 @@ class LiveFeed:
                     "events": events}
 
     def link_series(self, src: str, dst: str) -> dict[str, Any]:
-        """The link's measured throughput over the last ``LINK_HISTORY`` samples, and its rate."""
+        """The link's measured throughput over the last ``LINK_HISTORY`` samples, and its rate;
+        ``delay_ms`` and ``loss_pct`` at each sample when a recording's were replayed on it."""
         i = self.link_index.get((src, dst))
         if i is None:
             from worker.api.errors import NotFound
@@ -274,9 +275,14 @@ class LiveFeed:
             order = [(self._samples - n + k) % LINK_HISTORY for k in range(n)]
             rates = self.exp.rates
             times = [float(self._history_t[k]) for k in order]
-            return {"src": src, "dst": dst, "t_s": [_r(t, 3) for t in times],
-                    "bps": [_r(self._history[k, i], 1) for k in order], "rate_bps": rates.now((src, dst)),
-                    "rates": rates.over((src, dst), times)}
+            out = {"src": src, "dst": dst, "t_s": [_r(t, 3) for t in times],
+                   "bps": [_r(self._history[k, i], 1) for k in order], "rate_bps": rates.now((src, dst)),
+                   "rates": rates.over((src, dst), times)}
+        replay = getattr(self.exp, "replay", None)  # a recording's delay and loss, as replayed
+        netem = replay.netem_over((src, dst), times) if replay is not None else None
+        if netem is not None:
+            out.update(netem)
+        return out
 
 
 def _pick(global_accuracy: Optional[float], accuracy: Optional[float]) -> Optional[float]:

@@ -17,6 +17,7 @@ from controller.results.bands import finite_round, median_10_90
 from controller.results.run_dir import (CONFS_JSON, MEMBERSHIP_CSV, METRICS_CSV, RUN_JSON, SUMMARY_JSON, TIMELINE_JSON,
                                         TOPOLOGY_JSON, finite_float, models, read_json_object, read_run_events)
 from controller.results.tables import read_scenario
+from controller.run.trace_replay import TRACE_NETEM_CSV, stored_netem
 from controller.web.live import TIME_SERIES, round_series
 from controller.web.structure import places_of
 from worker.api.errors import NotFound
@@ -259,7 +260,8 @@ def _timeline(run_dir: str, t0: Optional[float], endings: dict[str, Any], end_s:
 
 
 def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
-    """Link ``src -> dst``'s throughput over the stored run (on the view's time grid), and its rate."""
+    """Link ``src -> dst``'s throughput over the stored run (on the view's time grid), and its rate;
+    ``delay_ms`` and ``loss_pct`` when a recording's were replayed on it (``trace_netem.csv``)."""
     inp = read_run(run_dir, captures=False, counters=("links",))
     key = (src, dst)
     if key not in inp.links and key not in inp.rates:  # (a link added during the run)
@@ -271,7 +273,14 @@ def stored_link_series(run_dir: str, src: str, dst: str) -> dict[str, Any]:
         cum = counter_at(links.times[key], links.values[key]["tx_bytes"], grid)
         rate = np.maximum(np.diff(cum, prepend=0.0), 0) * 8 / np.diff(grid, prepend=grid[0] - 1.0)
         bps = [finite_round(x, 1) for x in rate]
-    return {"src": src, "dst": dst, "t_s": [round(float(t), 3) for t in grid], "bps": bps,
-            "rate_bps": inp.links.get(key, {}).get("rate_bps"),
-            "rates": inp.rates.over(key, (float(t) for t in grid))}  # as configured over time
+    out = {"src": src, "dst": dst, "t_s": [round(float(t), 3) for t in grid], "bps": bps,
+           "rate_bps": inp.links.get(key, {}).get("rate_bps"),
+           "rates": inp.rates.over(key, (float(t) for t in grid))}  # as configured over time
+    netem_path = os.path.join(run_dir, TRACE_NETEM_CSV)  # a recording's delay and loss, as replayed
+    if os.path.isfile(netem_path):
+        with open(netem_path, encoding="utf-8") as f:
+            netem = stored_netem(f.read(), key, (float(t) for t in grid))
+        if netem is not None:
+            out.update(netem)
+    return out
 

@@ -375,3 +375,74 @@ def test_rate_messages_change_the_netem_leaf_only_when_delay_or_loss_or_rate_cha
     assert len(msgs) == 1 and what == ["delay and loss of the link to b (10 ms, 5 %)"]  # the leaf, not the class
     msgs, what = rate_messages(3, plan, {"b": 2 * 10**6, "c": 2 * 10**6})
     assert len(msgs) == 3 and what[0] == what[1] == "rate of the link to b (2000000 bit/s)"  # class + leaf's limit
+
+
+def test_the_replayed_delay_and_loss_are_kept_written_and_shown_in_the_link_view(tmp_path):
+    """What the dashboard's link view shows: the delay and loss applied, live and from the run folder."""
+    from controller.run.experiment import Experiment
+    from controller.run.nodes import Nodes
+    from controller.run.trace_replay import TRACE_NETEM_CSV, stored_netem
+    from controller.web import run_view
+    from controller.web.live import LiveFeed
+    from tests.unit.test_dashboard import _stored_run, _telemetry
+
+    (tmp_path / "d.csv").write_text("time_s,rate,delay_ms,loss_pct\n0,4mbit,40,0\n0.1,4mbit,10,5\n0.2,2mbit,10,5\n")
+    (tmp_path / "links.json").write_text(json.dumps({"a": [{"dest": "b", "trace": {"file": "d.csv", "format": "csv"}}]}))
+    topo = load_links(str(tmp_path / "links.json"))
+    now = [0.0]
+
+    class Worker:
+        def set_rates(self, body):
+            bodies.checked(bodies.SET_RATES, body)
+
+    replayer = TraceReplay(Worker(), clock=lambda: now[0], progress=lambda _: None)
+    replayer.t0 = 0.0
+    replayer.add(TracedLink(s, d, r) for (s, d), r in topo.traces.items())
+    for k in range(3):
+        now[0] = k / 10 + 0.004  # applied 4 ms late
+        replayer.tick(k / 10)
+    # the third tick changed the rate only: no new delay/loss row
+    assert [(t, k, d, l) for t, k, d, l in replayer.netem_changes] == [(0.004, ("a", "b"), 40.0, 0.0),
+                                                                       (0.104, ("a", "b"), 10.0, 5.0)]
+    assert replayer.netem_over(("a", "b"), [0.0, 0.05, 0.2]) == {"delay_ms": [None, 40.0, 10.0],
+                                                                 "loss_pct": [None, 0.0, 5.0]}
+    assert replayer.netem_over(("b", "a"), [0.0]) is None  # never replayed a recording's delay
+    now[0] = 0.5
+    assert replayer.end([("a", "b")]) == [("a", "b")]
+    assert replayer.netem_over(("a", "b"), [0.6])["delay_ms"] == [None]  # the trace ended: not the recording's
+
+    class Out:
+        def write_bytes(self, name, data):
+            (tmp_path / name).write_bytes(data)
+
+    replayer.write(Out())
+    text = (tmp_path / TRACE_NETEM_CSV).read_text()
+    assert text.splitlines()[0] == "t_s,src,dst,delay_ms,loss_pct" and text.splitlines()[-1] == "0.5,a,b,,"
+    assert stored_netem(text, ("a", "b"), [0.1, 0.2, 1.0]) == {"delay_ms": [40.0, 10.0, None],
+                                                                "loss_pct": [0.0, 5.0, None]}
+    assert stored_netem(text, ("a", "c"), [0.1]) is None
+    # the stored link view: a run folder with the file beside its telemetry
+    _, run = _stored_run(tmp_path / "stored")
+    (run / TRACE_NETEM_CSV).write_text("t_s,src,dst,delay_ms,loss_pct\n0,a,b,40,0\n3,a,b,10,5\n")
+    link = run_view.stored_link_series(str(run), "a", "b")
+    assert [link["delay_ms"][link["t_s"].index(t)] for t in (1.0, 3.0, 11.0)] == [40.0, 10.0, 10.0]
+    assert link["loss_pct"][link["t_s"].index(4.0)] == 5.0
+    assert "delay_ms" not in run_view.stored_link_series(str(run), "b", "c")
+    # the live link view: the delay and loss at each sample, as the run's replay applied them
+    structure = {"a": {"sync": 3, "role": "gossip"}, "b": {"sync": 3, "role": "gossip"}}
+    exp = Experiment(topo, Nodes(str(tmp_path), None, structure), structure, progress=lambda line: None)
+    exp.live = feed = LiveFeed(exp)
+    exp.phase, exp.t_start_monotonic = "running", 0.0
+    exp.replay.t0 = 0.0
+    exp.replay.worker = Worker()
+    exp.replay.clock = lambda: now[0]
+    now[0] = 0.0
+    exp.replay.add(TracedLink(s, d, r) for (s, d), r in topo.traces.items())
+    for k in range(3):
+        now[0] = k / 10
+        exp.replay.tick(k / 10)
+        exp.telemetry = _telemetry(k / 10, 1000 * k, 0)
+        feed.clock = lambda k=k: k / 10
+        feed.sample()
+    series = feed.link_series("a", "b")
+    assert series["delay_ms"] == [40.0, 10.0, 10.0] and series["loss_pct"] == [0.0, 5.0, 5.0]

@@ -97,6 +97,8 @@
     makeChart("chart-loss-round", "round", b, [3, 2]);
     makeChart("chart-throughput", "t", [["aggregate", "#4e79a7"]], null, (v) => bps(v));
     makeChart("chart-link", "t", [["measured", "#4e79a7"], ["rate", "#e15759", [6, 4]]], null, (v) => bps(v));
+    // a recording's delay and loss as replayed on the link (shown when it has them)
+    makeChart("chart-link-netem", "t", [["delay ms", "#59a14f"], ["loss %", "#b07aa1", [6, 4]]]);
     makeChart("chart-cpu", "t", b, [3, 2], (v) => num(v, 2));
     makeChart("chart-mem", "t", b, [3, 2], (v) => bytes(v));
   }
@@ -117,6 +119,9 @@
     charts["chart-cpu"].setData([t.t_s, t.cpu_med, t.cpu_lo, t.cpu_hi]);
     charts["chart-mem"].setData([t.t_s, t.mem_med, t.mem_lo, t.mem_hi]);
     if (linkSeries) charts["chart-link"].setData([linkSeries.t_s, linkSeries.bps, linkSeries.rates]);
+    const netem = !!(linkSeries && linkSeries.delay_ms);
+    $("chart-link-netem").hidden = !netem;
+    if (netem) charts["chart-link-netem"].setData([linkSeries.t_s, linkSeries.delay_ms, linkSeries.loss_pct]);
   }
 
   // the link chart -------------------------------------------------------------------------------
@@ -429,7 +434,9 @@
     u.nodes_layer.forEach((layer, i) => { view.nodes[i].layer = layer; });
     view.timeline.push(...u.events);
     view.samples = u.samples;
-    if (linkSeries && u.points.t_s.length) {
+    if (linkSeries && linkSeries.delay_ms && u.points.t_s.length) {
+      loadLink(chosen);  // a replayed delay and loss: their values come with the link's series
+    } else if (linkSeries && u.points.t_s.length) {
       const i = chosen;
       linkSeries.t_s.push(u.snapshot.t_s);
       linkSeries.bps.push(u.snapshot.link_bps[i]);
