@@ -1,7 +1,7 @@
 """Benchmark of recorded traces: one trace replayed on 100 real links under bulk TCP flows.
 
 Run as root: ``.venv/bin/python bench/bench_traces.py [--links 100] [--seconds 30] [--in-process]
-[--busy-loops 4]``.
+[--worker-clock] [--busy-loops 4]``.
 Prints Markdown tables on stdout (progress on stderr).
 
 A seeded cellular-like recording (a random walk of the rate, mean about 5 Mbit/s, written as a
@@ -44,8 +44,9 @@ from controller.model.scenario import resolve  # noqa: E402
 from controller.model.topology import Topology, links_from_data  # noqa: E402
 from controller.model.traces import TraceFiles  # noqa: E402
 from controller.run.scenario_runner import ScenarioRunner  # noqa: E402
-from controller.run.trace_replay import TracedLink  # noqa: E402
+from controller.run.trace_replay import EDGE_S, TracedLink  # noqa: E402
 from worker.host import WorkerHost  # noqa: E402
+from worker.shaping.schedule import LinkSchedule, ScheduleClock  # noqa: E402
 
 SEED = 20261128
 BIN_MS = 100
@@ -100,25 +101,46 @@ def network(n: int, trace_dir: str, seconds: int) -> Topology:
     return links_from_data(data, os.path.join(trace_dir, "links.json"), traces=TraceFiles(trace_dir))
 
 
-def replay_under_flows(worker: Any, topo: Topology, seconds: int, agent_pid: int) -> dict[str, Any]:
+def schedule_of(topo: Topology, seconds: int) -> list[LinkSchedule]:
+    """Each traced link's bins over ``seconds`` (and a margin), as its replay gives them."""
+    bins = int((seconds + 60) * 1000 / BIN_MS)
+    return [LinkSchedule(s, d, tuple(r.rate_at(k * BIN_MS / 1000 + EDGE_S) for k in range(bins)), bin_ms=BIN_MS)
+            for (s, d), r in topo.traces.items()]
+
+
+def replay_under_flows(worker: Any, topo: Topology, seconds: int, agent_pid: int,
+                       worker_clock: bool = False) -> dict[str, Any]:
     ips = deploy(worker, topo)
     events = [{"at": 0, "background": {"src": s, "dst": d, "rate": FLOW_RATE, "for": seconds}}
               for (s, d) in topo.traces]
     runner = ScenarioRunner(resolve({"events": events}, topo), worker, ips, progress=lambda _: None)
-    runner.replay.add(TracedLink(s, d, r) for (s, d), r in topo.traces.items())
+    clock = None
+    if worker_clock:  # the bins handed to the worker once, ticked by its own thread (worker.shaping.schedule)
+        state = worker.links.store.snapshot()
+        nodes = {s: (state["nodes"][s]["netns"], state["plans"][s]) for s, _ in topo.traces}
+        clock = ScheduleClock(schedule_of(topo, seconds), nodes, start=0.0)
+    else:
+        runner.replay.add(TracedLink(s, d, r) for (s, d), r in topo.traces.items())
     cpu0, agent0, busy0, wall0 = time.process_time(), cpu_s(agent_pid), host_busy(), time.monotonic()
     runner.start()
-    log(f"replaying on {len(topo.traces)} links under {len(events)} flows for {seconds} s")
+    if clock is not None:
+        clock.start = runner.t0
+        clock.begin()
+    log(f"replaying on {len(topo.traces)} links under {len(events)} flows for {seconds} s"
+        + (" (the worker's clock)" if worker_clock else ""))
     runner.wait(120)
     flows = runner.wait_flows(seconds + 60)
     wall = time.monotonic() - wall0
     cpu1, agent1, busy1 = time.process_time(), cpu_s(agent_pid), host_busy()
+    if clock is not None:
+        clock.stop()
     runner.stop()
     failed = [r for r in runner.rows if r["outcome"].startswith("failed")]
     if failed:
         raise BenchError(f"{len(failed)} flows did not start, first: {failed[0]}")
     started = {r["target"]: r["applied_s"] for r in runner.rows}
-    return {"flows": flows, "started": started, "ticks": runner.replay.rows, "wall_s": wall,
+    return {"flows": flows, "started": started, "ticks": clock.rows if clock is not None else runner.replay.rows,
+            "wall_s": wall,
             "controller_cpu_s": cpu1 - cpu0, "agent_cpu_s": agent1 - agent0,
             "host_busy": (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), "keys": list(topo.traces),
             "traces": topo.traces}
@@ -149,12 +171,12 @@ def goodput_ratios(result: dict[str, Any]) -> tuple[list[float], int]:
 
 def replay(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
     """``replay_under_flows`` in this process or through an agent on loopback, taken down after."""
-    if not args.in_process:
+    if not args.in_process and not args.worker_clock:
         with loopback_agent("10.81.0.0/16") as (client, proc):
             return replay_under_flows(client, topo, args.seconds, proc.pid)
     host = WorkerHost(fresh_testbed_id(), free_subnet("10.81.0.0/16"), state_root=tempfile.mkdtemp())
     try:
-        result = replay_under_flows(host, topo, args.seconds, os.getpid())
+        result = replay_under_flows(host, topo, args.seconds, os.getpid(), args.worker_clock)
     finally:
         with shielded():
             left = teardown(host)
@@ -169,6 +191,9 @@ def main() -> int:
     p.add_argument("--links", type=int, default=100)
     p.add_argument("--seconds", type=int, default=30)
     p.add_argument("--in-process", action="store_true", help="drive the worker in this process, not an agent")
+    p.add_argument("--worker-clock", action="store_true",
+                   help="the bins handed to the worker once and ticked by its own clock (worker.shaping.schedule; "
+                        "in process: not yet an agent's route)")
     p.add_argument("--busy-loops", type=int, default=0,
                    help="this many processes spinning at nice 0 during the replay: a loaded host, reproducibly")
     args = p.parse_args()
@@ -195,7 +220,8 @@ def main() -> int:
     changed = [t["changed"] for t in ticks]
     wall = result["wall_s"]
     print(f"\nRecorded trace ({BIN_MS} ms bins, mean {trace.rates_bps.mean() / 1e6:.2f} Mbit/s) on {args.links} links, "
-          f"one bulk TCP flow each, {args.seconds} s, worker {'in process' if args.in_process else 'an agent'}"
+          f"one bulk TCP flow each, {args.seconds} s, worker {'in process' if args.in_process or args.worker_clock else 'an agent'}"
+          + (", ticked by the worker's own clock" if args.worker_clock else "")
           + (f", {args.busy_loops} busy loops beside it" if args.busy_loops else "") + "\n")
     med = statistics.median(ratios) if ratios else float("nan")
     print(table(["goodput / trace rate", "link-seconds", "excluded (a bin < 0.5 Mbit/s)", "median", "p10", "p90"],
