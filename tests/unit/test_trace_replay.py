@@ -446,3 +446,20 @@ def test_the_replayed_delay_and_loss_are_kept_written_and_shown_in_the_link_view
         feed.sample()
     series = feed.link_series("a", "b")
     assert series["delay_ms"] == [40.0, 10.0, 10.0] and series["loss_pct"] == [0.0, 5.0, 5.0]
+
+
+def test_a_worker_schedule_picks_each_links_bin_and_refuses_bad_ones_naming_the_link():
+    from worker.shaping.schedule import MAX_BINS, LinkSchedule, check
+
+    held = LinkSchedule("a", "b", (10, 20, 30), bin_ms=100)
+    looped = LinkSchedule("a", "c", (10, 20), bin_ms=50, loop=True, offset_s=0.05)
+    assert [held.index_at(t) for t in (0.0, 0.099, 0.1, 0.25, 9.0)] == [0, 0, 1, 2, 2]  # the last bin held
+    assert [looped.index_at(t) for t in (0.0, 0.05, 0.1, 0.15)] == [1, 0, 1, 0]  # from its offset, looped
+    check([held, looped])
+    for bad, words in [([held, held], "listed twice"), ([LinkSchedule("a", "b", ())], "no bins"),
+                       ([LinkSchedule("a", "b", (10,), bin_ms=1)], "bin_ms 1 under 10"),
+                       ([LinkSchedule("a", "b", (4,))], "at least 8 bit/s"),
+                       ([LinkSchedule("a", "b", (10, 20), netem=((1.0, 0.0),))], "1 delay/loss bins for 2"),
+                       ([LinkSchedule("a", "b", (10,) * (MAX_BINS + 1))], "more than")]:
+        with pytest.raises(ConfigError, match=words):
+            check(bad)
