@@ -463,3 +463,27 @@ def test_a_worker_schedule_picks_each_links_bin_and_refuses_bad_ones_naming_the_
                        ([LinkSchedule("a", "b", (10,) * (MAX_BINS + 1))], "more than")]:
         with pytest.raises(ConfigError, match=words):
             check(bad)
+
+
+def test_a_worker_schedule_sends_a_bin_only_when_its_values_change_one_batch_per_node():
+    from worker.shaping.schedule import LinkSchedule, ScheduleClock
+
+    batches = []
+
+    class Sock:
+        def run(self, msgs):
+            batches.append(len(msgs))
+            return []
+
+    class Sockets:
+        def get(self, netns, ifname):
+            return Sock(), 7
+
+    plan = {"ifname": "eth0", "rules": [{"dest": d, "minor": m, "shape": {"rate_bps": 10**6}} for d, m in
+                                        (("b", 16), ("c", 17))]}
+    links = [LinkSchedule("a", "b", (10**6, 10**6, 2 * 10**6)), LinkSchedule("a", "c", (10**6, 3 * 10**6, 3 * 10**6))]
+    clock = ScheduleClock(links, {"a": ("ns-a", plan)}, start=0.0, sockets=Sockets(), clock=lambda: 0.0)
+    assert [clock.tick(t) for t in (0.0, 0.1, 0.2)] == [2, 1, 1]  # an equal next bin is not sent again
+    assert batches == [2, 1, 1] and clock.applied == [2, 1]
+    with pytest.raises(ConfigError, match="no shaped link a->z"):
+        ScheduleClock([LinkSchedule("a", "z", (10**6,))], {"a": ("ns-a", plan)}, start=0.0, sockets=Sockets())

@@ -43,6 +43,10 @@ class LinkSchedule:
     loop: bool = False
     offset_s: float = 0.0  # where in the recording the link starts
 
+    def value(self, k: int) -> tuple[int, Optional[tuple[float, float]]]:
+        """Bin ``k``'s rate and delay/loss (a bin equal to the one applied is not sent again)."""
+        return self.rates_bps[k], (self.netem[k] if self.netem is not None else None)
+
     def index_at(self, t_s: float) -> int:
         """The bin at ``t_s`` seconds after the start (the last one held when it does not loop)."""
         k = int((max(0.0, t_s) + self.offset_s) * 1000 // self.bin_ms + 1e-9)
@@ -132,7 +136,7 @@ class ScheduleClock:
         batches: dict[str, list[tuple[int, int]]] = {}
         for i, link in enumerate(self.links):
             k = link.index_at(planned_s)
-            if k != self.applied[i]:
+            if k != self.applied[i] and (self.applied[i] < 0 or link.value(k) != link.value(self.applied[i])):
                 batches.setdefault(link.src, []).append((i, k))
         outcome = "applied"
         changed = 0
