@@ -4,7 +4,10 @@ isolation (``--isolation process``), N SuperNodes, R rounds:
 - edgetb: ``flwr_run.py --auto`` over links of ``--rate`` (1 Gbit/s), command to exit (nodes,
   links, Flower, the run folder and the teardown all counted);
 - Flower's own deployment: the SuperLink, the SuperNodes and their SuperExecs as plain processes
-  of this host on loopback, ``flwr run`` of the same app, first process to the run's end;
+  of this host on loopback, ``flwr run`` of the same app, first process to the run's end; in a
+  CPU cgroup of their own (``bench-flower-plain``), as edgetb's nodes are in theirs: under other
+  load the kernel shares CPU between groups first, and processes left in the root group would
+  each weigh what all of edgetb's nodes weigh together (``--plain-in-root-cgroup``: so);
 - the bytes each SuperLink->SuperNode link carried a round (edgetb's telemetry) against the
   serialised model (the ArrayRecord's bytes, as flwr serialises it);
 - per SuperNode node, the peak cgroup memory the telemetry read (``memory.usage_in_bytes`` or
@@ -115,9 +118,24 @@ def run_edgetb(workdir: str, tb: str, port: int, names: list[str], turn: int) ->
     return wall_s, mem.peak
 
 
+PLAIN_GROUP = "bench-flower-plain"
+
+
+def cpu_group() -> str:
+    """A CPU cgroup of its own for the plain processes (v1 ``cpu`` or v2), made here: under other
+    load, the kernel shares CPU between groups first, and edgetb's nodes are all in one group
+    (``edgetb-<id>``), so plain processes left in the root group would each weigh what all of
+    edgetb's nodes weigh together."""
+    base = "/sys/fs/cgroup/cpu" if os.path.isdir("/sys/fs/cgroup/cpu") else "/sys/fs/cgroup"
+    group = os.path.join(base, PLAIN_GROUP)
+    os.makedirs(group, exist_ok=True)
+    return group
+
+
 def run_plain(workdir: str, python: str, names: list[str], rounds: int, shards: dict[str, str],
-              extra: dict[str, object], turn: int) -> float:
-    """Flower's own deployment on loopback: SuperLink, SuperNodes, SuperExecs, ``flwr run``."""
+              extra: dict[str, object], turn: int, group: str = "") -> float:
+    """Flower's own deployment on loopback: SuperLink, SuperNodes, SuperExecs, ``flwr run``
+    (in CPU cgroup ``group`` when given)."""
     bin_dir = os.path.join(python, "bin")
     home = os.path.join(workdir, f"plain-{turn}")
     os.makedirs(home)
@@ -129,8 +147,14 @@ def run_plain(workdir: str, python: str, names: list[str], rounds: int, shards: 
 
     superlink_log = open(os.path.join(home, "superlink.log"), "w")
 
+    def join_group() -> None:  # (in the child, before exec)
+        if group:
+            with open(os.path.join(group, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+
     def start(argv: list[str], own_env: dict[str, str], out: object = logs) -> subprocess.Popen:
-        p = subprocess.Popen(argv, env=own_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(argv, env=own_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=join_group)
         procs.append(p)
         return p
 
@@ -159,7 +183,7 @@ def run_plain(workdir: str, python: str, names: list[str], rounds: int, shards: 
         done = subprocess.run([f"{bin_dir}/flwr", "run", os.path.join(workdir, "app"), "local", "--stream",
                                "--run-config", " ".join(f"{k}={v}" for k, v in
                                                         {"num-server-rounds": rounds, **extra}.items())], env=env, capture_output=True,
-                              text=True, timeout=1800)
+                              text=True, timeout=1800, preexec_fn=join_group)
         wall_s = time.monotonic() - started
         if done.returncode != 0 or f"[ROUND {rounds}/{rounds}]" not in done.stdout:
             raise SystemExit(f"plain Flower run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -226,6 +250,8 @@ def main() -> int:
     p.add_argument("--fraction-evaluate", type=float, default=1.0, help="0: no federated evaluation")
     p.add_argument("--turns", type=int, default=1, help="plain then edgetb, this many times in turn")
     p.add_argument("--no-plain", action="store_true", help="edgetb only (the 50-node run)")
+    p.add_argument("--plain-in-root-cgroup", action="store_true",
+                   help="leave the plain processes in this process's CPU cgroup (not one of their own)")
     p.add_argument("--keep", help="keep the experiment directory here")
     a = p.parse_args()
     workdir = a.keep or tempfile.mkdtemp(prefix="bench-flower-")
@@ -237,14 +263,16 @@ def main() -> int:
     model = array_record_bytes(a.python, a.padding_values)
     out: dict[str, object] = {"supernodes": a.supernodes, "rounds": a.rounds, "rate": a.rate,
                               "array_record_bytes": model, "fraction_evaluate": a.fraction_evaluate, "turns": []}
+    group = "" if a.no_plain or a.plain_in_root_cgroup else cpu_group()
+    out["plain_cpu_group"] = group or None
     for turn in range(a.turns):
         row: dict[str, object] = {"load_before": round(os.getloadavg()[0], 1)}
         if not a.no_plain and os.path.isdir(os.path.join(workdir, "dataset")):
-            row["plain_s"] = round(run_plain(workdir, a.python, names, a.rounds, shards, extra, turn), 1)
+            row["plain_s"] = round(run_plain(workdir, a.python, names, a.rounds, shards, extra, turn, group), 1)
         edgetb_s, mem = run_edgetb(workdir, "fb", a.port, names, turn)
         row["edgetb_s"] = round(edgetb_s, 1)
         if not a.no_plain and "plain_s" not in row:  # (the first turn: the shards exist once edgetb wrote them)
-            row["plain_s"] = round(run_plain(workdir, a.python, names, a.rounds, shards, extra, turn), 1)
+            row["plain_s"] = round(run_plain(workdir, a.python, names, a.rounds, shards, extra, turn, group), 1)
         if "plain_s" in row:
             row["ratio"] = round(edgetb_s / float(row["plain_s"]), 3)  # type: ignore[arg-type]
         logs = os.path.join(workdir, "dml_file", "log")
@@ -263,6 +291,11 @@ def main() -> int:
         out["turns"].append(row)  # type: ignore[union-attr]
         print(json.dumps(row), flush=True)
     print(json.dumps(out))
+    if group:
+        try:
+            os.rmdir(group)
+        except OSError as e:
+            print(f"the cgroup {group} is left: {e}", file=sys.stderr)
     if not a.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
