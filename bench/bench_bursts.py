@@ -7,8 +7,10 @@ definition: controller/results/analysis/timed_bursts.py). Then ``edgetb predict 
 leaves one configuration out, and the table gives per metric the error of each predictor as
 MAPE over rows measured non-zero and as sMAPE (|p - m| / ((|p| + |m|) / 2)), beside the issue's
 <= 20 % target. ``--eval-only --keep DIR1 DIR2``: the runs kept in several folders evaluated
-together (a configuration recorded twice is held out whole, its measurements averaged by the
-fits: the host's contention, which no feature knows, is the noise of one run).
+together (a configuration recorded several times is held out whole). Each run is predicted
+under the host load it recorded (``host_busy_cores``, controller/predict/host_load.py: the
+cores the host kept busy besides the run's nodes), as a user who states their host's load
+would be; the range of those loads is printed under the table.
 
 Grid (defaults): ring all-reduce and FL, 4 nodes, every link at 5, 10 or 20 Mbit/s, 1 CPU a node,
 6 rounds, the 153,610-parameter MLP of bench_predict.py.
@@ -28,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_predict as BP  # noqa: E402
+from controller.predict import host_load  # noqa: E402
 from controller.predict.model_file import PREDICTORS  # noqa: E402
 from controller.predict.targets import BURST_FIELDS, BURST_RESOURCES  # noqa: E402
 
@@ -109,6 +112,10 @@ def main() -> None:
             dirs = [record(c, args) for c in cfgs]
         doc = BP.cli_eval(dirs, os.path.join(args.keep, "predict_eval.json"))
         print(table(doc["predictions"]))
+        loads = [v for d in dirs for v in host_load.of_run(d).values()]
+        if loads:
+            print(f"\nhost busy cores besides the runs' nodes: {min(loads):.2f}-{max(loads):.2f} "
+                  f"(median {float(np.median(loads)):.2f})")
         print(f"\n{len(dirs)} runs, {doc['configs']} configurations; {DRIPLE}")
     finally:
         if temporary:
