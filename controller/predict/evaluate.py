@@ -3,9 +3,7 @@
 Each configuration (the runs of the same inputs) is held out in turn; the predictors are fitted
 on the others and predict its nodes. A held-out configuration is *interpolation* when every
 feature of its nodes lies inside the range the others were fitted on, *extrapolation*
-otherwise (e.g. N doubled); the scores are reported for both and together. The host's load
-(host_load.py) is no part of a configuration: a held-out run under a load outside the others'
-range is said apart (``load_outside_range``), not counted an extrapolation. Scores per target
+otherwise (e.g. N doubled); the scores are reported for both and together. Scores per target
 and predictor: MAPE and median absolute percentage error (rows measured as 0 are left out),
 R² and n; the same per algorithm (``results_by_algorithm``), and every held-out node's
 measured and predicted values (``predictions``: for plots of predicted against measured).
@@ -16,7 +14,6 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from controller.predict import host_load
 from controller.predict.greybox import TooFewConfigurations
 from controller.predict.model_file import MIN_CONFIGS, PREDICTORS, Row, fit, outside, predict_row, unseen
 from controller.predict.targets import TARGETS
@@ -63,10 +60,9 @@ def evaluate(rows: Sequence[Row], by: str = "config") -> dict[str, Any]:
             why = unseen(doc, test[0]) or ""
             held_out.append({**entry, "skipped": why.split(": ", 1)[-1]})
             continue
-        every = {o["feature"] for r in known for o in outside(doc["groups"][r.group], r.features, r.names)}
-        out = sorted(every - {host_load.FEATURE})
+        out = sorted({o["feature"] for r in known for o in outside(doc["groups"][r.group], r.features, r.names)})
         kind = "extrapolation" if out else "interpolation"
-        held_out.append({**entry, "kind": kind, "outside_range": out, "load_outside_range": host_load.FEATURE in every,
+        held_out.append({**entry, "kind": kind, "outside_range": out,
                          "unseen": sorted({why.split(": ", 1)[-1] for r in test for why in [unseen(doc, r)] if why})})
         for r in known:
             predicted = predict_row(doc, r)
