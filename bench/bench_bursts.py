@@ -12,14 +12,22 @@ under the host load it recorded (``host_busy_cores``, controller/predict/host_lo
 cores the host kept busy besides the run's nodes), as a user who states their host's load
 would be; the range of those loads is printed under the table.
 
+``--background-cores K`` keeps K busy loops of its own running while it records (a host load a
+user would state), and measures the host's load for 1 s before each run, as ``edgetb predict``
+does by default; ``--fit-on DIR...`` then fits on the runs kept there and predicts each recorded
+configuration from its inputs under that load measured beforehand (the user's way) and under the
+load the run recorded, beside what it measured.
+
 Grid (defaults): ring all-reduce and FL, 4 nodes, every link at 5, 10 or 20 Mbit/s, 1 CPU a node,
 6 rounds, the 153,610-parameter MLP of bench_predict.py.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from typing import Any, Optional, Sequence
@@ -39,6 +47,55 @@ DRIPLE = ("Driple (Yang et al., POMACS 6(2), 2022, doi 10.1145/3530895) predicts
           "consumption': its burst consumption is a burst's peak, ours its mean); its per-metric error figures were "
           "not found in its abstract, its repository or the pages searched")
 TARGET_PCT = 20.0
+
+
+def background(cores: int) -> list[subprocess.Popen]:
+    """``cores`` busy loops, each a process of its own (ended by ``stop``)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+
+
+def stop(procs: Sequence[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def stated(dirs: Sequence[str], before: dict[str, float], fit_on: Sequence[str], cfgs: Sequence[BP.Config]) -> str:
+    """sMAPE per burst metric of each run of ``dirs`` predicted from its inputs by a model fitted
+    on the ``cfgs`` kept in ``fit_on``: under the load measured before it and the load it recorded."""
+    from controller.predict import model_file
+    from controller.predict.setting import from_run_dir
+    from controller.predict.targets import BURST_TARGETS, read_targets
+
+    fitted = [d for k in fit_on for d in (os.path.join(k, c.label) for c in cfgs) if os.path.isdir(d)]
+    doc = model_file.fit(model_file.load_runs(fitted))
+    rows: dict[str, list[dict[str, Any]]] = {"before": [], "recorded": []}
+    for d in dirs:
+        label = os.path.basename(d)
+        measured = read_targets(d)
+        recorded = host_load.of_run(d)
+        for how, load in (("before", before.get(label)), ("recorded", float(np.mean(list(recorded.values()))))):
+            if load is None:
+                continue
+            result = model_file.predict_setting(doc, from_run_dir(d), load)
+            for node in result["nodes"]:
+                for t in BURST_TARGETS:
+                    if measured.get(node["node"], {}).get(t) is not None:
+                        rows[how].append({"target": t, "measured": measured[node["node"]][t],
+                                          **node["predictions"][t]})
+    out = [f"fitted on {len(fitted)} runs of {', '.join(fit_on)}; sMAPE % of the best predictor, the run's load "
+           "measured before it / recorded by it", "| metric | " + " | ".join(BURST_FIELDS) + " |",
+           "|---|" + "---|" * len(BURST_FIELDS)]
+    for resource in BURST_RESOURCES:
+        cells = []
+        for field in BURST_FIELDS:
+            best = []
+            for how in ("before", "recorded"):
+                sm = [errors([r for r in rows[how] if r["target"] == f"{resource}_{field}"], p)[1] for p in PREDICTORS]
+                best.append(min((v for v in sm if v is not None), default=None))
+            cells.append(" / ".join(fmt(v) for v in best))
+        out.append(f"| {resource} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def record(cfg: BP.Config, args: argparse.Namespace) -> str:
@@ -97,6 +154,8 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=BP.HIDDEN)
     p.add_argument("--id", default="bb")
     p.add_argument("--subnet", default="10.213.0.0/16")
+    p.add_argument("--background-cores", type=int, default=0, help="busy loops of its own kept running while recording")
+    p.add_argument("--fit-on", nargs="+", help="predict the recorded runs with a model fitted on the runs kept there")
     args = p.parse_args()
     temporary = args.keep is None
     keeps = args.keep or [tempfile.mkdtemp(prefix="edgetb-bench-bursts-")]
@@ -109,7 +168,23 @@ def main() -> None:
         if args.eval_only:
             dirs = [d for k in keeps for d in (os.path.join(k, c.label) for c in cfgs) if os.path.isdir(d)]
         else:
-            dirs = [record(c, args) for c in cfgs]
+            procs = background(args.background_cores)
+            loads_json = os.path.join(args.keep, "loads_before.json")
+            before = json.load(open(loads_json)) if os.path.isfile(loads_json) else {}
+            try:
+                dirs = []
+                for c in cfgs:
+                    if not os.path.isdir(os.path.join(args.keep, c.label)):
+                        before[c.label] = host_load.measure(1.0)
+                    dirs.append(record(c, args))
+                    with open(loads_json, "w") as f:
+                        json.dump(before, f, indent=1)
+            finally:
+                stop(procs)
+        if args.fit_on:  # the load measured before each run, as recorded in the (first) --keep folder
+            loads_json = os.path.join(args.keep, "loads_before.json")
+            before = json.load(open(loads_json)) if os.path.isfile(loads_json) else {}
+            print(stated(dirs, before, args.fit_on, cfgs) + "\n")
         doc = BP.cli_eval(dirs, os.path.join(args.keep, "predict_eval.json"))
         print(table(doc["predictions"]))
         loads = [v for d in dirs for v in host_load.of_run(d).values()]
