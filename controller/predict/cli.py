@@ -1,7 +1,7 @@
 """``edgetb predict``: fit on run folders, predict a configuration, cross-validate.
 
     edgetb predict fit RUN_DIR... --out model.json
-    edgetb predict INPUT_DIR --model model.json [--algorithm ring] [--host-busy-cores X] [--out prediction.json] [--json]
+    edgetb predict INPUT_DIR --model model.json [--algorithm ring] [--out prediction.json] [--json]
     edgetb predict RUN_DIR --model model.json      (a finished run: predicted beside measured)
     edgetb predict eval RUN_DIR... [--by config] [--out predict_eval.json]
 
@@ -25,8 +25,7 @@ def add_parser(sub: Any) -> None:
     """Register ``predict`` on the ``edgetb`` subparsers."""
     p = sub.add_parser("predict", help="predict round time, traffic and bursts from recorded runs",
                        usage="edgetb predict fit RUN_DIR... --out model.json\n"
-                             "       edgetb predict INPUT_DIR|RUN_DIR --model model.json [--host-busy-cores X] "
-                             "[--out prediction.json]\n"
+                             "       edgetb predict INPUT_DIR|RUN_DIR --model model.json [--out prediction.json]\n"
                              "       edgetb predict eval RUN_DIR... [--by config] [--out predict_eval.json]")
     p.add_argument("paths", nargs="+", metavar="PATH", help="'fit RUN_DIR...', 'eval RUN_DIR...', an INPUT_DIR "
                    "(structure, dataset, links and optional nodes and scenario files, as for a run) or a finished "
@@ -38,10 +37,6 @@ def add_parser(sub: Any) -> None:
                    help="eval: what a fold holds out (a configuration: the runs of the same inputs)")
     p.add_argument("--algorithm", choices=("gossip", "fl", "etree", "ring"),
                    help="the INPUT_DIR's algorithm (default: from the structure file's name, gl_/fl_/el_/ra_)")
-    p.add_argument("--host-busy-cores", type=float, metavar="CORES",
-                   help="INPUT_DIR: the cores the emulation host will keep busy besides the experiment's nodes, "
-                        "which CPU use in bursts and network idles follow (default: measured on this host now, "
-                        "over 0.5 s; a RUN_DIR: what the run recorded)")
     p.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
 
 
@@ -63,9 +58,6 @@ def render(result: dict[str, Any]) -> str:
     from controller.predict.model_file import PREDICTORS
 
     lines = [f"{result['algorithm']} configuration {result['config']} ({result['source']})"]
-    load = result.get("host_busy_cores")
-    if load:
-        lines.append(f"host busy cores besides the experiment: {_fmt(load['value'])} ({load['source']})")
     for role, entry in result["roles"].items():
         lines.append("")
         lines.append(f"role {role} ({len(entry['nodes'])} node(s), fitted on {entry['configs_fitted']} "
@@ -141,16 +133,10 @@ def _predict(args: argparse.Namespace, input_dir: str) -> int:
     if not args.model:
         raise ConfigError("predict INPUT_DIR: --model model.json is required (make one with 'edgetb predict fit')")
     doc = model_file.load(args.model)
-    load = getattr(args, "host_busy_cores", None)
-    if load is not None and not (math.isfinite(load) and load >= 0):
-        raise ConfigError(f"--host-busy-cores {load:g}: expected a number of cores >= 0")
     if os.path.isfile(os.path.join(input_dir, "run.json")):  # a finished run: predicted beside measured
-        if load is not None:
-            raise ConfigError(f"{input_dir}: a finished run is predicted under the load it recorded; "
-                              "--host-busy-cores is for an INPUT_DIR")
         result = model_file.predict_run_dir(doc, input_dir)
     else:
-        result = model_file.predict_input_dir(doc, input_dir, args.algorithm, load)
+        result = model_file.predict_input_dir(doc, input_dir, args.algorithm)
     out = args.out or "prediction.json"
     with open(out, "w") as f:
         json.dump(result, f, indent=1)

@@ -26,19 +26,17 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     # Driple's burst metrics (controller/results/analysis/timed_bursts.py): a compute burst's length
     # is the CPU time of the node's training and evaluation (its training FLOPs, not divided by its
     # CPU share, and what does not scale with the data); an idle is what the round holds besides;
-    # a network burst is a message at the configured rate (or several, merged). CPU use in a burst
-    # is the share of a core the node got: less as the host's other work keeps more cores busy
-    # (host_load.py; the node's CPU limit, 0.5 or 1, did not move it on 25 ms bursts); a network
-    # idle holds the node's compute between transfers, stretched by the same load.
+    # CPU use in a burst is bounded by the node's share; a network burst is a message at the
+    # configured rate (or several, merged).
     "cpu_burst_s": ("own_work", "one"),
     "mem_burst_s": ("own_work", "one"),
     "cpu_idle_s": ("round_units", "transfer_s", "messages", "one"),
     "mem_idle_s": ("round_units", "transfer_s", "messages", "one"),
-    "cpu_burst_consumption": ("minus_host_busy_cores", "one"),
+    "cpu_burst_consumption": ("cpu_share", "one"),
     "net_tx_burst_s": ("send_s_per_msg", "own_send_s", "one"),
     "net_rx_burst_s": ("recv_s_per_msg", "recv_s", "one"),
-    "net_tx_idle_s": ("round_units", "transfer_s", "messages", "one", "host_busy_cores"),
-    "net_rx_idle_s": ("round_units", "transfer_s", "messages", "one", "host_busy_cores"),
+    "net_tx_idle_s": ("round_units", "transfer_s", "messages", "one"),
+    "net_rx_idle_s": ("round_units", "transfer_s", "messages", "one"),
 }
 
 
@@ -50,16 +48,12 @@ def column_values(t: Terms, rounds: float, features: Optional[dict[str, float]] 
     """Every column a skeleton may use, for one node (the burst columns need its ``features``:
     ``cpu_share`` the share of one core it may use, ``own_work`` its training FLOPs (``own_units``
     times its CPU limit), ``*_s_per_msg`` a message's time at the configured rate: its own sends',
-    its received ones' at its slowest link's rate; ``recv_s`` all of them; ``host_busy_cores`` the
-    host's load besides the experiment, and ``minus_host_busy_cores`` its negative, for what
-    falls as the load grows)."""
+    its received ones' at its slowest link's rate; ``recv_s`` all of them)."""
     f = features or {}
     cpu = float(f.get("cpu") or 1.0)
-    busy = float(f.get("host_busy_cores") or 0.0)
     rate = float(f.get("rate_min_bps") or 0.0)
     recv_s = t.payload_recv_bytes * WIRE_BYTES_PER_PAYLOAD_BYTE * 8 / rate if rate > 0 else 0.0
-    return {"cpu_share": min(cpu, 1.0), "own_work": t.own_units * cpu, "host_busy_cores": busy,
-            "minus_host_busy_cores": -busy,
+    return {"cpu_share": min(cpu, 1.0), "own_work": t.own_units * cpu,
             "send_s_per_msg": t.own_send_s / t.messages_sent if t.messages_sent else 0.0,
             "recv_s": recv_s, "recv_s_per_msg": recv_s / t.messages_recv if t.messages_recv else 0.0,
             "round_units": t.round_units, "own_units": t.own_units, "transfer_s": t.transfer_s,
@@ -95,8 +89,7 @@ def fit(target: str, values: Sequence[dict[str, float]], y: Sequence[float], con
 
 
 def predict(model: Optional[dict[str, Any]], values: dict[str, float]) -> Optional[float]:
-    """A fitted skeleton's prediction for one node (None without a fit; never below 0: every target
-    is a duration, bytes or a share, and a falling term may pass 0 beyond the fitted range)."""
+    """A fitted skeleton's prediction for one node (None without a fit)."""
     if not model or "coef" not in model:
         return None
-    return max(0.0, float(sum(c * values[name] for name, c in zip(model["columns"], model["coef"]))))
+    return float(sum(c * values[name] for name, c in zip(model["columns"], model["coef"])))

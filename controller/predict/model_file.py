@@ -2,8 +2,7 @@
 
 model.json (never pickle)::
 
-    {"version": 3, "kind": "edgetb-predict-model", "features": [...], "burst_features": [...],
-     "targets": [...],
+    {"version": 2, "kind": "edgetb-predict-model", "features": [...], "targets": [...],
      "runs": [{"run_id", "config", "algorithm", "path"}],
      "calibration": {"compute_s_per_unit": ...},
      "groups": {"<algorithm>/<role>": {
@@ -14,10 +13,6 @@ model.json (never pickle)::
          "greybox": {target: {"columns": [...], "coef": [...]} | {"refused": "..."}},
          "blackbox": {target: {"x_mean", "x_std", "y_mean", "y_std", "svr": {...}, "linear": {...}}
                       | {"refused": "..."}}}}}
-
-The black-box models of the burst metrics that follow the host's load (``LOAD_TARGETS``) see
-``burst_features``: the features and the host's load besides the experiment
-(``host_busy_cores``, host_load.py), which each group's range holds too.
 
 The analytic predictor's calibration is measured once from the training runs: the compute
 speed (median train_s per training FLOP of an epoch's samples, over every node that trained), the
@@ -33,28 +28,24 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from controller.predict import analytic, blackbox, greybox, host_load
+from controller.predict import analytic, blackbox, greybox
 from controller.predict.analytic import Terms
 from controller.predict.features import FEATURES, categories, config_key, node_features, roles, vector
 from controller.predict.setting import Setting, from_input_dir, from_run_dir
 from controller.predict.targets import TARGETS, read_targets
 from worker.api.errors import ConfigError
 
-VERSION = 3  # 2: compute in training FLOPs (model_graph), flops_per_sample a feature; 3: host_busy_cores
+VERSION = 2  # 2: compute in training FLOPs (model_graph), flops_per_sample a feature
 KIND = "edgetb-predict-model"
 MIN_CONFIGS = 2
 PREDICTORS = ("analytic", "greybox", "svr", "linear")
 # named settings predicted even when never seen in training (listed under outside_range): a model is
 # known by its own features (parameters, bytes, FLOPs per sample)
 UNSEEN_NAMES_PREDICTED = ("model",)
-# the black-box models of the burst metrics that follow the host's load also see it (host_load.py);
-# on the others it cost accuracy (few configurations for 26 features)
-BURST_FEATURES = (*FEATURES, host_load.FEATURE)
-LOAD_TARGETS = ("cpu_burst_consumption", "net_tx_idle_s", "net_rx_idle_s")
 
 
 @dataclass
@@ -80,16 +71,11 @@ class Row:
         return greybox.column_values(self.terms, self.features["rounds"], self.features)
 
 
-def rows_of_setting(setting: Setting, run_id: str = "",
-                    host_busy_cores: Union[float, dict[str, float]] = 0.0) -> list[Row]:
-    """A configuration's rows (no targets); ``host_busy_cores``: the host's load besides the
-    experiment (host_load.py), one value or per node (a node missing: 0). It is no part of the
-    configuration: runs of the same inputs under other loads are one configuration."""
+def rows_of_setting(setting: Setting, run_id: str = "") -> list[Row]:
+    """A configuration's rows (no targets)."""
     feats, role_of, terms, names = node_features(setting), roles(setting), analytic.terms(setting), categories(setting)
     config = config_key(setting, feats)
-    load = host_busy_cores if isinstance(host_busy_cores, dict) else {n: host_busy_cores for n in setting.structure}
-    return [Row(setting.source, run_id, config, setting.algorithm, n, role_of[n],
-                {**feats[n], host_load.FEATURE: float(load.get(n, 0.0))}, terms[n], names=names[n])
+    return [Row(setting.source, run_id, config, setting.algorithm, n, role_of[n], feats[n], terms[n], names=names[n])
             for n in setting.structure]
 
 
@@ -125,8 +111,7 @@ def _rows_by_strategy(run_dir: str, setting: Setting, names: list[str]) -> list[
             measured = read_targets(tmp)
             structure = {n: {**c, "strategy": name} for n, c in setting.structure.items()}
             part = dataclasses.replace(setting, structure=structure)
-            rows = [r for r in rows_of_setting(part, f"{run_id}:{name}", host_load.of_run(run_dir))
-                    if r.node in measured]
+            rows = [r for r in rows_of_setting(part, f"{run_id}:{name}") if r.node in measured]
             for r in rows:
                 r.targets = measured[r.node]
             out += rows
@@ -135,8 +120,7 @@ def _rows_by_strategy(run_dir: str, setting: Setting, names: list[str]) -> list[
 
 def rows_of_run(run_dir: str) -> list[Row]:
     """A finished run's rows, with what it measured (nodes without metrics are left out); a run
-    whose ring strategy changed mid-run gives the rows of each strategy apart. Each row's
-    ``host_busy_cores`` is what the run's host telemetry recorded (0 without it)."""
+    whose ring strategy changed mid-run gives the rows of each strategy apart."""
     setting = from_run_dir(run_dir)
     names = strategies(run_dir)
     if len(names) > 1 and setting.algorithm == "ring":
@@ -145,7 +129,7 @@ def rows_of_run(run_dir: str) -> list[Row]:
             return rows
     measured = read_targets(run_dir)
     run_id = os.path.basename(os.path.normpath(run_dir))
-    rows = [r for r in rows_of_setting(setting, run_id, host_load.of_run(run_dir)) if r.node in measured]
+    rows = [r for r in rows_of_setting(setting, run_id) if r.node in measured]
     for r in rows:
         r.targets = measured[r.node]
     if not rows:
@@ -205,10 +189,10 @@ def _latency_and_host(rows: Sequence[Row], compute_s_per_unit: float) -> tuple[f
 
 def _fit_group(name: str, rows: Sequence[Row], compute_s_per_unit: float = 0.0) -> dict[str, Any]:
     configs = sorted({r.config for r in rows})
-    x_all = np.array([vector(r.features, BURST_FEATURES) for r in rows])
+    x_all = np.array([vector(r.features) for r in rows])
     group: dict[str, Any] = {
         "algorithm": rows[0].algorithm, "role": rows[0].role, "configs": configs, "rows": len(rows),
-        "range": {f: [float(x_all[:, i].min()), float(x_all[:, i].max())] for i, f in enumerate(BURST_FEATURES)},
+        "range": {f: [float(x_all[:, i].min()), float(x_all[:, i].max())] for i, f in enumerate(FEATURES)},
         "names": {k: sorted({r.names.get(k, "") for r in rows}) for k in rows[0].names},
         "calibration": _overheads(rows, compute_s_per_unit), "greybox": {}, "blackbox": {}}
     for target in TARGETS:
@@ -225,8 +209,7 @@ def _fit_group(name: str, rows: Sequence[Row], compute_s_per_unit: float = 0.0) 
             group["blackbox"][target] = {"refused": f"{name}: {target}: measured in {n_configs} configuration(s), "
                                                     f"the black-box fits need {MIN_CONFIGS}"}
             continue
-        names = BURST_FEATURES if target in LOAD_TARGETS else FEATURES
-        group["blackbox"][target] = blackbox.fit([vector(r.features, names) for r in usable],
+        group["blackbox"][target] = blackbox.fit([vector(r.features) for r in usable],
                                                  [r.targets[target] for r in usable])  # type: ignore[misc]
     return group
 
@@ -245,7 +228,6 @@ def fit(rows: Sequence[Row]) -> dict[str, Any]:
                                    "path": r.source} for r in rows}
     calibration = _calibration(rows)
     return {"version": VERSION, "kind": KIND, "created_at": time.time(), "features": list(FEATURES),
-            "burst_features": list(BURST_FEATURES),
             "targets": list(TARGETS), "predictors": list(PREDICTORS), "runs": list(runs.values()),
             "calibration": calibration,
             "groups": {name: _fit_group(name, members, calibration["compute_s_per_unit"])
@@ -328,11 +310,11 @@ def predict_row(doc: dict[str, Any], row: Row) -> dict[str, dict[str, Optional[f
     group = doc["groups"][row.group]
     calibration = {**doc["calibration"], **group["calibration"]}
     ana = analytic.predict(row.terms, row.features["rounds"], calibration)
-    x, x_burst, cols = vector(row.features), vector(row.features, BURST_FEATURES), row.columns()
+    x, cols = vector(row.features), row.columns()
     out: dict[str, dict[str, Optional[float]]] = {}
     for target in TARGETS:
         black = group["blackbox"].get(target) or {}
-        bb = blackbox.predict(None if "refused" in black else black, x_burst if target in LOAD_TARGETS else x)
+        bb = blackbox.predict(None if "refused" in black else black, x)
         out[target] = {"analytic": ana.get(target), "greybox": greybox.predict(group["greybox"].get(target), cols),
                        "svr": bb["svr"], "linear": bb["linear"]}
     return out
@@ -386,34 +368,11 @@ def predict_rows(doc: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
             "links_bytes_per_round": analytic.link_bytes([(r.terms, overhead[r.node]) for r in rows])}
 
 
-def _with_load(result: dict[str, Any], value: float, source: str) -> dict[str, Any]:
-    result["host_busy_cores"] = {"value": value, "source": source}
-    return result
-
-
 def predict_run_dir(doc: dict[str, Any], run_dir: str) -> dict[str, Any]:
-    """The predictions for a finished run's configuration, beside what it measured, under the
-    host load the run recorded."""
-    rows = rows_of_run(run_dir)
-    value = float(np.mean([r.features[host_load.FEATURE] for r in rows]))
-    return _with_load(predict_rows(doc, rows), value, "recorded by the run (telemetry/hosts.csv.gz)")
+    """The predictions for a finished run's configuration, beside what it measured."""
+    return predict_rows(doc, rows_of_run(run_dir))
 
 
-def predict_setting(doc: dict[str, Any], setting: Setting, host_busy_cores: Optional[float] = None,
-                    window_s: float = host_load.MEASURE_WINDOW_S) -> dict[str, Any]:
-    """The predictions for a configuration under the host load ``host_busy_cores`` (cores busy
-    besides the experiment; None: measured on this host now over ``window_s``); the document
-    says which under ``host_busy_cores``."""
-    if host_busy_cores is None:
-        value, source = host_load.measure(window_s), f"measured on this host over {window_s:g} s"
-    elif not (isinstance(host_busy_cores, (int, float)) and 0 <= host_busy_cores < float("inf")):
-        raise ConfigError(f"host busy cores: {host_busy_cores!r}, expected a number of cores >= 0")
-    else:
-        value, source = float(host_busy_cores), "stated"
-    return _with_load(predict_rows(doc, rows_of_setting(setting, host_busy_cores=value)), value, source)
-
-
-def predict_input_dir(doc: dict[str, Any], input_dir: str, algorithm: Optional[str] = None,
-                      host_busy_cores: Optional[float] = None) -> dict[str, Any]:
-    """The predictions for the configuration an input directory describes (``predict_setting``)."""
-    return predict_setting(doc, from_input_dir(input_dir, algorithm), host_busy_cores)
+def predict_input_dir(doc: dict[str, Any], input_dir: str, algorithm: Optional[str] = None) -> dict[str, Any]:
+    """The predictions for the configuration an input directory describes."""
+    return predict_rows(doc, rows_of_setting(from_input_dir(input_dir, algorithm)))

@@ -10,7 +10,6 @@ import shutil
 
 import pytest
 
-from controller.predict import host_load
 from controller.predict.targets import read_bursts
 from dml_app.runtime.events import read_events
 from tests.e2e.harness import Run
@@ -58,8 +57,5 @@ def test_fl_run_records_phases_and_its_analysis_gives_the_twelve_burst_metrics(t
         assert "gaps < 0.1 s" in doc["timed_bursts"]["definition"]
         targets = read_bursts(str(run_dir))
         assert all(targets["t1"].get(f"{res}_burst_s") for res in ("cpu", "mem", "net_tx", "net_rx"))
-        # the host's load besides the run's nodes, which the burst predictions take as an input
-        load = host_load.of_run(str(run_dir))
-        assert set(load) == {"agg", *trainers} and all(0 <= v <= (os.cpu_count() or 1) for v in load.values()), load
     finally:
         r.close()

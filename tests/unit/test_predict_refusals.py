@@ -131,11 +131,10 @@ def test_the_cli_fits_predicts_and_evaluates_with_clear_exit_codes(two_rings, tm
     model, out = str(tmp_path / "model.json"), str(tmp_path / "prediction.json")
     assert main(["predict", "fit", *two_rings, "--out", model]) == 0
     began = time.perf_counter()
-    assert main(["predict", two_rings[1] + "-inputs", "--model", model, "--out", out, "--host-busy-cores", "0.5"]) == 0
+    assert main(["predict", two_rings[1] + "-inputs", "--model", model, "--out", out]) == 0
     assert time.perf_counter() - began < 1.0
     table = capsys.readouterr().out
     assert "role ring (4 node(s), fitted on 2 configuration(s))" in table
-    assert "host busy cores besides the experiment: 0.5 (stated)" in table
     assert "bytes_sent_per_round" in table
     with open(out) as f:
         result = json.load(f)
@@ -144,10 +143,6 @@ def test_the_cli_fits_predicts_and_evaluates_with_clear_exit_codes(two_rings, tm
     assert "algorithm 'fl' was never seen" in capsys.readouterr().err
     assert main(["predict", "eval", *two_rings, "--out", str(tmp_path / "e.json")]) == 2
     assert main(["predict", "fit", RING4]) == 2  # no --out
-    assert main(["predict", two_rings[1] + "-inputs", "--model", model, "--out", out, "--host-busy-cores", "-1"]) == 2
-    assert "--host-busy-cores -1: expected a number of cores >= 0" in capsys.readouterr().err
-    assert main(["predict", two_rings[1], "--model", model, "--out", out, "--host-busy-cores", "1"]) == 2
-    assert "predicted under the load it recorded" in capsys.readouterr().err
 
 
 def test_a_setting_never_seen_in_training_is_refused_with_its_name(two_rings, tmp_path):
