@@ -24,23 +24,18 @@ global accuracy, nodes done; a mean row with ``--repeat`` > 1.
 from __future__ import annotations
 
 import argparse
-import csv
-import glob
 import json
 import os
 import random
-import secrets
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gossip_edgetb import MNIST_NPZ, SHARD, free_port, log, shard_counts, write_mnist, write_mnist_subset  # noqa: E402
+from bench_gossip_edgetb import (MNIST_NPZ, SHARD, keep_and_remove, launch, log, shard_counts, write_mnist,  # noqa: E402
+                                 write_mnist_subset)
 
 
 def etree_structure(names: list[str], aggregators: int, root_sync: int, agg_sync: int, epochs: int,
@@ -87,43 +82,17 @@ def run(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         shutil.copy(MNIST_NPZ, os.path.join(workdir, "dataset", "mnist", "mnist.npz"))
     experiment(workdir, args, dataset)
     env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"))
-    launched_at = time.time()
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "el_run.py"), "--auto", "--quiet-nodes",
-                           "--workdir", workdir, "--port", str(free_port()), "--id", "bt" + secrets.token_hex(1),
-                           "--subnet", "10.242.0.0/16", "--timeout", str(args.timeout)],
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wall_s = time.monotonic() - started
-    keep = args.keep
-    if keep:
-        os.makedirs(keep, exist_ok=True)
-    console = os.path.join(keep or tempfile.gettempdir(), f"bench_etree_edgetb-{os.path.basename(workdir)}.log")
-    with open(console, "w") as f:
-        f.write(proc.stdout)
-    log(f"el_run.py's output: {console}")
-    runs = sorted(glob.glob(os.path.join(workdir, "dml_file", "log", "*", "run.json")))
-    if not runs:
-        log(proc.stdout[-3000:])
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise SystemExit(f"bench: no run folder for {workdir}")
-    run_dir = os.path.dirname(runs[-1])
-    with open(runs[-1]) as f:
-        record = json.load(f)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
-        metrics = list(csv.DictReader(f))
+    out = launch("el_run.py", workdir, env, "bt", "10.242.0.0/16", args.timeout, args.keep)
+    record, summary, metrics = out.record, out.summary, out.metrics
     train_s = [float(r["train_s"]) for r in metrics if r.get("train_s")]
     accuracies = [a for a in (node.get("final_global_accuracy") for node in summary.get("nodes", [])) if a is not None]
     done = sum(1 for v in record.get("nodes", {}).values() if v == "done")
-    result = {"wall_s": wall_s, "ready_s": float(record["started_at"]) - launched_at,
+    result = {"wall_s": out.wall_s, "ready_s": float(record["started_at"]) - out.launched_at,
               "run_s": float(record["ended_at"]) - float(record["started_at"]),
               "train_s": statistics.median(train_s) if train_s else None,
               "accuracy": statistics.mean(accuracies) if accuracies else None,
-              "done": f"{done}/{args.nodes}", "exit": proc.returncode, "load_1m": os.getloadavg()[0]}
-    if keep:
-        shutil.copytree(run_dir, os.path.join(keep, os.path.basename(run_dir)), symlinks=True)
-    shutil.rmtree(workdir, ignore_errors=True)
+              "done": f"{done}/{args.nodes}", "exit": out.proc.returncode, "load_1m": os.getloadavg()[0]}
+    keep_and_remove(out.run_dir, workdir, args.keep)
     return result
 
 

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from dataclasses import dataclass
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,6 +154,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class Launched:
+    """A run script's finished run: its process, wall time, launch time (epoch) and run folder read."""
+
+    proc: subprocess.CompletedProcess
+    wall_s: float
+    launched_at: float
+    run_dir: str
+    record: dict[str, Any]
+    summary: dict[str, Any]
+    metrics: list[dict[str, str]]
+
+
+def launch(script: str, workdir: str, env: dict[str, str], id_prefix: str, subnet: str, timeout_s: int,
+           keep: str = "") -> Launched:
+    """Run ``script --auto`` (a run script at the repository's root) on ``workdir``: its console
+    kept (in ``keep`` or the temporary directory), its run folder's record, summary and metrics read."""
+    launched_at = time.time()
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), "--auto", "--quiet-nodes",
+                           "--workdir", workdir, "--port", str(free_port()), "--id", id_prefix + secrets.token_hex(1),
+                           "--subnet", subnet, "--timeout", str(timeout_s)],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall_s = time.monotonic() - started
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+    bench = os.path.splitext(os.path.basename(sys.argv[0]))[0] or "bench"
+    console = os.path.join(keep or tempfile.gettempdir(), f"{bench}-{os.path.basename(workdir)}.log")
+    with open(console, "w") as f:
+        f.write(proc.stdout)
+    log(f"{script}'s output: {console}")
+    runs = sorted(glob.glob(os.path.join(workdir, "dml_file", "log", "*", "run.json")))
+    if not runs:
+        log(proc.stdout[-3000:])
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise SystemExit(f"bench: no run folder for {workdir}")
+    run_dir = os.path.dirname(runs[-1])
+    with open(runs[-1]) as f:
+        record = json.load(f)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        metrics = list(csv.DictReader(f))
+    return Launched(proc, wall_s, launched_at, run_dir, record, summary, metrics)
+
+
+def keep_and_remove(run_dir: str, workdir: str, keep: str) -> None:
+    """The run folder copied into ``keep`` (when given), the scratch experiment removed."""
+    if keep:
+        shutil.copytree(run_dir, os.path.join(keep, os.path.basename(run_dir)), symlinks=True)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run(n: int, rounds: int, dataset: str, zygote: bool, timeout_s: int, extra: dict[str, Any],
         keep: str = "") -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix=f"edgetb-edgetb-gossip-{n}-")
@@ -162,30 +216,9 @@ def run(n: int, rounds: int, dataset: str, zygote: bool, timeout_s: int, extra: 
         shutil.copy(MNIST_NPZ, os.path.join(workdir, "dataset", "mnist", "mnist.npz"))
     experiment(workdir, n, rounds, dataset, extra)
     env = dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state"), EDGETB_ZYGOTE="1" if zygote else "0")
-    launched_at = time.time()
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "gl_run.py"), "--auto", "--quiet-nodes",
-                           "--workdir", workdir, "--port", str(free_port()), "--id", "be" + secrets.token_hex(1),
-                           "--subnet", "10.241.0.0/16", "--timeout", str(timeout_s)],
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wall_s = time.monotonic() - started
-    if keep:
-        os.makedirs(keep, exist_ok=True)
-    console = os.path.join(keep or tempfile.gettempdir(), f"bench_gossip_edgetb-{os.path.basename(workdir)}.log")
-    with open(console, "w") as f:
-        f.write(proc.stdout)
-    log(f"gl_run.py's output: {console}")
-    runs = sorted(glob.glob(os.path.join(workdir, "dml_file", "log", "*", "run.json")))
-    if not runs:
-        log(proc.stdout[-3000:])
-        raise SystemExit(f"bench: no run folder in {workdir}")
-    run_dir = os.path.dirname(runs[-1])
-    with open(runs[-1]) as f:
-        record = json.load(f)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
-        metrics = list(csv.DictReader(f))
+    out = launch("gl_run.py", workdir, env, "be", "10.241.0.0/16", timeout_s, keep)
+    proc, wall_s, launched_at, run_dir = out.proc, out.wall_s, out.launched_at, out.run_dir
+    record, summary, metrics = out.record, out.summary, out.metrics
     run_s = float(record["ended_at"]) - float(record["started_at"])
     train_s = [float(r["train_s"]) for r in metrics if r.get("train_s")]
     accuracies = [node.get("final_global_accuracy") for node in summary.get("nodes", [])]
@@ -211,9 +244,7 @@ def run(n: int, rounds: int, dataset: str, zygote: bool, timeout_s: int, extra: 
               "telemetry_mb": tele_bytes / 1e6, "telemetry_mb_per_min": tele_bytes / 1e6 / (run_s / 60),
               "sampler": (tele.get("sampler_cpu_s") or 0) / run_s, "collector": (tele.get("collector_cpu_s") or 0) / run_s,
               "analyze_s": analyze_s, "exit": proc.returncode}
-    if keep:
-        shutil.copytree(run_dir, os.path.join(keep, os.path.basename(run_dir)), symlinks=True)
-    shutil.rmtree(workdir, ignore_errors=True)
+    keep_and_remove(run_dir, workdir, keep)
     return result
 
 
