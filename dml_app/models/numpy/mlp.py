@@ -30,12 +30,21 @@ class NumpyMLP:
         self.learning_rate = float(learning_rate)
         self.optimizer = optimizer
         self.rng = rng
-        self.params: list[np.ndarray] = []
-        for fan_in, fan_out in zip(self.sizes[:-1], self.sizes[1:]):
-            self.params.append((rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32))
-            self.params.append(np.zeros(fan_out, dtype=np.float32))
-        self._m = [np.zeros_like(p) for p in self.params]
-        self._v = [np.zeros_like(p) for p in self.params]
+        shapes = [shape for fan_in, fan_out in zip(self.sizes[:-1], self.sizes[1:])
+                  for shape in ((fan_in, fan_out), (fan_out,))]
+        total = sum(int(np.prod(shape)) for shape in shapes)
+        # Parameters, their gradients and Adam's moments each live in one flat buffer, the
+        # per-layer arrays being views of it: a step is a dozen operations, not a dozen per array.
+        self._param_flat = np.zeros(total, np.float32)
+        self._grad_flat = np.zeros(total, np.float32)
+        self._m_flat = np.zeros(total, np.float32)
+        self._v_flat = np.zeros(total, np.float32)
+        self._scratch = (np.empty(total, np.float32), np.empty(total, np.float32))
+        self.params = _views(self._param_flat, shapes)
+        self._grads = _views(self._grad_flat, shapes)
+        for i in range(0, len(self.params), 2):
+            fan_in = self.sizes[i // 2]
+            self.params[i][...] = (rng.standard_normal(shapes[i]) * np.sqrt(2.0 / fan_in)).astype(np.float32)
         self._step = 0
 
     # weights -----------------------------------------------------------------
@@ -48,7 +57,8 @@ class NumpyMLP:
         for i, (w, p) in enumerate(zip(weights, self.params)):
             if tuple(w.shape) != p.shape:
                 raise ValueError(f"array {i}: shape {tuple(w.shape)}, expected {p.shape}")
-        self.params = [np.asarray(w, dtype=np.float32).copy() for w in weights]
+        for w, p in zip(weights, self.params):
+            p[...] = np.asarray(w, dtype=np.float32)
 
     def weight_names(self) -> list[str]:
         """One name per array, by layer: ``dense/kernel``, ``dense/bias``, ``dense_1/kernel``, ..."""
@@ -83,28 +93,37 @@ class NumpyMLP:
         delta = probs
         delta[np.arange(n), y] -= 1
         delta /= n
-        grads: list[np.ndarray] = [np.empty(0)] * len(self.params)
+        grads = self._grads
         for layer in range(len(self.params) // 2 - 1, -1, -1):
-            grads[2 * layer] = acts[layer].T @ delta
-            grads[2 * layer + 1] = delta.sum(axis=0)
+            np.matmul(acts[layer].T, delta, out=grads[2 * layer])
+            np.sum(delta, axis=0, out=grads[2 * layer + 1])
             if layer:
                 delta = (delta @ self.params[2 * layer].T) * (acts[layer] > 0)
         return loss, grads
 
     def _apply(self, grads: list[np.ndarray]) -> None:
-        lr = self.learning_rate
+        """One optimizer step over the flat buffers (``grads`` are views of ``_grad_flat``), in
+        place: the same arithmetic, in the same order, as ``m = b1*m + (1-b1)*g`` written out."""
+        lr, p, g = self.learning_rate, self._param_flat, self._grad_flat
         if self.optimizer == "sgd":
-            for p, g in zip(self.params, grads):
-                p -= (lr * g).astype(np.float32)
+            p -= (lr * g).astype(np.float32)
             return
         self._step += 1
         b1, b2, eps = 0.9, 0.999, 1e-8
-        for i, g in enumerate(grads):
-            self._m[i] = b1 * self._m[i] + (1 - b1) * g
-            self._v[i] = b2 * self._v[i] + (1 - b2) * g * g
-            m_hat = self._m[i] / (1 - b1 ** self._step)
-            v_hat = self._v[i] / (1 - b2 ** self._step)
-            self.params[i] -= (lr * m_hat / (np.sqrt(v_hat) + eps)).astype(np.float32)
+        m, v, (t, u) = self._m_flat, self._v_flat, self._scratch
+        m *= b1
+        m += np.multiply(g, 1 - b1, out=t)      # m = b1*m + (1-b1)*g
+        np.multiply(g, 1 - b2, out=t)
+        t *= g
+        v *= b2
+        v += t                                  # v = b2*v + (1-b2)*g*g
+        np.divide(v, 1 - b2 ** self._step, out=t)
+        np.sqrt(t, out=t)
+        t += eps                                # sqrt(v_hat) + eps
+        np.divide(m, 1 - b1 ** self._step, out=u)
+        u *= lr                                 # lr * m_hat
+        u /= t
+        p -= u
 
     # training and evaluation ----------------------------------------------------------
     def train(self, x: np.ndarray, y: np.ndarray, epochs: int = 1, batch_size: int = 32) -> dict[str, float]:
@@ -123,3 +142,13 @@ class NumpyMLP:
         probs = self._softmax(self._forward(x)[-1])
         loss = float(-np.log(probs[np.arange(len(x)), y] + 1e-12).mean())
         return loss, float((probs.argmax(axis=1) == y).mean())
+
+
+def _views(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """Consecutive views of ``flat`` with ``shapes``."""
+    views, at = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape))
+        views.append(flat[at:at + size].reshape(shape))
+        at += size
+    return views
