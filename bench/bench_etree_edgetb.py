@@ -209,7 +209,8 @@ def run(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
               "run_s": float(record["ended_at"]) - float(record["started_at"]), "floor_s": floor_s,
               "train_s": statistics.median(train_s) if train_s else None,
               "accuracy": statistics.mean(accuracies) if accuracies else None,
-              "done": f"{done}/{len(record.get('nodes', {}))}", "exit": out.proc.returncode, "load_1m": os.getloadavg()[0]}
+              "done": f"{done}/{len(record.get('nodes', {}))}", "exit": out.proc.returncode,
+              "load_1m": os.getloadavg()[0]}
     keep_and_remove(out.run_dir, workdir, args.keep)
     return result
 
