@@ -144,13 +144,14 @@ class RunDir:
             raise ConfigError(f"cannot write {relative} in {self.path}: {e.strerror}") from None
         return fd, parts[-1]
 
-    def write_bytes(self, relative: str, data: bytes) -> str:
+    def write_bytes(self, relative: str, data: bytes, durable: bool = True) -> str:
         """Write ``data`` to ``relative`` atomically; returns the file's path."""
-        return self.write_chunks(relative, (data,))
+        return self.write_chunks(relative, (data,), durable)
 
-    def write_chunks(self, relative: str, chunks: Iterable[bytes]) -> str:
+    def write_chunks(self, relative: str, chunks: Iterable[bytes], durable: bool = True) -> str:
         """Write the pieces ``chunks`` yields to ``relative`` atomically (a large file streamed
-        without holding it whole); an error while reading them leaves no file."""
+        without holding it whole); an error while reading them leaves no file. ``durable``:
+        synced to disk before it takes the name (not for a copy whose source stays)."""
         fd, name = self._dir_of(relative)
         tmp = f".{name}.{secrets.token_hex(4)}.tmp"
         try:
@@ -160,7 +161,8 @@ class RunDir:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(out, view):]
-                os.fsync(out)
+                if durable:
+                    os.fsync(out)
             finally:
                 os.close(out)
             os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)

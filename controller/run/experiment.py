@@ -137,6 +137,8 @@ class Experiment:
         self._collecting = False  # set once finish collects: later uploads change nothing
         self._finishing = False  # a finish of the settled run was started (once)
         self._lock = threading.RLock()
+        self._storing = 0  # node logs being written now (outside the lock); finish waits for them
+        self._stored = threading.Condition(self._lock)
         self._finish_lock = threading.Lock()
         self._monitor: Optional[threading.Thread] = None
         self.membership = Membership(nodes, self.confs, self._lock, progress)  # deaths expected and seen, replacements
@@ -293,13 +295,27 @@ class Experiment:
         with self._lock:
             if self._collecting:
                 return {"stored": False, "detail": "the run's results are written already"}
+            self._storing += 1
+        try:  # each node's own file, written outside the lock: a thousand uploads do not queue
             self._store_log(name, body)
+        finally:
+            with self._lock:
+                self._storing -= 1
+                self._stored.notify_all()
         self.check_all_settled()
         return {"stored": True}
 
+    def _stop_taking_logs(self) -> None:
+        """From now on an upload changes nothing; those begun before are written first."""
+        with self._lock:
+            self._collecting = True
+            while self._storing:
+                self._stored.wait()
+
     def _store_log(self, name: str, body: bytes) -> None:
-        """The node's events into ``events/<name>.jsonl``; the node settles when they say it ended."""
-        self.out.write_bytes(f"events/{name}.jsonl", body)
+        """The node's events into ``events/<name>.jsonl`` (a copy: the node keeps its own file, so
+        not synced to disk one by one); the node settles when they say it ended."""
+        self.out.write_bytes(f"events/{name}.jsonl", body, durable=False)
         self.nodes[name].log_received = True
         self.nodes[name].settle_from_events(body)
 
@@ -415,8 +431,7 @@ class Experiment:
             telemetry = self.recording.finish_telemetry()
             if telemetry is not None:
                 self.record["telemetry"] = telemetry
-            with self._lock:
-                self._collecting = True
+            self._stop_taking_logs()
             if self.scenario is not None:
                 self._step("scenario.csv", lambda: self.scenario.write(self.out, flows_timeout_s=5.0))
             self._step("trace_ticks.csv", lambda: self.replay.write(self.out))

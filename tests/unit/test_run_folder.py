@@ -278,3 +278,39 @@ def test_json_documents_of_the_folder_are_read_strictly_or_as_an_object(tmp_path
         read_json(str(tmp_path / "bad.json"))
     assert [read_json_object(str(tmp_path / n)) for n in ("run.json", "bad.json", "list.json", "none.json")] == \
         [{"run_id": "r1"}, {}, {}, {}]
+
+
+def test_uploads_are_written_side_by_side_and_finish_waits_for_those_begun(tmp_path, monkeypatch):
+    """A thousand nodes ending at once upload their logs together: one slow write does not hold
+    the others (they were written one at a time under the run's lock), and collecting the
+    results waits for the writes already begun, then refuses later uploads."""
+    import threading
+
+    exp = _experiment(tmp_path)
+    monkeypatch.setattr(exp, "check_all_settled", lambda: None)
+    slow_started, release = threading.Event(), threading.Event()
+    real_write = exp.out.write_bytes
+
+    def write(relative, data, durable=True):
+        assert durable is False  # a copy of the node's own file: not synced one by one
+        if relative == "events/n1.jsonl":
+            slow_started.set()
+            release.wait(10)
+        return real_write(relative, data, durable)
+
+    monkeypatch.setattr(exp.out, "write_bytes", write)
+    done = b'{"v":1,"type":"done","node":"%s","run_id":"r","t":0}\n'
+    slow = threading.Thread(target=exp.on_log, args=("n1", done % b"n1"))
+    slow.start()
+    assert slow_started.wait(10)
+    assert exp.on_log("n2", done % b"n2") == {"stored": True}  # not behind n1's write
+    assert exp.nodes["n2"].state == "done" and exp.nodes["n1"].state == "running"
+    collecting = threading.Thread(target=exp._stop_taking_logs)
+    collecting.start()
+    collecting.join(0.3)
+    assert collecting.is_alive()  # waits for n1's write
+    release.set()
+    collecting.join(10)
+    slow.join(10)
+    assert not collecting.is_alive() and exp.nodes["n1"].state == "done"
+    assert exp.on_log("n2", done % b"n2")["stored"] is False
