@@ -82,8 +82,12 @@ class ReLU(Layer):
         return self._out
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
-        out, self._out = self._out, None
-        return dy * (out > 0)
+        return self.backward_into(dy, None)
+
+    def backward_into(self, dy: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+        """The input's gradient written into ``out`` (a new array if None)."""
+        kept, self._out = self._out, None
+        return np.multiply(dy, kept > 0, out=out)
 
 
 def _activation(activation: Optional[str]) -> Optional[ReLU]:
@@ -173,15 +177,19 @@ class _Grid:
         """The ``(n, block_h, block_w, channels)`` view of ``flat`` from ``first_row``."""
         return flat[first_row:first_row + self.pixels].reshape(self.n, self.block_h, self.block_w, flat.shape[1])
 
-    def place(self, maps: np.ndarray, first_row: int) -> np.ndarray:
+    def place(self, maps: np.ndarray, first_row: int, relu: Optional["ReLU"] = None) -> np.ndarray:
         """A matrix of ``rows + reach`` rows, ``maps`` (n, h, w, channels) in its blocks from
-        ``first_row``, zeros everywhere else (written there alone: the maps are most of it)."""
+        ``first_row``, zeros everywhere else (written there alone: the maps are most of it).
+        With ``relu``, its backward pass of ``maps`` is written there instead (no copy between)."""
         _, h, w, c = maps.shape
         flat = np.empty((self.rows + self.reach, c), maps.dtype)
         flat[:first_row] = 0
         flat[first_row + self.pixels:] = 0
         blocks = self.blocks(flat, first_row)
-        blocks[:, :h, :w] = maps
+        if relu is None:
+            blocks[:, :h, :w] = maps
+        else:
+            relu.backward_into(maps, blocks[:, :h, :w])
         blocks[:, :h, w:] = 0
         blocks[:, h:] = 0
         return flat
@@ -309,20 +317,19 @@ class Conv2D(Layer):
         return self.act.forward(y, training) if self.act else y
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
-        if self.act:
-            dy = self.act.backward(dy)
         flat_x, self._flat_x = self._flat_x, None
         if flat_x is None:
             raise ValueError(f"{self.name}: backward needs a forward pass in training mode")
         n, h, w, c = self._in_shape
         grid = self._grid(n, h, w)
-        flat_dy = grid.place(dy, grid.reach)  # the outputs' own rows shifted by reach: zeros before them
+        # the outputs' own rows shifted by reach (zeros before them), through ReLU's mask if any
+        flat_dy = grid.place(dy, grid.reach, self.act)
         dy_rows = flat_dy[grid.reach:grid.reach + grid.rows]
         if self._thin(c):  # flat_x is _fold_rows' matrix
             dkernel = _unfold_kernel(_kernel_gradient(flat_x, dy_rows, replace(grid, kh=1), self.k * c), self.k)
         else:
             dkernel = _kernel_gradient(flat_x, dy_rows, grid, c)
-        self.grads = [dkernel, _column_sums(dy.reshape(-1, dy.shape[-1])).astype(dy.dtype)]
+        self.grads = [dkernel, _column_sums(dy_rows).astype(dy.dtype)]  # (the padding's zeros add nothing)
         if not need_dx:
             return None
         # a pixel's gradient sums dy at the outputs whose windows hold it: dy at (row - i * block_w - j)
@@ -359,40 +366,42 @@ class BatchNormalization(Layer):
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
         gamma, beta, moving_mean, moving_var = self.params
         if not training:
-            self._xhat = None
+            self._centred = None
             return (x - moving_mean) * (gamma / np.sqrt(moving_var + self.epsilon)) + beta
         x2 = x.reshape(-1, x.shape[-1])
         mean = _column_sums(x2) / len(x2)  # float64 sums: a float32 running sum over
         centred = x2 - mean.astype(x.dtype)  # thousands of pixels loses digits BN then magnifies
-        var = _column_sums(centred * centred) / len(x2)
+        y = np.multiply(centred, centred)  # (the squares' array then holds the outputs)
+        var = _column_sums(y) / len(x2)
         m = self.momentum
         moving_mean[:] = moving_mean * m + mean * (1 - m)
         moving_var[:] = moving_var * m + var * (1 - m)
-        self._inv_std = (1.0 / np.sqrt(var + self.epsilon)).astype(x.dtype)
-        centred *= self._inv_std
-        self._xhat = centred.reshape(x.shape)
-        y = self._xhat * gamma
+        self._inv_std = 1.0 / np.sqrt(var + self.epsilon)
+        np.multiply(centred, (gamma * self._inv_std).astype(x.dtype), out=y)  # xhat * gamma, one pass
         y += beta
-        return y
+        self._centred = centred
+        return y.reshape(x.shape)
 
     def backward(self, dy: np.ndarray, need_dx: bool = True) -> Optional[np.ndarray]:
-        if self._xhat is None:
+        centred, self._centred = self._centred, None
+        if centred is None:
             raise ValueError(f"{self.name}: backward needs a forward pass in training mode")
-        c = dy.shape[-1]
-        dy2, xhat = dy.reshape(-1, c), self._xhat.reshape(-1, c)
-        self._xhat = None
-        dgamma = _column_sums(dy2 * xhat)
+        dy2 = dy.reshape(centred.shape)
+        inv_std = self._inv_std
+        product = np.multiply(dy2, centred)
+        dgamma = _column_sums(product) * inv_std  # the sum of dy * xhat
         dbeta = _column_sums(dy2)
         self.grads = [dgamma.astype(dy.dtype), dbeta.astype(dy.dtype), None, None]
         if not need_dx:
             return None
         count = len(dy2)
-        gamma = self.params[0]
-        # dx = gamma / std * (dy - mean(dy) - xhat * mean(dy * xhat))
-        mean_dy, mean_dyx = (dbeta / count).astype(dy.dtype), (dgamma / count).astype(dy.dtype)
-        dx = dy2 - mean_dy
-        dx -= xhat * mean_dyx
-        dx *= gamma * self._inv_std
+        scale = self.params[0] * inv_std
+        # dx = gamma / std * (dy - mean(dy) - xhat * mean(dy * xhat)), xhat = centred / std:
+        # scale * dy + centred * slope + offset per channel (the product's array holds the middle term)
+        slope, offset = -scale * inv_std * (dgamma / count), -scale * (dbeta / count)
+        dx = np.multiply(dy2, scale.astype(dy.dtype))
+        dx += np.multiply(centred, slope.astype(dy.dtype), out=product)
+        dx += offset.astype(dy.dtype)
         return dx.reshape(dy.shape)
 
 

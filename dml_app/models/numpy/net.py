@@ -19,6 +19,7 @@ import numpy as np
 
 from dml_app.models.architectures import architecture, learning_rate
 from dml_app.models.numpy import layers as L
+from dml_app.models.numpy.heap import reuse_freed_memory
 from dml_app.models.numpy.layers import Layer
 from dml_app.models.numpy.minibatch import train_epochs
 from dml_app.models.numpy.rand import Rng
@@ -148,22 +149,26 @@ class Sequential:
 
     # the node model contract ----------------------------------------------------------------
     def train(self, x: np.ndarray, y: np.ndarray, epochs: int = 1, batch_size: int = 32) -> dict[str, float]:
-        """Minibatch training in a seeded order; returns the mean loss of the last epoch and the seconds spent."""
-        return train_epochs(self.rng, self.shaped(x), np.asarray(y, dtype=np.int64), epochs, batch_size,
-                            self.train_step)
+        """Minibatch training in a seeded order; returns the mean loss of the last epoch and the seconds spent.
+        The batches reuse the memory the previous ones freed (``heap``), given back at the end."""
+        with reuse_freed_memory():
+            return train_epochs(self.rng, self.shaped(x), np.asarray(y, dtype=np.int64), epochs, batch_size,
+                                self.train_step)
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        """(mean cross-entropy loss, accuracy) on ``x, y``, BatchNormalization on its moving statistics."""
+        """(mean cross-entropy loss, accuracy) on ``x, y``, BatchNormalization on its moving statistics
+        (the batches reuse freed memory, as training's)."""
         x = self.shaped(x)
         y = np.asarray(y, dtype=np.int64)
         if len(x) == 0:
             return 0.0, 0.0
         loss_sum, correct = 0.0, 0
-        for start in range(0, len(x), EVAL_BATCH):
-            xb, yb = x[start:start + EVAL_BATCH], y[start:start + EVAL_BATCH]
-            logp = self._log_softmax(self.logits(xb))
-            loss_sum += float(-logp[np.arange(len(yb)), yb].sum())
-            correct += int((logp.argmax(axis=1) == yb).sum())
+        with reuse_freed_memory():
+            for start in range(0, len(x), EVAL_BATCH):
+                xb, yb = x[start:start + EVAL_BATCH], y[start:start + EVAL_BATCH]
+                logp = self._log_softmax(self.logits(xb))
+                loss_sum += float(-logp[np.arange(len(yb)), yb].sum())
+                correct += int((logp.argmax(axis=1) == yb).sum())
         return loss_sum / len(x), correct / len(x)
 
 
