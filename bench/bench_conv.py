@@ -34,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from dml_app.models.architectures import architecture  # noqa: E402
 from dml_app.models.numpy import layers as current_layers  # noqa: E402
+from dml_app.models.numpy.heap import reuse_freed_memory  # noqa: E402
 from dml_app.models.numpy.net import Sequential  # noqa: E402
 
 SHAPES = {"edgetb_fashion_cnn": (28, 28, 1), "lenet5": (28, 28, 1), "edgetb_cifar10_cnn": (32, 32, 3)}
@@ -72,9 +73,17 @@ def timed(work: Callable[[], object]) -> tuple[float, float]:
 
 
 def per_layer_ms(net: Sequential, x: np.ndarray, repeat: int) -> list[tuple[str, float, float]]:
-    """(layer, forward ms, backward ms) of one training batch, the fastest of ``repeat``."""
+    """(layer, forward ms, backward ms) of one training batch, the fastest of ``repeat`` (reusing
+    freed memory, as ``Sequential.train`` does)."""
     forward: dict[str, list[float]] = {layer.name: [] for layer in net.layers}
     backward: dict[str, list[float]] = {layer.name: [] for layer in net.layers}
+    with reuse_freed_memory():
+        _per_layer_runs(net, x, repeat, forward, backward)
+    return [(layer.name, min(forward[layer.name]), min(backward[layer.name])) for layer in net.layers]
+
+
+def _per_layer_runs(net: Sequential, x: np.ndarray, repeat: int, forward: dict[str, list[float]],
+                    backward: dict[str, list[float]]) -> None:
     for _ in range(repeat):
         h = x
         for layer in net.layers:
@@ -86,7 +95,6 @@ def per_layer_ms(net: Sequential, x: np.ndarray, repeat: int) -> list[tuple[str,
             started = time.perf_counter()
             delta = layer.backward(delta, need_dx=depth < len(net.layers) - 1)
             backward[layer.name].append((time.perf_counter() - started) * 1000)
-    return [(layer.name, min(forward[layer.name]), min(backward[layer.name])) for layer in net.layers]
 
 
 def gradient_error(name: str, baseline: ModuleType, x: np.ndarray, y: np.ndarray, dtype: str
