@@ -204,11 +204,15 @@ class AnswerTooLarge(ConnectionError):
     """An answer longer than the caller takes."""
 
 
+class AnswerTooSlow(ConnectionError):
+    """An answer not all there within the caller's deadline (a trickle holds nothing)."""
+
+
 def request(method: str, url: str, body: Optional[bytes] = None, content_type: str = JSON,
             timeout_s: float = 30.0, retries: int = 0, backoff_s: float = 0.5,
             headers: Optional[dict[str, str] | Callable[[], dict[str, str]]] = None,
             max_answer_bytes: int = MAX_BODY_BYTES, answer_headers: Optional[dict[str, str]] = None,
-            expect_continue: bool = False) -> tuple[int, bytes]:
+            expect_continue: bool = False, answer_deadline_s: Optional[float] = None) -> tuple[int, bytes]:
     """One HTTP/1.1 request on a connection of its own (retried on connection errors); returns
     (status, body). ``headers`` may be a function, called for each attempt (signatures with fresh
     nonces). An answer over ``max_answer_bytes`` is a ``ConnectionError`` (not retried), read no
@@ -217,7 +221,8 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
     it for the answer to begin), so a send to a dead or cut-off peer does not linger.
     ``expect_continue``: the headers go first, the body only after the server's ``100
     Continue`` (or ``CONTINUE_WAIT_S`` of silence): a server that answers from the headers
-    (a peer that takes no more models) costs no transfer.
+    (a peer that takes no more models) costs no transfer. ``answer_deadline_s``: the whole
+    answer arrives within this of the request being sent, or ``AnswerTooSlow`` (not retried).
 
     Written on the socket directly, not with ``http.client``: a node makes a few calls a round,
     and ``http.client`` parses every answer's headers with the ``email`` package (about half a
@@ -247,11 +252,13 @@ def request(method: str, url: str, body: Optional[bytes] = None, content_type: s
                 if body and len(body) > COALESCE_BYTES:
                     _sendall(sock, body)
             sock.settimeout(max(0.001, timeout_s - (time.monotonic() - began)))  # what is left, for the answer
+            if answer_deadline_s is not None:
+                reader.deadline = time.monotonic() + answer_deadline_s
             status, got, answer = reader.answer(method, max_answer_bytes, url)
             if answer_headers is not None:
                 answer_headers.update(got)
             return status, answer
-        except AnswerTooLarge:
+        except (AnswerTooLarge, AnswerTooSlow):
             raise
         except (OSError, ValueError) as e:
             last = e
@@ -321,9 +328,20 @@ class _AnswerReader:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = b""
+        self.deadline: Optional[float] = None  # (monotonic) the whole answer by then
 
     def _fill(self) -> bool:
-        data = self.sock.recv(65536)
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise AnswerTooSlow("the answer took longer than its deadline")
+            self.sock.settimeout(min(left, self.sock.gettimeout() or left))
+        try:
+            data = self.sock.recv(65536)
+        except socket.timeout:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise AnswerTooSlow("the answer took longer than its deadline") from None
+            raise
         self.buf += data
         return bool(data)
 
