@@ -141,7 +141,7 @@ def run_plain(workdir: str, python: str, names: list[str], rounds: int, shards: 
     os.makedirs(home)
     with open(os.path.join(home, "config.toml"), "w") as f:
         f.write('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:19092"\ninsecure = true\n')
-    env = dict(os.environ, FLWR_HOME=home, PYTHONUNBUFFERED="1", PATH=f"{bin_dir}:{os.environ.get('PATH', '')}")
+    env = dict(os.environ, FLWR_HOME=home, PYTHONUNBUFFERED="1", FLWR_TELEMETRY_ENABLED="0", PATH=f"{bin_dir}:{os.environ.get('PATH', '')}")
     procs: list[subprocess.Popen] = []
     logs = open(os.path.join(home, "processes.log"), "w")
 

@@ -390,7 +390,10 @@ class FlowerRun:
         s, o = self.spec.structure, self.spec.options
         if not self.reader.rounds or not self.record.get("started_at"):
             return
-        database = os.path.join(plan.flwr_home(o.workdir, s.superlink, self.run_id), plan.DATABASE)
+        database = plan.database(s, o.workdir, self.run_id)
+        if database is None:  # (its state was in memory)
+            self.record["flower"]["time_s"] = "the log as read by edgetb"
+            return
         try:
             done = programs.run(self.worker, s.superlink, ["python3", "-c", READ_LOG_PIECES, database], timeout_s=30.0)
             pieces = [(float(t), str(text)) for t, text in map(json.loads, done["stdout"].splitlines())] \

@@ -3,8 +3,12 @@ SuperLink's address and Flower's CLI config. Pure: unit-tested without root or F
 
 The SuperLink serves its Fleet, Control and Runtime APIs on one port of its node's address;
 each SuperNode runs with ``--isolation process`` beside one ``flower-superexec`` that starts its
-ClientApp processes (flwr 1.42: one for each message, which ends with its reply); every Flower home (``FLWR_HOME``, one a run) and the SuperLink's database lie
-in the node's own directory, the one place a node writes.
+ClientApp processes (flwr 1.42: one for each message, which ends with its reply); every Flower
+home (``FLWR_HOME``, one a run) lies in the node's own directory, the one place a node writes.
+The SuperLink keeps its state in an SQLite file there up to ``FILE_STATE_MAX_SUPERNODES``
+SuperNodes, and in memory (Flower's own default) above: flwr waits at most 5 s for the file's
+lock (its fixed ``busy_timeout``), and the writes of 50 SuperNodes' heartbeats and pulls on two
+loaded cores waited longer ("database is locked", the run's task expired in round 1).
 """
 from __future__ import annotations
 
@@ -20,6 +24,18 @@ CLIENTAPP_PORT = 9094  # a SuperNode's Runtime API, on its node's loopback
 CONNECTION = "edgetb"  # the SuperLink's name in Flower's CLI config
 HOME_PREFIX = "flwr_home-"  # + the run id: a run's own (a node's uid is another in another testbed)
 DATABASE = "superlink.db"
+FILE_STATE_MAX_SUPERNODES = 16  # above: the SuperLink's state in memory (no round times from its log pieces)
+IN_MEMORY = ":flwr-in-memory:"  # flwr's name for its in-memory state (the default of --database)
+# Every Flower process: no telemetry. flwr sends an event to its telemetry server on start and on
+# exit, and its exit waits up to 4 s for that (nodes reach no internet): each stop took its 5 s grace.
+FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0"}
+
+
+def database(structure: FlowerStructure, workdir: str, run_id: str) -> Optional[str]:
+    """The SuperLink's SQLite file, or None when it keeps its state in memory."""
+    if len(structure.supernodes) > FILE_STATE_MAX_SUPERNODES:
+        return None
+    return os.path.join(flwr_home(workdir, structure.superlink, run_id), DATABASE)
 
 
 @dataclass(frozen=True)
@@ -83,10 +99,10 @@ def servers(structure: FlowerStructure, workdir: str, run_id: str, ips: dict[str
     home = flwr_home(workdir, sl, run_id)
     programs = [Program(sl, "superlink", (
         "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-        "--database", os.path.join(home, DATABASE), "--host", ips[sl], "--port", str(SUPERLINK_PORT)),
-        {"FLWR_HOME": home})]
+        "--database", database(structure, workdir, run_id) or IN_MEMORY, "--host", ips[sl], "--port", str(SUPERLINK_PORT)),
+        {**FLOWER_ENV, "FLWR_HOME": home})]
     for node, conf in node_configs(structure, shards).items():
-        env = {"FLWR_HOME": flwr_home(workdir, node, run_id)}
+        env = {**FLOWER_ENV, "FLWR_HOME": flwr_home(workdir, node, run_id)}
         programs.append(Program(node, "supernode", (
             "flower-supernode", "--insecure", "--superlink", f"{ips[sl]}:{SUPERLINK_PORT}", "--isolation", "process",
             "--host", "127.0.0.1", "--port", str(CLIENTAPP_PORT), "--node-config", config_pairs(conf)), env))
@@ -100,5 +116,5 @@ def submit(structure: FlowerStructure, workdir: str, run_id: str) -> Program:
     argv = ["flwr", "run", structure.app, CONNECTION, "--stream"]
     if structure.run_config:
         argv += ["--run-config", config_pairs(structure.run_config)]
-    env = {"FLWR_HOME": flwr_home(workdir, structure.superlink, run_id), "PYTHONUNBUFFERED": "1"}  # lines as they come
+    env = {**FLOWER_ENV, "FLWR_HOME": flwr_home(workdir, structure.superlink, run_id), "PYTHONUNBUFFERED": "1"}  # lines as they come
     return Program(structure.superlink, "run", tuple(argv), env)

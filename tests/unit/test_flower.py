@@ -141,7 +141,8 @@ def test_the_plan_puts_homes_in_node_directories_and_runs_supernodes_with_proces
     assert [(p.node, p.name) for p in progs] == [("n1", "superlink"), ("n2", "supernode"), ("n2", "superexec"),
                                                  ("n3", "supernode"), ("n3", "superexec")]
     sl = progs[0]
-    assert sl.env == {"FLWR_HOME": "/w/dml_file/node/n1/flwr_home-r1"}
+    assert sl.env == {"FLWR_HOME": "/w/dml_file/node/n1/flwr_home-r1", "FLWR_TELEMETRY_ENABLED": "0"}
+    assert all(p.env["FLWR_TELEMETRY_ENABLED"] == "0" for p in progs)  # (flwr's exit waits 4 s to send it)
     assert "--disable-runtime-dependency-installation" in sl.argv
     assert sl.argv[sl.argv.index("--database") + 1] == "/w/dml_file/node/n1/flwr_home-r1/superlink.db"
     assert sl.argv[sl.argv.index("--host") + 1] == "10.1.0.2"
@@ -150,6 +151,15 @@ def test_the_plan_puts_homes_in_node_directories_and_runs_supernodes_with_proces
     assert n2[n2.index("--node-config") + 1] == 'data-path="/w/dataset/digits/n2.npz" num-partitions=2 partition-id=0'
     assert n3[n3.index("--node-config") + 1] == 'name="a \\"b\\"" num-partitions=5 partition-id=1'
     assert progs[2].argv[-1] == f"127.0.0.1:{plan.CLIENTAPP_PORT}"
+
+
+def test_the_superlink_keeps_its_state_in_memory_above_a_few_supernodes():
+    many = _structure(supernodes=tuple(f"n{i}" for i in range(2, plan.FILE_STATE_MAX_SUPERNODES + 3)))
+    ips = {n: "10.1.0.2" for n in ("n1", *many.supernodes)}
+    sl = plan.servers(many, "/w", "r1", ips)[0]
+    assert sl.argv[sl.argv.index("--database") + 1] == plan.IN_MEMORY == ":flwr-in-memory:"
+    assert plan.database(many, "/w", "r1") is None
+    assert plan.database(_structure(), "/w", "r1") == "/w/dml_file/node/n1/flwr_home-r1/superlink.db"
 
 
 def test_the_app_is_submitted_with_flower_s_cli_and_its_config_names_the_superlink():
