@@ -2,12 +2,11 @@
 bursts from a pcap the test writes, compute bursts from phases, consumption, the pooled role row."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
 from controller.results.analysis import timed_bursts as T
+from controller.results.analysis.inputs import RunInputs
 from controller.results.analysis.pcap import read_pcap
 from controller.results.analysis.table import Counters
 from tests.unit.test_analysis import frame, write_pcap
@@ -49,7 +48,7 @@ def fake_run(tmp_path, phases, capture_packets):
     cpu_s = np.cumsum(np.where((times > 1.0) & (times <= 2.0), 0.05, 0.0))  # 50 % of a core from 1 s to 2 s
     counters = Counters([("n1",)], {("n1",): times}, {("n1",): {"cpu_s": cpu_s,
                                                                               "mem_bytes": np.full(times.size, 1e8)}})
-    return SimpleNamespace(t0=t0, nodes={"n1": {"ip": "10.0.0.1", "role": "trainer"}, "n2": {"ip": "10.0.0.2", "role": "trainer"}},
+    return RunInputs(run_dir=str(tmp_path), run_id="r", rounds={}, app_sent={}, t0=t0, nodes={"n1": {"ip": "10.0.0.1", "role": "trainer"}, "n2": {"ip": "10.0.0.2", "role": "trainer"}},
                            links={("n1", "n2"): {"rate_bps": None}}, captures={"n1": p}, node_counters=counters,
                            phases={"n1": {"train": [[t0 + 1.0, t0 + 1.5], [t0 + 1.55, t0 + 2.0], [t0 + 5.0, t0 + 6.0]],
                                           "evaluate": [[t0 + 6.02, t0 + 6.1]], "send": [[t0 + 7, t0 + 9]]}})
@@ -74,8 +73,8 @@ def test_table_gives_the_twelve_metrics_per_node_and_role(tmp_path):
 
 
 def test_an_older_run_without_phases_or_captures_gives_no_rows_and_no_error(tmp_path):
-    inp = SimpleNamespace(t0=0.0, nodes={"n1": {"ip": None, "role": "x"}}, links={}, captures={}, node_counters=None,
-                          phases={})
+    inp = RunInputs(run_dir=str(tmp_path), run_id="r", rounds={}, app_sent={}, t0=0.0,
+                    nodes={"n1": {"ip": None, "role": "x"}}, links={}, captures={}, node_counters=None, phases={})
     assert T.table(inp, lambda _i, _n: (0.0, 1.0)) == []
 
 
@@ -95,3 +94,11 @@ def test_cpu_consumption_comes_from_the_phases_cpu_clocks_when_they_carry_them(t
     # per burst 70 % and 0.58 / 1.1 = 52.7 %, weighted by duration: 1.28 s of CPU over 2.1 s
     assert cpu["burst_consumption"] == pytest.approx(100 * 1.28 / 2.1)
     assert by[("n1", "mem")]["burst_consumption"] == pytest.approx(1e8)  # memory still sampled
+
+
+def test_link_rates_are_indexed_by_sender_and_receiver(tmp_path):
+    inp = RunInputs(run_dir=str(tmp_path), run_id="r", rounds={}, app_sent={}, t0=0.0, nodes={},
+                    links={("a", "b"): {"rate_bps": 8e6}, ("a", "c"): {"rate_bps": 2e6},
+                           ("c", "a"): {"rate_bps": 1e6}, ("b", "c"): {"rate_bps": None}})
+    assert sorted(inp.link_rates("a", 0)) == [2e6, 8e6] and inp.link_rates("a", 1) == [1e6]
+    assert inp.link_rates("b", 0) == [] and inp.link_rates("c", 1) == [2e6] and inp.link_rates("z", 0) == []

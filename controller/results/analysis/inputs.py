@@ -52,8 +52,22 @@ class RunInputs:
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
+    _rates_by_end: Optional[tuple[dict[str, list[float]], ...]] = field(default=None, repr=False, compare=False)
+
     def ip_to_node(self) -> dict[int, str]:
         return {ip_int(n["ip"]): name for name, n in self.nodes.items() if n.get("ip")}
+
+    def link_rates(self, node: str, end: int) -> list[float]:
+        """The configured rates (bit/s) of the links ``node`` sends on (``end`` 0) or receives on
+        (1); indexed once, so that a thousand nodes do not each scan every link."""
+        if self._rates_by_end is None:
+            by_end: tuple[dict[str, list[float]], ...] = ({}, {})
+            for key, link in self.links.items():
+                if link.get("rate_bps"):
+                    for e in (0, 1):
+                        by_end[e].setdefault(key[e], []).append(link["rate_bps"])
+            self._rates_by_end = by_end
+        return self._rates_by_end[end].get(node, [])
 
 
 def is_run_dir(path: str) -> bool:

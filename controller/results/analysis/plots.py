@@ -125,11 +125,17 @@ def onoff_raster(inp: RunInputs, raster: dict[str, Any]) -> bytes:
     plt = _plt()
     nodes = sorted(raster)
     fig, ax = plt.subplots(figsize=(10, min(12, max(3, 0.18 * len(nodes) + 1.5))))
+    boxes = []  # every node's ON spans, one collection (an artist per node costs ms each)
     for i, node in enumerate(nodes):
         t0, dt, on = raster[node]
         idx = np.flatnonzero(np.diff(np.concatenate(([0], on.astype(np.int8), [0]))))
-        spans = [(t0 + a * dt, (b - a) * dt) for a, b in zip(idx[::2], idx[1::2])]
-        ax.broken_barh(spans, (i - 0.4, 0.8), color="black")
+        boxes += [[(x0, i - 0.4), (x0, i + 0.4), (x1, i + 0.4), (x1, i - 0.4)]
+                  for x0, x1 in zip(t0 + idx[::2] * dt, t0 + idx[1::2] * dt)]
+    if boxes:
+        from matplotlib.collections import PolyCollection
+
+        ax.add_collection(PolyCollection(boxes, facecolors="black", edgecolors="none"))
+        ax.autoscale_view(scaley=False)
     ax.set_ylim(-0.5, len(nodes) - 0.5)
     if len(nodes) <= 60:
         ax.set_yticks(range(len(nodes)), nodes, fontsize="x-small")

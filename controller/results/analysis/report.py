@@ -120,7 +120,7 @@ def floor_for(inp: RunInputs, node: str, resource: str) -> tuple[float, str]:
         return B.CPU_FLOOR_OF_QUOTA * quota * 100.0, f"floor: 5% of the CPU quota ({quota:g} cores)"
     if resource in ("net_tx", "net_rx"):
         end = 0 if resource == "net_tx" else 1
-        rates = [l["rate_bps"] for k, l in inp.links.items() if k[end] == node and l.get("rate_bps")]
+        rates = inp.link_rates(node, end)
         if rates:
             return B.NET_FLOOR_OF_RATE * max(rates), f"floor: 1% of the link rate ({max(rates):g} bit/s)"
     return 0.0, "floor"

@@ -128,7 +128,7 @@ def node_bursts(inp: Any, node: str, window: tuple[float, float]) -> dict[str, t
         out["cpu"] = (cpu, cons_cpu, weights, source, lengths)
         out["mem"] = (cpu, cons_mem, weights, source, lengths)
     ip = inp.nodes.get(node, {}).get("ip")
-    rates = {end: [l["rate_bps"] for k, l in inp.links.items() if k[end] == node and l.get("rate_bps")] for end in (0, 1)}
+    rates = {end: inp.link_rates(node, end) for end in (0, 1)}
     if node in inp.captures:
         p = inp.captures[node]
         found = packet_bursts(p.time_s, p.length, p.segments, max(rates[0]) if rates[0] else None, NET_GAP_S)
