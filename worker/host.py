@@ -33,6 +33,7 @@ from worker.routes import Routes, parse_routes
 from worker.shaping import apply as tc_apply
 from worker.shaping.links import Links
 from worker.shaping.rates import urgent
+from worker.shaping.schedule import HostSchedule
 from worker.state import StateStore
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class WorkerHost:
         self.routes = Routes(self.store)
         self.captures = Captures(self.store)
         self.links = Links(self.store, self.runtime)
+        self.schedule = HostSchedule(self.store)  # a trace's bins ticked by this host's clock
         self.procs = Processes(self.store, self.runtime, workdir=self.workdir, code_root=code_root)
         self.telemetry = Telemetry(self.store, self.runtime)
         from worker.faults import Faults
@@ -151,7 +153,9 @@ class WorkerHost:
     # shaping (worker.shaping.links) ------------------------------------------------------
     def set_links(self, body: Any, merge: bool = False) -> dict[str, Any]:
         """Shape the listed links (``worker.shaping.links.Links.set_links``)."""
-        return versioned(self.links.set_links(bodies.checked(bodies.SET_LINKS, body), merge))
+        answer = versioned(self.links.set_links(bodies.checked(bodies.SET_LINKS, body), merge))
+        self.schedule.replanned()  # (the ticked links' classes may have moved)
+        return answer
 
     def set_rates(self, body: Any) -> dict[str, Any]:
         """Change the rates of shaped links in place (``worker.shaping.links.Links.set_rates``);
@@ -160,7 +164,20 @@ class WorkerHost:
             return versioned(self.links.set_rates(bodies.checked(bodies.SET_RATES, body)))
 
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
+        self.schedule.stop()
         return versioned(self.links.clear_links(node))
+
+    def schedule_start(self, body: Any) -> dict[str, Any]:
+        """Tick a trace's bins by this host's clock (``worker.shaping.schedule.HostSchedule``)."""
+        return versioned(self.schedule.start(body))
+
+    def schedule_end(self, body: Any) -> dict[str, Any]:
+        """Stop ticking the listed links (a constant rate was set on them)."""
+        return versioned(self.schedule.end(body))
+
+    def schedule_stop(self) -> dict[str, Any]:
+        """Stop the clock: its ticks and each link's last bin (stored as its plan's)."""
+        return versioned(self.schedule.stop())
 
     def shaping(self, node: str) -> dict[str, Any]:
         """The node's plan, the kernel's state, and whether they agree."""
@@ -321,6 +338,7 @@ class WorkerHost:
         """Stop the recorded processes (SIGTERM, then SIGKILL after a grace period), then remove
         every resource of this testbed."""
         self.faults.reset()
+        self.schedule.stop()
         self.telemetry_stop()
         self.procs.stop_all()
         children, zyg = self.procs.forget()

@@ -16,6 +16,14 @@ folder; ``on_change(rates, t_s)`` tells the run which rates changed when (its ``
 The delay and loss a recording's columns gave a link, when applied, are kept (``netem_over``:
 the dashboard's link view) and written as ``trace_netem.csv`` (``NETEM_FIELDS``; empty values:
 the trace ended there).
+
+By default (``worker_clock``) ``start`` hands the links traced from the start (not access
+links) to their hosts once: each host its links' bins and one common start on the wall clock
+(``schedule_start``, ``worker.shaping.schedule``), ticked by the host's own clock; ``end``
+tells the host (``schedule_end``); ``stop`` takes the hosts' ticks (``schedule_stop``) into
+``rows`` and tells ``on_change`` the rates each applied tick set, at its applied time. An agent
+without the route (or that refuses the schedule) leaves the links to the controller's ticks,
+as do links added later (a scenario ``trace`` event, a live links file) and access links.
 """
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Union
 
-from controller.model.traces import Replay
+from controller.model.traces import MIN_REPLAY_DELAY_MS, MIN_REPLAY_RATE_BPS, Replay
 from controller.results.run_dir import csv_bytes
 from worker.api.errors import TestbedError
 
@@ -98,8 +106,11 @@ class TraceReplay:
 
     def __init__(self, worker: Any, clock: Callable[[], float] = time.monotonic,
                  on_change: Optional[Callable[[dict[Key, int], float], None]] = None,
-                 progress: Callable[[str], None] = print) -> None:
+                 progress: Callable[[str], None] = print, worker_clock: bool = True) -> None:
         self.worker = worker
+        self.worker_clock = worker_clock
+        self.handed: dict[Key, TracedLink] = {}  # links the hosts' clocks tick
+        self.handed_ended: dict[Key, float] = {}  # when a handed link was ended (seconds since the start)
         self.clock = clock
         self.on_change = on_change
         self.progress = progress
@@ -131,6 +142,7 @@ class TraceReplay:
         """Replay ``links`` (a link replaying already is replaced); ``apply_now``: set their
         first rates at once instead of at the next tick."""
         links = list(links)
+        self._end_handed([link.key for link in links])
         with self._cond:
             for link in links:
                 self.links[link.key] = link
@@ -153,26 +165,60 @@ class TraceReplay:
 
     def end(self, keys: Iterable[Key]) -> list[Key]:
         """Stop replaying on ``keys`` (their rate is set otherwise now); the ones that were replayed."""
+        keys = list(keys)
+        handed = self._end_handed(keys)
         with self._sending, self._cond:
             ended = [k for k in keys if self.links.pop(k, None) is not None]
             for k in ended:
                 self.last.pop(k, None)
                 if self._netem_now.pop(k, None) is not None:
                     self.netem_changes.append((self.now_s(), k, None, None))
-        return ended
+        return handed + ended
+
+    def _end_handed(self, keys: list[Key]) -> list[Key]:
+        """Tell the hosts to stop ticking those of ``keys`` they tick."""
+        with self._cond:
+            mine = [k for k in keys if k in self.handed and k not in self.handed_ended]
+            for k in mine:
+                self.handed_ended[k] = self.now_s()
+        if mine:
+            self.worker.schedule_end({"version": 1, "links": [{"src": s, "dst": d} for s, d in mine]})
+        return mine
 
     def done(self) -> bool:
         """Every link's replay has reached its end (never, for a looped one)."""
         t_s = self.now_s()
         with self._cond:
-            return all(t_s >= link.start_s + link.replay.end_s for link in self.links.values())
+            links = list(self.links.values()) + [l for k, l in self.handed.items() if k not in self.handed_ended]
+            return all(t_s >= link.start_s + link.replay.end_s for link in links)
 
     # the clock --------------------------------------------------------------------------------
     def start(self, t0: Optional[float] = None) -> None:
         """Tick from ``t0`` (the monotonic time of the run's start; default now) until ``stop``."""
         self.t0 = self.clock() if t0 is None else t0
+        if self.worker_clock:
+            self._hand_over()
         self._thread = threading.Thread(target=self._loop, name="edgetb-trace-replay", daemon=True)
         self._thread.start()
+
+    def _hand_over(self) -> None:
+        """The links traced from the start, to their hosts' clocks (else they stay the controller's)."""
+        with self._cond:
+            links = [l for l in self.links.values() if l.side is None and l.start_s == 0 and schedulable(l.replay)]
+        if not links or not hasattr(self.worker, "schedule_start"):
+            return
+        start_wall_s = time.time() + (self.t0 - self.clock())
+        body = {"version": 1, "start_wall_s": round(start_wall_s, 6), "links": [schedule_of(l) for l in links]}
+        try:
+            self.worker.schedule_start(body)
+        except TestbedError as e:
+            self.progress(f"trace replay: the hosts' clocks refused the schedule ({e.message}); "
+                          "the controller ticks it")
+            return
+        with self._cond:
+            for link in links:
+                self.links.pop(link.key, None)
+                self.handed[link.key] = link
 
     def stop(self) -> None:
         with self._cond:
@@ -180,6 +226,38 @@ class TraceReplay:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.handed:
+            self._take_back()
+
+    def _take_back(self) -> None:
+        """Stop the hosts' clocks; their ticks into ``rows``, the rates they set to ``on_change``."""
+        try:
+            answer = self.worker.schedule_stop()
+        except TestbedError as e:
+            self.progress(f"trace replay: stopping the hosts' clocks failed: {e.message}")
+            return
+        if answer.get("stopped_hosts") or not answer.get("running", True):
+            self.progress("trace replay: a host had no clock running at the end (its agent restarted?): "
+                          f"{', '.join(answer.get('stopped_hosts') or ['the host'])}; its ticks are not recorded")
+        rows = sorted(({f: r[f] for f in ROW_FIELDS} for r in answer.get("rows", [])),
+                      key=lambda r: r["planned_s"])
+        last: dict[Key, Value] = {}
+        for row in rows:
+            if not row["changed"] or row["outcome"] != "applied":
+                continue
+            t_s = row["planned_s"]
+            live = [l for k, l in self.handed.items() if self.handed_ended.get(k, math.inf) > row["applied_s"]]
+            changed = due(live, t_s, last)
+            last.update(changed)
+            with self._cond:
+                for key, value in changed.items():
+                    if not isinstance(value, int) and self._netem_now.get(key) != value[1:]:
+                        self._netem_now[key] = (value[1], value[2])
+                        self.netem_changes.append((row["applied_s"], key, value[1], value[2]))
+            if changed and self.on_change is not None:
+                self.on_change({k: rate_of(v) for k, v in changed.items()}, row["applied_s"])
+        self.rows = sorted(self.rows + rows, key=lambda r: r["planned_s"])
+        self.netem_changes.sort(key=lambda c: c[0])
 
     def _loop(self) -> None:
         try:  # this thread's own (Linux: per thread); as root: on a loaded host a tick waits behind busy processes
@@ -308,6 +386,28 @@ def stored_netem(text: str, key: Key, times: Iterable[float]) -> Optional[dict[s
                             float(row["loss_pct"]) if row["loss_pct"] else None))
     changes.sort(key=lambda c: c[0])
     return netem_at_times(changes, times)
+
+
+def schedulable(replay: Replay) -> bool:
+    """A replay the hosts' clocks can tick: bins of a whole number of ms (time scale included)."""
+    bin_ms = replay.tick_s * 1000
+    return abs(bin_ms - round(bin_ms)) < 1e-6 and round(bin_ms) >= 10
+
+
+def schedule_of(link: TracedLink) -> dict[str, Any]:
+    """``link``'s entry of a host's schedule (``worker.shaping.schedule.parse``): the bins the
+    controller's ticks would apply (``Replay.rate_at``/``netem_at`` of each bin)."""
+    replay, trace = link.replay, link.replay.trace
+    rates = [max(int(r), MIN_REPLAY_RATE_BPS) for r in trace.rates_bps]
+    netem = None
+    if replay.needs_netem:
+        n = len(rates)
+        delays = trace.delays_ms if trace.delays_ms is not None else [0.0] * n
+        losses = trace.losses_pct if trace.losses_pct is not None else [0.0] * n
+        netem = [[max(float(d), MIN_REPLAY_DELAY_MS), float(l)] for d, l in zip(delays, losses)]
+    return {"src": link.src, "dst": link.dst, "rates_bps": rates, "netem": netem,
+            "bin_ms": round(replay.tick_s * 1000), "loop": replay.loop,
+            "offset_s": replay.offset_s * replay.time_scale}
 
 
 def traced_links(topology: Any) -> list[TracedLink]:

@@ -269,6 +269,15 @@ class AgentClient:
     def set_rates(self, body: Any) -> dict[str, Any]:
         return self._op("set_rates", body)
 
+    def schedule_start(self, body: Any) -> dict[str, Any]:
+        return self._op("schedule_start", body)
+
+    def schedule_end(self, body: Any) -> dict[str, Any]:
+        return self._op("schedule_end", body)
+
+    def schedule_stop(self) -> dict[str, Any]:
+        return self._op("schedule_stop")
+
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         return self._op("clear_links", params={"node": node} if node else None)
 

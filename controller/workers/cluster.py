@@ -288,6 +288,27 @@ class Cluster:
         return {"version": 1, "links": sum(r["links"] for r in done.values()),
                 "seconds": max((r.get("seconds", 0) for r in done.values()), default=0)}
 
+    def schedule_start(self, body: Any) -> dict[str, Any]:
+        """Each host its links' bins, one common start (wall clock), to every host at once."""
+        per_host = self._split(body["links"], "src")
+        done = self._each(lambda name, w: w.schedule_start({**body, "links": per_host[name]}), list(per_host))
+        return {"version": 1, "links": sum(r["links"] for r in done.values()),
+                "starts_in_s": min((r["starts_in_s"] for r in done.values()), default=0)}
+
+    def schedule_end(self, body: Any) -> dict[str, Any]:
+        per_host = self._split([x for x in body["links"] if x.get("src") in self.placement], "src")
+        done = self._each(lambda name, w: w.schedule_end({"version": 1, "links": per_host[name]}), list(per_host))
+        return {"version": 1, "ended": [x for r in done.values() for x in r["ended"]]}
+
+    def schedule_stop(self) -> dict[str, Any]:
+        """Every host's clock stopped: the hosts' ticks (each row with its ``host``) and bins."""
+        done = self._each(lambda name, w: w.schedule_stop())
+        return {"version": 1, "running": any(r["running"] for r in done.values()),
+                "links": sum(r["links"] for r in done.values()),
+                "rows": [{**row, "host": name} for name, r in done.items() for row in r["rows"]],
+                "applied": [x for r in done.values() for x in r["applied"]],
+                "stopped_hosts": sorted(name for name, r in done.items() if not r["running"])}
+
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
         if node is not None:
             return self._worker_of(node).clear_links(node)

@@ -151,3 +151,52 @@ def test_the_workers_own_clock_applies_each_bin_in_the_kernel_on_time(three, req
     report(request, "schedule clock median skew ms", skews[len(skews) // 2])
     report(request, "schedule clock max skew ms", skews[-1])
     assert skews[len(skews) // 2] < 50  # a loaded test host: the bench measures the target
+
+
+def test_a_run_hands_its_traces_to_the_hosts_clock_and_a_constant_rate_ends_one(three):
+    """TraceReplay's default: the host's clock ticks the links (no set_rates per tick); ``end``
+    (a live /update/tc) stops one there and the constant rate set after it stays."""
+    host, ips = three
+    seen: list[tuple[dict, float]] = []
+    replayer = TraceReplay(host, progress=lambda _: None, on_change=lambda r, t: seen.append((r, t)))
+    replayer.add([TracedLink("a", "b", replay([2, 6] * 20)), TracedLink("b", "c", replay([6, 2] * 20))])
+    try:
+        replayer.start()
+        assert set(replayer.handed) == {("a", "b"), ("b", "c")} and not replayer.links
+        assert host.schedule.clock is not None
+        time.sleep(0.55)
+        assert replayer.end([("a", "b")]) == [("a", "b")]
+        host.set_links(links(("a", "b", ips["b"], 3 * 10**6)), merge=True)
+        time.sleep(0.4)
+        assert kernel_rate_bps(host, "a", "b") == 3 * 10**6  # not overwritten by a later bin
+    finally:
+        replayer.stop()
+    assert host.schedule.clock is None
+    assert replayer.rows and replayer.rows[0]["planned_s"] == 0.0
+    assert all(r["outcome"] == "applied" for r in replayer.rows)
+    assert seen and seen[0][0] == {("a", "b"): 2 * 10**6, ("b", "c"): 6 * 10**6}
+    last = replayer.rows[-1]["planned_s"]
+    assert kernel_rate_bps(host, "b", "c") == replay([6, 2] * 20).rate_at(last + 1e-6)  # plan stored at stop
+    assert host.schedule_stop()["running"] is False  # (as after an agent restart: no clock)
+
+
+def test_a_schedule_is_refused_whole_before_anything_runs(three):
+    from worker.api.errors import ConfigError
+
+    host, _ = three
+    good = {"src": "a", "dst": "b", "rates_bps": [10**6, 2 * 10**6], "bin_ms": 100}
+    other = {**good, "src": "b", "dst": "a"}
+    for bad, match in [({**other, "rates_bps": [10**6, -5]}, "at least 8"),
+                       ({**other, "bin_ms": 1}, "under 10"),
+                       ({**good, "dst": "c"}, "no shaped link a->c"),
+                       ({**other, "netem": [[1, 200], [1, 0]]}, "loss_pct"),
+                       ({**other, "evil": 1}, "unknown fields"),
+                       (good, "listed twice")]:
+        with pytest.raises(ConfigError, match=match):
+            host.schedule_start({"version": 1, "start_wall_s": time.time(), "links": [good, bad]})
+        assert host.schedule.clock is None
+    with pytest.raises(ConfigError, match="clocks synchronised"):
+        host.schedule_start({"version": 1, "start_wall_s": time.time() + 3600, "links": [good]})
+    host.schedule_start({"version": 1, "start_wall_s": time.time(), "links": [good]})
+    host.reset()  # stops the clock too
+    assert host.schedule.clock is None

@@ -54,7 +54,7 @@ def test_every_operation_but_health_needs_the_token():
 
 def test_limits_and_idempotent_calls_come_from_the_table():
     assert REQUEST_LIMITS == {"create_nodes": 16 << 20, "set_links": 16 << 20, "merge_links": 16 << 20,
-                              "set_rates": 16 << 20,
+                              "set_rates": 16 << 20, "schedule_start": 16 << 20, "schedule_end": 1 << 20,
                               "sync": 16 << 20, "set_routes": 1 << 20, "exec": 1 << 20, "start_process": 1 << 20,
                               "start_node": 1 << 20}
     assert all(op.limit_bytes == SMALL_REQUEST_BYTES for name, op in OPERATIONS.items() if name not in REQUEST_LIMITS)
@@ -62,6 +62,7 @@ def test_limits_and_idempotent_calls_come_from_the_table():
     idempotent = {(op.method, op.path) for op in OPERATIONS.values() if op.idempotent}
     assert {(m, p) for m, p in idempotent if m != "GET"} == {
         ("PUT", "/links"), ("PATCH", "/links"), ("DELETE", "/links"), ("PATCH", "/links/rates"), ("PUT", "/routes"),
+        ("PUT", "/links/schedule"), ("PATCH", "/links/schedule"),
         ("POST", "/nodes"),
         ("PUT", "/fabric"),
         ("POST", "/swarm/probe"),

@@ -10,10 +10,16 @@ changed: one netlink batch per node, on sockets kept open per namespace (``RateS
 state is saved per tick; ``applied`` (each link's last bin) is what the caller stores when the
 schedule stops. Each tick is a row (``ROW_FIELDS``, as the controller's ``trace_ticks.csv``).
 
-Not yet wired to an HTTP route or to the controller's ``TraceReplay``: see the issue's report.
+``HostSchedule`` is the agent's side (``WorkerHost.schedule_start/_end/_stop``: ``PUT``,
+``PATCH`` and ``DELETE /links/schedule``): a body checked whole (``parse``) before anything
+runs, a common start on the wall clock, links ended one by one when a constant rate is set on
+them, the stored plan given each link's last applied bin when it stops (stop, ``/reset``). The
+clock lives in the agent's memory: an agent restarted mid-run has none (its links keep the
+bins the kernel holds) and its stop answers ``running: false``.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -128,13 +134,20 @@ class ScheduleClock:
         self.applied: list[int] = [-1] * len(links)  # each link's bin in the kernel (-1: none yet)
         self.rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
+        self.ended: set[tuple[str, str]] = set()  # links a constant rate was set on: no longer ticked
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
 
     def tick(self, planned_s: float) -> int:
         """Apply the bins of ``planned_s`` that differ from those applied: one batch per node."""
+        with self._lock:  # an ``end`` waits for a tick under way: no bin lands after the constant rate
+            return self._tick(planned_s)
+
+    def _tick(self, planned_s: float) -> int:
         batches: dict[str, list[tuple[int, int]]] = {}
         for i, link in enumerate(self.links):
+            if (link.src, link.dst) in self.ended:
+                continue
             k = link.index_at(planned_s)
             if k != self.applied[i] and (self.applied[i] < 0 or link.value(k) != link.value(self.applied[i])):
                 batches.setdefault(link.src, []).append((i, k))
@@ -154,12 +167,11 @@ class ScheduleClock:
                 self.applied[i] = k
             changed += len(todo)
         applied_s = self.clock() - self.start
-        with self._lock:
-            self.rows.append({"planned_s": round(planned_s, 4), "applied_s": round(applied_s, 4),
-                              "skew_ms": round((applied_s - planned_s) * 1000, 2), "links": len(self.links),
-                              "changed": changed, "outcome": outcome})
-            if len(self.rows) > KEEP_ROWS:
-                del self.rows[:KEEP_ROWS // 2]
+        self.rows.append({"planned_s": round(planned_s, 4), "applied_s": round(applied_s, 4),
+                          "skew_ms": round((applied_s - planned_s) * 1000, 2),
+                          "links": len(self.links) - len(self.ended), "changed": changed, "outcome": outcome})
+        if len(self.rows) > KEEP_ROWS:
+            del self.rows[:KEEP_ROWS // 2]
         return changed
 
     def run(self) -> None:
@@ -175,6 +187,13 @@ class ScheduleClock:
                 behind = int((self.clock() - self.start) / self.tick_s)
                 k = max(k + 1, behind)  # a tick missed is skipped (its bins come with the next)
 
+    def end(self, keys: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Stop ticking links ``keys`` (a constant rate was set on them); those that were ticked."""
+        with self._lock:
+            ended = [(l.src, l.dst) for l in self.links if (l.src, l.dst) in keys]
+            self.ended.update(ended)
+        return ended
+
     def begin(self) -> None:
         self._thread = threading.Thread(target=self.run, name="edgetb-schedule-clock", daemon=True)
         self._thread.start()
@@ -186,8 +205,155 @@ class ScheduleClock:
             self._thread.join(timeout=5)
         if self._own_sockets:
             self.sockets.close()
-        return {(l.src, l.dst): k for l, k in zip(self.links, self.applied) if k >= 0}
+        return {(l.src, l.dst): k for l, k in zip(self.links, self.applied) if k >= 0 and (l.src, l.dst) not in self.ended}
 
     def rows_since(self, n: int) -> list[dict[str, Any]]:
         with self._lock:
             return self.rows[n:]
+
+
+MAX_LINKS = 10_000
+MAX_START_AHEAD_S = 600.0  # a common start further from now than this is refused (a wrong clock)
+
+
+def _number(value: Any, where: str, lo: float, hi: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not lo <= value <= hi:
+        raise ConfigError(f"{where}: {value!r} is not a number from {lo:g} to {hi:g}")
+    return float(value)
+
+
+def parse(body: Any) -> tuple[list[LinkSchedule], float]:
+    """``{"version": 1, "start_wall_s": unix seconds, "links": [{"src", "dst", "rates_bps": [...],
+    "netem": [[delay_ms, loss_pct], ...] or null, "bin_ms", "loop", "offset_s"}]}``: its links
+    (``check``ed) and start; every mistake named by its place before anything runs."""
+    where = "schedule"
+    if not isinstance(body, dict) or body.get("version") != 1:
+        raise ConfigError(f"{where}: not an object of version 1")
+    unknown = set(body) - {"version", "start_wall_s", "links"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown fields {sorted(unknown)}")
+    start = _number(body.get("start_wall_s"), f"{where}: start_wall_s", 0)
+    if abs(start - time.time()) > MAX_START_AHEAD_S:
+        raise ConfigError(f"{where}: start_wall_s is {start - time.time():+.0f} s from this host's clock "
+                          f"(more than {MAX_START_AHEAD_S:g} s: are the hosts' clocks synchronised?)")
+    items = body.get("links")
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_LINKS:
+        raise ConfigError(f"{where}: links is not a list of 1 to {MAX_LINKS} links")
+    links = []
+    for i, item in enumerate(items):
+        at = f"{where}: links[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{at}: not an object")
+        extra = set(item) - {"src", "dst", "rates_bps", "netem", "bin_ms", "loop", "offset_s"}
+        if extra:
+            raise ConfigError(f"{at}: unknown fields {sorted(extra)}")
+        if not all(isinstance(item.get(f), str) and item.get(f) for f in ("src", "dst")):
+            raise ConfigError(f"{at}: src and dst must be node names")
+        rates = item.get("rates_bps")
+        if not isinstance(rates, list) or len(rates) > MAX_BINS or \
+                any(isinstance(r, bool) or not isinstance(r, int) for r in rates):
+            raise ConfigError(f"{at}: rates_bps is not a list of integers (at most {MAX_BINS})")
+        netem = item.get("netem")
+        if netem is not None:
+            if not isinstance(netem, list) or any(not isinstance(v, list) or len(v) != 2 for v in netem):
+                raise ConfigError(f"{at}: netem is not a list of [delay_ms, loss_pct]")
+            netem = tuple((_number(d, f"{at}: netem[{k}] delay_ms", 0, 60_000),
+                           _number(l, f"{at}: netem[{k}] loss_pct", 0, 100)) for k, (d, l) in enumerate(netem))
+        bin_ms = item.get("bin_ms", 100)
+        if isinstance(bin_ms, bool) or not isinstance(bin_ms, int):
+            raise ConfigError(f"{at}: bin_ms {bin_ms!r} is not an integer")
+        if not isinstance(item.get("loop", False), bool):
+            raise ConfigError(f"{at}: loop is not true or false")
+        links.append(LinkSchedule(item["src"], item["dst"], tuple(rates), netem, bin_ms, item.get("loop", False),
+                                  _number(item.get("offset_s", 0.0), f"{at}: offset_s", 0)))
+    check(links)
+    return links, start
+
+
+class HostSchedule:
+    """The agent's one running clock (``store``: the agent's ``StateStore``)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.clock: Optional[ScheduleClock] = None
+        self._lock = threading.Lock()
+
+    def start(self, body: Any) -> dict[str, Any]:
+        """Check ``body`` (``parse``) and every link against this host's plans, then tick from its
+        start; a clock running already is stopped first (its bins stored)."""
+        links, start_wall_s = parse(body)
+        state = self.store.snapshot()
+        nodes = {}
+        for link in links:
+            if link.src not in state["nodes"] or not state["plans"].get(link.src):
+                raise ConfigError(f"schedule: no shaped node {link.src!r} on this host")
+            nodes[link.src] = (state["nodes"][link.src]["netns"], state["plans"][link.src])
+        start = time.monotonic() + (start_wall_s - time.time())
+        clock = ScheduleClock(links, nodes, start)  # (refuses a link not shaped here)
+        with self._lock:
+            previous = self._stop_locked()
+            self.clock = clock
+            clock.begin()
+        return {"links": len(links), "tick_s": clock.tick_s, "starts_in_s": round(start - time.monotonic(), 4),
+                **({"replaced": previous["links"]} if previous else {})}
+
+    def end(self, body: Any) -> dict[str, Any]:
+        """``{"version": 1, "links": [{"src", "dst"}]}``: no longer ticked (a constant rate set on them)."""
+        items = body.get("links") if isinstance(body, dict) else None
+        if not isinstance(items, list) or len(items) > MAX_LINKS or \
+                any(not isinstance(x, dict) or not isinstance(x.get("src"), str) or not isinstance(x.get("dst"), str)
+                    for x in items):
+            raise ConfigError("schedule end: links is not a list of {src, dst}")
+        with self._lock:
+            if self.clock is None:
+                return {"running": False, "ended": []}
+            ended = self.clock.end({(x["src"], x["dst"]) for x in items})
+        return {"running": True, "ended": [{"src": s, "dst": d} for s, d in ended]}
+
+    def replanned(self, nodes: Optional[set[str]] = None) -> None:
+        """The plans of ``nodes`` (all: None) changed (``set_links``): their links' requests are
+        built again from the new plans and re-sent at the next tick."""
+        with self._lock:
+            clock = self.clock
+            if clock is None:
+                return
+            state = self.store.snapshot()
+            with clock._lock:
+                clock.sockets.close()  # (an interface made again has another index)
+                for i, link in enumerate(clock.links):
+                    if nodes is not None and link.src not in nodes:
+                        continue
+                    plan = state["plans"].get(link.src)
+                    rule = next((r for r in (plan or {}).get("rules", []) if r["dest"] == link.dst), None)
+                    if rule is None:  # the link is no longer shaped: no longer ticked
+                        clock.ended.add((link.src, link.dst))
+                        continue
+                    netns = state["nodes"][link.src]["netns"]
+                    _, ifindex = clock.sockets.get(netns, plan["ifname"])
+                    clock._bins[i] = prebuild(link, ifindex, rule, plan.get("uplink_bps"), len(plan["rules"]))
+                    clock.applied[i] = -1
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the clock; each link's last bin stored as its plan's; the ticks (``rows``)."""
+        with self._lock:
+            out = self._stop_locked()
+        return out or {"running": False, "links": 0, "rows": [], "applied": []}
+
+    def _stop_locked(self) -> Optional[dict[str, Any]]:
+        clock, self.clock = self.clock, None
+        if clock is None:
+            return None
+        applied = clock.stop()
+        by_key = {(l.src, l.dst): l for l in clock.links}
+        with self.store.locked() as fresh:
+            for (src, dst), k in applied.items():
+                rate, netem = by_key[(src, dst)].value(k)
+                for rule in (fresh["plans"].get(src) or {}).get("rules", []):
+                    if rule["dest"] == dst:
+                        rule["shape"]["rate_bps"] = rate
+                        if netem is not None:
+                            rule["shape"]["delay_ms"], rule["shape"]["loss_pct"] = netem
+        return {"running": True, "links": len(clock.links), "rows": clock.rows_since(0),
+                "applied": [{"src": s, "dst": d, "bin": k, "rate_bps": by_key[(s, d)].rates_bps[k]}
+                            for (s, d), k in applied.items()]}
