@@ -21,7 +21,9 @@ By default (``worker_clock``) ``start`` hands the links traced from the start (n
 links) to their hosts once: each host its links' bins and one common start on the wall clock
 (``schedule_start``, ``worker.shaping.schedule``), ticked by the host's own clock; ``end``
 tells the host (``schedule_end``); ``stop`` takes the hosts' ticks (``schedule_stop``) into
-``rows`` and tells ``on_change`` the rates each applied tick set, at its applied time. An agent
+``rows`` (``trace_ticks.csv``: the applied times the hosts measured). The controller's loop
+still tells ``on_change`` (the run's configured rates, the dashboard) each handed link's value
+at each bin's planned time, without a request; a host's failed ticks are said at ``stop``. An agent
 without the route (or that refuses the schedule) leaves the links to the controller's ticks,
 as do links added later (a scenario ``trace`` event, a live links file) and access links.
 """
@@ -133,7 +135,8 @@ class TraceReplay:
     @property
     def period_s(self) -> float:
         with self._cond:
-            return min((link.replay.tick_s for link in self.links.values()), default=DEFAULT_PERIOD_S)
+            return min((link.replay.tick_s for link in [*self.links.values(), *self._handed_live()]),
+                       default=DEFAULT_PERIOD_S)
 
     def now_s(self) -> float:
         return 0.0 if self.t0 is None else self.clock() - self.t0
@@ -142,7 +145,8 @@ class TraceReplay:
         """Replay ``links`` (a link replaying already is replaced); ``apply_now``: set their
         first rates at once instead of at the next tick."""
         links = list(links)
-        self._end_handed([link.key for link in links])
+        with self._sending:
+            self._end_handed([link.key for link in links])
         with self._cond:
             for link in links:
                 self.links[link.key] = link
@@ -166,8 +170,8 @@ class TraceReplay:
     def end(self, keys: Iterable[Key]) -> list[Key]:
         """Stop replaying on ``keys`` (their rate is set otherwise now); the ones that were replayed."""
         keys = list(keys)
-        handed = self._end_handed(keys)
         with self._sending, self._cond:
+            handed = self._end_handed(keys)
             ended = [k for k in keys if self.links.pop(k, None) is not None]
             for k in ended:
                 self.last.pop(k, None)
@@ -176,11 +180,14 @@ class TraceReplay:
         return handed + ended
 
     def _end_handed(self, keys: list[Key]) -> list[Key]:
-        """Tell the hosts to stop ticking those of ``keys`` they tick."""
+        """Tell the hosts to stop ticking those of ``keys`` they tick (under ``_sending``)."""
         with self._cond:
             mine = [k for k in keys if k in self.handed and k not in self.handed_ended]
             for k in mine:
                 self.handed_ended[k] = self.now_s()
+                self.last.pop(k, None)
+                if self._netem_now.pop(k, None) is not None:
+                    self.netem_changes.append((self.now_s(), k, None, None))
         if mine:
             self.worker.schedule_end({"version": 1, "links": [{"src": s, "dst": d} for s, d in mine]})
         return mine
@@ -241,23 +248,11 @@ class TraceReplay:
                           f"{', '.join(answer.get('stopped_hosts') or ['the host'])}; its ticks are not recorded")
         rows = sorted(({f: r[f] for f in ROW_FIELDS} for r in answer.get("rows", [])),
                       key=lambda r: r["planned_s"])
-        last: dict[Key, Value] = {}
-        for row in rows:
-            if not row["changed"] or row["outcome"] != "applied":
-                continue
-            t_s = row["planned_s"]
-            live = [l for k, l in self.handed.items() if self.handed_ended.get(k, math.inf) > row["applied_s"]]
-            changed = due(live, t_s, last)
-            last.update(changed)
-            with self._cond:
-                for key, value in changed.items():
-                    if not isinstance(value, int) and self._netem_now.get(key) != value[1:]:
-                        self._netem_now[key] = (value[1], value[2])
-                        self.netem_changes.append((row["applied_s"], key, value[1], value[2]))
-            if changed and self.on_change is not None:
-                self.on_change({k: rate_of(v) for k, v in changed.items()}, row["applied_s"])
+        failed = [r for r in rows if r["outcome"] != "applied"]
+        if failed:
+            self.progress(f"trace replay: {len(failed)} of the hosts' ticks failed, the first at "
+                          f"{failed[0]['planned_s']:.1f}s: {failed[0]['outcome']}")
         self.rows = sorted(self.rows + rows, key=lambda r: r["planned_s"])
-        self.netem_changes.sort(key=lambda c: c[0])
 
     def _loop(self) -> None:
         try:  # this thread's own (Linux: per thread); as root: on a loaded host a tick waits behind busy processes
@@ -267,7 +262,7 @@ class TraceReplay:
         next_s = 0.0
         while True:
             with self._cond:
-                while not self._stopped and not self.links:
+                while not self._stopped and not self.links and not self._handed_live():
                     self._cond.wait()
                 period = self.period_s
                 if self.now_s() - next_s > period:  # behind (a slow tick, links added late): the next on the grid
@@ -280,12 +275,24 @@ class TraceReplay:
             next_s = round((next_s + period) / period) * period
 
     def tick(self, planned_s: float) -> dict[Key, Value]:
-        """Apply the rates (delays, losses) of time ``planned_s``: those that changed, in one request; a row."""
+        """Apply the rates (delays, losses) of time ``planned_s``: those that changed, in one request; a row.
+        The links the hosts' clocks tick: their values of that time told ``on_change`` (no request)."""
         with self._sending:
             with self._cond:
                 links = list(self.links.values())
                 changed = due(links, planned_s, self.last)
+                theirs = due(self._handed_live(), planned_s, self.last)
+                self.last.update(theirs)
+                self._note_netem(theirs, planned_s, among=self.handed)
+            if theirs and self.on_change is not None:
+                self.on_change({k: rate_of(v) for k, v in theirs.items()}, planned_s)
+            if not links:
+                return theirs
             return self._apply(changed, planned_s, len(links))
+
+    def _handed_live(self) -> list[TracedLink]:
+        """The links the hosts' clocks tick, not ended (under ``_cond``)."""
+        return [l for k, l in self.handed.items() if k not in self.handed_ended]
 
     def _apply(self, changed: dict[Key, Value], planned_s: float, links: int) -> dict[Key, Value]:
         outcome = "applied"
@@ -325,10 +332,11 @@ class TraceReplay:
         if access:
             self.worker.set_links({"version": 1, "links": [], "access": access}, merge=True)
 
-    def _note_netem(self, applied: dict[Key, Value], t_s: float) -> None:
+    def _note_netem(self, applied: dict[Key, Value], t_s: float, among: Optional[dict[Key, Any]] = None) -> None:
         """Keep the delays and losses among ``applied`` (at ``t_s``) that changed (under ``_cond``)."""
+        among = self.links if among is None else among
         for key, value in applied.items():
-            if isinstance(value, int) or key not in self.links or self._netem_now.get(key) == value[1:]:
+            if isinstance(value, int) or key not in among or self._netem_now.get(key) == value[1:]:
                 continue
             self._netem_now[key] = (value[1], value[2])
             self.netem_changes.append((round(t_s, 4), key, value[1], value[2]))

@@ -135,7 +135,8 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("merge_links", "PATCH", "/links", MAX_REQUEST_BYTES, idempotent=True, body=True),  # set_links(merge=True)
     Operation("clear_links", "DELETE", "/links", idempotent=True),
     Operation("set_rates", "PATCH", "/links/rates", MAX_REQUEST_BYTES, idempotent=True, body=True),  # rates only
-    Operation("schedule_start", "PUT", "/links/schedule", MAX_REQUEST_BYTES, idempotent=True, body=True),  # a trace's bins
+    # a trace's bins ticked by the host's clock (worker.shaping.schedule)
+    Operation("schedule_start", "PUT", "/links/schedule", MAX_REQUEST_BYTES, idempotent=True, body=True),
     Operation("schedule_end", "PATCH", "/links/schedule", MEDIUM_REQUEST_BYTES, idempotent=True, body=True),
     Operation("schedule_stop", "DELETE", "/links/schedule"),  # (not repeated: its ticks are answered once)
     Operation("shaping", "GET", "/nodes/<name>/shaping", idempotent=True),

@@ -205,7 +205,8 @@ class ScheduleClock:
             self._thread.join(timeout=5)
         if self._own_sockets:
             self.sockets.close()
-        return {(l.src, l.dst): k for l, k in zip(self.links, self.applied) if k >= 0 and (l.src, l.dst) not in self.ended}
+        return {(l.src, l.dst): k for l, k in zip(self.links, self.applied)
+                if k >= 0 and (l.src, l.dst) not in self.ended}
 
     def rows_since(self, n: int) -> list[dict[str, Any]]:
         with self._lock:
