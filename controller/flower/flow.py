@@ -31,6 +31,7 @@ from worker.api.errors import ConfigError, TestbedError, TestbedTimeout
 
 SUPERLINK_READY_S = 120.0  # for the SuperLink to serve; then for every SuperNode to register (plus REGISTER_S each)
 REGISTER_S = 5.0  # (each SuperNode loads flwr: about 3 s of CPU, 50 SuperNodes on 2 cores take minutes)
+STALL_S = 90.0  # past that wait, it goes on while a SuperNode registered within this time
 POLL_S = 0.25
 FLEET_UP = "Starting the SuperLink Fleet HTTP API"
 NODE_UP = "Activated node_id"
@@ -209,12 +210,16 @@ class FlowerRun:
         self.record["started_at"] = time.time()
         self.t0 = time.monotonic()
         self.recording.run_from(self.t0)
-        superlink, *supernodes = plan.servers(s, o.workdir, self.run_id, self.ips, self.spec.shards)
+        superlink, *rest = plan.servers(s, o.workdir, self.run_id, self.ips, self.spec.shards)
         self._start(superlink)  # serving first: SuperNodes that find no SuperLink wait ever longer to try again
         self._wait_for_superlink(0, SUPERLINK_READY_S)
-        for program in supernodes:
-            self._start(program)
+        for program in rest:  # the SuperNodes register first: their SuperExecs would share the CPU meanwhile
+            if program.name == "supernode":
+                self._start(program)
         self._wait_for_superlink(len(s.supernodes), SUPERLINK_READY_S + REGISTER_S * len(s.supernodes))
+        for program in rest:
+            if program.name != "supernode":
+                self._start(program)
         self.progress(f"Flower: SuperLink in {s.superlink} ({self.ips[s.superlink]}:{plan.SUPERLINK_PORT}), "
                       f"{len(s.supernodes)} SuperNodes registered; submitting {s.app_name}")
         return self._start(plan.submit(s, o.workdir, self.run_id))
@@ -272,14 +277,19 @@ class FlowerRun:
 
     def _wait_for_superlink(self, supernodes: int, wait_s: float) -> None:
         """Until the SuperLink serves and ``supernodes`` SuperNodes registered (TestbedError: a
-        Flower process ended, or the wait took over ``wait_s``, with its last lines)."""
+        Flower process ended, or the wait took over ``wait_s`` and no SuperNode registered in the
+        last ``STALL_S``, with its last lines)."""
         superlink = self.started[0][1]
-        deadline = time.monotonic() + wait_s
-        reader, text = programs.LogReader(), ""
+        t0 = time.monotonic()
+        deadline = t0 + wait_s
+        reader, text, seen = programs.LogReader(), "", 0
         while True:
             text += self._log_of(superlink, reader)
             if FLEET_UP in text and text.count(NODE_UP) >= supernodes:
                 return
+            if text.count(NODE_UP) > seen:  # (on a loaded host, registrations still coming extend the wait)
+                seen = text.count(NODE_UP)
+                deadline = max(deadline, time.monotonic() + STALL_S)
             ended = self.ended_ids()
             for program, record in self.started:
                 if record["id"] in ended:
@@ -287,7 +297,7 @@ class FlowerRun:
                                        f"its last lines:\n{tail(self._log_of(record))}")
             if time.monotonic() > deadline:
                 raise TestbedTimeout(f"the SuperLink in {self.spec.structure.superlink} saw {text.count(NODE_UP)} of {supernodes} "
-                                     f"SuperNodes within {wait_s:g} s; its last lines:\n{tail(text)}")
+                                     f"SuperNodes within {time.monotonic() - t0:.0f} s; its last lines:\n{tail(text)}")
             time.sleep(POLL_S)
 
     def follow(self, submitted: dict[str, Any], timeout_s: float) -> tuple[str, str]:

@@ -7,6 +7,7 @@ import csv
 import gzip
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.harness import ROOT
+from worker.nodes.processes import STOP_GRACE_S
 
 FLWR_PYTHON = os.environ.get("EDGETB_FLWR_PYTHON", "/opt/edgetb-flwr")
 HAVE_FLWR = os.access(os.path.join(FLWR_PYTHON, "bin", "flower-superlink"), os.X_OK)
@@ -90,6 +92,10 @@ def test_a_flower_app_runs_two_rounds_over_shaped_links_and_leaves_nothing(tmp_p
     done = flwr_run(workdir, "-d", "flwr_dataset.json", "--auto")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Flower round 2/2" in done.stdout and "4 SuperNodes registered" in done.stdout
+    # every Flower process (SuperLink, 4 SuperNodes, 4 SuperExecs, flwr run) ended by itself on
+    # SIGTERM: none waited out the grace to be killed
+    stopped_s = float(re.search(r"stopped 10 Flower processes in ([\d.]+) s", done.stdout).group(1))
+    assert stopped_s < STOP_GRACE_S, done.stdout
     out = run_folder(workdir)
     record = json.loads((out / "run.json").read_text())
     assert record["ended"] == "completed" and record["algorithm"] == "flower" and record["flower"]["flwr"]
