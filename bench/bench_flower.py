@@ -101,13 +101,14 @@ class MemoryStat:
         self.thread.join()
 
 
-def run_edgetb(workdir: str, tb: str, port: int, names: list[str], turn: int) -> tuple[float, dict[str, dict[str, int]]]:
+def run_edgetb(workdir: str, tb: str, port: int, names: list[str], turn: int,
+               subnet: str = "10.231.0.0/16") -> tuple[float, dict[str, dict[str, int]]]:
     """Command to exit; the peaks of each SuperNode node's memory.stat."""
     log = os.path.join(workdir, f"edgetb-{turn}.log")
     started = time.monotonic()
     with MemoryStat(tb, names) as mem, open(log, "w") as out:
         done = subprocess.run([sys.executable, os.path.join(ROOT, "flwr_run.py"), "--workdir", workdir, "--id", tb,
-                               "--subnet", "10.231.0.0/16", "--port", str(port), "-d", "flwr_dataset.json", "--auto",
+                               "--subnet", subnet, "--port", str(port), "-d", "flwr_dataset.json", "--auto",
                                "--timeout", "1800", "--telemetry-period-ms", "500"],
                               stdout=out, stderr=subprocess.STDOUT, text=True,
                               env=dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state")))
@@ -246,6 +247,7 @@ def main() -> int:
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--python", default="/opt/edgetb-flwr")
     p.add_argument("--port", type=int, default=3391)
+    p.add_argument("--subnet", default="10.231.0.0/16", help="the nodes' subnet (one no other testbed uses)")
     p.add_argument("--padding-values", type=int, default=0, help="float32 zeros sent with the model")
     p.add_argument("--fraction-evaluate", type=float, default=1.0, help="0: no federated evaluation")
     p.add_argument("--turns", type=int, default=1, help="plain then edgetb, this many times in turn")
@@ -269,7 +271,7 @@ def main() -> int:
         row: dict[str, object] = {"load_before": round(os.getloadavg()[0], 1)}
         if not a.no_plain and os.path.isdir(os.path.join(workdir, "dataset")):
             row["plain_s"] = round(run_plain(workdir, a.python, names, a.rounds, shards, extra, turn, group), 1)
-        edgetb_s, mem = run_edgetb(workdir, "fb", a.port, names, turn)
+        edgetb_s, mem = run_edgetb(workdir, "fb", a.port, names, turn, a.subnet)
         row["edgetb_s"] = round(edgetb_s, 1)
         if not a.no_plain and "plain_s" not in row:  # (the first turn: the shards exist once edgetb wrote them)
             row["plain_s"] = round(run_plain(workdir, a.python, names, a.rounds, shards, extra, turn, group), 1)
