@@ -434,7 +434,8 @@ def replay_in_foreground(worker: Any, links: list[TracedLink], seconds: Optional
     every replay reached its end (none looped), ``STOP_AFTER_FAILED_TICKS`` ticks in a row
     failed (the nodes went away) or Ctrl-C / SIGTERM (a ``KeyboardInterrupt``, taken here as the
     end); the links keep their last rates. Returns the replay (its ``rows``: the ticks)."""
-    replay = TraceReplay(worker, progress=progress)
+    # the controller's ticks: their failures stop it (a testbed taken down), which a host's clock tells only at its end
+    replay = TraceReplay(worker, progress=progress, worker_clock=False)
     replay.add(links)
     replay.start()
     deadline = math.inf if seconds is None else replay.clock() + seconds
