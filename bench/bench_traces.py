@@ -1,7 +1,7 @@
 """Benchmark of recorded traces: one trace replayed on 100 real links under bulk TCP flows.
 
 Run as root: ``.venv/bin/python bench/bench_traces.py [--links 100] [--seconds 30] [--in-process]
-[--worker-clock] [--busy-loops 4]``.
+[--worker-clock] [--controller-ticks] [--busy-loops 4]``.
 Prints Markdown tables on stdout (progress on stderr).
 
 A seeded cellular-like recording (a random walk of the rate, mean about 5 Mbit/s, written as a
@@ -9,6 +9,8 @@ Mahimahi delivery trace and read by the testbed's importer) binned at 100 ms is 
 ``--links`` links of a ring of nodes (n_i -> n_i+1; each link from its own offset in the
 recording; the way back is a constant 50 Mbit/s), with one bulk TCP flow per link (the
 scenario's ``background`` generator: iperf3 at 100 Mbit/s, so the link is the bottleneck).
+Through the agent the replay is a run's: its bins handed once to the agent's own clock
+(``PUT /links/schedule``; ``--controller-ticks``: a ``set_rates`` call a tick, as before).
 The worker is an agent on loopback (``--in-process``: driven in this process), so the
 controller's and the worker's CPU are measured apart.
 
@@ -109,11 +111,12 @@ def schedule_of(topo: Topology, seconds: int) -> list[LinkSchedule]:
 
 
 def replay_under_flows(worker: Any, topo: Topology, seconds: int, agent_pid: int,
-                       worker_clock: bool = False) -> dict[str, Any]:
+                       worker_clock: bool = False, controller_ticks: bool = False) -> dict[str, Any]:
     ips = deploy(worker, topo)
     events = [{"at": 0, "background": {"src": s, "dst": d, "rate": FLOW_RATE, "for": seconds}}
               for (s, d) in topo.traces]
     runner = ScenarioRunner(resolve({"events": events}, topo), worker, ips, progress=lambda _: None)
+    runner.replay.worker_clock = not controller_ticks  # a run's default: the bins to the agent's clock (its route)
     clock = None
     if worker_clock:  # the bins handed to the worker once, ticked by its own thread (worker.shaping.schedule)
         state = worker.links.store.snapshot()
@@ -173,7 +176,7 @@ def replay(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
     """``replay_under_flows`` in this process or through an agent on loopback, taken down after."""
     if not args.in_process and not args.worker_clock:
         with loopback_agent("10.81.0.0/16") as (client, proc):
-            return replay_under_flows(client, topo, args.seconds, proc.pid)
+            return replay_under_flows(client, topo, args.seconds, proc.pid, controller_ticks=args.controller_ticks)
     host = WorkerHost(fresh_testbed_id(), free_subnet("10.81.0.0/16"), state_root=tempfile.mkdtemp())
     try:
         result = replay_under_flows(host, topo, args.seconds, os.getpid(), args.worker_clock)
@@ -191,6 +194,9 @@ def main() -> int:
     p.add_argument("--links", type=int, default=100)
     p.add_argument("--seconds", type=int, default=30)
     p.add_argument("--in-process", action="store_true", help="drive the worker in this process, not an agent")
+    p.add_argument("--controller-ticks", action="store_true",
+                   help="through the agent, the controller's ticks (one set_rates call a tick) instead of a run's "
+                        "default, the agent's own clock given the bins once (PUT /links/schedule)")
     p.add_argument("--worker-clock", action="store_true",
                    help="the bins handed to the worker once and ticked by its own clock (worker.shaping.schedule; "
                         "in process: not yet an agent's route)")
