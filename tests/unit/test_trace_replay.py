@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -487,3 +488,69 @@ def test_a_worker_schedule_sends_a_bin_only_when_its_values_change_one_batch_per
     assert batches == [2, 1, 1] and clock.applied == [2, 1]
     with pytest.raises(ConfigError, match="no shaped link a->z"):
         ScheduleClock([LinkSchedule("a", "z", (10**6,))], {"a": ("ns-a", plan)}, start=0.0, sockets=Sockets())
+
+
+class ScheduleWorker:
+    """A worker with the schedule routes (pure logic: what TraceReplay sends; netns tests run the clock)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse, self.calls = refuse, []
+
+    def schedule_start(self, body):
+        self.calls.append(("start", body))
+        if self.refuse:
+            raise ConfigError("schedule: links[0] (a->b): bin_ms 5 under 10")
+        return {"version": 1, "links": len(body["links"])}
+
+    def schedule_end(self, body):
+        self.calls.append(("end", body))
+        return {"version": 1, "running": True, "ended": body["links"]}
+
+    def schedule_stop(self):
+        self.calls.append(("stop", None))
+        return {"version": 1, "running": True, "links": 1, "applied": [],
+                "rows": [{"planned_s": 0.0, "applied_s": 0.0004, "skew_ms": 0.4, "links": 1, "changed": 1,
+                          "outcome": "applied", "host": "h1"}]}
+
+    def set_rates(self, body):
+        self.calls.append(("set_rates", body))
+        return {"version": 1, "links": len(body["rates"])}
+
+    def set_links(self, body, merge=False):
+        self.calls.append(("set_links", body))
+        return {"version": 1}
+
+
+def test_links_traced_from_the_start_go_to_the_hosts_clock_once_with_their_bins():
+    worker = ScheduleWorker()
+    said = []
+    replayer = TraceReplay(worker, progress=said.append)
+    r = replay([2, 6, 4], offset_s=0.2, time_scale=2.0, loop=False)
+    replayer.add([TracedLink("a", "b", r), TracedLink("n", "", replay([1, 2]), side="uplink")])
+    replayer.start()
+    try:
+        (kind, body), = [c for c in worker.calls if c[0] == "start"]
+        (link,) = body["links"]  # not the access link: the controller ticks it
+        assert link == {"src": "a", "dst": "b", "rates_bps": [2_000_000, 6_000_000, 4_000_000], "netem": None,
+                        "bin_ms": 200, "loop": False, "offset_s": 0.4}
+        assert abs(body["start_wall_s"] - time.time()) < 1
+        assert set(replayer.handed) == {("a", "b")} and set(replayer.links) == {("n", "@uplink")}
+        assert replayer.end([("a", "b")]) == [("a", "b")]
+        assert ("end", {"version": 1, "links": [{"src": "a", "dst": "b"}]}) in worker.calls
+    finally:
+        replayer.stop()
+    assert worker.calls[-1][0] == "stop" and replayer.rows[0]["skew_ms"] == 0.4 and "host" not in replayer.rows[0]
+    assert not said
+
+
+def test_a_host_that_refuses_the_schedule_leaves_the_links_to_the_controllers_ticks():
+    worker = ScheduleWorker(refuse=True)
+    said = []
+    replayer = TraceReplay(worker, progress=said.append)
+    replayer.add([TracedLink("a", "b", replay([2, 6]))])
+    replayer.start()
+    time.sleep(0.25)
+    replayer.stop()
+    assert not replayer.handed and ("a", "b") in replayer.links
+    assert any(c[0] == "set_rates" for c in worker.calls) and not any(c[0] == "stop" for c in worker.calls)
+    assert "the controller ticks it" in said[0]
