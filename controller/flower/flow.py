@@ -323,9 +323,11 @@ class FlowerRun:
                     self.reader.feed(pending, time.monotonic() - self.t0)
                 self._report_last()
                 code = ended.get("returncode")
-                if code == 0 and self.reader.rounds:
+                done, planned = len(self.reader.rounds), self.reader.num_rounds
+                if code == 0 and done and (planned is None or max(self.reader.rounds) >= planned):
                     return "completed", ""
-                return "failed", f"'flwr run' ended with code {code} after {len(self.reader.rounds)} rounds"
+                # (flwr 1.42's 'flwr run --stream' also ends with 0 when the SuperLink ends the run early)
+                return "failed", f"'flwr run' ended with code {code} after {done} of {planned or '?'} rounds"
             for program, record in self.started[:1]:
                 if self._ended(record) is not None:
                     return "failed", f"the SuperLink in {program.node} ended during the run"
