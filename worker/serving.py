@@ -67,7 +67,11 @@ def serve(app: Any, port: int, bind: str = "127.0.0.1", log: logging.Logger | No
 IDLE_READ_S = 30.0  # a connection that sends nothing for this long is closed
 REQUEST_HEAD_S = 10.0  # the request line and headers arrive within this, or the connection is closed
 TLS_HANDSHAKE_S = 10.0  # a TLS handshake ends within this, or the connection is closed
-BACKLOG = 1024  # connections the kernel queues before they are accepted (a burst is not dropped)
+BACKLOG = 4096  # connections the kernel queues before they are accepted (a burst is not dropped)
+# connections accepted each time the loop comes round (gevent's default, 100, let a thousand nodes'
+# uploads at a run's end overflow the queue while the loop served the ones before: their SYNs
+# were dropped and retried 1, 3, 7, 15 s later)
+MAX_ACCEPT = 1024
 
 
 def make_server(listener: Any, app: Any, places: Optional[Places] = None, idle_read_s: Optional[float] = None,
@@ -212,6 +216,7 @@ def _server_class(idle_read_s: Optional[float] = IDLE_READ_S) -> Any:
     class NoDelayServer(WSGIServer):
         handler_class = Handler
         places: Places
+        max_accept = MAX_ACCEPT
 
         def __init__(self, *args: Any, **kw: Any) -> None:
             super().__init__(*args, **kw)
