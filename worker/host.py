@@ -164,7 +164,10 @@ class WorkerHost:
             return versioned(self.links.set_rates(bodies.checked(bodies.SET_RATES, body)))
 
     def clear_links(self, node: Optional[str] = None) -> dict[str, Any]:
-        self.schedule.stop()
+        if node is None:
+            self.schedule.stop()
+        else:  # one node's links: the other traced links keep their clock
+            self.schedule.end_node(node)
         return versioned(self.links.clear_links(node))
 
     def schedule_start(self, body: Any) -> dict[str, Any]:

@@ -299,6 +299,12 @@ class HostSchedule:
         return {"links": len(links), "tick_s": clock.tick_s, "starts_in_s": round(start - time.monotonic(), 4),
                 **({"replaced": previous["links"]} if previous else {})}
 
+    def end_node(self, node: str) -> None:
+        """No longer tick the links from or to ``node`` (its links were cleared); the others go on."""
+        with self._lock:
+            if self.clock is not None:
+                self.clock.end({(l.src, l.dst) for l in self.clock.links if node in (l.src, l.dst)})
+
     def end(self, body: Any) -> dict[str, Any]:
         """``{"version": 1, "links": [{"src", "dst"}]}``: no longer ticked (a constant rate set on them)."""
         items = body.get("links") if isinstance(body, dict) else None
