@@ -31,6 +31,14 @@ def load(workdir: str) -> tuple[dict, dict, dict]:
     return confs, links, dataset
 
 
+@pytest.fixture(autouse=True)
+def mnist_shards(monkeypatch):
+    """MNIST's shard counts (600 to train, 100 to test) without its file: a clean checkout has none."""
+    import bench_etree_edgetb
+
+    monkeypatch.setattr(bench_etree_edgetb, "shard_counts", lambda dataset: (600, 100))
+
+
 def args(**kw: object) -> argparse.Namespace:
     base = dict(shape="el3", nodes=40, aggregators=8, root_sync=0, agg_sync=0, epochs=1, links="mesh",
                 bw_kbps=[200, 500], structure="{}")
