@@ -24,6 +24,7 @@ import numpy as np
 
 from dml_app.models import architectures
 from dml_app.models.contract import ModelError
+from dml_app.models.numpy import heap
 
 EVAL_BATCH = 1024  # samples a forward pass of evaluation takes at once
 
@@ -175,19 +176,7 @@ class TorchModel:
 def trim() -> None:
     """Give the heap's freed pages back to the system (glibc's ``malloc_trim``): what a round's
     tensors took stays the node's private memory otherwise, a hundred nodes over."""
-    global _libc
-    if _libc is None:
-        import ctypes
-
-        try:
-            _libc = ctypes.CDLL("libc.so.6")
-        except OSError:  # not glibc: nothing to trim with
-            _libc = False
-    if _libc:
-        _libc.malloc_trim(0)
-
-
-_libc: Any = None
+    heap.trim()
 
 
 def optimizer_for(torch: Any, module: Any, conf: dict[str, Any], lr: float) -> Any:

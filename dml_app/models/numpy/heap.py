@@ -62,3 +62,10 @@ def reuse_freed_memory() -> Iterator[None]:
                 _LIBC.mallopt(M_MMAP_THRESHOLD, DEFAULT_THRESHOLD_BYTES)
                 _LIBC.mallopt(M_TRIM_THRESHOLD, DEFAULT_THRESHOLD_BYTES)
                 _LIBC.malloc_trim(0)
+
+
+def trim() -> None:
+    """Give the heap's freed pages back to the system now (glibc's ``malloc_trim``; nothing
+    without glibc)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
