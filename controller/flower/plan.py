@@ -3,7 +3,8 @@ SuperLink's address and Flower's CLI config. Pure: unit-tested without root or F
 
 The SuperLink serves its Fleet, Control and Runtime APIs on one port of its node's address;
 each SuperNode runs with ``--isolation process`` beside one ``flower-superexec`` that starts its
-ClientApp processes (flwr 1.42: one for each message, which ends with its reply); every Flower
+ClientApp processes (flwr 1.42: one for each message, which ends with its reply); on a netns host
+all of them are forked from one process that imported flwr (``FORKED_ENV``); every Flower
 home (``FLWR_HOME``, one a run) lies in the node's own directory, the one place a node writes.
 The SuperLink keeps its state in an SQLite file there up to ``FILE_STATE_MAX_SUPERNODES``
 SuperNodes, and in memory (Flower's own default) above: flwr waits at most 5 s for the file's
@@ -29,6 +30,9 @@ IN_MEMORY = ":flwr-in-memory:"  # flwr's name for its in-memory state (the defau
 # Every Flower process: no telemetry. flwr sends an event to its telemetry server on start and on
 # exit, and its exit waits up to 4 s for that (nodes reach no internet): each stop took its 5 s grace.
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0"}
+# The servers, forked on a netns host from the Flower fork server of the node's Python
+# (``worker.confinement.flower_forks``: flwr imported once; their ClientApps forked too)
+FORKED_ENV = {"EDGETB_FORK": "flower"}
 
 
 def database(structure: FlowerStructure, workdir: str, run_id: str) -> Optional[str]:
@@ -100,9 +104,9 @@ def servers(structure: FlowerStructure, workdir: str, run_id: str, ips: dict[str
     programs = [Program(sl, "superlink", (
         "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
         "--database", database(structure, workdir, run_id) or IN_MEMORY, "--host", ips[sl], "--port", str(SUPERLINK_PORT)),
-        {**FLOWER_ENV, "FLWR_HOME": home})]
+        {**FLOWER_ENV, **FORKED_ENV, "FLWR_HOME": home})]
     for node, conf in node_configs(structure, shards).items():
-        env = {**FLOWER_ENV, "FLWR_HOME": flwr_home(workdir, node, run_id)}
+        env = {**FLOWER_ENV, **FORKED_ENV, "FLWR_HOME": flwr_home(workdir, node, run_id)}
         programs.append(Program(node, "supernode", (
             "flower-supernode", "--insecure", "--superlink", f"{ips[sl]}:{SUPERLINK_PORT}", "--isolation", "process",
             "--host", "127.0.0.1", "--port", str(CLIENTAPP_PORT), "--node-config", config_pairs(conf)), env))

@@ -85,10 +85,54 @@ def run_folder(workdir: Path) -> Path:
     return found
 
 
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def watch_forks(proc: subprocess.Popen, seen: dict[str, set]) -> None:
+    """Until ``proc`` ends: its Flower fork server, the server's children, the shims, and any
+    ClientApp started as a fresh Python (``seen``)."""
+    while proc.poll() is None:
+        parents = {}
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+        for pid, ppid in parents.items():
+            argv = cmdline(pid)
+            if ppid == proc.pid and any("flower_forks" in a for a in argv):
+                seen["server"].add(pid)
+            elif ppid in seen["server"]:
+                seen["children"].add(pid)
+            elif any(a.startswith("/run/edgetb-flwr/") and a.endswith("/flwr-clientapp") for a in argv):
+                seen["shims"].add(pid)
+            elif any(a.endswith("/bin/flwr-clientapp") for a in argv):
+                seen["fresh"].add(pid)
+        time.sleep(0.1)
+
+
 def test_a_flower_app_runs_two_rounds_over_shaped_links_and_leaves_nothing(tmp_path):
+    import threading
+
     workdir = experiment(tmp_path)
-    done = flwr_run(workdir, "-d", "flwr_dataset.json", "--auto")
+    argv, env = flwr_argv(workdir, "-d", "flwr_dataset.json", "--auto")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict[str, set] = {"server": set(), "children": set(), "shims": set(), "fresh": set()}
+    watcher = threading.Thread(target=watch_forks, args=(proc, seen), daemon=True)
+    watcher.start()
+    stdout, stderr = proc.communicate(timeout=600)
+    watcher.join(timeout=10)
+    done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     assert done.returncode == 0, done.stdout + done.stderr
+    # every Flower server and ClientApp forked from one Flower fork server (flwr imported once):
+    # the SuperLink, 4 SuperNodes and 4 SuperExecs, and ClientApps asked for through the shims
+    assert len(seen["server"]) == 1, seen
+    assert len(seen["children"]) >= 9 + 1 and seen["shims"] and not seen["fresh"], seen
     assert "Flower round 2/2" in done.stdout and "4 SuperNodes registered" in done.stdout
     out = run_folder(workdir)
     record = json.loads((out / "run.json").read_text())
@@ -121,6 +165,8 @@ def test_a_flower_app_runs_two_rounds_over_shaped_links_and_leaves_nothing(tmp_p
     uids = set(record["flower"]["uids"].values())
     assert len(uids) == 5
     assert processes_of(uids) == []
+    assert not any(Path(f"/proc/{pid}").exists() for pid in seen["server"])  # the server, stopped
+    assert not any(Path("/run/edgetb-flwr", str(uid)).exists() for uid in uids)  # its sockets and shims, removed
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "etb-" + record["testbed_id"] + "-" not in left
 

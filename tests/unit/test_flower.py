@@ -141,8 +141,10 @@ def test_the_plan_puts_homes_in_node_directories_and_runs_supernodes_with_proces
     assert [(p.node, p.name) for p in progs] == [("n1", "superlink"), ("n2", "supernode"), ("n2", "superexec"),
                                                  ("n3", "supernode"), ("n3", "superexec")]
     sl = progs[0]
-    assert sl.env == {"FLWR_HOME": "/w/dml_file/node/n1/flwr_home-r1", "FLWR_TELEMETRY_ENABLED": "0"}
+    assert sl.env == {"FLWR_HOME": "/w/dml_file/node/n1/flwr_home-r1", "FLWR_TELEMETRY_ENABLED": "0",
+                      "EDGETB_FORK": "flower"}
     assert all(p.env["FLWR_TELEMETRY_ENABLED"] == "0" for p in progs)  # (flwr's exit waits 4 s to send it)
+    assert all(p.env["EDGETB_FORK"] == "flower" for p in progs)  # forked from the Flower fork server
     assert "--disable-runtime-dependency-installation" in sl.argv
     assert sl.argv[sl.argv.index("--database") + 1] == "/w/dml_file/node/n1/flwr_home-r1/superlink.db"
     assert sl.argv[sl.argv.index("--host") + 1] == "10.1.0.2"

@@ -127,8 +127,9 @@ class Zygote:
     """The worker's handle on its zygote: started on first use, forks node processes on request."""
 
     def __init__(self, code_root: str, log_path: str, python: str = sys.executable,
-                 preload: tuple[str, ...] = ()) -> None:
+                 preload: tuple[str, ...] = (), entry: str = "worker.confinement.zygote") -> None:
         self.code_root = code_root
+        self.entry = entry  # the module whose ``serve`` the process runs (``worker.confinement.flower_forks``)
         self.preload = preload  # what it imports ahead of the nodes beyond the runtime (``PRELOADS``)
         self.log_path = log_path
         self.python = python
@@ -157,7 +158,7 @@ class Zygote:
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        code = ("import sys; sys.path[:0] = sys.argv[1:3]; from worker.confinement.zygote import serve; "
+        code = (f"import sys; sys.path[:0] = sys.argv[1:3]; from {self.entry} import serve; "
                 "serve(sys.argv[3:])")
         argv = [self.python, "-I", "-c", code, self.code_root, repo_root, str(theirs.fileno()), str(os.getpid()),
                 *self.preload]
@@ -184,7 +185,8 @@ class Zygote:
         if not hello or "ready" not in hello:
             ours.close()
             self._stop_process()
-            raise NodeRuntimeError(f"the node zygote did not start ({why}); see {self.log_path}")
+            raise NodeRuntimeError(f"the {'node zygote' if self.entry == __name__ else self.entry} did not start ({why}); "
+                                   f"see {self.log_path}")
         ours.settimeout(None)
         self.pid = int(hello["ready"])
         self._sock = ours

@@ -21,7 +21,7 @@ from typing import Any, Optional, cast
 
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
 from worker.api.protocol import PRELOAD_ENV
-from worker.confinement import fsview, node_python, privilege, uids, zygote
+from worker.confinement import flower_forks, fsview, node_python, privilege, uids, zygote
 from worker.kernel.procs import start_ticks
 from worker.nodes.runtime import ForkableRuntime, Runtime, worker_dirs
 from worker.state import StateStore
@@ -75,6 +75,9 @@ class Processes:
         self._children: dict[str, Any] = {}  # subprocess.Popen or zygote.ZygoteProcess
         self._envs: dict[str, dict[str, str]] = {}  # a process's env, in memory only, to start it again
         self._zygote: Optional[zygote.Zygote] = None
+        self._flower: dict[str, flower_forks.FlowerForks] = {}  # a Python environment -> its Flower fork server
+        self._flower_refused: dict[str, str] = {}  # an environment -> why its programs start fresh
+        self._flower_lock = threading.Lock()
         self.book = ProcessBook(store)
         self._lock = threading.Lock()
 
@@ -115,10 +118,14 @@ class Processes:
         proc_id = uuid.uuid4().hex[:12]
         log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
         with open(log_path, "ab") as log:
+            child: Any = None
             if node_args is not None and self._zygote_wanted():
                 child = self._spawn_node(node, rec, node_args, env, log.fileno())
-            else:
-                child = self.popen(node, argv, env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            elif env.get(flower_forks.FORK_ENV) == flower_forks.FORK_VALUE and self._zygote_wanted():
+                child = self._fork_flower(node, rec, argv, env, log)
+            if child is None:
+                fresh = {k: v for k, v in env.items() if k != flower_forks.FORK_ENV}
+                child = self.popen(node, argv, fresh, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         with self._lock:
             self._children[proc_id] = child
             self._envs[proc_id] = dict(env)
@@ -172,6 +179,65 @@ class Processes:
         finally:
             if netns_fd is not None:
                 os.close(netns_fd)
+
+    def _fork_flower(self, node: str, rec: dict[str, Any], argv: list[str], env: dict[str, str],
+                     log: Any) -> Optional[zygote.ZygoteProcess]:
+        """Fork Flower's program ``argv`` from the fork server of the node's declared Python
+        (``worker.confinement.flower_forks``), its shims leading the node's ``PATH``; None (and a
+        line in its log saying why) when it is to start as a fresh process."""
+        runtime = cast(ForkableRuntime, self.runtime)
+        ident = runtime.identity(node, rec)
+        view = self.node_view(node, ident)
+        name = os.path.basename(argv[0])
+        try:
+            if not view.python:
+                raise ConfigError("the node declares no Python environment")
+            if name not in flower_forks.FORKABLE or argv[0] not in (name, os.path.join(view.python, "bin", name)):
+                raise ConfigError(f"{argv[0]!r} is not one of Flower's programs of {view.python}")
+            forks = self._flower_forks(view.python)
+            node_request = {"uid": ident.uid, "gid": ident.gid, "cgroup_procs": runtime.procs_files(rec),
+                            "rlimits": runtime.rlimits(rec),
+                            "ops": [[op.kind, op.path, op.writable] for op in fsview.plan_view(view)]}
+            env_of_child = child_env({k: v for k, v in env.items() if k != flower_forks.FORK_ENV}, view.python)
+            env_of_child.setdefault("HOME", view.home or "/")
+            netns = runtime.netns_path(rec)
+            netns_fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC) if netns else None
+            try:
+                bin_dir = forks.serve_node(node_request, netns_fd)
+                env_of_child["PATH"] = f"{bin_dir}:{env_of_child['PATH']}"
+                return forks.spawn({**node_request, "args": [name, *argv[1:]]}, log.fileno(), env_of_child, netns_fd)
+            finally:
+                if netns_fd is not None:
+                    os.close(netns_fd)
+        except (ConfigError, NodeRuntimeError) as e:
+            log.write(f"edgetb: {name} starts as a fresh process: {e}\n".encode())
+            log.flush()
+            return None
+
+    def _flower_forks(self, python: str) -> flower_forks.FlowerForks:
+        """The running fork server of environment ``python`` (started on first use); NodeRuntimeError
+        (saying why) when its programs are to start fresh."""
+        with self._flower_lock:
+            forks = self._flower.get(python)
+            if forks is not None and forks.alive:
+                return forks
+            if python in self._flower_refused:
+                raise NodeRuntimeError(self._flower_refused[python])
+            why = flower_forks.check_owned_by_root(python)
+            if why is not None:
+                self._flower_refused[python] = f"the Flower fork server runs as root and {why}"
+                raise NodeRuntimeError(self._flower_refused[python])
+            if forks is not None:
+                forks.close()
+            forks = flower_forks.FlowerForks(python, self.code_root,
+                                             os.path.join(self.store.logs_dir(), "flower-forks.log"))
+            try:
+                forks.start()
+            except NodeRuntimeError as e:
+                self._flower_refused[python] = e.message
+                raise
+            self._flower[python] = forks
+            return forks
 
     def popen(self, node: str, argv: list[str], env: dict[str, str], **kwargs: Any) -> Any:
         """Start a process in ``node`` (not recorded; ``kwargs`` go to ``Popen``): netns and
@@ -318,6 +384,11 @@ class Processes:
             children = list(self._children.values())
             self._children.clear()
             zyg, self._zygote = self._zygote, None
+        with self._flower_lock:
+            flowers, self._flower = list(self._flower.values()), {}
+            self._flower_refused.clear()
+        for forks in flowers:
+            forks.close()  # (the Flower processes it forked die with it)
         return children, zyg
 
 

@@ -1,0 +1,174 @@
+"""The Flower fork server's pure parts (a shim's request checked, flwr's versions, the environment's
+ownership) and the shim's protocol against a small server of the test's own (no root, no flwr)."""
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from worker.api.errors import ConfigError
+from worker.confinement import flower_forks as ff
+
+
+def test_a_request_for_a_flower_program_is_taken_with_its_name_as_argv0():
+    r = ff.check_request({"argv": ["/run/edgetb-flwr/5/bin/flwr-clientapp", "--insecure"], "env": {"A": "1"},
+                          "cwd": "/"})
+    assert (r.name, r.argv, r.env, r.cwd) == ("flwr-clientapp", ["flwr-clientapp", "--insecure"], {"A": "1"}, "/")
+
+
+@pytest.mark.parametrize("doc, message", [
+    ([], "JSON object"),
+    ({"argv": ["flwr-clientapp"], "shell": "x"}, "JSON object"),
+    ({"argv": []}, "list of 1 to"),
+    ({"argv": "flwr-clientapp --insecure"}, "list of 1 to"),
+    ({"argv": ["python3", "-c", "print(1)"]}, "not one of Flower's programs"),
+    ({"argv": ["/bin/sh"]}, "not one of Flower's programs"),
+    ({"argv": ["flwr"]}, "not one of Flower's programs"),
+    ({"argv": ["flwr-clientapp", 3]}, "must be a string"),
+    ({"argv": ["flwr-clientapp", "a\0b"]}, "without NUL"),
+    ({"argv": ["flwr-clientapp"] * (ff.MAX_ARGS + 1)}, "list of 1 to"),
+    ({"argv": ["flwr-clientapp"], "env": ["A=1"]}, "env must be an object"),
+    ({"argv": ["flwr-clientapp"], "env": {"A=B": "1"}}, "bad environment variable"),
+    ({"argv": ["flwr-clientapp"], "env": {"A": 1}}, "must be a string"),
+    ({"argv": ["flwr-clientapp"], "cwd": "tmp"}, "absolute path"),
+])
+def test_a_bad_request_is_refused_saying_why(doc, message):
+    with pytest.raises(ConfigError, match=message):
+        ff.check_request(doc)
+
+
+@pytest.mark.parametrize("version, ok", [("1.42.0", True), ("1.43.1rc2", True), ("1.99", True),
+                                         ("1.41.9", False), ("2.0.0", False), ("0.9", False), ("dev", False)])
+def test_the_versions_of_flwr_the_server_forks(version, ok):
+    assert ff.flwr_version_ok(version) is ok
+
+
+def test_an_environment_that_others_may_write_is_not_imported_by_root(tmp_path):
+    prefix = tmp_path / "venv"
+    (prefix / "bin").mkdir(parents=True)
+    os.symlink(os.path.realpath(sys.executable), prefix / "bin" / "python3")
+    (prefix / "lib").mkdir()
+    loose = prefix / "lib" / "mod.py"
+    loose.write_text("")
+    os.chmod(loose, 0o666)
+    why = ff.check_owned_by_root(str(prefix))
+    assert why is not None and "is not root's alone" in why and str(tmp_path) in why
+
+
+# the shim, run for real against a server of the test's --------------------------------------------
+def shim(tmp_path, sock_path: str) -> str:
+    bin_dir = tmp_path / "shims"
+    bin_dir.mkdir()
+    path = bin_dir / "flwr-clientapp"
+    path.write_text(ff.shim_text(os.path.realpath(sys.executable), sock_path, str(bin_dir)))
+    os.chmod(path, 0o755)
+    return str(path)
+
+
+def serve_one(listener: socket.socket, answer, got: dict) -> None:
+    """Take one request; ``answer(conn, doc, fds)`` replies."""
+    conn, _ = listener.accept()
+    fds = array.array("i")
+    data, anc, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(8 * fds.itemsize))
+    for _, _, payload in anc:
+        fds.frombytes(payload)
+    got["doc"], got["fds"] = json.loads(data), list(fds)
+    try:
+        answer(conn, got["doc"], list(fds))
+    finally:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+def listening(tmp_path) -> tuple[socket.socket, str]:
+    path = str(tmp_path / "sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(path)
+    s.listen(1)
+    return s, path
+
+
+def test_the_shim_sends_argv_env_cwd_and_stdio_and_exits_as_the_child_did(tmp_path):
+    listener, path = listening(tmp_path)
+    program = shim(tmp_path, path)
+    got: dict = {}
+
+    def answer(conn, doc, fds):
+        os.write(fds[1], b"written by the child\n")
+        conn.send(json.dumps({"pid": os.getpid()}).encode())
+        conn.send(json.dumps({"exit": 3}).encode())
+    server = threading.Thread(target=serve_one, args=(listener, answer, got))
+    server.start()
+    done = subprocess.run([program, "--insecure", "--token", "t"], capture_output=True, text=True, timeout=30,
+                          cwd=str(tmp_path), env={"PATH": os.environ["PATH"], "FLWR_HOME": "/h"})
+    server.join(timeout=10)
+    listener.close()
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "written by the child\n"
+    assert got["doc"]["argv"] == ["flwr-clientapp", "--insecure", "--token", "t"]
+    assert got["doc"]["env"]["FLWR_HOME"] == "/h" and got["doc"]["cwd"] == str(tmp_path)
+    assert len(got["fds"]) == 3
+    assert ff.check_request(got["doc"]).name == "flwr-clientapp"  # what the server takes
+
+
+def test_the_shim_passes_a_signal_on_to_the_child_and_dies_of_it(tmp_path):
+    listener, path = listening(tmp_path)
+    program = shim(tmp_path, path)
+    child = subprocess.Popen(["sleep", "60"])
+    got: dict = {}
+
+    def answer(conn, doc, fds):
+        conn.send(json.dumps({"pid": child.pid}).encode())
+        code = child.wait(timeout=20)  # the shim passed on its SIGTERM
+        conn.send(json.dumps({"exit": code}).encode())
+    server = threading.Thread(target=serve_one, args=(listener, answer, got))
+    server.start()
+    shim_proc = subprocess.Popen([program], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while "doc" not in got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # (its handlers set)
+    shim_proc.send_signal(signal.SIGTERM)
+    assert shim_proc.wait(timeout=20) == -signal.SIGTERM
+    server.join(timeout=10)
+    listener.close()
+    assert child.returncode == -signal.SIGTERM
+
+
+def test_without_a_server_the_shim_runs_the_real_program_from_path(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "flwr-clientapp").write_text("#!/bin/sh\necho fresh \"$@\"\n")
+    os.chmod(real / "flwr-clientapp", 0o755)
+    program = shim(tmp_path, str(tmp_path / "no-such-sock"))
+    env = {"PATH": f"{os.path.dirname(program)}:{real}:/usr/bin:/bin"}
+    done = subprocess.run(["flwr-clientapp", "--insecure"], capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "fresh --insecure\n"
+    assert "flwr-clientapp starts as a fresh process: no fork server" in done.stderr
+
+
+def test_a_refusal_makes_the_shim_run_the_real_program(tmp_path):
+    listener, path = listening(tmp_path)
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "flwr-clientapp").write_text("#!/bin/sh\necho fresh\n")
+    os.chmod(real / "flwr-clientapp", 0o755)
+    program = shim(tmp_path, path)
+    server = threading.Thread(target=serve_one, args=(
+        listener, lambda conn, doc, fds: conn.send(json.dumps({"error": "refused"}).encode()), {}))
+    server.start()
+    env = {"PATH": f"{os.path.dirname(program)}:{real}:/usr/bin:/bin"}
+    done = subprocess.run(["flwr-clientapp"], capture_output=True, text=True, timeout=30, env=env)
+    server.join(timeout=10)
+    listener.close()
+    assert done.stdout == "fresh\n" and "starts as a fresh process: refused" in done.stderr

@@ -1,0 +1,607 @@
+"""Flower's programs forked from one parent that has imported flwr: the Flower fork server.
+
+flwr's programs are Python processes that each import flwr (about 85 MB of a process's own memory
+and 5 s of CPU on this kind of host), and with ``--isolation process`` a SuperExec starts a new
+``flwr-clientapp`` for every message. This server, one per declared Python environment on a host
+(the node's ``"python"``, e.g. ``/opt/edgetb-flwr``), runs that environment's interpreter as root,
+imports Flower's programs once (their console scripts' modules, found in flwr's own entry points),
+freezes the garbage collector's generations and forks each program on request; a child sets itself
+up as a node process started fresh would be (``worker.confinement.privilege.become_node``: the
+node's cgroups, network namespace, view, rlimits, uid and gid, no capabilities, seccomp, the
+parent-death signal), then calls the program's entry point with its argv. Its shared pages stay
+the server's, so a node's cgroup holds only what its processes write.
+
+Two ways in:
+
+* the worker, as for the node zygote (same messages, ``worker.confinement.zygote``'s protocol): a
+  ``spawn`` with ``"args"`` the program's argv (its name first), its log and environment pipe;
+  and a ``node`` message that hands over a listening socket for the node (below);
+* a program that Flower itself starts by name (``flwr-clientapp`` from a SuperExec,
+  ``flower-superexec`` and ``flwr-serverapp`` from a SuperLink): each forked program's ``PATH``
+  begins with the node's shim directory, ``/run/edgetb-flwr/<uid>/bin``, whose ``flwr-clientapp``
+  and others are a small script that imports nothing of flwr (``SHIM``). It connects to the node's
+  socket ``/run/edgetb-flwr/<uid>/sock``, sends its argv, environment and working directory as JSON
+  with its stdin, stdout and stderr as descriptors (``SCM_RIGHTS``), is told the child's pid, passes
+  on the signals it gets, and exits as the child did. Should the server not answer, the shim
+  runs the real program from ``PATH`` (a fresh process, as without the server).
+
+Security: the directory is root's, mode 0750, group the node's gid (every node has its own), so
+only root and the node's processes reach the socket; the server also checks the caller's uid
+(``SO_PEERCRED``). A request is JSON (never pickle), may ask only for Flower's own programs
+(``FORKABLE``), and its argv is a list given to the program, never to a shell; every child is
+confined as the node the socket belongs to, whatever the request says. The server runs the
+environment's code as root, so it is used only when the environment is root's and no one else
+may write to it (``check_owned_by_root``); else, and when flwr's layout is not the expected one
+(``SUPPORTED``, its entry points), programs start as fresh processes, and their log says why.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from worker.api.errors import ConfigError, NodeRuntimeError
+from worker.confinement import zygote
+
+FORK_ENV = "EDGETB_FORK"  # "flower" in a program's environment: fork it from the Flower fork server
+FORK_VALUE = "flower"
+FORKABLE = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-clientapp", "flwr-serverapp")
+SHIMMED = ("flower-superexec", "flwr-clientapp", "flwr-serverapp")  # what Flower's programs start by name
+SUPPORTED = ((1, 42), (2, 0))  # flwr >= 1.42, < 2
+RUN_DIR = "/run/edgetb-flwr"
+MAX_ARGS = 256
+MAX_ARG_CHARS = 65536
+MAX_ENV = 512
+MAX_REQUEST_BYTES = 256 * 1024
+STDIO_FDS = 3
+ACCEPT_TIMEOUT_S = 2.0  # for a shim's one message after it connected
+
+
+@dataclass(frozen=True)
+class ShimRequest:
+    """A checked request of a shim: the program's name, argv (name first), environment, cwd."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+def _text(value: object, what: str, limit: int = MAX_ARG_CHARS) -> str:
+    if not isinstance(value, str) or len(value) > limit or "\0" in value:
+        raise ConfigError(f"{what} must be a string of at most {limit} characters without NUL")
+    return value
+
+
+def check_request(doc: object) -> ShimRequest:
+    """A shim's request checked (pure): ``{"argv": [name, ...], "env": {...}, "cwd": "/..."}``,
+    where ``name`` (or its basename) is one of ``FORKABLE``. ConfigError says what is wrong."""
+    if not isinstance(doc, dict) or set(doc) - {"argv", "env", "cwd"}:
+        raise ConfigError("a fork request is a JSON object with argv, env and cwd only")
+    argv = doc.get("argv")
+    if not isinstance(argv, list) or not 1 <= len(argv) <= MAX_ARGS:
+        raise ConfigError(f"argv must be a list of 1 to {MAX_ARGS} strings")
+    argv = [_text(a, "each argument") for a in argv]
+    name = os.path.basename(argv[0])
+    if name not in FORKABLE:
+        raise ConfigError(f"{name!r} is not one of Flower's programs ({', '.join(FORKABLE)})")
+    env = doc.get("env", {})
+    if not isinstance(env, dict) or len(env) > MAX_ENV:
+        raise ConfigError(f"env must be an object of at most {MAX_ENV} string variables")
+    checked = {}
+    for k, v in env.items():
+        if not k or "=" in k:
+            raise ConfigError(f"bad environment variable name {k!r:.40}")
+        checked[_text(k, "a variable's name", 256)] = _text(v, f"variable {k:.40}")
+    cwd = _text(doc.get("cwd", "/"), "cwd", 4096)
+    if not os.path.isabs(cwd):
+        raise ConfigError("cwd must be an absolute path")
+    return ShimRequest(name, [name, *argv[1:]], checked, cwd)
+
+
+def flwr_version_ok(version: str) -> bool:
+    """Whether flwr ``version`` (``1.42.0``, ``1.43.0rc1``) is in ``SUPPORTED``."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return m is not None and SUPPORTED[0] <= (int(m[1]), int(m[2])) < SUPPORTED[1]
+
+
+def node_dir(uid: int) -> str:
+    """The node's directory of the socket and shims (by its uid: unique to the node on the host)."""
+    return os.path.join(RUN_DIR, str(int(uid)))
+
+
+def shim_text(python: str, sock_path: str, bin_dir: str) -> str:
+    """The shim script for a node (``SHIM``): run by ``python`` (``-I -S``: no site, nothing of
+    flwr imported), asking ``sock_path``'s server; ``bin_dir`` is its own directory (left out of
+    ``PATH`` when it falls back to the real program)."""
+    return f"#!{python} -IS\n" + SHIM.replace("@SOCK@", repr(sock_path)).replace("@BIN@", repr(bin_dir))
+
+
+SHIM = '''"""Flower's program asked of edgetb's Flower fork server (worker/confinement/flower_forks.py)."""
+import array, json, os, signal, socket, sys
+
+SOCK, BIN = @SOCK@, @BIN@
+NAME = os.path.basename(sys.argv[0])
+
+
+def fresh(why):
+    """The real program, from PATH without this directory (a fresh process)."""
+    if why:
+        os.write(2, ("edgetb: %s starts as a fresh process: %s\\n" % (NAME, why)).encode())
+    path = [d for d in os.environ.get("PATH", "").split(":") if d and os.path.realpath(d) != BIN]
+    os.environ["PATH"] = ":".join(path)
+    os.execvp(NAME, [NAME] + sys.argv[1:])
+
+
+def main():
+    doc = {"argv": [NAME] + sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(SOCK)
+        s.sendmsg([json.dumps(doc).encode()],
+                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
+        answer = json.loads(s.recv(65536) or b"{}")
+    except (OSError, ValueError) as e:
+        return fresh("no fork server (%s)" % e)
+    if not isinstance(answer.get("pid"), int):
+        return fresh(answer.get("error") or "the fork server did not fork it")
+    pid = answer["pid"]
+
+    def relay(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, relay)
+    data = s.recv(65536)
+    code = json.loads(data).get("exit", 1) if data else 1
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+sys.exit(main())
+'''
+
+
+def check_owned_by_root(prefix: str) -> Optional[str]:
+    """Why the environment at ``prefix`` may not be imported by root (None: it may): a file or
+    directory of it or of its interpreter's standard library that is not root's, or that others
+    than root may write."""
+    python = os.path.realpath(os.path.join(prefix, "bin", "python3"))
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    stdlib = os.path.join(os.path.dirname(os.path.dirname(python)), "lib", os.path.basename(python))
+    if not os.path.isdir(stdlib):
+        stdlib = os.path.join(os.path.dirname(os.path.dirname(python)), "lib", version)
+    tops = [prefix, stdlib]
+    for path in [python, *tops]:
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return f"cannot read {path}: {e.strerror}"
+        if st.st_uid != 0 or st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+            return f"{path} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+    for top in dict.fromkeys(tops):
+        for base, dirs, files in os.walk(top):
+            for name in dirs + files:
+                path = os.path.join(base, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    continue
+                if st.st_uid != 0 or st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+                    return f"{path} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+# the worker's side --------------------------------------------------------------------------------
+class FlowerForks(zygote.Zygote):
+    """The worker's handle on one environment's Flower fork server (``zygote.Zygote``'s protocol,
+    plus ``serve_node``)."""
+
+    def __init__(self, prefix: str, code_root: str, log_path: str) -> None:
+        super().__init__(code_root, log_path, python=os.path.join(prefix, "bin", "python3"),
+                         entry=__name__)
+        self.prefix = prefix
+        self.nodes: dict[int, str] = {}  # uid -> its directory, once its socket is served
+
+    def serve_node(self, request: dict[str, Any], netns_fd: Optional[int]) -> str:
+        """Serve the node's shims (``request``: the node's ``uid``, ``gid``, ``cgroup_procs``,
+        ``ops``, ``rlimits``, as a spawn's): its directory made, its socket handed to the server
+        with its network namespace; the shims' directory (to lead the node's ``PATH``)."""
+        uid, gid = int(request["uid"]), int(request["gid"])
+        where = node_dir(uid)
+        bin_dir = os.path.join(where, "bin")
+        if uid in self.nodes:
+            return bin_dir
+        make_node_dir(where, gid, self.python, bin_dir)
+        sock_path = os.path.join(where, "sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            if os.path.lexists(sock_path):
+                os.unlink(sock_path)
+            listener.bind(sock_path)
+            os.chown(sock_path, 0, gid)
+            os.chmod(sock_path, 0o660)
+            listener.listen(64)
+            fds = [listener.fileno()] + ([netns_fd] if netns_fd is not None else [])
+            answer = self._ask({**request, "op": "node", "netns": netns_fd is not None}, fds)
+        finally:
+            listener.close()
+        if "error" in answer:
+            raise NodeRuntimeError(f"the Flower fork server cannot serve uid {uid}: {answer['error']}")
+        self.nodes[uid] = where
+        return bin_dir
+
+    def _ask(self, doc: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        from concurrent.futures import Future
+
+        if self._sock is None:
+            raise NodeRuntimeError("the Flower fork server is not running")
+        done: Future = Future()
+        with self._lock:
+            request_id = next(self._ids)
+            self._pending[request_id] = done
+            try:
+                zygote._send(self._sock, {**doc, "id": request_id}, fds)
+            except OSError as e:
+                self._pending.pop(request_id, None)
+                raise NodeRuntimeError(f"the Flower fork server is gone: {e}") from None
+        return done.result(timeout=zygote.SPAWN_TIMEOUT_S)
+
+    def close(self) -> None:
+        """Stop the server (its children die with it) and remove the nodes' directories."""
+        super().close()
+        import shutil
+
+        for where in self.nodes.values():
+            shutil.rmtree(where, ignore_errors=True)
+        self.nodes.clear()
+
+
+def make_node_dir(where: str, gid: int, python: str, bin_dir: str) -> None:
+    """``/run/edgetb-flwr/<uid>/`` (root's, 0750, the node's group) with ``bin/``'s shims (root's,
+    0755). Made anew: nothing of it is the node's to change."""
+    import shutil
+
+    os.makedirs(RUN_DIR, mode=0o755, exist_ok=True)
+    st = os.lstat(RUN_DIR)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise NodeRuntimeError(f"{RUN_DIR} must be a directory of root's that only root writes")
+    if os.path.lexists(where):
+        shutil.rmtree(where) if os.path.isdir(where) and not os.path.islink(where) else os.unlink(where)
+    os.mkdir(where, 0o750)
+    os.chown(where, 0, gid)
+    os.chmod(where, 0o750)
+    os.mkdir(bin_dir, 0o755)
+    text = shim_text(python, os.path.join(where, "sock"), bin_dir)
+    for name in SHIMMED:
+        path = os.path.join(bin_dir, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o755)
+
+
+# the server's side --------------------------------------------------------------------------------
+def entry_points() -> dict[str, str]:
+    """Flower's programs (``FORKABLE``) as its distribution declares them: name -> ``module:function``
+    (ConfigError when flwr is missing, of an unsupported version, or lacks one)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("flwr")
+    except metadata.PackageNotFoundError:
+        raise ConfigError("flwr is not installed in this environment") from None
+    if not flwr_version_ok(dist.version):
+        raise ConfigError(f"flwr {dist.version} is not a version this server knows (>=1.42,<2)")
+    found = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+    missing = [n for n in FORKABLE if n not in found]
+    if missing:
+        raise ConfigError(f"flwr {dist.version} declares no {', '.join(missing)}")
+    return {n: found[n] for n in FORKABLE}
+
+
+def _preload(programs: dict[str, str]) -> dict[str, Any]:
+    """Import every program's module (and numpy, what apps use): its function by name."""
+    import importlib
+
+    functions = {}
+    for name, value in programs.items():
+        module, _, attr = value.partition(":")
+        obj: Any = importlib.import_module(module.strip())
+        for part in attr.strip().split("."):
+            obj = getattr(obj, part)
+        functions[name] = obj
+    for extra in ("numpy", "flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "flwr.serverapp"):
+        try:
+            importlib.import_module(extra)
+        except Exception as e:  # noqa: BLE001 - the child imports it itself (and says what fails)
+            print(f"edgetb flower forks: cannot preload {extra}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    return functions
+
+
+@dataclass
+class _Node:
+    """A node the server forks for on its shims' requests: how its children are set up."""
+
+    request: dict[str, Any]
+    listener: socket.socket
+    netns_fd: int
+
+
+def serve(argv: list[str]) -> None:
+    """The server's main loop (``argv``: the control socket's fd, the starter's pid)."""
+    import gc
+    import select
+    import threading
+
+    fd, starter = int(argv[0]), int(argv[1])
+    if os.getppid() != starter:
+        os._exit(1)
+    from worker.confinement import privilege
+
+    base_path = [p for p in sys.path[2:]]  # the environment's own (the worker's code first: dropped in children)
+    try:
+        functions = _preload(entry_points())
+    except Exception as e:  # noqa: BLE001 - the worker starts the programs fresh, its log says why
+        print(f"edgetb flower forks: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
+    if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
+        print("edgetb flower forks: threads after the imports, 1 expected", file=sys.stderr, flush=True)
+        os._exit(1)
+    ctl = socket.socket(fileno=fd)
+    ctx = {"confinement": privilege.Confinement.here(), "pid": os.getpid(), "functions": functions,
+           "path": base_path}
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    os.set_inheritable(fd, False)
+    zygote._send(ctl, {"ready": os.getpid()})
+    nodes: dict[int, _Node] = {}  # listener fd -> node
+    children: set[int] = set()
+    callers: dict[int, socket.socket] = {}  # child pid -> the shim's connection
+    setups: dict[int, list[Any]] = {}
+
+    def poll(fds: list[Any], timeout_s: float) -> list[Any]:
+        p = select.poll()
+        by_fd = {}
+        for f in fds:
+            n = f if isinstance(f, int) else f.fileno()
+            by_fd[n] = f
+            p.register(n, select.POLLIN)
+        return [by_fd[n] for n, _ in p.poll(timeout_s * 1000)]
+
+    while True:
+        listeners = [n.listener for n in nodes.values()]
+        readable = poll([ctl, wake_r, *listeners, *setups], 1.0 if setups else 5.0)
+        if wake_r in readable:
+            try:
+                while os.read(wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        ended = zygote._reap(children, os.waitpid)
+        zygote._follow_setups(ctl, setups, readable, {pid for pid, _ in ended})
+        for pid, code in ended:
+            caller = callers.pop(pid, None)
+            if caller is not None:
+                _tell(caller, {"exit": code})
+                caller.close()
+            else:
+                zygote._send(ctl, {"exit": pid, "code": code})
+        for listener in listeners:
+            if listener in readable:
+                node = nodes[listener.fileno()]
+                pid, caller = _answer_shim(node, ctx)
+                if pid is not None and caller is not None:
+                    children.add(pid)
+                    callers[pid] = caller
+        if ctl not in readable:
+            continue
+        try:
+            msg, fds = zygote._recv(ctl)
+        except (OSError, ValueError) as e:
+            print(f"edgetb flower forks: bad request: {e}", file=sys.stderr, flush=True)
+            continue
+        if msg is None:
+            os._exit(0)
+        op = msg.get("op")
+        if op == "node" and len(fds) == 1 + bool(msg.get("netns")):
+            listener = socket.socket(fileno=fds[0])
+            listener.setblocking(False)
+            old = nodes.pop(listener.fileno(), None)
+            nodes[listener.fileno()] = _Node(msg, listener, fds[1] if len(fds) > 1 else -1)
+            if old is not None and old.netns_fd >= 0:
+                zygote._close(old.netns_fd)
+            zygote._send(ctl, {"id": msg.get("id"), "ok": True})
+            continue
+        if op != "spawn" or len(fds) != 2 + bool(msg.get("netns")) or not msg.get("args") \
+                or msg["args"][0] not in functions:
+            for extra in fds:
+                zygote._close(extra)
+            zygote._send(ctl, {"id": msg.get("id"), "error": "unknown request"})
+            continue
+        try:
+            with os.fdopen(os.dup(fds[1]), "rb") as f:
+                env = json.loads(f.read())
+            pid, status_r = _fork(msg, [fds[0]] * 2, env, "/", fds[2] if len(fds) > 2 else -1, ctx)
+        finally:
+            for passed in fds:
+                zygote._close(passed)
+        children.add(pid)
+        if msg.get("wait", True):
+            report = zygote._read_setup(status_r, poll)
+            if report != "ok":
+                zygote._kill(pid)
+            zygote._send(ctl, {"id": msg["id"], "pid": pid} if report == "ok" else {"id": msg["id"], "error": report})
+        else:
+            setups[status_r] = [pid, time.monotonic() + zygote.SPAWN_TIMEOUT_S, b""]
+            zygote._send(ctl, {"id": msg["id"], "pid": pid})
+
+
+def _tell(conn: socket.socket, doc: dict[str, Any]) -> None:
+    try:
+        conn.send(json.dumps(doc).encode())
+    except OSError:
+        pass
+
+
+def _answer_shim(node: _Node, ctx: dict[str, Any]) -> tuple[Optional[int], Optional[socket.socket]]:
+    """One shim's request on ``node``'s socket: checked, forked; the child and the connection (to
+    tell its exit), or (None, None) when refused (the shim is told why)."""
+    import struct
+
+    try:
+        conn, _ = node.listener.accept()
+    except (BlockingIOError, InterruptedError):
+        return None, None
+    fds: list[int] = []
+    try:
+        conn.settimeout(ACCEPT_TIMEOUT_S)
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _, peer_uid, _ = struct.unpack("3i", creds)
+        if peer_uid not in (0, int(node.request["uid"])):
+            conn.close()
+            return None, None
+        msg, fds = _recv_request(conn)
+        request = check_request(msg)
+        if len(fds) != STDIO_FDS:
+            raise ConfigError(f"a fork request carries {STDIO_FDS} descriptors (stdin, stdout, stderr)")
+        pid, status_r = _fork(node.request, fds, request.env, request.cwd, node.netns_fd, ctx,
+                              argv=request.argv)
+    except (OSError, ValueError, ConfigError) as e:
+        _tell(conn, {"error": getattr(e, "message", None) or str(e)})
+        conn.close()
+        return None, None
+    finally:
+        for passed in fds:
+            zygote._close(passed)
+    zygote._close(status_r)  # (its set-up's failure ends it, exit 125, which the shim relays)
+    conn.setblocking(True)
+    _tell(conn, {"pid": pid})
+    return pid, conn
+
+
+def _recv_request(conn: socket.socket) -> tuple[Any, list[int]]:
+    import array
+
+    fds = array.array("i")
+    data, anc, flags, _ = conn.recvmsg(MAX_REQUEST_BYTES, socket.CMSG_SPACE(zygote.MAX_FDS * fds.itemsize))
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        for fd in fds:
+            zygote._close(fd)
+        raise ConfigError("a fork request too large")
+    return json.loads(data), list(fds)
+
+
+def _fork(request: dict[str, Any], stdio: list[int], env: dict[str, str], cwd: str, netns_fd: int,
+          ctx: dict[str, Any], argv: Optional[list[str]] = None) -> tuple[int, int]:
+    """Fork a child that becomes the node of ``request`` and runs ``argv`` (default: the request's
+    ``args``); its pid and the pipe of its set-up report."""
+    import gc
+
+    status_r, status_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()  # what the server made since is shared with the child too, never collected there
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, checked by the e2e tier
+        zygote._close(status_r)
+        _child(request, stdio, env, cwd, netns_fd, status_w, ctx, list(argv or request["args"]))
+    zygote._close(status_w)
+    return pid, status_r
+
+
+def _child(request: dict[str, Any], stdio: list[int], env: dict[str, str], cwd: str, netns_fd: int,
+           status_w: int, ctx: dict[str, Any], argv: list[str]) -> None:
+    """In the forked child: become the node, then run the program. Never returns."""
+    from worker.confinement import cgroups, fsview, privilege, uids
+
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        stdin = stdio[0] if len(stdio) == 3 else os.open(os.devnull, os.O_RDONLY)
+        out, err = (stdio[1], stdio[2]) if len(stdio) == 3 else (stdio[0], stdio[0])
+        os.dup2(stdin, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.environ.clear()
+        os.environ.update(env)
+        cgroup_fds = cgroups.join_fds(request["cgroup_procs"])
+        ops = [fsview.Op(kind, path, bool(writable)) for kind, path, writable in request["ops"]]
+        rlimits = [(int(r), int(soft), int(hard)) for r, soft, hard in request["rlimits"]]
+        privilege.become_node(uids.Identity(int(request["uid"]), int(request["gid"])), ops, rlimits,
+                              ctx["confinement"], ctx["pid"], cgroup_fds, netns_fd if netns_fd >= 0 else None,
+                              keep_fds=(status_w,))
+        try:
+            os.chdir(cwd)
+        except OSError:
+            pass
+        os.write(status_w, b"ok")
+        zygote._close(status_w)
+    except BaseException as e:  # noqa: BLE001 - reported (and in its stderr), then out
+        try:
+            why = f"{type(e).__name__}: {e}".encode()[:4000]
+            os.write(2, b"edgetb: cannot start a Flower process: " + why + b"\n")
+            os.write(status_w, why)
+        finally:
+            os._exit(125)
+    os._exit(_run(argv, ctx))
+
+
+def _run(argv: list[str], ctx: dict[str, Any]) -> int:
+    """Run Flower's program ``argv[0]`` as its console script would; its exit code."""
+    import atexit
+    import gc
+    import threading
+
+    code = 1
+    try:
+        gc.enable()
+        name = argv[0]
+        sys.argv = [os.path.join(sys.prefix, "bin", name), *argv[1:]]
+        sys.path[:] = [os.path.join(sys.prefix, "bin"), *ctx["path"]]
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        result = ctx["functions"][name]()
+        code = result if isinstance(result, int) else 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - its log says why
+        import traceback
+
+        traceback.print_exc()
+    try:  # as an interpreter's end would: its threads, then its exit functions
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and not t.daemon:
+                t.join()
+        atexit._run_exitfuncs()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    return code
