@@ -15,7 +15,9 @@ memory of every node process once all have run a round (trained and evaluated: U
 that process holds, its median, mean and max; PSS; how many node processes were alive then, and
 their threads), whether the host's zygote had the framework's library mapped (it preloads
 TensorFlow or PyTorch for the nodes it forks), rounds per minute of the run phase, the median ``train_s``, the mean final global
-accuracy. Before the Keras variant at full size, a small run measures a Keras node's USS and the
+accuracy, and where the run's time went (``breakdown``: the node processes' CPU in training and
+evaluation from the rounds' ``phases`` against the host's busy CPU and the run's wall time on its
+cores, the first round, the wait for the last node). Before the Keras variant at full size, a small run measures a Keras node's USS and the
 variant is skipped when the machine's available memory could not hold ``--nodes`` of them.
 """
 from __future__ import annotations
@@ -41,6 +43,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gossip_edgetb import MNIST_NPZ, free_port, log, symmetric_links, write_mnist_subset  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from controller.results.run_dir import read_run_events  # noqa: E402
+
 FASHION_DIR = os.path.join(ROOT, "dataset", "fashion_mnist")
 SHARD = 100
 MEM_SHARE = 0.8  # of the available memory, the most a variant's nodes may need
@@ -114,6 +119,47 @@ def zygote_maps(node_pid: int, kind: str) -> Optional[bool]:
         return None
 
 
+def busy_cpu_s() -> float:
+    """The host's CPU seconds spent on anything but idle and iowait since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _phase_cpu_s(spans: list) -> float:
+    return sum(s[3] - s[2] for s in spans if isinstance(s, list) and len(s) == 4)
+
+
+def breakdown(run_dir: str, run_s: float, busy_s: float) -> dict[str, Any]:
+    """Where a run's time went, from its nodes' ``round`` events: the CPU seconds the node processes
+    spent training and evaluating (the phases' CPU clocks), that CPU spread over the host's cores
+    (the compute floor of the run, in seconds), the host's busy CPU over the run on its cores, the
+    first round's wall time (the slowest node's end) and how long the run went on after the median
+    node's last round (stragglers)."""
+    train_cpu = eval_cpu = wait_wall = 0.0
+    first_end, last_ends = [], []
+    t0 = None
+    for events in read_run_events(run_dir).values():
+        rounds = [e for e in events if e.get("type") == "round"]
+        for e in rounds:
+            phases = e.get("phases") or {}
+            train_cpu += _phase_cpu_s(phases.get("train", []))
+            eval_cpu += _phase_cpu_s(phases.get("evaluate", []))
+            wait_wall += sum(s[1] - s[0] for s in phases.get("wait", []) if isinstance(s, list) and len(s) >= 2)
+            start = e.get("t_start")
+            t0 = start if t0 is None or (start is not None and start < t0) else t0
+        if rounds:
+            first_end.append(rounds[0]["t_end"])
+            last_ends.append(rounds[-1]["t_end"])
+    cores = os.cpu_count() or 1
+    if not last_ends or t0 is None:
+        return {}
+    return {"train_cpu_s": train_cpu, "eval_cpu_s": eval_cpu, "floor_s": (train_cpu + eval_cpu) / cores,
+            "busy_s": busy_s / cores, "first_round_s": max(first_end) - t0,
+            "straggle_s": max(last_ends) - statistics.median(last_ends), "wait_s_node": wait_wall / len(last_ends),
+            "run_s": run_s}
+
+
 def available_kib() -> int:
     with open("/proc/meminfo") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
@@ -137,6 +183,7 @@ def run(n: int, rounds: int, kind: str, train_shards: int, timeout_s: float, bn_
     try:
         status = wait(url, ("ready",), timeout_s, proc)
         result["ready_s"] = time.monotonic() - started
+        busy_at_start = busy_cpu_s()
         requests.get(url + "/start", timeout=120)
         uss, pss, tasks, preloaded = [], [], [], None
         deadline = time.monotonic() + timeout_s
@@ -152,6 +199,7 @@ def run(n: int, rounds: int, kind: str, train_shards: int, timeout_s: float, bn_
                 break
             time.sleep(1)
         wait(url, ("finished", "failed"), timeout_s, proc)
+        busy = busy_cpu_s() - busy_at_start
         summary = requests.get(url + "/finish", timeout=600).json()
         run_dir = summary["run_dir"]
         with open(os.path.join(run_dir, "run.json")) as f:
@@ -168,7 +216,8 @@ def run(n: int, rounds: int, kind: str, train_shards: int, timeout_s: float, bn_
                       uss_mean_mib=statistics.mean(uss) / 1024 if uss else None,
                       uss_max_mib=max(uss) / 1024 if uss else None, alive=f"{len(uss)}/{n}",
                       threads=statistics.median(tasks) if tasks else None, zygote_preloaded=preloaded,
-                      pss_mib=statistics.median(pss) / 1024 if pss else None, dataset=dataset)
+                      pss_mib=statistics.median(pss) / 1024 if pss else None, dataset=dataset,
+                      breakdown=breakdown(run_dir, run_s, busy))
     finally:
         try:
             requests.get(url + "/emulated/reset", timeout=300)
@@ -250,6 +299,14 @@ def main() -> int:
     print("|" + "---|" * len(columns))
     for r in results:
         print("| " + " | ".join("-" if r.get(k) is None else fmt.format(r[k]) for k, fmt in columns) + " |")
+    print("\nwhere the run's time went (s; CPU summed over the nodes, floor and busy on the host's "
+          f"{os.cpu_count()} cores)\n")
+    keys = ("run_s", "floor_s", "busy_s", "train_cpu_s", "eval_cpu_s", "first_round_s", "straggle_s", "wait_s_node")
+    print("| variant | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for r in results:
+        b = r.get("breakdown") or {}
+        print(f"| {r['variant']} | " + " | ".join("-" if b.get(k) is None else f"{b[k]:.1f}" for k in keys) + " |")
     return 0
 
 

@@ -365,9 +365,12 @@ class BatchNormalization(Layer):
 
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
         gamma, beta, moving_mean, moving_var = self.params
-        if not training:
+        if not training:  # x * scale + shift: two passes over the maps (three as (x - mean) * scale + beta)
             self._centred = None
-            return (x - moving_mean) * (gamma / np.sqrt(moving_var + self.epsilon)) + beta
+            scale = gamma / np.sqrt(moving_var + self.epsilon)
+            y = np.multiply(x, scale)
+            y += beta - moving_mean * scale
+            return y
         x2 = x.reshape(-1, x.shape[-1])
         mean = _column_sums(x2) / len(x2)  # float64 sums: a float32 running sum over
         centred = x2 - mean.astype(x.dtype)  # thousands of pixels loses digits BN then magnifies
