@@ -9,7 +9,9 @@ A node's round: one epoch over 100 samples (28x28x1) in batches of 32, ``edgetb_
 the same process, so that the machine's load falls on both alike. Reported: the median (and the
 range) of ``--repeat`` timings of each, wall and CPU milliseconds, the time per layer of one
 batch (the fastest of the repeats), and the relative error between the two revisions' gradients
-of one batch (same seed, same weights) in float32 and in float64.
+of one batch (same seed, same weights) in float32 and in float64. Before and after the timings, a
+fixed reference (``reference_ms``: float32 matrix products and an elementwise pass, one thread)
+says how fast the host's CPU ran then (its speed swings with the load of other machines).
 """
 from __future__ import annotations
 
@@ -114,6 +116,21 @@ def gradient_error(name: str, baseline: ModuleType, x: np.ndarray, y: np.ndarray
     return worst, rel(dx_new, dx_old)
 
 
+def reference_ms(repeat: int = 5) -> float:
+    """CPU ms of a fixed piece of work (100 products of 256x256 float32 matrices and 20 passes
+    over 4 MiB of float32), the fastest of ``repeat``: the host's speed at the time."""
+    a = np.ones((256, 256), np.float32)
+    maps = np.ones(2**20, np.float32)
+
+    def work() -> None:
+        for _ in range(100):
+            a @ a
+        for _ in range(20):
+            np.multiply(maps, 1.0001, out=maps)
+
+    return min(timed(work)[1] for _ in range(repeat))
+
+
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
 
@@ -140,14 +157,17 @@ def main() -> int:
     evaluate: dict[str, list[tuple[float, float]]] = {label: [] for label in nets}
     for net in nets.values():  # warm up
         net.train(x, y, 1, args.batch_size)
+    reference_before = reference_ms()
     for _ in range(args.repeat):  # in turns: the machine's load falls on every variant alike
         for label, net in nets.items():
             wall, cpu = timed(lambda: net.train(x, y, 1, args.batch_size))
             train[label].append((wall * per_100, cpu * per_100))
             wall, cpu = timed(lambda: net.evaluate(x, y))
             evaluate[label].append((wall * per_100, cpu * per_100))
+    reference_after = reference_ms()
     print(f"{args.model} on {SHAPES[args.model]}, {args.samples} samples in batches of {args.batch_size}, one thread; "
-          f"median (range) of {args.repeat} runs, ms per 100 samples\n")
+          f"median (range) of {args.repeat} runs, ms per 100 samples; the host's reference work "
+          f"{reference_before:.1f} ms CPU before, {reference_after:.1f} after\n")
     print("| layers | train, wall | train, CPU | evaluate, wall | evaluate, CPU |")
     print("|---|---|---|---|---|")
     for label in nets:
