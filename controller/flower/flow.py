@@ -210,7 +210,8 @@ class FlowerRun:
         self.record["started_at"] = time.time()
         self.t0 = time.monotonic()
         self.recording.run_from(self.t0)
-        superlink, *rest = plan.servers(s, o.workdir, self.run_id, self.ips, self.spec.shards)
+        weight = int(os.environ.get("EDGETB_FLWR_SUPERLINK_CPU_WEIGHT", plan.SUPERLINK_CPU_WEIGHT))
+        superlink, *rest = plan.servers(s, o.workdir, self.run_id, self.ips, self.spec.shards, weight)
         self._start(superlink)  # serving first: SuperNodes that find no SuperLink wait ever longer to try again
         self._wait_for_superlink(0, SUPERLINK_READY_S)
         for program in rest:  # the SuperNodes register first: their SuperExecs would share the CPU meanwhile

@@ -33,6 +33,10 @@ FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0"}
 # The servers, forked on a netns host from the Flower fork server of the node's Python
 # (``worker.confinement.flower_forks``: flwr imported once; their ClientApps forked too)
 FORKED_ENV = {"EDGETB_FORK": "flower"}
+# The SuperLink's node weighs this much in the kernel's CPU sharing (cgroup cpu.weight; 100 for
+# every other node): on a host loaded past its cores it still answers flwr's 5 s heartbeats.
+CPU_WEIGHT_ENV = "EDGETB_CPU_WEIGHT"
+SUPERLINK_CPU_WEIGHT = 800
 
 
 def database(structure: FlowerStructure, workdir: str, run_id: str) -> Optional[str]:
@@ -97,14 +101,15 @@ def cli_config(superlink_ip: str) -> str:
 
 
 def servers(structure: FlowerStructure, workdir: str, run_id: str, ips: dict[str, str],
-            shards: Optional[dict[str, str]] = None) -> list[Program]:
-    """The SuperLink, then each SuperNode and its SuperExec."""
+            shards: Optional[dict[str, str]] = None, superlink_cpu_weight: int = SUPERLINK_CPU_WEIGHT) -> list[Program]:
+    """The SuperLink (its node weighing ``superlink_cpu_weight``), then each SuperNode and its SuperExec."""
     sl = structure.superlink
     home = flwr_home(workdir, sl, run_id)
+    weight = {CPU_WEIGHT_ENV: str(superlink_cpu_weight)} if superlink_cpu_weight != 100 else {}
     programs = [Program(sl, "superlink", (
         "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
         "--database", database(structure, workdir, run_id) or IN_MEMORY, "--host", ips[sl], "--port", str(SUPERLINK_PORT)),
-        {**FLOWER_ENV, **FORKED_ENV, "FLWR_HOME": home})]
+        {**FLOWER_ENV, **FORKED_ENV, **weight, "FLWR_HOME": home})]
     for node, conf in node_configs(structure, shards).items():
         env = {**FLOWER_ENV, **FORKED_ENV, "FLWR_HOME": flwr_home(workdir, node, run_id)}
         programs.append(Program(node, "supernode", (

@@ -142,7 +142,10 @@ def test_the_plan_puts_homes_in_node_directories_and_runs_supernodes_with_proces
                                                  ("n3", "supernode"), ("n3", "superexec")]
     sl = progs[0]
     assert sl.env == {"FLWR_HOME": "/w/dml_file/node/n1/flwr_home-r1", "FLWR_TELEMETRY_ENABLED": "0",
-                      "EDGETB_FORK": "flower"}
+                      "EDGETB_FORK": "flower", "EDGETB_CPU_WEIGHT": "800"}  # (its node outweighs the others)
+    assert all("EDGETB_CPU_WEIGHT" not in p.env for p in progs[1:])
+    unweighed = plan.servers(_structure(), "/w", "r1", ips, superlink_cpu_weight=100)[0]
+    assert "EDGETB_CPU_WEIGHT" not in unweighed.env
     assert all(p.env["FLWR_TELEMETRY_ENABLED"] == "0" for p in progs)  # (flwr's exit waits 4 s to send it)
     assert all(p.env["EDGETB_FORK"] == "flower" for p in progs)  # forked from the Flower fork server
     assert "--disable-runtime-dependency-installation" in sl.argv

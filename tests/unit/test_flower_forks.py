@@ -63,6 +63,18 @@ def test_an_environment_that_others_may_write_is_not_imported_by_root(tmp_path):
     assert why is not None and "is not root's alone" in why and str(tmp_path) in why
 
 
+def test_a_node_s_cpu_weight_is_written_to_its_cpu_groups_on_either_cgroup_version():
+    v1 = ["/cg/cpu,cpuacct/tb/n1/cgroup.procs", "/cg/memory/tb/n1/cgroup.procs"]
+    have = {"/cg/cpu,cpuacct/tb/n1/cpu.shares"}
+    assert ff.cpu_weight_writes(v1, 800, have.__contains__) == [("/cg/cpu,cpuacct/tb/n1/cpu.shares", "8192")]
+    v2 = ["/cg/tb/n1/cgroup.procs"]
+    assert ff.cpu_weight_writes(v2, 800, {"/cg/tb/n1/cpu.weight"}.__contains__) == [("/cg/tb/n1/cpu.weight", "800")]
+    assert ff.cpu_weight_writes(v2, 800, lambda p: False) == []  # (no cpu controller: nothing to weigh)
+    for bad in (0, 10001):
+        with pytest.raises(ConfigError, match="1 to 10000"):
+            ff.cpu_weight_writes(v2, bad)
+
+
 # the shim, run for real against a server of the test's --------------------------------------------
 def shim(tmp_path, sock_path: str) -> str:
     bin_dir = tmp_path / "shims"

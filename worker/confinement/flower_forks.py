@@ -52,6 +52,7 @@ from worker.confinement import zygote
 
 FORK_ENV = "EDGETB_FORK"  # "flower" in a program's environment: fork it from the Flower fork server
 FORK_VALUE = "flower"
+CPU_WEIGHT_ENV = "EDGETB_CPU_WEIGHT"  # a program's node's CPU weight (cgroup v2's scale: 1..10000, 100 by default)
 FORKABLE = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-clientapp", "flwr-serverapp")
 SHIMMED = ("flower-superexec", "flwr-clientapp", "flwr-serverapp")  # what Flower's programs start by name
 SUPPORTED = ((1, 42), (2, 0))  # flwr >= 1.42, < 2
@@ -203,6 +204,22 @@ def check_owned_by_root(prefix: str) -> Optional[str]:
                 if st.st_uid != 0 or st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
                     return f"{path} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
     return None
+
+
+def cpu_weight_writes(procs_files: list[str], weight: int,
+                      exists: Any = os.path.exists) -> list[tuple[str, str]]:
+    """(file, value) writes that give a node's groups (their ``cgroup.procs`` files) CPU weight
+    ``weight`` (cgroup v2's ``cpu.weight``; v1's ``cpu.shares`` scaled from its 1024 for 100)."""
+    if not 1 <= weight <= 10000:
+        raise ConfigError(f"a CPU weight is 1 to 10000 (100: as any node), not {weight}")
+    writes = []
+    for procs in procs_files:
+        d = os.path.dirname(procs)
+        if exists(os.path.join(d, "cpu.weight")):
+            writes.append((os.path.join(d, "cpu.weight"), str(weight)))
+        elif exists(os.path.join(d, "cpu.shares")):
+            writes.append((os.path.join(d, "cpu.shares"), str(max(2, weight * 1024 // 100))))
+    return writes
 
 
 # the worker's side --------------------------------------------------------------------------------

@@ -119,6 +119,8 @@ class Processes:
         log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
         with open(log_path, "ab") as log:
             child: Any = None
+            if flower_forks.CPU_WEIGHT_ENV in env:
+                env = self._weigh(node, rec, env, log)
             if node_args is not None and self._zygote_wanted():
                 child = self._spawn_node(node, rec, node_args, env, log.fileno())
             elif env.get(flower_forks.FORK_ENV) == flower_forks.FORK_VALUE and self._zygote_wanted():
@@ -213,6 +215,21 @@ class Processes:
             log.write(f"edgetb: {name} starts as a fresh process: {e}\n".encode())
             log.flush()
             return None
+
+    def _weigh(self, node: str, rec: dict[str, Any], env: dict[str, str], log: Any) -> dict[str, str]:
+        """The node's CPU weight set from the program's ``EDGETB_CPU_WEIGHT`` (netns nodes; a line in
+        its log when it cannot be); the environment without it."""
+        try:
+            if self.runtime.kind != "netns":
+                raise ConfigError(f"{self.runtime.kind} nodes are not weighed")
+            procs = cast(ForkableRuntime, self.runtime).procs_files(rec)
+            for path, value in flower_forks.cpu_weight_writes(procs, int(env[flower_forks.CPU_WEIGHT_ENV])):
+                with open(path, "w") as f:
+                    f.write(value)
+        except (ValueError, ConfigError, OSError) as e:
+            log.write(f"edgetb: the node's CPU weight is not set: {e}\n".encode())
+            log.flush()
+        return {k: v for k, v in env.items() if k != flower_forks.CPU_WEIGHT_ENV}
 
     def _flower_forks(self, python: str) -> flower_forks.FlowerForks:
         """The running fork server of environment ``python`` (started on first use); NodeRuntimeError
