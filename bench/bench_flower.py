@@ -18,6 +18,11 @@ isolation (``--isolation process``), N SuperNodes, R rounds:
     sudo .venv/bin/python bench/bench_flower.py --turns 2       # plain, edgetb, plain, edgetb
     sudo .venv/bin/python bench/bench_flower.py --padding-values 500000 --fraction-evaluate 0 --no-plain
     sudo .venv/bin/python bench/bench_flower.py --supernodes 50 --rounds 3 --no-plain
+    sudo EDGETB_FLWR_SUPERLINK_CPU_WEIGHT=100 .venv/bin/python bench/bench_flower.py ...  # the SuperLink's node weighed as any
+
+On a netns host Flower's programs are forked from the Flower fork server of their Python
+(``worker.confinement.flower_forks``): its peak resident memory (the pages the nodes share, charged
+outside them) is ``fork_server_rss_peak_mb``.
 
 ``--padding-values N`` sends N float32 zeros with the model (the app's ``padding-values``): a
 model of about 4N bytes. ``--fraction-evaluate 0`` leaves out federated evaluation: FedAvg's
@@ -72,6 +77,7 @@ class MemoryStat:
         self.base = v1 if os.path.isdir("/sys/fs/cgroup/memory") else f"/sys/fs/cgroup/edgetb-{tb}"
         self.names = names
         self.peak: dict[str, dict[str, int]] = {}
+        self.server_rss_peak = 0  # the Flower fork server's resident memory (its shared pages: outside the nodes)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -85,8 +91,22 @@ class MemoryStat:
         file = stat.get("total_cache", stat.get("cache", stat.get("file")))
         return {"anon": int(anon), "file": int(file)} if anon is not None and file is not None else {}
 
+    def _server_rss(self) -> int:
+        total = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"worker.confinement.flower_forks" not in f.read():
+                        continue
+                with open(f"/proc/{pid}/status") as f:
+                    total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+            except (OSError, StopIteration):
+                continue
+        return total
+
     def _loop(self) -> None:
         while not self.stop.wait(1.0):
+            self.server_rss_peak = max(self.server_rss_peak, self._server_rss())
             for node in self.names:
                 for key, value in self._read(node).items():
                     peak = self.peak.setdefault(node, {})
@@ -113,6 +133,7 @@ def run_edgetb(workdir: str, tb: str, port: int, names: list[str], turn: int,
                               stdout=out, stderr=subprocess.STDOUT, text=True,
                               env=dict(os.environ, EDGETB_STATE_DIR=os.path.join(workdir, "state")))
     wall_s = time.monotonic() - started
+    mem.peak["fork server"] = {"rss": mem.server_rss_peak}
     if done.returncode != 0:
         with open(log) as f:
             raise SystemExit(f"edgetb run failed ({done.returncode}):\n{f.read()[-4000:]}")
@@ -286,9 +307,14 @@ def main() -> int:
         peak = peak_memory(run_dir)
         if peak:
             row["mem_peak_mb_max"] = round(max(peak.get(n, 0) for n in names) / 1e6, 1)
+        server = mem.pop("fork server", {}).get("rss", 0)
         if mem:
             row["anon_peak_mb_max"] = round(max(m.get("anon", 0) for m in mem.values()) / 1e6, 1)
             row["file_peak_mb_max"] = round(max(m.get("file", 0) for m in mem.values()) / 1e6, 1)
+        row["fork_server_rss_peak_mb"] = round(server / 1e6, 1)
+        with open(os.path.join(run_dir, "run.json")) as f:
+            record = json.load(f)
+        row.update(ended=record.get("ended"), rounds_done=record.get("rounds"))
         row["load_after"] = round(os.getloadavg()[0], 1)
         out["turns"].append(row)  # type: ignore[union-attr]
         print(json.dumps(row), flush=True)

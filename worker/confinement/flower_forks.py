@@ -575,16 +575,24 @@ def _child(request: dict[str, Any], stdio: list[int], env: dict[str, str], cwd: 
             os.chdir(cwd)
         except OSError:
             pass
-        os.write(status_w, b"ok")
-        zygote._close(status_w)
+        _report(status_w, b"ok")
     except BaseException as e:  # noqa: BLE001 - reported (and in its stderr), then out
         try:
             why = f"{type(e).__name__}: {e}".encode()[:4000]
             os.write(2, b"edgetb: cannot start a Flower process: " + why + b"\n")
-            os.write(status_w, why)
+            _report(status_w, why)
         finally:
             os._exit(125)
     os._exit(_run(argv, ctx))
+
+
+def _report(status_w: int, what: bytes) -> None:
+    """The set-up's report (a shim's child has no reader: its exit code tells)."""
+    try:
+        os.write(status_w, what)
+    except BrokenPipeError:
+        pass
+    zygote._close(status_w)
 
 
 def _run(argv: list[str], ctx: dict[str, Any]) -> int:
