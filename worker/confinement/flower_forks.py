@@ -586,6 +586,14 @@ def _child(request: dict[str, Any], stdio: list[int], env: dict[str, str], cwd: 
     os._exit(_run(argv, ctx))
 
 
+def _name_process(name: str) -> None:
+    """The process's name (``ps -o comm``, ``/proc/<pid>/comm``): the program's, not the server's."""
+    from worker.kernel import nsfs
+
+    PR_SET_NAME = 15
+    nsfs.libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
 def _report(status_w: int, what: bytes) -> None:
     """The set-up's report (a shim's child has no reader: its exit code tells)."""
     try:
@@ -605,6 +613,7 @@ def _run(argv: list[str], ctx: dict[str, Any]) -> int:
     try:
         gc.enable()
         name = argv[0]
+        _name_process(name)
         sys.argv = [os.path.join(sys.prefix, "bin", name), *argv[1:]]
         sys.path[:] = [os.path.join(sys.prefix, "bin"), *ctx["path"]]
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
