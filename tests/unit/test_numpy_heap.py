@@ -3,11 +3,13 @@ page faults and resident memory of this very process, measured."""
 from __future__ import annotations
 
 import resource
+import time
 
 import numpy as np
 import pytest
 
 from dml_app.models.numpy import heap
+from dml_app.models.numpy import net as numpy_net
 from dml_app.models.numpy.net import build_numpy
 
 pytestmark = pytest.mark.skipif(heap._LIBC is None, reason="not glibc: reuse_freed_memory does nothing")
@@ -54,7 +56,16 @@ def test_freed_memory_is_reused_inside_and_given_back_on_leaving():
     assert resident_inside - resident_after >= 16, (resident_inside, resident_after)  # given back
 
 
-def test_a_cnns_training_faults_less_per_batch_than_it_did_and_ends_with_memory_given_back():
+def _given_back(timeout_s: float = 10.0) -> bool:
+    """Wait until a delayed release has given the kept memory back; whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while heap._kept and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not heap._kept
+
+
+def test_a_cnns_training_faults_less_per_batch_than_it_did_and_ends_with_memory_given_back(monkeypatch):
+    monkeypatch.setattr(numpy_net, "KEEP_FREED_S", 0.0)  # given back as each call ends
     rng = np.random.default_rng(0)
     x, y = rng.random((320, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, 320)
     net = build_numpy("edgetb_fashion_cnn", (28, 28, 1), 10, {"seed": 0})
@@ -66,3 +77,23 @@ def test_a_cnns_training_faults_less_per_batch_than_it_did_and_ends_with_memory_
     net.train(x[:32], y[:32])  # one batch: all fresh pages
     one_batch = _faults() - before
     assert faults < 3 * one_batch, (faults, one_batch)
+
+
+def test_a_rounds_calls_share_freed_memory_given_back_once_the_delay_has_passed():
+    rng = np.random.default_rng(0)
+    x, y = rng.random((100, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, 100)
+    net = build_numpy("edgetb_fashion_cnn", (28, 28, 1), 10, {"seed": 0})
+    assert _given_back()
+    net.train(x, y, batch_size=32)
+    before = _faults()
+    net.evaluate(x, y)  # right after training (as a round goes): its pages
+    shared = _faults() - before
+    resident_kept = _resident_mib()
+    assert heap._kept and _given_back(numpy_net.KEEP_FREED_S + 10)
+    resident_after = _resident_mib()
+    before = _faults()
+    net.evaluate(x, y)  # after the delay: fresh pages
+    fresh = _faults() - before
+    assert _given_back(numpy_net.KEEP_FREED_S + 10)
+    assert shared * 10 < fresh, (shared, fresh)
+    assert resident_kept - resident_after >= 8, (resident_kept, resident_after)

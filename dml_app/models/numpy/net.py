@@ -25,6 +25,7 @@ from dml_app.models.numpy.minibatch import train_epochs
 from dml_app.models.numpy.rand import Rng
 
 EVAL_BATCH = 32  # samples per forward pass when evaluating: a batch's maps stay in cache (16-32 fastest) and memory low
+KEEP_FREED_S = 1.0  # freed memory kept this long after a call: a round's training and evaluations share it
 
 
 class Sequential:
@@ -150,20 +151,21 @@ class Sequential:
     # the node model contract ----------------------------------------------------------------
     def train(self, x: np.ndarray, y: np.ndarray, epochs: int = 1, batch_size: int = 32) -> dict[str, float]:
         """Minibatch training in a seeded order; returns the mean loss of the last epoch and the seconds spent.
-        The batches reuse the memory the previous ones freed (``heap``), given back at the end."""
-        with reuse_freed_memory():
+        The batches reuse the memory the previous ones freed (``heap``), given back ``KEEP_FREED_S``
+        after the call unless another call (the round's evaluation) comes first."""
+        with reuse_freed_memory(KEEP_FREED_S):
             return train_epochs(self.rng, self.shaped(x), np.asarray(y, dtype=np.int64), epochs, batch_size,
                                 self.train_step)
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """(mean cross-entropy loss, accuracy) on ``x, y``, BatchNormalization on its moving statistics
-        (the batches reuse freed memory, as training's)."""
+        (the batches reuse freed memory, as training's, kept as long)."""
         x = self.shaped(x)
         y = np.asarray(y, dtype=np.int64)
         if len(x) == 0:
             return 0.0, 0.0
         loss_sum, correct = 0.0, 0
-        with reuse_freed_memory():
+        with reuse_freed_memory(KEEP_FREED_S):
             for start in range(0, len(x), EVAL_BATCH):
                 xb, yb = x[start:start + EVAL_BATCH], y[start:start + EVAL_BATCH]
                 logp = self._log_softmax(self.logits(xb))
