@@ -6,7 +6,8 @@ Run: ``.venv/bin/python bench/bench_conv.py [--baseline REV] [--repeat 5] [--mod
 A node's round: one epoch over 100 samples (28x28x1) in batches of 32, ``edgetb_fashion_cnn``
 (bn_momentum 0.9; ``--model`` for another built-in CNN, on 28x28x1 or CIFAR's 32x32x3), one thread (as nodes run: OPENBLAS_NUM_THREADS=1). ``--baseline REV`` loads
 ``dml_app/models/numpy/layers.py`` as it was at git revision REV and times both nets in turns, in
-the same process, so that the machine's load falls on both alike. Reported: the median (and the
+the same process, so that the machine's load falls on both alike; each training starts with the
+memory kept after the last call given back, its evaluation follows it (as in a node's round). Reported: the median (and the
 range) of ``--repeat`` timings of each, wall and CPU milliseconds, the time per layer of one
 batch (the fastest of the repeats), and the relative error between the two revisions' gradients
 of one batch (same seed, same weights) in float32 and in float64. Before and after the timings, a
@@ -36,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from dml_app.models.architectures import architecture  # noqa: E402
 from dml_app.models.numpy import layers as current_layers  # noqa: E402
-from dml_app.models.numpy.heap import reuse_freed_memory  # noqa: E402
+from dml_app.models.numpy.heap import give_back, reuse_freed_memory  # noqa: E402
 from dml_app.models.numpy.net import Sequential  # noqa: E402
 
 SHAPES = {"edgetb_fashion_cnn": (28, 28, 1), "lenet5": (28, 28, 1), "edgetb_cifar10_cnn": (32, 32, 3)}
@@ -160,6 +161,7 @@ def main() -> int:
     reference_before = reference_ms()
     for _ in range(args.repeat):  # in turns: the machine's load falls on every variant alike
         for label, net in nets.items():
+            give_back()  # a node's round starts after its wait: the memory kept after its last call given back
             wall, cpu = timed(lambda: net.train(x, y, 1, args.batch_size))
             train[label].append((wall * per_100, cpu * per_100))
             wall, cpu = timed(lambda: net.evaluate(x, y))

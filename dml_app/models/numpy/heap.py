@@ -105,6 +105,12 @@ def _release_later(delay_s: float, entries: int) -> None:
             _release()
 
 
+def give_back() -> None:
+    """What a delayed release does, now (nothing while a call is inside)."""
+    with _lock:
+        _release()
+
+
 def trim() -> None:
     """Give the heap's freed pages back to the system now (glibc's ``malloc_trim``; nothing
     without glibc)."""
