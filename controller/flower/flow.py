@@ -249,7 +249,15 @@ class FlowerRun:
                 raise TestbedError(f"node {node}: could not make its Flower home: {done['stderr'][-300:]}")
 
     def _start(self, program: plan.Program) -> dict[str, Any]:
-        record = programs.start(self.worker, program.node, list(program.argv), program.env)
+        if self.worker.is_local and program.env.get("EDGETB_FORK"):  # (plan.FORKED_ENV)
+            # by this process's worker, not a supervisor of its own: one Flower fork server for the
+            # run's programs (a supervisor's worker would start one for each)
+            from worker.api.protocol import API_VERSION
+
+            record = self.worker.start_process(program.node, {"version": API_VERSION, "argv": list(program.argv),
+                                                              "env": dict(program.env)})
+        else:
+            record = programs.start(self.worker, program.node, list(program.argv), program.env)
         self.started.append((program, record))
         return record
 
