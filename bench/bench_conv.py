@@ -7,8 +7,8 @@ A node's round: one epoch over 100 samples (28x28x1) in batches of 32, ``edgetb_
 (bn_momentum 0.9; ``--model`` for another built-in CNN, on 28x28x1 or CIFAR's 32x32x3), one thread (as nodes run: OPENBLAS_NUM_THREADS=1). ``--baseline REV`` loads
 ``dml_app/models/numpy/layers.py`` as it was at git revision REV and times both nets in turns, in
 the same process, so that the machine's load falls on both alike; each training starts with the
-memory kept after the last call given back, its evaluation follows it (as in a node's round). Reported: the median (and the
-range) of ``--repeat`` timings of each, wall and CPU milliseconds, the time per layer of one
+memory kept after the last call given back, its evaluation follows it (as in a node's round).
+Reported: the median (and the range) of ``--repeat`` timings of each, wall and CPU milliseconds, the time per layer of one
 batch (the fastest of the repeats), and the relative error between the two revisions' gradients
 of one batch (same seed, same weights) in float32 and in float64. Before and after the timings, a
 fixed reference (``reference_ms``: float32 matrix products and an elementwise pass, one thread)
