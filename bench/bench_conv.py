@@ -8,9 +8,9 @@ A node's round: one epoch over 100 samples (28x28x1) in batches of 32, ``edgetb_
 ``dml_app/models/numpy/layers.py`` as it was at git revision REV and times both nets in turns, in
 the same process, so that the machine's load falls on both alike; each training starts with the
 memory kept after the last call given back, its evaluation follows it (as in a node's round).
-Reported: the median (and the range) of ``--repeat`` timings of each, wall and CPU milliseconds, the time per layer of one
-batch (the fastest of the repeats), and the relative error between the two revisions' gradients
-of one batch (same seed, same weights) in float32 and in float64. Before and after the timings, a
+Reported: the median (and the range) of ``--repeat`` timings of each, wall and CPU milliseconds,
+the time per layer of one batch (the fastest of the repeats), and the relative error between the
+two revisions' gradients of one batch (same seed, same weights) in float32 and in float64. Before and after the timings, a
 fixed reference (``reference_ms``: float32 matrix products and an elementwise pass, one thread)
 says how fast the host's CPU ran then (its speed swings with the load of other machines).
 """
