@@ -99,8 +99,10 @@ class MemoryStat:
                     if b"worker.confinement.flower_forks" not in f.read():
                         continue
                 with open(f"/proc/{pid}/status") as f:
-                    total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-            except (OSError, StopIteration):
+                    status = dict(line.split(":", 1) for line in f if ":" in line)
+                if status["Uid"].split()[0] == "0":  # the server (its forked programs carry its command line)
+                    total += int(status["VmRSS"].split()[0]) * 1024
+            except (OSError, KeyError, ValueError):
                 continue
         return total
 
