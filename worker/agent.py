@@ -230,6 +230,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except TestbedError as e:
         print(f"edgetb-agent: {e.message}", file=sys.stderr)
         return 2
+    try:
+        host.schedule.warm()  # a trace's clock process, ready before a run hands it its bins
+    except OSError as e:
+        log.warning("the trace clock's process did not start (it is tried again at a schedule): %s", e)
     if host.runtime.kind == "docker":
         from worker.nodes import docker as runtime_docker
 

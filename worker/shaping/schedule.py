@@ -1,40 +1,53 @@
-"""A recorded trace's schedule ticked by the worker's own clock (issue 48's skew).
+"""A recorded trace's schedule ticked by the worker's own clock.
 
 The controller's replay sends one ``set_rates`` request a tick; its skew is that request's path
 (HTTP, the body checked, messages built, the state saved). Here the worker gets every link's
 bins once (``LinkSchedule``: rates, optional delay/loss, ``bin_ms``, ``loop``, ``offset_s``)
-and a common start (a monotonic time of this host), builds each bin's netlink requests up front
-(``prebuild``: one list of messages a link and bin), and a thread at nice -10 applies, at each
-tick ``start + k * tick_s`` (absolute: a late tick does not shift the next), the bins that
-changed: one netlink batch per node, on sockets kept open per namespace (``RateSockets``). No
+and a common start (a monotonic time of this host), builds each bin's netlink requests ahead
+of its tick (``bin_messages``, right after the tick before: a start does not wait for every
+bin's), and a real-time thread (``realtime``:
+SCHED_FIFO, nice -10 where that is not allowed) applies, at each tick ``start + k * tick_s``
+(absolute: a late tick does not shift the next), the bins that changed: one netlink batch per
+node, on sockets kept open per namespace (``RateSockets``). A clock that wakes late applies the
+latest bins due and gives every tick it passed a row with that batch's time (``due_ticks``). No
 state is saved per tick; ``applied`` (each link's last bin) is what the caller stores when the
-schedule stops. Each tick is a row (``ROW_FIELDS``, as the controller's ``trace_ticks.csv``).
+schedule stops. Each tick is a row (``ROW_FIELDS``, as the controller's ``trace_ticks.csv``):
+skew is the time the kernel answered the tick's last batch minus the tick's due time.
 
 ``HostSchedule`` is the agent's side (``WorkerHost.schedule_start/_end/_stop``: ``PUT``,
 ``PATCH`` and ``DELETE /links/schedule``): a body checked whole (``parse``) before anything
 runs, a common start on the wall clock, links ended one by one when a constant rate is set on
 them, the stored plan given each link's last applied bin when it stops (stop, ``/reset``). The
-clock lives in the agent's memory: an agent restarted mid-run has none (its links keep the
-bins the kernel holds) and its stop answers ``running: false``.
+``ScheduleClock`` runs in a child process of its own (``clock_process``: no agent thread holds
+its interpreter lock when a tick is due), started with the agent (``warm``). The clock lives in
+memory: an agent restarted mid-run has none (its links keep the bins the kernel holds) and its
+stop answers ``running: false``.
 """
 from __future__ import annotations
 
+import errno
+import logging
 import math
+import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from worker.api.errors import ConfigError
+from worker.api.errors import ConfigError, TestbedError
 from worker.api.shape import Shape
 from worker.kernel import netlink as nl
 from worker.shaping.plan import ACCESS_MINOR, netem_limit_pkts
-from worker.shaping.rates import RateSockets, urgent
+from worker.shaping.rates import URGENT_NICE, RateSockets, urgent
 
+log = logging.getLogger("edgetb.schedule")
 ROW_FIELDS = ("planned_s", "applied_s", "skew_ms", "links", "changed", "outcome")
 MAX_BINS = 200_000  # every link's bins together: the messages built up front stay tens of MB at most
 MIN_BIN_MS = 10
 KEEP_ROWS = 100_000
+JOIN_LATE_S = 10.0  # a start further in the past: ticked from the current bin on (no rows for the ticks before)
+CLOCK_RT_PRIORITY = 10  # SCHED_FIFO: ahead of every ordinary process, behind the kernel's interrupt threads (50)
 
 
 @dataclass(frozen=True)
@@ -84,24 +97,54 @@ def check(links: list[LinkSchedule]) -> None:
         raise ConfigError(f"schedule: {total} bins, more than {MAX_BINS}")
 
 
-def prebuild(link: LinkSchedule, ifindex: int, rule: dict[str, Any], uplink_bps: Optional[int],
-             rules: int) -> list[list[bytes]]:
-    """Each bin's requests for ``link`` (``rule``: its stored plan rule), as ``rates.rate_messages``
+def bin_messages(link: LinkSchedule, k: int, ifindex: int, rule: dict[str, Any], uplink_bps: Optional[int],
+                 rules: int) -> list[bytes]:
+    """Bin ``k``'s requests for ``link`` (``rule``: its stored plan rule), as ``rates.rate_messages``
     builds them: its HTB class (an uplink's share) and, when it has one, its netem leaf."""
     old = rule["shape"]
     minor = int(rule["minor"])
-    out = []
-    for k, rate_bps in enumerate(link.rates_bps):
-        rate = max(8, min(rate_bps, int(uplink_bps) // max(1, rules))) if uplink_bps else rate_bps
-        msgs = [nl.htb_class(ifindex, minor, rate, 0, ceil_bps=rate_bps, parent_minor=ACCESS_MINOR)]
-        delay, loss = link.netem[k] if link.netem is not None else (old.get("delay_ms") or 0.0,
-                                                                    old.get("loss_pct") or 0.0)
-        if link.netem is not None or any(old.get(f) for f in ("delay_ms", "jitter_ms", "loss_pct")):
-            shape = Shape.from_dict({**old, "rate_bps": rate_bps, "delay_ms": delay, "loss_pct": loss})
-            msgs.append(nl.netem_leaf(ifindex, minor, shape.delay_ms, shape.jitter_ms, shape.loss_pct,
-                                      netem_limit_pkts(shape)))
-        out.append(msgs)
-    return out
+    rate_bps = link.rates_bps[k]
+    rate = max(8, min(rate_bps, int(uplink_bps) // max(1, rules))) if uplink_bps else rate_bps
+    msgs = [nl.htb_class(ifindex, minor, rate, 0, ceil_bps=rate_bps, parent_minor=ACCESS_MINOR)]
+    delay, loss = link.netem[k] if link.netem is not None else (old.get("delay_ms") or 0.0,
+                                                                old.get("loss_pct") or 0.0)
+    if link.netem is not None or any(old.get(f) for f in ("delay_ms", "jitter_ms", "loss_pct")):
+        shape = Shape.from_dict({**old, "rate_bps": rate_bps, "delay_ms": delay, "loss_pct": loss})
+        msgs.append(nl.netem_leaf(ifindex, minor, shape.delay_ms, shape.jitter_ms, shape.loss_pct,
+                                  netem_limit_pkts(shape)))
+    return msgs
+
+
+def due_ticks(k: int, elapsed_s: float, tick_s: float) -> range:
+    """The grid ticks due ``elapsed_s`` after the start, from tick ``k`` (the first not yet applied)
+    on: one when on time, several when the clock woke late (the last one's bins are applied, the
+    others' rows carry the same applied time: their updates were that late)."""
+    latest = int(elapsed_s / tick_s + 1e-9)
+    return range(k, max(k, latest) + 1)
+
+
+@contextmanager
+def realtime(priority: int = CLOCK_RT_PRIORITY) -> Iterator[str]:
+    """Run the calling thread under SCHED_FIFO at ``priority`` for the block (Linux: a policy per
+    thread), then as before: on a host whose cores busy processes keep full, a tick that is due
+    at nice -10 still waits for a turn; a real-time thread runs as soon as it wakes. Without the
+    right to (not root, a container without CAP_SYS_NICE or a real-time budget) it runs at nice
+    -10 (``rates.urgent``) instead, said in the log. Yields ``"fifo"`` or ``"nice"``."""
+    try:
+        old = (os.sched_getscheduler(0), os.sched_getparam(0))
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, AttributeError) as e:
+        log.info("trace clock: real-time scheduling refused (%s); at nice %d instead", e, URGENT_NICE)
+        with urgent():
+            yield "nice"
+        return
+    try:
+        yield "fifo"
+    finally:
+        try:
+            os.sched_setscheduler(0, *old)
+        except OSError:  # pragma: no cover (giving up real-time is always allowed)
+            pass
 
 
 class ScheduleClock:
@@ -120,7 +163,8 @@ class ScheduleClock:
         self._own_sockets = sockets is None
         self.tick_s = min(link.bin_ms for link in links) / 1000 if links else 0.1
         self._where: dict[str, tuple[Optional[str], str]] = {}  # node: its namespace, interface
-        self._bins: list[list[list[bytes]]] = []  # per link: per bin, its requests
+        self._target: list[tuple[int, dict[str, Any], Optional[int], int]] = []  # per link: ifindex, rule, uplink, rules
+        self._bins: list[dict[int, list[bytes]]] = []  # per link: its bins' requests, built ahead of their tick
         for link in links:
             if link.src not in nodes:
                 raise ConfigError(f"schedule: no node {link.src!r} on this host")
@@ -130,18 +174,57 @@ class ScheduleClock:
                 raise ConfigError(f"schedule: no shaped link {link.src}->{link.dst} on this host")
             _, ifindex = self.sockets.get(netns, plan["ifname"])
             self._where[link.src] = (netns, plan["ifname"])
-            self._bins.append(prebuild(link, ifindex, rule, plan.get("uplink_bps"), len(plan["rules"])))
+            self._target.append((ifindex, rule, plan.get("uplink_bps"), len(plan["rules"])))
+            self._bins.append({})
         self.applied: list[int] = [-1] * len(links)  # each link's bin in the kernel (-1: none yet)
         self.rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self.ended: set[tuple[str, str]] = set()  # links a constant rate was set on: no longer ticked
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
+        self.policy = ""  # how the thread is scheduled while it ticks: "fifo" or "nice" (``realtime``)
+        self.build_ahead(0.0)
 
-    def tick(self, planned_s: float) -> int:
-        """Apply the bins of ``planned_s`` that differ from those applied: one batch per node."""
+    def tick(self, planned_s: float, late_from_s: Optional[float] = None) -> int:
+        """Apply the bins of ``planned_s`` that differ from those applied: one batch per node.
+        ``late_from_s``: the first of the grid's ticks folded into this one (the clock woke late);
+        each gets its row, with the time this batch was accepted."""
         with self._lock:  # an ``end`` waits for a tick under way: no bin lands after the constant rate
-            return self._tick(planned_s)
+            changed = self._tick(planned_s)
+            if late_from_s is not None and late_from_s < planned_s:
+                self._rows_folded(late_from_s, planned_s)
+            return changed
+
+    def _rows_folded(self, first_s: float, planned_s: float) -> None:
+        """Rows for the ticks from ``first_s`` to before ``planned_s``: their changes (each
+        link's bin against the tick's before) reached the kernel with ``planned_s``'s batch."""
+        row = self.rows[-1]
+        n = round((planned_s - first_s) / self.tick_s)
+        folded = []
+        for j in range(n):
+            t = first_s + j * self.tick_s
+            changes = sum(1 for l in self.links if (l.src, l.dst) not in self.ended and
+                          (t < self.tick_s / 2 or l.value(l.index_at(t)) != l.value(l.index_at(t - self.tick_s))))
+            folded.append({**row, "planned_s": round(t, 4), "skew_ms": round((row["applied_s"] - t) * 1000, 2),
+                           "changed": changes})
+        self.rows[-1:-1] = folded
+
+    def _messages(self, i: int, k: int) -> list[bytes]:
+        """Link ``i``'s bin ``k``'s requests (built once: the next tick's are built after a tick)."""
+        msgs = self._bins[i].get(k)
+        if msgs is None:
+            msgs = self._bins[i][k] = bin_messages(self.links[i], k, *self._target[i])
+        return msgs
+
+    def build_ahead(self, planned_s: float) -> None:
+        """Build the requests of the bins due at ``planned_s`` now, between ticks."""
+        with self._lock:
+            for i, link in enumerate(self.links):
+                if (link.src, link.dst) not in self.ended:
+                    try:
+                        self._messages(i, link.index_at(planned_s))
+                    except (TestbedError, ValueError):  # (said by the tick that sends it)
+                        pass
 
     def _tick(self, planned_s: float) -> int:
         batches: dict[str, list[tuple[int, int]]] = {}
@@ -154,12 +237,14 @@ class ScheduleClock:
         outcome = "applied"
         changed = 0
         for src, todo in batches.items():
-            msgs = [m for i, k in todo for m in self._bins[i][k]]
-            sock, _ = self.sockets.get(*self._where[src])  # (open: made in __init__)
             try:
+                msgs = [m for i, k in todo for m in self._messages(i, k)]
+                sock, _ = self.sockets.get(*self._where[src])  # (open: made in __init__)
                 failures = sock.run(msgs)
             except OSError as e:
                 failures = [nl.Failure(0, e.errno or 0, str(e))]
+            except (TestbedError, ValueError) as e:  # a bin's requests could not be built
+                failures = [nl.Failure(0, errno.EINVAL, str(e))]
             if failures:
                 outcome = f"failed: {src}: {failures[0].describe()}"
                 continue
@@ -175,17 +260,20 @@ class ScheduleClock:
         return changed
 
     def run(self) -> None:
-        """Tick until ``stop``: at ``start + k * tick_s``, a late tick catching up to the grid."""
-        with urgent():
-            k = max(0, int((self.clock() - self.start) / self.tick_s))
+        """Tick until ``stop`` at ``start + k * tick_s`` (an absolute grid: a late tick does not
+        shift the next), as a real-time thread (``realtime``); woken late, the latest bins due
+        are applied and every tick passed meanwhile is a row of its own (``due_ticks``)."""
+        with realtime() as self.policy:
+            elapsed_s = self.clock() - self.start  # a start passed a little: its ticks are late, not skipped
+            k = 0 if elapsed_s < JOIN_LATE_S else int(elapsed_s / self.tick_s)
             while not self._stop.is_set():
-                due = self.start + k * self.tick_s
-                wait = due - self.clock()
+                wait = self.start + k * self.tick_s - self.clock()
                 if wait > 0 and self._stop.wait(wait):
                     return
-                self.tick(k * self.tick_s)
-                behind = int((self.clock() - self.start) / self.tick_s)
-                k = max(k + 1, behind)  # a tick missed is skipped (its bins come with the next)
+                due = due_ticks(k, self.clock() - self.start, self.tick_s)
+                self.tick(due[-1] * self.tick_s, late_from_s=due[0] * self.tick_s)
+                k = due[-1] + 1
+                self.build_ahead(k * self.tick_s)
 
     def end(self, keys: set[tuple[str, str]]) -> list[tuple[str, str]]:
         """Stop ticking links ``keys`` (a constant rate was set on them); those that were ticked."""
@@ -211,6 +299,26 @@ class ScheduleClock:
     def rows_since(self, n: int) -> list[dict[str, Any]]:
         with self._lock:
             return self.rows[n:]
+
+    def replan(self, nodes: dict[str, tuple[Optional[str], Optional[dict[str, Any]]]]) -> None:
+        """The plans of ``nodes`` (``(netns, plan)``; plan None: not shaped any more) changed:
+        their links' requests are built again and re-sent at the next tick; a link no longer
+        shaped is no longer ticked."""
+        with self._lock:
+            self.sockets.close()  # (an interface made again has another index)
+            for i, link in enumerate(self.links):
+                if link.src not in nodes:
+                    continue
+                netns, plan = nodes[link.src]
+                rule = next((r for r in (plan or {}).get("rules", []) if r["dest"] == link.dst), None)
+                if plan is None or rule is None:
+                    self.ended.add((link.src, link.dst))
+                    continue
+                _, ifindex = self.sockets.get(netns, plan["ifname"])
+                self._where[link.src] = (netns, plan["ifname"])
+                self._target[i] = (ifindex, rule, plan.get("uplink_bps"), len(plan["rules"]))
+                self._bins[i] = {}
+                self.applied[i] = -1
 
 
 MAX_LINKS = 10_000
@@ -272,38 +380,83 @@ def parse(body: Any) -> tuple[list[LinkSchedule], float]:
     return links, start
 
 
+@dataclass
+class RunningClock:
+    """What the agent knows of the clock its child process runs: its links, what it ended."""
+
+    links: list[LinkSchedule]
+    tick_s: float
+    ended: set[tuple[str, str]]
+
+    def end(self, keys: set[tuple[str, str]]) -> None:
+        self.ended.update(keys)
+
+
 class HostSchedule:
-    """The agent's one running clock (``store``: the agent's ``StateStore``)."""
+    """The agent's one running clock (``store``: the agent's ``StateStore``), ticked in a child
+    process (``worker.shaping.clock_process``): kept between schedules once ``warm`` (the agent:
+    a start does not wait for its imports), ended at ``stop`` otherwise."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self.clock: Optional[ScheduleClock] = None
+        self.clock: Optional[RunningClock] = None
         self._lock = threading.Lock()
+        self._proc: Any = None  # clock_process.ClockProcess
+        self._keep = False
+
+    def warm(self) -> None:
+        """Start the clock's process now and keep it (the agent, at its start)."""
+        with self._lock:
+            self._keep = True
+            self._process()
+
+    def _process(self) -> Any:
+        from worker.shaping.clock_process import ClockProcess
+
+        if self._proc is None or not self._proc.alive():
+            self._proc = ClockProcess()
+        return self._proc
+
+    def _close(self) -> None:
+        if self._proc is not None:
+            self._proc.close()
+            self._proc = None
 
     def start(self, body: Any) -> dict[str, Any]:
         """Check ``body`` (``parse``) and every link against this host's plans, then tick from its
         start; a clock running already is stopped first (its bins stored)."""
+        from worker.shaping.clock_process import link_json
+
         links, start_wall_s = parse(body)
         state = self.store.snapshot()
         nodes = {}
         for link in links:
             if link.src not in state["nodes"] or not state["plans"].get(link.src):
                 raise ConfigError(f"schedule: no shaped node {link.src!r} on this host")
-            nodes[link.src] = (state["nodes"][link.src]["netns"], state["plans"][link.src])
+            nodes[link.src] = [state["nodes"][link.src]["netns"], state["plans"][link.src]]
         start = time.monotonic() + (start_wall_s - time.time())
-        clock = ScheduleClock(links, nodes, start)  # (refuses a link not shaped here)
         with self._lock:
-            previous = self._stop_locked()
-            self.clock = clock
-            clock.begin()
-        return {"links": len(links), "tick_s": clock.tick_s, "starts_in_s": round(start - time.monotonic(), 4),
+            proc = self._process()
+            try:  # (the child refuses a link not shaped here before it stops a running clock)
+                answer = proc.call({"op": "start", "start": start, "links": [link_json(l) for l in links],
+                                    "nodes": nodes})
+            except ConfigError:
+                if self.clock is None and not self._keep:
+                    self._close()
+                raise
+            previous = self._store_locked(self.clock, answer["previous"]) if self.clock is not None else None
+            self.clock = RunningClock(links, answer["tick_s"], set())
+        return {"links": len(links), "tick_s": answer["tick_s"], "starts_in_s": round(start - time.monotonic(), 4),
                 **({"replaced": previous["links"]} if previous else {})}
 
     def end_node(self, node: str) -> None:
         """No longer tick the links from or to ``node`` (its links were cleared); the others go on."""
         with self._lock:
             if self.clock is not None:
-                self.clock.end({(l.src, l.dst) for l in self.clock.links if node in (l.src, l.dst)})
+                keys = {(l.src, l.dst) for l in self.clock.links if node in (l.src, l.dst)}
+                self.clock.end(keys)
+                if keys and self._proc is not None:
+                    self._proc.call({"op": "end", "links": [list(k) for k in keys]})
 
     def end(self, body: Any) -> dict[str, Any]:
         """``{"version": 1, "links": [{"src", "dst"}]}``: no longer ticked (a constant rate set on them)."""
@@ -315,7 +468,9 @@ class HostSchedule:
         with self._lock:
             if self.clock is None:
                 return {"running": False, "ended": []}
-            ended = self.clock.end({(x["src"], x["dst"]) for x in items})
+            answer = self._process().call({"op": "end", "links": [[x["src"], x["dst"]] for x in items]})
+            ended = [(s, d) for s, d in answer["ended"]]
+            self.clock.end(set(ended))
         return {"running": True, "ended": [{"src": s, "dst": d} for s, d in ended]}
 
     def replanned(self, nodes: Optional[set[str]] = None) -> None:
@@ -323,36 +478,43 @@ class HostSchedule:
         built again from the new plans and re-sent at the next tick."""
         with self._lock:
             clock = self.clock
-            if clock is None:
+            if clock is None:  # links shaped (a deploy): the clock's process is started, ready before a run's start
+                try:
+                    self._process()
+                except OSError as e:
+                    log.warning("the trace clock's process did not start (tried again at a schedule): %s", e)
                 return
             state = self.store.snapshot()
-            with clock._lock:
-                clock.sockets.close()  # (an interface made again has another index)
-                for i, link in enumerate(clock.links):
-                    if nodes is not None and link.src not in nodes:
-                        continue
-                    plan = state["plans"].get(link.src)
-                    rule = next((r for r in (plan or {}).get("rules", []) if r["dest"] == link.dst), None)
-                    if rule is None:  # the link is no longer shaped: no longer ticked
-                        clock.ended.add((link.src, link.dst))
-                        continue
-                    netns = state["nodes"][link.src]["netns"]
-                    _, ifindex = clock.sockets.get(netns, plan["ifname"])
-                    clock._bins[i] = prebuild(link, ifindex, rule, plan.get("uplink_bps"), len(plan["rules"]))
-                    clock.applied[i] = -1
+            changed = {}
+            for link in clock.links:
+                if nodes is None or link.src in nodes:
+                    node = state["nodes"].get(link.src) or {}
+                    changed[link.src] = [node.get("netns"), state["plans"].get(link.src) if node else None]
+            if changed:
+                self._proc.call({"op": "replan", "nodes": changed})
 
     def stop(self) -> dict[str, Any]:
         """Stop the clock; each link's last bin stored as its plan's; the ticks (``rows``)."""
         with self._lock:
-            out = self._stop_locked()
+            out = None
+            if self.clock is not None:
+                try:
+                    answer = self._process().call({"op": "stop"})
+                except TestbedError as e:  # its process is gone: the kernel keeps the bins it set
+                    log.warning("trace clock: %s", e.message)
+                    answer = {"running": False}
+                out = self._store_locked(self.clock, answer)
+                self.clock = None
+            if not self._keep:
+                self._close()
         return out or {"running": False, "links": 0, "rows": [], "applied": []}
 
-    def _stop_locked(self) -> Optional[dict[str, Any]]:
-        clock, self.clock = self.clock, None
-        if clock is None:
+    def _store_locked(self, clock: RunningClock, answer: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """The clock's answer to its stop: each link's last bin stored as its plan's."""
+        if not answer.get("running"):
             return None
-        applied = clock.stop()
         by_key = {(l.src, l.dst): l for l in clock.links}
+        applied = {(s, d): k for s, d, k in answer["applied"] if (s, d) not in clock.ended}
         with self.store.locked() as fresh:
             for (src, dst), k in applied.items():
                 rate, netem = by_key[(src, dst)].value(k)
@@ -361,6 +523,6 @@ class HostSchedule:
                         rule["shape"]["rate_bps"] = rate
                         if netem is not None:
                             rule["shape"]["delay_ms"], rule["shape"]["loss_pct"] = netem
-        return {"running": True, "links": len(clock.links), "rows": clock.rows_since(0),
+        return {"running": True, "links": len(clock.links), "rows": answer["rows"], "policy": answer.get("policy"),
                 "applied": [{"src": s, "dst": d, "bin": k, "rate_bps": by_key[(s, d)].rates_bps[k]}
                             for (s, d), k in applied.items()]}
