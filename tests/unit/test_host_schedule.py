@@ -59,10 +59,13 @@ def test_ticks_folded_into_a_late_batch_each_get_a_row_with_its_time():
     clock = ScheduleClock(links, {"a": ("ns-a", plan)}, start=0.0, sockets=Sockets(), clock=lambda: now[0])
     clock.tick(0.0)
     now[0] = 0.43  # woke 330 ms late for the tick of 0.1 s: the bins of 0.4 s go in one batch
-    assert clock.tick(0.4, late_from_s=0.1) == 2 and batches == [2, 2] and clock.applied == [4, 4]
-    rows = [(r["planned_s"], r["skew_ms"], r["changed"]) for r in clock.rows]
-    assert rows == [(0.0, 0.0, 2), (0.1, 330.0, 1), (0.2, 230.0, 1), (0.3, 130.0, 2), (0.4, 30.0, 2)]
+    assert clock.tick(0.4, late_from_s=0.1) == 2 and batches == [1, 2] and clock.applied == [4, 4]
+    rows = [(r["planned_s"], r["skew_ms"], r["changed"]) for r in clock.rows]  # (a->b's first bin: deployed at it)
+    assert rows == [(0.0, 0.0, 1), (0.1, 330.0, 1), (0.2, 230.0, 1), (0.3, 130.0, 2), (0.4, 30.0, 2)]
     assert all(r["applied_s"] == 0.43 and r["outcome"] == "applied" for r in clock.rows[1:])
+    late = ScheduleClock(links, {"a": ("ns-a", plan)}, start=0.0, sockets=Sockets(), clock=lambda: 0.15)
+    late.tick(0.1, late_from_s=0.0)  # started late: tick 0's row counts the first bins the plan lacked
+    assert [(r["planned_s"], r["skew_ms"], r["changed"]) for r in late.rows] == [(0.0, 150.0, 1), (0.1, 50.0, 2)]
 
 
 def test_the_clock_thread_runs_real_time_and_gives_it_up_after():

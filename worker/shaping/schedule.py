@@ -115,6 +115,14 @@ def bin_messages(link: LinkSchedule, k: int, ifindex: int, rule: dict[str, Any],
     return msgs
 
 
+def _holds(rule: dict[str, Any], link: LinkSchedule, k: int) -> bool:
+    """Whether the stored plan's ``rule`` has ``link``'s bin ``k`` already (rate, delay and loss)."""
+    shape = rule["shape"]
+    rate, netem = link.value(k)
+    return shape.get("rate_bps") == rate and (netem is None or
+                                              ((shape.get("delay_ms") or 0.0), (shape.get("loss_pct") or 0.0)) == netem)
+
+
 def due_ticks(k: int, elapsed_s: float, tick_s: float) -> range:
     """The grid ticks due ``elapsed_s`` after the start, from tick ``k`` (the first not yet applied)
     on: one when on time, several when the clock woke late (the last one's bins are applied, the
@@ -176,7 +184,9 @@ class ScheduleClock:
             self._where[link.src] = (netns, plan["ifname"])
             self._target.append((ifindex, rule, plan.get("uplink_bps"), len(plan["rules"])))
             self._bins.append({})
-        self.applied: list[int] = [-1] * len(links)  # each link's bin in the kernel (-1: none yet)
+        # each link's bin in the kernel (-1: none yet): the first one when the stored plan holds it (deployed at it)
+        self.applied: list[int] = [k if _holds(rule, link, k) else -1 for link, (_, rule, _, _), k in
+                                   zip(links, self._target, (l.index_at(0.0) for l in links))]
         self.rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self.ended: set[tuple[str, str]] = set()  # links a constant rate was set on: no longer ticked
@@ -203,8 +213,9 @@ class ScheduleClock:
         folded = []
         for j in range(n):
             t = first_s + j * self.tick_s
-            changes = sum(1 for l in self.links if (l.src, l.dst) not in self.ended and
-                          (t < self.tick_s / 2 or l.value(l.index_at(t)) != l.value(l.index_at(t - self.tick_s))))
+            changes = sum(1 for i, l in enumerate(self.links) if (l.src, l.dst) not in self.ended and
+                          (not _holds(self._target[i][1], l, l.index_at(0.0)) if t < self.tick_s / 2
+                           else l.value(l.index_at(t)) != l.value(l.index_at(t - self.tick_s))))
             folded.append({**row, "planned_s": round(t, 4), "skew_ms": round((row["applied_s"] - t) * 1000, 2),
                            "changed": changes})
         self.rows[-1:-1] = folded
