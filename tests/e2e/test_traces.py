@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,10 +92,26 @@ def test_edgetb_up_replays_traced_links_in_the_foreground_until_stopped(cli, tmp
     dry = cli_run(["up", links, "--dry-run"], cli).stdout
     assert "# trace a->b: traces/walk.csv (csv, 100 ms bins, 3.6 s" in dry and "(Mbit/s): 2.50, 2.50" in dry, dry
     up = subprocess.Popen([sys.executable, "-m", "controller", "up", links], cwd=ROOT, env=cli, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lines: list[str] = []
+    replaying = threading.Event()
+
+    def read_err() -> None:  # (read as it comes: the replay's start is the time to sample from)
+        assert up.stderr is not None
+        for line in up.stderr:
+            lines.append(line)
+            if "replaying the recordings" in line:
+                replaying.set()
+
+    reader = threading.Thread(target=read_err, daemon=True)
+    reader.start()
     try:
+        deadline = time.monotonic() + 300  # the deploy, on a loaded host
+        while not replaying.wait(0.5) and up.poll() is None and time.monotonic() < deadline:
+            pass
+        assert replaying.is_set(), "".join(lines)
         seen: list[int] = []
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60  # bins of 0.5 s, looped: each `shape show` samples one
         while time.monotonic() < deadline and len(set(seen)) < 2:
             done = cli_run(["shape", "show", "a", "--json"], cli, check=False)
             if done.returncode == 0:
@@ -102,11 +119,13 @@ def test_edgetb_up_replays_traced_links_in_the_foreground_until_stopped(cli, tmp
             time.sleep(0.1)
         assert set(seen) == {4_000_000, 1_000_000}, seen  # both of the recording's rates, in the kernel
         up.send_signal(signal.SIGTERM)
-        out, err = up.communicate(timeout=30)
+        up.wait(timeout=60)
     finally:
         if up.poll() is None:
             up.kill()
-            up.communicate()
+            up.wait()
+        reader.join(timeout=10)
+    err = "".join(lines)
     assert up.returncode == 0, err
     assert "replaying the recordings of 1 links from now until Ctrl-C" in err, err
     assert "trace replay stopped (interrupted)" in err and "ticks" in err, err
