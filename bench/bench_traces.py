@@ -9,8 +9,9 @@ Mahimahi delivery trace and read by the testbed's importer) binned at 100 ms is 
 ``--links`` links of a ring of nodes (n_i -> n_i+1; each link from its own offset in the
 recording; the way back is a constant 50 Mbit/s), with one bulk TCP flow per link (the
 scenario's ``background`` generator: iperf3 at 100 Mbit/s, so the link is the bottleneck).
-Through the agent the replay is a run's: its bins handed once to the agent's own clock
-(``PUT /links/schedule``; ``--controller-ticks``: a ``set_rates`` call a tick, as before).
+Through the agent the replay is a run's: its bins handed once to the agent's own clock (a
+real-time process of its own, ``worker.shaping.clock_process``; ``PUT /links/schedule``;
+``--controller-ticks``: a ``set_rates`` call a tick, as before).
 The worker is an agent on loopback (``--in-process``: driven in this process), so the
 controller's and the worker's CPU are measured apart.
 
