@@ -129,3 +129,19 @@ def test_the_clock_process_is_a_child_that_refuses_naming_the_link_and_ends_with
     finally:
         proc.close()
     assert proc.proc.returncode == 0 and not proc.alive()
+
+
+def test_a_clock_process_that_died_leaves_the_links_at_their_bins_and_the_calls_answer():
+    from worker.shaping.clock_process import ClockProcess
+    from worker.shaping.schedule import LinkSchedule, RunningClock
+
+    schedule = HostSchedule(store=SimpleNamespace(snapshot=lambda: {"nodes": {}, "plans": {}}))
+    schedule.clock = RunningClock([LinkSchedule("a", "b", (10**6,))], 0.1, set())
+    schedule._proc = ClockProcess()
+    schedule._proc.proc.kill()
+    schedule._proc.proc.wait()
+    schedule.end_node("a")  # (said in the log, no error)
+    schedule.replanned()
+    assert schedule.end({"version": 1, "links": [{"src": "a", "dst": "b"}]}) == {"running": False, "ended": []}
+    assert schedule.stop() == {"running": False, "links": 0, "rows": [], "applied": []}
+    assert schedule.clock is None and schedule._proc is None

@@ -433,6 +433,20 @@ class HostSchedule:
             self._proc.close()
             self._proc = None
 
+    def _call(self, cmd: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """``cmd`` to the running clock's process; None when that process is gone (said in the
+        log: its links keep the bins the kernel holds)."""
+        if self._proc is None or not self._proc.alive():
+            log.warning("trace clock: its process is gone; the traced links keep their last bins")
+            return None
+        try:
+            return self._proc.call(cmd)
+        except ConfigError:
+            raise
+        except TestbedError as e:
+            log.warning("trace clock: %s", e.message)
+            return None
+
     def start(self, body: Any) -> dict[str, Any]:
         """Check ``body`` (``parse``) and every link against this host's plans, then tick from its
         start; a clock running already is stopped first (its bins stored)."""
@@ -467,7 +481,7 @@ class HostSchedule:
                 keys = {(l.src, l.dst) for l in self.clock.links if node in (l.src, l.dst)}
                 self.clock.end(keys)
                 if keys and self._proc is not None:
-                    self._proc.call({"op": "end", "links": [list(k) for k in keys]})
+                    self._call({"op": "end", "links": [list(k) for k in keys]})
 
     def end(self, body: Any) -> dict[str, Any]:
         """``{"version": 1, "links": [{"src", "dst"}]}``: no longer ticked (a constant rate set on them)."""
@@ -479,7 +493,9 @@ class HostSchedule:
         with self._lock:
             if self.clock is None:
                 return {"running": False, "ended": []}
-            answer = self._process().call({"op": "end", "links": [[x["src"], x["dst"]] for x in items]})
+            answer = self._call({"op": "end", "links": [[x["src"], x["dst"]] for x in items]})
+            if answer is None:
+                return {"running": False, "ended": []}
             ended = [(s, d) for s, d in answer["ended"]]
             self.clock.end(set(ended))
         return {"running": True, "ended": [{"src": s, "dst": d} for s, d in ended]}
@@ -502,18 +518,14 @@ class HostSchedule:
                     node = state["nodes"].get(link.src) or {}
                     changed[link.src] = [node.get("netns"), state["plans"].get(link.src) if node else None]
             if changed:
-                self._proc.call({"op": "replan", "nodes": changed})
+                self._call({"op": "replan", "nodes": changed})
 
     def stop(self) -> dict[str, Any]:
         """Stop the clock; each link's last bin stored as its plan's; the ticks (``rows``)."""
         with self._lock:
             out = None
             if self.clock is not None:
-                try:
-                    answer = self._process().call({"op": "stop"})
-                except TestbedError as e:  # its process is gone: the kernel keeps the bins it set
-                    log.warning("trace clock: %s", e.message)
-                    answer = {"running": False}
+                answer = self._call({"op": "stop"}) or {"running": False}
                 out = self._store_locked(self.clock, answer)
                 self.clock = None
             if not self._keep:
