@@ -271,7 +271,7 @@ class FlowerForks(zygote.Zygote):
             request_id = next(self._ids)
             self._pending[request_id] = done
             try:
-                zygote._send(self._sock, {**doc, "id": request_id}, fds)
+                zygote.send(self._sock, {**doc, "id": request_id}, fds)
             except OSError as e:
                 self._pending.pop(request_id, None)
                 raise NodeRuntimeError(f"the Flower fork server is gone: {e}") from None
@@ -390,7 +390,7 @@ def serve(argv: list[str]) -> None:
     gc.freeze()
     gc.disable()
     os.set_inheritable(fd, False)
-    zygote._send(ctl, {"ready": os.getpid()})
+    zygote.send(ctl, {"ready": os.getpid()})
     nodes: dict[int, _Node] = {}  # listener fd -> node
     children: set[int] = set()
     callers: dict[int, socket.socket] = {}  # child pid -> the shim's connection
@@ -414,15 +414,15 @@ def serve(argv: list[str]) -> None:
                     pass
             except BlockingIOError:
                 pass
-        ended = zygote._reap(children, os.waitpid)
-        zygote._follow_setups(ctl, setups, readable, {pid for pid, _ in ended})
+        ended = zygote.reap(children, os.waitpid)
+        zygote.follow_setups(ctl, setups, readable, {pid for pid, _ in ended})
         for pid, code in ended:
             caller = callers.pop(pid, None)
             if caller is not None:
                 _tell(caller, {"exit": code})
                 caller.close()
             else:
-                zygote._send(ctl, {"exit": pid, "code": code})
+                zygote.send(ctl, {"exit": pid, "code": code})
         for listener in listeners:
             if listener in readable:
                 node = nodes[listener.fileno()]
@@ -433,7 +433,7 @@ def serve(argv: list[str]) -> None:
         if ctl not in readable:
             continue
         try:
-            msg, fds = zygote._recv(ctl)
+            msg, fds = zygote.recv(ctl)
         except (OSError, ValueError) as e:
             print(f"edgetb flower forks: bad request: {e}", file=sys.stderr, flush=True)
             continue
@@ -446,14 +446,14 @@ def serve(argv: list[str]) -> None:
             old = nodes.pop(listener.fileno(), None)
             nodes[listener.fileno()] = _Node(msg, listener, fds[1] if len(fds) > 1 else -1)
             if old is not None and old.netns_fd >= 0:
-                zygote._close(old.netns_fd)
-            zygote._send(ctl, {"id": msg.get("id"), "ok": True})
+                zygote.close_fd(old.netns_fd)
+            zygote.send(ctl, {"id": msg.get("id"), "ok": True})
             continue
         if op != "spawn" or len(fds) != 2 + bool(msg.get("netns")) or not msg.get("args") \
                 or msg["args"][0] not in functions:
             for extra in fds:
-                zygote._close(extra)
-            zygote._send(ctl, {"id": msg.get("id"), "error": "unknown request"})
+                zygote.close_fd(extra)
+            zygote.send(ctl, {"id": msg.get("id"), "error": "unknown request"})
             continue
         try:
             with os.fdopen(os.dup(fds[1]), "rb") as f:
@@ -461,16 +461,16 @@ def serve(argv: list[str]) -> None:
             pid, status_r = _fork(msg, [fds[0]] * 2, env, "/", fds[2] if len(fds) > 2 else -1, ctx)
         finally:
             for passed in fds:
-                zygote._close(passed)
+                zygote.close_fd(passed)
         children.add(pid)
         if msg.get("wait", True):
-            report = zygote._read_setup(status_r, poll)
+            report = zygote.read_setup(status_r, poll)
             if report != "ok":
-                zygote._kill(pid)
-            zygote._send(ctl, {"id": msg["id"], "pid": pid} if report == "ok" else {"id": msg["id"], "error": report})
+                zygote.kill(pid)
+            zygote.send(ctl, {"id": msg["id"], "pid": pid} if report == "ok" else {"id": msg["id"], "error": report})
         else:
             setups[status_r] = [pid, time.monotonic() + zygote.SPAWN_TIMEOUT_S, b""]
-            zygote._send(ctl, {"id": msg["id"], "pid": pid})
+            zygote.send(ctl, {"id": msg["id"], "pid": pid})
 
 
 def _tell(conn: socket.socket, doc: dict[str, Any]) -> None:
@@ -509,8 +509,8 @@ def _answer_shim(node: _Node, ctx: dict[str, Any]) -> tuple[Optional[int], Optio
         return None, None
     finally:
         for passed in fds:
-            zygote._close(passed)
-    zygote._close(status_r)  # (its set-up's failure ends it, exit 125, which the shim relays)
+            zygote.close_fd(passed)
+    zygote.close_fd(status_r)  # (its set-up's failure ends it, exit 125, which the shim relays)
     conn.setblocking(True)
     _tell(conn, {"pid": pid})
     return pid, conn
@@ -526,7 +526,7 @@ def _recv_request(conn: socket.socket) -> tuple[Any, list[int]]:
             fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         for fd in fds:
-            zygote._close(fd)
+            zygote.close_fd(fd)
         raise ConfigError("a fork request too large")
     return json.loads(data), list(fds)
 
@@ -543,9 +543,9 @@ def _fork(request: dict[str, Any], stdio: list[int], env: dict[str, str], cwd: s
     gc.freeze()  # what the server made since is shared with the child too, never collected there
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child, checked by the e2e tier
-        zygote._close(status_r)
+        zygote.close_fd(status_r)
         _child(request, stdio, env, cwd, netns_fd, status_w, ctx, list(argv or request["args"]))
-    zygote._close(status_w)
+    zygote.close_fd(status_w)
     return pid, status_r
 
 
@@ -600,7 +600,7 @@ def _report(status_w: int, what: bytes) -> None:
         os.write(status_w, what)
     except BrokenPipeError:
         pass
-    zygote._close(status_w)
+    zygote.close_fd(status_w)
 
 
 def _run(argv: list[str], ctx: dict[str, Any]) -> int:

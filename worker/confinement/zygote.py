@@ -628,3 +628,8 @@ def _child(msg: dict[str, Any], log_fd: int, env_fd: int, netns_fd: int, status_
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+# the protocol's parts that another fork server of the same kind uses (``worker.confinement.flower_forks``)
+send, recv, close_fd, kill = _send, _recv, _close, _kill
+reap, follow_setups, read_setup = _reap, _follow_setups, _read_setup
