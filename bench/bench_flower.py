@@ -100,7 +100,9 @@ class MemoryStat:
                         continue
                 with open(f"/proc/{pid}/status") as f:
                     status = dict(line.split(":", 1) for line in f if ":" in line)
-                if status["Uid"].split()[0] == "0":  # the server (its forked programs carry its command line)
+                with open(f"/proc/{status['PPid'].strip()}/cmdline", "rb") as f:
+                    forked = b"worker.confinement.flower_forks" in f.read()
+                if not forked:  # the server (its forked programs carry its command line)
                     total += int(status["VmRSS"].split()[0]) * 1024
             except (OSError, KeyError, ValueError):
                 continue
