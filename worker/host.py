@@ -33,7 +33,7 @@ from worker.routes import Routes, parse_routes
 from worker.shaping import apply as tc_apply
 from worker.shaping.links import Links
 from worker.shaping.rates import urgent
-from worker.shaping.schedule import HostSchedule
+from worker.shaping.host_schedule import HostSchedule
 from worker.state import StateStore
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class WorkerHost:
         return versioned(self.links.clear_links(node))
 
     def schedule_start(self, body: Any) -> dict[str, Any]:
-        """Tick a trace's bins by this host's clock (``worker.shaping.schedule.HostSchedule``)."""
+        """Tick a trace's bins by this host's clock (``worker.shaping.host_schedule.HostSchedule``)."""
         return versioned(self.schedule.start(body))
 
     def schedule_end(self, body: Any) -> dict[str, Any]:

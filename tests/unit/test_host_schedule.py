@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from worker.shaping.schedule import HostSchedule
+from worker.shaping.host_schedule import HostSchedule
 
 
 class _Clock:
@@ -133,7 +133,8 @@ def test_the_clock_process_is_a_child_that_refuses_naming_the_link_and_ends_with
 
 def test_a_clock_process_that_died_leaves_the_links_at_their_bins_and_the_calls_answer():
     from worker.shaping.clock_process import ClockProcess
-    from worker.shaping.schedule import LinkSchedule, RunningClock
+    from worker.shaping.host_schedule import RunningClock
+    from worker.shaping.schedule import LinkSchedule
 
     schedule = HostSchedule(store=SimpleNamespace(snapshot=lambda: {"nodes": {}, "plans": {}}))
     schedule.clock = RunningClock([LinkSchedule("a", "b", (10**6,))], 0.1, set())
