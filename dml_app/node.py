@@ -7,7 +7,8 @@ Endpoints: ``GET /health``, ``POST /conf/dataset``, ``POST /conf/structure``,
 role's own (``POST /gossip`` ...), and ``POST /relay`` (pass a message on to a
 node this one's peers have no link to). When the role's rounds are done the
 node saves its final weights, uploads its events to the controller's ``/log``
-and keeps serving until stopped. Training and evaluation run on a thread of
+(unless its structure conf says ``"upload_log": false``: a controller on the node's machine
+reads them from the node's file) and keeps serving until stopped. Training and evaluation run on a thread of
 their own (``dml_app.runtime.compute``): a node that trains still takes peers' models,
 relays and answers the controller.
 
@@ -231,7 +232,8 @@ class NodeService:
         except Exception as e:  # the run failed: say so, as data
             self.state = "failed"
             self.events.write("failed", detail=f"{type(e).__name__}: {e}")
-        self.upload_log()
+        if (self.structure_conf or {}).get("upload_log", True):  # else the controller reads the file
+            self.upload_log()
 
     def save_weights(self) -> None:
         """The final model, next to the events (weights wire format): the weights, then the state the

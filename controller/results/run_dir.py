@@ -383,6 +383,27 @@ def read_node_file(workdir: str, node: str, name: str, limit: int, uid: Optional
     answers at once) and read only when it is a regular file with one link, owned by ``uid``
     (the node's, when known), of at most ``limit`` bytes. ``FileNotFoundError`` when it is
     absent; ``NodeFileError`` naming the file and the reason otherwise."""
+    path, src, size = _open_node_file(workdir, node, name, uid)
+    with src:
+        if size > limit:
+            raise NodeFileError(f"{path}: {size} bytes, more than the {limit} allowed")
+        data = src.read(limit + 1)
+    if len(data) > limit:
+        raise NodeFileError(f"{path}: more than the {limit} bytes allowed")
+    return data
+
+
+def read_node_file_tail(workdir: str, node: str, name: str, tail: int, uid: Optional[int] = None) -> bytes:
+    """The last ``tail`` bytes (at most) of the node's file, opened and checked as
+    ``read_node_file`` does."""
+    _, src, size = _open_node_file(workdir, node, name, uid)
+    with src:
+        src.seek(max(0, size - tail))
+        return src.read(tail)
+
+
+def _open_node_file(workdir: str, node: str, name: str, uid: Optional[int]) -> tuple[str, Any, int]:
+    """(its path, the open file, its size) of a node's file that passed ``read_node_file``'s checks."""
     path = node_file_path(workdir, node, name)
     parts = ["dml_file", "node", node, name]
     if any(p in ("", ".", "..") or "/" in p for p in parts):
@@ -403,7 +424,8 @@ def read_node_file(workdir: str, node: str, name: str, limit: int, uid: Optional
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             raise NodeFileError(f"{path}: a symbolic link on the way; refused") from None
         raise NodeFileError(f"{path}: cannot be opened: {e.strerror}") from None
-    with os.fdopen(f, "rb") as src:
+    src = os.fdopen(f, "rb")
+    try:
         st = os.fstat(src.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise NodeFileError(f"{path}: not a regular file; refused")
@@ -411,12 +433,10 @@ def read_node_file(workdir: str, node: str, name: str, limit: int, uid: Optional
             raise NodeFileError(f"{path}: {st.st_nlink} links to the file; refused")
         if uid is not None and st.st_uid != uid:
             raise NodeFileError(f"{path}: owned by uid {st.st_uid}, not the node's {uid}; refused")
-        if st.st_size > limit:
-            raise NodeFileError(f"{path}: {st.st_size} bytes, more than the {limit} allowed")
-        data = src.read(limit + 1)
-    if len(data) > limit:
-        raise NodeFileError(f"{path}: more than the {limit} bytes allowed")
-    return data
+    except BaseException:
+        src.close()
+        raise
+    return path, src, st.st_size
 
 
 # run.json, inputs/, topology.json ----------------------------------------------------------------

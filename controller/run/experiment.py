@@ -141,6 +141,7 @@ class Experiment:
         self._stored = threading.Condition(self._lock)
         self._finish_lock = threading.Lock()
         self._monitor: Optional[threading.Thread] = None
+        self._health: Optional[threading.Thread] = None  # a pass of /health calls in flight
         self.membership = Membership(nodes, self.confs, self._lock, progress)  # deaths expected and seen, replacements
         self.timeline = RunTimeline(self)  # what happened when: timeline.json, and what the dashboard shows
         self.problems: run_folder.Problems = {}  # what went wrong while the results were written, by node or "run"
@@ -326,13 +327,16 @@ class Experiment:
 
     # the monitor ---------------------------------------------------------------------------------
     def watch(self) -> None:
-        """While the run goes on: mark nodes whose process died as failed, and every
-        ``HEALTH_POLL_S`` ask the running ones how they are (pulling the log of one that ended
-        but could not upload it), so that neither a lost node nor a lost upload hangs the run. A
-        problem with one node marks that node; nothing stops the monitor but the run's end."""
+        """While the run goes on: take the events of this machine's nodes that ended from their
+        own files, mark nodes whose process died as failed, and every ``HEALTH_POLL_S`` ask the
+        running ones how they are (pulling the log of one that ended but could not upload it),
+        so that neither a lost node nor a lost upload hangs the run. A problem with one node
+        marks that node; nothing stops the monitor but the run's end."""
         polled = time.monotonic()
         while self.phase == Phase.RUNNING:
             try:
+                for name, body in self.nodes.ended_here(self.problems):
+                    self.on_log(name, body)
                 due = time.monotonic() - polled >= HEALTH_POLL_S
                 self.check_nodes(due)
                 if due:
@@ -347,26 +351,40 @@ class Experiment:
 
     def check_nodes(self, poll_health: bool) -> None:
         """One pass of the monitor: dead processes (an expected death, else a failure); with
-        ``poll_health``, the /health of the running nodes not heard from (a /print) for
-        ``HEALTH_POLL_S``: at a thousand nodes, polling every one costs the nodes and the
-        controller a call each, ten seconds apart, all run long."""
+        ``poll_health``, the /health of the running nodes not heard from (a /print, their events
+        file growing) for ``HEALTH_POLL_S``, asked in a thread of their own, a few at a time: at
+        a thousand nodes on two cores the first round alone is longer than that, and those calls
+        one after another held up the monitor for a minute."""
         for node, code in self.nodes.exited():
             if node.expected_death:
                 self.membership.died(node)
             else:
                 node.state, node.detail = State.FAILED, f"process exited (code {code})"
                 self.progress(f"{node.name}: failed: {node.detail}")
-        if poll_health:
-            quiet_since = time.monotonic() - HEALTH_POLL_S
-            for node in [n for n in self.nodes.values() if n.state == State.RUNNING and not n.expected_death
-                         and (n.heard_at is None or n.heard_at < quiet_since)]:
-                try:
-                    health = self.nodes.health(node.name)
-                    if health and health.get("state") in (State.DONE, State.FAILED) and self.phase == Phase.RUNNING:
-                        self._pull_log(node.name)
-                except TestbedError as e:
-                    node.state, node.detail = State.FAILED, clip(e.message)
-                    self.progress(f"{node.name}: failed: {node.detail}")
+        if not poll_health or (self._health is not None and self._health.is_alive()):
+            return
+        quiet_since = time.monotonic() - HEALTH_POLL_S
+        quiet = [n.name for n in self.nodes.values() if n.state == State.RUNNING and not n.expected_death
+                 and (n.heard_at is None or n.heard_at < quiet_since)]
+        if quiet:
+            self._health = threading.Thread(target=self.nodes.each, args=(self._ask_health, quiet),
+                                            name="edgetb-health", daemon=True)
+            self._health.start()
+
+    def _ask_health(self, name: str) -> None:
+        """How running node ``name`` is: its log pulled once it says it ended."""
+        node = self.nodes[name]
+        if node.state != State.RUNNING or self.phase != Phase.RUNNING:
+            return
+        try:
+            health = self.nodes.health(name)
+            if health is not None:
+                node.heard_at = time.monotonic()
+            if health and health.get("state") in (State.DONE, State.FAILED) and self.phase == Phase.RUNNING:
+                self._pull_log(name)
+        except TestbedError as e:
+            node.state, node.detail = State.FAILED, clip(e.message)
+            self.progress(f"{node.name}: failed: {node.detail}")
 
     def waiting_on(self) -> list[str]:
         """The nodes the run still waits for: running, and not about to die."""

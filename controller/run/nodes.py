@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 
 from controller.model.topology import Topology
-from controller.results.run_dir import NodeFileError, read_node_file
+from controller.results.run_dir import NodeFileError, node_file_path, read_node_file, read_node_file_tail
 from controller.run import node_auth
 from controller.run.progress import Report, clip
 from controller.workers import deploy
@@ -50,6 +50,7 @@ STOP_GRACE_S = 20.0  # how long finish waits for stopped nodes' last events
 CALL_THREADS = 16  # concurrent calls to nodes when stopping or collecting
 READY_POLL_S = 0.3  # between probes of the nodes not answering yet
 START_THREADS = 4  # node processes started at once (each waits for its fork by the worker)
+ENDED_TAIL_BYTES = 8192  # how much of a node's events file is read to see whether it has ended
 PROBE_BATCH = 256  # connects in flight at once (well under the default limit of 1,024 descriptors)
 
 
@@ -156,6 +157,27 @@ class NodeState:
             self.detail = "" if ended == State.DONE else (detail or "the node reported a failure")
 
 
+def ended_by(body: bytes) -> Optional[str]:
+    """``done`` or ``failed`` when a complete line of ``body`` (JSON lines) is an event of that
+    type (a node may still note failed sends after its end), else None. Only lines that name
+    such a type are parsed."""
+    end = body.rfind(b"\n")  # what follows the last newline may be half written
+    if end < 0:
+        return None
+    for marker in (b'"type":"done"', b'"type":"failed"', b'"type": "done"', b'"type": "failed"'):
+        at = body.rfind(marker, 0, end)
+        while at >= 0:
+            line = body[body.rfind(b"\n", 0, at) + 1:body.find(b"\n", at)]
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = None
+            if isinstance(event, dict) and event.get("type") in (State.DONE, State.FAILED):
+                return str(event["type"])
+            at = body.rfind(marker, 0, at)
+    return None
+
+
 def life_ending(state: str, detail: str) -> str:
     return f"failed: {detail}" if state == State.FAILED and detail else str(state)
 
@@ -190,6 +212,13 @@ class Nodes(Mapping[str, NodeState]):
         # a Keras or torch model: the hosts' zygotes import its framework once, for every node they fork
         self.preload = {n: FRAMEWORKS[kind].module for n, c in structure.items()
                         if (kind := kind_of(c.get("model") or {})) in FRAMEWORKS}
+        self._sizes: dict[str, int] = {}  # each local node's events file, its size when last read
+
+    @property
+    def reads_local_logs(self) -> bool:
+        """The nodes' events files are on this machine: the controller reads them there, and
+        the nodes do not upload them."""
+        return bool(getattr(self.worker, "is_local", False))
 
     def __getitem__(self, name: str) -> NodeState:
         return self.states[name]
@@ -318,6 +347,37 @@ class Nodes(Mapping[str, NodeState]):
             problems.setdefault(name, []).append(f"its events on disk: {e.message}")
             return None
 
+    def ended_here(self, problems: dict[str, list[str]]) -> list[tuple[str, bytes]]:
+        """The running nodes of this machine whose own events file has a ``done`` or ``failed``
+        event: (name, the events), read without asking the node (at a thousand nodes on a
+        few cores, a node that has finished waits many seconds for the CPU to upload them). A
+        file is read again only when it has grown."""
+        if not self.reads_local_logs:
+            return []
+        ended = []
+        for node in self.states.values():
+            if node.state != State.RUNNING or node.log_received:
+                continue
+            try:
+                size = os.lstat(node_file_path(self.workdir, node.name, f"{self.run_id}.jsonl")).st_size
+            except OSError:
+                continue
+            if size == self._sizes.get(node.name, 0):
+                continue
+            self._sizes[node.name] = size
+            node.heard_at = time.monotonic()  # a growing file: the node is alive
+            try:  # its end is among its last lines: the whole file is read only then
+                tail = read_node_file_tail(self.workdir, node.name, f"{self.run_id}.jsonl", ENDED_TAIL_BYTES,
+                                           self.uid(node.name))
+            except (OSError, NodeFileError):
+                tail = b""  # (read in full below, where a refusal is the node's problem)
+            if tail and not ended_by(tail):
+                continue
+            body = self.local_log(node.name, problems)
+            if body is not None and ended_by(body):
+                ended.append((node.name, body))
+        return ended
+
     def uid(self, name: str) -> Optional[int]:
         """The node's uid on this machine (its files must be its own); None when not known here."""
         from worker.host import WorkerHost
@@ -427,13 +487,12 @@ class Nodes(Mapping[str, NodeState]):
             node = self.states[name]
             if node.log_received:
                 return
+            body = self.local_log(name, problems) if self.reads_local_logs else None  # its file is here
             try:
-                body = self.fetch_log(name) if node.up else None
+                if body is None and node.up:
+                    body = self.fetch_log(name)
             except TestbedError as e:
                 node.state, node.detail = State.FAILED, clip(e.message)
-                body = None
-            if body is None and self.worker.is_local:  # its file is on this machine
-                body = self.local_log(name, problems)
             if body is not None:
                 store(name, body)
 
@@ -497,6 +556,7 @@ class NodeConfs:
             links = self.topology.links  # each linked peer's rate (its share under access links): a send
             conf["link_bps"] = {p: deploy.shared_rate_bps(self.topology, name, p)  # too slow for it is given up early
                                 for p in conf["connect"] if (name, p) in links}
+            conf["upload_log"] = not nodes.reads_local_logs
         return confs
 
 

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from controller.results.run_dir import NodeFileError, read_node_file
+from controller.results.run_dir import NodeFileError, read_node_file, read_node_file_tail
 
 
 @pytest.fixture
@@ -22,6 +22,17 @@ def test_a_regular_file_of_the_node_is_read(tmp_path, node_dir):
         read_node_file(str(tmp_path), "n1", "missing.jsonl", 100)
     with pytest.raises(NodeFileError, match="17 bytes, more than the 4 allowed"):
         read_node_file(str(tmp_path), "n1", "r.jsonl", 4)
+
+
+def test_the_tail_of_a_node_file_is_read_under_the_same_checks(tmp_path, node_dir):
+    (node_dir / "r.jsonl").write_bytes(b'{"type": "round"}\n{"type": "done"}\n')
+    assert read_node_file_tail(str(tmp_path), "n1", "r.jsonl", 17, os.getuid()) == b'{"type": "done"}\n'
+    assert read_node_file_tail(str(tmp_path), "n1", "r.jsonl", 1000) == (node_dir / "r.jsonl").read_bytes()
+    os.symlink(node_dir / "r.jsonl", node_dir / "soft")
+    with pytest.raises(NodeFileError, match="symbolic link"):
+        read_node_file_tail(str(tmp_path), "n1", "soft", 100)
+    with pytest.raises(NodeFileError, match="not the node's"):
+        read_node_file_tail(str(tmp_path), "n1", "r.jsonl", 100, os.getuid() + 1)
 
 
 def test_a_fifo_is_refused_at_once(tmp_path, node_dir):

@@ -112,6 +112,8 @@ def test_run_record_names_seeds_and_rates():
 class _Worker:
     """A worker whose processes all run (the monitor's view of the host)."""
 
+    is_local = False
+
     def processes(self) -> dict:
         return {"processes": []}
 
@@ -145,6 +147,7 @@ def test_an_oversized_log_fails_its_node_and_the_monitor_goes_on(tmp_path, monke
     monkeypatch.setattr(exp.nodes, "fetch_log", fetch)
     monkeypatch.setattr(exp, "check_all_settled", lambda: None)
     exp.check_nodes(poll_health=True)
+    exp._health.join(timeout=10)
     assert exp.nodes["n1"].state == "failed" and "larger than" in exp.nodes["n1"].detail
     assert exp.nodes["n2"].state == "done"
 
@@ -160,7 +163,28 @@ def test_the_monitor_polls_only_the_nodes_it_has_not_heard_from_lately(tmp_path,
     exp.nodes["n1"].heard_at = time.monotonic()  # a /print just now
     exp.nodes["n2"].heard_at = time.monotonic() - HEALTH_POLL_S - 1
     exp.check_nodes(poll_health=True)
-    assert polled == ["n2"]
+    exp._health.join(timeout=10)
+    assert polled == ["n2"] and exp.nodes["n2"].heard_at > time.monotonic() - 5  # it answered
+    exp.check_nodes(poll_health=True)
+    assert exp._health.join(timeout=10) is None and polled == ["n2"]  # heard from just now
+
+
+def test_slow_health_calls_do_not_hold_up_the_monitor(tmp_path, monkeypatch):
+    """The /health calls of a pass run in a thread of their own; no second pass starts while
+    one is in flight (at a thousand nodes, calls one after another held the monitor a minute)."""
+    import threading
+    import time
+
+    exp = _experiment(tmp_path)
+    release, polled = threading.Event(), []
+    monkeypatch.setattr(exp.nodes, "health", lambda name: polled.append(name) or release.wait(10) and None)
+    started = time.monotonic()
+    exp.check_nodes(poll_health=True)
+    exp.check_nodes(poll_health=True)
+    assert time.monotonic() - started < 1.0
+    release.set()
+    exp._health.join(timeout=10)
+    assert sorted(polled) == ["n1", "n2"]
 
 
 def test_the_monitor_loop_outlives_an_unexpected_error(tmp_path, monkeypatch):

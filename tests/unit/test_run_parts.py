@@ -16,7 +16,7 @@ from controller.results.rates import LinkRates
 from controller.results.run_dir import RunDir
 from controller.run.experiment import Phase
 from controller.run.membership import Membership, check_why
-from controller.run.nodes import NodeConfs, Nodes, NodeState, State, listening
+from controller.run.nodes import NodeConfs, Nodes, NodeState, State, ended_by, listening
 from controller.run.progress import read_report
 from controller.run.timeline import RunTimeline
 from controller.web.live import LiveFeed
@@ -95,6 +95,41 @@ def test_a_nodes_events_settle_it():
     stopped = NodeState("n2", state=State.RUNNING, stopped_by=State.STOPPED)
     stopped.settle_from_events(b'{"type":"done"}\n')
     assert stopped.state == "stopped" and stopped.ending == "stopped"
+
+
+def test_a_file_being_written_says_its_node_ended_by_a_complete_done_or_failed_line():
+    assert ended_by(b'{"type":"round"}\n{"type":"done","rounds":3}\n{"type":"send_failed"}\n') == "done"
+    assert ended_by(b'{"type":"round"}\n{"type":"done"') is None  # half written
+    assert ended_by(b'{"type":"failed", "detail": "x"}\n\n') == "failed"
+    assert ended_by(b'{"type":"round","x":{"type":"done"}}\n') is None  # not the event's own type
+    assert ended_by(b'{"type":"done"\n{"type":"round"}\n') is None  # a broken line
+    assert ended_by(b"") is None and ended_by(b"[1]\n") is None
+
+
+def test_the_controller_reads_the_events_of_its_own_machines_nodes_once_they_end(tmp_path):
+    """A local node's events come from its file when they end in done or failed; a file is read
+    again only when it grew; a link in the node's place is refused and is the node's problem."""
+    worker = SimpleNamespace(is_local=True)
+    nodes = Nodes(str(tmp_path), worker, {"n1": {"sync": 3}, "n2": {"sync": 2}, "n3": {"sync": 1}}, run_id="r1")
+    for n in nodes.values():
+        n.state = State.RUNNING
+    for name in ("n1", "n2", "n3"):
+        (tmp_path / "dml_file" / "node" / name).mkdir(parents=True)
+    f1 = tmp_path / "dml_file" / "node" / "n1" / "r1.jsonl"
+    f1.write_bytes(b'{"type":"round","round":1}\n')
+    (tmp_path / "dml_file" / "node" / "n2" / "r1.jsonl").write_bytes(b'{"type":"failed","detail":"x"}\n')
+    (tmp_path / "outside.jsonl").write_bytes(b'{"type":"done"}\n')
+    (tmp_path / "dml_file" / "node" / "n3" / "r1.jsonl").symlink_to(tmp_path / "outside.jsonl")
+    problems: dict = {}
+    assert nodes.ended_here(problems) == [("n2", b'{"type":"failed","detail":"x"}\n')]
+    assert "symbolic link" in problems["n3"][0]
+    f1.write_bytes(f1.read_bytes() + b'{"type":"done","rounds":3}\n')
+    assert [name for name, _ in nodes.ended_here(problems)] == ["n1"]  # n2 did not grow since
+    assert nodes.ended_here(problems) == []
+    assert len(problems["n3"]) == 1
+    remote = Nodes(str(tmp_path), SimpleNamespace(is_local=False), {"n1": {"sync": 3}}, run_id="r1")
+    remote["n1"].state = State.RUNNING
+    assert remote.ended_here({}) == [] and not remote.reads_local_logs
 
 
 def test_membership_records_deaths_and_lives(tmp_path):
