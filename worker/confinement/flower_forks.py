@@ -361,7 +361,6 @@ class _Node:
 def serve(argv: list[str]) -> None:
     """The server's main loop (``argv``: the control socket's fd, the starter's pid)."""
     import gc
-    import select
     import threading
 
     fd, starter = int(argv[0]), int(argv[1])
@@ -396,18 +395,9 @@ def serve(argv: list[str]) -> None:
     callers: dict[int, socket.socket] = {}  # child pid -> the shim's connection
     setups: dict[int, list[Any]] = {}
 
-    def poll(fds: list[Any], timeout_s: float) -> list[Any]:
-        p = select.poll()
-        by_fd = {}
-        for f in fds:
-            n = f if isinstance(f, int) else f.fileno()
-            by_fd[n] = f
-            p.register(n, select.POLLIN)
-        return [by_fd[n] for n, _ in p.poll(timeout_s * 1000)]
-
     while True:
         listeners = [n.listener for n in nodes.values()]
-        readable = poll([ctl, wake_r, *listeners, *setups], 1.0 if setups else 5.0)
+        readable = zygote.poll_readable([ctl, wake_r, *listeners, *setups], 1.0 if setups else 5.0)
         if wake_r in readable:
             try:
                 while os.read(wake_r, 4096):
@@ -464,7 +454,7 @@ def serve(argv: list[str]) -> None:
                 zygote.close_fd(passed)
         children.add(pid)
         if msg.get("wait", True):
-            report = zygote.read_setup(status_r, poll)
+            report = zygote.read_setup(status_r, zygote.poll_readable)
             if report != "ok":
                 zygote.kill(pid)
             zygote.send(ctl, {"id": msg["id"], "pid": pid} if report == "ok" else {"id": msg["id"], "error": report})

@@ -324,6 +324,21 @@ def _die_with_parent() -> None:
 
 
 # the zygote's side -------------------------------------------------------------------------------
+def poll_readable(fds: list[Any], timeout_s: float, make_poll: Any = None) -> list[Any]:
+    """The ones of ``fds`` (descriptors or sockets) that are readable (or closed) within
+    ``timeout_s``; ``make_poll``: ``select.poll`` unless given (gevent's original, where it is
+    patched). poll(2), not select(2): descriptors may pass 1023."""
+    import select
+
+    p = (make_poll or select.poll)()
+    by_fd = {}
+    for f in fds:
+        fd = f if isinstance(f, int) else f.fileno()
+        by_fd[fd] = f
+        p.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in p.poll(timeout_s * 1000)]
+
+
 def _preload(extra: tuple[str, ...] = ()) -> None:
     """Import what every node runs, once, as a node process would (gevent patched first), and
     ``extra`` (``PRELOADS``: what the run's model kind needs, shared by every node it forks)."""
@@ -387,7 +402,6 @@ def serve(argv: list[str]) -> None:
     """The zygote's main loop (``argv``: the control socket's fd, the starter's pid, then what to
     preload beyond the node runtime)."""
     import gc
-    import select
 
     from gevent import monkey
 
@@ -416,14 +430,7 @@ def serve(argv: list[str]) -> None:
     make_poll = monkey.get_original("select", "poll")  # (not select(2): descriptors may pass 1023)
 
     def poll(fds: list[Any], timeout_s: float) -> list[Any]:
-        """The ones of ``fds`` (descriptors or sockets) that are readable (or closed) within ``timeout_s``."""
-        p = make_poll()
-        by_fd = {}
-        for f in fds:
-            fd = f if isinstance(f, int) else f.fileno()
-            by_fd[fd] = f
-            p.register(fd, select.POLLIN)
-        return [by_fd[fd] for fd, _ in p.poll(timeout_s * 1000)]
+        return poll_readable(fds, timeout_s, make_poll)
     import _socket
 
     sock = _socket.socket(fileno=fd)
