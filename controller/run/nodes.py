@@ -344,7 +344,9 @@ class Nodes(Mapping[str, NodeState]):
         except FileNotFoundError:
             return None
         except NodeFileError as e:
-            problems.setdefault(name, []).append(f"its events on disk: {e.message}")
+            said = problems.setdefault(name, [])
+            if f"its events on disk: {e.message}" not in said:  # (the monitor reads it as it grows)
+                said.append(f"its events on disk: {e.message}")
             return None
 
     def ended_here(self, problems: dict[str, list[str]]) -> list[tuple[str, bytes]]:

@@ -3,6 +3,7 @@ node's reports and events, membership, the results pipeline, the live view's nar
 from __future__ import annotations
 
 import json
+import os
 import math
 import socket
 import threading
@@ -126,6 +127,10 @@ def test_the_controller_reads_the_events_of_its_own_machines_nodes_once_they_end
     f1.write_bytes(f1.read_bytes() + b'{"type":"done","rounds":3}\n')
     assert [name for name, _ in nodes.ended_here(problems)] == ["n1"]  # n2 did not grow since
     assert nodes.ended_here(problems) == []
+    (tmp_path / "outside-longer.jsonl").write_bytes(b'{"type":"done"}\n')
+    os.unlink(tmp_path / "dml_file" / "node" / "n3" / "r1.jsonl")  # another link: read again, refused again
+    (tmp_path / "dml_file" / "node" / "n3" / "r1.jsonl").symlink_to(tmp_path / "outside-longer.jsonl")
+    assert nodes.ended_here(problems) == [] and len(problems["n3"]) == 1  # said once
     assert len(problems["n3"]) == 1
     remote = Nodes(str(tmp_path), SimpleNamespace(is_local=False), {"n1": {"sync": 3}}, run_id="r1")
     remote["n1"].state = State.RUNNING
