@@ -184,3 +184,43 @@ def test_a_refusal_makes_the_shim_run_the_real_program(tmp_path):
     server.join(timeout=10)
     listener.close()
     assert done.stdout == "fresh\n" and "starts as a fresh process: refused" in done.stderr
+
+
+def _node_with_a_caller(tmp_path, send: bytes, fds: tuple[int, ...] = ()) -> tuple[ff._Node, socket.socket]:
+    """A node's listening socket with one caller (this test's uid) that sent ``send`` and ``fds``."""
+    path = str(tmp_path / "s")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    listener.setblocking(False)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(path)
+    socket.send_fds(client, [send], list(fds))
+    return ff._Node({"uid": os.getuid()}, listener, -1), client
+
+
+def test_no_request_of_a_node_ends_the_server(tmp_path):
+    """Deep nesting (RecursionError in the JSON parser) is refused like any bad request."""
+    node, client = _node_with_a_caller(tmp_path, b"[" * 200_000)
+    try:
+        assert ff._answer_shim(node, {}) == (None, None)
+        assert "error" in json.loads(client.recv(65536))
+        assert ff._answer_shim(node, {}) == (None, None)  # nobody waiting: nothing to do
+    finally:
+        client.close()
+        node.listener.close()
+
+
+def test_a_node_holds_a_bounded_number_of_forked_programs(tmp_path):
+    r, w = os.pipe()
+    request = json.dumps({"argv": ["flwr-clientapp"], "env": {}, "cwd": "/"}).encode()
+    node, client = _node_with_a_caller(tmp_path, request, (r, w, w))
+    node.live.update(range(1, ff.MAX_LIVE_PER_NODE + 1))
+    try:
+        assert ff._answer_shim(node, {}) == (None, None)
+        assert "forked programs already" in json.loads(client.recv(65536))["error"]
+    finally:
+        client.close()
+        node.listener.close()
+        os.close(r)
+        os.close(w)

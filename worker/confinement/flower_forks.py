@@ -44,7 +44,7 @@ import socket
 import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from worker.api.errors import ConfigError, NodeRuntimeError
@@ -63,6 +63,7 @@ MAX_ENV = 512
 MAX_REQUEST_BYTES = 256 * 1024
 STDIO_FDS = 3
 ACCEPT_TIMEOUT_S = 2.0  # for a shim's one message after it connected
+MAX_LIVE_PER_NODE = 32  # forked programs one node's shims may have running at once (a root fork skips pids.max)
 
 
 @dataclass(frozen=True)
@@ -356,6 +357,7 @@ class _Node:
     request: dict[str, Any]
     listener: socket.socket
     netns_fd: int
+    live: set = field(default_factory=set)  # its children running now
 
 
 def serve(argv: list[str]) -> None:
@@ -407,6 +409,8 @@ def serve(argv: list[str]) -> None:
         ended = zygote.reap(children, os.waitpid)
         zygote.follow_setups(ctl, setups, readable, {pid for pid, _ in ended})
         for pid, code in ended:
+            for node in nodes.values():
+                node.live.discard(pid)
             caller = callers.pop(pid, None)
             if caller is not None:
                 _tell(caller, {"exit": code})
@@ -419,6 +423,7 @@ def serve(argv: list[str]) -> None:
                 pid, caller = _answer_shim(node, ctx)
                 if pid is not None and caller is not None:
                     children.add(pid)
+                    node.live.add(pid)
                     callers[pid] = caller
         if ctl not in readable:
             continue
@@ -449,6 +454,9 @@ def serve(argv: list[str]) -> None:
             with os.fdopen(os.dup(fds[1]), "rb") as f:
                 env = json.loads(f.read())
             pid, status_r = _fork(msg, [fds[0]] * 2, env, "/", fds[2] if len(fds) > 2 else -1, ctx)
+        except Exception as e:  # noqa: BLE001 - a spawn that cannot be made is its requester's error
+            zygote.send(ctl, {"id": msg.get("id"), "error": f"{type(e).__name__}: {e}"})
+            continue
         finally:
             for passed in fds:
                 zygote.close_fd(passed)
@@ -477,7 +485,7 @@ def _answer_shim(node: _Node, ctx: dict[str, Any]) -> tuple[Optional[int], Optio
 
     try:
         conn, _ = node.listener.accept()
-    except (BlockingIOError, InterruptedError):
+    except OSError:  # (none waiting, or out of descriptors: the shim waits or gives up; the server goes on)
         return None, None
     fds: list[int] = []
     try:
@@ -491,9 +499,11 @@ def _answer_shim(node: _Node, ctx: dict[str, Any]) -> tuple[Optional[int], Optio
         request = check_request(msg)
         if len(fds) != STDIO_FDS:
             raise ConfigError(f"a fork request carries {STDIO_FDS} descriptors (stdin, stdout, stderr)")
+        if len(node.live) >= MAX_LIVE_PER_NODE:
+            raise ConfigError(f"the node runs {len(node.live)} forked programs already (at most {MAX_LIVE_PER_NODE})")
         pid, status_r = _fork(node.request, fds, request.env, request.cwd, node.netns_fd, ctx,
                               argv=request.argv)
-    except (OSError, ValueError, ConfigError) as e:
+    except Exception as e:  # noqa: BLE001 - no request of a node ends the server (RecursionError included)
         _tell(conn, {"error": getattr(e, "message", None) or str(e)})
         conn.close()
         return None, None
