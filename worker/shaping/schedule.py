@@ -47,6 +47,7 @@ MAX_BINS = 200_000  # every link's bins together: the messages built up front st
 MIN_BIN_MS = 10
 KEEP_ROWS = 100_000
 JOIN_LATE_S = 10.0  # a start further in the past: ticked from the current bin on (no rows for the ticks before)
+MIN_REST_S = 0.001  # the least a real-time clock sleeps between ticks, late or not: others get the core
 CLOCK_RT_PRIORITY = 10  # SCHED_FIFO: ahead of every ordinary process, behind the kernel's interrupt threads (50)
 
 
@@ -278,8 +279,8 @@ class ScheduleClock:
             elapsed_s = self.clock() - self.start  # a start passed a little: its ticks are late, not skipped
             k = 0 if elapsed_s < JOIN_LATE_S else int(elapsed_s / self.tick_s)
             while not self._stop.is_set():
-                wait = self.start + k * self.tick_s - self.clock()
-                if wait > 0 and self._stop.wait(wait):
+                wait = self.start + k * self.tick_s - self.clock()  # behind: a rest all the same (real time)
+                if self._stop.wait(max(wait, MIN_REST_S)):
                     return
                 due = due_ticks(k, self.clock() - self.start, self.tick_s)
                 self.tick(due[-1] * self.tick_s, late_from_s=due[0] * self.tick_s)
