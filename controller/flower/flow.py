@@ -204,13 +204,13 @@ class FlowerRun:
         from controller.results.rates import LinkRates
 
         o, s = self.spec.options, self.spec.structure
+        weight = plan.superlink_cpu_weight()  # (a bad setting said before anything starts)
         problem = self.recording.start_telemetry(self.out, LinkRates.of_topology(self.spec.topology))
         if problem is not None:
             self.record["telemetry"] = problem
         self.record["started_at"] = time.time()
         self.t0 = time.monotonic()
         self.recording.run_from(self.t0)
-        weight = int(os.environ.get("EDGETB_FLWR_SUPERLINK_CPU_WEIGHT", plan.SUPERLINK_CPU_WEIGHT))
         superlink, *rest = plan.servers(s, o.workdir, self.run_id, self.ips, self.spec.shards, weight)
         self._start(superlink)  # serving first: SuperNodes that find no SuperLink wait ever longer to try again
         self._wait_for_superlink(0, SUPERLINK_READY_S)

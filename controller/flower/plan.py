@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from controller.flower.structure import FlowerStructure
+from worker.api.errors import ConfigError
 
 SUPERLINK_PORT = 9092
 CLIENTAPP_PORT = 9094  # a SuperNode's Runtime API, on its node's loopback
@@ -37,6 +38,18 @@ FORKED_ENV = {"EDGETB_FORK": "flower"}
 # every other node): on a host loaded past its cores it still answers flwr's 5 s heartbeats.
 CPU_WEIGHT_ENV = "EDGETB_CPU_WEIGHT"
 SUPERLINK_CPU_WEIGHT = 800
+SUPERLINK_CPU_WEIGHT_ENV = "EDGETB_FLWR_SUPERLINK_CPU_WEIGHT"  # (in the run script's environment)
+
+
+def superlink_cpu_weight(environ: Any = os.environ) -> int:
+    """The SuperLink node's CPU weight: ``SUPERLINK_CPU_WEIGHT_ENV`` when set (cgroup v2's scale,
+    1 to 10000), else ``SUPERLINK_CPU_WEIGHT``; ConfigError naming the variable otherwise."""
+    text = environ.get(SUPERLINK_CPU_WEIGHT_ENV, "")
+    if not text:
+        return SUPERLINK_CPU_WEIGHT
+    if not text.strip().isdigit() or not 1 <= int(text) <= 10_000:
+        raise ConfigError(f"{SUPERLINK_CPU_WEIGHT_ENV}={text!r}: a CPU weight is a whole number from 1 to 10000")
+    return int(text)
 
 
 def database(structure: FlowerStructure, workdir: str, run_id: str) -> Optional[str]:

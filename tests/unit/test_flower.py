@@ -277,3 +277,13 @@ def test_round_times_are_flower_s_own_the_superlink_s_stored_log_pieces():
     assert [round(times[r], 3) for r in (1, 2, 3)] == [round(pieces[i][0] - started_at, 3) for i in (2, 3, 4)]
     assert times[1] < times[2] < times[3]
     assert metrics.times_from_pieces([], started_at) == {}
+
+
+def test_the_superlink_s_cpu_weight_is_checked_before_anything_starts():
+    from controller.flower import plan
+
+    assert plan.superlink_cpu_weight({}) == plan.SUPERLINK_CPU_WEIGHT
+    assert plan.superlink_cpu_weight({plan.SUPERLINK_CPU_WEIGHT_ENV: "250"}) == 250
+    for bad in ("0", "10001", "eight", "-5", "1.5"):
+        with pytest.raises(ConfigError, match="EDGETB_FLWR_SUPERLINK_CPU_WEIGHT"):
+            plan.superlink_cpu_weight({plan.SUPERLINK_CPU_WEIGHT_ENV: bad})
