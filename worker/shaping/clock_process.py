@@ -23,6 +23,7 @@ ended) it stops ticking and exits; the kernel keeps each link's last bin.
 from __future__ import annotations
 
 import gc
+import math
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ import time
 from typing import IO, Any, Optional
 
 from worker.api.errors import ConfigError, ShapingError, TestbedError
-from worker.shaping.schedule import LinkSchedule, ScheduleClock
+from worker.shaping.schedule import LinkSchedule, ScheduleClock, check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANSWER_S = 30.0  # a command's answer (a start builds every bin's messages first)
@@ -76,7 +77,11 @@ def serve(inp: IO[str], out: IO[str]) -> int:
             op = cmd.get("op") if isinstance(cmd, dict) else None
             if op == "start":
                 nodes = {src: (netns, plan) for src, (netns, plan) in cmd["nodes"].items()}
-                new = ScheduleClock([link_from(x) for x in cmd["links"]], nodes, float(cmd["start"]))
+                links, start = [link_from(x) for x in cmd["links"]], float(cmd["start"])
+                check(links)  # (the agent checked them: the child does not rely on it)
+                if not math.isfinite(start):
+                    raise ConfigError(f"schedule: start {start} is not a time")
+                new = ScheduleClock(links, nodes, start)
                 previous = _finished(clock) if clock is not None else None
                 clock = new
                 gc.collect()

@@ -91,8 +91,8 @@ def check(links: list[LinkSchedule]) -> None:
             raise ConfigError(f"{where}: a rate is not an integer of at least 8 bit/s")
         if link.netem is not None and len(link.netem) != len(link.rates_bps):
             raise ConfigError(f"{where}: {len(link.netem)} delay/loss bins for {len(link.rates_bps)} rates")
-        if link.offset_s < 0:
-            raise ConfigError(f"{where}: a negative offset")
+        if not math.isfinite(link.offset_s) or link.offset_s < 0:
+            raise ConfigError(f"{where}: offset_s {link.offset_s} is not a finite number of seconds from 0")
         total += len(link.rates_bps)
     if total > MAX_BINS:
         raise ConfigError(f"schedule: {total} bins, more than {MAX_BINS}")
