@@ -4,6 +4,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from worker.shaping.host_schedule import HostSchedule
+from tests.unit.fake_netlink import CountingSockets
 
 
 class _Clock:
@@ -37,33 +38,22 @@ def test_a_late_wake_up_folds_the_ticks_passed_into_one_batch():
     assert list(due_ticks(5, 0.2, 0.1)) == [5]  # (never before the first not applied)
 
 
-def test_ticks_folded_into_a_late_batch_each_get_a_row_with_its_time():
+def test_ticks_folded_into_a_late_batch_each_get_a_row_with_its_time(one_node_plan):
     from worker.shaping.schedule import LinkSchedule, ScheduleClock
 
-    batches = []
-
-    class Sock:
-        def run(self, msgs):
-            batches.append(len(msgs))
-            return []
-
-    class Sockets:
-        def get(self, netns, ifname):
-            return Sock(), 7
-
-    plan = {"ifname": "eth0", "rules": [{"dest": d, "minor": m, "shape": {"rate_bps": 10**6}} for d, m in
-                                        (("b", 16), ("c", 17))]}
+    sockets, plan = CountingSockets(), one_node_plan
+    batches = sockets.batches
     links = [LinkSchedule("a", "b", (1, 2, 3, 4, 4)), LinkSchedule("a", "c", (9, 9, 9, 8, 7))]
     links = [LinkSchedule(l.src, l.dst, tuple(r * 10**6 for r in l.rates_bps)) for l in links]
     now = [0.0]
-    clock = ScheduleClock(links, {"a": ("ns-a", plan)}, start=0.0, sockets=Sockets(), clock=lambda: now[0])
+    clock = ScheduleClock(links, {"a": ("ns-a", plan)}, start=0.0, sockets=sockets, clock=lambda: now[0])
     clock.tick(0.0)
     now[0] = 0.43  # woke 330 ms late for the tick of 0.1 s: the bins of 0.4 s go in one batch
     assert clock.tick(0.4, late_from_s=0.1) == 2 and batches == [1, 2] and clock.applied == [4, 4]
     rows = [(r["planned_s"], r["skew_ms"], r["changed"]) for r in clock.rows]  # (a->b's first bin: deployed at it)
     assert rows == [(0.0, 0.0, 1), (0.1, 330.0, 1), (0.2, 230.0, 1), (0.3, 130.0, 2), (0.4, 30.0, 2)]
     assert all(r["applied_s"] == 0.43 and r["outcome"] == "applied" for r in clock.rows[1:])
-    late = ScheduleClock(links, {"a": ("ns-a", plan)}, start=0.0, sockets=Sockets(), clock=lambda: 0.15)
+    late = ScheduleClock(links, {"a": ("ns-a", plan)}, start=0.0, sockets=sockets, clock=lambda: 0.15)
     late.tick(0.1, late_from_s=0.0)  # started late: tick 0's row counts the first bins the plan lacked
     assert [(r["planned_s"], r["skew_ms"], r["changed"]) for r in late.rows] == [(0.0, 150.0, 1), (0.1, 50.0, 2)]
 

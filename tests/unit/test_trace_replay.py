@@ -19,6 +19,7 @@ from controller.run.scenario_runner import ScenarioRunner
 from controller.run.trace_replay import TracedLink, TraceReplay, due, tick_grid
 from worker.api import bodies
 from worker.api.errors import ConfigError, ShapingError, TopologyError
+from tests.unit.fake_netlink import CountingSockets
 
 PACKET_BPS = 1500 * 8 * 10  # one Mahimahi packet in a 100 ms bin
 
@@ -466,29 +467,18 @@ def test_a_worker_schedule_picks_each_links_bin_and_refuses_bad_ones_naming_the_
             check(bad)
 
 
-def test_a_worker_schedule_sends_a_bin_only_when_its_values_change_one_batch_per_node():
+def test_a_worker_schedule_sends_a_bin_only_when_its_values_change_one_batch_per_node(one_node_plan):
     from worker.shaping.schedule import LinkSchedule, ScheduleClock
 
-    batches = []
-
-    class Sock:
-        def run(self, msgs):
-            batches.append(len(msgs))
-            return []
-
-    class Sockets:
-        def get(self, netns, ifname):
-            return Sock(), 7
-
-    plan = {"ifname": "eth0", "rules": [{"dest": d, "minor": m, "shape": {"rate_bps": 10**6}} for d, m in
-                                        (("b", 16), ("c", 17))]}
+    sockets, plan = CountingSockets(), one_node_plan
+    batches = sockets.batches
     links = [LinkSchedule("a", "b", (10**6, 10**6, 2 * 10**6)), LinkSchedule("a", "c", (10**6, 3 * 10**6, 3 * 10**6))]
-    clock = ScheduleClock(links, {"a": ("ns-a", plan)}, start=0.0, sockets=Sockets(), clock=lambda: 0.0)
+    clock = ScheduleClock(links, {"a": ("ns-a", plan)}, start=0.0, sockets=sockets, clock=lambda: 0.0)
     assert clock.applied == [0, 0]  # the first bins are the stored plan's (deployed at them): not sent again
     assert [clock.tick(t) for t in (0.0, 0.1, 0.2)] == [0, 1, 1]  # an equal next bin is not sent again
     assert batches == [1, 1] and clock.applied == [2, 1]
     with pytest.raises(ConfigError, match="no shaped link a->z"):
-        ScheduleClock([LinkSchedule("a", "z", (10**6,))], {"a": ("ns-a", plan)}, start=0.0, sockets=Sockets())
+        ScheduleClock([LinkSchedule("a", "z", (10**6,))], {"a": ("ns-a", plan)}, start=0.0, sockets=sockets)
 
 
 class ScheduleWorker:

@@ -401,11 +401,7 @@ def serve(argv: list[str]) -> None:
         listeners = [n.listener for n in nodes.values()]
         readable = zygote.poll_readable([ctl, wake_r, *listeners, *setups], 1.0 if setups else 5.0)
         if wake_r in readable:
-            try:
-                while os.read(wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
+            zygote.drain(wake_r)
         ended = zygote.reap(children, os.waitpid)
         zygote.follow_setups(ctl, setups, readable, {pid for pid, _ in ended})
         for pid, code in ended:

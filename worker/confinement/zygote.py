@@ -339,6 +339,15 @@ def poll_readable(fds: list[Any], timeout_s: float, make_poll: Any = None) -> li
     return [by_fd[fd] for fd, _ in p.poll(timeout_s * 1000)]
 
 
+def drain(fd: int) -> None:
+    """Read the non-blocking ``fd`` (a signal's wake-up pipe) until it is empty."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def _preload(extra: tuple[str, ...] = ()) -> None:
     """Import what every node runs, once, as a node process would (gevent patched first), and
     ``extra`` (``PRELOADS``: what the run's model kind needs, shared by every node it forks)."""
@@ -450,11 +459,7 @@ def serve(argv: list[str]) -> None:
     while True:
         readable = poll([sock, wake_r, *setups], 1.0 if setups else 5.0)
         if wake_r in readable:
-            try:
-                while os.read(wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
+            drain(wake_r)
         ended = _reap(children, waitpid)
         _follow_setups(sock, setups, readable, {pid for pid, _ in ended})
         for pid, code in ended:  # after its set-up's failure, if it failed
