@@ -110,7 +110,7 @@ def check_request(doc: object) -> ShimRequest:
 
 def flwr_version_ok(version: str) -> bool:
     """Whether flwr ``version`` (``1.42.0``, ``1.43.0rc1``) is in ``SUPPORTED``."""
-    m = re.match(r"(\d+)\.(\d+)", version)
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\D.*)?", version)
     return m is not None and SUPPORTED[0] <= (int(m[1]), int(m[2])) < SUPPORTED[1]
 
 
