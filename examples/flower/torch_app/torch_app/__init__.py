@@ -1,0 +1,1 @@
+"""A small PyTorch MLP, federated with Flower's FedAvg."""
