@@ -16,10 +16,10 @@ if [ "${EDGETB_BROWSER:-1}" != 0 ]; then
   bash scripts/browser_setup.sh
   export EDGETB_REQUIRE_BROWSER=1
 fi
-# the Flower runs (tests/e2e/test_flower.py, docs/how-to/flower.md) need flwr in a venv of its own;
-# EDGETB_FLOWER=0 lets them skip
+# the Flower runs (tests/e2e/test_flower*.py, docs/how-to/flower.md) need flwr in a venv of its own,
+# with torch for examples/flower/torch_app; EDGETB_FLOWER=0 lets them skip
 if [ "${EDGETB_FLOWER:-1}" != 0 ]; then
-  bash scripts/flower_setup.sh
+  EDGETB_FLWR_TORCH=${EDGETB_FLWR_TORCH:-1} bash scripts/flower_setup.sh
   export EDGETB_REQUIRE_FLOWER=1
 fi
 if [ "${EDGETB_DOCKER:-1}" != 0 ]; then
