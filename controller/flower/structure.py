@@ -28,6 +28,7 @@ from worker.confinement.facade import under
 FIELDS = ("app", "python", "superlink", "node_list", "node_config", "run_config")
 FLOWER_COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr")
 SUPPORTED_FLWR = ">=1.42,<2"  # the SuperLink's one HTTP port and flower-superexec: 1.42's layout
+TORCH_VERSION = "2.13.0"  # what scripts/flower_setup.sh installs with EDGETB_FLWR_TORCH=1
 CONFIG_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 Scalar = (str, int, float, bool)
 
@@ -123,7 +124,20 @@ def check_dependencies(app: str, python: str, where: str) -> None:
         if version is None or (req.specifier and not req.specifier.contains(version, prereleases=True)):
             found = f"{version} is installed" if version else "it is not installed"
             raise ConfigError(f"{where}: the app ({project}) needs {text!r}, but in {python} {found}: install it "
-                              f"with '{python}/bin/pip install \"{text}\"' (nodes install nothing at run time)")
+                              f"with {_install_hint(req, text, version, python)} "
+                              "(nodes install nothing at run time)")
+
+
+def _install_hint(req: Any, text: str, version: Optional[str], python: str) -> str:
+    """The command that installs requirement ``req`` (``text``; ``version`` installed, or None) into
+    ``python``: for a missing torch that accepts the setup script's, that script (PyTorch's CPU
+    build, pinned: an unpinned torch may pull a CUDA build of several GB)."""
+    from packaging.utils import canonicalize_name
+
+    if canonicalize_name(req.name) == "torch" and version is None and req.specifier.contains(TORCH_VERSION):
+        return (f"'sudo EDGETB_FLWR_PYTHON={python} EDGETB_FLWR_TORCH=1 bash scripts/flower_setup.sh' "
+                f"(torch=={TORCH_VERSION}, PyTorch's CPU build)")
+    return f"'{python}/bin/pip install \"{text}\"'"
 
 
 def check_python(python: str, where: str) -> None:
