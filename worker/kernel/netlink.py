@@ -10,6 +10,7 @@ host's links and addresses.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import socket
@@ -392,6 +393,24 @@ class RtnlSocket:
                 yield data[offset:offset + length], kind, flags, seq
                 offset += (length + 3) & ~3
 
+    def index_of(self, ifname: str) -> Optional[int]:
+        """The index of interface ``ifname`` in this socket's namespace; None when it has none.
+        (Asked by netlink: ``if_nametoindex``'s ioctl has the kernel run modprobe for a name it
+        does not know, twice per lookup as root, where modules can be loaded.)"""
+        self._seq += 1
+        seq = self._seq
+        self.sock.sendall(link_by_name_request(ifname, seq))
+        for msg, kind, _, got_seq in self._replies():
+            if got_seq != seq:
+                continue
+            if kind == NLMSG_ERROR:
+                (code,) = struct.unpack_from("=i", msg, HDR.size)
+                if -code == errno.ENODEV:
+                    return None
+                raise OSError(-code, f"{os.strerror(-code)}: interface {ifname}")
+            return link_index(msg)
+        return None  # pragma: no cover - the generator never ends
+
     def dump(self, request: bytes) -> list[bytes]:
         """Send one dump request and return every reply message (without the final DONE)."""
         self._seq += 1
@@ -613,3 +632,13 @@ def root_qdisc_request(ifindex: int, seq: int = 1) -> bytes:
 
 def class_dump_request(ifindex: int, seq: int = 1) -> bytes:
     return _get_request(RTM_GETTCLASS, NLM_F_DUMP, _tcmsg(ifindex, 0, 0), seq)
+
+
+def ifindex(netns: Optional[str], ifname: str) -> Optional[int]:
+    """The index of interface ``ifname`` in namespace ``netns`` (the host's when None); None
+    when it has none (a namespace that is not there: ``NotFound``)."""
+    try:
+        with RtnlSocket(netns) as sock:
+            return sock.index_of(ifname)
+    except OSError:
+        return None

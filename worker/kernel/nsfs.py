@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator
 
 from worker.api.errors import NodeRuntimeError, NotFound
 
@@ -104,18 +104,6 @@ def throwaway() -> Iterator[None]:
                 raise _oserror("setns back from", "a throwaway namespace")
     finally:
         os.close(home)
-
-
-def ifindex(name: Optional[str], ifname: str) -> Optional[int]:
-    """The index of interface ``ifname`` in namespace ``name`` (the host's when None); None when
-    it has none."""
-    try:
-        if name is None:
-            return socket.if_nametoindex(ifname)
-        with entered(name):
-            return socket.if_nametoindex(ifname)
-    except OSError:
-        return None
 
 
 def setns_fd(fd: int) -> None:

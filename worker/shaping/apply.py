@@ -30,7 +30,7 @@ _netem_available: Optional[bool] = None
 
 def ifindex_in(netns: Optional[str], ifname: str) -> int:
     """The index of ``ifname`` inside ``netns`` (host namespace when None)."""
-    index = nsfs.ifindex(netns, ifname)
+    index = nl.ifindex(netns, ifname)
     if index is None:
         raise ShapingError(f"no interface {ifname!r} in namespace {netns or 'host'}")
     return index
@@ -286,7 +286,7 @@ def read_back(netns: Optional[str], ifname: str) -> Observed:
                 seen.drops[str(ipaddress.IPv4Network(dest)) if dest else f"filter {f.handle:x}"] = classid & 0xFFFF
             else:
                 seen.filters[f.handle & 0xFFF] = {"dest_ip": dest, "minor": classid & 0xFFFF}
-        seen.downlink = access.read_downlink(sock, netns, ifindex)
+        seen.downlink = access.read_downlink(sock, ifindex)
     return seen
 
 

@@ -42,7 +42,6 @@ from typing import Any, Optional
 
 from worker.api.errors import ShapingError
 from worker.kernel import netlink as nl
-from worker.kernel import nsfs
 from worker.shaping.plan import IFB_DEFAULT_MINOR, IFB_NAME, IFB_ROOT_MINOR, LEAF_LIMIT_PKTS, peer_minor, share_bps
 
 TC_H_INGRESS = 0xFFFFFFF1
@@ -126,7 +125,7 @@ def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], pr
         if rate_bps is None:
             sock.run([delete_ingress(ifindex), nl.delete_link(IFB_NAME)])  # absent is fine
             return
-        ifb_now = nsfs.ifindex(netns, IFB_NAME) if previous_bps is not None else None
+        ifb_now = sock.index_of(IFB_NAME) if previous_bps is not None else None
         if ifb_now is not None and tuple(peers) == tuple(previous_peers):
             if not sock.run(tree_messages(ifb_now, rate_bps, peers_list, flags=0)):
                 return  # else the tree is not the one expected (made by an older version): made anew
@@ -138,7 +137,7 @@ def set_downlink(netns: Optional[str], ifindex: int, rate_bps: Optional[int], pr
         sock.run([delete_ingress(ifindex), nl.delete_link(IFB_NAME)])
         failures = sock.run([ifb_link(IFB_NAME)])
         _raise(netns, failures, f"creating the downlink device {IFB_NAME}")
-        ifb = nsfs.ifindex(netns, IFB_NAME)
+        ifb = sock.index_of(IFB_NAME)
         if ifb is None:
             raise ShapingError(f"creating the downlink device {IFB_NAME} in {netns or 'the host'}: it is not there")
         failures = sock.run([nl.htb_root(ifb, IFB_DEFAULT_MINOR), *tree_messages(ifb, rate_bps, peers_list),
@@ -168,10 +167,10 @@ class Downlink:
                 "default_bps": self.default_bps}
 
 
-def read_downlink(sock: nl.RtnlSocket, netns: Optional[str], ifindex: int) -> Downlink:
-    """The downlink of the interface ``ifindex``, read on ``sock`` (open in ``netns``)."""
+def read_downlink(sock: nl.RtnlSocket, ifindex: int) -> Downlink:
+    """The downlink of the interface ``ifindex``, read on ``sock`` (open in its namespace)."""
     seen = Downlink()
-    ifb = nsfs.ifindex(netns, IFB_NAME)
+    ifb = sock.index_of(IFB_NAME)
     if ifb is None:
         return seen
     rates: dict[int, int] = {}
