@@ -1,6 +1,8 @@
 """A UDP echo and its prober, run inside nodes by the vm tier: round-trip times per probe and
 how many probes came back (``python udp_probe.py serve PORT`` / ``probe IP PORT COUNT INTERVAL_S``).
-The prober prints one JSON document: ``{"sent": n, "rtts_ms": [...] in send order}``.
+The prober prints one JSON document: ``{"sent": n, "rtts_ms": [...], "sent_s": [...]}`` (the
+answered probes in send order, each sent at ``time.monotonic()`` ``sent_s``), and the line
+``probing`` on stderr as it sends its first probe.
 """
 import json
 import socket
@@ -22,6 +24,7 @@ def probe(ip: str, port: int, count: int, interval_s: float, linger_s: float = 3
     sock.setblocking(False)
     sent_at: dict[int, float] = {}
     rtts: dict[int, float] = {}
+    print("probing", file=sys.stderr, flush=True)
     start = time.monotonic()
     seq = 0
     while True:
@@ -40,7 +43,8 @@ def probe(ip: str, port: int, count: int, interval_s: float, linger_s: float = 3
             rtts.setdefault(n, (got - sent_at[n]) * 1000)
         except BlockingIOError:
             time.sleep(0.0005)
-    return {"sent": count, "rtts_ms": [rtts[n] for n in sorted(rtts)], "seqs": sorted(rtts)}
+    return {"sent": count, "rtts_ms": [rtts[n] for n in sorted(rtts)], "seqs": sorted(rtts),
+            "sent_s": [sent_at[n] for n in sorted(rtts)]}
 
 
 if __name__ == "__main__":
