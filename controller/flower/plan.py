@@ -18,8 +18,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from controller.flower.structure import FlowerStructure
+from controller.flower.structure import FlowerStructure, app_dependencies
 from worker.api.errors import ConfigError
+from worker.api.protocol import PRELOAD_ENV
 
 SUPERLINK_PORT = 9092
 CLIENTAPP_PORT = 9094  # a SuperNode's Runtime API, on its node's loopback
@@ -34,6 +35,7 @@ FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0"}
 # The servers, forked on a netns host from the Flower fork server of the node's Python
 # (``worker.confinement.flower_forks``: flwr imported once; their ClientApps forked too)
 FORKED_ENV = {"EDGETB_FORK": "flower"}
+PRELOADABLE = ("torch",)  # an app's dependencies the fork server imports ahead (flower_forks.PRELOADS)
 # The SuperLink's node weighs this much in the kernel's CPU sharing (cgroup cpu.weight; 100 for
 # every other node): on a host loaded past its cores it still answers flwr's 5 s heartbeats.
 CPU_WEIGHT_ENV = "EDGETB_CPU_WEIGHT"
@@ -50,6 +52,26 @@ def superlink_cpu_weight(environ: Any = os.environ) -> int:
     if not text.strip().isdigit() or not 1 <= int(text) <= 10_000:
         raise ConfigError(f"{SUPERLINK_CPU_WEIGHT_ENV}={text!r}: a CPU weight is a whole number from 1 to 10000")
     return int(text)
+
+
+def forked_env(structure: FlowerStructure) -> dict[str, str]:
+    """``FORKED_ENV``, and what the fork server is to preload of the app's declared dependencies
+    (torch: imported once there, not by every ClientApp)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        declared = app_dependencies(structure.app)
+    except (OSError, ValueError):  # (read and checked with the structure: nothing to preload otherwise)
+        declared = []
+    names = set()
+    for text in declared:
+        try:
+            names.add(canonicalize_name(Requirement(text).name))
+        except InvalidRequirement:
+            continue
+    preload = [p for p in PRELOADABLE if p in names]
+    return {**FORKED_ENV, **({PRELOAD_ENV: ",".join(preload)} if preload else {})}
 
 
 def database(structure: FlowerStructure, workdir: str, run_id: str) -> Optional[str]:
@@ -119,12 +141,13 @@ def servers(structure: FlowerStructure, workdir: str, run_id: str, ips: dict[str
     sl = structure.superlink
     home = flwr_home(workdir, sl, run_id)
     weight = {CPU_WEIGHT_ENV: str(superlink_cpu_weight)} if superlink_cpu_weight != 100 else {}
+    forked = forked_env(structure)
     programs = [Program(sl, "superlink", (
         "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
         "--database", database(structure, workdir, run_id) or IN_MEMORY, "--host", ips[sl], "--port", str(SUPERLINK_PORT)),
-        {**FLOWER_ENV, **FORKED_ENV, **weight, "FLWR_HOME": home})]
+        {**FLOWER_ENV, **forked, **weight, "FLWR_HOME": home})]
     for node, conf in node_configs(structure, shards).items():
-        env = {**FLOWER_ENV, **FORKED_ENV, "FLWR_HOME": flwr_home(workdir, node, run_id)}
+        env = {**FLOWER_ENV, **forked, "FLWR_HOME": flwr_home(workdir, node, run_id)}
         programs.append(Program(node, "supernode", (
             "flower-supernode", "--insecure", "--superlink", f"{ips[sl]}:{SUPERLINK_PORT}", "--isolation", "process",
             "--host", "127.0.0.1", "--port", str(CLIENTAPP_PORT), "--node-config", config_pairs(conf)), env))

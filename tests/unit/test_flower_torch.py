@@ -66,3 +66,35 @@ def test_the_setup_script_pins_the_torch_the_checks_name():
     assert re.search(r"TORCH_SPEC:-torch==" + re.escape(TORCH_VERSION) + r"\}", script)
     assert re.search(r'EDGETB_FLWR_TORCH=\$\{EDGETB_FLWR_TORCH:-1\} bash scripts/flower_setup.sh',
                      (ROOT / "scripts" / "test.sh").read_text())
+
+
+def test_the_flower_programs_of_a_torch_app_ask_the_fork_server_to_preload_torch(tmp_path):
+    from controller.flower import plan
+    from controller.flower.structure import FlowerStructure
+    from worker.api.protocol import PRELOAD_ENV
+
+    shutil.copytree(APP, tmp_path / "torch_app")
+    shutil.copytree(ROOT / "examples" / "flower" / "numpy_app", tmp_path / "numpy_app")
+    ips = {"n1": "10.0.0.2", "n2": "10.0.0.3"}
+    for app, preload in (("torch_app", "torch"), ("numpy_app", None)):
+        s = FlowerStructure(str(tmp_path / app), "/opt/venv", "n1", ("n2",))
+        programs = plan.servers(s, str(tmp_path), "r1", ips)
+        assert [p.env.get(PRELOAD_ENV) for p in programs] == [preload] * 3, programs
+        assert all(p.env["EDGETB_FORK"] == "flower" for p in programs)
+
+
+def test_the_fork_server_preloads_and_warms_torch_on_one_thread_leaving_its_generator_as_it_was():
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    code = ("import os, sys, torch\n"
+            "before = torch.random.get_rng_state()\n"
+            "from worker.confinement.flower_forks import _preload\n"
+            "assert _preload({}, ('torch',)) == {}\n"
+            "assert len(os.listdir('/proc/self/task')) == 1, os.listdir('/proc/self/task')\n"
+            "assert torch.equal(before, torch.random.get_rng_state())\n"
+            "assert 'torch.optim.sgd' in sys.modules and 'numpy' in sys.modules\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -50,6 +50,7 @@ from typing import Any, Optional
 from worker.api.errors import ConfigError, NodeRuntimeError
 from worker.confinement import zygote
 
+PRELOADS = ("torch",)  # what a server may import ahead beyond flwr and numpy (the app's declared dependencies)
 FORK_ENV = "EDGETB_FORK"  # "flower" in a program's environment: fork it from the Flower fork server
 FORK_VALUE = "flower"
 CPU_WEIGHT_ENV = "EDGETB_CPU_WEIGHT"  # a program's node's CPU weight (cgroup v2's scale: 1..10000, 100 by default)
@@ -228,9 +229,9 @@ class FlowerForks(zygote.Zygote):
     """The worker's handle on one environment's Flower fork server (``zygote.Zygote``'s protocol,
     plus ``serve_node``)."""
 
-    def __init__(self, prefix: str, code_root: str, log_path: str) -> None:
+    def __init__(self, prefix: str, code_root: str, log_path: str, preload: tuple[str, ...] = ()) -> None:
         super().__init__(code_root, log_path, python=os.path.join(prefix, "bin", "python3"),
-                         entry=__name__)
+                         preload=tuple(p for p in preload if p in PRELOADS), entry=__name__)
         self.prefix = prefix
         self.nodes: dict[int, str] = {}  # uid -> its directory, once its socket is served
 
@@ -331,8 +332,9 @@ def entry_points() -> dict[str, str]:
     return {n: found[n] for n in FORKABLE}
 
 
-def _preload(programs: dict[str, str]) -> dict[str, Any]:
-    """Import every program's module (and numpy, what apps use): its function by name."""
+def _preload(programs: dict[str, str], extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Import every program's module (and numpy, what apps use, and ``extra``: ``PRELOADS`` the
+    app declares, e.g. torch, imported once here rather than by every ClientApp): its function by name."""
     import importlib
 
     functions = {}
@@ -342,12 +344,33 @@ def _preload(programs: dict[str, str]) -> dict[str, Any]:
         for part in attr.strip().split("."):
             obj = getattr(obj, part)
         functions[name] = obj
-    for extra in ("numpy", "flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "flwr.serverapp"):
+    # (importing torch starts no thread with the server's OMP_NUM_THREADS=1: zygote.zygote_env)
+    for module in ("numpy", "flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "flwr.serverapp", *extra):
         try:
-            importlib.import_module(extra)
+            importlib.import_module(module)
         except Exception as e:  # noqa: BLE001 - the child imports it itself (and says what fails)
-            print(f"edgetb flower forks: cannot preload {extra}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            print(f"edgetb flower forks: cannot preload {module}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    if "torch" in extra and "torch" in sys.modules:
+        try:
+            _warm_torch()
+        except Exception as e:  # noqa: BLE001 - only a warm-up
+            print(f"edgetb flower forks: cannot warm torch up: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     return functions
+
+
+def _warm_torch() -> None:
+    """One SGD step of a tiny linear layer, on one thread: what PyTorch loads on first use (an
+    optimiser's first construction imports about 1 s of CPU more) loaded once, here, for every
+    ClientApp forked after it. The default generator's state is put back (a fresh process's)."""
+    import torch
+
+    state = torch.random.get_rng_state()
+    layer = torch.nn.Linear(4, 2)
+    optimiser = torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9)
+    loss = torch.nn.functional.cross_entropy(layer(torch.zeros(3, 4)), torch.zeros(3, dtype=torch.long))
+    loss.backward()
+    optimiser.step()
+    torch.random.set_rng_state(state)
 
 
 @dataclass
@@ -372,7 +395,7 @@ def serve(argv: list[str]) -> None:
 
     base_path = [p for p in sys.path[2:]]  # the environment's own (the worker's code first: dropped in children)
     try:
-        functions = _preload(entry_points())
+        functions = _preload(entry_points(), tuple(a for a in argv[2:] if a in PRELOADS))
     except Exception as e:  # noqa: BLE001 - the worker starts the programs fresh, its log says why
         print(f"edgetb flower forks: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(2)

@@ -196,11 +196,12 @@ class Processes:
                 raise ConfigError("the node declares no Python environment")
             if name not in flower_forks.FORKABLE or argv[0] not in (name, os.path.join(view.python, "bin", name)):
                 raise ConfigError(f"{argv[0]!r} is not one of Flower's programs of {view.python}")
-            forks = self._flower_forks(view.python)
+            forks = self._flower_forks(view.python, tuple(env.get(PRELOAD_ENV, "").split(",")))
             node_request = {"uid": ident.uid, "gid": ident.gid, "cgroup_procs": runtime.procs_files(rec),
                             "rlimits": runtime.rlimits(rec),
                             "ops": [[op.kind, op.path, op.writable] for op in fsview.plan_view(view)]}
-            env_of_child = child_env({k: v for k, v in env.items() if k != flower_forks.FORK_ENV}, view.python)
+            env_of_child = child_env({k: v for k, v in env.items() if k not in (flower_forks.FORK_ENV, PRELOAD_ENV)},
+                                     view.python)
             env_of_child.setdefault("HOME", view.home or "/")
             netns = runtime.netns_path(rec)
             netns_fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC) if netns else None
@@ -231,9 +232,10 @@ class Processes:
             log.flush()
         return {k: v for k, v in env.items() if k != flower_forks.CPU_WEIGHT_ENV}
 
-    def _flower_forks(self, python: str) -> flower_forks.FlowerForks:
-        """The running fork server of environment ``python`` (started on first use); NodeRuntimeError
-        (saying why) when its programs are to start fresh."""
+    def _flower_forks(self, python: str, preload: tuple[str, ...] = ()) -> flower_forks.FlowerForks:
+        """The running fork server of environment ``python`` (started on first use, importing
+        ``preload`` of ``flower_forks.PRELOADS`` ahead); NodeRuntimeError (saying why) when its
+        programs are to start fresh."""
         with self._flower_lock:
             forks = self._flower.get(python)
             if forks is not None and forks.alive:
@@ -247,7 +249,7 @@ class Processes:
             if forks is not None:
                 forks.close()
             forks = flower_forks.FlowerForks(python, self.code_root,
-                                             os.path.join(self.store.logs_dir(), "flower-forks.log"))
+                                             os.path.join(self.store.logs_dir(), "flower-forks.log"), preload)
             try:
                 forks.start()
             except NodeRuntimeError as e:
