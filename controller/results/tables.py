@@ -261,27 +261,33 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
     the summary's ``time_to_accuracy`` (``controller.results.time_to_accuracy``; default its defaults)."""
     problems = {} if problems is None else problems
     events = read_run_events(run_dir, problems) if events is None else events
+    built = write_tables(run_dir, t_start, algorithm, write, problems, events, targets)
+    return summarize(built, events, endings, final, problems)
+
+
+def write_traffic(write: Writer, problems: Problems, events: dict[str, list[dict[str, Any]]]) -> None:
+    attempt(problems, RUN, TRAFFIC_CSV, lambda: write(TRAFFIC_CSV, csv_bytes(TRAFFIC_COLUMNS, traffic_rows(events))))
+
+
+def write_tables(run_dir: str, t_start: float, algorithm: str, write: Optional[Writer], problems: Problems,
+                 events: dict[str, list[dict[str, Any]]], targets: Optional[Sequence[float]] = None,
+                 traffic: bool = True) -> dict[str, Any]:
+    """``build``'s files, which need no final model: metrics.csv, traffic.csv (unless ``traffic``
+    is False: ``write_traffic`` wrote it), the plots and the scenario's effects; the summary
+    without its nodes (``summarize`` adds them)."""
     rows = metric_rows(events, t_start, algorithm)
     run_id = next((r["run_id"] for r in rows if r["run_id"]), os.path.basename(os.path.normpath(run_dir)))
-    metrics_path = os.path.join(run_dir, METRICS_CSV)
-    traffic_path = os.path.join(run_dir, TRAFFIC_CSV)
     write = write or local_writer(run_dir)
     energy_by_node = attempt(problems, RUN, "energy", lambda: _add_energy(run_dir, rows), {})
     attempt(problems, RUN, METRICS_CSV, lambda: write(METRICS_CSV, csv_bytes(METRIC_COLUMNS, rows)))
-    attempt(problems, RUN, TRAFFIC_CSV, lambda: write(TRAFFIC_CSV, csv_bytes(TRAFFIC_COLUMNS,
-                                                                                 traffic_rows(events))))
+    if traffic:
+        write_traffic(write, problems, events)
     applied = attempt(problems, RUN, SCENARIO_CSV, lambda: read_scenario(run_dir), [])
     plotted = (attempt(problems, RUN, "plots", lambda: write_plots(run_dir, rows, algorithm, run_id, write, applied),
                        None) if rows else None) or {"plots": [], "mode": None}
-    nodes = summary(events, endings, final)
-    for n in nodes:
-        if n["node"] in energy_by_node:
-            n.update(energy_by_node[n["node"]])
-        if problems.get(n["node"]):
-            n["problems"] = problems[n["node"]]
-    built = {"algorithm": algorithm, "nodes": nodes, "accuracy": accuracy_overview(nodes), "metrics": metrics_path,
-             "traffic": traffic_path, "plots": plotted["plots"], "plot_mode": plotted["mode"],
-             "models": sorted(n["model"] for n in nodes if n.get("model"))}
+    built: dict[str, Any] = {"algorithm": algorithm, "metrics": os.path.join(run_dir, METRICS_CSV),
+                             "traffic": os.path.join(run_dir, TRAFFIC_CSV), "plots": plotted["plots"],
+                             "plot_mode": plotted["mode"], "energy": energy_by_node}
     built["time_to_accuracy"] = attempt(problems, RUN, "time to accuracy", lambda: time_to_accuracy(
         rows, DEFAULT_TARGETS if targets is None else targets), [])
     adapted = attempt(problems, RUN, "adaptation events", lambda: adaptation_events(events, t_start), [])
@@ -293,6 +299,23 @@ def build(run_dir: str, t_start: float, algorithm: str, endings: dict[str, str],
                              "effects": os.path.join(run_dir, SCENARIO_EFFECTS_CSV),
                              "recovery_s": [e["recovery_s"] for e in effects if e["recovery_s"] is not None]}
     return built
+
+
+def summarize(built: dict[str, Any], events: dict[str, list[dict[str, Any]]], endings: dict[str, str],
+              final: Optional[dict[str, dict[str, Any]]], problems: Problems) -> dict[str, Any]:
+    """``write_tables``' summary with each node's row (``summary``), its energy and problems, the
+    accuracy overview and the final models' paths."""
+    energy_by_node = built.get("energy") or {}
+    nodes = summary(events, endings, final)
+    for n in nodes:
+        if n["node"] in energy_by_node:
+            n.update(energy_by_node[n["node"]])
+        if problems.get(n["node"]):
+            n["problems"] = problems[n["node"]]
+    return {"algorithm": built["algorithm"], "nodes": nodes, "accuracy": accuracy_overview(nodes),
+            **{k: built[k] for k in ("metrics", "traffic", "plots", "plot_mode")},
+            "models": sorted(n["model"] for n in nodes if n.get("model")),
+            **{k: built[k] for k in ("time_to_accuracy", "scenario") if k in built}}
 
 
 def _add_energy(run_dir: str, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

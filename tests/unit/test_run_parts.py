@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from controller.model.topology import Topology
-from controller.results.finish import RunResults, write_record, write_results
+from controller.results.finish import Analysis, RunResults, write_record, write_results
 from controller.results.rates import LinkRates
 from controller.results.run_dir import RunDir
 from controller.run.experiment import Phase
@@ -181,6 +181,15 @@ def test_the_results_pipeline_writes_its_files_from_explicit_inputs(tmp_path):
     record: dict = {"run_id": "r1"}
     write_record(out, record, "completed", "", {"n1": "done"}, problems)
     assert json.loads((run_dir / "run.json").read_text())["nodes"] == {"n1": "done"}
+
+
+def test_the_analysis_runs_in_a_process_of_its_own_and_says_why_it_failed(tmp_path):
+    said: list[str] = []
+    analysis = Analysis(str(tmp_path / "no-run"), said.append)
+    assert analysis.proc.pid != os.getpid()
+    got = analysis.result()
+    assert "not a run folder" in got["error"] and any("not a run folder" in line for line in said), (got, said)
+    analysis.stop()  # (ended already: nothing to do)
 
 
 def test_the_live_view_reads_only_its_narrow_source(tmp_path):
