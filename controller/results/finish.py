@@ -134,7 +134,10 @@ class Analysis:
                 self.progress(line[len(PROGRESS_PREFIX):])
 
     def result(self) -> dict[str, Any]:
-        out, _ = self.proc.communicate()
+        assert self.proc.stdout is not None
+        out = self.proc.stdout.read()  # (not communicate(): stderr is the relay's alone, or the two
+        self.proc.stdout.close()       # readers race for it, and a read waits while stdout fills)
+        self.proc.wait()
         self._relay.join(timeout=5)
         try:
             done = json.loads(out) if self.proc.returncode == 0 else None
