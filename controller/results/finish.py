@@ -71,15 +71,16 @@ def write_results(run: RunResults, problems: Problems,
     step(MEMBERSHIP_CSV, lambda: out.write_bytes(MEMBERSHIP_CSV, csv_bytes(
         tables.MEMBERSHIP_COLUMNS, tables.membership_rows(events, run.membership))))
     tables.write_traffic(out.write_bytes, problems, events)  # (the analysis' input)
-    analysis = Analysis(run_dir, progress)
+    analysis = step("analysis", lambda: Analysis(run_dir, progress))
     try:
         return _write_rest(run, problems, events, analysis)
     finally:
-        analysis.stop()
+        if analysis is not None:
+            analysis.stop()
 
 
 def _write_rest(run: RunResults, problems: Problems, events: dict[str, list[dict[str, Any]]],
-                analysis: "Analysis") -> dict[str, Any]:
+                analysis: Optional["Analysis"]) -> dict[str, Any]:
     """``write_results``' files beside the analysis."""
     out, run_dir = run.out, run.run_dir
 
@@ -99,7 +100,7 @@ def _write_rest(run: RunResults, problems: Problems, events: dict[str, list[dict
         summary["captures"] = run.captured
     summary["problems"] = problems
     step(SUMMARY_JSON, lambda: out.write_json(SUMMARY_JSON, summary))
-    summary["analysis"] = analysis.result()
+    summary["analysis"] = analysis.result() if analysis is not None else {"error": "it could not be started"}
     step(SUMMARY_JSON, lambda: out.write_json(SUMMARY_JSON, summary))
     return summary
 
@@ -112,7 +113,8 @@ class Analysis:
     def __init__(self, run_dir: str, progress: Callable[[str], None] = print) -> None:
         self.run_dir = run_dir
         self.progress = progress
-        self.proc = subprocess.Popen([sys.executable, "-m", "controller", "analyze", run_dir, "--json"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "controller", "analyze", "--json", "--",
+                                      os.path.abspath(run_dir)],
                                      cwd=CODE_ROOT, env={**os.environ, "PYTHONPATH": CODE_ROOT},
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.said: list[str] = []
@@ -147,8 +149,8 @@ class Analysis:
             why = next((l for l in reversed(self.said) if l.strip()), f"exit code {self.proc.returncode}")
             log.error("analysis of %s failed: %s", self.run_dir, "\n".join(self.said[-20:]))
             return {"error": why[len(PROGRESS_PREFIX):] if why.startswith(PROGRESS_PREFIX) else why}
-        return {"dir": os.path.join(self.run_dir, ANALYSIS_DIR), "seconds": done["seconds"],
-                "missing": done["missing"], "fidelity_ok": done["fidelity"]["ok"]}
+        return {"dir": os.path.join(self.run_dir, ANALYSIS_DIR), "seconds": done.get("seconds"),
+                "missing": done.get("missing"), "fidelity_ok": (done.get("fidelity") or {}).get("ok")}
 
 
 def full_timeline(run: RunResults, events: Optional[dict[str, list[dict[str, Any]]]] = None) -> list[dict[str, Any]]:
