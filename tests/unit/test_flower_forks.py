@@ -224,3 +224,30 @@ def test_a_node_holds_a_bounded_number_of_forked_programs(tmp_path):
         node.listener.close()
         os.close(r)
         os.close(w)
+
+
+def _draw_in_fork(reseed: bool) -> float:
+    import numpy as np
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: as a program forked from the server
+        try:
+            if reseed:
+                ff.fresh_random_state()
+            os.write(w, repr(float(np.random.random())).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        value = float(f.read())
+    os.waitpid(pid, 0)
+    return value
+
+
+def test_forked_programs_draw_their_own_numbers_from_numpy():
+    import numpy as np
+
+    np.random.seed(7)  # the server's state, which every child inherits
+    assert _draw_in_fork(False) == _draw_in_fork(False)  # what a fork alone gives
+    assert len({_draw_in_fork(True) for _ in range(3)}) == 3

@@ -605,6 +605,15 @@ def _child(request: dict[str, Any], stdio: list[int], env: dict[str, str], cwd: 
     os._exit(_run(argv, ctx))
 
 
+def fresh_random_state() -> None:
+    """numpy's global generator seeded from the system's entropy, as in a fresh process: every
+    child would otherwise draw what the server would (Python's ``random`` reseeds itself after a
+    fork; numpy does not; torch's default generator starts from one fixed seed in any process)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
 def _name_process(name: str) -> None:
     """The process's name (``ps -o comm``, ``/proc/<pid>/comm``): the program's, not the server's."""
     from worker.kernel import nsfs
@@ -636,6 +645,7 @@ def _run(argv: list[str], ctx: dict[str, Any]) -> int:
         sys.argv = [os.path.join(sys.prefix, "bin", name), *argv[1:]]
         sys.path[:] = [os.path.join(sys.prefix, "bin"), *ctx["path"]]
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        fresh_random_state()
         result = ctx["functions"][name]()
         code = result if isinstance(result, int) else 0
     except SystemExit as e:
