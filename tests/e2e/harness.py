@@ -1,6 +1,7 @@
 """The e2e harness: a ``*_run.py`` script in a scratch experiment, driven like a user does."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -58,6 +59,19 @@ def make_workdir(tmp: Path, structure: dict | None = None, dataset: dict | None 
     return workdir
 
 
+def free_subnet(seed: int) -> str:
+    """One of 10.230-249.0.0/16, from ``seed`` on, that no address of this host is in (a test may
+    hold two runs up at once: a subnet drawn at random collided one time in twenty)."""
+    out = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+    taken = [ipaddress.IPv4Interface(w[w.index("inet") + 1]).network for w in map(str.split, out.splitlines())
+             if "inet" in w]
+    for i in range(20):
+        subnet = ipaddress.IPv4Network(f"10.{230 + (seed + i) % 20}.0.0/16")
+        if not any(subnet.overlaps(t) for t in taken):
+            return str(subnet)
+    return f"10.{230 + seed % 20}.0.0/16"
+
+
 class Run:
     """``<kind>_run.py`` in a copy of the default experiment, on its own id, subnet and port."""
 
@@ -70,7 +84,7 @@ class Run:
         self.kind = kind
         self.root = root
         self.id = "g" + secrets.token_hex(2)
-        self.subnet = f"10.{230 + int(self.id[1:], 16) % 20}.0.0/16"
+        self.subnet = free_subnet(int(self.id[1:], 16))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = self.workdir / "state"
