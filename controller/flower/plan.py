@@ -21,6 +21,7 @@ from typing import Any, Optional
 from controller.flower.structure import FlowerStructure, app_dependencies
 from worker.api.errors import ConfigError
 from worker.api.protocol import PRELOAD_ENV
+from worker.confinement.flower_forks import PRELOADS  # (what the fork server may import ahead)
 
 SUPERLINK_PORT = 9092
 CLIENTAPP_PORT = 9094  # a SuperNode's Runtime API, on its node's loopback
@@ -35,7 +36,6 @@ FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0"}
 # The servers, forked on a netns host from the Flower fork server of the node's Python
 # (``worker.confinement.flower_forks``: flwr imported once; their ClientApps forked too)
 FORKED_ENV = {"EDGETB_FORK": "flower"}
-PRELOADABLE = ("torch",)  # an app's dependencies the fork server imports ahead (flower_forks.PRELOADS)
 # The SuperLink's node weighs this much in the kernel's CPU sharing (cgroup cpu.weight; 100 for
 # every other node): on a host loaded past its cores it still answers flwr's 5 s heartbeats.
 CPU_WEIGHT_ENV = "EDGETB_CPU_WEIGHT"
@@ -70,7 +70,7 @@ def forked_env(structure: FlowerStructure) -> dict[str, str]:
             names.add(canonicalize_name(Requirement(text).name))
         except InvalidRequirement:
             continue
-    preload = [p for p in PRELOADABLE if p in names]
+    preload = [p for p in PRELOADS if p in names]
     return {**FORKED_ENV, **({PRELOAD_ENV: ",".join(preload)} if preload else {})}
 
 
