@@ -20,8 +20,7 @@ from typing import Any, Optional
 
 from controller.flower.structure import FlowerStructure, app_dependencies
 from worker.api.errors import ConfigError
-from worker.api.protocol import PRELOAD_ENV
-from worker.confinement.flower_forks import PRELOADS  # (what the fork server may import ahead)
+from worker.api.protocol import FLOWER_PRELOADS, PRELOAD_ENV
 
 SUPERLINK_PORT = 9092
 CLIENTAPP_PORT = 9094  # a SuperNode's Runtime API, on its node's loopback
@@ -70,7 +69,7 @@ def forked_env(structure: FlowerStructure) -> dict[str, str]:
             names.add(canonicalize_name(Requirement(text).name))
         except InvalidRequirement:
             continue
-    preload = [p for p in PRELOADS if p in names]
+    preload = [p for p in FLOWER_PRELOADS if p in names]
     return {**FORKED_ENV, **({PRELOAD_ENV: ",".join(preload)} if preload else {})}
 
 

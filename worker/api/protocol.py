@@ -47,6 +47,8 @@ TREES = ("dml_app", "dataset", "dml_user")  # the directories a worker syncs fro
 # node processes ------------------------------------------------------------------------------------
 PRELOAD_ENV = "EDGETB_PRELOAD"  # in a start_node request's env: what the host's zygote preloads for the node
 #                                 (comma-separated, of worker.confinement.zygote.PRELOADS)
+FLOWER_PRELOADS = ("torch",)  # what the Flower fork server may import ahead beyond flwr and numpy (of the
+#                              app's declared dependencies; worker.confinement.flower_forks)
 
 # request bodies ------------------------------------------------------------------------------------
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # whole networks: nodes, links, code manifests

@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from worker.api.errors import ConfigError, NodeRuntimeError
+from worker.api.protocol import FLOWER_PRELOADS
 from worker.confinement import zygote
 
-PRELOADS = ("torch",)  # what a server may import ahead beyond flwr and numpy (the app's declared dependencies)
 FORK_ENV = "EDGETB_FORK"  # "flower" in a program's environment: fork it from the Flower fork server
 FORK_VALUE = "flower"
 CPU_WEIGHT_ENV = "EDGETB_CPU_WEIGHT"  # a program's node's CPU weight (cgroup v2's scale: 1..10000, 100 by default)
@@ -231,7 +231,7 @@ class FlowerForks(zygote.Zygote):
 
     def __init__(self, prefix: str, code_root: str, log_path: str, preload: tuple[str, ...] = ()) -> None:
         super().__init__(code_root, log_path, python=os.path.join(prefix, "bin", "python3"),
-                         preload=tuple(p for p in preload if p in PRELOADS), entry=__name__)
+                         preload=tuple(p for p in preload if p in FLOWER_PRELOADS), entry=__name__)
         self.prefix = prefix
         self.nodes: dict[int, str] = {}  # uid -> its directory, once its socket is served
 
@@ -333,7 +333,7 @@ def entry_points() -> dict[str, str]:
 
 
 def _preload(programs: dict[str, str], extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Import every program's module (and numpy, what apps use, and ``extra``: ``PRELOADS`` the
+    """Import every program's module (and numpy, what apps use, and ``extra``: ``FLOWER_PRELOADS`` the
     app declares, e.g. torch, imported once here rather than by every ClientApp): its function by name."""
     import importlib
 
@@ -395,7 +395,7 @@ def serve(argv: list[str]) -> None:
 
     base_path = [p for p in sys.path[2:]]  # the environment's own (the worker's code first: dropped in children)
     try:
-        functions = _preload(entry_points(), tuple(a for a in argv[2:] if a in PRELOADS))
+        functions = _preload(entry_points(), tuple(a for a in argv[2:] if a in FLOWER_PRELOADS))
     except Exception as e:  # noqa: BLE001 - the worker starts the programs fresh, its log says why
         print(f"edgetb flower forks: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(2)

@@ -234,7 +234,7 @@ class Processes:
 
     def _flower_forks(self, python: str, preload: tuple[str, ...] = ()) -> flower_forks.FlowerForks:
         """The running fork server of environment ``python`` (started on first use, importing
-        ``preload`` of ``flower_forks.PRELOADS`` ahead); NodeRuntimeError (saying why) when its
+        ``preload`` of ``FLOWER_PRELOADS`` ahead); NodeRuntimeError (saying why) when its
         programs are to start fresh."""
         with self._flower_lock:
             forks = self._flower.get(python)
