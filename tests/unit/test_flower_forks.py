@@ -63,6 +63,56 @@ def test_an_environment_that_others_may_write_is_not_imported_by_root(tmp_path):
     assert why is not None and "is not root's alone" in why and str(tmp_path) in why
 
 
+def _root_venv(where) -> str:
+    prefix = where / "venv"
+    (prefix / "bin").mkdir(parents=True)
+    os.symlink(os.path.realpath(sys.executable), prefix / "bin" / "python3")
+    (prefix / "lib").mkdir()
+    (prefix / "lib" / "mod.py").write_text("")
+    return str(prefix)
+
+
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="files of root's are made by root")
+
+
+@AS_ROOT
+def test_an_environment_of_root_s_alone_may_be_imported_by_root(tmp_path):
+    os.chmod(tmp_path, 0o1777)  # (a sticky directory of root's, as /tmp: others rename nothing of root's there)
+    assert ff.check_owned_by_root(_root_venv(tmp_path)) is None
+
+
+@AS_ROOT
+def test_a_symbolic_link_to_what_others_may_write_is_refused(tmp_path):
+    prefix = _root_venv(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "pkg.py").write_text("")
+    os.chmod(elsewhere / "pkg.py", 0o666)
+    os.symlink(elsewhere, os.path.join(prefix, "lib", "pkg"))
+    why = ff.check_owned_by_root(prefix)
+    assert why is not None and str(elsewhere / "pkg.py") in why, why
+    os.chmod(elsewhere / "pkg.py", 0o644)
+    os.chmod(elsewhere, 0o777)
+    why = ff.check_owned_by_root(prefix)
+    assert why is not None and f"{elsewhere} is not root's alone" in why and "the target of" in why, why
+
+
+@AS_ROOT
+def test_an_environment_under_a_directory_others_may_write_is_refused(tmp_path):
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)  # (not sticky: anybody may rename the environment and put another there)
+    prefix = _root_venv(loose)
+    why = ff.check_owned_by_root(prefix)
+    assert why is not None and f"{loose}, above" in why, why
+
+
+def test_a_running_fork_server_serves_what_it_preloaded_and_what_a_run_still_uses():
+    assert ff.may_serve(("torch",), ("torch",), 0) and ff.may_serve(("torch",), (), 0)
+    assert not ff.may_serve((), ("torch",), 0)  # idle: started anew with torch
+    assert ff.may_serve((), ("torch",), 3)  # its programs run: it serves on (slower, not wrong)
+
+
 def test_a_node_s_cpu_weight_is_written_to_its_cpu_groups_on_either_cgroup_version():
     v1 = ["/cg/cpu,cpuacct/tb/n1/cgroup.procs", "/cg/memory/tb/n1/cgroup.procs"]
     have = {"/cg/cpu,cpuacct/tb/n1/cpu.shares"}
@@ -191,7 +241,7 @@ def _node_with_a_caller(tmp_path, send: bytes, fds: tuple[int, ...] = ()) -> tup
     path = str(tmp_path / "s")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(4)
+    listener.listen(16)
     listener.setblocking(False)
     client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     client.connect(path)
@@ -199,13 +249,24 @@ def _node_with_a_caller(tmp_path, send: bytes, fds: tuple[int, ...] = ()) -> tup
     return ff._Node({"uid": os.getuid()}, listener, -1), client
 
 
+def _accepted(node: ff._Node) -> tuple[dict, socket.socket]:
+    """The server's accept on ``node``: its waiting connections and the first of them."""
+    waiting: dict = {}
+    ff._accept(node, waiting)
+    assert waiting, "no connection taken"
+    return waiting, next(iter(waiting))
+
+
 def test_no_request_of_a_node_ends_the_server(tmp_path):
     """Deep nesting (RecursionError in the JSON parser) is refused like any bad request."""
     node, client = _node_with_a_caller(tmp_path, b"[" * 200_000)
     try:
-        assert ff._answer_shim(node, {}) == (None, None)
+        waiting, conn = _accepted(node)
+        assert ff._answer_shim(node, conn, {}) is None
         assert "error" in json.loads(client.recv(65536))
-        assert ff._answer_shim(node, {}) == (None, None)  # nobody waiting: nothing to do
+        waiting.clear()
+        ff._accept(node, waiting)  # nobody waiting: nothing to do
+        assert waiting == {}
     finally:
         client.close()
         node.listener.close()
@@ -217,13 +278,70 @@ def test_a_node_holds_a_bounded_number_of_forked_programs(tmp_path):
     node, client = _node_with_a_caller(tmp_path, request, (r, w, w))
     node.live.update(range(1, ff.MAX_LIVE_PER_NODE + 1))
     try:
-        assert ff._answer_shim(node, {}) == (None, None)
+        _, conn = _accepted(node)
+        assert ff._answer_shim(node, conn, {}) is None
         assert "forked programs already" in json.loads(client.recv(65536))["error"]
     finally:
         client.close()
         node.listener.close()
         os.close(r)
         os.close(w)
+
+
+def test_a_shim_that_sends_nothing_waits_aside_until_its_time_is_up(tmp_path):
+    """Accepting never blocks the server: a silent connection waits in ``waiting``, a bounded
+    number of them a node, and is closed at its deadline."""
+    node, quiet = _node_with_a_caller(tmp_path, b"")
+    more = []
+    try:
+        for _ in range(ff.MAX_WAITING_PER_NODE + 2):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(tmp_path / "s"))
+            more.append(c)
+        waiting: dict = {}
+        started = time.monotonic()
+        ff._accept(node, waiting)
+        assert time.monotonic() - started < ff.ACCEPT_TIMEOUT_S / 2
+        assert len(waiting) == ff.MAX_WAITING_PER_NODE
+        assert more[-1].recv(16) == b""  # one past the bound: closed at once
+        ff._expire(waiting, time.monotonic())
+        assert len(waiting) == ff.MAX_WAITING_PER_NODE  # (not yet)
+        ff._expire(waiting, time.monotonic() + ff.ACCEPT_TIMEOUT_S)
+        assert waiting == {} and quiet.recv(16) == b""
+    finally:
+        for c in [quiet, *more]:
+            c.close()
+        node.listener.close()
+
+
+def test_a_shim_that_is_killed_is_seen_by_its_connection_closing():
+    from worker.confinement import zygote
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    c, d = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    callers = {101: a, 102: c, 103: None}
+    try:
+        assert ff._hung_up(callers, zygote.poll_readable([a, c], 0)) == []
+        b.close()  # the shim of 101 is gone
+        assert ff._hung_up(callers, zygote.poll_readable([a, c], 1.0)) == [101]
+        assert callers == {101: None, 102: c, 103: None} and a.fileno() == -1
+    finally:
+        for s in (a, c, d):
+            s.close()
+
+
+def test_a_node_made_anew_takes_the_place_of_its_old_registration(tmp_path):
+    old, client = _node_with_a_caller(tmp_path, b"")
+    other = ff._Node({"uid": os.getuid() + 1}, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), -1)
+    try:
+        waiting, conn = _accepted(old)
+        nodes = {old.listener.fileno(): old, other.listener.fileno(): other}
+        assert ff._unregister(nodes, waiting, os.getuid()) == [old]
+        assert list(nodes.values()) == [other] and waiting == {} and conn.fileno() == -1
+    finally:
+        client.close()
+        old.listener.close()
+        other.listener.close()
 
 
 def _draw_in_fork(reseed: bool) -> float:

@@ -22,8 +22,11 @@ Two ways in:
   and others are a small script that imports nothing of flwr (``SHIM``). It connects to the node's
   socket ``/run/edgetb-flwr/<uid>/sock``, sends its argv, environment and working directory as JSON
   with its stdin, stdout and stderr as descriptors (``SCM_RIGHTS``), is told the child's pid, passes
-  on the signals it gets, and exits as the child did. Should the server not answer, the shim
-  runs the real program from ``PATH`` (a fresh process, as without the server).
+  on the signals it gets, and exits as the child did; should the shim itself be killed, the
+  child is too (its connection closing tells). Should the server not answer, the shim runs the
+  real program from ``PATH`` (a fresh process, as without the server). A connection waits aside
+  for its request (at most ``ACCEPT_TIMEOUT_S``, ``MAX_WAITING_PER_NODE`` of a node): one that
+  sends nothing holds no other node's programs up.
 
 Security: the directory is root's, mode 0750, group the node's gid (every node has its own), so
 only root and the node's processes reach the socket; the server also checks the caller's uid
@@ -64,6 +67,8 @@ MAX_ENV = 512
 MAX_REQUEST_BYTES = 256 * 1024
 STDIO_FDS = 3
 ACCEPT_TIMEOUT_S = 2.0  # for a shim's one message after it connected
+MAX_WAITING_PER_NODE = 8  # a node's connections whose request has not come yet (more are closed at once)
+LISTEN_BACKLOG = 64
 MAX_LIVE_PER_NODE = 32  # forked programs one node's shims may have running at once (a root fork skips pids.max)
 
 
@@ -176,24 +181,34 @@ sys.exit(main())
 '''
 
 
+def may_serve(has: tuple[str, ...], wanted: tuple[str, ...], live: int) -> bool:
+    """Whether a running fork server that preloaded ``has`` forks a program whose app wants
+    ``wanted`` preloaded: when it has it all, or while it forks ``live`` programs of a run (slower,
+    not wrong); an idle one is started anew with what is wanted."""
+    return set(wanted) <= set(has) or live > 0
+
+
 def check_owned_by_root(prefix: str) -> Optional[str]:
     """Why the environment at ``prefix`` may not be imported by root (None: it may): a file or
-    directory of it or of its interpreter's standard library that is not root's, or that others
-    than root may write."""
+    directory of it or of its interpreter's standard library, a symbolic link's target, or a
+    directory above any of them that is not root's or that others than root may write (a sticky
+    directory of root's, such as /tmp, may be: nobody else renames what root has in it)."""
     python = os.path.realpath(os.path.join(prefix, "bin", "python3"))
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     stdlib = os.path.join(os.path.dirname(os.path.dirname(python)), "lib", os.path.basename(python))
     if not os.path.isdir(stdlib):
         stdlib = os.path.join(os.path.dirname(os.path.dirname(python)), "lib", version)
-    tops = [prefix, stdlib]
+    tops = list(dict.fromkeys(os.path.realpath(p) for p in (prefix, stdlib)))
     for path in [python, *tops]:
-        try:
-            st = os.stat(path)
-        except OSError as e:
-            return f"cannot read {path}: {e.strerror}"
-        if st.st_uid != 0 or st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
-            return f"{path} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
-    for top in dict.fromkeys(tops):
+        why = _not_roots_alone(path, above=True)
+        if why:
+            return why
+    walked: set[str] = set()
+    while tops:
+        top = tops.pop()
+        if top in walked:
+            continue
+        walked.add(top)
         for base, dirs, files in os.walk(top):
             for name in dirs + files:
                 path = os.path.join(base, name)
@@ -201,10 +216,43 @@ def check_owned_by_root(prefix: str) -> Optional[str]:
                     st = os.lstat(path)
                 except OSError:
                     continue
-                if stat.S_ISLNK(st.st_mode):
-                    continue
-                if st.st_uid != 0 or st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+                if stat.S_ISLNK(st.st_mode):  # its target (and what is above it) stands in its place
+                    target = os.path.realpath(path)
+                    why = _not_roots_alone(target, above=True) if os.path.exists(target) else None
+                    if why:
+                        return f"{why} (the target of {path})"
+                    if os.path.isdir(target) and not any(_inside(target, w) for w in walked):
+                        tops.append(target)
+                elif _others_may_change(st):
                     return f"{path} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _others_may_change(st: os.stat_result) -> bool:
+    return st.st_uid != 0 or bool(st.st_mode & 0o002) or bool(st.st_mode & 0o020 and st.st_gid != 0)
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _not_roots_alone(path: str, above: bool = False) -> Optional[str]:
+    """Why ``path`` (and, ``above``, every directory up to /) is not root's alone; None when it is."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror}"
+    if _others_may_change(st):
+        return f"{path} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+    parent = os.path.dirname(os.path.realpath(path))
+    while above and parent:
+        try:
+            st = os.stat(parent)
+        except OSError as e:
+            return f"cannot read {parent}: {e.strerror}"
+        if st.st_uid != 0 or (_others_may_change(st) and not st.st_mode & stat.S_ISVTX):
+            return f"{parent}, above {path}, is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+        parent = "" if parent == "/" else os.path.dirname(parent)
     return None
 
 
@@ -234,15 +282,19 @@ class FlowerForks(zygote.Zygote):
                          preload=tuple(p for p in preload if p in FLOWER_PRELOADS), entry=__name__)
         self.prefix = prefix
         self.nodes: dict[int, str] = {}  # uid -> its directory, once its socket is served
+        self._served: dict[int, tuple[str, Optional[tuple[int, int]]]] = {}  # uid -> what it was served as
 
     def serve_node(self, request: dict[str, Any], netns_fd: Optional[int]) -> str:
         """Serve the node's shims (``request``: the node's ``uid``, ``gid``, ``cgroup_procs``,
         ``ops``, ``rlimits``, as a spawn's): its directory made, its socket handed to the server
-        with its network namespace; the shims' directory (to lead the node's ``PATH``)."""
+        with its network namespace; the shims' directory (to lead the node's ``PATH``). Once a
+        node; again when it was made anew (another request or network namespace for its uid)."""
         uid, gid = int(request["uid"]), int(request["gid"])
         where = node_dir(uid)
         bin_dir = os.path.join(where, "bin")
-        if uid in self.nodes:
+        ns = os.fstat(netns_fd) if netns_fd is not None else None
+        served = (json.dumps(request, sort_keys=True), (ns.st_dev, ns.st_ino) if ns is not None else None)
+        if self._served.get(uid) == served:
             return bin_dir
         make_node_dir(where, gid, self.python, bin_dir)
         sock_path = os.path.join(where, "sock")
@@ -253,7 +305,7 @@ class FlowerForks(zygote.Zygote):
             listener.bind(sock_path)
             os.chown(sock_path, 0, gid)
             os.chmod(sock_path, 0o660)
-            listener.listen(64)
+            listener.listen(LISTEN_BACKLOG)
             fds = [listener.fileno()] + ([netns_fd] if netns_fd is not None else [])
             answer = self._ask({**request, "op": "node", "netns": netns_fd is not None}, fds)
         finally:
@@ -261,6 +313,7 @@ class FlowerForks(zygote.Zygote):
         if "error" in answer:
             raise NodeRuntimeError(f"the Flower fork server cannot serve uid {uid}: {answer['error']}")
         self.nodes[uid] = where
+        self._served[uid] = served
         return bin_dir
 
     def _ask(self, doc: dict[str, Any], fds: list[int]) -> dict[str, Any]:
@@ -287,6 +340,7 @@ class FlowerForks(zygote.Zygote):
         for where in self.nodes.values():
             shutil.rmtree(where, ignore_errors=True)
         self.nodes.clear()
+        self._served.clear()
 
 
 def make_node_dir(where: str, gid: int, python: str, bin_dir: str) -> None:
@@ -417,12 +471,15 @@ def serve(argv: list[str]) -> None:
     zygote.send(ctl, {"ready": os.getpid()})
     nodes: dict[int, _Node] = {}  # listener fd -> node
     children: set[int] = set()
-    callers: dict[int, socket.socket] = {}  # child pid -> the shim's connection
+    callers: dict[int, Optional[socket.socket]] = {}  # child pid -> the shim's connection (None: the shim is gone)
+    waiting: dict[socket.socket, tuple[_Node, float]] = {}  # accepted shims whose request has not come -> deadline
     setups: dict[int, list[Any]] = {}
 
     while True:
         listeners = [n.listener for n in nodes.values()]
-        readable = zygote.poll_readable([ctl, wake_r, *listeners, *setups], 1.0 if setups else 5.0)
+        watched = [c for c in callers.values() if c is not None]
+        readable = zygote.poll_readable([ctl, wake_r, *listeners, *waiting, *watched, *setups],
+                                        1.0 if setups or waiting else 5.0)
         if wake_r in readable:
             zygote.drain(wake_r)
         ended = zygote.reap(children, os.waitpid)
@@ -430,20 +487,26 @@ def serve(argv: list[str]) -> None:
         for pid, code in ended:
             for node in nodes.values():
                 node.live.discard(pid)
-            caller = callers.pop(pid, None)
-            if caller is not None:
-                _tell(caller, {"exit": code})
-                caller.close()
+            if pid in callers:
+                caller = callers.pop(pid)
+                if caller is not None:
+                    _tell(caller, {"exit": code})
+                    caller.close()
             else:
                 zygote.send(ctl, {"exit": pid, "code": code})
+        for pid in _hung_up(callers, readable):
+            zygote.kill(pid)  # (its shim was killed: the program goes as the process it stood for did)
         for listener in listeners:
             if listener in readable:
-                node = nodes[listener.fileno()]
-                pid, caller = _answer_shim(node, ctx)
-                if pid is not None and caller is not None:
-                    children.add(pid)
-                    node.live.add(pid)
-                    callers[pid] = caller
+                _accept(nodes[listener.fileno()], waiting)
+        for conn in [c for c in waiting if c in readable]:
+            node, _ = waiting.pop(conn)
+            pid = _answer_shim(node, conn, ctx)
+            if pid is not None:
+                children.add(pid)
+                node.live.add(pid)
+                callers[pid] = conn
+        _expire(waiting, time.monotonic())
         if ctl not in readable:
             continue
         try:
@@ -457,10 +520,11 @@ def serve(argv: list[str]) -> None:
         if op == "node" and len(fds) == 1 + bool(msg.get("netns")):
             listener = socket.socket(fileno=fds[0])
             listener.setblocking(False)
-            old = nodes.pop(listener.fileno(), None)
+            for old in _unregister(nodes, waiting, msg.get("uid")):  # (the node made anew: its old socket goes)
+                old.listener.close()
+                if old.netns_fd >= 0:
+                    zygote.close_fd(old.netns_fd)
             nodes[listener.fileno()] = _Node(msg, listener, fds[1] if len(fds) > 1 else -1)
-            if old is not None and old.netns_fd >= 0:
-                zygote.close_fd(old.netns_fd)
             zygote.send(ctl, {"id": msg.get("id"), "ok": True})
             continue
         if op != "spawn" or len(fds) != 2 + bool(msg.get("netns")) or not msg.get("args") \
@@ -497,23 +561,69 @@ def _tell(conn: socket.socket, doc: dict[str, Any]) -> None:
         pass
 
 
-def _answer_shim(node: _Node, ctx: dict[str, Any]) -> tuple[Optional[int], Optional[socket.socket]]:
-    """One shim's request on ``node``'s socket: checked, forked; the child and the connection (to
-    tell its exit), or (None, None) when refused (the shim is told why)."""
+def _accept(node: _Node, waiting: dict[socket.socket, tuple[_Node, float]]) -> None:
+    """Take the shims' connections waiting on ``node``'s socket (at most its backlog a call): each
+    of the node's uid (or root's) waits in ``waiting`` for its one request, at most
+    ``ACCEPT_TIMEOUT_S`` and ``MAX_WAITING_PER_NODE`` of a node at once; the server never blocks on one."""
     import struct
 
-    try:
-        conn, _ = node.listener.accept()
-    except OSError:  # (none waiting, or out of descriptors: the shim waits or gives up; the server goes on)
-        return None, None
+    for _ in range(LISTEN_BACKLOG):
+        try:
+            conn, _ = node.listener.accept()
+        except OSError:  # (none waiting, or out of descriptors: the shim waits or gives up; the server goes on)
+            return
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _, peer_uid, _ = struct.unpack("3i", creds)
+        except OSError:
+            conn.close()
+            continue
+        if peer_uid not in (0, int(node.request["uid"])) \
+                or sum(1 for n, _ in waiting.values() if n is node) >= MAX_WAITING_PER_NODE:
+            conn.close()
+            continue
+        conn.setblocking(False)
+        waiting[conn] = (node, time.monotonic() + ACCEPT_TIMEOUT_S)
+
+
+def _expire(waiting: dict[socket.socket, tuple[_Node, float]], now: float) -> None:
+    """Close the connections whose request did not come in time."""
+    for conn, (_, deadline) in list(waiting.items()):
+        if now >= deadline:
+            del waiting[conn]
+            conn.close()
+
+
+def _hung_up(callers: dict[int, Optional[socket.socket]], readable: list[Any]) -> list[int]:
+    """The children whose shim is gone: its connection readable (a shim sends nothing after its
+    request, so that is its end), closed and marked None in ``callers``."""
+    gone = [pid for pid, conn in callers.items() if conn is not None and conn in readable]
+    for pid in gone:
+        conn = callers[pid]
+        if conn is not None:
+            conn.close()
+        callers[pid] = None
+    return gone
+
+
+def _unregister(nodes: dict[int, _Node], waiting: dict[socket.socket, tuple[_Node, float]],
+                uid: Any) -> list[_Node]:
+    """Drop the registrations of ``uid`` (and their waiting connections): what was dropped."""
+    dropped = [fd for fd, n in nodes.items() if n.request.get("uid") == uid]
+    old = [nodes.pop(fd) for fd in dropped]
+    for conn, (node, _) in list(waiting.items()):
+        if any(node is o for o in old):
+            del waiting[conn]
+            conn.close()
+    return old
+
+
+def _answer_shim(node: _Node, conn: socket.socket, ctx: dict[str, Any]) -> Optional[int]:
+    """The request on ``conn`` (readable: it came) of a shim of ``node``: checked, forked; the
+    child (``conn`` is kept to tell its exit), or None when refused (the shim is told why, ``conn``
+    closed)."""
     fds: list[int] = []
     try:
-        conn.settimeout(ACCEPT_TIMEOUT_S)
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _, peer_uid, _ = struct.unpack("3i", creds)
-        if peer_uid not in (0, int(node.request["uid"])):
-            conn.close()
-            return None, None
         msg, fds = _recv_request(conn)
         request = check_request(msg)
         if len(fds) != STDIO_FDS:
@@ -525,14 +635,13 @@ def _answer_shim(node: _Node, ctx: dict[str, Any]) -> tuple[Optional[int], Optio
     except Exception as e:  # noqa: BLE001 - no request of a node ends the server (RecursionError included)
         _tell(conn, {"error": getattr(e, "message", None) or str(e)})
         conn.close()
-        return None, None
+        return None
     finally:
         for passed in fds:
             zygote.close_fd(passed)
     zygote.close_fd(status_r)  # (its set-up's failure ends it, exit 125, which the shim relays)
-    conn.setblocking(True)
-    _tell(conn, {"pid": pid})
-    return pid, conn
+    _tell(conn, {"pid": pid})  # (non-blocking: a shim that reads nothing never holds the server)
+    return pid
 
 
 def _recv_request(conn: socket.socket) -> tuple[Any, list[int]]:

@@ -150,6 +150,11 @@ class Zygote:
         return self._proc is not None and self._proc.poll() is None and self._reader is not None \
             and self._reader.is_alive()
 
+    def live(self) -> int:
+        """How many of the processes it forked on request run (as far as its answers tell)."""
+        with self._lock:
+            return sum(1 for child in self._children.values() if child.returncode is None)
+
     def start(self) -> None:
         """Start the zygote and wait until it has loaded the node runtime."""
         from worker.confinement import confine, privilege

@@ -20,7 +20,7 @@ import uuid
 from typing import Any, Optional, cast
 
 from worker.api.errors import ConfigError, NodeRuntimeError, NotFound, TestbedTimeout
-from worker.api.protocol import PRELOAD_ENV
+from worker.api.protocol import FLOWER_PRELOADS, PRELOAD_ENV
 from worker.confinement import flower_forks, fsview, node_python, privilege, uids, zygote
 from worker.kernel.procs import start_ticks
 from worker.nodes.runtime import ForkableRuntime, Runtime, worker_dirs
@@ -234,11 +234,12 @@ class Processes:
 
     def _flower_forks(self, python: str, preload: tuple[str, ...] = ()) -> flower_forks.FlowerForks:
         """The running fork server of environment ``python`` (started on first use, importing
-        ``preload`` of ``FLOWER_PRELOADS`` ahead); NodeRuntimeError (saying why) when its
-        programs are to start fresh."""
+        ``preload`` of ``FLOWER_PRELOADS`` ahead; started anew, when idle, for a preload it lacks);
+        NodeRuntimeError (saying why) when its programs are to start fresh."""
+        wanted = tuple(p for p in FLOWER_PRELOADS if p in preload)
         with self._flower_lock:
             forks = self._flower.get(python)
-            if forks is not None and forks.alive:
+            if forks is not None and forks.alive and flower_forks.may_serve(forks.preload, wanted, forks.live()):
                 return forks
             if python in self._flower_refused:
                 raise NodeRuntimeError(self._flower_refused[python])
@@ -249,7 +250,7 @@ class Processes:
             if forks is not None:
                 forks.close()
             forks = flower_forks.FlowerForks(python, self.code_root,
-                                             os.path.join(self.store.logs_dir(), "flower-forks.log"), preload)
+                                             os.path.join(self.store.logs_dir(), "flower-forks.log"), wanted)
             try:
                 forks.start()
             except NodeRuntimeError as e:
