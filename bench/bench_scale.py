@@ -209,16 +209,12 @@ class BridgeNetfilter:
 
 def free_subnet() -> str:
     """A 10.1xx.0.0/16 that no interface of this host uses (the tests take 10.200 and up)."""
-    import ipaddress
+    from tests.subnets import free_subnets
 
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
-    taken = [ipaddress.IPv4Interface(w[w.index("inet") + 1]).network for w in (line.split() for line in out.splitlines())
-             if "inet" in w]
-    for octet in range(160, 200):
-        subnet = ipaddress.IPv4Network(f"10.{octet}.0.0/16")
-        if not any(subnet.overlaps(t) for t in taken):
-            return str(subnet)
-    raise SystemExit("bench: no free 10.1xx.0.0/16 subnet")
+    free = free_subnets(range(160, 200))
+    if not free:
+        raise SystemExit("bench: no free 10.1xx.0.0/16 subnet")
+    return free[0]
 
 
 # one run ---------------------------------------------------------------------------------------

@@ -73,19 +73,16 @@ def write_results(run: RunResults, problems: Problems,
     tables.write_traffic(out.write_bytes, problems, events)  # (the analysis' input)
     analysis = step("analysis", lambda: Analysis(run_dir, progress))
     try:
-        return _write_rest(run, problems, events, analysis)
+        return _write_rest(run, problems, step, events, analysis)
     finally:
         if analysis is not None:
             analysis.stop()
 
 
-def _write_rest(run: RunResults, problems: Problems, events: dict[str, list[dict[str, Any]]],
-                analysis: Optional["Analysis"]) -> dict[str, Any]:
-    """``write_results``' files beside the analysis."""
+def _write_rest(run: RunResults, problems: Problems, step: Callable[..., Any],
+                events: dict[str, list[dict[str, Any]]], analysis: Optional["Analysis"]) -> dict[str, Any]:
+    """``write_results``' files beside the analysis (``step``: its way to attempt one)."""
     out, run_dir = run.out, run.run_dir
-
-    step = functools.partial(attempt, problems, RUN)  # step(what, fn, default): a failure is a problem
-
     built = step("metrics and plots", lambda: tables.write_tables(
         run_dir, run.t_start or time.time(), run.algorithm, out.write_bytes, problems, events,
         targets_of(run.structure), traffic=False), {"algorithm": run.algorithm, "metrics": None, "traffic": None,

@@ -1,7 +1,6 @@
 """The e2e harness: a ``*_run.py`` script in a scratch experiment, driven like a user does."""
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import secrets
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 import requests
+
+from tests.subnets import free_subnets
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,14 +63,8 @@ def make_workdir(tmp: Path, structure: dict | None = None, dataset: dict | None 
 def free_subnet(seed: int) -> str:
     """One of 10.230-249.0.0/16, from ``seed`` on, that no address of this host is in (a test may
     hold two runs up at once: a subnet drawn at random collided one time in twenty)."""
-    out = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
-    taken = [ipaddress.IPv4Interface(w[w.index("inet") + 1]).network for w in map(str.split, out.splitlines())
-             if "inet" in w]
-    for i in range(20):
-        subnet = ipaddress.IPv4Network(f"10.{230 + (seed + i) % 20}.0.0/16")
-        if not any(subnet.overlaps(t) for t in taken):
-            return str(subnet)
-    return f"10.{230 + seed % 20}.0.0/16"
+    free = free_subnets(230 + (seed + i) % 20 for i in range(20))
+    return free[0] if free else f"10.{230 + seed % 20}.0.0/16"
 
 
 class Run:

@@ -8,19 +8,18 @@ testbed id is left (namespaces, links, cgroups, iptables rules).
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import random
 import secrets
 import shutil
 import string
-import subprocess
 import time
 from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
+from tests.subnets import free_subnets
 from worker.host import WorkerHost
 
 IPERF_PORT = 5201
@@ -62,23 +61,10 @@ def new_testbed_id() -> str:
     return "t" + "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(4))
 
 
-def _host_networks() -> list[ipaddress.IPv4Network]:
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
-    nets = []
-    for line in out.splitlines():
-        words = line.split()
-        if "inet" in words:
-            nets.append(ipaddress.IPv4Interface(words[words.index("inet") + 1]).network)
-    return nets
-
-
 def free_subnet() -> str:
     """A random 10.2xx.0.0/16 that no interface of this host uses, preferring one this session has not
     handed out yet (a released one is taken once every other is used)."""
-    taken = _host_networks()
-    candidates = [f"10.{octet}.0.0/16" for octet in range(200, 255)]
-    random.shuffle(candidates)
-    free = [s for s in candidates if not any(ipaddress.IPv4Network(s).overlaps(t) for t in taken)]
+    free = free_subnets(random.sample(range(200, 255), 55))
     for subnet in sorted(free, key=lambda s: s in _used_subnets):  # unused ones first, then released ones
         _used_subnets.add(subnet)
         return subnet

@@ -55,3 +55,37 @@ def test_exec_timeout_kills_the_whole_command(host):
     with pytest.raises(TestbedTimeout):
         host.exec("slow", {"version": 1, "argv": ["sh", "-c", "sleep 30 & sleep 30"], "timeout_s": 1})
     assert time.monotonic() - started < 5
+
+
+def test_a_process_weighs_its_node_while_it_runs_and_again_when_started_again(host):
+    """``EDGETB_CPU_WEIGHT`` (the SuperLink's, in Flower runs) holds while its process runs: it is
+    written again when the process is started again, and the node weighs as any once it stops."""
+    import signal
+
+    from worker.confinement.flower_forks import cpu_weight_writes
+
+    host.create_nodes(nodes_body({"name": "heavy", "cpu": 1.0}))
+    procs = host.runtime.procs_files(host.runtime.node("heavy"))
+    heavy, default = cpu_weight_writes(procs, 800), cpu_weight_writes(procs, 100)
+    assert heavy, f"no cpu.weight or cpu.shares beside {procs}"
+
+    def weights() -> list[tuple[str, str]]:
+        return [(path, open(path).read().strip()) for path, _ in heavy]
+
+    assert weights() == default
+    body = {"version": 1, "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+            "env": {"EDGETB_CPU_WEIGHT": "800"}}
+    proc = host.start_process("heavy", body)
+    assert weights() == heavy
+    os.kill(proc["pid"], signal.SIGKILL)  # as when its node was replaced: a new group, weighing 100
+    deadline = time.monotonic() + 10
+    while {p["id"]: p for p in host.processes()["processes"]}[proc["id"]]["running"]:
+        assert time.monotonic() < deadline, "the killed process still runs"
+        time.sleep(0.05)
+    for path, value in default:
+        with open(path, "w") as f:
+            f.write(value)
+    (again,) = host.restart_processes("heavy")
+    assert weights() == heavy
+    host.stop_process("heavy", again)
+    assert weights() == default

@@ -58,6 +58,25 @@ def test_ticks_folded_into_a_late_batch_each_get_a_row_with_its_time(one_node_pl
     assert [(r["planned_s"], r["skew_ms"], r["changed"]) for r in late.rows] == [(0.0, 150.0, 1), (0.1, 50.0, 2)]
 
 
+def test_a_clock_whose_tick_fails_unexpectedly_stops_with_a_row_saying_why(one_node_plan):
+    import time
+
+    from worker.shaping.schedule import LinkSchedule, ScheduleClock
+
+    class Broken(CountingSockets):
+        def run(self, msgs: list) -> list:
+            raise RuntimeError("no such thing")
+
+    links = [LinkSchedule("a", "b", (10**6, 2 * 10**6), bin_ms=100)]
+    clock = ScheduleClock(links, {"a": ("ns-a", one_node_plan)}, start=time.monotonic(), sockets=Broken())
+    clock.begin()
+    assert clock._thread is not None
+    clock._thread.join(timeout=10)
+    assert not clock._thread.is_alive()
+    assert clock.rows[-1]["outcome"] == "failed: the clock stopped: RuntimeError: no such thing", clock.rows
+    clock.stop()  # (stopping it after is harmless)
+
+
 def test_the_clock_thread_runs_real_time_and_gives_it_up_after():
     import os
     import threading

@@ -30,6 +30,7 @@ MAX_OUTPUT_BYTES = 1 << 20
 MAX_LOG_READ_BYTES = 64 * 1024  # the most one read of a process's log returns
 STOP_GRACE_S = 5.0  # from SIGTERM to SIGKILL when processes are stopped
 NODE_MODULE = "dml_app.node"
+DEFAULT_CPU_WEIGHT = 100  # a node's weight in the kernel's CPU sharing (cgroup v2's default)
 
 
 def read_log_bytes(path: str, offset: int, limit_bytes: int = MAX_LOG_READ_BYTES) -> tuple[bytes, int]:
@@ -117,6 +118,7 @@ class Processes:
         rec = self._state()["nodes"].get(node) or self.runtime.node(node)  # an unknown node gets no log file
         proc_id = uuid.uuid4().hex[:12]
         log_path = os.path.join(self.store.logs_dir(), f"{node}-{proc_id}.log")
+        asked = dict(env)  # (kept to start it again: its weight too)
         with open(log_path, "ab") as log:
             child: Any = None
             if flower_forks.CPU_WEIGHT_ENV in env:
@@ -130,7 +132,7 @@ class Processes:
                 child = self.popen(node, argv, fresh, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         with self._lock:
             self._children[proc_id] = child
-            self._envs[proc_id] = dict(env)
+            self._envs[proc_id] = asked
         record = {"id": proc_id, "node": node, "argv": argv, "pid": child.pid, "log": log_path,
                   "started": time.time(), "start_ticks": start_ticks(child.pid)}
         self.book.add(record)
@@ -219,18 +221,22 @@ class Processes:
 
     def _weigh(self, node: str, rec: dict[str, Any], env: dict[str, str], log: Any) -> dict[str, str]:
         """The node's CPU weight set from the program's ``EDGETB_CPU_WEIGHT`` (netns nodes; a line in
-        its log when it cannot be); the environment without it."""
+        its log when it cannot be) while it runs; the environment without it."""
         try:
-            if self.runtime.kind != "netns":
-                raise ConfigError(f"{self.runtime.kind} nodes are not weighed")
-            procs = cast(ForkableRuntime, self.runtime).procs_files(rec)
-            for path, value in flower_forks.cpu_weight_writes(procs, int(env[flower_forks.CPU_WEIGHT_ENV])):
-                with open(path, "w") as f:
-                    f.write(value)
+            self._set_weight(rec, int(env[flower_forks.CPU_WEIGHT_ENV]))
         except (ValueError, ConfigError, OSError) as e:
             log.write(f"edgetb: the node's CPU weight is not set: {e}\n".encode())
             log.flush()
         return {k: v for k, v in env.items() if k != flower_forks.CPU_WEIGHT_ENV}
+
+    def _set_weight(self, rec: dict[str, Any], weight: int) -> None:
+        """Write the node's CPU weight (``flower_forks.cpu_weight_writes``; netns nodes only)."""
+        if self.runtime.kind != "netns":
+            raise ConfigError(f"{self.runtime.kind} nodes are not weighed")
+        procs = cast(ForkableRuntime, self.runtime).procs_files(rec)
+        for path, value in flower_forks.cpu_weight_writes(procs, weight):
+            with open(path, "w") as f:
+                f.write(value)
 
     def _flower_forks(self, python: str, preload: tuple[str, ...] = ()) -> flower_forks.FlowerForks:
         """The running fork server of environment ``python`` (started on first use, importing
@@ -332,6 +338,11 @@ class Processes:
                 pass
         child = self._children.pop(proc_id, None)
         code = child.wait(timeout=timeout_s) if child else None
+        if flower_forks.CPU_WEIGHT_ENV in self._envs.pop(proc_id, {}):  # the node weighs as any again
+            try:
+                self._set_weight(self._state()["nodes"].get(node) or self.runtime.node(node), DEFAULT_CPU_WEIGHT)
+            except (ConfigError, NotFound, OSError):
+                pass
         rest: dict[str, Any] = {}
         if log_offset is not None:
             data, _ = read_log_bytes(rec["log"], log_offset)

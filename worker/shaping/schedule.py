@@ -274,7 +274,20 @@ class ScheduleClock:
     def run(self) -> None:
         """Tick until ``stop`` at ``start + k * tick_s`` (an absolute grid: a late tick does not
         shift the next), as a real-time thread (``realtime``); woken late, the latest bins due
-        are applied and every tick passed meanwhile is a row of its own (``due_ticks``)."""
+        are applied and every tick passed meanwhile is a row of its own (``due_ticks``). Should a
+        tick fail past what it handles, the clock stops with a row and a log line that say why
+        (the links keep the bins the kernel holds)."""
+        try:
+            self._run()
+        except Exception as e:  # noqa: BLE001 - a thread's end is otherwise seen by nobody
+            log.exception("trace clock: stopped ticking")
+            now_s = round(self.clock() - self.start, 4)
+            with self._lock:
+                self.rows.append({"planned_s": now_s, "applied_s": now_s, "skew_ms": 0.0,
+                                  "links": len(self.links) - len(self.ended), "changed": 0,
+                                  "outcome": f"failed: the clock stopped: {type(e).__name__}: {e}"})
+
+    def _run(self) -> None:
         with realtime() as self.policy:
             elapsed_s = self.clock() - self.start  # a start passed a little: its ticks are late, not skipped
             k = 0 if elapsed_s < JOIN_LATE_S else int(elapsed_s / self.tick_s)
