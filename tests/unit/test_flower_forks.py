@@ -64,27 +64,43 @@ def test_an_environment_that_others_may_write_is_not_imported_by_root(tmp_path):
 
 
 def _root_venv(where) -> str:
+    """A virtual environment of root's under ``where`` (its interpreter: this one's)."""
     prefix = where / "venv"
     (prefix / "bin").mkdir(parents=True)
     os.symlink(os.path.realpath(sys.executable), prefix / "bin" / "python3")
-    (prefix / "lib").mkdir()
-    (prefix / "lib" / "mod.py").write_text("")
+    (prefix / "pyvenv.cfg").write_text(f"home = {os.path.dirname(os.path.realpath(sys.executable))}\n"
+                                       "include-system-site-packages = false\n")
+    site = prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "mod.py").write_text("")
     return str(prefix)
 
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="files of root's are made by root")
 
 
-@AS_ROOT
-def test_an_environment_of_root_s_alone_may_be_imported_by_root(tmp_path):
-    os.chmod(tmp_path, 0o1777)  # (a sticky directory of root's, as /tmp: others rename nothing of root's there)
-    assert ff.check_owned_by_root(_root_venv(tmp_path)) is None
+@pytest.fixture
+def open_tmp():
+    """A directory of root's that anybody may read (nobody is asked where the interpreter imports from)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    where = tempfile.mkdtemp(prefix="edgetb-forks-")
+    os.chmod(where, 0o755)
+    yield Path(where)
+    shutil.rmtree(where, ignore_errors=True)
 
 
 @AS_ROOT
-def test_a_symbolic_link_to_what_others_may_write_is_refused(tmp_path):
-    prefix = _root_venv(tmp_path)
-    elsewhere = tmp_path / "elsewhere"
+def test_an_environment_of_root_s_alone_may_be_imported_by_root(open_tmp):
+    assert ff.check_owned_by_root(_root_venv(open_tmp)) is None
+
+
+@AS_ROOT
+def test_a_symbolic_link_to_what_others_may_write_is_refused(open_tmp):
+    prefix = _root_venv(open_tmp)
+    elsewhere = open_tmp / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "pkg.py").write_text("")
     os.chmod(elsewhere / "pkg.py", 0o666)
@@ -95,16 +111,43 @@ def test_a_symbolic_link_to_what_others_may_write_is_refused(tmp_path):
     os.chmod(elsewhere, 0o777)
     why = ff.check_owned_by_root(prefix)
     assert why is not None and f"{elsewhere} is not root's alone" in why and "the target of" in why, why
+    os.chmod(elsewhere, 0o755)
+    os.symlink(elsewhere / "not-yet", os.path.join(prefix, "lib", "later"))  # (who may make it: root alone)
+    assert ff.check_owned_by_root(prefix) is None
+    os.chmod(elsewhere, 0o777)
+    os.unlink(os.path.join(prefix, "lib", "pkg"))
+    why = ff.check_owned_by_root(prefix)
+    assert why is not None and "the target of" in why and "later" in why, why
 
 
 @AS_ROOT
-def test_an_environment_under_a_directory_others_may_write_is_refused(tmp_path):
-    loose = tmp_path / "loose"
+def test_a_directory_a_pth_file_adds_is_checked_as_the_environment(open_tmp):
+    prefix = _root_venv(open_tmp)
+    added = open_tmp / "added"
+    added.mkdir()
+    os.chmod(added, 0o777)  # (where anybody could put a sitecustomize.py that root would run)
+    site = os.path.join(prefix, "lib", f"python{sys.version_info.major}.{sys.version_info.minor}", "site-packages")
+    with open(os.path.join(site, "extra.pth"), "w") as f:
+        f.write(f"{added}\n")
+    assert str(added) in ff.import_path(os.path.join(prefix, "bin", "python3"))
+    why = ff.check_owned_by_root(prefix)
+    assert why is not None and f"{added} is not root's alone" in why, why
+
+
+@AS_ROOT
+def test_an_environment_under_a_directory_others_may_write_is_refused(open_tmp):
+    loose = open_tmp / "loose"
     loose.mkdir()
     os.chmod(loose, 0o777)  # (not sticky: anybody may rename the environment and put another there)
     prefix = _root_venv(loose)
     why = ff.check_owned_by_root(prefix)
     assert why is not None and f"{loose}, above" in why, why
+
+
+@AS_ROOT
+def test_an_environment_in_a_sticky_directory_of_root_s_may_be_imported(open_tmp):
+    os.chmod(open_tmp, 0o1777)  # (as /tmp: others rename nothing of root's there)
+    assert ff.check_owned_by_root(_root_venv(open_tmp)) is None
 
 
 def test_a_running_fork_server_serves_what_it_preloaded_and_what_a_run_still_uses():
@@ -126,11 +169,11 @@ def test_a_node_s_cpu_weight_is_written_to_its_cpu_groups_on_either_cgroup_versi
 
 
 # the shim, run for real against a server of the test's --------------------------------------------
-def shim(tmp_path, sock_path: str) -> str:
+def shim(tmp_path, sock_path: str, answer_s: float = ff.SHIM_ANSWER_S) -> str:
     bin_dir = tmp_path / "shims"
     bin_dir.mkdir()
     path = bin_dir / "flwr-clientapp"
-    path.write_text(ff.shim_text(os.path.realpath(sys.executable), sock_path, str(bin_dir)))
+    path.write_text(ff.shim_text(os.path.realpath(sys.executable), sock_path, str(bin_dir), answer_s))
     os.chmod(path, 0o755)
     return str(path)
 
@@ -219,6 +262,27 @@ def test_without_a_server_the_shim_runs_the_real_program_from_path(tmp_path):
     assert "flwr-clientapp starts as a fresh process: no fork server" in done.stderr
 
 
+def test_a_server_that_does_not_answer_makes_the_shim_run_the_real_program(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "flwr-clientapp").write_text("#!/bin/sh\necho fresh\n")
+    os.chmod(real / "flwr-clientapp", 0o755)
+    sock_path = str(tmp_path / "sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(sock_path)
+    listener.listen(4)  # (and never accepts: a server stuck or out of descriptors)
+    try:
+        program = shim(tmp_path, sock_path, answer_s=1.0)
+        env = {"PATH": f"{os.path.dirname(program)}:{real}:/usr/bin:/bin"}
+        with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:  # (not pipes: the request
+            done = subprocess.run(["flwr-clientapp"], stdout=out, stderr=err, timeout=30, env=env)  # holds its ends)
+    finally:
+        listener.close()
+    said = (tmp_path / "err").read_text()
+    assert done.returncode == 0 and (tmp_path / "out").read_text() == "fresh\n", said
+    assert "starts as a fresh process: no fork server (timed out)" in said
+
+
 def test_a_refusal_makes_the_shim_run_the_real_program(tmp_path):
     listener, path = listening(tmp_path)
     real = tmp_path / "real"
@@ -270,6 +334,36 @@ def test_no_request_of_a_node_ends_the_server(tmp_path):
     finally:
         client.close()
         node.listener.close()
+
+
+def test_the_descriptors_of_a_malformed_request_are_closed(tmp_path):
+    r, w = os.pipe()
+    node, client = _node_with_a_caller(tmp_path, b"{not json", (r, w, w))
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        _, conn = _accepted(node)
+        assert ff._answer_shim(node, conn, {}) is None
+        assert "error" in json.loads(client.recv(65536))
+        assert len(os.listdir("/proc/self/fd")) == before  # (the three that came with it, closed: conn too)
+    finally:
+        client.close()
+        node.listener.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_a_socket_passed_with_a_request_closes_without_lingering():
+    import struct
+
+    a, b = socket.socketpair()
+    try:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 30))
+        ff._unlinger(a.fileno())
+        assert struct.unpack("ii", a.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, 8))[0] == 0
+        assert a.fileno() >= 0  # (still the caller's)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_node_holds_a_bounded_number_of_forked_programs(tmp_path):

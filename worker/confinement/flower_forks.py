@@ -39,6 +39,7 @@ may write to it (``check_owned_by_root``); else, and when flwr's layout is not t
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -67,9 +68,33 @@ MAX_ENV = 512
 MAX_REQUEST_BYTES = 256 * 1024
 STDIO_FDS = 3
 ACCEPT_TIMEOUT_S = 2.0  # for a shim's one message after it connected
+SHIM_ANSWER_S = 30.0  # a shim waits this long for the server's answer, then runs the program fresh
 MAX_WAITING_PER_NODE = 8  # a node's connections whose request has not come yet (more are closed at once)
 LISTEN_BACKLOG = 64
 MAX_LIVE_PER_NODE = 32  # forked programs one node's shims may have running at once (a root fork skips pids.max)
+MAX_SERVER_FILES = 1 << 16  # the server's open files at most (a forked child closes every one below it)
+NOBODY = 65534  # who asks the environment's interpreter where it imports from
+# the places an interpreter imports from: its sys.path, and where its finders (an editable
+# install's among them) place each top-level name its installed distributions declare (found, not imported)
+PATH_PROBE = """
+import importlib.metadata as md, importlib.util as iu, json, sys
+places = list(sys.path)
+for dist in md.distributions():
+    names = set((dist.read_text("top_level.txt") or "").split())
+    for f in dist.files or ():
+        top = f.parts[0] if f.parts else ""
+        names.add(top[:-3] if top.endswith(".py") else top)
+    for name in sorted(n for n in names if n.isidentifier()):
+        try:
+            spec = iu.find_spec(name)
+        except Exception:
+            continue
+        if spec is not None and spec.origin not in (None, "built-in", "frozen"):
+            places.append(spec.origin)
+        places.extend(spec.submodule_search_locations or () if spec is not None else ())
+print(json.dumps(places))
+"""
+PROBE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -125,17 +150,19 @@ def node_dir(uid: int) -> str:
     return os.path.join(RUN_DIR, str(int(uid)))
 
 
-def shim_text(python: str, sock_path: str, bin_dir: str) -> str:
+def shim_text(python: str, sock_path: str, bin_dir: str, answer_s: float = SHIM_ANSWER_S) -> str:
     """The shim script for a node (``SHIM``): run by ``python`` (``-I -S``: no site, nothing of
-    flwr imported), asking ``sock_path``'s server; ``bin_dir`` is its own directory (left out of
-    ``PATH`` when it falls back to the real program)."""
-    return f"#!{python} -IS\n" + SHIM.replace("@SOCK@", repr(sock_path)).replace("@BIN@", repr(bin_dir))
+    flwr imported), asking ``sock_path``'s server (for ``answer_s`` at most); ``bin_dir`` is its
+    own directory (left out of ``PATH`` when it falls back to the real program)."""
+    return f"#!{python} -IS\n" + SHIM.replace("@SOCK@", repr(sock_path)).replace("@BIN@", repr(bin_dir)) \
+        .replace("@ANSWER_S@", repr(float(answer_s)))
 
 
 SHIM = '''"""Flower's program asked of edgetb's Flower fork server (worker/confinement/flower_forks.py)."""
 import array, json, os, signal, socket, sys
 
 SOCK, BIN = @SOCK@, @BIN@
+ANSWER_S = @ANSWER_S@  # for the server's answer; then the program starts fresh (a late fork dies with the hang-up)
 NAME = os.path.basename(sys.argv[0])
 
 
@@ -152,6 +179,7 @@ def main():
     doc = {"argv": [NAME] + sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.settimeout(ANSWER_S)
         s.connect(SOCK)
         s.sendmsg([json.dumps(doc).encode()],
                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
@@ -161,6 +189,7 @@ def main():
     if not isinstance(answer.get("pid"), int):
         return fresh(answer.get("error") or "the fork server did not fork it")
     pid = answer["pid"]
+    s.settimeout(None)
 
     def relay(signum, frame):
         try:
@@ -188,25 +217,54 @@ def may_serve(has: tuple[str, ...], wanted: tuple[str, ...], live: int) -> bool:
     return set(wanted) <= set(has) or live > 0
 
 
-def check_owned_by_root(prefix: str) -> Optional[str]:
-    """Why the environment at ``prefix`` may not be imported by root (None: it may): a file or
-    directory of it or of its interpreter's standard library, a symbolic link's target, or a
-    directory above any of them that is not root's or that others than root may write (a sticky
-    directory of root's, such as /tmp, may be: nobody else renames what root has in it)."""
-    python = os.path.realpath(os.path.join(prefix, "bin", "python3"))
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    stdlib = os.path.join(os.path.dirname(os.path.dirname(python)), "lib", os.path.basename(python))
-    if not os.path.isdir(stdlib):
-        stdlib = os.path.join(os.path.dirname(os.path.dirname(python)), "lib", version)
-    tops = list(dict.fromkeys(os.path.realpath(p) for p in (prefix, stdlib)))
-    for path in [python, *tops]:
+def import_path(python: str, run: Any = None) -> list[str]:
+    """Where the interpreter ``python`` imports from as the fork server starts it (``-I``, with
+    its site's ``.pth`` files; ``PATH_PROBE``): directories and files, asked of it as nobody
+    (root runs nothing of the environment before it is checked). ConfigError when it does not answer."""
+    import subprocess
+
+    as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+    try:
+        done = (run or subprocess.run)([python, "-I", "-c", PATH_PROBE], env={}, cwd="/", capture_output=True,
+                                       text=True, timeout=PROBE_TIMEOUT_S, **as_nobody)
+        paths = json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        raise ConfigError(f"{python} cannot be asked where it imports from: {e}") from None
+    if not isinstance(paths, list):
+        last = (done.stderr or "").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        raise ConfigError(f"{python} cannot be asked where it imports from: {last[0][:200]}")
+    return [p for p in paths if isinstance(p, str) and os.path.isabs(p)]
+
+
+def check_owned_by_root(prefix: str, run: Any = None) -> Optional[str]:
+    """Why the environment at ``prefix`` may not be imported by root (None: it may): its
+    interpreter, a file or directory of it or of any place its interpreter imports from
+    (``import_path``: the standard library, what ``.pth`` files add), a symbolic link's target,
+    or a directory above any of them that is not root's or that others than root may write (a
+    sticky directory of root's, such as /tmp, may be: nobody else renames what root has in it)."""
+    python = os.path.join(prefix, "bin", "python3")
+    walked: set[str] = set()
+    why = _not_roots_alone(os.path.realpath(python), above=True) or _walk([os.path.realpath(prefix)], walked)
+    if why:
+        return why
+    try:
+        paths = import_path(python, run)  # (the environment's own files checked: now it may be asked)
+    except ConfigError as e:
+        return e.message
+    return _walk(list(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.exists(p))), walked)
+
+
+def _walk(places: list[str], walked: set[str]) -> Optional[str]:
+    """Why one of ``places`` (files or directories), what is above it, or what is in it (links
+    followed) is not root's alone; None when all are. ``walked``: the directories done."""
+    for path in places:
         why = _not_roots_alone(path, above=True)
         if why:
             return why
-    walked: set[str] = set()
+    tops = [p for p in places if os.path.isdir(p)]
     while tops:
         top = tops.pop()
-        if top in walked:
+        if any(_inside(top, w) for w in walked):
             continue
         walked.add(top)
         for base, dirs, files in os.walk(top):
@@ -218,14 +276,21 @@ def check_owned_by_root(prefix: str) -> Optional[str]:
                     continue
                 if stat.S_ISLNK(st.st_mode):  # its target (and what is above it) stands in its place
                     target = os.path.realpath(path)
-                    why = _not_roots_alone(target, above=True) if os.path.exists(target) else None
+                    why = _not_roots_alone(target if os.path.exists(target) else _existing_above(target), above=True)
                     if why:
                         return f"{why} (the target of {path})"
-                    if os.path.isdir(target) and not any(_inside(target, w) for w in walked):
+                    if os.path.isdir(target):
                         tops.append(target)
                 elif _others_may_change(st):
                     return f"{path} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
     return None
+
+
+def _existing_above(path: str) -> str:
+    """The nearest directory above ``path`` that exists (who may write it may make ``path``)."""
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
 
 
 def _others_may_change(st: os.stat_result) -> bool:
@@ -456,6 +521,7 @@ def serve(argv: list[str]) -> None:
     if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
         print("edgetb flower forks: threads after the imports, 1 expected", file=sys.stderr, flush=True)
         os._exit(1)
+    _more_descriptors()
     ctl = socket.socket(fileno=fd)
     ctx = {"confinement": privilege.Confinement.here(), "pid": os.getpid(), "functions": functions,
            "path": base_path}
@@ -554,6 +620,20 @@ def serve(argv: list[str]) -> None:
             zygote.send(ctl, {"id": msg["id"], "pid": pid})
 
 
+def _more_descriptors() -> None:
+    """The server's soft limit of open files raised towards ``MAX_SERVER_FILES`` (each node it
+    serves holds a socket, a namespace and its shims' connections; a child closes all below it)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_SERVER_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_SERVER_FILES)
+    if soft == resource.RLIM_INFINITY or soft > MAX_SERVER_FILES or soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            pass
+
+
 def _tell(conn: socket.socket, doc: dict[str, Any]) -> None:
     try:
         conn.send(json.dumps(doc).encode())
@@ -570,7 +650,9 @@ def _accept(node: _Node, waiting: dict[socket.socket, tuple[_Node, float]]) -> N
     for _ in range(LISTEN_BACKLOG):
         try:
             conn, _ = node.listener.accept()
-        except OSError:  # (none waiting, or out of descriptors: the shim waits or gives up; the server goes on)
+        except OSError as e:  # (none waiting, or out of descriptors: the shim waits or gives up; the server goes on)
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                time.sleep(0.05)  # (the socket stays readable: no spinning meanwhile)
             return
         try:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -652,11 +734,32 @@ def _recv_request(conn: socket.socket) -> tuple[Any, list[int]]:
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+    try:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise ConfigError("a fork request too large")
+        for fd in fds:
+            _unlinger(fd)
+        return json.loads(data), list(fds)
+    except BaseException:  # (RecursionError and ValueError of the parser too: what came with it is closed)
         for fd in fds:
             zygote.close_fd(fd)
-        raise ConfigError("a fork request too large")
-    return json.loads(data), list(fds)
+        raise
+
+
+def _unlinger(fd: int) -> None:
+    """A socket among a request's descriptors closes at once (no ``SO_LINGER`` wait, which would
+    hold the server up when it closes its copy)."""
+    import struct
+
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
+            finally:
+                sock.detach()
+    except OSError:
+        pass
 
 
 def _fork(request: dict[str, Any], stdio: list[int], env: dict[str, str], cwd: str, netns_fd: int,
@@ -691,14 +794,14 @@ def _child(request: dict[str, Any], stdio: list[int], env: dict[str, str], cwd: 
         os.dup2(stdin, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        os.environ.clear()
-        os.environ.update(env)
         cgroup_fds = cgroups.join_fds(request["cgroup_procs"])
         ops = [fsview.Op(kind, path, bool(writable)) for kind, path, writable in request["ops"]]
         rlimits = [(int(r), int(soft), int(hard)) for r, soft, hard in request["rlimits"]]
         privilege.become_node(uids.Identity(int(request["uid"]), int(request["gid"])), ops, rlimits,
                               ctx["confinement"], ctx["pid"], cgroup_fds, netns_fd if netns_fd >= 0 else None,
                               keep_fds=(status_w,))
+        os.environ.clear()  # (the request's environment, once the child is the node's)
+        os.environ.update(env)
         try:
             os.chdir(cwd)
         except OSError:

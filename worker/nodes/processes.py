@@ -162,11 +162,7 @@ class Processes:
                 preload = tuple(sorted(set(asked) | set(self._zygote.preload if self._zygote else ())))
                 if self._zygote is not None:
                     self._zygote.close()
-                hashes = self._state().get("code_manifest")
-                if hashes is not None and os.path.realpath(self.code_root) == os.path.realpath(self.workdir):
-                    from worker import sync
-
-                    sync.verify_code(self.code_root, hashes)  # the zygote imports it as root
+                self._verify_code()  # the zygote imports it as root
                 self._zygote = zygote.Zygote(self.code_root, os.path.join(self.store.logs_dir(), "zygote.log"),
                                              preload=preload)
                 self._zygote.start()
@@ -183,6 +179,15 @@ class Processes:
         finally:
             if netns_fd is not None:
                 os.close(netns_fd)
+
+    def _verify_code(self) -> None:
+        """The code root synced from the controller, checked against its manifest before root
+        imports it (``worker.sync.verify_code``; a code root of this host's own is not synced)."""
+        hashes = self._state().get("code_manifest")
+        if hashes is not None and os.path.realpath(self.code_root) == os.path.realpath(self.workdir):
+            from worker import sync
+
+            sync.verify_code(self.code_root, hashes)
 
     def _fork_flower(self, node: str, rec: dict[str, Any], argv: list[str], env: dict[str, str],
                      log: Any) -> Optional[zygote.ZygoteProcess]:
@@ -255,6 +260,7 @@ class Processes:
                 raise NodeRuntimeError(self._flower_refused[python])
             if forks is not None:
                 forks.close()
+            self._verify_code()  # the fork server imports it as root too
             forks = flower_forks.FlowerForks(python, self.code_root,
                                              os.path.join(self.store.logs_dir(), "flower-forks.log"), wanted)
             try:
