@@ -87,6 +87,7 @@ class WorkerHost:
         self.captures = Captures(self.store)
         self.links = Links(self.store, self.runtime)
         self.schedule = HostSchedule(self.store)  # a trace's bins ticked by this host's clock
+        self.links.ticked = self.schedule.ticked  # (their rates are a bin's, not the plan's)
         self.procs = Processes(self.store, self.runtime, workdir=self.workdir, code_root=code_root)
         self.telemetry = Telemetry(self.store, self.runtime)
         from worker.faults import Faults

@@ -173,7 +173,7 @@ class _Host:
         self.first_layout: Optional[int] = None
         self.layouts: dict[int, dict[str, Any]] = {}
         self.layout_seen: Optional[int] = None  # the layout of the last sample taken
-        self.rate_links: set[tuple[str, str]] = set()  # the links its last layout carried
+        self.rate_links: dict[tuple[str, str], Any] = {}  # the links its last layout carried, their rates
         self.lost = 0
         self.last: dict[str, Any] = {}
         self.problem = ""
@@ -327,16 +327,19 @@ class Collector:
         return len(link_rows) + len(node_rows) + 1
 
     def _rates_changed(self, host: _Host, layout: dict[str, Any], time_s: float) -> None:
-        """A new layout: each link's configured rate it carries, and each link it no longer has
-        (no rate from now), go into the run's rates (written as ``telemetry/rates.csv.gz``)."""
+        """A new layout: each link's configured rate it carries anew (a new link, or another rate
+        than the host's layout before: a trace's bins, told by the replay, are not undone by a
+        layout that carries a plan's rate again), and each link it no longer has (no rate from
+        now), go into the run's rates (written as ``telemetry/rates.csv.gz``)."""
         if "rates_bps" not in layout:
             return
         now = {(str(src), str(dst)): rate for (src, dst), rate in zip(layout["links"], layout["rates_bps"])}
         for key, rate in sorted(now.items()):
-            self.rates.set(key, rate, time_s)
-        for key in sorted(host.rate_links - now.keys()):
+            if key not in host.rate_links or host.rate_links[key] != rate:
+                self.rates.set(key, rate, time_s)
+        for key in sorted(host.rate_links.keys() - now.keys()):
             self.rates.set(key, None, time_s)
-        host.rate_links = set(now)
+        host.rate_links = now
 
     @staticmethod
     def _latest(table: dict[Any, dict[str, Any]], key: Any, time_s: float, cum: list[Optional[int]],

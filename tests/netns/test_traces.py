@@ -180,6 +180,26 @@ def test_a_run_hands_its_traces_to_the_hosts_clock_and_a_constant_rate_ends_one(
     assert host.schedule_stop()["running"] is False  # (as after an agent restart: no clock)
 
 
+def test_a_constant_rate_on_one_of_a_node_s_traced_links_leaves_the_other_ticking(three):
+    """b's two links are traced; a live change of b->c ends its trace there and verifies b's
+    shaping with b->a at its current bin (not its plan's first rate): nothing is removed."""
+    host, ips = three
+    replayer = TraceReplay(host, progress=lambda _: None)
+    replayer.add([TracedLink("b", "c", replay([2, 6] * 20)), TracedLink("b", "a", replay([1, 5] * 20))])
+    try:
+        replayer.start()
+        time.sleep(0.35)  # (b->a at a bin other than its first: the plan's rate is 1 Mbit/s)
+        assert replayer.end([("b", "c")]) == [("b", "c")]
+        host.set_links(links(("b", "c", ips["c"], 3 * 10**6)), merge=True)
+        assert kernel_rate_bps(host, "b", "c") == 3 * 10**6  # (verified: kernel_rate_bps asserts it)
+        assert host.schedule.ticked("b") == frozenset({"a"})
+        time.sleep(0.3)
+        assert kernel_rate_bps(host, "b", "a") in (10**6, 5 * 10**6)  # still shaped, still ticked
+    finally:
+        replayer.stop()
+    assert all(r["outcome"] == "applied" for r in replayer.rows), [r for r in replayer.rows if r["outcome"] != "applied"]
+
+
 def test_a_schedule_is_refused_whole_before_anything_runs(three):
     from worker.api.errors import ConfigError
 

@@ -206,6 +206,27 @@ def test_a_rate_the_run_recorded_before_the_pull_is_one_row_at_its_time(tmp_path
         (0.0, "a", "b", "8000"), (0.0, "b", "a", "9000"), (0.15, "a", "b", "4000"), (0.2, "b", "a", "")]
 
 
+def test_a_layout_that_carries_a_plan_s_rate_again_does_not_undo_a_trace_s_bin(tmp_path):
+    """The worker's layout changes (a node's state was written) while a trace ticks b->a: its
+    plan's rate (the first bin's) is not a change; the replay's bins stay the rates."""
+    import time
+    samples = _samples(time.monotonic())
+    for sample in samples[2:]:
+        sample.update(layout=2)
+    layout = {"links": [["a", "b"], ["b", "a"]], "nodes": ["a", "b"], "rates_bps": [8000, 9000]}
+    worker = ReplayWorker(samples, layouts={"1": layout, "2": dict(layout)})
+    rates = LinkRates({("a", "b"): 8000, ("b", "a"): 9000})
+    col = Collector(worker, TelemetryConf(), RunDir(str(tmp_path / "run")), rates)
+    col.start()
+    col.mark_start(samples[0]["t"])
+    rates.set(("b", "a"), 2000, 0.1)  # a bin of b->a's trace, told by the replay
+    col.pull()
+    col.finish()
+    rows = [r.split(",") for r in _csv(tmp_path / "run" / "telemetry" / "rates.csv.gz")]
+    assert [(round(float(t), 2), s, d, r) for t, s, d, r in rows[1:]] == [
+        (0.0, "a", "b", "8000"), (0.0, "b", "a", "9000"), (0.1, "b", "a", "2000")]
+
+
 def test_collector_writes_the_three_csv_files(tmp_path):
     import time
     skew = 1000.0

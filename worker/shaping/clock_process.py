@@ -172,7 +172,11 @@ class ClockProcess:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trace clock %(levelname)s %(message)s")
-    return serve(sys.stdin, sys.stdout)
+    try:
+        return serve(sys.stdin, sys.stdout)
+    except BrokenPipeError:  # the agent ended before it read an answer: as at the end of stdin
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)
+        return 0
 
 
 if __name__ == "__main__":

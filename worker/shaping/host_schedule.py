@@ -94,6 +94,13 @@ class HostSchedule:
         return {"links": len(links), "tick_s": answer["tick_s"], "starts_in_s": round(start - time.monotonic(), 4),
                 **({"replaced": previous["links"]} if previous else {})}
 
+    def ticked(self, src: str) -> frozenset[str]:
+        """The destinations of ``src``'s links the running clock ticks (none: no clock)."""
+        clock = self.clock
+        if clock is None:
+            return frozenset()
+        return frozenset(l.dst for l in clock.links if l.src == src and (l.src, l.dst) not in clock.ended)
+
     def end_node(self, node: str) -> None:
         """No longer tick the links from or to ``node`` (its links were cleared); the others go on."""
         with self._lock:

@@ -34,6 +34,8 @@ class Links:
         self.store = store
         self.runtime = runtime
         self.rate_sockets = RateSockets()  # kept open between the rate changes of a replay
+        # a node's links whose rate a trace clock ticks (their rates in the kernel are a bin's)
+        self.ticked: Callable[[str], frozenset[str]] = lambda src: frozenset()
 
     def set_links(self, body: dict[str, Any], merge: bool = False) -> dict[str, Any]:
         """Shape the listed links. Each source's listed links replace its plan, or with
@@ -119,7 +121,7 @@ class Links:
                 lines = None
             else:
                 lines = tc_apply.update(netns, previous, plan)
-            tc_apply.verify(netns, plan)
+            tc_apply.verify(netns, plan, self.ticked(src))
         except TestbedError:
             tc_apply.clear(netns, plan.ifname)
             raise
@@ -183,7 +185,7 @@ class Links:
         plan_data = self.store.read()["plans"].get(node)
         seen = tc_apply.read_back(rec["netns"], ifname(rec))
         plan = Plan.from_dict(plan_data) if plan_data else None
-        problems = tc_apply.mismatches(plan, seen) if plan else []
+        problems = tc_apply.mismatches(plan, seen, self.ticked(node)) if plan else []
         return {"node": node, "plan": plan_data, "kernel": seen.to_dict(), "tc": render(plan) if plan else [],
                 "mismatches": problems, "verified": bool(plan) and not problems}
 
