@@ -41,10 +41,12 @@ def _say(message: str) -> None:
 def _parser(algorithm: str, structure_default: str, dataset_default: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=f"{algorithm} learning on emulated nodes of this host")
     p.add_argument("--workdir", default=os.getcwd(), help="experiment directory (default: the current one)")
-    p.add_argument("--links", default="links.json")
+    p.add_argument("--links", default="links.json", help="links file, in the experiment directory (default links.json)")
     p.add_argument("--nodes", help="nodes file with cpu/mem limits (default: every node in links.json)")
-    p.add_argument("-s", "--structure", default=structure_default)
-    p.add_argument("-d", "--dataset", default=dataset_default)
+    p.add_argument("-s", "--structure", default=structure_default,
+                   help=f"structure file, in the experiment directory (default {structure_default})")
+    p.add_argument("-d", "--dataset", default=dataset_default,
+                   help=f"dataset file, in the experiment directory (default {dataset_default})")
     p.add_argument("--port", type=int, default=3333, help="controller port (default 3333)")
     p.add_argument("--admin-token-file", metavar="FILE",
                    help="the controller's admin token (mode 0600): with it, any local caller may change the "
@@ -54,7 +56,8 @@ def _parser(algorithm: str, structure_default: str, dataset_default: str) -> arg
                    help="also serve the controller on this address of the host (repeatable; by default "
                         "only on 127.0.0.1 and the address nodes reach it by)")
     p.add_argument("--id", default=os.environ.get("EDGETB_ID", "0"), help="testbed id (default 0)")
-    p.add_argument("--subnet", default=os.environ.get("EDGETB_SUBNET", DEFAULT_SUBNET))
+    p.add_argument("--subnet", default=os.environ.get("EDGETB_SUBNET", DEFAULT_SUBNET),
+                   help=f"the nodes' address space, one /16 per testbed (default {DEFAULT_SUBNET})")
     p.add_argument("--runtime", choices=("netns", "docker"), default="netns",
                    help="single host: what a node is, a network namespace or a Docker container (default netns)")
     p.add_argument("--hosts", help="hosts file: run on several worker hosts (see controller/model/hosts.py)")

@@ -33,6 +33,7 @@ SUPERLINK_READY_S = 120.0  # for the SuperLink to serve; then for every SuperNod
 REGISTER_S = 5.0  # (each SuperNode loads flwr: about 3 s of CPU, 50 SuperNodes on 2 cores take minutes)
 STALL_S = 90.0  # past that wait, it goes on while a SuperNode registered within this time
 POLL_S = 0.25
+LAST_LINES = 8  # of the run's log, said when it failed
 FLEET_UP = "Starting the SuperLink Fleet HTTP API"
 NODE_UP = "Activated node_id"
 READ_LOG_PIECES = ("import json, sqlite3, sys\n"  # run in the SuperLink's node, as the node: its database's log pieces
@@ -312,13 +313,17 @@ class FlowerRun:
     def follow(self, submitted: dict[str, Any], timeout_s: float) -> tuple[str, str]:
         """Flower's run log read as it comes, rounds reported, until ``flwr run`` ends; how the
         run ended and why."""
+        import collections
+
         reader = programs.LogReader()
         deadline = time.monotonic() + timeout_s
         pending = ""
+        last: collections.deque[str] = collections.deque(maxlen=LAST_LINES)  # (said when the run failed)
         while True:
             text = "".join(programs.follow(self.worker, submitted["id"], keep_following=False, reader=reader))
             lines = (pending + text).split("\n")
             pending = lines.pop()
+            last.extend(line for line in lines if line.strip())
             for line in lines:
                 before = self.reader.round
                 self.reader.feed(line, time.monotonic() - self.t0)
@@ -334,9 +339,15 @@ class FlowerRun:
                 code = ended.get("returncode")
                 done, planned = len(self.reader.rounds), self.reader.num_rounds
                 if code == 0 and done and (planned is None or max(self.reader.rounds) >= planned):
+                    if self.reader.nothing_trained():
+                        return "failed", ("every ClientApp failed in every round (Flower's log: 'Received 0 "
+                                          "results'): the SuperNodes' logs in the run folder's flower/ say why")
                     return "completed", ""
                 # (flwr 1.42's 'flwr run --stream' also ends with 0 when the SuperLink ends the run early)
-                return "failed", f"'flwr run' ended with code {code} after {done} of {planned or '?'} rounds"
+                said = tail("\n".join([*last, pending]), LAST_LINES)
+                return "failed", (f"'flwr run' ended with code {code} after {done} of {planned or '?'} rounds; "
+                                  f"its last lines (all of them: flower/{self.started[0][0].node}-run.log "
+                                  f"in the run folder):\n{said}")
             for program, record in self.started[:1]:
                 if self._ended(record) is not None:
                     return "failed", f"the SuperLink in {program.node} ended during the run"
@@ -373,6 +384,8 @@ class FlowerRun:
         self._reported.add(r)
         values = {k: v for section in self.reader.rounds[r].values() for k, v in section.items()}
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(values.items()))
+        failed = self.reader.failed(r)
+        shown += f" · {failed} ClientApp replies failed" if failed else ""
         nodes = self.describe_nodes()
         self.progress(f"Flower round {r}/{self.reader.num_rounds or '?'}{' · ' + nodes if nodes else ''}"
                       f"{' · ' + moved(self.recording.telemetry) if self.recording.telemetry else ''}: {shown}")

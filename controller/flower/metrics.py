@@ -20,6 +20,7 @@ RECORD = re.compile(r"(Aggregated )?MetricRecord: (\{.*\})\s*$")
 NON_FINITE = re.compile(r"(?<![\w'\"])-?(?:nan|inf)\b")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SECTIONS = {"aggregate_train": "train", "aggregate_evaluate": "evaluate", "Global evaluation": "server"}
+RECEIVED = re.compile(r"aggregate_(train|evaluate): Received (\d+) results and (\d+) failures")
 BASE_COLUMNS = ["run_id", "algorithm", "node", "round", "time_s"]
 
 
@@ -45,6 +46,7 @@ class RoundReader:
         self.num_rounds: Optional[int] = None
         self.round: Optional[int] = None
         self._section: Optional[str] = None
+        self.replies: dict[int, dict[str, tuple[int, int]]] = {}  # round -> section -> (results, failures)
 
     def feed(self, line: str, time_s: float = 0.0) -> Optional[int]:
         """One line read at ``time_s``; the round whose metrics it completed, if any."""
@@ -53,6 +55,9 @@ class RoundReader:
         if m:
             self.round, self.num_rounds, self._section = int(m.group(1)), int(m.group(2)), None
             return None
+        m = RECEIVED.search(line)
+        if m and self.round is not None:
+            self.replies.setdefault(self.round, {})[m.group(1)] = (int(m.group(2)), int(m.group(3)))
         for marker, section in SECTIONS.items():
             if marker in line:
                 self._section = section
@@ -67,6 +72,15 @@ class RoundReader:
             self._section = None
             return self.round
         return None
+
+    def failed(self, r: int) -> int:
+        """How many ClientApps' replies failed in round ``r`` (its training's and evaluation's)."""
+        return sum(failures for _, failures in self.replies.get(r, {}).values())
+
+    def nothing_trained(self) -> bool:
+        """Whether no round had a training result though rounds ran (every ClientApp failed)."""
+        trained = [self.replies[r]["train"][0] for r in self.replies if "train" in self.replies[r]]
+        return bool(trained) and not any(trained)
 
     def feed_all(self, lines: Iterable[str]) -> "RoundReader":
         for line in lines:

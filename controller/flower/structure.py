@@ -77,11 +77,45 @@ def check_app(app: str, workdir: str, where: str) -> str:
     flwr_app = doc.get("tool", {}).get("flwr", {}).get("app")
     if not isinstance(flwr_app, dict):
         raise ConfigError(f"{project}: no [tool.flwr.app] table: not a Flower app")
+    if "federations" in doc.get("tool", {}).get("flwr", {}):
+        raise ConfigError(f"{project}: delete or comment out its [tool.flwr.federations] table: edgetb gives "
+                          "Flower the SuperLink's address itself, and flwr's 'flwr run' would move that table "
+                          "out of pyproject.toml, which the nodes may not write (the run would fail)")
     components = flwr_app.get("components", {})
     for part in ("serverapp", "clientapp"):
         if not isinstance(components.get(part), str):
             raise ConfigError(f"{project}: [tool.flwr.app.components] names no {part} (module:attribute)")
     return str(doc.get("project", {}).get("name", os.path.basename(app)))
+
+
+def app_config_keys(app: str) -> Optional[set[str]]:
+    """The keys of the app's ``[tool.flwr.app.config]`` (nested tables' as Flower flattens them:
+    ``a.b``); None when it has no such table."""
+    with open(os.path.join(app, "pyproject.toml"), "rb") as f:
+        config = tomllib.load(f).get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    if not isinstance(config, dict):
+        return None
+
+    def keys(table: dict[str, Any], prefix: str = "") -> set[str]:
+        out: set[str] = set()
+        for k, v in table.items():
+            out |= keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+        return out
+    return keys(config)
+
+
+def check_run_config(run_config: dict[str, Any], app: str, where: str) -> None:
+    """Every key of ``run_config`` is one of the app's config (Flower refuses the run otherwise,
+    after the nodes are made, without naming the key)."""
+    import difflib
+
+    known = app_config_keys(app)
+    for key in run_config:
+        if known is not None and key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"{where}: {key!r} is not a key of the app's [tool.flwr.app.config] ({hint}"
+                              f"its keys: {', '.join(sorted(known)) or 'none'})")
 
 
 def app_dependencies(app: str) -> list[str]:
@@ -194,6 +228,7 @@ def load(path: str, topology: Topology, workdir: str) -> FlowerStructure:
             raise ConfigError(f"{path}: node_config names {node!r}, which is not a SuperNode of node_list")
         node_config[node] = _config(conf, f"{path}: node_config.{node}")
     run_config = _config(doc.get("run_config", {}), f"{path}: run_config")
+    check_run_config(run_config, app_dir, f"{path}: run_config")
     return FlowerStructure(app_dir, python, superlink, tuple(n for n in nodes if n != superlink), node_config,
                            run_config, app_name)
 

@@ -211,6 +211,7 @@ def test_a_server_app_that_fails_ends_the_run_failed_with_its_folder_written_and
     record = json.loads((out / "run.json").read_text())
     assert record["ended"] == "failed" and record["rounds"] == 0, record
     assert "broken on purpose" in (out / "flower" / "n1-run.log").read_text()
+    assert "broken on purpose" in done.stdout + done.stderr  # (the run log's last lines, said on the console)
     assert (out / "metrics.csv").read_text().startswith("run_id,algorithm,node,round,time_s")
     assert processes_of(set(record["flower"]["uids"].values())) == []
 

@@ -92,6 +92,27 @@ def test_an_app_without_tool_flwr_app_or_a_python_without_flwr_is_refused(tmp_pa
         load(path, _topology(), workdir)
 
 
+def test_a_run_config_key_the_app_does_not_have_is_refused_naming_it(tmp_path):
+    path, workdir = _experiment(tmp_path, run_config={"num-server-round": 2})
+    with open(tmp_path / "app" / "pyproject.toml", "a") as f:
+        f.write('[tool.flwr.app.config]\nnum-server-rounds = 3\nlr = 0.1\n[tool.flwr.app.config.opt]\nm = 0.9\n')
+    with pytest.raises(ConfigError, match=r"run_config: 'num-server-round' is not a key of the app's "
+                                          r"\[tool.flwr.app.config\] \(did you mean 'num-server-rounds'\?"):
+        load(path, _topology(), workdir)
+    path, _ = _experiment(tmp_path, run_config={"num-server-rounds": 2, "lr": 0.5})
+    with open(tmp_path / "app" / "pyproject.toml", "a") as f:
+        f.write('[tool.flwr.app.config]\nnum-server-rounds = 3\nlr = 0.1\n')
+    assert load(path, _topology(), workdir).run_config == {"num-server-rounds": 2, "lr": 0.5}
+
+
+def test_an_app_with_flower_s_federations_table_is_refused_saying_what_to_do(tmp_path):
+    path, workdir = _experiment(tmp_path)
+    with open(tmp_path / "app" / "pyproject.toml", "a") as f:
+        f.write('[tool.flwr.federations]\ndefault = "local"\n')
+    with pytest.raises(ConfigError, match=r"delete or comment out its \[tool.flwr.federations\] table"):
+        load(path, _topology(), workdir)
+
+
 def test_the_app_s_declared_dependencies_must_be_installed_in_its_python(tmp_path):
     path, workdir = _experiment(tmp_path)
     site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
@@ -185,6 +206,18 @@ def test_flower_1_42_s_log_of_a_run_gives_one_row_a_round():
     assert [(r["round"], r["node"], r["algorithm"]) for r in rows] == [(1, "n1", "flower"), (2, "n1", "flower")]
     assert rows[1]["flwr_train_loss"] < rows[0]["flwr_train_loss"]
     assert 0.0 <= rows[1]["flwr_eval_acc"] <= 1.0
+
+
+def test_failed_replies_are_counted_and_a_run_whose_clientapps_all_failed_is_told():
+    with open(os.path.join(DATA, "flower_1.42_run.log"), encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    reader = metrics.RoundReader().feed_all(lines)
+    assert reader.replies[1] == {"train": (2, 0), "evaluate": (2, 0)} and reader.failed(1) == 0
+    assert not reader.nothing_trained()
+    broken = [line.replace("Received 2 results and 0 failures", "Received 0 results and 2 failures") for line in lines]
+    reader = metrics.RoundReader().feed_all(broken)
+    assert reader.failed(2) == 4 and reader.nothing_trained()
+    assert not metrics.RoundReader().nothing_trained()  # (no round: nothing to tell)
 
 
 def test_a_name_reported_by_two_sections_is_told_apart_and_the_server_s_records_are_read():
