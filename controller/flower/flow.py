@@ -11,6 +11,7 @@ removes the testbed as for the other run scripts, and hands the run to ``run``; 
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -313,8 +314,6 @@ class FlowerRun:
     def follow(self, submitted: dict[str, Any], timeout_s: float) -> tuple[str, str]:
         """Flower's run log read as it comes, rounds reported, until ``flwr run`` ends; how the
         run ended and why."""
-        import collections
-
         reader = programs.LogReader()
         deadline = time.monotonic() + timeout_s
         pending = ""

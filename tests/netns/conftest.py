@@ -135,6 +135,15 @@ def links(*quads: tuple[str, str, str, int]) -> dict:
                                     for s, d, ip, r in quads]}
 
 
+def wait_for(predicate: Callable[[], Any], timeout_s: float = 15.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until it is true (AssertionError naming ``what`` after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s}s")
+        time.sleep(0.05)
+
+
 # traffic --------------------------------------------------------------------------------------
 def wait_listening(host: WorkerHost, node: str, port: int = IPERF_PORT, timeout_s: float = 10.0) -> None:
     """Poll ``ss`` in the node until something listens on TCP ``port``."""

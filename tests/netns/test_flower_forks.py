@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.netns.conftest import NETNS, nodes_body
+from tests.netns.conftest import NETNS, nodes_body, wait_for
 from worker.host import WorkerHost
 
 FLWR = os.environ.get("EDGETB_FLWR_PYTHON", "/opt/edgetb-flwr")
@@ -41,14 +41,6 @@ while time.monotonic() < end:
     print("holding", flush=True)
     time.sleep(0.05)
 """
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s}s")
-        time.sleep(0.1)
 
 
 def children_of(pid: int) -> set[int]:

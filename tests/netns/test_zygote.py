@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from tests.netns.conftest import NETNS, nodes_body
+from tests.netns.conftest import NETNS, nodes_body, wait_for
 from worker.api.errors import NodeRuntimeError
 from worker.confinement import zygote
 from worker.host import WorkerHost
@@ -30,14 +30,6 @@ def start(host: WorkerHost, node: str) -> dict:
     return host.start_node(node, {"version": 1, "args": ["--name", node, "--controller", "http://127.0.0.1:9",
                                                          "--run-id", "r1", "--port", str(PORT)],
                                   "env": RunKeys().env_for(node)})
-
-
-def wait_for(predicate, timeout_s: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s}s")
-        time.sleep(0.05)
 
 
 def healthy(host: WorkerHost, node: str) -> bool:

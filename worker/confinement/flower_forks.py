@@ -217,7 +217,7 @@ def may_serve(has: tuple[str, ...], wanted: tuple[str, ...], live: int) -> bool:
     return set(wanted) <= set(has) or live > 0
 
 
-def import_path(python: str, run: Any = None) -> list[str]:
+def import_path(python: str) -> list[str]:
     """Where the interpreter ``python`` imports from as the fork server starts it (``-I``, with
     its site's ``.pth`` files; ``PATH_PROBE``): directories and files, asked of it as nobody
     (root runs nothing of the environment before it is checked). ConfigError when it does not answer."""
@@ -225,8 +225,8 @@ def import_path(python: str, run: Any = None) -> list[str]:
 
     as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
     try:
-        done = (run or subprocess.run)([python, "-I", "-c", PATH_PROBE], env={}, cwd="/", capture_output=True,
-                                       text=True, timeout=PROBE_TIMEOUT_S, **as_nobody)
+        done = subprocess.run([python, "-I", "-c", PATH_PROBE], env={}, cwd="/", capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, **as_nobody)
         paths = json.loads(done.stdout) if done.returncode == 0 else None
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         raise ConfigError(f"{python} cannot be asked where it imports from: {e}") from None
@@ -236,7 +236,7 @@ def import_path(python: str, run: Any = None) -> list[str]:
     return [p for p in paths if isinstance(p, str) and os.path.isabs(p)]
 
 
-def check_owned_by_root(prefix: str, run: Any = None) -> Optional[str]:
+def check_owned_by_root(prefix: str) -> Optional[str]:
     """Why the environment at ``prefix`` may not be imported by root (None: it may): its
     interpreter, a file or directory of it or of any place its interpreter imports from
     (``import_path``: the standard library, what ``.pth`` files add), a symbolic link's target,
@@ -244,11 +244,11 @@ def check_owned_by_root(prefix: str, run: Any = None) -> Optional[str]:
     sticky directory of root's, such as /tmp, may be: nobody else renames what root has in it)."""
     python = os.path.join(prefix, "bin", "python3")
     walked: set[str] = set()
-    why = _not_roots_alone(os.path.realpath(python), above=True) or _walk([os.path.realpath(prefix)], walked)
+    why = _not_roots_alone(os.path.realpath(python)) or _walk([os.path.realpath(prefix)], walked)
     if why:
         return why
     try:
-        paths = import_path(python, run)  # (the environment's own files checked: now it may be asked)
+        paths = import_path(python)  # (the environment's own files checked: now it may be asked)
     except ConfigError as e:
         return e.message
     return _walk(list(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.exists(p))), walked)
@@ -258,7 +258,7 @@ def _walk(places: list[str], walked: set[str]) -> Optional[str]:
     """Why one of ``places`` (files or directories), what is above it, or what is in it (links
     followed) is not root's alone; None when all are. ``walked``: the directories done."""
     for path in places:
-        why = _not_roots_alone(path, above=True)
+        why = _not_roots_alone(path)
         if why:
             return why
     tops = [p for p in places if os.path.isdir(p)]
@@ -276,13 +276,13 @@ def _walk(places: list[str], walked: set[str]) -> Optional[str]:
                     continue
                 if stat.S_ISLNK(st.st_mode):  # its target (and what is above it) stands in its place
                     target = os.path.realpath(path)
-                    why = _not_roots_alone(target if os.path.exists(target) else _existing_above(target), above=True)
+                    why = _not_roots_alone(target if os.path.exists(target) else _existing_above(target))
                     if why:
                         return f"{why} (the target of {path})"
                     if os.path.isdir(target):
                         tops.append(target)
                 elif _others_may_change(st):
-                    return f"{path} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+                    return _not_alone(path, st)
     return None
 
 
@@ -301,22 +301,26 @@ def _inside(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def _not_roots_alone(path: str, above: bool = False) -> Optional[str]:
-    """Why ``path`` (and, ``above``, every directory up to /) is not root's alone; None when it is."""
+def _not_alone(path: str, st: os.stat_result, above: str = "") -> str:
+    return f"{path}{above} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+
+
+def _not_roots_alone(path: str) -> Optional[str]:
+    """Why ``path`` or a directory above it, up to /, is not root's alone; None when none is."""
     try:
         st = os.stat(path)
     except OSError as e:
         return f"cannot read {path}: {e.strerror}"
     if _others_may_change(st):
-        return f"{path} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+        return _not_alone(path, st)
     parent = os.path.dirname(os.path.realpath(path))
-    while above and parent:
+    while parent:
         try:
             st = os.stat(parent)
         except OSError as e:
             return f"cannot read {parent}: {e.strerror}"
         if st.st_uid != 0 or (_others_may_change(st) and not st.st_mode & stat.S_ISVTX):
-            return f"{parent}, above {path}, is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+            return _not_alone(parent, st, f", above {path},")
         parent = "" if parent == "/" else os.path.dirname(parent)
     return None
 
@@ -346,7 +350,6 @@ class FlowerForks(zygote.Zygote):
         super().__init__(code_root, log_path, python=os.path.join(prefix, "bin", "python3"),
                          preload=tuple(p for p in preload if p in FLOWER_PRELOADS), entry=__name__)
         self.prefix = prefix
-        self.nodes: dict[int, str] = {}  # uid -> its directory, once its socket is served
         self._served: dict[int, tuple[str, Optional[tuple[int, int]]]] = {}  # uid -> what it was served as
 
     def serve_node(self, request: dict[str, Any], netns_fd: Optional[int]) -> str:
@@ -377,7 +380,6 @@ class FlowerForks(zygote.Zygote):
             listener.close()
         if "error" in answer:
             raise NodeRuntimeError(f"the Flower fork server cannot serve uid {uid}: {answer['error']}")
-        self.nodes[uid] = where
         self._served[uid] = served
         return bin_dir
 
@@ -402,9 +404,8 @@ class FlowerForks(zygote.Zygote):
         super().close()
         import shutil
 
-        for where in self.nodes.values():
-            shutil.rmtree(where, ignore_errors=True)
-        self.nodes.clear()
+        for uid in self._served:  # (their directories: node_dir)
+            shutil.rmtree(node_dir(uid), ignore_errors=True)
         self._served.clear()
 
 
@@ -679,13 +680,11 @@ def _expire(waiting: dict[socket.socket, tuple[_Node, float]], now: float) -> No
 def _hung_up(callers: dict[int, Optional[socket.socket]], readable: list[Any]) -> list[int]:
     """The children whose shim is gone: its connection readable (a shim sends nothing after its
     request, so that is its end), closed and marked None in ``callers``."""
-    gone = [pid for pid, conn in callers.items() if conn is not None and conn in readable]
-    for pid in gone:
-        conn = callers[pid]
-        if conn is not None:
-            conn.close()
+    gone = {pid: conn for pid, conn in callers.items() if conn is not None and conn in readable}
+    for pid, conn in gone.items():
+        conn.close()
         callers[pid] = None
-    return gone
+    return list(gone)
 
 
 def _unregister(nodes: dict[int, _Node], waiting: dict[socket.socket, tuple[_Node, float]],
