@@ -69,10 +69,16 @@ def loopback_agent(subnet_base: str) -> Iterator[tuple[Any, subprocess.Popen]]:
             raise BenchError(f"agent testbed {tid}: reset left {left} behind")
 
 
-def deploy(worker: Any, topo: Any, argv: Optional[list[str]] = None) -> dict[str, str]:
-    """The nodes and links of ``topo`` (a ``Topology``) made by ``worker``; ``argv`` started in
-    every node; node -> IP."""
-    created = worker.create_nodes({"version": 1, "nodes": [{"name": n} for n in topo.nodes]})["nodes"]
+def deploy(worker: Any, topo: Any, argv: Optional[list[str]] = None, full_segments: bool = False) -> dict[str, str]:
+    """The nodes and links of ``topo`` (a ``Topology``) made by ``worker`` as a run makes them
+    (``full_segments``: the kernel's 64 KB segments even when ``topo`` replays a trace); ``argv``
+    started in every node; node -> IP."""
+    from controller.workers.deploy import node_requests
+
+    body = node_requests(topo)
+    if full_segments:
+        body["nodes"] = [{k: v for k, v in n.items() if k != "gso_max_bytes"} for n in body["nodes"]]
+    created = worker.create_nodes(body)["nodes"]
     ips = {n["name"]: n["ip"] for n in created}
     worker.set_links({"version": 1, "links": [{"src": s, "dst": d, "dst_ip": ips[d], "shape": link.shape.to_dict()}
                                               for (s, d), link in topo.links.items()]})

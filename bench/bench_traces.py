@@ -1,7 +1,7 @@
 """Benchmark of recorded traces: one trace replayed on 100 real links under bulk TCP flows.
 
 Run as root: ``.venv/bin/python bench/bench_traces.py [--links 100] [--seconds 30] [--in-process]
-[--worker-clock] [--controller-ticks] [--busy-loops 4]``.
+[--worker-clock] [--controller-ticks] [--full-segments] [--busy-loops 4]``.
 Prints Markdown tables on stdout (progress on stderr).
 
 A seeded cellular-like recording (a random walk of the rate, mean about 5 Mbit/s, written as a
@@ -128,9 +128,9 @@ def schedule_of(topo: Topology, seconds: int) -> list[LinkSchedule]:
             for (s, d), r in topo.traces.items()]
 
 
-def replay_under_flows(worker: Any, topo: Topology, seconds: int, agent_pid: int,
-                       worker_clock: bool = False, controller_ticks: bool = False) -> dict[str, Any]:
-    ips = deploy(worker, topo)
+def replay_under_flows(worker: Any, topo: Topology, seconds: int, agent_pid: int, worker_clock: bool = False,
+                       controller_ticks: bool = False, full_segments: bool = False) -> dict[str, Any]:
+    ips = deploy(worker, topo, full_segments=full_segments)
     events = [{"at": 0, "background": {"src": s, "dst": d, "rate": FLOW_RATE, "for": seconds}}
               for (s, d) in topo.traces]
     runner = ScenarioRunner(resolve({"events": events}, topo), worker, ips, progress=lambda _: None)
@@ -196,10 +196,12 @@ def replay(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
     """``replay_under_flows`` in this process or through an agent on loopback, taken down after."""
     if not args.in_process and not args.worker_clock:
         with loopback_agent("10.81.0.0/16") as (client, proc):
-            return replay_under_flows(client, topo, args.seconds, proc.pid, controller_ticks=args.controller_ticks)
+            return replay_under_flows(client, topo, args.seconds, proc.pid, controller_ticks=args.controller_ticks,
+                                      full_segments=args.full_segments)
     host = WorkerHost(fresh_testbed_id(), free_subnet("10.81.0.0/16"), state_root=tempfile.mkdtemp())
     try:
-        result = replay_under_flows(host, topo, args.seconds, os.getpid(), args.worker_clock)
+        result = replay_under_flows(host, topo, args.seconds, os.getpid(), args.worker_clock,
+                                    full_segments=args.full_segments)
     finally:
         with shielded():
             left = teardown(host)
@@ -220,6 +222,8 @@ def main() -> int:
     p.add_argument("--worker-clock", action="store_true",
                    help="the bins handed to the worker once and ticked by its own clock (worker.shaping.schedule; "
                         "in process: not yet an agent's route)")
+    p.add_argument("--full-segments", action="store_true",
+                   help="nodes keep the kernel's 64 KB segments (a run's replaying nodes send one frame at a time)")
     p.add_argument("--busy-loops", type=int, default=0,
                    help="this many processes spinning at nice 0 during the replay: a loaded host, reproducibly")
     args = p.parse_args()
@@ -249,6 +253,7 @@ def main() -> int:
     print(f"\nRecorded trace ({BIN_MS} ms bins, mean {trace.rates_bps.mean() / 1e6:.2f} Mbit/s) on {args.links} links, "
           f"one bulk TCP flow each, {args.seconds} s, worker {'in process' if args.in_process or args.worker_clock else 'an agent'}"
           + (", ticked by the worker's own clock" if args.worker_clock else "")
+          + (", 64 KB segments" if args.full_segments else ", one frame a segment")
           + (f", {args.busy_loops} busy loops beside it" if args.busy_loops else "") + "\n")
     med = statistics.median(ratios) if ratios else float("nan")
     print(table(["goodput / trace rate", "link-seconds", "excluded (a bin < 0.5 Mbit/s)", "median", "p10", "p90"],

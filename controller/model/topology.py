@@ -297,6 +297,11 @@ class Topology:
         self.traces: dict[tuple[str, str], Replay] = {}  # the links that replay a recording
         self.access_traces: dict[tuple[str, str], Replay] = {}  # (node, "uplink" or "downlink") that replay one
 
+    @property
+    def replays_traces(self) -> bool:
+        """Whether a link or an access link replays a recording."""
+        return bool(self.traces or self.access_traces)
+
     def copy(self) -> "Topology":
         """An independent copy (nodes are copied, links and shapes are immutable)."""
         other = Topology()

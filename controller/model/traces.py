@@ -20,7 +20,12 @@ interval covers has rate 0). Errors name the file and the line, before anything 
 
 A link replays a trace as a ``Replay`` (``TRACE_SCHEMA``: links.json's ``"trace"`` object, and
 a scenario's ``trace`` event): the trace shifted by ``offset_s``, stretched by ``time_scale``,
-looped or not, never below ``MIN_REPLAY_RATE_BPS``. ``TraceFiles`` reads each file (in a
+looped or not, never below ``floor_bps``: one packet a bin (a Mahimahi delivery opportunity). HTB
+charges a packet in full at its class's rate as it leaves, and a later, higher rate does not pay
+that debt sooner; at the floor, a packet sent in a bin of nothing delivered is paid within about
+that bin. So the nodes of an experiment that replays traces are handed packets of one frame at
+most (``REPLAY_GSO_MAX_BYTES``, the node's ``gso_max_bytes``): one 64 KB segment at 8 kbit/s
+would be a minute's debt. ``TraceFiles`` reads each file (in a
 format, at a bin) once however many links replay it, and only inside its directory.
 """
 from __future__ import annotations
@@ -42,9 +47,16 @@ MAX_TRACE_LINES = 10_000_000  # a day of a 1 Gbit/s Mahimahi trace is about 7 M 
 MAX_TRACE_BYTES = 256 << 20
 MAX_BINS = 10_000_000
 MIN_BIN_MS, MAX_BIN_MS = 1, 3_600_000
-MIN_REPLAY_RATE_BPS = 8_000  # a bin without data replays as 1 kbyte/s: a link must have a rate
+MIN_REPLAY_RATE_BPS = 8_000  # the least rate a link replays, whatever its bin (a link must have a rate)
+REPLAY_GSO_MAX_BYTES = 1514  # one full Ethernet frame: the largest packet a replaying node's stack hands its interface
 MAX_TIME_SCALE = 1000.0
 MIN_REPLAY_DELAY_MS = 0.001  # a bin of no delay and no loss keeps a netem leaf: 1 us of delay
+
+
+def floor_bps(tick_s: float) -> int:
+    """The least rate of a replay whose rate changes every ``tick_s``: one 1,500-byte packet a
+    tick, never below ``MIN_REPLAY_RATE_BPS``."""
+    return max(MIN_REPLAY_RATE_BPS, math.ceil(MAHIMAHI_PACKET_BYTES * 8 / tick_s - 1e-6))
 
 
 @dataclass(frozen=True)
@@ -291,8 +303,13 @@ class Replay:
             return math.inf
         return max(0.0, (self.trace.duration_s - self.trace.bin_s - self.offset_s) * self.time_scale)
 
+    @property
+    def floor_bps(self) -> int:
+        """The least rate it replays: one packet a bin (120 kbit/s at 100 ms)."""
+        return floor_bps(self.tick_s)
+
     def rate_at(self, t_s: float) -> int:
-        return max(self.trace.rate_at(t_s, self.loop, self.offset_s, self.time_scale), MIN_REPLAY_RATE_BPS)
+        return max(self.trace.rate_at(t_s, self.loop, self.offset_s, self.time_scale), self.floor_bps)
 
     @property
     def needs_netem(self) -> bool:

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Union
 
-from controller.model.traces import MIN_REPLAY_DELAY_MS, MIN_REPLAY_RATE_BPS, Replay
+from controller.model.traces import MIN_REPLAY_DELAY_MS, Replay
 from controller.results.run_dir import csv_bytes
 from worker.api.errors import TestbedError
 
@@ -406,7 +406,7 @@ def schedule_of(link: TracedLink) -> dict[str, Any]:
     """``link``'s entry of a host's schedule (``worker.shaping.schedule.parse``): the bins the
     controller's ticks would apply (``Replay.rate_at``/``netem_at`` of each bin)."""
     replay, trace = link.replay, link.replay.trace
-    rates = [max(int(r), MIN_REPLAY_RATE_BPS) for r in trace.rates_bps]
+    rates = [max(int(r), replay.floor_bps) for r in trace.rates_bps]
     netem = None
     if replay.needs_netem:
         n = len(rates)

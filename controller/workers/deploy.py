@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from controller.model.hosts import Hosts, node_addresses
 from controller.model.topology import Topology
+from controller.model.traces import REPLAY_GSO_MAX_BYTES
 from controller.workers.api import Worker
 from controller.workers.connect import recorded_plans
 from worker.api.errors import CapabilityError, ConfigError, TestbedError
@@ -34,10 +35,13 @@ def _quiet(_: str) -> None:
     pass
 
 
-def node_requests(topology: Topology) -> dict[str, Any]:
-    """The body of the create-nodes request (a physical node comes with its device's address)."""
+def node_requests(topology: Topology, replays: bool = False) -> dict[str, Any]:
+    """The body of the create-nodes request (a physical node comes with its device's address).
+    When a recording is replayed (``replays``: a scenario's ``trace`` event too), emulated nodes
+    hand their interface packets of one frame at most (``controller.model.traces``)."""
+    gso = {"gso_max_bytes": REPLAY_GSO_MAX_BYTES} if replays or topology.replays_traces else {}
     return {"version": 1, "nodes": [{"name": n.name, "cpu": n.cpu, "mem_bytes": n.mem_bytes}
-                                    | ({"ip": n.ip} if n.kind == "physical" else {})
+                                    | ({"ip": n.ip} if n.kind == "physical" else gso)
                                     | ({"pids_max": n.pids_max} if n.pids_max else {})
                                     | ({"python": n.python} if n.python else {})
                                     for n in topology.nodes.values()]}
@@ -183,9 +187,10 @@ def check_capabilities(topology: Topology, caps: dict[str, Any]) -> None:
 
 
 def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet,
-           open_network: bool = False) -> dict[str, Any]:
+           open_network: bool = False, replays: bool = False) -> dict[str, Any]:
     """Create every node and shape every link; on any failure remove what was created. Unless
-    ``open_network``, traffic between nodes that no link joins is dropped (see the module)."""
+    ``open_network``, traffic between nodes that no link joins is dropped (see the module);
+    ``replays``: a scenario replays a recording (``node_requests``)."""
     caps = worker.capabilities()
     check_capabilities(topology, caps)
     if worker.status()["nodes"]:
@@ -195,7 +200,7 @@ def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet,
         worker.progress = progress  # type: ignore[attr-defined]  # a cluster's swarm fabric says what it made
     try:
         progress(f"creating {len(topology.nodes)} nodes")
-        made = worker.create_nodes(node_requests(topology))
+        made = worker.create_nodes(node_requests(topology, replays))
         created = made["nodes"]
         for warning in made.get("warnings", []):
             progress(f"warning: {warning}")

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from pyroute2 import NetNS
 
 from tests.docker.conftest import DOCKER, run
 from worker.api.errors import CapabilityError, NodeRuntimeError, NotFound, TestbedTimeout
@@ -17,7 +18,8 @@ pytestmark = DOCKER
 
 
 def test_containers_get_planned_ips_and_reach_each_other(host, engine):
-    made = host.create_nodes({"version": 1, "nodes": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})["nodes"]
+    made = host.create_nodes({"version": 1, "nodes": [{"name": "a"}, {"name": "b"},
+                                                     {"name": "c", "gso_max_bytes": 1514}]})["nodes"]  # (a replay's)
     subnet = ipaddress.IPv4Network(host.status()["subnet"])
     assert [(n["name"], n["ip"]) for n in made] == [(name, node_address(subnet, i)) for i, name in enumerate("abc")]
     for rec in made:
@@ -30,6 +32,9 @@ def test_containers_get_planned_ips_and_reach_each_other(host, engine):
         ns = os.stat(f"/proc/{info['State']['Pid']}/ns/net")
         assert (ns.st_dev, ns.st_ino) == (os.stat(nsfs.netns_path(rec["netns"])).st_dev, nsfs.inode(rec["netns"]))
         assert rec["ifname"] == "eth0"
+        with NetNS(rec["netns"]) as inside:
+            (eth0,) = inside.get_links(ifname="eth0")
+            assert eth0.get_attr("IFLA_GSO_MAX_SIZE") == (1514 if rec["name"] == "c" else 65_536)
     for src in made:
         for dst in made:
             if src is not dst:

@@ -8,9 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from controller.model.traces import Replay, Trace
+from controller.model.traces import REPLAY_GSO_MAX_BYTES, Replay, Trace
 from controller.run.trace_replay import TracedLink, TraceReplay
-from tests.netns.conftest import IPERF_PORT, NETNS, iperf_json, iperf_server, links, need_iperf3, nodes_body, report
+from tests.netns.conftest import (IPERF_PORT, NETNS, iperf_json, iperf_server, links, need_iperf3, nodes_body, report,
+                                  wait_for)
 from worker.api.errors import NotFound
 
 pytestmark = NETNS
@@ -220,3 +221,43 @@ def test_a_schedule_is_refused_whole_before_anything_runs(three):
     host.schedule_start({"version": 1, "start_wall_s": time.time(), "links": [good]})
     host.reset()  # stops the clock too
     assert host.schedule.clock is None
+
+
+def gso_max_size(netns: str) -> int:
+    """The kernel's gso_max_size of eth0 inside ``netns`` (netlink)."""
+    from pyroute2 import NetNS
+
+    with NetNS(netns) as ns:
+        (link,) = ns.get_links(ifname="eth0")
+        return link.get_attr("IFLA_GSO_MAX_SIZE")
+
+
+def test_a_bulk_flow_is_back_with_the_trace_right_after_a_bin_of_nothing_delivered(host, request):
+    """A 64 KB segment sent at a floor of 8 kbit/s was a minute of HTB debt that a later, higher
+    rate did not pay sooner: the flow sent nothing for the rest of the run. Nodes of a replay are
+    handed one frame at a time, and the floor lets one packet leave a bin."""
+    need_iperf3()
+    replayed = {"gso_max_bytes": REPLAY_GSO_MAX_BYTES}
+    created = host.create_nodes(nodes_body({"name": "a", **replayed}, {"name": "b", **replayed}, "c"))["nodes"]
+    ips = {n["name"]: n["ip"] for n in created}
+    assert [gso_max_size(n["netns"]) for n in created] == [REPLAY_GSO_MAX_BYTES] * 2 + [65_536]
+    host.set_links(links(("b", "a", ips["a"], 8 * 10**6)))
+    iperf_server(host, "b")
+    trace = replay([8] * 20 + [0] * 10 + [8] * 60)  # b -> a: 2 s at 8 Mbit/s, 1 s of nothing, 6 s at 8 again
+    replayer = TraceReplay(host, progress=lambda _: None)
+    replayer.add([TracedLink("b", "a", trace)])
+    replayer.start()
+    shift = time.monotonic() - replayer.t0
+    flow = host.start_process("a", {"version": 1, "argv": ["iperf3", "-c", ips["b"], "-p", str(IPERF_PORT), "-t",
+                                                            "7", "-i", "0.5", "-R", "-J"]})
+    try:
+        wait_for(lambda: not any(p["running"] for p in host.processes()["processes"] if p["id"] == flow["id"]),
+                 timeout_s=30, what="the flow's end")
+    finally:
+        replayer.stop()
+    with open(flow["log"]) as f:
+        doc = iperf_json(f.read())
+    after_gap = [i["sum"]["bits_per_second"] for i in doc["intervals"] if i["sum"]["start"] + shift >= 3.5]
+    report(request, "goodput_after_gap_mbit", float(np.median(after_gap)) / 1e6)
+    assert len(after_gap) >= 5 and min(after_gap) > 4e6, after_gap  # (8 Mbit/s from 3.0 s; was 0 to the end)
+    host.reset()

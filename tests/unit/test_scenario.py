@@ -483,11 +483,11 @@ def test_a_recorded_trace_is_one_step_replayed_bin_by_bin_from_its_offset(tmp_pa
     assert (step.at_s, step.kind, step.params["pairs"]) == (3, "trace", [("n1", "n2")])
     link = TracedLink("n1", "n2", step.params["replay"], start_s=3.0)
     packet_bps = 1500 * 8 * 10  # one packet a 100 ms bin
-    # bins: 0-100 ms 2 packets, 100-200 ms 2, 200-300 ms none (a trickle), 300-400 ms 1, then it holds
-    assert [link.rate_at(3 + k / 10) for k in range(6)] == [2 * packet_bps] * 2 + [8_000] + [packet_bps] * 3
+    # bins: 0-100 ms 2 packets, 100-200 ms 2, 200-300 ms none (the floor), 300-400 ms 1, then it holds
+    assert [link.rate_at(3 + k / 10) for k in range(6)] == [2 * packet_bps] * 2 + [packet_bps] * 4  # (the trickle: a packet a bin)
     shifted = load_scenario(write(tmp_path, ev(at=0, trace={**trace, "offset_s": 0.2, "loop": True})), topology())
     link = TracedLink("n1", "n2", shifted.steps[0].params["replay"])
-    assert [link.rate_at(k / 10) for k in range(5)] == [8_000, packet_bps, 2 * packet_bps, 2 * packet_bps, 8_000]
+    assert [link.rate_at(k / 10) for k in range(5)] == [packet_bps, packet_bps, 2 * packet_bps, 2 * packet_bps, packet_bps]
     (tmp_path / "bad.down").write_text("0\n20\n10\n")
     with pytest.raises(ConfigError, match=r"events\[0\], trace: .*bad.down, line 3: time goes back"):
         load_scenario(write(tmp_path, ev(at=0, trace={**trace, "file": "bad.down"})), topology())

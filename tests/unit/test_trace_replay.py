@@ -14,7 +14,7 @@ import pytest
 from controller.model import traces
 from controller.model.scenario import resolve
 from controller.model.topology import load_links
-from controller.model.traces import MIN_REPLAY_RATE_BPS, Replay, Trace
+from controller.model.traces import MIN_REPLAY_RATE_BPS, Replay, Trace, floor_bps
 from controller.run.scenario_runner import ScenarioRunner
 from controller.run.trace_replay import TracedLink, TraceReplay, due, tick_grid
 from worker.api import bodies
@@ -45,7 +45,7 @@ def test_links_json_traces_are_read_once_and_deployed_at_their_first_rate(tmp_pa
     topo = load_links(path)
     assert len(reads) == 1 and len(topo.traces) == 50 and ("hub", "n0") not in topo.traces
     assert topo.links[("n0", "hub")].shape.rate_bps == 2 * PACKET_BPS  # the first bin's rate
-    assert topo.links[("n2", "hub")].shape.rate_bps == MIN_REPLAY_RATE_BPS  # from 0.2 s: an empty bin
+    assert topo.links[("n2", "hub")].shape.rate_bps == 120_000  # from 0.2 s: an empty bin (a packet a bin)
     assert topo.links[("hub", "n0")].shape.rate_bps == 5_000_000
     assert topo.copy().traces == topo.traces
 
@@ -89,12 +89,14 @@ def replay(rates_mbit, bin_s=0.1, **kw) -> Replay:
 
 def test_a_replay_loops_shifts_stretches_and_never_stops_a_link():
     r = replay([1, 2, 0, 4])
-    assert [r.rate_at(t / 10 + 1e-6) for t in range(9)] == [10**6, 2 * 10**6, MIN_REPLAY_RATE_BPS, 4 * 10**6] * 2 + [10**6]
+    assert [r.rate_at(t / 10 + 1e-6) for t in range(9)] == [10**6, 2 * 10**6, 120_000, 4 * 10**6] * 2 + [10**6]
     once = replay([1, 2, 0, 4], loop=False, offset_s=0.1, time_scale=2)
-    assert [once.rate_at(t / 10 + 1e-6) for t in range(0, 12, 2)] == [2 * 10**6, MIN_REPLAY_RATE_BPS,
+    assert [once.rate_at(t / 10 + 1e-6) for t in range(0, 12, 2)] == [2 * 10**6, 60_000,
                                                                       4 * 10**6, 4 * 10**6, 4 * 10**6, 4 * 10**6]
+    assert r.floor_bps == 120_000 and once.floor_bps == 60_000  # one 1,500-byte packet a bin (a stretched one: 0.2 s)
+    assert floor_bps(0.01) == 1_200_000 and floor_bps(10.0) == MIN_REPLAY_RATE_BPS
     assert once.tick_s == pytest.approx(0.2) and once.end_s == pytest.approx(0.4) and r.end_s == float("inf")
-    assert r.rates_bps(2) == [1_701_600, 1_802_400]  # (3 x 1 + 3 x 2 + 2 x 0.008 + 2 x 4) / 10 Mbit/s, ...
+    assert r.rates_bps(2) == [1_724_000, 1_836_000]  # (3 x 1 + 3 x 2 + 2 x 0.12 + 2 x 4) / 10 Mbit/s, ...
 
 
 def test_due_sends_only_what_changed_and_ticks_sit_on_a_grid():
@@ -224,13 +226,33 @@ def test_nodes_json_access_links_replay_a_trace(tmp_path):
              "nodes": [{"name": "t1", "uplink": {"trace": traced(offset_s=0.2)}}, {"name": "t2", "uplink": "5mbit"}]}
     (tmp_path / "nodes.json").write_text(json.dumps(nodes))
     topo = load_nodes(str(tmp_path / "nodes.json"))
-    assert topo.nodes["t1"].uplink_bps == MIN_REPLAY_RATE_BPS and topo.nodes["t2"].uplink_bps == 5_000_000
+    assert topo.nodes["t1"].uplink_bps == 120_000 and topo.nodes["t2"].uplink_bps == 5_000_000
     assert topo.nodes["t2"].downlink_bps == 2 * PACKET_BPS
     assert sorted(topo.access_traces) == [("t1", "downlink"), ("t1", "uplink"), ("t2", "downlink")]
     nodes["nodes"][1]["uplink"] = {"trace": {**traced(), "file": "traces/none.down"}}
     (tmp_path / "nodes.json").write_text(json.dumps(nodes))
     with pytest.raises(TopologyError, match=r"nodes.json: node 't2', field 'uplink', trace: .*none.down"):
         load_nodes(str(tmp_path / "nodes.json"))
+
+
+def test_the_nodes_of_a_replay_hand_their_interface_one_frame_at_a_time(tmp_path):
+    from controller.model.topology import Topology
+    from controller.workers.deploy import node_requests
+    from worker.nodes.runtime import NodeSpec, new_specs
+
+    plain = Topology()
+    plain.add_node("n1")
+    plain.add_node("pi", "physical", ip="10.254.0.9")
+    assert [n.get("gso_max_bytes") for n in node_requests(plain)["nodes"]] == [None, None]
+    # a scenario's trace event (replays) or a traced link: emulated nodes only
+    assert [n.get("gso_max_bytes") for n in node_requests(plain, replays=True)["nodes"]] == [1514, None]
+    topo = load_links(write_links(tmp_path, {"n1": [{"dest": "n2", "trace": traced()}], "n2": [{"dest": "n1", "bw": "5mbit"}]}))
+    assert topo.replays_traces and [n["gso_max_bytes"] for n in node_requests(topo)["nodes"]] == [1514, 1514]
+    spec = NodeSpec.from_dict({"name": "n1", "gso_max_bytes": 1514})
+    with pytest.raises(ConfigError, match="gso_max_bytes"):
+        NodeSpec.from_dict({"name": "n1", "gso_max_bytes": 100})
+    with pytest.raises(ConfigError, match="exists with gso_max_bytes None, not 1514; reset"):
+        new_specs({"nodes": {"n1": {"cpu": None, "mem_bytes": None}}}, [spec])
 
 
 def test_access_rates_go_in_one_merging_links_update_and_an_access_event_ends_them():

@@ -48,6 +48,7 @@ RTM_NEWTFILTER, RTM_DELTFILTER, RTM_GETTFILTER = 44, 45, 46
 NLM_F_DUMP = 0x300
 
 IFLA_IFNAME, IFLA_MASTER, IFLA_TXQLEN, IFLA_LINKINFO, IFLA_AF_SPEC, IFLA_NET_NS_FD = 3, 10, 13, 18, 26, 28
+IFLA_GSO_MAX_SIZE = 41
 IFLA_INET6_ADDR_GEN_MODE, IN6_ADDR_GEN_MODE_NONE = 8, 1
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 VETH_INFO_PEER = 1
@@ -294,6 +295,11 @@ def link_up(index: int, txqlen: Optional[int] = None) -> bytes:
     if txqlen is not None:
         body += attr_u32(IFLA_TXQLEN, txqlen)
     return message(RTM_NEWLINK, 0, body)
+
+
+def gso_max_size(index: int, size_bytes: int) -> bytes:
+    """``ip link set dev I gso_max_size N``: the largest packet the stack hands the interface."""
+    return message(RTM_NEWLINK, 0, IFINFO.pack(0, 0, index, 0, 0) + attr_u32(IFLA_GSO_MAX_SIZE, size_bytes))
 
 
 def add_ipv4(index: int, address: str, prefixlen: int) -> bytes:

@@ -51,7 +51,7 @@ from worker.confinement import confine, fsview, uids
 from worker.kernel import nsfs
 from worker.nodes import docker_python, docker_swarm as swarm
 from worker.nodes.docker_exec import ExecProcess, sdk, short_error
-from worker.nodes.runtime import Naming, NodeSpec, claim_runtime, emulated_only, new_specs, parse_subnet
+from worker.nodes.runtime import Naming, NodeSpec, claim_runtime, emulated_only, new_specs, parse_subnet, set_gso_max
 from worker.state import StateStore
 
 DOCKER_TMPFS = ("/tmp", "/var/tmp", "/run/lock")  # a node's writable places besides its own (and the engine's /dev/shm)
@@ -206,6 +206,7 @@ class DockerRuntime:
                         "ifname": NODE_IFNAME, "container": self.container(s.name), "cpu": s.cpu,
                         "mem_bytes": s.mem_bytes, "pids_max": s.pids_max, "runtime": self.kind}
                        | ({"python": s.python} if s.python else {})
+                       | ({"gso_max_bytes": s.gso_max_bytes} if s.gso_max_bytes else {})
                        for i, s in enumerate(todo)]
             taken = {n["ip"] for n in state["nodes"].values()}
             for rec in records:
@@ -361,6 +362,8 @@ class DockerRuntime:
             raise NodeRuntimeError(f"container {rec['container']} is not running after start")
         rec["container_id"] = container_id
         nsfs.attach(rec["netns"], pid)
+        if rec.get("gso_max_bytes"):
+            set_gso_max(rec["netns"], rec["ifname"], rec["gso_max_bytes"])
 
     # swarm fabric ------------------------------------------------------------------------
     def set_fabric(self, body: Any) -> dict[str, Any]:

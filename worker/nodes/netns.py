@@ -71,7 +71,8 @@ class NetnsRuntime:
                                     "prefixlen": self.subnet.prefixlen, "netns": self.names.netns(spec.name),
                                     "ifname": NODE_IFNAME, "host_if": self.names.host_if(next_index + i), "cpu": spec.cpu,
                                     "mem_bytes": spec.mem_bytes, "pids_max": spec.pids_max, "runtime": self.kind}
-                                   | ({"python": spec.python} if spec.python else {}))
+                                   | ({"python": spec.python} if spec.python else {})
+                                   | ({"gso_max_bytes": spec.gso_max_bytes} if spec.gso_max_bytes else {}))
                 self._create_records(records, created)
                 for rec in records:
                     state["nodes"][rec["name"]] = rec
@@ -138,13 +139,15 @@ class NetnsRuntime:
         gateway_mac = _mac_of(self.names.bridge)
         for rec in records:
             node_sysctls(rec["netns"])  # before eth0 is up
+            gso = [nl.gso_max_size(NODE_IFINDEX, rec["gso_max_bytes"])] if rec.get("gso_max_bytes") else []
             with nl.RtnlSocket(rec["netns"]) as sock:
                 failures = sock.run([nl.link_up(1), neighbours.set_mac(NODE_IFINDEX, neighbours.node_mac(rec["ip"])),
-                                     nl.link_up(NODE_IFINDEX), nl.add_ipv4(NODE_IFINDEX, rec["ip"], rec["prefixlen"]),
+                                     *gso, nl.link_up(NODE_IFINDEX), nl.add_ipv4(NODE_IFINDEX, rec["ip"], rec["prefixlen"]),
                                      nl.default_route(NODE_IFINDEX, self.bridge_ip),
                                      neighbours.permanent(NODE_IFINDEX, self.bridge_ip, gateway_mac)])
             _raise_first(failures, [f"node {rec['name']}: {step}" for step in
-                                    ("lo up", "MAC address", "eth0 up", "address", "default route", "gateway entry")])
+                                    ("lo up", "MAC address", *(["gso_max_size"] if gso else []), "eth0 up", "address",
+                                     "default route", "gateway entry")])
             if self.cgroups.version is not None:  # named limits, else the default memory and pids limits
                 self.cgroups.create(rec["name"], rec["cpu"], rec["mem_bytes"], rec["pids_max"])
         with nl.RtnlSocket() as sock:  # the host reaches every node without asking

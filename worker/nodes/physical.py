@@ -45,8 +45,8 @@ class PhysicalRuntime:
     def create_nodes(self, specs: Sequence[NodeSpec]) -> list[dict[str, Any]]:
         for spec in specs:
             spec.check()
-            if spec.cpu or spec.mem_bytes or spec.pids_max:
-                raise ConfigError(f"node {spec.name}: a physical device takes no cpu, memory or pids limits")
+            if spec.cpu or spec.mem_bytes or spec.pids_max or spec.gso_max_bytes:
+                raise ConfigError(f"node {spec.name}: a physical device takes no cpu, memory, pids or gso_max_bytes limits")
             if spec.ip is None:
                 raise ConfigError(f"node {spec.name}: a physical node needs the device's 'ip'")
         with self.store.locked() as state:

@@ -16,15 +16,17 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional, Protocol, Sequence, runtime_checkable
 
-from worker.api.errors import ConfigError
+from worker.api.errors import ConfigError, NodeRuntimeError
 from worker.api.protocol import MAX_PIDS_MAX, MIN_PIDS_MAX
 from worker.api.schema import IPV4_ADDRESS, Field, Schema
 from worker.confinement.cgroups import Cgroups
 from worker.confinement.uids import Identity
+from worker.kernel import netlink as nl
 
 TESTBED_ID_RE = re.compile(r"[a-z0-9]{1,5}")
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
 MAX_NODES = 60_000
+MIN_GSO_BYTES, MAX_GSO_BYTES = 1280, 65_536  # an IPv6-sized frame at least; the kernel's default (without BIG TCP)
 
 
 def parse_subnet(subnet: str) -> ipaddress.IPv4Network:
@@ -74,6 +76,7 @@ class NodeSpec:
     ip: Optional[str] = None
     pids_max: Optional[int] = None
     python: Optional[str] = None  # a virtual environment (``worker.confinement.node_python``)
+    gso_max_bytes: Optional[int] = None  # the largest packet its stack hands its interface (None: the kernel's)
 
     @classmethod
     def from_dict(cls, data: Any, place: Optional[str] = None) -> "NodeSpec":
@@ -98,7 +101,9 @@ NODE_SPEC_SCHEMA = Schema({
     "ip": replace(IPV4_ADDRESS, nullable=True, doc="a physical device's address"),
     "pids_max": Field(int, "most processes", nullable=True, low=MIN_PIDS_MAX, high=MAX_PIDS_MAX),
     "python": Field(str, "a virtual environment's path: its bin/ first on PATH, shown to the node", nullable=True,
-                    max_len=1024)})
+                    max_len=1024),
+    "gso_max_bytes": Field(int, "the largest packet the node's stack hands its interface (gso_max_size; a "
+                           "recorded trace's replay wants one frame)", nullable=True, low=MIN_GSO_BYTES, high=MAX_GSO_BYTES)})
 
 
 def _node_place(place: Optional[str], name: Any) -> str:
@@ -130,12 +135,26 @@ def new_specs(state: dict[str, Any], specs: Sequence[NodeSpec]) -> list[NodeSpec
         elif (old["cpu"], old["mem_bytes"], old.get("pids_max")) != (spec.cpu, spec.mem_bytes, spec.pids_max):
             raise ConfigError(f"node {spec.name!r} exists with cpu={old['cpu']} mem_bytes={old['mem_bytes']} "
                               f"pids_max={old.get('pids_max')}; reset before changing its limits")
+        elif old.get("gso_max_bytes") != spec.gso_max_bytes:
+            raise ConfigError(f"node {spec.name!r} exists with gso_max_bytes {old.get('gso_max_bytes')}, not "
+                              f"{spec.gso_max_bytes}; reset before changing it")
         elif old.get("python") != spec.python:
             raise ConfigError(f"node {spec.name!r} exists with python {old.get('python')!r}, not "
                               f"{spec.python!r}; reset before changing it")
     if len(state["nodes"]) + len(todo) > MAX_NODES:
         raise ConfigError(f"at most {MAX_NODES} nodes per testbed")
     return todo
+
+
+def set_gso_max(netns: str, ifname: str, size_bytes: int) -> None:
+    """The largest packet the stack of ``netns`` hands ``ifname`` (``ip link set ... gso_max_size``)."""
+    index = nl.ifindex(netns, ifname)
+    if index is None:
+        raise NodeRuntimeError(f"no interface {ifname!r} in {netns} to set gso_max_size on")
+    with nl.RtnlSocket(netns) as sock:
+        failures = sock.run([nl.gso_max_size(index, size_bytes)])
+    if failures:
+        raise NodeRuntimeError(f"gso_max_size {size_bytes} on {ifname} in {netns}: {failures[0].text}")
 
 
 def worker_dirs(store: Any) -> tuple[str, ...]:
