@@ -28,13 +28,14 @@ from controller.model.spec import RunOptions
 from controller.model.topology import Topology, load_links, load_nodes
 from controller.workers import programs
 from controller.workers.api import Worker
-from worker.api.errors import ConfigError, TestbedError, TestbedTimeout
+from worker.api.errors import ConfigError, NotFound, TestbedError, TestbedTimeout
 
 SUPERLINK_READY_S = 120.0  # for the SuperLink to serve; then for every SuperNode to register (plus REGISTER_S each)
 REGISTER_S = 5.0  # (each SuperNode loads flwr: about 3 s of CPU, 50 SuperNodes on 2 cores take minutes)
 STALL_S = 90.0  # past that wait, it goes on while a SuperNode registered within this time
 POLL_S = 0.25
 LAST_LINES = 8  # of the run's log, said when it failed
+EXIT_CODE_WAIT_S = 2.0  # an ended process whose exit code the worker does not report yet: asked again this long
 FLEET_UP = "Starting the SuperLink Fleet HTTP API"
 NODE_UP = "Activated node_id"
 READ_LOG_PIECES = ("import json, sqlite3, sys\n"  # run in the SuperLink's node, as the node: its database's log pieces
@@ -192,7 +193,8 @@ class FlowerRun:
         from controller.workers import deploy
 
         o, s = self.spec.options, self.spec.structure
-        result = deploy.deploy(self.spec.topology, self.worker, self.progress, open_network=o.open_network)
+        result = deploy.deploy(self.spec.topology, self.worker, self.progress, open_network=o.open_network,
+                               replays=bool(self.spec.timeline and self.spec.timeline.replays))
         self.ips = result["ips"]
         self.record["flower"]["uids"] = node_uids(self.worker, [s.superlink, *s.supernodes])
         self.out.write_json(TOPOLOGY_JSON, topology_doc(self.spec.topology, self.ips))
@@ -279,6 +281,18 @@ class FlowerRun:
         current = programs.find(self.worker, record["id"])
         return None if current.get("running", current.get("state") == "running") else current
 
+    def _exit_code(self, record: dict[str, Any], ended: dict[str, Any]) -> Optional[int]:
+        """The exit code of an ended process, read again for up to ``EXIT_CODE_WAIT_S`` while
+        the worker does not know it yet (None: never known)."""
+        deadline = time.monotonic() + EXIT_CODE_WAIT_S
+        while ended.get("returncode") is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            try:
+                ended = programs.find(self.worker, record["id"])
+            except NotFound:
+                break
+        return ended.get("returncode")
+
     def ended_ids(self) -> set[str]:
         """The ids of the started processes that run no more (ended, or stopped and forgotten),
         from one listing of the worker's processes however many were started."""
@@ -335,9 +349,14 @@ class FlowerRun:
                 if pending:
                     self.reader.feed(pending, time.monotonic() - self.t0)
                 self._report_last()
-                code = ended.get("returncode")
+                code = self._exit_code(submitted, ended)
                 done, planned = len(self.reader.rounds), self.reader.num_rounds
-                if code == 0 and done and (planned is None or max(self.reader.rounds) >= planned):
+                all_rounds = done and (planned is None or max(self.reader.rounds) >= planned)
+                if code is None and all_rounds:  # (its exit code lost: judged by Flower's own log)
+                    self.progress(f"'flwr run' ended with no exit code known after all {done} rounds: "
+                                  "judged by its log")
+                    code = 0
+                if code == 0 and all_rounds:
                     if self.reader.nothing_trained():
                         return "failed", ("every ClientApp failed in every round (Flower's log: 'Received 0 "
                                           "results'): the SuperNodes' logs in the run folder's flower/ say why")

@@ -140,6 +140,11 @@ class Timeline:
     source: str = "scenario"
     notes: list[str] = field(default_factory=list)  # draws that make no step (a lifetime past a day)
 
+    @property
+    def replays(self) -> list[Any]:
+        """The recordings its ``trace`` steps replay (``controller.model.traces.Replay``)."""
+        return [s.params["replay"] for s in self.steps if s.kind == "trace"]
+
     def timed(self) -> list[Step]:
         return sorted((s for s in self.steps if s.after_round is None), key=lambda s: (s.at_s, s.event))
 

@@ -82,6 +82,6 @@ class RunSpec:
         """The files this run reads (``RunOptions.inputs``), the recordings its links and scenario
         replay and the user's code, these two as ``user:<path>``."""
         replays = [*self.topology.traces.values(), *self.topology.access_traces.values(),
-                   *(s.params["replay"] for s in (self.timeline.steps if self.timeline else []) if s.kind == "trace")]
+                   *(self.timeline.replays if self.timeline else [])]
         return {**self.options.inputs, **trace_inputs(replays, self.options.workdir),
                 **{f"{USER_INPUT}{rel}": p for rel, p in self.user_files.items()}}

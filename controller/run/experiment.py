@@ -169,9 +169,8 @@ class Experiment:
         (by default 30 s plus 1 s per node: hundreds of processes start on a few cores)."""
         self.phase = Phase.DEPLOYING
         try:
-            replays = self.scenario is not None and any(s.kind == "trace" for s in self.scenario.timeline.steps)
             result = deploy.deploy(self.topology, self.worker, self.progress, open_network=self.open_network,
-                                   replays=replays)
+                                   replays=bool(self.scenario and self.scenario.timeline.replays))
             for name, node in self.nodes.items():
                 node.ip = result["ips"][name]
                 node.shaping_verified = True

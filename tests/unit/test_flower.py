@@ -320,3 +320,24 @@ def test_the_superlink_s_cpu_weight_is_checked_before_anything_starts():
     for bad in ("0", "10001", "eight", "-5", "1.5"):
         with pytest.raises(ConfigError, match="EDGETB_FLWR_SUPERLINK_CPU_WEIGHT"):
             plan.superlink_cpu_weight({plan.SUPERLINK_CPU_WEIGHT_ENV: bad})
+
+
+def test_an_ended_flwr_run_s_exit_code_is_asked_again_while_the_worker_does_not_know_it(monkeypatch):
+    from controller.flower import flow
+
+    class Worker:
+        def __init__(self, codes):
+            self.codes = list(codes)
+
+        def processes(self):
+            code = self.codes.pop(0) if len(self.codes) > 1 else self.codes[0]
+            return {"processes": [{"id": "p1", "node": "n1", "running": False, "returncode": code}]}
+
+    monkeypatch.setattr(flow, "POLL_S", 0.01)
+    run = flow.FlowerRun.__new__(flow.FlowerRun)  # (only its worker is read)
+    run.worker = Worker([None, None, 0])
+    assert run._exit_code({"id": "p1"}, {"returncode": None}) == 0
+    run.worker = Worker([None])
+    monkeypatch.setattr(flow, "EXIT_CODE_WAIT_S", 0.05)
+    assert run._exit_code({"id": "p1"}, {"returncode": None}) is None
+    assert run._exit_code({"id": "p1"}, {"returncode": 3}) == 3

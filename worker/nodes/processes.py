@@ -342,7 +342,7 @@ class Processes:
                     os.killpg(rec["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        child = self._children.pop(proc_id, None)
+        child = self._children.get(proc_id)  # (kept until its record goes: a listing meanwhile reads its code)
         code = child.wait(timeout=timeout_s) if child else None
         if flower_forks.CPU_WEIGHT_ENV in self._envs.pop(proc_id, {}):  # the node weighs as any again
             try:
@@ -355,6 +355,8 @@ class Processes:
             rest = {"log": {"offset": log_offset, "next_offset": log_offset + len(data),
                             "data_b64": base64.b64encode(data).decode("ascii")}}
         self.book.remove(proc_id)
+        with self._lock:
+            self._children.pop(proc_id, None)
         return {"id": proc_id, "stopped": True, "returncode": code, **rest}
 
     def process_log(self, node: str, proc_id: str, offset: int = 0,
