@@ -134,6 +134,9 @@ def test_edgetb_up_replays_traced_links_in_the_foreground_until_stopped(cli, tmp
     again = json.loads(cli_run(["shape", "show", "a", "--json"], cli).stdout)
     assert last["kernel"]["classes"]["1:10"] == again["kernel"]["classes"]["1:10"] and again["verified"]
     assert len(cli_netns(cli)) == 2  # the nodes stay up
+    for netns in cli_netns(cli):  # a replay's nodes hand eth0 one frame at a time (a gap's HTB debt stays small)
+        detail = subprocess.run(["ip", "-n", netns, "-d", "link", "show", "eth0"], capture_output=True, text=True).stdout
+        assert "gso_max_size 1514 " in detail, detail
 
 
 def test_a_recordings_delay_column_is_refused_where_the_kernel_lacks_netem(cli, tmp_path):
