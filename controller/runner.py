@@ -259,10 +259,13 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
         return 2
     import gevent
 
+    from controller.workers.deploy import check_capabilities
+
     try:
         worker = _workers(spec)
         if found.state == "stale":
             remove_stale(options, found, worker, owned)
+        check_capabilities(spec.topology, worker.capabilities())  # (what this host cannot shape: before anything)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2

@@ -57,6 +57,7 @@ class FlowerSpec:
     structure: FlowerStructure
     shards: dict[str, str]  # SuperNode -> its shard's absolute path (a dataset given)
     timeline: Optional[Timeline] = None  # a scenario's, resolved
+    dataset: Optional[dict[str, Any]] = None  # the dataset settings (``controller.confs.confs.load_dataset``)
 
 
 def prepare(options: RunOptions) -> FlowerSpec:
@@ -77,17 +78,19 @@ def prepare(options: RunOptions) -> FlowerSpec:
 
     check_loads(structure.app, structure.python)  # a broken app is refused here, before any node is made
     shards: dict[str, str] = {}
+    settings = None
     if o.dataset:
         from controller.confs.confs import dataset_confs, load_dataset
 
-        confs = dataset_confs(load_dataset(path(o.dataset)), list(structure.supernodes), o.workdir)
+        settings = load_dataset(path(o.dataset))
+        confs = dataset_confs(settings, list(structure.supernodes), o.workdir)
         shards = {n: os.path.join(o.workdir, c["shard"]) for n, c in confs.items()}
     timeline = None
     if o.scenario:
         from controller.model.scenario import load_scenario
 
         timeline = load_scenario(path(o.scenario), topology)
-    return FlowerSpec(options, topology, structure, shards, timeline)
+    return FlowerSpec(options, topology, structure, shards, timeline, settings)
 
 
 def check(options: RunOptions) -> str:
@@ -170,7 +173,7 @@ class FlowerRun:
         self.run_dir = os.path.join(o.workdir, "dml_file", "log", run_id)
         self.out = RunDir(self.run_dir)
         s = spec.structure
-        self.record = describe(run_id, "flower", o.testbed_id, REPO_ROOT, {}, None)
+        self.record = describe(run_id, "flower", o.testbed_id, REPO_ROOT, {}, spec.dataset)
         self.record["flower"] = {"app": os.path.relpath(s.app, o.workdir), "app_name": s.app_name,
                                  "superlink": s.superlink, "supernodes": list(s.supernodes), "python": s.python,
                                  "flwr": flwr_version(s.python), "run_config": s.run_config}

@@ -111,7 +111,7 @@ class FlowerSession:
         try:
             ips = self.flower.deploy()
             for name, node in self.nodes.items():
-                node.ip = ips[name]
+                node.ip, node.shaping_verified = ips[name], True  # (the deploy read every node's shaping back)
             if self.scenario_timeline is not None:
                 from controller.run.scenario_runner import ScenarioRunner
 
@@ -136,8 +136,8 @@ class FlowerSession:
             self.finish("failed")
             raise
         self.t_start, self.t_start_monotonic = self.flower.record["started_at"], self.flower.t0
-        for node in self.nodes.values():
-            node.state, node.started_at = "running", self.t_start
+        for node in self.nodes.values():  # (every Flower process of the node started: SuperLink, SuperNodes)
+            node.state, node.started_at, node.up = "running", self.t_start, True
         if self.scenario is not None:
             self.scenario.start(self.flower.t0)
         threading.Thread(target=self._follow, args=(submitted,), name="edgetb-flower", daemon=True).start()
@@ -177,6 +177,7 @@ class FlowerSession:
                     break
 
     def _died(self, node: NodeState, detail: str) -> None:
+        node.up = False
         if node.expected_death:
             node.state, node.detail = node.expected_death, detail
             self.membership.rows.append({"t": time.time(), "node": node.name, "type": "died",
@@ -249,6 +250,7 @@ class FlowerSession:
             if self.t_start is not None or how == "failed":
                 self._write(how, detail)
             for node in self.nodes.values():
+                node.up = False  # (its Flower processes are stopped)
                 if node.state == "running":
                     node.state = "done" if how == "completed" else how
             self.ended = how

@@ -336,6 +336,8 @@ class Replay:
         return (f"{self.file} ({self.fmt}, {self.trace.bin_s * 1000:g} ms bins, {self.trace.duration_s:g} s, "
                 f"mean {human_rate(float(np.mean(rates)))}, max {human_rate(float(np.max(rates)))}"
                 + (f", from {self.offset_s:g} s" if self.offset_s else "")
+                + (f" (looped: {self.offset_s % self.trace.duration_s:g} s in)"
+                   if self.offset_s >= self.trace.duration_s else "")
                 + (f", x{self.time_scale:g} slower" if self.time_scale != 1 else "")
                 + "".join(f", {what} mean {float(np.mean(values)):.3g} {unit}" for what, values, unit in
                           (("delay", self.trace.delays_ms, "ms"), ("loss", self.trace.losses_pct, "%"))

@@ -175,7 +175,10 @@ def isolation_request(topology: Topology, ips: dict[str, str], isolation: Option
 
 def check_capabilities(topology: Topology, caps: dict[str, Any]) -> None:
     """Fail before anything is created when the worker cannot emulate the topology."""
-    needing = [f"{l.src}->{l.dst} ({l.shape.describe()})" for l in topology.links.values() if l.shape.needs_netem]
+    traces = topology.traces
+    needing = [f"{l.src}->{l.dst} ({l.shape.describe()}"
+               + (f"; the columns of {traces[(l.src, l.dst)].file}" if (l.src, l.dst) in traces else "") + ")"
+               for l in topology.links.values() if l.shape.needs_netem]
     if needing and not caps.get("netem"):
         shown = ", ".join(needing[:5]) + (f" and {len(needing) - 5} more" if len(needing) > 5 else "")
         raise CapabilityError(

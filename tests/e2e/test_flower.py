@@ -234,13 +234,16 @@ def test_the_curl_workflow_start_status_dashboard_then_reset(tmp_path):
         while "Next: curl" not in (tmp_path / "flwr_run.log").read_text():
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "flwr_run.log").read_text()
             time.sleep(0.5)
-        assert call(port, "/status")["phase"] == "ready"
+        ready = call(port, "/status")
+        assert ready["phase"] == "ready" and all(n["shaping_verified"] and not n["up"] for n in ready["nodes"]), ready
         started = call(port, "/start")
         assert started["started"] == ["n1", *SUPERNODES]
+        assert all(n["up"] for n in call(port, "/status")["nodes"])  # (2 rounds take longer than this call)
         while (status := call(port, "/status"))["phase"] == "running":
             assert time.monotonic() < deadline + 400, status
             time.sleep(1)
         assert status["phase"] == "finished" and status["ended"] == "completed" and status["round"] == 2, status
+        assert not any(n["up"] for n in status["nodes"]), status  # (its Flower processes stopped)
         view = call(port, "/api/view")
         assert view["algorithm"] == "flower" and view["series"]["round"]["round"] == [1, 2], view["series"]
         assert view["models"] == ["numpy-app · flower"]
@@ -254,7 +257,7 @@ def test_the_curl_workflow_start_status_dashboard_then_reset(tmp_path):
         log.close()
     out = run_folder(workdir)
     record = json.loads((out / "run.json").read_text())
-    assert record["ended"] == "completed"
+    assert record["ended"] == "completed" and record["seeds"]["dataset"] == 0  # (flwr_dataset.json's)
     with open(out / "metrics.csv", newline="") as f:
         assert [r["round"] for r in csv.DictReader(f)] == ["1", "2"]
     assert json.loads((out / "timeline.json").read_text()) is not None

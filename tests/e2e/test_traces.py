@@ -139,7 +139,7 @@ def test_edgetb_up_replays_traced_links_in_the_foreground_until_stopped(cli, tmp
         assert "gso_max_size 1514 " in detail, detail
 
 
-def test_a_recordings_delay_column_is_refused_where_the_kernel_lacks_netem(cli, tmp_path):
+def test_a_recordings_delay_column_is_refused_where_the_kernel_lacks_netem(cli, run, tmp_path):
     from worker.shaping.apply import netem_available
 
     if netem_available():
@@ -149,3 +149,14 @@ def test_a_recordings_delay_column_is_refused_where_the_kernel_lacks_netem(cli, 
     done = cli_run(["up", links], cli, check=False)
     assert done.returncode == 1 and "sch_netem" in done.stderr and "a->b" in done.stderr, done.stderr
     assert cli_netns(cli) == []  # nothing made
+    # a run script: refused as bad input is (exit 2), naming the recording, with nothing to remove
+    links = traced_links()
+    for link in (link for out in links.values() for link in out if "trace" in link):
+        link["trace"]["file"] = "traces/d.csv"
+    r: Run = run(links=links, defer=True)
+    (r.workdir / "traces").mkdir()
+    (r.workdir / "traces" / "d.csv").write_text((tmp_path / "d.csv").read_text())
+    r.start("--auto")
+    assert r.proc is not None and r.proc.wait(timeout=120) == 2
+    out = r.proc.stdout.read() if r.proc.stdout else ""
+    assert "sch_netem" in out and "the columns of traces/d.csv" in out and "removing" not in out, out

@@ -93,6 +93,7 @@ def test_a_replay_loops_shifts_stretches_and_never_stops_a_link():
     once = replay([1, 2, 0, 4], loop=False, offset_s=0.1, time_scale=2)
     assert [once.rate_at(t / 10 + 1e-6) for t in range(0, 12, 2)] == [2 * 10**6, 60_000,
                                                                       4 * 10**6, 4 * 10**6, 4 * 10**6, 4 * 10**6]
+    assert "from 0.5 s (looped: 0.1 s in)" in replay([1, 2, 0, 4], offset_s=0.5).describe()
     assert r.floor_bps == 120_000 and once.floor_bps == 60_000  # one 1,500-byte packet a bin (a stretched one: 0.2 s)
     assert floor_bps(0.01) == 1_200_000 and floor_bps(10.0) == MIN_REPLAY_RATE_BPS
     assert once.tick_s == pytest.approx(0.2) and once.end_s == pytest.approx(0.4) and r.end_s == float("inf")
