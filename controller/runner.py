@@ -184,6 +184,11 @@ def _check(options: RunOptions) -> int:
         else:
             spec = prepare(options)
             checked = f"{len(spec.structure)} nodes, {len(spec.topology.links)} links"
+            if os.geteuid() == 0 and not options.hosts:  # this host's kernel: what it cannot shape
+                from controller.workers.deploy import check_netem
+                from worker.shaping.apply import netem_available
+
+                check_netem(spec.topology, {"netem": netem_available(), "kernel": os.uname().release})
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2

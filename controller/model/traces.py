@@ -20,18 +20,21 @@ interval covers has rate 0). Errors name the file and the line, before anything 
 
 A link replays a trace as a ``Replay`` (``TRACE_SCHEMA``: links.json's ``"trace"`` object, and
 a scenario's ``trace`` event): the trace shifted by ``offset_s``, stretched by ``time_scale``,
-looped or not, never below ``floor_bps``: one packet a bin (a Mahimahi delivery opportunity). HTB
-charges a packet in full at its class's rate as it leaves, and a later, higher rate does not pay
-that debt sooner; at the floor, a packet sent in a bin of nothing delivered is paid within about
-that bin. So the nodes of an experiment that replays traces are handed packets of one frame at
-most (``REPLAY_GSO_MAX_BYTES``, the node's ``gso_max_bytes``): one 64 KB segment at 8 kbit/s
-would be a minute's debt. ``TraceFiles`` reads each file (in a
+looped or not. A bin of nothing delivered replays at ``floor_bps``: one packet (a Mahimahi delivery
+opportunity) a bin, or a ``FLOOR_WINDOW_S`` when bins are shorter (120 kbit/s at most); any other
+bin at its rate, never below ``MIN_REPLAY_RATE_BPS``. HTB charges a packet in full at its class's
+rate as it leaves, and a later, higher rate does not pay that debt sooner; at the floor, a packet
+sent in a gap is paid within about a bin. So the nodes of an experiment that replays traces are
+handed packets of one frame at most (``REPLAY_GSO_MAX_BYTES``, the node's ``gso_max_bytes``):
+one 64 KB segment at 8 kbit/s would be a minute's debt. (A slow bin's packet takes as long as
+the recording's rate says: that is the link.) ``TraceFiles`` reads each file (in a
 format, at a bin) once however many links replay it, and only inside its directory.
 """
 from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -48,15 +51,18 @@ MAX_TRACE_BYTES = 256 << 20
 MAX_BINS = 10_000_000
 MIN_BIN_MS, MAX_BIN_MS = 1, 3_600_000
 MIN_REPLAY_RATE_BPS = 8_000  # the least rate a link replays, whatever its bin (a link must have a rate)
+FLOOR_WINDOW_S = 0.1  # a bin of nothing delivered lets one packet through in this long (or in a longer bin)
+NOTHING_DELIVERED = re.compile(r"\s*(0+\.?0*|\.0+)\s*[A-Za-z]*\s*")  # a csv rate of 0 (any unit): a gap
+MIN_TICK_MS = 10  # a replay's rate changes at most this often (a bin, stretched by time_scale)
 REPLAY_GSO_MAX_BYTES = 1514  # one full Ethernet frame: the largest packet a replaying node's stack hands its interface
 MAX_TIME_SCALE = 1000.0
 MIN_REPLAY_DELAY_MS = 0.001  # a bin of no delay and no loss keeps a netem leaf: 1 us of delay
 
 
 def floor_bps(tick_s: float) -> int:
-    """The least rate of a replay whose rate changes every ``tick_s``: one 1,500-byte packet a
-    tick, never below ``MIN_REPLAY_RATE_BPS``."""
-    return max(MIN_REPLAY_RATE_BPS, math.ceil(MAHIMAHI_PACKET_BYTES * 8 / tick_s - 1e-6))
+    """The rate of a bin of nothing delivered, when bins last ``tick_s``: one 1,500-byte packet a
+    bin (or a ``FLOOR_WINDOW_S``, for shorter bins), never below ``MIN_REPLAY_RATE_BPS``."""
+    return max(MIN_REPLAY_RATE_BPS, math.ceil(MAHIMAHI_PACKET_BYTES * 8 / max(tick_s, FLOOR_WINDOW_S) - 1e-6))
 
 
 @dataclass(frozen=True)
@@ -213,7 +219,7 @@ def rate_rows(lines: Sequence[str], bin_ms: int, path: str) -> Trace:
         where = f"{path}, line {n}"
         t = _number(cells[0], "time_s", where)
         try:
-            rate = parse_rate_bps(cells[1])
+            rate = 0 if NOTHING_DELIVERED.fullmatch(cells[1]) else parse_rate_bps(cells[1])
         except ConfigError as e:
             raise ConfigError(f"{where}: {e.message}") from None
         extra = {name: _number(text, name, where) for name, text in zip(header[2:], cells[2:])}
@@ -305,11 +311,15 @@ class Replay:
 
     @property
     def floor_bps(self) -> int:
-        """The least rate it replays: one packet a bin (120 kbit/s at 100 ms)."""
+        """The rate of its bins of nothing delivered (120 kbit/s at 100 ms bins or shorter)."""
         return floor_bps(self.tick_s)
 
+    def replayed(self, rate_bps: float) -> int:
+        """The rate a bin of ``rate_bps`` replays at (the floor for nothing delivered)."""
+        return max(int(rate_bps), MIN_REPLAY_RATE_BPS) if rate_bps > 0 else self.floor_bps
+
     def rate_at(self, t_s: float) -> int:
-        return max(self.trace.rate_at(t_s, self.loop, self.offset_s, self.time_scale), self.floor_bps)
+        return self.replayed(self.trace.rate_at(t_s, self.loop, self.offset_s, self.time_scale))
 
     @property
     def needs_netem(self) -> bool:
@@ -338,7 +348,8 @@ class Replay:
                 + (f", from {self.offset_s:g} s" if self.offset_s else "")
                 + (f" (looped: {self.offset_s % self.trace.duration_s:g} s in)"
                    if self.offset_s >= self.trace.duration_s else "")
-                + (f", x{self.time_scale:g} slower" if self.time_scale != 1 else "")
+                + (f", x{self.time_scale:g} slower" if self.time_scale > 1 else "")
+                + (f", x{1 / self.time_scale:.3g} faster" if self.time_scale < 1 else "")
                 + "".join(f", {what} mean {float(np.mean(values)):.3g} {unit}" for what, values, unit in
                           (("delay", self.trace.delays_ms, "ms"), ("loss", self.trace.losses_pct, "%"))
                           if values is not None)
@@ -394,6 +405,10 @@ class TraceFiles:
             raise error(f"{place.field('offset_s')}: {v['offset_s']:g} s is past the end of {v['file']} "
                         f"({trace.duration_s:g} s)")
         replay = Replay(trace, v["file"], v["format"], v["loop"], v["offset_s"], v["time_scale"])
+        if replay.tick_s * 1000 < MIN_TICK_MS - 1e-9:
+            raise error(f"{place.field('bin_ms')}: bins of {v['bin_ms']} ms at time_scale {v['time_scale']:g} change "
+                        f"the rate every {replay.tick_s * 1000:g} ms; a replay changes it at most every "
+                        f"{MIN_TICK_MS} ms")
         if rate_only and replay.needs_netem:
             raise error(f"{place.field('file')}: {v['file']} has delay_ms or loss_pct columns, and {rate_only} "
                         f"replays only the rate: a link of links.json replays them")

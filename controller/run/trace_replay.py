@@ -406,7 +406,7 @@ def schedule_of(link: TracedLink) -> dict[str, Any]:
     """``link``'s entry of a host's schedule (``worker.shaping.schedule.parse``): the bins the
     controller's ticks would apply (``Replay.rate_at``/``netem_at`` of each bin)."""
     replay, trace = link.replay, link.replay.trace
-    rates = [max(int(r), replay.floor_bps) for r in trace.rates_bps]
+    rates = [replay.replayed(r) for r in trace.rates_bps]
     netem = None
     if replay.needs_netem:
         n = len(rates)

@@ -175,6 +175,15 @@ def isolation_request(topology: Topology, ips: dict[str, str], isolation: Option
 
 def check_capabilities(topology: Topology, caps: dict[str, Any]) -> None:
     """Fail before anything is created when the worker cannot emulate the topology."""
+    check_netem(topology, caps)
+    limited = [n.name for n in topology.nodes.values() if n.cpu or n.mem_bytes or n.pids_max]
+    if limited and not caps.get("cgroup_version"):
+        raise CapabilityError(f"the worker has no usable cgroups, so the limits of {', '.join(limited[:5])} cannot be set")
+
+
+def check_netem(topology: Topology, caps: dict[str, Any]) -> None:
+    """Fail when a link needs netem (delay, jitter, loss: links.json's or a recording's columns)
+    and the worker's kernel (``caps``: its ``netem`` and ``kernel``) lacks it."""
     traces = topology.traces
     needing = [f"{l.src}->{l.dst} ({l.shape.describe()}"
                + (f"; the columns of {traces[(l.src, l.dst)].file}" if (l.src, l.dst) in traces else "") + ")"
@@ -184,9 +193,6 @@ def check_capabilities(topology: Topology, caps: dict[str, Any]) -> None:
         raise CapabilityError(
             f"the worker's kernel ({caps.get('kernel', '?')}) has no sch_netem, so delay, jitter and loss "
             f"cannot be emulated; links that need it: {shown}")
-    limited = [n.name for n in topology.nodes.values() if n.cpu or n.mem_bytes or n.pids_max]
-    if limited and not caps.get("cgroup_version"):
-        raise CapabilityError(f"the worker has no usable cgroups, so the limits of {', '.join(limited[:5])} cannot be set")
 
 
 def deploy(topology: Topology, worker: Worker, progress: Progress = _quiet,

@@ -94,8 +94,11 @@ def test_a_replay_loops_shifts_stretches_and_never_stops_a_link():
     assert [once.rate_at(t / 10 + 1e-6) for t in range(0, 12, 2)] == [2 * 10**6, 60_000,
                                                                       4 * 10**6, 4 * 10**6, 4 * 10**6, 4 * 10**6]
     assert "from 0.5 s (looped: 0.1 s in)" in replay([1, 2, 0, 4], offset_s=0.5).describe()
+    assert "x2 slower" in once.describe() and "x4 faster" in replay([1], time_scale=0.25).describe()
     assert r.floor_bps == 120_000 and once.floor_bps == 60_000  # one 1,500-byte packet a bin (a stretched one: 0.2 s)
-    assert floor_bps(0.01) == 1_200_000 and floor_bps(10.0) == MIN_REPLAY_RATE_BPS
+    assert floor_bps(0.01) == 120_000 and floor_bps(10.0) == MIN_REPLAY_RATE_BPS  # (10 ms bins: a packet in 100 ms)
+    slow = replay([0.064, 0.002, 0, 0.2])  # a slow link's recorded rates hold (at least 8 kbit/s); a gap: the floor
+    assert [slow.rate_at(t / 10 + 1e-6) for t in range(4)] == [64_000, MIN_REPLAY_RATE_BPS, 120_000, 200_000]
     assert once.tick_s == pytest.approx(0.2) and once.end_s == pytest.approx(0.4) and r.end_s == float("inf")
     assert r.rates_bps(2) == [1_724_000, 1_836_000]  # (3 x 1 + 3 x 2 + 2 x 0.12 + 2 x 4) / 10 Mbit/s, ...
 
@@ -234,6 +237,15 @@ def test_nodes_json_access_links_replay_a_trace(tmp_path):
     (tmp_path / "nodes.json").write_text(json.dumps(nodes))
     with pytest.raises(TopologyError, match=r"nodes.json: node 't2', field 'uplink', trace: .*none.down"):
         load_nodes(str(tmp_path / "nodes.json"))
+
+
+def test_a_replay_changing_its_rate_more_often_than_every_10_ms_is_refused(tmp_path):
+    for trace, words in (({"bin_ms": 5}, "bins of 5 ms at time_scale 1 change the rate every 5 ms"),
+                         ({"time_scale": 0.05}, "bins of 100 ms at time_scale 0.05 change the rate every 5 ms")):
+        path = write_links(tmp_path, {"n1": [{"dest": "n2", "trace": traced(**trace)}]})
+        with pytest.raises(TopologyError, match=f"bin_ms.*{words}; a replay changes it at most every 10 ms"):
+            load_links(path)
+    assert load_links(write_links(tmp_path, {"n1": [{"dest": "n2", "trace": traced(bin_ms=10)}]})).traces
 
 
 def test_the_nodes_of_a_replay_hand_their_interface_one_frame_at_a_time(tmp_path):

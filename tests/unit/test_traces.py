@@ -55,6 +55,8 @@ def test_a_csv_holds_each_rate_until_the_next_row(tmp_path):
     assert trace.rates_bps.tolist() == [1_000_000, 1_000_000, 3_000_000]  # (the last row: one bin)
     trace = read_trace(write(tmp_path, "t.csv", "0,1mbit\n0.25,3mbit\n"), "csv", bin_ms=100)
     assert trace.rates_bps.tolist() == [1_000_000, 1_000_000, 2_000_000, 1_500_000]  # time-weighted
+    trace = read_trace(write(tmp_path, "t.csv", "0,1mbit\n0.1,0\n0.2,0mbit\n0.3,2mbit\n"), "csv", bin_ms=100)
+    assert trace.rates_bps.tolist() == [1_000_000, 0, 0, 2_000_000]  # an outage: nothing delivered (the replay's floor)
 
 
 @pytest.mark.parametrize("fmt,text,words", [
@@ -68,6 +70,7 @@ def test_a_csv_holds_each_rate_until_the_next_row(tmp_path):
     ("hsdpa", "1 2000 0 0 10 100\n1 1000 0 0 10 100\n", "line 2: time goes back (1000 ms after 2000 ms)"),
     ("csv", "0,1mbit\n1,2mbps\n0.5,1mbit\n", "line 3: time_s goes back (0.5 after 1)"),
     ("csv", "0,-1mbit\n", "x.trace, line 1:"),
+    ("csv", "0,0.5\n", "x.trace, line 1: rate '0.5' needs a number and a unit"),
     ("csv", "0,1mbit,5\n", "line 1: expected 2 fields (time_s,rate), got 3"),
     ("pcap", "0\n", "unknown trace format 'pcap'; known: mahimahi, hsdpa, ghent4g, csv"),
 ])
