@@ -613,7 +613,12 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                           f"testbed {args.id} as it is up")
     worker = _worker(args)
     timeline = load_scenario(args.file, deploy.live_topology(worker))
-    ips = {n["name"]: n["ip"] for n in worker.status()["nodes"]}
+    nodes = worker.status()["nodes"]
+    ips = {n["name"]: n["ip"] for n in nodes}
+    if timeline.replays and any(n["runtime"] != "physical" and not n.get("gso_max_bytes") for n in nodes):
+        _progress("warning: this testbed's nodes were made with 64 KB segments (no recording in its links.json): "
+                  "after a gap of a replayed recording a bulk flow can stall for up to a minute (the traces "
+                  "how-to, 'A quiet stretch')")
     rounds = sum(len(v) for v in timeline.by_round().values())
     if rounds:
         _progress(f"{rounds} steps wait for a node's round: they apply only during a run (--scenario of a run script)")

@@ -186,9 +186,9 @@ def _check(options: RunOptions) -> int:
             checked = f"{len(spec.structure)} nodes, {len(spec.topology.links)} links"
             if os.geteuid() == 0 and not options.hosts:  # this host's kernel: what it cannot shape
                 from controller.workers.deploy import check_netem
-                from worker.shaping.apply import netem_available
+                from worker.host import kernel_netem
 
-                check_netem(spec.topology, {"netem": netem_available(), "kernel": os.uname().release})
+                check_netem(spec.topology, kernel_netem())
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
@@ -268,9 +268,9 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
 
     try:
         worker = _workers(spec)
+        check_capabilities(spec.topology, worker.capabilities())  # (what this host cannot shape: before anything)
         if found.state == "stale":
             remove_stale(options, found, worker, owned)
-        check_capabilities(spec.topology, worker.capabilities())  # (what this host cannot shape: before anything)
     except TestbedError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2

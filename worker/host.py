@@ -40,6 +40,11 @@ if TYPE_CHECKING:
     from worker.nodes.docker import DockerRuntime
 
 
+def kernel_netem() -> dict[str, Any]:
+    """Whether this host's kernel has sch_netem, and its release (a run's ``--check`` asks)."""
+    return {"netem": tc_apply.netem_available(), "kernel": os.uname().release}
+
+
 def versioned(answer: dict[str, Any]) -> dict[str, Any]:
     """An answer of the API: ``answer`` with its version first."""
     return {"version": API_VERSION, **answer}
@@ -330,7 +335,7 @@ class WorkerHost:
             plan = state["plans"].get(name)
             nodes.append({"name": name, "ip": rec["ip"], "runtime": rec["runtime"], "cpu": rec["cpu"],
                           "mem_bytes": rec["mem_bytes"], "links": len(plan["rules"]) if plan else 0,
-                          "shaped": plan is not None})
+                          "shaped": plan is not None, "gso_max_bytes": rec.get("gso_max_bytes")})
         running = self.procs.running(state)
         bridge = state.get("bridge")
         return {"version": API_VERSION, "testbed_id": self.testbed_id,

@@ -107,12 +107,14 @@ def run(options: RunOptions, run_id: str, found: Any, owned: Any, remove_stale: 
     at the end, whatever happens; ``remove_stale``: what a dead holder left, removed; ``serve``:
     the controller's servers of the run (started; None when they cannot listen, said already))."""
     from controller.workers.connect import connect
+    from controller.workers.deploy import check_capabilities
     from worker.host import REPO_ROOT
 
     try:
         spec = prepare(options)
         worker = connect(options.testbed_id, options.subnet, runtime=options.runtime, workdir=options.workdir,
                          code_root=REPO_ROOT)
+        check_capabilities(spec.topology, worker.capabilities())  # (what this host cannot shape: before anything)
         if found.state == "stale":
             remove_stale(worker)
     except TestbedError as e:
@@ -355,9 +357,9 @@ class FlowerRun:
                 code = self._exit_code(submitted, ended)
                 done, planned = len(self.reader.rounds), self.reader.num_rounds
                 all_rounds = done and (planned is None or max(self.reader.rounds) >= planned)
-                if code is None and all_rounds:  # (its exit code lost: judged by Flower's own log)
-                    self.progress(f"'flwr run' ended with no exit code known after all {done} rounds: "
-                                  "judged by its log")
+                if code is None and all_rounds and self.reader.finished:  # (its exit code lost: Flower's log)
+                    self.progress(f"'flwr run' ended with no exit code known after all {done} rounds and the "
+                                  "strategy's summary: judged by its log")
                     code = 0
                 if code == 0 and all_rounds:
                     if self.reader.nothing_trained():

@@ -21,6 +21,7 @@ NON_FINITE = re.compile(r"(?<![\w'\"])-?(?:nan|inf)\b")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SECTIONS = {"aggregate_train": "train", "aggregate_evaluate": "evaluate", "Global evaluation": "server"}
 RECEIVED = re.compile(r"aggregate_(train|evaluate): Received (\d+) results and (\d+) failures")
+FINISHED = re.compile(r"Strategy execution finished in|Run finished \d+ round")  # the ServerApp's last words
 BASE_COLUMNS = ["run_id", "algorithm", "node", "round", "time_s"]
 
 
@@ -47,6 +48,7 @@ class RoundReader:
         self.round: Optional[int] = None
         self._section: Optional[str] = None
         self.replies: dict[int, dict[str, tuple[int, int]]] = {}  # round -> section -> (results, failures)
+        self.finished = False  # the strategy said it finished (its summary)
 
     def feed(self, line: str, time_s: float = 0.0) -> Optional[int]:
         """One line read at ``time_s``; the round whose metrics it completed, if any."""
@@ -55,6 +57,8 @@ class RoundReader:
         if m:
             self.round, self.num_rounds, self._section = int(m.group(1)), int(m.group(2)), None
             return None
+        if FINISHED.search(line):
+            self.finished = True
         m = RECEIVED.search(line)
         if m and self.round is not None:
             self.replies.setdefault(self.round, {})[m.group(1)] = (int(m.group(2)), int(m.group(3)))

@@ -226,6 +226,7 @@ class FlowerSession:
         node.lives.append({"started_at": node.started_at, "ended": node.state, "ended_at": time.time()})
         self.flower.restart(name)
         node.state, node.expected_death, node.detail, node.started_at = "running", "", "", time.time()
+        node.up = True
         self.membership.rows.append({"t": time.time(), "node": name, "type": "replaced", "why": "replaced"})
         return {"node": name, "lives": len(node.lives) + 1}
 

@@ -20,14 +20,13 @@ interval covers has rate 0). Errors name the file and the line, before anything 
 
 A link replays a trace as a ``Replay`` (``TRACE_SCHEMA``: links.json's ``"trace"`` object, and
 a scenario's ``trace`` event): the trace shifted by ``offset_s``, stretched by ``time_scale``,
-looped or not. A bin of nothing delivered replays at ``floor_bps``: one packet (a Mahimahi delivery
-opportunity) a bin, or a ``FLOOR_WINDOW_S`` when bins are shorter (120 kbit/s at most); any other
-bin at its rate, never below ``MIN_REPLAY_RATE_BPS``. HTB charges a packet in full at its class's
-rate as it leaves, and a later, higher rate does not pay that debt sooner; at the floor, a packet
-sent in a gap is paid within about a bin. So the nodes of an experiment that replays traces are
-handed packets of one frame at most (``REPLAY_GSO_MAX_BYTES``, the node's ``gso_max_bytes``):
-one 64 KB segment at 8 kbit/s would be a minute's debt. (A slow bin's packet takes as long as
-the recording's rate says: that is the link.) ``TraceFiles`` reads each file (in a
+looped or not, never below ``floor_bps``: one packet (a Mahimahi delivery opportunity) a bin, or
+a ``FLOOR_WINDOW_S`` when bins are shorter (120 kbit/s at most). HTB charges a packet in full at
+its class's rate as it leaves, and a later, higher rate does not pay that debt sooner (a real
+link would deliver the packet as soon as its rate rose); at the floor, a packet sent in a gap
+is paid within about a bin. So the nodes of an experiment that replays traces are handed packets
+of one frame at most (``REPLAY_GSO_MAX_BYTES``, the node's ``gso_max_bytes``): one 64 KB segment
+at 8 kbit/s would be a minute's debt. A recording of slower links wants longer bins (1 s: 12 kbit/s). ``TraceFiles`` reads each file (in a
 format, at a bin) once however many links replay it, and only inside its directory.
 """
 from __future__ import annotations
@@ -52,7 +51,7 @@ MAX_BINS = 10_000_000
 MIN_BIN_MS, MAX_BIN_MS = 1, 3_600_000
 MIN_REPLAY_RATE_BPS = 8_000  # the least rate a link replays, whatever its bin (a link must have a rate)
 FLOOR_WINDOW_S = 0.1  # a bin of nothing delivered lets one packet through in this long (or in a longer bin)
-NOTHING_DELIVERED = re.compile(r"\s*(0+\.?0*|\.0+)\s*[A-Za-z]*\s*")  # a csv rate of 0 (any unit): a gap
+NOTHING_DELIVERED = re.compile(r"\s*(0+\.?0*|\.0+)\s*([A-Za-z]*)\s*")  # a csv rate of 0: an outage
 MIN_TICK_MS = 10  # a replay's rate changes at most this often (a bin, stretched by time_scale)
 REPLAY_GSO_MAX_BYTES = 1514  # one full Ethernet frame: the largest packet a replaying node's stack hands its interface
 MAX_TIME_SCALE = 1000.0
@@ -60,8 +59,8 @@ MIN_REPLAY_DELAY_MS = 0.001  # a bin of no delay and no loss keeps a netem leaf:
 
 
 def floor_bps(tick_s: float) -> int:
-    """The rate of a bin of nothing delivered, when bins last ``tick_s``: one 1,500-byte packet a
-    bin (or a ``FLOOR_WINDOW_S``, for shorter bins), never below ``MIN_REPLAY_RATE_BPS``."""
+    """The least rate a replay whose bins last ``tick_s`` replays: one 1,500-byte packet a bin (or
+    a ``FLOOR_WINDOW_S``, for shorter bins), never below ``MIN_REPLAY_RATE_BPS``."""
     return max(MIN_REPLAY_RATE_BPS, math.ceil(MAHIMAHI_PACKET_BYTES * 8 / max(tick_s, FLOOR_WINDOW_S) - 1e-6))
 
 
@@ -219,7 +218,14 @@ def rate_rows(lines: Sequence[str], bin_ms: int, path: str) -> Trace:
         where = f"{path}, line {n}"
         t = _number(cells[0], "time_s", where)
         try:
-            rate = 0 if NOTHING_DELIVERED.fullmatch(cells[1]) else parse_rate_bps(cells[1])
+            zero = NOTHING_DELIVERED.fullmatch(cells[1])
+            rate = parse_rate_bps(cells[1]) if zero is None else 0
+            if zero is not None and zero.group(2):
+                try:
+                    parse_rate_bps(f"1{zero.group(2)}")  # (the unit is one)
+                except ConfigError:
+                    raise ConfigError(f"rate {cells[1]!r}: unknown unit {zero.group(2)!r} (as links.json's "
+                                      "bw: 2mbit, 500kbit)") from None
         except ConfigError as e:
             raise ConfigError(f"{where}: {e.message}") from None
         extra = {name: _number(text, name, where) for name, text in zip(header[2:], cells[2:])}
@@ -311,12 +317,12 @@ class Replay:
 
     @property
     def floor_bps(self) -> int:
-        """The rate of its bins of nothing delivered (120 kbit/s at 100 ms bins or shorter)."""
+        """The least rate it replays: a bin of nothing delivered (120 kbit/s at 100 ms bins or shorter)."""
         return floor_bps(self.tick_s)
 
     def replayed(self, rate_bps: float) -> int:
-        """The rate a bin of ``rate_bps`` replays at (the floor for nothing delivered)."""
-        return max(int(rate_bps), MIN_REPLAY_RATE_BPS) if rate_bps > 0 else self.floor_bps
+        """The rate a bin of ``rate_bps`` replays at: at least the floor (one packet a bin)."""
+        return max(int(rate_bps), self.floor_bps)
 
     def rate_at(self, t_s: float) -> int:
         return self.replayed(self.trace.rate_at(t_s, self.loop, self.offset_s, self.time_scale))

@@ -241,6 +241,7 @@ def test_a_bulk_flow_is_back_with_the_trace_right_after_a_bin_of_nothing_deliver
     created = host.create_nodes(nodes_body({"name": "a", **replayed}, {"name": "b", **replayed}, "c"))["nodes"]
     ips = {n["name"]: n["ip"] for n in created}
     assert [gso_max_size(n["netns"]) for n in created] == [REPLAY_GSO_MAX_BYTES] * 2 + [65_536]
+    assert [n["gso_max_bytes"] for n in host.status()["nodes"]] == [REPLAY_GSO_MAX_BYTES] * 2 + [None]
     host.set_links(links(("b", "a", ips["a"], 8 * 10**6)))
     iperf_server(host, "b")
     trace = replay([8] * 20 + [0] * 10 + [8] * 60)  # b -> a: 2 s at 8 Mbit/s, 1 s of nothing, 6 s at 8 again

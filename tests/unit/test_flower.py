@@ -199,7 +199,8 @@ def test_the_app_is_submitted_with_flower_s_cli_and_its_config_names_the_superli
 def test_flower_1_42_s_log_of_a_run_gives_one_row_a_round():
     with open(os.path.join(DATA, "flower_1.42_run.log"), encoding="utf-8") as f:
         reader = metrics.RoundReader().feed_all(f.read().split("\n"))
-    assert reader.num_rounds == 2 and sorted(reader.rounds) == [1, 2]
+    assert reader.num_rounds == 2 and sorted(reader.rounds) == [1, 2] and reader.finished  # (its summary line)
+    assert not metrics.RoundReader().feed_all(["INFO :      [ROUND 2/2]"]).finished
     columns, rows = metrics.rows(reader, "r1", "n1")
     assert columns == ["run_id", "algorithm", "node", "round", "time_s", "flwr_eval_acc", "flwr_eval_loss",
                        "flwr_train_loss"]

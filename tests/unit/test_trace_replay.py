@@ -97,8 +97,10 @@ def test_a_replay_loops_shifts_stretches_and_never_stops_a_link():
     assert "x2 slower" in once.describe() and "x4 faster" in replay([1], time_scale=0.25).describe()
     assert r.floor_bps == 120_000 and once.floor_bps == 60_000  # one 1,500-byte packet a bin (a stretched one: 0.2 s)
     assert floor_bps(0.01) == 120_000 and floor_bps(10.0) == MIN_REPLAY_RATE_BPS  # (10 ms bins: a packet in 100 ms)
-    slow = replay([0.064, 0.002, 0, 0.2])  # a slow link's recorded rates hold (at least 8 kbit/s); a gap: the floor
-    assert [slow.rate_at(t / 10 + 1e-6) for t in range(4)] == [64_000, MIN_REPLAY_RATE_BPS, 120_000, 200_000]
+    slow = replay([0.064, 0.002, 0, 0.2])  # under a packet a bin: the floor, as a gap (HTB's debt would stall a flow)
+    assert [slow.rate_at(t / 10 + 1e-6) for t in range(4)] == [120_000, 120_000, 120_000, 200_000]
+    assert replay([0.064, 0.002], bin_s=1.0).rate_at(0.5) == 64_000  # longer bins: a slow link as recorded
+    assert replay([0.064, 0.002], bin_s=1.0).rate_at(1.5) == 12_000
     assert once.tick_s == pytest.approx(0.2) and once.end_s == pytest.approx(0.4) and r.end_s == float("inf")
     assert r.rates_bps(2) == [1_724_000, 1_836_000]  # (3 x 1 + 3 x 2 + 2 x 0.12 + 2 x 4) / 10 Mbit/s, ...
 

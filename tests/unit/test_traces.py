@@ -71,6 +71,7 @@ def test_a_csv_holds_each_rate_until_the_next_row(tmp_path):
     ("csv", "0,1mbit\n1,2mbps\n0.5,1mbit\n", "line 3: time_s goes back (0.5 after 1)"),
     ("csv", "0,-1mbit\n", "x.trace, line 1:"),
     ("csv", "0,0.5\n", "x.trace, line 1: rate '0.5' needs a number and a unit"),
+    ("csv", "0,0foo\n", "x.trace, line 1: rate '0foo': unknown unit 'foo'"),
     ("csv", "0,1mbit,5\n", "line 1: expected 2 fields (time_s,rate), got 3"),
     ("pcap", "0\n", "unknown trace format 'pcap'; known: mahimahi, hsdpa, ghent4g, csv"),
 ])

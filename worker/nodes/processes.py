@@ -389,8 +389,9 @@ class Processes:
         for rec in self.book.records():
             if rec["node"] != node or self.process_state(rec)["running"]:
                 continue
-            env = self._envs.pop(rec["id"], {})
-            self._children.pop(rec["id"], None)
+            with self._lock:
+                env = self._envs.pop(rec["id"], {})
+                self._children.pop(rec["id"], None)
             self.book.remove(rec["id"])
             started.append(self.start_process(node, {"argv": rec["argv"], "env": env})["id"])
         return started
