@@ -481,6 +481,7 @@ def test_a_recorded_trace_is_one_step_replayed_bin_by_bin_from_its_offset(tmp_pa
     timeline = load_scenario(write(tmp_path, ev(at=3, trace=trace)), topology())
     (step,) = timeline.steps
     assert (step.at_s, step.kind, step.params["pairs"]) == (3, "trace", [("n1", "n2")])
+    assert timeline.replays == [step.params["replay"]]  # (its nodes are made with one-frame segments)
     link = TracedLink("n1", "n2", step.params["replay"], start_s=3.0)
     packet_bps = 1500 * 8 * 10  # one packet a 100 ms bin
     # bins: 0-100 ms 2 packets, 100-200 ms 2, 200-300 ms none (the floor), 300-400 ms 1, then it holds
