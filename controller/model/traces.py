@@ -26,8 +26,9 @@ its class's rate as it leaves, and a later, higher rate does not pay that debt s
 link would deliver the packet as soon as its rate rose); at the floor, a packet sent in a gap
 is paid within about a bin. So the nodes of an experiment that replays traces are handed packets
 of one frame at most (``REPLAY_GSO_MAX_BYTES``, the node's ``gso_max_bytes``): one 64 KB segment
-at 8 kbit/s would be a minute's debt. A recording of slower links wants longer bins (1 s: 12 kbit/s). ``TraceFiles`` reads each file (in a
-format, at a bin) once however many links replay it, and only inside its directory.
+at 8 kbit/s would be a minute's debt. A recording of slower links wants longer bins (1 s: 12
+kbit/s). A replay's rate changes at most every ``MIN_TICK_MS``. ``TraceFiles`` reads each file
+(in a format, at a bin) once however many links replay it, and only inside its directory.
 """
 from __future__ import annotations
 
