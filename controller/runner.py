@@ -264,11 +264,14 @@ def _run(options: RunOptions, run_id: str, found: Any, owned: Ownership,
         return 2
     import gevent
 
-    from controller.workers.deploy import check_capabilities
+    from controller.workers.deploy import refusal
 
     try:
         worker = _workers(spec)
-        check_capabilities(spec.topology, worker.capabilities())  # (what this host cannot shape: before anything)
+        refused = refusal(spec.topology, worker)
+        if refused is not None:
+            print(f"error: {refused[1]}", file=sys.stderr)
+            return refused[0]
         if found.state == "stale":
             remove_stale(options, found, worker, owned)
     except TestbedError as e:

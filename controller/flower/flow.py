@@ -107,14 +107,17 @@ def run(options: RunOptions, run_id: str, found: Any, owned: Any, remove_stale: 
     at the end, whatever happens; ``remove_stale``: what a dead holder left, removed; ``serve``:
     the controller's servers of the run (started; None when they cannot listen, said already))."""
     from controller.workers.connect import connect
-    from controller.workers.deploy import check_capabilities
+    from controller.workers.deploy import refusal
     from worker.host import REPO_ROOT
 
     try:
         spec = prepare(options)
         worker = connect(options.testbed_id, options.subnet, runtime=options.runtime, workdir=options.workdir,
                          code_root=REPO_ROOT)
-        check_capabilities(spec.topology, worker.capabilities())  # (what this host cannot shape: before anything)
+        refused = refusal(spec.topology, worker)
+        if refused is not None:
+            print(f"error: {refused[1]}", file=sys.stderr)
+            return refused[0]
         if found.state == "stale":
             remove_stale(worker)
     except TestbedError as e:

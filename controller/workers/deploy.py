@@ -181,6 +181,19 @@ def check_capabilities(topology: Topology, caps: dict[str, Any]) -> None:
         raise CapabilityError(f"the worker has no usable cgroups, so the limits of {', '.join(limited[:5])} cannot be set")
 
 
+def refusal(topology: Topology, worker: Worker) -> Optional[tuple[int, str]]:
+    """Asked before anything is made: ``(2, why)`` when a worker cannot shape ``topology`` (a run
+    script's code for bad input), ``(1, why)`` when a worker does not answer (a failed deploy's),
+    else None."""
+    try:
+        check_capabilities(topology, worker.capabilities())
+    except CapabilityError as e:
+        return 2, e.message
+    except TestbedError as e:
+        return 1, e.message
+    return None
+
+
 def check_netem(topology: Topology, caps: dict[str, Any]) -> None:
     """Fail when a link needs netem (delay, jitter, loss: links.json's or a recording's columns)
     and the worker's kernel (``caps``: its ``netem`` and ``kernel``) lacks it."""

@@ -194,3 +194,25 @@ def test_a_cluster_of_one_loopback_agent_reaches_the_controller_by_its_bridge():
     c.install_routes()
     assert fake.calls[-1] == ("routes", [])  # nothing to route: one stack
     assert c.reset()["removed"] == {"local": {"nodes": 1}}  # no second reset of the same stack
+
+
+def test_a_run_is_refused_before_anything_is_made_when_a_worker_cannot_shape_it_or_does_not_answer():
+    from controller.workers.deploy import refusal
+    from worker.api.errors import TestbedError
+
+    class Worker:
+        def __init__(self, caps):
+            self.caps = caps
+
+        def capabilities(self):
+            if self.caps is None:
+                raise TestbedError("agent gone (https://10.0.0.7:3334): GET /capabilities: no route to host")
+            return self.caps
+
+    t = Topology()
+    t.add_node("n1", cpu=0.5)
+    assert refusal(t, Worker({"netem": False, "cgroup_version": 2})) is None
+    assert refusal(t, Worker({"netem": True, "cgroup_version": None})) == (
+        2, "the worker has no usable cgroups, so the limits of n1 cannot be set")  # (bad input's code)
+    code, why = refusal(t, Worker(None))  # (a failed deploy's code: nothing was made either)
+    assert code == 1 and "agent gone" in why
