@@ -136,14 +136,13 @@ class WorkerHost:
         image = cast("DockerRuntime", self.runtime).image if self.runtime.kind == "docker" else None
         docker_problem = runtime_docker.probe(image)
         nfs_problem = probe_nfs()
-        return {"version": API_VERSION, "netem": tc_apply.netem_available(),
+        return {"version": API_VERSION, **kernel_netem(),
                 "cgroup_version": detect_version(), "iptables": bool(shutil.which("iptables")),
                 "runtimes": ["netns"] + ([] if docker_problem else ["docker"]), "runtime": self.runtime.kind,
                 "docker": {"image": image or runtime_docker.node_image(), "available": docker_problem is None,
                            "problem": docker_problem},
                 "subnet": str(self.runtime.subnet) if self.runtime.subnet else None,
-                "nfs": {"available": nfs_problem is None, "problem": nfs_problem},
-                "kernel": os.uname().release}
+                "nfs": {"available": nfs_problem is None, "problem": nfs_problem}}
 
     def create_nodes(self, body: Any) -> dict[str, Any]:
         body = bodies.checked(bodies.CREATE_NODES, body)

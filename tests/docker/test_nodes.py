@@ -6,9 +6,9 @@ import os
 import time
 
 import pytest
-from pyroute2 import NetNS
 
 from tests.docker.conftest import DOCKER, run
+from tests.netns.conftest import gso_max_size
 from worker.api.errors import CapabilityError, NodeRuntimeError, NotFound, TestbedTimeout
 from worker.api.protocol import node_address
 from worker.host import WorkerHost
@@ -32,9 +32,7 @@ def test_containers_get_planned_ips_and_reach_each_other(host, engine):
         ns = os.stat(f"/proc/{info['State']['Pid']}/ns/net")
         assert (ns.st_dev, ns.st_ino) == (os.stat(nsfs.netns_path(rec["netns"])).st_dev, nsfs.inode(rec["netns"]))
         assert rec["ifname"] == "eth0"
-        with NetNS(rec["netns"]) as inside:
-            (eth0,) = inside.get_links(ifname="eth0")
-            assert eth0.get_attr("IFLA_GSO_MAX_SIZE") == (1514 if rec["name"] == "c" else 65_536)
+        assert gso_max_size(rec["netns"]) == (1514 if rec["name"] == "c" else 65_536)
     for src in made:
         for dst in made:
             if src is not dst:

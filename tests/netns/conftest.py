@@ -135,6 +135,15 @@ def links(*quads: tuple[str, str, str, int]) -> dict:
                                     for s, d, ip, r in quads]}
 
 
+def gso_max_size(netns: str) -> int:
+    """The kernel's gso_max_size of eth0 inside ``netns`` (netlink)."""
+    from pyroute2 import NetNS
+
+    with NetNS(netns) as ns:
+        (link,) = ns.get_links(ifname="eth0")
+        return link.get_attr("IFLA_GSO_MAX_SIZE")
+
+
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 15.0, what: str = "condition") -> None:
     """Poll ``predicate`` until it is true (AssertionError naming ``what`` after ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s

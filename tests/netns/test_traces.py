@@ -10,8 +10,8 @@ import pytest
 
 from controller.model.traces import REPLAY_GSO_MAX_BYTES, Replay, Trace
 from controller.run.trace_replay import TracedLink, TraceReplay
-from tests.netns.conftest import (IPERF_PORT, NETNS, iperf_json, iperf_server, links, need_iperf3, nodes_body, report,
-                                  wait_for)
+from tests.netns.conftest import (IPERF_PORT, NETNS, gso_max_size, iperf_json, iperf_server, links, need_iperf3,
+                                  nodes_body, report, wait_for)
 from worker.api.errors import NotFound
 
 pytestmark = NETNS
@@ -221,15 +221,6 @@ def test_a_schedule_is_refused_whole_before_anything_runs(three):
     host.schedule_start({"version": 1, "start_wall_s": time.time(), "links": [good]})
     host.reset()  # stops the clock too
     assert host.schedule.clock is None
-
-
-def gso_max_size(netns: str) -> int:
-    """The kernel's gso_max_size of eth0 inside ``netns`` (netlink)."""
-    from pyroute2 import NetNS
-
-    with NetNS(netns) as ns:
-        (link,) = ns.get_links(ifname="eth0")
-        return link.get_attr("IFLA_GSO_MAX_SIZE")
 
 
 def test_a_bulk_flow_is_back_with_the_trace_right_after_a_bin_of_nothing_delivered(host, request):
